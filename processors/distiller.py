@@ -1,0 +1,283 @@
+"""The episode distiller: a fold of trace events into per-session state; a finished session becomes an Episode.
+
+Pure: no I/O, no clock. Replaying the same events gives byte-identical episodes. Redelivered
+events (``seq`` already applied) are ignored, so at-least-once delivery gives exactly-once results.
+
+Lessons come from what the trace states, no LLM:
+- an error followed by a successful retry of the same tool is a *recovery* lesson; for a
+  429 / rate limit resolved after a pause: "rate limit encountered; exponential backoff resolved it";
+- an error never resolved by the end of the session is a *failure* lesson naming tool and error;
+- a failed delegation, or a session that ends in failure with no tool error, is a *failure* lesson
+  from the terminal state; a successful session yields a *success* lesson with its tool sequence.
+
+>>> from schemas.events import SCHEMA_VERSION
+>>> out = distill({}, [])
+>>> out.episodes, out.states
+([], {})
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import msgspec
+
+from schemas.episodes import Delegation, EpisodeDistilled, ErrorSeen, Lesson, LessonKind, episode_id_for
+from schemas.events import (
+    SCHEMA_VERSION,
+    AgentMessaged,
+    Delegated,
+    DelegationReturned,
+    Outcome,
+    SessionEnded,
+    SessionStarted,
+    ToolCalled,
+    ToolReturned,
+    TraceEvent,
+    UserMessaged,
+)
+
+MAX_ERRORS = 50
+MAX_LESSONS = 20
+MAX_TOOLS = 64
+MAX_TEXT = 300
+
+
+class PendingCall(msgspec.Struct):
+    tool: str
+    ts: datetime
+
+
+class OpenError(msgspec.Struct):
+    error: str
+    http_status: int | None
+    first_ts: datetime
+    last_ts: datetime
+    attempts: int
+    index: int  # position in SessionState.errors
+
+
+class SessionState(msgspec.Struct, kw_only=True):
+    """Everything the distiller keeps about one open (or just closed) session."""
+
+    agent: str
+    session_id: str
+    last_seq: int = -1
+    closed: bool = False
+    outcome: Outcome | None = None
+    event_count: int = 0
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    first_event_id: uuid.UUID | None = None
+    last_event_id: uuid.UUID | None = None
+    task: str = ""
+    goal: str | None = None
+    user_id: str | None = None
+    first_user_text: str | None = None
+    messages: int = 0
+    tool_calls: int = 0
+    tools: list[str] = []
+    pending: dict[str, PendingCall] = {}
+    open_errors: dict[str, OpenError] = {}
+    errors: list[ErrorSeen] = []
+    lessons: list[Lesson] = []
+    delegations: list[Delegation] = []
+
+
+_state_encoder = msgspec.json.Encoder()
+_state_decoder = msgspec.json.Decoder(SessionState)
+
+
+def encode_state(state: SessionState) -> bytes:
+    return _state_encoder.encode(state)
+
+
+def decode_state(raw: bytes) -> SessionState:
+    return _state_decoder.decode(raw)
+
+
+def session_key(agent: str, session_id: str) -> str:
+    """Table key of a session: agent and session id (two agents may share a session id)."""
+    return f"{agent}\x1f{session_id}"
+
+
+@dataclass
+class DistillOutput:
+    states: dict[str, SessionState] = field(default_factory=dict)  # new state of every touched session
+    episodes: list[EpisodeDistilled] = field(default_factory=list)
+    duplicates: int = 0  # redelivered events (seq already applied)
+    late: int = 0  # events for a session that had already ended
+
+
+def distill(prior: Mapping[str, SessionState], events: Iterable[TraceEvent]) -> DistillOutput:
+    """Apply a batch of events to the prior states of their sessions.
+
+    ``prior`` is not modified; the states of touched sessions are returned in ``out.states``.
+    Within a batch each session's events are applied in ``seq`` order.
+    """
+    out = DistillOutput()
+    by_session: dict[str, list[TraceEvent]] = {}
+    for ev in events:
+        by_session.setdefault(session_key(ev.agent, ev.session_id), []).append(ev)
+    for key, evs in by_session.items():
+        evs.sort(key=lambda e: e.seq)
+        base = prior.get(key)
+        state = decode_state(encode_state(base)) if base is not None else SessionState(
+            agent=evs[0].agent, session_id=evs[0].session_id)
+        for ev in evs:
+            if state.closed:
+                out.late += 1
+                continue
+            if ev.seq <= state.last_seq:
+                out.duplicates += 1
+                continue
+            _apply(state, ev)
+            if state.closed:
+                out.episodes.append(_episode(state))
+        out.states[key] = _compact(state) if state.closed else state
+    return out
+
+
+def _apply(s: SessionState, ev: TraceEvent) -> None:
+    s.last_seq = ev.seq
+    s.event_count += 1
+    if s.started_at is None or ev.ts < s.started_at:
+        s.started_at = ev.ts
+    if s.ended_at is None or ev.ts > s.ended_at:
+        s.ended_at = ev.ts
+    if s.first_event_id is None:
+        s.first_event_id = ev.event_id
+    s.last_event_id = ev.event_id
+    p = ev.payload
+    if isinstance(ev, SessionStarted):
+        s.task, s.goal, s.user_id = p.task, p.goal, p.user_id
+    elif isinstance(ev, UserMessaged):
+        s.messages += 1
+        if s.first_user_text is None:
+            s.first_user_text = p.text[:MAX_TEXT]
+    elif isinstance(ev, AgentMessaged):
+        s.messages += 1
+    elif isinstance(ev, ToolCalled):
+        s.tool_calls += 1
+        s.pending[p.call_id] = PendingCall(tool=p.tool, ts=ev.ts)
+        if p.tool not in s.tools and len(s.tools) < MAX_TOOLS:
+            s.tools.append(p.tool)
+    elif isinstance(ev, ToolReturned):
+        call = s.pending.pop(p.call_id, None)
+        tool = p.tool or (call.tool if call else "unknown_tool")
+        if p.ok:
+            _resolve(s, tool, ev.ts)
+        else:
+            _record_error(s, tool, error_text(p.error, p.http_status), p.http_status, ev.ts)
+    elif isinstance(ev, Delegated):
+        s.delegations.append(Delegation(to_agent=p.to_agent, task=p.task[:MAX_TEXT]))
+    elif isinstance(ev, DelegationReturned):
+        for i in range(len(s.delegations) - 1, -1, -1):
+            d = s.delegations[i]
+            if d.to_agent == p.to_agent and d.outcome is None:
+                s.delegations[i] = Delegation(to_agent=d.to_agent, task=d.task, outcome=p.outcome)
+                break
+        else:
+            s.delegations.append(Delegation(to_agent=p.to_agent, task="", outcome=p.outcome))
+        if p.outcome is Outcome.FAILURE:
+            _add_lesson(s, Lesson(kind=LessonKind.FAILURE, text=f"delegation to {p.to_agent} failed"
+                                  + (f": {p.summary[:MAX_TEXT]}" if p.summary else ""), tool=None))
+    elif isinstance(ev, SessionEnded):
+        _close(s, p.outcome, p.reason)
+
+
+def error_text(error: str | None, http_status: int | None) -> str:
+    """A short, stable description of an error: 'HTTP 429: Too Many Requests'."""
+    text = " ".join((error or "").split())[:MAX_TEXT]
+    if http_status is not None and f"{http_status}" not in text[:12]:
+        return f"HTTP {http_status}: {text}" if text else f"HTTP {http_status}"
+    return text or "error (no message)"
+
+
+_RATE_LIMIT = re.compile(r"\b429\b|rate.?limit|too many requests|throttl", re.I)
+
+
+def is_rate_limit(error: str, http_status: int | None) -> bool:
+    return http_status == 429 or bool(_RATE_LIMIT.search(error))
+
+
+def _record_error(s: SessionState, tool: str, error: str, status: int | None, ts: datetime) -> None:
+    open_ = s.open_errors.get(tool)
+    if open_ is not None:
+        open_.attempts += 1
+        open_.last_ts = ts
+        return
+    if len(s.errors) >= MAX_ERRORS:
+        return
+    s.errors.append(ErrorSeen(tool=tool, error=error, http_status=status))
+    s.open_errors[tool] = OpenError(error=error, http_status=status, first_ts=ts, last_ts=ts,
+                                    attempts=1, index=len(s.errors) - 1)
+
+
+def _resolve(s: SessionState, tool: str, ts: datetime) -> None:
+    open_ = s.open_errors.pop(tool, None)
+    if open_ is None:
+        return
+    e = s.errors[open_.index]
+    s.errors[open_.index] = ErrorSeen(tool=e.tool, error=e.error, http_status=e.http_status, resolved=True)
+    waited = (ts - open_.first_ts).total_seconds()
+    retries = open_.attempts
+    if is_rate_limit(open_.error, open_.http_status) and waited > 0:
+        text = (f"{tool}: rate limit encountered; exponential backoff resolved it "
+                f"({retries} failed attempt{'s' if retries != 1 else ''}, {waited:.0f}s)")
+    else:
+        text = f"{tool}: '{open_.error}' was resolved by retrying ({retries} failed attempt{'s' if retries != 1 else ''})"
+    _add_lesson(s, Lesson(kind=LessonKind.RECOVERY, text=text, tool=tool, error=open_.error))
+
+
+def _close(s: SessionState, outcome: Outcome, reason: str | None) -> None:
+    s.closed = True
+    for tool, open_ in s.open_errors.items():
+        _add_lesson(s, Lesson(kind=LessonKind.FAILURE, tool=tool, error=open_.error,
+                              text=f"{tool} failed with '{open_.error}' and it was never resolved "
+                                   f"({open_.attempts} attempt{'s' if open_.attempts != 1 else ''})"))
+    s.open_errors = {}
+    if outcome is Outcome.FAILURE and not any(l.kind is LessonKind.FAILURE for l in s.lessons):
+        last = f" (last tool: {s.tools[-1]})" if s.tools else ""
+        why = f": {reason[:MAX_TEXT]}" if reason else ""
+        _add_lesson(s, Lesson(kind=LessonKind.FAILURE,
+                              text=f"session ended in failure after {s.tool_calls} tool calls{last}{why}"))
+    elif outcome is Outcome.SUCCESS and s.tools:
+        _add_lesson(s, Lesson(kind=LessonKind.SUCCESS,
+                              text="succeeded using " + " -> ".join(s.tools[:8])))
+    s.outcome = outcome
+
+
+def _add_lesson(s: SessionState, lesson: Lesson) -> None:
+    if len(s.lessons) < MAX_LESSONS and lesson not in s.lessons:
+        s.lessons.append(lesson)
+
+
+def _episode(s: SessionState) -> EpisodeDistilled:
+    outcome = s.outcome
+    assert outcome is not None and s.started_at is not None and s.ended_at is not None
+    assert s.first_event_id is not None and s.last_event_id is not None
+    task = s.task or s.first_user_text or ""
+    duration = (s.ended_at - s.started_at).total_seconds()
+    n_err = len(s.errors)
+    unresolved = sum(not e.resolved for e in s.errors)
+    summary = (f"{outcome.value}: {task[:120]}{'...' if len(task) > 120 else ''} | "
+               f"{s.tool_calls} tool calls ({len(s.tools)} tools), {n_err} errors ({unresolved} unresolved), "
+               f"{s.messages} messages, {len(s.delegations)} delegations, {duration:.0f}s")
+    return EpisodeDistilled(
+        episode_id=episode_id_for(s.agent, s.session_id), schema_version=SCHEMA_VERSION,
+        agent=s.agent, session_id=s.session_id, task=task, goal=s.goal, user_id=s.user_id,
+        summary=summary, outcome=outcome, started_at=s.started_at, ended_at=s.ended_at,
+        duration_s=duration, event_count=s.event_count, tool_calls=s.tool_calls, tools=list(s.tools),
+        errors=list(s.errors), lessons=list(s.lessons), delegations=list(s.delegations),
+        first_event_id=s.first_event_id, last_event_id=s.last_event_id)
+
+
+def _compact(s: SessionState) -> SessionState:
+    """A closed session keeps only what identifies it, so late or redelivered events are ignored."""
+    return SessionState(agent=s.agent, session_id=s.session_id, last_seq=s.last_seq, closed=True, outcome=s.outcome,
+                        event_count=s.event_count, ended_at=s.ended_at, last_event_id=s.last_event_id)

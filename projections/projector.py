@@ -1,0 +1,155 @@
+"""The projector: the only process that writes the DuckDB file.
+
+It assigns itself every partition of the projected topics, seeks each to the offset stored in the
+database, and applies what it consumes in batches (rows + offsets in one transaction). Because
+DuckDB lets no other process open the file while it is held, live reads (``somnus sql``,
+``checksum``, ``status``) are served by this process over HTTP on 127.0.0.1; the port is written
+to ``<db>.projector.json``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import duckdb
+from aiohttp import web
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from projections import queries, schema
+from projections.writer import BatchResult, Seen, Topics, apply_batch, load_offsets
+from somnus.config import Settings
+from streams.topics import partitions_of
+
+log = logging.getLogger("somnus.projector")
+
+
+def endpoint_file(db_path: Path) -> Path:
+    return Path(f"{db_path}.projector.json")
+
+
+class Projector:
+    def __init__(self, settings: Settings, bootstrap: str, db_path: Path | None = None,
+                 serve: bool = True, max_records: int = 20000) -> None:
+        self.settings = settings
+        self.bootstrap = bootstrap
+        self.db_path = Path(db_path or settings.db_path)  # type: ignore[arg-type]
+        self.topics = Topics(settings.traces_topic, settings.episodes_topic, settings.dead_letter_topic)
+        self.serve = serve
+        self.max_records = max_records
+        self.totals = BatchResult()
+        self._stop = asyncio.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run(self, until_end: bool = False, on_progress: Callable[[int, int], None] | None = None) -> BatchResult:
+        """Project until stopped; with ``until_end``, stop once the end offsets seen at start are reached."""
+        self.db_path.parent.mkdir(parents=True, exist_ok=True)
+        con = duckdb.connect(str(self.db_path))
+        schema.init(con)
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap, enable_auto_commit=False, group_id=None,
+            auto_offset_reset="earliest", fetch_max_bytes=64 << 20, max_partition_fetch_bytes=16 << 20,
+            fetch_max_wait_ms=100)
+        await consumer.start()
+        runner = None
+        try:
+            tps = await self._partitions(consumer)
+            consumer.assign(tps)
+            stored = load_offsets(con)
+            seen = Seen(con)
+            for tp in tps:
+                consumer.seek(tp, stored.get((tp.topic, tp.partition), 0))
+            if self.serve:
+                runner = await self._start_server(con)
+            end = await consumer.end_offsets(tps) if until_end else {}
+            total = sum(end.values()) - sum(stored.get((tp.topic, tp.partition), 0) for tp in tps) if until_end else 0
+            done = 0
+            while not self._stop.is_set():
+                if until_end and all(stored.get((tp.topic, tp.partition), 0) >= end[tp] for tp in tps):
+                    break
+                batch = await consumer.getmany(timeout_ms=200, max_records=self.max_records)
+                records = [r for rs in batch.values() for r in rs]
+                if not records:
+                    continue
+                res = apply_batch(con, self.topics, records, stored, self.settings.max_event_bytes, seen)
+                stored.update(res.offsets)
+                self._add(res)
+                done += len(records)
+                if on_progress:
+                    on_progress(done, total)
+            return self.totals
+        finally:
+            if runner is not None:
+                await runner.cleanup()
+                endpoint_file(self.db_path).unlink(missing_ok=True)
+            await consumer.stop()
+            con.close()
+
+    def _add(self, res: BatchResult) -> None:
+        t = self.totals
+        t.events += res.events
+        t.episodes += res.episodes
+        t.lessons += res.lessons
+        t.dead_letters += res.dead_letters
+        t.skipped_invalid += res.skipped_invalid
+
+    async def _partitions(self, consumer: AIOKafkaConsumer) -> list[TopicPartition]:
+        tps = []
+        for topic in (self.topics.traces, self.topics.episodes, self.topics.dead_letters):
+            tps.extend(TopicPartition(topic, p) for p in await partitions_of(consumer, topic))
+        return tps
+
+    async def _start_server(self, con: duckdb.DuckDBPyConnection) -> web.AppRunner:
+        async def sql(request: web.Request) -> web.Response:
+            body = await request.json()
+            try:
+                result = queries.run_sql(con, body["sql"])
+            except (queries.NotReadOnly, duckdb.Error) as exc:
+                return web.json_response({"error": str(exc)}, status=400)
+            return web.json_response(result, dumps=_dumps)
+
+        async def summary(request: web.Request) -> web.Response:
+            return web.json_response(queries.summary(con), dumps=_dumps)
+
+        async def checksum(request: web.Request) -> web.Response:
+            return web.json_response({"checksum": queries.checksum(con), "tables": queries.table_checksums(con)})
+
+        app = web.Application()
+        app.add_routes([web.post("/sql", sql), web.get("/summary", summary), web.get("/checksum", checksum)])
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        endpoint_file(self.db_path).write_text(json.dumps({"pid": os.getpid(), "port": port}))
+        return runner
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, default=str)
+
+
+def main() -> None:
+    """Entry point: ``python -m projections.projector`` (settings from the environment)."""
+    from somnus.broker import bootstrap_for
+
+    logging.basicConfig(level=logging.WARNING)
+    settings = Settings.resolve()
+    bootstrap = bootstrap_for(settings, start_if_missing=False)
+    projector = Projector(settings, bootstrap)
+    loop = asyncio.new_event_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, projector.stop)
+    loop.run_until_complete(projector.run())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,176 @@
+"""Apply a batch of Kafka records to the projections: rows and source offsets in one transaction.
+
+A batch whose records are at or past the stored offsets is applied once; records before the stored
+offset of their partition (a redelivery) are skipped, so applying the same batch twice changes
+nothing. Episodes re-emitted by the worker after a crash have the same ``episode_id`` and are
+skipped (first one wins); dead letters are unique by their source coordinates. The keys already
+projected are held in memory (``Seen``), loaded once from the tables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import duckdb
+import pyarrow as pa
+
+from schemas.codec import Rejection, decode_episode, decode_record, encode
+from schemas.events import type_name
+
+
+class Record(Protocol):
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: Any
+
+
+@dataclass(frozen=True)
+class Topics:
+    traces: str
+    episodes: str
+    dead_letters: str
+
+
+@dataclass
+class BatchResult:
+    events: int = 0
+    episodes: int = 0
+    lessons: int = 0
+    dead_letters: int = 0
+    skipped_invalid: int = 0  # invalid traces: the worker dead-letters them
+    offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+
+
+def load_offsets(con: duckdb.DuckDBPyConnection) -> dict[tuple[str, int], int]:
+    rows = con.execute("SELECT topic, kafka_partition, next_offset FROM projection_offsets").fetchall()
+    return {(t, p): o for t, p, o in rows}
+
+
+class Seen:
+    """Keys already projected where the same content may arrive twice (loaded once, kept in step)."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+        self.episodes: set[str] = {str(r[0]) for r in con.execute("SELECT episode_id FROM episodes").fetchall()}
+        self.dead_letters: set[tuple[str, int, int, int]] = set(con.execute(
+            "SELECT src_topic, src_partition, src_offset, src_index FROM dead_letters").fetchall())
+
+
+def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterable[Record],
+                stored: Mapping[tuple[str, int], int], max_event_bytes: int, seen: Seen) -> BatchResult:
+    """Write one batch and its offsets atomically. ``stored`` is the offsets table as last loaded;
+    ``seen`` is updated once the transaction has committed."""
+    res = BatchResult()
+    ev_cols: dict[str, list[Any]] = {c: [] for c in (
+        "event_id", "schema_version", "ts", "agent", "session_id", "seq", "type", "payload",
+        "src_partition", "src_offset", "src_index")}
+    ep_rows: list[dict[str, Any]] = []
+    lesson_rows: list[dict[str, Any]] = []
+    dl_rows: list[dict[str, Any]] = []
+    new_episodes: set[str] = set()
+    new_dead: set[tuple[str, int, int, int]] = set()
+    for rec in records:
+        tp = (rec.topic, rec.partition)
+        if rec.offset < stored.get(tp, 0) or rec.offset < res.offsets.get(tp, 0):
+            continue  # already projected
+        res.offsets[tp] = rec.offset + 1
+        if rec.topic == topics.traces:
+            res.skipped_invalid += _add_events(ev_cols, rec, max_event_bytes)
+        elif rec.topic == topics.episodes:
+            ep = decode_episode(rec.value or b"")
+            eid = str(ep.episode_id)
+            if eid in seen.episodes or eid in new_episodes:
+                continue  # re-emitted by the worker after a restart: same id, same content
+            new_episodes.add(eid)
+            ep_rows.append({
+                "episode_id": eid, "agent": ep.agent, "session_id": ep.session_id, "task": ep.task,
+                "goal": ep.goal, "user_id": ep.user_id, "summary": ep.summary, "outcome": ep.outcome.value,
+                "started_at": ep.started_at, "ended_at": ep.ended_at, "duration_s": ep.duration_s,
+                "event_count": ep.event_count, "tool_calls": ep.tool_calls, "tools": ep.tools,
+                "errors": encode(ep.errors).decode(), "delegations": encode(ep.delegations).decode(),
+                "first_event_id": str(ep.first_event_id), "last_event_id": str(ep.last_event_id),
+                "src_partition": rec.partition, "src_offset": rec.offset})
+            for i, lesson in enumerate(ep.lessons):
+                lesson_rows.append({"episode_id": eid, "agent": ep.agent, "session_id": ep.session_id, "idx": i,
+                                    "kind": lesson.kind.value, "text": lesson.text, "tool": lesson.tool,
+                                    "error": lesson.error, "learned_at": ep.ended_at})
+        elif rec.topic == topics.dead_letters:
+            h = {k: v for k, v in (rec.headers or [])}
+            reason = h.get("somnus-reason", b"unknown: no reason header").decode(errors="replace")
+            source = (h.get("somnus-source-topic", b"").decode(errors="replace"),
+                      int(h.get("somnus-source-partition", b"-1")), int(h.get("somnus-source-offset", b"-1")),
+                      int(h.get("somnus-source-index", b"0")))
+            if source in seen.dead_letters or source in new_dead:
+                continue
+            new_dead.add(source)
+            dl_rows.append({
+                "src_topic": source[0], "src_partition": source[1], "src_offset": source[2], "src_index": source[3],
+                "kind": reason.split(":", 1)[0], "reason": reason, "msg_key": rec.key, "original": rec.value,
+                "dlq_partition": rec.partition, "dlq_offset": rec.offset})
+    if not res.offsets:
+        return res
+    con.begin()
+    try:
+        if ev_cols["event_id"]:
+            events_frame = pa.table(ev_cols)  # noqa: F841 (read by DuckDB by name)
+            con.execute("INSERT INTO events SELECT event_id::UUID, schema_version, ts, agent, session_id, seq, type, "
+                        "payload::JSON, src_partition, src_offset, src_index FROM events_frame")
+            res.events = len(ev_cols["event_id"])
+        if ep_rows:
+            episodes_frame = pa.Table.from_pylist(ep_rows)  # noqa: F841
+            res.episodes = con.execute(
+                "INSERT INTO episodes SELECT episode_id::UUID, agent, session_id, task, goal, "
+                "user_id, summary, outcome, started_at, ended_at, duration_s, event_count, tool_calls, tools, "
+                "errors::JSON, delegations::JSON, first_event_id::UUID, last_event_id::UUID, src_partition, src_offset "
+                "FROM episodes_frame").fetchone()[0]
+            if lesson_rows:
+                lessons_frame = pa.Table.from_pylist(lesson_rows)  # noqa: F841
+                res.lessons = con.execute(
+                    "INSERT INTO lessons SELECT episode_id::UUID, agent, session_id, idx, kind, text, tool, error, "
+                    "learned_at FROM lessons_frame").fetchone()[0]
+        if dl_rows:
+            dead_frame = pa.Table.from_pylist(dl_rows, schema=_DL_SCHEMA)  # noqa: F841
+            res.dead_letters = con.execute(
+                "INSERT INTO dead_letters SELECT * FROM dead_frame").fetchone()[0]
+        offsets_frame = pa.table({  # noqa: F841
+            "topic": [t for t, _ in res.offsets], "kafka_partition": [p for _, p in res.offsets],
+            "next_offset": list(res.offsets.values())})
+        con.execute("INSERT OR REPLACE INTO projection_offsets SELECT * FROM offsets_frame")
+        con.commit()
+    except BaseException:
+        con.rollback()
+        raise
+    seen.episodes |= new_episodes
+    seen.dead_letters |= new_dead
+    return res
+
+
+def _add_events(cols: dict[str, list[Any]], rec: Record, max_event_bytes: int) -> int:
+    """Append the valid events of one traces record to the column lists; returns how many were invalid."""
+    invalid = 0
+    for index, ev in enumerate(decode_record(rec.value, max_event_bytes)):
+        if isinstance(ev, Rejection):
+            invalid += 1
+            continue
+        cols["event_id"].append(str(ev.event_id))
+        cols["schema_version"].append(ev.schema_version)
+        cols["ts"].append(ev.ts)
+        cols["agent"].append(ev.agent)
+        cols["session_id"].append(ev.session_id)
+        cols["seq"].append(ev.seq)
+        cols["type"].append(type_name(ev))
+        cols["payload"].append(encode(ev.payload).decode())
+        cols["src_partition"].append(rec.partition)
+        cols["src_offset"].append(rec.offset)
+        cols["src_index"].append(index)
+    return invalid
+
+
+_DL_SCHEMA = pa.schema([
+    ("src_topic", pa.string()), ("src_partition", pa.int32()), ("src_offset", pa.int64()), ("src_index", pa.int32()),
+    ("kind", pa.string()), ("reason", pa.string()), ("msg_key", pa.binary()), ("original", pa.binary()),
+    ("dlq_partition", pa.int32()), ("dlq_offset", pa.int64())])

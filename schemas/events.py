@@ -1,0 +1,146 @@
+"""Trace events, schema v1: what agent runtimes publish to the ``traces`` topic.
+
+The contract for runtimes in any language is ``trace_event.v1.schema.json`` beside this file;
+these frozen types match it (tests/schemas/test_contract.py proves it both ways).
+
+The wire envelope (``event_id``, ``schema_version``, ``ts``, ``agent``, ``session_id``, ``seq``,
+``type``) is the same for every event; ``type`` selects the payload type.
+
+>>> import msgspec
+>>> raw = (b'{"event_id":"6f1c1a6e-7d0c-4a43-9a55-0c7f2d1f4b1e","schema_version":1,'
+...        b'"ts":"2024-05-15T15:00:00Z","agent":"support","session_id":"s1","seq":0,'
+...        b'"type":"session_start","payload":{"task":"book a flight"}}')
+>>> ev = msgspec.json.decode(raw, type=TraceEvent)
+>>> type(ev).__name__, ev.payload.task
+('SessionStarted', 'book a flight')
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from enum import Enum
+from typing import Annotated, Any, Union
+
+import msgspec
+from msgspec import Meta
+
+SCHEMA_VERSION = 1
+
+NonEmpty = Annotated[str, Meta(min_length=1)]
+Seq = Annotated[int, Meta(ge=0)]
+AwareTime = Annotated[datetime, Meta(tz=True)]
+
+
+class Outcome(str, Enum):
+    SUCCESS = "success"
+    FAILURE = "failure"
+    PARTIAL = "partial"
+
+
+# ---- payloads ---------------------------------------------------------------------------
+
+class SessionStart(msgspec.Struct, frozen=True, omit_defaults=True):
+    task: str
+    goal: str | None = None
+    user_id: str | None = None
+    metadata: dict[str, Any] = {}
+
+
+class Message(msgspec.Struct, frozen=True, omit_defaults=True):
+    text: str
+
+
+class ToolCall(msgspec.Struct, frozen=True, omit_defaults=True):
+    tool: NonEmpty
+    call_id: NonEmpty
+    args: dict[str, Any] = {}
+
+
+class ToolResult(msgspec.Struct, frozen=True, omit_defaults=True):
+    call_id: NonEmpty
+    ok: bool
+    tool: str | None = None
+    error: str | None = None
+    http_status: Annotated[int, Meta(ge=100, le=599)] | None = None
+    latency_ms: Annotated[float, Meta(ge=0)] | None = None
+    output: str | None = None
+    headers: dict[str, str] = {}
+
+
+class Delegation(msgspec.Struct, frozen=True, omit_defaults=True):
+    to_agent: NonEmpty
+    task: str
+    delegation_id: str | None = None
+
+
+class DelegationResult(msgspec.Struct, frozen=True, omit_defaults=True):
+    to_agent: NonEmpty
+    outcome: Outcome
+    delegation_id: str | None = None
+    summary: str | None = None
+
+
+class SessionEnd(msgspec.Struct, frozen=True, omit_defaults=True):
+    outcome: Outcome
+    reason: str | None = None
+
+
+# ---- envelopes (one type per event kind, named in the past tense) -----------------------
+
+class _Envelope(msgspec.Struct, frozen=True, tag_field="type", kw_only=True):
+    event_id: uuid.UUID
+    schema_version: Annotated[int, Meta(ge=1, le=SCHEMA_VERSION)]
+    ts: AwareTime
+    agent: NonEmpty
+    session_id: NonEmpty
+    seq: Seq
+
+
+class SessionStarted(_Envelope, frozen=True, tag="session_start"):
+    payload: SessionStart
+
+
+class UserMessaged(_Envelope, frozen=True, tag="user_message"):
+    payload: Message
+
+
+class AgentMessaged(_Envelope, frozen=True, tag="agent_message"):
+    payload: Message
+
+
+class ToolCalled(_Envelope, frozen=True, tag="tool_call"):
+    payload: ToolCall
+
+
+class ToolReturned(_Envelope, frozen=True, tag="tool_result"):
+    payload: ToolResult
+
+
+class Delegated(_Envelope, frozen=True, tag="delegation"):
+    payload: Delegation
+
+
+class DelegationReturned(_Envelope, frozen=True, tag="delegation_result"):
+    payload: DelegationResult
+
+
+class SessionEnded(_Envelope, frozen=True, tag="session_end"):
+    payload: SessionEnd
+
+
+TraceEvent = Union[
+    SessionStarted, UserMessaged, AgentMessaged, ToolCalled, ToolReturned,
+    Delegated, DelegationReturned, SessionEnded,
+]
+
+EVENT_TYPES: dict[str, type] = {
+    cls.__struct_config__.tag: cls  # type: ignore[attr-defined]
+    for cls in (SessionStarted, UserMessaged, AgentMessaged, ToolCalled, ToolReturned,
+                Delegated, DelegationReturned, SessionEnded)
+}
+
+
+def type_name(event: TraceEvent) -> str:
+    """The wire ``type`` of an event, e.g. ``"tool_call"``."""
+    return type(event).__struct_config__.tag  # type: ignore[attr-defined]

@@ -1,0 +1,91 @@
+"""Agents are declared in a folder of Markdown files with YAML front matter, as runtimes do today.
+
+Front matter: ``name``, ``reportsTo`` (another agent's name or null) and memory settings.
+Teams are derived from ``reportsTo``: a lead and everyone who reports to it, directly or not.
+Invalid values get an ``AgentFileError`` naming the file and the field.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import msgspec
+import yaml
+
+DEFAULT_DIR = Path(__file__).parent / "data" / "agents"
+
+
+class LearningRate(str, Enum):
+    CONSERVATIVE = "conservative"
+    MODERATE = "moderate"
+    AGGRESSIVE = "aggressive"
+
+
+class AgentSpec(msgspec.Struct, frozen=True, rename="camel", forbid_unknown_fields=False):
+    name: Annotated[str, msgspec.Meta(min_length=1)]
+    reports_to: str | None = None
+    episodic: bool = True
+    max_episodes: Annotated[int, msgspec.Meta(ge=0)] = 50
+    briefing_enabled: bool = True
+    briefing_token_budget: Annotated[int, msgspec.Meta(ge=0)] = 2000
+    learning_rate: LearningRate = LearningRate.MODERATE
+    knowledge_scopes: list[str] = []
+
+
+class AgentFileError(ValueError):
+    """An agent file is missing front matter or has an invalid field."""
+
+
+def parse_agent_file(path: Path) -> AgentSpec:
+    text = path.read_text(encoding="utf-8")
+    if not text.startswith("---"):
+        raise AgentFileError(f"{path}: no YAML front matter (the file must start with '---')")
+    try:
+        _, front, _ = text.split("---", 2)
+        data = yaml.safe_load(front) or {}
+    except (ValueError, yaml.YAMLError) as exc:
+        raise AgentFileError(f"{path}: front matter is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise AgentFileError(f"{path}: front matter must be a mapping of fields")
+    try:
+        return msgspec.convert(data, AgentSpec)
+    except msgspec.ValidationError as exc:
+        raise AgentFileError(f"{path}: {exc}") from None
+
+
+def load_agents(folder: Path | None = None) -> dict[str, AgentSpec]:
+    folder = folder or DEFAULT_DIR
+    agents: dict[str, AgentSpec] = {}
+    for path in sorted(folder.glob("*.md")):
+        spec = parse_agent_file(path)
+        if spec.name in agents:
+            raise AgentFileError(f"{path}: field `name`: agent {spec.name!r} is declared twice")
+        agents[spec.name] = spec
+    for spec in agents.values():
+        if spec.reports_to is not None and spec.reports_to not in agents:
+            raise AgentFileError(f"{folder / (spec.name + '.md')}: field `reportsTo`: unknown agent {spec.reports_to!r}")
+    return agents
+
+
+def team_lead(agents: dict[str, AgentSpec], name: str) -> str:
+    """The top of ``name``'s reporting chain (its team is named after it); cycles are an error."""
+    seen = [name]
+    while agents[seen[-1]].reports_to is not None:
+        nxt = agents[seen[-1]].reports_to
+        assert nxt is not None
+        if nxt in seen:
+            raise AgentFileError(f"field `reportsTo`: reporting cycle {' -> '.join(seen + [nxt])}")
+        seen.append(nxt)
+    return seen[-1]
+
+
+def teams(agents: dict[str, AgentSpec]) -> dict[str, list[str]]:
+    """Team name (its lead) -> members, lead first."""
+    out: dict[str, list[str]] = {}
+    for name in agents:
+        out.setdefault(team_lead(agents, name), []).append(name)
+    for lead, members in out.items():
+        members.sort(key=lambda m: (m != lead, m))
+    return out

@@ -1,0 +1,147 @@
+"""End-to-end benchmark: publish N synthetic events through the real broker, worker and projector.
+
+``events_per_s`` runs from the start of publishing until the projection has committed every event
+and every episode; ``raw_consume_per_s`` is a plain aiokafka consume + orjson decode of the same
+topic in the same run, the ceiling the pipeline is compared to (``ratio``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from somnus import broker as broker_mod
+from somnus import procs
+from somnus.config import Settings
+
+
+async def _wait_group_stable(bootstrap: str, group: str, timeout_s: float) -> None:
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                desc = await admin.describe_consumer_groups([group])
+                groups = desc[0].groups if hasattr(desc[0], "groups") else desc
+                g = groups[0]
+                state = g[2] if isinstance(g, tuple) else getattr(g, "state", None)
+                members = g[5] if isinstance(g, tuple) else getattr(g, "members", [])
+                if state == "Stable" and members:
+                    return
+            except Exception:
+                pass
+            await asyncio.sleep(0.3)
+        raise TimeoutError(f"consumer group {group} not stable after {timeout_s}s")
+    finally:
+        await admin.close()
+
+
+async def raw_consume(bootstrap: str, topic: str) -> tuple[int, int, float]:
+    """A plain aiokafka consumer reading the whole topic, decoding every value with orjson.
+
+    Returns (records, events, seconds); a bundle record counts as the events it holds.
+    """
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    from streams.topics import partitions_of
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest",
+                                enable_auto_commit=False, fetch_max_bytes=64 << 20,
+                                max_partition_fetch_bytes=16 << 20)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in await partitions_of(consumer, topic)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        end = await consumer.end_offsets(tps)
+        records = events = 0
+        t0 = time.perf_counter()
+        while any([await consumer.position(tp) < end[tp] for tp in tps]):
+            batch = await consumer.getmany(timeout_ms=500, max_records=20000)
+            for rs in batch.values():
+                for r in rs:
+                    value = orjson.loads(r.value)
+                    events += len(value) if isinstance(value, list) else 1
+                records += len(rs)
+        return records, events, time.perf_counter() - t0
+    finally:
+        await consumer.stop()
+
+
+async def _delete_topics(bootstrap: str, topics: list[str]) -> None:
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        doomed = [t for t in existing if any(t.startswith(p) for p in topics)]
+        if doomed:
+            await admin.delete_topics(doomed)
+    finally:
+        await admin.close()
+
+
+def run_e2e(events: int, seed: int = 7, partitions: int = 4, bundle: int = 64, home: Path | None = None, log: Any = None,
+            timeout_s: float = 1800.0) -> dict[str, Any]:
+    from somnus.client import publish_async
+    from somnus.reads import summary
+    from somnus.sample import generate
+    from streams.topics import ensure_topics
+
+    base = Settings.resolve(home=home)
+    boot = broker_mod.bootstrap_for(base, start_if_missing=True)
+    run_id = uuid.uuid4().hex[:8]
+    work = Path(tempfile.mkdtemp(prefix=f"somnus-bench-{run_id}-"))
+    s = dataclasses.replace(base, home=work, db_path=work / "bench.duckdb", bootstrap=boot, partitions=partitions,
+                            topic_prefix=f"bench-{run_id}.", app_id=f"somnus-bench-{run_id}")
+    payloads = [orjson.dumps(e) for e in generate(events=events, seed=seed)]
+    sessions = sum(1 for p in payloads if b'"type":"session_end"' in p)
+    ensure_topics(s, boot)
+    try:
+        procs.spawn(s, boot, "projector")
+        procs.spawn(s, boot, "worker")
+        asyncio.run(_wait_group_stable(boot, s.app_id, 120))
+        deadline = time.monotonic() + 60
+        while not (Path(f"{s.db_path}.projector.json")).exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if log:
+            log.print(f"bench: {len(payloads)} events of {sessions} sessions, {partitions} partitions")
+        t0 = time.perf_counter()
+        asyncio.run(publish_async(payloads, boot, s.traces_topic, bundle_max=bundle))
+        t_pub = time.perf_counter() - t0
+        deadline = time.monotonic() + timeout_s
+        while True:
+            c = summary(Path(s.db_path))["counts"]
+            if c.get("events", 0) >= len(payloads) and c.get("episodes", 0) >= sessions:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"projection incomplete after {timeout_s}s: {c}")
+            time.sleep(0.25)
+        elapsed = time.perf_counter() - t0
+        records, raw_events, raw_s = asyncio.run(raw_consume(boot, s.traces_topic))
+        raw = raw_events / raw_s
+        eps = len(payloads) / elapsed
+        return {"events": len(payloads), "records": records, "bundle_max": bundle, "sessions": sessions,
+                "partitions": partitions,
+                "publish_s": round(t_pub, 3), "elapsed_s": round(elapsed, 3),
+                "events_per_s": round(eps, 1), "raw_consume_per_s": round(raw, 1), "ratio": round(eps / raw, 3)}
+    finally:
+        for role in ("worker", "projector"):
+            procs.stop(s, role)
+        asyncio.run(_delete_topics(boot, [s.topic_prefix, s.app_id]))
+        if not os.environ.get("SOMNUS_BENCH_KEEP"):
+            shutil.rmtree(work, ignore_errors=True)

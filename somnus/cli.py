@@ -1,0 +1,357 @@
+"""The ``somnus`` command line."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from somnus import broker as broker_mod
+from somnus import procs
+from somnus.config import Settings
+
+app = typer.Typer(help="Somnus: memory for fleets of AI agents (Kafka -> Faust -> DuckDB).", no_args_is_help=True,
+                  pretty_exceptions_enable=False)
+broker_app = typer.Typer(help="The local single-node Kafka broker (KRaft).", no_args_is_help=True)
+bench_app = typer.Typer(help="Benchmarks (see BENCHMARKS.md).", no_args_is_help=True)
+app.add_typer(broker_app, name="broker")
+app.add_typer(bench_app, name="bench")
+console = Console()
+err = Console(stderr=True)
+
+HomeOpt = typer.Option(None, "--home", help="State folder (SOMNUS_HOME).")
+DbOpt = typer.Option(None, "--db", help="DuckDB file (SOMNUS_DB).")
+BootOpt = typer.Option(None, "--bootstrap", help="Kafka bootstrap servers (KAFKA_BOOTSTRAP).")
+
+
+def _settings(home: Optional[Path] = None, db: Optional[Path] = None, bootstrap: Optional[str] = None) -> Settings:
+    return Settings.resolve(home=home, db_path=db, bootstrap=bootstrap)
+
+
+def _fail(message: str, code: int = 1) -> None:
+    err.print(f"[red]error:[/red] {message}")
+    raise typer.Exit(code)
+
+
+def _bootstrap(settings: Settings, start: bool = False) -> str:
+    try:
+        return broker_mod.bootstrap_for(settings, start_if_missing=start)
+    except broker_mod.BrokerError as exc:
+        _fail(str(exc))
+        raise
+
+
+# ---- broker ------------------------------------------------------------------------------
+
+@broker_app.command("fetch")
+def broker_fetch(home: Optional[Path] = HomeOpt) -> None:
+    """Resolve the Kafka jars from Maven Central into the cache (once)."""
+    s = _settings(home)
+    console.print(f"Kafka {broker_mod.KAFKA_VERSION} jars in {broker_mod.fetch(s, quiet=False)}")
+
+
+@broker_app.command("start")
+def broker_start(home: Optional[Path] = HomeOpt) -> None:
+    """Start the local broker (free ports, formatted log dir) and wait until it accepts connections."""
+    s = _settings(home)
+    try:
+        info = broker_mod.start(s)
+    except broker_mod.BrokerError as exc:
+        _fail(str(exc))
+    console.print(f"broker running: pid {info.pid}, bootstrap {info.bootstrap}")
+
+
+@broker_app.command("stop")
+def broker_stop(home: Optional[Path] = HomeOpt) -> None:
+    """Stop the local broker cleanly."""
+    console.print("broker stopped" if broker_mod.stop(_settings(home)) else "no broker was running")
+
+
+@broker_app.command("status")
+def broker_status(home: Optional[Path] = HomeOpt, as_json: bool = typer.Option(False, "--json")) -> None:
+    """Is the local broker running, and where?"""
+    info = broker_mod.status(_settings(home))
+    if as_json:
+        print(json.dumps({"running": info is not None, **(info.__dict__ if info else {})}))
+    elif info:
+        console.print(f"running: pid {info.pid}, bootstrap {info.bootstrap}")
+    else:
+        console.print("not running")
+        raise typer.Exit(3)
+
+
+# ---- running -----------------------------------------------------------------------------
+
+@app.command()
+def up(detach: bool = typer.Option(False, "--detach", "-d", help="Return once started."),
+       home: Optional[Path] = HomeOpt, db: Optional[Path] = DbOpt, bootstrap: Optional[str] = BootOpt) -> None:
+    """Start the broker (unless one is configured), create the topics, start the worker and the projector."""
+    s = _settings(home, db, bootstrap)
+    boot = _bootstrap(s, start=True)
+    from streams.topics import ensure_topics
+
+    ensure_topics(s, boot)
+    for role in ("projector", "worker"):
+        if procs.running(s, role) is None:
+            procs.spawn(s, boot, role)
+    console.print(f"somnus up: bootstrap {boot}, db {s.db_path}, logs in {s.run_dir}")
+    if detach:
+        return
+    try:
+        while all(procs.running(s, r) for r in ("projector", "worker")):
+            time.sleep(1)
+        _fail(f"a process exited; see the logs in {s.run_dir}")
+    except KeyboardInterrupt:
+        down(home, db)
+
+
+@app.command()
+def down(home: Optional[Path] = HomeOpt, db: Optional[Path] = DbOpt) -> None:
+    """Stop the worker and the projector (the broker keeps running until `somnus broker stop`)."""
+    s = _settings(home, db)
+    for role in ("worker", "projector"):
+        console.print(f"{role}: {'stopped' if procs.stop(s, role) else 'not running'}")
+
+
+# ---- input -------------------------------------------------------------------------------
+
+@app.command()
+def publish(file: Path = typer.Argument(..., exists=True, dir_okay=False, help="JSON lines of v1 trace events."),
+            home: Optional[Path] = HomeOpt, bootstrap: Optional[str] = BootOpt) -> None:
+    """Publish trace events (one JSON object a line) to the traces topic, keyed by session_id."""
+    from somnus.client import publish as do_publish
+
+    s = _settings(home, None, bootstrap)
+    boot = _bootstrap(s)
+    from streams.topics import ensure_topics
+
+    ensure_topics(s, boot)
+    with file.open("rb") as f:
+        lines = (line.rstrip(b"\n") for line in f if line.strip())
+        n = do_publish(lines, boot, s.traces_topic)
+    console.print(f"published {n} events to {s.traces_topic}")
+
+
+@app.command("import")
+def import_(file: Path = typer.Argument(..., exists=True, dir_okay=False),
+            fmt: str = typer.Option(..., "--format", help="openai-chat | swe-agent"),
+            agent: Optional[str] = typer.Option(None, "--agent", help="Agent name for the imported sessions."),
+            out: Optional[Path] = typer.Option(None, "--out", help="Write v1 events here (JSON lines) instead of publishing."),
+            home: Optional[Path] = HomeOpt, bootstrap: Optional[str] = BootOpt) -> None:
+    """Turn transcripts of other tools into v1 trace events and publish them (or write them with --out)."""
+    import orjson
+
+    from somnus.importers import FORMATS, ImportShapeError
+
+    if fmt not in FORMATS:
+        _fail(f"unknown --format {fmt!r}; choose one of: {', '.join(FORMATS)}")
+    try:
+        events = list(FORMATS[fmt](file, agent=agent))
+    except ImportShapeError as exc:
+        _fail(str(exc))
+    if out is not None:
+        out.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in events))
+        console.print(f"wrote {len(events)} events to {out}")
+        return
+    from somnus.client import publish as do_publish
+    from streams.topics import ensure_topics
+
+    s = _settings(home, None, bootstrap)
+    boot = _bootstrap(s)
+    ensure_topics(s, boot)
+    n = do_publish(events, boot, s.traces_topic)
+    sessions = len({e["session_id"] for e in events})
+    console.print(f"imported {sessions} sessions: published {n} events to {s.traces_topic}")
+
+
+@app.command()
+def sample(out: Path = typer.Argument(..., dir_okay=False, help="Where to write the JSON lines."),
+           sessions: int = typer.Option(200, "--sessions"), seed: int = typer.Option(42, "--seed")) -> None:
+    """Write seeded synthetic traces of the built-in fleet (several agents and teams)."""
+    import orjson
+
+    from somnus.sample import generate
+
+    n = 0
+    with out.open("wb") as f:
+        for ev in generate(sessions=sessions, seed=seed):
+            f.write(orjson.dumps(ev) + b"\n")
+            n += 1
+    console.print(f"wrote {n} events of {sessions} sessions to {out}")
+
+
+# ---- reading -----------------------------------------------------------------------------
+
+def _print_rows(result: dict[str, Any], title: str | None = None) -> None:
+    table = Table(title=title, show_lines=False)
+    for c in result["columns"]:
+        table.add_column(str(c), overflow="fold")
+    for row in result["rows"]:
+        table.add_row(*["" if v is None else str(v) for v in row])
+    console.print(table)
+
+
+@app.command()
+def sql(query: str = typer.Argument(..., help="A read-only SELECT."), db: Optional[Path] = DbOpt,
+        home: Optional[Path] = HomeOpt, as_json: bool = typer.Option(False, "--json", help="Print JSON rows.")) -> None:
+    """Run a read-only query on the projections and print a table (or JSON rows)."""
+    from somnus.reads import ReadError, sql as run
+
+    s = _settings(home, db)
+    try:
+        result = run(Path(s.db_path), query)  # type: ignore[arg-type]
+    except ReadError as exc:
+        _fail(str(exc))
+    if as_json:
+        print(json.dumps([dict(zip(result["columns"], r)) for r in result["rows"]], default=str))
+    else:
+        _print_rows(result)
+
+
+@app.command()
+def checksum(db: Optional[Path] = DbOpt, home: Optional[Path] = HomeOpt,
+             tables: bool = typer.Option(False, "--tables", help="Also print each table's count:hash.")) -> None:
+    """Print one content checksum of all projections (order-independent; Kafka offsets excluded)."""
+    from somnus.reads import ReadError, checksum as run
+
+    s = _settings(home, db)
+    try:
+        res = run(Path(s.db_path))  # type: ignore[arg-type]
+    except ReadError as exc:
+        _fail(str(exc))
+    print(res["checksum"])
+    if tables:
+        for t, v in sorted(res["tables"].items()):
+            print(f"{t}\t{v}")
+
+
+@app.command()
+def status(home: Optional[Path] = HomeOpt, db: Optional[Path] = DbOpt, bootstrap: Optional[str] = BootOpt,
+           as_json: bool = typer.Option(False, "--json")) -> None:
+    """Per-topic lag, counts and dead letters."""
+    from somnus.reads import status as run
+
+    s = _settings(home, db, bootstrap)
+    res = run(s, _bootstrap(s))
+    if as_json:
+        print(json.dumps(res))
+        return
+    t = Table(title=f"somnus status ({'idle' if res['idle'] else 'busy'})")
+    t.add_column("topic")
+    t.add_column("projection lag", justify="right")
+    for topic, lag in res["lag"].items():
+        t.add_row(topic, str(lag))
+    for topic, lag in res["worker_lag"].items():
+        t.add_row(f"{topic} (worker)", str(lag))
+    console.print(t)
+    c = Table(title="projections")
+    c.add_column("table")
+    c.add_column("rows", justify="right")
+    for k, v in res["counts"].items():
+        c.add_row(k, str(v))
+    console.print(c)
+    if res["dead_letter_kinds"]:
+        console.print(f"dead letters by kind: {res['dead_letter_kinds']}")
+
+
+@app.command()
+def replay(to: Path = typer.Option(..., "--to", help="A new DuckDB file to rebuild into."),
+           home: Optional[Path] = HomeOpt, bootstrap: Optional[str] = BootOpt,
+           force: bool = typer.Option(False, "--force", help="Overwrite an existing file.")) -> None:
+    """Rebuild every projection from offset 0 of every topic into a new file."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    from projections.projector import Projector
+
+    s = _settings(home, None, bootstrap)
+    if to.exists():
+        if not force:
+            _fail(f"{to} exists; pass --force to overwrite it")
+        to.unlink()
+    boot = _bootstrap(s)
+    proj = Projector(s, boot, db_path=to, serve=False)
+    with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                  TimeRemainingColumn(), console=err, transient=False) as bar:
+        task = bar.add_task("replaying", total=None)
+
+        def progress(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        totals = asyncio.run(proj.run(until_end=True, on_progress=progress))
+    console.print(f"replayed into {to}: {totals.events} events, {totals.episodes} episodes, "
+                  f"{totals.lessons} lessons, {totals.dead_letters} dead letters")
+
+
+# ---- demo and bench ----------------------------------------------------------------------
+
+def wait_idle(s: Settings, boot: str, timeout_s: float = 600.0, poll_s: float = 0.5) -> dict[str, Any]:
+    from somnus.reads import status as run
+
+    deadline = time.monotonic() + timeout_s
+    res: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        res = run(s, boot)
+        if res["idle"]:
+            return res
+        time.sleep(poll_s)
+    raise TimeoutError(f"not idle after {timeout_s}s: {res}")
+
+
+@app.command()
+def demo(sessions: int = typer.Option(300, "--sessions"), seed: int = typer.Option(42, "--seed"),
+         home: Optional[Path] = HomeOpt, keep: bool = typer.Option(False, "--keep", help="Leave worker and projector running.")) -> None:
+    """Set up, run the pipeline on the built-in synthetic fleet, and show what the memory made of it."""
+    from somnus.client import publish as do_publish
+    from somnus.reads import sql as run_sql
+    from somnus.sample import generate
+
+    s = _settings(home)
+    up(detach=True, home=home, db=None, bootstrap=None)
+    boot = _bootstrap(s)
+    n = do_publish(generate(sessions=sessions, seed=seed), boot, s.traces_topic)
+    console.print(f"published {n} synthetic events of {sessions} sessions; waiting for the projections...")
+    wait_idle(s, boot)
+    db = Path(s.db_path)  # type: ignore[arg-type]
+    _print_rows(run_sql(db, "SELECT agent, outcome, count(*) AS episodes, round(avg(duration_s)) AS avg_s "
+                            "FROM episodes GROUP BY ALL ORDER BY agent, outcome"), "episodes by agent and outcome")
+    _print_rows(run_sql(db, "SELECT kind, any_value(text) AS example, count(*) AS n FROM lessons "
+                            "GROUP BY kind ORDER BY n DESC"), "lessons")
+    _print_rows(run_sql(db, "SELECT text, count(*) AS n FROM lessons WHERE kind = 'failure' "
+                            "GROUP BY text ORDER BY n DESC, text LIMIT 5"), "most frequent failure lessons")
+    console.print(f"database: {db}; try: somnus sql \"SELECT * FROM episodes LIMIT 5\"")
+    if not keep:
+        down(home, None)
+
+
+@bench_app.command("e2e")
+def bench_e2e(events: int = typer.Option(100_000, "--events"), as_json: bool = typer.Option(False, "--json"),
+              seed: int = typer.Option(7, "--seed"), partitions: int = typer.Option(4, "--partitions"),
+              bundle: int = typer.Option(64, "--bundle", help="Max events per record (1 = one record per event)."),
+              home: Optional[Path] = HomeOpt) -> None:
+    """Publish N synthetic events; time publish start -> projection committed; compare to raw consume."""
+    from somnus.bench import run_e2e
+
+    result = run_e2e(events=events, seed=seed, partitions=partitions, bundle=bundle, home=home, log=err)
+    if as_json:
+        print(json.dumps(result))
+    else:
+        for k, v in result.items():
+            console.print(f"{k}: {v}")
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""The publishing client for agent runtimes: ``publish(events)``; key = session_id.
+
+Events may be dicts, typed events (``schemas.events``) or raw JSON bytes. Raw bytes are sent as
+they are (the pipeline validates them; bad ones reach the dead-letter topic), keyed by their
+``session_id`` when it can be read.
+
+>>> key_of(b'{"session_id": "s-1", "seq": 0}')
+b's-1'
+>>> key_of(b'not json') is None
+True
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterable, Iterable
+from typing import Any
+
+import msgspec
+import orjson
+from aiokafka import AIOKafkaProducer
+
+from schemas.codec import encode
+
+class _Key(msgspec.Struct):
+    session_id: Any = None
+
+
+_key_only = msgspec.json.Decoder(_Key)
+
+
+def key_of(raw: bytes) -> bytes | None:
+    try:
+        sid = _key_only.decode(raw).session_id
+    except msgspec.DecodeError:
+        return None
+    return str(sid).encode() if sid is not None else None
+
+
+def to_bytes(event: Any) -> bytes:
+    if isinstance(event, (bytes, bytearray)):
+        return bytes(event)
+    if isinstance(event, dict):
+        return orjson.dumps(event)
+    return encode(event)
+
+
+def make_producer(bootstrap: str) -> AIOKafkaProducer:
+    return AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True,
+                            linger_ms=10, max_batch_size=1 << 20, max_request_size=8 << 20,
+                            compression_type=None, request_timeout_ms=60000)
+
+
+def bundles(raws: list[bytes], bundle_max: int) -> list[tuple[bytes | None, bytes]]:
+    """Group consecutive events of a session into bundles of at most ``bundle_max`` events.
+
+    Returns ``(key, value)`` records; each session's events keep their order, and a bundle of one
+    event is the plain event object. Events whose session id cannot be read travel alone.
+
+    >>> [v for _, v in bundles([b'{"session_id":"a"}', b'{"session_id":"b"}', b'{"session_id":"a"}'], 8)]
+    [b'[{"session_id":"a"},{"session_id":"a"}]', b'{"session_id":"b"}']
+    """
+    if bundle_max <= 1:
+        return [(key_of(r), r) for r in raws]
+    groups: dict[bytes | None, list[bytes]] = {}
+    out: list[tuple[bytes | None, bytes]] = []
+    for raw in raws:
+        key = key_of(raw)
+        if key is None:
+            out.append((None, raw))
+        else:
+            groups.setdefault(key, []).append(raw)
+    for key, items in groups.items():
+        for i in range(0, len(items), bundle_max):
+            part = items[i:i + bundle_max]
+            out.append((key, part[0] if len(part) == 1 else b"[" + b",".join(part) + b"]"))
+    return out
+
+
+async def publish_async(events: Iterable[Any] | AsyncIterable[Any], bootstrap: str, topic: str,
+                        chunk: int = 20000, bundle_max: int = 64) -> int:
+    """Publish events, keyed by session id, in order per session; returns how many events were acknowledged.
+
+    Consecutive events of one session within a chunk travel as one bundle record (see
+    ``schemas.codec.decode_record``); ``bundle_max=1`` sends one record per event.
+    """
+    producer = make_producer(bootstrap)
+    await producer.start()
+    sent = 0
+    try:
+        buffer: list[bytes] = []
+
+        async def drain() -> None:
+            nonlocal sent
+            futures = [await producer.send(topic, value, key=key) for key, value in bundles(buffer, bundle_max)]
+            await asyncio.gather(*futures)
+            sent += len(buffer)
+            buffer.clear()
+
+        if isinstance(events, AsyncIterable):
+            async for event in events:
+                buffer.append(to_bytes(event))
+                if len(buffer) >= chunk:
+                    await drain()
+        else:
+            for event in events:
+                buffer.append(to_bytes(event))
+                if len(buffer) >= chunk:
+                    await drain()
+        await drain()
+        await producer.flush()
+    finally:
+        await producer.stop()
+    return sent
+
+
+def publish(events: Iterable[Any], bootstrap: str, topic: str, bundle_max: int = 64) -> int:
+    """Synchronous wrapper of ``publish_async`` for runtimes and scripts."""
+    return asyncio.run(publish_async(events, bootstrap, topic, bundle_max=bundle_max))

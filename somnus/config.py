@@ -1,0 +1,109 @@
+"""One frozen, typed configuration object: arguments > environment (SOMNUS_*) > defaults.
+
+>>> cfg = Settings.resolve(home="/tmp/somnus-doc", env={})
+>>> cfg.db_path.name
+'somnus.duckdb'
+>>> Settings.resolve(env={"SOMNUS_PARTITIONS": "8"}).partitions
+8
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# Environment variable for each setting; the field's type converts the string.
+_ENV = {
+    "home": "SOMNUS_HOME",
+    "db_path": "SOMNUS_DB",
+    "bootstrap": "KAFKA_BOOTSTRAP",
+    "cache": "SOMNUS_CACHE",
+    "partitions": "SOMNUS_PARTITIONS",
+    "topic_prefix": "SOMNUS_TOPIC_PREFIX",
+    "max_event_bytes": "SOMNUS_MAX_EVENT_BYTES",
+    "batch_size": "SOMNUS_BATCH_SIZE",
+    "batch_within_s": "SOMNUS_BATCH_WITHIN_S",
+    "agents_dir": "SOMNUS_AGENTS_DIR",
+    "app_id": "SOMNUS_APP_ID",
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    home: Path = Path.home() / ".somnus"
+    db_path: Path | None = None  # default: <home>/somnus.duckdb
+    bootstrap: str | None = None  # None: the project's own local broker (see somnus.broker)
+    cache: Path = Path.home() / ".cache" / "somnus"
+    partitions: int = 4
+    topic_prefix: str = "somnus."
+    max_event_bytes: int = 1_048_576
+    batch_size: int = 500
+    batch_within_s: float = 0.1
+    agents_dir: Path | None = None
+    app_id: str = "somnus"
+
+    @classmethod
+    def resolve(cls, env: Mapping[str, str] | None = None, **args: Any) -> Settings:
+        """Build settings from explicit arguments, then the environment, then defaults."""
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        types = {f.name: f.type for f in dataclasses.fields(cls)}
+        for name, var in _ENV.items():
+            if args.get(name) is not None:
+                values[name] = args[name]
+            elif env.get(var):
+                values[name] = env[var]
+        for name, value in list(values.items()):
+            values[name] = _convert(types[name], value)
+        settings = cls(**values)
+        if settings.db_path is None:
+            settings = dataclasses.replace(settings, db_path=settings.home / "somnus.duckdb")
+        return settings
+
+    # Topic names: created explicitly with their partition counts (never auto-created).
+    @property
+    def traces_topic(self) -> str:
+        return f"{self.topic_prefix}traces"
+
+    @property
+    def episodes_topic(self) -> str:
+        return f"{self.topic_prefix}episodes"
+
+    @property
+    def dead_letter_topic(self) -> str:
+        return f"{self.topic_prefix}dead-letters"
+
+    @property
+    def projected_topics(self) -> tuple[str, ...]:
+        return (self.traces_topic, self.episodes_topic, self.dead_letter_topic)
+
+    @property
+    def run_dir(self) -> Path:
+        return self.home / "run"
+
+    def as_env(self) -> dict[str, str]:
+        """The environment a child process needs to resolve the same settings."""
+        out = {}
+        for name, var in _ENV.items():
+            value = getattr(self, name)
+            if value is not None:
+                out[var] = str(value)
+        return out
+
+
+def _convert(kind: Any, value: Any) -> Any:
+    kind = str(kind)
+    if isinstance(value, str):
+        if "Path" in kind:
+            return Path(value).expanduser()
+        if kind.startswith("int"):
+            return int(value)
+        if kind.startswith("float"):
+            return float(value)
+    if "Path" in kind and not isinstance(value, Path):
+        return Path(value).expanduser()
+    return value

@@ -1,0 +1,81 @@
+"""Start and stop the worker and projector processes (pid files in ``<SOMNUS_HOME>/run``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from somnus.config import Settings
+
+MODULES = {"worker": "streams.worker", "projector": "projections.projector"}
+
+
+def _pidfile(settings: Settings, name: str) -> Path:
+    return settings.run_dir / f"{name}.pid"
+
+
+def child_env(settings: Settings, bootstrap: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(settings.as_env())
+    env["KAFKA_BOOTSTRAP"] = bootstrap
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def spawn(settings: Settings, bootstrap: str, role: str, name: str | None = None,
+          extra_args: list[str] | None = None) -> subprocess.Popen:
+    """Start ``role`` (worker|projector) in its own session; its log goes to ``<run>/<name>.log``."""
+    name = name or role
+    settings.run_dir.mkdir(parents=True, exist_ok=True)
+    log = open(settings.run_dir / f"{name}.log", "ab")
+    args = [sys.executable, "-m", MODULES[role], *(extra_args or [])]
+    if role == "worker":
+        args += ["--name", name]
+    proc = subprocess.Popen(args, env=child_env(settings, bootstrap), stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    _pidfile(settings, name).write_text(str(proc.pid))
+    return proc
+
+
+def running(settings: Settings, name: str) -> int | None:
+    path = _pidfile(settings, name)
+    if not path.exists():
+        return None
+    pid = int(path.read_text())
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().split()[2] == "Z":
+                return None
+    except OSError:
+        pass
+    return pid
+
+
+def stop(settings: Settings, name: str, timeout_s: float = 30.0) -> bool:
+    pid = running(settings, name)
+    _pidfile_path = _pidfile(settings, name)
+    if pid is None:
+        _pidfile_path.unlink(missing_ok=True)
+        return False
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if running(settings, name) is None:
+            break
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        time.sleep(0.1)
+    else:
+        os.kill(pid, signal.SIGKILL)
+    _pidfile_path.unlink(missing_ok=True)
+    return True

@@ -1,0 +1,148 @@
+"""Reads for analysts and operators: through the running projector when it holds the file, else directly.
+
+DuckDB lets only one process open a file read-write, and while it does no other process can open
+it at all; so when a projector is running for the database, reads are sent to it over HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from projections import queries
+from projections.projector import endpoint_file
+from somnus.config import Settings
+
+
+class ReadError(RuntimeError):
+    """The query could not be run (bad SQL, no database, projector unreachable)."""
+
+
+def _endpoint(db: Path) -> str | None:
+    path = endpoint_file(db)
+    if not path.exists():
+        return None
+    info = json.loads(path.read_text())
+    try:
+        os.kill(info["pid"], 0)
+    except ProcessLookupError:
+        return None
+    return f"http://127.0.0.1:{info['port']}"
+
+
+def _http(url: str, body: dict[str, Any] | None = None) -> Any:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        raise ReadError(json.loads(exc.read()).get("error", str(exc))) from None
+
+
+def _open(db: Path) -> duckdb.DuckDBPyConnection:
+    if not db.exists():
+        raise ReadError(f"no database at {db} (run `somnus up` or `somnus replay --to {db}`)")
+    return duckdb.connect(str(db), read_only=True)
+
+
+def sql(db: Path, query: str) -> dict[str, Any]:
+    url = _endpoint(db)
+    if url:
+        return _http(f"{url}/sql", {"sql": query})
+    try:
+        queries.check_read_only(query)
+        con = _open(db)
+        try:
+            return json.loads(json.dumps(queries.run_sql(con, query), default=str))
+        finally:
+            con.close()
+    except (queries.NotReadOnly, duckdb.Error) as exc:
+        raise ReadError(str(exc)) from None
+
+
+def checksum(db: Path) -> dict[str, Any]:
+    url = _endpoint(db)
+    if url:
+        return _http(f"{url}/checksum")
+    con = _open(db)
+    try:
+        return {"checksum": queries.checksum(con), "tables": queries.table_checksums(con)}
+    finally:
+        con.close()
+
+
+def summary(db: Path) -> dict[str, Any]:
+    url = _endpoint(db)
+    if url:
+        return _http(f"{url}/summary")
+    con = _open(db)
+    try:
+        return json.loads(json.dumps(queries.summary(con)))
+    finally:
+        con.close()
+
+
+async def _kafka_positions(settings: Settings, bootstrap: str) -> tuple[dict[str, dict[int, int]], dict[str, dict[int, int]]]:
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    from streams.topics import partitions_of
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
+    await consumer.start()
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        tps = []
+        for topic in settings.projected_topics:
+            tps.extend(TopicPartition(topic, p) for p in await partitions_of(consumer, topic))
+        ends: dict[str, dict[int, int]] = {}
+        for tp, off in (await consumer.end_offsets(tps)).items() if tps else []:
+            ends.setdefault(tp.topic, {})[tp.partition] = off
+        committed: dict[str, dict[int, int]] = {}
+        try:
+            group = await admin.list_consumer_group_offsets(settings.app_id)
+        except Exception:
+            group = {}
+        for tp, meta in group.items():
+            if tp.topic == settings.traces_topic:
+                committed.setdefault(tp.topic, {})[tp.partition] = meta.offset
+        return ends, committed
+    finally:
+        await admin.close()
+        await consumer.stop()
+
+
+def status(settings: Settings, bootstrap: str) -> dict[str, Any]:
+    """Per-topic projection lag, worker lag, counts and dead letters; ``idle`` when all are caught up."""
+    ends, worker_committed = asyncio.run(_kafka_positions(settings, bootstrap))
+    db = Path(settings.db_path)  # type: ignore[arg-type]
+    try:
+        s = summary(db)
+    except ReadError:
+        s = {"counts": {}, "offsets": {}, "dead_letter_kinds": {}}
+    lag = {}
+    for topic, parts in ends.items():
+        done = s["offsets"].get(topic, {})
+        lag[topic] = sum(max(0, end - int(done.get(str(p), done.get(p, 0)))) for p, end in parts.items())
+    trace_ends = ends.get(settings.traces_topic, {})
+    committed = worker_committed.get(settings.traces_topic, {})
+    worker_lag = sum(max(0, end - committed.get(p, 0)) for p, end in trace_ends.items())
+    return {
+        "lag": lag,
+        "worker_lag": {settings.traces_topic: worker_lag},
+        "idle": all(v == 0 for v in lag.values()) and worker_lag == 0,
+        "counts": s["counts"],
+        "dead_letters": s["counts"].get("dead_letters", 0),
+        "dead_letter_kinds": s["dead_letter_kinds"],
+        "projector": _endpoint(db) is not None,
+        "db": str(db),
+    }

@@ -1,0 +1,12 @@
+"""Counters of one worker process (logged; the projections hold the durable counts)."""
+
+from dataclasses import dataclass
+
+
+@dataclass
+class WorkerCounters:
+    events: int = 0
+    episodes: int = 0
+    dead_letters: int = 0
+    duplicates: int = 0
+    late: int = 0

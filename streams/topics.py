@@ -1,0 +1,70 @@
+"""Topic names and explicit creation with the partition counts we mean (never auto-created)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError
+
+from somnus.config import Settings
+
+if TYPE_CHECKING:
+    from aiokafka import AIOKafkaConsumer
+
+
+def topic_specs(settings: Settings) -> dict[str, int]:
+    """Every topic Somnus reads or writes, with its partition count.
+
+    ``traces`` and ``episodes`` are keyed by session id and share the partition count, so the
+    distiller's table partitions line up with its source; dead letters keep the source key.
+    """
+    return {
+        settings.traces_topic: settings.partitions,
+        settings.episodes_topic: settings.partitions,
+        settings.dead_letter_topic: settings.partitions,
+    }
+
+
+async def ensure_topics_async(bootstrap: str, specs: dict[str, int]) -> dict[str, int]:
+    """Create missing topics; raise if an existing one has a different partition count."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=30000)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        missing = [NewTopic(name, num_partitions=n, replication_factor=1,
+                            topic_configs={"retention.ms": "-1", "retention.bytes": "-1"})
+                   for name, n in specs.items() if name not in existing]
+        if missing:
+            try:
+                await admin.create_topics(missing)
+            except TopicAlreadyExistsError:
+                pass
+        described = await admin.describe_topics(list(specs))
+        counts = {d["topic"]: len(d["partitions"]) for d in described}
+        for name, n in specs.items():
+            if counts.get(name) != n:
+                raise RuntimeError(
+                    f"topic {name} has {counts.get(name)} partitions, expected {n} "
+                    f"(set SOMNUS_PARTITIONS={counts.get(name)} or use a new topic prefix)")
+        return counts
+    finally:
+        await admin.close()
+
+
+def ensure_topics(settings: Settings, bootstrap: str) -> dict[str, int]:
+    return asyncio.run(ensure_topics_async(bootstrap, topic_specs(settings)))
+
+
+async def partitions_of(consumer: "AIOKafkaConsumer", topic: str, timeout_s: float = 20.0) -> list[int]:
+    """The partition ids of ``topic`` as the consumer's metadata knows them (refreshed until found)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        parts = consumer.partitions_for_topic(topic)
+        if parts:
+            return sorted(parts)
+        if asyncio.get_running_loop().time() > deadline:
+            raise RuntimeError(f"topic {topic} does not exist (run `somnus up` or create it first)")
+        await consumer._client.force_metadata_update()
+        await asyncio.sleep(0.1)

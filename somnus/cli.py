@@ -291,25 +291,13 @@ def replay(to: Path = typer.Option(..., "--to", help="A new DuckDB file to rebui
 
 # ---- demo and bench ----------------------------------------------------------------------
 
-def wait_idle(s: Settings, boot: str, timeout_s: float = 600.0, poll_s: float = 0.5) -> dict[str, Any]:
-    from somnus.reads import status as run
-
-    deadline = time.monotonic() + timeout_s
-    res: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        res = run(s, boot)
-        if res["idle"]:
-            return res
-        time.sleep(poll_s)
-    raise TimeoutError(f"not idle after {timeout_s}s: {res}")
-
-
 @app.command()
 def demo(sessions: int = typer.Option(300, "--sessions"), seed: int = typer.Option(42, "--seed"),
          home: Optional[Path] = HomeOpt, keep: bool = typer.Option(False, "--keep", help="Leave worker and projector running.")) -> None:
     """Set up, run the pipeline on the built-in synthetic fleet, and show what the memory made of it."""
     from somnus.client import publish as do_publish
     from somnus.reads import sql as run_sql
+    from somnus.reads import wait_idle
     from somnus.sample import generate
 
     s = _settings(home)

@@ -29,6 +29,7 @@ _ENV = {
     "batch_within_s": "SOMNUS_BATCH_WITHIN_S",
     "agents_dir": "SOMNUS_AGENTS_DIR",
     "app_id": "SOMNUS_APP_ID",
+    "session_timeout_s": "SOMNUS_SESSION_TIMEOUT_S",
 }
 
 
@@ -45,6 +46,8 @@ class Settings:
     batch_within_s: float = 0.1
     agents_dir: Path | None = None
     app_id: str = "somnus"
+    # How long the group waits for a silent worker before handing its partitions to the others.
+    session_timeout_s: float = 10.0
 
     @classmethod
     def resolve(cls, env: Mapping[str, str] | None = None, **args: Any) -> Settings:

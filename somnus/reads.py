@@ -50,7 +50,11 @@ def _http(url: str, body: dict[str, Any] | None = None) -> Any:
 def _open(db: Path) -> duckdb.DuckDBPyConnection:
     if not db.exists():
         raise ReadError(f"no database at {db} (run `somnus up` or `somnus replay --to {db}`)")
-    return duckdb.connect(str(db), read_only=True)
+    try:
+        return duckdb.connect(str(db), read_only=True)
+    except duckdb.IOException as exc:
+        # Held by a projector that has not published its endpoint yet (or by another writer).
+        raise ReadError(f"{db} is held by another process: {exc}") from None
 
 
 def sql(db: Path, query: str) -> dict[str, Any]:
@@ -146,3 +150,20 @@ def status(settings: Settings, bootstrap: str) -> dict[str, Any]:
         "projector": _endpoint(db) is not None,
         "db": str(db),
     }
+
+
+def wait_idle(settings: Settings, bootstrap: str, timeout_s: float = 600.0, poll_s: float = 0.5,
+              stable_polls: int = 2) -> dict[str, Any]:
+    """Wait until every topic is projected and the worker has committed everything it consumed."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    res: dict[str, Any] = {}
+    streak = 0
+    while time.monotonic() < deadline:
+        res = status(settings, bootstrap)
+        streak = streak + 1 if res["idle"] else 0
+        if streak >= stable_polls:
+            return res
+        time.sleep(poll_s)
+    raise TimeoutError(f"not idle after {timeout_s}s: {res}")

@@ -9,6 +9,8 @@ idempotent processing = exactly-once results).
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -62,6 +64,57 @@ class SessionTable(Table):
             await asyncio.gather(*futures)
 
 
+class Batcher:
+    """Batches of at most ``max_events`` events, flushed at the latest ``within_s`` after the first.
+
+    This does what ``stream.take_events(n, within=...)`` does, without its buffering processor:
+    with faust-streaming 0.15.3 that processor could stay blocked after a rebalance, stalling the
+    worker for good. Events are acked only after their batch was handled, one batch at a time.
+
+    Every event is tagged with the consumer generation it arrived in. Events of an older
+    generation (a rebalance happened since) are neither handled nor acked: after a rebalance Faust
+    seeks every partition back to its committed offset, so they come again, to whichever worker
+    owns them now; acking them here would corrupt Faust's offset bookkeeping for the new owner.
+    """
+
+    def __init__(self, app: faust.App, stream: faust.StreamT, max_events: int, within_s: float,
+                 handle: Any) -> None:
+        self.app, self.stream = app, stream
+        self.max_events, self.within_s, self.handle = max_events, within_s, handle
+        self.events: list[tuple[int, EventT]] = []
+        self.first_at = 0.0
+        self.lock = asyncio.Lock()
+        self.dropped_stale = 0
+
+    async def add(self, event: EventT) -> None:
+        if not self.events:
+            self.first_at = asyncio.get_running_loop().time()
+        self.events.append((self.app.consumer_generation_id, event))
+        if len(self.events) >= self.max_events:
+            await self.flush()
+
+    async def tick(self) -> None:
+        while True:
+            await asyncio.sleep(self.within_s / 2)
+            if self.events and asyncio.get_running_loop().time() - self.first_at >= self.within_s:
+                await self.flush()
+
+    async def flush(self) -> None:
+        async with self.lock:
+            tagged, self.events = self.events, []
+            generation = self.app.consumer_generation_id
+            batch = [event for gen, event in tagged if gen == generation]
+            self.dropped_stale += len(tagged) - len(batch)
+            if not batch:
+                return
+            await self.handle(batch, generation)
+            if self.app.consumer_generation_id != generation:
+                self.dropped_stale += len(batch)
+                return  # rebalanced while handling: these will be redelivered; do not ack
+            for event in batch:
+                await self.stream.ack(event)
+
+
 def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker") -> faust.App:
     datadir = Path(settings.home) / "faust" / worker_name
     datadir.mkdir(parents=True, exist_ok=True)
@@ -83,8 +136,10 @@ def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker") 
         producer_max_batch_size=1 << 20,
         producer_max_request_size=8 << 20,
         broker_commit_every=5000,
-        broker_commit_interval=5.0,
+        broker_commit_interval=1.0,
         web_enabled=False,
+        broker_session_timeout=settings.session_timeout_s,
+        broker_heartbeat_interval=min(3.0, settings.session_timeout_s / 4),
         stream_buffer_maxsize=16384,
         broker_max_poll_records=1000,
         consumer_max_fetch_size=16 << 20,
@@ -101,16 +156,64 @@ def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker") 
     counters = WorkerCounters()
     app.somnus_counters = counters  # type: ignore[attr-defined]
 
+    assignment_file = Path(settings.home) / "run" / f"{worker_name}.assignment.json"
+
+    @app.on_rebalance_complete.connect
+    async def record_assignment(sender: Any, **kwargs: Any) -> None:
+        """Re-activate partitions paused for back-pressure; write which trace partitions we own now.
+
+        Faust pauses fetching from a partition whose stream queue is under high pressure and
+        resumes it when the queue drains; a rebalance clears the queue without that signal, so
+        such a partition would never be fetched again (seen as a worker stalled for good).
+        """
+        for tp in app.consumer.assignment():
+            app.consumer.on_buffer_drop(tp)
+        owned = sorted(tp.partition for tp in app.consumer.assignment() if tp.topic == settings.traces_topic)
+        assignment_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = assignment_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"worker": worker_name, "pid": os.getpid(), "partitions": owned}))
+        tmp.replace(assignment_file)
+
+    @app.task
+    async def install_task_dump() -> None:
+        """SIGUSR1 writes every asyncio task's stack to the log: for diagnosing a stalled worker."""
+        import signal
+        import sys
+
+        def dump() -> None:
+            for task in asyncio.all_tasks():
+                print(f"--- {task.get_name()}", file=sys.stderr)
+                coro: Any = task.get_coro()
+                while coro is not None:
+                    frame = getattr(coro, "cr_frame", None) or getattr(coro, "ag_frame", None)
+                    if frame is not None:
+                        print(f"    {frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}",
+                              file=sys.stderr)
+                    coro = getattr(coro, "cr_await", None) or getattr(coro, "ag_await", None)
+
+        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, dump)
+
     @app.agent(traces, concurrency=1)
     async def distill_sessions(stream: faust.StreamT) -> None:
-        async for batch in stream.take_events(settings.batch_size, within=settings.batch_within_s):
-            await _handle_batch(app, settings, batch, sessions, episodes, dead_letters, counters)
+        manual = stream.noack()
+
+        async def handle(batch: Sequence[EventT], generation: int) -> None:
+            await _handle_batch(app, settings, batch, sessions, episodes, dead_letters, counters, generation)
+
+        batcher = Batcher(app, manual, settings.batch_size, settings.batch_within_s, handle)
+        ticker = asyncio.ensure_future(batcher.tick())
+        try:
+            async for event in manual.events():
+                await batcher.add(event)
+        finally:
+            ticker.cancel()
 
     return app
 
 
 async def _handle_batch(app: faust.App, settings: Settings, batch: Sequence[EventT], sessions: SessionTable,
-                        episodes: faust.TopicT, dead_letters: faust.TopicT, counters: WorkerCounters) -> None:
+                        episodes: faust.TopicT, dead_letters: faust.TopicT, counters: WorkerCounters,
+                        generation: int) -> None:
     pending: list[Any] = []
     valid = []
     partition_of: dict[str, int] = {}  # session key -> source partition
@@ -143,6 +246,12 @@ async def _handle_batch(app: faust.App, settings: Settings, batch: Sequence[Even
     # Episodes and dead letters must be on the broker before the state that says "done" is.
     if pending:
         await asyncio.gather(*pending)
+    # After a rebalance during this batch, its partitions may belong to another worker, which
+    # reprocesses these events from the committed offset: its state must not be overwritten here.
+    if app.consumer_generation_id != generation:
+        sessions.pending_changelog.clear()
+        sessions.key_partitions.clear()
+        return
     for key, state in out.states.items():
         bkey = key.encode()
         sessions.key_partitions[bkey] = partition_of[key]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from somnus.broker import bootstrap_for
@@ -15,7 +16,7 @@ from streams.topics import ensure_topics
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="somnus-worker")
     parser.add_argument("--name", default="worker")
-    parser.add_argument("--loglevel", default="warning")
+    parser.add_argument("--loglevel", default=os.environ.get("SOMNUS_LOGLEVEL", "warning"))
     args = parser.parse_args(argv)
     settings = Settings.resolve()
     bootstrap = bootstrap_for(settings, start_if_missing=False)

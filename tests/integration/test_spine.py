@@ -1,0 +1,221 @@
+"""The spine end to end against the real broker, real Faust workers and the real DuckDB file."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import orjson
+import pytest
+from pipeline import Pipeline, wait_until
+
+from somnus.importers import openai_chat
+from somnus.sample import generate
+
+pytestmark = pytest.mark.integration
+
+CONTENT_TABLES = ("events", "episodes", "lessons")
+
+
+def test_tau_bench_transcripts_become_200_episodes(pipeline_settings, tau_bench_path):
+    p = Pipeline(pipeline_settings)
+    try:
+        p.start_all()
+        events = list(openai_chat(tau_bench_path, agent="airline"))
+        assert p.publish(events) == len(events)
+        p.wait_idle()
+        p.stop_all()
+        outcomes = dict(p.query("SELECT outcome, count(*) FROM episodes GROUP BY 1"))
+        assert outcomes == {"success": 84, "failure": 116}
+        assert p.query("SELECT count(DISTINCT episode_id), count(*) FROM episodes")[0] == (200, 200)
+        assert p.query("SELECT count(*) FROM events")[0][0] == len(events)
+        # outcomes match the source file trajectory by trajectory
+        source = json.loads(tau_bench_path.read_bytes())
+        expected = {f"{tau_bench_path.stem}-task{t['task_id']}-trial{t['trial']}":
+                    ("success" if t["reward"] >= 1.0 else "failure") for t in source}
+        got = dict(p.query("SELECT session_id, outcome FROM episodes"))
+        assert got == expected
+        # tool errors that were never resolved became failure lessons naming the tool
+        assert p.query("SELECT count(*) FROM lessons WHERE kind = 'failure' AND tool IS NOT NULL")[0][0] > 0
+    finally:
+        p.stop_all()
+
+
+def _reference(settings, events, tmp_path: Path, bundle_max: int) -> dict[str, str]:
+    """The no-crash result of the same input, through its own pipeline."""
+    ref = dataclasses.replace(settings, topic_prefix=settings.topic_prefix + "ref.", app_id=settings.app_id + "-ref",
+                              home=tmp_path / "ref-home", db_path=tmp_path / "ref.duckdb")
+    p = Pipeline(ref)
+    try:
+        p.start_all()
+        p.publish(events, bundle_max=bundle_max)
+        p.wait_idle()
+        return p.checksum()["tables"]
+    finally:
+        p.stop_all()
+
+
+def test_sigkill_worker_and_projector_at_random_points(pipeline_settings, tmp_path):
+    events = list(generate(sessions=1500, seed=11))
+    reference = _reference(pipeline_settings, events, tmp_path, bundle_max=4)
+    rng = random.Random(2024)
+    p = Pipeline(pipeline_settings)
+    try:
+        p.start_all()
+        chunks = [events[i:i + 1500] for i in range(0, len(events), 1500)]
+        kills = Counter()
+        for i, chunk in enumerate(chunks):
+            p.publish(chunk, bundle_max=4)
+            if i % 2 == 0:
+                # let the pipeline get into the middle of something, then kill without warning
+                time.sleep(rng.uniform(0.05, 2.0))
+                victims = rng.choice([("worker",), ("projector",), ("worker", "projector")])
+                for v in victims:
+                    p.kill(v)
+                    kills[v] += 1
+                for v in victims:
+                    p.start(v)
+        assert kills["worker"] >= 2 and kills["projector"] >= 2, kills
+        p.wait_idle(timeout_s=600)
+        crashed = p.checksum()["tables"]
+        for table in CONTENT_TABLES:
+            assert crashed[table] == reference[table], (table, crashed[table], reference[table])
+        p.stop_all()
+        n_sessions = len({e["session_id"] for e in events})
+        assert p.query("SELECT count(DISTINCT episode_id), count(*) FROM episodes")[0] == (n_sessions, n_sessions)
+        assert p.query("SELECT count(*) FROM events")[0][0] == len(events)
+        assert p.query("SELECT count(*) FROM dead_letters")[0][0] == 0
+    finally:
+        p.stop_all()
+
+
+def _faust_assignment(p: Pipeline) -> dict[str, set[int]]:
+    """Which trace partitions each live worker says it owns (written after every rebalance)."""
+    out = {}
+    for name, proc in p.procs.items():
+        path = p.s.run_dir / f"{name}.assignment.json"
+        if name.startswith("worker") and proc.poll() is None and path.exists():
+            out[name] = set(json.loads(path.read_text())["partitions"])
+    return out
+
+
+def test_two_workers_split_partitions_and_survive_a_kill(pipeline_settings, tmp_path):
+    events = list(generate(sessions=1200, seed=5))
+    reference = _reference(pipeline_settings, events, tmp_path, bundle_max=8)
+    p = Pipeline(pipeline_settings)
+    try:
+        p.start("projector")
+        p.start("worker-a")
+        p.start("worker-b")
+
+        def split() -> bool:
+            a = _faust_assignment(p)
+            parts = [s for s in a.values()]
+            return (len(parts) == 2 and all(parts) and not (parts[0] & parts[1])
+                    and parts[0] | parts[1] == set(range(pipeline_settings.partitions)))
+
+        wait_until(split, timeout_s=120, what="two workers sharing the partitions")
+        half = len(events) // 2
+        p.publish(events[:half], bundle_max=8)
+        wait_until(lambda: p.status()["counts"].get("episodes", 0) > 0, timeout_s=120, what="first episodes")
+        p.kill("worker-a")
+
+        def one_owner() -> bool:
+            a = _faust_assignment(p)
+            return len(a) == 1 and next(iter(a.values())) == set(range(pipeline_settings.partitions))
+
+        p.publish(events[half:], bundle_max=8)
+        wait_until(one_owner, timeout_s=120, what="the survivor owning every partition")
+        p.wait_idle(timeout_s=120)
+        got = p.checksum()["tables"]
+        for table in CONTENT_TABLES:
+            assert got[table] == reference[table], table
+    finally:
+        p.stop_all()
+
+
+def _malformed(i: int, good: dict) -> bytes:
+    kind = i % 5
+    if kind == 0:
+        return b"\x00\xffnot json at all " + str(i).encode()
+    if kind == 1:
+        bad = dict(good, seq="seven")
+        return orjson.dumps(bad)
+    if kind == 2:
+        bad = {k: v for k, v in good.items() if k != "payload"}
+        return orjson.dumps(bad)
+    if kind == 3:
+        return orjson.dumps(dict(good, type="teleport"))
+    return orjson.dumps(dict(good, payload={"text": "x" * 70_000}, type="user_message"))
+
+
+def test_10000_malformed_events_go_to_dead_letters_while_good_ones_flow(pipeline_settings):
+    settings = dataclasses.replace(pipeline_settings, max_event_bytes=65_536)
+    good = list(generate(sessions=600, seed=3))
+    template = good[0]
+    bad = [_malformed(i, dict(template, session_id=f"bad-{i}")) for i in range(10_000)]
+    # interleave: good events keep flowing between the bad ones
+    mixed: list = []
+    gi = 0
+    for i, b in enumerate(bad):
+        mixed.append(b)
+        if i % 2 == 0 and gi < len(good):
+            mixed.append(good[gi])
+            gi += 1
+    mixed.extend(good[gi:])
+    p = Pipeline(settings)
+    try:
+        p.start_all()
+        p.publish(mixed, bundle_max=1)
+        st = p.wait_idle(timeout_s=300)
+        assert st["dead_letters"] == 10_000
+        assert st["dead_letter_kinds"] == {"undecodable": 2000, "schema": 6000, "oversized": 2000}
+        assert st["counts"]["events"] == len(good)
+        assert st["counts"]["episodes"] == len({e["session_id"] for e in good})
+        p.stop_all()
+        rows = p.query("SELECT reason, original FROM dead_letters WHERE reason LIKE 'schema:%$.seq%' LIMIT 1")
+        assert rows and b"seven" in rows[0][1]
+        # the original bytes are kept exactly
+        originals = {r[0] for r in p.query("SELECT original FROM dead_letters")}
+        assert originals == set(bad)
+    finally:
+        p.stop_all()
+
+
+def test_replay_checksum_equals_live(pipeline_settings, tmp_path):
+    p = Pipeline(pipeline_settings)
+    try:
+        p.start_all()
+        p.publish(list(generate(sessions=400, seed=9)))
+        p.publish([b"{broken", orjson.dumps({"event_id": "nope"})], bundle_max=1)
+        p.wait_idle()
+        live = p.checksum()  # served by the running projector (it holds the file)
+        env = {**p.s.as_env(), "KAFKA_BOOTSTRAP": p.boot}
+        replay_db = tmp_path / "replayed.duckdb"
+        cli = [sys.executable, "-m", "somnus.cli"]
+        run = subprocess.run(cli + ["replay", "--to", str(replay_db)], env=env, capture_output=True, text=True,
+                             timeout=300)
+        assert run.returncode == 0, run.stderr
+        out = subprocess.run(cli + ["checksum", "--db", str(replay_db)], env=env, capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split()[0] == live["checksum"]
+        live_cli = subprocess.run(cli + ["checksum"], env=env, capture_output=True, text=True)
+        assert live_cli.stdout.split()[0] == live["checksum"]
+        assert live["tables"]["dead_letters"].startswith("2:")
+        # somnus sql and status through the running projector
+        sql = subprocess.run(cli + ["sql", "SELECT count(*) AS n FROM episodes", "--json"], env=env,
+                             capture_output=True, text=True)
+        assert json.loads(sql.stdout)[0]["n"] == 400
+        refused = subprocess.run(cli + ["sql", "DELETE FROM episodes"], env=env, capture_output=True, text=True)
+        assert refused.returncode != 0 and "only SELECT" in refused.stderr
+        st = json.loads(subprocess.run(cli + ["status", "--json"], env=env, capture_output=True, text=True).stdout)
+        assert st["idle"] is True and set(st["lag"]) == set(p.s.projected_topics)
+        assert all(v == 0 for v in st["lag"].values())
+    finally:
+        p.stop_all()

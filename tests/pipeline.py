@@ -1,0 +1,92 @@
+"""Test helper: run the real worker and projector processes for one isolated pipeline."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from somnus import procs
+from somnus.client import publish
+from somnus.config import Settings
+from somnus.reads import checksum, status, wait_idle
+from streams.topics import ensure_topics
+
+
+class Pipeline:
+    def __init__(self, settings: Settings) -> None:
+        self.s = settings
+        self.boot = settings.bootstrap
+        assert self.boot
+        self.procs: dict[str, subprocess.Popen] = {}
+        ensure_topics(settings, self.boot)
+
+    def start(self, name: str, role: str | None = None) -> subprocess.Popen:
+        role = role or ("projector" if name == "projector" else "worker")
+        proc = procs.spawn(self.s, self.boot, role, name=name)  # type: ignore[arg-type]
+        self.procs[name] = proc
+        return proc
+
+    def start_all(self) -> None:
+        self.start("projector")
+        self.start("worker")
+
+    def kill(self, name: str) -> None:
+        """SIGKILL: no shutdown code runs."""
+        proc = self.procs.pop(name)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+    def stop_all(self) -> None:
+        for name, proc in list(self.procs.items()):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for name, proc in list(self.procs.items()):
+            try:
+                proc.wait(timeout=40)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.procs.clear()
+
+    def publish(self, events: Iterable[Any], bundle_max: int = 64) -> int:
+        return publish(events, self.boot, self.s.traces_topic, bundle_max=bundle_max)  # type: ignore[arg-type]
+
+    def wait_idle(self, timeout_s: float = 300.0) -> dict[str, Any]:
+        for name, proc in self.procs.items():
+            assert proc.poll() is None, f"{name} exited with {proc.returncode}: {self.log(name)[-3000:]}"
+        return wait_idle(self.s, self.boot, timeout_s=timeout_s)  # type: ignore[arg-type]
+
+    def status(self) -> dict[str, Any]:
+        return status(self.s, self.boot)  # type: ignore[arg-type]
+
+    def checksum(self) -> dict[str, Any]:
+        return checksum(Path(self.s.db_path))  # type: ignore[arg-type]
+
+    def log(self, name: str) -> str:
+        path = self.s.run_dir / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def query(self, sql: str) -> list[tuple]:
+        """Query the DuckDB file directly (only when the projector is stopped)."""
+        assert "projector" not in self.procs
+        con = duckdb.connect(str(self.s.db_path), read_only=True)
+        try:
+            return con.execute(sql).fetchall()
+        finally:
+            con.close()
+
+
+def wait_until(predicate, timeout_s: float = 120.0, poll_s: float = 0.3, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(poll_s)
+    raise TimeoutError(f"{what} not reached in {timeout_s}s")

@@ -1,0 +1,133 @@
+"""somnus.client: record keys and bundles (no broker: publishing itself is an integration test)."""
+
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+from datetime import datetime, timezone
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from schemas.codec import Rejection, decode_record, encode
+from schemas.events import Message, UserMessaged
+from somnus.client import bundles, key_of, to_bytes
+
+_elements = msgspec.json.Decoder(list[msgspec.Raw])
+
+
+def flatten(records: list[tuple[bytes | None, bytes]]) -> list[bytes]:
+    """The events of the records, as the consumer splits them (a JSON array is a bundle)."""
+    out: list[bytes] = []
+    for _, value in records:
+        if value.lstrip()[:1] == b"[":
+            out.extend(bytes(r) for r in _elements.decode(value))
+        else:
+            out.append(value)
+    return out
+
+
+def ev(session: str, seq: int) -> bytes:
+    return encode(UserMessaged(event_id=uuid.uuid5(uuid.NAMESPACE_OID, f"{session}/{seq}"), schema_version=1,
+                               ts=datetime(2024, 5, 15, tzinfo=timezone.utc), agent="support", session_id=session,
+                               seq=seq, payload=Message(text=f"m{seq}")))
+
+
+@st.composite
+def streams(draw: Any) -> list[bytes]:
+    """Events of several sessions in any interleaving, plus a few records whose session can't be read."""
+    counts = draw(st.lists(st.integers(1, 12), min_size=1, max_size=5))
+    queues = [[ev(f"s{i}", seq) for seq in range(n)] for i, n in enumerate(counts)]
+    junk = draw(st.lists(st.sampled_from([b"not json", b'{"seq": 1}', b'{"session_id": null}', b"\"s0\""]), max_size=3))
+    queues += [[j] for j in junk]
+    out: list[bytes] = []
+    while any(queues):
+        out.append(draw(st.sampled_from([q for q in queues if q])).pop(0))
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(streams(), st.integers(-1, 20))
+def test_bundles_keep_every_event_once_and_each_sessions_order(raws, bundle_max):
+    records = bundles(raws, bundle_max)
+    flat = flatten(records)
+    assert sorted(flat) == sorted(raws)  # every event exactly once, bytes unchanged
+
+    def per_session(seq_of: list[bytes]) -> dict[bytes | None, list[bytes]]:
+        out: dict[bytes | None, list[bytes]] = defaultdict(list)
+        for r in seq_of:
+            out[key_of(r)].append(r)
+        return out
+
+    assert per_session(flat) == per_session(raws)
+    for key, value in records:
+        elements = flatten([(key, value)])
+        assert len(elements) <= max(bundle_max, 1)
+        assert {key_of(e) for e in elements} == {key}  # one session per record, keyed by it
+        if len(elements) == 1:
+            assert value == elements[0]  # a bundle of one is the plain event
+        if key is None:
+            assert len(elements) == 1  # unreadable session ids travel alone
+
+
+@settings(max_examples=100, deadline=None)
+@given(streams(), st.integers(2, 20))
+def test_bundles_are_as_few_as_the_limit_allows(raws, bundle_max):
+    per_key: dict[bytes | None, int] = defaultdict(int)
+    for r in raws:
+        per_key[key_of(r)] += 1
+    expected = per_key.pop(None, 0) + sum(-(-n // bundle_max) for n in per_key.values())
+    assert len(bundles(raws, bundle_max)) == expected
+
+
+@pytest.mark.parametrize("bundle_max", [1, 0, -5])
+def test_bundle_max_1_gives_one_record_per_event_in_input_order(bundle_max):
+    raws = [ev("a", 0), ev("b", 0), ev("a", 1), b"junk"]
+    assert bundles(raws, bundle_max) == [(b"a", raws[0]), (b"b", raws[1]), (b"a", raws[2]), (None, b"junk")]
+
+
+def test_a_bundle_decodes_to_its_events_in_order():
+    raws = [ev("a", i) for i in range(5)]
+    ((key, value),) = bundles(raws, 8)
+    assert key == b"a"
+    decoded = decode_record(value, max_bytes=10_000)
+    assert not any(isinstance(d, Rejection) for d in decoded)
+    assert [d.seq for d in decoded] == [0, 1, 2, 3, 4]
+
+
+def test_a_session_longer_than_the_limit_is_split_in_order():
+    raws = [ev("a", i) for i in range(5)]
+    records = bundles(raws, 2)
+    assert [len(flatten([r])) for r in records] == [2, 2, 1]
+    assert flatten(records) == raws
+
+
+@pytest.mark.parametrize(("raw", "key"), [
+    (b'{"session_id": "s-1", "seq": 0}', b"s-1"),
+    (b'{"seq": 0, "payload": {"session_id": "inner"}, "session_id": "outer"}', b"outer"),
+    (b'{"session_id": 42}', b"42"),
+    ('{"session_id": "café"}'.encode(), "café".encode()),
+    (b'{"session_id": ""}', b""),
+    (b'{"session_id": null}', None),
+    (b'{"seq": 0}', None),
+    (b"not json", None),
+    (b"[1, 2]", None),
+    (b'"s-1"', None),
+    (b"", None),
+])
+def test_key_of(raw, key):
+    assert key_of(raw) == key
+
+
+def test_key_of_a_real_event_is_its_session_id():
+    assert key_of(ev("s0000042-support", 3)) == b"s0000042-support"
+
+
+def test_to_bytes_accepts_dicts_typed_events_and_raw_bytes():
+    typed = msgspec.json.decode(ev("a", 0), type=UserMessaged)
+    assert to_bytes(typed) == ev("a", 0)
+    assert to_bytes(bytearray(b"raw")) == b"raw"
+    assert msgspec.json.decode(to_bytes({"session_id": "a", "seq": 0})) == {"session_id": "a", "seq": 0}

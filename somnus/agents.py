@@ -40,12 +40,16 @@ class AgentFileError(ValueError):
 
 def parse_agent_file(path: Path) -> AgentSpec:
     text = path.read_text(encoding="utf-8")
-    if not text.startswith("---"):
-        raise AgentFileError(f"{path}: no YAML front matter (the file must start with '---')")
+    lines = text.splitlines()
+    if not lines or lines[0].strip() != "---":
+        raise AgentFileError(f"{path}: no YAML front matter (the file must start with a '---' line)")
     try:
-        _, front, _ = text.split("---", 2)
-        data = yaml.safe_load(front) or {}
-    except (ValueError, yaml.YAMLError) as exc:
+        end = next(i for i, line in enumerate(lines[1:], 1) if line.strip() == "---")
+    except StopIteration:
+        raise AgentFileError(f"{path}: front matter is not closed by a '---' line") from None
+    try:
+        data = yaml.safe_load("\n".join(lines[1:end])) or {}
+    except yaml.YAMLError as exc:
         raise AgentFileError(f"{path}: front matter is not valid YAML: {exc}") from None
     if not isinstance(data, dict):
         raise AgentFileError(f"{path}: front matter must be a mapping of fields")
@@ -58,14 +62,16 @@ def parse_agent_file(path: Path) -> AgentSpec:
 def load_agents(folder: Path | None = None) -> dict[str, AgentSpec]:
     folder = folder or DEFAULT_DIR
     agents: dict[str, AgentSpec] = {}
+    files: dict[str, Path] = {}
     for path in sorted(folder.glob("*.md")):
         spec = parse_agent_file(path)
         if spec.name in agents:
             raise AgentFileError(f"{path}: field `name`: agent {spec.name!r} is declared twice")
         agents[spec.name] = spec
+        files[spec.name] = path
     for spec in agents.values():
         if spec.reports_to is not None and spec.reports_to not in agents:
-            raise AgentFileError(f"{folder / (spec.name + '.md')}: field `reportsTo`: unknown agent {spec.reports_to!r}")
+            raise AgentFileError(f"{files[spec.name]}: field `reportsTo`: unknown agent {spec.reports_to!r}")
     return agents
 
 

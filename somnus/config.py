@@ -53,6 +53,9 @@ class Settings:
     def resolve(cls, env: Mapping[str, str] | None = None, **args: Any) -> Settings:
         """Build settings from explicit arguments, then the environment, then defaults."""
         env = os.environ if env is None else env
+        unknown = set(args) - set(_ENV)
+        if unknown:
+            raise TypeError(f"unknown setting(s): {', '.join(sorted(unknown))}")
         values: dict[str, Any] = {}
         types = {f.name: f.type for f in dataclasses.fields(cls)}
         for name, var in _ENV.items():

@@ -102,6 +102,8 @@ def openai_chat(path: Path, agent: str | None = None, start: datetime = DEFAULT_
         s = _Session(f"openai-chat:{path.name}", agent or item.get("agent") or "assistant", session_id,
                      start + timedelta(minutes=10 * i))
         first_user = next((m.get("content") for m in messages if isinstance(m, dict) and m.get("role") == "user"), None)
+        if first_user is not None and not isinstance(first_user, str):
+            first_user = orjson.dumps(first_user).decode()  # content parts, as for every other message
         meta = {k: item[k] for k in ("task_id", "trial", "reward") if k in item}
         s.add("session_start", {"task": (first_user or "")[:500], "metadata": meta})
         names: dict[str, str] = {}

@@ -117,8 +117,6 @@ def test_as_env_gives_a_child_process_the_same_settings():
         assert Settings.resolve(env=env) == s
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: Settings.resolve silently ignores keyword arguments it does not know, "
-                   "so a misspelt setting (partitons=8) leaves the default in force without a word")
 def test_an_unknown_argument_is_an_error():
     with pytest.raises(TypeError):
         Settings.resolve(env={}, partitons=8)

@@ -227,8 +227,6 @@ def test_a_json_lines_file_with_a_broken_line_names_the_line(tmp_path):
         list(openai_chat(path))
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: openai_chat copies a user message's content into session_start.task "
-                   "unconverted; OpenAI content parts (a list) give a list task, which the v1 schema rejects")
 def test_user_content_given_as_content_parts_still_gives_valid_events(tmp_path):
     item = {"id": "parts", "reward": 1.0,
             "messages": [{"role": "user", "content": [{"type": "text", "text": "refund order 1042"}]},

@@ -57,41 +57,35 @@ def _open(db: Path) -> duckdb.DuckDBPyConnection:
         raise ReadError(f"{db} is held by another process: {exc}") from None
 
 
-def sql(db: Path, query: str) -> dict[str, Any]:
+def _read(db: Path, route: str, local: Any, body: dict[str, Any] | None = None) -> Any:
+    """Ask the running projector (``route``), or run ``local(con)`` on the file opened read-only."""
     url = _endpoint(db)
     if url:
-        return _http(f"{url}/sql", {"sql": query})
+        return _http(f"{url}{route}", body)
+    con = _open(db)
     try:
-        queries.check_read_only(query)
-        con = _open(db)
-        try:
-            return json.loads(json.dumps(queries.run_sql(con, query), default=str))
-        finally:
-            con.close()
+        return json.loads(json.dumps(local(con), default=str))
     except (queries.NotReadOnly, duckdb.Error) as exc:
         raise ReadError(str(exc)) from None
+    finally:
+        con.close()
+
+
+def sql(db: Path, query: str) -> dict[str, Any]:
+    try:
+        queries.check_read_only(query)
+    except (queries.NotReadOnly, duckdb.Error) as exc:  # not read-only, or not SQL at all
+        raise ReadError(str(exc)) from None
+    return _read(db, "/sql", lambda con: queries.run_sql(con, query), {"sql": query})
 
 
 def checksum(db: Path) -> dict[str, Any]:
-    url = _endpoint(db)
-    if url:
-        return _http(f"{url}/checksum")
-    con = _open(db)
-    try:
-        return {"checksum": queries.checksum(con), "tables": queries.table_checksums(con)}
-    finally:
-        con.close()
+    return _read(db, "/checksum", lambda con: {"checksum": queries.checksum(con),
+                                                "tables": queries.table_checksums(con)})
 
 
 def summary(db: Path) -> dict[str, Any]:
-    url = _endpoint(db)
-    if url:
-        return _http(f"{url}/summary")
-    con = _open(db)
-    try:
-        return json.loads(json.dumps(queries.summary(con)))
-    finally:
-        con.close()
+    return _read(db, "/summary", queries.summary)
 
 
 async def _kafka_positions(settings: Settings, bootstrap: str) -> tuple[dict[str, dict[int, int]], dict[str, dict[int, int]]]:

@@ -1,7 +1,7 @@
 """Trace events, schema v1: what agent runtimes publish to the ``traces`` topic.
 
 The contract for runtimes in any language is ``trace_event.v1.schema.json`` beside this file;
-these frozen types match it (tests/schemas/test_contract.py proves it both ways).
+these frozen types match it (tests/schemas/test_schema_contract.py proves it both ways).
 
 The wire envelope (``event_id``, ``schema_version``, ``ts``, ``agent``, ``session_id``, ``seq``,
 ``type``) is the same for every event; ``type`` selects the payload type.

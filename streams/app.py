@@ -67,9 +67,12 @@ class SessionTable(Table):
 class Batcher:
     """Batches of at most ``max_events`` events, flushed at the latest ``within_s`` after the first.
 
-    This does what ``stream.take_events(n, within=...)`` does, without its buffering processor:
-    with faust-streaming 0.15.3 that processor could stay blocked after a rebalance, stalling the
-    worker for good. Events are acked only after their batch was handled, one batch at a time.
+    This does what ``stream.take_events(n, within=...)`` does, without its buffering processor.
+    With faust-streaming 0.15.3, after a rebalance, a task dump once showed that processor blocked,
+    waiting for a "buffer consumed" signal while the buffer was empty; the stream stopped with it.
+    Replacing it did not remove every post-rebalance stall (see the failover test), so that
+    processor was not the whole cause. Events are acked only after their batch was handled, one
+    batch at a time.
 
     Every event is tagged with the consumer generation it arrived in. Events of an older
     generation (a rebalance happened since) are neither handled nor acked: after a rebalance Faust

@@ -41,8 +41,13 @@ async def ensure_topics_async(bootstrap: str, specs: dict[str, int]) -> dict[str
                 await admin.create_topics(missing)
             except TopicAlreadyExistsError:
                 pass
-        described = await admin.describe_topics(list(specs))
-        counts = {d["topic"]: len(d["partitions"]) for d in described}
+        # A topic just created may show no partitions until its metadata has propagated.
+        for _ in range(100):
+            described = await admin.describe_topics(list(specs))
+            counts = {d["topic"]: len(d["partitions"]) for d in described}
+            if all(counts.get(name) for name in specs):
+                break
+            await asyncio.sleep(0.1)
         for name, n in specs.items():
             if counts.get(name) != n:
                 raise RuntimeError(

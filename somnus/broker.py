@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from somnus.config import Settings
+from somnus.procs import pid_alive
 
 KAFKA_VERSION = "3.9.1"
 POM = Path(__file__).parent / "data" / "kafka" / "pom.xml"
@@ -47,7 +48,7 @@ class BrokerInfo:
 
     @property
     def alive(self) -> bool:
-        return _pid_alive(self.pid)
+        return pid_alive(self.pid)
 
 
 def libs_dir(settings: Settings) -> Path:
@@ -80,21 +81,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child counts as dead.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except OSError:
-        return True
 
 
 def _state_dir(settings: Settings) -> Path:

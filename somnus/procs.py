@@ -41,22 +41,27 @@ def spawn(settings: Settings, bootstrap: str, role: str, name: str | None = None
     return proc
 
 
+def pid_alive(pid: int) -> bool:
+    """Is ``pid`` a live process? A zombie (exited, not yet reaped) counts as dead."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except OSError:
+        return True
+
+
 def running(settings: Settings, name: str) -> int | None:
     path = _pidfile(settings, name)
     if not path.exists():
         return None
     pid = int(path.read_text())
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            if f.read().split()[2] == "Z":
-                return None
-    except OSError:
-        pass
-    return pid
+    return pid if pid_alive(pid) else None
 
 
 def stop(settings: Settings, name: str, timeout_s: float = 30.0) -> bool:

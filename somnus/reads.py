@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -19,6 +18,7 @@ import duckdb
 from projections import queries
 from projections.projector import endpoint_file
 from somnus.config import Settings
+from somnus.procs import pid_alive
 
 
 class ReadError(RuntimeError):
@@ -30,9 +30,7 @@ def _endpoint(db: Path) -> str | None:
     if not path.exists():
         return None
     info = json.loads(path.read_text())
-    try:
-        os.kill(info["pid"], 0)
-    except ProcessLookupError:
+    if not pid_alive(info["pid"]):
         return None
     return f"http://127.0.0.1:{info['port']}"
 

@@ -149,10 +149,6 @@ def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker") 
     )
     traces = app.topic(settings.traces_topic, partitions=settings.partitions, key_type=bytes, value_type=bytes,
                        internal=False)
-    episodes = app.topic(settings.episodes_topic, partitions=settings.partitions, key_type=bytes,
-                         value_type=bytes, internal=False)
-    dead_letters = app.topic(settings.dead_letter_topic, partitions=settings.partitions, key_type=bytes,
-                             value_type=bytes, internal=False)
     sessions = app.tables.add(SessionTable(
         app, name="sessions", partitions=settings.partitions, key_type=bytes, value_type=bytes,
         beacon=app.tables.beacon, help="per-session distiller state (msgspec JSON)"))
@@ -201,7 +197,7 @@ def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker") 
         manual = stream.noack()
 
         async def handle(batch: Sequence[EventT], generation: int) -> None:
-            await _handle_batch(app, settings, batch, sessions, episodes, dead_letters, counters, generation)
+            await _handle_batch(app, settings, batch, sessions, counters, generation)
 
         batcher = Batcher(app, manual, settings.batch_size, settings.batch_within_s, handle)
         ticker = asyncio.ensure_future(batcher.tick())
@@ -215,7 +211,7 @@ def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker") 
 
 
 async def _handle_batch(app: faust.App, settings: Settings, batch: Sequence[EventT], sessions: SessionTable,
-                        episodes: faust.TopicT, dead_letters: faust.TopicT, counters: WorkerCounters,
+                        counters: WorkerCounters,
                         generation: int) -> None:
     pending: list[Any] = []
     valid = []
@@ -226,7 +222,7 @@ async def _handle_batch(app: faust.App, settings: Settings, batch: Sequence[Even
             if isinstance(item, Rejection):
                 counters.dead_letters += 1
                 pending.append(await app.producer.send(
-                    dead_letters.get_topic_name(), key=msg.key,
+                    settings.dead_letter_topic, key=msg.key,
                     value=item.original if item.original is not None else (msg.value or b""),
                     partition=None, timestamp=None,
                     headers=dead_letter_headers(item, msg.topic, msg.partition, msg.offset, index)))
@@ -244,7 +240,7 @@ async def _handle_batch(app: faust.App, settings: Settings, batch: Sequence[Even
     counters.late += out.late
     for ep in out.episodes:
         counters.episodes += 1
-        pending.append(await app.producer.send(episodes.get_topic_name(), key=ep.session_id.encode(), value=encode(ep),
+        pending.append(await app.producer.send(settings.episodes_topic, key=ep.session_id.encode(), value=encode(ep),
                                                partition=None, timestamp=None, headers=None))
     # Episodes and dead letters must be on the broker before the state that says "done" is.
     if pending:

@@ -23,10 +23,12 @@ import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
+from urllib.parse import urlsplit
 
 import msgspec
 
-from schemas.episodes import Delegation, EpisodeDistilled, ErrorSeen, Lesson, LessonKind, episode_id_for
+from schemas.episodes import CallSeen, Delegation, EpisodeDistilled, ErrorSeen, Lesson, LessonKind, episode_id_for
 from schemas.events import (
     SCHEMA_VERSION,
     AgentMessaged,
@@ -45,11 +47,14 @@ MAX_ERRORS = 50
 MAX_LESSONS = 20
 MAX_TOOLS = 64
 MAX_TEXT = 300
+MAX_CALLS = 1000
+MAX_HOSTS = 8
 
 
 class PendingCall(msgspec.Struct):
     tool: str
     ts: datetime
+    index: int = -1  # position in SessionState.calls, -1 when past MAX_CALLS
 
 
 class OpenError(msgspec.Struct):
@@ -86,6 +91,9 @@ class SessionState(msgspec.Struct, kw_only=True):
     errors: list[ErrorSeen] = []
     lessons: list[Lesson] = []
     delegations: list[Delegation] = []
+    calls: list[CallSeen] = []
+    calls_dropped: int = 0
+    metadata: dict[str, Any] = {}
 
 
 _state_encoder = msgspec.json.Encoder()
@@ -155,6 +163,7 @@ def _apply(s: SessionState, ev: TraceEvent) -> None:
     p = ev.payload
     if isinstance(ev, SessionStarted):
         s.task, s.goal, s.user_id = p.task, p.goal, p.user_id
+        s.metadata = dict(p.metadata)
     elif isinstance(ev, UserMessaged):
         s.messages += 1
         if s.first_user_text is None:
@@ -163,12 +172,19 @@ def _apply(s: SessionState, ev: TraceEvent) -> None:
         s.messages += 1
     elif isinstance(ev, ToolCalled):
         s.tool_calls += 1
-        s.pending[p.call_id] = PendingCall(tool=p.tool, ts=ev.ts)
+        s.pending[p.call_id] = PendingCall(tool=p.tool, ts=ev.ts, index=_add_call(s, CallSeen(
+            tool=p.tool, hosts=url_hosts(p.args))))
         if p.tool not in s.tools and len(s.tools) < MAX_TOOLS:
             s.tools.append(p.tool)
     elif isinstance(ev, ToolReturned):
         call = s.pending.pop(p.call_id, None)
         tool = p.tool or (call.tool if call else "unknown_tool")
+        seen = CallSeen(tool=tool, ok=p.ok, error=None if p.ok else error_text(p.error, p.http_status),
+                        http_status=p.http_status, rate_headers=rate_headers(p.headers))
+        if call is not None and call.index >= 0:
+            s.calls[call.index] = msgspec.structs.replace(seen, hosts=s.calls[call.index].hosts)
+        elif call is None:
+            _add_call(s, seen)  # a result whose call we never saw
         if p.ok:
             _resolve(s, tool, ev.ts)
         else:
@@ -188,6 +204,56 @@ def _apply(s: SessionState, ev: TraceEvent) -> None:
                                   + (f": {p.summary[:MAX_TEXT]}" if p.summary else ""), tool=None))
     elif isinstance(ev, SessionEnded):
         _close(s, p.outcome, p.reason)
+
+
+def _add_call(s: SessionState, call: CallSeen) -> int:
+    if len(s.calls) >= MAX_CALLS:
+        s.calls_dropped += 1
+        return -1
+    s.calls.append(call)
+    return len(s.calls) - 1
+
+
+_URL = re.compile(r"https?://[^\s'\"<>]+", re.I)
+
+
+def url_hosts(args: Any) -> list[str]:
+    """Hosts of the URLs found anywhere in a tool call's arguments, in order of appearance.
+
+    >>> url_hosts({"url": "https://API.instantly.ai/v1/leads?x=1", "n": 3, "more": ["see http://a.io/b"]})
+    ['api.instantly.ai', 'a.io']
+    """
+    hosts: list[str] = []
+    stack = [args]
+    while stack and len(hosts) < MAX_HOSTS:
+        v = stack.pop(0)
+        if isinstance(v, str):
+            for m in _URL.finditer(v):
+                try:
+                    host = urlsplit(m.group(0)).hostname
+                except ValueError:
+                    continue
+                if host and host not in hosts:
+                    hosts.append(host)
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return hosts[:MAX_HOSTS]
+
+
+def rate_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The rate-limit headers of a response, names lower-cased.
+
+    >>> rate_headers({"Retry-After": "2", "X-RateLimit-Limit": "10", "Content-Type": "json"})
+    {'retry-after': '2', 'x-ratelimit-limit': '10'}
+    """
+    out = {}
+    for k, v in headers.items():
+        lk = k.lower()
+        if lk == "retry-after" or lk.startswith("x-ratelimit") or lk.startswith("ratelimit"):
+            out[lk] = str(v)[:MAX_TEXT]
+    return out
 
 
 def error_text(error: str | None, http_status: int | None) -> str:
@@ -274,7 +340,8 @@ def _episode(s: SessionState) -> EpisodeDistilled:
         summary=summary, outcome=outcome, started_at=s.started_at, ended_at=s.ended_at,
         duration_s=duration, event_count=s.event_count, tool_calls=s.tool_calls, tools=list(s.tools),
         errors=list(s.errors), lessons=list(s.lessons), delegations=list(s.delegations),
-        first_event_id=s.first_event_id, last_event_id=s.last_event_id)
+        first_event_id=s.first_event_id, last_event_id=s.last_event_id,
+        calls=list(s.calls), calls_dropped=s.calls_dropped, metadata=dict(s.metadata))
 
 
 def _compact(s: SessionState) -> SessionState:

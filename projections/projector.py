@@ -40,7 +40,8 @@ class Projector:
         self.settings = settings
         self.bootstrap = bootstrap
         self.db_path = Path(db_path or settings.db_path)  # type: ignore[arg-type]
-        self.topics = Topics(settings.traces_topic, settings.episodes_topic, settings.dead_letter_topic)
+        self.topics = Topics(settings.traces_topic, settings.episodes_topic, settings.dead_letter_topic,
+                             settings.facts_topic)
         self.serve = serve
         self.max_records = max_records
         self.totals = BatchResult()
@@ -99,11 +100,12 @@ class Projector:
         t.episodes += res.episodes
         t.lessons += res.lessons
         t.dead_letters += res.dead_letters
+        t.facts += res.facts
         t.skipped_invalid += res.skipped_invalid
 
     async def _partitions(self, consumer: AIOKafkaConsumer) -> list[TopicPartition]:
         tps = []
-        for topic in (self.topics.traces, self.topics.episodes, self.topics.dead_letters):
+        for topic in (self.topics.traces, self.topics.episodes, self.topics.dead_letters, self.topics.facts):
             tps.extend(TopicPartition(topic, p) for p in await partitions_of(consumer, topic))
         return tps
 
@@ -111,7 +113,7 @@ class Projector:
         async def sql(request: web.Request) -> web.Response:
             body = await request.json()
             try:
-                result = queries.run_sql(con, body["sql"])
+                result = queries.run_sql(con, body["sql"], body.get("params") or None)
             except (queries.NotReadOnly, duckdb.Error) as exc:
                 return web.json_response({"error": str(exc)}, status=400)
             return web.json_response(result, dumps=_dumps)

@@ -25,12 +25,12 @@ def check_read_only(sql: str) -> None:
             raise NotReadOnly(f"only SELECT queries are allowed here, got a {st.type.name} statement")
 
 
-def run_sql(con: duckdb.DuckDBPyConnection, sql: str) -> dict[str, Any]:
-    """Run a read-only query; returns ``{"columns": [...], "rows": [[...], ...]}``."""
+def run_sql(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | None = None) -> dict[str, Any]:
+    """Run a read-only query (``?`` placeholders take ``params``); returns ``{"columns": [...], "rows": [[...], ...]}``."""
     check_read_only(sql)
     cur = con.cursor()
     try:
-        rel = cur.execute(sql)
+        rel = cur.execute(sql, params) if params else cur.execute(sql)
         columns = [d[0] for d in rel.description] if rel.description else []
         rows = rel.fetchall()
     finally:

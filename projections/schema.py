@@ -1,5 +1,11 @@
 """DuckDB schema of the projections. Tables are append-only; "current" state is a view.
 
+Two exceptions, both documented where they are written: ``triples`` rows are updated in place when
+a fact is reinforced or superseded (nothing is deleted; ``triple_history`` logs every change), and
+``facts_top`` is a derived read model: the ``FACTS_TOP_K`` best active facts of each scope,
+refreshed for the scopes a batch touched, so the scope-chain query reads a few hundred rows
+instead of scanning every triple.
+
 ``src_partition`` / ``src_offset`` / ``src_index`` (position in a bundle) say where in Kafka a row came from (traceability); they are
 transport details, left out of the content checksum.
 """
@@ -9,6 +15,7 @@ from __future__ import annotations
 import duckdb
 
 SCHEMA_VERSION = 1
+FACTS_TOP_K = 200  # per scope; scope-chain queries with a larger limit read ``triples`` itself
 
 DDL = """
 CREATE TABLE IF NOT EXISTS projection_meta (key VARCHAR PRIMARY KEY, value VARCHAR);
@@ -25,7 +32,8 @@ CREATE TABLE IF NOT EXISTS episodes (
     goal VARCHAR, user_id VARCHAR, summary VARCHAR, outcome VARCHAR NOT NULL,
     started_at TIMESTAMPTZ, ended_at TIMESTAMPTZ, duration_s DOUBLE, event_count INTEGER,
     tool_calls INTEGER, tools VARCHAR[], errors JSON, delegations JSON,
-    first_event_id UUID, last_event_id UUID, src_partition INTEGER, src_offset BIGINT);
+    first_event_id UUID, last_event_id UUID, src_partition INTEGER, src_offset BIGINT,
+    calls JSON, calls_dropped INTEGER, metadata JSON);
 CREATE TABLE IF NOT EXISTS lessons (
     episode_id UUID NOT NULL, agent VARCHAR NOT NULL, session_id VARCHAR NOT NULL, idx INTEGER NOT NULL,
     kind VARCHAR NOT NULL, text VARCHAR NOT NULL, tool VARCHAR, error VARCHAR, learned_at TIMESTAMPTZ);
@@ -33,6 +41,31 @@ CREATE TABLE IF NOT EXISTS dead_letters (
     src_topic VARCHAR NOT NULL, src_partition INTEGER NOT NULL, src_offset BIGINT NOT NULL,
     src_index INTEGER NOT NULL, kind VARCHAR NOT NULL, reason VARCHAR NOT NULL, msg_key BLOB, original BLOB,
     dlq_partition INTEGER, dlq_offset BIGINT);
+CREATE TABLE IF NOT EXISTS knowledge_inputs (
+    episode_id UUID NOT NULL, extractor VARCHAR NOT NULL, agent VARCHAR NOT NULL, observed_at TIMESTAMPTZ NOT NULL,
+    entities INTEGER NOT NULL, facts INTEGER NOT NULL, src_offset BIGINT);
+CREATE TABLE IF NOT EXISTS entity_versions (
+    entity_id VARCHAR NOT NULL, version INTEGER NOT NULL, name VARCHAR NOT NULL, type VARCHAR NOT NULL,
+    attributes JSON NOT NULL, first_seen TIMESTAMPTZ NOT NULL, updated_at TIMESTAMPTZ NOT NULL, episode_id UUID);
+CREATE TABLE IF NOT EXISTS entity_aliases (
+    alias VARCHAR NOT NULL, type VARCHAR NOT NULL, entity_id VARCHAR NOT NULL, jaccard DOUBLE,
+    first_seen TIMESTAMPTZ NOT NULL, episode_id UUID);
+CREATE TABLE IF NOT EXISTS predicates (
+    predicate VARCHAR NOT NULL, functional BOOLEAN NOT NULL, added_at TIMESTAMPTZ, episode_id UUID);
+CREATE TABLE IF NOT EXISTS triples (
+    triple_id UUID NOT NULL, source VARCHAR NOT NULL, predicate VARCHAR NOT NULL, target VARCHAR NOT NULL,
+    scope VARCHAR NOT NULL, confidence DOUBLE NOT NULL, count BIGINT NOT NULL, evidence UUID NOT NULL,
+    last_evidence UUID, valid_from TIMESTAMPTZ NOT NULL, valid_to TIMESTAMPTZ, superseded_by UUID,
+    created_by VARCHAR NOT NULL, extractor VARCHAR NOT NULL);
+CREATE TABLE IF NOT EXISTS triple_history (
+    ordinal BIGINT NOT NULL, triple_id UUID NOT NULL, change VARCHAR NOT NULL, episode_id UUID NOT NULL,
+    changed_at TIMESTAMPTZ NOT NULL, count BIGINT NOT NULL, confidence DOUBLE NOT NULL);
+CREATE TABLE IF NOT EXISTS facts_top AS SELECT * FROM triples LIMIT 0;
+CREATE OR REPLACE VIEW entities AS
+    SELECT * EXCLUDE (rn) FROM (
+        SELECT *, row_number() OVER (PARTITION BY entity_id ORDER BY version DESC) AS rn FROM entity_versions)
+    WHERE rn = 1;
+CREATE OR REPLACE VIEW facts_active AS SELECT * FROM triples WHERE valid_to IS NULL;
 CREATE OR REPLACE VIEW sessions_current AS
     SELECT agent, session_id, min(ts) AS started_at, max(ts) AS last_ts, count(*) AS events,
            bool_or(type = 'session_end') AS ended
@@ -47,10 +80,35 @@ CONTENT_COLUMNS: dict[str, list[str]] = {
     "events": ["event_id", "schema_version", "ts", "agent", "session_id", "seq", "type", "payload"],
     "episodes": ["episode_id", "agent", "session_id", "task", "goal", "user_id", "summary", "outcome",
                  "started_at", "ended_at", "duration_s", "event_count", "tool_calls", "tools", "errors",
-                 "delegations", "first_event_id", "last_event_id"],
+                 "delegations", "first_event_id", "last_event_id", "calls", "calls_dropped", "metadata"],
     "lessons": ["episode_id", "agent", "session_id", "idx", "kind", "text", "tool", "error", "learned_at"],
     "dead_letters": ["src_topic", "src_partition", "src_offset", "src_index", "kind", "reason", "msg_key", "original"],
+    "knowledge_inputs": ["episode_id", "extractor", "agent", "observed_at", "entities", "facts"],
+    "entity_versions": ["entity_id", "version", "name", "type", "attributes", "first_seen", "updated_at",
+                        "episode_id"],
+    "entity_aliases": ["alias", "type", "entity_id", "jaccard", "first_seen", "episode_id"],
+    "predicates": ["predicate", "functional", "added_at", "episode_id"],
+    "triples": ["triple_id", "source", "predicate", "target", "scope", "confidence", "count", "evidence",
+                "last_evidence", "valid_from", "valid_to", "superseded_by", "created_by", "extractor"],
+    "triple_history": ["ordinal", "triple_id", "change", "episode_id", "changed_at", "count", "confidence"],
 }
+
+
+def refresh_facts_top(con: duckdb.DuckDBPyConnection, scopes: list[str] | None = None) -> None:
+    """Recompute the best active facts of ``scopes`` (all scopes when None) into ``facts_top``."""
+    cols = "triple_id, source, predicate, target, scope, confidence, count, evidence, last_evidence, " \
+           "valid_from, valid_to, superseded_by, created_by, extractor"
+    rank = (f"QUALIFY row_number() OVER (PARTITION BY scope ORDER BY confidence DESC, count DESC, triple_id) "
+            f"<= {FACTS_TOP_K}")
+    if scopes is None:
+        con.execute("DELETE FROM facts_top")
+        con.execute(f"INSERT INTO facts_top SELECT {cols} FROM triples WHERE valid_to IS NULL {rank}")
+        return
+    if not scopes:
+        return
+    con.execute("DELETE FROM facts_top WHERE scope IN (SELECT unnest(?::VARCHAR[]))", [scopes])
+    con.execute(f"INSERT INTO facts_top SELECT {cols} FROM triples WHERE valid_to IS NULL "
+                f"AND scope IN (SELECT unnest(?::VARCHAR[])) {rank}", [scopes])
 
 
 def init(con: duckdb.DuckDBPyConnection) -> None:

@@ -34,6 +34,7 @@ class Topics:
     traces: str
     episodes: str
     dead_letters: str
+    facts: str = ""  # one partition; folded into the knowledge graph (projections/knowledge.py)
 
 
 @dataclass
@@ -42,6 +43,7 @@ class BatchResult:
     episodes: int = 0
     lessons: int = 0
     dead_letters: int = 0
+    facts: int = 0
     skipped_invalid: int = 0  # invalid traces: the worker dead-letters them
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)
 
@@ -58,6 +60,9 @@ class Seen:
         self.episodes: set[str] = {str(r[0]) for r in con.execute("SELECT episode_id FROM episodes").fetchall()}
         self.dead_letters: set[tuple[str, int, int, int]] = set(con.execute(
             "SELECT src_topic, src_partition, src_offset, src_index FROM dead_letters").fetchall())
+        from projections.knowledge import KnowledgeProjection
+
+        self.knowledge = KnowledgeProjection(con)
 
 
 def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterable[Record],
@@ -73,6 +78,7 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
     dl_rows: list[dict[str, Any]] = []
     new_episodes: set[str] = set()
     new_dead: set[tuple[str, int, int, int]] = set()
+    facts: list[tuple[int, Any]] = []
     for rec in records:
         tp = (rec.topic, rec.partition)
         if rec.offset < stored.get(tp, 0) or rec.offset < res.offsets.get(tp, 0):
@@ -93,11 +99,17 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
                 "event_count": ep.event_count, "tool_calls": ep.tool_calls, "tools": ep.tools,
                 "errors": encode(ep.errors).decode(), "delegations": encode(ep.delegations).decode(),
                 "first_event_id": str(ep.first_event_id), "last_event_id": str(ep.last_event_id),
-                "src_partition": rec.partition, "src_offset": rec.offset})
+                "src_partition": rec.partition, "src_offset": rec.offset,
+                "calls": encode(ep.calls).decode(), "calls_dropped": ep.calls_dropped,
+                "metadata": encode(ep.metadata).decode()})
             for i, lesson in enumerate(ep.lessons):
                 lesson_rows.append({"episode_id": eid, "agent": ep.agent, "session_id": ep.session_id, "idx": i,
                                     "kind": lesson.kind.value, "text": lesson.text, "tool": lesson.tool,
                                     "error": lesson.error, "learned_at": ep.ended_at})
+        elif rec.topic == topics.facts:
+            from projections.knowledge import decode_facts
+
+            facts.append((rec.offset, decode_facts(rec.value or b"")))
         elif rec.topic == topics.dead_letters:
             h = {k: v for k, v in (rec.headers or [])}
             reason = h.get("somnus-reason", b"unknown: no reason header").decode(errors="replace")
@@ -125,7 +137,8 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
             res.episodes = con.execute(
                 "INSERT INTO episodes SELECT episode_id::UUID, agent, session_id, task, goal, "
                 "user_id, summary, outcome, started_at, ended_at, duration_s, event_count, tool_calls, tools, "
-                "errors::JSON, delegations::JSON, first_event_id::UUID, last_event_id::UUID, src_partition, src_offset "
+                "errors::JSON, delegations::JSON, first_event_id::UUID, last_event_id::UUID, src_partition, src_offset, "
+                "calls::JSON, calls_dropped, metadata::JSON "
                 "FROM episodes_frame").fetchone()[0]
             if lesson_rows:
                 lessons_frame = pa.Table.from_pylist(lesson_rows)  # noqa: F841
@@ -136,6 +149,8 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
             dead_frame = pa.Table.from_pylist(dl_rows, schema=_DL_SCHEMA)  # noqa: F841
             res.dead_letters = con.execute(
                 "INSERT INTO dead_letters SELECT * FROM dead_frame").fetchone()[0]
+        if facts:
+            res.facts = seen.knowledge.write(con, facts)
         offsets_frame = pa.table({  # noqa: F841
             "topic": [t for t, _ in res.offsets], "kafka_partition": [p for _, p in res.offsets],
             "next_offset": list(res.offsets.values())})
@@ -143,6 +158,10 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
         con.commit()
     except BaseException:
         con.rollback()
+        if facts:  # the fold's state ran ahead of the tables: reload it from what committed
+            from projections.knowledge import KnowledgeProjection
+
+            seen.knowledge = KnowledgeProjection(con)
         raise
     seen.episodes |= new_episodes
     seen.dead_letters |= new_dead

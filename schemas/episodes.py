@@ -8,6 +8,7 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 from enum import Enum
+from typing import Any
 
 import msgspec
 
@@ -44,6 +45,20 @@ class ErrorSeen(msgspec.Struct, frozen=True, omit_defaults=True):
     resolved: bool = False
 
 
+class CallSeen(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One tool call as the session saw it, in call order: what knowledge extraction reads.
+
+    ``hosts`` are the hosts of URL arguments; ``rate_headers`` keeps only ``Retry-After`` and
+    ``X-RateLimit-*`` response headers (names lower-cased)."""
+
+    tool: str
+    ok: bool | None = None  # None: no result arrived before the session ended
+    error: str | None = None
+    http_status: int | None = None
+    hosts: list[str] = []
+    rate_headers: dict[str, str] = {}
+
+
 class Delegation(msgspec.Struct, frozen=True, omit_defaults=True):
     to_agent: str
     task: str
@@ -71,3 +86,7 @@ class EpisodeDistilled(msgspec.Struct, frozen=True, kw_only=True):
     delegations: list[Delegation]
     first_event_id: uuid.UUID
     last_event_id: uuid.UUID
+    # Added within v1 (optional, so older episodes still decode):
+    calls: list[CallSeen] = []  # every tool call in order, up to MAX_CALLS
+    calls_dropped: int = 0  # calls past MAX_CALLS, counted but not listed
+    metadata: dict[str, Any] = {}  # the session_start metadata (project, client, ...)

@@ -95,3 +95,32 @@ def teams(agents: dict[str, AgentSpec]) -> dict[str, list[str]]:
     for lead, members in out.items():
         members.sort(key=lambda m: (m != lead, m))
     return out
+
+
+def scope_chain(agents: dict[str, AgentSpec], name: str) -> list[str]:
+    """The scopes an agent reads, narrowest first: its own, its team, extra ``knowledgeScopes``, global.
+
+    A team is the agents sharing one ``reportsTo`` (scope ``team:<reportsTo>``); an agent without
+    ``reportsTo`` has no team. ``knowledgeScopes`` names other teams (``team:x`` or just ``x``).
+    An agent that is not declared reads its own scope and global only.
+
+    >>> agents = {"lead": AgentSpec(name="lead"), "a": AgentSpec(name="a", reports_to="lead",
+    ...           knowledge_scopes=["ops"])}
+    >>> scope_chain(agents, "a")
+    ['agent:a', 'team:lead', 'team:ops', 'global']
+    >>> scope_chain(agents, "lead"), scope_chain(agents, "stranger")
+    (['agent:lead', 'global'], ['agent:stranger', 'global'])
+    """
+    from schemas.facts import GLOBAL_SCOPE, agent_scope, team_scope
+
+    chain = [agent_scope(name)]
+    spec = agents.get(name)
+    if spec is not None:
+        if spec.reports_to is not None:
+            chain.append(team_scope(spec.reports_to))
+        for extra in spec.knowledge_scopes:
+            scope = extra if extra.startswith("team:") else team_scope(extra)
+            if scope not in chain:
+                chain.append(scope)
+    chain.append(GLOBAL_SCOPE)
+    return chain

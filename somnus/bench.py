@@ -1,7 +1,8 @@
 """End-to-end benchmark: publish N synthetic events through the real broker, worker and projector.
 
-``events_per_s`` runs from the start of publishing until the projection has committed every event
-and every episode; ``raw_consume_per_s`` is a plain aiokafka consume + orjson decode of the same
+``events_per_s`` runs from the start of publishing until the projection has committed every event,
+every episode and the facts extracted from every episode (``facts_per_s``: facts extracted and
+folded into the triple log over the same span); ``raw_consume_per_s`` is a plain aiokafka consume + orjson decode of the same
 topic in the same run, the ceiling the pipeline is compared to (``ratio``).
 """
 
@@ -126,22 +127,105 @@ def run_e2e(events: int, seed: int = 7, partitions: int = 4, bundle: int = 64, h
         deadline = time.monotonic() + timeout_s
         while True:
             c = summary(Path(s.db_path))["counts"]
-            if c.get("events", 0) >= len(payloads) and c.get("episodes", 0) >= sessions:
+            if (c.get("events", 0) >= len(payloads) and c.get("episodes", 0) >= sessions
+                    and c.get("knowledge_inputs", 0) >= sessions):
                 break
             if time.monotonic() > deadline:
                 raise TimeoutError(f"projection incomplete after {timeout_s}s: {c}")
             time.sleep(0.25)
         elapsed = time.perf_counter() - t0
+        from somnus.reads import sql
+
+        facts, triples = sql(Path(s.db_path), "SELECT (SELECT sum(facts) FROM knowledge_inputs), "
+                                              "(SELECT count(*) FROM triples)")["rows"][0]
         records, raw_events, raw_s = asyncio.run(raw_consume(boot, s.traces_topic))
         raw = raw_events / raw_s
         eps = len(payloads) / elapsed
         return {"events": len(payloads), "records": records, "bundle_max": bundle, "sessions": sessions,
                 "partitions": partitions,
                 "publish_s": round(t_pub, 3), "elapsed_s": round(elapsed, 3),
-                "events_per_s": round(eps, 1), "raw_consume_per_s": round(raw, 1), "ratio": round(eps / raw, 3)}
+                "events_per_s": round(eps, 1), "raw_consume_per_s": round(raw, 1), "ratio": round(eps / raw, 3),
+                "facts": int(facts or 0), "triples": int(triples), "facts_per_s": round((facts or 0) / elapsed, 1)}
     finally:
         for role in ("worker", "projector"):
             procs.stop(s, role)
         asyncio.run(_delete_topics(boot, [s.topic_prefix, s.app_id]))
         if not os.environ.get("SOMNUS_BENCH_KEEP"):
             shutil.rmtree(work, ignore_errors=True)
+
+
+def synthetic_triples(n: int, agents: int, teams: int, seed: int = 11) -> Any:
+    """``n`` triples spread over ``agents`` agents in ``teams`` teams, as the projector stores them.
+
+    Scopes: 70% an agent's own, 20% a team's, 10% global; a third are closed (superseded)."""
+    import numpy as np
+    import pyarrow as pa
+
+    rng = np.random.default_rng(seed)
+    kind = rng.random(n)
+    owner = rng.integers(0, agents, n)
+    scope = np.where(kind < 0.7, np.char.add("agent:a", owner.astype(str)),
+                     np.where(kind < 0.9, np.char.add("team:t", (owner % teams).astype(str)), "global"))
+    t0 = np.datetime64("2024-01-01T00:00:00", "us")
+    valid_from = t0 + rng.integers(0, 365 * 86400, n).astype("timedelta64[s]")
+    closed = rng.random(n) < 1 / 3
+    valid_to = np.where(closed, valid_from + rng.integers(1, 86400 * 30, n).astype("timedelta64[s]"),
+                        np.datetime64("NaT"))
+    ids = [uuid.UUID(int=i + 1) for i in range(n)]
+    return pa.table({
+        "triple_id": pa.array([str(u) for u in ids]),
+        "source": np.char.add("tool:t", rng.integers(0, 5000, n).astype(str)),
+        "predicate": rng.choice(["uses", "failed_with", "depends_on", "rate_limit"], n),
+        "target": np.char.add("error:e", rng.integers(0, 20000, n).astype(str)),
+        "scope": scope,
+        "confidence": rng.uniform(0.6, 1.0, n).round(4),
+        "count": rng.integers(1, 50, n),
+        "evidence": pa.array([str(u) for u in ids]),
+        "valid_from": pa.array(valid_from, pa.timestamp("us", tz="UTC")),
+        "valid_to": pa.array(valid_to, pa.timestamp("us", tz="UTC"), mask=~closed),
+        "created_by": np.char.add("a", owner.astype(str)),
+    })
+
+
+def run_fact_query(triples: int = 1_000_000, agents: int = 200, teams: int = 20, queries: int = 1000,
+                   limit: int = 50, seed: int = 11) -> dict[str, Any]:
+    """p50/p95/p99 latency of the scope-chain fact query (KnowledgeStore.facts) over ``triples`` rows."""
+    import statistics
+
+    import duckdb
+
+    from projections import schema
+    from projections.knowledge_store import DuckDBBackend, KnowledgeStore
+    from somnus.agents import AgentSpec
+
+    work = Path(tempfile.mkdtemp(prefix="somnus-bench-facts-"))
+    try:
+        con = duckdb.connect(str(work / "facts.duckdb"))
+        schema.init(con)
+        frame = synthetic_triples(triples, agents, teams, seed)  # noqa: F841
+        t0 = time.perf_counter()
+        con.execute("INSERT INTO triples SELECT triple_id::UUID, source, predicate, target, scope, confidence, count, "
+                    "evidence::UUID, NULL, valid_from, valid_to, NULL, created_by, 'bench' FROM frame")
+        schema.refresh_facts_top(con)  # what the projector keeps up to date batch by batch
+        load_s = time.perf_counter() - t0
+        specs = {f"a{i}": AgentSpec(name=f"a{i}", reports_to=f"t{i % teams}") for i in range(agents)}
+        store = KnowledgeStore(DuckDBBackend(con), specs)
+        import random
+
+        rnd = random.Random(seed)
+        store.facts("a0", limit=limit)  # warm up
+        lat = []
+        for _ in range(queries):
+            agent = f"a{rnd.randrange(agents)}"
+            t = time.perf_counter()
+            got = store.facts(agent, limit=limit)
+            lat.append((time.perf_counter() - t) * 1000)
+            assert len(got) == limit
+        lat.sort()
+        q = statistics.quantiles(lat, n=100)
+        con.close()
+        return {"triples": triples, "agents": agents, "teams": teams, "queries": queries, "limit": limit,
+                "load_s": round(load_s, 3), "p50_ms": round(q[49], 3), "p95_ms": round(q[94], 3),
+                "p99_ms": round(q[98], 3), "max_ms": round(lat[-1], 3)}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

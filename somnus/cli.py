@@ -289,6 +289,61 @@ def replay(to: Path = typer.Option(..., "--to", help="A new DuckDB file to rebui
                   f"{totals.lessons} lessons, {totals.dead_letters} dead letters")
 
 
+@app.command()
+def inspect(agent: str = typer.Argument(..., help="The agent whose memory to show."),
+            db: Optional[Path] = DbOpt, home: Optional[Path] = HomeOpt,
+            episodes: int = typer.Option(10, "--episodes", help="How many recent episodes."),
+            facts: int = typer.Option(30, "--facts", help="How many facts (highest confidence first)."),
+            as_json: bool = typer.Option(False, "--json")) -> None:
+    """What an agent knows: recent episodes and lessons, entities and facts in its scope chain."""
+    from somnus.agents import AgentFileError, load_agents
+    from somnus.reads import ReadError
+    from projections.knowledge_store import KnowledgeStore
+
+    s = _settings(home, db)
+    try:
+        agents = load_agents(s.agents_dir)
+    except AgentFileError as exc:
+        _fail(str(exc))
+    store = KnowledgeStore.open(Path(s.db_path), agents)  # type: ignore[arg-type]
+    try:
+        report = inspect_report(store, agent, episodes, facts)
+    except ReadError as exc:
+        _fail(str(exc))
+    if as_json:
+        print(json.dumps(report, default=str))
+        return
+    known = "" if agent in agents else " [yellow](not declared in the agents folder)[/yellow]"
+    console.print(f"[bold]{agent}[/bold]{known} reads: {' > '.join(report['scope_chain'])}")
+    for title, rows in (("recent episodes", report["episodes"]), ("lessons", report["lessons"]),
+                        ("facts in scope", report["facts"]), ("entities in scope", report["entities"])):
+        if not rows:
+            console.print(f"[dim]{title}: none[/dim]")
+            continue
+        cols = list(rows[0])
+        _print_rows({"columns": cols, "rows": [[r[c] for c in cols] for r in rows]}, title)
+    console.print(f"[dim]briefing: {report['briefing'] or 'none cached (briefings are not built yet)'}[/dim]")
+
+
+def inspect_report(store: Any, agent: str, n_episodes: int, n_facts: int) -> dict[str, Any]:
+    """The data ``somnus inspect`` shows (also its ``--json`` output)."""
+    eps = store.sql("SELECT episode_id, ended_at, outcome, task, summary FROM episodes WHERE agent = ? "
+                    "ORDER BY ended_at DESC, episode_id LIMIT ?", [agent, n_episodes])
+    ids = [str(e["episode_id"]) for e in eps]
+    lessons = store.sql(
+        "SELECT kind, text, learned_at FROM lessons WHERE agent = ? AND episode_id::VARCHAR IN (SELECT unnest(?)) "
+        "ORDER BY learned_at DESC, kind, text", [agent, ids]) if ids else []
+    facts = [{"source": f.source, "predicate": f.predicate, "target": f.target, "scope": f.scope,
+              "confidence": round(f.confidence, 3), "count": f.count, "since": f.valid_from}
+             for f in store.facts(agent, limit=n_facts)]
+    entities = [{"entity": e.entity_id, "name": e.name, "type": e.type, "facts": e.facts}
+                for e in store.entities(agent, limit=n_facts)]
+    return {"agent": agent, "scope_chain": store.scope_chain(agent),
+            "episodes": [{"ended_at": e["ended_at"], "outcome": e["outcome"], "task": (e["task"] or "")[:60],
+                          "summary": e["summary"]} for e in eps],
+            "lessons": lessons, "facts": facts, "entities": entities, "briefing": None}
+
+
 # ---- demo and bench ----------------------------------------------------------------------
 
 @app.command()
@@ -332,10 +387,36 @@ def bench_e2e(events: int = typer.Option(100_000, "--events"), as_json: bool = t
     runs = [run_e2e(events=events, seed=seed, partitions=partitions, bundle=bundle, home=home, log=err)
             for _ in range(repeat)]
     result = dict(runs[0])
-    for key in ("publish_s", "elapsed_s", "events_per_s", "raw_consume_per_s", "ratio"):
+    for key in ("publish_s", "elapsed_s", "events_per_s", "raw_consume_per_s", "ratio", "facts_per_s"):
         result[key] = round(statistics.median(r[key] for r in runs), 3)
     if repeat > 1:
-        result["runs"] = [{k: r[k] for k in ("events_per_s", "raw_consume_per_s", "ratio")} for r in runs]
+        result["runs"] = [{k: r[k] for k in ("events_per_s", "raw_consume_per_s", "ratio", "facts_per_s")}
+                          for r in runs]
+    if as_json:
+        print(json.dumps(result))
+    else:
+        for k, v in result.items():
+            console.print(f"{k}: {v}")
+
+
+@bench_app.command("facts-query")
+def bench_facts_query(triples: int = typer.Option(1_000_000, "--triples"),
+                      agents: int = typer.Option(200, "--agents"), teams: int = typer.Option(20, "--teams"),
+                      queries: int = typer.Option(1000, "--queries"), limit: int = typer.Option(50, "--limit"),
+                      repeat: int = typer.Option(1, "--repeat", help="Runs; the figures are their medians."),
+                      as_json: bool = typer.Option(False, "--json")) -> None:
+    """Latency of the scope-chain fact query (KnowledgeStore.facts) with N triples in the store."""
+    import statistics
+
+    from somnus.bench import run_fact_query
+
+    runs = [run_fact_query(triples=triples, agents=agents, teams=teams, queries=queries, limit=limit)
+            for _ in range(repeat)]
+    result = dict(runs[0])
+    for key in ("load_s", "p50_ms", "p95_ms", "p99_ms", "max_ms"):
+        result[key] = round(statistics.median(r[key] for r in runs), 3)
+    if repeat > 1:
+        result["runs"] = [{k: r[k] for k in ("p50_ms", "p95_ms", "p99_ms")} for r in runs]
     if as_json:
         print(json.dumps(result))
     else:

@@ -30,6 +30,7 @@ _ENV = {
     "agents_dir": "SOMNUS_AGENTS_DIR",
     "app_id": "SOMNUS_APP_ID",
     "session_timeout_s": "SOMNUS_SESSION_TIMEOUT_S",
+    "llm_extractor": "SOMNUS_LLM_EXTRACTOR",
 }
 
 
@@ -48,6 +49,9 @@ class Settings:
     app_id: str = "somnus"
     # How long the group waits for a silent worker before handing its partitions to the others.
     session_timeout_s: float = 10.0
+    # Entity extraction by an LLM (streams/llm_extractor.py; its key and model come from SOMNUS_LLM_*).
+    # Off by default: the write path is deterministic and offline unless this is turned on.
+    llm_extractor: bool = False
 
     @classmethod
     def resolve(cls, env: Mapping[str, str] | None = None, **args: Any) -> Settings:
@@ -84,8 +88,13 @@ class Settings:
         return f"{self.topic_prefix}dead-letters"
 
     @property
+    def facts_topic(self) -> str:
+        """What extraction made of each episode; one partition: the triple log is a fold over it."""
+        return f"{self.topic_prefix}facts"
+
+    @property
     def projected_topics(self) -> tuple[str, ...]:
-        return (self.traces_topic, self.episodes_topic, self.dead_letter_topic)
+        return (self.traces_topic, self.episodes_topic, self.dead_letter_topic, self.facts_topic)
 
     @property
     def run_dir(self) -> Path:
@@ -104,6 +113,12 @@ class Settings:
 def _convert(kind: Any, value: Any) -> Any:
     kind = str(kind)
     if isinstance(value, str):
+        if kind.startswith("bool"):
+            if value.strip().lower() in ("1", "true", "yes", "on"):
+                return True
+            if value.strip().lower() in ("0", "false", "no", "off", ""):
+                return False
+            raise ValueError(f"not a boolean: {value!r} (use true/false)")
         if "Path" in kind:
             return Path(value).expanduser()
         if kind.startswith("int"):

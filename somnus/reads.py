@@ -69,12 +69,13 @@ def _read(db: Path, route: str, local: Any, body: dict[str, Any] | None = None) 
         con.close()
 
 
-def sql(db: Path, query: str) -> dict[str, Any]:
+def sql(db: Path, query: str, params: list[Any] | None = None) -> dict[str, Any]:
     try:
         queries.check_read_only(query)
     except (queries.NotReadOnly, duckdb.Error) as exc:  # not read-only, or not SQL at all
         raise ReadError(str(exc)) from None
-    return _read(db, "/sql", lambda con: queries.run_sql(con, query), {"sql": query})
+    return _read(db, "/sql", lambda con: queries.run_sql(con, query, params),
+                 {"sql": query, "params": json.loads(json.dumps(params or [], default=str))})
 
 
 def checksum(db: Path) -> dict[str, Any]:
@@ -109,7 +110,7 @@ async def _kafka_positions(settings: Settings, bootstrap: str) -> tuple[dict[str
         except Exception:
             group = {}
         for tp, meta in group.items():
-            if tp.topic == settings.traces_topic:
+            if tp.topic in (settings.traces_topic, settings.episodes_topic):
                 committed.setdefault(tp.topic, {})[tp.partition] = meta.offset
         return ends, committed
     finally:
@@ -129,13 +130,15 @@ def status(settings: Settings, bootstrap: str) -> dict[str, Any]:
     for topic, parts in ends.items():
         done = s["offsets"].get(topic, {})
         lag[topic] = sum(max(0, end - int(done.get(str(p), done.get(p, 0)))) for p, end in parts.items())
-    trace_ends = ends.get(settings.traces_topic, {})
-    committed = worker_committed.get(settings.traces_topic, {})
-    worker_lag = sum(max(0, end - committed.get(p, 0)) for p, end in trace_ends.items())
+    # The worker consumes traces (distiller) and episodes (extraction into facts).
+    worker_lag = {}
+    for topic in (settings.traces_topic, settings.episodes_topic):
+        committed = worker_committed.get(topic, {})
+        worker_lag[topic] = sum(max(0, end - committed.get(p, 0)) for p, end in ends.get(topic, {}).items())
     return {
         "lag": lag,
-        "worker_lag": {settings.traces_topic: worker_lag},
-        "idle": all(v == 0 for v in lag.values()) and worker_lag == 0,
+        "worker_lag": worker_lag,
+        "idle": all(v == 0 for v in lag.values()) and all(v == 0 for v in worker_lag.values()),
         "counts": s["counts"],
         "dead_letters": s["counts"].get("dead_letters", 0),
         "dead_letter_kinds": s["dead_letter_kinds"],

@@ -9,6 +9,7 @@ idempotent processing = exactly-once results).
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import os
 from collections.abc import Sequence
@@ -18,9 +19,10 @@ from typing import Any
 import faust
 from faust.tables.table import Table
 from faust.types import EventT
+import msgspec
 
 from processors.distiller import SessionState, decode_state, distill, encode_state, session_key
-from schemas.codec import Rejection, decode_record, encode
+from schemas.codec import Rejection, decode_episode, decode_record, encode
 from somnus.config import Settings
 from streams.metrics import WorkerCounters
 
@@ -118,6 +120,18 @@ class Batcher:
                 await self.stream.ack(event)
 
 
+async def run_batched(app: faust.App, settings: Settings, stream: faust.StreamT, handle: Any) -> None:
+    """An agent body: events in batches (``Batcher``), acked only after ``handle`` returned."""
+    manual = stream.noack()
+    batcher = Batcher(app, manual, settings.batch_size, settings.batch_within_s, handle)
+    ticker = asyncio.ensure_future(batcher.tick())
+    try:
+        async for event in manual.events():
+            await batcher.add(event)
+    finally:
+        ticker.cancel()
+
+
 def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker") -> faust.App:
     datadir = Path(settings.home) / "faust" / worker_name
     datadir.mkdir(parents=True, exist_ok=True)
@@ -173,6 +187,18 @@ def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker") 
         tmp.write_text(json.dumps({"worker": worker_name, "pid": os.getpid(), "partitions": owned}))
         tmp.replace(assignment_file)
 
+    episodes = app.topic(settings.episodes_topic, partitions=settings.partitions, key_type=bytes,
+                         value_type=bytes, internal=False)
+    extractor = make_extractor(settings)
+
+    @app.agent(episodes, concurrency=1)
+    async def extract_facts(stream: faust.StreamT) -> None:
+        """Episodes -> facts: one FactsExtracted per episode on the single-partition facts topic."""
+        async def handle(batch: Sequence[EventT], generation: int) -> None:
+            await _handle_episodes(app, settings, batch, extractor, counters)
+
+        await run_batched(app, settings, stream, handle)
+
     @app.task
     async def install_task_dump() -> None:
         """SIGUSR1 writes every asyncio task's stack to the log: for diagnosing a stalled worker."""
@@ -194,18 +220,10 @@ def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker") 
 
     @app.agent(traces, concurrency=1)
     async def distill_sessions(stream: faust.StreamT) -> None:
-        manual = stream.noack()
-
         async def handle(batch: Sequence[EventT], generation: int) -> None:
             await _handle_batch(app, settings, batch, sessions, counters, generation)
 
-        batcher = Batcher(app, manual, settings.batch_size, settings.batch_within_s, handle)
-        ticker = asyncio.ensure_future(batcher.tick())
-        try:
-            async for event in manual.events():
-                await batcher.add(event)
-        finally:
-            ticker.cancel()
+        await run_batched(app, settings, stream, handle)
 
     return app
 
@@ -256,6 +274,47 @@ async def _handle_batch(app: faust.App, settings: Settings, batch: Sequence[Even
         sessions.key_partitions[bkey] = partition_of[key]
         sessions[bkey] = encode_state(state)
     await sessions.send_changelog_batch(app.producer)
+
+
+def make_extractor(settings: Settings) -> Any:
+    """The deterministic trace extractor; the LLM one only when a key is configured."""
+    from processors.extraction import TraceExtractor
+
+    trace = TraceExtractor()
+    if not settings.llm_extractor:
+        return trace
+    from streams.llm_extractor import AnthropicExtractor, LLMExtractorConfig
+
+    config = LLMExtractorConfig.from_env(os.environ)
+    if not config.enabled:
+        raise ValueError("SOMNUS_LLM_EXTRACTOR is on but no API key is set "
+                         "(SOMNUS_LLM_API_KEY or ANTHROPIC_API_KEY)")
+    return AnthropicExtractor(config, fallback=trace)
+
+
+async def _handle_episodes(app: faust.App, settings: Settings, batch: Sequence[EventT], extractor: Any,
+                           counters: WorkerCounters) -> None:
+    episodes = []
+    for event in batch:
+        try:
+            episodes.append(decode_episode(event.message.value))
+        except msgspec.DecodeError as exc:
+            # Episodes are our own output; a bad one is a bug, but it must not stop the stream.
+            counters.dead_letters += 1
+            await (await app.producer.send(
+                settings.dead_letter_topic, key=event.message.key, value=event.message.value or b"",
+                partition=None, timestamp=None,
+                headers=dead_letter_headers(Rejection(f"schema: invalid episode: {exc}", event.message.value),
+                                            event.message.topic, event.message.partition,
+                                            event.message.offset, 0)))
+    out = extractor.extract(episodes)
+    if inspect.isawaitable(out):
+        out = await out
+    pending = [await app.producer.send(settings.facts_topic, key=str(f.episode_id).encode(), value=encode(f),
+                                       partition=0, timestamp=None, headers=None) for f in out]
+    counters.facts += sum(len(f.facts) for f in out)
+    if pending:
+        await asyncio.gather(*pending)
 
 
 def dead_letter_headers(rejection: Rejection, topic: str, partition: int, offset: int,

@@ -10,3 +10,4 @@ class WorkerCounters:
     dead_letters: int = 0
     duplicates: int = 0
     late: int = 0
+    facts: int = 0

@@ -19,11 +19,14 @@ def topic_specs(settings: Settings) -> dict[str, int]:
 
     ``traces`` and ``episodes`` are keyed by session id and share the partition count, so the
     distiller's table partitions line up with its source; dead letters keep the source key.
+    ``facts`` has one partition: the knowledge fold reads it in one total order, so a replay
+    rebuilds the same triple log (facts are a few per episode, far fewer than trace events).
     """
     return {
         settings.traces_topic: settings.partitions,
         settings.episodes_topic: settings.partitions,
         settings.dead_letter_topic: settings.partitions,
+        settings.facts_topic: 1,
     }
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from pipeline import Pipeline, wait_until
+from tests.pipeline import Pipeline, wait_until
 
 from somnus.importers import openai_chat
 from somnus.sample import generate

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import duckdb
 import orjson
 import pytest
 
 from processors.distiller import distill
+from tests.records import Rec
 from projections import queries, schema
 from projections.writer import Seen, Topics, apply_batch, load_offsets
 from schemas.codec import decode_trace, encode
@@ -18,14 +17,6 @@ from somnus.sample import generate
 TOPICS = Topics("traces", "episodes", "dead-letters")
 
 
-@dataclass
-class Rec:
-    topic: str
-    partition: int
-    offset: int
-    value: bytes | None
-    key: bytes | None = None
-    headers: list | None = None
 
 
 def _records(sessions: int = 30, seed: int = 1) -> list[Rec]:

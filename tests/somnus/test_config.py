@@ -23,6 +23,7 @@ NON_DEFAULT = {
     "agents_dir": ("/etc/agents", "SOMNUS_AGENTS_DIR", "/etc/agents", Path("/etc/agents")),
     "app_id": ("somnus-prod", "SOMNUS_APP_ID", "somnus-prod", "somnus-prod"),
     "session_timeout_s": (30.0, "SOMNUS_SESSION_TIMEOUT_S", "30", 30.0),
+    "llm_extractor": (True, "SOMNUS_LLM_EXTRACTOR", "true", True),
 }
 
 
@@ -105,7 +106,7 @@ def test_settings_are_frozen():
 def test_topic_names_follow_the_prefix():
     s = Settings.resolve(env={}, topic_prefix="t1.")
     assert (s.traces_topic, s.episodes_topic, s.dead_letter_topic) == ("t1.traces", "t1.episodes", "t1.dead-letters")
-    assert s.projected_topics == ("t1.traces", "t1.episodes", "t1.dead-letters")
+    assert s.projected_topics == ("t1.traces", "t1.episodes", "t1.dead-letters", "t1.facts")
     assert s.run_dir == s.home / "run"
 
 
@@ -120,3 +121,13 @@ def test_as_env_gives_a_child_process_the_same_settings():
 def test_an_unknown_argument_is_an_error():
     with pytest.raises(TypeError):
         Settings.resolve(env={}, partitons=8)
+
+
+@pytest.mark.parametrize("text,value", [("1", True), ("on", True), ("TRUE", True), ("0", False), ("off", False)])
+def test_boolean_settings_read_the_usual_spellings(text, value):
+    assert Settings.resolve(env={"SOMNUS_LLM_EXTRACTOR": text}).llm_extractor is value
+
+
+def test_a_boolean_setting_that_is_not_one_is_an_error_naming_the_value():
+    with pytest.raises(ValueError, match="'maybe'"):
+        Settings.resolve(env={"SOMNUS_LLM_EXTRACTOR": "maybe"})

@@ -1,0 +1,209 @@
+"""KnowledgeStore: the typed read interface over the knowledge projections, scoped to a reading agent.
+
+Every read takes the reading agent and returns only facts in its scope chain (own agent scope,
+its team, extra ``knowledgeScopes``, global; ``somnus.agents.scope_chain``). Entities are visible
+to an agent when a fact in its chain mentions them. Writes do not happen here: facts are published
+to the ``facts`` topic (``KnowledgeStore.assert_facts``) and the projector, the only writer, folds
+them into the log. ``sql`` is the read-only escape hatch for analysts; it is not scoped.
+
+The store runs its SQL through a backend: a DuckDB connection (the projector, tests, benchmarks)
+or ``somnus.reads`` (the running projector over HTTP, else the file read-only).
+
+>>> import duckdb
+>>> from projections import schema
+>>> con = duckdb.connect(); schema.init(con)
+>>> store = KnowledgeStore(DuckDBBackend(con), agents={})
+>>> store.facts("support")
+[]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+import duckdb
+import msgspec
+
+from processors.knowledge import Triple
+from projections.schema import FACTS_TOP_K
+from somnus.agents import AgentSpec, scope_chain
+
+
+class Backend(Protocol):
+    def query(self, sql: str, params: Sequence[Any]) -> tuple[list[str], list[list[Any]]]: ...
+
+
+class DuckDBBackend:
+    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+        self.con = con
+
+    def query(self, sql: str, params: Sequence[Any]) -> tuple[list[str], list[list[Any]]]:
+        cur = self.con.cursor()
+        try:
+            rel = cur.execute(sql, list(params))
+            cols = [d[0] for d in rel.description] if rel.description else []
+            return cols, [list(r) for r in rel.fetchall()]
+        finally:
+            cur.close()
+
+
+class ReadsBackend:
+    """Through the running projector when it holds the file, else the file opened read-only."""
+
+    def __init__(self, db: Path) -> None:
+        self.db = db
+
+    def query(self, sql: str, params: Sequence[Any]) -> tuple[list[str], list[list[Any]]]:
+        from somnus import reads
+
+        res = reads.sql(self.db, sql, list(params))
+        return res["columns"], res["rows"]
+
+
+Fact = Triple  # a fact as read: one row of the triple log
+
+
+class Entity(msgspec.Struct, frozen=True):
+    entity_id: str
+    name: str
+    type: str
+    attributes: dict[str, Any]
+    first_seen: datetime
+    facts: int  # facts in the reader's chain that mention it
+
+
+class FactChange(msgspec.Struct, frozen=True):
+    """One belief change: a fact asserted, reinforced or superseded, and the episode that caused it."""
+
+    ordinal: int
+    triple_id: str
+    change: str
+    episode_id: str
+    at: datetime
+    count: int
+    confidence: float
+    source: str
+    predicate: str
+    target: str
+    scope: str
+
+
+_FACT_COLS = ("triple_id, source, predicate, target, scope, confidence, count, evidence, last_evidence, "
+              "valid_from, valid_to, superseded_by, created_by, extractor")
+
+
+def _ts(v: Any) -> datetime | None:
+    if v is None or isinstance(v, datetime):
+        return v
+    return datetime.fromisoformat(str(v))
+
+
+def _s(v: Any) -> str | None:
+    return None if v is None else str(v)
+
+
+class KnowledgeStore:
+    def __init__(self, backend: Backend, agents: dict[str, AgentSpec]) -> None:
+        self.backend = backend
+        self.agents = agents
+
+    @classmethod
+    def open(cls, db: Path, agents: dict[str, AgentSpec]) -> KnowledgeStore:
+        return cls(ReadsBackend(db), agents)
+
+    def scope_chain(self, agent: str) -> list[str]:
+        return scope_chain(self.agents, agent)
+
+    def _rows(self, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
+        cols, rows = self.backend.query(sql, params)
+        return [dict(zip(cols, r)) for r in rows]
+
+    def facts(self, agent: str, *, as_of: datetime | None = None, limit: int = 50, min_confidence: float = 0.0,
+              predicate: str | None = None, entity: str | None = None) -> list[Fact]:
+        """Facts in ``agent``'s scope chain, highest confidence first: active now, or active at ``as_of``."""
+        chain = self.scope_chain(agent)
+        where = [f"scope IN ({', '.join('?' * len(chain))})", "confidence >= ?"]
+        params: list[Any] = [*chain, min_confidence]
+        if as_of is None:
+            where.append("valid_to IS NULL")
+        else:
+            where.append("valid_from <= ? AND (valid_to IS NULL OR valid_to > ?)")
+            params += [as_of, as_of]
+        if predicate is not None:
+            where.append("predicate = ?")
+            params.append(predicate)
+        if entity is not None:
+            where.append("(source = ? OR target = ?)")
+            params += [entity, entity]
+        params.append(limit)
+        # The plain "best facts now" query reads facts_top (the best FACTS_TOP_K active facts of each
+        # scope): the best `limit` of the chain are among the best `limit` of each of its scopes.
+        table = "facts_top" if (as_of is None and predicate is None and entity is None
+                                and limit <= FACTS_TOP_K) else "triples"
+        rows = self._rows(f"SELECT {_FACT_COLS} FROM {table} WHERE {' AND '.join(where)} "
+                          "ORDER BY confidence DESC, count DESC, triple_id LIMIT ?", params)
+        return [_fact(r) for r in rows]
+
+    def as_of(self, agent: str, when: datetime, **kw: Any) -> list[Fact]:
+        return self.facts(agent, as_of=when, **kw)
+
+    def entities(self, agent: str, *, type: str | None = None, limit: int = 100) -> list[Entity]:
+        """Entities mentioned by any fact (active or not) in ``agent``'s chain, most mentioned first."""
+        chain = self.scope_chain(agent)
+        marks = ", ".join("?" * len(chain))
+        params: list[Any] = [*chain, *chain]
+        type_filter = ""
+        if type is not None:
+            type_filter = "AND e.type = ?"
+            params.append(type)
+        params.append(limit)
+        rows = self._rows(
+            f"WITH m AS (SELECT source AS id FROM triples WHERE scope IN ({marks}) "
+            f"            UNION ALL SELECT target FROM triples WHERE scope IN ({marks})) "
+            f"SELECT e.entity_id, e.name, e.type, e.attributes, e.first_seen, count(*) AS facts "
+            f"FROM m JOIN entities e ON e.entity_id = m.id WHERE true {type_filter} "
+            f"GROUP BY ALL ORDER BY facts DESC, e.entity_id LIMIT ?", params)
+        return [Entity(entity_id=r["entity_id"], name=r["name"], type=r["type"],
+                       attributes=msgspec.json.decode(r["attributes"]) if isinstance(r["attributes"], str)
+                       else (r["attributes"] or {}),
+                       first_seen=_ts(r["first_seen"]), facts=int(r["facts"])) for r in rows]  # type: ignore[arg-type]
+
+    def triples(self, agent: str, *, include_closed: bool = True, limit: int = 1000) -> list[Fact]:
+        """Every fact in the chain, closed ones too (the log), in order of validity."""
+        chain = self.scope_chain(agent)
+        closed = "" if include_closed else "AND valid_to IS NULL"
+        rows = self._rows(f"SELECT {_FACT_COLS} FROM triples WHERE scope IN ({', '.join('?' * len(chain))}) "
+                          f"{closed} ORDER BY valid_from, triple_id LIMIT ?", [*chain, limit])
+        return [_fact(r) for r in rows]
+
+    def history(self, agent: str, entity: str) -> list[FactChange]:
+        """Every change to facts about ``entity`` (an entity id) in the chain, oldest first."""
+        chain = self.scope_chain(agent)
+        rows = self._rows(
+            "SELECT h.ordinal, h.triple_id, h.change, h.episode_id, h.changed_at AS at, h.count, h.confidence, "
+            "t.source, t.predicate, t.target, t.scope FROM triple_history h JOIN triples t USING (triple_id) "
+            f"WHERE t.scope IN ({', '.join('?' * len(chain))}) AND (t.source = ? OR t.target = ?) "
+            "ORDER BY h.ordinal", [*chain, entity, entity])
+        return [FactChange(ordinal=int(r["ordinal"]), triple_id=str(r["triple_id"]), change=r["change"],
+                           episode_id=str(r["episode_id"]), at=_ts(r["at"]), count=int(r["count"]),  # type: ignore[arg-type]
+                           confidence=float(r["confidence"]), source=r["source"], predicate=r["predicate"],
+                           target=r["target"], scope=r["scope"]) for r in rows]
+
+    def sql(self, query: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        """Read-only raw SQL over every projection (not scoped: an analyst's tool, not an agent's)."""
+        from projections.queries import check_read_only
+
+        check_read_only(query)
+        return self._rows(query, params)
+
+
+def _fact(r: dict[str, Any]) -> Fact:
+    return Fact(triple_id=str(r["triple_id"]), source=r["source"], predicate=r["predicate"], target=r["target"],
+                scope=r["scope"], confidence=float(r["confidence"]), count=int(r["count"]),
+                evidence=str(r["evidence"]), last_evidence=_s(r["last_evidence"]),
+                valid_from=_ts(r["valid_from"]), valid_to=_ts(r["valid_to"]),  # type: ignore[arg-type]
+                superseded_by=_s(r["superseded_by"]), created_by=r["created_by"], extractor=r["extractor"])
+

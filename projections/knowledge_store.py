@@ -106,9 +106,10 @@ def _s(v: Any) -> str | None:
 
 
 class KnowledgeStore:
-    def __init__(self, backend: Backend, agents: dict[str, AgentSpec]) -> None:
+    def __init__(self, backend: Backend, agents: dict[str, AgentSpec], use_top: bool = True) -> None:
         self.backend = backend
         self.agents = agents
+        self.use_top = use_top  # False only to measure what facts_top saves (somnus bench facts-query)
 
     @classmethod
     def open(cls, db: Path, agents: dict[str, AgentSpec]) -> KnowledgeStore:
@@ -141,7 +142,7 @@ class KnowledgeStore:
         params.append(limit)
         # The plain "best facts now" query reads facts_top (the best FACTS_TOP_K active facts of each
         # scope): the best `limit` of the chain are among the best `limit` of each of its scopes.
-        table = "facts_top" if (as_of is None and predicate is None and entity is None
+        table = "facts_top" if (self.use_top and as_of is None and predicate is None and entity is None
                                 and limit <= FACTS_TOP_K) else "triples"
         rows = self._rows(f"SELECT {_FACT_COLS} FROM {table} WHERE {' AND '.join(where)} "
                           "ORDER BY confidence DESC, count DESC, triple_id LIMIT ?", params)

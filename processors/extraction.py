@@ -54,6 +54,7 @@ update_reservation_flights failed_with flight <id> not available on date <date> 
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping, Sequence
 from http import HTTPStatus
@@ -164,6 +165,7 @@ _WORD = re.compile(r"\w+")
 _SPACE = re.compile(r"\s+")
 
 
+@functools.lru_cache(maxsize=65536)
 def error_class(text: str) -> str:
     """A stable class name for one error text: the same error with other ids, numbers or dates is one class.
 
@@ -351,7 +353,13 @@ Node = tuple[str, str]  # (name, type)
 def _name(value: Any) -> str | None:
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         return None
-    name = _SPACE.sub(" ", str(value)).strip()[:MAX_NAME].rstrip()
+    return _clean_name(str(value))
+
+
+@functools.lru_cache(maxsize=65536)
+def _clean_name(text: str) -> str | None:
+    # Names repeat across episodes (the same tools, agents, hosts): cached, it is a pure function.
+    name = _SPACE.sub(" ", text).strip()[:MAX_NAME].rstrip()
     return name or None
 
 

@@ -130,9 +130,9 @@ def status(settings: Settings, bootstrap: str) -> dict[str, Any]:
     for topic, parts in ends.items():
         done = s["offsets"].get(topic, {})
         lag[topic] = sum(max(0, end - int(done.get(str(p), done.get(p, 0)))) for p, end in parts.items())
-    # The worker consumes traces (distiller) and episodes (extraction into facts).
+    # The worker consumes traces (distiller), and episodes too when the LLM extractor is on.
     worker_lag = {}
-    for topic in (settings.traces_topic, settings.episodes_topic):
+    for topic in (settings.traces_topic,) + ((settings.episodes_topic,) if settings.llm_extractor else ()):
         committed = worker_committed.get(topic, {})
         worker_lag[topic] = sum(max(0, end - committed.get(p, 0)) for p, end in ends.get(topic, {}).items())
     return {

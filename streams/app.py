@@ -187,17 +187,24 @@ def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker") 
         tmp.write_text(json.dumps({"worker": worker_name, "pid": os.getpid(), "partitions": owned}))
         tmp.replace(assignment_file)
 
-    episodes = app.topic(settings.episodes_topic, partitions=settings.partitions, key_type=bytes,
-                         value_type=bytes, internal=False)
     extractor = make_extractor(settings)
+    # The deterministic extractor is a pure function of each episode: it runs in the distiller's
+    # batch, on the episodes just made, and its facts are sent with them (before the batch is acked).
+    # Consuming the episodes topic back through a second Faust stream cost about a third of the
+    # worker's throughput (Faust's per-record cost). The LLM extractor waits on the network, so it
+    # gets its own agent over the episodes topic and never holds up the distiller.
+    inline_extractor = None if settings.llm_extractor else extractor
+    if settings.llm_extractor:
+        episodes = app.topic(settings.episodes_topic, partitions=settings.partitions, key_type=bytes,
+                             value_type=bytes, internal=False)
 
-    @app.agent(episodes, concurrency=1)
-    async def extract_facts(stream: faust.StreamT) -> None:
-        """Episodes -> facts: one FactsExtracted per episode on the single-partition facts topic."""
-        async def handle(batch: Sequence[EventT], generation: int) -> None:
-            await _handle_episodes(app, settings, batch, extractor, counters)
+        @app.agent(episodes, concurrency=1)
+        async def extract_facts(stream: faust.StreamT) -> None:
+            """Episodes -> facts: one FactsExtracted per episode on the single-partition facts topic."""
+            async def handle(batch: Sequence[EventT], generation: int) -> None:
+                await _handle_episodes(app, settings, batch, extractor, counters)
 
-        await run_batched(app, settings, stream, handle)
+            await run_batched(app, settings, stream, handle)
 
     @app.task
     async def install_task_dump() -> None:
@@ -221,7 +228,7 @@ def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker") 
     @app.agent(traces, concurrency=1)
     async def distill_sessions(stream: faust.StreamT) -> None:
         async def handle(batch: Sequence[EventT], generation: int) -> None:
-            await _handle_batch(app, settings, batch, sessions, counters, generation)
+            await _handle_batch(app, settings, batch, sessions, counters, generation, inline_extractor)
 
         await run_batched(app, settings, stream, handle)
 
@@ -229,8 +236,7 @@ def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker") 
 
 
 async def _handle_batch(app: faust.App, settings: Settings, batch: Sequence[EventT], sessions: SessionTable,
-                        counters: WorkerCounters,
-                        generation: int) -> None:
+                        counters: WorkerCounters, generation: int, extractor: Any = None) -> None:
     pending: list[Any] = []
     valid = []
     partition_of: dict[str, int] = {}  # session key -> source partition
@@ -260,6 +266,8 @@ async def _handle_batch(app: faust.App, settings: Settings, batch: Sequence[Even
         counters.episodes += 1
         pending.append(await app.producer.send(settings.episodes_topic, key=ep.session_id.encode(), value=encode(ep),
                                                partition=None, timestamp=None, headers=None))
+    if extractor is not None and out.episodes:
+        pending.extend(await _send_facts(app, settings, extractor.extract(out.episodes), counters))
     # Episodes and dead letters must be on the broker before the state that says "done" is.
     if pending:
         await asyncio.gather(*pending)
@@ -310,11 +318,16 @@ async def _handle_episodes(app: faust.App, settings: Settings, batch: Sequence[E
     out = extractor.extract(episodes)
     if inspect.isawaitable(out):
         out = await out
-    pending = [await app.producer.send(settings.facts_topic, key=str(f.episode_id).encode(), value=encode(f),
-                                       partition=0, timestamp=None, headers=None) for f in out]
-    counters.facts += sum(len(f.facts) for f in out)
+    pending = await _send_facts(app, settings, out, counters)
     if pending:
         await asyncio.gather(*pending)
+
+
+async def _send_facts(app: faust.App, settings: Settings, extracted: Sequence[Any], counters: WorkerCounters) -> list[Any]:
+    """Queue each episode's FactsExtracted on the one-partition facts topic; returns the send futures."""
+    counters.facts += sum(len(f.facts) for f in extracted)
+    return [await app.producer.send(settings.facts_topic, key=str(f.episode_id).encode(), value=encode(f),
+                                    partition=0, timestamp=None, headers=None) for f in extracted]
 
 
 def dead_letter_headers(rejection: Rejection, topic: str, partition: int, offset: int,

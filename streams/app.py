@@ -24,6 +24,7 @@ import msgspec
 from processors.distiller import SessionState, decode_state, distill, encode_state, session_key
 from schemas.codec import Rejection, decode_episode, decode_record, encode
 from somnus.config import Settings
+from streams.liveness import PartitionWatchdog, SomnusApp, install_diagnostics
 from streams.metrics import WorkerCounters
 
 
@@ -91,6 +92,11 @@ class Batcher:
         self.lock = asyncio.Lock()
         self.dropped_stale = 0
 
+    @property
+    def idle(self) -> bool:
+        """Nothing buffered and no batch being handled."""
+        return not self.events and not self.lock.locked()
+
     async def add(self, event: EventT) -> None:
         if not self.events:
             self.first_at = asyncio.get_running_loop().time()
@@ -120,10 +126,13 @@ class Batcher:
                 await self.stream.ack(event)
 
 
-async def run_batched(app: faust.App, settings: Settings, stream: faust.StreamT, handle: Any) -> None:
+async def run_batched(app: faust.App, settings: Settings, stream: faust.StreamT, handle: Any,
+                      batchers: list[Batcher] | None = None) -> None:
     """An agent body: events in batches (``Batcher``), acked only after ``handle`` returned."""
     manual = stream.noack()
     batcher = Batcher(app, manual, settings.batch_size, settings.batch_within_s, handle)
+    if batchers is not None:
+        batchers.append(batcher)
     ticker = asyncio.ensure_future(batcher.tick())
     try:
         async for event in manual.events():
@@ -135,7 +144,7 @@ async def run_batched(app: faust.App, settings: Settings, stream: faust.StreamT,
 def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker") -> faust.App:
     datadir = Path(settings.home) / "faust" / worker_name
     datadir.mkdir(parents=True, exist_ok=True)
-    app = faust.App(
+    app = SomnusApp(
         settings.app_id,
         broker=f"kafka://{bootstrap}",
         store="memory://",
@@ -168,6 +177,9 @@ def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker") 
         beacon=app.tables.beacon, help="per-session distiller state (msgspec JSON)"))
     counters = WorkerCounters()
     app.somnus_counters = counters  # type: ignore[attr-defined]
+    batchers: list[Batcher] = []
+    watched = {settings.traces_topic} | ({settings.episodes_topic} if settings.llm_extractor else set())
+    watchdog = PartitionWatchdog(app, watched, idle=lambda: all(b.idle for b in batchers))
 
     assignment_file = Path(settings.home) / "run" / f"{worker_name}.assignment.json"
 
@@ -204,33 +216,20 @@ def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker") 
             async def handle(batch: Sequence[EventT], generation: int) -> None:
                 await _handle_episodes(app, settings, batch, extractor, counters)
 
-            await run_batched(app, settings, stream, handle)
+            await run_batched(app, settings, stream, handle, batchers)
 
     @app.task
-    async def install_task_dump() -> None:
-        """SIGUSR1 writes every asyncio task's stack to the log: for diagnosing a stalled worker."""
-        import signal
-        import sys
-
-        def dump() -> None:
-            for task in asyncio.all_tasks():
-                print(f"--- {task.get_name()}", file=sys.stderr)
-                coro: Any = task.get_coro()
-                while coro is not None:
-                    frame = getattr(coro, "cr_frame", None) or getattr(coro, "ag_frame", None)
-                    if frame is not None:
-                        print(f"    {frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}",
-                              file=sys.stderr)
-                    coro = getattr(coro, "cr_await", None) or getattr(coro, "ag_await", None)
-
-        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, dump)
+    async def keep_partitions_flowing() -> None:
+        """Diagnostics on SIGUSR1/SIGUSR2, and the watchdog that rewinds a stalled partition."""
+        install_diagnostics(app)
+        await watchdog.run()
 
     @app.agent(traces, concurrency=1)
     async def distill_sessions(stream: faust.StreamT) -> None:
         async def handle(batch: Sequence[EventT], generation: int) -> None:
             await _handle_batch(app, settings, batch, sessions, counters, generation, inline_extractor)
 
-        await run_batched(app, settings, stream, handle)
+        await run_batched(app, settings, stream, handle, batchers)
 
     return app
 

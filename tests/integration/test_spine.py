@@ -82,21 +82,9 @@ def test_sigkill_worker_and_projector_at_random_points(pipeline_settings, tmp_pa
                 for v in victims:
                     p.start(v)
         assert kills["worker"] >= 2 and kills["projector"] >= 2, kills
-        # Liveness is not what this test is about: a worker that makes no progress for a minute
-        # after a restart (the known post-rebalance stall of issue 2) is restarted again, as a
-        # supervisor would. Correctness is checked below, on the exact content.
-        stall_restarts = 0
-        for _ in range(5):
-            try:
-                p.wait_idle(timeout_s=60)
-                break
-            except TimeoutError:
-                stall_restarts += 1
-                p.kill("worker")
-                p.start("worker")
-        else:
-            pytest.fail("the pipeline did not drain after 5 worker restarts")
-        print(f"workers restarted after a stall: {stall_restarts}")
+        # Every restart is a rebalance; the pipeline must drain on its own afterwards (no supervisor
+        # restarts: see streams/liveness.py for the two stalls this used to hit).
+        p.wait_idle(timeout_s=240)
         crashed = p.checksum()["tables"]
         for table in CONTENT_TABLES:
             assert crashed[table] == reference[table], (table, crashed[table], reference[table])
@@ -147,10 +135,6 @@ def test_two_workers_split_the_partitions(pipeline_settings, tmp_path):
         p.stop_all()
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "KNOWN DEFECT (issue 2 left open): after the survivor takes over the killed worker's partitions, "
-    "faust-streaming 0.15.3 sometimes stops delivering some of them (about 1 run in 4 here); "
-    "the worker stays assigned but its lag never drains"))
 def test_killing_a_worker_hands_its_partitions_to_the_other(pipeline_settings, tmp_path):
     events = list(generate(sessions=1200, seed=5))
     reference = _reference(pipeline_settings, events, tmp_path, bundle_max=8)

@@ -1,0 +1,165 @@
+"""Keeping every assigned partition flowing after rebalances (faust-streaming 0.15 + aiokafka 0.14).
+
+Two defects were found behind the "worker stays assigned but its lag never drains" stall, both
+by dumping the consumer's state of a stalled worker (SIGUSR2, below):
+
+1. **A partition with nothing committed is never rewound.** When Faust abandons records it has
+   already fetched (its ``getmany`` stops iterating when the flow is suspended or the generation
+   changes), aiokafka's position has moved past them. Faust repairs that by seeking every
+   partition to its committed offset, but aiokafka's ``seek_to_committed`` skips partitions whose
+   committed offset is missing or 0 (``if offset and offset > 0``). A partition taken over from a
+   worker that died before its first commit therefore kept its position at the end: its records
+   were never delivered (seen: read offset None, position = end, nothing committed).
+   ``RewindingConsumerThread`` seeks such partitions to their beginning, as
+   ``auto_offset_reset=earliest`` means.
+2. **A read offset that runs ahead of the seek.** Faust's fetch loop marks a message as read even
+   when the flow was suspended before the message was delivered; when that happens after the
+   rebalance's seek, the re-fetched messages below it are dropped as "already read", the offsets
+   in between are never acked, and commits stop at the hole for good (seen: committed 251, read
+   offset 553, position 554, nothing acked). Patching Faust's fetch loop would mean copying it,
+   so ``PartitionWatchdog`` detects the symptom instead: an assigned partition with lag whose read
+   and committed offsets have not moved for ``stall_s`` while our batcher is idle. It rewinds
+   that partition to its committed offset (clearing Faust's ack bookkeeping for it). Redelivered
+   events are harmless: the distiller ignores what it already applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import faust
+from faust.transport.drivers import aiokafka as faust_aiokafka
+from faust.types import TP
+
+log = logging.getLogger("somnus.liveness")
+
+
+class RewindingConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
+    """``seek_to_committed`` that also rewinds source partitions with nothing committed."""
+
+    async def seek_to_committed(self) -> Mapping[TP, int]:
+        return await self.call_thread(self._seek_to_committed_or_beginning)
+
+    async def _seek_to_committed_or_beginning(self) -> Mapping[TP, int]:
+        consumer = self._ensure_consumer()
+        committed = await consumer.seek_to_committed()
+        changelogs = self.app.tables.changelog_topics
+        never = [tp for tp, offset in committed.items() if not offset and tp.topic not in changelogs]
+        if never:
+            log.info("rewinding partitions with nothing committed to their beginning: %s", never)
+            await consumer.seek_to_beginning(*never)
+        return committed
+
+
+class RewindingConsumer(faust_aiokafka.Consumer):
+    def _new_consumer_thread(self) -> RewindingConsumerThread:
+        return RewindingConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+
+class RewindingTransport(faust_aiokafka.Transport):
+    Consumer = RewindingConsumer
+
+
+class SomnusApp(faust.App):
+    """A Faust app whose consumer rewinds partitions with nothing committed (see module docstring)."""
+
+    def _new_transport(self) -> Any:
+        return RewindingTransport(self.conf.broker_consumer, self)
+
+
+class PartitionWatchdog:
+    """Rewinds an assigned source partition that has lag but has not moved for ``stall_s``.
+
+    ``idle`` says whether the agent has nothing buffered or in flight; ``topics`` are the source
+    topics whose partitions are watched. ``rewinds`` counts what it did.
+    """
+
+    def __init__(self, app: faust.App, topics: set[str], idle: Callable[[], bool], stall_s: float = 15.0) -> None:
+        self.app, self.topics, self.idle, self.stall_s = app, topics, idle, stall_s
+        self.rewinds = 0
+        self._last: dict[TP, tuple[Any, Any, float]] = {}
+
+    async def run(self, every_s: float = 1.0) -> None:
+        while True:
+            await asyncio.sleep(every_s)
+            try:
+                await self.check()
+            except Exception as exc:  # a failed check must never take the worker down
+                log.warning("partition watchdog check failed: %r", exc)
+
+    async def check(self) -> None:
+        consumer: Any = self.app.consumer
+        now = asyncio.get_running_loop().time()
+        if self.app.rebalancing or not consumer.flow_active or not self.idle():
+            self._last.clear()  # only a quiet, steady worker can be stalled
+            return
+        assigned = {tp for tp in consumer.assignment() if tp.topic in self.topics}
+        for tp in list(self._last):
+            if tp not in assigned:
+                del self._last[tp]
+        for tp in assigned:
+            read, committed = consumer._read_offset.get(tp), consumer._committed_offset.get(tp)
+            highwater = consumer.highwater(tp)
+            behind = committed if committed is not None else 0
+            if highwater is None or highwater <= behind:
+                self._last.pop(tp, None)  # nothing to do on this partition
+                continue
+            prev = self._last.get(tp)
+            if prev is None or prev[:2] != (read, committed):
+                self._last[tp] = (read, committed, now)
+                continue
+            if now - prev[2] >= self.stall_s:
+                await self.rewind(tp, behind, read, highwater)
+                self._last.pop(tp, None)
+
+    async def rewind(self, tp: TP, offset: int, read: Any, highwater: int) -> None:
+        consumer: Any = self.app.consumer
+        log.warning("partition %s stalled (committed %s, read offset %s, end %s): rewinding to %s",
+                    tp, offset, read, highwater, offset)
+        consumer._acked.pop(tp, None)
+        consumer._acked_index.pop(tp, None)
+        consumer._gap.pop(tp, None)
+        if offset > 0:
+            await consumer.seek_wait({tp: offset})
+        else:
+            await consumer._thread.seek_to_beginning(tp)
+            consumer._read_offset.pop(tp, None)
+        self.rewinds += 1
+
+
+def install_diagnostics(app: faust.App) -> None:
+    """SIGUSR1 writes every asyncio task's stack to the log; SIGUSR2 the consumer's offsets state."""
+    import signal
+
+    def dump_tasks() -> None:
+        for task in asyncio.all_tasks():
+            print(f"--- {task.get_name()}", file=sys.stderr)
+            coro: Any = task.get_coro()
+            while coro is not None:
+                frame = getattr(coro, "cr_frame", None) or getattr(coro, "ag_frame", None)
+                if frame is not None:
+                    print(f"    {frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}",
+                          file=sys.stderr)
+                coro = getattr(coro, "cr_await", None) or getattr(coro, "ag_await", None)
+
+    def dump_consumer() -> None:
+        c: Any = app.consumer
+        print(f"--- consumer state (generation {app.consumer_generation_id})", file=sys.stderr)
+        for name in ("_active_partitions", "_paused_partitions", "_buffered_partitions", "_read_offset",
+                     "_committed_offset", "_acked", "_gap", "flow_active"):
+            print(f"    {name} = {getattr(c, name, None)!r}", file=sys.stderr)
+        try:
+            assignment = c._thread._ensure_consumer()._subscription.subscription.assignment
+            for tp, st in assignment._tp_state.items():
+                print(f"    aiokafka {tp}: position={st._position} paused={st.paused} status={st._status}",
+                      file=sys.stderr)
+        except Exception as exc:  # diagnostics only
+            print(f"    aiokafka state unavailable: {exc!r}", file=sys.stderr)
+
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGUSR1, dump_tasks)
+    loop.add_signal_handler(signal.SIGUSR2, dump_consumer)

@@ -1,0 +1,102 @@
+"""Wiring tests of the partition watchdog (a stand-in consumer; the real broker is in tests/integration)."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+from faust.types import TP
+
+from streams.liveness import PartitionWatchdog
+
+TRACES = TP("traces", 0)
+OTHER = TP("other", 0)
+
+
+class FakeConsumer:
+    def __init__(self, highwater: int, read: int | None, committed: int | None) -> None:
+        self.flow_active = True
+        self.highwaters = {TRACES: highwater, OTHER: 99}
+        self._read_offset: dict[TP, Any] = {TRACES: read, OTHER: None}
+        self._committed_offset: dict[TP, Any] = {TRACES: committed}
+        self._acked: dict[TP, list[int]] = {TRACES: [700, 701]}
+        self._acked_index: dict[TP, set[int]] = {TRACES: {700, 701}}
+        self._gap: dict[TP, Any] = {TRACES: object()}
+        self.seeks: list[dict[TP, int]] = []
+        self.beginnings: list[TP] = []
+        self._thread = SimpleNamespace(seek_to_beginning=self._to_beginning)
+
+    def assignment(self) -> set[TP]:
+        return {TRACES, OTHER}
+
+    def highwater(self, tp: TP) -> int:
+        return self.highwaters[tp]
+
+    async def seek_wait(self, partitions: dict[TP, int]) -> None:
+        self.seeks.append(dict(partitions))
+        self._read_offset.update(partitions)
+
+    async def _to_beginning(self, tp: TP) -> None:
+        self.beginnings.append(tp)
+
+
+def _watchdog(consumer: FakeConsumer, idle: bool = True, stall_s: float = 5.0) -> tuple[PartitionWatchdog, list[float]]:
+    clock = [0.0]
+    app: Any = SimpleNamespace(consumer=consumer, rebalancing=False)
+    dog = PartitionWatchdog(app, {"traces"}, idle=lambda: idle, stall_s=stall_s)
+    return dog, clock
+
+
+def _check(dog: PartitionWatchdog, at: float) -> None:
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        real_time = loop.time
+        loop.time = lambda: at  # type: ignore[method-assign]
+        try:
+            await dog.check()
+        finally:
+            loop.time = real_time  # type: ignore[method-assign]
+
+    asyncio.run(run())
+
+
+def test_a_partition_with_lag_that_does_not_move_is_rewound_to_its_committed_offset():
+    consumer = FakeConsumer(highwater=554, read=553, committed=251)  # the stall seen in the failover test
+    dog, _ = _watchdog(consumer)
+    _check(dog, 0.0)
+    _check(dog, 4.9)
+    assert consumer.seeks == []  # not yet stalled for stall_s
+    _check(dog, 5.0)
+    assert consumer.seeks == [{TRACES: 251}]
+    assert TRACES not in consumer._acked and TRACES not in consumer._gap  # Faust's ack bookkeeping reset
+    assert dog.rewinds == 1
+
+
+def test_nothing_committed_rewinds_to_the_beginning():
+    consumer = FakeConsumer(highwater=526, read=None, committed=None)
+    dog, _ = _watchdog(consumer)
+    _check(dog, 0.0)
+    _check(dog, 10.0)
+    assert consumer.beginnings == [TRACES] and consumer.seeks == []
+
+
+def test_progress_or_a_busy_agent_or_no_lag_never_rewinds():
+    moving = FakeConsumer(highwater=900, read=100, committed=50)
+    dog, _ = _watchdog(moving)
+    for t in range(0, 30, 2):
+        moving._read_offset[TRACES] = 100 + t  # the partition is being read
+        _check(dog, float(t))
+    assert moving.seeks == []
+
+    busy = FakeConsumer(highwater=900, read=100, committed=50)
+    dog, _ = _watchdog(busy, idle=False)
+    _check(dog, 0.0)
+    _check(dog, 60.0)
+    assert busy.seeks == []
+
+    caught_up = FakeConsumer(highwater=554, read=553, committed=554)
+    dog, _ = _watchdog(caught_up)
+    _check(dog, 0.0)
+    _check(dog, 60.0)
+    assert caught_up.seeks == [] and caught_up.beginnings == []

@@ -47,10 +47,10 @@ class KnowledgeProjection:
             (str(e), x) for e, x in con.execute("SELECT episode_id, extractor FROM knowledge_inputs").fetchall()}
         self.fold = KnowledgeFold(load_state(con))
 
-    def write(self, con: duckdb.DuckDBPyConnection, batch: Sequence[tuple[int, FactsExtracted]]) -> int:
+    def write(self, con: duckdb.DuckDBPyConnection, batch: Sequence[tuple[int, FactsExtracted]]) -> tuple[int, set[str]]:
         """Fold ``(offset, facts)`` pairs and write the changes; the caller holds the transaction.
 
-        Returns the number of facts folded."""
+        Returns the number of facts folded and the scopes whose triples changed."""
         fresh: list[FactsExtracted] = []
         input_rows = []
         new_inputs: set[tuple[str, str]] = set()
@@ -64,13 +64,13 @@ class KnowledgeProjection:
                                "observed_at": fx.observed_at, "entities": len(fx.entities),
                                "facts": len(fx.facts), "src_offset": offset})
         if not fresh:
-            return 0
+            return 0, set()
         changes = self.fold.apply(fresh)
         _insert(con, "knowledge_inputs", input_rows,
                 "episode_id::UUID, extractor, agent, observed_at, entities, facts, src_offset")
-        write_changes(con, changes)
+        scopes = write_changes(con, changes)
         self.inputs |= new_inputs
-        return sum(len(f.facts) for f in fresh)
+        return sum(len(f.facts) for f in fresh), scopes
 
 
 def _insert(con: duckdb.DuckDBPyConnection, table: str, rows: list[dict[str, Any]], select: str) -> None:
@@ -80,8 +80,10 @@ def _insert(con: duckdb.DuckDBPyConnection, table: str, rows: list[dict[str, Any
     con.execute(f"INSERT INTO {table} SELECT {select} FROM frame")
 
 
-def write_changes(con: duckdb.DuckDBPyConnection, changes: KnowledgeChanges) -> None:
-    """Insert new rows, update the triples that were reinforced or closed (nothing is deleted)."""
+def write_changes(con: duckdb.DuckDBPyConnection, changes: KnowledgeChanges) -> set[str]:
+    """Insert new rows, update the triples that were reinforced or closed (nothing is deleted).
+
+    Returns the scopes whose triples were asserted, reinforced or closed."""
     _insert(con, "entity_versions", _rows(changes.entities),
             "entity_id, version, name, type, attributes::JSON, first_seen, updated_at, episode_id::UUID")
     _insert(con, "entity_aliases", _rows(changes.aliases),
@@ -106,7 +108,9 @@ def write_changes(con: duckdb.DuckDBPyConnection, changes: KnowledgeChanges) -> 
         ids = [c.triple_id for c in changes.triples_closed] + list(last_reinforced)
         closed_scopes = {r[0] for r in con.execute(
             "SELECT DISTINCT scope FROM triples WHERE triple_id IN (SELECT unnest(?::UUID[]))", [ids]).fetchall()}
-    schema.refresh_facts_top(con, sorted(changes.scopes | closed_scopes))
+    scopes = set(changes.scopes) | closed_scopes
+    schema.refresh_facts_top(con, sorted(scopes))
+    return scopes
 
 
 _TRIPLE_SELECT = ("triple_id::UUID, source, predicate, target, scope, confidence, count, evidence::UUID, "

@@ -20,10 +20,11 @@ from typing import Any
 
 import duckdb
 from aiohttp import web
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from projections import queries, schema
-from projections.writer import BatchResult, Seen, Topics, apply_batch, load_offsets
+from projections import api, queries, schema
+from schemas.codec import encode
+from projections.writer import KIND_SERVED, BatchResult, Seen, Topics, apply_batch, load_offsets
 from somnus.config import Settings
 from streams.topics import partitions_of
 
@@ -45,7 +46,11 @@ class Projector:
         self.serve = serve
         self.max_records = max_records
         self.totals = BatchResult()
+        from somnus.agents import load_agents
+
+        self.agents = load_agents(settings.agents_dir)
         self._stop = asyncio.Event()
+        self._producer: AIOKafkaProducer | None = None
 
     def stop(self) -> None:
         self._stop.set()
@@ -65,11 +70,11 @@ class Projector:
             tps = await self._partitions(consumer)
             consumer.assign(tps)
             stored = load_offsets(con)
-            seen = Seen(con)
+            seen = Seen(con, self.agents)
             for tp in tps:
                 consumer.seek(tp, stored.get((tp.topic, tp.partition), 0))
             if self.serve:
-                runner = await self._start_server(con)
+                runner = await self._start_server(con, seen)
             end = await consumer.end_offsets(tps) if until_end else {}
             total = sum(end.values()) - sum(stored.get((tp.topic, tp.partition), 0) for tp in tps) if until_end else 0
             done = 0
@@ -91,6 +96,8 @@ class Projector:
             if runner is not None:
                 await runner.cleanup()
                 endpoint_file(self.db_path).unlink(missing_ok=True)
+            if self._producer is not None:
+                await self._producer.stop()
             await consumer.stop()
             con.close()
 
@@ -109,23 +116,51 @@ class Projector:
             tps.extend(TopicPartition(topic, p) for p in await partitions_of(consumer, topic))
         return tps
 
-    async def _start_server(self, con: duckdb.DuckDBPyConnection) -> web.AppRunner:
-        async def sql(request: web.Request) -> web.Response:
-            body = await request.json()
-            try:
-                result = queries.run_sql(con, body["sql"], body.get("params") or None)
-            except (queries.NotReadOnly, duckdb.Error) as exc:
-                return web.json_response({"error": str(exc)}, status=400)
-            return web.json_response(result, dumps=_dumps)
+    async def _start_server(self, con: duckdb.DuckDBPyConnection, seen: Seen) -> web.AppRunner:
+        service = api.ReadService(con, seen.agents, briefings=seen.briefings.current)
+        producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all", enable_idempotence=True,
+                                    linger_ms=5)
+        await producer.start()
+        self._producer = producer
+        pending: set[asyncio.Future[Any]] = set()
 
-        async def summary(request: web.Request) -> web.Response:
-            return web.json_response(queries.summary(con), dumps=_dumps)
+        def served(record: Any) -> None:
+            # Fire and forget, but never lost silently: a failed send is logged.
+            fut = asyncio.ensure_future(producer.send_and_wait(
+                self.topics.facts, encode(record), key=record.agent.encode(), partition=0,
+                headers=[("somnus-kind", KIND_SERVED)]))
+            pending.add(fut)
+            fut.add_done_callback(lambda f: (pending.discard(f), f.exception() and log.error(
+                "could not record a served briefing: %r", f.exception())))
 
-        async def checksum(request: web.Request) -> web.Response:
-            return web.json_response({"checksum": queries.checksum(con), "tables": queries.table_checksums(con)})
+        service.on_served = served
+
+        def handler(route: api.Route) -> Any:
+            async def handle(request: web.Request) -> web.Response:
+                params: dict[str, Any] = dict(request.query)
+                if route.method == "POST":
+                    try:
+                        body = await request.json()
+                    except ValueError:
+                        return web.json_response({"error": "the body must be a JSON object"}, status=400)
+                    if not isinstance(body, dict):
+                        return web.json_response({"error": "the body must be a JSON object"}, status=400)
+                    params.update(body)
+                try:
+                    result = api.call(service, route, request.match_info.get("agent"), params)
+                except api.NotFound as exc:
+                    return web.json_response({"error": str(exc)}, status=404)
+                except (api.BadRequest, queries.NotReadOnly, duckdb.Error) as exc:
+                    return web.json_response({"error": str(exc)}, status=400)
+                return web.json_response(result, dumps=_dumps)
+            return handle
+
+        async def openapi(request: web.Request) -> web.Response:
+            return web.json_response(api.openapi())
 
         app = web.Application()
-        app.add_routes([web.post("/sql", sql), web.get("/summary", summary), web.get("/checksum", checksum)])
+        app.add_routes([web.route(r.method, r.path, handler(r)) for r in api.all_routes()])
+        app.add_routes([web.get("/openapi.json", openapi)])
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)

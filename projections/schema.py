@@ -1,8 +1,9 @@
 """DuckDB schema of the projections. Tables are append-only; "current" state is a view.
 
-Two exceptions, both documented where they are written: ``triples`` rows are updated in place when
-a fact is reinforced or superseded (nothing is deleted; ``triple_history`` logs every change), and
-``facts_top`` is a derived read model: the ``FACTS_TOP_K`` best active facts of each scope,
+Exceptions, each documented where it is written: ``triples`` rows are updated in place when
+a fact is reinforced or superseded (nothing is deleted; ``triple_history`` logs every change);
+``briefings`` holds the current briefing of each agent (every version is on the compacted
+``briefings`` topic); and ``facts_top`` is a derived read model: the ``FACTS_TOP_K`` best active facts of each scope,
 refreshed for the scopes a batch touched, so the scope-chain query reads a few hundred rows
 instead of scanning every triple.
 
@@ -61,6 +62,19 @@ CREATE TABLE IF NOT EXISTS triple_history (
     ordinal BIGINT NOT NULL, triple_id UUID NOT NULL, change VARCHAR NOT NULL, episode_id UUID NOT NULL,
     changed_at TIMESTAMPTZ NOT NULL, count BIGINT NOT NULL, confidence DOUBLE NOT NULL);
 CREATE TABLE IF NOT EXISTS facts_top AS SELECT * FROM triples LIMIT 0;
+CREATE TABLE IF NOT EXISTS briefings (
+    agent VARCHAR NOT NULL PRIMARY KEY, briefing_id VARCHAR NOT NULL, generated_at TIMESTAMPTZ NOT NULL,
+    budget INTEGER NOT NULL, markdown VARCHAR NOT NULL, chars INTEGER NOT NULL, lessons INTEGER NOT NULL,
+    facts JSON NOT NULL, strategies INTEGER NOT NULL, dropped_lessons INTEGER NOT NULL,
+    dropped_facts INTEGER NOT NULL, dropped_strategies INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS promotions (
+    promotion_id UUID NOT NULL, source VARCHAR NOT NULL, predicate VARCHAR NOT NULL, target VARCHAR NOT NULL,
+    from_scope VARCHAR NOT NULL, to_scope VARCHAR NOT NULL, reason VARCHAR NOT NULL, promoted_at TIMESTAMPTZ NOT NULL,
+    confidence DOUBLE NOT NULL, learning_rate VARCHAR, threshold INTEGER, users VARCHAR[], teams VARCHAR[],
+    src_offset BIGINT);
+CREATE TABLE IF NOT EXISTS briefings_served (
+    briefing_id VARCHAR NOT NULL, agent VARCHAR NOT NULL, session_id VARCHAR NOT NULL, served_at TIMESTAMPTZ NOT NULL,
+    facts JSON NOT NULL, src_offset BIGINT);
 CREATE OR REPLACE VIEW entities AS
     SELECT * EXCLUDE (rn) FROM (
         SELECT *, row_number() OVER (PARTITION BY entity_id ORDER BY version DESC) AS rn FROM entity_versions)
@@ -91,6 +105,11 @@ CONTENT_COLUMNS: dict[str, list[str]] = {
     "triples": ["triple_id", "source", "predicate", "target", "scope", "confidence", "count", "evidence",
                 "last_evidence", "valid_from", "valid_to", "superseded_by", "created_by", "extractor"],
     "triple_history": ["ordinal", "triple_id", "change", "episode_id", "changed_at", "count", "confidence"],
+    "promotions": ["promotion_id", "source", "predicate", "target", "from_scope", "to_scope", "reason",
+                   "promoted_at", "confidence", "learning_rate", "threshold", "users", "teams"],
+    "briefings_served": ["briefing_id", "agent", "session_id", "served_at", "facts"],
+    "briefings": ["agent", "briefing_id", "generated_at", "budget", "markdown", "chars", "lessons", "facts",
+                  "strategies", "dropped_lessons", "dropped_facts", "dropped_strategies"],
 }
 
 

@@ -14,10 +14,26 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import duckdb
+import msgspec
 import pyarrow as pa
 
+from processors.swarm import promoted_facts
+from projections.knowledge import decode_facts
+from schemas.briefing import BriefingServed, FactPromoted
 from schemas.codec import Rejection, decode_episode, decode_record, encode
 from schemas.events import type_name
+
+
+_promotion_decoder = msgspec.json.Decoder(FactPromoted)
+_served_decoder = msgspec.json.Decoder(BriefingServed)
+
+
+def decode_promotion(raw: bytes) -> FactPromoted:
+    return _promotion_decoder.decode(raw)
+
+
+def decode_served(raw: bytes) -> BriefingServed:
+    return _served_decoder.decode(raw)
 
 
 class Record(Protocol):
@@ -45,6 +61,7 @@ class BatchResult:
     dead_letters: int = 0
     facts: int = 0
     skipped_invalid: int = 0  # invalid traces: the worker dead-letters them
+    briefings: list[Any] = field(default_factory=list)  # BriefingGenerated written by this batch
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)
 
 
@@ -54,15 +71,20 @@ def load_offsets(con: duckdb.DuckDBPyConnection) -> dict[tuple[str, int], int]:
 
 
 class Seen:
-    """Keys already projected where the same content may arrive twice (loaded once, kept in step)."""
+    """Keys already projected where the same content may arrive twice (loaded once, kept in step),
+    and the read models kept in memory beside their tables (knowledge fold, briefing cache)."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+    def __init__(self, con: duckdb.DuckDBPyConnection, agents: Mapping[str, Any] | None = None) -> None:
         self.episodes: set[str] = {str(r[0]) for r in con.execute("SELECT episode_id FROM episodes").fetchall()}
         self.dead_letters: set[tuple[str, int, int, int]] = set(con.execute(
             "SELECT src_topic, src_partition, src_offset, src_index FROM dead_letters").fetchall())
         from projections.knowledge import KnowledgeProjection
 
         self.knowledge = KnowledgeProjection(con)
+        from projections.briefings import BriefingCache
+
+        self.agents = dict(agents or {})
+        self.briefings = BriefingCache(con, self.agents)
 
 
 def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterable[Record],
@@ -79,6 +101,8 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
     new_episodes: set[str] = set()
     new_dead: set[tuple[str, int, int, int]] = set()
     facts: list[tuple[int, Any]] = []
+    promotion_rows: list[dict[str, Any]] = []
+    served_rows: list[dict[str, Any]] = []
     for rec in records:
         tp = (rec.topic, rec.partition)
         if rec.offset < stored.get(tp, 0) or rec.offset < res.offsets.get(tp, 0):
@@ -107,9 +131,15 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
                                     "kind": lesson.kind.value, "text": lesson.text, "tool": lesson.tool,
                                     "error": lesson.error, "learned_at": ep.ended_at})
         elif rec.topic == topics.facts:
-            from projections.knowledge import decode_facts
-
-            facts.append((rec.offset, decode_facts(rec.value or b"")))
+            kind = _header(rec, "somnus-kind")
+            if kind == KIND_PROMOTION:
+                promoted = decode_promotion(rec.value or b"")
+                promotion_rows.append(_promotion_row(promoted, rec.offset))
+                facts.append((rec.offset, promoted_facts(promoted)))
+            elif kind == KIND_SERVED:
+                served_rows.append(_served_row(decode_served(rec.value or b""), rec.offset))
+            else:
+                facts.append((rec.offset, decode_facts(rec.value or b"")))
         elif rec.topic == topics.dead_letters:
             h = {k: v for k, v in (rec.headers or [])}
             reason = h.get("somnus-reason", b"unknown: no reason header").decode(errors="replace")
@@ -149,8 +179,12 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
             dead_frame = pa.Table.from_pylist(dl_rows, schema=_DL_SCHEMA)  # noqa: F841
             res.dead_letters = con.execute(
                 "INSERT INTO dead_letters SELECT * FROM dead_frame").fetchone()[0]
+        _insert_new(con, "promotions", promotion_rows, ("promotion_id",))
+        _insert_new(con, "briefings_served", served_rows, ("agent", "session_id", "briefing_id"))
+        scopes: set[str] = set()
         if facts:
-            res.facts = seen.knowledge.write(con, facts)
+            res.facts, scopes = seen.knowledge.write(con, facts)
+        res.briefings = seen.briefings.regenerate(con, {r["agent"] for r in ep_rows}, scopes)
         offsets_frame = pa.table({  # noqa: F841
             "topic": [t for t, _ in res.offsets], "kafka_partition": [p for _, p in res.offsets],
             "next_offset": list(res.offsets.values())})
@@ -158,6 +192,7 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
         con.commit()
     except BaseException:
         con.rollback()
+        seen.briefings.rolled_back()
         if facts:  # the fold's state ran ahead of the tables: reload it from what committed
             from projections.knowledge import KnowledgeProjection
 
@@ -165,7 +200,43 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
         raise
     seen.episodes |= new_episodes
     seen.dead_letters |= new_dead
+    seen.briefings.committed()
     return res
+
+
+KIND_PROMOTION = b"promotion"  # header somnus-kind on the facts topic: a FactPromoted
+KIND_SERVED = b"briefing-served"  # a BriefingServed
+# (no header: a FactsExtracted)
+
+
+def _header(rec: Record, name: str) -> bytes | None:
+    for k, v in rec.headers or ():
+        if k == name:
+            return v
+    return None
+
+
+def _insert_new(con: duckdb.DuckDBPyConnection, table: str, rows: list[dict[str, Any]], keys: tuple[str, ...]) -> None:
+    """Insert the rows whose ``keys`` are not in ``table`` yet: a record re-published at a new offset
+    (after a crash of its publisher) is projected once, at its first offset."""
+    if not rows:
+        return
+    frame = pa.Table.from_pylist(rows)  # noqa: F841
+    same = " AND ".join(f"t.{k} = f.{k}" for k in keys)
+    con.execute(f"INSERT INTO {table} SELECT * FROM frame f WHERE NOT EXISTS (SELECT 1 FROM {table} t WHERE {same}) "
+                f"QUALIFY row_number() OVER (PARTITION BY {', '.join(keys)} ORDER BY src_offset) = 1")
+
+
+def _promotion_row(p: Any, offset: int) -> dict[str, Any]:
+    return {"promotion_id": str(p.promotion_id), "source": p.source, "predicate": p.predicate, "target": p.target,
+            "from_scope": p.from_scope, "to_scope": p.to_scope, "reason": p.reason.value,
+            "promoted_at": p.promoted_at, "confidence": p.confidence, "learning_rate": p.learning_rate,
+            "threshold": p.threshold, "users": list(p.users), "teams": list(p.teams), "src_offset": offset}
+
+
+def _served_row(b: Any, offset: int) -> dict[str, Any]:
+    return {"briefing_id": b.briefing_id, "agent": b.agent, "session_id": b.session_id, "served_at": b.served_at,
+            "facts": encode(b.facts).decode(), "src_offset": offset}
 
 
 def _add_events(cols: dict[str, list[Any]], rec: Record, max_event_bytes: int) -> int:

@@ -16,6 +16,7 @@ from rich.table import Table
 from somnus import broker as broker_mod
 from somnus import procs
 from somnus.config import Settings
+from schemas.codec import encode as encode_event
 
 app = typer.Typer(help="Somnus: memory for fleets of AI agents (Kafka -> Faust -> DuckDB).", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -259,6 +260,21 @@ def status(home: Optional[Path] = HomeOpt, db: Optional[Path] = DbOpt, bootstrap
     console.print(c)
     if res["dead_letter_kinds"]:
         console.print(f"dead letters by kind: {res['dead_letter_kinds']}")
+    m = res.get("memory")
+    if m:
+        g, b = m["graph"], m["briefings"]
+        console.print(f"episodes {m['episodes']}; graph: {g['entities']} entities, {g['active_triples']} active of "
+                      f"{g['triples']} triples; briefings cached for {b['agents']} agents ({b['non_empty']} non-empty, "
+                      f"newest as of {b['newest']}); last consolidation: {m['last_consolidation'] or 'never'}")
+        if m["utilisation"]:
+            _print_rows({"columns": ["agent", "sessions", "facts served", "facts used", "rate"],
+                         "rows": [[u["agent"], u["sessions"], u["facts_served"], u["facts_used"],
+                                   f"{u['rate']:.2f}"] for u in m["utilisation"]]}, "top agents by knowledge utilisation")
+        if m["delegations"]:
+            _print_rows({"columns": ["delegator", "delegatee", "results", "success rate", "failing"],
+                         "rows": [[d["delegator"], d["delegatee"], d["results"], f"{d['success_rate']:.2f}",
+                                   "yes" if d["failing"] else ""] for d in m["delegations"]]},
+                        "delegation pairs, lowest success first")
 
 
 @app.command()
@@ -341,7 +357,62 @@ def inspect_report(store: Any, agent: str, n_episodes: int, n_facts: int) -> dic
     return {"agent": agent, "scope_chain": store.scope_chain(agent),
             "episodes": [{"ended_at": e["ended_at"], "outcome": e["outcome"], "task": (e["task"] or "")[:60],
                           "summary": e["summary"]} for e in eps],
-            "lessons": lessons, "facts": facts, "entities": entities, "briefing": None}
+            "lessons": lessons, "facts": facts, "entities": entities, "briefing": _briefing_of(store, agent)}
+
+
+def _briefing_of(store: Any, agent: str) -> str | None:
+    rows = store.sql("SELECT markdown FROM briefings WHERE agent = ?", [agent])
+    return rows[0]["markdown"] or None if rows else None
+
+
+@app.command()
+def brief(agent: str = typer.Argument(..., help="The agent whose briefing to print."),
+          db: Optional[Path] = DbOpt, home: Optional[Path] = HomeOpt,
+          as_json: bool = typer.Option(False, "--json")) -> None:
+    """Print the agent's current cached briefing (what is injected before its next session)."""
+    from somnus.reads import ReadError, read
+
+    s = _settings(home, db)
+    try:
+        got = read(Path(s.db_path), "briefing", agent, agents_dir=s.agents_dir)  # type: ignore[arg-type]
+    except ReadError as exc:
+        _fail(str(exc))
+    if as_json:
+        print(json.dumps(got))
+    elif got["briefing"] is None or not got["briefing"]["markdown"]:
+        console.print(f"[dim]{agent} has no briefing yet[/dim]")
+    else:
+        print(got["briefing"]["markdown"], end="")
+
+
+@app.command()
+def promote(source: str = typer.Argument(..., help="Source entity (id such as tool:x, or name)."),
+            predicate: str = typer.Argument(...), target: str = typer.Argument(..., help="Target entity."),
+            to: str = typer.Option(..., "--to", help="team or global"),
+            db: Optional[Path] = DbOpt, home: Optional[Path] = HomeOpt, bootstrap: Optional[str] = BootOpt) -> None:
+    """Promote a fact to its owners' team scope, or to global, by hand (an event on the facts topic)."""
+    from datetime import datetime, timezone
+
+    from processors.swarm import PromotionError, manual_promotions
+    from projections.writer import KIND_PROMOTION
+    from somnus.agents import AgentFileError, load_agents
+    from somnus.reads import ReadError, sql as read_sql
+
+    s = _settings(home, db, bootstrap)
+    try:
+        agents = load_agents(s.agents_dir)
+        res = read_sql(Path(s.db_path), "SELECT source, predicate, target, scope, confidence, valid_to "  # type: ignore[arg-type]
+                       "FROM facts_active WHERE predicate = ?", [predicate.strip().lower().replace(" ", "_")])
+        rows = [dict(zip(res["columns"], r)) for r in res["rows"]]
+        events = manual_promotions(agents, rows, source, predicate, target, to, datetime.now(timezone.utc))
+    except (AgentFileError, ReadError, PromotionError) as exc:
+        _fail(str(exc))
+    from somnus.client import publish_records
+
+    publish_records([(e.source.encode(), encode_event(e), [("somnus-kind", KIND_PROMOTION)]) for e in events],
+                    _bootstrap(s), s.facts_topic, partition=0)
+    for e in events:
+        console.print(f"promoted {e.source} {e.predicate} {e.target}: {e.from_scope} -> {e.to_scope}", soft_wrap=True)
 
 
 # ---- demo and bench ----------------------------------------------------------------------

@@ -117,3 +117,51 @@ async def publish_async(events: Iterable[Any] | AsyncIterable[Any], bootstrap: s
 def publish(events: Iterable[Any], bootstrap: str, topic: str, bundle_max: int = 64) -> int:
     """Synchronous wrapper of ``publish_async`` for runtimes and scripts."""
     return asyncio.run(publish_async(events, bootstrap, topic, bundle_max=bundle_max))
+
+
+# ---- reads for runtimes: briefings and prompt injection ----------------------------------
+
+def briefing(agent: str, settings: Any = None) -> str | None:
+    """The agent's cached briefing (Markdown), or None when it has none.
+
+    Served by the running projector, or read from the DuckDB file when nothing runs."""
+    from pathlib import Path
+
+    from somnus.config import Settings
+    from somnus.reads import read
+
+    s = settings or Settings.resolve()
+    got = read(Path(s.db_path), "briefing", agent, agents_dir=s.agents_dir)["briefing"]
+    return got["markdown"] or None if got else None
+
+
+def inject(agent: str, prompt: str, session_id: str | None = None, settings: Any = None) -> str:
+    """``prompt`` with the agent's briefing prepended between delimiters (unchanged when it has none).
+
+    Pass the ``session_id`` about to start so the projector records which facts it was shown
+    (knowledge utilisation is counted from that record)."""
+    from pathlib import Path
+
+    from somnus.config import Settings
+    from somnus.reads import read
+
+    s = settings or Settings.resolve()
+    return read(Path(s.db_path), "inject", agent, agents_dir=s.agents_dir, prompt=prompt,
+                session_id=session_id)["prompt"]
+
+
+def publish_records(records: list[tuple[bytes | None, bytes, list[tuple[str, bytes]]]], bootstrap: str, topic: str,
+                    partition: int | None = None) -> int:
+    """Publish ``(key, value, headers)`` records as they are (operators' events: promotions, ...)."""
+    async def run() -> int:
+        producer = make_producer(bootstrap)
+        await producer.start()
+        try:
+            futures = [await producer.send(topic, value, key=key, headers=headers, partition=partition)
+                       for key, value, headers in records]
+            await asyncio.gather(*futures)
+        finally:
+            await producer.stop()
+        return len(records)
+
+    return asyncio.run(run())

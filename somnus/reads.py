@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -55,15 +56,28 @@ def _open(db: Path) -> duckdb.DuckDBPyConnection:
         raise ReadError(f"{db} is held by another process: {exc}") from None
 
 
-def _read(db: Path, route: str, local: Any, body: dict[str, Any] | None = None) -> Any:
-    """Ask the running projector (``route``), or run ``local(con)`` on the file opened read-only."""
+def read(db: Path, handler: str, agent: str | None = None, agents_dir: Path | None = None, **params: Any) -> Any:
+    """Run the read ``handler`` (a route of ``projections.api``): through the running projector when it
+    holds ``db``, else on the file opened read-only. Parameters that are None are left out."""
+    from projections import api
+    from somnus.agents import load_agents
+
+    route = next((r for r in api.all_routes() if r.handler == handler), None)
+    if route is None:
+        raise ReadError(f"no read named {handler!r}")
+    params = {k: v for k, v in params.items() if v is not None}
     url = _endpoint(db)
     if url:
-        return _http(f"{url}{route}", body)
+        path = route.path.replace("{agent}", urllib.parse.quote(agent or "", safe=""))
+        if route.method == "GET":
+            query = urllib.parse.urlencode({k: str(v) for k, v in params.items()})
+            return _http(f"{url}{path}" + (f"?{query}" if query else ""))
+        return _http(f"{url}{path}", json.loads(json.dumps(params, default=str)))
     con = _open(db)
     try:
-        return json.loads(json.dumps(local(con), default=str))
-    except (queries.NotReadOnly, duckdb.Error) as exc:
+        service = api.ReadService(con, load_agents(agents_dir))
+        return json.loads(json.dumps(api.call(service, route, agent, params), default=str))
+    except (api.BadRequest, api.NotFound, queries.NotReadOnly, duckdb.Error) as exc:
         raise ReadError(str(exc)) from None
     finally:
         con.close()
@@ -74,17 +88,15 @@ def sql(db: Path, query: str, params: list[Any] | None = None) -> dict[str, Any]
         queries.check_read_only(query)
     except (queries.NotReadOnly, duckdb.Error) as exc:  # not read-only, or not SQL at all
         raise ReadError(str(exc)) from None
-    return _read(db, "/sql", lambda con: queries.run_sql(con, query, params),
-                 {"sql": query, "params": json.loads(json.dumps(params or [], default=str))})
+    return read(db, "sql", sql=query, params=json.loads(json.dumps(params or [], default=str)))
 
 
 def checksum(db: Path) -> dict[str, Any]:
-    return _read(db, "/checksum", lambda con: {"checksum": queries.checksum(con),
-                                                "tables": queries.table_checksums(con)})
+    return read(db, "checksum")
 
 
 def summary(db: Path) -> dict[str, Any]:
-    return _read(db, "/summary", queries.summary)
+    return read(db, "summary")
 
 
 async def _kafka_positions(settings: Settings, bootstrap: str) -> tuple[dict[str, dict[int, int]], dict[str, dict[int, int]]]:
@@ -135,7 +147,12 @@ def status(settings: Settings, bootstrap: str) -> dict[str, Any]:
     for topic in (settings.traces_topic,) + ((settings.episodes_topic,) if settings.llm_extractor else ()):
         committed = worker_committed.get(topic, {})
         worker_lag[topic] = sum(max(0, end - committed.get(p, 0)) for p, end in ends.get(topic, {}).items())
+    try:
+        memory = read(db, "memory", agents_dir=settings.agents_dir)
+    except ReadError:
+        memory = None
     return {
+        "memory": memory,
         "lag": lag,
         "worker_lag": worker_lag,
         "idle": all(v == 0 for v in lag.values()) and all(v == 0 for v in worker_lag.values()),

@@ -190,3 +190,44 @@ def test_a_value_containing_three_dashes_is_read(tmp_path):
 def test_the_body_may_contain_horizontal_rules(tmp_path):
     path = agent_file(tmp_path, "a.md", "name: a", body="# a\n\n---\n\nmore notes\n---\n")
     assert parse_agent_file(path).name == "a"
+
+
+# Every field, more kinds of invalid value: wrong type, null where a value is needed, out of range.
+@pytest.mark.parametrize(("front", "field", "why"), [
+    ("name: [x]", "name", "Expected `str`"),
+    ("name: a\nreportsTo: 5", "reportsTo", "Expected `str | null`"),
+    ("name: a\nepisodic: maybe", "episodic", "Expected `bool`"),
+    ("name: a\nepisodic: null", "episodic", "Expected `bool`"),
+    ("name: a\nmaxEpisodes: 2.5", "maxEpisodes", "Expected `int`"),
+    ("name: a\nmaxEpisodes: null", "maxEpisodes", "Expected `int`"),
+    ("name: a\nmaxEpisodes: true", "maxEpisodes", "Expected `int`"),
+    ("name: a\nbriefingEnabled: 1", "briefingEnabled", "Expected `bool`"),
+    ("name: a\nbriefingEnabled: null", "briefingEnabled", "Expected `bool`"),
+    ("name: a\nbriefingTokenBudget: lots", "briefingTokenBudget", "Expected `int`"),
+    ("name: a\nbriefingTokenBudget: 12.5", "briefingTokenBudget", "Expected `int`"),
+    ("name: a\nbriefingTokenBudget: true", "briefingTokenBudget", "Expected `int`"),
+    ("name: a\nbriefingTokenBudget: -1", "briefingTokenBudget", ">= 0"),
+    ("name: a\nlearningRate: 3", "learningRate", "Expected `str`"),
+    ("name: a\nlearningRate: Moderate", "learningRate", "Invalid enum value 'Moderate'"),
+    ("name: a\nlearningRate: null", "learningRate", "Expected `str`"),
+    ("name: a\nknowledgeScopes: [1, 2]", "knowledgeScopes", "Expected `str`"),
+    ("name: a\nknowledgeScopes: {a: b}", "knowledgeScopes", "Expected `array`"),
+    ("name: a\nknowledgeScopes: null", "knowledgeScopes", "Expected `array`"),
+])
+def test_every_field_rejects_values_of_the_wrong_kind(tmp_path, front, field, why):
+    path = agent_file(tmp_path, "bad.md", front)
+    with pytest.raises(AgentFileError) as info:
+        load_agents(tmp_path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: ") and f"$.{field}" in message and why in message, message
+
+
+@pytest.mark.parametrize(("line", "value"), [
+    ("maxEpisodes: 0", 0), ("briefingTokenBudget: 0", 0), ("learningRate: conservative", LearningRate.CONSERVATIVE),
+    ("episodic: yes", True),  # YAML 1.1 booleans, as PyYAML reads them
+])
+def test_edge_values_are_accepted(tmp_path, line, value):
+    spec = parse_agent_file(agent_file(tmp_path, "ok.md", f"name: ok\n{line}"))
+    field = {"maxEpisodes": "max_episodes", "briefingTokenBudget": "briefing_token_budget",
+             "learningRate": "learning_rate", "episodic": "episodic"}[line.split(":")[0]]
+    assert getattr(spec, field) == value

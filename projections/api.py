@@ -1,0 +1,259 @@
+"""The read API: one table of routes, served over HTTP by the projector and called in-process otherwise.
+
+DuckDB lets one process hold the file, so while the projector runs every read goes through it
+(``projections/projector.py`` mounts ``ROUTES`` on 127.0.0.1 and describes them at
+``GET /openapi.json``); when nothing runs, ``somnus.reads`` opens the file read-only and calls the
+same ``ReadService`` method. Either way the answer is the same JSON.
+
+Every agent-facing read takes the reading agent and returns only its scope chain
+(``projections/knowledge_store.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+import duckdb
+import msgspec
+
+from processors.injection import inject
+from projections import queries
+from projections.knowledge_store import DuckDBBackend, KnowledgeStore
+from schemas.briefing import BriefingGenerated, BriefingServed
+from somnus.agents import AgentSpec
+
+
+class NotFound(LookupError):
+    """The thing asked for does not exist (HTTP 404)."""
+
+
+class BadRequest(ValueError):
+    """A parameter is missing or malformed (HTTP 400); the message names it."""
+
+
+def _time(value: Any, name: str) -> datetime | None:
+    if value in (None, ""):
+        return None
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        raise BadRequest(f"parameter `{name}`: not an ISO 8601 time: {value!r}") from None
+
+
+def _int(value: Any, name: str, default: int, lo: int = 1, hi: int = 100_000) -> int:
+    if value in (None, ""):
+        return default
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        raise BadRequest(f"parameter `{name}`: not an integer: {value!r}") from None
+    if not lo <= n <= hi:
+        raise BadRequest(f"parameter `{name}`: {n} is outside [{lo}, {hi}]")
+    return n
+
+
+def _rows(cur: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
+    cols = [d[0] for d in cur.description]
+    return [dict(zip(cols, r)) for r in cur.fetchall()]
+
+
+def _jsonable(obj: Any) -> Any:
+    return msgspec.to_builtins(obj)
+
+
+@dataclass
+class ReadService:
+    """The reads, over one connection; ``briefings`` is the projector's in-memory cache when it has one."""
+
+    con: duckdb.DuckDBPyConnection
+    agents: Mapping[str, AgentSpec]
+    briefings: Mapping[str, BriefingGenerated] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    # Called with a BriefingServed when a briefing is injected for a named session (the projector
+    # publishes it on the facts topic, so utilisation is counted from the log).
+    on_served: Callable[[BriefingServed], None] | None = None
+
+    @property
+    def store(self) -> KnowledgeStore:
+        return KnowledgeStore(DuckDBBackend(self.con), dict(self.agents))
+
+    # ---- briefings ----
+    def _briefing(self, agent: str) -> BriefingGenerated | None:
+        if self.briefings is not None:
+            return self.briefings.get(agent)
+        from projections.briefings import _from_row
+
+        cur = self.con.execute("SELECT * FROM briefings WHERE agent = ?", [agent])
+        cols = [d[0] for d in cur.description]
+        row = cur.fetchone()
+        return _from_row(dict(zip(cols, row))) if row else None
+
+    def briefing(self, agent: str) -> dict[str, Any]:
+        b = self._briefing(agent)
+        if b is None:
+            return {"agent": agent, "briefing": None}
+        return {"agent": agent, "briefing": _jsonable(b)}
+
+    def inject(self, agent: str, prompt: Any = None, session_id: Any = None) -> dict[str, Any]:
+        if not isinstance(prompt, str):
+            raise BadRequest("body field `prompt`: a string (the system prompt) is required")
+        if session_id is not None and not isinstance(session_id, str):
+            raise BadRequest("body field `session_id`: a string (the session about to start) or absent")
+        b = self._briefing(agent)
+        markdown = b.markdown if b is not None and b.markdown else None
+        if markdown and session_id and self.on_served is not None:
+            assert b is not None
+            self.on_served(BriefingServed(schema_version=1, briefing_id=b.briefing_id, agent=agent,
+                                          session_id=session_id, served_at=datetime.now(timezone.utc),
+                                          facts=b.facts))
+        return {"agent": agent, "briefing_id": b.briefing_id if markdown else None,
+                "prompt": inject(markdown, prompt)}
+
+    # ---- knowledge ----
+    def facts(self, agent: str, as_of: Any = None, limit: Any = None, predicate: Any = None,
+              entity: Any = None) -> list[Any]:
+        return _jsonable(self.store.facts(agent, as_of=_time(as_of, "as_of"), limit=_int(limit, "limit", 50),
+                                          predicate=predicate or None, entity=entity or None))
+
+    def entities(self, agent: str, type: Any = None, limit: Any = None) -> list[Any]:
+        return _jsonable(self.store.entities(agent, type=type or None, limit=_int(limit, "limit", 100)))
+
+    def history(self, agent: str, entity: Any = None) -> list[Any]:
+        if not entity:
+            raise BadRequest("parameter `entity`: an entity id such as `tool:book_reservation` is required")
+        return _jsonable(self.store.history(agent, str(entity)))
+
+    # ---- operators ----
+    def memory(self, top: Any = None) -> dict[str, Any]:
+        """Memory status: graph size, briefing cache, knowledge utilisation, delegation success."""
+        from processors.swarm import event_from_row, facts_used, failing_pairs, tally_delegations, utilisation
+
+        n = _int(top, "top", 5, hi=1000)
+        one = lambda sql: self.con.execute(sql).fetchone()  # noqa: E731
+        cache = one("SELECT count(*), count(*) FILTER (markdown <> ''), max(generated_at) FROM briefings")
+        graph = one("SELECT (SELECT count(*) FROM entities), count(*) FILTER (valid_to IS NULL), count(*) "
+                    "FROM triples")
+        results = self.con.execute(
+            "SELECT agent, payload->>'to_agent', payload->>'outcome' FROM events WHERE type = 'delegation_result' "
+            "ORDER BY ts, event_id").fetchall()
+        tallies = tally_delegations({}, [(a, b, o) for a, b, o in results])
+        pairs = sorted(tallies.values(), key=lambda t: (t.success_rate, -t.results, t.delegator, t.delegatee))
+        # Utilisation from the served records (the log) and the events of those sessions.
+        served_rows = _rows(self.con.execute(
+            "SELECT briefing_id, agent, session_id, served_at, facts FROM briefings_served "
+            "ORDER BY served_at DESC LIMIT 2000"))
+        from projections.writer import decode_served
+
+        served = [decode_served(msgspec.json.encode({**r, "schema_version": 1, "served_at": r["served_at"],
+                                                     "facts": msgspec.json.decode(r["facts"])}))
+                  for r in served_rows]
+        used = []
+        if served:
+            events = _rows(self.con.execute(
+                "SELECT event_id::VARCHAR AS event_id, schema_version, ts, agent, session_id, seq, type, payload "
+                "FROM events WHERE (agent, session_id) IN (SELECT (unnest(?::VARCHAR[]), unnest(?::VARCHAR[])))",
+                [[x.agent for x in served], [x.session_id for x in served]]))
+            typed = [event_from_row(e) for e in events]
+            for record in served:
+                used += facts_used(record, typed)
+        util = sorted(utilisation(served, used).values(), key=lambda u: (-u.rate, -u.facts_used, u.agent))
+        return {
+            "episodes": one("SELECT count(*) FROM episodes")[0],
+            "graph": {"entities": graph[0], "active_triples": graph[1], "triples": graph[2]},
+            "briefings": {"agents": cache[0], "non_empty": cache[1], "newest": cache[2]},
+            "last_consolidation": None,  # no sleep job has run (issue 8)
+            "utilisation": [msgspec.to_builtins(u) for u in util[:n]],
+            "delegations": [{"delegator": t.delegator, "delegatee": t.delegatee, "results": t.results,
+                             "success_rate": round(t.success_rate, 3), "failing": t.failing} for t in pairs[:n]],
+            "failing_delegations": [f"{t.delegator}->{t.delegatee}" for t in failing_pairs(tallies)],
+        }
+
+    # ---- analysts ----
+    def sql(self, sql: Any = None, params: Any = None) -> dict[str, Any]:
+        if not isinstance(sql, str):
+            raise BadRequest("body field `sql`: a SELECT statement is required")
+        return queries.run_sql(self.con, sql, params or None)
+
+    def summary(self) -> dict[str, Any]:
+        return queries.summary(self.con)
+
+    def checksum(self) -> dict[str, Any]:
+        return {"checksum": queries.checksum(self.con), "tables": queries.table_checksums(self.con)}
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str  # GET (query parameters) or POST (JSON body)
+    path: str  # {agent} is the only path parameter
+    handler: str  # the ReadService method
+    summary: str
+    params: tuple[tuple[str, str, str], ...] = ()  # (name, JSON type, description)
+
+
+ROUTES: tuple[Route, ...] = (
+    Route("GET", "/agents/{agent}/briefing", "briefing", "The agent's cached briefing (null when it has none)."),
+    Route("POST", "/agents/{agent}/inject", "inject",
+          "The system prompt with the agent's briefing prepended between delimiters (unchanged without one).",
+          (("prompt", "string", "the system prompt"),
+           ("session_id", "string", "the session about to start: recorded, so utilisation can be counted"))),
+    Route("GET", "/agents/{agent}/facts", "facts", "Facts of the agent's scope chain, highest confidence first.",
+          (("as_of", "string", "ISO 8601 time: the facts active then"), ("limit", "integer", "default 50"),
+           ("predicate", "string", "only this predicate"), ("entity", "string", "only facts about this entity id"))),
+    Route("GET", "/agents/{agent}/entities", "entities", "Entities of the agent's scope chain, most mentioned first.",
+          (("type", "string", "only this entity type"), ("limit", "integer", "default 100"))),
+    Route("GET", "/agents/{agent}/history", "history", "Every change to facts about an entity in the scope chain.",
+          (("entity", "string", "an entity id, e.g. tool:book_reservation"),)),
+    Route("POST", "/sql", "sql", "A read-only SELECT over every projection (not scoped).",
+          (("sql", "string", "the query; ? placeholders"), ("params", "array", "values of the placeholders"))),
+    Route("GET", "/memory", "memory", "Memory status: graph size, briefing cache, utilisation, delegation success.",
+          (("top", "integer", "how many agents / pairs to list (default 5)"),)),
+    Route("GET", "/summary", "summary", "Row counts, projected offsets and dead letters by kind."),
+    Route("GET", "/checksum", "checksum", "The content checksum of every projection."),
+)
+
+EXTRA_ROUTES: list[Route] = []  # capabilities add their reads here (see register)
+
+
+def register(route: Route, method: Callable[..., Any]) -> None:
+    """Add a read: ``method(service, agent?, **params)`` becomes ``ReadService.<route.handler>``."""
+    setattr(ReadService, route.handler, method)
+    EXTRA_ROUTES.append(route)
+
+
+def all_routes() -> list[Route]:
+    return [*ROUTES, *EXTRA_ROUTES]
+
+
+def call(service: ReadService, route: Route, agent: str | None, params: Mapping[str, Any]) -> Any:
+    """Run ``route`` on ``service`` with the request's parameters (unknown ones are an error)."""
+    allowed = {p[0] for p in route.params}
+    unknown = sorted(set(params) - allowed)
+    if unknown:
+        raise BadRequest(f"unknown parameter(s) for {route.path}: {', '.join(unknown)}")
+    method = getattr(service, route.handler)
+    return method(agent, **params) if "{agent}" in route.path else method(**params)
+
+
+def openapi() -> dict[str, Any]:
+    """An OpenAPI 3.1 description of every route."""
+    paths: dict[str, Any] = {}
+    for r in all_routes():
+        op: dict[str, Any] = {"summary": r.summary, "operationId": r.handler,
+                              "responses": {"200": {"description": "JSON"}, "400": {"description": "bad parameter"},
+                                            "404": {"description": "not found"}}}
+        parameters = []
+        if "{agent}" in r.path:
+            parameters.append({"name": "agent", "in": "path", "required": True, "schema": {"type": "string"}})
+        if r.method == "GET":
+            parameters += [{"name": n, "in": "query", "required": False, "schema": {"type": t}, "description": d}
+                           for n, t, d in r.params]
+        elif r.params:
+            op["requestBody"] = {"required": True, "content": {"application/json": {"schema": {
+                "type": "object", "properties": {n: {"type": t, "description": d} for n, t, d in r.params}}}}}
+        if parameters:
+            op["parameters"] = parameters
+        paths.setdefault(r.path, {})[r.method.lower()] = op
+    return {"openapi": "3.1.0", "info": {"title": "Somnus read API", "version": "1"}, "paths": paths}

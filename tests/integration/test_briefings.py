@@ -1,0 +1,107 @@
+"""Briefings end to end: real broker, Faust worker, projector (HTTP) and the CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from somnus import client
+from somnus.reads import read
+from tests.pipeline import Pipeline, wait_until
+
+pytestmark = pytest.mark.integration
+
+T0 = datetime(2024, 6, 3, 9, 0, tzinfo=timezone.utc)
+
+
+def _rate_limited_session(agent: str, n: int) -> list[dict]:
+    """A session of ``agent`` that hits a 429 on api.example.com, backs off, and succeeds."""
+    sid = f"{agent}-rl-{n}"
+    t = T0 + timedelta(hours=n)
+    evs = []
+
+    def add(type_: str, payload: dict, dt: float = 1.0) -> None:
+        nonlocal t
+        evs.append({"event_id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"{sid}/{len(evs)}")), "schema_version": 1,
+                    "ts": t.isoformat(), "agent": agent, "session_id": sid, "seq": len(evs), "type": type_,
+                    "payload": payload})
+        t += timedelta(seconds=dt)
+
+    add("session_start", {"task": "collect pricing pages", "goal": "prices by noon"})
+    add("tool_call", {"tool": "http_get", "call_id": "c0", "args": {"url": "https://api.example.com/prices"}})
+    add("tool_result", {"call_id": "c0", "tool": "http_get", "ok": False, "http_status": 429,
+                        "error": "Too Many Requests", "headers": {"Retry-After": "4"}}, dt=4.0)
+    add("tool_call", {"tool": "http_get", "call_id": "c1", "args": {"url": "https://api.example.com/prices"}})
+    add("tool_result", {"call_id": "c1", "tool": "http_get", "ok": True, "http_status": 200, "output": "ok"})
+    add("session_end", {"outcome": "success"})
+    return evs
+
+
+def _plain_session(agent: str, n: int) -> list[dict]:
+    sid = f"{agent}-plain-{n}"
+    t = T0 + timedelta(hours=n)
+    base = {"schema_version": 1, "agent": agent, "session_id": sid}
+    return [
+        {**base, "event_id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"{sid}/0")), "ts": t.isoformat(), "seq": 0,
+         "type": "session_start", "payload": {"task": "routine check"}},
+        {**base, "event_id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"{sid}/1")),
+         "ts": (t + timedelta(seconds=5)).isoformat(), "seq": 1, "type": "session_end",
+         "payload": {"outcome": "success"}},
+    ]
+
+
+def test_a_lesson_reaches_the_agent_then_its_teammate_once_team_scoped_and_never_another_team(pipeline_settings):
+    # Built-in fleet: scraper and researcher report to research-lead; deployer to ops-lead.
+    p = Pipeline(pipeline_settings)
+    s = p.s
+    try:
+        p.start_all()
+        p.publish([e for n in range(3) for e in _rate_limited_session("scraper", n)]
+                  + _plain_session("researcher", 0) + _plain_session("deployer", 0))
+        p.wait_idle()
+        lesson = "http_get: rate limit encountered; exponential backoff resolved it"
+        scraper = client.briefing("scraper", settings=s)  # through the running projector (HTTP)
+        assert scraper is not None and lesson in scraper
+        assert "api.example.com" in scraper  # its private fact about the API
+        for other in ("researcher", "deployer"):
+            assert "api.example.com" not in (client.briefing(other, settings=s) or "")
+
+        # The next session of scraper gets the lesson injected, fenced off, and the serving is recorded.
+        prompt = client.inject("scraper", "You are the scraper.", session_id="scraper-next", settings=s)
+        assert prompt.startswith("⟦BEGIN PRIOR EXPERIENCE") and lesson in prompt
+        assert prompt.endswith("\n\nYou are the scraper.")
+        assert client.inject("deployer", "You deploy.", settings=s).find("api.example.com") == -1
+
+        # Promote the rate-limit fact to the team by hand (an event on the facts topic).
+        facts = read(s.db_path, "facts", "scraper", agents_dir=s.agents_dir, predicate="rate_limit")
+        assert facts, "the extractor made a rate_limit fact from the Retry-After header"
+        f = facts[0]
+        env = {**p.s.as_env(), "KAFKA_BOOTSTRAP": p.boot}
+        run = subprocess.run([sys.executable, "-m", "somnus.cli", "promote", f["source"], "rate_limit", f["target"],
+                              "--to", "team"], env=env, capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stderr
+        assert "agent:scraper -> team:research-lead" in run.stdout
+
+        def teammate_knows() -> bool:
+            return "api.example.com" in (client.briefing("researcher", settings=s) or "")
+
+        wait_until(teammate_knows, timeout_s=60, what="researcher's briefing to show the team fact")
+        assert "api.example.com" not in (client.briefing("deployer", settings=s) or "")
+        team_fact = read(s.db_path, "facts", "researcher", agents_dir=s.agents_dir, predicate="rate_limit")
+        assert [x["scope"] for x in team_fact] == ["team:research-lead"]
+
+        # The HTTP API describes itself, and status shows the cache and the served record.
+        st = json.loads(subprocess.run([sys.executable, "-m", "somnus.cli", "status", "--json"], env=env,
+                                       capture_output=True, text=True, timeout=120).stdout)
+        assert st["memory"]["briefings"]["agents"] >= 3
+        served = read(s.db_path, "sql", sql="SELECT agent, session_id FROM briefings_served")
+        assert served["rows"] == [["scraper", "scraper-next"]]
+        promotions = read(s.db_path, "sql", sql="SELECT reason, from_scope, to_scope FROM promotions")
+        assert promotions["rows"] == [["manual", "agent:scraper", "team:research-lead"]]
+    finally:
+        p.stop_all()

@@ -1,0 +1,127 @@
+"""The briefing cache kept by the projector (real DuckDB file; records built here, no broker)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timezone
+
+import duckdb
+import orjson
+import pytest
+
+from processors.distiller import distill
+from processors.extraction import TraceExtractor
+from projections import api, queries, schema
+from projections.writer import Seen, Topics, apply_batch, load_offsets
+from schemas.codec import decode_trace, encode
+from schemas.facts import FactAsserted, FactsExtracted
+from somnus.agents import load_agents
+from somnus.sample import generate
+from tests.records import Rec
+
+TOPICS = Topics("traces", "episodes", "dead-letters", "facts")
+AGENTS = load_agents()  # the built-in fleet: research-lead <- researcher, scraper; ops-lead <- deployer, support
+
+
+@pytest.fixture(scope="module")
+def records() -> list[Rec]:
+    events = [decode_trace(orjson.dumps(e), 1 << 20) for e in generate(sessions=120, seed=4)]
+    episodes = distill({}, events).episodes
+    extracted = TraceExtractor().extract(episodes)
+    eps = [Rec("episodes", 0, i, encode(ep)) for i, ep in enumerate(episodes)]
+    facts = [Rec("facts", 0, i, encode(f)) for i, f in enumerate(extracted)]
+    # interleave as the projector would read two topics
+    out = []
+    for i in range(max(len(eps), len(facts))):
+        out += eps[i:i + 1] + facts[i:i + 1]
+    return out
+
+
+def _db(tmp_path, name):
+    con = duckdb.connect(str(tmp_path / name))
+    schema.init(con)
+    return con
+
+
+def _project(con, chunks, restart_each_batch=False):
+    seen = Seen(con, AGENTS)
+    results = []
+    for chunk in chunks:
+        if restart_each_batch:
+            seen = Seen(con, AGENTS)
+        results.append(apply_batch(con, TOPICS, chunk, load_offsets(con), 1 << 20, seen))
+    return seen, results
+
+
+def test_every_agent_with_episodes_gets_a_briefing_with_its_lessons(tmp_path, records):
+    con = _db(tmp_path, "a.duckdb")
+    seen, _ = _project(con, [records])
+    rows = dict(con.execute("SELECT agent, markdown FROM briefings").fetchall())
+    agents_with_episodes = {a for (a,) in con.execute("SELECT DISTINCT agent FROM episodes").fetchall()}
+    assert set(rows) == agents_with_episodes
+    for agent, md in rows.items():
+        assert md.startswith(f"## Session Briefing for {agent}\n")
+        newest_failure = con.execute("SELECT text FROM lessons WHERE agent = ? AND kind = 'failure' "
+                                     "ORDER BY learned_at DESC LIMIT 1", [agent]).fetchone()
+        if newest_failure:
+            assert newest_failure[0][:60] in md
+        assert len(md) <= AGENTS[agent].briefing_token_budget
+    assert {a: b.markdown for a, b in seen.briefings.current.items()} == rows  # cache in step with the table
+
+
+def test_the_final_briefings_do_not_depend_on_batching_or_restarts(tmp_path, records):
+    one = _db(tmp_path, "one.duckdb")
+    _project(one, [records])
+    many = _db(tmp_path, "many.duckdb")
+    r = records
+    _project(many, [r[:3], r[3:40], r[40:41], r[41:150], r[150:]], restart_each_batch=True)
+    assert queries.table_checksums(one)["briefings"] == queries.table_checksums(many)["briefings"]
+
+
+def _facts(agent: str, scope: str | None, n: int, at: datetime) -> Rec:
+    fx = FactsExtracted(schema_version=1, episode_id=uuid.UUID(int=10_000 + n), agent=agent, observed_at=at,
+                        extractor="test/1", facts=[FactAsserted(
+                            source="api.example.com", source_type="api", predicate="rate_limit", target="10/s",
+                            target_type="rate", confidence=0.95, scope=scope)])
+    return Rec("facts", 0, 100_000 + n, encode(fx))
+
+
+def test_a_team_fact_reaches_teammates_and_not_other_teams_and_unaffected_agents_are_skipped(tmp_path, records):
+    con = _db(tmp_path, "t.duckdb")
+    seen, _ = _project(con, [records])
+    before = dict(con.execute("SELECT agent, briefing_id FROM briefings").fetchall())
+    at = datetime(2030, 1, 1, tzinfo=timezone.utc)
+    # scraper's private fact: only scraper's briefing changes
+    _, (res,) = _project_with(con, seen, [_facts("scraper", None, 1, at)])
+    assert [b.agent for b in res.briefings] == ["scraper"]
+    # the same fact in the research team's scope: researcher and scraper (team members) see it; ops do not
+    _, (res,) = _project_with(con, seen, [_facts("scraper", "team:research-lead", 2, at)])
+    assert "researcher" in {b.agent for b in res.briefings} <= {"researcher", "scraper"}
+    md = dict(con.execute("SELECT agent, markdown FROM briefings").fetchall())
+    assert "api.example.com rate_limit 10/s" in md["researcher"] and "api.example.com" in md["scraper"]
+    for other in ("deployer", "support", "ops-lead"):
+        if other in md:
+            assert "api.example.com" not in md[other]
+            assert md[other] is not None and before[other] == con.execute(
+                "SELECT briefing_id FROM briefings WHERE agent = ?", [other]).fetchone()[0]
+
+
+def _project_with(con, seen, chunk):
+    return seen, [apply_batch(con, TOPICS, chunk, load_offsets(con), 1 << 20, seen)]
+
+
+def test_inject_fences_the_cached_briefing_and_leaves_prompts_of_agents_without_one_alone(tmp_path, records):
+    con = _db(tmp_path, "i.duckdb")
+    seen, _ = _project(con, [records])
+    live = api.ReadService(con, AGENTS, briefings=seen.briefings.current)
+    cold = api.ReadService(con, AGENTS)  # as a reader with the file opened directly
+    agent = next(iter(seen.briefings.current))
+    for service in (live, cold):
+        out = service.inject(agent, prompt="You are helpful.")
+        assert out["prompt"].startswith("⟦BEGIN PRIOR EXPERIENCE ") and out["prompt"].endswith("\nYou are helpful.")
+        assert out["briefing_id"] == seen.briefings.current[agent].briefing_id
+        assert service.inject("nobody", prompt="P")["prompt"] == "P"
+        assert service.briefing("nobody") == {"agent": "nobody", "briefing": None}
+    assert live.briefing(agent) == cold.briefing(agent)
+    with pytest.raises(api.BadRequest, match="prompt"):
+        live.inject(agent)

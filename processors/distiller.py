@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from schemas.causal import event_signature
 from schemas.episodes import CallSeen, Delegation, EpisodeDistilled, ErrorSeen, Lesson, LessonKind, episode_id_for
 from schemas.events import (
     SCHEMA_VERSION,
@@ -173,16 +174,17 @@ def _apply(s: SessionState, ev: TraceEvent) -> None:
     elif isinstance(ev, ToolCalled):
         s.tool_calls += 1
         s.pending[p.call_id] = PendingCall(tool=p.tool, ts=ev.ts, index=_add_call(s, CallSeen(
-            tool=p.tool, hosts=url_hosts(p.args))))
+            tool=p.tool, hosts=url_hosts(p.args), at=ev.ts, signature=event_signature(p.tool, p.args))))
         if p.tool not in s.tools and len(s.tools) < MAX_TOOLS:
             s.tools.append(p.tool)
     elif isinstance(ev, ToolReturned):
         call = s.pending.pop(p.call_id, None)
         tool = p.tool or (call.tool if call else "unknown_tool")
         seen = CallSeen(tool=tool, ok=p.ok, error=None if p.ok else error_text(p.error, p.http_status),
-                        http_status=p.http_status, rate_headers=rate_headers(p.headers))
+                        http_status=p.http_status, rate_headers=rate_headers(p.headers), at=ev.ts)
         if call is not None and call.index >= 0:
-            s.calls[call.index] = msgspec.structs.replace(seen, hosts=s.calls[call.index].hosts)
+            made = s.calls[call.index]  # what the call itself told: hosts, time, signature
+            s.calls[call.index] = msgspec.structs.replace(seen, hosts=made.hosts, at=made.at, signature=made.signature)
         elif call is None:
             _add_call(s, seen)  # a result whose call we never saw
         if p.ok:

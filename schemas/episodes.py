@@ -49,7 +49,8 @@ class CallSeen(msgspec.Struct, frozen=True, omit_defaults=True):
     """One tool call as the session saw it, in call order: what knowledge extraction reads.
 
     ``hosts`` are the hosts of URL arguments; ``rate_headers`` keeps only ``Retry-After`` and
-    ``X-RateLimit-*`` response headers (names lower-cased)."""
+    ``X-RateLimit-*`` response headers (names lower-cased); ``at`` and ``signature`` are what the
+    NAc and the SCN learn from (when and what kind of call)."""
 
     tool: str
     ok: bool | None = None  # None: no result arrived before the session ended
@@ -57,6 +58,9 @@ class CallSeen(msgspec.Struct, frozen=True, omit_defaults=True):
     http_status: int | None = None
     hosts: list[str] = []
     rate_headers: dict[str, str] = {}
+    # Added within v1 (optional, so older episodes still decode):
+    at: datetime | None = None  # the call's event time (of its result, for a result without a call)
+    signature: str | None = None  # schemas.causal.event_signature(tool, args); None: the args are unknown
 
 
 class Delegation(msgspec.Struct, frozen=True, omit_defaults=True):

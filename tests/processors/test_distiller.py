@@ -9,6 +9,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -25,6 +26,7 @@ from processors.distiller import (
     is_rate_limit,
     session_key,
 )
+from schemas.causal import event_signature
 from schemas.codec import Rejection, decode_trace, encode
 from schemas.episodes import EpisodeDistilled, LessonKind, episode_id_for
 from schemas.events import (
@@ -75,8 +77,8 @@ class Trace:
     def say(self, text: str, at: float) -> Trace:
         return self._add(AgentMessaged, Message(text=text), at)
 
-    def call(self, tool: str, call_id: str, at: float) -> Trace:
-        return self._add(ToolCalled, ToolCall(tool=tool, call_id=call_id), at)
+    def call(self, tool: str, call_id: str, at: float, args: dict[str, Any] | None = None) -> Trace:
+        return self._add(ToolCalled, ToolCall(tool=tool, call_id=call_id, args=args or {}), at)
 
     def ok(self, call_id: str, at: float, tool: str | None = None) -> Trace:
         return self._add(ToolReturned, ToolResult(call_id=call_id, ok=True, tool=tool), at)
@@ -239,6 +241,33 @@ def test_the_episode_carries_the_session_facts():
     assert (ep.first_event_id, ep.last_event_id) == (t.events[0].event_id, t.events[-1].event_id)
     assert ep.summary == ("success:   please refund order 1042 | 1 tool calls (1 tools), 0 errors (0 unresolved), "
                           "2 messages, 0 delegations, 60s")
+
+
+def test_each_call_carries_its_time_and_event_signature():
+    t = (Trace().start().call("get_reservation", "c1", 3, {"reservation_id": "JG7FMM"}).ok("c1", 4)
+         .call("get_reservation", "c2", 7, {"reservation_id": "LQ940Q"}).fail("c2", 9, "Error: not found")
+         .call("book", "c3", 11, {"cabin": "economy"}).fail("zz", 12, "boom", tool="book")
+         .call("notify", "c4", 13).end(Outcome.FAILURE, 20))
+    ep = only_episode(t.events)
+    assert [(c.tool, c.ok, c.at) for c in ep.calls] == [
+        ("get_reservation", True, T0 + timedelta(seconds=3)), ("get_reservation", False, T0 + timedelta(seconds=7)),
+        ("book", None, T0 + timedelta(seconds=11)),  # no result yet: the time of the call
+        ("book", False, T0 + timedelta(seconds=12)),  # a result whose call was never seen: its own time
+        ("notify", None, T0 + timedelta(seconds=13))]
+    sigs = [c.signature for c in ep.calls]
+    # the same call with another id has the same signature; a result without its call has none
+    assert sigs[0] == sigs[1] == event_signature("get_reservation", {"reservation_id": "anything"})
+    assert sigs[2] == event_signature("book", {"cabin": "economy"}) and sigs[4] == event_signature("notify", {})
+    assert sigs[3] is None
+
+
+def test_an_episode_from_before_call_times_and_signatures_still_decodes():
+    ep = only_episode(Trace().start().call("x", "c1", 1).ok("c1", 2).end(Outcome.SUCCESS, 3).events)
+    old = orjson.loads(encode(ep))
+    for call in old["calls"]:
+        del call["at"], call["signature"]
+    back = msgspec.json.decode(orjson.dumps(old), type=EpisodeDistilled)
+    assert [(c.tool, c.ok, c.at, c.signature) for c in back.calls] == [("x", True, None, None)]
 
 
 def test_started_and_ended_are_the_earliest_and_latest_times_not_the_first_and_last_events():

@@ -31,7 +31,7 @@ from processors.distiller import distill
 from schemas import codec
 from schemas.codec import decode_episode, decode_trace, encode
 from schemas.episodes import Delegation as EpisodeDelegation
-from schemas.episodes import EpisodeDistilled, ErrorSeen, Lesson, LessonKind, episode_id_for
+from schemas.episodes import CallSeen, EpisodeDistilled, ErrorSeen, Lesson, LessonKind, episode_id_for
 from schemas.events import (
     EVENT_TYPES,
     SCHEMA_VERSION,
@@ -448,6 +448,7 @@ def test_a_distilled_episode_with_every_optional_part_matches_the_contract():
     assert [e.resolved for e in episode.errors] == [True, False]
     assert episode.errors[0].http_status == 429 and episode.delegations[0].outcome is Outcome.FAILURE
     assert episode.episode_id == episode_id_for("ops-lead", "s-full")
+    assert all(c.at is not None and c.signature is not None for c in episode.calls)
     _assert_episode_round_trips(episode)
 
 
@@ -491,7 +492,8 @@ def test_the_schema_defines_no_payload_without_an_event_type():
     (Lesson, EPISODE_SCHEMA["$defs"]["lesson"]),
     (ErrorSeen, EPISODE_SCHEMA["$defs"]["error"]),
     (EpisodeDelegation, EPISODE_SCHEMA["$defs"]["delegation"]),
-], ids=["episode", "lesson", "error", "delegation"])
+    (CallSeen, EPISODE_SCHEMA["$defs"]["call"]),
+], ids=["episode", "lesson", "error", "delegation", "call"])
 def test_the_episode_schema_matches_the_structs(cls, node):
     names, required = _fields(cls)
     assert set(node["properties"]) == names

@@ -126,6 +126,50 @@ class ReadService:
             raise BadRequest("parameter `entity`: an entity id such as `tool:book_reservation` is required")
         return _jsonable(self.store.history(agent, str(entity)))
 
+    # ---- outcomes and rhythms (NAc, SCN) ----
+    def predict(self, tool: Any = None, args: Any = None, agent: Any = None, hour: Any = None) -> dict[str, Any]:
+        """Likely outcomes of calling ``tool`` with ``args`` (JSON object; absent: the tool as a whole)."""
+        import json
+
+        from projections.causal import predict_from
+
+        if not tool:
+            raise BadRequest("parameter `tool`: the tool about to be called is required")
+        params = None
+        if args not in (None, ""):
+            try:
+                params = json.loads(args) if isinstance(args, str) else args
+            except ValueError:
+                raise BadRequest(f"parameter `args`: not JSON: {str(args)[:80]!r}") from None
+            if not isinstance(params, dict):
+                raise BadRequest("parameter `args`: a JSON object of the call's arguments")
+        context = {k: str(v) for k, v in (("agent", agent), ("hour", hour)) if v not in (None, "")}
+        return _jsonable(predict_from(self.con, str(tool), params, context or None))
+
+    def tools(self) -> list[dict[str, Any]]:
+        """Exact calls and errors per tool (counts behind the tool-level links)."""
+        return _rows(self.con.execute("SELECT tool, calls, errors, round(error_rate, 4) AS error_rate "
+                                      "FROM tool_outcomes ORDER BY error_rate DESC, tool"))
+
+    def rhythms(self, agent: str, hours: Any = None, days: Any = None, top: Any = None) -> list[dict[str, Any]]:
+        """What usually happens at these local hours (``hours`` "9" or "8,9,10"; ``days`` "weekdays",
+        "weekend" or "0,1": Monday is 0)."""
+        from processors.scn import WEEKDAYS, WEEKEND, TemporalIndex
+        from schemas.causal import TemporalBinCounted
+
+        try:
+            hs = [int(h) for h in str(hours).split(",")] if hours not in (None, "") else list(range(24))
+            ds = (None if days in (None, "") else list(WEEKDAYS) if days == "weekdays" else list(WEEKEND)
+                  if days == "weekend" else [int(d) for d in str(days).split(",")])
+        except ValueError:
+            raise BadRequest("parameters `hours` / `days`: comma-separated integers (days also weekdays|weekend)") \
+                from None
+        cells = self.con.execute("SELECT agent, kind, bin_kind, bin, count, successes, failures FROM temporal_bins "
+                                 "WHERE agent = ? AND bin_kind IN ('hour', 'weekhour')", [agent]).fetchall()
+        index = TemporalIndex.from_deltas(TemporalBinCounted(*c) for c in cells)
+        return [{**_jsonable(k), "success_rate": k.success_rate}
+                for k in index.usual_at(agent, hs, ds, top=_int(top, "top", 5))]
+
     # ---- operators ----
     def memory(self, top: Any = None) -> dict[str, Any]:
         """Memory status: graph size, briefing cache, knowledge utilisation, delegation success."""
@@ -208,6 +252,13 @@ ROUTES: tuple[Route, ...] = (
           (("entity", "string", "an entity id, e.g. tool:book_reservation"),)),
     Route("POST", "/sql", "sql", "A read-only SELECT over every projection (not scoped).",
           (("sql", "string", "the query; ? placeholders"), ("params", "array", "values of the placeholders"))),
+    Route("GET", "/predict", "predict", "Likely outcomes of a call before it is made (NAc causal links).",
+          (("tool", "string", "the tool"), ("args", "string", "the call's arguments, a JSON object"),
+           ("agent", "string", "context: the calling agent"), ("hour", "string", "context: local hour, 00-23"))),
+    Route("GET", "/tools", "tools", "Exact calls and errors per tool."),
+    Route("GET", "/agents/{agent}/rhythms", "rhythms", "What usually happens at given local hours (SCN bins).",
+          (("hours", "string", "e.g. 9 or 8,9,10"), ("days", "string", "weekdays, weekend or 0,1,... (Monday 0)"),
+           ("top", "integer", "default 5"))),
     Route("GET", "/memory", "memory", "Memory status: graph size, briefing cache, utilisation, delegation success.",
           (("top", "integer", "how many agents / pairs to list (default 5)"),)),
     Route("GET", "/summary", "summary", "Row counts, projected offsets and dead letters by kind."),

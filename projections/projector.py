@@ -42,7 +42,7 @@ class Projector:
         self.bootstrap = bootstrap
         self.db_path = Path(db_path or settings.db_path)  # type: ignore[arg-type]
         self.topics = Topics(settings.traces_topic, settings.episodes_topic, settings.dead_letter_topic,
-                             settings.facts_topic)
+                             settings.facts_topic, settings.link_updates_topic)
         self.serve = serve
         self.max_records = max_records
         self.totals = BatchResult()
@@ -108,11 +108,13 @@ class Projector:
         t.lessons += res.lessons
         t.dead_letters += res.dead_letters
         t.facts += res.facts
+        t.link_updates += res.link_updates
         t.skipped_invalid += res.skipped_invalid
 
     async def _partitions(self, consumer: AIOKafkaConsumer) -> list[TopicPartition]:
         tps = []
-        for topic in (self.topics.traces, self.topics.episodes, self.topics.dead_letters, self.topics.facts):
+        for topic in (self.topics.traces, self.topics.episodes, self.topics.dead_letters, self.topics.facts,
+                      self.topics.link_updates):
             tps.extend(TopicPartition(topic, p) for p in await partitions_of(consumer, topic))
         return tps
 

@@ -75,6 +75,27 @@ CREATE TABLE IF NOT EXISTS promotions (
 CREATE TABLE IF NOT EXISTS briefings_served (
     briefing_id VARCHAR NOT NULL, agent VARCHAR NOT NULL, session_id VARCHAR NOT NULL, served_at TIMESTAMPTZ NOT NULL,
     facts JSON NOT NULL, src_offset BIGINT);
+CREATE TABLE IF NOT EXISTS causal_link_updates (
+    event_signature VARCHAR NOT NULL, outcome_signature VARCHAR NOT NULL, level VARCHAR NOT NULL, tool VARCHAR NOT NULL,
+    outcome VARCHAR NOT NULL, valence VARCHAR NOT NULL, agent VARCHAR NOT NULL, episode_id UUID NOT NULL,
+    observed_at TIMESTAMPTZ NOT NULL, src_partition INTEGER NOT NULL, src_offset BIGINT NOT NULL, idx INTEGER NOT NULL,
+    target DOUBLE NOT NULL, alpha DOUBLE NOT NULL, strength_before DOUBLE NOT NULL, strength DOUBLE NOT NULL,
+    observations BIGINT NOT NULL, event_observations BIGINT NOT NULL, confidence DOUBLE NOT NULL);
+CREATE TABLE IF NOT EXISTS causal_links (
+    event_signature VARCHAR NOT NULL, outcome_signature VARCHAR NOT NULL, level VARCHAR NOT NULL, tool VARCHAR NOT NULL,
+    outcome VARCHAR NOT NULL, valence VARCHAR NOT NULL, strength DOUBLE NOT NULL, observations BIGINT NOT NULL,
+    event_observations BIGINT NOT NULL, confidence DOUBLE NOT NULL, updated_at TIMESTAMPTZ NOT NULL,
+    PRIMARY KEY (event_signature, outcome_signature));
+CREATE INDEX IF NOT EXISTS causal_links_by_event ON causal_links (event_signature);
+CREATE TABLE IF NOT EXISTS temporal_bins (
+    agent VARCHAR NOT NULL, kind VARCHAR NOT NULL, bin_kind VARCHAR NOT NULL, bin INTEGER NOT NULL,
+    count BIGINT NOT NULL, successes BIGINT NOT NULL, failures BIGINT NOT NULL,
+    PRIMARY KEY (agent, kind, bin_kind, bin));
+CREATE OR REPLACE VIEW tool_outcomes AS
+    SELECT tool, max(event_observations) AS calls,
+           coalesce(sum(observations) FILTER (outcome <> 'ok'), 0) AS errors,
+           coalesce(sum(observations) FILTER (outcome <> 'ok'), 0) / max(event_observations) AS error_rate
+    FROM causal_links WHERE level = 'tool' GROUP BY tool;
 CREATE OR REPLACE VIEW entities AS
     SELECT * EXCLUDE (rn) FROM (
         SELECT *, row_number() OVER (PARTITION BY entity_id ORDER BY version DESC) AS rn FROM entity_versions)
@@ -108,6 +129,12 @@ CONTENT_COLUMNS: dict[str, list[str]] = {
     "promotions": ["promotion_id", "source", "predicate", "target", "from_scope", "to_scope", "reason",
                    "promoted_at", "confidence", "learning_rate", "threshold", "users", "teams"],
     "briefings_served": ["briefing_id", "agent", "session_id", "served_at", "facts"],
+    "causal_link_updates": ["event_signature", "outcome_signature", "level", "tool", "outcome", "valence", "agent",
+                            "episode_id", "observed_at", "src_partition", "src_offset", "idx", "target", "alpha",
+                            "strength_before", "strength", "observations", "event_observations", "confidence"],
+    "causal_links": ["event_signature", "outcome_signature", "level", "tool", "outcome", "valence", "strength",
+                     "observations", "event_observations", "confidence", "updated_at"],
+    "temporal_bins": ["agent", "kind", "bin_kind", "bin", "count", "successes", "failures"],
     "briefings": ["agent", "briefing_id", "generated_at", "budget", "markdown", "chars", "lessons", "facts",
                   "strategies", "dropped_lessons", "dropped_facts", "dropped_strategies"],
 }

@@ -18,6 +18,7 @@ import msgspec
 import pyarrow as pa
 
 from processors.swarm import promoted_facts
+from projections.causal import add_temporal_bins
 from projections.knowledge import decode_facts
 from schemas.briefing import BriefingServed, FactPromoted
 from schemas.codec import Rejection, decode_episode, decode_record, encode
@@ -51,6 +52,7 @@ class Topics:
     episodes: str
     dead_letters: str
     facts: str = ""  # one partition; folded into the knowledge graph (projections/knowledge.py)
+    link_updates: str = ""  # NAc updates (projections/causal.py)
 
 
 @dataclass
@@ -60,6 +62,7 @@ class BatchResult:
     lessons: int = 0
     dead_letters: int = 0
     facts: int = 0
+    link_updates: int = 0
     skipped_invalid: int = 0  # invalid traces: the worker dead-letters them
     briefings: list[Any] = field(default_factory=list)  # BriefingGenerated written by this batch
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)
@@ -82,6 +85,9 @@ class Seen:
 
         self.knowledge = KnowledgeProjection(con)
         from projections.briefings import BriefingCache
+        from projections.causal import CausalProjection
+
+        self.causal = CausalProjection(con)
 
         self.agents = dict(agents or {})
         self.briefings = BriefingCache(con, self.agents)
@@ -102,6 +108,8 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
     new_dead: set[tuple[str, int, int, int]] = set()
     facts: list[tuple[int, Any]] = []
     promotion_rows: list[dict[str, Any]] = []
+    link_bundles: list[bytes] = []
+    new_eps: list[Any] = []
     served_rows: list[dict[str, Any]] = []
     for rec in records:
         tp = (rec.topic, rec.partition)
@@ -116,6 +124,7 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
             if eid in seen.episodes or eid in new_episodes:
                 continue  # re-emitted by the worker after a restart: same id, same content
             new_episodes.add(eid)
+            new_eps.append(ep)
             ep_rows.append({
                 "episode_id": eid, "agent": ep.agent, "session_id": ep.session_id, "task": ep.task,
                 "goal": ep.goal, "user_id": ep.user_id, "summary": ep.summary, "outcome": ep.outcome.value,
@@ -140,6 +149,8 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
                 served_rows.append(_served_row(decode_served(rec.value or b""), rec.offset))
             else:
                 facts.append((rec.offset, decode_facts(rec.value or b"")))
+        elif rec.topic == topics.link_updates:
+            link_bundles.append(rec.value or b"[]")
         elif rec.topic == topics.dead_letters:
             h = {k: v for k, v in (rec.headers or [])}
             reason = h.get("somnus-reason", b"unknown: no reason header").decode(errors="replace")
@@ -179,6 +190,10 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
             dead_frame = pa.Table.from_pylist(dl_rows, schema=_DL_SCHEMA)  # noqa: F841
             res.dead_letters = con.execute(
                 "INSERT INTO dead_letters SELECT * FROM dead_frame").fetchone()[0]
+        if new_eps:
+            add_temporal_bins(con, new_eps)
+        if link_bundles:
+            res.link_updates = seen.causal.write(con, link_bundles)
         _insert_new(con, "promotions", promotion_rows, ("promotion_id",))
         _insert_new(con, "briefings_served", served_rows, ("agent", "session_id", "briefing_id"))
         scopes: set[str] = set()
@@ -193,6 +208,7 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
     except BaseException:
         con.rollback()
         seen.briefings.rolled_back()
+        seen.causal.rolled_back()
         if facts:  # the fold's state ran ahead of the tables: reload it from what committed
             from projections.knowledge import KnowledgeProjection
 
@@ -201,6 +217,7 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
     seen.episodes |= new_episodes
     seen.dead_letters |= new_dead
     seen.briefings.committed()
+    seen.causal.committed()
     return res
 
 

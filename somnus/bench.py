@@ -1,8 +1,9 @@
 """End-to-end benchmark: publish N synthetic events through the real broker, worker and projector.
 
 ``events_per_s`` runs from the start of publishing until the projection has committed every event,
-every episode and the facts extracted from every episode (``facts_per_s``: facts extracted and
-folded into the triple log over the same span); ``raw_consume_per_s`` is a plain aiokafka consume + orjson decode of the same
+every episode, the facts extracted from every episode (``facts_per_s``: facts extracted and
+folded into the triple log over the same span) and every causal-link update (``link_updates_per_s``:
+the NAc agent has consumed every observation and the projector every update; the pipeline is idle); ``raw_consume_per_s`` is a plain aiokafka consume + orjson decode of the same
 topic in the same run, the ceiling the pipeline is compared to (``ratio``).
 """
 
@@ -99,7 +100,7 @@ async def _delete_topics(bootstrap: str, topics: list[str]) -> None:
 def run_e2e(events: int, seed: int = 7, partitions: int = 4, bundle: int = 64, home: Path | None = None, log: Any = None,
             timeout_s: float = 1800.0) -> dict[str, Any]:
     from somnus.client import publish_async
-    from somnus.reads import summary
+    from somnus.reads import status, summary
     from somnus.sample import generate
     from streams.topics import ensure_topics
 
@@ -130,16 +131,17 @@ def run_e2e(events: int, seed: int = 7, partitions: int = 4, bundle: int = 64, h
             c = summary(Path(s.db_path))["counts"]
             if spine_s is None and c.get("events", 0) >= len(payloads) and c.get("episodes", 0) >= sessions:
                 spine_s = time.perf_counter() - t0
-            if spine_s is not None and c.get("knowledge_inputs", 0) >= sessions:
-                break
+            if spine_s is not None and c.get("knowledge_inputs", 0) >= sessions and status(s, boot)["idle"]:
+                break  # every topic projected, the NAc caught up too
             if time.monotonic() > deadline:
                 raise TimeoutError(f"projection incomplete after {timeout_s}s: {c}")
             time.sleep(0.25)
         elapsed = time.perf_counter() - t0
         from somnus.reads import sql
 
-        facts, triples = sql(Path(s.db_path), "SELECT (SELECT sum(facts) FROM knowledge_inputs), "
-                                              "(SELECT count(*) FROM triples)")["rows"][0]
+        facts, triples, links, link_updates = sql(Path(s.db_path), (
+            "SELECT (SELECT sum(facts) FROM knowledge_inputs), (SELECT count(*) FROM triples), "
+            "(SELECT count(*) FROM causal_links), (SELECT count(*) FROM causal_link_updates)"))["rows"][0]
         records, raw_events, raw_s = asyncio.run(raw_consume(boot, s.traces_topic))
         raw = raw_events / raw_s
         eps = len(payloads) / elapsed
@@ -148,6 +150,8 @@ def run_e2e(events: int, seed: int = 7, partitions: int = 4, bundle: int = 64, h
                 "publish_s": round(t_pub, 3), "elapsed_s": round(elapsed, 3),
                 "events_per_s": round(eps, 1), "raw_consume_per_s": round(raw, 1), "ratio": round(eps / raw, 3),
                 "facts": int(facts or 0), "triples": int(triples), "facts_per_s": round((facts or 0) / elapsed, 1),
+                "causal_links": int(links), "link_updates": int(link_updates),
+                "link_updates_per_s": round(link_updates / elapsed, 1),
                 "spine_elapsed_s": round(spine_s, 3), "spine_events_per_s": round(len(payloads) / spine_s, 1)}
     finally:
         for role in ("worker", "projector"):
@@ -236,5 +240,106 @@ def run_fact_query(triples: int = 1_000_000, agents: int = 200, teams: int = 20,
                 "load_s": round(load_s, 3), "p50_ms": round(q[49], 3), "p95_ms": round(q[94], 3),
                 "p99_ms": round(q[98], 3), "max_ms": round(lat[-1], 3),
                 "scan_p95_ms": round(qs[94], 3), "scan_over_top_p95": round(qs[94] / q[94], 2)}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run_predict(links: int = 1_000_000, outcomes: int = 2, queries: int = 2000, seed: int = 5) -> dict[str, Any]:
+    """p50/p95/p99 latency of ``predict`` (projections.causal.predict_from) with ``links`` causal links.
+
+    The table holds ``links`` rows: ``links / outcomes`` event signatures with ``outcomes`` outcomes
+    each, plus their tools' rows. Queries ask for calls that exist (a random signature's tool and
+    arguments are not kept, so the query goes by signature through the same lookup as predict)."""
+    import random
+    import statistics
+
+    import duckdb
+    import numpy as np
+    import pyarrow as pa
+
+    from projections import schema
+    from projections.causal import link_states
+    from processors.nac import predict
+
+    work = Path(tempfile.mkdtemp(prefix="somnus-bench-predict-"))
+    try:
+        con = duckdb.connect(str(work / "links.duckdb"))
+        schema.init(con)
+        rng = np.random.default_rng(seed)
+        n_events = links // outcomes
+        sigs = np.char.mod("%016x", rng.integers(0, 2**62, n_events, dtype=np.int64))
+        tools = np.char.add("tool_", rng.integers(0, 2000, n_events).astype(str))
+        frame = pa.table({  # noqa: F841
+            "event_signature": np.repeat(sigs, outcomes), "outcome_signature": np.tile(
+                np.char.mod("%016x", np.arange(outcomes)), n_events),
+            "level": np.full(n_events * outcomes, "call"), "tool": np.repeat(tools, outcomes),
+            "outcome": np.tile(np.array(["ok"] + [f"error:e{i}" for i in range(1, outcomes)]), n_events),
+            "valence": np.tile(np.array(["positive"] + ["negative"] * (outcomes - 1)), n_events),
+            "strength": rng.random(n_events * outcomes), "observations": rng.integers(1, 50, n_events * outcomes),
+            "event_observations": np.repeat(rng.integers(50, 100, n_events), outcomes),
+            "confidence": rng.random(n_events * outcomes),
+            "updated_at": pa.array(np.full(n_events * outcomes, np.datetime64("2024-05-01T00:00:00", "us")),
+                                   pa.timestamp("us", tz="UTC"))})
+        t0 = time.perf_counter()
+        con.execute("INSERT INTO causal_links SELECT * FROM frame")
+        load_s = time.perf_counter() - t0
+        rnd = random.Random(seed)
+        lat = []
+        for i in range(queries + 50):
+            j = rnd.randrange(n_events)
+            sig = str(sigs[j])
+            t = time.perf_counter()
+            states = link_states(con, [sig, "0" * 16])  # the call and its tool, as predict_from asks
+            got = predict({str(sig): states[sig]} if sig in states else {}, str(tools[j]), None)
+            if i >= 50:  # after a warm-up
+                lat.append((time.perf_counter() - t) * 1000)
+            assert states[sig].observations > 0 and got is not None
+        q = statistics.quantiles(lat, n=100)
+        con.close()
+        return {"links": links, "event_signatures": n_events, "queries": queries, "load_s": round(load_s, 3),
+                "p50_ms": round(q[49], 3), "p95_ms": round(q[94], 3), "p99_ms": round(q[98], 3)}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run_scn_footprint(memories: int = 10_000, seed: int = 42) -> dict[str, Any]:
+    """Bytes the SCN index takes for ``memories`` episodes of the sample fleet (the projector's table).
+
+    Measured as the growth of a DuckDB file holding only ``temporal_bins`` after a checkpoint, next
+    to the same cells encoded as msgpack (the densest plain encoding)."""
+    import duckdb
+    import msgspec
+    import pyarrow as pa
+
+    from processors.distiller import distill
+    from processors.scn import index_of, marks_of_episode
+    from projections import schema
+    from schemas.codec import decode_trace
+    from somnus.sample import generate
+
+    events = [decode_trace(orjson.dumps(e), 1 << 20) for e in generate(sessions=memories, seed=seed)]
+    episodes = distill({}, events).episodes
+    marks = [m for ep in episodes for m in marks_of_episode(ep)]
+    t0 = time.perf_counter()
+    deltas = index_of(marks).deltas()
+    index_s = time.perf_counter() - t0
+    work = Path(tempfile.mkdtemp(prefix="somnus-bench-scn-"))
+    try:
+        sizes = []
+        for fill in (False, True):
+            path = work / f"scn-{fill}.duckdb"
+            con = duckdb.connect(str(path))
+            schema.init(con)
+            if fill:
+                frame = pa.Table.from_pylist([msgspec.structs.asdict(d) for d in deltas])  # noqa: F841
+                con.execute("INSERT INTO temporal_bins SELECT agent, kind, bin_kind, bin, count, successes, failures "
+                            "FROM frame")
+            con.execute("CHECKPOINT")
+            con.close()
+            sizes.append(path.stat().st_size)
+        packed = len(msgspec.msgpack.encode([msgspec.structs.astuple(d) for d in deltas]))
+        return {"memories": len(episodes), "marks": len(marks), "cells": len(deltas),
+                "duckdb_bytes": sizes[1] - sizes[0], "msgpack_bytes": packed,
+                "marks_per_s": round(len(marks) / index_s, 1)}
     finally:
         shutil.rmtree(work, ignore_errors=True)

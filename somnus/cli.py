@@ -415,6 +415,55 @@ def promote(source: str = typer.Argument(..., help="Source entity (id such as to
         console.print(f"promoted {e.source} {e.predicate} {e.target}: {e.from_scope} -> {e.to_scope}", soft_wrap=True)
 
 
+@app.command()
+def predict(tool: str = typer.Option(..., "--tool", help="The tool about to be called."),
+            agent: Optional[str] = typer.Option(None, "--agent", help="The calling agent (context)."),
+            args: Optional[str] = typer.Option(None, "--args", help="The call's arguments, a JSON object."),
+            db: Optional[Path] = DbOpt, home: Optional[Path] = HomeOpt,
+            as_json: bool = typer.Option(False, "--json")) -> None:
+    """What is likely to happen if this call is made (NAc causal links learned from the stream)."""
+    from somnus.reads import ReadError, read
+
+    s = _settings(home, db)
+    try:
+        got = read(Path(s.db_path), "predict", tool=tool, args=args, agent=agent)  # type: ignore[arg-type]
+    except ReadError as exc:
+        _fail(str(exc))
+    if as_json:
+        print(json.dumps(got["outcomes"]))
+        return
+    if not got["known"]:
+        console.print(f"[yellow]never seen[/yellow]: {tool} with these arguments"
+                      + (" (the tool's outcomes below are a hint, at reduced confidence)" if got["outcomes"]
+                         else "; no prediction"))
+    if got["outcomes"]:
+        _print_rows({"columns": ["outcome", "valence", "strength", "confidence", "observations"],
+                     "rows": [[o["outcome"], o["valence"], f"{o['strength']:.3f}", f"{o['confidence']:.3f}",
+                               o["observations"]] for o in got["outcomes"]]}, f"{tool} ({got['basis']} level)")
+
+
+@app.command()
+def rhythms(agent: str = typer.Option(..., "--agent"), hours: str = typer.Option("9", "--hours", help="e.g. 8,9,10"),
+            days: Optional[str] = typer.Option(None, "--days", help="weekdays, weekend or 0,1,... (Monday 0)"),
+            db: Optional[Path] = DbOpt, home: Optional[Path] = HomeOpt,
+            as_json: bool = typer.Option(False, "--json")) -> None:
+    """What usually happens for an agent at these local hours (SCN temporal bins)."""
+    from somnus.reads import ReadError, read
+
+    s = _settings(home, db)
+    try:
+        got = read(Path(s.db_path), "rhythms", agent, agents_dir=s.agents_dir, hours=hours, days=days)  # type: ignore[arg-type]
+    except ReadError as exc:
+        _fail(str(exc))
+    if as_json:
+        print(json.dumps(got))
+        return
+    _print_rows({"columns": ["kind", "count", "successes", "success rate"],
+                 "rows": [[k["kind"], k["count"], k["successes"],
+                           "" if k.get("success_rate") is None else f"{k['success_rate']:.2f}"] for k in got]},
+                f"{agent} around {hours}" + (f" on {days}" if days else ""))
+
+
 # ---- demo and bench ----------------------------------------------------------------------
 
 @app.command()
@@ -493,6 +542,44 @@ def bench_facts_query(triples: int = typer.Option(1_000_000, "--triples"),
     else:
         for k, v in result.items():
             console.print(f"{k}: {v}")
+
+
+def _medians(runs: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[str, Any]:
+    import statistics
+
+    result = dict(runs[0])
+    for key in keys:
+        result[key] = round(statistics.median(r[key] for r in runs), 3)
+    if len(runs) > 1:
+        result["runs"] = [{k: r[k] for k in keys} for r in runs]
+    return result
+
+
+def _emit(result: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(result))
+    else:
+        for k, v in result.items():
+            console.print(f"{k}: {v}")
+
+
+@bench_app.command("predict")
+def bench_predict(links: int = typer.Option(1_000_000, "--links"), queries: int = typer.Option(2000, "--queries"),
+                  repeat: int = typer.Option(1, "--repeat", help="Runs; the figures are their medians."),
+                  as_json: bool = typer.Option(False, "--json")) -> None:
+    """Latency of predict (NAc causal links) with N links in the store."""
+    from somnus.bench import run_predict
+
+    _emit(_medians([run_predict(links=links, queries=queries) for _ in range(repeat)],
+                   ("load_s", "p50_ms", "p95_ms", "p99_ms")), as_json)
+
+
+@bench_app.command("scn")
+def bench_scn(memories: int = typer.Option(10_000, "--memories"), as_json: bool = typer.Option(False, "--json")) -> None:
+    """Bytes of the SCN temporal index for N episodes of the sample fleet."""
+    from somnus.bench import run_scn_footprint
+
+    _emit(run_scn_footprint(memories=memories), as_json)
 
 
 def main() -> None:

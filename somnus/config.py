@@ -93,8 +93,19 @@ class Settings:
         return f"{self.topic_prefix}facts"
 
     @property
+    def observations_topic(self) -> str:
+        """NAc inputs: call outcomes, in bundles, partitioned by event signature (the links table's key)."""
+        return f"{self.topic_prefix}observations"
+
+    @property
+    def link_updates_topic(self) -> str:
+        """Every Rescorla-Wagner update of a causal link (bundles), for the append-only projection."""
+        return f"{self.topic_prefix}link-updates"
+
+    @property
     def projected_topics(self) -> tuple[str, ...]:
-        return (self.traces_topic, self.episodes_topic, self.dead_letter_topic, self.facts_topic)
+        return (self.traces_topic, self.episodes_topic, self.dead_letter_topic, self.facts_topic,
+                self.link_updates_topic)
 
     @property
     def run_dir(self) -> Path:

@@ -111,7 +111,7 @@ async def _kafka_positions(settings: Settings, bootstrap: str) -> tuple[dict[str
     await admin.start()
     try:
         tps = []
-        for topic in settings.projected_topics:
+        for topic in (*settings.projected_topics, settings.observations_topic):
             tps.extend(TopicPartition(topic, p) for p in await partitions_of(consumer, topic))
         ends: dict[str, dict[int, int]] = {}
         for tp, off in (await consumer.end_offsets(tps)).items() if tps else []:
@@ -122,7 +122,7 @@ async def _kafka_positions(settings: Settings, bootstrap: str) -> tuple[dict[str
         except Exception:
             group = {}
         for tp, meta in group.items():
-            if tp.topic in (settings.traces_topic, settings.episodes_topic):
+            if tp.topic in (settings.traces_topic, settings.episodes_topic, settings.observations_topic):
                 committed.setdefault(tp.topic, {})[tp.partition] = meta.offset
         return ends, committed
     finally:
@@ -140,11 +140,15 @@ def status(settings: Settings, bootstrap: str) -> dict[str, Any]:
         s = {"counts": {}, "offsets": {}, "dead_letter_kinds": {}}
     lag = {}
     for topic, parts in ends.items():
+        if topic not in settings.projected_topics:
+            continue
         done = s["offsets"].get(topic, {})
         lag[topic] = sum(max(0, end - int(done.get(str(p), done.get(p, 0)))) for p, end in parts.items())
-    # The worker consumes traces (distiller), and episodes too when the LLM extractor is on.
+    # The worker consumes traces (distiller), observations (NAc), and episodes too when the LLM
+    # extractor is on.
     worker_lag = {}
-    for topic in (settings.traces_topic,) + ((settings.episodes_topic,) if settings.llm_extractor else ()):
+    for topic in ((settings.traces_topic, settings.observations_topic)
+                  + ((settings.episodes_topic,) if settings.llm_extractor else ())):
         committed = worker_committed.get(topic, {})
         worker_lag[topic] = sum(max(0, end - committed.get(p, 0)) for p, end in ends.get(topic, {}).items())
     try:

@@ -22,13 +22,16 @@ from faust.types import EventT
 import msgspec
 
 from processors.distiller import SessionState, decode_state, distill, encode_state, session_key
+from processors.nac import decode_link_state, encode_link_state, learn, observations_from_episode
+from schemas.causal import OutcomeObserved
 from schemas.codec import Rejection, decode_episode, decode_record, encode
 from somnus.config import Settings
 from streams.liveness import PartitionWatchdog, SomnusApp, install_diagnostics
 from streams.metrics import WorkerCounters
+from streams.topics import signature_partition
 
 
-class SessionTable(Table):
+class BatchedTable(Table):
     """A Faust table whose changelog records the agent sends itself, to the partition it names.
 
     Faust would take the changelog partition from the stream's *current* event; inside a
@@ -172,13 +175,23 @@ def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker") 
     )
     traces = app.topic(settings.traces_topic, partitions=settings.partitions, key_type=bytes, value_type=bytes,
                        internal=False)
-    sessions = app.tables.add(SessionTable(
+    sessions = app.tables.add(BatchedTable(
         app, name="sessions", partitions=settings.partitions, key_type=bytes, value_type=bytes,
         beacon=app.tables.beacon, help="per-session distiller state (msgspec JSON)"))
+    links = app.tables.add(BatchedTable(
+        app, name="links", partitions=settings.partitions, key_type=bytes, value_type=bytes,
+        beacon=app.tables.beacon, help="NAc causal link state per event signature (msgspec JSON)"))
+    observations = app.topic(settings.observations_topic, partitions=settings.partitions, key_type=bytes,
+                             value_type=bytes, internal=False)
+    from somnus.agents import load_agents
+    from processors.nac import alphas_for
+
+    alpha_by_agent = alphas_for(load_agents(settings.agents_dir))
     counters = WorkerCounters()
     app.somnus_counters = counters  # type: ignore[attr-defined]
     batchers: list[Batcher] = []
-    watched = {settings.traces_topic} | ({settings.episodes_topic} if settings.llm_extractor else set())
+    watched = ({settings.traces_topic, settings.observations_topic}
+               | ({settings.episodes_topic} if settings.llm_extractor else set()))
     watchdog = PartitionWatchdog(app, watched, idle=lambda: all(b.idle for b in batchers))
 
     assignment_file = Path(settings.home) / "run" / f"{worker_name}.assignment.json"
@@ -231,14 +244,23 @@ def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker") 
 
         await run_batched(app, settings, stream, handle, batchers)
 
+    @app.agent(observations, concurrency=1)
+    async def learn_links(stream: faust.StreamT) -> None:
+        """Call outcomes -> Rescorla-Wagner updates of the causal links (state: the links table)."""
+        async def handle(batch: Sequence[EventT], generation: int) -> None:
+            await _handle_observations(app, settings, batch, links, counters, generation, alpha_by_agent)
+
+        await run_batched(app, settings, stream, handle, batchers)
+
     return app
 
 
-async def _handle_batch(app: faust.App, settings: Settings, batch: Sequence[EventT], sessions: SessionTable,
+async def _handle_batch(app: faust.App, settings: Settings, batch: Sequence[EventT], sessions: BatchedTable,
                         counters: WorkerCounters, generation: int, extractor: Any = None) -> None:
     pending: list[Any] = []
     valid = []
     partition_of: dict[str, int] = {}  # session key -> source partition
+    offset_of: dict[str, int] = {}  # session key -> offset of its last record in the batch (its end)
     for event in batch:
         msg = event.message
         for index, item in enumerate(decode_record(msg.value, settings.max_event_bytes)):
@@ -251,7 +273,9 @@ async def _handle_batch(app: faust.App, settings: Settings, batch: Sequence[Even
                     headers=dead_letter_headers(item, msg.topic, msg.partition, msg.offset, index)))
                 continue
             valid.append(item)
-            partition_of[session_key(item.agent, item.session_id)] = msg.partition
+            key = session_key(item.agent, item.session_id)
+            partition_of[key] = msg.partition
+            offset_of[key] = msg.offset
     counters.events += len(valid)
     prior: dict[str, SessionState] = {}
     for key in partition_of:
@@ -267,6 +291,14 @@ async def _handle_batch(app: faust.App, settings: Settings, batch: Sequence[Even
                                                partition=None, timestamp=None, headers=None))
     if extractor is not None and out.episodes:
         pending.extend(await _send_facts(app, settings, extractor.extract(out.episodes), counters))
+    if out.episodes:
+        # What each call led to, for the NAc; the coordinates of the session's end make a
+        # re-distilled episode's observations recognisable as redeliveries (processors.nac.learn).
+        obs = [o for ep in out.episodes for o in observations_from_episode(
+            ep, partition_of[session_key(ep.agent, ep.session_id)], offset_of[session_key(ep.agent, ep.session_id)])]
+        counters.observations += len(obs)
+        pending.extend(await _send_bundles(app, settings.observations_topic, settings.partitions, obs,
+                                           lambda o: o.event_signature))
     # Episodes and dead letters must be on the broker before the state that says "done" is.
     if pending:
         await asyncio.gather(*pending)
@@ -281,6 +313,62 @@ async def _handle_batch(app: faust.App, settings: Settings, batch: Sequence[Even
         sessions.key_partitions[bkey] = partition_of[key]
         sessions[bkey] = encode_state(state)
     await sessions.send_changelog_batch(app.producer)
+
+
+async def _send_bundles(app: faust.App, topic: str, partitions: int, items: Sequence[Any],
+                        signature_of: Any) -> list[Any]:
+    """Send ``items`` as one JSON-array record per partition of their signature (order kept); returns
+    the send futures. Faust's cost is per record, so a batch's outcomes travel together."""
+    by_partition: dict[int, list[Any]] = {}
+    for item in items:
+        by_partition.setdefault(signature_partition(signature_of(item), partitions), []).append(item)
+    return [await app.producer.send(topic, key=None, value=encode(group), partition=partition, timestamp=None,
+                                    headers=None)
+            for partition, group in sorted(by_partition.items())]
+
+
+_observations_decoder = msgspec.json.Decoder(list[OutcomeObserved])
+
+
+async def _handle_observations(app: faust.App, settings: Settings, batch: Sequence[EventT], links: BatchedTable,
+                               counters: WorkerCounters, generation: int, alpha_by_agent: dict[str, float]) -> None:
+    """One batch of observation bundles: learn, send every update, then the new link states."""
+    observed: list[OutcomeObserved] = []
+    partition_of: dict[str, int] = {}
+    for event in batch:
+        msg = event.message
+        try:
+            items = _observations_decoder.decode(msg.value or b"")
+        except msgspec.DecodeError as exc:  # our own output: a bug, but it must not stop the stream
+            counters.dead_letters += 1
+            await (await app.producer.send(
+                settings.dead_letter_topic, key=msg.key, value=msg.value or b"", partition=None, timestamp=None,
+                headers=dead_letter_headers(Rejection(f"schema: invalid observations: {exc}", msg.value),
+                                            msg.topic, msg.partition, msg.offset, 0)))
+            continue
+        for item in items:
+            partition_of[item.event_signature] = msg.partition
+        observed.extend(items)
+    prior = {}
+    for sig in partition_of:
+        raw = links.get(sig.encode())
+        if raw is not None:
+            prior[sig] = decode_link_state(raw)
+    states, updates = learn(prior, observed, alpha_by_agent=alpha_by_agent)
+    counters.link_updates += len(updates)
+    pending = await _send_bundles(app, settings.link_updates_topic, settings.partitions, updates,
+                                  lambda u: u.event_signature)
+    if pending:
+        await asyncio.gather(*pending)
+    if app.consumer_generation_id != generation:
+        links.pending_changelog.clear()
+        links.key_partitions.clear()
+        return
+    for sig, state in states.items():
+        key = sig.encode()
+        links.key_partitions[key] = partition_of[sig]
+        links[key] = encode_link_state(state)
+    await links.send_changelog_batch(app.producer)
 
 
 def make_extractor(settings: Settings) -> Any:

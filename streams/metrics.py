@@ -11,3 +11,5 @@ class WorkerCounters:
     duplicates: int = 0
     late: int = 0
     facts: int = 0
+    observations: int = 0
+    link_updates: int = 0

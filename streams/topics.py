@@ -27,6 +27,8 @@ def topic_specs(settings: Settings) -> dict[str, int]:
         settings.episodes_topic: settings.partitions,
         settings.dead_letter_topic: settings.partitions,
         settings.facts_topic: 1,
+        settings.observations_topic: settings.partitions,
+        settings.link_updates_topic: settings.partitions,
     }
 
 
@@ -76,3 +78,8 @@ async def partitions_of(consumer: "AIOKafkaConsumer", topic: str, timeout_s: flo
             raise RuntimeError(f"topic {topic} does not exist (run `somnus up` or create it first)")
         await consumer._client.force_metadata_update()
         await asyncio.sleep(0.1)
+
+
+def signature_partition(signature: str, partitions: int) -> int:
+    """The partition of an event signature (hex digest) on the signature-keyed topics: stable, our own."""
+    return int(signature[:8], 16) % partitions

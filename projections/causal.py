@@ -1,0 +1,126 @@
+"""The NAc and SCN projections, written by the projector inside each batch's transaction.
+
+- ``causal_link_updates``: every Rescorla-Wagner update the NAc agent made (topic ``link-updates``,
+  bundles), append-only: the history of every link. A bundle re-sent after a worker restart carries
+  the same observations again; they are recognised by their source coordinates (per event
+  signature and source partition, the (offset, index) of the last observation applied) and skipped.
+- ``causal_links``: the current state of each link (event signature, outcome signature), replaced
+  by its latest update: what ``predict`` reads.
+- ``temporal_bins``: the SCN index, counts per (agent, kind, bin kind, bin), from every new episode.
+  Adding counts commutes, so any batching gives the same table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import duckdb
+import msgspec
+import pyarrow as pa
+
+from processors.nac import CausalLinkState, OutcomeLink, predict
+from processors.scn import index_of, marks_of_episode
+from schemas.causal import CausalLinkUpdated, LinkLevel, Prediction, Valence, event_signature, tool_signature
+from schemas.episodes import EpisodeDistilled
+
+_updates_decoder = msgspec.json.Decoder(list[CausalLinkUpdated])
+
+UPDATE_COLUMNS = ("event_signature", "outcome_signature", "level", "tool", "outcome", "valence", "agent", "episode_id",
+                  "observed_at", "src_partition", "src_offset", "idx", "target", "alpha", "strength_before",
+                  "strength", "observations", "event_observations", "confidence")
+
+
+def decode_updates(raw: bytes) -> list[CausalLinkUpdated]:
+    return _updates_decoder.decode(raw)
+
+
+class CausalProjection:
+    """Dedup marks of the applied link updates, loaded from the table at start."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+        self.marks: dict[tuple[str, int], tuple[int, int]] = {
+            (sig, part): (off, idx) for sig, part, off, idx in con.execute(
+                "SELECT event_signature, src_partition, max_by(src_offset, (src_offset, idx)), "
+                "max_by(idx, (src_offset, idx)) FROM causal_link_updates GROUP BY 1, 2").fetchall()}
+        self.pending: dict[tuple[str, int], tuple[int, int]] = {}
+
+    def write(self, con: duckdb.DuckDBPyConnection, bundles: Sequence[bytes]) -> int:
+        """Append the new updates of ``bundles`` and refresh the links they touched (caller's transaction)."""
+        rows: list[dict[str, Any]] = []
+        for raw in bundles:
+            fresh_obs: set[tuple[str, int, int, int]] = set()
+            for u in decode_updates(raw):
+                key, at = (u.event_signature, u.src_partition), (u.src_offset, u.index)
+                obs = (u.event_signature, u.src_partition, u.src_offset, u.index)
+                mark = self.pending.get(key, self.marks.get(key))
+                if obs not in fresh_obs and mark is not None and at <= mark:
+                    continue  # redelivered
+                fresh_obs.add(obs)
+                self.pending[key] = at
+                row = msgspec.structs.asdict(u)
+                row["idx"] = row.pop("index")
+                row["episode_id"] = str(u.episode_id)
+                row["level"], row["valence"] = u.level.value, u.valence.value
+                rows.append({**{c: row[c] for c in UPDATE_COLUMNS}, "ord": len(rows)})
+        if not rows:
+            return 0
+        frame = pa.Table.from_pylist(rows)  # noqa: F841
+        con.execute(f"INSERT INTO causal_link_updates SELECT {', '.join(UPDATE_COLUMNS[:7])}, episode_id::UUID, "
+                    f"{', '.join(UPDATE_COLUMNS[8:])} FROM frame")
+        # The latest update of each touched link is its state (updates of a link are in order).
+        con.execute(
+            "INSERT OR REPLACE INTO causal_links SELECT event_signature, outcome_signature, level, tool, outcome, "
+            "valence, strength, observations, event_observations, confidence, observed_at AS updated_at FROM ("
+            "  SELECT *, row_number() OVER (PARTITION BY event_signature, outcome_signature ORDER BY ord DESC) AS rn "
+            "  FROM frame) WHERE rn = 1")
+        return len(rows)
+
+    def committed(self) -> None:
+        self.marks.update(self.pending)
+        self.pending.clear()
+
+    def rolled_back(self) -> None:
+        self.pending.clear()
+
+
+def add_temporal_bins(con: duckdb.DuckDBPyConnection, episodes: Iterable[EpisodeDistilled]) -> int:
+    """Count the marks of new episodes into ``temporal_bins`` (caller's transaction)."""
+    marks = [m for ep in episodes for m in marks_of_episode(ep)]
+    if not marks:
+        return 0
+    deltas = index_of(marks).deltas()
+    frame = pa.Table.from_pylist([msgspec.structs.asdict(d) for d in deltas])  # noqa: F841
+    con.execute("INSERT INTO temporal_bins SELECT agent, kind, bin_kind, bin, count, successes, failures FROM frame "
+                "ON CONFLICT (agent, kind, bin_kind, bin) DO UPDATE SET count = count + excluded.count, "
+                "successes = successes + excluded.successes, failures = failures + excluded.failures")
+    return len(marks)
+
+
+def link_states(con: duckdb.DuckDBPyConnection, signatures: Sequence[str]) -> dict[str, CausalLinkState]:
+    """The current states of ``signatures`` from ``causal_links`` (without context conditions)."""
+    if not signatures:
+        return {}
+    # IN with one placeholder per signature: DuckDB answers it from the causal_links_by_event index
+    # (a point lookup); IN (SELECT unnest(?)) would scan the table.
+    cur = con.execute("SELECT event_signature, outcome_signature, level, tool, outcome, valence, strength, "
+                      "observations, event_observations FROM causal_links "
+                      f"WHERE event_signature IN ({', '.join('?' * len(signatures))}) ORDER BY 1, 2",
+                      list(signatures))
+    out: dict[str, CausalLinkState] = {}
+    for sig, osig, level, tool, outcome, valence, strength, obs, event_obs in cur.fetchall():
+        state = out.get(sig)
+        if state is None:
+            state = out[sig] = CausalLinkState(event_signature=sig, level=LinkLevel(level), tool=tool,
+                                               observations=int(event_obs))
+        state.links[osig] = OutcomeLink(outcome=outcome, valence=Valence(valence), strength=float(strength),
+                                        observations=int(obs))
+        state.observations = max(state.observations, int(event_obs))
+    return out
+
+
+def predict_from(con: duckdb.DuckDBPyConnection, tool: str, params: Mapping[str, Any] | None,
+                 context: Mapping[str, str] | None = None) -> Prediction:
+    """``processors.nac.predict`` over the projected link states of the call and of its tool."""
+    sigs = [tool_signature(tool)] + ([event_signature(tool, params)] if params is not None else [])
+    return predict(link_states(con, sigs), tool, params, context)

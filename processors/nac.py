@@ -230,11 +230,13 @@ def alphas_for(agents: Mapping[str, AgentSpec]) -> dict[str, float]:
 
 def learn(prior: Mapping[str, CausalLinkState], observations: Sequence[OutcomeObserved],
           alpha: float = DEFAULT_ALPHA, *, alpha_by_agent: Mapping[str, float] | None = None,
-          running_mean_start: bool = True) -> tuple[dict[str, CausalLinkState], list[CausalLinkUpdated]]:
+          running_mean_start: bool = True,
+          per_link_rows: bool = True) -> tuple[dict[str, CausalLinkState], list[CausalLinkUpdated]]:
     """Apply observations, in the order given, to the prior states of their event signatures.
 
     Returns the new state of every event signature that changed, and one ``CausalLinkUpdated`` per
-    (applied observation, known outcome of its event). ``prior`` is not modified. Redeliveries (at
+    (applied observation, known outcome of its event); with ``per_link_rows=False``, one per applied
+    observation (its outcome's link, with ``strengths`` of every link after it: what the stream carries). ``prior`` is not modified. Redeliveries (at
     or below their partition's high-water mark) are skipped. ``alpha_by_agent`` overrides ``alpha``
     for the agents it names; α = 0 with the running-mean start is a pure running mean."""
     for a in (alpha, *(alpha_by_agent or {}).values()):
@@ -270,17 +272,28 @@ def learn(prior: Mapping[str, CausalLinkState], observations: Sequence[OutcomeOb
             seen.last_at = ob.observed_at
         _note_context(seen, ob.context)
         confidence = confidence_of(n)
+        observed_before = seen.strength
         for sig in sorted(state.links):
             link = state.links[sig]
             target = 1.0 if sig == ob.outcome_signature else 0.0
             before = link.strength
             link.strength = min(1.0, max(0.0, before + a_n * (target - before)))
+            if not per_link_rows:
+                continue
             updates.append(CausalLinkUpdated(
                 event_signature=key, level=state.level, tool=state.tool, outcome_signature=sig,
                 outcome=link.outcome, valence=link.valence, agent=ob.agent, episode_id=ob.episode_id,
                 observed_at=ob.observed_at, src_partition=ob.src_partition, src_offset=ob.src_offset,
                 index=ob.index, target=target, alpha=a_n, strength_before=before, strength=link.strength,
                 observations=link.observations, event_observations=n, confidence=confidence))
+        if not per_link_rows:
+            updates.append(CausalLinkUpdated(
+                event_signature=key, level=state.level, tool=state.tool, outcome_signature=ob.outcome_signature,
+                outcome=seen.outcome, valence=seen.valence, agent=ob.agent, episode_id=ob.episode_id,
+                observed_at=ob.observed_at, src_partition=ob.src_partition, src_offset=ob.src_offset,
+                index=ob.index, target=1.0, alpha=a_n, strength_before=observed_before, strength=seen.strength,
+                observations=seen.observations, event_observations=n, confidence=confidence,
+                strengths={sig: state.links[sig].strength for sig in sorted(state.links)}))
     return {k: work[k] for k in sorted(changed)}, updates
 
 

@@ -75,6 +75,8 @@ class ReadService:
     # Called with a BriefingServed when a briefing is injected for a named session (the projector
     # publishes it on the facts topic, so utilisation is counted from the log).
     on_served: Callable[[BriefingServed], None] | None = None
+    episodic: Any = None  # the projector's MemoryProjection (its state's index answers recall)
+    on_accessed: Callable[[list[Any]], None] | None = None  # publishes MemoryAccessed (recall changes state via the log)
 
     @property
     def store(self) -> KnowledgeStore:
@@ -125,6 +127,68 @@ class ReadService:
         if not entity:
             raise BadRequest("parameter `entity`: an entity id such as `tool:book_reservation` is required")
         return _jsonable(self.store.history(agent, str(entity)))
+
+    # ---- episodic memory (recall) ----
+    def _memory(self) -> Any:
+        if self.episodic is None:  # no projector: replay the log from the file (read-only)
+            from projections.memory import MemoryProjection
+
+            self.episodic = MemoryProjection(self.con)
+        return self.episodic.state
+
+    def _accessed(self, events: list[Any]) -> None:
+        if events and self.on_accessed is not None:
+            self.on_accessed(events)
+
+    def recall(self, agent: str, query: Any = None, k: Any = None, explain: Any = None,
+               filters: Any = None, record: Any = None) -> dict[str, Any]:
+        """The memories of the agent's scope chain that best answer ``query`` (fused retrieval).
+
+        Each hit is recorded as an access (published on the memory topic) unless ``record`` is false
+        (evaluations and analysts' looks, which should not change what they measure)."""
+        import json
+
+        from processors.recall import recall
+
+        if not query:
+            raise BadRequest("parameter `query`: the text to recall memories for is required")
+        try:
+            wanted = json.loads(filters) if isinstance(filters, str) and filters else (filters or None)
+        except ValueError:
+            raise BadRequest(f"parameter `filters`: not JSON: {str(filters)[:80]!r}") from None
+        if wanted is not None and not isinstance(wanted, dict):
+            raise BadRequest("parameter `filters`: a JSON object such as {\"tool\": \"book_reservation\"}")
+        got = recall(self._memory().index, str(query), agent, k=_int(k, "k", 10, hi=1000), filters=wanted,
+                     now=datetime.now(timezone.utc), agents=self.agents)
+        if str(record).lower() not in ("0", "false", "no"):
+            self._accessed(got.accessed)
+        show = str(explain).lower() in ("1", "true", "yes") if explain is not None else False
+        hits = []
+        for h in got.hits:
+            u = h.unit
+            hit = {"memory_id": h.memory_id, "rank": h.rank, "score": round(h.score, 6), "kind": u.kind.value,
+                   "agent": u.agent, "run_id": u.run_id, "occurred_at": u.occurred_at.isoformat(), "refs": h.refs,
+                   "speaker": u.speaker, "text": u.perception[:500], "outcome": u.outcome or None,
+                   "source_event_ids": [str(x) for x in u.source_event_ids]}
+            if show:
+                hit["signals"] = {n: round(v, 6) for n, v in h.signals.items()}
+                hit["ranks"] = h.ranks
+            hits.append(hit)
+        return {"agent": agent, "query": query, "people": got.people, "hits": hits}
+
+    def episodic_context(self, agent: str, query: Any = None, top_k: Any = None,
+                         token_budget: Any = None) -> dict[str, Any]:
+        """The token-budgeted text of relevant past work (task, relevance, result, lessons, tools)."""
+        from processors.recall import build_episodic_context
+
+        if not query:
+            raise BadRequest("parameter `query`: the text to build the context for is required")
+        ctx = build_episodic_context(self._memory().index, str(query), agent, now=datetime.now(timezone.utc),
+                                     top_k=_int(top_k, "top_k", 5, hi=100),
+                                     token_budget=_int(token_budget, "token_budget", 2000, hi=1_000_000),
+                                     agents=self.agents)
+        self._accessed(ctx.accessed)
+        return {"agent": agent, "query": query, "text": ctx.text, "entries": len(ctx.entries)}
 
     # ---- outcomes and rhythms (NAc, SCN) ----
     def predict(self, tool: Any = None, args: Any = None, agent: Any = None, hour: Any = None) -> dict[str, Any]:
@@ -252,6 +316,15 @@ ROUTES: tuple[Route, ...] = (
           (("entity", "string", "an entity id, e.g. tool:book_reservation"),)),
     Route("POST", "/sql", "sql", "A read-only SELECT over every projection (not scoped).",
           (("sql", "string", "the query; ? placeholders"), ("params", "array", "values of the placeholders"))),
+    Route("GET", "/agents/{agent}/recall", "recall", "Memories of the scope chain that best answer a query.",
+          (("query", "string", "what to recall"), ("k", "integer", "default 10"),
+           ("explain", "boolean", "per-signal scores and ranks"),
+           ("filters", "string", "JSON object of multi-key filters, e.g. {\"tool\": \"x\", \"success\": true}"),
+           ("record", "boolean", "record the hits as accesses (default true)"))),
+    Route("GET", "/agents/{agent}/episodic-context", "episodic_context",
+          "Token-budgeted text of relevant past work for a prompt.",
+          (("query", "string", "the task at hand"), ("top_k", "integer", "default 5"),
+           ("token_budget", "integer", "default 2000"))),
     Route("GET", "/predict", "predict", "Likely outcomes of a call before it is made (NAc causal links).",
           (("tool", "string", "the tool"), ("args", "string", "the call's arguments, a JSON object"),
            ("agent", "string", "context: the calling agent"), ("hour", "string", "context: local hour, 00-23"))),

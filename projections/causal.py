@@ -1,7 +1,8 @@
 """The NAc and SCN projections, written by the projector inside each batch's transaction.
 
 - ``causal_link_updates``: every Rescorla-Wagner update the NAc agent made (topic ``link-updates``,
-  bundles), append-only: the history of every link. A bundle re-sent after a worker restart carries
+  bundles), append-only: the history of every link. One row per observation: the observed outcome's
+  link (λ = 1) and, in ``strengths``, every outcome's V after it. A bundle re-sent after a worker restart carries
   the same observations again; they are recognised by their source coordinates (per event
   signature and source partition, the (offset, index) of the last observation applied) and skipped.
 - ``causal_links``: the current state of each link (event signature, outcome signature), replaced
@@ -28,7 +29,7 @@ _updates_decoder = msgspec.json.Decoder(list[CausalLinkUpdated])
 
 UPDATE_COLUMNS = ("event_signature", "outcome_signature", "level", "tool", "outcome", "valence", "agent", "episode_id",
                   "observed_at", "src_partition", "src_offset", "idx", "target", "alpha", "strength_before",
-                  "strength", "observations", "event_observations", "confidence")
+                  "strength", "observations", "event_observations", "confidence", "strengths")
 
 
 def decode_updates(raw: bytes) -> list[CausalLinkUpdated]:
@@ -48,6 +49,7 @@ class CausalProjection:
     def write(self, con: duckdb.DuckDBPyConnection, bundles: Sequence[bytes]) -> int:
         """Append the new updates of ``bundles`` and refresh the links they touched (caller's transaction)."""
         rows: list[dict[str, Any]] = []
+        last: dict[str, CausalLinkUpdated] = {}  # event signature -> its latest update in this batch
         for raw in bundles:
             fresh_obs: set[tuple[str, int, int, int]] = set()
             for u in decode_updates(raw):
@@ -62,18 +64,30 @@ class CausalProjection:
                 row["idx"] = row.pop("index")
                 row["episode_id"] = str(u.episode_id)
                 row["level"], row["valence"] = u.level.value, u.valence.value
+                row["strengths"] = msgspec.json.encode(u.strengths).decode()
                 rows.append({**{c: row[c] for c in UPDATE_COLUMNS}, "ord": len(rows)})
+                last[u.event_signature] = u
         if not rows:
             return 0
         frame = pa.Table.from_pylist(rows)  # noqa: F841
         con.execute(f"INSERT INTO causal_link_updates SELECT {', '.join(UPDATE_COLUMNS[:7])}, episode_id::UUID, "
-                    f"{', '.join(UPDATE_COLUMNS[8:])} FROM frame")
-        # The latest update of each touched link is its state (updates of a link are in order).
+                    f"{', '.join(UPDATE_COLUMNS[8:-1])}, strengths::JSON FROM frame")
+        # The observed outcome's link as of its latest observation (updates of a link are in order) ...
         con.execute(
             "INSERT OR REPLACE INTO causal_links SELECT event_signature, outcome_signature, level, tool, outcome, "
             "valence, strength, observations, event_observations, confidence, observed_at AS updated_at FROM ("
             "  SELECT *, row_number() OVER (PARTITION BY event_signature, outcome_signature ORDER BY ord DESC) AS rn "
             "  FROM frame) WHERE rn = 1")
+        # ... then every link of each touched event as of the event's latest update.
+        now = pa.Table.from_pylist([  # noqa: F841
+            {"event_signature": sig, "outcome_signature": osig, "strength": v, "event_observations": u.event_observations,
+             "confidence": u.confidence, "updated_at": u.observed_at}
+            for sig, u in last.items() for osig, v in u.strengths.items()])
+        if now.num_rows:
+            con.execute("UPDATE causal_links SET strength = n.strength, event_observations = n.event_observations, "
+                        "confidence = n.confidence, updated_at = n.updated_at FROM now n "
+                        "WHERE causal_links.event_signature = n.event_signature "
+                        "AND causal_links.outcome_signature = n.outcome_signature")
         return len(rows)
 
     def committed(self) -> None:

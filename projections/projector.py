@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,9 @@ from aiohttp import web
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from projections import api, queries, schema
+from projections.briefings import BRIEFING_INTERVAL_S
 from schemas.codec import encode
+from schemas.memory import KIND_ACCESS
 from projections.writer import KIND_SERVED, BatchResult, Seen, Topics, apply_batch, load_offsets
 from somnus.config import Settings
 from streams.topics import partitions_of
@@ -42,7 +45,7 @@ class Projector:
         self.bootstrap = bootstrap
         self.db_path = Path(db_path or settings.db_path)  # type: ignore[arg-type]
         self.topics = Topics(settings.traces_topic, settings.episodes_topic, settings.dead_letter_topic,
-                             settings.facts_topic, settings.link_updates_topic)
+                             settings.facts_topic, settings.link_updates_topic, settings.memory_topic)
         self.serve = serve
         self.max_records = max_records
         self.totals = BatchResult()
@@ -78,11 +81,17 @@ class Projector:
             end = await consumer.end_offsets(tps) if until_end else {}
             total = sum(end.values()) - sum(stored.get((tp.topic, tp.partition), 0) for tp in tps) if until_end else 0
             done = 0
+            last_briefings = 0.0
             while not self._stop.is_set():
                 if until_end and all(stored.get((tp.topic, tp.partition), 0) >= end[tp] for tp in tps):
+                    seen.briefings.refresh(con)
                     break
                 batch = await consumer.getmany(timeout_ms=200, max_records=self.max_records)
                 records = [r for rs in batch.values() for r in rs]
+                now = time.monotonic()
+                if not records or now - last_briefings >= BRIEFING_INTERVAL_S:
+                    seen.briefings.refresh(con)  # caught up, or busy for a while: render what is stale
+                    last_briefings = now
                 if not records:
                     continue
                 res = apply_batch(con, self.topics, records, stored, self.settings.max_event_bytes, seen)
@@ -109,17 +118,18 @@ class Projector:
         t.dead_letters += res.dead_letters
         t.facts += res.facts
         t.link_updates += res.link_updates
+        t.memory_events += res.memory_events
         t.skipped_invalid += res.skipped_invalid
 
     async def _partitions(self, consumer: AIOKafkaConsumer) -> list[TopicPartition]:
         tps = []
         for topic in (self.topics.traces, self.topics.episodes, self.topics.dead_letters, self.topics.facts,
-                      self.topics.link_updates):
+                      self.topics.link_updates, self.topics.memory):
             tps.extend(TopicPartition(topic, p) for p in await partitions_of(consumer, topic))
         return tps
 
     async def _start_server(self, con: duckdb.DuckDBPyConnection, seen: Seen) -> web.AppRunner:
-        service = api.ReadService(con, seen.agents, briefings=seen.briefings.current)
+        service = api.ReadService(con, seen.agents, briefings=seen.briefings.current, episodic=seen.memory)
         producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all", enable_idempotence=True,
                                     linger_ms=5)
         await producer.start()
@@ -136,6 +146,15 @@ class Projector:
                 "could not record a served briefing: %r", f.exception())))
 
         service.on_served = served
+
+        def accessed(events: list[Any]) -> None:
+            fut = asyncio.ensure_future(producer.send_and_wait(
+                self.topics.memory, encode(events), partition=0, headers=[("somnus-kind", KIND_ACCESS)]))
+            pending.add(fut)
+            fut.add_done_callback(lambda f: (pending.discard(f), f.exception() and log.error(
+                "could not record memory accesses: %r", f.exception())))
+
+        service.on_accessed = accessed
 
         def handler(route: api.Route) -> Any:
             async def handle(request: web.Request) -> web.Response:

@@ -72,5 +72,6 @@ def offsets(con: duckdb.DuckDBPyConnection) -> dict[str, dict[int, int]]:
 
 def summary(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
     return {"counts": counts(con), "offsets": offsets(con),
+            "stale_briefings": con.execute("SELECT count(*) FROM briefings_dirty").fetchone()[0],
             "dead_letter_kinds": dict(con.execute(
                 "SELECT kind, count(*) FROM dead_letters GROUP BY 1 ORDER BY 1").fetchall())}

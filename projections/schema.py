@@ -67,6 +67,23 @@ CREATE TABLE IF NOT EXISTS briefings (
     budget INTEGER NOT NULL, markdown VARCHAR NOT NULL, chars INTEGER NOT NULL, lessons INTEGER NOT NULL,
     facts JSON NOT NULL, strategies INTEGER NOT NULL, dropped_lessons INTEGER NOT NULL,
     dropped_facts INTEGER NOT NULL, dropped_strategies INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS memory_log (
+    ord BIGINT NOT NULL PRIMARY KEY, kind VARCHAR NOT NULL, body JSON NOT NULL, src_offset BIGINT NOT NULL);
+CREATE TABLE IF NOT EXISTS memories (
+    memory_id VARCHAR NOT NULL, kind VARCHAR NOT NULL, agent VARCHAR NOT NULL, scope VARCHAR NOT NULL,
+    run_id VARCHAR NOT NULL, position BIGINT NOT NULL, occurred_at TIMESTAMPTZ NOT NULL, perception VARCHAR,
+    summary VARCHAR, outcome VARCHAR, speaker VARCHAR, refs VARCHAR[], source_event_ids VARCHAR[],
+    reasons VARCHAR[], prediction_error DOUBLE, user_interaction BOOLEAN, decided_at TIMESTAMPTZ NOT NULL);
+CREATE TABLE IF NOT EXISTS memory_merges (
+    unit_id VARCHAR NOT NULL, memory_id VARCHAR NOT NULL, agent VARCHAR NOT NULL, prediction_error DOUBLE,
+    decided_at TIMESTAMPTZ NOT NULL);
+CREATE TABLE IF NOT EXISTS memory_edges (
+    a VARCHAR NOT NULL, b VARCHAR NOT NULL, weight DOUBLE NOT NULL, shared DOUBLE, goal DOUBLE, temporal DOUBLE,
+    formed_at TIMESTAMPTZ NOT NULL);
+CREATE TABLE IF NOT EXISTS memory_access (
+    memory_id VARCHAR NOT NULL, agent VARCHAR NOT NULL, query VARCHAR, rank INTEGER, score DOUBLE,
+    accessed_at TIMESTAMPTZ NOT NULL);
+CREATE TABLE IF NOT EXISTS briefings_dirty (agent VARCHAR NOT NULL PRIMARY KEY);
 CREATE TABLE IF NOT EXISTS promotions (
     promotion_id UUID NOT NULL, source VARCHAR NOT NULL, predicate VARCHAR NOT NULL, target VARCHAR NOT NULL,
     from_scope VARCHAR NOT NULL, to_scope VARCHAR NOT NULL, reason VARCHAR NOT NULL, promoted_at TIMESTAMPTZ NOT NULL,
@@ -80,7 +97,8 @@ CREATE TABLE IF NOT EXISTS causal_link_updates (
     outcome VARCHAR NOT NULL, valence VARCHAR NOT NULL, agent VARCHAR NOT NULL, episode_id UUID NOT NULL,
     observed_at TIMESTAMPTZ NOT NULL, src_partition INTEGER NOT NULL, src_offset BIGINT NOT NULL, idx INTEGER NOT NULL,
     target DOUBLE NOT NULL, alpha DOUBLE NOT NULL, strength_before DOUBLE NOT NULL, strength DOUBLE NOT NULL,
-    observations BIGINT NOT NULL, event_observations BIGINT NOT NULL, confidence DOUBLE NOT NULL);
+    observations BIGINT NOT NULL, event_observations BIGINT NOT NULL, confidence DOUBLE NOT NULL,
+    strengths JSON NOT NULL);
 CREATE TABLE IF NOT EXISTS causal_links (
     event_signature VARCHAR NOT NULL, outcome_signature VARCHAR NOT NULL, level VARCHAR NOT NULL, tool VARCHAR NOT NULL,
     outcome VARCHAR NOT NULL, valence VARCHAR NOT NULL, strength DOUBLE NOT NULL, observations BIGINT NOT NULL,
@@ -131,10 +149,18 @@ CONTENT_COLUMNS: dict[str, list[str]] = {
     "briefings_served": ["briefing_id", "agent", "session_id", "served_at", "facts"],
     "causal_link_updates": ["event_signature", "outcome_signature", "level", "tool", "outcome", "valence", "agent",
                             "episode_id", "observed_at", "src_partition", "src_offset", "idx", "target", "alpha",
-                            "strength_before", "strength", "observations", "event_observations", "confidence"],
+                            "strength_before", "strength", "observations", "event_observations", "confidence",
+                            "strengths"],
     "causal_links": ["event_signature", "outcome_signature", "level", "tool", "outcome", "valence", "strength",
                      "observations", "event_observations", "confidence", "updated_at"],
     "temporal_bins": ["agent", "kind", "bin_kind", "bin", "count", "successes", "failures"],
+    "memory_log": ["ord", "kind", "body"],
+    "memories": ["memory_id", "kind", "agent", "scope", "run_id", "position", "occurred_at", "perception", "summary",
+                 "outcome", "speaker", "refs", "source_event_ids", "reasons", "prediction_error", "user_interaction",
+                 "decided_at"],
+    "memory_merges": ["unit_id", "memory_id", "agent", "prediction_error", "decided_at"],
+    "memory_edges": ["a", "b", "weight", "shared", "goal", "temporal", "formed_at"],
+    "memory_access": ["memory_id", "agent", "query", "rank", "score", "accessed_at"],
     "briefings": ["agent", "briefing_id", "generated_at", "budget", "markdown", "chars", "lessons", "facts",
                   "strategies", "dropped_lessons", "dropped_facts", "dropped_strategies"],
 }

@@ -53,6 +53,7 @@ class Topics:
     dead_letters: str
     facts: str = ""  # one partition; folded into the knowledge graph (projections/knowledge.py)
     link_updates: str = ""  # NAc updates (projections/causal.py)
+    memory: str = ""  # one partition; folded into episodic memory (projections/memory.py)
 
 
 @dataclass
@@ -63,8 +64,8 @@ class BatchResult:
     dead_letters: int = 0
     facts: int = 0
     link_updates: int = 0
+    memory_events: int = 0
     skipped_invalid: int = 0  # invalid traces: the worker dead-letters them
-    briefings: list[Any] = field(default_factory=list)  # BriefingGenerated written by this batch
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)
 
 
@@ -88,6 +89,9 @@ class Seen:
         from projections.causal import CausalProjection
 
         self.causal = CausalProjection(con)
+        from projections.memory import MemoryProjection
+
+        self.memory = MemoryProjection(con)
 
         self.agents = dict(agents or {})
         self.briefings = BriefingCache(con, self.agents)
@@ -109,6 +113,7 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
     facts: list[tuple[int, Any]] = []
     promotion_rows: list[dict[str, Any]] = []
     link_bundles: list[bytes] = []
+    memory_records: list[tuple[bytes | None, Any]] = []
     new_eps: list[Any] = []
     served_rows: list[dict[str, Any]] = []
     for rec in records:
@@ -149,6 +154,8 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
                 served_rows.append(_served_row(decode_served(rec.value or b""), rec.offset))
             else:
                 facts.append((rec.offset, decode_facts(rec.value or b"")))
+        elif rec.topic == topics.memory:
+            memory_records.append((_header(rec, "somnus-kind"), rec))
         elif rec.topic == topics.link_updates:
             link_bundles.append(rec.value or b"[]")
         elif rec.topic == topics.dead_letters:
@@ -194,12 +201,14 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
             add_temporal_bins(con, new_eps)
         if link_bundles:
             res.link_updates = seen.causal.write(con, link_bundles)
+        if memory_records:
+            res.memory_events = seen.memory.write(con, memory_records)
         _insert_new(con, "promotions", promotion_rows, ("promotion_id",))
         _insert_new(con, "briefings_served", served_rows, ("agent", "session_id", "briefing_id"))
         scopes: set[str] = set()
         if facts:
             res.facts, scopes = seen.knowledge.write(con, facts)
-        res.briefings = seen.briefings.regenerate(con, {r["agent"] for r in ep_rows}, scopes)
+        seen.briefings.invalidate(con, {r["agent"] for r in ep_rows}, scopes)
         offsets_frame = pa.table({  # noqa: F841
             "topic": [t for t, _ in res.offsets], "kafka_partition": [p for _, p in res.offsets],
             "next_offset": list(res.offsets.values())})
@@ -207,8 +216,9 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
         con.commit()
     except BaseException:
         con.rollback()
-        seen.briefings.rolled_back()
         seen.causal.rolled_back()
+        if memory_records:  # the capture fold ran ahead of the tables: replay what committed
+            seen.memory.reload(con)
         if facts:  # the fold's state ran ahead of the tables: reload it from what committed
             from projections.knowledge import KnowledgeProjection
 
@@ -216,7 +226,6 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
         raise
     seen.episodes |= new_episodes
     seen.dead_letters |= new_dead
-    seen.briefings.committed()
     seen.causal.committed()
     return res
 

@@ -278,7 +278,9 @@ class CausalLinkUpdated(msgspec.Struct, frozen=True, kw_only=True):
 
     An observation of outcome o updates every known outcome k of its event, with λ = 1 for k == o
     and 0 otherwise, so V_k tracks P(k | event). Unique by
-    ``(event_signature, outcome_signature, src_partition, src_offset, index)``."""
+    ``(event_signature, outcome_signature, src_partition, src_offset, index)``. In the compact form
+    (what the stream carries) there is one row per observation, the observed outcome's (λ = 1),
+    and ``strengths`` holds every outcome's V after it: the same information, a fraction of the rows."""
 
     event_signature: str
     level: LinkLevel
@@ -299,6 +301,9 @@ class CausalLinkUpdated(msgspec.Struct, frozen=True, kw_only=True):
     observations: int  # times this outcome was observed for this event, after the update
     event_observations: int  # times the event was observed, after the update
     confidence: float
+    # In the compact form (one row per observation, the observed outcome's: ``learn(per_link_rows=False)``),
+    # the strength of every outcome of the event after this update, by outcome signature.
+    strengths: dict[str, float] = {}
 
 
 class PredictedOutcome(msgspec.Struct, frozen=True, omit_defaults=True):

@@ -10,6 +10,7 @@ topic in the same run, the ceiling the pipeline is compared to (``ratio``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
@@ -18,6 +19,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -97,21 +99,20 @@ async def _delete_topics(bootstrap: str, topics: list[str]) -> None:
         await admin.close()
 
 
-def run_e2e(events: int, seed: int = 7, partitions: int = 4, bundle: int = 64, home: Path | None = None, log: Any = None,
-            timeout_s: float = 1800.0) -> dict[str, Any]:
-    from somnus.client import publish_async
-    from somnus.reads import status, summary
-    from somnus.sample import generate
+@contextlib.contextmanager
+def isolated_pipeline(home: Path | None = None, partitions: int = 4, label: str = "bench",
+                      log: Any = None, bootstrap: str | None = None) -> Iterator[tuple[Settings, str]]:
+    """A fresh pipeline on the local broker (started if needed): its own topics, consumer group,
+    state folder and DuckDB file, with a worker and a projector running; removed afterwards
+    (``SOMNUS_BENCH_KEEP=1`` keeps the folder)."""
     from streams.topics import ensure_topics
 
-    base = Settings.resolve(home=home)
+    base = Settings.resolve(home=home, bootstrap=bootstrap)
     boot = broker_mod.bootstrap_for(base, start_if_missing=True)
     run_id = uuid.uuid4().hex[:8]
-    work = Path(tempfile.mkdtemp(prefix=f"somnus-bench-{run_id}-"))
-    s = dataclasses.replace(base, home=work, db_path=work / "bench.duckdb", bootstrap=boot, partitions=partitions,
-                            topic_prefix=f"bench-{run_id}.", app_id=f"somnus-bench-{run_id}")
-    payloads = [orjson.dumps(e) for e in generate(events=events, seed=seed)]
-    sessions = sum(1 for p in payloads if b'"type":"session_end"' in p)
+    work = Path(tempfile.mkdtemp(prefix=f"somnus-{label}-{run_id}-"))
+    s = dataclasses.replace(base, home=work, db_path=work / f"{label}.duckdb", bootstrap=boot, partitions=partitions,
+                            topic_prefix=f"{label}-{run_id}.", app_id=f"somnus-{label}-{run_id}")
     ensure_topics(s, boot)
     try:
         procs.spawn(s, boot, "projector")
@@ -120,6 +121,24 @@ def run_e2e(events: int, seed: int = 7, partitions: int = 4, bundle: int = 64, h
         deadline = time.monotonic() + 60
         while not (Path(f"{s.db_path}.projector.json")).exists() and time.monotonic() < deadline:
             time.sleep(0.1)
+        yield s, boot
+    finally:
+        for role in ("worker", "projector"):
+            procs.stop(s, role)
+        asyncio.run(_delete_topics(boot, [s.topic_prefix, s.app_id]))
+        if not os.environ.get("SOMNUS_BENCH_KEEP"):
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def run_e2e(events: int, seed: int = 7, partitions: int = 4, bundle: int = 64, home: Path | None = None, log: Any = None,
+            timeout_s: float = 1800.0) -> dict[str, Any]:
+    from somnus.client import publish_async
+    from somnus.reads import status, summary
+    from somnus.sample import generate
+
+    payloads = [orjson.dumps(e) for e in generate(events=events, seed=seed)]
+    sessions = sum(1 for p in payloads if b'"type":"session_end"' in p)
+    with isolated_pipeline(home, partitions) as (s, boot):
         if log:
             log.print(f"bench: {len(payloads)} events of {sessions} sessions, {partitions} partitions")
         t0 = time.perf_counter()
@@ -139,9 +158,10 @@ def run_e2e(events: int, seed: int = 7, partitions: int = 4, bundle: int = 64, h
         elapsed = time.perf_counter() - t0
         from somnus.reads import sql
 
-        facts, triples, links, link_updates = sql(Path(s.db_path), (
+        facts, triples, links, link_updates, memories = sql(Path(s.db_path), (
             "SELECT (SELECT sum(facts) FROM knowledge_inputs), (SELECT count(*) FROM triples), "
-            "(SELECT count(*) FROM causal_links), (SELECT count(*) FROM causal_link_updates)"))["rows"][0]
+            "(SELECT count(*) FROM causal_links), (SELECT count(*) FROM causal_link_updates), "
+            "(SELECT count(*) FROM memories)"))["rows"][0]
         records, raw_events, raw_s = asyncio.run(raw_consume(boot, s.traces_topic))
         raw = raw_events / raw_s
         eps = len(payloads) / elapsed
@@ -151,14 +171,8 @@ def run_e2e(events: int, seed: int = 7, partitions: int = 4, bundle: int = 64, h
                 "events_per_s": round(eps, 1), "raw_consume_per_s": round(raw, 1), "ratio": round(eps / raw, 3),
                 "facts": int(facts or 0), "triples": int(triples), "facts_per_s": round((facts or 0) / elapsed, 1),
                 "causal_links": int(links), "link_updates": int(link_updates),
-                "link_updates_per_s": round(link_updates / elapsed, 1),
+                "link_updates_per_s": round(link_updates / elapsed, 1), "memories": int(memories),
                 "spine_elapsed_s": round(spine_s, 3), "spine_events_per_s": round(len(payloads) / spine_s, 1)}
-    finally:
-        for role in ("worker", "projector"):
-            procs.stop(s, role)
-        asyncio.run(_delete_topics(boot, [s.topic_prefix, s.app_id]))
-        if not os.environ.get("SOMNUS_BENCH_KEEP"):
-            shutil.rmtree(work, ignore_errors=True)
 
 
 def synthetic_triples(n: int, agents: int, teams: int, seed: int = 11) -> Any:

@@ -142,7 +142,7 @@ def publish(file: Path = typer.Argument(..., exists=True, dir_okay=False, help="
 
 @app.command("import")
 def import_(file: Path = typer.Argument(..., exists=True, dir_okay=False),
-            fmt: str = typer.Option(..., "--format", help="openai-chat | swe-agent"),
+            fmt: str = typer.Option(..., "--format", help="openai-chat | swe-agent | locomo"),
             agent: Optional[str] = typer.Option(None, "--agent", help="Agent name for the imported sessions."),
             out: Optional[Path] = typer.Option(None, "--out", help="Write v1 events here (JSON lines) instead of publishing."),
             home: Optional[Path] = HomeOpt, bootstrap: Optional[str] = BootOpt) -> None:
@@ -416,6 +416,31 @@ def promote(source: str = typer.Argument(..., help="Source entity (id such as to
 
 
 @app.command()
+def recall(query: str = typer.Argument(..., help="What to recall."),
+           agent: str = typer.Option(..., "--agent", help="The reading agent (its scope chain is searched)."),
+           k: int = typer.Option(10, "-k"), explain: bool = typer.Option(False, "--explain", help="Per-signal scores."),
+           db: Optional[Path] = DbOpt, home: Optional[Path] = HomeOpt,
+           as_json: bool = typer.Option(False, "--json")) -> None:
+    """Recall memories: lexical (BM25), LSH similarity, graph activation, recency/importance, fused."""
+    from somnus.reads import ReadError, read
+
+    s = _settings(home, db)
+    try:
+        got = read(Path(s.db_path), "recall", agent, agents_dir=s.agents_dir, query=query, k=k,  # type: ignore[arg-type]
+                   explain="true" if explain else None)
+    except ReadError as exc:
+        _fail(str(exc))
+    if as_json:
+        print(json.dumps(got))
+        return
+    cols = ["rank", "score", "kind", "when", "refs", "text"] + (["signals"] if explain else [])
+    rows = [[h["rank"], f"{h['score']:.4f}", h["kind"], h["occurred_at"][:16], ",".join(h["refs"]), h["text"][:80]]
+            + ([" ".join(f"{n}={v:.3g}" for n, v in h["signals"].items() if v)] if explain else [])
+            for h in got["hits"]]
+    _print_rows({"columns": cols, "rows": rows}, f"recall for {agent}: {query}")
+
+
+@app.command()
 def predict(tool: str = typer.Option(..., "--tool", help="The tool about to be called."),
             agent: Optional[str] = typer.Option(None, "--agent", help="The calling agent (context)."),
             args: Optional[str] = typer.Option(None, "--args", help="The call's arguments, a JSON object."),
@@ -488,7 +513,16 @@ def demo(sessions: int = typer.Option(300, "--sessions"), seed: int = typer.Opti
                             "GROUP BY kind ORDER BY n DESC"), "lessons")
     _print_rows(run_sql(db, "SELECT text, count(*) AS n FROM lessons WHERE kind = 'failure' "
                             "GROUP BY text ORDER BY n DESC, text LIMIT 5"), "most frequent failure lessons")
-    console.print(f"database: {db}; try: somnus sql \"SELECT * FROM episodes LIMIT 5\"")
+    _print_rows(run_sql(db, "SELECT tool, calls, errors, round(error_rate, 3) AS error_rate FROM tool_outcomes "
+                            "ORDER BY error_rate DESC, tool LIMIT 5"), "tools most likely to fail (NAc, exact counts)")
+    from somnus.reads import read
+
+    shown = read(db, "briefing", "scraper", agents_dir=s.agents_dir)["briefing"]
+    if shown and shown["markdown"]:
+        console.print("[bold]the briefing scraper gets before its next session[/bold] (somnus brief scraper):")
+        print(shown["markdown"])
+    console.print(f"database: {db}; try: somnus sql \"SELECT * FROM episodes LIMIT 5\", somnus inspect researcher, "
+                  "somnus predict --tool http_get, somnus recall \"rate limit\" --agent scraper")
     if not keep:
         down(home, None)
 
@@ -561,6 +595,27 @@ def _emit(result: dict[str, Any], as_json: bool) -> None:
     else:
         for k, v in result.items():
             console.print(f"{k}: {v}")
+
+
+eval_app = typer.Typer(help="Retrieval evaluations through the real pipeline.", no_args_is_help=True)
+app.add_typer(eval_app, name="eval")
+
+
+@eval_app.command("locomo")
+def eval_locomo(file: Path = typer.Argument(..., exists=True, dir_okay=False, help="LoCoMo JSON (locomo10 shape)."),
+                k: int = typer.Option(20, "-k", help="Memories asked for per question."),
+                home: Optional[Path] = HomeOpt, as_json: bool = typer.Option(False, "--json")) -> None:
+    """Evidence recall@1/5/10/20 at turn level, overall and per category (1-4), via broker, worker and projector."""
+    from somnus.evaluation import evaluate_locomo_pipeline
+
+    report = evaluate_locomo_pipeline(file, k=k, home=home, log=err)
+    if as_json:
+        print(json.dumps(report))
+        return
+    rows = [["all", report["questions"], *(report[f"recall@{n}"] for n in (1, 5, 10, 20))]]
+    rows += [[c, v["questions"], *(v[f"recall@{n}"] for n in (1, 5, 10, 20))] for c, v in report["by_category"].items()]
+    _print_rows({"columns": ["category", "questions", "recall@1", "recall@5", "recall@10", "recall@20"], "rows": rows},
+                "LoCoMo evidence recall (turn level)")
 
 
 @bench_app.command("predict")

@@ -103,9 +103,14 @@ class Settings:
         return f"{self.topic_prefix}link-updates"
 
     @property
+    def memory_topic(self) -> str:
+        """Episodic memory inputs (units) and accesses; one partition: capture is a fold over it."""
+        return f"{self.topic_prefix}memory"
+
+    @property
     def projected_topics(self) -> tuple[str, ...]:
         return (self.traces_topic, self.episodes_topic, self.dead_letter_topic, self.facts_topic,
-                self.link_updates_topic)
+                self.link_updates_topic, self.memory_topic)
 
     @property
     def run_dir(self) -> Path:

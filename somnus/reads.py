@@ -43,7 +43,12 @@ def _http(url: str, body: dict[str, Any] | None = None) -> Any:
         with urllib.request.urlopen(req, timeout=120) as resp:
             return json.loads(resp.read())
     except urllib.error.HTTPError as exc:
-        raise ReadError(json.loads(exc.read()).get("error", str(exc))) from None
+        body = exc.read()
+        try:
+            message = json.loads(body).get("error", str(exc))
+        except ValueError:
+            message = f"{exc} (the projector's log has the details)"
+        raise ReadError(message) from None
 
 
 def _open(db: Path) -> duckdb.DuckDBPyConnection:
@@ -159,7 +164,9 @@ def status(settings: Settings, bootstrap: str) -> dict[str, Any]:
         "memory": memory,
         "lag": lag,
         "worker_lag": worker_lag,
-        "idle": all(v == 0 for v in lag.values()) and all(v == 0 for v in worker_lag.values()),
+        "idle": (all(v == 0 for v in lag.values()) and all(v == 0 for v in worker_lag.values())
+                 and not s.get("stale_briefings")),
+        "stale_briefings": s.get("stale_briefings", 0),
         "counts": s["counts"],
         "dead_letters": s["counts"].get("dead_letters", 0),
         "dead_letter_kinds": s["dead_letter_kinds"],

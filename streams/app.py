@@ -12,7 +12,7 @@ import asyncio
 import inspect
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,10 @@ from faust.types import EventT
 import msgspec
 
 from processors.distiller import SessionState, decode_state, distill, encode_state, session_key
+from processors.memory import episode_unit, message_unit
 from processors.nac import decode_link_state, encode_link_state, learn, observations_from_episode
+from schemas.events import SessionStarted
+from schemas.memory import KIND_UNITS, MemoryUnit
 from schemas.causal import OutcomeObserved
 from schemas.codec import Rejection, decode_episode, decode_record, encode
 from somnus.config import Settings
@@ -186,7 +189,9 @@ def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker") 
     from somnus.agents import load_agents
     from processors.nac import alphas_for
 
-    alpha_by_agent = alphas_for(load_agents(settings.agents_dir))
+    fleet = load_agents(settings.agents_dir)
+    alpha_by_agent = alphas_for(fleet)
+    not_episodic = frozenset(name for name, spec in fleet.items() if not spec.episodic)
     counters = WorkerCounters()
     app.somnus_counters = counters  # type: ignore[attr-defined]
     batchers: list[Batcher] = []
@@ -240,7 +245,7 @@ def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker") 
     @app.agent(traces, concurrency=1)
     async def distill_sessions(stream: faust.StreamT) -> None:
         async def handle(batch: Sequence[EventT], generation: int) -> None:
-            await _handle_batch(app, settings, batch, sessions, counters, generation, inline_extractor)
+            await _handle_batch(app, settings, batch, sessions, counters, generation, inline_extractor, not_episodic)
 
         await run_batched(app, settings, stream, handle, batchers)
 
@@ -256,7 +261,8 @@ def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker") 
 
 
 async def _handle_batch(app: faust.App, settings: Settings, batch: Sequence[EventT], sessions: BatchedTable,
-                        counters: WorkerCounters, generation: int, extractor: Any = None) -> None:
+                        counters: WorkerCounters, generation: int, extractor: Any = None,
+                        not_episodic: frozenset[str] = frozenset()) -> None:
     pending: list[Any] = []
     valid = []
     partition_of: dict[str, int] = {}  # session key -> source partition
@@ -299,6 +305,12 @@ async def _handle_batch(app: faust.App, settings: Settings, batch: Sequence[Even
         counters.observations += len(obs)
         pending.extend(await _send_bundles(app, settings.observations_topic, settings.partitions, obs,
                                            lambda o: o.event_signature))
+    units = memory_units(prior, valid, out.episodes, not_episodic)
+    if units:
+        counters.memory_units += len(units)
+        pending.extend([await app.producer.send(
+            settings.memory_topic, key=None, value=encode(units[i:i + BUNDLE_ITEMS]), partition=0, timestamp=None,
+            headers=[("somnus-kind", KIND_UNITS)]) for i in range(0, len(units), BUNDLE_ITEMS)])
     # Episodes and dead letters must be on the broker before the state that says "done" is.
     if pending:
         await asyncio.gather(*pending)
@@ -315,16 +327,44 @@ async def _handle_batch(app: faust.App, settings: Settings, batch: Sequence[Even
     await sessions.send_changelog_batch(app.producer)
 
 
+BUNDLE_ITEMS = 1000  # items per bundle record: well under the producer's request size
+
+
+def memory_units(prior: Mapping[str, SessionState], events: Sequence[Any], episodes: Sequence[Any],
+                 not_episodic: frozenset[str]) -> list[MemoryUnit]:
+    """Memory units of a batch: its episodes, and the messages of conversational sessions (those whose
+    ``session_start`` metadata says ``"mode": "conversation"``), in batch order; none for agents whose
+    file sets ``episodic: false``. A redelivered unit is recognised by its id when it is folded."""
+    starts: dict[str, tuple[dict[str, Any], str | None]] = {
+        key: (st.metadata, st.user_id) for key, st in prior.items() if not st.closed}
+    out: list[MemoryUnit] = []
+    for ev in events:
+        if ev.agent in not_episodic:
+            continue
+        key = session_key(ev.agent, ev.session_id)
+        if isinstance(ev, SessionStarted):
+            starts[key] = (ev.payload.metadata, ev.payload.user_id)
+            continue
+        meta, user = starts.get(key, ({}, None))
+        if meta.get("mode") == "conversation":
+            unit = message_unit(ev, metadata=meta, user_id=user)
+            if unit is not None:
+                out.append(unit)
+    out += [episode_unit(ep) for ep in episodes if ep.agent not in not_episodic]
+    return out
+
+
 async def _send_bundles(app: faust.App, topic: str, partitions: int, items: Sequence[Any],
                         signature_of: Any) -> list[Any]:
-    """Send ``items`` as one JSON-array record per partition of their signature (order kept); returns
-    the send futures. Faust's cost is per record, so a batch's outcomes travel together."""
+    """Send ``items`` as JSON-array records, grouped by the partition of their signature (order kept,
+    at most ``BUNDLE_ITEMS`` a record); returns the send futures. Faust's cost is per record, so a
+    batch's outcomes travel together."""
     by_partition: dict[int, list[Any]] = {}
     for item in items:
         by_partition.setdefault(signature_partition(signature_of(item), partitions), []).append(item)
-    return [await app.producer.send(topic, key=None, value=encode(group), partition=partition, timestamp=None,
-                                    headers=None)
-            for partition, group in sorted(by_partition.items())]
+    return [await app.producer.send(topic, key=None, value=encode(group[i:i + BUNDLE_ITEMS]), partition=partition,
+                                    timestamp=None, headers=None)
+            for partition, group in sorted(by_partition.items()) for i in range(0, len(group), BUNDLE_ITEMS)]
 
 
 _observations_decoder = msgspec.json.Decoder(list[OutcomeObserved])
@@ -354,7 +394,7 @@ async def _handle_observations(app: faust.App, settings: Settings, batch: Sequen
         raw = links.get(sig.encode())
         if raw is not None:
             prior[sig] = decode_link_state(raw)
-    states, updates = learn(prior, observed, alpha_by_agent=alpha_by_agent)
+    states, updates = learn(prior, observed, alpha_by_agent=alpha_by_agent, per_link_rows=False)
     counters.link_updates += len(updates)
     pending = await _send_bundles(app, settings.link_updates_topic, settings.partitions, updates,
                                   lambda u: u.event_signature)

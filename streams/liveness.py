@@ -16,10 +16,11 @@ by dumping the consumer's state of a stalled worker (SIGUSR2, below):
    when the flow was suspended before the message was delivered; when that happens after the
    rebalance's seek, the re-fetched messages below it are dropped as "already read", the offsets
    in between are never acked, and commits stop at the hole for good (seen: committed 251, read
-   offset 553, position 554, nothing acked). Patching Faust's fetch loop would mean copying it,
-   so ``PartitionWatchdog`` detects the symptom instead: an assigned partition with lag whose read
-   and committed offsets have not moved for ``stall_s`` while our batcher is idle. It rewinds
-   that partition to its committed offset (clearing Faust's ack bookkeeping for it). Redelivered
+   offset 553, position 554, nothing acked; another time the commit crawled, one offset a second).
+   Patching Faust's fetch loop would mean copying it, so ``PartitionWatchdog`` detects the symptom
+   instead: an assigned partition with lag whose read offset has not moved for ``stall_s`` while our
+   batchers stayed idle. It rewinds that partition to its committed offset (clearing Faust's ack
+   bookkeeping for it). Redelivered
    events are harmless: the distiller ignores what it already applied.
 """
 
@@ -108,8 +109,11 @@ class PartitionWatchdog:
             if highwater is None or highwater <= behind:
                 self._last.pop(tp, None)  # nothing to do on this partition
                 continue
+            # Lag, an idle agent, and nothing new read: the records are not coming (or were read and
+            # never acked: commits then crawl or stop). A healthy idle partition commits its lag away
+            # within a commit interval or two.
             prev = self._last.get(tp)
-            if prev is None or prev[:2] != (read, committed):
+            if prev is None or prev[0] != read:
                 self._last[tp] = (read, committed, now)
                 continue
             if now - prev[2] >= self.stall_s:

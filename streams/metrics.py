@@ -13,3 +13,4 @@ class WorkerCounters:
     facts: int = 0
     observations: int = 0
     link_updates: int = 0
+    memory_units: int = 0

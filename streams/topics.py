@@ -29,6 +29,7 @@ def topic_specs(settings: Settings) -> dict[str, int]:
         settings.facts_topic: 1,
         settings.observations_topic: settings.partitions,
         settings.link_updates_topic: settings.partitions,
+        settings.memory_topic: 1,
     }
 
 

@@ -13,3 +13,4 @@ class Rec:
     value: bytes | None
     key: bytes | None = None
     headers: list | None = None
+    timestamp: int | None = None  # ms since the epoch, as Kafka stamps a record

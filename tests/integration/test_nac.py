@@ -43,12 +43,14 @@ def test_tau_bench_outcomes_are_learned_exactly_and_predicted(pipeline_settings,
             got = read(db, "predict", tool=tool)
             assert got["known"] and got["basis"] == "tool" and got["outcomes"][0]["confidence"] > 0.9
             rate = errors_by_tool[tool] / raw_calls[tool]
+            negative = {r[0] for r in read(db, "sql", sql=(
+                "SELECT outcome_signature FROM causal_links WHERE level = 'tool' AND tool = ? "
+                "AND valence = 'negative'"), params=[tool])["rows"]}
             per_obs = read(db, "sql", sql=(
-                "SELECT sum(strength) FILTER (valence = 'negative'), coalesce(max(target) FILTER (valence = 'negative'), 0) "
-                "FROM causal_link_updates WHERE level = 'tool' AND tool = ? "
-                "GROUP BY event_observations ORDER BY event_observations"), params=[tool])["rows"]
-            v = [r[0] or 0.0 for r in per_obs]
-            failed = [r[1] for r in per_obs]  # 1.0 when this observation was a failure
+                "SELECT strengths, valence FROM causal_link_updates WHERE level = 'tool' AND tool = ? "
+                "ORDER BY event_observations"), params=[tool])["rows"]
+            v = [sum(x for o, x in json.loads(r[0]).items() if o in negative) for r in per_obs]
+            failed = [1.0 if r[1] == "negative" else 0.0 for r in per_obs]  # this observation was a failure
             assert len(v) == raw_calls[tool] and sum(failed) == errors_by_tool[tool]
             # Averaged after a burn-in, V follows the failures as they came in the stream (the order
             # decides which third is "late", so compare with those same observations) ...

@@ -491,3 +491,20 @@ def test_snapshots_satisfy_the_promotion_sources_protocol():
     assert isinstance(snap, promotion.CausalLinkLike)
     (candidate,) = promotion.NacPromotionSource([snap]).get_promotion_candidates()
     assert candidate.pattern_name == "t → ok" and len(candidate.source_memory_ids) == 4
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from(["ok", "error:x", "http:429", "error:y"]), min_size=1, max_size=40),
+       st.floats(0.01, 0.9))
+def test_compact_rows_carry_exactly_what_the_per_link_rows_say(outcomes, alpha):
+    states, full = learn({}, seq(outcomes), alpha)
+    states_c, compact = learn({}, seq(outcomes), alpha, per_link_rows=False)
+    assert states_c == states and len(compact) == len(outcomes)
+    by_obs: dict[tuple[int, int], dict[str, float]] = {}
+    for r in full:
+        by_obs.setdefault((r.src_offset, r.index), {})[r.outcome_signature] = r.strength
+    for row in compact:
+        assert row.strengths == by_obs[(row.src_offset, row.index)]
+        (observed,) = [r for r in full if (r.src_offset, r.index, r.outcome_signature)
+                       == (row.src_offset, row.index, row.outcome_signature)]
+        assert observed.target == 1.0 and row == msgspec.structs.replace(observed, strengths=row.strengths)

@@ -43,14 +43,18 @@ def _db(tmp_path, name):
     return con
 
 
-def _project(con, chunks, restart_each_batch=False):
+def _project(con, chunks, restart_each_batch=False, refresh_every=1):
+    """Apply the chunks as batches; render stale briefings after every ``refresh_every`` batches and at the end."""
     seen = Seen(con, AGENTS)
-    results = []
-    for chunk in chunks:
+    rendered = []
+    for i, chunk in enumerate(chunks):
         if restart_each_batch:
             seen = Seen(con, AGENTS)
-        results.append(apply_batch(con, TOPICS, chunk, load_offsets(con), 1 << 20, seen))
-    return seen, results
+        apply_batch(con, TOPICS, chunk, load_offsets(con), 1 << 20, seen)
+        if (i + 1) % refresh_every == 0:
+            rendered.append(seen.briefings.refresh(con))
+    rendered.append(seen.briefings.refresh(con))
+    return seen, rendered
 
 
 def test_every_agent_with_episodes_gets_a_briefing_with_its_lessons(tmp_path, records):
@@ -75,7 +79,11 @@ def test_the_final_briefings_do_not_depend_on_batching_or_restarts(tmp_path, rec
     many = _db(tmp_path, "many.duckdb")
     r = records
     _project(many, [r[:3], r[3:40], r[40:41], r[41:150], r[150:]], restart_each_batch=True)
+    bursty = _db(tmp_path, "bursty.duckdb")  # rendering deferred over several batches
+    _project(bursty, [r[:3], r[3:40], r[40:41], r[41:150], r[150:]], refresh_every=3)
     assert queries.table_checksums(one)["briefings"] == queries.table_checksums(many)["briefings"]
+    assert queries.table_checksums(one)["briefings"] == queries.table_checksums(bursty)["briefings"]
+    assert one.execute("SELECT count(*) FROM briefings_dirty").fetchone()[0] == 0
 
 
 def _facts(agent: str, scope: str | None, n: int, at: datetime) -> Rec:
@@ -91,12 +99,15 @@ def test_a_team_fact_reaches_teammates_and_not_other_teams_and_unaffected_agents
     seen, _ = _project(con, [records])
     before = dict(con.execute("SELECT agent, briefing_id FROM briefings").fetchall())
     at = datetime(2030, 1, 1, tzinfo=timezone.utc)
-    # scraper's private fact: only scraper's briefing changes
-    _, (res,) = _project_with(con, seen, [_facts("scraper", None, 1, at)])
-    assert [b.agent for b in res.briefings] == ["scraper"]
+    # scraper's private fact: only scraper's briefing is stale, and only it changes
+    _project_with(con, seen, [_facts("scraper", None, 1, at)])
+    assert con.execute("SELECT agent FROM briefings_dirty").fetchall() == [("scraper",)]
+    assert [b.agent for b in seen.briefings.refresh(con)] == ["scraper"]
     # the same fact in the research team's scope: researcher and scraper (team members) see it; ops do not
-    _, (res,) = _project_with(con, seen, [_facts("scraper", "team:research-lead", 2, at)])
-    assert "researcher" in {b.agent for b in res.briefings} <= {"researcher", "scraper"}
+    _project_with(con, seen, [_facts("scraper", "team:research-lead", 2, at)])
+    assert sorted(a for (a,) in con.execute("SELECT agent FROM briefings_dirty").fetchall()) == [
+        "researcher", "scraper"]
+    assert "researcher" in {b.agent for b in seen.briefings.refresh(con)} <= {"researcher", "scraper"}
     md = dict(con.execute("SELECT agent, markdown FROM briefings").fetchall())
     assert "api.example.com rate_limit 10/s" in md["researcher"] and "api.example.com" in md["scraper"]
     for other in ("deployer", "support", "ops-lead"):
@@ -107,7 +118,7 @@ def test_a_team_fact_reaches_teammates_and_not_other_teams_and_unaffected_agents
 
 
 def _project_with(con, seen, chunk):
-    return seen, [apply_batch(con, TOPICS, chunk, load_offsets(con), 1 << 20, seen)]
+    return apply_batch(con, TOPICS, chunk, load_offsets(con), 1 << 20, seen)
 
 
 def test_inject_fences_the_cached_briefing_and_leaves_prompts_of_agents_without_one_alone(tmp_path, records):

@@ -12,7 +12,17 @@ import orjson
 import pytest
 
 from schemas.codec import Rejection, decode_trace
-from somnus.importers import DEFAULT_START, FORMATS, MAX_OUTPUT, ImportShapeError, openai_chat, swe_agent
+from somnus.importers import (
+    DEFAULT_START,
+    FORMATS,
+    LOCOMO_TURN_STEP_S,
+    MAX_OUTPUT,
+    ImportShapeError,
+    locomo,
+    locomo_date,
+    openai_chat,
+    swe_agent,
+)
 
 TAU_BENCH = Path(__file__).resolve().parents[3] / "shared" / "datasets" / "tau-bench-airline" / "gpt-4o-airline.json"
 
@@ -318,4 +328,103 @@ def test_swe_agent_unknown_shapes_name_the_field(tmp_path, data, names):
 
 
 def test_formats_registry():
-    assert FORMATS == {"openai-chat": openai_chat, "swe-agent": swe_agent}
+    assert FORMATS == {"openai-chat": openai_chat, "swe-agent": swe_agent, "locomo": locomo}
+
+
+# ---- LoCoMo (real data) ----------------------------------------------------------------------------
+
+LOCOMO = TAU_BENCH.parents[1] / "locomo" / "locomo5.json"
+
+
+@pytest.fixture(scope="module")
+def loco() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    if not LOCOMO.exists():
+        pytest.skip(f"dataset missing: {LOCOMO}")
+    return json.loads(LOCOMO.read_bytes()), list(locomo(LOCOMO))
+
+
+def sessions_of(conv: dict[str, Any]) -> list[int]:
+    return sorted(int(k.split("_")[1]) for k in conv if k.startswith("session_") and k.count("_") == 1)
+
+
+def test_locomo_turns_become_message_events_with_their_dia_ids(loco):
+    source, events = loco
+    sessions = by_session(events)
+    expected = {f"{c['sample_id']}-s{n}" for c in source for n in sessions_of(c["conversation"])}
+    assert set(sessions) == expected and len(expected) == 128
+    turns = [t for c in source for n in sessions_of(c["conversation"]) for t in c["conversation"][f"session_{n}"]]
+    messages = [e for e in events if e["type"] in ("user_message", "agent_message")]
+    assert len(messages) == len(turns) == 2760
+    assert [m["payload"]["dia_id"] for m in messages] == [t["dia_id"] for t in turns]
+    for sid, evs in sessions.items():
+        start = evs[0]
+        assert start["type"] == "session_start" and evs[-1]["type"] == "session_end", sid
+        assert [e["seq"] for e in evs] == list(range(len(evs)))
+        refs = start["payload"]["metadata"]["message_refs"]
+        assert refs == {str(e["seq"]): e["payload"]["dia_id"] for e in evs[1:-1]}
+        times = [datetime.fromisoformat(e["ts"]) for e in evs]
+        assert times == sorted(times) and len(set(times)) == len(times)
+        assert times[2] - times[1] == timedelta(seconds=LOCOMO_TURN_STEP_S)
+
+
+def test_locomo_sessions_are_stamped_with_their_dates_and_speakers_keep_their_roles(loco):
+    source, events = loco
+    first = source[0]["conversation"]
+    start = next(e for e in events if e["session_id"] == f"{source[0]['sample_id']}-s1")
+    assert start["ts"] == locomo_date(first["session_1_date_time"]).isoformat().replace("+00:00", "Z")
+    assert start["agent"] == f"locomo-{source[0]['sample_id']}"
+    meta = start["payload"]["metadata"]
+    assert meta["speakers"] == {"user": first["speaker_a"], "agent": first["speaker_b"]}
+    assert meta["session_date"] == first["session_1_date_time"]
+    for e in events:
+        if e["type"] in ("user_message", "agent_message"):
+            role = "user" if e["type"] == "user_message" else "agent"
+            assert e["payload"]["speaker"] == by_session([x for x in events if x["session_id"] == e["session_id"]])[
+                e["session_id"]][0]["payload"]["metadata"]["speakers"][role]
+            break
+
+
+def test_locomo_events_all_decode_and_keep_image_captions(loco):
+    source, events = loco
+    assert_all_decode(events)
+    captioned = next(t for n in sessions_of(source[0]["conversation"])
+                     for t in source[0]["conversation"][f"session_{n}"] if t.get("blip_caption"))
+    ev = next(e for e in events if e["payload"].get("dia_id") == captioned["dia_id"]
+              and e["agent"] == f"locomo-{source[0]['sample_id']}")
+    assert ev["payload"]["text"] == f"{captioned['text']} [shares {captioned['blip_caption']}]"
+
+
+def test_locomo_dates_and_agent_override(tmp_path):
+    assert locomo_date("1:56 pm on 8 May, 2023").isoformat() == "2023-05-08T13:56:00+00:00"
+    assert locomo_date("12:09 am on 13 September, 2023").isoformat() == "2023-09-13T00:09:00+00:00"
+    assert locomo_date("12:30 pm on 1 January, 2024").hour == 12
+    with pytest.raises(ValueError):
+        locomo_date("yesterday")
+    sample = {"sample_id": "x", "conversation": {"speaker_a": "A", "speaker_b": "B",
+                                                 "session_1_date_time": "9:00 am on 2 June, 2023",
+                                                 "session_1": [{"speaker": "A", "dia_id": "D1:1", "text": "hi"},
+                                                               {"speaker": "B", "dia_id": "D1:2", "text": "yo"}]}}
+    events = list(locomo(write(tmp_path, "c.json", sample), agent="chat"))
+    assert [e["type"] for e in events] == ["session_start", "user_message", "agent_message", "session_end"]
+    assert {e["agent"] for e in events} == {"chat"} and events[0]["session_id"] == "x-s1"
+    assert list(locomo(write(tmp_path, "c.json", sample))) == list(locomo(write(tmp_path, "c.json", sample)))
+
+
+@pytest.mark.parametrize(("conv", "names"), [
+    ({}, ["'speaker_a'"]),
+    ({"speaker_a": "A", "speaker_b": "B", "session_1": []}, ["'session_1_date_time'"]),
+    ({"speaker_a": "A", "speaker_b": "B", "session_1": [], "session_1_date_time": "soon"}, ["session_1_date_time"]),
+    ({"speaker_a": "A", "speaker_b": "B", "session_1": {}, "session_1_date_time": "9:00 am on 2 June, 2023"},
+     ["'session_1' must be a list"]),
+    ({"speaker_a": "A", "speaker_b": "B", "session_1_date_time": "9:00 am on 2 June, 2023",
+      "session_1": [{"speaker": "C", "dia_id": "D1:1", "text": "hi"}]}, ["session_1[0]", "'C'"]),
+    ({"speaker_a": "A", "speaker_b": "B", "session_1_date_time": "9:00 am on 2 June, 2023",
+      "session_1": [{"speaker": "A", "text": "hi"}]}, ["session_1[0]", "'dia_id'"]),
+])
+def test_locomo_unknown_shapes_name_the_field(tmp_path, conv, names):
+    with pytest.raises(ImportShapeError) as info:
+        list(locomo(write(tmp_path, "c.json", {"sample_id": "x", "conversation": conv})))
+    for name in names:
+        assert name in str(info.value), str(info.value)
+    with pytest.raises(ImportShapeError):
+        list(locomo(write(tmp_path, "d.json", [{"qa": []}])))

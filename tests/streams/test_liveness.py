@@ -100,3 +100,12 @@ def test_progress_or_a_busy_agent_or_no_lag_never_rewinds():
     _check(dog, 0.0)
     _check(dog, 60.0)
     assert caught_up.seeks == [] and caught_up.beginnings == []
+
+
+def test_a_commit_that_crawls_behind_a_static_read_offset_is_rewound_too():
+    consumer = FakeConsumer(highwater=554, read=553, committed=317)  # seen: +1 a second, for minutes
+    dog, _ = _watchdog(consumer, stall_s=15.0)
+    for t in range(0, 16):
+        consumer._committed_offset[TRACES] = 317 + t
+        _check(dog, float(t))
+    assert consumer.seeks == [{TRACES: 332}]

@@ -1,0 +1,128 @@
+"""The episodic memory projection: the capture fold over the one-partition ``memory`` topic.
+
+The worker publishes memory units (episodes, and the messages of conversational sessions) on
+``memory``; the projector (the only writer) folds them in offset order with
+``processors.memory.capture``: every decision (stored, merged, linked) and every access (published
+back on ``memory`` by recall) is appended to ``memory_log`` in the transaction of the batch that
+consumed it. The in-memory index that answers recall is rebuilt at start by replaying the log, never
+by deciding again, so a restarted or replayed projector holds the same memory.
+
+Derived tables: ``memories`` (one row per stored memory), ``memory_merges``, ``memory_edges``,
+``memory_access`` — each a plain projection of the log.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+import duckdb
+import msgspec
+import pyarrow as pa
+
+from processors.memory import MemoryState, apply, capture
+from processors.memory_index import IndexConfig
+from schemas.memory import (
+    KIND_ACCESS, CaptureAction, CaptureDecided, MemoryAccessed, MemoryEvent, MemoryLinked, MemoryUnit)
+
+log = logging.getLogger("somnus.projector")
+
+_units_decoder = msgspec.json.Decoder(list[MemoryUnit])
+_access_decoder = msgspec.json.Decoder(list[MemoryAccessed])
+_event_decoder = msgspec.json.Decoder(MemoryEvent)  # type: ignore[arg-type]
+_encoder = msgspec.json.Encoder()
+
+
+def stemmer() -> Any:
+    """The English Snowball stemmer (fixed: the index of a replay must tokenise the same way)."""
+    import snowballstemmer
+
+    return snowballstemmer.stemmer("english").stemWord
+
+
+def new_state() -> MemoryState:
+    return MemoryState.empty(IndexConfig(stem=stemmer()))
+
+
+def _ts(record: Any, units: Sequence[MemoryUnit]) -> datetime:
+    """The decision time: the record's timestamp (in the log, so a replay decides at the same time)."""
+    ms = getattr(record, "timestamp", None)
+    if ms is not None and ms >= 0:
+        return datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+    return max((u.occurred_at for u in units), default=datetime(1970, 1, 1, tzinfo=timezone.utc))
+
+
+class MemoryProjection:
+    """The capture fold's state (replayed from ``memory_log`` at start) and its writes."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+        self.state = new_state()
+        self.next_ord = 0
+        self.reload(con)
+
+    def reload(self, con: duckdb.DuckDBPyConnection) -> None:
+        """Rebuild the state from the committed log (at start, and after a rolled-back batch)."""
+        self.state = new_state()
+        cur = con.execute("SELECT body FROM memory_log ORDER BY ord")
+        n = 0
+        while rows := cur.fetchmany(10_000):
+            for (body,) in rows:
+                apply(self.state, _event_decoder.decode(body))
+                n += 1
+        self.next_ord = n
+        if n:
+            log.info("memory index rebuilt from %d logged events (%d memories)", n, len(self.state.index))
+
+    def write(self, con: duckdb.DuckDBPyConnection, records: Sequence[tuple[bytes | None, Any]]) -> int:
+        """Fold ``(kind, record)`` pairs in order and write what they decided (caller's transaction)."""
+        events: list[tuple[MemoryEvent, int]] = []
+        for kind, rec in records:
+            raw = rec.value or b"[]"
+            if kind == KIND_ACCESS:
+                for ev in _access_decoder.decode(raw):
+                    if ev.memory_id in self.state.index.pos:
+                        apply(self.state, ev)
+                        events.append((ev, rec.offset))
+                continue
+            units = _units_decoder.decode(raw)
+            _, decided = capture(self.state, units, _ts(rec, units))
+            events += [(ev, rec.offset) for ev in decided]
+        if not events:
+            return 0
+        self._insert(con, events)
+        return len(events)
+
+    def _insert(self, con: duckdb.DuckDBPyConnection, events: list[tuple[MemoryEvent, int]]) -> None:
+        log_rows, mem_rows, merge_rows, edge_rows, access_rows = [], [], [], [], []
+        for ev, offset in events:
+            log_rows.append({"ord": self.next_ord, "kind": type(ev).__name__, "body": _encoder.encode(ev).decode(),
+                             "src_offset": offset})
+            self.next_ord += 1
+            if isinstance(ev, CaptureDecided):
+                u = ev.unit
+                if ev.action is CaptureAction.STORED:
+                    mem_rows.append({
+                        "memory_id": u.memory_id, "kind": u.kind.value, "agent": u.agent, "scope": u.scope,
+                        "run_id": u.run_id, "position": u.position, "occurred_at": u.occurred_at,
+                        "perception": u.perception, "summary": u.summary, "outcome": u.outcome, "speaker": u.speaker,
+                        "refs": list(u.refs), "source_event_ids": [str(x) for x in u.source_event_ids],
+                        "reasons": list(ev.reasons), "prediction_error": ev.prediction_error,
+                        "user_interaction": u.user_interaction, "decided_at": ev.decided_at})
+                else:
+                    merge_rows.append({"unit_id": u.memory_id, "memory_id": ev.memory_id, "agent": u.agent,
+                                       "prediction_error": ev.prediction_error, "decided_at": ev.decided_at})
+            elif isinstance(ev, MemoryLinked):
+                edge_rows.append({"a": ev.a, "b": ev.b, "weight": ev.weight, "shared": ev.shared, "goal": ev.goal,
+                                  "temporal": ev.temporal, "formed_at": ev.formed_at})
+            elif isinstance(ev, MemoryAccessed):
+                access_rows.append({"memory_id": ev.memory_id, "agent": ev.agent, "query": ev.query, "rank": ev.rank,
+                                    "score": ev.score, "accessed_at": ev.accessed_at})
+        for table, rows, select in (
+                ("memory_log", log_rows, "ord, kind, body::JSON, src_offset"),
+                ("memories", mem_rows, "*"), ("memory_merges", merge_rows, "*"), ("memory_edges", edge_rows, "*"),
+                ("memory_access", access_rows, "*")):
+            if rows:
+                frame = pa.Table.from_pylist(rows)  # noqa: F841
+                con.execute(f"INSERT INTO {table} SELECT {select} FROM frame")

@@ -357,3 +357,156 @@ def run_scn_footprint(memories: int = 10_000, seed: int = 42) -> dict[str, Any]:
                 "marks_per_s": round(len(marks) / index_s, 1)}
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
+
+
+def run_recall(units: int = 100_000, queries: int = 300, agents: int = 50, seed: int = 7) -> dict[str, Any]:
+    """Recall latency and memory with ``units`` synthetic memory units in the index.
+
+    Units: 10-25 words from a Zipf vocabulary of 30,000, one person and one tool each, runs of 20,
+    spread over ``agents`` agents; queries: 3-6 words, a third naming a person; ``recall(k=10)`` as
+    the projector serves it (stemmed BM25, LSH, graph, importance, fused), for a random agent."""
+    import statistics
+    from datetime import datetime, timedelta, timezone
+
+    import numpy as np
+
+    from processors.memory_index import IndexConfig, MemoryIndex
+    from processors.recall import recall
+    from projections.memory import stemmer
+    from schemas.memory import MemoryKind, MemoryUnit
+
+    rng = np.random.default_rng(seed)
+    vocab_n = 30_000
+    vocab = [f"word{i}" for i in range(vocab_n)]
+    zipf = 1.0 / np.arange(1, vocab_n + 1) ** 1.05
+    zipf /= zipf.sum()
+    people = [f"person{i}" for i in range(300)]
+    t0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
+    words = rng.choice(vocab_n, size=(units, 24), p=zipf)
+    lens = rng.integers(10, 25, units)
+    rss0 = _rss_mib()
+    index = MemoryIndex(IndexConfig(stem=stemmer()))
+    start = time.perf_counter()
+    for i in range(units):
+        agent = f"agent{i % agents}"
+        index.add(MemoryUnit(
+            memory_id=f"m{i}", kind=MemoryKind.MESSAGE, agent=agent, scope=f"agent:{agent}", run_id=f"r{i // 20}",
+            position=i % 20, occurred_at=t0 + timedelta(minutes=i),
+            perception=" ".join(vocab[w] for w in words[i, :lens[i]]), people=[people[i % 300]],
+            tools=[f"tool_{i % 60}"]))
+    build_s = time.perf_counter() - start
+    rss = _rss_mib() - rss0
+    qw = rng.choice(vocab_n, size=(queries, 6), p=zipf)
+    lat = []
+    now = t0 + timedelta(days=400)
+    for q in range(queries + 20):
+        text = " ".join(vocab[w] for w in qw[q % queries, : 3 + q % 4]) + (f" {people[q % 300]}" if q % 3 == 0 else "")
+        t = time.perf_counter()
+        recall(index, text, f"agent{(q * 7) % agents}", k=10, now=now)
+        if q >= 20:  # after a warm-up
+            lat.append((time.perf_counter() - t) * 1000)
+    qs = statistics.quantiles(lat, n=100)
+    return {"units": units, "agents": agents, "queries": queries, "build_s": round(build_s, 1),
+            "build_us_per_unit": round(1e6 * build_s / units, 1), "p50_ms": round(qs[49], 2),
+            "p95_ms": round(qs[94], 2), "p99_ms": round(qs[98], 2), "rss_mib": round(rss, 1),
+            "mib_per_100k_units": round(rss * 100_000 / units, 1)}
+
+
+def _probe_session(agent: str, n: int, marker: str, at: Any) -> list[dict[str, Any]]:
+    """A short failing session of ``agent`` whose failure lesson carries ``marker``."""
+    from datetime import timedelta
+
+    sid = f"{agent}-probe-{n}"
+    base = {"schema_version": 1, "agent": agent, "session_id": sid}
+    kinds = [("session_start", {"task": f"probe {n}"}),
+             ("tool_call", {"tool": "fetch", "call_id": "c0", "args": {"n": n}}),
+             ("tool_result", {"call_id": "c0", "tool": "fetch", "ok": False, "error": f"Error: {marker}"}),
+             ("session_end", {"outcome": "failure"})]
+    return [{**base, "event_id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"{sid}/{i}")),
+             "ts": (at + timedelta(seconds=i)).isoformat(), "seq": i, "type": t, "payload": p}
+            for i, (t, p) in enumerate(kinds)]
+
+
+def run_briefing(agents: int = 10_000, rate: float = 1000.0, duration_s: float = 60.0, probes: int = 60,
+                 home: Path | None = None, log: Any = None) -> dict[str, Any]:
+    """Briefing reads under ingest: p99 of ``GET /agents/{agent}/briefing`` with ``agents`` briefings
+    cached while the sample fleet is published at ``rate`` events/s, and the publish -> updated
+    briefing latency of probe sessions published during that load."""
+    import random
+    import statistics
+    import threading
+    import urllib.request
+    from datetime import datetime, timezone
+
+    from somnus.client import publish
+    from somnus.reads import read, status
+    from somnus.sample import generate
+
+    t_start = datetime(2025, 1, 6, 9, tzinfo=timezone.utc)
+    with isolated_pipeline(home, label="brief", log=log) as (s, boot):
+        db = Path(s.db_path)  # type: ignore[arg-type]
+        fill = [e for i in range(agents) for e in _probe_session(f"agent-{i:05d}", 0, f"fill {i}", t_start)]
+        publish(fill, boot, s.traces_topic)
+        deadline = time.monotonic() + 1800
+        while not status(s, boot)["idle"]:
+            if time.monotonic() > deadline:
+                raise TimeoutError("the cache did not fill in 30 minutes")
+            time.sleep(1)
+        cached = read(db, "sql", sql="SELECT count(*) FROM briefings WHERE markdown <> ''")["rows"][0][0]
+        port = json.loads(Path(f"{db}.projector.json").read_text())["port"]
+        stop = threading.Event()
+        sent = [0]
+
+        def load() -> None:  # the sample fleet at `rate` events/s, in 0.1 s slices
+            events = generate(events=int(rate * duration_s * 1.5), seed=3)
+            per = max(1, int(rate / 10))
+            while not stop.is_set():
+                t = time.monotonic()
+                chunk = [e for _, e in zip(range(per), events)]
+                if not chunk:
+                    return
+                publish(chunk, boot, s.traces_topic)
+                sent[0] += len(chunk)
+                time.sleep(max(0.0, 0.1 - (time.monotonic() - t)))
+
+        loader = threading.Thread(target=load, daemon=True)
+        loader.start()
+        rng = random.Random(1)
+        lat: list[float] = []
+        fresh: list[float] = []
+        probe_at = time.monotonic() + 2.0
+        n_probe = 0
+        pending: dict[str, tuple[str, float]] = {}
+        t_end = time.monotonic() + duration_s
+        while time.monotonic() < t_end or (pending and time.monotonic() < t_end + 30):
+            agent = f"agent-{rng.randrange(agents):05d}"
+            t = time.perf_counter()
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/agents/{agent}/briefing", timeout=10) as resp:
+                resp.read()
+            lat.append((time.perf_counter() - t) * 1000)
+            now = time.monotonic()
+            if n_probe < probes and now >= probe_at and time.monotonic() < t_end:
+                agent_p = f"agent-{rng.randrange(agents):05d}"
+                marker = f"probe marker {uuid.uuid4().hex[:10]}"
+                publish(_probe_session(agent_p, n_probe + 1, marker, t_start), boot, s.traces_topic)
+                pending[marker] = (agent_p, time.monotonic())
+                n_probe += 1
+                probe_at = now + duration_s / probes
+            for marker, (agent_p, t0) in list(pending.items()):
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/agents/{agent_p}/briefing", timeout=10) as r:
+                    if marker.encode() in r.read():
+                        fresh.append(time.monotonic() - t0)
+                        del pending[marker]
+        stop.set()
+        loader.join(timeout=30)
+        q = statistics.quantiles(lat, n=100)
+        fq = statistics.quantiles(fresh, n=100) if len(fresh) >= 2 else [float("nan")] * 99
+        return {"agents_cached": cached, "ingest_events_per_s": round(sent[0] / duration_s, 1),
+                "reads": len(lat), "read_p50_ms": round(q[49], 3), "read_p99_ms": round(q[98], 3),
+                "probes": n_probe, "probes_seen": len(fresh), "update_p50_s": round(fq[49], 3),
+                "update_p99_s": round(fq[98], 3), "update_max_s": round(max(fresh, default=float("nan")), 3)}

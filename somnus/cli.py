@@ -629,6 +629,27 @@ def bench_predict(links: int = typer.Option(1_000_000, "--links"), queries: int 
                    ("load_s", "p50_ms", "p95_ms", "p99_ms")), as_json)
 
 
+@bench_app.command("recall")
+def bench_recall(units: int = typer.Option(100_000, "--units"), queries: int = typer.Option(300, "--queries"),
+                 repeat: int = typer.Option(1, "--repeat", help="Runs; the figures are their medians."),
+                 as_json: bool = typer.Option(False, "--json")) -> None:
+    """Recall latency (p50/p95/p99) and index memory with N memory units."""
+    from somnus.bench import run_recall
+
+    _emit(_medians([run_recall(units=units, queries=queries) for _ in range(repeat)],
+                   ("build_s", "p50_ms", "p95_ms", "p99_ms", "rss_mib")), as_json)
+
+
+@bench_app.command("briefing")
+def bench_briefing(agents: int = typer.Option(10_000, "--agents"), rate: float = typer.Option(1000.0, "--rate"),
+                   duration: float = typer.Option(60.0, "--duration"), home: Optional[Path] = HomeOpt,
+                   as_json: bool = typer.Option(False, "--json")) -> None:
+    """Briefing read p99 with N agents cached under ingest, and publish -> updated briefing latency."""
+    from somnus.bench import run_briefing
+
+    _emit(run_briefing(agents=agents, rate=rate, duration_s=duration, home=home, log=err), as_json)
+
+
 @bench_app.command("scn")
 def bench_scn(memories: int = typer.Option(10_000, "--memories"), as_json: bool = typer.Option(False, "--json")) -> None:
     """Bytes of the SCN temporal index for N episodes of the sample fleet."""

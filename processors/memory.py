@@ -130,7 +130,7 @@ def episode_unit(ep: EpisodeDistilled) -> MemoryUnit:
         summary=ep.summary, lessons=[lesson.text for lesson in ep.lessons], tools=_unique(calls),
         objects=_unique([*hosts, *errors]), people=people, domains=domains, mode=mode,
         user_interaction=ep.user_id is not None, importance=_importance(ep.metadata),
-        salience=1.0 if failure else (0.8 if recovered else 0.3))
+        salience=1.0 if failure else (0.8 if recovered else 0.3), user_id=ep.user_id)
 
 
 def _unique_ids(ids: Sequence[Any]) -> list[Any]:
@@ -170,7 +170,8 @@ def message_unit(event: TraceEvent, *, metadata: Mapping[str, Any] | None = None
         refs=[ref] if isinstance(ref, str) else [], perception=text[:MAX_TEXT],
         context=" ".join(x for x in (f"{role} {speaker}", when if isinstance(when, str) else "") if x),
         people=[speaker.lower()], domains=_unique(d for k in _DOMAIN_KEYS for d in _strings(meta.get(k))),
-        mode="conversation", speaker=speaker, user_interaction=role == "user", importance=_importance(meta))
+        mode="conversation", speaker=speaker, user_interaction=role == "user", importance=_importance(meta),
+        user_id=user_id)
 
 
 def message_units(events: Iterable[TraceEvent]) -> list[MemoryUnit]:

@@ -311,6 +311,8 @@ class MemoryIndex:
         self.merged: list[int] = []  # how many units were merged into each memory
         self.occurred = _Column(np.float64)  # event time, seconds since the epoch
         self.scope_code = _Column(np.int32)
+        self.user_code = _Column(np.int32)  # 0: the memory belongs to no user; else users[user_id]
+        self.users: dict[str, int] = {}
         self.run_code = _Column(np.int32)
         self.alive = _Column(np.bool_, False)
         self.compressed = _Column(np.bool_, False)
@@ -368,6 +370,7 @@ class MemoryIndex:
             self.scope_len.append(0.0)
             self.scope_runs.append(0)
         self.scope_code.append(scope)
+        self.user_code.append(0 if unit.user_id is None else self.users.setdefault(unit.user_id, len(self.users) + 1))
         run = self.runs.get(unit.run_id)
         if run is None:
             run = self.runs[unit.run_id] = len(self.runs)
@@ -509,6 +512,12 @@ class MemoryIndex:
             raise KeyError(f"unknown key {key!r}; one of {', '.join(self.MULTI_KEYS)}")
         alive = self.alive.data
         return [self.ids[i] for i in self.keys.get((key, _norm_key(key, value)), []) if alive[i]]
+
+    def user_mask(self, user_id: str | None) -> np.ndarray:
+        """Memories a reader acting for ``user_id`` may see: those of no user, and that user's own."""
+        codes = self.user_code.data[:len(self.ids)]
+        mine = self.users.get(user_id) if user_id is not None else None
+        return (codes == 0) | (codes == mine) if mine is not None else codes == 0
 
     def key_mask(self, filters: dict[str, object]) -> np.ndarray | None:
         """Boolean mask of memories matching every filter (None: no filter)."""

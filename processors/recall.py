@@ -337,8 +337,11 @@ def named_people(index: MemoryIndex, tokens: Sequence[str]) -> list[str]:
 
 def recall(index: MemoryIndex, query: str, agent: str, k: int = 10, filters: Mapping[str, object] | None = None,
            *, now: datetime, agents: Mapping[str, object] | None = None, config: RecallConfig | None = None,
-           query_vector: np.ndarray | None = None) -> Recall:
+           query_vector: np.ndarray | None = None, user_id: str | None = None) -> Recall:
     """The ``k`` memories of ``agent``'s scope chain that best answer ``query``, with explanations.
+
+    ``user_id``: the user the reader acts for. Memories of another user are never read (nor counted
+    in any statistic); a reader with no user reads only memories that belong to no user.
 
     ``filters``: multi-key constraints (e.g. ``{"tool": "book_reservation", "success": True}``).
     ``query_vector``: the query's embedding; computed with the index's ``embed`` when it has one.
@@ -353,7 +356,8 @@ def recall(index: MemoryIndex, query: str, agent: str, k: int = 10, filters: Map
     if n == 0 or not scope_ok.any():
         return Recall([], [])
     # One pass over the memories' columns (O(N), ~1 ms at 1M) beats gathering two columns per posting.
-    corpus = index.alive.data[:n] & scope_ok[index.scope_code.data[:n]]  # what the reader may read
+    corpus = (index.alive.data[:n] & scope_ok[index.scope_code.data[:n]]
+              & index.user_mask(user_id))  # what the reader may read
     key_mask = index.key_mask(dict(filters)) if filters else None
     visible = corpus & key_mask if key_mask is not None else corpus  # ... and what the filters let through
 
@@ -703,9 +707,10 @@ def build_episodic_context(index: MemoryIndex, query: str, agent: str, *, now: d
                            token_budget: int = 2000, min_relevance: float = MIN_RELEVANCE,
                            success_only: bool = False, domain_hint: str | None = None,
                            filters: Mapping[str, object] | None = None, agents: Mapping[str, object] | None = None,
-                           config: RecallConfig | None = None) -> EpisodicContext:
+                           config: RecallConfig | None = None, user_id: str | None = None) -> EpisodicContext:
     """The token-budgeted text of relevant past work for a prompt: task, relevance, result, lessons, tools."""
-    r = recall(index, query, agent, k=max(4 * top_k, 20), filters=filters, now=now, agents=agents, config=config)
+    r = recall(index, query, agent, k=max(4 * top_k, 20), filters=filters, now=now, agents=agents, config=config,
+               user_id=user_id)
     gated = gate(r.hits, query, min_relevance=min_relevance, success_only=success_only, domain_hint=domain_hint,
                  top_k=top_k)
     entries = within_budget([render_entry(n, g) for n, g in enumerate(gated, 1)], token_budget)

@@ -55,6 +55,20 @@ def _int(value: Any, name: str, default: int, lo: int = 1, hi: int = 100_000) ->
     return n
 
 
+def _synopsis_cache() -> Any:
+    from processors.synopsis import SynopsisCache
+
+    return SynopsisCache()
+
+
+def _memory_text(unit: Any) -> str:
+    """A memory unit as one context line: what happened, and how it ended."""
+    text = unit.summary or unit.perception
+    if unit.kind.value == "message" and unit.speaker:
+        text = f"{unit.speaker}: {text}"
+    return f"{text} ({unit.outcome})" if unit.outcome else text
+
+
 def _rows(cur: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     cols = [d[0] for d in cur.description]
     return [dict(zip(cols, r)) for r in cur.fetchall()]
@@ -77,6 +91,7 @@ class ReadService:
     on_served: Callable[[BriefingServed], None] | None = None
     episodic: Any = None  # the projector's MemoryProjection (its state's index answers recall)
     on_accessed: Callable[[list[Any]], None] | None = None  # publishes MemoryAccessed (recall changes state via the log)
+    synopses: Any = field(default_factory=lambda: _synopsis_cache())  # user synopses, refreshed when stale
 
     @property
     def store(self) -> KnowledgeStore:
@@ -189,6 +204,61 @@ class ReadService:
                                      agents=self.agents)
         self._accessed(ctx.accessed)
         return {"agent": agent, "query": query, "text": ctx.text, "entries": len(ctx.entries)}
+
+    # ---- context assembly (working memory + every tier) ----
+    def context(self, agent: str, query: Any = None, user_id: Any = None, session_id: Any = None,
+                max_tokens: Any = None) -> dict[str, Any]:
+        """One fitted context for a model: the user's synopsis, the session's recent conversation, and
+        the fused best of episodic recall, the knowledge graph and the briefing (processors/context.py)."""
+        from processors.context import Tier, get_context
+        from processors.recall import recall
+        from processors.working_memory import decode_state
+        from schemas.memory import MemoryKind
+        from schemas.working_memory import ContextCandidate, UserMemory
+
+        if not query:
+            raise BadRequest("parameter `query`: the text to assemble a context for is required")
+        user = str(user_id) if user_id else None
+        now = datetime.now(timezone.utc)
+
+        def episodic(q: str, a: str, u: str | None, k: int) -> list[ContextCandidate]:
+            got = recall(self._memory().index, q, a, k=k, now=now, agents=self.agents, user_id=u)
+            self._accessed(got.accessed)
+            return [ContextCandidate(text=_memory_text(h.unit), score=h.score, source_id=h.memory_id,
+                                     user_id=h.unit.user_id, observed_at=h.unit.occurred_at) for h in got.hits]
+
+        def knowledge(q: str, a: str, u: str | None, k: int) -> list[ContextCandidate]:
+            return [ContextCandidate(text=f"{f.source} {f.predicate} {f.target} (confidence {f.confidence:.2f})",
+                                     score=f.confidence, source_id=f.triple_id)
+                    for f in self.store.facts(a, limit=k)]
+
+        def briefing(q: str, a: str, u: str | None, k: int) -> list[ContextCandidate]:
+            b = self._briefing(a)
+            lines = [ln[2:] for ln in (b.markdown.splitlines() if b else []) if ln.startswith("- ")]
+            return [ContextCandidate(text=ln, score=1.0 / (i + 1), source_id=f"briefing:{a}:{i}")
+                    for i, ln in enumerate(lines[:k])]
+
+        where, params = "agent = ? AND NOT closed", [agent]
+        if session_id:
+            where, params = "agent = ? AND session_id = ?", [agent, str(session_id)]
+        row = self.con.execute(f"SELECT state FROM working_memory WHERE {where} "
+                               "ORDER BY last_seq DESC LIMIT 1", params).fetchone()
+        buffer = decode_state(row[0].encode() if isinstance(row[0], str) else row[0]) if row else None
+        synopsis = None
+        if user is not None:
+            def load(u: str) -> list[UserMemory]:
+                rows = self.con.execute(
+                    "SELECT memory_id, kind, perception, occurred_at FROM memories WHERE user_id = ? "
+                    "ORDER BY occurred_at DESC LIMIT 500", [u]).fetchall()
+                return [UserMemory(user_id=u, kind=MemoryKind(k), text=t or "", observed_at=at, source_id=m)
+                        for m, k, t, at in rows]
+
+            synopsis = self.synopses.get(user, now, load)
+        got = get_context(str(query), agent, user, _int(max_tokens, "max_tokens", 4000, hi=1_000_000),
+                          tiers=[Tier("episodic", episodic), Tier("knowledge", knowledge, weight=0.5),
+                                 Tier("briefing", briefing, weight=0.5)],
+                          buffer=buffer, synopsis=synopsis)
+        return {**_jsonable(got), "session_id": buffer.session_id if buffer else None}
 
     # ---- outcomes and rhythms (NAc, SCN) ----
     def predict(self, tool: Any = None, args: Any = None, agent: Any = None, hour: Any = None) -> dict[str, Any]:
@@ -325,6 +395,11 @@ ROUTES: tuple[Route, ...] = (
           "Token-budgeted text of relevant past work for a prompt.",
           (("query", "string", "the task at hand"), ("top_k", "integer", "default 5"),
            ("token_budget", "integer", "default 2000"))),
+    Route("GET", "/agents/{agent}/context", "context",
+          "One fitted context: user synopsis, the session's recent conversation, fused recall/knowledge/briefing.",
+          (("query", "string", "the task or question at hand"), ("user_id", "string", "the user served (isolation)"),
+           ("session_id", "string", "the current session (default: the agent's latest open one)"),
+           ("max_tokens", "integer", "default 4000"))),
     Route("GET", "/predict", "predict", "Likely outcomes of a call before it is made (NAc causal links).",
           (("tool", "string", "the tool"), ("args", "string", "the call's arguments, a JSON object"),
            ("agent", "string", "context: the calling agent"), ("hour", "string", "context: local hour, 00-23"))),

@@ -113,7 +113,7 @@ class MemoryProjection:
                         "perception": u.perception, "summary": u.summary, "outcome": u.outcome, "speaker": u.speaker,
                         "refs": list(u.refs), "source_event_ids": [str(x) for x in u.source_event_ids],
                         "reasons": list(ev.reasons), "prediction_error": ev.prediction_error,
-                        "user_interaction": u.user_interaction, "decided_at": ev.decided_at})
+                        "user_interaction": u.user_interaction, "decided_at": ev.decided_at, "user_id": u.user_id})
                 else:
                     merge_rows.append({"unit_id": u.memory_id, "memory_id": ev.memory_id, "agent": u.agent,
                                        "prediction_error": ev.prediction_error, "decided_at": ev.decided_at})

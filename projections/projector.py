@@ -45,7 +45,8 @@ class Projector:
         self.bootstrap = bootstrap
         self.db_path = Path(db_path or settings.db_path)  # type: ignore[arg-type]
         self.topics = Topics(settings.traces_topic, settings.episodes_topic, settings.dead_letter_topic,
-                             settings.facts_topic, settings.link_updates_topic, settings.memory_topic)
+                             settings.facts_topic, settings.link_updates_topic, settings.memory_topic,
+                             settings.working_memory_topic)
         self.serve = serve
         self.max_records = max_records
         self.totals = BatchResult()
@@ -124,7 +125,7 @@ class Projector:
     async def _partitions(self, consumer: AIOKafkaConsumer) -> list[TopicPartition]:
         tps = []
         for topic in (self.topics.traces, self.topics.episodes, self.topics.dead_letters, self.topics.facts,
-                      self.topics.link_updates, self.topics.memory):
+                      self.topics.link_updates, self.topics.memory, self.topics.working_memory):
             tps.extend(TopicPartition(topic, p) for p in await partitions_of(consumer, topic))
         return tps
 

@@ -73,7 +73,8 @@ CREATE TABLE IF NOT EXISTS memories (
     memory_id VARCHAR NOT NULL, kind VARCHAR NOT NULL, agent VARCHAR NOT NULL, scope VARCHAR NOT NULL,
     run_id VARCHAR NOT NULL, position BIGINT NOT NULL, occurred_at TIMESTAMPTZ NOT NULL, perception VARCHAR,
     summary VARCHAR, outcome VARCHAR, speaker VARCHAR, refs VARCHAR[], source_event_ids VARCHAR[],
-    reasons VARCHAR[], prediction_error DOUBLE, user_interaction BOOLEAN, decided_at TIMESTAMPTZ NOT NULL);
+    reasons VARCHAR[], prediction_error DOUBLE, user_interaction BOOLEAN, decided_at TIMESTAMPTZ NOT NULL,
+    user_id VARCHAR);
 CREATE TABLE IF NOT EXISTS memory_merges (
     unit_id VARCHAR NOT NULL, memory_id VARCHAR NOT NULL, agent VARCHAR NOT NULL, prediction_error DOUBLE,
     decided_at TIMESTAMPTZ NOT NULL);
@@ -83,6 +84,9 @@ CREATE TABLE IF NOT EXISTS memory_edges (
 CREATE TABLE IF NOT EXISTS memory_access (
     memory_id VARCHAR NOT NULL, agent VARCHAR NOT NULL, query VARCHAR, rank INTEGER, score DOUBLE,
     accessed_at TIMESTAMPTZ NOT NULL);
+CREATE TABLE IF NOT EXISTS working_memory (
+    session_key VARCHAR NOT NULL PRIMARY KEY, agent VARCHAR NOT NULL, session_id VARCHAR NOT NULL, user_id VARCHAR,
+    closed BOOLEAN NOT NULL, last_seq BIGINT NOT NULL, tokens BIGINT NOT NULL, state JSON NOT NULL);
 CREATE TABLE IF NOT EXISTS briefings_dirty (agent VARCHAR NOT NULL PRIMARY KEY);
 CREATE TABLE IF NOT EXISTS promotions (
     promotion_id UUID NOT NULL, source VARCHAR NOT NULL, predicate VARCHAR NOT NULL, target VARCHAR NOT NULL,
@@ -157,10 +161,11 @@ CONTENT_COLUMNS: dict[str, list[str]] = {
     "memory_log": ["ord", "kind", "body"],
     "memories": ["memory_id", "kind", "agent", "scope", "run_id", "position", "occurred_at", "perception", "summary",
                  "outcome", "speaker", "refs", "source_event_ids", "reasons", "prediction_error", "user_interaction",
-                 "decided_at"],
+                 "decided_at", "user_id"],
     "memory_merges": ["unit_id", "memory_id", "agent", "prediction_error", "decided_at"],
     "memory_edges": ["a", "b", "weight", "shared", "goal", "temporal", "formed_at"],
     "memory_access": ["memory_id", "agent", "query", "rank", "score", "accessed_at"],
+    "working_memory": ["session_key", "agent", "session_id", "user_id", "closed", "last_seq", "tokens", "state"],
     "briefings": ["agent", "briefing_id", "generated_at", "budget", "markdown", "chars", "lessons", "facts",
                   "strategies", "dropped_lessons", "dropped_facts", "dropped_strategies"],
 }

@@ -54,6 +54,7 @@ class Topics:
     facts: str = ""  # one partition; folded into the knowledge graph (projections/knowledge.py)
     link_updates: str = ""  # NAc updates (projections/causal.py)
     memory: str = ""  # one partition; folded into episodic memory (projections/memory.py)
+    working_memory: str = ""  # the worker's working-memory table changelog (key = session)
 
 
 @dataclass
@@ -114,6 +115,7 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
     promotion_rows: list[dict[str, Any]] = []
     link_bundles: list[bytes] = []
     memory_records: list[tuple[bytes | None, Any]] = []
+    working: dict[bytes, bytes | None] = {}
     new_eps: list[Any] = []
     served_rows: list[dict[str, Any]] = []
     for rec in records:
@@ -154,6 +156,9 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
                 served_rows.append(_served_row(decode_served(rec.value or b""), rec.offset))
             else:
                 facts.append((rec.offset, decode_facts(rec.value or b"")))
+        elif rec.topic == topics.working_memory:
+            if rec.key is not None:
+                working[rec.key] = rec.value  # the latest state of each session wins
         elif rec.topic == topics.memory:
             memory_records.append((_header(rec, "somnus-kind"), rec))
         elif rec.topic == topics.link_updates:
@@ -203,6 +208,8 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
             res.link_updates = seen.causal.write(con, link_bundles)
         if memory_records:
             res.memory_events = seen.memory.write(con, memory_records)
+        if working:
+            _write_working_memory(con, working)
         _insert_new(con, "promotions", promotion_rows, ("promotion_id",))
         _insert_new(con, "briefings_served", served_rows, ("agent", "session_id", "briefing_id"))
         scopes: set[str] = set()
@@ -251,6 +258,26 @@ def _insert_new(con: duckdb.DuckDBPyConnection, table: str, rows: list[dict[str,
     same = " AND ".join(f"t.{k} = f.{k}" for k in keys)
     con.execute(f"INSERT INTO {table} SELECT * FROM frame f WHERE NOT EXISTS (SELECT 1 FROM {table} t WHERE {same}) "
                 f"QUALIFY row_number() OVER (PARTITION BY {', '.join(keys)} ORDER BY src_offset) = 1")
+
+
+def _write_working_memory(con: duckdb.DuckDBPyConnection, states: Mapping[bytes, bytes | None]) -> None:
+    """The current working memory of each session in ``states`` (a read model: replaced, not appended)."""
+    from processors.working_memory import decode_state
+
+    rows = []
+    for key, raw in states.items():
+        if raw is None:
+            continue
+        st = decode_state(raw)
+        rows.append({"session_key": key.decode(), "agent": st.agent, "session_id": st.session_id,
+                     "user_id": st.user_id, "closed": st.closed, "last_seq": st.last_seq, "tokens": st.tokens,
+                     "state": raw.decode()})
+    gone = pa.table({"session_key": [k.decode() for k in states]})  # noqa: F841
+    con.execute("DELETE FROM working_memory WHERE session_key IN (SELECT session_key FROM gone)")
+    if rows:
+        frame = pa.Table.from_pylist(rows)  # noqa: F841
+        con.execute("INSERT INTO working_memory SELECT session_key, agent, session_id, user_id, closed, last_seq, "
+                    "tokens, state::JSON FROM frame")
 
 
 def _promotion_row(p: Any, offset: int) -> dict[str, Any]:

@@ -114,6 +114,7 @@ class MemoryUnit(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     user_interaction: bool = False
     importance: Unit = 0.5  # explicit importance from the source (metadata ``importance``), else 0.5
     salience: Unit = 0.0
+    user_id: str | None = None  # the user the memory belongs to (reads of another user never see it)
 
 
 class CaptureDecided(msgspec.Struct, frozen=True, kw_only=True, tag="capture_decided"):

@@ -364,30 +364,22 @@ def _rss_mib() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
 
 
-def run_recall(units: int = 100_000, queries: int = 300, agents: int = 50, seed: int = 7) -> dict[str, Any]:
-    """Recall latency and memory with ``units`` synthetic memory units in the index.
-
-    Units: 10-25 words from a Zipf vocabulary of 30,000, one person and one tool each, runs of 20,
-    spread over ``agents`` agents; queries: 3-6 words, a third naming a person; ``recall(k=10)`` as
-    the projector serves it (stemmed BM25, LSH, graph, importance, fused), for a random agent."""
-    import statistics
+def _synthetic_index(units: int, agents: int, seed: int) -> tuple[Any, Any, list[str], list[str], float, float]:
+    """``units`` synthetic memory units: 10-25 words from a Zipf vocabulary of 30,000, one person and one
+    tool each, runs of 20, spread over ``agents`` agents. Returns (index, rng, vocab, people, build s, MiB)."""
     from datetime import datetime, timedelta, timezone
 
     import numpy as np
 
     from processors.memory_index import IndexConfig, MemoryIndex
-    from processors.recall import recall
     from projections.memory import stemmer
     from schemas.memory import MemoryKind, MemoryUnit
 
     rng = np.random.default_rng(seed)
-    vocab_n = 30_000
-    vocab = [f"word{i}" for i in range(vocab_n)]
-    zipf = 1.0 / np.arange(1, vocab_n + 1) ** 1.05
-    zipf /= zipf.sum()
+    vocab = [f"word{i}" for i in range(30_000)]
     people = [f"person{i}" for i in range(300)]
     t0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
-    words = rng.choice(vocab_n, size=(units, 24), p=zipf)
+    words = rng.choice(len(vocab), size=(units, 24), p=_zipf(len(vocab)))
     lens = rng.integers(10, 25, units)
     rss0 = _rss_mib()
     index = MemoryIndex(IndexConfig(stem=stemmer()))
@@ -399,15 +391,38 @@ def run_recall(units: int = 100_000, queries: int = 300, agents: int = 50, seed:
             position=i % 20, occurred_at=t0 + timedelta(minutes=i),
             perception=" ".join(vocab[w] for w in words[i, :lens[i]]), people=[people[i % 300]],
             tools=[f"tool_{i % 60}"]))
-    build_s = time.perf_counter() - start
-    rss = _rss_mib() - rss0
-    qw = rng.choice(vocab_n, size=(queries, 6), p=zipf)
+    return index, rng, vocab, people, time.perf_counter() - start, _rss_mib() - rss0
+
+
+def _zipf(n: int) -> Any:
+    import numpy as np
+
+    p = 1.0 / np.arange(1, n + 1) ** 1.05
+    return p / p.sum()
+
+
+def _queries(rng: Any, vocab: list[str], people: list[str], n: int) -> list[str]:
+    qw = rng.choice(len(vocab), size=(n, 6), p=_zipf(len(vocab)))
+    return [" ".join(vocab[w] for w in qw[q, : 3 + q % 4]) + (f" {people[q % 300]}" if q % 3 == 0 else "")
+            for q in range(n)]
+
+
+def run_recall(units: int = 100_000, queries: int = 300, agents: int = 50, seed: int = 7) -> dict[str, Any]:
+    """Recall latency and memory with ``units`` synthetic memory units in the index (``_synthetic_index``);
+    queries: 3-6 words, a third naming a person; ``recall(k=10)`` as the projector serves it (stemmed
+    BM25, LSH, graph, importance, fused), for a rotating agent."""
+    import statistics
+    from datetime import datetime, timedelta, timezone
+
+    from processors.recall import recall
+
+    index, rng, vocab, people, build_s, rss = _synthetic_index(units, agents, seed)
+    texts = _queries(rng, vocab, people, queries)
+    now = datetime(2024, 1, 1, tzinfo=timezone.utc) + timedelta(days=400)
     lat = []
-    now = t0 + timedelta(days=400)
     for q in range(queries + 20):
-        text = " ".join(vocab[w] for w in qw[q % queries, : 3 + q % 4]) + (f" {people[q % 300]}" if q % 3 == 0 else "")
         t = time.perf_counter()
-        recall(index, text, f"agent{(q * 7) % agents}", k=10, now=now)
+        recall(index, texts[q % queries], f"agent{(q * 7) % agents}", k=10, now=now)
         if q >= 20:  # after a warm-up
             lat.append((time.perf_counter() - t) * 1000)
     qs = statistics.quantiles(lat, n=100)
@@ -417,96 +432,51 @@ def run_recall(units: int = 100_000, queries: int = 300, agents: int = 50, seed:
             "mib_per_100k_units": round(rss * 100_000 / units, 1)}
 
 
-def _probe_session(agent: str, n: int, marker: str, at: Any) -> list[dict[str, Any]]:
-    """A short failing session of ``agent`` whose failure lesson carries ``marker``."""
-    from datetime import timedelta
-
-    sid = f"{agent}-probe-{n}"
-    base = {"schema_version": 1, "agent": agent, "session_id": sid}
-    kinds = [("session_start", {"task": f"probe {n}"}),
-             ("tool_call", {"tool": "fetch", "call_id": "c0", "args": {"n": n}}),
-             ("tool_result", {"call_id": "c0", "tool": "fetch", "ok": False, "error": f"Error: {marker}"}),
-             ("session_end", {"outcome": "failure"})]
-    return [{**base, "event_id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"{sid}/{i}")),
-             "ts": (at + timedelta(seconds=i)).isoformat(), "seq": i, "type": t, "payload": p}
-            for i, (t, p) in enumerate(kinds)]
-
-
-def run_briefing(agents: int = 10_000, rate: float = 1000.0, duration_s: float = 60.0, probes: int = 60,
-                 home: Path | None = None, log: Any = None) -> dict[str, Any]:
-    """Briefing reads under ingest: p99 of ``GET /agents/{agent}/briefing`` with ``agents`` briefings
-    cached while the sample fleet is published at ``rate`` events/s, and the publish -> updated
-    briefing latency of probe sessions published during that load."""
-    import random
+def run_context(units: int = 100_000, queries: int = 200, messages: int = 5000, agents: int = 50,
+                seed: int = 7) -> dict[str, Any]:
+    """Working-memory buffer add latency (``messages`` adds to one session, default settings: overflow
+    summaries and rotation included), and ``get_context`` latency with ``units`` memory units behind the
+    recall tier, a full buffer (50 messages, 500 summaries), a synopsis and a knowledge tier of 20 facts."""
     import statistics
-    import threading
-    import urllib.request
-    from datetime import datetime, timezone
+    from datetime import datetime, timedelta, timezone
 
-    from somnus.client import publish
-    from somnus.reads import read, status
-    from somnus.sample import generate
+    from processors.context import Tier, get_context
+    from processors.recall import recall
+    from processors.synopsis import SynopsisCache
+    from processors.working_memory import DEFAULT_SETTINGS, add, message
+    from schemas.working_memory import ContextCandidate, Role, UserMemory, WorkingMemoryState
+    from schemas.memory import MemoryKind
 
-    t_start = datetime(2025, 1, 6, 9, tzinfo=timezone.utc)
-    with isolated_pipeline(home, label="brief", log=log) as (s, boot):
-        db = Path(s.db_path)  # type: ignore[arg-type]
-        fill = [e for i in range(agents) for e in _probe_session(f"agent-{i:05d}", 0, f"fill {i}", t_start)]
-        publish(fill, boot, s.traces_topic)
-        deadline = time.monotonic() + 1800
-        while not status(s, boot)["idle"]:
-            if time.monotonic() > deadline:
-                raise TimeoutError("the cache did not fill in 30 minutes")
-            time.sleep(1)
-        cached = read(db, "sql", sql="SELECT count(*) FROM briefings WHERE markdown <> ''")["rows"][0][0]
-        port = json.loads(Path(f"{db}.projector.json").read_text())["port"]
-        stop = threading.Event()
-        sent = [0]
+    index, rng, vocab, people, build_s, _ = _synthetic_index(units, agents, seed)
+    t0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
+    texts = _queries(rng, vocab, people, max(queries, 50))
+    state = WorkingMemoryState(agent="agent0", session_id="s0")
+    add_lat = []
+    for i in range(messages):
+        msg = message(i, t0 + timedelta(seconds=i), Role.USER if i % 2 == 0 else Role.AGENT,
+                      " ".join(texts[(i * 13) % len(texts)].split() * 3))
+        t = time.perf_counter()
+        state, _ = add(state, msg, DEFAULT_SETTINGS)
+        add_lat.append((time.perf_counter() - t) * 1000)
+    now = t0 + timedelta(days=400)
+    synopsis = SynopsisCache().get("u1", now, lambda u: [
+        UserMemory(user_id=u, kind=MemoryKind.MESSAGE, text=texts[j], observed_at=t0 + timedelta(hours=j),
+                   source_id=f"x{j}") for j in range(50)])
+    facts = [ContextCandidate(text=f"tool_{j} failed_with error_{j}", score=1 - j / 40, source_id=f"t{j}")
+             for j in range(20)]
 
-        def load() -> None:  # the sample fleet at `rate` events/s, in 0.1 s slices
-            events = generate(events=int(rate * duration_s * 1.5), seed=3)
-            per = max(1, int(rate / 10))
-            while not stop.is_set():
-                t = time.monotonic()
-                chunk = [e for _, e in zip(range(per), events)]
-                if not chunk:
-                    return
-                publish(chunk, boot, s.traces_topic)
-                sent[0] += len(chunk)
-                time.sleep(max(0.0, 0.1 - (time.monotonic() - t)))
+    def episodic(q: str, a: str, u: Any, k: int) -> list[ContextCandidate]:
+        got = recall(index, q, a, k=k, now=now)
+        return [ContextCandidate(text=h.unit.perception, score=h.score, source_id=h.memory_id) for h in got.hits]
 
-        loader = threading.Thread(target=load, daemon=True)
-        loader.start()
-        rng = random.Random(1)
-        lat: list[float] = []
-        fresh: list[float] = []
-        probe_at = time.monotonic() + 2.0
-        n_probe = 0
-        pending: dict[str, tuple[str, float]] = {}
-        t_end = time.monotonic() + duration_s
-        while time.monotonic() < t_end or (pending and time.monotonic() < t_end + 30):
-            agent = f"agent-{rng.randrange(agents):05d}"
-            t = time.perf_counter()
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/agents/{agent}/briefing", timeout=10) as resp:
-                resp.read()
-            lat.append((time.perf_counter() - t) * 1000)
-            now = time.monotonic()
-            if n_probe < probes and now >= probe_at and time.monotonic() < t_end:
-                agent_p = f"agent-{rng.randrange(agents):05d}"
-                marker = f"probe marker {uuid.uuid4().hex[:10]}"
-                publish(_probe_session(agent_p, n_probe + 1, marker, t_start), boot, s.traces_topic)
-                pending[marker] = (agent_p, time.monotonic())
-                n_probe += 1
-                probe_at = now + duration_s / probes
-            for marker, (agent_p, t0) in list(pending.items()):
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/agents/{agent_p}/briefing", timeout=10) as r:
-                    if marker.encode() in r.read():
-                        fresh.append(time.monotonic() - t0)
-                        del pending[marker]
-        stop.set()
-        loader.join(timeout=30)
-        q = statistics.quantiles(lat, n=100)
-        fq = statistics.quantiles(fresh, n=100) if len(fresh) >= 2 else [float("nan")] * 99
-        return {"agents_cached": cached, "ingest_events_per_s": round(sent[0] / duration_s, 1),
-                "reads": len(lat), "read_p50_ms": round(q[49], 3), "read_p99_ms": round(q[98], 3),
-                "probes": n_probe, "probes_seen": len(fresh), "update_p50_s": round(fq[49], 3),
-                "update_p99_s": round(fq[98], 3), "update_max_s": round(max(fresh, default=float("nan")), 3)}
+    tiers = [Tier("episodic", episodic), Tier("knowledge", lambda q, a, u, k: facts[:k], weight=0.5)]
+    ctx_lat = []
+    for q in range(queries + 10):
+        t = time.perf_counter()
+        get_context(texts[q % len(texts)], "agent0", "u1", 4000, tiers=tiers, buffer=state, synopsis=synopsis)
+        if q >= 10:
+            ctx_lat.append((time.perf_counter() - t) * 1000)
+    aq, cq = statistics.quantiles(add_lat, n=100), statistics.quantiles(ctx_lat, n=100)
+    return {"units": units, "build_s": round(build_s, 1), "buffer_adds": messages,
+            "buffer_summaries": len(state.summaries), "add_p50_ms": round(aq[49], 4), "add_p99_ms": round(aq[98], 3),
+            "context_queries": queries, "context_p50_ms": round(cq[49], 2), "context_p95_ms": round(cq[94], 2)}

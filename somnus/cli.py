@@ -441,6 +441,29 @@ def recall(query: str = typer.Argument(..., help="What to recall."),
 
 
 @app.command()
+def context(query: str = typer.Argument(..., help="The task or question at hand."),
+            agent: str = typer.Option(..., "--agent"), user: Optional[str] = typer.Option(None, "--user"),
+            session: Optional[str] = typer.Option(None, "--session"),
+            max_tokens: int = typer.Option(4000, "--max-tokens"),
+            db: Optional[Path] = DbOpt, home: Optional[Path] = HomeOpt,
+            as_json: bool = typer.Option(False, "--json")) -> None:
+    """One fitted context for a model (synopsis, recent conversation, recall, knowledge, briefing)."""
+    from somnus.reads import ReadError, read
+
+    s = _settings(home, db)
+    try:
+        got = read(Path(s.db_path), "context", agent, agents_dir=s.agents_dir, query=query, user_id=user,  # type: ignore[arg-type]
+                   session_id=session, max_tokens=max_tokens)
+    except ReadError as exc:
+        _fail(str(exc))
+    if as_json:
+        print(json.dumps(got))
+    else:
+        print(got["text"], end="")
+        err.print(f"[dim]{got['tokens']} of {got['max_tokens']} tokens; session {got['session_id']}[/dim]")
+
+
+@app.command()
 def predict(tool: str = typer.Option(..., "--tool", help="The tool about to be called."),
             agent: Optional[str] = typer.Option(None, "--agent", help="The calling agent (context)."),
             args: Optional[str] = typer.Option(None, "--args", help="The call's arguments, a JSON object."),
@@ -648,6 +671,15 @@ def bench_briefing(agents: int = typer.Option(10_000, "--agents"), rate: float =
     from somnus.bench import run_briefing
 
     _emit(run_briefing(agents=agents, rate=rate, duration_s=duration, home=home, log=err), as_json)
+
+
+@bench_app.command("context")
+def bench_context(units: int = typer.Option(100_000, "--units"), queries: int = typer.Option(200, "--queries"),
+                  as_json: bool = typer.Option(False, "--json")) -> None:
+    """Working-memory buffer add p99 and get_context p95 with N memory units behind recall."""
+    from somnus.bench import run_context
+
+    _emit(run_context(units=units, queries=queries), as_json)
 
 
 @bench_app.command("scn")

@@ -31,6 +31,8 @@ _ENV = {
     "app_id": "SOMNUS_APP_ID",
     "session_timeout_s": "SOMNUS_SESSION_TIMEOUT_S",
     "llm_extractor": "SOMNUS_LLM_EXTRACTOR",
+    "working_memory_max_tokens": "SOMNUS_WORKING_MEMORY_MAX_TOKENS",
+    "model_context_tokens": "SOMNUS_MODEL_CONTEXT_TOKENS",
 }
 
 
@@ -52,6 +54,9 @@ class Settings:
     # Entity extraction by an LLM (streams/llm_extractor.py; its key and model come from SOMNUS_LLM_*).
     # Off by default: the write path is deterministic and offline unless this is turned on.
     llm_extractor: bool = False
+    # Working memory (processors/working_memory.py): -1 = 60% of the model's context, within [16K, 600K].
+    working_memory_max_tokens: int = -1
+    model_context_tokens: int = 200_000
 
     @classmethod
     def resolve(cls, env: Mapping[str, str] | None = None, **args: Any) -> Settings:
@@ -108,9 +113,14 @@ class Settings:
         return f"{self.topic_prefix}memory"
 
     @property
+    def working_memory_topic(self) -> str:
+        """The changelog of the worker's working-memory table (key = session): the projector reads it."""
+        return f"{self.app_id}-working_memory-changelog"
+
+    @property
     def projected_topics(self) -> tuple[str, ...]:
         return (self.traces_topic, self.episodes_topic, self.dead_letter_topic, self.facts_topic,
-                self.link_updates_topic, self.memory_topic)
+                self.link_updates_topic, self.memory_topic, self.working_memory_topic)
 
     @property
     def run_dir(self) -> Path:

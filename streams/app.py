@@ -23,6 +23,10 @@ import msgspec
 
 from processors.distiller import SessionState, decode_state, distill, encode_state, session_key
 from processors.memory import episode_unit, message_unit
+from processors.working_memory import WorkingMemorySettings, remember
+from processors.working_memory import compact as compact_wm
+from processors.working_memory import decode_state as decode_wm
+from processors.working_memory import encode_state as encode_wm
 from processors.nac import decode_link_state, encode_link_state, learn, observations_from_episode
 from schemas.events import SessionStarted
 from schemas.memory import KIND_UNITS, MemoryUnit
@@ -184,6 +188,9 @@ def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker") 
     links = app.tables.add(BatchedTable(
         app, name="links", partitions=settings.partitions, key_type=bytes, value_type=bytes,
         beacon=app.tables.beacon, help="NAc causal link state per event signature (msgspec JSON)"))
+    working = app.tables.add(BatchedTable(
+        app, name="working_memory", partitions=settings.partitions, key_type=bytes, value_type=bytes,
+        beacon=app.tables.beacon, help="per-session working memory: recent messages and summaries"))
     observations = app.topic(settings.observations_topic, partitions=settings.partitions, key_type=bytes,
                              value_type=bytes, internal=False)
     from somnus.agents import load_agents
@@ -192,6 +199,8 @@ def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker") 
     fleet = load_agents(settings.agents_dir)
     alpha_by_agent = alphas_for(fleet)
     not_episodic = frozenset(name for name, spec in fleet.items() if not spec.episodic)
+    wm_settings = WorkingMemorySettings(max_tokens=settings.working_memory_max_tokens,
+                                        model_context_tokens=settings.model_context_tokens)
     counters = WorkerCounters()
     app.somnus_counters = counters  # type: ignore[attr-defined]
     batchers: list[Batcher] = []
@@ -245,7 +254,8 @@ def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker") 
     @app.agent(traces, concurrency=1)
     async def distill_sessions(stream: faust.StreamT) -> None:
         async def handle(batch: Sequence[EventT], generation: int) -> None:
-            await _handle_batch(app, settings, batch, sessions, counters, generation, inline_extractor, not_episodic)
+            await _handle_batch(app, settings, batch, sessions, counters, generation, inline_extractor, not_episodic,
+                                working, wm_settings)
 
         await run_batched(app, settings, stream, handle, batchers)
 
@@ -262,7 +272,8 @@ def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker") 
 
 async def _handle_batch(app: faust.App, settings: Settings, batch: Sequence[EventT], sessions: BatchedTable,
                         counters: WorkerCounters, generation: int, extractor: Any = None,
-                        not_episodic: frozenset[str] = frozenset()) -> None:
+                        not_episodic: frozenset[str] = frozenset(), working: BatchedTable | None = None,
+                        wm_settings: Any = None) -> None:
     pending: list[Any] = []
     valid = []
     partition_of: dict[str, int] = {}  # session key -> source partition
@@ -316,15 +327,33 @@ async def _handle_batch(app: faust.App, settings: Settings, batch: Sequence[Even
         await asyncio.gather(*pending)
     # After a rebalance during this batch, its partitions may belong to another worker, which
     # reprocesses these events from the committed offset: its state must not be overwritten here.
+    # Working memory of the same sessions (same keys, same partitions); a closed session keeps only
+    # its marker (compact): the buffer is the in-session tier.
+    wm_states: dict[str, Any] = {}
+    if working is not None:
+        wm_prior = {}
+        for key in partition_of:
+            raw = working.get(key.encode())
+            if raw is not None:
+                wm_prior[key] = decode_wm(raw)
+        wm_states = remember(wm_prior, valid, wm_settings).states
     if app.consumer_generation_id != generation:
-        sessions.pending_changelog.clear()
-        sessions.key_partitions.clear()
+        for table in (sessions, working):
+            if table is not None:
+                table.pending_changelog.clear()
+                table.key_partitions.clear()
         return
     for key, state in out.states.items():
         bkey = key.encode()
         sessions.key_partitions[bkey] = partition_of[key]
         sessions[bkey] = encode_state(state)
     await sessions.send_changelog_batch(app.producer)
+    if working is not None and wm_states:
+        for key, wm in wm_states.items():
+            bkey = key.encode()
+            working.key_partitions[bkey] = partition_of[key]
+            working[bkey] = encode_wm(compact_wm(wm) if wm.closed else wm)
+        await working.send_changelog_batch(app.producer)
 
 
 BUNDLE_ITEMS = 1000  # items per bundle record: well under the producer's request size

@@ -30,6 +30,7 @@ def topic_specs(settings: Settings) -> dict[str, int]:
         settings.observations_topic: settings.partitions,
         settings.link_updates_topic: settings.partitions,
         settings.memory_topic: 1,
+        settings.working_memory_topic: settings.partitions,  # the Faust table's changelog, made here
     }
 
 
@@ -40,7 +41,8 @@ async def ensure_topics_async(bootstrap: str, specs: dict[str, int]) -> dict[str
     try:
         existing = set(await admin.list_topics())
         missing = [NewTopic(name, num_partitions=n, replication_factor=1,
-                            topic_configs={"retention.ms": "-1", "retention.bytes": "-1"})
+                            topic_configs=({"cleanup.policy": "compact"} if name.endswith("-changelog")
+                                           else {"retention.ms": "-1", "retention.bytes": "-1"}))
                    for name, n in specs.items() if name not in existing]
         if missing:
             try:

@@ -617,3 +617,28 @@ def test_capture_then_recall_end_to_end():
     r = recall(state.index, "What breed is Ana's puppy?", "a", now=T0, k=3)
     assert set(ids(r)) == {"s1-0", "s1-1", "s1-2"} and r.people == ["ana"]
     assert uuid.UUID(int=0) not in [h.unit.source_event_ids for h in r.hits]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([None, "u1", "u2", "u3"]),
+                          st.lists(st.sampled_from(["deploy", "billing", "helm", "timeout", "invoice", "refund"]),
+                                   min_size=1, max_size=5)), min_size=1, max_size=25),
+       st.sampled_from([None, "u1", "u2", "u4"]), st.sampled_from(["deploy billing", "refund invoice", "helm"]))
+def test_no_recall_ever_returns_another_users_memory(items, reader, query):
+    from datetime import datetime, timezone
+
+    from processors.memory_index import MemoryIndex
+    from processors.recall import build_episodic_context, recall
+    from schemas.memory import MemoryKind, MemoryUnit
+
+    t = datetime(2024, 5, 15, tzinfo=timezone.utc)
+    ix = MemoryIndex()
+    for i, (user, words) in enumerate(items):
+        ix.add(MemoryUnit(memory_id=f"m{i}", kind=MemoryKind.MESSAGE, agent="a", scope="agent:a", run_id=f"r{i % 3}",
+                          position=i, occurred_at=t, perception=" ".join(words), user_id=user))
+    got = recall(ix, query, "a", k=50, now=t, user_id=reader)
+    assert all(h.unit.user_id in (None, reader) for h in got.hits)
+    visible = {f"m{i}" for i, (user, words) in enumerate(items) if user in (None, reader)}
+    assert {h.memory_id for h in got.hits} <= visible
+    ctx = build_episodic_context(ix, query, "a", now=t, user_id=reader)
+    assert all(g.hit.unit.user_id in (None, reader) for g in ctx.entries)

@@ -24,6 +24,8 @@ NON_DEFAULT = {
     "app_id": ("somnus-prod", "SOMNUS_APP_ID", "somnus-prod", "somnus-prod"),
     "session_timeout_s": (30.0, "SOMNUS_SESSION_TIMEOUT_S", "30", 30.0),
     "llm_extractor": (True, "SOMNUS_LLM_EXTRACTOR", "true", True),
+    "working_memory_max_tokens": (32000, "SOMNUS_WORKING_MEMORY_MAX_TOKENS", "32000", 32000),
+    "model_context_tokens": (128000, "SOMNUS_MODEL_CONTEXT_TOKENS", "128000", 128000),
 }
 
 
@@ -107,7 +109,7 @@ def test_topic_names_follow_the_prefix():
     s = Settings.resolve(env={}, topic_prefix="t1.")
     assert (s.traces_topic, s.episodes_topic, s.dead_letter_topic) == ("t1.traces", "t1.episodes", "t1.dead-letters")
     assert s.projected_topics == ("t1.traces", "t1.episodes", "t1.dead-letters", "t1.facts", "t1.link-updates",
-                                  "t1.memory")
+                                  "t1.memory", f"{s.app_id}-working_memory-changelog")
     assert s.run_dir == s.home / "run"
 
 

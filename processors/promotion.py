@@ -10,6 +10,13 @@ goes, so a replay of the log rebuilds the same memory and a second run on the sa
 
 - statistician candidates pass at confidence >= ``STAT_MIN_CONFIDENCE`` (0.4): their pattern was
   already tested;
+- a NAc candidate that carries its counts (``metadata``: ``observation_count`` of its outcome out of
+  ``event_observations``, and ``base_rate``, the share of that valence among all calls) passes when
+  the counts alone show it is no coincidence: a one-sided exact binomial test that the outcome
+  follows this event more often than calls in general, at ``GATE_TEST_ALPHA``. (The issue asks for
+  a timing test only; but a tool that fails at a steady rate fails at *random times*, so the timing
+  test alone turns away exactly the steady unreliability worth knowing. The counts test keeps the
+  gate's purpose, no promotion of chance, for what timing cannot judge.)
 - other candidates (NAc causal links) are judged on the timing of their observations, one time per
   episode (retries within a session are not independent observations). Fewer than
   ``GATE_MIN_OBSERVATIONS`` (8) pass: too few to judge. Otherwise the candidate passes only if its
@@ -161,6 +168,8 @@ class CausalLinkView(msgspec.Struct, frozen=True, kw_only=True):
     observation_count: int
     observation_times: list[datetime] = []
     source_episode_ids: list[str] = []
+    event_observations: int | None = None  # observations of the event (all outcomes)
+    base_rate: float | None = None  # share of this outcome's valence among all calls of the fleet
 
 
 def episode_times(times: Sequence[datetime], episode_ids: Sequence[str]) -> list[datetime]:
@@ -203,7 +212,10 @@ class NacPromotionSource:
                 confidence=float(link.confidence), source_memory_ids=list(dict.fromkeys(link.source_episode_ids)),
                 metadata={"event_signature": link.event_signature, "tool": link.tool, "outcome": outcome,
                           "valence": valence, "strength": float(link.strength),
-                          "observation_count": int(link.observation_count)},
+                          "observation_count": int(link.observation_count),
+                          **({"event_observations": int(n_event), "base_rate": float(base)}
+                             if (n_event := getattr(link, "event_observations", None)) is not None
+                             and (base := getattr(link, "base_rate", None)) is not None else {})},
                 origin=NAC, observation_times=episode_times(link.observation_times, link.source_episode_ids)))
         return sorted(out, key=lambda c: (c.pattern_name, c.metadata["event_signature"]))
 
@@ -239,7 +251,7 @@ class StatisticianPromotionSource:
 
 class GateVerdict(msgspec.Struct, frozen=True):
     passed: bool
-    test: str  # "confidence" | "small_sample" | "dispersion" | "rayleigh" | "none"
+    test: str  # "confidence" | "counts" | "small_sample" | "dispersion" | "rayleigh" | "none"
     reason: str
     p_value: float | None = None
     n: int = 0
@@ -357,6 +369,12 @@ def ips_gate(candidate: PromotionCandidate, *, activity_times: Sequence[datetime
         ok = candidate.confidence >= STAT_MIN_CONFIDENCE
         return GateVerdict(ok, "confidence", f"statistical pattern, confidence {candidate.confidence:.2f} "
                            f"{'>=' if ok else '<'} {STAT_MIN_CONFIDENCE}")
+    counts = _count_evidence(candidate)
+    if counts is not None and counts < GATE_TEST_ALPHA:
+        meta = candidate.metadata
+        return GateVerdict(True, "counts", f"{meta['observation_count']} of {meta['event_observations']} "
+                           f"observations vs base rate {meta['base_rate']:.3f}: binomial p={counts:.3g}", counts,
+                           int(meta["event_observations"]))
     times = sorted({t.timestamp() for t in candidate.observation_times})
     n = len(times)
     if n < GATE_MIN_OBSERVATIONS:
@@ -379,6 +397,21 @@ def ips_gate(candidate: PromotionCandidate, *, activity_times: Sequence[datetime
         parts.append(f"phase test skipped (span {span_days:.1f} d < {PHASE_MIN_SPAN_DAYS:g} d)")
         p_best = p_disp
     return GateVerdict(False, "none", "no temporal structure: " + "; ".join(parts), p_best, n)
+
+
+def _count_evidence(candidate: PromotionCandidate) -> float | None:
+    """One-sided binomial p that the outcome follows the event no more often than the base rate
+    (None when the candidate does not carry its counts)."""
+    meta = candidate.metadata
+    try:
+        k, n, rate = int(meta["observation_count"]), int(meta["event_observations"]), float(meta["base_rate"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if n < 1 or not 0.0 < rate < 1.0 or not 0 <= k <= n:
+        return None
+    from scipy.stats import binomtest
+
+    return float(binomtest(k, n, rate, alternative="greater").pvalue)
 
 
 Gate = Callable[..., GateVerdict]

@@ -92,6 +92,7 @@ class ReadService:
     episodic: Any = None  # the projector's MemoryProjection (its state's index answers recall)
     on_accessed: Callable[[list[Any]], None] | None = None  # publishes MemoryAccessed (recall changes state via the log)
     synopses: Any = field(default_factory=lambda: _synopsis_cache())  # user synopses, refreshed when stale
+    semantic: Any = None  # the projector's SemanticProjection (per-owner memory layers)
 
     @property
     def store(self) -> KnowledgeStore:
@@ -204,6 +205,34 @@ class ReadService:
                                      agents=self.agents)
         self._accessed(ctx.accessed)
         return {"agent": agent, "query": query, "text": ctx.text, "entries": len(ctx.entries)}
+
+    # ---- semantic memory (concepts, patterns) ----
+    def _semantic(self) -> Any:
+        if self.semantic is None:  # no projector: replay the log from the file (read-only)
+            from projections.semantic import SemanticProjection
+
+            self.semantic = SemanticProjection(self.con)
+        return self.semantic
+
+    def knowledge_context(self, agent: str, query: Any = None, limit: Any = None) -> list[dict[str, Any]]:
+        """What the agent knows, as one ranked list (concepts with relationships, confirmed patterns)
+        over the owners of its scope chain (its own, its team's, global)."""
+        from processors.semantic import knowledge_context
+
+        from somnus.agents import scope_chain
+
+        n = _int(limit, "limit", 8, hi=100)
+        layers = self._semantic().layers
+        entries = [(e, owner) for owner in scope_chain(dict(self.agents), agent) if owner in layers
+                   for e in knowledge_context(layers[owner], query=str(query) if query else None, limit=n)]
+        entries.sort(key=lambda x: (-x[0].score, x[0].name, x[0].record_id))
+        return [{**_jsonable(e), "owner": owner} for e, owner in entries[:n]]
+
+    def promotion_inputs(self, owner: Any = None) -> Any:
+        """A snapshot of what promotion reads now (NAc candidate links, call outcomes): ``somnus consolidate``."""
+        from projections.semantic import promotion_inputs
+
+        return _jsonable(promotion_inputs(self.con, owner=str(owner or "global")))
 
     # ---- context assembly (working memory + every tier) ----
     def context(self, agent: str, query: Any = None, user_id: Any = None, session_id: Any = None,
@@ -400,6 +429,12 @@ ROUTES: tuple[Route, ...] = (
           (("query", "string", "the task or question at hand"), ("user_id", "string", "the user served (isolation)"),
            ("session_id", "string", "the current session (default: the agent's latest open one)"),
            ("max_tokens", "integer", "default 4000"))),
+    Route("GET", "/agents/{agent}/knowledge-context", "knowledge_context",
+          "What the agent knows: concepts (with relationships) and confirmed patterns of its scope chain, ranked.",
+          (("query", "string", "rank by relevance to this text"), ("limit", "integer", "default 8"))),
+    Route("GET", "/promotion-inputs", "promotion_inputs",
+          "A snapshot of the promotion inputs (NAc candidate links, call outcomes) for an owner.",
+          (("owner", "string", "global (default), team:<lead> or agent:<name>"),)),
     Route("GET", "/predict", "predict", "Likely outcomes of a call before it is made (NAc causal links).",
           (("tool", "string", "the tool"), ("args", "string", "the call's arguments, a JSON object"),
            ("agent", "string", "context: the calling agent"), ("hour", "string", "context: local hour, 00-23"))),

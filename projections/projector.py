@@ -46,7 +46,7 @@ class Projector:
         self.db_path = Path(db_path or settings.db_path)  # type: ignore[arg-type]
         self.topics = Topics(settings.traces_topic, settings.episodes_topic, settings.dead_letter_topic,
                              settings.facts_topic, settings.link_updates_topic, settings.memory_topic,
-                             settings.working_memory_topic)
+                             settings.working_memory_topic, settings.semantic_topic)
         self.serve = serve
         self.max_records = max_records
         self.totals = BatchResult()
@@ -125,12 +125,14 @@ class Projector:
     async def _partitions(self, consumer: AIOKafkaConsumer) -> list[TopicPartition]:
         tps = []
         for topic in (self.topics.traces, self.topics.episodes, self.topics.dead_letters, self.topics.facts,
-                      self.topics.link_updates, self.topics.memory, self.topics.working_memory):
+                      self.topics.link_updates, self.topics.memory, self.topics.working_memory,
+                      self.topics.semantic):
             tps.extend(TopicPartition(topic, p) for p in await partitions_of(consumer, topic))
         return tps
 
     async def _start_server(self, con: duckdb.DuckDBPyConnection, seen: Seen) -> web.AppRunner:
-        service = api.ReadService(con, seen.agents, briefings=seen.briefings.current, episodic=seen.memory)
+        service = api.ReadService(con, seen.agents, briefings=seen.briefings.current, episodic=seen.memory,
+                                  semantic=seen.semantic)
         producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all", enable_idempotence=True,
                                     linger_ms=5)
         await producer.start()

@@ -87,6 +87,27 @@ CREATE TABLE IF NOT EXISTS memory_access (
 CREATE TABLE IF NOT EXISTS working_memory (
     session_key VARCHAR NOT NULL PRIMARY KEY, agent VARCHAR NOT NULL, session_id VARCHAR NOT NULL, user_id VARCHAR,
     closed BOOLEAN NOT NULL, last_seq BIGINT NOT NULL, tokens BIGINT NOT NULL, state JSON NOT NULL);
+CREATE TABLE IF NOT EXISTS semantic_log (
+    ord BIGINT NOT NULL PRIMARY KEY, owner VARCHAR NOT NULL, kind VARCHAR NOT NULL, body JSON NOT NULL,
+    src_offset BIGINT NOT NULL);
+CREATE TABLE IF NOT EXISTS concepts (
+    owner VARCHAR NOT NULL, concept_id VARCHAR NOT NULL, name VARCHAR NOT NULL, category VARCHAR NOT NULL,
+    definition VARCHAR, provenance VARCHAR NOT NULL, reinforcement_count BIGINT NOT NULL, confidence DOUBLE NOT NULL,
+    properties JSON, source_episode_ids VARCHAR[], updated_at TIMESTAMPTZ NOT NULL,
+    PRIMARY KEY (owner, concept_id));
+CREATE TABLE IF NOT EXISTS concept_relationships (
+    owner VARCHAR NOT NULL, source_id VARCHAR NOT NULL, relation VARCHAR NOT NULL, target_id VARCHAR NOT NULL,
+    weight DOUBLE NOT NULL, metadata JSON, formed_at TIMESTAMPTZ NOT NULL);
+CREATE TABLE IF NOT EXISTS math_patterns (
+    owner VARCHAR NOT NULL, math_id VARCHAR NOT NULL, name VARCHAR NOT NULL, category VARCHAR NOT NULL,
+    domain VARCHAR, summary VARCHAR, query VARCHAR, confidence DOUBLE NOT NULL, observations BIGINT,
+    confirmed_at TIMESTAMPTZ NOT NULL);
+CREATE TABLE IF NOT EXISTS cross_layer_edges (
+    owner VARCHAR NOT NULL, source_layer VARCHAR NOT NULL, source_id VARCHAR NOT NULL, edge_type VARCHAR NOT NULL,
+    target_layer VARCHAR NOT NULL, target_id VARCHAR NOT NULL, weight DOUBLE NOT NULL, formed_at TIMESTAMPTZ NOT NULL);
+CREATE TABLE IF NOT EXISTS promotion_audit (
+    owner VARCHAR NOT NULL, pattern_name VARCHAR NOT NULL, origin VARCHAR NOT NULL, candidate_confidence DOUBLE,
+    promoted BOOLEAN NOT NULL, concept_id VARCHAR, reason VARCHAR, decided_at TIMESTAMPTZ NOT NULL);
 CREATE TABLE IF NOT EXISTS briefings_dirty (agent VARCHAR NOT NULL PRIMARY KEY);
 CREATE TABLE IF NOT EXISTS promotions (
     promotion_id UUID NOT NULL, source VARCHAR NOT NULL, predicate VARCHAR NOT NULL, target VARCHAR NOT NULL,
@@ -166,6 +187,16 @@ CONTENT_COLUMNS: dict[str, list[str]] = {
     "memory_edges": ["a", "b", "weight", "shared", "goal", "temporal", "formed_at"],
     "memory_access": ["memory_id", "agent", "query", "rank", "score", "accessed_at"],
     "working_memory": ["session_key", "agent", "session_id", "user_id", "closed", "last_seq", "tokens", "state"],
+    "semantic_log": ["ord", "owner", "kind", "body"],
+    "concepts": ["owner", "concept_id", "name", "category", "definition", "provenance", "reinforcement_count",
+                 "confidence", "properties", "source_episode_ids", "updated_at"],
+    "concept_relationships": ["owner", "source_id", "relation", "target_id", "weight", "metadata", "formed_at"],
+    "math_patterns": ["owner", "math_id", "name", "category", "domain", "summary", "query", "confidence",
+                      "observations", "confirmed_at"],
+    "cross_layer_edges": ["owner", "source_layer", "source_id", "edge_type", "target_layer", "target_id", "weight",
+                          "formed_at"],
+    "promotion_audit": ["owner", "pattern_name", "origin", "candidate_confidence", "promoted", "concept_id",
+                        "reason", "decided_at"],
     "briefings": ["agent", "briefing_id", "generated_at", "budget", "markdown", "chars", "lessons", "facts",
                   "strategies", "dropped_lessons", "dropped_facts", "dropped_strategies"],
 }

@@ -55,6 +55,7 @@ class Topics:
     link_updates: str = ""  # NAc updates (projections/causal.py)
     memory: str = ""  # one partition; folded into episodic memory (projections/memory.py)
     working_memory: str = ""  # the worker's working-memory table changelog (key = session)
+    semantic: str = ""  # one partition; folded into semantic memory (projections/semantic.py)
 
 
 @dataclass
@@ -66,6 +67,7 @@ class BatchResult:
     facts: int = 0
     link_updates: int = 0
     memory_events: int = 0
+    semantic_events: int = 0
     skipped_invalid: int = 0  # invalid traces: the worker dead-letters them
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)
 
@@ -93,6 +95,9 @@ class Seen:
         from projections.memory import MemoryProjection
 
         self.memory = MemoryProjection(con)
+        from projections.semantic import SemanticProjection
+
+        self.semantic = SemanticProjection(con)
 
         self.agents = dict(agents or {})
         self.briefings = BriefingCache(con, self.agents)
@@ -116,6 +121,7 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
     link_bundles: list[bytes] = []
     memory_records: list[tuple[bytes | None, Any]] = []
     working: dict[bytes, bytes | None] = {}
+    semantic_records: list[tuple[bytes | None, Any]] = []
     new_eps: list[Any] = []
     served_rows: list[dict[str, Any]] = []
     for rec in records:
@@ -156,6 +162,8 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
                 served_rows.append(_served_row(decode_served(rec.value or b""), rec.offset))
             else:
                 facts.append((rec.offset, decode_facts(rec.value or b"")))
+        elif rec.topic == topics.semantic:
+            semantic_records.append((_header(rec, "somnus-kind"), rec))
         elif rec.topic == topics.working_memory:
             if rec.key is not None:
                 working[rec.key] = rec.value  # the latest state of each session wins
@@ -210,6 +218,8 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
             res.memory_events = seen.memory.write(con, memory_records)
         if working:
             _write_working_memory(con, working)
+        if semantic_records:
+            res.semantic_events = seen.semantic.write(con, semantic_records)
         _insert_new(con, "promotions", promotion_rows, ("promotion_id",))
         _insert_new(con, "briefings_served", served_rows, ("agent", "session_id", "briefing_id"))
         scopes: set[str] = set()
@@ -226,6 +236,8 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
         seen.causal.rolled_back()
         if memory_records:  # the capture fold ran ahead of the tables: replay what committed
             seen.memory.reload(con)
+        if semantic_records:
+            seen.semantic.reload(con)
         if facts:  # the fold's state ran ahead of the tables: reload it from what committed
             from projections.knowledge import KnowledgeProjection
 

@@ -218,7 +218,8 @@ def sql(query: str = typer.Argument(..., help="A read-only SELECT."), db: Option
 
 @app.command()
 def checksum(db: Optional[Path] = DbOpt, home: Optional[Path] = HomeOpt,
-             tables: bool = typer.Option(False, "--tables", help="Also print each table's count:hash.")) -> None:
+             tables: bool = typer.Option(False, "--tables", help="Also print each table's count:hash."),
+             as_json: bool = typer.Option(False, "--json")) -> None:
     """Print one content checksum of all projections (order-independent; Kafka offsets excluded)."""
     from somnus.reads import ReadError, checksum as run
 
@@ -227,6 +228,9 @@ def checksum(db: Optional[Path] = DbOpt, home: Optional[Path] = HomeOpt,
         res = run(Path(s.db_path))  # type: ignore[arg-type]
     except ReadError as exc:
         _fail(str(exc))
+    if as_json:
+        print(json.dumps(res))
+        return
     print(res["checksum"])
     if tables:
         for t, v in sorted(res["tables"].items()):
@@ -413,6 +417,55 @@ def promote(source: str = typer.Argument(..., help="Source entity (id such as to
                     _bootstrap(s), s.facts_topic, partition=0)
     for e in events:
         console.print(f"promoted {e.source} {e.predicate} {e.target}: {e.from_scope} -> {e.to_scope}", soft_wrap=True)
+
+
+@app.command("ingest-knowledge")
+def ingest_knowledge_cmd(file: Path = typer.Argument(..., exists=True, dir_okay=False, help="JSON or Markdown."),
+                         owner: str = typer.Option("global", "--owner", help="global, team:<lead> or agent:<name>"),
+                         home: Optional[Path] = HomeOpt, bootstrap: Optional[str] = BootOpt) -> None:
+    """Add concepts from a document to semantic memory (DIRECT_INGESTION; deduplicated by name)."""
+    from datetime import datetime, timezone
+
+    from processors.semantic import KnowledgeFileError, parse_knowledge
+    from projections.semantic import KIND_INGEST, KnowledgeIngested
+    from somnus.client import publish_records
+
+    fmt = "json" if file.suffix.lower() in (".json", ".jsonl") else "markdown"
+    try:
+        concepts = parse_knowledge(file.read_text(encoding="utf-8"), fmt)
+    except KnowledgeFileError as exc:
+        _fail(f"{file}: {exc}")
+    s = _settings(home, None, bootstrap)
+    req = KnowledgeIngested(owner=owner, source=file.name, at=datetime.now(timezone.utc), concepts=concepts)
+    publish_records([(owner.encode(), encode_event(req), [("somnus-kind", KIND_INGEST)])], _bootstrap(s),
+                    s.semantic_topic, partition=0)
+    console.print(f"published {len(concepts)} concepts from {file.name} for {owner}", soft_wrap=True)
+
+
+@app.command()
+def consolidate(owner: str = typer.Option("global", "--owner", help="global, team:<lead> or agent:<name>"),
+                at: Optional[str] = typer.Option(None, "--at", help="Event time (ISO 8601); default: now."),
+                db: Optional[Path] = DbOpt, home: Optional[Path] = HomeOpt, bootstrap: Optional[str] = BootOpt) -> None:
+    """Promote repeated experience to concepts now: statistician, randomness gate, promoter (an event)."""
+    from datetime import datetime, timezone
+
+    import msgspec
+
+    from projections.semantic import KIND_PROMOTE, PromotionRequested
+    from somnus.client import publish_records
+    from somnus.reads import ReadError, read
+
+    s = _settings(home, db, bootstrap)
+    try:
+        when = datetime.fromisoformat(at.replace("Z", "+00:00")) if at else datetime.now(timezone.utc)
+        got = read(Path(s.db_path), "promotion_inputs", owner=owner)  # type: ignore[arg-type]
+    except (ValueError, ReadError) as exc:
+        _fail(str(exc))
+    req = msgspec.convert({**got, "at": when.isoformat()}, PromotionRequested, strict=False)
+    publish_records([(owner.encode(), encode_event(req), [("somnus-kind", KIND_PROMOTE)])], _bootstrap(s),
+                    s.semantic_topic, partition=0)
+    console.print(f"promotion requested for {owner} at {when.isoformat()}: {len(req.links)} candidate links, "
+                  f"{len(req.calls)} call outcomes", soft_wrap=True)
 
 
 @app.command()

@@ -113,6 +113,11 @@ class Settings:
         return f"{self.topic_prefix}memory"
 
     @property
+    def semantic_topic(self) -> str:
+        """Semantic memory inputs (ingested knowledge, promotion requests); one partition: a fold."""
+        return f"{self.topic_prefix}semantic"
+
+    @property
     def working_memory_topic(self) -> str:
         """The changelog of the worker's working-memory table (key = session): the projector reads it."""
         return f"{self.app_id}-working_memory-changelog"
@@ -120,7 +125,7 @@ class Settings:
     @property
     def projected_topics(self) -> tuple[str, ...]:
         return (self.traces_topic, self.episodes_topic, self.dead_letter_topic, self.facts_topic,
-                self.link_updates_topic, self.memory_topic, self.working_memory_topic)
+                self.link_updates_topic, self.memory_topic, self.working_memory_topic, self.semantic_topic)
 
     @property
     def run_dir(self) -> Path:

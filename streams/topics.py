@@ -30,6 +30,7 @@ def topic_specs(settings: Settings) -> dict[str, int]:
         settings.observations_topic: settings.partitions,
         settings.link_updates_topic: settings.partitions,
         settings.memory_topic: 1,
+        settings.semantic_topic: 1,
         settings.working_memory_topic: settings.partitions,  # the Faust table's changelog, made here
     }
 

@@ -505,3 +505,29 @@ def test_tau_bench_unreliable_calls_are_promoted_with_derived_from_edges_to_exac
 
 def test_docstring_examples_run():
     assert doctest.testmod(pr).failed == 0
+
+
+def _counted(k: int, n: int, base: float, times: list) -> PromotionCandidate:
+    return PromotionCandidate(pattern_name="t → error:x", category="causal_pattern", confidence=0.9,
+                              source_memory_ids=[], observation_times=times,
+                              metadata={"observation_count": k, "event_observations": n, "base_rate": base})
+
+
+def test_the_gate_lets_a_steady_but_significant_failure_rate_through_on_its_counts():
+    from datetime import datetime, timedelta, timezone
+
+    import numpy as np
+    from scipy.stats import binomtest
+
+    rng = np.random.default_rng(3)  # failure times uniformly random over a month: no timing structure
+    t0 = datetime(2024, 5, 1, tzinfo=timezone.utc)
+    times = sorted(t0 + timedelta(seconds=float(x)) for x in rng.uniform(0, 30 * 86400, 30))
+    timing_only = ips_gate(_counted(30, 53, 0.063, times).__class__(
+        pattern_name="t → error:x", category="causal_pattern", confidence=0.9, source_memory_ids=[],
+        observation_times=times))
+    assert not timing_only.passed  # what the timing test alone says of a steady rate
+    got = ips_gate(_counted(30, 53, 0.063, times))  # tau-bench's book_reservation: 30 of 53, fleet rate 6.3%
+    assert got.passed and got.test == "counts"
+    assert got.p_value == pytest.approx(binomtest(30, 53, 0.063, alternative="greater").pvalue)
+    # a rate no higher than the fleet's is no evidence: the timing test decides (and turns it away)
+    assert not ips_gate(_counted(4, 60, 0.063, times)).passed

@@ -109,7 +109,8 @@ def test_topic_names_follow_the_prefix():
     s = Settings.resolve(env={}, topic_prefix="t1.")
     assert (s.traces_topic, s.episodes_topic, s.dead_letter_topic) == ("t1.traces", "t1.episodes", "t1.dead-letters")
     assert s.projected_topics == ("t1.traces", "t1.episodes", "t1.dead-letters", "t1.facts", "t1.link-updates",
-                                  "t1.memory", f"{s.app_id}-working_memory-changelog")
+                                  "t1.memory", f"{s.app_id}-working_memory-changelog",
+                                  "t1.semantic")
     assert s.run_dir == s.home / "run"
 
 

@@ -1,0 +1,180 @@
+"""Semantic memory (ATL concepts, Angular Gyrus patterns, cross-layer edges) folded by the projector.
+
+Inputs arrive on the one-partition ``semantic`` topic, each self-contained so that folding the
+topic again (a replay) decides exactly the same:
+
+- ``KnowledgeIngested`` (``somnus ingest-knowledge``): concepts from a document, added as
+  DIRECT_INGESTION (deduplicated by name);
+- ``PromotionRequested`` (``somnus consolidate``, and the sleep job's promotion step): a snapshot of
+  the promotion inputs taken when it was requested — the NAc causal links that are candidates
+  (with their observation times, episodes and counts) and the call outcomes the statistician
+  reads — and the event time it runs at. The fold runs the statistician (patterns), then the
+  promoter (randomness gate, concepts, relationships, cross-layer edges) over the owner's memory.
+
+Every resulting ``SemanticEvent`` is appended to ``semantic_log`` in the batch's transaction and
+projected into ``concepts``, ``concept_relationships``, ``math_patterns``, ``cross_layer_edges`` and
+``promotion_audit``; the in-memory layers (``processors/layers.MemoryLayers`` per owner) are rebuilt
+from the log at start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import duckdb
+import msgspec
+import pyarrow as pa
+
+from processors.layers import MemoryLayers
+from processors.promotion import CausalLinkView, NacPromotionSource, SemanticPromoter, StatisticianPromotionSource
+from processors.semantic import IngestedConcept, ingest_knowledge
+from processors.statistics import CallOutcome, Statistician, pattern_events
+from schemas.semantic import (
+    CandidateRejected, ConceptCreated, ConceptPromoted, ConceptReinforced, CrossLayerEdgeFormed, PatternConfirmed,
+    RelationshipFormed, SemanticEvent, decode_semantic, encode_semantic)
+
+KIND_INGEST = b"knowledge-ingested"
+KIND_PROMOTE = b"promotion-requested"
+
+
+class KnowledgeIngested(msgspec.Struct, frozen=True, kw_only=True):
+    owner: str  # "global", "team:<lead>", "agent:<name>"
+    source: str  # the document's name
+    at: datetime
+    concepts: list[IngestedConcept]
+
+
+class PromotionRequested(msgspec.Struct, frozen=True, kw_only=True):
+    owner: str
+    at: datetime  # event time the promotion runs at
+    links: list[CausalLinkView] = []
+    calls: list[CallOutcome] = []
+
+
+_ingest_decoder = msgspec.json.Decoder(KnowledgeIngested)
+_promote_decoder = msgspec.json.Decoder(PromotionRequested)
+
+
+class SemanticProjection:
+    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+        self.layers: dict[str, MemoryLayers] = {}
+        self.next_ord = 0
+        self.reload(con)
+
+    def reload(self, con: duckdb.DuckDBPyConnection) -> None:
+        self.layers = {}
+        rows = con.execute("SELECT body FROM semantic_log ORDER BY ord").fetchall()
+        for (body,) in rows:
+            ev = decode_semantic(body.encode() if isinstance(body, str) else body)
+            self._owner(ev.owner).apply(ev)
+        self.next_ord = len(rows)
+
+    def _owner(self, owner: str) -> MemoryLayers:
+        m = self.layers.get(owner)
+        if m is None:
+            m = self.layers[owner] = MemoryLayers(owner)
+        return m
+
+    def write(self, con: duckdb.DuckDBPyConnection, records: Sequence[tuple[bytes | None, Any]]) -> int:
+        """Fold ``(kind, record)`` pairs in order; write the events they made (caller's transaction)."""
+        events: list[tuple[SemanticEvent, int]] = []
+        for kind, rec in records:
+            if kind == KIND_INGEST:
+                req = _ingest_decoder.decode(rec.value)
+                made = ingest_knowledge(self._owner(req.owner), req.concepts, req.source, req.at)
+            elif kind == KIND_PROMOTE:
+                made = self.promote(_promote_decoder.decode(rec.value))
+            else:
+                continue
+            events += [(ev, rec.offset) for ev in made]
+        if events:
+            self._insert(con, events)
+        return len(events)
+
+    def promote(self, req: PromotionRequested) -> list[SemanticEvent]:
+        """Statistician, then promoter (NAc links and confirmed patterns as sources), at ``req.at``."""
+        m = self._owner(req.owner)
+        records = Statistician(req.owner).analyse(req.calls) if req.calls else []
+        made = pattern_events(m, records, req.at)
+        made += SemanticPromoter(activity_times=sorted({c.at for c in req.calls})).promote(
+            m, [NacPromotionSource(req.links), StatisticianPromotionSource(m.ag)], req.at)
+        return made
+
+    def _insert(self, con: duckdb.DuckDBPyConnection, events: list[tuple[SemanticEvent, int]]) -> None:
+        log, concepts, rels, patterns, edges, audit = [], [], [], [], [], []
+        for ev, offset in events:
+            log.append({"ord": self.next_ord, "owner": ev.owner, "kind": type(ev).__name__,
+                        "body": encode_semantic(ev).decode(), "src_offset": offset})
+            self.next_ord += 1
+            if isinstance(ev, (ConceptCreated, ConceptReinforced)):
+                c = self.layers[ev.owner].atl.get(ev.concept_id)
+                if c is not None:
+                    concepts.append({"owner": ev.owner, "concept_id": c.concept_id, "name": c.name,
+                                     "category": c.category, "definition": c.definition,
+                                     "provenance": c.provenance.value, "reinforcement_count": c.reinforcement_count,
+                                     "confidence": c.confidence,
+                                     "properties": msgspec.json.encode(c.properties).decode(),
+                                     "source_episode_ids": list(c.source_episode_ids), "updated_at": ev.at})
+            elif isinstance(ev, RelationshipFormed):
+                rels.append({"owner": ev.owner, "source_id": ev.source_id, "relation": ev.relation,
+                             "target_id": ev.target_id, "weight": ev.weight,
+                             "metadata": msgspec.json.encode(ev.metadata).decode(), "formed_at": ev.at})
+            elif isinstance(ev, PatternConfirmed):
+                r = ev.record
+                patterns.append({"owner": ev.owner, "math_id": r.math_id, "name": r.name,
+                                 "category": r.category.value, "domain": r.domain, "summary": r.verbal,
+                                 "query": r.query, "confidence": r.confidence, "observations": r.n_observations,
+                                 "confirmed_at": ev.at})
+            elif isinstance(ev, CrossLayerEdgeFormed):
+                edges.append({"owner": ev.owner, "source_layer": ev.source_layer.value, "source_id": ev.source_id,
+                              "edge_type": ev.edge_type.value, "target_layer": ev.target_layer.value,
+                              "target_id": ev.target_id, "weight": ev.weight, "formed_at": ev.at})
+            elif isinstance(ev, (ConceptPromoted, CandidateRejected)):
+                promoted = isinstance(ev, ConceptPromoted)
+                audit.append({"owner": ev.owner, "pattern_name": ev.pattern_name, "origin": ev.origin,
+                              "candidate_confidence": ev.candidate_confidence, "promoted": promoted,
+                              "concept_id": ev.concept_id if promoted else None,
+                              "reason": ev.gate if promoted else ev.reason, "decided_at": ev.at})
+        latest = {(r["owner"], r["concept_id"]): r for r in concepts}  # a concept's last state in the batch
+        for table, rows, select in (
+                ("semantic_log", log, "ord, owner, kind, body::JSON, src_offset"),
+                ("concept_relationships", rels, "owner, source_id, relation, target_id, weight, metadata::JSON, formed_at"),
+                ("math_patterns", patterns, "*"), ("cross_layer_edges", edges, "*"), ("promotion_audit", audit, "*")):
+            if rows:
+                frame = pa.Table.from_pylist(rows)  # noqa: F841
+                con.execute(f"INSERT INTO {table} SELECT {select} FROM frame")
+        if latest:
+            frame = pa.Table.from_pylist(list(latest.values()))  # noqa: F841
+            con.execute("INSERT OR REPLACE INTO concepts SELECT owner, concept_id, name, category, definition, "
+                        "provenance, reinforcement_count, confidence, properties::JSON, source_episode_ids, "
+                        "updated_at FROM frame")
+
+
+def promotion_inputs(con: duckdb.DuckDBPyConnection, owner: str = "global", min_observations: int = 3,
+                     min_confidence: float = 0.6) -> PromotionRequested:
+    """A snapshot of what promotion reads, taken from the projections (``at`` is filled by the caller):
+    the tool-level NAc links that are candidates, with their observation times, episodes, counts and
+    the fleet's base rate of their valence; and every tool call's outcome (for the statistician)."""
+    base = dict(con.execute(
+        "SELECT valence, count(*) / (SELECT count(*) FROM causal_link_updates WHERE level = 'tool') "
+        "FROM causal_link_updates WHERE level = 'tool' GROUP BY 1").fetchall())
+    links = []
+    for sig, osig, tool, outcome, valence, strength, obs, event_obs, confidence in con.execute(
+            "SELECT event_signature, outcome_signature, tool, outcome, valence, strength, observations, "
+            "event_observations, confidence FROM causal_links WHERE level = 'tool' AND observations >= ? "
+            "AND confidence >= ? ORDER BY tool, outcome_signature", [min_observations, min_confidence]).fetchall():
+        seen = con.execute("SELECT observed_at, episode_id::VARCHAR FROM causal_link_updates "
+                           "WHERE event_signature = ? AND outcome_signature = ? ORDER BY observed_at, episode_id",
+                           [sig, osig]).fetchall()
+        links.append(CausalLinkView(event_signature=sig, tool=tool, outcome=outcome, valence=valence,
+                                    strength=float(strength), confidence=float(confidence), observation_count=int(obs),
+                                    observation_times=[t for t, _ in seen], source_episode_ids=[e for _, e in seen],
+                                    event_observations=int(event_obs), base_rate=float(base.get(valence, 0.0))))
+    calls = [CallOutcome(tool, valence == "positive", at, episode, agent) for tool, valence, at, episode, agent in
+             con.execute("SELECT tool, valence, observed_at, episode_id::VARCHAR, agent FROM causal_link_updates "
+                         "WHERE level = 'tool' ORDER BY observed_at, episode_id, idx").fetchall()]
+    from datetime import timezone
+
+    return PromotionRequested(owner=owner, at=datetime.fromtimestamp(0, tz=timezone.utc), links=links, calls=calls)

@@ -398,6 +398,7 @@ class Route:
     handler: str  # the ReadService method
     summary: str
     params: tuple[tuple[str, str, str], ...] = ()  # (name, JSON type, description)
+    stateful: bool = False  # reads a fold's in-memory state (memory index, semantic layers, synopses)
 
 
 ROUTES: tuple[Route, ...] = (
@@ -419,19 +420,19 @@ ROUTES: tuple[Route, ...] = (
           (("query", "string", "what to recall"), ("k", "integer", "default 10"),
            ("explain", "boolean", "per-signal scores and ranks"),
            ("filters", "string", "JSON object of multi-key filters, e.g. {\"tool\": \"x\", \"success\": true}"),
-           ("record", "boolean", "record the hits as accesses (default true)"))),
+           ("record", "boolean", "record the hits as accesses (default true)")), stateful=True),
     Route("GET", "/agents/{agent}/episodic-context", "episodic_context",
           "Token-budgeted text of relevant past work for a prompt.",
           (("query", "string", "the task at hand"), ("top_k", "integer", "default 5"),
-           ("token_budget", "integer", "default 2000"))),
+           ("token_budget", "integer", "default 2000")), stateful=True),
     Route("GET", "/agents/{agent}/context", "context",
           "One fitted context: user synopsis, the session's recent conversation, fused recall/knowledge/briefing.",
           (("query", "string", "the task or question at hand"), ("user_id", "string", "the user served (isolation)"),
            ("session_id", "string", "the current session (default: the agent's latest open one)"),
-           ("max_tokens", "integer", "default 4000"))),
+           ("max_tokens", "integer", "default 4000")), stateful=True),
     Route("GET", "/agents/{agent}/knowledge-context", "knowledge_context",
           "What the agent knows: concepts (with relationships) and confirmed patterns of its scope chain, ranked.",
-          (("query", "string", "rank by relevance to this text"), ("limit", "integer", "default 8"))),
+          (("query", "string", "rank by relevance to this text"), ("limit", "integer", "default 8")), stateful=True),
     Route("GET", "/promotion-inputs", "promotion_inputs",
           "A snapshot of the promotion inputs (NAc candidate links, call outcomes) for an owner.",
           (("owner", "string", "global (default), team:<lead> or agent:<name>"),)),

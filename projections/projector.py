@@ -55,6 +55,7 @@ class Projector:
         self.agents = load_agents(settings.agents_dir)
         self._stop = asyncio.Event()
         self._producer: AIOKafkaProducer | None = None
+        self.write_lock = asyncio.Lock()
 
     def stop(self) -> None:
         self._stop.set()
@@ -83,19 +84,26 @@ class Projector:
             total = sum(end.values()) - sum(stored.get((tp.topic, tp.partition), 0) for tp in tps) if until_end else 0
             done = 0
             last_briefings = 0.0
+            # Writes run in a thread so the HTTP server stays responsive during a batch; reads that
+            # touch the folds' in-memory state take the same lock (see _start_server).
+            lock = self.write_lock
             while not self._stop.is_set():
                 if until_end and all(stored.get((tp.topic, tp.partition), 0) >= end[tp] for tp in tps):
-                    seen.briefings.refresh(con)
+                    async with lock:
+                        await asyncio.to_thread(seen.briefings.refresh, con)
                     break
                 batch = await consumer.getmany(timeout_ms=200, max_records=self.max_records)
                 records = [r for rs in batch.values() for r in rs]
                 now = time.monotonic()
                 if not records or now - last_briefings >= BRIEFING_INTERVAL_S:
-                    seen.briefings.refresh(con)  # caught up, or busy for a while: render what is stale
+                    async with lock:  # caught up, or busy for a while: render what is stale
+                        await asyncio.to_thread(seen.briefings.refresh, con)
                     last_briefings = now
                 if not records:
                     continue
-                res = apply_batch(con, self.topics, records, stored, self.settings.max_event_bytes, seen)
+                async with lock:
+                    res = await asyncio.to_thread(apply_batch, con, self.topics, records, stored,
+                                                  self.settings.max_event_bytes, seen)
                 stored.update(res.offsets)
                 self._add(res)
                 done += len(records)
@@ -131,7 +139,9 @@ class Projector:
         return tps
 
     async def _start_server(self, con: duckdb.DuckDBPyConnection, seen: Seen) -> web.AppRunner:
-        service = api.ReadService(con, seen.agents, briefings=seen.briefings.current, episodic=seen.memory,
+        # Reads use their own cursor (a second connection to the same database: it sees committed
+        # data while a batch is being written on ``con`` in the writer thread).
+        service = api.ReadService(con.cursor(), seen.agents, briefings=seen.briefings.current, episodic=seen.memory,
                                   semantic=seen.semantic)
         producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all", enable_idempotence=True,
                                     linger_ms=5)
@@ -171,7 +181,11 @@ class Projector:
                         return web.json_response({"error": "the body must be a JSON object"}, status=400)
                     params.update(body)
                 try:
-                    result = api.call(service, route, request.match_info.get("agent"), params)
+                    if route.stateful:  # reads the folds' in-memory state: not while a batch changes it
+                        async with self.write_lock:
+                            result = api.call(service, route, request.match_info.get("agent"), params)
+                    else:
+                        result = api.call(service, route, request.match_info.get("agent"), params)
                 except api.NotFound as exc:
                     return web.json_response({"error": str(exc)}, status=404)
                 except (api.BadRequest, queries.NotReadOnly, duckdb.Error) as exc:
@@ -203,6 +217,11 @@ def main() -> None:
     from somnus.broker import bootstrap_for
 
     logging.basicConfig(level=logging.WARNING)
+    # The writer thread holds the GIL for long stretches of Python (folds); a shorter switch interval
+    # lets the HTTP thread answer reads within a millisecond or two meanwhile.
+    import sys
+
+    sys.setswitchinterval(0.001)
     settings = Settings.resolve()
     bootstrap = bootstrap_for(settings, start_if_missing=False)
     projector = Projector(settings, bootstrap)

@@ -94,9 +94,11 @@ class ReadService:
     synopses: Any = field(default_factory=lambda: _synopsis_cache())  # user synopses, refreshed when stale
     semantic: Any = None  # the projector's SemanticProjection (per-owner memory layers)
 
+    top_facts: Any = None  # the projector's in-memory facts_top (projections.knowledge_store.TopFacts)
+
     @property
     def store(self) -> KnowledgeStore:
-        return KnowledgeStore(DuckDBBackend(self.con), dict(self.agents))
+        return KnowledgeStore(DuckDBBackend(self.con), dict(self.agents), top=self.top_facts)
 
     # ---- briefings ----
     def _briefing(self, agent: str) -> BriefingGenerated | None:

@@ -105,11 +105,48 @@ def _s(v: Any) -> str | None:
     return None if v is None else str(v)
 
 
+class TopFacts:
+    """``facts_top`` held in memory, per scope, best first: the projector keeps it in step (``refresh``
+    after each batch, for the scopes it changed), so the plain "best facts of my scope chain" read
+    merges a few short lists instead of running a query (a DuckDB query costs milliseconds)."""
+
+    def __init__(self) -> None:
+        self.by_scope: dict[str, list[Fact]] = {}
+
+    def refresh(self, con: duckdb.DuckDBPyConnection, scopes: Sequence[str] | None = None) -> None:
+        where, params = ("", []) if scopes is None else ("WHERE scope IN (SELECT unnest(?::VARCHAR[]))", [list(scopes)])
+        cur = con.execute(f"SELECT {_FACT_COLS} FROM facts_top {where} "
+                          "ORDER BY scope, confidence DESC, count DESC, triple_id", params)
+        cols = [d[0] for d in cur.description]
+        fresh: dict[str, list[Fact]] = {s: [] for s in (scopes or [])}
+        for row in cur.fetchall():
+            f = _fact(dict(zip(cols, row)))
+            fresh.setdefault(f.scope, []).append(f)
+        if scopes is None:
+            self.by_scope = fresh
+        else:
+            self.by_scope.update(fresh)
+
+    def best(self, chain: Sequence[str], limit: int, min_confidence: float) -> list[Fact]:
+        import heapq
+
+        lists = [self.by_scope.get(s, []) for s in chain]
+        merged = heapq.merge(*lists, key=lambda f: (-f.confidence, -f.count, f.triple_id))
+        out = []
+        for f in merged:
+            if f.confidence < min_confidence or len(out) == limit:
+                break
+            out.append(f)
+        return out
+
+
 class KnowledgeStore:
-    def __init__(self, backend: Backend, agents: dict[str, AgentSpec], use_top: bool = True) -> None:
+    def __init__(self, backend: Backend, agents: dict[str, AgentSpec], use_top: bool = True,
+                 top: TopFacts | None = None) -> None:
         self.backend = backend
         self.agents = agents
         self.use_top = use_top  # False only to measure what facts_top saves (somnus bench facts-query)
+        self.top = top  # the projector's in-memory facts_top
 
     @classmethod
     def open(cls, db: Path, agents: dict[str, AgentSpec]) -> KnowledgeStore:
@@ -139,6 +176,9 @@ class KnowledgeStore:
         if entity is not None:
             where.append("(source = ? OR target = ?)")
             params += [entity, entity]
+        if (self.top is not None and self.use_top and as_of is None and predicate is None and entity is None
+                and limit <= FACTS_TOP_K):
+            return self.top.best(chain, limit, min_confidence)
         params.append(limit)
         # The plain "best facts now" query reads facts_top (the best FACTS_TOP_K active facts of each
         # scope): the best `limit` of the chain are among the best `limit` of each of its scopes.

@@ -142,7 +142,7 @@ class Projector:
         # Reads use their own cursor (a second connection to the same database: it sees committed
         # data while a batch is being written on ``con`` in the writer thread).
         service = api.ReadService(con.cursor(), seen.agents, briefings=seen.briefings.current, episodic=seen.memory,
-                                  semantic=seen.semantic)
+                                  semantic=seen.semantic, top_facts=seen.top_facts)
         producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all", enable_idempotence=True,
                                     linger_ms=5)
         await producer.start()

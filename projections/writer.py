@@ -98,6 +98,10 @@ class Seen:
         from projections.semantic import SemanticProjection
 
         self.semantic = SemanticProjection(con)
+        from projections.knowledge_store import TopFacts
+
+        self.top_facts = TopFacts()
+        self.top_facts.refresh(con)
 
         self.agents = dict(agents or {})
         self.briefings = BriefingCache(con, self.agents)
@@ -245,6 +249,8 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
         raise
     seen.episodes |= new_episodes
     seen.dead_letters |= new_dead
+    if scopes:
+        seen.top_facts.refresh(con, sorted(scopes))
     seen.causal.committed()
     return res
 

@@ -210,13 +210,15 @@ def synthetic_triples(n: int, agents: int, teams: int, seed: int = 11) -> Any:
 
 def run_fact_query(triples: int = 1_000_000, agents: int = 200, teams: int = 20, queries: int = 1000,
                    limit: int = 50, seed: int = 11) -> dict[str, Any]:
-    """p50/p95/p99 latency of the scope-chain fact query (KnowledgeStore.facts) over ``triples`` rows."""
+    """p50/p95/p99 latency of the scope-chain fact query (KnowledgeStore.facts) over ``triples`` rows, as
+    the projector serves it (the in-memory ``facts_top``), next to the same query in SQL over
+    ``facts_top`` and over every triple (same answers, checked)."""
     import statistics
 
     import duckdb
 
     from projections import schema
-    from projections.knowledge_store import DuckDBBackend, KnowledgeStore
+    from projections.knowledge_store import DuckDBBackend, KnowledgeStore, TopFacts
     from somnus.agents import AgentSpec
 
     work = Path(tempfile.mkdtemp(prefix="somnus-bench-facts-"))
@@ -232,8 +234,11 @@ def run_fact_query(triples: int = 1_000_000, agents: int = 200, teams: int = 20,
         specs = {f"a{i}": AgentSpec(name=f"a{i}", reports_to=f"t{i % teams}") for i in range(agents)}
         import random
 
-        def measure(use_top: bool) -> tuple[list[float], list[list[str]]]:
-            store = KnowledgeStore(DuckDBBackend(con), specs, use_top=use_top)
+        top = TopFacts()
+        top.refresh(con)  # what the projector holds in memory and serves the plain query from
+
+        def measure(use_top: bool, cached: bool) -> tuple[list[float], list[list[str]]]:
+            store = KnowledgeStore(DuckDBBackend(con), specs, use_top=use_top, top=top if cached else None)
             rnd = random.Random(seed)
             store.facts("a0", limit=limit)  # warm up
             lat, answers = [], []
@@ -245,116 +250,17 @@ def run_fact_query(triples: int = 1_000_000, agents: int = 200, teams: int = 20,
                 answers.append([f.triple_id for f in got])
             return sorted(lat), answers
 
-        lat, answers = measure(True)
-        scan, scan_answers = measure(False)  # the same queries reading every triple
-        assert answers == scan_answers and all(len(a) == limit for a in answers)
-        q, qs = statistics.quantiles(lat, n=100), statistics.quantiles(scan, n=100)
+        lat, answers = measure(True, cached=True)
+        sql, sql_answers = measure(True, cached=False)  # the same query as SQL over facts_top
+        scan, scan_answers = measure(False, cached=False)  # ... and over every triple
+        assert answers == sql_answers == scan_answers and all(len(a) == limit for a in answers)
+        q, qq, qs = (statistics.quantiles(x, n=100) for x in (lat, sql, scan))
         con.close()
         return {"triples": triples, "agents": agents, "teams": teams, "queries": queries, "limit": limit,
                 "load_s": round(load_s, 3), "p50_ms": round(q[49], 3), "p95_ms": round(q[94], 3),
                 "p99_ms": round(q[98], 3), "max_ms": round(lat[-1], 3),
-                "scan_p95_ms": round(qs[94], 3), "scan_over_top_p95": round(qs[94] / q[94], 2)}
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-
-
-def run_predict(links: int = 1_000_000, outcomes: int = 2, queries: int = 2000, seed: int = 5) -> dict[str, Any]:
-    """p50/p95/p99 latency of ``predict`` (projections.causal.predict_from) with ``links`` causal links.
-
-    The table holds ``links`` rows: ``links / outcomes`` event signatures with ``outcomes`` outcomes
-    each, plus their tools' rows. Queries ask for calls that exist (a random signature's tool and
-    arguments are not kept, so the query goes by signature through the same lookup as predict)."""
-    import random
-    import statistics
-
-    import duckdb
-    import numpy as np
-    import pyarrow as pa
-
-    from projections import schema
-    from projections.causal import link_states
-    from processors.nac import predict
-
-    work = Path(tempfile.mkdtemp(prefix="somnus-bench-predict-"))
-    try:
-        con = duckdb.connect(str(work / "links.duckdb"))
-        schema.init(con)
-        rng = np.random.default_rng(seed)
-        n_events = links // outcomes
-        sigs = np.char.mod("%016x", rng.integers(0, 2**62, n_events, dtype=np.int64))
-        tools = np.char.add("tool_", rng.integers(0, 2000, n_events).astype(str))
-        frame = pa.table({  # noqa: F841
-            "event_signature": np.repeat(sigs, outcomes), "outcome_signature": np.tile(
-                np.char.mod("%016x", np.arange(outcomes)), n_events),
-            "level": np.full(n_events * outcomes, "call"), "tool": np.repeat(tools, outcomes),
-            "outcome": np.tile(np.array(["ok"] + [f"error:e{i}" for i in range(1, outcomes)]), n_events),
-            "valence": np.tile(np.array(["positive"] + ["negative"] * (outcomes - 1)), n_events),
-            "strength": rng.random(n_events * outcomes), "observations": rng.integers(1, 50, n_events * outcomes),
-            "event_observations": np.repeat(rng.integers(50, 100, n_events), outcomes),
-            "confidence": rng.random(n_events * outcomes),
-            "updated_at": pa.array(np.full(n_events * outcomes, np.datetime64("2024-05-01T00:00:00", "us")),
-                                   pa.timestamp("us", tz="UTC"))})
-        t0 = time.perf_counter()
-        con.execute("INSERT INTO causal_links SELECT * FROM frame")
-        load_s = time.perf_counter() - t0
-        rnd = random.Random(seed)
-        lat = []
-        for i in range(queries + 50):
-            j = rnd.randrange(n_events)
-            sig = str(sigs[j])
-            t = time.perf_counter()
-            states = link_states(con, [sig, "0" * 16])  # the call and its tool, as predict_from asks
-            got = predict({str(sig): states[sig]} if sig in states else {}, str(tools[j]), None)
-            if i >= 50:  # after a warm-up
-                lat.append((time.perf_counter() - t) * 1000)
-            assert states[sig].observations > 0 and got is not None
-        q = statistics.quantiles(lat, n=100)
-        con.close()
-        return {"links": links, "event_signatures": n_events, "queries": queries, "load_s": round(load_s, 3),
-                "p50_ms": round(q[49], 3), "p95_ms": round(q[94], 3), "p99_ms": round(q[98], 3)}
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-
-
-def run_scn_footprint(memories: int = 10_000, seed: int = 42) -> dict[str, Any]:
-    """Bytes the SCN index takes for ``memories`` episodes of the sample fleet (the projector's table).
-
-    Measured as the growth of a DuckDB file holding only ``temporal_bins`` after a checkpoint, next
-    to the same cells encoded as msgpack (the densest plain encoding)."""
-    import duckdb
-    import msgspec
-    import pyarrow as pa
-
-    from processors.distiller import distill
-    from processors.scn import index_of, marks_of_episode
-    from projections import schema
-    from schemas.codec import decode_trace
-    from somnus.sample import generate
-
-    events = [decode_trace(orjson.dumps(e), 1 << 20) for e in generate(sessions=memories, seed=seed)]
-    episodes = distill({}, events).episodes
-    marks = [m for ep in episodes for m in marks_of_episode(ep)]
-    t0 = time.perf_counter()
-    deltas = index_of(marks).deltas()
-    index_s = time.perf_counter() - t0
-    work = Path(tempfile.mkdtemp(prefix="somnus-bench-scn-"))
-    try:
-        sizes = []
-        for fill in (False, True):
-            path = work / f"scn-{fill}.duckdb"
-            con = duckdb.connect(str(path))
-            schema.init(con)
-            if fill:
-                frame = pa.Table.from_pylist([msgspec.structs.asdict(d) for d in deltas])  # noqa: F841
-                con.execute("INSERT INTO temporal_bins SELECT agent, kind, bin_kind, bin, count, successes, failures "
-                            "FROM frame")
-            con.execute("CHECKPOINT")
-            con.close()
-            sizes.append(path.stat().st_size)
-        packed = len(msgspec.msgpack.encode([msgspec.structs.astuple(d) for d in deltas]))
-        return {"memories": len(episodes), "marks": len(marks), "cells": len(deltas),
-                "duckdb_bytes": sizes[1] - sizes[0], "msgpack_bytes": packed,
-                "marks_per_s": round(len(marks) / index_s, 1)}
+                "sql_p50_ms": round(qq[49], 3), "sql_p95_ms": round(qq[94], 3),
+                "scan_p95_ms": round(qs[94], 3), "scan_over_top_p95": round(qs[94] / qq[94], 2)}
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

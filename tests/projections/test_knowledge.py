@@ -86,3 +86,18 @@ def test_history_names_the_episode_of_every_change(tmp_path, facts_records):
     n_facts = con.execute("SELECT sum(facts) FROM knowledge_inputs").fetchone()[0]
     asserted_or_reinforced = sum(1 for c, _ in changes if c != "superseded")
     assert asserted_or_reinforced == n_facts  # every fact of every episode left a trace
+
+
+def test_the_in_memory_facts_top_answers_like_the_query(tmp_path, facts_records):
+    from projections.knowledge_store import TopFacts
+
+    con = _project(tmp_path, "p.duckdb", [facts_records[:60], facts_records[60:]])
+    agents = {a: AgentSpec(name=a) for (a,) in con.execute("SELECT DISTINCT created_by FROM triples").fetchall()}
+    top = TopFacts()
+    top.refresh(con)
+    sql = KnowledgeStore(DuckDBBackend(con), agents)
+    cached = KnowledgeStore(DuckDBBackend(con), agents, top=top)
+    for agent in agents:
+        for limit, floor in ((5, 0.0), (50, 0.0), (200, 0.95)):
+            assert cached.facts(agent, limit=limit, min_confidence=floor) == sql.facts(
+                agent, limit=limit, min_confidence=floor)

@@ -265,6 +265,107 @@ def run_fact_query(triples: int = 1_000_000, agents: int = 200, teams: int = 20,
         shutil.rmtree(work, ignore_errors=True)
 
 
+def run_predict(links: int = 1_000_000, outcomes: int = 2, queries: int = 2000, seed: int = 5) -> dict[str, Any]:
+    """p50/p95/p99 latency of ``predict`` (projections.causal.predict_from) with ``links`` causal links.
+
+    The table holds ``links`` rows: ``links / outcomes`` event signatures with ``outcomes`` outcomes
+    each, plus their tools' rows. Queries ask for calls that exist (a random signature's tool and
+    arguments are not kept, so the query goes by signature through the same lookup as predict)."""
+    import random
+    import statistics
+
+    import duckdb
+    import numpy as np
+    import pyarrow as pa
+
+    from projections import schema
+    from projections.causal import link_states
+    from processors.nac import predict
+
+    work = Path(tempfile.mkdtemp(prefix="somnus-bench-predict-"))
+    try:
+        con = duckdb.connect(str(work / "links.duckdb"))
+        schema.init(con)
+        rng = np.random.default_rng(seed)
+        n_events = links // outcomes
+        sigs = np.char.mod("%016x", rng.integers(0, 2**62, n_events, dtype=np.int64))
+        tools = np.char.add("tool_", rng.integers(0, 2000, n_events).astype(str))
+        frame = pa.table({  # noqa: F841
+            "event_signature": np.repeat(sigs, outcomes), "outcome_signature": np.tile(
+                np.char.mod("%016x", np.arange(outcomes)), n_events),
+            "level": np.full(n_events * outcomes, "call"), "tool": np.repeat(tools, outcomes),
+            "outcome": np.tile(np.array(["ok"] + [f"error:e{i}" for i in range(1, outcomes)]), n_events),
+            "valence": np.tile(np.array(["positive"] + ["negative"] * (outcomes - 1)), n_events),
+            "strength": rng.random(n_events * outcomes), "observations": rng.integers(1, 50, n_events * outcomes),
+            "event_observations": np.repeat(rng.integers(50, 100, n_events), outcomes),
+            "confidence": rng.random(n_events * outcomes),
+            "updated_at": pa.array(np.full(n_events * outcomes, np.datetime64("2024-05-01T00:00:00", "us")),
+                                   pa.timestamp("us", tz="UTC"))})
+        t0 = time.perf_counter()
+        con.execute("INSERT INTO causal_links SELECT * FROM frame")
+        load_s = time.perf_counter() - t0
+        rnd = random.Random(seed)
+        lat = []
+        for i in range(queries + 50):
+            j = rnd.randrange(n_events)
+            sig = str(sigs[j])
+            t = time.perf_counter()
+            states = link_states(con, [sig, "0" * 16])  # the call and its tool, as predict_from asks
+            got = predict({str(sig): states[sig]} if sig in states else {}, str(tools[j]), None)
+            if i >= 50:  # after a warm-up
+                lat.append((time.perf_counter() - t) * 1000)
+            assert states[sig].observations > 0 and got is not None
+        q = statistics.quantiles(lat, n=100)
+        con.close()
+        return {"links": links, "event_signatures": n_events, "queries": queries, "load_s": round(load_s, 3),
+                "p50_ms": round(q[49], 3), "p95_ms": round(q[94], 3), "p99_ms": round(q[98], 3)}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run_scn_footprint(memories: int = 10_000, seed: int = 42) -> dict[str, Any]:
+    """Bytes the SCN index takes for ``memories`` episodes of the sample fleet (the projector's table).
+
+    Measured as the growth of a DuckDB file holding only ``temporal_bins`` after a checkpoint, next
+    to the same cells encoded as msgpack (the densest plain encoding)."""
+    import duckdb
+    import msgspec
+    import pyarrow as pa
+
+    from processors.distiller import distill
+    from processors.scn import index_of, marks_of_episode
+    from projections import schema
+    from schemas.codec import decode_trace
+    from somnus.sample import generate
+
+    events = [decode_trace(orjson.dumps(e), 1 << 20) for e in generate(sessions=memories, seed=seed)]
+    episodes = distill({}, events).episodes
+    marks = [m for ep in episodes for m in marks_of_episode(ep)]
+    t0 = time.perf_counter()
+    deltas = index_of(marks).deltas()
+    index_s = time.perf_counter() - t0
+    work = Path(tempfile.mkdtemp(prefix="somnus-bench-scn-"))
+    try:
+        sizes = []
+        for fill in (False, True):
+            path = work / f"scn-{fill}.duckdb"
+            con = duckdb.connect(str(path))
+            schema.init(con)
+            if fill:
+                frame = pa.Table.from_pylist([msgspec.structs.asdict(d) for d in deltas])  # noqa: F841
+                con.execute("INSERT INTO temporal_bins SELECT agent, kind, bin_kind, bin, count, successes, failures "
+                            "FROM frame")
+            con.execute("CHECKPOINT")
+            con.close()
+            sizes.append(path.stat().st_size)
+        packed = len(msgspec.msgpack.encode([msgspec.structs.astuple(d) for d in deltas]))
+        return {"memories": len(episodes), "marks": len(marks), "cells": len(deltas),
+                "duckdb_bytes": sizes[1] - sizes[0], "msgpack_bytes": packed,
+                "marks_per_s": round(len(marks) / index_s, 1)}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def _rss_mib() -> float:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
@@ -386,3 +487,98 @@ def run_context(units: int = 100_000, queries: int = 200, messages: int = 5000, 
     return {"units": units, "build_s": round(build_s, 1), "buffer_adds": messages,
             "buffer_summaries": len(state.summaries), "add_p50_ms": round(aq[49], 4), "add_p99_ms": round(aq[98], 3),
             "context_queries": queries, "context_p50_ms": round(cq[49], 2), "context_p95_ms": round(cq[94], 2)}
+
+
+def _probe_session(agent: str, n: int, marker: str, at: Any) -> list[dict[str, Any]]:
+    """A short failing session of ``agent`` whose failure lesson carries ``marker``."""
+    from datetime import timedelta
+
+    sid = f"{agent}-probe-{n}"
+    base = {"schema_version": 1, "agent": agent, "session_id": sid}
+    kinds = [("session_start", {"task": f"probe {n}"}),
+             ("tool_call", {"tool": "fetch", "call_id": "c0", "args": {"n": n}}),
+             ("tool_result", {"call_id": "c0", "tool": "fetch", "ok": False, "error": f"Error: {marker}"}),
+             ("session_end", {"outcome": "failure"})]
+    return [{**base, "event_id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"{sid}/{i}")),
+             "ts": (at + timedelta(seconds=i)).isoformat(), "seq": i, "type": t, "payload": p}
+            for i, (t, p) in enumerate(kinds)]
+
+
+def run_briefing(agents: int = 10_000, rate: float = 1000.0, duration_s: float = 60.0, probes: int = 60,
+                 home: Path | None = None, log: Any = None) -> dict[str, Any]:
+    """Briefing reads under ingest: p99 of ``GET /agents/{agent}/briefing`` with ``agents`` briefings
+    cached while the sample fleet is published at ``rate`` events/s, and the publish -> updated
+    briefing latency of probe sessions published during that load."""
+    import random
+    import statistics
+    import threading
+    import urllib.request
+    from datetime import datetime, timezone
+
+    from somnus.client import publish
+    from somnus.reads import read, status
+    from somnus.sample import generate
+
+    t_start = datetime(2025, 1, 6, 9, tzinfo=timezone.utc)
+    with isolated_pipeline(home, label="brief", log=log) as (s, boot):
+        db = Path(s.db_path)  # type: ignore[arg-type]
+        fill = [e for i in range(agents) for e in _probe_session(f"agent-{i:05d}", 0, f"fill {i}", t_start)]
+        publish(fill, boot, s.traces_topic)
+        deadline = time.monotonic() + 1800
+        while not status(s, boot)["idle"]:
+            if time.monotonic() > deadline:
+                raise TimeoutError("the cache did not fill in 30 minutes")
+            time.sleep(1)
+        cached = read(db, "sql", sql="SELECT count(*) FROM briefings WHERE markdown <> ''")["rows"][0][0]
+        port = json.loads(Path(f"{db}.projector.json").read_text())["port"]
+        stop = threading.Event()
+        sent = [0]
+
+        def load() -> None:  # the sample fleet at `rate` events/s, in 0.1 s slices
+            events = generate(events=int(rate * duration_s * 1.5), seed=3)
+            per = max(1, int(rate / 10))
+            while not stop.is_set():
+                t = time.monotonic()
+                chunk = [e for _, e in zip(range(per), events)]
+                if not chunk:
+                    return
+                publish(chunk, boot, s.traces_topic)
+                sent[0] += len(chunk)
+                time.sleep(max(0.0, 0.1 - (time.monotonic() - t)))
+
+        loader = threading.Thread(target=load, daemon=True)
+        loader.start()
+        rng = random.Random(1)
+        lat: list[float] = []
+        fresh: list[float] = []
+        probe_at = time.monotonic() + 2.0
+        n_probe = 0
+        pending: dict[str, tuple[str, float]] = {}
+        t_end = time.monotonic() + duration_s
+        while time.monotonic() < t_end or (pending and time.monotonic() < t_end + 30):
+            agent = f"agent-{rng.randrange(agents):05d}"
+            t = time.perf_counter()
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/agents/{agent}/briefing", timeout=10) as resp:
+                resp.read()
+            lat.append((time.perf_counter() - t) * 1000)
+            now = time.monotonic()
+            if n_probe < probes and now >= probe_at and time.monotonic() < t_end:
+                agent_p = f"agent-{rng.randrange(agents):05d}"
+                marker = f"probe marker {uuid.uuid4().hex[:10]}"
+                publish(_probe_session(agent_p, n_probe + 1, marker, t_start), boot, s.traces_topic)
+                pending[marker] = (agent_p, time.monotonic())
+                n_probe += 1
+                probe_at = now + duration_s / probes
+            for marker, (agent_p, t0) in list(pending.items()):
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/agents/{agent_p}/briefing", timeout=10) as r:
+                    if marker.encode() in r.read():
+                        fresh.append(time.monotonic() - t0)
+                        del pending[marker]
+        stop.set()
+        loader.join(timeout=30)
+        q = statistics.quantiles(lat, n=100)
+        fq = statistics.quantiles(fresh, n=100) if len(fresh) >= 2 else [float("nan")] * 99
+        return {"agents_cached": cached, "ingest_events_per_s": round(sent[0] / duration_s, 1),
+                "reads": len(lat), "read_p50_ms": round(q[49], 3), "read_p99_ms": round(q[98], 3),
+                "probes": n_probe, "probes_seen": len(fresh), "update_p50_s": round(fq[49], 3),
+                "update_p99_s": round(fq[98], 3), "update_max_s": round(max(fresh, default=float("nan")), 3)}

@@ -1,0 +1,30 @@
+"""The in-process benchmarks run, at toy sizes, and report what BENCHMARKS.md quotes (no timing asserted)."""
+
+from __future__ import annotations
+
+from somnus import bench
+
+
+def test_fact_query_bench_checks_its_three_paths_agree():
+    got = bench.run_fact_query(triples=3000, agents=20, teams=4, queries=20, limit=10)
+    assert {"p95_ms", "sql_p95_ms", "scan_p95_ms"} <= set(got) and got["triples"] == 3000
+
+
+def test_predict_scn_recall_and_context_benches_report_their_figures():
+    assert bench.run_predict(links=2000, queries=20)["links"] == 2000
+    scn = bench.run_scn_footprint(memories=40)
+    assert scn["cells"] > 0 and scn["msgpack_bytes"] > 0
+    rec = bench.run_recall(units=300, queries=10)
+    assert rec["units"] == 300 and rec["p95_ms"] > 0 and rec["rss_mib"] >= 0
+    ctx = bench.run_context(units=300, queries=5, messages=120)
+    assert ctx["buffer_adds"] == 120 and ctx["context_p95_ms"] > 0
+
+
+def test_every_bench_command_has_its_runner():
+    from somnus import cli
+
+    names = {c.name for c in cli.bench_app.registered_commands}
+    assert names == {"e2e", "facts-query", "predict", "scn", "recall", "context", "briefing"}
+    for runner in ("run_e2e", "run_fact_query", "run_predict", "run_scn_footprint", "run_recall", "run_context",
+                   "run_briefing"):
+        assert callable(getattr(bench, runner))

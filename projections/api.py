@@ -373,7 +373,7 @@ class ReadService:
             "episodes": one("SELECT count(*) FROM episodes")[0],
             "graph": {"entities": graph[0], "active_triples": graph[1], "triples": graph[2]},
             "briefings": {"agents": cache[0], "non_empty": cache[1], "newest": cache[2]},
-            "last_consolidation": None,  # no sleep job has run (issue 8)
+            "last_consolidation": one("SELECT max(run_at) FROM sleep_runs")[0],
             "utilisation": [msgspec.to_builtins(u) for u in util[:n]],
             "delegations": [{"delegator": t.delegator, "delegatee": t.delegatee, "results": t.results,
                              "success_rate": round(t.success_rate, 3), "failing": t.failing} for t in pairs[:n]],

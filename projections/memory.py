@@ -24,6 +24,8 @@ import pyarrow as pa
 
 from processors.memory import MemoryState, apply, capture
 from processors.memory_index import IndexConfig
+from projections.sleep import KIND_SLEEP
+from schemas.lifecycle import SleepRequested, SleepTrigger
 from schemas.memory import (
     KIND_ACCESS, CaptureAction, CaptureDecided, MemoryAccessed, MemoryEvent, MemoryLinked, MemoryUnit)
 
@@ -32,6 +34,7 @@ log = logging.getLogger("somnus.projector")
 _units_decoder = msgspec.json.Decoder(list[MemoryUnit])
 _access_decoder = msgspec.json.Decoder(list[MemoryAccessed])
 _event_decoder = msgspec.json.Decoder(MemoryEvent)  # type: ignore[arg-type]
+_sleep_decoder = msgspec.json.Decoder(SleepRequested)
 _encoder = msgspec.json.Encoder()
 
 
@@ -59,11 +62,13 @@ def _ts(record: Any, units: Sequence[MemoryUnit]) -> datetime:
 
 
 class MemoryProjection:
-    """The capture fold's state (replayed from ``memory_log`` at start) and its writes."""
+    """The capture fold's state (replayed from ``memory_log`` at start) and its writes; deep sleep
+    runs inside the fold (``projections/sleep.py``) when ``sleep`` is given."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+    def __init__(self, con: duckdb.DuckDBPyConnection, sleep: Any = None) -> None:
         self.state = new_state()
         self.next_ord = 0
+        self.sleep = sleep
         self.reload(con)
 
     def reload(self, con: duckdb.DuckDBPyConnection) -> None:
@@ -76,6 +81,8 @@ class MemoryProjection:
                 apply(self.state, _event_decoder.decode(body))
                 n += 1
         self.next_ord = n
+        if self.sleep is not None:
+            self.sleep.reload(con)
         if n:
             log.info("memory index rebuilt from %d logged events (%d memories)", n, len(self.state.index))
 
@@ -90,9 +97,21 @@ class MemoryProjection:
                         apply(self.state, ev)
                         events.append((ev, rec.offset))
                 continue
+            if kind == KIND_SLEEP:
+                if self.sleep is not None:
+                    req = _sleep_decoder.decode(raw)
+                    events += [(ev, rec.offset) for ev in self.sleep.run(self.state, req.at, SleepTrigger.ON_DEMAND,
+                                                                          rec.offset)]
+                continue
             units = _units_decoder.decode(raw)
+            if self.sleep is not None and units:  # fire times passed in stream time: sleep first
+                for at in self.sleep.due(max(u.occurred_at for u in units)):
+                    events += [(ev, rec.offset) for ev in self.sleep.run(self.state, at, SleepTrigger.SCHEDULE,
+                                                                          rec.offset)]
             _, decided = capture(self.state, units, _ts(rec, units))
             events += [(ev, rec.offset) for ev in decided]
+        if self.sleep is not None:
+            self.sleep.write(con)
         if not events:
             return 0
         self._insert(con, events)

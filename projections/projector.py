@@ -75,7 +75,9 @@ class Projector:
             tps = await self._partitions(consumer)
             consumer.assign(tps)
             stored = load_offsets(con)
-            seen = Seen(con, self.agents)
+            from processors.sleep import SleepConfig, validate_schedule
+
+            seen = Seen(con, self.agents, SleepConfig(schedule=validate_schedule(self.settings.sleep_schedule)))
             for tp in tps:
                 consumer.seek(tp, stored.get((tp.topic, tp.partition), 0))
             if self.serve:

@@ -108,6 +108,14 @@ CREATE TABLE IF NOT EXISTS cross_layer_edges (
 CREATE TABLE IF NOT EXISTS promotion_audit (
     owner VARCHAR NOT NULL, pattern_name VARCHAR NOT NULL, origin VARCHAR NOT NULL, candidate_confidence DOUBLE,
     promoted BOOLEAN NOT NULL, concept_id VARCHAR, reason VARCHAR, decided_at TIMESTAMPTZ NOT NULL);
+CREATE TABLE IF NOT EXISTS lifecycle_log (
+    run_id VARCHAR NOT NULL, seq BIGINT NOT NULL, kind VARCHAR NOT NULL, memory_id VARCHAR, decided_at TIMESTAMPTZ NOT NULL,
+    body JSON NOT NULL);
+CREATE TABLE IF NOT EXISTS sleep_runs (
+    run_id VARCHAR NOT NULL, run_at TIMESTAMPTZ NOT NULL, trigger VARCHAR NOT NULL, memories_before BIGINT,
+    memories_after BIGINT, kept BIGINT, compressed BIGINT, pruned BIGINT, protected BIGINT, rescored BIGINT,
+    bytes_before BIGINT, bytes_after BIGINT, fiedler DOUBLE, report JSON);
+CREATE TABLE IF NOT EXISTS sleep_state (id INTEGER PRIMARY KEY, state JSON NOT NULL);
 CREATE TABLE IF NOT EXISTS briefings_dirty (agent VARCHAR NOT NULL PRIMARY KEY);
 CREATE TABLE IF NOT EXISTS promotions (
     promotion_id UUID NOT NULL, source VARCHAR NOT NULL, predicate VARCHAR NOT NULL, target VARCHAR NOT NULL,
@@ -197,6 +205,9 @@ CONTENT_COLUMNS: dict[str, list[str]] = {
                           "formed_at"],
     "promotion_audit": ["owner", "pattern_name", "origin", "candidate_confidence", "promoted", "concept_id",
                         "reason", "decided_at"],
+    "lifecycle_log": ["run_id", "seq", "kind", "memory_id", "decided_at", "body"],
+    "sleep_runs": ["run_id", "run_at", "trigger", "memories_before", "memories_after", "kept", "compressed", "pruned",
+                   "protected", "rescored", "bytes_before", "bytes_after", "fiedler", "report"],
     "briefings": ["agent", "briefing_id", "generated_at", "budget", "markdown", "chars", "lessons", "facts",
                   "strategies", "dropped_lessons", "dropped_facts", "dropped_strategies"],
 }

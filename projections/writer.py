@@ -18,6 +18,7 @@ import msgspec
 import pyarrow as pa
 
 from processors.swarm import promoted_facts
+from processors.sleep import SleepConfig
 from projections.causal import add_temporal_bins
 from projections.knowledge import decode_facts
 from schemas.briefing import BriefingServed, FactPromoted
@@ -81,29 +82,27 @@ class Seen:
     """Keys already projected where the same content may arrive twice (loaded once, kept in step),
     and the read models kept in memory beside their tables (knowledge fold, briefing cache)."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, agents: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, con: duckdb.DuckDBPyConnection, agents: Mapping[str, Any] | None = None,
+                 sleep_config: Any = None) -> None:
+        from projections.briefings import BriefingCache
+        from projections.causal import CausalProjection
+        from projections.knowledge import KnowledgeProjection
+        from projections.knowledge_store import TopFacts
+        from projections.memory import MemoryProjection
+        from projections.semantic import SemanticProjection
+        from projections.sleep import SleepJob
+
+        self.agents = dict(agents or {})
         self.episodes: set[str] = {str(r[0]) for r in con.execute("SELECT episode_id FROM episodes").fetchall()}
         self.dead_letters: set[tuple[str, int, int, int]] = set(con.execute(
             "SELECT src_topic, src_partition, src_offset, src_index FROM dead_letters").fetchall())
-        from projections.knowledge import KnowledgeProjection
-
         self.knowledge = KnowledgeProjection(con)
-        from projections.briefings import BriefingCache
-        from projections.causal import CausalProjection
-
         self.causal = CausalProjection(con)
-        from projections.memory import MemoryProjection
-
-        self.memory = MemoryProjection(con)
-        from projections.semantic import SemanticProjection
-
+        self.memory = MemoryProjection(con, SleepJob(con, {a: s.max_episodes for a, s in self.agents.items()},
+                                                     sleep_config or SleepConfig()))
         self.semantic = SemanticProjection(con)
-        from projections.knowledge_store import TopFacts
-
         self.top_facts = TopFacts()
         self.top_facts.refresh(con)
-
-        self.agents = dict(agents or {})
         self.briefings = BriefingCache(con, self.agents)
 
 

@@ -469,6 +469,66 @@ def consolidate(owner: str = typer.Option("global", "--owner", help="global, tea
 
 
 @app.command()
+def sleep(at: Optional[str] = typer.Option(None, "--at", help="Event time of the run (ISO 8601); default: now."),
+          report: bool = typer.Option(False, "--report", help="Print the latest runs' reports instead."),
+          plot: Optional[Path] = typer.Option(None, "--plot", help="Draw memory counts and the Fiedler trend here."),
+          runs: int = typer.Option(10, "--runs", help="How many runs --report / --plot show."),
+          db: Optional[Path] = DbOpt, home: Optional[Path] = HomeOpt, bootstrap: Optional[str] = BootOpt,
+          as_json: bool = typer.Option(False, "--json")) -> None:
+    """Deep sleep now (hippocampus sleep, then promotion), or --report / --plot the runs so far."""
+    from datetime import datetime, timezone
+
+    import msgspec
+
+    from somnus.reads import ReadError, read
+
+    s = _settings(home, db, bootstrap)
+    if report or plot:
+        try:
+            got = read(Path(s.db_path), "sql", sql="SELECT run_id, run_at, trigger, report FROM sleep_runs "  # type: ignore[arg-type]
+                       "ORDER BY run_at DESC LIMIT ?", params=[runs])
+        except ReadError as exc:
+            _fail(str(exc))
+        rows = list(reversed(got["rows"]))
+        if plot:
+            from processors.sleep import history_figure
+            from schemas.lifecycle import SleepReport
+
+            reports = [(datetime.fromisoformat(str(r[1])), msgspec.json.decode(r[3], type=SleepReport)) for r in rows]
+            if not reports:
+                _fail("no sleep run yet")
+            history_figure(reports).savefig(plot)
+            console.print(f"wrote {plot}")
+        if as_json:
+            print(json.dumps([{"run_id": r[0], "at": str(r[1]), "trigger": r[2], "report": json.loads(r[3])}
+                              for r in rows]))
+        elif report:
+            for r in rows:
+                rep = json.loads(r[3])
+                console.print(f"[bold]{r[0]}[/bold] ({r[2]}): {rep['narrative']}", soft_wrap=True)
+        return
+    from projections.semantic import KIND_PROMOTE, PromotionRequested
+    from projections.sleep import KIND_SLEEP
+    from schemas.lifecycle import SleepRequested
+    from somnus.client import publish_records
+
+    try:
+        when = datetime.fromisoformat(at.replace("Z", "+00:00")) if at else datetime.now(timezone.utc)
+        inputs = read(Path(s.db_path), "promotion_inputs", owner="global")  # type: ignore[arg-type]
+    except (ValueError, ReadError) as exc:
+        _fail(str(exc))
+    boot = _bootstrap(s)
+    # 1) hippocampus sleep (memory topic: a fold over one partition), 2) promotion (semantic topic).
+    publish_records([(None, encode_event(SleepRequested(at=when, requested_by="somnus sleep")),
+                      [("somnus-kind", KIND_SLEEP)])], boot, s.memory_topic, partition=0)
+    promote = msgspec.convert({**inputs, "at": when.isoformat()}, PromotionRequested, strict=False)
+    publish_records([(b"global", encode_event(promote), [("somnus-kind", KIND_PROMOTE)])], boot, s.semantic_topic,
+                    partition=0)
+    console.print(f"sleep requested at {when.isoformat()} (then promotion: {len(promote.links)} candidate links)",
+                  soft_wrap=True)
+
+
+@app.command()
 def recall(query: str = typer.Argument(..., help="What to recall."),
            agent: str = typer.Option(..., "--agent", help="The reading agent (its scope chain is searched)."),
            k: int = typer.Option(10, "-k"), explain: bool = typer.Option(False, "--explain", help="Per-signal scores."),

@@ -33,6 +33,7 @@ _ENV = {
     "llm_extractor": "SOMNUS_LLM_EXTRACTOR",
     "working_memory_max_tokens": "SOMNUS_WORKING_MEMORY_MAX_TOKENS",
     "model_context_tokens": "SOMNUS_MODEL_CONTEXT_TOKENS",
+    "sleep_schedule": "SOMNUS_SLEEP_SCHEDULE",
 }
 
 
@@ -57,6 +58,8 @@ class Settings:
     # Working memory (processors/working_memory.py): -1 = 60% of the model's context, within [16K, 600K].
     working_memory_max_tokens: int = -1
     model_context_tokens: int = 200_000
+    # Deep sleep (projections/sleep.py): cron, evaluated on stream time (event time), UTC.
+    sleep_schedule: str = "0 3 * * *"
 
     @classmethod
     def resolve(cls, env: Mapping[str, str] | None = None, **args: Any) -> Settings:

@@ -1,0 +1,62 @@
+"""Deep sleep end to end: `somnus sleep` through the broker, the projector's memory fold, reports,
+plot, and a replay that reaches the same decisions."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from datetime import datetime, timedelta
+
+import pytest
+
+from somnus.reads import read
+from somnus.sample import generate
+from tests.pipeline import Pipeline, wait_until
+
+pytestmark = pytest.mark.integration
+
+SLEEP_TABLES = ("lifecycle_log", "sleep_runs", "memory_log", "memories")
+
+
+def test_sleep_on_demand_decides_reports_and_replays_the_same(pipeline_settings, tmp_path):
+    p = Pipeline(pipeline_settings)
+    db = p.s.db_path
+    env = {**p.s.as_env(), "KAFKA_BOOTSTRAP": p.boot}
+    cli = [sys.executable, "-m", "somnus.cli"]
+    try:
+        p.start_all()
+        events = list(generate(sessions=600, seed=12))
+        p.publish(events)
+        p.wait_idle()
+        last = max(datetime.fromisoformat(e["ts"].replace("Z", "+00:00")) for e in events)
+        at = (last + timedelta(days=10)).isoformat()
+        run = subprocess.run(cli + ["sleep", "--at", at], env=env, capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stderr
+        wait_until(lambda: read(db, "sql", sql="SELECT count(*) FROM sleep_runs WHERE trigger = 'on_demand'")
+                   ["rows"][0][0] == 1, timeout_s=60, what="the on-demand sleep run")
+        p.wait_idle()
+        decided = dict(read(db, "sql", sql="SELECT kind, count(*) FROM lifecycle_log GROUP BY 1")["rows"])
+        assert decided.get("SleepCompleted") and decided.get("MemoryCompressed", 0) + decided.get("MemoryPruned", 0) > 0
+        report = json.loads(subprocess.run(cli + ["sleep", "--report", "--json"], env=env, capture_output=True,
+                                           text=True, timeout=60).stdout)
+        assert report[-1]["trigger"] == "on_demand" and report[-1]["report"]["narrative"]
+        png = tmp_path / "sleep.png"
+        plot = subprocess.run(cli + ["sleep", "--plot", str(png)], env=env, capture_output=True, text=True,
+                              timeout=120)
+        assert plot.returncode == 0, plot.stderr
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        st = json.loads(subprocess.run(cli + ["status", "--json"], env=env, capture_output=True, text=True,
+                                       timeout=60).stdout)
+        assert st["memory"]["last_consolidation"] is not None
+        live = read(db, "checksum")["tables"]
+        replay_db = tmp_path / "replayed.duckdb"
+        run = subprocess.run(cli + ["replay", "--to", str(replay_db)], env=env, capture_output=True, text=True,
+                             timeout=300)
+        assert run.returncode == 0, run.stderr
+        replayed = json.loads(subprocess.run(cli + ["checksum", "--db", str(replay_db), "--json"], env=env,
+                                             capture_output=True, text=True, timeout=120).stdout)
+        for table in SLEEP_TABLES:
+            assert replayed["tables"][table] == live[table], table
+    finally:
+        p.stop_all()

@@ -1,0 +1,84 @@
+"""Deep sleep inside the memory fold (real DuckDB file; records built here, no broker)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import duckdb
+import orjson
+import pytest
+
+from processors.distiller import distill
+from processors.memory import episode_unit
+from projections import queries, schema
+from projections.sleep import KIND_SLEEP
+from projections.writer import Seen, Topics, apply_batch, load_offsets
+from schemas.codec import decode_trace, encode
+from schemas.lifecycle import SleepRequested
+from schemas.memory import KIND_UNITS
+from somnus.sample import generate
+from tests.records import Rec
+
+TOPICS = Topics("traces", "episodes", "dead-letters", "facts", "link-updates", "memory")
+SLEEP_TABLES = ("lifecycle_log", "sleep_runs", "memory_log", "memories")
+
+
+@pytest.fixture(scope="module")
+def units():
+    events = [decode_trace(orjson.dumps(e), 1 << 20) for e in generate(sessions=2000, seed=8)]
+    return [episode_unit(ep) for ep in distill({}, events).episodes]
+
+
+def _records(units, request_at=None):
+    recs = [Rec("memory", 0, i, encode(units[j:j + 100]), headers=[("somnus-kind", KIND_UNITS)],
+                timestamp=1_700_000_000_000 + i) for i, j in enumerate(range(0, len(units), 100))]
+    if request_at is not None:
+        recs.append(Rec("memory", 0, len(recs), encode(SleepRequested(at=request_at, requested_by="test")),
+                        headers=[("somnus-kind", KIND_SLEEP)]))
+    return recs
+
+
+def _project(tmp_path, name, chunks, restart_each_batch=False):
+    con = duckdb.connect(str(tmp_path / name))
+    schema.init(con)
+    seen = Seen(con)
+    for chunk in chunks:
+        if restart_each_batch:
+            seen = Seen(con)
+        apply_batch(con, TOPICS, chunk, load_offsets(con), 1 << 20, seen)
+    return con, seen
+
+
+def test_scheduled_and_requested_runs_decide_the_same_whatever_the_batching(tmp_path, units):
+    late = max(u.occurred_at for u in units) + timedelta(days=10)
+    recs = _records(units, request_at=late)
+    one, seen = _project(tmp_path, "one.duckdb", [recs])
+    runs = one.execute("SELECT trigger, count(*) FROM sleep_runs GROUP BY 1 ORDER BY 1").fetchall()
+    assert ("on_demand", 1) in runs and any(t == "schedule" for t, _ in runs)  # the fleet spans 03:00
+    decided = dict(one.execute("SELECT kind, count(*) FROM lifecycle_log GROUP BY 1").fetchall())
+    assert decided.get("MemoryCompressed", 0) + decided.get("MemoryPruned", 0) > 0  # ten idle days later
+    # pruned memories are gone from the index recall reads; compressed ones are marked
+    ix = seen.memory.state.index
+    for (mid,) in one.execute("SELECT memory_id FROM lifecycle_log WHERE kind = 'MemoryPruned'").fetchall():
+        assert not ix.alive.data[ix.pos[mid]]
+    # user interactions and successes are never pruned
+    protected = one.execute(
+        "SELECT count(*) FROM lifecycle_log l JOIN memories m USING (memory_id) WHERE l.kind = 'MemoryPruned' "
+        "AND (m.user_interaction OR m.outcome = 'success')").fetchone()[0]
+    assert protected == 0
+    many, _ = _project(tmp_path, "many.duckdb", [recs[:3], recs[3:4], recs[4:9], recs[9:]], restart_each_batch=True)
+    a, b = queries.table_checksums(one), queries.table_checksums(many)
+    for table in SLEEP_TABLES:
+        assert a[table] == b[table], table
+
+
+def test_a_second_request_at_the_same_time_changes_nothing(tmp_path, units):
+    late = max(u.occurred_at for u in units) + timedelta(days=10)
+    recs = _records(units, request_at=late)
+    con, seen = _project(tmp_path, "p.duckdb", [recs])
+    before = queries.table_checksums(con)
+    again = Rec("memory", 0, len(recs), encode(SleepRequested(at=late)), headers=[("somnus-kind", KIND_SLEEP)])
+    apply_batch(con, TOPICS, [again], load_offsets(con), 1 << 20, seen)
+    after = queries.table_checksums(con)
+    for table in SLEEP_TABLES:
+        assert after[table] == before[table], table

@@ -335,6 +335,27 @@ class ReadService:
         return [{**_jsonable(k), "success_rate": k.success_rate}
                 for k in index.usual_at(agent, hs, ds, top=_int(top, "top", 5))]
 
+    def oscillators(self, agent: str) -> list[dict[str, Any]]:
+        """The agent's coupled oscillators (when enabled): per pattern, events, locked rhythms, coherence,
+        coupling eigenvalues and the next predicted recurrence after its last event."""
+        from datetime import timedelta
+
+        from processors.oscillators import (
+            NAMES, OscillatorConfig, OscillatorState, coherence, coupling_analysis, locked_rhythms, next_recurrence)
+
+        cfg = OscillatorConfig(enabled=True)
+        out = []
+        for kind, raw in self.con.execute("SELECT kind, state FROM oscillators WHERE agent = ? ORDER BY kind",
+                                          [agent]).fetchall():
+            st = msgspec.json.decode(raw, type=OscillatorState)
+            last = datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(hours=st.at_hours)
+            nxt = next_recurrence(st, last, cfg)
+            out.append({"kind": kind, "events": st.events, "locked": locked_rhythms(st, cfg),
+                        "phases": dict(zip(NAMES, st.theta)), "coherence": coherence(st.theta),
+                        "coupling": _jsonable(coupling_analysis(st.weights)),
+                        "next_recurrence": nxt.isoformat() if nxt else None})
+        return out
+
     # ---- operators ----
     def memory(self, top: Any = None) -> dict[str, Any]:
         """Memory status: graph size, briefing cache, knowledge utilisation, delegation success."""
@@ -445,6 +466,8 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/agents/{agent}/rhythms", "rhythms", "What usually happens at given local hours (SCN bins).",
           (("hours", "string", "e.g. 9 or 8,9,10"), ("days", "string", "weekdays, weekend or 0,1,... (Monday 0)"),
            ("top", "integer", "default 5"))),
+    Route("GET", "/agents/{agent}/oscillators", "oscillators",
+          "The agent's coupled oscillators per pattern (SOMNUS_OSCILLATORS): locks, coherence, next recurrence."),
     Route("GET", "/memory", "memory", "Memory status: graph size, briefing cache, utilisation, delegation success.",
           (("top", "integer", "how many agents / pairs to list (default 5)"),)),
     Route("GET", "/summary", "summary", "Row counts, projected offsets and dead letters by kind."),

@@ -24,6 +24,7 @@ import pyarrow as pa
 
 from processors.memory import MemoryState, apply, capture
 from processors.memory_index import IndexConfig
+from processors.oscillators import OscillatorState, observe
 from projections.sleep import KIND_SLEEP
 from schemas.lifecycle import SleepRequested, SleepTrigger
 from schemas.memory import (
@@ -65,10 +66,13 @@ class MemoryProjection:
     """The capture fold's state (replayed from ``memory_log`` at start) and its writes; deep sleep
     runs inside the fold (``projections/sleep.py``) when ``sleep`` is given."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, sleep: Any = None) -> None:
+    def __init__(self, con: duckdb.DuckDBPyConnection, sleep: Any = None, oscillators: Any = None) -> None:
         self.state = new_state()
         self.next_ord = 0
         self.sleep = sleep
+        self.oscillators = oscillators  # an OscillatorConfig when enabled (SOMNUS_OSCILLATORS), else None
+        self.rhythms: dict[tuple[str, str], Any] = {}  # (agent, kind) -> OscillatorState
+        self.rhythms_changed: set[tuple[str, str]] = set()
         self.reload(con)
 
     def reload(self, con: duckdb.DuckDBPyConnection) -> None:
@@ -83,6 +87,9 @@ class MemoryProjection:
         self.next_ord = n
         if self.sleep is not None:
             self.sleep.reload(con)
+        self.rhythms = {(a, k): msgspec.json.decode(st, type=OscillatorState)
+                        for a, k, st in con.execute("SELECT agent, kind, state FROM oscillators").fetchall()}
+        self.rhythms_changed.clear()
         if n:
             log.info("memory index rebuilt from %d logged events (%d memories)", n, len(self.state.index))
 
@@ -110,12 +117,33 @@ class MemoryProjection:
                                                                           rec.offset)]
             _, decided = capture(self.state, units, _ts(rec, units))
             events += [(ev, rec.offset) for ev in decided]
+            if self.oscillators is not None:
+                self._observe_rhythms(units, rec.offset)
         if self.sleep is not None:
             self.sleep.write(con)
+        if self.rhythms_changed:
+            rows = [{"agent": a, "kind": k, "events": self.rhythms[(a, k)].events,
+                     "state": msgspec.json.encode(self.rhythms[(a, k)]).decode()} for a, k in sorted(self.rhythms_changed)]
+            frame = pa.Table.from_pylist(rows)  # noqa: F841
+            con.execute("INSERT OR REPLACE INTO oscillators SELECT agent, kind, events, state::JSON FROM frame")
+            self.rhythms_changed.clear()
         if not events:
             return 0
         self._insert(con, events)
         return len(events)
+
+    def _observe_rhythms(self, units: Sequence[MemoryUnit], offset: int) -> None:
+        """Coupled oscillators (optional): each episode is an event of the patterns ``session_end`` and
+        ``session_end:<outcome>`` of its agent, observed in the memory log's order (so a replay
+        computes the same phases); the source coordinates make a redelivery a no-op."""
+        for i, u in enumerate(units):
+            if u.kind.value != "episode":
+                continue
+            for kind in ("session_end", f"session_end:{u.outcome}"):
+                key = (u.agent, kind)
+                state, _ = observe(self.rhythms.get(key), u.occurred_at, self.oscillators, source=(0, offset, i))
+                self.rhythms[key] = state
+                self.rhythms_changed.add(key)
 
     def _insert(self, con: duckdb.DuckDBPyConnection, events: list[tuple[MemoryEvent, int]]) -> None:
         log_rows, mem_rows, merge_rows, edge_rows, access_rows = [], [], [], [], []

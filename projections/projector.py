@@ -77,7 +77,10 @@ class Projector:
             stored = load_offsets(con)
             from processors.sleep import SleepConfig, validate_schedule
 
-            seen = Seen(con, self.agents, SleepConfig(schedule=validate_schedule(self.settings.sleep_schedule)))
+            from processors.oscillators import OscillatorConfig
+
+            seen = Seen(con, self.agents, SleepConfig(schedule=validate_schedule(self.settings.sleep_schedule)),
+                        OscillatorConfig(enabled=True) if self.settings.oscillators else None)
             for tp in tps:
                 consumer.seek(tp, stored.get((tp.topic, tp.partition), 0))
             if self.serve:

@@ -115,6 +115,9 @@ CREATE TABLE IF NOT EXISTS sleep_runs (
     run_id VARCHAR NOT NULL, run_at TIMESTAMPTZ NOT NULL, trigger VARCHAR NOT NULL, memories_before BIGINT,
     memories_after BIGINT, kept BIGINT, compressed BIGINT, pruned BIGINT, protected BIGINT, rescored BIGINT,
     bytes_before BIGINT, bytes_after BIGINT, fiedler DOUBLE, report JSON);
+CREATE TABLE IF NOT EXISTS oscillators (
+    agent VARCHAR NOT NULL, kind VARCHAR NOT NULL, events BIGINT NOT NULL, state JSON NOT NULL,
+    PRIMARY KEY (agent, kind));
 CREATE TABLE IF NOT EXISTS sleep_state (id INTEGER PRIMARY KEY, state JSON NOT NULL);
 CREATE TABLE IF NOT EXISTS briefings_dirty (agent VARCHAR NOT NULL PRIMARY KEY);
 CREATE TABLE IF NOT EXISTS promotions (
@@ -208,6 +211,7 @@ CONTENT_COLUMNS: dict[str, list[str]] = {
     "lifecycle_log": ["run_id", "seq", "kind", "memory_id", "decided_at", "body"],
     "sleep_runs": ["run_id", "run_at", "trigger", "memories_before", "memories_after", "kept", "compressed", "pruned",
                    "protected", "rescored", "bytes_before", "bytes_after", "fiedler", "report"],
+    "oscillators": ["agent", "kind", "events", "state"],
     "briefings": ["agent", "briefing_id", "generated_at", "budget", "markdown", "chars", "lessons", "facts",
                   "strategies", "dropped_lessons", "dropped_facts", "dropped_strategies"],
 }

@@ -83,7 +83,7 @@ class Seen:
     and the read models kept in memory beside their tables (knowledge fold, briefing cache)."""
 
     def __init__(self, con: duckdb.DuckDBPyConnection, agents: Mapping[str, Any] | None = None,
-                 sleep_config: Any = None) -> None:
+                 sleep_config: Any = None, oscillators: Any = None) -> None:
         from projections.briefings import BriefingCache
         from projections.causal import CausalProjection
         from projections.knowledge import KnowledgeProjection
@@ -99,7 +99,7 @@ class Seen:
         self.knowledge = KnowledgeProjection(con)
         self.causal = CausalProjection(con)
         self.memory = MemoryProjection(con, SleepJob(con, {a: s.max_episodes for a, s in self.agents.items()},
-                                                     sleep_config or SleepConfig()))
+                                                     sleep_config or SleepConfig()), oscillators)
         self.semantic = SemanticProjection(con)
         self.top_facts = TopFacts()
         self.top_facts.refresh(con)

@@ -34,6 +34,7 @@ _ENV = {
     "working_memory_max_tokens": "SOMNUS_WORKING_MEMORY_MAX_TOKENS",
     "model_context_tokens": "SOMNUS_MODEL_CONTEXT_TOKENS",
     "sleep_schedule": "SOMNUS_SLEEP_SCHEDULE",
+    "oscillators": "SOMNUS_OSCILLATORS",
 }
 
 
@@ -60,6 +61,8 @@ class Settings:
     model_context_tokens: int = 200_000
     # Deep sleep (projections/sleep.py): cron, evaluated on stream time (event time), UTC.
     sleep_schedule: str = "0 3 * * *"
+    # Coupled oscillators of the SCN (processors/oscillators.py): optional, off by default.
+    oscillators: bool = False
 
     @classmethod
     def resolve(cls, env: Mapping[str, str] | None = None, **args: Any) -> Settings:

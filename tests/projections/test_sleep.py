@@ -82,3 +82,32 @@ def test_a_second_request_at_the_same_time_changes_nothing(tmp_path, units):
     after = queries.table_checksums(con)
     for table in SLEEP_TABLES:
         assert after[table] == before[table], table
+
+
+def test_oscillators_follow_each_agents_episodes_only_when_enabled_and_replay_the_same(tmp_path, units):
+    from processors.oscillators import OscillatorConfig
+    from projections import api
+
+    recs = _records(units)
+    off = duckdb.connect(str(tmp_path / "off.duckdb"))
+    schema.init(off)
+    apply_batch(off, TOPICS, recs, {}, 1 << 20, Seen(off))
+    assert off.execute("SELECT count(*) FROM oscillators").fetchone()[0] == 0  # off by default
+
+    def project(name, chunks):
+        con = duckdb.connect(str(tmp_path / name))
+        schema.init(con)
+        for chunk in chunks:
+            apply_batch(con, TOPICS, chunk, load_offsets(con), 1 << 20, Seen(con, oscillators=OscillatorConfig(True)))
+        return con
+
+    one = project("one.duckdb", [recs])
+    many = project("many.duckdb", [recs[:2], recs[2:7], recs[7:]])
+    assert queries.table_checksums(one)["oscillators"] == queries.table_checksums(many)["oscillators"]
+    agents = {u.agent for u in units}
+    kinds = dict(one.execute("SELECT agent, sum(events) FILTER (kind = 'session_end') FROM oscillators "
+                             "GROUP BY 1").fetchall())
+    assert set(kinds) == agents and all(kinds[a] == sum(1 for u in units if u.agent == a) for a in agents)
+    shown = api.ReadService(one, {}).oscillators(sorted(agents)[0])
+    assert shown and {"kind", "events", "locked", "coherence", "next_recurrence"} <= set(shown[0])
+    assert 0.0 <= shown[0]["coherence"] <= 1.0

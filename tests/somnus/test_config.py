@@ -27,6 +27,7 @@ NON_DEFAULT = {
     "working_memory_max_tokens": (32000, "SOMNUS_WORKING_MEMORY_MAX_TOKENS", "32000", 32000),
     "model_context_tokens": (128000, "SOMNUS_MODEL_CONTEXT_TOKENS", "128000", 128000),
     "sleep_schedule": ("0 */6 * * *", "SOMNUS_SLEEP_SCHEDULE", "0 */6 * * *", "0 */6 * * *"),
+    "oscillators": (True, "SOMNUS_OSCILLATORS", "true", True),
 }
 
 

@@ -225,6 +225,39 @@ def facts_used(served: BriefingServed, events: Iterable[TraceEvent]) -> list[Fac
     return out
 
 
+def facts_used_in_episode(served: BriefingServed, acted: Iterable[str], used_at: datetime) -> list[FactUsed]:
+    """The facts of ``served`` whose source or target is an entity the session's episode acted on.
+
+    ``acted`` are entity ids (``type:name``) of the session's own extraction (the tools it called,
+    the APIs it reached, the errors it met, the agents it delegated to: ``processors.extraction``):
+    this is how the stream judges "acted on" without re-reading the session's events. (``facts_used``
+    reads the events themselves, messages included; this is its structured subset.) The reading
+    agent itself never counts; a fact counts once.
+
+    >>> from datetime import datetime, timezone
+    >>> from schemas.briefing import ServedFact
+    >>> f = ServedFact(triple_id="t1", source="api:api.x.io", predicate="rate_limit", target="rate:10/s",
+    ...                scope="agent:scraper", confidence=0.9, source_name="api.x.io", target_name="10/s")
+    >>> s = BriefingServed(schema_version=1, briefing_id="b", agent="researcher", session_id="s1",
+    ...                    served_at=datetime(2024, 5, 1, tzinfo=timezone.utc), facts=[f])
+    >>> [u.entity for u in facts_used_in_episode(s, ["api:api.x.io", "tool:http_get"], s.served_at)]
+    ['api.x.io']
+    """
+    ids = {i.split(":", 1)[0] + ":" + normalise_name(i.split(":", 1)[1]) if ":" in i else normalise_name(i)
+           for i in acted}
+    me = f"agent:{normalise_name(served.agent)}"
+    out = []
+    for fact in served.facts:
+        hit = next((e for e in (fact.source, fact.target) if e != me and e in ids), None)
+        if hit is None:
+            continue
+        out.append(FactUsed(schema_version=BRIEFING_SCHEMA_VERSION, agent=served.agent, session_id=served.session_id,
+                            briefing_id=served.briefing_id, triple_id=fact.triple_id, source=fact.source,
+                            predicate=fact.predicate, target=fact.target, scope=fact.scope,
+                            confidence=fact.confidence, entity=entity_name(hit), seq=0, used_at=used_at))
+    return out
+
+
 class Utilisation(msgspec.Struct, frozen=True):
     agent: str
     sessions: int  # sessions served a briefing with at least one fact

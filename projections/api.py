@@ -359,7 +359,7 @@ class ReadService:
     # ---- operators ----
     def memory(self, top: Any = None) -> dict[str, Any]:
         """Memory status: graph size, briefing cache, knowledge utilisation, delegation success."""
-        from processors.swarm import event_from_row, facts_used, failing_pairs, tally_delegations, utilisation
+        from processors.swarm import failing_pairs, tally_delegations, utilisation
 
         n = _int(top, "top", 5, hi=1000)
         one = lambda sql: self.con.execute(sql).fetchone()  # noqa: E731
@@ -371,24 +371,18 @@ class ReadService:
             "ORDER BY ts, event_id").fetchall()
         tallies = tally_delegations({}, [(a, b, o) for a, b, o in results])
         pairs = sorted(tallies.values(), key=lambda t: (t.success_rate, -t.results, t.delegator, t.delegatee))
-        # Utilisation from the served records (the log) and the events of those sessions.
+        # Utilisation: the served records and the uses the projector folded from the facts topic.
+        from projections.writer import decode_served
+        from schemas.briefing import FactUsed
+
         served_rows = _rows(self.con.execute(
             "SELECT briefing_id, agent, session_id, served_at, facts FROM briefings_served "
-            "ORDER BY served_at DESC LIMIT 2000"))
-        from projections.writer import decode_served
-
-        served = [decode_served(msgspec.json.encode({**r, "schema_version": 1, "served_at": r["served_at"],
-                                                     "facts": msgspec.json.decode(r["facts"])}))
+            "ORDER BY served_at DESC LIMIT 5000"))
+        served = [decode_served(msgspec.json.encode({**r, "schema_version": 1, "facts": msgspec.json.decode(r["facts"])}))
                   for r in served_rows]
-        used = []
-        if served:
-            events = _rows(self.con.execute(
-                "SELECT event_id::VARCHAR AS event_id, schema_version, ts, agent, session_id, seq, type, payload "
-                "FROM events WHERE (agent, session_id) IN (SELECT (unnest(?::VARCHAR[]), unnest(?::VARCHAR[])))",
-                [[x.agent for x in served], [x.session_id for x in served]]))
-            typed = [event_from_row(e) for e in events]
-            for record in served:
-                used += facts_used(record, typed)
+        used = [msgspec.convert({**r, "schema_version": 1, "seq": 0}, FactUsed) for r in _rows(self.con.execute(
+            "SELECT agent, session_id, briefing_id, triple_id, source, predicate, target, scope, confidence, entity, "
+            "used_at FROM fact_uses"))]
         util = sorted(utilisation(served, used).values(), key=lambda u: (-u.rate, -u.facts_used, u.agent))
         return {
             "episodes": one("SELECT count(*) FROM episodes")[0],

@@ -125,6 +125,11 @@ CREATE TABLE IF NOT EXISTS promotions (
     from_scope VARCHAR NOT NULL, to_scope VARCHAR NOT NULL, reason VARCHAR NOT NULL, promoted_at TIMESTAMPTZ NOT NULL,
     confidence DOUBLE NOT NULL, learning_rate VARCHAR, threshold INTEGER, users VARCHAR[], teams VARCHAR[],
     src_offset BIGINT);
+CREATE TABLE IF NOT EXISTS fact_uses (
+    agent VARCHAR NOT NULL, session_id VARCHAR NOT NULL, briefing_id VARCHAR NOT NULL, triple_id VARCHAR NOT NULL,
+    source VARCHAR NOT NULL, predicate VARCHAR NOT NULL, target VARCHAR NOT NULL, scope VARCHAR NOT NULL,
+    confidence DOUBLE, entity VARCHAR, used_at TIMESTAMPTZ NOT NULL, src_offset BIGINT);
+CREATE TABLE IF NOT EXISTS promotion_state (statement VARCHAR NOT NULL PRIMARY KEY, state JSON NOT NULL);
 CREATE TABLE IF NOT EXISTS briefings_served (
     briefing_id VARCHAR NOT NULL, agent VARCHAR NOT NULL, session_id VARCHAR NOT NULL, served_at TIMESTAMPTZ NOT NULL,
     facts JSON NOT NULL, src_offset BIGINT);
@@ -183,6 +188,9 @@ CONTENT_COLUMNS: dict[str, list[str]] = {
     "promotions": ["promotion_id", "source", "predicate", "target", "from_scope", "to_scope", "reason",
                    "promoted_at", "confidence", "learning_rate", "threshold", "users", "teams"],
     "briefings_served": ["briefing_id", "agent", "session_id", "served_at", "facts"],
+    "fact_uses": ["agent", "session_id", "briefing_id", "triple_id", "source", "predicate", "target", "scope",
+                  "confidence", "entity", "used_at"],
+    "promotion_state": ["statement", "state"],
     "causal_link_updates": ["event_signature", "outcome_signature", "level", "tool", "outcome", "valence", "agent",
                             "episode_id", "observed_at", "src_partition", "src_offset", "idx", "target", "alpha",
                             "strength_before", "strength", "observations", "event_observations", "confidence",

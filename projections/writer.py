@@ -17,7 +17,6 @@ import duckdb
 import msgspec
 import pyarrow as pa
 
-from processors.swarm import promoted_facts
 from processors.sleep import SleepConfig
 from projections.causal import add_temporal_bins
 from projections.knowledge import decode_facts
@@ -104,6 +103,9 @@ class Seen:
         self.top_facts = TopFacts()
         self.top_facts.refresh(con)
         self.briefings = BriefingCache(con, self.agents)
+        from projections.utilisation import UtilisationFold
+
+        self.utilisation = UtilisationFold(con)
 
 
 def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterable[Record],
@@ -120,13 +122,12 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
     new_episodes: set[str] = set()
     new_dead: set[tuple[str, int, int, int]] = set()
     facts: list[tuple[int, Any]] = []
-    promotion_rows: list[dict[str, Any]] = []
+    fact_items: list[tuple[str, int, Any]] = []  # the facts topic, in order: facts, served briefings, promotions
     link_bundles: list[bytes] = []
     memory_records: list[tuple[bytes | None, Any]] = []
     working: dict[bytes, bytes | None] = {}
     semantic_records: list[tuple[bytes | None, Any]] = []
     new_eps: list[Any] = []
-    served_rows: list[dict[str, Any]] = []
     for rec in records:
         tp = (rec.topic, rec.partition)
         if rec.offset < stored.get(tp, 0) or rec.offset < res.offsets.get(tp, 0):
@@ -158,13 +159,11 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
         elif rec.topic == topics.facts:
             kind = _header(rec, "somnus-kind")
             if kind == KIND_PROMOTION:
-                promoted = decode_promotion(rec.value or b"")
-                promotion_rows.append(_promotion_row(promoted, rec.offset))
-                facts.append((rec.offset, promoted_facts(promoted)))
+                fact_items.append(("promotion", rec.offset, decode_promotion(rec.value or b"")))
             elif kind == KIND_SERVED:
-                served_rows.append(_served_row(decode_served(rec.value or b""), rec.offset))
+                fact_items.append(("served", rec.offset, decode_served(rec.value or b"")))
             else:
-                facts.append((rec.offset, decode_facts(rec.value or b"")))
+                fact_items.append(("facts", rec.offset, decode_facts(rec.value or b"")))
         elif rec.topic == topics.semantic:
             semantic_records.append((_header(rec, "somnus-kind"), rec))
         elif rec.topic == topics.working_memory:
@@ -223,8 +222,8 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
             _write_working_memory(con, working)
         if semantic_records:
             res.semantic_events = seen.semantic.write(con, semantic_records)
-        _insert_new(con, "promotions", promotion_rows, ("promotion_id",))
-        _insert_new(con, "briefings_served", served_rows, ("agent", "session_id", "briefing_id"))
+        if fact_items:  # utilisation and promotion, in the topic's order, ahead of the knowledge fold
+            facts = seen.utilisation.fold(con, seen.agents, fact_items)
         scopes: set[str] = set()
         if facts:
             res.facts, scopes = seen.knowledge.write(con, facts)
@@ -237,6 +236,8 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
     except BaseException:
         con.rollback()
         seen.causal.rolled_back()
+        if fact_items:
+            seen.utilisation.reload(con)
         if memory_records:  # the capture fold ran ahead of the tables: replay what committed
             seen.memory.reload(con)
         if semantic_records:
@@ -266,17 +267,6 @@ def _header(rec: Record, name: str) -> bytes | None:
     return None
 
 
-def _insert_new(con: duckdb.DuckDBPyConnection, table: str, rows: list[dict[str, Any]], keys: tuple[str, ...]) -> None:
-    """Insert the rows whose ``keys`` are not in ``table`` yet: a record re-published at a new offset
-    (after a crash of its publisher) is projected once, at its first offset."""
-    if not rows:
-        return
-    frame = pa.Table.from_pylist(rows)  # noqa: F841
-    same = " AND ".join(f"t.{k} = f.{k}" for k in keys)
-    con.execute(f"INSERT INTO {table} SELECT * FROM frame f WHERE NOT EXISTS (SELECT 1 FROM {table} t WHERE {same}) "
-                f"QUALIFY row_number() OVER (PARTITION BY {', '.join(keys)} ORDER BY src_offset) = 1")
-
-
 def _write_working_memory(con: duckdb.DuckDBPyConnection, states: Mapping[bytes, bytes | None]) -> None:
     """The current working memory of each session in ``states`` (a read model: replaced, not appended)."""
     from processors.working_memory import decode_state
@@ -295,18 +285,6 @@ def _write_working_memory(con: duckdb.DuckDBPyConnection, states: Mapping[bytes,
         frame = pa.Table.from_pylist(rows)  # noqa: F841
         con.execute("INSERT INTO working_memory SELECT session_key, agent, session_id, user_id, closed, last_seq, "
                     "tokens, state::JSON FROM frame")
-
-
-def _promotion_row(p: Any, offset: int) -> dict[str, Any]:
-    return {"promotion_id": str(p.promotion_id), "source": p.source, "predicate": p.predicate, "target": p.target,
-            "from_scope": p.from_scope, "to_scope": p.to_scope, "reason": p.reason.value,
-            "promoted_at": p.promoted_at, "confidence": p.confidence, "learning_rate": p.learning_rate,
-            "threshold": p.threshold, "users": list(p.users), "teams": list(p.teams), "src_offset": offset}
-
-
-def _served_row(b: Any, offset: int) -> dict[str, Any]:
-    return {"briefing_id": b.briefing_id, "agent": b.agent, "session_id": b.session_id, "served_at": b.served_at,
-            "facts": encode(b.facts).decode(), "src_offset": offset}
 
 
 def _add_events(cols: dict[str, list[Any]], rec: Record, max_event_bytes: int) -> int:

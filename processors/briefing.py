@@ -67,6 +67,7 @@ Briefing = BriefingGenerated  # what render_briefing returns; also the cache rec
 
 MAX_LESSONS = 10  # lesson lines considered (before the budget)
 MAX_FACTS = 20  # fact lines considered
+MAX_KNOWLEDGE = 8  # semantic-memory lines considered (the knowledge context's cap)
 MAX_STRATEGIES = 5  # strategy lines considered
 MAX_ITEM_CHARS = 200  # one item's text (lesson text, fact, strategy) is capped here, with an ellipsis
 MIN_STRATEGY_SUPPORT = 2  # successful episodes that must share a tool sequence for it to be a strategy
@@ -240,7 +241,8 @@ def strategy_order(s: StrategyItem) -> tuple[Any, ...]:
 # ---- rendering -----------------------------------------------------------------------------
 
 def render_briefing(agent: str, lessons: Sequence[LessonItem], facts: Sequence[FactItem],
-                    strategies: Sequence[StrategyItem], budget: int, now: datetime) -> Briefing:
+                    strategies: Sequence[StrategyItem], budget: int, now: datetime,
+                    knowledge: Sequence[str] = ()) -> Briefing:
     """The briefing of ``agent`` at ``now`` within ``budget`` characters (see the module docstring).
 
     Items are ordered here (any input order gives the same briefing) and cut to the section limits."""
@@ -249,7 +251,8 @@ def render_briefing(agent: str, lessons: Sequence[LessonItem], facts: Sequence[F
     ordered_strategies = sorted(strategies, key=strategy_order)[:MAX_STRATEGIES]
     sections = [
         (LESSONS_TITLE, [lesson_line(x, now) for x in ordered_lessons]),
-        (KNOWLEDGE_TITLE, [fact_line(x) for x in ordered_facts]),
+        # Consolidated knowledge (semantic memory: concepts and confirmed patterns) leads the section.
+        (KNOWLEDGE_TITLE, [f"- {one_line(k)}" for k in knowledge[:MAX_KNOWLEDGE]] + [fact_line(x) for x in ordered_facts]),
         (STRATEGIES_TITLE, [strategy_line(x, now) for x in ordered_strategies]),
     ]
     title = TITLE.format(agent=one_line(agent, 100))
@@ -278,11 +281,12 @@ def render_briefing(agent: str, lessons: Sequence[LessonItem], facts: Sequence[F
                          scope=f.scope, confidence=min(max(f.confidence, 0.0), 1.0),
                          source_name=entity_name(f.source) or f.source,
                          target_name=entity_name(f.target) or f.target)
-              for f in ordered_facts[:shown[1]]]
+              for f in ordered_facts[:max(0, shown[1] - min(len(knowledge), MAX_KNOWLEDGE))]]
     return BriefingGenerated(
         schema_version=BRIEFING_SCHEMA_VERSION, briefing_id=digest, agent=agent, generated_at=_aware(now),
         budget=max(budget, 0), markdown=markdown, chars=len(markdown), lessons=shown[0], facts=served,
-        strategies=shown[2], dropped_lessons=len(lessons) - shown[0], dropped_facts=len(facts) - shown[1],
+        strategies=shown[2], dropped_lessons=len(lessons) - shown[0],
+        dropped_facts=len(facts) + min(len(knowledge), MAX_KNOWLEDGE) - shown[1],
         dropped_strategies=len(strategies) - shown[2])
 
 
@@ -405,12 +409,12 @@ def select_inputs(agent: str, agents: Mapping[str, AgentSpec], *, lessons: Itera
 
 
 def briefing_for(agent: str, agents: Mapping[str, AgentSpec], *, lessons: Iterable[Row], triples: Iterable[Row],
-                 episodes: Iterable[Row], now: datetime) -> Briefing:
+                 episodes: Iterable[Row], now: datetime, knowledge: Sequence[str] = ()) -> Briefing:
     """``select_inputs`` then ``render_briefing`` with the agent's budget (empty when briefings are off)."""
     spec = agents.get(agent)
     budget = DEFAULT_BUDGET if spec is None else (spec.briefing_token_budget if spec.briefing_enabled else 0)
     got = select_inputs(agent, agents, lessons=lessons, triples=triples, episodes=episodes, now=now)
-    return render_briefing(agent, got.lessons, got.facts, got.strategies, budget, now)
+    return render_briefing(agent, got.lessons, got.facts, got.strategies, budget, now, knowledge)
 
 
 # ---- cache invalidation --------------------------------------------------------------------

@@ -43,8 +43,9 @@ def _dicts(cur: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
 class BriefingCache:
     """The current briefing of every agent (loaded from ``briefings``), kept in step with the table."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, agents: Mapping[str, AgentSpec]) -> None:
+    def __init__(self, con: duckdb.DuckDBPyConnection, agents: Mapping[str, AgentSpec], semantic: Any = None) -> None:
         self.agents = dict(agents)
+        self.semantic = semantic  # projections.semantic.SemanticProjection: its layers feed Key Knowledge
         self.current: dict[str, BriefingGenerated] = {}
         for row in _dicts(con.execute("SELECT * FROM briefings")):
             self.current[row["agent"]] = _from_row(row)
@@ -76,7 +77,7 @@ class BriefingCache:
             return []
         con.begin()
         try:
-            made = render_many(con, self.agents, targets)
+            made = render_many(con, self.agents, targets, self.semantic)
             changed = [b for b in made if (old := self.current.get(b.agent)) is None
                        or old.briefing_id != b.briefing_id or old.generated_at != b.generated_at]
             if changed:
@@ -95,8 +96,9 @@ class BriefingCache:
 
 
 def render_many(con: duckdb.DuckDBPyConnection, agents: Mapping[str, AgentSpec],
-                targets: list[str]) -> list[Briefing]:
-    """Briefings of ``targets`` from the tables, each as of the newest event time of its own inputs."""
+                targets: list[str], semantic: Any = None) -> list[Briefing]:
+    """Briefings of ``targets`` from the tables, each as of the newest event time of its own inputs;
+    Key Knowledge leads with the semantic memory of the agent's scope chain (concepts, patterns)."""
     chains = {a: scope_chain(dict(agents), a) for a in targets}
     scopes = sorted({s for chain in chains.values() for s in chain})
     limits = {a: (agents[a].max_episodes if a in agents else 50) for a in targets}
@@ -121,8 +123,20 @@ def render_many(con: duckdb.DuckDBPyConnection, agents: Mapping[str, AgentSpec],
         mine_f = [r for s in chains[agent] for r in facts_by_scope.get(s, [])]
         times = [r["learned_at"] for r in mine_l] + [r["ended_at"] for r in mine_e] + [r["valid_from"] for r in mine_f]
         as_of = max((t for t in times if t is not None), default=_EPOCH)
-        out.append(briefing_for(agent, agents, lessons=mine_l, triples=mine_f, episodes=mine_e, now=as_of))
+        out.append(briefing_for(agent, agents, lessons=mine_l, triples=mine_f, episodes=mine_e, now=as_of,
+                                knowledge=_knowledge_lines(semantic, chains[agent])))
     return out
+
+
+def _knowledge_lines(semantic: Any, chain: list[str]) -> list[str]:
+    """The knowledge context of a scope chain: the best concepts and patterns of its owners."""
+    if semantic is None:
+        return []
+    from processors.semantic import knowledge_context
+
+    entries = [e for owner in chain if owner in semantic.layers for e in knowledge_context(semantic.layers[owner])]
+    entries.sort(key=lambda e: (-e.score, e.name, e.record_id))
+    return [e.text for e in entries[:8]]
 
 
 def _grouped(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any]) -> dict[str, list[dict[str, Any]]]:

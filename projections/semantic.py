@@ -77,8 +77,9 @@ class SemanticProjection:
             m = self.layers[owner] = MemoryLayers(owner)
         return m
 
-    def write(self, con: duckdb.DuckDBPyConnection, records: Sequence[tuple[bytes | None, Any]]) -> int:
-        """Fold ``(kind, record)`` pairs in order; write the events they made (caller's transaction)."""
+    def write(self, con: duckdb.DuckDBPyConnection, records: Sequence[tuple[bytes | None, Any]]) -> tuple[int, set[str]]:
+        """Fold ``(kind, record)`` pairs in order; write the events they made (caller's transaction).
+        Returns how many, and the owners (scopes) whose memory changed."""
         events: list[tuple[SemanticEvent, int]] = []
         for kind, rec in records:
             if kind == KIND_INGEST:
@@ -91,7 +92,7 @@ class SemanticProjection:
             events += [(ev, rec.offset) for ev in made]
         if events:
             self._insert(con, events)
-        return len(events)
+        return len(events), {ev.owner for ev, _ in events}
 
     def promote(self, req: PromotionRequested) -> list[SemanticEvent]:
         """Statistician, then promoter (NAc links and confirmed patterns as sources), at ``req.at``."""

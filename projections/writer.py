@@ -102,7 +102,7 @@ class Seen:
         self.semantic = SemanticProjection(con)
         self.top_facts = TopFacts()
         self.top_facts.refresh(con)
-        self.briefings = BriefingCache(con, self.agents)
+        self.briefings = BriefingCache(con, self.agents, self.semantic)
         from projections.utilisation import UtilisationFold
 
         self.utilisation = UtilisationFold(con)
@@ -221,7 +221,8 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
         if working:
             _write_working_memory(con, working)
         if semantic_records:
-            res.semantic_events = seen.semantic.write(con, semantic_records)
+            res.semantic_events, owners = seen.semantic.write(con, semantic_records)
+            seen.briefings.invalidate(con, (), owners)  # new knowledge for these scopes' readers
         if fact_items:  # utilisation and promotion, in the topic's order, ahead of the knowledge fold
             facts = seen.utilisation.fold(con, seen.agents, fact_items)
         scopes: set[str] = set()

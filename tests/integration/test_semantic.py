@@ -88,6 +88,9 @@ def test_unreliable_calls_become_concepts_derived_from_the_failing_episodes_and_
         assert read(db, "sql", sql="SELECT count(*) FROM concepts WHERE name LIKE 'coffee%'")["rows"][0][0] == 1
         known = read(db, "knowledge_context", "airline", agents_dir=p.s.agents_dir, query="book reservation fails")
         assert any("book_reservation_unreliable" in k["text"] for k in known)
+        brief = read(db, "briefing", "airline", agents_dir=p.s.agents_dir)["briefing"]["markdown"]
+        knowledge = brief.split("### Key Knowledge", 1)[1].splitlines()
+        assert knowledge[1].startswith('- "') and "(causal_pattern, confidence=" in knowledge[1]  # concepts lead it
         live = read(db, "checksum")["tables"]
         replay_db = tmp_path / "replayed.duckdb"
         run = subprocess.run(cli + ["replay", "--to", str(replay_db)], env=env, capture_output=True, text=True,

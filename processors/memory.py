@@ -45,7 +45,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from processors.memory_index import IndexConfig, MemoryIndex
-from processors.recall import ASSOCIATION_LIMIT, ASSOCIATION_THRESHOLD, edge_weight
+from processors.recall import ASSOCIATION_LIMIT, ASSOCIATION_THRESHOLD, edge_parts
 from schemas.episodes import EpisodeDistilled, LessonKind
 from schemas.events import AgentMessaged, Outcome, SessionStarted, TraceEvent, UserMessaged
 from schemas.facts import agent_scope
@@ -193,6 +193,17 @@ def message_units(events: Iterable[TraceEvent]) -> list[MemoryUnit]:
 
 # ---- the capture fold -------------------------------------------------------------------------
 
+# Enum values read once (a member's ``.value`` is a Python-level descriptor call, per decision).
+_USER_INTERACTION = CaptureReason.USER_INTERACTION.value
+_FAILURE = CaptureReason.FAILURE.value
+_GOAL_CHANGE = CaptureReason.GOAL_CHANGE.value
+_SALIENCE = CaptureReason.SALIENCE.value
+_CHECKPOINT = CaptureReason.CHECKPOINT.value
+_NEAR_DUPLICATE = CaptureReason.NEAR_DUPLICATE.value
+_RELATED = CaptureReason.RELATED.value
+_SURPRISE = CaptureReason.SURPRISE.value
+_FAILURE_OUTCOME = Outcome.FAILURE.value
+
 @dataclass
 class MemoryState:
     """The fold's state: the index, and what capture remembers per agent."""
@@ -213,45 +224,53 @@ def decide(state: MemoryState, unit: MemoryUnit, now: datetime) -> list[MemoryEv
         return []
     reasons: list[str] = []
     if unit.user_interaction:
-        reasons.append(CaptureReason.USER_INTERACTION.value)
-    if unit.success is False or unit.outcome == Outcome.FAILURE.value:
-        reasons.append(CaptureReason.FAILURE.value)
+        reasons.append(_USER_INTERACTION)
+    if unit.success is False or unit.outcome == _FAILURE_OUTCOME:
+        reasons.append(_FAILURE)
     last_goal = state.last_goal.get(unit.agent)
     if unit.goal and last_goal is not None and _goal_key(unit.goal) != last_goal:
-        reasons.append(CaptureReason.GOAL_CHANGE.value)
+        reasons.append(_GOAL_CHANGE)
     if unit.salience >= SALIENCE_THRESHOLD:
-        reasons.append(CaptureReason.SALIENCE.value)
+        reasons.append(_SALIENCE)
     last = state.last_stored.get(unit.agent)
     if last is None or unit.occurred_at - last >= CHECKPOINT_INTERVAL:
-        reasons.append(CaptureReason.CHECKPOINT.value)
-    similar = state.index.similar(unit, scopes=[unit.scope])
-    nearest, nearest_sim = (similar[0] if similar else (None, 0.0))
+        reasons.append(_CHECKPOINT)
+    # Best first (ties: older first); the index keeps the unit's analysis for apply's add.
+    cands, sims = state.index.similar_arrays(unit, scopes=[unit.scope])
+    best = cands[:ASSOCIATION_LIMIT].tolist()
+    best_sims = sims[:ASSOCIATION_LIMIT].tolist()
+    nearest_sim = best_sims[0] if best else 0.0
     pe = 1.0 - nearest_sim
-    nearest_id = state.index.ids[nearest] if nearest is not None else None
+    nearest_id = state.index.ids[best[0]] if best else None
     if not reasons and pe < MERGE_BELOW and nearest_id is not None:
         return [CaptureDecided(schema_version=MEMORY_SCHEMA_VERSION, unit=unit, action=CaptureAction.MERGED,
-                               memory_id=nearest_id, reasons=[CaptureReason.NEAR_DUPLICATE.value],
+                               memory_id=nearest_id, reasons=[_NEAR_DUPLICATE],
                                prediction_error=_r(pe), nearest_id=nearest_id, nearest_similarity=_r(nearest_sim),
                                decided_at=now)]
-    novelty = (CaptureReason.SURPRISE if pe > SURPRISE_ABOVE else
-               CaptureReason.RELATED if pe >= MERGE_BELOW else CaptureReason.NEAR_DUPLICATE)
+    novelty = _SURPRISE if pe > SURPRISE_ABOVE else _RELATED if pe >= MERGE_BELOW else _NEAR_DUPLICATE
     out: list[MemoryEvent] = [CaptureDecided(
         schema_version=MEMORY_SCHEMA_VERSION, unit=unit, action=CaptureAction.STORED, memory_id=unit.memory_id,
-        reasons=[*reasons, novelty.value], prediction_error=_r(pe), nearest_id=nearest_id,
+        reasons=[*reasons, novelty], prediction_error=_r(pe), nearest_id=nearest_id,
         nearest_similarity=_r(nearest_sim), decided_at=now)]
-    for j, sim in [(j, s) for j, s in similar if s >= ASSOCIATION_THRESHOLD][:ASSOCIATION_LIMIT]:
+    for j, sim in zip(best, best_sims):
+        if sim < ASSOCIATION_THRESHOLD:  # best first: the rest are below too
+            break
         other = state.index.units[j]
-        w = edge_weight(unit, other)
+        weight, shared, goal, temporal = edge_parts(unit, other)  # = edge_weight(unit, other)
         a, b = sorted((unit.memory_id, other.memory_id))
-        out.append(MemoryLinked(schema_version=MEMORY_SCHEMA_VERSION, a=a, b=b, weight=_r(w.weight),
-                                shared=_r(w.shared), goal=_r(w.goal), temporal=_r(w.temporal), similarity=_r(sim),
-                                formed_at=now))
+        # shared, goal, temporal and sim are in [0, 1] by construction (never -0.0): _r is round there.
+        out.append(MemoryLinked(schema_version=MEMORY_SCHEMA_VERSION, a=a, b=b, weight=_r(weight),
+                                shared=round(shared, 9), goal=round(goal, 9), temporal=round(temporal, 9),
+                                similarity=round(sim, 9), formed_at=now))
     return out
 
 
 def _r(x: float) -> float:
-    """Rounded for the log (9 places): the persisted number and the applied one are the same."""
-    return round(min(1.0, max(0.0, float(x))), 9)
+    """Clamped to [0, 1] and rounded for the log (9 places): the persisted number and the applied one
+    are the same. (Rounding first then clamping gives the same float, with fewer calls: this runs for
+    every number of every decision.)"""
+    r = round(x, 9)
+    return r if 0.0 < r <= 1.0 else (1.0 if r > 1.0 else 0.0)
 
 
 def _goal_key(goal: str) -> str:
@@ -304,13 +323,20 @@ def capture(state: MemoryState, units: Sequence[MemoryUnit], now: datetime
             ) -> tuple[MemoryState, list[MemoryEvent]]:
     """Decide and apply, unit by unit (a unit sees the memories of the units before it).
 
-    The state is advanced in place and returned (an index of a million memories is not copied)."""
+    The state is advanced in place and returned (an index of a million memories is not copied). The
+    batch's units are analysed ahead, at once (tokens, fingerprints, signatures: ``MemoryIndex.prepare``);
+    the decisions are those of ``decide`` and ``apply`` unit by unit, whatever the batching."""
     out: list[MemoryEvent] = []
-    for u in units:
-        events = decide(state, u, now)
-        for ev in events:
-            apply(state, ev)
-        out.extend(events)
+    index = state.index
+    index.prepare([u for u in units if u.memory_id not in state.decided])  # the batch's analyses, vectorised
+    try:
+        for u in units:
+            events = decide(state, u, now)
+            for ev in events:
+                apply(state, ev)
+            out.extend(events)
+    finally:
+        index.prepare(())
     return state, out
 
 

@@ -6,25 +6,36 @@
   domain, run and kind; a lookup by any key is one dict access, never a scan;
 - the **n-gram fingerprint index**: text is tokenised (lower case, punctuation dropped, stop words
   removed, identifiers such as ``book_reservation``, ``api.x.io`` or ``D1:3`` kept whole); every
-  unigram, bigram and trigram becomes a 48-bit fingerprint (blake2b), and an inverted index maps
-  fingerprint -> (memory, count). Unigrams feed BM25, all three feed fingerprint Jaccard;
-- **situation signatures**: a datasketch MinHash over the memory's semantic tokens, its structural
-  features (kind, mode, outcome, tools, consecutive tool pairs) and a temporal bucket (ISO week),
-  indexed by ``MinHashLSH`` for "what does this resemble?" (capture's prediction error, associations);
+  unigram, bigram and trigram becomes a 48-bit fingerprint (a word's: blake2b; an n-gram's: a
+  rolling hash of its words' fingerprints), and an inverted index maps fingerprint -> (memory,
+  count). Unigrams feed BM25, all three feed fingerprint Jaccard;
+- **situation signatures**: a datasketch MinHash (scheme ``affine32``, 64 permutations, seed 1) over
+  the memory's semantic tokens, its structural features (kind, mode, outcome, tools, consecutive
+  tool pairs) and a temporal bucket (ISO week), banded as datasketch's ``MinHashLSH`` bands it
+  (threshold 0.5: 14 bands of 4 rows) for "what does this resemble?" (capture's prediction error,
+  associations);
 - the **associative graph**: weighted, undirected edges between memories.
 
 Everything is derived from the ordered log of memory events, so it rebuilds from the log (or from
-the projected tables, in the same order) to the same state. Hot paths are numpy or dict based:
+the projected tables, in the same order) to the same state. Hot paths are numpy or dict based, with
+no Python object per posting:
 
-- postings live in sorted numpy segments (fingerprint, memory, count) plus a small dict buffer; a
-  full buffer becomes a segment and segments merge like a binary counter (log N segments, each
-  posting rewritten O(log N) times). A query does one ``searchsorted`` per segment for all its
+- postings live in sorted numpy segments (fingerprint, memory, count) plus a numpy buffer; a full
+  buffer becomes a segment and segments merge like a binary counter (log N segments, each posting
+  rewritten O(log N) times). A query does one ``searchsorted`` per segment for all its
   fingerprints, so its cost is the length of the matching postings, not the size of the index;
+- signatures hold the hash values datasketch's ``MinHash.update_batch`` gives (same hash, premix
+  and permutations), computed vectorised from memoised per-feature hashes (for a whole capture
+  batch at once) and stored as rows of one uint32 matrix;
+- the LSH is ``MinHashLSH``'s banding kept in the same kind of sorted segments: each (scope, band)
+  of a signature is a 64-bit key; a query gathers the memories under its keys and keeps those with
+  a band really equal (checked on the signature matrix, so a key collision never adds one): the
+  candidates ``MinHashLSH.query`` returns, restricted to the scopes asked;
 - per-memory facts (time, scope, run, length, access count, importance, liveness) are numpy
   columns, so filters and scores over candidates are vector operations.
 
-Removing a memory marks it dead (its postings are dropped at the next merge) and removes its edges,
-its LSH entry and its place in its run.
+Removing a memory marks it dead (its postings and band keys are dropped at the next merge) and
+removes its edges and its place in its run.
 
 >>> from datetime import datetime, timezone
 >>> from schemas.memory import MemoryKind, MemoryUnit
@@ -42,12 +53,14 @@ import bisect
 import functools
 import hashlib
 import re
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from itertools import chain
 
 import numpy as np
 from datasketch import MinHash, MinHashLSH
+from datasketch.hashfunc import sha1_hash32
 
 from schemas.memory import MemoryKind, MemoryUnit
 
@@ -86,33 +99,99 @@ def tokenize(text: str, stem: Stemmer | None = None) -> list[str]:
     return words
 
 
-@functools.lru_cache(maxsize=1 << 18)
-def fingerprint(gram: str) -> int:
-    """The 48-bit fingerprint of one n-gram (words joined by a space); stable across processes.
+def word_normaliser(stem: Stemmer | None = None) -> Callable[[str], str | None]:
+    """``tokenize``'s rule for one word (None: a stop word), memoised: a fleet's vocabulary repeats."""
+    def norm(word: str) -> str | None:
+        if word in STOP_WORDS:
+            return None
+        return word if stem is None or _IDENTIFIER.search(word) else stem(word)
 
-    >>> fingerprint("coffee") == fingerprint("coffee") and 0 <= fingerprint("coffee") < 2 ** 48
+    return functools.lru_cache(maxsize=1 << 18)(norm)
+
+
+def _tokens(text: str, norm: Callable[[str], str | None]) -> list[str]:
+    """``tokenize(text, stem)`` with ``norm = word_normaliser(stem)``."""
+    text = text.lower()
+    if "'" in text or "\u2019" in text:
+        text = _APOSTROPHE.sub("", _POSSESSIVE.sub("", text))
+    return [t for t in map(norm, _TOKEN.findall(text)) if t is not None]
+
+
+@functools.lru_cache(maxsize=1 << 18)
+def word_fingerprint(word: str) -> int:
+    """The 48-bit fingerprint of one word (blake2b); stable across processes, memoised: words repeat."""
+    return int.from_bytes(hashlib.blake2b(word.encode(), digest_size=6).digest(), "big")
+
+
+# An n-gram's fingerprint is derived from its words' fingerprints, vectorised over a text: a
+# polynomial rolling hash (mod 2^64) of the 48-bit word fingerprints, salted by n, multiplied by an
+# odd constant and cut to its top 48 bits. Only equality matters (fingerprint Jaccard, postings):
+# like a 48-bit hash of the n-gram's text, two different n-grams collide with probability ~2^-48.
+_ROLL = np.uint64(0x9E3779B97F4A7C15)
+_MIX = np.uint64(0xBF58476D1CE4E5B9)
+_GRAM_SALT = {2: np.uint64(0x2545F4914F6CDD1D), 3: np.uint64(0x94D049BB133111EB)}
+_S16 = np.uint64(16)
+_S48 = np.uint64(48)
+_MASK48 = np.uint64((1 << 48) - 1)
+_MAX_BATCH = 1 << 16
+MAX_N = 3
+
+
+def _gram_array(words: np.ndarray, owner: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Fingerprints (uint64) of the bigrams, then the trigrams, of word fingerprints; with ``owner``
+    (which text each word is from), only n-grams within one text, and their owners."""
+    parts: list[np.ndarray] = []
+    owners: list[np.ndarray] = []
+    roll = words
+    for n in range(2, MAX_N + 1):
+        if len(words) < n:
+            break
+        roll = roll[:-1] * _ROLL + words[n - 1:]  # wraps: arithmetic mod 2^64
+        salted = roll + _GRAM_SALT[n]
+        if owner is not None:
+            same = owner[: 1 - n] == owner[n - 1:]
+            salted = salted[same]
+            owners.append(owner[n - 1:][same])
+        parts.append(salted)
+    if not parts:
+        return np.empty(0, dtype=np.uint64), (np.empty(0, dtype=owner.dtype) if owner is not None else None)
+    x = np.concatenate(parts) if len(parts) > 1 else parts[0]
+    x = (x * _MIX) >> _S16
+    if owner is None:
+        return x, None
+    return x, (np.concatenate(owners) if len(owners) > 1 else owners[0])
+
+
+def _word_array(tokens: Sequence[str]) -> np.ndarray:
+    return np.fromiter(map(word_fingerprint, tokens), dtype=np.uint64, count=len(tokens))
+
+
+def fingerprint(gram: str) -> int:
+    """The 48-bit fingerprint of one n-gram (words joined by a space; 1 to 3 words); stable across
+    processes.
+
+    >>> fingerprint("coffee") == fingerprint("coffee") and 0 <= fingerprint("kitchen table") < 2 ** 48
     True
     """
-    return int.from_bytes(hashlib.blake2b(gram.encode(), digest_size=6).digest(), "big")
+    words = gram.split(" ")
+    if len(words) == 1:
+        return word_fingerprint(gram)
+    if len(words) > MAX_N:
+        raise ValueError(f"fingerprints are defined for 1- to {MAX_N}-grams, not {gram!r}")
+    return int(_gram_array(_word_array(words))[0][-1])
 
 
-def ngram_fingerprints(tokens: Sequence[str], max_n: int = 3) -> tuple[dict[int, int], dict[int, int]]:
+def ngram_fingerprints(tokens: Sequence[str], max_n: int = MAX_N) -> tuple[dict[int, int], dict[int, int]]:
     """(unigram fingerprint -> count, bigram and trigram fingerprint -> count).
 
     >>> uni, grams = ngram_fingerprints(["make", "coffee", "now"])
     >>> len(uni), len(grams)
     (3, 3)
     """
-    uni: dict[int, int] = {}
-    grams: dict[int, int] = {}
-    for w in tokens:
-        f = fingerprint(w)
-        uni[f] = uni.get(f, 0) + 1
-    for n in range(2, max_n + 1):
-        for i in range(len(tokens) - n + 1):
-            f = fingerprint(" ".join(tokens[i:i + n]))
-            grams[f] = grams.get(f, 0) + 1
-    return uni, grams
+    if max_n != MAX_N:
+        raise ValueError(f"the index fingerprints 1- to {MAX_N}-grams")
+    words = _word_array(tokens)
+    return dict(Counter(words.tolist())), dict(Counter(_gram_array(words)[0].tolist()))
 
 
 def unit_text(unit: MemoryUnit) -> str:
@@ -123,20 +202,28 @@ def unit_text(unit: MemoryUnit) -> str:
     return " ".join(p for p in parts if p)
 
 
+_KIND_VALUE = {k: k.value for k in MemoryKind}
+_KIND_FEATURE = {k: f"kind:{v}" for k, v in _KIND_VALUE.items()}
+
+
+def _structure(unit: MemoryUnit) -> list[str]:
+    """The structural features and the temporal bucket of a situation (with repeats)."""
+    iso = unit.occurred_at.isocalendar()
+    out = [_KIND_FEATURE[unit.kind], f"week:{iso[0]}-{iso[1]:02d}"]
+    if unit.mode:
+        out.append(f"mode:{unit.mode}")
+    if unit.outcome:
+        out.append(f"outcome:{unit.outcome}")
+    out += [f"tool:{t}" for t in unit.tools]
+    if unit.action:
+        calls = unit.action.split(" > ")
+        out += [f"seq:{a}>{b}" for a, b in zip(calls, calls[1:])]
+    return out
+
+
 def situation_features(unit: MemoryUnit, tokens: Sequence[str]) -> list[str]:
     """Semantic tokens, structural features and a temporal bucket: what a situation signature hashes."""
-    iso = unit.occurred_at.isocalendar()
-    feats = set(tokens)
-    feats.add(f"kind:{unit.kind.value}")
-    feats.add(f"week:{iso[0]}-{iso[1]:02d}")
-    if unit.mode:
-        feats.add(f"mode:{unit.mode}")
-    if unit.outcome:
-        feats.add(f"outcome:{unit.outcome}")
-    feats.update(f"tool:{t}" for t in unit.tools)
-    calls = unit.action.split(" > ") if unit.action else []
-    feats.update(f"seq:{a}>{b}" for a, b in zip(calls, calls[1:]))
-    return sorted(feats)
+    return sorted(set(tokens).union(_structure(unit)))
 
 
 # ---- configuration ------------------------------------------------------------------------------
@@ -144,7 +231,8 @@ def situation_features(unit: MemoryUnit, tokens: Sequence[str]) -> list[str]:
 NUM_PERM = 64
 MINHASH_SEED = 1
 LSH_THRESHOLD = 0.5  # = the association threshold: LSH finds what capture may link to
-BUFFER_POSTINGS = 1 << 13  # postings held in the dict buffer before they become a sorted segment
+BUFFER_POSTINGS = 1 << 13  # postings held in the buffer before they become a sorted segment
+BUFFER_BAND_KEYS = 1 << 11  # band keys held in the LSH's dict buffer before they become a sorted segment
 
 
 @dataclass(frozen=True)
@@ -155,16 +243,98 @@ class IndexConfig:
     stem: Stemmer | None = None  # e.g. snowballstemmer's English stemWord, when the package is there
 
 
-_TEMPLATES: dict[int, MinHash] = {}
+# ---- situation signatures -----------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=1 << 18)
+def feature_hash(feature: str) -> int:
+    """datasketch's input hash of one feature (``sha1_hash32`` of its UTF-8 bytes) premixed by the
+    MurmurHash3 finalizer, as ``MinHash`` (scheme ``affine32``) premixes it; memoised: features repeat.
+
+    >>> 0 <= feature_hash("kind:episode") < 2 ** 32
+    True
+    """
+    h = sha1_hash32(feature.encode())
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+    return h ^ (h >> 16)
 
 
-def _minhash(features: Iterable[str], num_perm: int) -> MinHash:
-    template = _TEMPLATES.get(num_perm)
-    if template is None:  # generating permutations is slow: do it once per size
-        template = _TEMPLATES[num_perm] = MinHash(num_perm=num_perm, seed=MINHASH_SEED)
-    m = template.copy()
-    m.update_batch([f.encode() for f in features])
-    return m
+_EMPTY_HASH = 0xFFFFFFFF  # affine32's value for "no feature"
+_KEY_MASK = np.uint64((1 << 63) - 1)  # band keys stay below 2^63: key + 1 never wraps (range queries)
+
+
+class SignatureScheme:
+    """datasketch's MinHash permutations and MinHashLSH banding for one (num_perm, threshold), and the
+    (fixed-seed) constants that make a (scope, band) one 64-bit key."""
+
+    def __init__(self, num_perm: int, threshold: float) -> None:
+        template = MinHash(num_perm=num_perm, seed=MINHASH_SEED)  # generating permutations is slow: once
+        if template.scheme != "affine32":
+            raise RuntimeError(f"unexpected datasketch MinHash scheme {template.scheme!r}")
+        self.num_perm = num_perm
+        self.permutations = template.permutations
+        self.a = template.permutations[0].astype(np.uint32)
+        self.b = template.permutations[1].astype(np.uint32)
+        lsh = MinHashLSH(threshold=threshold, num_perm=num_perm)  # its (bands, rows): the optimal ones
+        self.bands, self.rows = lsh.b, lsh.r
+        if list(lsh.hashranges) != [(k * lsh.r, (k + 1) * lsh.r) for k in range(lsh.b)]:
+            raise RuntimeError("unexpected MinHashLSH hash ranges")
+        self.width = self.bands * self.rows
+        rng = np.random.default_rng(0x5EED)  # fixed: keys must be the same in every process and replay
+        self.row_mult = rng.integers(0, 1 << 63, self.rows, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+        self.band_salt = rng.integers(0, 1 << 63, self.bands, dtype=np.uint64)
+        self.scope_mult = int(rng.integers(0, 1 << 62, dtype=np.uint64)) * 2 + 1
+        # The packed path (``match``): 64 hash values, bands of 1, 2, 4 or 8 of them (aligned groups of
+        # bits that never straddle a byte of ``np.packbits``), the bands filling whole bytes.
+        self._packed = num_perm == 64 and 8 % self.rows == 0 and self.width % 8 == 0
+        self._folds = [np.uint64(1 << k) for k in range(self.rows.bit_length() - 1)]  # 1, 2 for r = 4
+        self._band_bases = np.uint64(sum(1 << bit for bit in range(0, self.width, self.rows)) if self._packed else 0)
+
+    def signature(self, hashes: np.ndarray) -> np.ndarray:
+        """The MinHash hash values (uint32) of premixed feature hashes (``feature_hash``)."""
+        if not len(hashes):
+            return np.full(self.num_perm, _EMPTY_HASH, dtype=np.uint32)
+        return np.minimum.reduce(hashes[:, None] * self.a + self.b, axis=0)  # uint32 wraparound: affine32
+
+    def signatures(self, hashes: np.ndarray, starts: np.ndarray) -> np.ndarray:
+        """Signatures of several feature lists, concatenated in ``hashes``, each non-empty, from ``starts``."""
+        return np.minimum.reduceat(hashes[:, None] * self.a + self.b, starts, axis=0)
+
+    def band_base(self, sigs: np.ndarray) -> np.ndarray:
+        """Scope-free band keys (bands,) of a signature, or (n, bands) of n signatures."""
+        lead = sigs.shape[:-1]
+        bands = sigs[..., : self.width].reshape(*lead, self.bands, self.rows).astype(np.uint64)
+        return ((bands @ self.row_mult) + self.band_salt) & _KEY_MASK  # wraps: a hash, not a number
+
+    def scope_term(self, code: int) -> np.uint64:
+        return np.uint64((code * self.scope_mult) & ((1 << 63) - 1))
+
+    def match(self, rows: np.ndarray, sig: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For signature rows (n, num_perm): (how many hash values equal ``sig``'s (n,), whether some band
+        is wholly equal (n,)). ``count / num_perm`` is the MinHash Jaccard estimate."""
+        eq = rows == sig
+        if self._packed:
+            # The 64 equality flags as the bits of one integer per row: a popcount counts them, and a band
+            # (an aligned group of r bits) is wholly equal where folding shifted copies leaves its base bit.
+            word = np.packbits(eq, axis=1).view("<u8")[:, 0]
+            full = word
+            for shift in self._folds:
+                full = full & (full >> shift)
+            return np.bitwise_count(word), (full & self._band_bases) != 0
+        count = np.add.reduce(eq, axis=1)
+        bands = eq[:, : self.width].reshape(len(eq), self.bands, self.rows)
+        return count, np.logical_or.reduce(np.logical_and.reduce(bands, axis=2), axis=1)
+
+    def minhash(self, sig: np.ndarray) -> MinHash:
+        """The datasketch MinHash with these hash values."""
+        return MinHash(seed=MINHASH_SEED, hashvalues=sig, permutations=self.permutations, scheme="affine32")
+
+
+@functools.lru_cache(maxsize=8)
+def signature_scheme(num_perm: int = NUM_PERM, threshold: float = LSH_THRESHOLD) -> SignatureScheme:
+    return SignatureScheme(num_perm, threshold)
 
 
 # ---- growable numpy columns -----------------------------------------------------------------
@@ -179,11 +349,15 @@ class _Column:
         self.data = np.full(shape, fill, dtype=dtype)
         self.n = 0
 
+    def grow(self, capacity: int) -> None:
+        if capacity > len(self.data):
+            grown = np.full((capacity, *self.data.shape[1:]), self.fill, dtype=self.data.dtype)
+            grown[: self.n] = self.data[: self.n]
+            self.data = grown
+
     def append(self, value: object) -> None:
         if self.n == len(self.data):
-            grown = np.full((len(self.data) * 2, *self.data.shape[1:]), self.fill, dtype=self.data.dtype)
-            grown[: self.n] = self.data
-            self.data = grown
+            self.grow(len(self.data) * 2)
         self.data[self.n] = value
         self.n += 1
 
@@ -194,53 +368,115 @@ class _Column:
 
 # ---- postings -----------------------------------------------------------------------------------
 
+Segment = tuple[np.ndarray, ...]  # (keys uint64 sorted, memory index int32[, count float32])
+
+
+def _merge(a: Segment, b: Segment, alive: np.ndarray | None) -> Segment:
+    # Both are sorted by (key, memory) and b's memories are all newer than a's, so a stable sort on
+    # the key alone gives (key, memory) order: a linear merge of two runs.
+    cols = [np.concatenate([x, y]) for x, y in zip(a, b)]
+    order = np.argsort(cols[0], kind="stable")
+    if alive is not None:
+        order = order[alive[cols[1][order]]]
+    return tuple(c[order] for c in cols)
+
+
+def _push(segments: list[Segment], seg: Segment, alive: Callable[[], np.ndarray] | None) -> None:
+    """Append a segment; while the newest is at least half the one before, merge (a binary counter)."""
+    segments.append(seg)
+    while len(segments) > 1 and len(segments[-1][0]) * 2 >= len(segments[-2][0]):
+        b = segments.pop()
+        a = segments.pop()
+        segments.append(_merge(a, b, alive() if alive is not None else None))
+
+
+class _Buffer:
+    """Appended (fingerprint, memory, count) rows in growable numpy arrays: no Python object per row."""
+
+    def __init__(self, capacity: int) -> None:
+        self.keys = np.empty(capacity, dtype=np.uint64)
+        self.idx = np.empty(capacity, dtype=np.int32)
+        self.tf = np.empty(capacity, dtype=np.float32)
+        self.n = 0
+
+    def append(self, keys: np.ndarray, idx: int, tf: np.ndarray) -> int:
+        start = self.n
+        end = start + len(keys)
+        if end > len(self.keys):
+            cap = max(end, 2 * len(self.keys))
+            for name in ("keys", "idx", "tf"):
+                old = getattr(self, name)
+                new = np.empty(cap, dtype=old.dtype)
+                new[:start] = old[:start]
+                setattr(self, name, new)
+        self.keys[start:end] = keys
+        self.idx[start:end] = idx
+        self.tf[start:end] = tf
+        self.n = end
+        return end
+
+    def sorted(self) -> Segment:
+        """The rows by (fingerprint, insertion = memory order), as a new segment."""
+        n = self.n
+        order = np.argsort(self.keys[:n], kind="stable")
+        return self.keys[:n][order], self.idx[:n][order], self.tf[:n][order]
+
+
 class Postings:
-    """Inverted index fingerprint -> (memory index, count), as sorted numpy segments plus a dict buffer."""
+    """Inverted index fingerprint -> (memory index, count), as sorted numpy segments plus a numpy buffer.
+
+    A read sorts the buffer once and keeps that view until the next write."""
 
     def __init__(self, buffer_postings: int = BUFFER_POSTINGS,
                  alive: Callable[[], np.ndarray] | None = None) -> None:
         self.buffer_postings = buffer_postings
         self.alive = alive  # liveness per memory index: merges drop the postings of dead memories
-        self.segments: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (fps uint64, idx int32, tf f32)
-        self.buffer: dict[int, tuple[list[int], list[int]]] = {}  # fingerprint -> (memory indices, counts)
-        self.buffered = 0
+        self.segments: list[Segment] = []  # (fps uint64, idx int32, tf f32)
+        self._buffer = _Buffer(max(16, min(buffer_postings, 1 << 10)))
+        self._sorted: Segment | None = None  # the buffer sorted, until the next write
+
+    @property
+    def buffered(self) -> int:
+        return self._buffer.n
 
     def add(self, idx: int, counts: dict[int, int]) -> None:
-        for fp, c in counts.items():
-            hit = self.buffer.get(fp)
-            if hit is None:
-                self.buffer[fp] = ([idx], [c])
-            else:
-                hit[0].append(idx)
-                hit[1].append(c)
-        self.buffered += len(counts)
-        if self.buffered >= self.buffer_postings:
+        n = len(counts)
+        self.add_arrays(idx, np.fromiter(counts, dtype=np.uint64, count=n),
+                        np.fromiter(counts.values(), dtype=np.float32, count=n))
+
+    def add_arrays(self, idx: int, fps: np.ndarray, tf: np.ndarray) -> None:
+        """The postings of memory ``idx`` (newer than every memory added before): distinct ``fps``."""
+        self._sorted = None
+        if self._buffer.append(fps, idx, tf) >= self.buffer_postings:
             self.flush()
 
+    def _buffer_view(self) -> Segment | None:
+        if not self._buffer.n:
+            return None
+        if self._sorted is None:
+            self._sorted = self._buffer.sorted()
+        return self._sorted
+
     def flush(self) -> None:
-        if not self.buffer:
+        view = self._buffer_view()
+        if view is None:
             return
-        fps = sorted(self.buffer)  # by fingerprint, then by insertion (= memory index) order
-        lengths = [len(self.buffer[fp][0]) for fp in fps]
-        f = np.repeat(np.array(fps, dtype=np.uint64), lengths)
-        ix = np.fromiter((i for fp in fps for i in self.buffer[fp][0]), dtype=np.int32, count=self.buffered)
-        tf = np.fromiter((c for fp in fps for c in self.buffer[fp][1]), dtype=np.float32, count=self.buffered)
-        self.buffer, self.buffered = {}, 0
-        self.segments.append((f, ix, tf))
-        # Binary-counter merging: while the newest segment is at least half the one before, merge.
-        while len(self.segments) > 1 and len(self.segments[-1][0]) * 2 >= len(self.segments[-2][0]):
-            b = self.segments.pop()
-            a = self.segments.pop()
-            self.segments.append(_merge(a, b, self.alive() if self.alive is not None else None))
+        self._buffer.n = 0
+        self._sorted = None
+        _push(self.segments, view, self.alive)
+
+    def _all(self) -> list[Segment]:
+        view = self._buffer_view()
+        return self.segments if view is None else [*self.segments, view]
 
     def gather(self, fps: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Postings of ``fps`` (uint64): (position in ``fps``, memory index, count) arrays."""
         pos_parts: list[np.ndarray] = []
         idx_parts: list[np.ndarray] = []
         tf_parts: list[np.ndarray] = []
-        for seg_fps, seg_idx, seg_tf in self.segments:
-            lo = np.searchsorted(seg_fps, fps, side="left")
-            hi = np.searchsorted(seg_fps, fps, side="right")
+        for seg_fps, seg_idx, seg_tf in self._all():
+            lo = seg_fps.searchsorted(fps, side="left")
+            hi = seg_fps.searchsorted(fps, side="right")
             lengths = hi - lo
             total = int(lengths.sum())
             if not total:
@@ -251,48 +487,103 @@ class Postings:
             pos_parts.append(np.repeat(np.arange(len(fps), dtype=np.int32), lengths))
             idx_parts.append(seg_idx[take])
             tf_parts.append(seg_tf[take])
-        for p, fp in enumerate(fps.tolist()):
-            hit = self.buffer.get(fp)
-            if hit:
-                pos_parts.append(np.full(len(hit[0]), p, dtype=np.int32))
-                idx_parts.append(np.array(hit[0], dtype=np.int32))
-                tf_parts.append(np.array(hit[1], dtype=np.float32))
         if not pos_parts:
             empty = np.empty(0, dtype=np.int32)
             return empty, empty, np.empty(0, dtype=np.float32)
+        if len(pos_parts) == 1:
+            return pos_parts[0], idx_parts[0], tf_parts[0]
         return np.concatenate(pos_parts), np.concatenate(idx_parts), np.concatenate(tf_parts)
 
     def document_frequency(self, fps: np.ndarray) -> np.ndarray:
         """How many postings each fingerprint has (dead memories included until their segment merges)."""
         df = np.zeros(len(fps), dtype=np.int64)
-        for seg_fps, _, _ in self.segments:
-            df += np.searchsorted(seg_fps, fps, side="right") - np.searchsorted(seg_fps, fps, side="left")
-        for p, fp in enumerate(fps.tolist()):
-            hit = self.buffer.get(fp)
-            if hit:
-                df[p] += len(hit[0])
+        for seg in self._all():
+            df += seg[0].searchsorted(fps, side="right") - seg[0].searchsorted(fps, side="left")
         return df
+
+    def __len__(self) -> int:
+        return sum(len(s[0]) for s in self.segments) + self._buffer.n
+
+
+_ONE = np.uint64(1)
+
+
+class BandIndex:
+    """The LSH's buckets: band key (< 2^63) -> memory indices, as sorted numpy segments plus a small dict
+    buffer (capture reads it right after every add: a dict answers without sorting or scanning)."""
+
+    def __init__(self, buffer_keys: int = BUFFER_BAND_KEYS, alive: Callable[[], np.ndarray] | None = None) -> None:
+        self.buffer_keys = buffer_keys
+        self.alive = alive
+        self.segments: list[Segment] = []  # (keys uint64, idx int32)
+        self.buffer: dict[int, list[int]] = {}
+        self.buffered = 0
+
+    def add(self, idx: int, keys: np.ndarray) -> None:
+        buf = self.buffer
+        for k in keys.tolist():
+            hit = buf.get(k)
+            if hit is None:
+                buf[k] = [idx]
+            else:
+                hit.append(idx)
+        self.buffered += len(keys)
+        if self.buffered >= self.buffer_keys:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.buffer:
+            return
+        keys = sorted(self.buffer)
+        lengths = [len(self.buffer[k]) for k in keys]  # each list in memory (insertion) order
+        seg = (np.repeat(np.array(keys, dtype=np.uint64), lengths),
+               np.fromiter(chain.from_iterable(self.buffer[k] for k in keys), dtype=np.int32, count=self.buffered))
+        self.buffer, self.buffered = {}, 0
+        _push(self.segments, seg, self.alive)
+
+    def members(self, keys: np.ndarray) -> np.ndarray:
+        """Memory indices under ``keys`` (unsorted, with repeats; dead ones until their segment merges)."""
+        parts: list[np.ndarray] = []
+        if self.segments:
+            m = len(keys)
+            bounds = np.concatenate((keys, keys + _ONE))  # [first, end) of each key: one search per segment
+            for seg_keys, seg_idx in self.segments:
+                at = seg_keys.searchsorted(bounds).tolist()
+                parts += [seg_idx[at[j]:at[m + j]] for j in range(m) if at[m + j] > at[j]]
+        if self.buffer:
+            get = self.buffer.get
+            extra = [i for k in keys.tolist() for i in get(k, ())]
+            if extra:
+                parts.append(np.array(extra, dtype=np.int32))
+        if not parts:
+            return np.empty(0, dtype=np.int32)
+        return np.concatenate(parts) if len(parts) > 1 else parts[0].copy()
 
     def __len__(self) -> int:
         return sum(len(s[0]) for s in self.segments) + self.buffered
 
 
-def _merge(a: tuple[np.ndarray, np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray, np.ndarray],
-           alive: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    f = np.concatenate([a[0], b[0]])
-    ix = np.concatenate([a[1], b[1]])
-    tf = np.concatenate([a[2], b[2]])
-    # Both are sorted by (fingerprint, memory) and b's memories are all newer than a's, so a stable
-    # sort on the fingerprint alone gives (fingerprint, memory) order: a linear merge of two runs.
-    order = np.argsort(f, kind="stable")
-    f, ix, tf = f[order], ix[order], tf[order]
-    if alive is not None:
-        keep = alive[ix]
-        f, ix, tf = f[keep], ix[keep], tf[keep]
-    return f, ix, tf
-
-
 # ---- the index ------------------------------------------------------------------------------
+
+class _Analysis:
+    """What indexing needs of a unit, computed once: by ``prepare`` (a capture batch, vectorised) or
+    by ``similar``, and reused by ``add``."""
+
+    __slots__ = ("unit", "doc_len", "fp_count", "fps", "tf", "sig", "band_base")
+
+    def __init__(self, unit: MemoryUnit, doc_len: int, fp_count: int, fps: np.ndarray, tf: np.ndarray,
+                 sig: np.ndarray, band_base: np.ndarray) -> None:
+        self.unit = unit
+        self.doc_len = doc_len  # unigram count
+        self.fp_count = fp_count  # distinct fingerprints
+        self.fps = fps  # distinct fingerprints (uint64) and their counts (float32)
+        self.tf = tf
+        self.sig = sig  # MinHash hash values (uint32)
+        self.band_base = band_base  # scope-free band keys (uint64)
+
+
+_NO_HITS = (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float64))
+
 
 class MemoryIndex:
     """Every stored memory of the fleet and its indexes (see the module docstring)."""
@@ -303,6 +594,8 @@ class MemoryIndex:
                  ) -> None:
         self.config = config or IndexConfig()
         self.embed = embed
+        self.scheme = signature_scheme(self.config.num_perm, self.config.lsh_threshold)
+        self._norm = word_normaliser(self.config.stem)
         self.ids: list[str] = []
         self.pos: dict[str, int] = {}
         self.units: list[MemoryUnit] = []
@@ -325,8 +618,15 @@ class MemoryIndex:
         self.prev = _Column(np.int32, -1)  # the run's previous memory (by position), -1 if none
         self.next = _Column(np.int32, -1)
         self.signatures = _Column(np.uint32, 0, width=self.config.num_perm)
+        self.live_scope = _Column(np.int32, -1)  # the scope code while alive, -1 once removed (LSH filter)
+        self._row_dtype = np.dtype((np.void, 4 * self.config.num_perm))  # one signature as one item
+        # One row per memory in each; they grow together and add writes a row in place.
+        self._rows = (self.occurred, self.scope_code, self.user_code, self.run_code, self.alive, self.compressed,
+                      self.doc_len, self.fp_count, self.importance, self.access_count, self.last_access,
+                      self.long_term, self.prev, self.next, self.signatures, self.live_scope)
         self.vectors: _Column | None = None
         self.scopes: dict[str, int] = {}
+        self._scope_terms: list[np.uint64] = []  # per scope code: what it adds to a band key
         self.runs: dict[str, int] = {}
         self.run_members: list[list[tuple[int, int]]] = []  # per run: sorted (position, memory index)
         self.run_len = _Column(np.float64)  # per run: total unigram count of its live memories
@@ -339,13 +639,87 @@ class MemoryIndex:
         self.keys: dict[tuple[str, str], list[int]] = {}
         self.people: dict[str, set[str]] = {}  # a name's first token -> full normalised names (query matching)
         self.postings = Postings(self.config.buffer_postings, alive=self._alive_data)
-        self.lsh = MinHashLSH(threshold=self.config.lsh_threshold, num_perm=self.config.num_perm)
+        self.bands = BandIndex(alive=self._alive_data)  # the LSH: (scope, band) key -> memories
         self.graph: dict[int, dict[int, float]] = {}
         self.live = 0
         self.live_len = 0.0
+        # Analyses kept for add: the last unit analysed, and those of a prepared batch (by identity:
+        # units are frozen; each entry holds its unit, so an id cannot be reused while it is kept).
+        self._analysed: _Analysis | None = None
+        self._prepared: dict[int, _Analysis] = {}
 
     def _alive_data(self) -> np.ndarray:
         return self.alive.data
+
+    # -- analysis
+
+    def tokenize(self, text: str) -> list[str]:
+        """``tokenize(text, config.stem)``, with this index's memoised word rule."""
+        return _tokens(text, self._norm)
+
+    def _analyse(self, unit: MemoryUnit) -> _Analysis:
+        """Tokens, fingerprints, signature and band keys of a unit (kept: see ``_analysed``)."""
+        done = self._analysed
+        if done is not None and done.unit is unit:
+            return done
+        done = self._prepared.get(id(unit))
+        if done is not None and done.unit is unit:
+            self._analysed = done
+            return done
+        tokens = _tokens(unit_text(unit), self._norm)
+        words = _word_array(tokens)
+        grams = _gram_array(words)[0]
+        counts = Counter((np.concatenate((words, grams)) if len(grams) else words).tolist())
+        n = len(counts)
+        sig = self.scheme.signature(np.fromiter(map(feature_hash, set(chain(tokens, _structure(unit)))),
+                                                dtype=np.uint32))
+        done = self._analysed = _Analysis(
+            unit, len(tokens), n, np.fromiter(counts, dtype=np.uint64, count=n),
+            np.fromiter(counts.values(), dtype=np.float32, count=n), sig, self.scheme.band_base(sig))
+        return done
+
+    def prepare(self, units: Sequence[MemoryUnit]) -> None:
+        """Analyse ``units`` ahead, vectorised over all of them (capture prepares its batch); ``similar``
+        and ``add`` of one of these objects then reuse its analysis. ``prepare(())`` forgets them."""
+        self._prepared = {}
+        if len(units) > _MAX_BATCH:  # the unit's number is kept in a fingerprint's top 16 bits
+            for k in range(0, len(units), _MAX_BATCH):
+                chunk = self._prepared
+                self.prepare(units[k:k + _MAX_BATCH])
+                self._prepared = {**chunk, **self._prepared}
+            return
+        if not units:
+            return
+        norm = self._norm
+        toks = [_tokens(unit_text(u), norm) for u in units]
+        lens = np.fromiter(map(len, toks), dtype=np.int64, count=len(toks))
+        words = np.fromiter(map(word_fingerprint, chain.from_iterable(toks)), dtype=np.uint64, count=int(lens.sum()))
+        owner = np.repeat(np.arange(len(units), dtype=np.int64), lens)
+        grams, gram_owner = _gram_array(words, owner)
+        # One sort of (unit << 48 | fingerprint): each unit's distinct fingerprints, with their counts.
+        tagged = np.concatenate((words, grams)) | (np.concatenate((owner, gram_owner)).astype(np.uint64) << _S48)
+        tagged.sort()
+        if len(tagged):
+            first = np.empty(len(tagged), dtype=bool)
+            first[0] = True
+            np.not_equal(tagged[1:], tagged[:-1], out=first[1:])
+            starts = first.nonzero()[0]
+            tf = np.diff(starts, append=len(tagged)).astype(np.float32)
+            tagged = tagged[starts]
+        else:
+            tf = np.empty(0, dtype=np.float32)
+        fps = tagged & _MASK48
+        bounds = (tagged >> _S48).searchsorted(np.arange(len(units) + 1, dtype=np.uint64)).tolist()
+        # A unit's distinct features (the min does not care for order or repeats: fewer rows).
+        feats = [list(map(feature_hash, set(chain(t, _structure(u))))) for t, u in zip(toks, units)]
+        flens = np.fromiter(map(len, feats), dtype=np.int64, count=len(feats))
+        hashes = np.fromiter(chain.from_iterable(feats), dtype=np.uint32, count=int(flens.sum()))
+        sigs = self.scheme.signatures(hashes, np.cumsum(flens) - flens)  # every unit has kind and week
+        bases = self.scheme.band_base(sigs)
+        prepared = self._prepared
+        for k, u in enumerate(units):
+            b0, b1 = bounds[k], bounds[k + 1]
+            prepared[id(u)] = _Analysis(u, len(toks[k]), b1 - b0, fps[b0:b1], tf[b0:b1], sigs[k], bases[k])
 
     # -- building
 
@@ -353,6 +727,8 @@ class MemoryIndex:
         """Index a new memory; returns its dense index. The id must be new."""
         if unit.memory_id in self.pos:
             raise ValueError(f"memory {unit.memory_id} is already indexed")
+        an = self._analyse(unit)
+        self._analysed = None
         i = len(self.ids)
         self.ids.append(unit.memory_id)
         self.pos[unit.memory_id] = i
@@ -360,53 +736,60 @@ class MemoryIndex:
         self.refs.append(list(unit.refs))
         self.sources.append([str(s) for s in unit.source_event_ids])
         self.merged.append(0)
-        tokens = tokenize(unit_text(unit), self.config.stem)
-        uni, grams = ngram_fingerprints(tokens)
-        self.occurred.append(unit.occurred_at.timestamp())
+        if i == len(self.alive.data):
+            for col in self._rows:
+                col.grow(2 * i)
+        for col in self._rows:
+            col.n = i + 1
         scope = self.scopes.get(unit.scope)
         if scope is None:
             scope = self.scopes[unit.scope] = len(self.scopes)
+            self._scope_terms.append(self.scheme.scope_term(scope))
             self.scope_live.append(0)
             self.scope_len.append(0.0)
             self.scope_runs.append(0)
-        self.scope_code.append(scope)
-        self.user_code.append(0 if unit.user_id is None else self.users.setdefault(unit.user_id, len(self.users) + 1))
         run = self.runs.get(unit.run_id)
         if run is None:
             run = self.runs[unit.run_id] = len(self.runs)
             self.run_members.append([])
             self.run_len.append(0.0)
             self.run_live.append(0)
-        self.run_code.append(run)
-        self.alive.append(True)
-        self.compressed.append(False)
-        self.doc_len.append(len(tokens))
-        self.fp_count.append(len(uni) + len(grams))
-        self.importance.append(unit.importance)
-        self.access_count.append(0)
-        self.last_access.append(0.0)
-        self.long_term.append(False)
-        self.prev.append(-1)
-        self.next.append(-1)
+        n_tokens = an.doc_len
+        # The columns not written keep their fill: not compressed, never accessed, not long-term, no
+        # run neighbours (until _link_run).
+        self.occurred.data[i] = unit.occurred_at.timestamp()
+        self.scope_code.data[i] = scope
+        self.live_scope.data[i] = scope
+        if unit.user_id is not None:
+            self.user_code.data[i] = self.users.setdefault(unit.user_id, len(self.users) + 1)
+        self.run_code.data[i] = run
+        self.alive.data[i] = True
+        self.doc_len.data[i] = n_tokens
+        self.fp_count.data[i] = an.fp_count
+        self.importance.data[i] = unit.importance
+        self.signatures.data[i] = an.sig
         self.live += 1
-        self.live_len += len(tokens)
-        self.run_len.data[run] += len(tokens)
+        self.live_len += n_tokens
+        self.run_len.data[run] += n_tokens
         self.run_live.data[run] += 1
         self.scope_live.data[scope] += 1
-        self.scope_len.data[scope] += len(tokens)
+        self.scope_len.data[scope] += n_tokens
         if self.run_live.data[run] == 1:
             self.scope_runs.data[scope] += 1
         self._link_run(i, run, unit.position)
-        for key, value in self._key_values(unit):
-            self.keys.setdefault((key, value), []).append(i)
+        keys = self.keys
+        for kv in self._key_values(unit):
+            hits = keys.get(kv)
+            if hits is None:
+                keys[kv] = [i]
+            else:
+                hits.append(i)
         for person in unit.people:
             name = person.lower()
-            first = name.split()[0] if name.split() else name
-            self.people.setdefault(first, set()).add(name)
-        self.postings.add(i, uni | grams)
-        sig = _minhash(situation_features(unit, tokens), self.config.num_perm)
-        self.signatures.append(sig.hashvalues.astype(np.uint32))
-        self.lsh.insert(i, sig)
+            words = name.split()
+            self.people.setdefault(words[0] if words else name, set()).add(name)
+        self.postings.add_arrays(i, an.fps, an.tf)
+        self.bands.add(i, an.band_base + self._scope_terms[scope])
         if self.embed is not None:
             vec = np.asarray(self.embed([unit_text(unit)])[0], dtype=np.float32)
             if self.vectors is None:
@@ -415,17 +798,21 @@ class MemoryIndex:
         return i
 
     def _key_values(self, unit: MemoryUnit) -> list[tuple[str, str]]:
-        kv = [("kind", unit.kind.value), ("run", unit.run_id), ("agent", unit.agent)]
+        kv = [("kind", _KIND_VALUE[unit.kind]), ("run", unit.run_id), ("agent", unit.agent)]
         if unit.goal:
             kv.append(("goal", " ".join(unit.goal.lower().split())))
         if unit.success is not None:
             kv.append(("success", "true" if unit.success else "false"))
         if unit.mode:
             kv.append(("mode", unit.mode))
-        kv += [("tool", t) for t in sorted(set(unit.tools))]
-        kv += [("object", o.lower()) for o in sorted(set(unit.objects))]
-        kv += [("person", p.lower()) for p in sorted(set(unit.people))]
-        kv += [("domain", d.lower()) for d in sorted(set(unit.domains))]
+        if unit.tools:
+            kv += [("tool", t) for t in sorted(set(unit.tools))]
+        if unit.objects:
+            kv += [("object", o.lower()) for o in sorted(set(unit.objects))]
+        if unit.people:
+            kv += [("person", p.lower()) for p in sorted(set(unit.people))]
+        if unit.domains:
+            kv += [("domain", d.lower()) for d in sorted(set(unit.domains))]
         return kv
 
     def _link_run(self, i: int, run: int, position: int) -> None:
@@ -470,10 +857,11 @@ class MemoryIndex:
         return others
 
     def remove(self, i: int) -> None:
-        """Forget memory ``i``: dead for every read, out of the LSH, its run and the graph."""
+        """Forget memory ``i``: dead for every read (the LSH too), out of its run and the graph."""
         if not self.alive.data[i]:
             return
         self.alive.data[i] = False
+        self.live_scope.data[i] = -1
         self.live -= 1
         self.live_len -= float(self.doc_len.data[i])
         run = int(self.run_code.data[i])
@@ -492,7 +880,6 @@ class MemoryIndex:
         if after >= 0:
             self.prev.data[after] = before
         self.prev.data[i] = self.next.data[i] = -1
-        self.lsh.remove(i)
         self.drop_edges(i)
 
     def record_access(self, i: int, at: float, long_term_after: int) -> None:
@@ -535,27 +922,75 @@ class MemoryIndex:
     def similar(self, unit: MemoryUnit, scopes: Iterable[str] | None = None) -> list[tuple[int, float]]:
         """Live memories whose situation resembles ``unit``'s (LSH candidates, MinHash Jaccard estimate),
         most similar first (ties: older first). ``scopes``: only memories in these scopes."""
-        tokens = tokenize(unit_text(unit), self.config.stem)
-        sig = _minhash(situation_features(unit, tokens), self.config.num_perm)
-        return self.similar_to_signature(sig, scopes)
+        cands, sims = self.similar_arrays(unit, scopes)
+        return list(zip(cands.tolist(), sims.tolist()))
 
-    def similar_to_signature(self, sig: MinHash, scopes: Iterable[str] | None = None) -> list[tuple[int, float]]:
-        cands = np.array(sorted(self.lsh.query(sig)), dtype=np.int64)
+    def similar_arrays(self, unit: MemoryUnit, scopes: Iterable[str] | None = None
+                       ) -> tuple[np.ndarray, np.ndarray]:
+        """``similar`` as (memory indices, similarities) arrays; the unit's analysis is kept for ``add``."""
+        an = self._analyse(unit)
+        return self._similar(an.sig, an.band_base, self._codes(scopes))
+
+    def similar_to_signature(self, sig: MinHash | np.ndarray, scopes: Iterable[str] | None = None
+                             ) -> list[tuple[int, float]]:
+        cands, sims = self.similar_signature_arrays(_hash_values(sig), scopes)
+        return list(zip(cands.tolist(), sims.tolist()))
+
+    def similar_signature_arrays(self, sig: np.ndarray, scopes: Iterable[str] | None = None
+                                 ) -> tuple[np.ndarray, np.ndarray]:
+        """The LSH candidates of hash values ``sig`` (some band of ``rows`` values wholly equal) that are
+        live and in ``scopes`` (None: any), with their MinHash Jaccard estimate; best first, ties older
+        first: (memory indices int64, similarities float64)."""
+        return self._similar(sig, self.scheme.band_base(sig), self._codes(scopes))
+
+    def _codes(self, scopes: Iterable[str] | None) -> list[int]:
+        if scopes is None:
+            return list(range(len(self.scopes)))
+        if isinstance(scopes, list) and len(scopes) == 1:  # capture: the unit's own scope
+            code = self.scopes.get(scopes[0])
+            return [] if code is None else [code]
+        return sorted({self.scopes[s] for s in scopes if s in self.scopes})
+
+    def _similar(self, sig: np.ndarray, base: np.ndarray, codes: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        if not codes:
+            return _NO_HITS
+        if len(codes) == 1:
+            keys = base + self._scope_terms[codes[0]]
+        else:
+            terms = np.array([self._scope_terms[c] for c in codes], dtype=np.uint64)
+            keys = (base[None, :] + terms[:, None]).ravel()
+        cands = self.bands.members(keys)
         if not len(cands):
-            return []
-        if scopes is not None:
-            codes = [self.scopes[s] for s in scopes if s in self.scopes]
-            cands = cands[np.isin(self.scope_code.data[cands], codes)]
-        cands = cands[self.alive.data[cands]]
+            return _NO_HITS
+        cands.sort()
+        where = self.live_scope.data[cands]  # -1 once removed
+        keep = where == codes[0] if len(codes) == 1 else np.isin(where, codes)
+        keep[1:] &= cands[1:] != cands[:-1]  # once each
+        cands = cands[keep]
         if not len(cands):
-            return []
-        hv = sig.hashvalues.astype(np.uint32)
-        sims = (self.signatures.data[cands] == hv).mean(axis=1)
-        order = np.lexsort((cands, -sims))
-        return [(int(cands[k]), float(sims[k])) for k in order]
+            return _NO_HITS
+        rows = self.signatures.data.view(self._row_dtype).ravel()[cands]  # whole rows: faster than [cands, :]
+        same, banded = self.scheme.match(rows.view(np.uint32).reshape(len(cands), -1), sig)
+        cands, same = cands[banded], same[banded]  # banded: drops what only a key collision brought
+        order = (-same.astype(np.int64)).argsort(kind="stable")  # cands ascend: ties stay older first
+        # same / num_perm is eq.mean(axis=1) bit for bit (an integer count over a power of two).
+        return cands[order].astype(np.int64), same[order] / self.config.num_perm
+
+    def signature_of_tokens(self, tokens: Iterable[str]) -> np.ndarray:
+        """The situation signature (hash values) of a free text's tokens (as a set)."""
+        feats = set(tokens)
+        return self.scheme.signature(np.fromiter(map(feature_hash, feats), dtype=np.uint32, count=len(feats)))
+
+    def text_signature(self, text: str) -> np.ndarray:
+        return self.signature_of_tokens(self.tokenize(text))
 
     def signature_of_text(self, text: str) -> MinHash:
-        return _minhash(sorted(set(tokenize(text, self.config.stem))), self.config.num_perm)
+        """The datasketch MinHash of a free text's token set."""
+        return self.scheme.minhash(self.text_signature(text))
+
+
+def _hash_values(sig: MinHash | np.ndarray) -> np.ndarray:
+    return np.asarray(getattr(sig, "hashvalues", sig)).astype(np.uint32, copy=False)
 
 
 def _norm_key(key: str, value: object) -> str:
@@ -567,4 +1002,3 @@ def _norm_key(key: str, value: object) -> str:
     if key in ("object", "person", "domain"):
         return text.lower()
     return text
-

@@ -44,6 +44,7 @@ extension cannot be installed offline, and a second index in a library such as `
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -94,12 +95,36 @@ class EdgeWeight:
     temporal: float
 
 
+@functools.lru_cache(maxsize=1 << 14)
+def _goal_words(goal: str) -> frozenset[str]:
+    """A goal's words (memoised: capture weighs up to five edges per memory, and goals repeat)."""
+    return frozenset(tokenize(goal))
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _things(names: tuple[str, ...]) -> frozenset[str]:
+    """A memory's objects and people, lower case (memoised, as goals)."""
+    return frozenset(x.lower() for x in names)
+
+
+def edge_parts(a: MemoryUnit, b: MemoryUnit) -> tuple[float, float, float, float]:
+    """(weight, shared, goal, temporal) of ``edge_weight``, as a tuple (capture weighs every edge)."""
+    x, y = _things((*a.objects, *a.people)), _things((*b.objects, *b.people))
+    union = x | y
+    shared = len(x & y) / len(union) if union else 0.0  # jaccard, inline
+    goal = 0.0
+    if a.goal and b.goal:
+        x, y = _goal_words(a.goal), _goal_words(b.goal)
+        union = x | y
+        goal = len(x & y) / len(union) if union else 0.0
+    temporal = math.exp(-abs((a.occurred_at - b.occurred_at).total_seconds()) / 3600.0 / TEMPORAL_TAU_HOURS)
+    return EDGE_SHARED * shared + EDGE_GOAL * goal + EDGE_TEMPORAL * temporal, shared, goal, temporal
+
+
 def edge_weight(a: MemoryUnit, b: MemoryUnit) -> EdgeWeight:
-    """``0.60 shared + 0.25 goal + 0.15 temporal`` between two memories."""
-    shared = jaccard({x.lower() for x in (*a.objects, *a.people)}, {x.lower() for x in (*b.objects, *b.people)})
-    goal = jaccard(set(tokenize(a.goal or "")), set(tokenize(b.goal or ""))) if a.goal and b.goal else 0.0
-    temporal = temporal_proximity(a.occurred_at, b.occurred_at)
-    weight = EDGE_SHARED * shared + EDGE_GOAL * goal + EDGE_TEMPORAL * temporal
+    """``0.60 shared + 0.25 goal + 0.15 temporal`` between two memories (``jaccard`` of objects and
+    people, ``jaccard`` of goal words, ``temporal_proximity``)."""
+    weight, shared, goal, temporal = edge_parts(a, b)
     return EdgeWeight(weight=weight, shared=shared, goal=goal, temporal=temporal)
 
 
@@ -367,7 +392,7 @@ def recall(index: MemoryIndex, query: str, agent: str, k: int = 10, filters: Map
     def readable(ix: np.ndarray) -> np.ndarray:
         return visible[ix]
 
-    tokens = tokenize(query, index.config.stem)
+    tokens = index.tokenize(query)  # = tokenize(query, index.config.stem)
     people = named_people(index, tokens)
     name_words = {w for p in people for w in p.split()}
     lexical_tokens = [t for t in tokens if t not in name_words] or tokens
@@ -381,12 +406,12 @@ def recall(index: MemoryIndex, query: str, agent: str, k: int = 10, filters: Map
     lex_top = _top(lex_ix, lex_score, FUSION_DEPTH)
 
     # Situation similarity: LSH candidates, and the estimate for the best lexical candidates.
-    qsig = index.signature_of_text(query)
-    lsh_hits = np.array([i for i, _ in index.similar_to_signature(qsig, scopes)], dtype=np.int64)
-    cand = np.union1d(lex_ix[lex_top], lsh_hits)
+    qsig = index.signature_of_tokens(tokens)  # = the query's signature_of_text
+    lsh_hits, _ = index.similar_signature_arrays(qsig, scopes)
+    cand = _union(lex_ix[lex_top], lsh_hits)
     if len(cand):
         cand = cand[readable(cand)]
-        sims = (index.signatures.data[cand] == qsig.hashvalues.astype(np.uint32)).mean(axis=1)
+        sims = (index.signatures.data[cand] == qsig).mean(axis=1)
         signals["lsh"] = (cand[sims > 0], sims[sims > 0])
 
     # Optional embedding: brute-force cosine over the readable memories.
@@ -423,7 +448,7 @@ def recall(index: MemoryIndex, query: str, agent: str, k: int = 10, filters: Map
     for name, (ix_, sc_) in signals.items():
         order = _top(ix_, sc_, FUSION_DEPTH)
         ranked[name] = (ix_[order], sc_[order])
-    pool = np.unique(np.concatenate([r[0] for r in ranked.values()] + [np.empty(0, dtype=np.int64)]))
+    pool = _union(*[r[0] for r in ranked.values()], np.empty(0, dtype=np.int64))
     if not len(pool):
         return Recall([], [], people, hints)
     last = np.maximum(index.last_access.data[pool], index.occurred.data[pool])
@@ -441,23 +466,41 @@ def recall(index: MemoryIndex, query: str, agent: str, k: int = 10, filters: Map
         agg = aggregate_scores(dict(zip(pool.tolist(), fused.tolist())), index.graph)
         fused = np.array([agg[i] for i in pool.tolist()])
     best = _top(pool, fused, k)
+    # Each hit's place in each signal's ranking (a ranking lists a memory once): one pass per signal.
+    places: dict[str, dict[int, tuple[int, float]]] = {}
+    for name in SIGNALS:
+        ix_, sc_ = ranked.get(name, (np.empty(0, dtype=np.int64), np.empty(0)))
+        at = np.isin(ix_, pool[best]).nonzero()[0]
+        places[name] = {m: (p, s) for m, p, s in zip(ix_[at].tolist(), at.tolist(), sc_[at].tolist())}
     hits = []
     for r, j in enumerate(best.tolist(), 1):
         i = int(pool[j])
         sig: dict[str, float] = {}
         rk: dict[str, int] = {}
         for name in SIGNALS:
-            ix_, sc_ = ranked.get(name, (np.empty(0, dtype=np.int64), np.empty(0)))
-            at = np.flatnonzero(ix_ == i)
-            sig[name] = float(sc_[at[0]]) if len(at) else 0.0
-            if len(at):
-                rk[name] = int(at[0]) + 1
+            place = places[name].get(i)
+            sig[name] = float(place[1]) if place is not None else 0.0
+            if place is not None:
+                rk[name] = place[0] + 1
         hits.append(Hit(memory_id=index.ids[i], rank=r, score=float(fused[j]), signals=sig, ranks=rk,
                         refs=list(index.refs[i]), unit=index.units[i]))
     accessed = [MemoryAccessed(schema_version=MEMORY_SCHEMA_VERSION, memory_id=h.memory_id, agent=agent,
                                query=query[:200], rank=h.rank, score=round(h.score, 9), accessed_at=now)
                 for h in hits]
     return Recall(hits, accessed, people, hints)
+
+
+def _union(*arrays: np.ndarray) -> np.ndarray:
+    """``np.union1d`` of any number of arrays: sorted distinct values (a sort: numpy's ``unique`` hashes,
+    several times slower on these sizes)."""
+    x = np.concatenate(arrays)
+    if len(x) > 1:
+        x.sort()
+        first = np.empty(len(x), dtype=bool)
+        first[0] = True
+        np.not_equal(x[1:], x[:-1], out=first[1:])
+        x = x[first]
+    return x
 
 
 def _top(ix: np.ndarray, score: np.ndarray, m: int) -> np.ndarray:
@@ -570,7 +613,7 @@ def _lexical(index: MemoryIndex, lexical_tokens: Sequence[str], all_tokens: Sequ
     nxt = index.next.data[cand].astype(np.int64)
     extra = np.concatenate([prev[prev >= 0], nxt[nxt >= 0]])
     extra = extra[readable(extra)] if len(extra) else extra
-    allc = np.union1d(cand, extra)
+    allc = _union(cand, extra)
     score = np.zeros(len(allc))
     score[np.searchsorted(allc, cand)] += bm25
     for nb in (prev, nxt):

@@ -118,6 +118,7 @@ from schemas.lifecycle import (
 
 DEFAULT_SCHEDULE = "0 3 * * *"
 SCHEDULE_ENV = "SOMNUS_SLEEP_SCHEDULE"
+SCHEDULE_OFF = "off"  # no scheduled runs: sleep only on demand (SleepRequested, ``somnus sleep``)
 
 HIPPOCAMPUS = "hippocampus"
 ATL = "atl"
@@ -174,9 +175,11 @@ class SleepConfig:
 
 
 def validate_schedule(schedule: str) -> str:
-    """The expression, if cron can read it; ``ValueError`` naming the problem otherwise."""
+    """The expression, if cron can read it (or ``off``); ``ValueError`` naming the problem otherwise."""
     from cronsim import CronSim, CronSimError  # local: optional until the lead adds cronsim
 
+    if schedule.strip().lower() == SCHEDULE_OFF:
+        return SCHEDULE_OFF
     try:
         CronSim(schedule, EPOCH)
     except CronSimError as exc:
@@ -240,6 +243,8 @@ def advance(clock: SleepClock, event_time: datetime, config: SleepConfig = Sleep
     _aware(event_time, "event_time")
     if clock.last_fired is None:
         return SleepClock(event_time.astimezone(timezone.utc)), [], 0
+    if config.schedule == SCHEDULE_OFF:
+        return clock, [], 0
     due, dropped = fire_times(config.schedule, clock.last_fired, event_time, tz=config.schedule_tz,
                               limit=config.max_catch_up)
     if not due:

@@ -101,10 +101,11 @@ async def _delete_topics(bootstrap: str, topics: list[str]) -> None:
 
 @contextlib.contextmanager
 def isolated_pipeline(home: Path | None = None, partitions: int = 4, label: str = "bench",
-                      log: Any = None, bootstrap: str | None = None) -> Iterator[tuple[Settings, str]]:
+                      log: Any = None, bootstrap: str | None = None, **overrides: Any
+                      ) -> Iterator[tuple[Settings, str]]:
     """A fresh pipeline on the local broker (started if needed): its own topics, consumer group,
     state folder and DuckDB file, with a worker and a projector running; removed afterwards
-    (``SOMNUS_BENCH_KEEP=1`` keeps the folder)."""
+    (``SOMNUS_BENCH_KEEP=1`` keeps the folder). ``overrides`` replace settings (e.g. ``sleep_schedule``)."""
     from streams.topics import ensure_topics
 
     base = Settings.resolve(home=home, bootstrap=bootstrap)
@@ -112,7 +113,7 @@ def isolated_pipeline(home: Path | None = None, partitions: int = 4, label: str 
     run_id = uuid.uuid4().hex[:8]
     work = Path(tempfile.mkdtemp(prefix=f"somnus-{label}-{run_id}-"))
     s = dataclasses.replace(base, home=work, db_path=work / f"{label}.duckdb", bootstrap=boot, partitions=partitions,
-                            topic_prefix=f"{label}-{run_id}.", app_id=f"somnus-{label}-{run_id}")
+                            topic_prefix=f"{label}-{run_id}.", app_id=f"somnus-{label}-{run_id}", **overrides)
     ensure_topics(s, boot)
     try:
         procs.spawn(s, boot, "projector")

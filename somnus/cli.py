@@ -741,11 +741,14 @@ app.add_typer(eval_app, name="eval")
 @eval_app.command("locomo")
 def eval_locomo(file: Path = typer.Argument(..., exists=True, dir_okay=False, help="LoCoMo JSON (locomo10 shape)."),
                 k: int = typer.Option(20, "-k", help="Memories asked for per question."),
+                sleep_schedule: str = typer.Option(
+                    "off", "--sleep-schedule",
+                    help="Scheduled sleep during the run (cron on stream time); off: the whole conversation is kept."),
                 home: Optional[Path] = HomeOpt, as_json: bool = typer.Option(False, "--json")) -> None:
     """Evidence recall@1/5/10/20 at turn level, overall and per category (1-4), via broker, worker and projector."""
     from somnus.evaluation import evaluate_locomo_pipeline
 
-    report = evaluate_locomo_pipeline(file, k=k, home=home, log=err)
+    report = evaluate_locomo_pipeline(file, k=k, home=home, log=err, sleep_schedule=sleep_schedule)
     if as_json:
         print(json.dumps(report))
         return

@@ -182,10 +182,16 @@ def evaluate_locomo(path: Path, embed: Callable[[Sequence[str]], np.ndarray] | N
 # ---- the real path ------------------------------------------------------------------------------
 
 def evaluate_locomo_pipeline(path: Path, k: int = 20, home: Path | None = None, log: Any = None,
-                             timeout_s: float = 900.0, bootstrap: str | None = None) -> dict[str, Any]:
+                             timeout_s: float = 900.0, bootstrap: str | None = None,
+                             sleep_schedule: str = "off") -> dict[str, Any]:
     """recall@k through the system itself: the importer's events are published to a fresh pipeline on
     the local broker (Faust worker -> memory topic -> projector capture fold), and every question is
-    asked of the running projector's recall endpoint. ``somnus eval locomo``."""
+    asked of the running projector's recall endpoint. ``somnus eval locomo``.
+
+    LoCoMo asks about a whole conversation (months of sessions) after all of it was heard, so
+    scheduled sleep is off by default: it would prune the unaccessed turns older than 7 days of
+    stream time, which is retention working as designed, not retrieval. Pass a cron expression to
+    measure recall with sleep on (``somnus eval locomo --sleep-schedule '0 3 * * *'``)."""
     import time
 
     from somnus.bench import isolated_pipeline
@@ -195,7 +201,8 @@ def evaluate_locomo_pipeline(path: Path, k: int = 20, home: Path | None = None, 
 
     conversations = load_locomo(path)
     events = list(locomo(Path(path)))
-    with isolated_pipeline(home, label="eval", log=log, bootstrap=bootstrap) as (s, boot):
+    with isolated_pipeline(home, label="eval", log=log, bootstrap=bootstrap,
+                           sleep_schedule=sleep_schedule) as (s, boot):
         t0 = time.perf_counter()
         publish(events, boot, s.traces_topic)
         deadline = time.monotonic() + timeout_s
@@ -216,6 +223,7 @@ def evaluate_locomo_pipeline(path: Path, k: int = 20, home: Path | None = None, 
         counts = read(db, "sql", sql="SELECT (SELECT count(*) FROM memories), (SELECT count(*) FROM memory_merges), "
                                      "(SELECT count(*) FROM memory_edges), (SELECT count(*) FROM events)")["rows"][0]
     report.update({"path": "import -> Kafka -> Faust worker -> memory topic -> projector capture -> HTTP recall",
+                   "sleep_schedule": sleep_schedule,
                    "events": len(events), "memories": counts[0], "merged": counts[1], "edges": counts[2],
                    "ingest_s": round(ingest_s, 1), "recall_ms_mean": round(1000 * asked_s / max(report["questions"], 1), 2)})
     return report

@@ -192,6 +192,43 @@ def test_replaying_the_log_rebuilds_the_same_state_and_deciding_again_the_same_l
     assert msgspec.json.encode(log3) == raw
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.sampled_from(["deploy", "billing", "helm", "timeout", "invoice", "retry"]),
+                                   min_size=1, max_size=5),
+                          st.sampled_from(["a", "b"]), st.integers(0, 180), st.booleans(),
+                          st.sampled_from([None, "ship billing", "fix helm"]), st.lists(st.sampled_from(["ops", "x"]),
+                                                                                      max_size=2)),
+                min_size=1, max_size=25),
+       st.integers(1, 9))
+def test_capture_decides_what_deciding_unit_by_unit_decides(items, batch):
+    """capture analyses its batch ahead (vectorised) and reuses each analysis in similar and add: the
+    log is the one decide + apply give, unit by unit, and whatever the batching."""
+    units = [unit(f"m{i}", " ".join(words), agent=agent, at=T0 + timedelta(minutes=minutes), run_id=f"r{i % 4}",
+                  position=i, user_interaction=ui, goal=goal, people=people, kind=MemoryKind.MESSAGE)
+             for i, (words, agent, minutes, ui, goal, people) in enumerate(items)]
+    units.append(units[0])  # redelivered
+    plain = MemoryState()
+    expected: list[MemoryEvent] = []
+    for u in units:
+        for ev in decide(plain, u, T0):
+            apply(plain, ev)
+            expected.append(ev)
+    state, got = MemoryState(), []
+    for k in range(0, len(units), batch):
+        state, out = capture(state, units[k:k + batch], T0)
+        got += out
+    assert msgspec.json.encode(got) == msgspec.json.encode(expected)
+    assert snapshot(state) == snapshot(plain) and not state.index._prepared
+
+
+@given(st.one_of(st.floats(allow_nan=True), st.floats(-1e-9, 1e-9), st.floats(1 - 1e-9, 1 + 1e-9),
+                 st.sampled_from([0.0, -0.0, 1.0, 5e-10, -5e-10, 1.0000000005, float("inf"), -float("inf")])))
+def test_logged_numbers_are_clamped_to_the_unit_interval_and_rounded_to_9_places(x):
+    got = M._r(x)
+    expected = round(min(1.0, max(0.0, x)), 9)  # the definition
+    assert msgspec.json.encode(got) == msgspec.json.encode(expected) and 0.0 <= got <= 1.0
+
+
 def test_forgetting_cleans_edges_and_compressing_keeps_the_memory():
     state, log = capture(MemoryState(), units_for_replay(), now=T0)
     ix = state.index

@@ -24,6 +24,7 @@ from processors.memory_index import (
     fingerprint,
     ngram_fingerprints,
     tokenize,
+    unit_text,
 )
 from processors.recall import (
     EdgeWeight,
@@ -184,14 +185,45 @@ def test_tokenize_lowercases_drops_punctuation_and_stop_words_and_keeps_identifi
     assert tokenize("hat030 running", stem=lambda w: w[:3]) == ["hat030", "run"]  # identifiers are not stemmed
 
 
-def test_fingerprints_are_48_bit_blake2b_of_unigrams_bigrams_trigrams():
+def blake48(text: str) -> int:
     import hashlib
 
-    assert fingerprint("kitchen table") == int.from_bytes(hashlib.blake2b(b"kitchen table", digest_size=6).digest(),
-                                                          "big")
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=6).digest(), "big")
+
+
+def rolling48(*words: str) -> int:
+    """An n-gram's fingerprint by hand, in Python integers: the rolling hash (mod 2^64) of its words'
+    blake2b fingerprints, plus the salt of n, times the mixer, top 48 bits."""
+    m64 = (1 << 64) - 1
+    roll = blake48(words[0])
+    for w in words[1:]:
+        roll = (roll * 0x9E3779B97F4A7C15 + blake48(w)) & m64
+    salt = {2: 0x2545F4914F6CDD1D, 3: 0x94D049BB133111EB}[len(words)]
+    return (((roll + salt) & m64) * 0xBF58476D1CE4E5B9 & m64) >> 16
+
+
+def test_fingerprints_are_48_bit_blake2b_of_words_and_rolling_hashes_of_ngrams():
+    # A word's fingerprint is its blake2b; an n-gram's is derived from its words' (vectorised in the
+    # index; the definition changed from blake2b of the n-gram's text, which cost one hash per n-gram:
+    # only equality matters, and the collision rate is the same 2^-48).
+    assert fingerprint("kitchen") == blake48("kitchen") < 2 ** 48
+    assert fingerprint("kitchen table") == rolling48("kitchen", "table") < 2 ** 48
+    assert fingerprint("clean kitchen table") == rolling48("clean", "kitchen", "table")
+    assert fingerprint("kitchen table") != fingerprint("table kitchen")
     uni, grams = ngram_fingerprints(["a", "b", "a", "c"])
     assert uni == {fingerprint("a"): 2, fingerprint("b"): 1, fingerprint("c"): 1}
-    assert set(grams) == {fingerprint(g) for g in ("a b", "b a", "a c", "a b a", "b a c")}
+    assert grams == {fingerprint(g): 1 for g in ("a b", "b a", "a c", "a b a", "b a c")}
+    assert ngram_fingerprints(["a", "b", "a", "b"])[1] == {fingerprint("a b"): 2, fingerprint("b a"): 1,
+                                                           fingerprint("a b a"): 1, fingerprint("b a b"): 1}
+    with pytest.raises(ValueError):
+        fingerprint("one two three four")
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.sampled_from(["a", "b", "c", "dd", "e.f", "g_h"]), min_size=1, max_size=3), min_size=2,
+                max_size=40, unique_by=tuple))
+def test_different_ngrams_have_different_fingerprints(grams):
+    assert len({fingerprint(" ".join(g)) for g in grams}) == len(grams)
 
 
 def test_postings_give_the_same_answers_whatever_the_segment_layout():
@@ -223,6 +255,136 @@ def test_merged_segments_drop_the_postings_of_removed_memories():
     ix.postings.flush()
     _, members, _ = ix.postings.gather(np.array([fingerprint("alpha")], dtype=np.uint64))
     assert 0 not in set(members.tolist()) and len(members) == 39
+
+
+# ---- situation signatures and the LSH (datasketch's, computed faster) ----------------------------
+
+SITUATION_WORDS = ["deploy", "billing", "helm", "timeout", "invoice", "refund", "retry", "staging"]
+
+
+def situations(draw_words: list[list[str]], scopes: list[int], weeks: list[int], tools: list[int]) -> list[MemoryUnit]:
+    return [unit(f"m{i}", " ".join(words), agent=f"a{sc}", at=T0 + timedelta(weeks=wk),
+                 tools=[["helm", "kubectl", "curl"][t]] if t < 3 else [], kind=MemoryKind.MESSAGE if i % 2 else
+                 MemoryKind.EPISODE, action="helm > kubectl > helm" if t == 1 else "", outcome="failure" if t == 2 else "")
+            for i, (words, sc, wk, t) in enumerate(zip(draw_words, scopes, weeks, tools))]
+
+
+situation_lists = st.integers(2, 30).flatmap(lambda n: st.tuples(
+    st.lists(st.lists(st.sampled_from(SITUATION_WORDS), min_size=0, max_size=6), min_size=n, max_size=n),
+    st.lists(st.integers(0, 2), min_size=n, max_size=n), st.lists(st.integers(0, 1), min_size=n, max_size=n),
+    st.lists(st.integers(0, 3), min_size=n, max_size=n)))
+
+
+def datasketch_minhash(features: list[str], num_perm: int = 64) -> Any:
+    from datasketch import MinHash
+
+    m = MinHash(num_perm=num_perm, seed=1)
+    m.update_batch([f.encode() for f in features])
+    return m
+
+
+@settings(max_examples=40, deadline=None)
+@given(situation_lists)
+def test_signatures_are_datasketch_minhash_hash_values(drawn):
+    from processors.memory_index import situation_features
+
+    units = situations(*drawn)
+    single, batched = MemoryIndex(), MemoryIndex()
+    batched.prepare(units)
+    for u in units:
+        expected = datasketch_minhash(situation_features(u, tokenize(unit_text(u)))).hashvalues
+        np.testing.assert_array_equal(single._analyse(u).sig, expected)
+        np.testing.assert_array_equal(batched._analyse(u).sig, expected)
+    text = " ".join(units[0].perception.split()[::-1]) or "nothing"
+    sig = single.signature_of_text(text)
+    assert type(sig).__name__ == "MinHash" and sig == datasketch_minhash(sorted(set(tokenize(text))))
+
+
+@settings(max_examples=40, deadline=None)
+@given(situation_lists)
+def test_a_prepared_batch_is_analysed_as_unit_by_unit(drawn):
+    from projections.memory import stemmer
+
+    units = situations(*drawn)
+    units[0] = msgspec.structs.replace(units[0], perception="Caroline's running dogs, api.x.io D1:3 " * 3)
+    for stem in (None, stemmer()):
+        single, batched = MemoryIndex(IndexConfig(stem=stem)), MemoryIndex(IndexConfig(stem=stem))
+        batched.prepare(units)
+        for u in units:
+            a, b = single._analyse(u), batched._analyse(u)
+            assert single.tokenize(u.perception) == tokenize(u.perception, stem)
+            assert (a.doc_len, a.fp_count) == (b.doc_len, b.fp_count)
+            assert dict(zip(a.fps.tolist(), a.tf.tolist())) == dict(zip(b.fps.tolist(), b.tf.tolist()))
+            np.testing.assert_array_equal(a.sig, b.sig)
+            np.testing.assert_array_equal(a.band_base, b.band_base)
+
+
+@pytest.mark.parametrize(("num_perm", "threshold"), [(64, 0.5), (64, 0.7), (64, 0.2), (64, 0.3), (32, 0.5)])
+@settings(max_examples=25, deadline=None)
+@given(drawn=situation_lists, removed=st.sets(st.integers(0, 29), max_size=5))
+def test_lsh_candidates_are_minhash_lsh_query_results(num_perm, threshold, drawn, removed):
+    """Every (num_perm, threshold) datasketch bands into 4 (the default, packed path), 8 and 2 rows
+    (packed), 3 rows and 32 permutations (the general path): the candidates are exactly what
+    MinHashLSH.query returns (live, in scope), and the similarities MinHash.jaccard."""
+    from datasketch import MinHashLSH
+
+    from processors.memory_index import situation_features
+
+    units = situations(*drawn)
+    ix = MemoryIndex(IndexConfig(num_perm=num_perm, lsh_threshold=threshold))
+    lsh = MinHashLSH(threshold=threshold, num_perm=num_perm)
+    sketches = []
+    for i, u in enumerate(units):
+        ix.add(u)
+        sketches.append(datasketch_minhash(situation_features(u, tokenize(unit_text(u))), num_perm))
+        lsh.insert(i, sketches[-1])
+        ix.bands.flush() if i % 7 == 3 else None  # segments and buffer both
+    for i in sorted(removed):
+        if i < len(units):
+            ix.remove(i)
+            lsh.remove(i)
+    for q, scopes in [(units[0], [units[0].scope]), (units[-1], None), (units[1], ["agent:a0", "agent:a2", "none"])]:
+        expected = sorted((-sketches_q.jaccard(sketches[j]), j) for sketches_q in [datasketch_minhash(
+            situation_features(q, tokenize(unit_text(q))), num_perm)] for j in lsh.query(sketches_q)
+            if scopes is None or units[j].scope in scopes)
+        assert ix.similar(q, scopes) == [(j, -s) for s, j in expected]
+
+
+@settings(max_examples=25, deadline=None)
+@given(situation_lists)
+def test_band_key_collisions_never_add_a_candidate(drawn):
+    """Band keys are 64-bit hashes of (scope, band): candidates are checked on the signatures (a band
+    wholly equal, the scope one asked for). With every key colliding, the answers stay the same."""
+    from processors.memory_index import SignatureScheme
+
+    class Colliding(SignatureScheme):
+        def band_base(self, sigs: np.ndarray) -> np.ndarray:
+            return np.zeros((*sigs.shape[:-1], self.bands), dtype=np.uint64)
+
+        def scope_term(self, code: int) -> np.uint64:
+            return np.uint64(0)
+
+    units = situations(*drawn)
+    honest, colliding = MemoryIndex(), MemoryIndex()
+    colliding.scheme = Colliding(64, 0.5)
+    for u in units:
+        honest.add(u)
+        colliding.add(u)
+    everyone = colliding.bands.members(colliding.scheme.band_base(honest.signatures.data[0]))
+    assert sorted(set(everyone.tolist())) == list(range(len(units)))  # every key holds every memory
+    for q in units[:5]:
+        for scopes in ([q.scope], None, ["agent:a1", "agent:a2"]):
+            assert colliding.similar(q, scopes) == honest.similar(q, scopes)
+
+
+def test_band_keys_of_one_scope_never_reach_another():
+    a = unit("a", "deploy billing helm", agent="x")
+    b = unit("b", "deploy billing helm", agent="y")
+    ix = index_of(a, b)
+    assert [j for j, _ in ix.similar(a, ["agent:x"])] == [0] and [j for j, _ in ix.similar(a, ["agent:y"])] == [1]
+    assert [j for j, _ in ix.similar(a)] == [0, 1] and ix.similar(a, ["agent:z"]) == []
+    ix.remove(0)
+    assert ix.similar(a, ["agent:x"]) == [] and [j for j, s in ix.similar(a)] == [1]
 
 
 # ---- the multi-key index ------------------------------------------------------------------------

@@ -529,6 +529,17 @@ def test_schedule_validation_and_naive_times() -> None:
         plan_sleep(SleepInputs(frame([mem("m")])), now=datetime(2024, 5, 2))
 
 
+def test_schedule_off_never_fires_but_the_clock_still_starts() -> None:
+    assert validate_schedule(" OFF ") == "off"
+    config = SleepConfig(schedule=validate_schedule("off"))
+    clock, due, _ = advance(SleepClock(), utc(2024, 5, 1), config)
+    assert clock.last_fired == utc(2024, 5, 1) and due == []
+    later, due, dropped = advance(clock, utc(2024, 9, 1), config)
+    assert (later, due, dropped) == (clock, [], 0)
+    # the same span under the default schedule would have fired (so the test can fail)
+    assert advance(clock, utc(2024, 9, 1), SleepConfig())[1]
+
+
 # --- dreaming inside the run, reviews and the report --------------------------------------------
 
 

@@ -6,9 +6,10 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
+from aiokafka import TopicPartition
 from faust.types import TP
 
-from streams.liveness import PartitionWatchdog
+from streams.liveness import PartitionWatchdog, position_known
 
 TRACES = TP("traces", 0)
 OTHER = TP("other", 0)
@@ -109,3 +110,28 @@ def test_a_commit_that_crawls_behind_a_static_read_offset_is_rewound_too():
         consumer._committed_offset[TRACES] = 317 + t
         _check(dog, float(t))
     assert consumer.seeks == [{TRACES: 332}]
+
+
+def _thread_with(states: dict[TopicPartition, Any] | None) -> Any:
+    assignment = None if states is None else SimpleNamespace(state_value=states.get)
+    subscription = SimpleNamespace(assignment=assignment)
+    consumer = SimpleNamespace(_fetcher=SimpleNamespace(_subscriptions=SimpleNamespace(subscription=subscription)))
+    return SimpleNamespace(_ensure_consumer=lambda: consumer)
+
+
+def test_the_livelock_check_skips_partitions_without_a_position() -> None:
+    # aiokafka's TopicPartitionState.position asserts while a new assignment awaits its reset: the
+    # crash seen when a worker took over the partitions of a SIGKILLed one
+    from aiokafka.consumer.subscription_state import TopicPartitionState
+
+    async def run() -> None:  # the state makes a future: it needs a running loop
+        fresh = TopicPartitionState(assignment=None)
+        placed = TopicPartitionState(assignment=None)
+        placed.reset_to(42)
+        tp, aiotp = TRACES, TopicPartition(TRACES.topic, TRACES.partition)
+        assert not position_known(_thread_with({aiotp: fresh}), tp)
+        assert position_known(_thread_with({aiotp: placed}), tp)
+        assert not position_known(_thread_with({}), tp)
+        assert not position_known(_thread_with(None), tp)
+
+    asyncio.run(run())

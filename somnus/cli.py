@@ -799,6 +799,17 @@ def bench_context(units: int = typer.Option(100_000, "--units"), queries: int = 
     _emit(run_context(units=units, queries=queries), as_json)
 
 
+@bench_app.command("sleep")
+def bench_sleep(units: int = typer.Option(1_000_000, "--units"), agents: int = typer.Option(1000, "--agents"),
+                repeat: int = typer.Option(1, "--repeat", help="Runs; the figures are their medians."),
+                as_json: bool = typer.Option(False, "--json")) -> None:
+    """One deep sleep over N memory units captured by the memory fold: seconds, decisions, store bytes before/after."""
+    from somnus.bench import run_sleep
+
+    _emit(_medians([run_sleep(units=units, agents=agents) for _ in range(repeat)],
+                   ("build_s", "sleep_s", "plan_apply_s", "write_s")), as_json)
+
+
 @bench_app.command("scn")
 def bench_scn(memories: int = typer.Option(10_000, "--memories"), as_json: bool = typer.Option(False, "--json")) -> None:
     """Bytes of the SCN temporal index for N episodes of the sample fleet."""

@@ -20,11 +20,20 @@ def test_predict_scn_recall_and_context_benches_report_their_figures():
     assert ctx["buffer_adds"] == 120 and ctx["context_p95_ms"] > 0
 
 
+def test_sleep_bench_runs_a_real_sleep_and_reports_the_store_before_and_after():
+    got = bench.run_sleep(units=1500, agents=10)
+    assert got["units"] == 1500 and got["memories_before"] == got["live_memories"] > 0
+    assert got["memories_after"] == got["memories_before"] - got["pruned"] == got["kept"] + got["compressed"]
+    assert got["pruned"] > 0 and got["compressed"] > 0  # 60 days of episodes, 150 per agent over a cap of 50
+    assert got["bytes_after"] < got["bytes_before"] and got["lifecycle_rows"] > got["pruned"]
+    assert got["forgotten_events"] == got["pruned"] + got["compressed"]
+
+
 def test_every_bench_command_has_its_runner():
     from somnus import cli
 
     names = {c.name for c in cli.bench_app.registered_commands}
-    assert names == {"e2e", "facts-query", "predict", "scn", "recall", "context", "briefing"}
+    assert names == {"e2e", "facts-query", "predict", "scn", "recall", "context", "briefing", "sleep"}
     for runner in ("run_e2e", "run_fact_query", "run_predict", "run_scn_footprint", "run_recall", "run_context",
-                   "run_briefing"):
+                   "run_briefing", "run_sleep"):
         assert callable(getattr(bench, runner))

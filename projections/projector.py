@@ -111,6 +111,8 @@ class Projector:
                                                   self.settings.max_event_bytes, seen)
                 stored.update(res.offsets)
                 self._add(res)
+                if res.scheduled_sleeps:
+                    await self._request_promotion(con, res.scheduled_sleeps)
                 done += len(records)
                 if on_progress:
                     on_progress(done, total)
@@ -123,6 +125,30 @@ class Projector:
                 await self._producer.stop()
             await consumer.stop()
             con.close()
+
+    async def _request_promotion(self, con: duckdb.DuckDBPyConnection, runs: list[tuple[str, Any]]) -> None:
+        """Phase 2 of a scheduled deep sleep: a promotion request on the semantic topic for each run just
+        committed (as ``somnus sleep`` publishes after its sleep request). Its id ``sleep:<run_id>``
+        makes the semantic fold run it once, however often it is published (a rebuild that serves
+        publishes again). Without a producer (a replay that does not serve) nothing is published:
+        the requests on the topic are the record."""
+        if self._producer is None:
+            return
+        import msgspec
+
+        from projections.semantic import KIND_PROMOTE, promotion_inputs
+
+        async with self.write_lock:
+            inputs = await asyncio.to_thread(promotion_inputs, con.cursor(), "global")
+        for run_id, at in runs:
+            req = msgspec.structs.replace(inputs, at=at, request_id=f"sleep:{run_id}")
+            try:
+                await self._producer.send_and_wait(self.topics.semantic, encode(req), key=b"global", partition=0,
+                                                   headers=[("somnus-kind", KIND_PROMOTE)])
+            except Exception as exc:  # logged, not fatal: `somnus consolidate` can request it again
+                log.error("could not request promotion after sleep run %s: %r", run_id, exc)
+            else:
+                log.info("sleep run %s at %s: promotion requested (%d candidate links)", run_id, at, len(req.links))
 
     def _add(self, res: BatchResult) -> None:
         t = self.totals
@@ -149,7 +175,7 @@ class Projector:
         service = api.ReadService(con.cursor(), seen.agents, briefings=seen.briefings.current, episodic=seen.memory,
                                   semantic=seen.semantic, top_facts=seen.top_facts)
         producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all", enable_idempotence=True,
-                                    linger_ms=5)
+                                    linger_ms=5, max_request_size=8 << 20)
         await producer.start()
         self._producer = producer
         pending: set[asyncio.Future[Any]] = set()

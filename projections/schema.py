@@ -90,6 +90,9 @@ CREATE TABLE IF NOT EXISTS working_memory (
 CREATE TABLE IF NOT EXISTS semantic_log (
     ord BIGINT NOT NULL PRIMARY KEY, owner VARCHAR NOT NULL, kind VARCHAR NOT NULL, body JSON NOT NULL,
     src_offset BIGINT NOT NULL);
+CREATE TABLE IF NOT EXISTS semantic_requests (
+    request_id VARCHAR NOT NULL PRIMARY KEY, owner VARCHAR NOT NULL, requested_at TIMESTAMPTZ NOT NULL,
+    src_offset BIGINT NOT NULL);
 CREATE TABLE IF NOT EXISTS concepts (
     owner VARCHAR NOT NULL, concept_id VARCHAR NOT NULL, name VARCHAR NOT NULL, category VARCHAR NOT NULL,
     definition VARCHAR, provenance VARCHAR NOT NULL, reinforcement_count BIGINT NOT NULL, confidence DOUBLE NOT NULL,
@@ -207,6 +210,7 @@ CONTENT_COLUMNS: dict[str, list[str]] = {
     "memory_access": ["memory_id", "agent", "query", "rank", "score", "accessed_at"],
     "working_memory": ["session_key", "agent", "session_id", "user_id", "closed", "last_seq", "tokens", "state"],
     "semantic_log": ["ord", "owner", "kind", "body"],
+    "semantic_requests": ["request_id", "owner", "requested_at", "src_offset"],
     "concepts": ["owner", "concept_id", "name", "category", "definition", "provenance", "reinforcement_count",
                  "confidence", "properties", "source_episode_ids", "updated_at"],
     "concept_relationships": ["owner", "source_id", "relation", "target_id", "weight", "metadata", "formed_at"],

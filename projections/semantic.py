@@ -51,6 +51,9 @@ class PromotionRequested(msgspec.Struct, frozen=True, kw_only=True):
     at: datetime  # event time the promotion runs at
     links: list[CausalLinkView] = []
     calls: list[CallOutcome] = []
+    # A request that may be published more than once (the projector's request after a scheduled
+    # sleep run: ``sleep:<run_id>``) runs once; None: every copy runs (``somnus consolidate``).
+    request_id: str | None = None
 
 
 _ingest_decoder = msgspec.json.Decoder(KnowledgeIngested)
@@ -61,10 +64,12 @@ class SemanticProjection:
     def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
         self.layers: dict[str, MemoryLayers] = {}
         self.next_ord = 0
+        self.requests: set[str] = set()
         self.reload(con)
 
     def reload(self, con: duckdb.DuckDBPyConnection) -> None:
         self.layers = {}
+        self.requests = {r for (r,) in con.execute("SELECT request_id FROM semantic_requests").fetchall()}
         rows = con.execute("SELECT body FROM semantic_log ORDER BY ord").fetchall()
         for (body,) in rows:
             ev = decode_semantic(body.encode() if isinstance(body, str) else body)
@@ -81,15 +86,26 @@ class SemanticProjection:
         """Fold ``(kind, record)`` pairs in order; write the events they made (caller's transaction).
         Returns how many, and the owners (scopes) whose memory changed."""
         events: list[tuple[SemanticEvent, int]] = []
+        requests: list[dict[str, Any]] = []
         for kind, rec in records:
             if kind == KIND_INGEST:
                 req = _ingest_decoder.decode(rec.value)
                 made = ingest_knowledge(self._owner(req.owner), req.concepts, req.source, req.at)
             elif kind == KIND_PROMOTE:
-                made = self.promote(_promote_decoder.decode(rec.value))
+                preq = _promote_decoder.decode(rec.value)
+                if preq.request_id is not None:
+                    if preq.request_id in self.requests:
+                        continue  # a copy of a request already run
+                    self.requests.add(preq.request_id)
+                    requests.append({"request_id": preq.request_id, "owner": preq.owner, "requested_at": preq.at,
+                                     "src_offset": rec.offset})
+                made = self.promote(preq)
             else:
                 continue
             events += [(ev, rec.offset) for ev in made]
+        if requests:
+            frame = pa.Table.from_pylist(requests)  # noqa: F841
+            con.execute("INSERT INTO semantic_requests SELECT * FROM frame")
         if events:
             self._insert(con, events)
         return len(events), {ev.owner for ev, _ in events}

@@ -85,6 +85,9 @@ class SleepJob:
         self.max_episodes = dict(max_episodes)
         self.state = load_state(con)
         self.pending_rows: dict[str, list[dict[str, Any]]] = {"lifecycle_log": [], "sleep_runs": []}
+        # Scheduled runs completed in the batch being written: (run_id, at). After the batch commits
+        # the projector requests promotion for each (phase 2; ``take_scheduled``).
+        self.scheduled: list[tuple[str, datetime]] = []
 
     def due(self, event_time: datetime) -> list[datetime]:
         """Advance the clock to a record's event time; the fire times passed (runs to do first)."""
@@ -122,6 +125,8 @@ class SleepJob:
                     "bytes_before": r.bytes_before, "bytes_after": r.bytes_after,
                     "fiedler": r.fiedler.largest_component, "report": msgspec.json.encode(r).decode()})
                 self.state.watermark = ev.watermark
+                if trigger is SleepTrigger.SCHEDULE:
+                    self.scheduled.append((ev.run_id, ev.at))
                 self.state.fiedler_history = [*self.state.fiedler_history, float(r.fiedler.largest_component)][-50:]
         return forgotten
 
@@ -140,6 +145,12 @@ class SleepJob:
         self.state = load_state(con)
         for rows in self.pending_rows.values():
             rows.clear()
+        self.scheduled.clear()
+
+    def take_scheduled(self) -> list[tuple[str, datetime]]:
+        """The scheduled runs committed since the last call (call after the batch commits)."""
+        runs, self.scheduled = self.scheduled, []
+        return runs
 
 
 def now_utc() -> datetime:  # the CLI's default event time for an on-demand run

@@ -69,6 +69,7 @@ class BatchResult:
     memory_events: int = 0
     semantic_events: int = 0
     skipped_invalid: int = 0  # invalid traces: the worker dead-letters them
+    scheduled_sleeps: list[tuple[str, Any]] = field(default_factory=list)  # (run_id, at) committed in the batch
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)
 
 
@@ -250,6 +251,8 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
         raise
     seen.episodes |= new_episodes
     seen.dead_letters |= new_dead
+    if memory_records and seen.memory.sleep is not None:
+        res.scheduled_sleeps = seen.memory.sleep.take_scheduled()
     if scopes:
         seen.top_facts.refresh(con, sorted(scopes))
     seen.causal.committed()

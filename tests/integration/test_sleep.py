@@ -3,6 +3,7 @@ plot, and a replay that reaches the same decisions."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -16,11 +17,13 @@ from tests.pipeline import Pipeline, wait_until
 
 pytestmark = pytest.mark.integration
 
-SLEEP_TABLES = ("lifecycle_log", "sleep_runs", "memory_log", "memories")
+SLEEP_TABLES = ("lifecycle_log", "sleep_runs", "memory_log", "memories", "semantic_requests", "semantic_log",
+                "concepts", "promotion_audit")
 
 
 def test_sleep_on_demand_decides_reports_and_replays_the_same(pipeline_settings, tmp_path):
-    p = Pipeline(pipeline_settings)
+    # hourly: the sample fleet's eight hours pass several fire times (each then requests promotion)
+    p = Pipeline(dataclasses.replace(pipeline_settings, sleep_schedule="0 * * * *"))
     db = p.s.db_path
     env = {**p.s.as_env(), "KAFKA_BOOTSTRAP": p.boot}
     cli = [sys.executable, "-m", "somnus.cli"]
@@ -36,6 +39,12 @@ def test_sleep_on_demand_decides_reports_and_replays_the_same(pipeline_settings,
         wait_until(lambda: read(db, "sql", sql="SELECT count(*) FROM sleep_runs WHERE trigger = 'on_demand'")
                    ["rows"][0][0] == 1, timeout_s=60, what="the on-demand sleep run")
         p.wait_idle()
+        scheduled = read(db, "sql", sql="SELECT 'sleep:' || run_id FROM sleep_runs WHERE trigger = 'schedule' "
+                                        "ORDER BY run_at")["rows"]
+        assert len(scheduled) >= 3
+        # phase 2 of each scheduled run: the projector's promotion request, run once by the semantic fold
+        wait_until(lambda: read(db, "sql", sql="SELECT request_id FROM semantic_requests ORDER BY requested_at")
+                   ["rows"] == scheduled, timeout_s=60, what="a promotion request per scheduled run")
         decided = dict(read(db, "sql", sql="SELECT kind, count(*) FROM lifecycle_log GROUP BY 1")["rows"])
         assert decided.get("SleepCompleted") and decided.get("MemoryCompressed", 0) + decided.get("MemoryPruned", 0) > 0
         report = json.loads(subprocess.run(cli + ["sleep", "--report", "--json"], env=env, capture_output=True,

@@ -31,7 +31,8 @@ class AgentSpec(msgspec.Struct, frozen=True, rename="camel", forbid_unknown_fiel
     briefing_enabled: bool = True
     briefing_token_budget: Annotated[int, msgspec.Meta(ge=0)] = 2000
     learning_rate: LearningRate = LearningRate.MODERATE
-    knowledge_scopes: list[str] = []
+    # other teams to read: "x" or "team:x" (no spaces; an empty name would be a scope nobody writes)
+    knowledge_scopes: list[Annotated[str, msgspec.Meta(pattern=r"^(team:)?[^\s:]+$")]] = []
 
 
 class AgentFileError(ValueError):
@@ -101,7 +102,8 @@ def scope_chain(agents: dict[str, AgentSpec], name: str) -> list[str]:
     """The scopes an agent reads, narrowest first: its own, its team, extra ``knowledgeScopes``, global.
 
     A team is the agents sharing one ``reportsTo`` (scope ``team:<reportsTo>``); an agent without
-    ``reportsTo`` has no team. ``knowledgeScopes`` names other teams (``team:x`` or just ``x``).
+    ``reportsTo`` has no team (issue 3), so a lead reads its reports' team scope only if it names it
+    in ``knowledgeScopes``. ``knowledgeScopes`` names other teams (``team:x`` or just ``x``).
     An agent that is not declared reads its own scope and global only.
 
     >>> agents = {"lead": AgentSpec(name="lead"), "a": AgentSpec(name="a", reports_to="lead",

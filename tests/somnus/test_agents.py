@@ -213,6 +213,9 @@ def test_the_body_may_contain_horizontal_rules(tmp_path):
     ("name: a\nknowledgeScopes: [1, 2]", "knowledgeScopes", "Expected `str`"),
     ("name: a\nknowledgeScopes: {a: b}", "knowledgeScopes", "Expected `array`"),
     ("name: a\nknowledgeScopes: null", "knowledgeScopes", "Expected `array`"),
+    ('name: a\nknowledgeScopes: [""]', "knowledgeScopes[0]", "matching regex"),
+    ('name: a\nknowledgeScopes: [ops, "team:"]', "knowledgeScopes[1]", "matching regex"),
+    ('name: a\nknowledgeScopes: ["data team"]', "knowledgeScopes[0]", "matching regex"),
 ])
 def test_every_field_rejects_values_of_the_wrong_kind(tmp_path, front, field, why):
     path = agent_file(tmp_path, "bad.md", front)

@@ -516,7 +516,7 @@ def run_briefing(agents: int = 10_000, rate: float = 1000.0, duration_s: float =
     import urllib.request
     from datetime import datetime, timezone
 
-    from somnus.client import publish
+    from somnus.client import Publisher, publish
     from somnus.reads import read, status
     from somnus.sample import generate
 
@@ -534,6 +534,7 @@ def run_briefing(agents: int = 10_000, rate: float = 1000.0, duration_s: float =
         port = json.loads(Path(f"{db}.projector.json").read_text())["port"]
         stop = threading.Event()
         sent = [0]
+        runtime = Publisher(boot, s.traces_topic)  # one producer, as a runtime keeps one
 
         def load() -> None:  # the sample fleet at `rate` events/s, in 0.1 s slices
             events = generate(events=int(rate * duration_s * 1.5), seed=3)
@@ -543,7 +544,7 @@ def run_briefing(agents: int = 10_000, rate: float = 1000.0, duration_s: float =
                 chunk = [e for _, e in zip(range(per), events)]
                 if not chunk:
                     return
-                publish(chunk, boot, s.traces_topic)
+                runtime.send(chunk)
                 sent[0] += len(chunk)
                 time.sleep(max(0.0, 0.1 - (time.monotonic() - t)))
 
@@ -566,8 +567,9 @@ def run_briefing(agents: int = 10_000, rate: float = 1000.0, duration_s: float =
             if n_probe < probes and now >= probe_at and time.monotonic() < t_end:
                 agent_p = f"agent-{rng.randrange(agents):05d}"
                 marker = f"probe marker {uuid.uuid4().hex[:10]}"
-                publish(_probe_session(agent_p, n_probe + 1, marker, t_start), boot, s.traces_topic)
-                pending[marker] = (agent_p, time.monotonic())
+                t_probe = time.monotonic()  # from the publish call: the acknowledgement is part of it
+                runtime.send(_probe_session(agent_p, n_probe + 1, marker, t_start))
+                pending[marker] = (agent_p, t_probe)
                 n_probe += 1
                 probe_at = now + duration_s / probes
             for marker, (agent_p, t0) in list(pending.items()):
@@ -577,8 +579,9 @@ def run_briefing(agents: int = 10_000, rate: float = 1000.0, duration_s: float =
                         del pending[marker]
         stop.set()
         loader.join(timeout=30)
-        q = statistics.quantiles(lat, n=100)
-        fq = statistics.quantiles(fresh, n=100) if len(fresh) >= 2 else [float("nan")] * 99
+        runtime.close()
+        q = statistics.quantiles(lat, n=100, method="inclusive")
+        fq = statistics.quantiles(fresh, n=100, method="inclusive") if len(fresh) >= 2 else [float("nan")] * 99
         return {"agents_cached": cached, "ingest_events_per_s": round(sent[0] / duration_s, 1),
                 "reads": len(lat), "read_p50_ms": round(q[49], 3), "read_p99_ms": round(q[98], 3),
                 "probes": n_probe, "probes_seen": len(fresh), "update_p50_s": round(fq[49], 3),

@@ -92,9 +92,7 @@ async def publish_async(events: Iterable[Any] | AsyncIterable[Any], bootstrap: s
 
         async def drain() -> None:
             nonlocal sent
-            futures = [await producer.send(topic, value, key=key) for key, value in bundles(buffer, bundle_max)]
-            await asyncio.gather(*futures)
-            sent += len(buffer)
+            sent += await _send_bundles(producer, topic, buffer, bundle_max)
             buffer.clear()
 
         if isinstance(events, AsyncIterable):
@@ -114,9 +112,61 @@ async def publish_async(events: Iterable[Any] | AsyncIterable[Any], bootstrap: s
     return sent
 
 
+async def _send_bundles(producer: AIOKafkaProducer, topic: str, raws: list[bytes], bundle_max: int) -> int:
+    """Send encoded events as session bundles and wait for every acknowledgement; how many events."""
+    futures = [await producer.send(topic, value, key=key) for key, value in bundles(raws, bundle_max)]
+    await asyncio.gather(*futures)
+    return len(raws)
+
+
 def publish(events: Iterable[Any], bootstrap: str, topic: str, bundle_max: int = 64) -> int:
-    """Synchronous wrapper of ``publish_async`` for runtimes and scripts."""
+    """Synchronous wrapper of ``publish_async`` for scripts (one producer per call: a runtime that
+    publishes often keeps a ``Publisher``)."""
     return asyncio.run(publish_async(events, bootstrap, topic, bundle_max=bundle_max))
+
+
+class Publisher:
+    """A long-lived publisher for runtimes: one idempotent producer on a background event loop, so a
+    call costs a round trip, not a connection. ``send`` blocks until the broker acknowledged every
+    event; it may be called from several threads. Use as a context manager, or ``close()``."""
+
+    def __init__(self, bootstrap: str, topic: str, bundle_max: int = 64, timeout_s: float = 120.0) -> None:
+        import threading
+
+        self.topic, self.bundle_max, self.timeout_s = topic, bundle_max, timeout_s
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="somnus-publisher", daemon=True)
+        self._thread.start()
+        try:
+            self._producer = self._call(self._start(bootstrap))
+        except BaseException:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            raise
+
+    async def _start(self, bootstrap: str) -> AIOKafkaProducer:
+        producer = make_producer(bootstrap)
+        await producer.start()
+        return producer
+
+    def _call(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(self.timeout_s)
+
+    def send(self, events: Iterable[Any]) -> int:
+        """Publish events (dicts, bytes or event structs) keyed by session; how many were acknowledged."""
+        return self._call(_send_bundles(self._producer, self.topic, [to_bytes(e) for e in events], self.bundle_max))
+
+    def close(self) -> None:
+        try:
+            self._call(self._producer.stop())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+
+    def __enter__(self) -> Publisher:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
 # ---- reads for runtimes: briefings and prompt injection ----------------------------------

@@ -20,10 +20,12 @@ Everything is derived from the ordered log of memory events, so it rebuilds from
 the projected tables, in the same order) to the same state. Hot paths are numpy or dict based, with
 no Python object per posting:
 
-- postings live in sorted numpy segments (fingerprint, memory, count) plus a numpy buffer; a full
+- postings live in sorted numpy segments (key, memory, count) plus a numpy buffer; a full
   buffer becomes a segment and segments merge like a binary counter (log N segments, each posting
-  rewritten O(log N) times). A query does one ``searchsorted`` per segment for all its
-  fingerprints, so its cost is the length of the matching postings, not the size of the index;
+  rewritten O(log N) times). The key is the 48-bit fingerprint under the memory's scope code (top
+  16 bits, ``posting_keys``), so a reader gathers only the postings of its own scopes. A query does
+  one ``searchsorted`` per segment for all its keys, so its cost is the length of the matching
+  postings in the reader's scopes, not the size of the index;
 - signatures hold the hash values datasketch's ``MinHash.update_batch`` gives (same hash, premix
   and permutations), computed vectorised from memoised per-feature hashes (for a whole capture
   batch at once) and stored as rows of one uint32 matrix;
@@ -422,6 +424,20 @@ class _Buffer:
         return self.keys[:n][order], self.idx[:n][order], self.tf[:n][order]
 
 
+SCOPE_BUCKETS = 1 << 16  # scope codes above the top bucket share it (the reader's scope filter still applies)
+
+
+def posting_keys(fps: np.ndarray, scope_codes: np.ndarray | int) -> np.ndarray:
+    """Posting keys: each 48-bit fingerprint under each scope code (its top 16 bits); for an array of
+    codes, every (code, fingerprint) pair, code-major (``len(fps)`` keys per code).
+
+    >>> [hex(int(k)) for k in posting_keys(np.array([5], dtype=np.uint64), np.array([1, 2]))]
+    ['0x1000000000005', '0x2000000000005']
+    """
+    codes = np.minimum(np.atleast_1d(np.asarray(scope_codes, dtype=np.int64)), SCOPE_BUCKETS - 1).astype(np.uint64)
+    return ((codes[:, None] << _S48) | (fps.astype(np.uint64) & _MASK48)[None, :]).ravel()
+
+
 class Postings:
     """Inverted index fingerprint -> (memory index, count), as sorted numpy segments plus a numpy buffer.
 
@@ -788,7 +804,7 @@ class MemoryIndex:
             name = person.lower()
             words = name.split()
             self.people.setdefault(words[0] if words else name, set()).add(name)
-        self.postings.add_arrays(i, an.fps, an.tf)
+        self.postings.add_arrays(i, posting_keys(an.fps, scope), an.tf)
         self.bands.add(i, an.band_base + self._scope_terms[scope])
         if self.embed is not None:
             vec = np.asarray(self.embed([unit_text(unit)])[0], dtype=np.float32)

@@ -53,7 +53,7 @@ from datetime import date, datetime, timezone
 
 import numpy as np
 
-from processors.memory_index import MemoryIndex, fingerprint, ngram_fingerprints, tokenize
+from processors.memory_index import SCOPE_BUCKETS, MemoryIndex, fingerprint, ngram_fingerprints, posting_keys, tokenize
 from schemas.memory import MEMORY_SCHEMA_VERSION, MemoryAccessed, MemoryUnit
 
 # ---- the associative graph ----------------------------------------------------------------------
@@ -530,8 +530,11 @@ def _lexical(index: MemoryIndex, lexical_tokens: Sequence[str], all_tokens: Sequ
     if not len(q_all):
         return *none, *none
 
-    # One gather for every query fingerprint, restricted to the reader's corpus.
-    pos, ix, tf = index.postings.gather(q_all)
+    # One gather for every query fingerprint under each of the reader's scopes, then restricted to
+    # the reader's corpus (liveness, user, and scopes beyond the last bucket).
+    buckets = np.unique(np.minimum(scope_codes, SCOPE_BUCKETS - 1))
+    pos, ix, tf = index.postings.gather(posting_keys(q_all, buckets))
+    pos = pos % len(q_all)
     keep = in_corpus(ix)
     pos, ix, tf = pos[keep], ix[keep], tf[keep]
 

@@ -467,11 +467,12 @@ def affected_agents(agents: Mapping[str, AgentSpec], change: Change, *, known: I
     else:
         index = readers if readers is not None else readers_by_scope(agents)
         hit = set(index.get(change.scope, frozenset()))
-        undeclared = {k for k in known if k not in agents}
         if change.scope == GLOBAL_SCOPE:
-            hit |= undeclared
-        elif change.scope.startswith("agent:") and change.scope[len("agent:"):] in undeclared:
-            hit.add(change.scope[len("agent:"):])
+            hit |= {k for k in known if k not in agents}
+        elif change.scope.startswith("agent:"):
+            name = change.scope[len("agent:"):]
+            if name not in agents and name in (known if isinstance(known, (set, frozenset, dict)) else set(known)):
+                hit.add(name)
     return {a for a in hit if a not in agents or agents[a].briefing_enabled}
 
 

@@ -275,8 +275,15 @@ class KnowledgeState:
         return list(self.triples.values())
 
 
+_PERMUTATIONS: list[Any] = []  # datasketch draws them from the seed on every MinHash(): drawn once here
+
+
 def _minhash(sh: set[str]) -> MinHash:
-    m = MinHash(num_perm=NUM_PERM, seed=MINHASH_SEED)
+    if not _PERMUTATIONS:
+        template = MinHash(num_perm=NUM_PERM, seed=MINHASH_SEED)
+        _PERMUTATIONS.append((template.permutations, template.scheme))
+    perms, scheme = _PERMUTATIONS[0]
+    m = MinHash(num_perm=NUM_PERM, seed=MINHASH_SEED, permutations=perms, scheme=scheme)
     m.update_batch([s.encode() for s in sorted(sh)])
     return m
 

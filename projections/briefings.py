@@ -4,7 +4,10 @@ Inside the transaction of every batch, the agents whose scope chain received a n
 changed triple (``processors.briefing.agents_to_regenerate``) are marked stale
 (``briefings_dirty``); agents with no change are skipped. The projector renders the stale briefings
 from the committed tables at most every ``BRIEFING_INTERVAL_S`` while it is busy, and as soon as it
-is caught up (``refresh``, a transaction of its own). The ``briefings`` table holds the current
+is caught up (``refresh``, a transaction of its own). While busy a refresh spends about
+``REFRESH_BUDGET_S``, agents with a change of their own (a new episode, a fact in their own scope)
+first: knowledge reaching a wide scope (a global promotion makes every agent stale) is rendered in
+the background, chunk by chunk, without holding up the batches or an agent's own news. The ``briefings`` table holds the current
 briefing of each agent (one row per agent, replaced when it changes). After that commit the
 in-memory cache that serves ``GET /agents/{agent}/briefing`` is updated.
 
@@ -29,6 +32,8 @@ from somnus.agents import AgentSpec, scope_chain
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 BRIEFING_INTERVAL_S = 0.5  # while batches keep coming, stale briefings are rendered at most this often
+REFRESH_BUDGET_S = 0.2  # ... and for about this long each time (a chunk is never cut)
+REFRESH_CHUNK = 250  # agents rendered per query round
 _briefing_decoder = msgspec.json.Decoder(BriefingGenerated)
 
 BRIEFING_COLUMNS = ("agent", "briefing_id", "generated_at", "budget", "markdown", "chars", "lessons", "facts",
@@ -49,6 +54,9 @@ class BriefingCache:
         self.current: dict[str, BriefingGenerated] = {}
         for row in _dicts(con.execute("SELECT * FROM briefings")):
             self.current[row["agent"]] = _from_row(row)
+        # Agents marked stale by a change of their own (rendered first). In memory only: after a
+        # restart every stale agent is simply rendered in name order.
+        self.urgent: set[str] = set()
 
     def known_agents(self, con: duckdb.DuckDBPyConnection, new_agents: Iterable[str]) -> set[str]:
         return set(self.current) | set(new_agents)
@@ -68,25 +76,43 @@ class BriefingCache:
         if targets:
             frame = pa.table({"agent": targets})  # noqa: F841
             con.execute("INSERT OR IGNORE INTO briefings_dirty SELECT agent FROM frame")
+            own = episode_agents | {s.removeprefix("agent:") for s in triple_scopes if s.startswith("agent:")}
+            self.urgent |= own & set(targets)
         return len(targets)
 
-    def refresh(self, con: duckdb.DuckDBPyConnection) -> list[BriefingGenerated]:
-        """Render the stale briefings and write the changed ones, in one transaction of its own."""
-        targets = [a for (a,) in con.execute("SELECT agent FROM briefings_dirty ORDER BY agent").fetchall()]
-        if not targets:
+    def refresh(self, con: duckdb.DuckDBPyConnection, budget_s: float | None = None) -> list[BriefingGenerated]:
+        """Render stale briefings and write the changed ones, in one transaction of its own: all of
+        them, or with ``budget_s`` chunks of them (urgent agents first) until the budget is spent."""
+        import time
+
+        stale = [a for (a,) in con.execute("SELECT agent FROM briefings_dirty ORDER BY agent").fetchall()]
+        if not stale:
+            self.urgent.clear()
             return []
+        if budget_s is None:
+            chunks = [stale]
+        else:
+            order = [a for a in stale if a in self.urgent] + [a for a in stale if a not in self.urgent]
+            chunks = [order[i:i + REFRESH_CHUNK] for i in range(0, len(order), REFRESH_CHUNK)]
+        start = time.monotonic()
+        changed: list[BriefingGenerated] = []
         con.begin()
         try:
-            made = render_many(con, self.agents, targets, self.semantic)
-            changed = [b for b in made if (old := self.current.get(b.agent)) is None
+            for targets in chunks:
+                made = render_many(con, self.agents, targets, self.semantic)
+                new = [b for b in made if (old := self.current.get(b.agent)) is None
                        or old.briefing_id != b.briefing_id or old.generated_at != b.generated_at]
-            if changed:
-                frame = pa.Table.from_pylist([_to_row(b) for b in changed])  # noqa: F841
-                con.execute("DELETE FROM briefings WHERE agent IN (SELECT agent FROM frame)")
-                con.execute(f"INSERT INTO briefings SELECT {', '.join(BRIEFING_COLUMNS[:7])}, facts::JSON, "
-                            f"{', '.join(BRIEFING_COLUMNS[8:])} FROM frame")
-            done = pa.table({"agent": targets})  # noqa: F841
-            con.execute("DELETE FROM briefings_dirty WHERE agent IN (SELECT agent FROM done)")
+                if new:
+                    frame = pa.Table.from_pylist([_to_row(b) for b in new])  # noqa: F841
+                    con.execute("DELETE FROM briefings WHERE agent IN (SELECT agent FROM frame)")
+                    con.execute(f"INSERT INTO briefings SELECT {', '.join(BRIEFING_COLUMNS[:7])}, facts::JSON, "
+                                f"{', '.join(BRIEFING_COLUMNS[8:])} FROM frame")
+                done = pa.table({"agent": targets})  # noqa: F841
+                con.execute("DELETE FROM briefings_dirty WHERE agent IN (SELECT agent FROM done)")
+                changed += new
+                self.urgent.difference_update(targets)
+                if budget_s is not None and time.monotonic() - start >= budget_s:
+                    break
             con.commit()
         except BaseException:
             con.rollback()
@@ -99,7 +125,8 @@ def render_many(con: duckdb.DuckDBPyConnection, agents: Mapping[str, AgentSpec],
                 targets: list[str], semantic: Any = None) -> list[Briefing]:
     """Briefings of ``targets`` from the tables, each as of the newest event time of its own inputs;
     Key Knowledge leads with the semantic memory of the agent's scope chain (concepts, patterns)."""
-    chains = {a: scope_chain(dict(agents), a) for a in targets}
+    fleet = dict(agents)
+    chains = {a: scope_chain(fleet, a) for a in targets}
     scopes = sorted({s for chain in chains.values() for s in chain})
     limits = {a: (agents[a].max_episodes if a in agents else 50) for a in targets}
     max_limit = max(limits.values())
@@ -116,6 +143,7 @@ def render_many(con: duckdb.DuckDBPyConnection, agents: Mapping[str, AgentSpec],
     for row in _dicts(con.execute("SELECT * FROM facts_top WHERE scope IN (SELECT unnest(?::VARCHAR[]))",
                                   [scopes])):
         facts_by_scope.setdefault(row["scope"], []).append(row)
+    contexts: dict[str, list[Any]] = {}  # owner -> its knowledge context (shared by every reader)
     out = []
     for agent in targets:
         mine_l = lessons.get(agent, [])[: limits[agent] * 4]
@@ -124,17 +152,22 @@ def render_many(con: duckdb.DuckDBPyConnection, agents: Mapping[str, AgentSpec],
         times = [r["learned_at"] for r in mine_l] + [r["ended_at"] for r in mine_e] + [r["valid_from"] for r in mine_f]
         as_of = max((t for t in times if t is not None), default=_EPOCH)
         out.append(briefing_for(agent, agents, lessons=mine_l, triples=mine_f, episodes=mine_e, now=as_of,
-                                knowledge=_knowledge_lines(semantic, chains[agent])))
+                                knowledge=_knowledge_lines(semantic, chains[agent], contexts)))
     return out
 
 
-def _knowledge_lines(semantic: Any, chain: list[str]) -> list[str]:
-    """The knowledge context of a scope chain: the best concepts and patterns of its owners."""
+def _knowledge_lines(semantic: Any, chain: list[str], contexts: dict[str, list[Any]] | None = None) -> list[str]:
+    """The knowledge context of a scope chain: the best concepts and patterns of its owners
+    (``contexts`` caches each owner's context across the readers of one render)."""
     if semantic is None:
         return []
     from processors.semantic import knowledge_context
 
-    entries = [e for owner in chain if owner in semantic.layers for e in knowledge_context(semantic.layers[owner])]
+    cache = contexts if contexts is not None else {}
+    for owner in chain:
+        if owner in semantic.layers and owner not in cache:
+            cache[owner] = knowledge_context(semantic.layers[owner])
+    entries = [e for owner in chain if owner in cache for e in cache[owner]]
     entries.sort(key=lambda e: (-e.score, e.name, e.record_id))
     return [e.text for e in entries[:8]]
 

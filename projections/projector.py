@@ -24,7 +24,7 @@ from aiohttp import web
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from projections import api, queries, schema
-from projections.briefings import BRIEFING_INTERVAL_S
+from projections.briefings import BRIEFING_INTERVAL_S, REFRESH_BUDGET_S
 from schemas.codec import encode
 from schemas.memory import KIND_ACCESS
 from projections.writer import KIND_SERVED, BatchResult, Seen, Topics, apply_batch, load_offsets
@@ -32,6 +32,7 @@ from somnus.config import Settings
 from streams.topics import partitions_of
 
 log = logging.getLogger("somnus.projector")
+SLOW_S = 1.0  # a batch or a briefing refresh longer than this is logged, with where its time went
 
 
 def endpoint_file(db_path: Path) -> Path:
@@ -101,14 +102,22 @@ class Projector:
                 records = [r for rs in batch.values() for r in rs]
                 now = time.monotonic()
                 if not records or now - last_briefings >= BRIEFING_INTERVAL_S:
-                    async with lock:  # caught up, or busy for a while: render what is stale
-                        await asyncio.to_thread(seen.briefings.refresh, con)
+                    async with lock:  # caught up, or busy for a while: render what is stale (a slice)
+                        made = await asyncio.to_thread(seen.briefings.refresh, con, REFRESH_BUDGET_S)
+                    took = time.monotonic() - now
+                    if took > SLOW_S:
+                        log.warning("slow briefing refresh: %.2f s, %d changed", took, len(made))
                     last_briefings = now
                 if not records:
                     continue
+                t_batch = time.monotonic()
                 async with lock:
                     res = await asyncio.to_thread(apply_batch, con, self.topics, records, stored,
                                                   self.settings.max_event_bytes, seen)
+                took = time.monotonic() - t_batch
+                if took > SLOW_S:
+                    log.warning("slow batch: %.2f s for %d records (%s)", took, len(records),
+                                ", ".join(f"{k} {v:.2f}" for k, v in sorted(res.timings.items(), key=lambda kv: -kv[1])))
                 stored.update(res.offsets)
                 self._add(res)
                 if res.scheduled_sleeps:

@@ -9,6 +9,8 @@ projected are held in memory (``Seen``), loaded once from the tables.
 
 from __future__ import annotations
 
+import time
+
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -70,6 +72,7 @@ class BatchResult:
     semantic_events: int = 0
     skipped_invalid: int = 0  # invalid traces: the worker dead-letters them
     scheduled_sleeps: list[tuple[str, Any]] = field(default_factory=list)  # (run_id, at) committed in the batch
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per stage (decode, memory, knowledge...)
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)
 
 
@@ -114,6 +117,13 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
     """Write one batch and its offsets atomically. ``stored`` is the offsets table as last loaded;
     ``seen`` is updated once the transaction has committed."""
     res = BatchResult()
+    clock = [time.perf_counter()]
+
+    def lap(stage: str) -> None:  # where the batch's time goes (logged by the projector when slow)
+        t = time.perf_counter()
+        res.timings[stage] = res.timings.get(stage, 0.0) + t - clock[0]
+        clock[0] = t
+
     ev_cols: dict[str, list[Any]] = {c: [] for c in (
         "event_id", "schema_version", "ts", "agent", "session_id", "seq", "type", "payload",
         "src_partition", "src_offset", "src_index")}
@@ -189,6 +199,7 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
                 "dlq_partition": rec.partition, "dlq_offset": rec.offset})
     if not res.offsets:
         return res
+    lap("decode")
     con.begin()
     try:
         if ev_cols["event_id"]:
@@ -213,28 +224,37 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
             dead_frame = pa.Table.from_pylist(dl_rows, schema=_DL_SCHEMA)  # noqa: F841
             res.dead_letters = con.execute(
                 "INSERT INTO dead_letters SELECT * FROM dead_frame").fetchone()[0]
+        lap("rows")
         if new_eps:
             add_temporal_bins(con, new_eps)
+            lap("scn")
         if link_bundles:
             res.link_updates = seen.causal.write(con, link_bundles)
+            lap("causal")
         if memory_records:
             res.memory_events = seen.memory.write(con, memory_records)
+            lap("memory")
         if working:
             _write_working_memory(con, working)
+            lap("working_memory")
         if semantic_records:
             res.semantic_events, owners = seen.semantic.write(con, semantic_records)
             seen.briefings.invalidate(con, (), owners)  # new knowledge for these scopes' readers
+            lap("semantic")
         if fact_items:  # utilisation and promotion, in the topic's order, ahead of the knowledge fold
             facts = seen.utilisation.fold(con, seen.agents, fact_items)
         scopes: set[str] = set()
         if facts:
             res.facts, scopes = seen.knowledge.write(con, facts)
+            lap("knowledge")
         seen.briefings.invalidate(con, {r["agent"] for r in ep_rows}, scopes)
+        lap("invalidate")
         offsets_frame = pa.table({  # noqa: F841
             "topic": [t for t, _ in res.offsets], "kafka_partition": [p for _, p in res.offsets],
             "next_offset": list(res.offsets.values())})
         con.execute("INSERT OR REPLACE INTO projection_offsets SELECT * FROM offsets_frame")
         con.commit()
+        lap("commit")
     except BaseException:
         con.rollback()
         seen.causal.rolled_back()
@@ -255,6 +275,7 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
         res.scheduled_sleeps = seen.memory.sleep.take_scheduled()
     if scopes:
         seen.top_facts.refresh(con, sorted(scopes))
+        lap("facts_top")
     seen.causal.committed()
     return res
 

@@ -782,12 +782,17 @@ def bench_recall(units: int = typer.Option(100_000, "--units"), queries: int = t
 
 @bench_app.command("briefing")
 def bench_briefing(agents: int = typer.Option(10_000, "--agents"), rate: float = typer.Option(1000.0, "--rate"),
-                   duration: float = typer.Option(60.0, "--duration"), home: Optional[Path] = HomeOpt,
-                   as_json: bool = typer.Option(False, "--json")) -> None:
+                   duration: float = typer.Option(60.0, "--duration"),
+                   sleep_schedule: str = typer.Option(
+                       "off", "--sleep-schedule",
+                       help="Scheduled sleep during the run (cron on stream time). The sample fleet's clock runs "
+                            "thousands of times faster than the wall clock, so a nightly run would fire every few seconds."),
+                   home: Optional[Path] = HomeOpt, as_json: bool = typer.Option(False, "--json")) -> None:
     """Briefing read p99 with N agents cached under ingest, and publish -> updated briefing latency."""
     from somnus.bench import run_briefing
 
-    _emit(run_briefing(agents=agents, rate=rate, duration_s=duration, home=home, log=err), as_json)
+    _emit(run_briefing(agents=agents, rate=rate, duration_s=duration, home=home, log=err,
+                       sleep_schedule=sleep_schedule), as_json)
 
 
 @bench_app.command("context")

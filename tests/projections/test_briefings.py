@@ -136,3 +136,35 @@ def test_inject_fences_the_cached_briefing_and_leaves_prompts_of_agents_without_
     assert live.briefing(agent) == cold.briefing(agent)
     with pytest.raises(api.BadRequest, match="prompt"):
         live.inject(agent)
+
+
+def test_a_budgeted_refresh_renders_an_agents_own_news_before_a_wide_change_backlog(tmp_path, records):
+    con = _db(tmp_path, "b.duckdb")
+    seen, _ = _project(con, [records])
+    at = datetime(2030, 1, 1, tzinfo=timezone.utc)
+    # a global fact makes every known agent stale; then scraper's own fact makes scraper urgent
+    _project_with(con, seen, [_facts("researcher", "global", 3, at)])
+    everyone = sorted(a for (a,) in con.execute("SELECT agent FROM briefings_dirty").fetchall())
+    assert len(everyone) >= 4 and "scraper" in everyone and not seen.briefings.urgent
+    _project_with(con, seen, [_facts("scraper", None, 4, at)])
+    assert seen.briefings.urgent == {"scraper"}
+    # a zero budget renders one chunk: with a chunk of one agent, that is scraper, not the first by name
+    import projections.briefings as pb
+
+    chunk, pb.REFRESH_CHUNK = pb.REFRESH_CHUNK, 1
+    try:
+        done = seen.briefings.refresh(con, budget_s=0.0)
+    finally:
+        pb.REFRESH_CHUNK = chunk
+    assert [b.agent for b in done] == ["scraper"] and not seen.briefings.urgent
+    left = sorted(a for (a,) in con.execute("SELECT agent FROM briefings_dirty").fetchall())
+    assert left == [a for a in everyone if a != "scraper"]
+    # the rest follows (an unbudgeted refresh renders all), and the result equals rendering at once
+    seen.briefings.refresh(con)
+    assert con.execute("SELECT count(*) FROM briefings_dirty").fetchone()[0] == 0
+    ref = _db(tmp_path, "ref.duckdb")
+    ref_seen, _ = _project(ref, [records])
+    _project_with(ref, ref_seen, [_facts("researcher", "global", 3, at)])
+    _project_with(ref, ref_seen, [_facts("scraper", None, 4, at)])
+    ref_seen.briefings.refresh(ref)
+    assert queries.table_checksums(con)["briefings"] == queries.table_checksums(ref)["briefings"]

@@ -80,15 +80,21 @@ class BriefingCache:
             self.urgent |= own & set(targets)
         return len(targets)
 
-    def refresh(self, con: duckdb.DuckDBPyConnection, budget_s: float | None = None) -> list[BriefingGenerated]:
+    def refresh(self, con: duckdb.DuckDBPyConnection, budget_s: float | None = None,
+                urgent_only: bool = False) -> list[BriefingGenerated]:
         """Render stale briefings and write the changed ones, in one transaction of its own: all of
-        them, or with ``budget_s`` chunks of them (urgent agents first) until the budget is spent."""
+        them, or with ``budget_s`` chunks of them (urgent agents first) until the budget is spent;
+        ``urgent_only``: just the agents with news of their own (the projector, after each batch)."""
         import time
 
+        if urgent_only and not self.urgent:
+            return []
         stale = [a for (a,) in con.execute("SELECT agent FROM briefings_dirty ORDER BY agent").fetchall()]
         if not stale:
             self.urgent.clear()
             return []
+        if urgent_only:
+            stale = [a for a in stale if a in self.urgent]
         if budget_s is None:
             chunks = [stale]
         else:

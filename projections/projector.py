@@ -114,6 +114,8 @@ class Projector:
                 async with lock:
                     res = await asyncio.to_thread(apply_batch, con, self.topics, records, stored,
                                                   self.settings.max_event_bytes, seen)
+                    if seen.briefings.urgent:  # an agent's own news: its briefing now, not in 0.5 s
+                        await asyncio.to_thread(seen.briefings.refresh, con, REFRESH_BUDGET_S, True)
                 took = time.monotonic() - t_batch
                 if took > SLOW_S:
                     log.warning("slow batch: %.2f s for %d records (%s)", took, len(records),

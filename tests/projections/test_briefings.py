@@ -148,6 +148,15 @@ def test_a_budgeted_refresh_renders_an_agents_own_news_before_a_wide_change_back
     assert len(everyone) >= 4 and "scraper" in everyone and not seen.briefings.urgent
     _project_with(con, seen, [_facts("scraper", None, 4, at)])
     assert seen.briefings.urgent == {"scraper"}
+    # after a batch the projector renders only the agents with news of their own
+    snapshot = seen.briefings.urgent.copy()
+    assert [b.agent for b in seen.briefings.refresh(con, urgent_only=True)] == ["scraper"]
+    assert not seen.briefings.urgent and seen.briefings.refresh(con, urgent_only=True) == []
+    assert sorted(a for (a,) in con.execute("SELECT agent FROM briefings_dirty").fetchall()) == [
+        a for a in everyone if a != "scraper"]
+    # (again from the same state, with a budget instead)
+    _project_with(con, seen, [_facts("scraper", None, 5, at)])
+    assert seen.briefings.urgent == snapshot
     # a zero budget renders one chunk: with a chunk of one agent, that is scraper, not the first by name
     import projections.briefings as pb
 
@@ -166,5 +175,6 @@ def test_a_budgeted_refresh_renders_an_agents_own_news_before_a_wide_change_back
     ref_seen, _ = _project(ref, [records])
     _project_with(ref, ref_seen, [_facts("researcher", "global", 3, at)])
     _project_with(ref, ref_seen, [_facts("scraper", None, 4, at)])
+    _project_with(ref, ref_seen, [_facts("scraper", None, 5, at)])
     ref_seen.briefings.refresh(ref)
     assert queries.table_checksums(con)["briefings"] == queries.table_checksums(ref)["briefings"]

@@ -58,23 +58,37 @@ def memory_columns(state: Any) -> tuple[pl.DataFrame, pl.DataFrame]:
     units = [ix.units[i] for i in live]
     degree = np.array([len(ix.graph.get(int(i), {})) for i in live], dtype=np.int64)
     last = ix.last_access.data[live]
-    frame = pl.DataFrame({
-        "memory_id": [ix.ids[i] for i in live], "agent": [u.agent for u in units],
-        "layer": ["hippocampus"] * len(live),
-        "created_at": pl.Series((ix.occurred.data[live] * 1e6).astype(np.int64)).cast(pl.Datetime("us", "UTC")),
-        "last_access": pl.Series(np.where(last > 0, last * 1e6, np.nan)).cast(pl.Int64, strict=False)
-        .cast(pl.Datetime("us", "UTC")),
-        "access_count": ix.access_count.data[live].astype(np.int64), "importance": ix.importance.data[live],
-        "outcome": [u.outcome for u in units], "is_user_interaction": [u.user_interaction for u in units],
-        "edge_count": degree, "size_bytes": [len(u.perception) + len(u.summary) + len(u.action) + 200 for u in units],
-        "long_term": ix.long_term.data[live], "compressed": ix.compressed.data[live],
-        "index_keys": [[*u.tools[:3], *u.objects[:3]] for u in units], "domain": [(u.domains or [""])[0] for u in units],
-    })
-    pairs = [(ix.ids[a], ix.ids[b], w) for a, nbrs in ix.graph.items() for b, w in nbrs.items() if a < b]
-    edges = pl.DataFrame({"src": [p[0] for p in pairs], "dst": [p[1] for p in pairs],
-                          "weight": [float(p[2]) for p in pairs]}, schema={"src": pl.String, "dst": pl.String,
-                                                                           "weight": pl.Float64})
+    # Built through Arrow: a list column from Python lists costs polars a Series per row.
+    frame = pl.from_arrow(pa.table({
+        "memory_id": pa.array([ix.ids[i] for i in live], pa.string()),
+        "agent": pa.array([u.agent for u in units], pa.string()),
+        "layer": pa.array(["hippocampus"] * len(live), pa.string()),
+        "created_at": pa.array((ix.occurred.data[live] * 1e6).astype(np.int64), pa.timestamp("us", "UTC")),
+        "last_access": pa.array((last * 1e6).astype(np.int64), pa.timestamp("us", "UTC"), mask=~(last > 0)),
+        "access_count": pa.array(ix.access_count.data[live].astype(np.int64)),
+        "importance": pa.array(ix.importance.data[live]),
+        "outcome": pa.array([u.outcome for u in units], pa.string()),
+        "is_user_interaction": pa.array([u.user_interaction for u in units], pa.bool_()),
+        "edge_count": pa.array(degree), "size_bytes": pa.array(
+            [len(u.perception) + len(u.summary) + len(u.action) + 200 for u in units], pa.int64()),
+        "long_term": pa.array(ix.long_term.data[live]), "compressed": pa.array(ix.compressed.data[live]),
+        "index_keys": pa.array([[*u.tools[:3], *u.objects[:3]] for u in units], pa.list_(pa.string())),
+        "domain": pa.array([(u.domains or [""])[0] for u in units], pa.string()),
+    }))
+    ids = ix.ids
+    src, dst, weight = [], [], []
+    for a, nbrs in ix.graph.items():
+        for b, w in nbrs.items():
+            if a < b:
+                src.append(ids[a])
+                dst.append(ids[b])
+                weight.append(float(w))
+    edges = pl.from_arrow(pa.table({"src": pa.array(src, pa.string()), "dst": pa.array(dst, pa.string()),
+                                    "weight": pa.array(weight, pa.float64())}))
     return frame, edges
+
+
+LOG_COLUMNS = ("run_id", "seq", "kind", "memory_id", "decided_at", "body")
 
 
 class SleepJob:
@@ -84,7 +98,8 @@ class SleepJob:
         self.config = config
         self.max_episodes = dict(max_episodes)
         self.state = load_state(con)
-        self.pending_rows: dict[str, list[dict[str, Any]]] = {"lifecycle_log": [], "sleep_runs": []}
+        self.pending_rows: dict[str, list[dict[str, Any]]] = {"sleep_runs": []}
+        self.pending_log: dict[str, list[Any]] = {c: [] for c in LOG_COLUMNS}  # lifecycle_log, by column
         # Scheduled runs completed in the batch being written: (run_id, at). After the batch commits
         # the projector requests promotion for each (phase 2; ``take_scheduled``).
         self.scheduled: list[tuple[str, datetime]] = []
@@ -107,10 +122,14 @@ class SleepJob:
         if plan is None:
             return []
         forgotten = []
+        cols = self.pending_log
         for ev in plan.events():
-            self.pending_rows["lifecycle_log"].append({
-                "run_id": ev.run_id, "seq": ev.seq, "kind": type(ev).__name__, "memory_id": getattr(ev, "memory_id", None),
-                "decided_at": ev.at, "body": encode_lifecycle(ev).decode()})
+            cols["run_id"].append(ev.run_id)
+            cols["seq"].append(ev.seq)
+            cols["kind"].append(type(ev).__name__)
+            cols["memory_id"].append(getattr(ev, "memory_id", None))
+            cols["decided_at"].append(ev.at)
+            cols["body"].append(encode_lifecycle(ev).decode())
             if isinstance(ev, (MemoryPruned, MemoryCompressed)):
                 reason = ForgetReason.REMOVED if isinstance(ev, MemoryPruned) else ForgetReason.COMPRESSED
                 for fe in forget(memory_state, ev.memory_id, reason, at):
@@ -132,19 +151,31 @@ class SleepJob:
 
     def write(self, con: duckdb.DuckDBPyConnection) -> None:
         """Write the runs' rows and the clock (caller's transaction)."""
-        for table, select in (("lifecycle_log", "run_id, seq, kind, memory_id, decided_at, body::JSON"),
-                              ("sleep_runs", "* EXCLUDE (report), report::JSON")):
-            rows = self.pending_rows[table]
-            if rows:
-                frame = pa.Table.from_pylist(rows)  # noqa: F841
-                con.execute(f"INSERT INTO {table} SELECT {select} FROM frame")
-            rows.clear()
+        if self.pending_log["run_id"]:
+            log_frame = pa.table({  # noqa: F841
+                "run_id": pa.array(self.pending_log["run_id"], pa.string()),
+                "seq": pa.array(self.pending_log["seq"], pa.int64()),
+                "kind": pa.array(self.pending_log["kind"], pa.string()),
+                "memory_id": pa.array(self.pending_log["memory_id"], pa.string()),
+                "decided_at": pa.array(self.pending_log["decided_at"], pa.timestamp("us", "UTC")),
+                "body": pa.array(self.pending_log["body"], pa.string())})
+            con.execute("INSERT INTO lifecycle_log SELECT run_id, seq, kind, memory_id, decided_at, body::JSON "
+                        "FROM log_frame")
+        for column in self.pending_log.values():
+            column.clear()
+        rows = self.pending_rows["sleep_runs"]
+        if rows:
+            frame = pa.Table.from_pylist(rows)  # noqa: F841
+            con.execute("INSERT INTO sleep_runs SELECT * EXCLUDE (report), report::JSON FROM frame")
+        rows.clear()
         con.execute("INSERT OR REPLACE INTO sleep_state VALUES (1, ?)", [msgspec.json.encode(self.state).decode()])
 
     def reload(self, con: duckdb.DuckDBPyConnection) -> None:
         self.state = load_state(con)
         for rows in self.pending_rows.values():
             rows.clear()
+        for column in self.pending_log.values():
+            column.clear()
         self.scheduled.clear()
 
     def take_scheduled(self) -> list[tuple[str, datetime]]:

@@ -86,6 +86,13 @@ class Projector:
                 consumer.seek(tp, stored.get((tp.topic, tp.partition), 0))
             if self.serve:
                 runner = await self._start_server(con, seen)
+                # A crash between a batch's commit and its promotion requests lost them: request again
+                # what no request has reached (the semantic fold runs each id once).
+                missing = con.execute(
+                    "SELECT run_id, run_at FROM sleep_runs WHERE trigger = 'schedule' AND 'sleep:' || run_id "
+                    "NOT IN (SELECT request_id FROM semantic_requests) ORDER BY run_at, run_id").fetchall()
+                if missing:
+                    await self._request_promotion(con, missing)
             end = await consumer.end_offsets(tps) if until_end else {}
             total = sum(end.values()) - sum(stored.get((tp.topic, tp.partition), 0) for tp in tps) if until_end else 0
             done = 0

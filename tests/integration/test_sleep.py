@@ -9,9 +9,10 @@ import subprocess
 import sys
 from datetime import datetime, timedelta
 
+import duckdb
 import pytest
 
-from somnus.reads import read
+from somnus.reads import ReadError, read
 from somnus.sample import generate
 from tests.pipeline import Pipeline, wait_until
 
@@ -67,5 +68,20 @@ def test_sleep_on_demand_decides_reports_and_replays_the_same(pipeline_settings,
                                              capture_output=True, text=True, timeout=120).stdout)
         for table in SLEEP_TABLES:
             assert replayed["tables"][table] == live[table], table
+        # a projector that died between a batch and its requests asks again at start (here: forget them)
+        p.stop_all()
+        con = duckdb.connect(str(db))
+        con.execute("DELETE FROM semantic_requests")
+        con.close()
+        p.start_all()
+
+        def asked_again() -> bool:
+            try:
+                return read(db, "sql", sql="SELECT request_id FROM semantic_requests ORDER BY requested_at"
+                            )["rows"] == scheduled
+            except ReadError:  # the projector is still opening the file
+                return False
+
+        wait_until(asked_again, timeout_s=180, what="the promotion requests asked again at start")
     finally:
         p.stop_all()

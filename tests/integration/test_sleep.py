@@ -31,9 +31,16 @@ def test_sleep_on_demand_decides_reports_and_replays_the_same(pipeline_settings,
     try:
         p.start_all()
         events = list(generate(sessions=600, seed=12))
-        p.publish(events)
+        when = [datetime.fromisoformat(e["ts"].replace("Z", "+00:00")) for e in events]
+        # The sleep clock starts at the first memory record and advances record by record, so a worker
+        # that put every unit in one record would pass no fire time: the first hour first, then the
+        # rest (at least one later record, 6+ fire times).
+        first_hour = min(when) + timedelta(hours=1)
+        p.publish([e for e, t in zip(events, when) if t < first_hour])
         p.wait_idle()
-        last = max(datetime.fromisoformat(e["ts"].replace("Z", "+00:00")) for e in events)
+        p.publish([e for e, t in zip(events, when) if t >= first_hour])
+        p.wait_idle()
+        last = max(when)
         at = (last + timedelta(days=10)).isoformat()
         run = subprocess.run(cli + ["sleep", "--at", at], env=env, capture_output=True, text=True, timeout=120)
         assert run.returncode == 0, run.stderr

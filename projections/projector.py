@@ -33,6 +33,29 @@ from streams.topics import partitions_of
 
 log = logging.getLogger("somnus.projector")
 SLOW_S = 1.0  # a batch or a briefing refresh longer than this is logged, with where its time went
+LOCK_WAIT_S = 60.0  # how long a starting projector waits for readers to let go of the file
+
+
+async def connect_when_free(path: Path, timeout_s: float = LOCK_WAIT_S) -> duckdb.DuckDBPyConnection:
+    """Open ``path`` read-write, waiting while another process holds it.
+
+    Until the projector publishes its endpoint, reads (``somnus status``, ``sql``...) open the file
+    read-only themselves, and DuckDB refuses a writer while any reader holds it: a projector
+    restarted while someone polled its status died on the lock (seen in the SIGKILL test). Such
+    a hold lasts one query; a writer that keeps the file is still an error after ``timeout_s``.
+    """
+    deadline = time.monotonic() + timeout_s
+    warned = False
+    while True:
+        try:
+            return duckdb.connect(str(path))
+        except duckdb.IOException as exc:
+            if "lock" not in str(exc).lower() or time.monotonic() >= deadline:
+                raise
+            if not warned:
+                log.warning("%s is held by another process; waiting up to %.0f s: %s", path, timeout_s, exc)
+                warned = True
+            await asyncio.sleep(0.1)
 
 
 def endpoint_file(db_path: Path) -> Path:
@@ -64,7 +87,7 @@ class Projector:
     async def run(self, until_end: bool = False, on_progress: Callable[[int, int], None] | None = None) -> BatchResult:
         """Project until stopped; with ``until_end``, stop once the end offsets seen at start are reached."""
         self.db_path.parent.mkdir(parents=True, exist_ok=True)
-        con = duckdb.connect(str(self.db_path))
+        con = await connect_when_free(self.db_path)
         schema.init(con)
         consumer = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap, enable_auto_commit=False, group_id=None,

@@ -106,6 +106,22 @@ def _java() -> str:
     return java
 
 
+def new_cluster_id() -> str:
+    """A KRaft cluster id: a random UUID, base64url without padding (it may start with '-')."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+def format_log_dir(java: str, cp: str, state: Path, props: Path, cluster_id: str) -> None:
+    """Format the broker's log dir. The id is passed as ``--cluster-id=ID``: about one id in 32
+    starts with '-', which the tool's parser would take for an option after a bare ``-t``."""
+    fmt = subprocess.run(
+        [java, "-Xmx256m", f"-Dlog4j.configuration=file:{state / 'log4j.properties'}", "-cp", cp,
+         "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(props)],
+        capture_output=True, text=True)
+    if fmt.returncode != 0:
+        raise BrokerError(f"formatting the log dir failed: {fmt.stdout}{fmt.stderr}")
+
+
 def start(settings: Settings, timeout_s: float = 90.0, heap: str = "768m") -> BrokerInfo:
     """Start (or find already running) the local KRaft broker and wait until it answers."""
     running = status(settings)
@@ -132,13 +148,7 @@ def start(settings: Settings, timeout_s: float = 90.0, heap: str = "768m") -> Br
     cp = f"{libs}/*"
     if not (data / "meta.properties").exists():
         data.mkdir(parents=True, exist_ok=True)
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-        fmt = subprocess.run(
-            [java, "-Xmx256m", f"-Dlog4j.configuration=file:{state / 'log4j.properties'}", "-cp", cp,
-             "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props)],
-            capture_output=True, text=True)
-        if fmt.returncode != 0:
-            raise BrokerError(f"formatting the log dir failed: {fmt.stdout}{fmt.stderr}")
+        format_log_dir(java, cp, state, props, new_cluster_id())
     log = open(state / "broker.log", "ab")
     proc = subprocess.Popen(
         [java, f"-Xms{heap}", f"-Xmx{heap}", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",

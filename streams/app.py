@@ -12,6 +12,7 @@ import asyncio
 import inspect
 import json
 import os
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from schemas.codec import Rejection, decode_episode, decode_record, encode
 from somnus.config import Settings
 from streams.liveness import PartitionWatchdog, SomnusApp, install_diagnostics
 from streams.metrics import WorkerCounters
+from streams.ordering import Admitted, OffsetGuard, decode_position, position_key, positions_writer
 from streams.topics import signature_partition
 
 
@@ -67,6 +69,15 @@ class BatchedTable(Table):
         assert partition is not None
         self.pending_changelog.append((partition, key, None))
 
+    async def write(self, producer: Any, items: Any, positions: Mapping[Any, int] | None = None) -> None:
+        """Set each ``(key, partition, value)`` of ``items``, then the source positions (after the
+        states, on the same changelog partitions: see ``streams.ordering``); send all, wait for acks."""
+        for key, partition, value in items:
+            self.key_partitions[key] = partition
+            self[key] = value
+        positions_writer(self)(positions or {})
+        await self.send_changelog_batch(producer)
+
     async def send_changelog_batch(self, producer: Any) -> None:
         topic = self.changelog_topic.get_topic_name()
         futures = [await producer.send(topic, key=key, value=value, partition=partition, timestamp=None, headers=None)
@@ -91,6 +102,9 @@ class Batcher:
     generation (a rebalance happened since) are neither handled nor acked: after a rebalance Faust
     seeks every partition back to its committed offset, so they come again, to whichever worker
     owns them now; acking them here would corrupt Faust's offset bookkeeping for the new owner.
+
+    ``handle`` returns the events to acknowledge, or None for all of them: a guarded agent
+    (``streams.ordering``) acknowledges neither a hole nor what follows it.
     """
 
     def __init__(self, app: faust.App, stream: faust.StreamT, max_events: int, within_s: float,
@@ -128,11 +142,11 @@ class Batcher:
             self.dropped_stale += len(tagged) - len(batch)
             if not batch:
                 return
-            await self.handle(batch, generation)
+            acks = await self.handle(batch, generation)
             if self.app.consumer_generation_id != generation:
                 self.dropped_stale += len(batch)
                 return  # rebalanced while handling: these will be redelivered; do not ack
-            for event in batch:
+            for event in (batch if acks is None else acks):
                 await self.stream.ack(event)
 
 
@@ -207,6 +221,12 @@ def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker") 
     watched = ({settings.traces_topic, settings.observations_topic}
                | ({settings.episodes_topic} if settings.llm_extractor else set()))
     watchdog = PartitionWatchdog(app, watched, idle=lambda: all(b.idle for b in batchers))
+    sessions_guard = make_guard(app, bootstrap, sessions)
+    links_guard = make_guard(app, bootstrap, links)
+    guards = {settings.traces_topic: sessions_guard, settings.observations_topic: links_guard}
+    # Commits never pass what the state has applied (see streams.ordering).
+    app.somnus_commit_cap = lambda tp: (  # type: ignore[attr-defined]
+        guards[tp.topic].position(tp) if tp.topic in guards else None)
 
     assignment_file = Path(settings.home) / "run" / f"{worker_name}.assignment.json"
 
@@ -218,8 +238,12 @@ def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker") 
         resumes it when the queue drains; a rebalance clears the queue without that signal, so
         such a partition would never be fetched again (seen as a worker stalled for good).
         """
+        changelogs = app.tables.changelog_topics
         for tp in app.consumer.assignment():
-            app.consumer.on_buffer_drop(tp)
+            if tp.topic not in changelogs:  # an active changelog stays paused once recovered
+                app.consumer.on_buffer_drop(tp)
+        for guard in guards.values():
+            guard.forget()
         owned = sorted(tp.partition for tp in app.consumer.assignment() if tp.topic == settings.traces_topic)
         assignment_file.parent.mkdir(parents=True, exist_ok=True)
         tmp = assignment_file.with_suffix(".tmp")
@@ -241,7 +265,7 @@ def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker") 
         async def extract_facts(stream: faust.StreamT) -> None:
             """Episodes -> facts: one FactsExtracted per episode on the single-partition facts topic."""
             async def handle(batch: Sequence[EventT], generation: int) -> None:
-                await _handle_episodes(app, settings, batch, extractor, counters)
+                await _handle_episodes(app, settings, batch, extractor, counters)  # stateless: ack all
 
             await run_batched(app, settings, stream, handle, batchers)
 
@@ -253,17 +277,18 @@ def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker") 
 
     @app.agent(traces, concurrency=1)
     async def distill_sessions(stream: faust.StreamT) -> None:
-        async def handle(batch: Sequence[EventT], generation: int) -> None:
-            await _handle_batch(app, settings, batch, sessions, counters, generation, inline_extractor, not_episodic,
-                                working, wm_settings)
+        async def handle(batch: Sequence[EventT], generation: int) -> list[EventT]:
+            return await _handle_batch(app, settings, batch, sessions, counters, generation, inline_extractor,
+                                       not_episodic, working, wm_settings, sessions_guard)
 
         await run_batched(app, settings, stream, handle, batchers)
 
     @app.agent(observations, concurrency=1)
     async def learn_links(stream: faust.StreamT) -> None:
         """Call outcomes -> Rescorla-Wagner updates of the causal links (state: the links table)."""
-        async def handle(batch: Sequence[EventT], generation: int) -> None:
-            await _handle_observations(app, settings, batch, links, counters, generation, alpha_by_agent)
+        async def handle(batch: Sequence[EventT], generation: int) -> list[EventT]:
+            return await _handle_observations(app, settings, batch, links, counters, generation, alpha_by_agent,
+                                              links_guard)
 
         await run_batched(app, settings, stream, handle, batchers)
 
@@ -273,7 +298,12 @@ def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker") 
 async def _handle_batch(app: faust.App, settings: Settings, batch: Sequence[EventT], sessions: BatchedTable,
                         counters: WorkerCounters, generation: int, extractor: Any = None,
                         not_episodic: frozenset[str] = frozenset(), working: BatchedTable | None = None,
-                        wm_settings: Any = None) -> None:
+                        wm_settings: Any = None, guard: OffsetGuard | None = None) -> list[EventT]:
+    """One batch of trace records; returns the records to acknowledge (see ``streams.ordering``)."""
+    if app.in_recovery:
+        return []  # the tables are being restored: Faust seeks back to the committed offsets after
+    admitted = await guard.admit(batch) if guard is not None else Admitted(handle=list(batch))
+    batch = admitted.handle
     pending: list[Any] = []
     valid = []
     partition_of: dict[str, int] = {}  # session key -> source partition
@@ -342,18 +372,16 @@ async def _handle_batch(app: faust.App, settings: Settings, batch: Sequence[Even
             if table is not None:
                 table.pending_changelog.clear()
                 table.key_partitions.clear()
-        return
-    for key, state in out.states.items():
-        bkey = key.encode()
-        sessions.key_partitions[bkey] = partition_of[key]
-        sessions[bkey] = encode_state(state)
-    await sessions.send_changelog_batch(app.producer)
+        return []
+    # Working memory first, then the sessions, then the positions: a recovered position is never
+    # ahead of any state the records below it made.
     if working is not None and wm_states:
-        for key, wm in wm_states.items():
-            bkey = key.encode()
-            working.key_partitions[bkey] = partition_of[key]
-            working[bkey] = encode_wm(compact_wm(wm) if wm.closed else wm)
-        await working.send_changelog_batch(app.producer)
+        await working.write(app.producer, (
+            (key.encode(), partition_of[key], encode_wm(compact_wm(wm) if wm.closed else wm))
+            for key, wm in wm_states.items()))
+    await sessions.write(app.producer, ((key.encode(), partition_of[key], encode_state(state))
+                                        for key, state in out.states.items()), admitted.positions)
+    return admitted.handle + admitted.done
 
 
 BUNDLE_ITEMS = 1000  # items per bundle record: well under the producer's request size
@@ -400,8 +428,14 @@ _observations_decoder = msgspec.json.Decoder(list[OutcomeObserved])
 
 
 async def _handle_observations(app: faust.App, settings: Settings, batch: Sequence[EventT], links: BatchedTable,
-                               counters: WorkerCounters, generation: int, alpha_by_agent: dict[str, float]) -> None:
-    """One batch of observation bundles: learn, send every update, then the new link states."""
+                               counters: WorkerCounters, generation: int, alpha_by_agent: dict[str, float],
+                               guard: OffsetGuard | None = None) -> list[EventT]:
+    """One batch of observation bundles: learn, send every update, then the new link states and the
+    positions; returns the records to acknowledge."""
+    if app.in_recovery:
+        return []
+    admitted = await guard.admit(batch) if guard is not None else Admitted(handle=list(batch))
+    batch = admitted.handle
     observed: list[OutcomeObserved] = []
     partition_of: dict[str, int] = {}
     for event in batch:
@@ -432,12 +466,48 @@ async def _handle_observations(app: faust.App, settings: Settings, batch: Sequen
     if app.consumer_generation_id != generation:
         links.pending_changelog.clear()
         links.key_partitions.clear()
-        return
-    for sig, state in states.items():
-        key = sig.encode()
-        links.key_partitions[key] = partition_of[sig]
-        links[key] = encode_link_state(state)
-    await links.send_changelog_batch(app.producer)
+        return []
+    await links.write(app.producer, ((sig.encode(), partition_of[sig], encode_link_state(state))
+                                     for sig, state in states.items()), admitted.positions)
+    return admitted.handle + admitted.done
+
+
+def make_guard(app: faust.App, bootstrap: str, table: BatchedTable) -> OffsetGuard:
+    """The ordering guard of an agent whose state (and positions) live in ``table``."""
+    async def earliest(tp: Any) -> int:
+        found = await app.consumer.earliest_offsets(tp)
+        return int(found.get(tp) or 0)
+
+    async def rewind(tp: Any, offset: int) -> None:
+        consumer: Any = app.consumer
+        gap = consumer._gap.get(tp)
+        if gap:  # Faust's own "never delivered, count as acked" ranges from here on are wrong
+            gap.chop(offset, 1 << 62)
+        await consumer.seek_wait({tp: offset})
+
+    return OffsetGuard(
+        position=lambda tp: decode_position(table.get(position_key(tp.topic, tp.partition))),
+        earliest=earliest, rewind=rewind,
+        first_record_at=lambda tp, offset: first_record_at(bootstrap, tp, offset),
+        clock=time.monotonic)
+
+
+async def first_record_at(bootstrap: str, tp: Any, offset: int) -> int | None:
+    """The offset of the first record at or after ``offset`` in ``tp`` (None when none comes within 3 s)."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                                auto_offset_reset="earliest")
+    await consumer.start()
+    try:
+        part = TopicPartition(tp.topic, tp.partition)
+        consumer.assign([part])
+        consumer.seek(part, offset)
+        got = await consumer.getmany(part, timeout_ms=3000, max_records=1)
+        records = got.get(part) or []
+        return records[0].offset if records else None
+    finally:
+        await consumer.stop()
 
 
 def make_extractor(settings: Settings) -> Any:

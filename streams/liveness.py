@@ -23,6 +23,12 @@ by dumping the consumer's state of a stalled worker (SIGUSR2, below):
    bookkeeping for it). Redelivered
    events are harmless: the distiller ignores what it already applied.
 
+The watchdog stays quiet while Faust restores tables (``app.in_recovery``): the source partitions
+are paused then on purpose. Records lost outright (never delivered while later ones were) are the
+ordering guard's business (``streams.ordering``); the commits of this consumer are capped at what
+the guarded state applied, so such a loss at the end of a partition shows as lag and the watchdog
+rewinds it.
+
 A third defect crashed the surviving worker when another was SIGKILLed: Faust's livelock detector
 (``verify_event_path``) reads aiokafka's ``position`` of every assigned partition, which *asserts*
 when a just-assigned partition has no position yet (awaiting its offset reset). The survivor died
@@ -69,6 +75,21 @@ class RewindingConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         return committed
 
 
+def cap_offsets(offsets: Mapping[TP, int], cap: Callable[[TP], int | None] | None,
+                committed: Mapping[TP, int | None]) -> dict[TP, int]:
+    """``offsets`` to commit, each lowered to its partition's cap; dropped when that is not past
+    what is committed already."""
+    out: dict[TP, int] = {}
+    for tp, offset in offsets.items():
+        limit = cap(tp) if cap is not None else None
+        if limit is not None and offset > limit:
+            offset = limit
+        done = committed.get(tp)
+        if done is None or offset > done:
+            out[tp] = offset
+    return out
+
+
 def position_known(thread: Any, tp: TP) -> bool:
     """Does aiokafka know the fetch position of ``tp``? False for a partition just assigned and still
     awaiting its offset reset (aiokafka's ``position`` asserts then), and False when there is no
@@ -82,8 +103,20 @@ def position_known(thread: Any, tp: TP) -> bool:
 
 
 class RewindingConsumer(faust_aiokafka.Consumer):
+    """The consumer of ``RewindingConsumerThread``, whose commits never pass the app's commit cap.
+
+    ``app.somnus_commit_cap(tp)`` is the next offset the agent's state has to apply (see
+    ``streams.ordering``), or None for a partition without one. Faust's own bookkeeping can count
+    offsets as acknowledged that were never delivered; a commit past them would make the lag of
+    the group lie (0 with a record not applied).
+    """
+
     def _new_consumer_thread(self) -> RewindingConsumerThread:
         return RewindingConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+    def _filter_committable_offsets(self, tps: Any) -> dict[TP, int]:
+        return cap_offsets(super()._filter_committable_offsets(tps), getattr(self.app, "somnus_commit_cap", None),
+                           self._committed_offset)
 
 
 class RewindingTransport(faust_aiokafka.Transport):
@@ -120,7 +153,8 @@ class PartitionWatchdog:
     async def check(self) -> None:
         consumer: Any = self.app.consumer
         now = asyncio.get_running_loop().time()
-        if self.app.rebalancing or not consumer.flow_active or not self.idle():
+        if (self.app.rebalancing or getattr(self.app, "in_recovery", False) or not consumer.flow_active
+                or not self.idle()):
             self._last.clear()  # only a quiet, steady worker can be stalled
             return
         assigned = {tp for tp in consumer.assignment() if tp.topic in self.topics}

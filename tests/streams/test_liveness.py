@@ -135,3 +135,17 @@ def test_the_livelock_check_skips_partitions_without_a_position() -> None:
         assert not position_known(_thread_with(None), tp)
 
     asyncio.run(run())
+
+
+def test_commits_are_capped_at_what_the_state_applied():
+    from faust.types import TP
+
+    from streams.liveness import cap_offsets
+
+    a, b, c = TP("traces", 0), TP("traces", 1), TP("episodes", 0)
+    caps = {a: 50, b: 10}
+    out = cap_offsets({a: 80, b: 10, c: 7}, caps.get, {a: 40, b: 10})
+    # a: lowered to its cap; b: the cap is what is committed already, nothing to do; c: no cap
+    assert out == {a: 50, c: 7}
+    assert cap_offsets({a: 30}, caps.get, {}) == {a: 30}
+    assert cap_offsets({a: 80}, None, {}) == {a: 80}

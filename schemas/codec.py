@@ -44,9 +44,33 @@ def decode_trace(raw: bytes | None, max_bytes: int) -> TraceEvent | Rejection:
     try:
         return _trace_decoder.decode(raw)
     except msgspec.ValidationError as exc:
+        if "Expected `int`, got `float`" in str(exc):
+            return _decode_integral_floats(raw, exc)
         return Rejection(f"schema: {exc}")
     except msgspec.DecodeError as exc:
         return Rejection(f"undecodable: {exc}")
+
+
+def _integral(obj: Any) -> Any:
+    if isinstance(obj, float) and obj.is_integer():
+        return int(obj)
+    if isinstance(obj, dict):
+        return {k: _integral(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_integral(v) for v in obj]
+    return obj
+
+
+def _decode_integral_floats(raw: bytes, exc: msgspec.ValidationError) -> TraceEvent | Rejection:
+    """JSON Schema's ``integer`` includes 1.0 (what some encoders write for a whole float), msgspec's
+    ``int`` does not: an event the contract accepts is decoded with its whole floats made ints.
+    Only this error takes the slower path; a fraction (1.5) is still rejected, by the same rule."""
+    try:
+        return _trace_decoder.decode(_encoder.encode(_integral(msgspec.json.decode(raw))))
+    except msgspec.ValidationError as again:
+        return Rejection(f"schema: {again}")
+    except msgspec.DecodeError:
+        return Rejection(f"schema: {exc}")
 
 
 _bundle_decoder = msgspec.json.Decoder(list[msgspec.Raw])

@@ -266,13 +266,18 @@ def test_the_contract_and_the_decoder_agree_on_every_near_miss():
     assert disagreements == []
 
 
-@pytest.mark.xfail(strict=True, reason="BUG (contract drift): JSON Schema's integer includes 1.0, so the contract "
-                   "accepts seq 1.0 (what Python's json.dumps writes for a float), but msgspec rejects a float for int")
 def test_an_integral_float_seq_valid_under_the_contract_decodes():
+    """JSON Schema's integer includes 1.0 (what Python's json.dumps writes for a whole float); the
+    decoder accepts it too, as the int it is. A fraction stays a schema error on both sides."""
     event = {"event_id": "6f1c1a6e-7d0c-4a43-9a55-0c7f2d1f4b1e", "schema_version": 1, "ts": "2024-05-15T15:00:00Z",
              "agent": "a", "session_id": "s", "seq": 1.0, "type": "user_message", "payload": {"text": "x"}}
     assert TRACE_VALIDATOR.is_valid(event)
-    assert not isinstance(decode_trace(_to_json(event), 10_000), codec.Rejection)
+    decoded = decode_trace(_to_json(event), 10_000)
+    assert not isinstance(decoded, codec.Rejection) and decoded.seq == 1 and type(decoded.seq) is int
+    event["seq"] = 1.5
+    assert not TRACE_VALIDATOR.is_valid(event)
+    rejected = decode_trace(_to_json(event), 10_000)
+    assert isinstance(rejected, codec.Rejection) and rejected.kind == "schema" and "seq" in rejected.reason
 
 
 @pytest.mark.parametrize("mutate", [

@@ -42,6 +42,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from operator import attrgetter
 from typing import Any
 
 from processors.memory_index import IndexConfig, MemoryIndex
@@ -319,6 +320,39 @@ def apply(state: MemoryState, event: MemoryEvent) -> None:
             ix.unlink(a, b)
 
 
+def apply_all(state: MemoryState, events: Iterable[MemoryEvent]) -> None:
+    """Fold events in order: the state ``apply`` gives one by one. Consecutive ``MemoryForgotten``
+    events of one reason (a sleep run's prunings, its compressions) are applied as one batch."""
+    batch: list[MemoryForgotten] = []
+    for ev in events:
+        if isinstance(ev, MemoryForgotten):
+            if batch and ev.reason is not batch[0].reason:
+                _forget_batch(state, batch)
+                batch = []
+            batch.append(ev)
+            continue
+        if batch:
+            _forget_batch(state, batch)
+            batch = []
+        apply(state, ev)
+    if batch:
+        _forget_batch(state, batch)
+
+
+_MEMORY_ID = attrgetter("memory_id")
+
+
+def _forget_batch(state: MemoryState, events: Sequence[MemoryForgotten]) -> None:
+    """``apply`` of MemoryForgotten events of one reason, batched."""
+    ix = state.index
+    rows = [i for i in map(ix.pos.get, map(_MEMORY_ID, events)) if i is not None]
+    if events[0].reason is ForgetReason.REMOVED:
+        ix.remove_many(rows)
+        return
+    ix.drop_edges_many(rows)
+    ix.compressed.data[rows] = True
+
+
 def capture(state: MemoryState, units: Sequence[MemoryUnit], now: datetime
             ) -> tuple[MemoryState, list[MemoryEvent]]:
     """Decide and apply, unit by unit (a unit sees the memories of the units before it).
@@ -354,6 +388,14 @@ def forget(state: MemoryState, memory_id: str, reason: ForgetReason, now: dateti
         return []
     return [MemoryForgotten(schema_version=MEMORY_SCHEMA_VERSION, memory_id=memory_id, reason=reason,
                             forgotten_at=now)]
+
+
+def forget_all(state: MemoryState, forgotten: Iterable[tuple[str, ForgetReason]], now: datetime
+               ) -> list[MemoryForgotten]:
+    """``forget`` of each (memory_id, reason), in order, as one list (apply them with ``apply_all``)."""
+    pos = state.index.pos
+    return [MemoryForgotten(schema_version=MEMORY_SCHEMA_VERSION, memory_id=memory_id, reason=reason,
+                            forgotten_at=now) for memory_id, reason in forgotten if memory_id in pos]
 
 
 def check_consistency(state: MemoryState, now: datetime) -> list[MemoryUnlinked]:

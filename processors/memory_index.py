@@ -872,6 +872,29 @@ class MemoryIndex:
                     del self.graph[j]
         return others
 
+    def drop_edges_many(self, rows: Iterable[int]) -> None:
+        """``drop_edges(i)`` for each of ``rows``, batched: the same graph. Only the edges to memories
+        that stay are popped one by one; the dicts of the dropped memories go whole."""
+        graph = self.graph
+        rows = list(dict.fromkeys(i for i in rows if i in graph))  # once each
+        if not rows:
+            return
+        nbrs = [graph[i] for i in rows]
+        degree = np.fromiter(map(len, nbrs), dtype=np.int64, count=len(rows))
+        ends = np.fromiter(chain.from_iterable(nbrs), dtype=np.int64, count=int(degree.sum()))
+        froms = np.repeat(np.asarray(rows, dtype=np.int64), degree)
+        dropped = np.zeros(max(int(ends.max(initial=0)), max(rows)) + 1, dtype=bool)
+        dropped[rows] = True
+        stays = ~dropped[ends]
+        for i, j in zip(froms[stays].tolist(), ends[stays].tolist()):
+            others = graph.get(j)
+            if others is not None:
+                others.pop(i, None)
+                if not others:
+                    del graph[j]
+        for i in rows:
+            del graph[i]
+
     def remove(self, i: int) -> None:
         """Forget memory ``i``: dead for every read (the LSH too), out of its run and the graph."""
         if not self.alive.data[i]:
@@ -897,6 +920,59 @@ class MemoryIndex:
             self.prev.data[after] = before
         self.prev.data[i] = self.next.data[i] = -1
         self.drop_edges(i)
+
+    def remove_many(self, rows: Sequence[int]) -> None:
+        """``remove(i)`` for each of ``rows`` in order, batched (a sleep forgets a million at once): the
+        same state, counters included (the per-run and per-scope sums are applied in that order)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if not len(rows):
+            return
+        first = np.zeros(len(rows), dtype=bool)  # a row removed twice (or already dead): one removal
+        first[np.unique(rows, return_index=True)[1]] = True
+        rows = rows[first & self.alive.data[rows]]
+        if not len(rows):
+            return
+        self.alive.data[rows] = False
+        self.live_scope.data[rows] = -1
+        self.live -= len(rows)
+        doc = self.doc_len.data[rows].astype(np.float64)
+        live_len = self.live_len
+        for d in doc.tolist():  # a float sum, in the order remove would take it
+            live_len -= d
+        self.live_len = live_len
+        runs = self.run_code.data[rows].astype(np.int64)
+        scopes = self.scope_code.data[rows].astype(np.int64)
+        np.subtract.at(self.run_len.data, runs, doc)  # unbuffered: element by element, in order
+        np.subtract.at(self.scope_len.data, scopes, doc)
+        np.subtract.at(self.scope_live.data, scopes, 1)
+        # A run whose live count reaches 0 takes one off the scope of the memory that emptied it: the
+        # k-th removal (in order) of a run that had k live memories.
+        before = self.run_live.data[runs]  # before any of these removals
+        np.subtract.at(self.run_live.data, runs, 1)
+        by_run = np.argsort(runs, kind="stable")
+        sorted_runs = runs[by_run]
+        starts = np.flatnonzero(np.r_[True, sorted_runs[1:] != sorted_runs[:-1]])
+        removed = np.diff(np.r_[starts, len(rows)])
+        had = before[by_run[starts]]
+        empties = (had >= 1) & (had <= removed)
+        np.subtract.at(self.scope_runs.data, scopes[by_run[starts[empties] + had[empties] - 1]], 1)
+        units, members = self.units, self.run_members
+        for i, run in zip(rows.tolist(), runs.tolist()):
+            mine = members[run]
+            if len(mine) == 1 and mine[0][1] == i:  # the run's only memory (remove's check, cheaper)
+                mine.clear()
+            else:
+                mine.remove((units[i].position, i))
+        prev, nxt = self.prev.data, self.next.data
+        linked = rows[(prev[rows] >= 0) | (nxt[rows] >= 0)]  # only these have (or get) neighbours to mend
+        for i in linked.tolist():
+            before_i, after_i = int(prev[i]), int(nxt[i])
+            if before_i >= 0:
+                nxt[before_i] = after_i
+            if after_i >= 0:
+                prev[after_i] = before_i
+            prev[i] = nxt[i] = -1
+        self.drop_edges_many(rows.tolist())
 
     def record_access(self, i: int, at: float, long_term_after: int) -> None:
         self.access_count.data[i] += 1

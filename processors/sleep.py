@@ -80,6 +80,8 @@ from zoneinfo import ZoneInfo
 import msgspec
 import numpy as np
 import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from processors import dreaming
 from processors.graph_metrics import fiedler_trend, integration, simple_graph
@@ -114,6 +116,7 @@ from schemas.lifecycle import (
     SleepTrigger,
     TripleRetired,
     compact_size,
+    encode_lifecycle,
 )
 
 DEFAULT_SCHEDULE = "0 3 * * *"
@@ -348,13 +351,10 @@ class _Columns:
         f = self.frame
         self.n = f.height
         self.ids = f["memory_id"]
-        self.agents: list[str] = sorted(set(f["agent"].to_list()))
+        self.agents: list[str] = sorted(f["agent"].unique().to_list())
         self.agent_code = (f["agent"].rank("dense").cast(pl.Int64).to_numpy() - 1) if self.n else np.zeros(0, np.int64)
-        layers = f["layer"].to_numpy().astype(str) if self.n else np.zeros(0, dtype=str)
+        layers, self.layer_names, self.layer_code = _categories(f["layer"])
         self.layer = layers
-        self.layer_names: list[str] = sorted(set(layers.tolist()))
-        self.layer_code = (np.searchsorted(np.asarray(self.layer_names, dtype=str), layers) if self.n
-                           else np.zeros(0, np.int64))
         self.group = self.agent_code * max(len(self.layer_names), 1) + self.layer_code
         self.n_groups = max(len(self.agents), 1) * max(len(self.layer_names), 1)
         self.is_hip = layers == HIPPOCAMPUS
@@ -365,7 +365,7 @@ class _Columns:
         self.idle_days = np.maximum(now_us - self.access_us, 0) / US_PER_DAY
         self.access_count = f["access_count"].to_numpy().astype(np.float64)
         self.importance = np.clip(f["importance"].to_numpy().astype(np.float64), 0.0, 1.0)
-        outcome = f["outcome"].to_numpy().astype(str)
+        outcome = _categories(f["outcome"])[0]
         self.outcome = outcome
         self.outcome_value = np.zeros(self.n)
         for name, value in OUTCOME_VALUE.items():
@@ -390,18 +390,18 @@ class _Columns:
         self.bins = [(by_kind[k], BIN_SIZES[k]) for k in config.coverage_bins]
         self.has_graph = edges is not None
         if edges is not None and self.n:
-            # Rows are sorted by id: an id's row is a binary search away (no hash join of strings).
-            src = edges["src"].cast(pl.String)
-            dst = edges["dst"].cast(pl.String)
-            i = self.ids.search_sorted(src).to_numpy().astype(np.int64)
-            j = self.ids.search_sorted(dst).to_numpy().astype(np.int64)
-            i_ok = np.minimum(i, self.n - 1)
-            j_ok = np.minimum(j, self.n - 1)
-            found = ((self.ids.gather(i_ok) == src) & (self.ids.gather(j_ok) == dst)).to_numpy()  # orphans out
-            w = edges["weight"].cast(pl.Float64).to_numpy() if "weight" in edges.columns else np.ones(len(i))
+            # An end's row: its id's place among the (unique) ids, by one hash lookup; orphans out.
+            ends = pl.concat([edges["src"].cast(pl.String), edges["dst"].cast(pl.String)]).to_arrow()
+            at = pc.index_in(ends.cast(pa.string()), value_set=self.ids.to_arrow().cast(pa.string()))
+            ok = at.is_valid().to_numpy(zero_copy_only=False)
+            rows = pc.fill_null(at, 0).to_numpy().astype(np.int64)
+            m = edges.height
+            found = ok[:m] & ok[m:]
+            i_ok, j_ok = rows[:m], rows[m:]
+            w = edges["weight"].cast(pl.Float64).to_numpy() if "weight" in edges.columns else np.ones(len(i_ok))
             # Each layer has its own associative graph; an edge across layers (the cross-layer graph)
             # is not an association and does not count for retention.
-            found &= layers[i_ok] == layers[j_ok]
+            found &= self.layer_code[i_ok] == self.layer_code[j_ok]
             g = simple_graph(self.n, i_ok[found], j_ok[found], w[found])
             self.gi, self.gj, self.gw = g.i, g.j, g.w
         else:
@@ -417,6 +417,21 @@ class _Columns:
         """Edges of each node whose both ends are in ``mask``."""
         live = mask[self.gi] & mask[self.gj]
         return (np.bincount(self.gi[live], minlength=self.n) + np.bincount(self.gj[live], minlength=self.n))
+
+
+def _categories(values: pl.Series) -> tuple[np.ndarray, list[str], np.ndarray]:
+    """``values.to_numpy().astype(str)`` (no nulls), its distinct values sorted, and each row's place
+    among them; only the distinct values become Python or numpy strings (they go through numpy as
+    the rows would, so a value numpy changes, e.g. by trailing NULs, changes alike)."""
+    if values.len() == 0:
+        return np.zeros(0, dtype=str), [], np.zeros(0, np.int64)
+    distinct = values.unique()
+    text = distinct.to_numpy().astype(str)
+    names = sorted(set(text.tolist()))
+    sorted_names = np.asarray(names, dtype=str)
+    at = pc.index_in(values.to_arrow().cast(pa.string()), value_set=distinct.to_arrow().cast(pa.string()))
+    codes = np.searchsorted(sorted_names, text)[at.to_numpy().astype(np.int64)]
+    return sorted_names[codes], names, codes
 
 
 def retention_scores(access_count: np.ndarray, idle_days: np.ndarray, edges: np.ndarray, importance: np.ndarray,
@@ -643,15 +658,157 @@ class SleepView:
 Phase = Callable[[SleepView], Sequence[RunEvent]]
 
 
-class _Segment:
-    """A run of decisions of one kind: rows plus how to build the event of a row at a seq."""
+# --- decisions as columns ---------------------------------------------------------------------------
+# A run over a million memories decides millions of events, and the shell stores them as rows
+# (``SleepPlan.encoded``). The bulk kinds are therefore encoded column by column, never as one
+# struct per event: each value's text is msgspec's (numbers: a whole column encoded at once, then
+# cut at the commas; strings: quoted as msgspec quotes them) and the fields are joined in the
+# struct's declared order, tag first. That is ``encode_lifecycle`` of each event, byte for byte
+# (tests/processors/test_sleep_columns.py compares them on generated runs).
 
-    def __init__(self, rows: Sequence[Any], build: Callable[[Any, int], RunEvent]) -> None:
+_ENCODER = msgspec.json.Encoder()
+_ENCODE_CHUNK = 1 << 18  # rows encoded at once (an Arrow string array holds < 2 GiB)
+_COMMA = ord(",")
+_NEEDS_ESCAPE = r'[\x00-\x1f"\\]'  # what msgspec escapes in a string; anything else is copied as is
+
+
+def _json_text(value: Any) -> str:
+    return _ENCODER.encode(value).decode()
+
+
+def _json_numbers(values: Sequence[Any]) -> pa.Array:
+    """msgspec's JSON text of each number (int or float; None: null).
+
+    >>> _json_numbers([1, 0.5, None, 1e-7, 2.0]).to_pylist()
+    ['1', '0.5', 'null', '1e-7', '2.0']
+    """
+    n = len(values)
+    if n == 0:
+        return pa.array([], pa.string())
+    inner = np.frombuffer(_ENCODER.encode(values), dtype=np.uint8)[1:-1]
+    comma = inner == _COMMA
+    at = np.flatnonzero(comma)
+    if len(at) != n - 1:
+        raise ValueError(f"{n} values are not {len(at) + 1} JSON numbers")
+    data = inner[~comma]
+    offsets = np.concatenate(([0], at - np.arange(n - 1), [len(data)]))
+    return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)])
+
+
+def _json_ints(values: np.ndarray | Sequence[int]) -> pa.Array:
+    """msgspec's JSON text of each integer (a decimal: what Arrow's cast to string writes).
+
+    >>> _json_ints(np.array([0, -12, 2**63 - 1])).to_pylist()
+    ['0', '-12', '9223372036854775807']
+    """
+    return pa.array(np.asarray(values, dtype=np.int64)).cast(pa.string())
+
+
+def _json_strings(values: pa.Array | pa.ChunkedArray, *, repeated: bool = False) -> pa.Array:
+    """msgspec's JSON text of each string (no nulls): quoted, escaped where needed. ``repeated``:
+    the texts of the distinct values are made once.
+
+    >>> _json_strings(pa.array(["a", 'b"c'])).to_pylist() == ['"a"', '"b\\\\"c"']
+    True
+    """
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    values = values.cast(pa.string())
+    if values.null_count:
+        raise ValueError("JSON strings of a column with nulls")
+    if repeated:  # few distinct values (agents, keys): quote each once
+        codes = pc.dictionary_encode(values)
+        return _json_strings(codes.dictionary).take(codes.indices)
+    quoted = pc.binary_join_element_wise('"', values, '"', "")
+    escape = pc.match_substring_regex(values, _NEEDS_ESCAPE)
+    if pc.any(escape).as_py():
+        rows = np.flatnonzero(escape.to_numpy(zero_copy_only=False))
+        fixed = [_json_text(s) for s in values.take(pa.array(rows)).to_pylist()]
+        quoted = pc.replace_with_mask(quoted, escape, pa.array(fixed, quoted.type))
+    return quoted
+
+
+def _json_seconds(seconds: np.ndarray) -> pa.Array | None:
+    """msgspec's JSON text of each whole-second UTC datetime ``_dt(s * 10**6)`` (a fixed 22 bytes,
+    digits written column-wise); None when one is outside what ``datetime`` holds (the caller then
+    builds them one by one, and fails as they do).
+
+    >>> _json_seconds(np.array([0, 86_399])).to_pylist()
+    ['"1970-01-01T00:00:00Z"', '"1970-01-01T23:59:59Z"']
+    """
+    s = np.asarray(seconds, dtype=np.int64)
+    if len(s) and (s.min() < _MIN_SECONDS or s.max() > _MAX_SECONDS):
+        return None
+    t = s.astype("datetime64[s]")
+    day = t.astype("datetime64[D]")
+    month = t.astype("datetime64[M]")
+    of_day = s - day.astype("datetime64[s]").astype(np.int64)
+    out = np.empty((len(s), len(_SECONDS_TEMPLATE)), dtype=np.uint8)
+    out[:] = np.frombuffer(_SECONDS_TEMPLATE, dtype=np.uint8)
+    for at, value, width in ((1, t.astype("datetime64[Y]").astype(np.int64) + 1970, 4),
+                             (6, month.astype(np.int64) % 12 + 1, 2),
+                             (9, (day - month.astype("datetime64[D]")).astype(np.int64) + 1, 2),
+                             (12, of_day // 3600, 2), (15, of_day // 60 % 60, 2), (18, of_day % 60, 2)):
+        for k in range(width):
+            out[:, at + width - 1 - k] = 48 + value // 10**k % 10
+    offsets = np.arange(0, out.size + 1, out.shape[1], dtype=np.int32)
+    return pa.Array.from_buffers(pa.string(), len(s), [None, pa.py_buffer(offsets), pa.py_buffer(out.ravel())])
+
+
+_SECONDS_TEMPLATE = b'"0000-00-00T00:00:00Z"'
+_MIN_SECONDS = -62_135_596_800  # 0001-01-01T00:00:00Z
+_MAX_SECONDS = 253_402_300_799  # 9999-12-31T23:59:59Z
+
+
+def _struct_rows(cls: type[msgspec.Struct], fields: Mapping[str, str | pa.Array]) -> pa.Array:
+    """One JSON object per row as msgspec encodes ``cls`` (tag first, then the fields in declared
+    order): ``fields`` holds each field's JSON text, one for every row (str) or one per row (array)."""
+    config = cls.__struct_config__
+    if config.omit_defaults or set(fields) != set(cls.__struct_fields__):
+        raise ValueError(f"{cls.__name__}: texts of every field needed (and no omitted defaults)")
+    parts: list[Any] = []
+    text = "{"
+    sep = ""
+    if config.tag_field is not None:
+        text += f"{_json_text(config.tag_field)}:{_json_text(config.tag)}"
+        sep = ","
+    for name, wire in zip(cls.__struct_fields__, cls.__struct_encode_fields__, strict=True):
+        text += f"{sep}{_json_text(wire)}:"
+        sep = ","
+        value = fields[name]
+        if isinstance(value, str):
+            text += value
+        else:
+            parts += [text, value]
+            text = ""
+    parts.append(text + "}")
+    return pc.binary_join_element_wise(*parts, "")
+
+
+class _Segment:
+    """A run of decisions of one kind: rows plus how to build the event of a row at a seq, and
+    optionally how to encode rows ``[lo, hi)`` at once from ``seq`` on: ``(event type, memory ids,
+    JSON bodies)``, what building and encoding each event gives."""
+
+    def __init__(self, rows: Sequence[Any], build: Callable[[Any, int], RunEvent],
+                 encode: Callable[[int, int, int], tuple[type, pa.Array, pa.Array]] | None = None) -> None:
         self.rows = rows
         self.build = build
+        self.encode = encode
 
     def __len__(self) -> int:
         return len(self.rows)
+
+
+class EncodedEvents(NamedTuple):
+    """A run's events as columns (``SleepPlan.encoded``), one row per event in seq order: what
+    ``type(ev).__name__``, ``getattr(ev, "memory_id", None)`` and ``encode_lifecycle(ev)`` give.
+    Every event of a run has the plan's ``run_id`` and ``at``."""
+
+    seq: pa.Array  # int64
+    kind: pa.Array  # string: the event's type name
+    memory_id: pa.Array  # string, null where the event names no memory
+    body: pa.ChunkedArray  # string: the event's canonical JSON
 
 
 class SleepPlan:
@@ -688,6 +845,37 @@ class SleepPlan:
                 yield segment.build(row, seq + offset)
             seq += size
 
+    def encoded(self, start: int = 0) -> EncodedEvents:
+        """``events(start)`` as columns, encoded a chunk of rows at a time where a segment can (the
+        bulk kinds: no event object per row), event by event elsewhere."""
+        kinds: list[pa.Array] = []
+        memory_ids: list[pa.Array] = []
+        bodies: list[pa.Array] = []
+        seq = 0
+        for segment in self.segments:
+            size = len(segment)
+            first = max(start - seq, 0)
+            if segment.encode is not None:
+                for lo in range(first, size, _ENCODE_CHUNK):
+                    hi = min(lo + _ENCODE_CHUNK, size)
+                    cls, ids, body = segment.encode(lo, hi, seq + lo)
+                    kinds.append(pa.repeat(pa.scalar(cls.__name__, pa.string()), hi - lo))
+                    memory_ids.append(ids.cast(pa.string()))
+                    bodies.append(body.cast(pa.string()))
+            elif first < size:
+                rows = segment.rows[first:] if first else segment.rows
+                events = [segment.build(row, seq + offset) for offset, row in enumerate(rows, first)]
+                kinds.append(pa.array([type(ev).__name__ for ev in events], pa.string()))
+                memory_ids.append(pa.array([getattr(ev, "memory_id", None) for ev in events], pa.string()))
+                bodies.append(pa.array([encode_lifecycle(ev) for ev in events], pa.binary()).cast(pa.string()))
+            seq += size
+        total = len(self)
+        empty = pa.array([], pa.string())
+        return EncodedEvents(pa.array(np.arange(min(start, total), total, dtype=np.int64)),
+                             pa.concat_arrays(kinds) if kinds else empty,
+                             pa.concat_arrays(memory_ids) if memory_ids else empty,
+                             pa.chunked_array(bodies, pa.string()))
+
 
 def _rows(frame: pl.DataFrame) -> list[tuple[Any, ...]]:
     return frame.rows()
@@ -711,11 +899,13 @@ def plan_sleep(inputs: SleepInputs, *, now: datetime, trigger: SleepTrigger = Sl
     layer_of = c.layer.tolist()
     segments: list[_Segment] = []
     counts: dict[str, int] = {}
+    texts = _RowTexts(c, run_id, now)
 
-    def add(kind: str, rows: Sequence[Any], build: Callable[[Any, int], RunEvent]) -> None:
+    def add(kind: str, rows: Sequence[Any], build: Callable[[Any, int], RunEvent],
+            encode: Callable[[int, int, int], tuple[type, pa.Array, pa.Array]] | None = None) -> None:
         counts[kind] = counts.get(kind, 0) + len(rows)
         if len(rows):
-            segments.append(_Segment(rows, build))
+            segments.append(_Segment(rows, build, encode))
 
     add("started", [None], lambda _r, seq: SleepStarted(
         run_id=run_id, seq=seq, at=now, trigger=trigger, schedule=config.schedule, previous=watermark,
@@ -781,7 +971,7 @@ def plan_sleep(inputs: SleepInputs, *, now: datetime, trigger: SleepTrigger = Sl
     hip = consolidate(c, c.is_hip, config, refreshed=refreshed, extra_accesses=extra, caps=caps)
     pruned = hip.pruned.copy()
     compressed_now = hip.compress.copy()
-    compacts = [_decision_segments(add, c, hip, run_id, now, ids, agents_of, layer_of, refreshed)]
+    compacts = [_decision_segments(add, c, hip, run_id, now, ids, agents_of, layer_of, refreshed, texts)]
     close_phase(SleepPhase.HIPPOCAMPUS)
 
     # ---- phase 2: promotion -------------------------------------------------------------------
@@ -793,7 +983,7 @@ def plan_sleep(inputs: SleepInputs, *, now: datetime, trigger: SleepTrigger = Sl
     semantic_rows = ~c.is_hip
     sem = consolidate(c, semantic_rows, config, pruned_before=pruned,
                       compressed_before=c.compressed | compressed_now)
-    compacts.append(_decision_segments(add, c, sem, run_id, now, ids, agents_of, layer_of, None))
+    compacts.append(_decision_segments(add, c, sem, run_id, now, ids, agents_of, layer_of, None, texts))
     pruned |= sem.pruned
     compressed_now |= sem.compress
     retired = retire_triples(inputs.triples, now, config.triple_retention_days) if inputs.triples is not None \
@@ -804,11 +994,13 @@ def plan_sleep(inputs: SleepInputs, *, now: datetime, trigger: SleepTrigger = Sl
     compressed_after = c.compressed | compressed_now
     add("connected", connected.rows(), lambda r, seq: MemoriesConnected(
         run_id=run_id, seq=seq, at=now, a=r[0], b=r[1], agent=r[2], weight=r[3]))
-    reviews = _reviews(c, survivors, now_us, extra)
-    add("reviewed", reviews, lambda r, seq: ReviewScheduled(
+    reviews, reviewed_rows = _reviews(c, survivors, now_us, extra)
+    add("reviewed", _FrameRows(reviews), lambda r, seq: ReviewScheduled(
         run_id=run_id, seq=seq, at=now, memory_id=r[0], agent=r[1], rating=r[2], elapsed_days=r[3],
         retrievability=r[4], stability=r[5], difficulty=r[6], interval_days=r[7],
-        due_at=_dt(now_us + r[7] * US_PER_DAY), reviewed_access_count=r[8]))
+        due_at=_dt(now_us + r[7] * US_PER_DAY), reviewed_access_count=r[8]),
+        texts.columnar(ReviewScheduled, reviewed_rows,
+                       lambda rows, lo, hi: _review_fields(reviews.slice(lo, hi - lo), now_us)))
     patterns = _abstract(c, inputs, survivors)
     add("abstracted", patterns.rows(), lambda r, seq: PatternAbstracted(
         run_id=run_id, seq=seq, at=now, pattern_id=r[0], agent=r[1], key=r[2], domains=list(r[3]), support=r[4],
@@ -833,25 +1025,152 @@ def plan_sleep(inputs: SleepInputs, *, now: datetime, trigger: SleepTrigger = Sl
 
 
 class _Compacts:
-    """The compact forms of one pass: built per event, sizes cached for the report."""
+    """The compact forms of one pass: built per event (``get``) or all at once as JSON texts
+    (``texts``, for ``SleepPlan.encoded``); their sizes for the report."""
 
-    def __init__(self, rows: list[int], build: Callable[[int], CompactMemory]) -> None:
+    def __init__(self, rows: list[int], build: Callable[[int], CompactMemory], columns: Callable[[], pa.Array]
+                 ) -> None:
         self.rows = rows
         self.build = build
+        self.columns = columns
         self.sizes: dict[int, int] = {}
+        self._texts: pa.Array | None = None
 
     def get(self, row: int) -> CompactMemory:
         compact = self.build(row)
         self.sizes[row] = compact_size(compact)
         return compact
 
+    def texts(self) -> pa.Array:
+        """``encode(compact)`` of every row, in the rows' order."""
+        if self._texts is None:
+            self._texts = self.columns()
+        return self._texts
+
     def total(self) -> int:
+        if self._texts is not None:
+            return int(pc.sum(pc.binary_length(self._texts)).as_py() or 0)
         return sum(self.sizes[r] if r in self.sizes else compact_size(self.build(r)) for r in self.rows)
+
+
+class _RowTexts:
+    """JSON texts the columnar encoders of one run share, each made once, on first use."""
+
+    def __init__(self, c: _Columns, run_id: str, now: datetime) -> None:
+        self.c = c
+        self.run_id = _json_text(run_id)
+        self.at = _json_text(now)
+        self._ids: pa.Array | None = None
+        self._id_texts: pa.Array | None = None
+        self._agent_texts: pa.Array | None = None
+        self._layer_texts: pa.Array | None = None
+
+    @property
+    def ids(self) -> pa.Array:
+        if self._ids is None:
+            self._ids = self.c.ids.to_arrow().cast(pa.string())
+        return self._ids
+
+    @property
+    def id_texts(self) -> pa.Array:
+        if self._id_texts is None:
+            self._id_texts = _json_strings(self.ids)
+        return self._id_texts
+
+    def agents(self, rows: np.ndarray) -> pa.Array:
+        if self._agent_texts is None:
+            self._agent_texts = _json_strings(self.c.frame["agent"].to_arrow(), repeated=True)
+        return self._agent_texts.take(pa.array(rows))
+
+    def layers(self, rows: np.ndarray) -> pa.Array:
+        if self._layer_texts is None:
+            self._layer_texts = _json_strings(pa.array(self.c.layer_names, pa.string()))
+        return self._layer_texts.take(pa.array(self.c.layer_code[rows]))
+
+    def decision(self, rows: np.ndarray, seq: int, *, layer: bool = True) -> dict[str, str | pa.Array]:
+        """The fields every decision about memory ``rows`` has (from ``seq`` on)."""
+        fields: dict[str, str | pa.Array] = {
+            "run_id": self.run_id, "seq": _json_ints(np.arange(seq, seq + len(rows))), "at": self.at,
+            "memory_id": self.id_texts.take(pa.array(rows)), "agent": self.agents(rows)}
+        if layer:
+            fields["layer"] = self.layers(rows)
+        return fields
+
+    def columnar(self, cls: type, rows: np.ndarray, fields: Callable[[np.ndarray, int, int], dict[str, Any]]
+                 ) -> Callable[[int, int, int], tuple[type, pa.Array, pa.Array]]:
+        """A segment's encoder: events of ``cls`` about memory ``rows``; ``fields(rows, lo, hi)`` gives
+        the texts of the fields beyond ``decision``'s for positions ``[lo, hi)``."""
+        def encode(lo: int, hi: int, seq: int) -> tuple[type, pa.Array, pa.Array]:
+            part = rows[lo:hi]
+            texts = {**self.decision(part, seq, layer="layer" in cls.__struct_fields__), **fields(part, lo, hi)}
+            return cls, self.ids.take(pa.array(part)), _struct_rows(cls, texts)
+
+        return encode
+
+
+_COMPACT_WIRE = dict(zip(CompactMemory.__struct_fields__, CompactMemory.__struct_encode_fields__, strict=True))
+
+
+def _compact_texts(c: _Columns, rows: np.ndarray, access_us: np.ndarray, snapshot: np.ndarray, id_texts: pa.Array,
+                   build: Callable[[int], CompactMemory]) -> pa.Array:
+    """``encode(compact_memory(...))`` of each of ``rows`` (the arguments ``_decision_segments`` passes),
+    column by column: fields in declared order, defaults omitted, keys while they fit. ``build(row)``
+    makes the rare ones another way (an id too long for the bound: its digest)."""
+    wire = {name: _json_text(w) for name, w in _COMPACT_WIRE.items()}
+    m = len(rows)
+    if m == 0:
+        return pa.array([], pa.string())
+    created = _json_seconds(c.created_us[rows] // 1_000_000)
+    access = _json_seconds(access_us[rows] // 1_000_000)
+    keys = c.frame["index_keys"].gather(rows).to_arrow()
+    flat = keys.flatten()
+    if created is None or access is None or flat.null_count:  # what compact_memory would fail on, as it does
+        return pa.array([_json_text(build(int(r))) for r in rows], pa.string())
+    outcomes, which = np.unique(c.outcome[rows], return_inverse=True)
+    outcome = pa.array([f",{wire['outcome']}:{_json_text(o[:16])}" if o[:16] else "" for o in outcomes.tolist()],
+                       pa.string()).take(pa.array(which.ravel()))
+
+    def count(name: str, values: np.ndarray) -> pa.Array:  # a count, omitted when 0 (its default)
+        values = np.maximum(values, 0)
+        return pc.if_else(pa.array(values > 0), pc.binary_join_element_wise(
+            f",{wire[name]}:", _json_ints(values), ""), "")
+
+    base = pc.binary_join_element_wise(
+        "{" + wire["memory_id"] + ":", id_texts.take(pa.array(rows)), f",{wire['created_at']}:", created,
+        f",{wire['last_access']}:", access, outcome, count("access_count", c.access_count[rows].astype(np.int64)),
+        count("edge_count", snapshot[rows].astype(np.int64)), "")
+    size = pc.binary_length(base).to_numpy().astype(np.int64) + 1  # with its closing brace
+    # Keys: cut to 40 characters, each costs its text (and a comma after the first); kept while the
+    # running cost stays within what the bound leaves (costs are positive: the kept ones are a prefix).
+    n_keys = pc.fill_null(pc.list_value_length(keys), 0).to_numpy().astype(np.int64)
+    flat = flat.cast(pa.string())
+    if len(flat) and pc.max(pc.utf8_length(flat)).as_py() > COMPACT_KEY_MAX_CHARS:  # characters, as str counts
+        flat = pa.array([k[:COMPACT_KEY_MAX_CHARS] for k in flat.to_pylist()], pa.string())
+    key_texts = _json_strings(flat, repeated=True)
+    owner = np.repeat(np.arange(m), n_keys)
+    starts = np.cumsum(n_keys) - n_keys
+    cost = pc.binary_length(key_texts).to_numpy().astype(np.int64) + 1
+    cost[starts[n_keys > 0]] -= 1
+    running = np.cumsum(cost)
+    running -= np.repeat(np.concatenate(([0], running))[starts], n_keys)  # from each row's first key
+    budget = COMPACT_MAX_BYTES - size - len(',"k":[]')
+    kept = running <= budget[owner]
+    n_kept = np.bincount(owner[kept], minlength=m)
+    offsets = np.concatenate(([0], np.cumsum(n_kept))).astype(np.int32)
+    joined = pc.binary_join(pa.ListArray.from_arrays(pa.array(offsets), key_texts.filter(pa.array(kept))), ",")
+    key_part = pc.if_else(pa.array(n_kept > 0), pc.binary_join_element_wise(
+        f",{wire['keys']}:[", joined, "]", ""), "")
+    texts = pc.binary_join_element_wise(base, key_part, "}", "")
+    long = size > COMPACT_MAX_BYTES  # the id is replaced by its digest: built one by one
+    if long.any():
+        fixed = [_json_text(build(int(r))) for r in rows[long]]
+        texts = pc.replace_with_mask(texts, pa.array(long), pa.array(fixed, texts.type))
+    return texts
 
 
 def _decision_segments(add: Callable[..., None], c: _Columns, d: Consolidated, run_id: str, now: datetime,
                        ids: list[str], agents_of: list[str], layer_of: list[str],
-                       refreshed: np.ndarray | None) -> _Compacts:
+                       refreshed: np.ndarray | None, texts: _RowTexts) -> _Compacts:
     """Protected, compressed, pruned, rescored: each kind ordered by (agent, memory_id)."""
 
     def ordered(mask: np.ndarray) -> np.ndarray:
@@ -866,18 +1185,28 @@ def _decision_segments(add: Callable[..., None], c: _Columns, d: Consolidated, r
             reasons.append(ProtectReason.SUCCESS)
         return reasons
 
-    add("protected", ordered(d.protect).tolist(), lambda r, seq: MemoryProtected(
+    # The reasons' texts by (user interaction, success): [], [user], [success], [user, success].
+    reason_texts = pa.array([_json_text([r for r, on in ((ProtectReason.USER_INTERACTION, u),
+                                                        (ProtectReason.SUCCESS, s)) if on])
+                             for s in (False, True) for u in (False, True)], pa.string())
+    protected = ordered(d.protect)
+    add("protected", protected.tolist(), lambda r, seq: MemoryProtected(
         run_id=run_id, seq=seq, at=now, memory_id=ids[r], agent=agents_of[r], layer=layer_of[r],
-        reasons=protect_reasons(r)))
+        reasons=protect_reasons(r)), texts.columnar(MemoryProtected, protected, lambda rows, lo, hi: {
+            "reasons": reason_texts.take(pa.array(c.user[rows].astype(np.int64) + 2 * c.success[rows]))}))
     access_us = c.access_us if refreshed is None else np.where(refreshed, c.now_us, c.access_us)
-    compressed_rows = ordered(d.compress).tolist()
-    keys = dict(zip(compressed_rows, c.frame["index_keys"].gather(compressed_rows).to_list(), strict=True))
+    compressed = ordered(d.compress)
+    compressed_rows = compressed.tolist()
+    keys: dict[int, list[str] | None] = {}
 
     def compact_of(r: int) -> CompactMemory:
+        if not keys:  # the index keys of every compressed row, on first use
+            keys.update(zip(compressed_rows, c.frame["index_keys"].gather(compressed_rows).to_list(), strict=True))
         return compact_memory(ids[r], int(c.created_us[r]), int(access_us[r]), str(c.outcome[r]),
                               int(c.access_count[r]), int(d.snapshot[r]), keys[r] or [])
 
-    compacts = _Compacts(compressed_rows, compact_of)
+    compacts = _Compacts(compressed_rows, compact_of, lambda: _compact_texts(
+        c, compressed, access_us, d.snapshot, texts.id_texts, compact_of))
 
     def compressed_event(r: int, seq: int) -> MemoryCompressed:
         compact = compacts.get(r)
@@ -885,14 +1214,31 @@ def _decision_segments(add: Callable[..., None], c: _Columns, d: Consolidated, r
                                 layer=layer_of[r], compact=compact, bytes_before=int(c.size_bytes[r]),
                                 bytes_after=compact_size(compact), retention=float(d.retention[r]))
 
-    add("compressed", compressed_rows, compressed_event)
-    add("pruned", ordered(d.pruned).tolist(), lambda r, seq: MemoryPruned(
+    def compressed_fields(rows: np.ndarray, lo: int, hi: int) -> dict[str, Any]:
+        compact = compacts.texts()[lo:hi]
+        return {"compact": compact, "bytes_before": _json_ints(c.size_bytes[rows]),
+                "bytes_after": _json_ints(pc.binary_length(compact).to_numpy()),
+                "retention": _json_numbers(d.retention[rows].tolist())}
+
+    add("compressed", compressed_rows, compressed_event,
+        texts.columnar(MemoryCompressed, compressed, compressed_fields))
+    prune_reasons = pa.array([_json_text(PruneReason.STALE), _json_text(PruneReason.OVER_CAPACITY)], pa.string())
+    pruned = ordered(d.pruned)
+    add("pruned", pruned.tolist(), lambda r, seq: MemoryPruned(
         run_id=run_id, seq=seq, at=now, memory_id=ids[r], agent=agents_of[r], layer=layer_of[r],
         reason=PruneReason.STALE if d.reason[r] == 1 else PruneReason.OVER_CAPACITY,
-        retention=float(d.prune_retention[r]), idle_days=round(float(c.idle_days[r]), 6)))
-    add("rescored", ordered(d.rescore).tolist(), lambda r, seq: MemoryRescored(
+        retention=float(d.prune_retention[r]), idle_days=round(float(c.idle_days[r]), 6)),
+        texts.columnar(MemoryPruned, pruned, lambda rows, lo, hi: {
+            "reason": prune_reasons.take(pa.array((d.reason[rows] != 1).astype(np.int64))),
+            "retention": _json_numbers(d.prune_retention[rows].tolist()),
+            "idle_days": _json_numbers([round(x, 6) for x in c.idle_days[rows].tolist()])}))
+    rescored = ordered(d.rescore)
+    add("rescored", rescored.tolist(), lambda r, seq: MemoryRescored(
         run_id=run_id, seq=seq, at=now, memory_id=ids[r], agent=agents_of[r], layer=layer_of[r],
-        retention=float(d.retention[r]), previous=None if np.isnan(c.stored[r]) else float(c.stored[r])))
+        retention=float(d.retention[r]), previous=None if np.isnan(c.stored[r]) else float(c.stored[r])),
+        texts.columnar(MemoryRescored, rescored, lambda rows, lo, hi: {
+            "retention": _json_numbers(d.retention[rows].tolist()),
+            "previous": _json_numbers([None if x != x else x for x in c.stored[rows].tolist()])}))
     return compacts
 
 
@@ -942,7 +1288,8 @@ def _connect(c: _Columns, inputs: SleepInputs, refreshed: np.ndarray, watermark:
     return pl.concat(parts) if parts else empty
 
 
-def _reviews(c: _Columns, survivors: np.ndarray, now_us: int, extra: np.ndarray) -> list[tuple[Any, ...]]:
+def _reviews(c: _Columns, survivors: np.ndarray, now_us: int, extra: np.ndarray) -> tuple[pl.DataFrame, np.ndarray]:
+    """The reviews of the FSRS schedule (one row each, in event order), and the memory rows they are of."""
     f = c.frame
     stability = f["stability"].fill_null(np.nan).to_numpy().astype(np.float64)
     difficulty = f["difficulty"].fill_null(np.nan).to_numpy().astype(np.float64)
@@ -959,7 +1306,44 @@ def _reviews(c: _Columns, survivors: np.ndarray, now_us: int, extra: np.ndarray)
         "memory_id": c.ids.gather(at), "agent": f["agent"].gather(at), "rating": r.rating[order],
         "elapsed_days": np.round(r.elapsed_days[order], 6), "retrievability": np.round(r.retrievability[order], 6),
         "stability": np.round(r.stability[order], 6), "difficulty": np.round(r.difficulty[order], 6),
-        "interval_days": r.interval_days[order], "reviewed_access_count": accesses[at]}).rows()
+        "interval_days": r.interval_days[order], "reviewed_access_count": accesses[at]}), at
+
+
+def _review_fields(reviews: pl.DataFrame, now_us: int) -> dict[str, Any]:
+    """The texts of the ``ReviewScheduled`` fields a review row holds (``decision`` has the rest)."""
+    fields: dict[str, Any] = {}
+    for name in ("rating", "elapsed_days", "retrievability", "stability", "difficulty", "interval_days",
+                 "reviewed_access_count"):
+        column = reviews[name]
+        fields[name] = (_json_ints(column.to_numpy()) if column.dtype.is_integer() and not column.null_count()
+                        else _json_numbers(column.to_list()))
+    intervals = reviews["interval_days"]
+    distinct = intervals.unique().sort()  # a few: due dates made once each
+    due = pa.array([_json_text(_dt(now_us + days * US_PER_DAY)) for days in distinct.to_list()], pa.string())
+    fields["due_at"] = due.take(pa.array(distinct.search_sorted(intervals).to_numpy()))
+    return fields
+
+
+class _FrameRows(Sequence[tuple[Any, ...]]):
+    """A frame's rows as tuples, made on first use (a columnar encoder never needs them)."""
+
+    def __init__(self, frame: pl.DataFrame) -> None:
+        self.frame = frame
+        self._rows: list[tuple[Any, ...]] | None = None
+
+    def _all(self) -> list[tuple[Any, ...]]:
+        if self._rows is None:
+            self._rows = self.frame.rows()
+        return self._rows
+
+    def __len__(self) -> int:
+        return self.frame.height
+
+    def __getitem__(self, k: Any) -> Any:
+        return self._all()[k]
+
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        return iter(self._all())
 
 
 def _abstract(c: _Columns, inputs: SleepInputs, survivors: np.ndarray) -> pl.DataFrame:

@@ -17,9 +17,13 @@ request on the semantic topic: ``somnus sleep`` publishes both.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime, timezone
+from itertools import chain
+from operator import attrgetter
 from typing import Any
 
 import duckdb
@@ -27,11 +31,11 @@ import msgspec
 import numpy as np
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from processors.memory import apply, forget
+from processors.memory import apply_all, forget_all
 from processors.sleep import SleepClock, SleepConfig, SleepInputs, advance, plan_sleep
-from schemas.lifecycle import (
-    MemoryCompressed, MemoryPruned, SleepCompleted, SleepTrigger, encode_lifecycle)
+from schemas.lifecycle import MemoryCompressed, MemoryPruned, SleepCompleted, SleepTrigger
 from schemas.memory import ForgetReason
 
 log = logging.getLogger("somnus.projector")
@@ -55,40 +59,88 @@ def memory_columns(state: Any) -> tuple[pl.DataFrame, pl.DataFrame]:
     ix = state.index
     n = len(ix.ids)
     live = np.flatnonzero(ix.alive.data[:n])
-    units = [ix.units[i] for i in live]
-    degree = np.array([len(ix.graph.get(int(i), {})) for i in live], dtype=np.int64)
+    units = list(map(ix.units.__getitem__, live.tolist()))
+    ids = pa.array(ix.ids, pa.string())
+    graph = ix.graph
+    nodes = np.fromiter(graph, dtype=np.int64, count=len(graph))
+    degrees = np.fromiter(map(len, graph.values()), dtype=np.int64, count=len(graph))
+    degree = np.zeros(n, dtype=np.int64)  # len(graph.get(i, {})) of every memory
+    inside = (nodes >= 0) & (nodes < n)
+    degree[nodes[inside]] = degrees[inside]
     last = ix.last_access.data[live]
+    m = len(units)
+    # One pass over the units (each read once: a million of them are spread over the heap), then by column.
+    agent, outcome, user, perception, summary, action, tools, objects, domains = (
+        zip(*map(_UNIT_FIELDS, units)) if m else ((),) * 9)
+
+    def lengths(texts: Sequence[str]) -> np.ndarray:
+        return np.fromiter(map(len, texts), dtype=np.int64, count=m)
+
     # Built through Arrow: a list column from Python lists costs polars a Series per row.
     frame = pl.from_arrow(pa.table({
-        "memory_id": pa.array([ix.ids[i] for i in live], pa.string()),
-        "agent": pa.array([u.agent for u in units], pa.string()),
+        "memory_id": ids.take(pa.array(live)),
+        "agent": pa.array(agent, pa.string()),
         "layer": pa.array(["hippocampus"] * len(live), pa.string()),
         "created_at": pa.array((ix.occurred.data[live] * 1e6).astype(np.int64), pa.timestamp("us", "UTC")),
         "last_access": pa.array((last * 1e6).astype(np.int64), pa.timestamp("us", "UTC"), mask=~(last > 0)),
         "access_count": pa.array(ix.access_count.data[live].astype(np.int64)),
         "importance": pa.array(ix.importance.data[live]),
-        "outcome": pa.array([u.outcome for u in units], pa.string()),
-        "is_user_interaction": pa.array([u.user_interaction for u in units], pa.bool_()),
-        "edge_count": pa.array(degree), "size_bytes": pa.array(
-            [len(u.perception) + len(u.summary) + len(u.action) + 200 for u in units], pa.int64()),
+        "outcome": pa.array(outcome, pa.string()),
+        "is_user_interaction": pa.array(user, pa.bool_()),
+        "edge_count": pa.array(degree[live]),
+        "size_bytes": pa.array(lengths(perception) + lengths(summary) + lengths(action) + 200),
         "long_term": pa.array(ix.long_term.data[live]), "compressed": pa.array(ix.compressed.data[live]),
-        "index_keys": pa.array([[*u.tools[:3], *u.objects[:3]] for u in units], pa.list_(pa.string())),
-        "domain": pa.array([(u.domains or [""])[0] for u in units], pa.string()),
+        "index_keys": _index_keys(tools, objects),
+        "domain": pa.array([d[0] if d else "" for d in domains], pa.string()),
     }))
-    ids = ix.ids
-    src, dst, weight = [], [], []
-    for a, nbrs in ix.graph.items():
-        for b, w in nbrs.items():
-            if a < b:
-                src.append(ids[a])
-                dst.append(ids[b])
-                weight.append(float(w))
-    edges = pl.from_arrow(pa.table({"src": pa.array(src, pa.string()), "dst": pa.array(dst, pa.string()),
-                                    "weight": pa.array(weight, pa.float64())}))
+    # Every edge once (a < b), in the graph's order: its keys, then each one's neighbours.
+    a = np.repeat(nodes, degrees)
+    b = np.fromiter(chain.from_iterable(graph.values()), dtype=np.int64, count=int(degrees.sum()))
+    w = np.fromiter(chain.from_iterable(map(dict.values, graph.values())), dtype=np.float64, count=len(b))
+    once = a < b
+    edges = pl.from_arrow(pa.table({"src": ids.take(pa.array(a[once])), "dst": ids.take(pa.array(b[once])),
+                                    "weight": pa.array(w[once], pa.float64())}))
     return frame, edges
 
 
+_UNIT_FIELDS = attrgetter("agent", "outcome", "user_interaction", "perception", "summary", "action", "tools",
+                          "objects", "domains")
+
+
+def _index_keys(tools: Sequence[list[str]], objects: Sequence[list[str]], first: int = 3) -> pa.ListArray:
+    """Per memory, ``[*tools[:first], *objects[:first]]`` (its key index fields, most telling first),
+    as an Arrow list column built column-wise."""
+    parts, owners = [], []
+    for lists in (tools, objects):
+        flat = pa.array(lists, pa.list_(pa.string()))
+        lengths = pc.list_value_length(flat).to_numpy(zero_copy_only=False).astype(np.int64)
+        owner = np.repeat(np.arange(len(lists)), lengths)
+        kept = np.arange(len(owner)) - np.repeat(np.cumsum(lengths) - lengths, lengths) < first
+        parts.append(flat.flatten().filter(pa.array(kept)))
+        owners.append(owner[kept])
+    owner = np.concatenate(owners)
+    order = np.argsort(owner, kind="stable")  # by memory: its tools, then its objects
+    offsets = np.concatenate(([0], np.cumsum(np.bincount(owner, minlength=len(tools)))))
+    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.concat_arrays(parts).take(pa.array(order)))
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for a run, back as it was after. A run over a million
+    memories allocates millions of objects (rows, events) while the fold holds millions more, and
+    each full collection that triggered would walk all of them (seconds each); a run makes no cycles."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 LOG_COLUMNS = ("run_id", "seq", "kind", "memory_id", "decided_at", "body")
+_TIMESTAMP = pa.timestamp("us", "UTC")
+_FORGET_REASON = {MemoryPruned.__name__: ForgetReason.REMOVED, MemoryCompressed.__name__: ForgetReason.COMPRESSED}
 
 
 class SleepJob:
@@ -99,7 +151,7 @@ class SleepJob:
         self.max_episodes = dict(max_episodes)
         self.state = load_state(con)
         self.pending_rows: dict[str, list[dict[str, Any]]] = {"sleep_runs": []}
-        self.pending_log: dict[str, list[Any]] = {c: [] for c in LOG_COLUMNS}  # lifecycle_log, by column
+        self.pending_log: list[pa.Table] = []  # lifecycle_log rows (LOG_COLUMNS), a table per run
         # Scheduled runs completed in the batch being written: (run_id, at). After the batch commits
         # the projector requests promotion for each (phase 2; ``take_scheduled``).
         self.scheduled: list[tuple[str, datetime]] = []
@@ -114,6 +166,10 @@ class SleepJob:
 
     def run(self, memory_state: Any, at: datetime, trigger: SleepTrigger, offset: int) -> list[Any]:
         """Plan and apply one run at ``at``; returns the MemoryForgotten events it applied."""
+        with _collector_paused():
+            return self._run(memory_state, at, trigger, offset)
+
+    def _run(self, memory_state: Any, at: datetime, trigger: SleepTrigger, offset: int) -> list[Any]:
         frame, edges = memory_columns(memory_state)
         plan = plan_sleep(SleepInputs(memories=frame, edges=edges, max_episodes=self.max_episodes,
                                       fiedler_history=tuple(self.state.fiedler_history)),
@@ -121,48 +177,41 @@ class SleepJob:
                           input_offset=offset)
         if plan is None:
             return []
-        forgotten = []
-        cols = self.pending_log
-        for ev in plan.events():
-            cols["run_id"].append(ev.run_id)
-            cols["seq"].append(ev.seq)
-            cols["kind"].append(type(ev).__name__)
-            cols["memory_id"].append(getattr(ev, "memory_id", None))
-            cols["decided_at"].append(ev.at)
-            cols["body"].append(encode_lifecycle(ev).decode())
-            if isinstance(ev, (MemoryPruned, MemoryCompressed)):
-                reason = ForgetReason.REMOVED if isinstance(ev, MemoryPruned) else ForgetReason.COMPRESSED
-                for fe in forget(memory_state, ev.memory_id, reason, at):
-                    apply(memory_state, fe)
-                    forgotten.append(fe)
-            elif isinstance(ev, SleepCompleted):
-                r = ev.report
-                self.pending_rows["sleep_runs"].append({
-                    "run_id": ev.run_id, "run_at": ev.at, "trigger": trigger.value, "memories_before": r.memories_before,
-                    "memories_after": r.memories_after, "kept": r.kept, "compressed": r.compressed,
-                    "pruned": r.pruned, "protected": r.protected, "rescored": r.rescored,
-                    "bytes_before": r.bytes_before, "bytes_after": r.bytes_after,
-                    "fiedler": r.fiedler.largest_component, "report": msgspec.json.encode(r).decode()})
-                self.state.watermark = ev.watermark
-                if trigger is SleepTrigger.SCHEDULE:
-                    self.scheduled.append((ev.run_id, ev.at))
-                self.state.fiedler_history = [*self.state.fiedler_history, float(r.fiedler.largest_component)][-50:]
+        # The run's lifecycle rows, as columns (no event object per decision: a run over a million
+        # memories decides millions); every event of a run has its run_id and time.
+        events = plan.encoded()
+        n = len(events.seq)
+        self.pending_log.append(pa.table({
+            "run_id": pa.repeat(pa.scalar(plan.run_id, pa.string()), n), "seq": events.seq, "kind": events.kind,
+            "memory_id": events.memory_id, "decided_at": pa.repeat(pa.scalar(plan.at, _TIMESTAMP), n),
+            "body": events.body}))
+        # The prunings and compressions, in seq order, applied to the index as MemoryForgotten events.
+        gone = pc.is_in(events.kind, value_set=pa.array(list(_FORGET_REASON), pa.string()))
+        forgotten = forget_all(memory_state, zip(
+            events.memory_id.filter(gone).to_pylist(),
+            map(_FORGET_REASON.__getitem__, events.kind.filter(gone).to_pylist())), at)
+        apply_all(memory_state, forgotten)
+        if pc.any(pc.equal(events.kind, SleepCompleted.__name__)).as_py():
+            r = plan.report  # the SleepCompleted event's report, at and watermark are the plan's
+            self.pending_rows["sleep_runs"].append({
+                "run_id": plan.run_id, "run_at": plan.at, "trigger": trigger.value,
+                "memories_before": r.memories_before, "memories_after": r.memories_after, "kept": r.kept,
+                "compressed": r.compressed, "pruned": r.pruned, "protected": r.protected, "rescored": r.rescored,
+                "bytes_before": r.bytes_before, "bytes_after": r.bytes_after,
+                "fiedler": r.fiedler.largest_component, "report": msgspec.json.encode(r).decode()})
+            self.state.watermark = plan.at
+            if trigger is SleepTrigger.SCHEDULE:
+                self.scheduled.append((plan.run_id, plan.at))
+            self.state.fiedler_history = [*self.state.fiedler_history, float(r.fiedler.largest_component)][-50:]
         return forgotten
 
     def write(self, con: duckdb.DuckDBPyConnection) -> None:
         """Write the runs' rows and the clock (caller's transaction)."""
-        if self.pending_log["run_id"]:
-            log_frame = pa.table({  # noqa: F841
-                "run_id": pa.array(self.pending_log["run_id"], pa.string()),
-                "seq": pa.array(self.pending_log["seq"], pa.int64()),
-                "kind": pa.array(self.pending_log["kind"], pa.string()),
-                "memory_id": pa.array(self.pending_log["memory_id"], pa.string()),
-                "decided_at": pa.array(self.pending_log["decided_at"], pa.timestamp("us", "UTC")),
-                "body": pa.array(self.pending_log["body"], pa.string())})
+        if self.pending_log:
+            log_frame = pa.concat_tables(self.pending_log)  # noqa: F841
             con.execute("INSERT INTO lifecycle_log SELECT run_id, seq, kind, memory_id, decided_at, body::JSON "
                         "FROM log_frame")
-        for column in self.pending_log.values():
-            column.clear()
+        self.pending_log.clear()
         rows = self.pending_rows["sleep_runs"]
         if rows:
             frame = pa.Table.from_pylist(rows)  # noqa: F841
@@ -174,8 +223,7 @@ class SleepJob:
         self.state = load_state(con)
         for rows in self.pending_rows.values():
             rows.clear()
-        for column in self.pending_log.values():
-            column.clear()
+        self.pending_log.clear()
         self.scheduled.clear()
 
     def take_scheduled(self) -> list[tuple[str, datetime]]:

@@ -1,0 +1,109 @@
+"""processors.memory / memory_index: the batched fold (``forget_all``, ``apply_all``, ``MemoryIndex.remove_many``,
+``drop_edges_many``) leaves exactly the state the event-by-event fold leaves (a sleep run forgets a million
+memories at once)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from processors.memory import MemoryState, apply, apply_all, capture, forget, forget_all
+from schemas.memory import (
+    MEMORY_SCHEMA_VERSION,
+    ForgetReason,
+    MemoryAccessed,
+    MemoryEvent,
+    MemoryForgotten,
+    MemoryKind,
+    MemoryLinked,
+    MemoryUnit,
+)
+
+T0 = datetime(2024, 5, 15, 9, 0, tzinfo=timezone.utc)
+WORDS = ["deploy", "billing", "helm", "timeout", "invoice", "retry", "staging", "refund"]
+
+
+def build(spec: list[tuple[list[int], int, int, str]], links: list[tuple[int, int, float]]) -> MemoryState:
+    """A fold of units (words, run, position, agent), then extra edges between stored memories."""
+    units = [MemoryUnit(memory_id=f"m{k}", kind=MemoryKind.EPISODE, agent=agent, scope=f"agent:{agent}",
+                        run_id=f"r{run}", position=position, occurred_at=T0 + timedelta(minutes=7 * k),
+                        perception=" ".join(WORDS[w] for w in words), outcome="failure", success=False)
+             for k, (words, run, position, agent) in enumerate(spec)]
+    state = MemoryState()
+    capture(state, units, T0 + timedelta(days=1))
+    ids = state.index.ids
+    for a, b, w in links:
+        if ids and a % len(ids) != b % len(ids):
+            x, y = sorted((ids[a % len(ids)], ids[b % len(ids)]))
+            apply(state, MemoryLinked(schema_version=MEMORY_SCHEMA_VERSION, a=x, b=y, weight=w, shared=0.0,
+                                      goal=0.0, temporal=0.0, similarity=0.5, formed_at=T0))
+    return state
+
+
+def snapshot(state: MemoryState) -> tuple[Any, ...]:
+    """Everything the fold holds, orders included (dicts keep insertion order)."""
+    ix = state.index
+    n = len(ix.ids)
+    columns = tuple(col.data[:n].tobytes() for col in ix._rows)
+    per = tuple(col.data.tobytes() for col in (ix.run_len, ix.run_live, ix.scope_live, ix.scope_len, ix.scope_runs))
+    graph = [(a, list(nbrs.items())) for a, nbrs in ix.graph.items()]
+    return (columns, per, graph, [list(m) for m in ix.run_members], ix.live, ix.live_len, list(ix.ids),
+            dict(state.last_stored), len(ix.postings), len(ix.bands))
+
+
+unit_spec = st.tuples(st.lists(st.integers(0, len(WORDS) - 1), min_size=2, max_size=6), st.integers(0, 5),
+                      st.integers(0, 4), st.sampled_from(["a", "b"]))
+link_spec = st.tuples(st.integers(0, 40), st.integers(0, 40), st.floats(0.01, 1.0))
+forget_spec = st.tuples(st.integers(0, 45), st.sampled_from([ForgetReason.REMOVED, ForgetReason.COMPRESSED]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(unit_spec, min_size=1, max_size=30), st.lists(link_spec, max_size=40),
+       st.lists(forget_spec, max_size=40), st.lists(st.integers(0, 45), max_size=5))
+def test_forget_all_and_apply_all_fold_like_forget_and_apply_one_by_one(spec, links, gone, accessed):
+    one, batched = build(spec, links), build(spec, links)
+    assert snapshot(one) == snapshot(batched)
+    ids = one.index.ids
+    pairs = [(ids[k] if k < len(ids) else f"unknown{k}", reason) for k, reason in gone]
+    expected: list[MemoryEvent] = [ev for mid, reason in pairs for ev in forget(one, mid, reason, T0)]
+    events = forget_all(batched, pairs, T0)
+    assert events == expected
+    # Other events between the forgetting ones end a batch: the order of the fold is kept.
+    for k, at in enumerate(accessed):
+        if ids:
+            access = MemoryAccessed(schema_version=MEMORY_SCHEMA_VERSION, memory_id=ids[at % len(ids)], agent="a",
+                                    query="q", rank=1, score=1.0, accessed_at=T0 + timedelta(hours=k))
+            events.insert(min(at, len(events)), access)
+    for ev in events:
+        apply(one, ev)
+    apply_all(batched, events)
+    assert snapshot(one) == snapshot(batched)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(unit_spec, min_size=1, max_size=30), st.lists(link_spec, max_size=60),
+       st.lists(st.integers(0, 40), max_size=40))
+def test_remove_many_and_drop_edges_many_are_remove_and_drop_edges_in_order(spec, links, rows):
+    for method, batch in (("remove", "remove_many"), ("drop_edges", "drop_edges_many")):
+        one, batched = build(spec, links), build(spec, links)
+        n = len(one.index.ids)
+        picked = [r % n for r in rows]  # repeats included: the second time is a no-op
+        for r in picked:
+            getattr(one.index, method)(r)
+        getattr(batched.index, batch)(np.asarray(picked, dtype=np.int64) if batch == "remove_many" else picked)
+        assert snapshot(one) == snapshot(batched), method
+
+
+def test_a_batch_of_one_reason_at_a_time():
+    state = build([([0, 1, 2], 0, 0, "a"), ([0, 1, 3], 0, 1, "a"), ([0, 1, 2, 3], 1, 0, "a")], [(0, 1, 0.5)])
+    ids = state.index.ids
+    events = forget_all(state, [(ids[0], ForgetReason.COMPRESSED), (ids[-1], ForgetReason.REMOVED)], T0)
+    assert [type(e) for e in events] == [MemoryForgotten, MemoryForgotten]
+    apply_all(state, events)
+    ix = state.index
+    assert ix.compressed.data[0] and ix.alive.data[0] and not ix.alive.data[len(ids) - 1]
+    assert 0 not in ix.graph

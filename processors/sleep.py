@@ -58,6 +58,8 @@ Gyrus 30 and 14):
 same pre-run state gives the same plan, so a resumed run emits exactly the remaining events. The
 consumer applies a run only once its ``SleepCompleted`` is seen (``RunAssembler``), so the state a
 resumed run plans from is still the pre-run state. ``apply_run`` is the reference fold.
+``SleepPlan.encoded(start)`` is ``events(start)`` already encoded, as columns (type name, memory
+id, JSON body): what a shell that stores millions of decisions reads, with no object per event.
 
 Memory columns (a polars DataFrame, one row per live memory; ``MEMORY_COLUMNS``): memory_id,
 agent, layer, created_at, last_access, access_count, importance, outcome, is_user_interaction,

@@ -18,7 +18,7 @@ so the last briefing of every agent is the same whatever the batch boundaries we
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timezone
 from typing import Any
 
@@ -57,6 +57,9 @@ class BriefingCache:
         # Agents marked stale by a change of their own (rendered first). In memory only: after a
         # restart every stale agent is simply rendered in name order.
         self.urgent: set[str] = set()
+        # Called with the briefings each refresh changed, after the cache took them (the projector's
+        # briefing server process keeps its copy in step this way).
+        self.listeners: list[Callable[[list[BriefingGenerated]], None]] = []
 
     def known_agents(self, con: duckdb.DuckDBPyConnection, new_agents: Iterable[str]) -> set[str]:
         return set(self.current) | set(new_agents)
@@ -124,6 +127,8 @@ class BriefingCache:
             con.rollback()
             raise
         self.current.update({b.agent: b for b in changed})
+        for listener in self.listeners:
+            listener(changed)
         return changed
 
 

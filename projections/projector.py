@@ -32,7 +32,8 @@ from somnus.config import Settings
 from streams.topics import partitions_of
 
 log = logging.getLogger("somnus.projector")
-SLOW_S = 1.0  # a batch or a briefing refresh longer than this is logged, with where its time went
+# A batch or a briefing refresh longer than this is logged, with where its time went.
+SLOW_S = float(os.environ.get("SOMNUS_SLOW_BATCH_S", "1.0"))
 LOCK_WAIT_S = 60.0  # how long a starting projector waits for readers to let go of the file
 
 
@@ -80,6 +81,7 @@ class Projector:
         self._stop = asyncio.Event()
         self._producer: AIOKafkaProducer | None = None
         self.write_lock = asyncio.Lock()
+        self._briefing_server: Any = None  # projections.briefing_server.BriefingServer while serving
 
     def stop(self) -> None:
         self._stop.set()
@@ -159,6 +161,8 @@ class Projector:
                     on_progress(done, total)
             return self.totals
         finally:
+            if self._briefing_server is not None:
+                self._briefing_server.stop()
             if runner is not None:
                 await runner.cleanup()
                 endpoint_file(self.db_path).unlink(missing_ok=True)
@@ -241,43 +245,57 @@ class Projector:
 
         service.on_accessed = accessed
 
-        def handler(route: api.Route) -> Any:
-            async def handle(request: web.Request) -> web.Response:
-                params: dict[str, Any] = dict(request.query)
-                if route.method == "POST":
-                    try:
-                        body = await request.json()
-                    except ValueError:
-                        return web.json_response({"error": "the body must be a JSON object"}, status=400)
-                    if not isinstance(body, dict):
-                        return web.json_response({"error": "the body must be a JSON object"}, status=400)
-                    params.update(body)
-                try:
-                    if route.stateful:  # reads the folds' in-memory state: not while a batch changes it
-                        async with self.write_lock:
-                            result = api.call(service, route, request.match_info.get("agent"), params)
-                    else:
-                        result = api.call(service, route, request.match_info.get("agent"), params)
-                except api.NotFound as exc:
-                    return web.json_response({"error": str(exc)}, status=404)
-                except (api.BadRequest, queries.NotReadOnly, duckdb.Error) as exc:
-                    return web.json_response({"error": str(exc)}, status=400)
-                return web.json_response(result, dumps=_dumps)
-            return handle
+        app = make_app(service, api.all_routes(), self.write_lock)
+        from projections.briefing_server import BriefingServer
 
-        async def openapi(request: web.Request) -> web.Response:
-            return web.json_response(api.openapi())
-
-        app = web.Application()
-        app.add_routes([web.route(r.method, r.path, handler(r)) for r in api.all_routes()])
-        app.add_routes([web.get("/openapi.json", openapi)])
+        self._briefing_server = BriefingServer(served)
+        briefing_port = await self._briefing_server.start(seen.briefings.current.values())
+        seen.briefings.listeners.append(self._briefing_server.publish)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        endpoint_file(self.db_path).write_text(json.dumps({"pid": os.getpid(), "port": port}))
+        endpoint_file(self.db_path).write_text(json.dumps({"pid": os.getpid(), "port": port,
+                                                           "briefing_port": briefing_port}))
         return runner
+
+
+def make_app(service: api.ReadService, routes: list[api.Route], write_lock: asyncio.Lock | None = None
+             ) -> web.Application:
+    """An aiohttp app answering ``routes`` on ``service`` (and ``GET /openapi.json``); reads of a fold's
+    in-memory state take ``write_lock`` so they never see a batch half applied."""
+    def handler(route: api.Route) -> Any:
+        async def handle(request: web.Request) -> web.Response:
+            params: dict[str, Any] = dict(request.query)
+            if route.method == "POST":
+                try:
+                    body = await request.json()
+                except ValueError:
+                    return web.json_response({"error": "the body must be a JSON object"}, status=400)
+                if not isinstance(body, dict):
+                    return web.json_response({"error": "the body must be a JSON object"}, status=400)
+                params.update(body)
+            try:
+                if route.stateful and write_lock is not None:  # not while a batch changes the state
+                    async with write_lock:
+                        result = api.call(service, route, request.match_info.get("agent"), params)
+                else:
+                    result = api.call(service, route, request.match_info.get("agent"), params)
+            except api.NotFound as exc:
+                return web.json_response({"error": str(exc)}, status=404)
+            except (api.BadRequest, queries.NotReadOnly, duckdb.Error) as exc:
+                return web.json_response({"error": str(exc)}, status=400)
+            return web.json_response(result, dumps=_dumps)
+        return handle
+
+    async def openapi(request: web.Request) -> web.Response:
+        return web.json_response(api.openapi())
+
+    app = web.Application()
+    app.add_routes([web.route(r.method, r.path, handler(r)) for r in routes])
+    app.add_routes([web.get("/openapi.json", openapi)])
+    return app
 
 
 def _dumps(obj: Any) -> str:

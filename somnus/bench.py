@@ -505,24 +505,51 @@ def _probe_session(agent: str, n: int, marker: str, at: Any) -> list[dict[str, A
             for i, (t, p) in enumerate(kinds)]
 
 
+def _fleet_load(boot: str, topic: str, rate: float, duration_s: float, stop: Any, ready: Any, sent: Any) -> None:
+    """The sample fleet published at ``rate`` events/s in 0.1 s slices until ``stop`` (a process of its own;
+    ``ready`` is set once the events are generated and the producer is connected)."""
+    from somnus.client import Publisher
+    from somnus.sample import generate
+
+    events = generate(events=int(rate * duration_s * 1.5), seed=3)
+    per = max(1, int(rate / 10))
+    with Publisher(boot, topic) as runtime:
+        ready.set()
+        while not stop.is_set():
+            t = time.monotonic()
+            chunk = [e for _, e in zip(range(per), events)]
+            if not chunk:
+                return
+            runtime.send(chunk)
+            with sent.get_lock():
+                sent.value += len(chunk)
+            time.sleep(max(0.0, 0.1 - (time.monotonic() - t)))
+
+
 def run_briefing(agents: int = 10_000, rate: float = 1000.0, duration_s: float = 60.0, probes: int = 60,
-                 home: Path | None = None, log: Any = None, sleep_schedule: str = "off") -> dict[str, Any]:
+                 home: Path | None = None, log: Any = None, sleep_schedule: str = "off",
+                 read_rate: float = 0.0) -> dict[str, Any]:
     """Briefing reads under ingest: p99 of ``GET /agents/{agent}/briefing`` with ``agents`` briefings
     cached while the sample fleet is published at ``rate`` events/s, and the publish -> updated
     briefing latency of probe sessions published during that load.
 
+    The load is published by a process of its own (as runtimes do). Reads alternate between one
+    kept-alive connection (``read_*``, as an HTTP client's pool does) and a new connection each
+    (``read_new_connection_*``), both to where ``somnus.reads`` sends them (the briefing server);
+    back to back, or ``read_rate`` a second.
+
     Scheduled sleep is off by default: at 1,000 events/s the sample fleet's stream time passes a day
     in about 20 s, so the nightly sleep and the promotion after it (seconds each, inline in the
     projector's batches) would run every 20 s instead of once a day. ``sleep_schedule`` turns it on."""
+    import http.client
+    import multiprocessing
     import random
     import statistics
-    import threading
     import urllib.request
     from datetime import datetime, timezone
 
     from somnus.client import Publisher, publish
     from somnus.reads import read, status
-    from somnus.sample import generate
 
     t_start = datetime(2025, 1, 6, 9, tzinfo=timezone.utc)
     with isolated_pipeline(home, label="brief", log=log, sleep_schedule=sleep_schedule) as (s, boot):
@@ -535,38 +562,43 @@ def run_briefing(agents: int = 10_000, rate: float = 1000.0, duration_s: float =
                 raise TimeoutError("the cache did not fill in 30 minutes")
             time.sleep(1)
         cached = read(db, "sql", sql="SELECT count(*) FROM briefings WHERE markdown <> ''")["rows"][0][0]
-        port = json.loads(Path(f"{db}.projector.json").read_text())["port"]
-        stop = threading.Event()
-        sent = [0]
-        runtime = Publisher(boot, s.traces_topic)  # one producer, as a runtime keeps one
-
-        def load() -> None:  # the sample fleet at `rate` events/s, in 0.1 s slices
-            events = generate(events=int(rate * duration_s * 1.5), seed=3)
-            per = max(1, int(rate / 10))
-            while not stop.is_set():
-                t = time.monotonic()
-                chunk = [e for _, e in zip(range(per), events)]
-                if not chunk:
-                    return
-                runtime.send(chunk)
-                sent[0] += len(chunk)
-                time.sleep(max(0.0, 0.1 - (time.monotonic() - t)))
-
-        loader = threading.Thread(target=load, daemon=True)
+        endpoint = json.loads(Path(f"{db}.projector.json").read_text())
+        port = endpoint.get("briefing_port") or endpoint["port"]  # where somnus.reads sends briefing reads
+        # The ingest load comes from another process, as it does from runtimes: in this one it would
+        # hold the reader's GIL and time the bench client, not the server.
+        ctx = multiprocessing.get_context("spawn")
+        stop, ready, sent = ctx.Event(), ctx.Event(), ctx.Value("q", 0)
+        loader = ctx.Process(target=_fleet_load, args=(boot, s.traces_topic, rate, duration_s, stop, ready, sent),
+                             daemon=True)
         loader.start()
+        if not ready.wait(300):
+            raise TimeoutError("the load process did not start in 5 minutes")
+        runtime = Publisher(boot, s.traces_topic)  # the probes' runtime: one producer, as a runtime keeps one
         rng = random.Random(1)
-        lat: list[float] = []
+        kept = http.client.HTTPConnection("127.0.0.1", port, timeout=10)  # keep-alive, as HTTP clients pool them
+        lat: list[float] = []  # on the kept connection
+        lat_new: list[float] = []  # every other read on a connection of its own (urllib)
         fresh: list[float] = []
         probe_at = time.monotonic() + 2.0
         n_probe = 0
         pending: dict[str, tuple[str, float]] = {}
         t_end = time.monotonic() + duration_s
+        next_read = time.monotonic()
         while time.monotonic() < t_end or (pending and time.monotonic() < t_end + 30):
+            if read_rate > 0:
+                next_read += 1.0 / read_rate
+                time.sleep(max(0.0, next_read - time.monotonic()))
             agent = f"agent-{rng.randrange(agents):05d}"
             t = time.perf_counter()
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/agents/{agent}/briefing", timeout=10) as resp:
-                resp.read()
-            lat.append((time.perf_counter() - t) * 1000)
+            if len(lat) <= len(lat_new):
+                kept.request("GET", f"/agents/{agent}/briefing")
+                with kept.getresponse() as resp:
+                    resp.read()
+                lat.append((time.perf_counter() - t) * 1000)
+            else:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/agents/{agent}/briefing", timeout=10) as resp:
+                    resp.read()
+                lat_new.append((time.perf_counter() - t) * 1000)
             now = time.monotonic()
             if n_probe < probes and now >= probe_at and time.monotonic() < t_end:
                 agent_p = f"agent-{rng.randrange(agents):05d}"
@@ -584,11 +616,15 @@ def run_briefing(agents: int = 10_000, rate: float = 1000.0, duration_s: float =
         stop.set()
         loader.join(timeout=30)
         runtime.close()
+        kept.close()
         q = statistics.quantiles(lat, n=100, method="inclusive")
+        qn = statistics.quantiles(lat_new, n=100, method="inclusive")
         fq = statistics.quantiles(fresh, n=100, method="inclusive") if len(fresh) >= 2 else [float("nan")] * 99
-        return {"agents_cached": cached, "sleep_schedule": sleep_schedule,
-                "ingest_events_per_s": round(sent[0] / duration_s, 1),
+        return {"agents_cached": cached, "sleep_schedule": sleep_schedule, "read_rate": read_rate or "back to back",
+                "ingest_events_per_s": round(sent.value / duration_s, 1),
                 "reads": len(lat), "read_p50_ms": round(q[49], 3), "read_p99_ms": round(q[98], 3),
+                "reads_new_connection": len(lat_new), "read_new_connection_p50_ms": round(qn[49], 3),
+                "read_new_connection_p99_ms": round(qn[98], 3),
                 "probes": n_probe, "probes_seen": len(fresh), "update_p50_s": round(fq[49], 3),
                 "update_p99_s": round(fq[98], 3), "update_max_s": round(max(fresh, default=float("nan")), 3)}
 

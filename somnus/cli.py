@@ -783,6 +783,9 @@ def bench_recall(units: int = typer.Option(100_000, "--units"), queries: int = t
 @bench_app.command("briefing")
 def bench_briefing(agents: int = typer.Option(10_000, "--agents"), rate: float = typer.Option(1000.0, "--rate"),
                    duration: float = typer.Option(60.0, "--duration"),
+                   read_rate: float = typer.Option(
+                       0.0, "--read-rate", help="Briefing reads per second (0: back to back, as fast as answered). "
+                                                "A fleet reads one per session start: ~100/s at 1,000 events/s."),
                    sleep_schedule: str = typer.Option(
                        "off", "--sleep-schedule",
                        help="Scheduled sleep during the run (cron on stream time). The sample fleet's clock runs "
@@ -792,7 +795,7 @@ def bench_briefing(agents: int = typer.Option(10_000, "--agents"), rate: float =
     from somnus.bench import run_briefing
 
     _emit(run_briefing(agents=agents, rate=rate, duration_s=duration, home=home, log=err,
-                       sleep_schedule=sleep_schedule), as_json)
+                       sleep_schedule=sleep_schedule, read_rate=read_rate), as_json)
 
 
 @bench_app.command("context")

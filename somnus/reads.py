@@ -26,14 +26,18 @@ class ReadError(RuntimeError):
     """The query could not be run (bad SQL, no database, projector unreachable)."""
 
 
-def _endpoint(db: Path) -> str | None:
+def _endpoint(db: Path, handler: str | None = None) -> str | None:
+    """The running projector's URL for ``db``: its briefing server's for the reads that one answers."""
+    from projections.briefing_server import ROUTES
+
     path = endpoint_file(db)
     if not path.exists():
         return None
     info = json.loads(path.read_text())
     if not pid_alive(info["pid"]):
         return None
-    return f"http://127.0.0.1:{info['port']}"
+    port = info.get("briefing_port") if handler in ROUTES else None
+    return f"http://127.0.0.1:{port or info['port']}"
 
 
 def _http(url: str, body: dict[str, Any] | None = None) -> Any:
@@ -71,7 +75,7 @@ def read(db: Path, handler: str, agent: str | None = None, agents_dir: Path | No
     if route is None:
         raise ReadError(f"no read named {handler!r}")
     params = {k: v for k, v in params.items() if v is not None}
-    url = _endpoint(db)
+    url = _endpoint(db, handler)
     if url:
         path = route.path.replace("{agent}", urllib.parse.quote(agent or "", safe=""))
         if route.method == "GET":

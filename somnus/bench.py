@@ -505,6 +505,19 @@ def _probe_session(agent: str, n: int, marker: str, at: Any) -> list[dict[str, A
             for i, (t, p) in enumerate(kinds)]
 
 
+def _probe_runtime(boot: str, topic: str, t_start: Any, asks: Any, publish_times: Any) -> None:
+    """Publishes the probe sessions asked for on ``asks`` (agent, n, marker) until None, and reports
+    when each publish call began (the acknowledgement is part of the measured time)."""
+    from somnus.client import Publisher
+
+    with Publisher(boot, topic) as runtime:
+        while (ask := asks.get()) is not None:
+            agent, n, marker = ask
+            t0 = time.monotonic()  # CLOCK_MONOTONIC: the same clock in every process
+            runtime.send(_probe_session(agent, n, marker, t_start))
+            publish_times.put((marker, t0))
+
+
 def _fleet_load(boot: str, topic: str, rate: float, duration_s: float, stop: Any, ready: Any, sent: Any) -> None:
     """The sample fleet published at ``rate`` events/s in 0.1 s slices until ``stop`` (a process of its own;
     ``ready`` is set once the events are generated and the producer is connected)."""
@@ -533,7 +546,7 @@ def run_briefing(agents: int = 10_000, rate: float = 1000.0, duration_s: float =
     cached while the sample fleet is published at ``rate`` events/s, and the publish -> updated
     briefing latency of probe sessions published during that load.
 
-    The load is published by a process of its own (as runtimes do). Reads alternate between one
+    The load and the probes are published by processes of their own (as runtimes do). Reads alternate between one
     kept-alive connection (``read_*``, as an HTTP client's pool does) and a new connection each
     (``read_new_connection_*``), both to where ``somnus.reads`` sends them (the briefing server);
     back to back, or ``read_rate`` a second.
@@ -548,7 +561,7 @@ def run_briefing(agents: int = 10_000, rate: float = 1000.0, duration_s: float =
     import urllib.request
     from datetime import datetime, timezone
 
-    from somnus.client import Publisher, publish
+    from somnus.client import publish
     from somnus.reads import read, status
 
     t_start = datetime(2025, 1, 6, 9, tzinfo=timezone.utc)
@@ -573,15 +586,21 @@ def run_briefing(agents: int = 10_000, rate: float = 1000.0, duration_s: float =
         loader.start()
         if not ready.wait(300):
             raise TimeoutError("the load process did not start in 5 minutes")
-        runtime = Publisher(boot, s.traces_topic)  # the probes' runtime: one producer, as a runtime keeps one
+        # The probes' runtime too (one producer, as a runtime keeps one): its client's background thread
+        # would otherwise take the reader's GIL now and then.
+        asks, publish_times = ctx.SimpleQueue(), ctx.SimpleQueue()
+        prober = ctx.Process(target=_probe_runtime, args=(boot, s.traces_topic, t_start, asks, publish_times),
+                             daemon=True)
+        prober.start()
         rng = random.Random(1)
         kept = http.client.HTTPConnection("127.0.0.1", port, timeout=10)  # keep-alive, as HTTP clients pool them
         lat: list[float] = []  # on the kept connection
         lat_new: list[float] = []  # every other read on a connection of its own (urllib)
-        fresh: list[float] = []
         probe_at = time.monotonic() + 2.0
         n_probe = 0
-        pending: dict[str, tuple[str, float]] = {}
+        pending: dict[str, str] = {}  # marker -> agent, until seen in its briefing
+        published: dict[str, float] = {}  # marker -> when its publish call began (CLOCK_MONOTONIC)
+        seen_at: dict[str, float] = {}
         t_end = time.monotonic() + duration_s
         next_read = time.monotonic()
         while time.monotonic() < t_end or (pending and time.monotonic() < t_end + 30):
@@ -603,20 +622,30 @@ def run_briefing(agents: int = 10_000, rate: float = 1000.0, duration_s: float =
             if n_probe < probes and now >= probe_at and time.monotonic() < t_end:
                 agent_p = f"agent-{rng.randrange(agents):05d}"
                 marker = f"probe marker {uuid.uuid4().hex[:10]}"
-                t_probe = time.monotonic()  # from the publish call: the acknowledgement is part of it
-                runtime.send(_probe_session(agent_p, n_probe + 1, marker, t_start))
-                pending[marker] = (agent_p, t_probe)
+                asks.put((agent_p, n_probe + 1, marker))
+                pending[marker] = agent_p
                 n_probe += 1
                 probe_at = now + duration_s / probes
-            for marker, (agent_p, t0) in list(pending.items()):
+            for marker, agent_p in list(pending.items()):
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/agents/{agent_p}/briefing", timeout=10) as r:
                     if marker.encode() in r.read():
-                        fresh.append(time.monotonic() - t0)
+                        seen_at[marker] = time.monotonic()
                         del pending[marker]
         stop.set()
+        asks.put(None)
         loader.join(timeout=30)
-        runtime.close()
+        deadline = time.monotonic() + 120
+        while len(published) < n_probe:  # the publish time of every probe (its process ends after the last)
+            if publish_times.empty():
+                if not prober.is_alive() or time.monotonic() > deadline:
+                    raise RuntimeError(f"the probe publisher stopped after {len(published)} of {n_probe} probes")
+                time.sleep(0.05)
+                continue
+            marker, t0 = publish_times.get()
+            published[marker] = t0
+        prober.join(timeout=30)
         kept.close()
+        fresh = [seen_at[m] - published[m] for m in seen_at]
         q = statistics.quantiles(lat, n=100, method="inclusive")
         qn = statistics.quantiles(lat_new, n=100, method="inclusive")
         fq = statistics.quantiles(fresh, n=100, method="inclusive") if len(fresh) >= 2 else [float("nan")] * 99

@@ -246,6 +246,29 @@ def test_updates_commute_any_order_any_split(marks, rnd, cut):
         assert sum(d.count for d in whole.deltas() if d.bin_kind == kind) == len(marks)
 
 
+def _one_cell_at_a_time(marks, tz=None, tz_by_agent=None):
+    """The index by its definition: every mark adds 1 to its cell of each bin kind (and to successes
+    or failures when judged)."""
+    cells = {}
+    for agent, kind, at, success in marks:
+        for bin_kind, value in zip(BIN_KINDS, bins_of(at, tz_by_agent.get(agent, tz) if tz_by_agent else tz)):
+            cell = cells.setdefault((agent, kind, bin_kind, value), [0, 0, 0])
+            cell[0] += 1
+            cell[1] += success is True
+            cell[2] += success is False
+    return cells
+
+
+@PROPERTY
+@given(marks_st, st.sampled_from([None, "America/New_York", "Asia/Kolkata"]), st.booleans())
+def test_counted_cells_equal_their_definition(marks, tz, per_agent):
+    by_agent = {"a": "Europe/Paris"} if per_agent else None
+    ix = TemporalIndex()
+    ix.add(marks[: len(marks) // 2], tz, by_agent)
+    ix.add(marks[len(marks) // 2:], tz, by_agent)  # adding to cells already there
+    assert ix.cells == _one_cell_at_a_time(marks, tz, by_agent)
+
+
 def test_deltas_are_rows_in_key_order_and_merge_leaves_inputs_alone():
     a = index_of([TemporalMark("b", "k", _at(13, 9), True)])
     b = index_of([TemporalMark("a", "k", _at(13, 9), False)])

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterable
@@ -42,44 +41,10 @@ _briefings = msgspec.json.Decoder(list[BriefingGenerated])
 _served = msgspec.json.Decoder(BriefingServed)
 
 
-SLICE_NS = 100_000  # the scheduler slice the server asks for (Linux >= 6.12; the default is ~1-3 ms)
-
-
-def request_short_slice(slice_ns: int = SLICE_NS) -> bool:
-    """Ask Linux's EEVDF scheduler for a short time slice for this process (``sched_setattr`` with
-    ``sched_runtime``, Linux 6.12 and later): a task with a shorter slice has an earlier deadline, so
-    when a read wakes the server it preempts a folding thread at once instead of waiting out that
-    thread's slice. It costs nothing while idle. Best effort: False where the kernel does not offer it."""
-    import ctypes
-    import platform
-
-    if sys.platform != "linux" or platform.machine() not in ("x86_64", "aarch64"):
-        return False
-
-    class SchedAttr(ctypes.Structure):
-        _fields_ = [("size", ctypes.c_uint32), ("policy", ctypes.c_uint32), ("flags", ctypes.c_uint64),
-                    ("nice", ctypes.c_int32), ("priority", ctypes.c_uint32), ("runtime", ctypes.c_uint64),
-                    ("deadline", ctypes.c_uint64), ("period", ctypes.c_uint64), ("util_min", ctypes.c_uint32),
-                    ("util_max", ctypes.c_uint32)]
-
-    setattr_nr, getattr_nr = (314, 315) if platform.machine() == "x86_64" else (274, 275)
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        attr = SchedAttr(size=ctypes.sizeof(SchedAttr))
-        if libc.syscall(getattr_nr, 0, ctypes.byref(attr), ctypes.sizeof(attr), 0) != 0 or attr.policy != 0:
-            return False  # not SCHED_OTHER: leave it alone
-        attr.size, attr.runtime = ctypes.sizeof(SchedAttr), slice_ns
-        return libc.syscall(setattr_nr, 0, ctypes.byref(attr), 0) == 0
-    except (OSError, AttributeError):
-        return False
-
-
 def main(argv: list[str] | None = None) -> None:
     """The server process (``python -m projections.briefing_server UPDATES SERVED PORTS``, the file
     descriptors of its pipe ends): an aiohttp app on 127.0.0.1 over the cache the projector sends."""
     logging.basicConfig(level=logging.WARNING)
-    if os.environ.get("SOMNUS_BRIEFING_SHORT_SLICE", "1") != "0":
-        request_short_slice()
     updates, served, ports = (Connection(int(fd), writable=w, readable=not w)
                               for fd, w in zip((argv or sys.argv[1:])[:3], (False, True, True)))
     asyncio.run(_serve(updates, served, ports))

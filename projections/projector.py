@@ -142,20 +142,29 @@ class Projector:
                     last_briefings = now
                 if not records:
                     continue
-                t_batch = time.monotonic()
-                async with lock:
-                    res = await asyncio.to_thread(apply_batch, con, self.topics, records, stored,
-                                                  self.settings.max_event_bytes, seen)
-                    if seen.briefings.urgent:  # an agent's own news: its briefing now, not in 0.5 s
-                        await asyncio.to_thread(seen.briefings.refresh, con, REFRESH_BUDGET_S, True)
-                took = time.monotonic() - t_batch
-                if took > SLOW_S:
-                    log.warning("slow batch: %.2f s for %d records (%s)", took, len(records),
-                                ", ".join(f"{k} {v:.2f}" for k, v in sorted(res.timings.items(), key=lambda kv: -kv[1])))
-                stored.update(res.offsets)
-                self._add(res)
-                if res.scheduled_sleeps:
-                    await self._request_promotion(con, res.scheduled_sleeps)
+                # Briefings' inputs first (episodes and lessons, facts, semantic memory), in a
+                # transaction of their own, then their briefings, then the rest of the batch: an
+                # agent's news does not wait for the folds it does not need. Each part commits its
+                # rows with its own topics' offsets, so a crash between them loses and repeats nothing.
+                first = {self.topics.episodes, self.topics.facts, self.topics.semantic}
+                parts = [[r for r in records if r.topic in first], [r for r in records if r.topic not in first]]
+                for part in parts:
+                    if not part:
+                        continue
+                    t_batch = time.monotonic()
+                    async with lock:
+                        res = await asyncio.to_thread(apply_batch, con, self.topics, part, stored,
+                                                      self.settings.max_event_bytes, seen)
+                        if seen.briefings.urgent:  # an agent's own news: its briefing now, not in 0.5 s
+                            await asyncio.to_thread(seen.briefings.refresh, con, REFRESH_BUDGET_S, True)
+                    took = time.monotonic() - t_batch
+                    if took > SLOW_S:
+                        log.warning("slow batch: %.2f s for %d records (%s)", took, len(part), ", ".join(
+                            f"{k} {v:.2f}" for k, v in sorted(res.timings.items(), key=lambda kv: -kv[1])))
+                    stored.update(res.offsets)
+                    self._add(res)
+                    if res.scheduled_sleeps:
+                        await self._request_promotion(con, res.scheduled_sleeps)
                 done += len(records)
                 if on_progress:
                     on_progress(done, total)

@@ -34,6 +34,7 @@ from streams.topics import partitions_of
 log = logging.getLogger("somnus.projector")
 # A batch or a briefing refresh longer than this is logged, with where its time went.
 SLOW_S = float(os.environ.get("SOMNUS_SLOW_BATCH_S", "1.0"))
+FRESH_FETCH_MS = 30  # after taking the buffered records, how long to wait for the fetch that follows
 LOCK_WAIT_S = 60.0  # how long a starting projector waits for readers to let go of the file
 
 
@@ -131,6 +132,14 @@ class Projector:
                         await asyncio.to_thread(seen.briefings.refresh, con)
                     break
                 batch = await consumer.getmany(timeout_ms=200, max_records=self.max_records)
+                n = sum(map(len, batch.values()))
+                if n and n < self.max_records:
+                    # What was buffered was fetched when the last batch began; the consumer fetches
+                    # again only now that it is drained. Take what that fetch brings too (it returns at
+                    # once when there is any), or a record produced during a batch waits two batches.
+                    more = await consumer.getmany(timeout_ms=FRESH_FETCH_MS, max_records=self.max_records - n)
+                    for tp, rs in more.items():
+                        batch.setdefault(tp, []).extend(rs)
                 records = [r for rs in batch.values() for r in rs]
                 now = time.monotonic()
                 if not records or now - last_briefings >= BRIEFING_INTERVAL_S:

@@ -54,7 +54,7 @@ async def _serve(updates: Connection, served: Connection, ports: Connection) -> 
     from aiohttp import web
 
     from projections import api
-    from projections.projector import _dumps, make_app
+    from projections.projector import _dumps, make_app, route_handler
 
     cache: dict[str, BriefingGenerated] = {}
     service = api.ReadService(con=None, agents={}, briefings=cache,  # type: ignore[arg-type]
@@ -67,13 +67,14 @@ async def _serve(updates: Connection, served: Connection, ports: Connection) -> 
         got = bodies.get(agent)
         return got if got is not None else _dumps(service.briefing(agent)).encode()
 
+    get = next(r for r in api.all_routes() if r.handler == "briefing")
+    by_route = route_handler(service, get)
+
     async def get_briefing(request: web.Request) -> web.Response:
-        if request.query:
-            return web.json_response({"error": f"unknown parameter(s) for {get.path}: "
-                                      f"{', '.join(sorted(request.query))}"}, status=400)
+        if request.query:  # the route's parameter checks (it has none: a clear 400)
+            return await by_route(request)
         return web.Response(body=body(request.match_info["agent"]), content_type="application/json")
 
-    get = next(r for r in api.all_routes() if r.handler == "briefing")
     app = make_app(service, [r for r in api.all_routes() if r.handler in ROUTES and r is not get])
     app.router.add_get(get.path, get_briefing)
     runner = web.AppRunner(app, access_log=None)
@@ -183,7 +184,6 @@ class BriefingServer:
                 self._proc.kill()
                 self._proc.wait(timeout=5)
             self._proc = None
-
 
 
 if __name__ == "__main__":

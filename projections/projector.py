@@ -123,6 +123,7 @@ class Projector:
             total = sum(end.values()) - sum(stored.get((tp.topic, tp.partition), 0) for tp in tps) if until_end else 0
             done = 0
             last_briefings = 0.0
+            first = {self.topics.episodes, self.topics.facts, self.topics.semantic}  # briefings' inputs
             # Writes run in a thread so the HTTP server stays responsive during a batch; reads that
             # touch the folds' in-memory state take the same lock (see _start_server).
             lock = self.write_lock
@@ -155,7 +156,6 @@ class Projector:
                 # transaction of their own, then their briefings, then the rest of the batch: an
                 # agent's news does not wait for the folds it does not need. Each part commits its
                 # rows with its own topics' offsets, so a crash between them loses and repeats nothing.
-                first = {self.topics.episodes, self.topics.facts, self.topics.semantic}
                 parts = [[r for r in records if r.topic in first], [r for r in records if r.topic not in first]]
                 for part in parts:
                     if not part:
@@ -279,39 +279,42 @@ class Projector:
         return runner
 
 
+def route_handler(service: api.ReadService, route: api.Route, write_lock: asyncio.Lock | None = None) -> Any:
+    """The aiohttp handler of ``route`` on ``service``: parameters from the query (and a POST's JSON
+    body), errors as 400/404 with the message; reads of a fold's in-memory state take ``write_lock``
+    so they never see a batch half applied."""
+    async def handle(request: web.Request) -> web.Response:
+        params: dict[str, Any] = dict(request.query)
+        if route.method == "POST":
+            try:
+                body = await request.json()
+            except ValueError:
+                return web.json_response({"error": "the body must be a JSON object"}, status=400)
+            if not isinstance(body, dict):
+                return web.json_response({"error": "the body must be a JSON object"}, status=400)
+            params.update(body)
+        try:
+            if route.stateful and write_lock is not None:  # not while a batch changes the state
+                async with write_lock:
+                    result = api.call(service, route, request.match_info.get("agent"), params)
+            else:
+                result = api.call(service, route, request.match_info.get("agent"), params)
+        except api.NotFound as exc:
+            return web.json_response({"error": str(exc)}, status=404)
+        except (api.BadRequest, queries.NotReadOnly, duckdb.Error) as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        return web.json_response(result, dumps=_dumps)
+    return handle
+
+
 def make_app(service: api.ReadService, routes: list[api.Route], write_lock: asyncio.Lock | None = None
              ) -> web.Application:
-    """An aiohttp app answering ``routes`` on ``service`` (and ``GET /openapi.json``); reads of a fold's
-    in-memory state take ``write_lock`` so they never see a batch half applied."""
-    def handler(route: api.Route) -> Any:
-        async def handle(request: web.Request) -> web.Response:
-            params: dict[str, Any] = dict(request.query)
-            if route.method == "POST":
-                try:
-                    body = await request.json()
-                except ValueError:
-                    return web.json_response({"error": "the body must be a JSON object"}, status=400)
-                if not isinstance(body, dict):
-                    return web.json_response({"error": "the body must be a JSON object"}, status=400)
-                params.update(body)
-            try:
-                if route.stateful and write_lock is not None:  # not while a batch changes the state
-                    async with write_lock:
-                        result = api.call(service, route, request.match_info.get("agent"), params)
-                else:
-                    result = api.call(service, route, request.match_info.get("agent"), params)
-            except api.NotFound as exc:
-                return web.json_response({"error": str(exc)}, status=404)
-            except (api.BadRequest, queries.NotReadOnly, duckdb.Error) as exc:
-                return web.json_response({"error": str(exc)}, status=400)
-            return web.json_response(result, dumps=_dumps)
-        return handle
-
+    """An aiohttp app answering ``routes`` on ``service`` (``route_handler``) and ``GET /openapi.json``."""
     async def openapi(request: web.Request) -> web.Response:
         return web.json_response(api.openapi())
 
     app = web.Application()
-    app.add_routes([web.route(r.method, r.path, handler(r)) for r in routes])
+    app.add_routes([web.route(r.method, r.path, route_handler(service, r, write_lock)) for r in routes])
     app.add_routes([web.get("/openapi.json", openapi)])
     return app
 

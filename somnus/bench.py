@@ -558,6 +558,7 @@ def run_briefing(agents: int = 10_000, rate: float = 1000.0, duration_s: float =
     import multiprocessing
     import random
     import statistics
+    import urllib.parse
     import urllib.request
     from datetime import datetime, timezone
 
@@ -575,8 +576,9 @@ def run_briefing(agents: int = 10_000, rate: float = 1000.0, duration_s: float =
                 raise TimeoutError("the cache did not fill in 30 minutes")
             time.sleep(1)
         cached = read(db, "sql", sql="SELECT count(*) FROM briefings WHERE markdown <> ''")["rows"][0][0]
-        endpoint = json.loads(Path(f"{db}.projector.json").read_text())
-        port = endpoint.get("briefing_port") or endpoint["port"]  # where somnus.reads sends briefing reads
+        from somnus.reads import _endpoint
+
+        port = urllib.parse.urlsplit(_endpoint(db, "briefing")).port  # where somnus.reads sends briefing reads
         # The ingest load comes from another process, as it does from runtimes: in this one it would
         # hold the reader's GIL and time the bench client, not the server.
         ctx = multiprocessing.get_context("spawn")

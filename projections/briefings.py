@@ -19,7 +19,7 @@ so the last briefing of every agent is the same whatever the batch boundaries we
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import duckdb
@@ -28,7 +28,7 @@ import pyarrow as pa
 
 from processors.briefing import Briefing, agents_to_regenerate, briefing_for, changes_of
 from schemas.briefing import BriefingGenerated
-from somnus.agents import AgentSpec, scope_chain
+from somnus.agents import DEFAULT_MAX_EPISODES, AgentSpec, scope_chain
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 BRIEFING_INTERVAL_S = 0.5  # while batches keep coming, stale briefings are rendered at most this often
@@ -48,9 +48,12 @@ def _dicts(cur: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
 class BriefingCache:
     """The current briefing of every agent (loaded from ``briefings``), kept in step with the table."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, agents: Mapping[str, AgentSpec], semantic: Any = None) -> None:
+    def __init__(self, con: duckdb.DuckDBPyConnection, agents: Mapping[str, AgentSpec], top: Any,
+                 semantic: Any = None) -> None:
         self.agents = dict(agents)
+        self.top = top  # projections.knowledge_store.TopFacts: facts_top in memory (Key Knowledge's facts)
         self.semantic = semantic  # projections.semantic.SemanticProjection: its layers feed Key Knowledge
+        self.recent = RecentInputs(con, agents)  # lessons and strategies' inputs, fed by the writer
         self.current: dict[str, BriefingGenerated] = {}
         for row in _dicts(con.execute("SELECT * FROM briefings")):
             self.current[row["agent"]] = _from_row(row)
@@ -108,7 +111,7 @@ class BriefingCache:
         con.begin()
         try:
             for targets in chunks:
-                made = render_many(con, self.agents, targets, self.semantic)
+                made = render_many(self.agents, targets, self.recent, self.top, self.semantic)
                 new = [b for b in made if (old := self.current.get(b.agent)) is None
                        or old.briefing_id != b.briefing_id or old.generated_at != b.generated_at]
                 if new:
@@ -132,39 +135,95 @@ class BriefingCache:
         return changed
 
 
-def render_many(con: duckdb.DuckDBPyConnection, agents: Mapping[str, AgentSpec],
-                targets: list[str], semantic: Any = None) -> list[Briefing]:
-    """Briefings of ``targets`` from the tables, each as of the newest event time of its own inputs;
+def render_many(agents: Mapping[str, AgentSpec], targets: list[str], recent: RecentInputs, top: Any,
+                semantic: Any = None) -> list[Briefing]:
+    """Briefings of ``targets`` from the in-memory read models kept beside the tables (``recent``: each
+    agent's newest lessons and successful episodes; ``top``: ``facts_top``,
+    ``projections.knowledge_store.TopFacts``), each as of the newest event time of its own inputs;
     Key Knowledge leads with the semantic memory of the agent's scope chain (concepts, patterns)."""
     fleet = dict(agents)
-    chains = {a: scope_chain(fleet, a) for a in targets}
-    scopes = sorted({s for chain in chains.values() for s in chain})
-    limits = {a: (agents[a].max_episodes if a in agents else 50) for a in targets}
-    max_limit = max(limits.values())
-    lessons = _grouped(con, "SELECT agent, kind, text, learned_at FROM ("
-                            "  SELECT *, row_number() OVER (PARTITION BY agent ORDER BY learned_at DESC, "
-                            "    episode_id, idx) AS rn FROM lessons WHERE agent IN (SELECT unnest(?::VARCHAR[])))"
-                            f" WHERE rn <= {int(max_limit) * 4}", [targets])
-    episodes = _grouped(con, "SELECT agent, task, outcome, tools, ended_at FROM ("
-                             "  SELECT *, row_number() OVER (PARTITION BY agent ORDER BY ended_at DESC, "
-                             "    episode_id) AS rn FROM episodes WHERE outcome = 'success' "
-                             "  AND agent IN (SELECT unnest(?::VARCHAR[])))"
-                             f" WHERE rn <= {int(max_limit)}", [targets])
-    facts_by_scope: dict[str, list[dict[str, Any]]] = {}
-    for row in _dicts(con.execute("SELECT * FROM facts_top WHERE scope IN (SELECT unnest(?::VARCHAR[]))",
-                                  [scopes])):
-        facts_by_scope.setdefault(row["scope"], []).append(row)
     contexts: dict[str, list[Any]] = {}  # owner -> its knowledge context (shared by every reader)
     out = []
     for agent in targets:
-        mine_l = lessons.get(agent, [])[: limits[agent] * 4]
-        mine_e = episodes.get(agent, [])[: limits[agent]]
-        mine_f = [r for s in chains[agent] for r in facts_by_scope.get(s, [])]
-        times = [r["learned_at"] for r in mine_l] + [r["ended_at"] for r in mine_e] + [r["valid_from"] for r in mine_f]
+        chain = scope_chain(fleet, agent)
+        mine_l = recent.lessons.get(agent, [])
+        mine_e = recent.episodes.get(agent, [])
+        mine_f = [f for s in chain for f in top.by_scope.get(s, ())]
+        times = [r["learned_at"] for r in mine_l] + [r["ended_at"] for r in mine_e] + [f.valid_from for f in mine_f]
         as_of = max((t for t in times if t is not None), default=_EPOCH)
         out.append(briefing_for(agent, agents, lessons=mine_l, triples=mine_f, episodes=mine_e, now=as_of,
-                                knowledge=_knowledge_lines(semantic, chains[agent], contexts)))
+                                knowledge=_knowledge_lines(semantic, chain, contexts)))
     return out
+
+
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def _desc_time(t: datetime) -> int:
+    """Newest first, exactly (microseconds, as DuckDB stores them)."""
+    return -((t - _EPOCH) // _MICROSECOND)
+
+
+class RecentInputs:
+    """Each agent's newest lessons (``4 * maxEpisodes``: learned_at descending, then episode id and
+    index) and newest successful episodes (``maxEpisodes``: ended_at descending, then episode id), the
+    rows a briefing is rendered from, kept in memory beside ``lessons`` and ``episodes``.
+
+    Loaded once from the tables, then fed the rows of each committed batch (``add``): a render reads
+    no table, and converts no timestamp (a query for the few busy agents of one refresh cost about
+    40-50 ms, most of it turning rows into Python objects). The projector is the only writer of both
+    tables, so nothing else can change them meanwhile."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, agents: Mapping[str, AgentSpec]) -> None:
+        self.limits = {a: s.max_episodes for a, s in agents.items()}
+        self.lessons: dict[str, list[dict[str, Any]]] = {}
+        self.episodes: dict[str, list[dict[str, Any]]] = {}
+        self._lesson_keys: dict[str, list[tuple[Any, ...]]] = {}
+        self._episode_keys: dict[str, list[tuple[Any, ...]]] = {}
+        top = max([*self.limits.values(), DEFAULT_MAX_EPISODES])
+        lessons = con.execute(
+            "SELECT agent, kind, text, learned_at, episode_id::VARCHAR AS episode_id, idx FROM ("
+            "  SELECT *, row_number() OVER (PARTITION BY agent ORDER BY learned_at DESC, episode_id, idx) AS rn"
+            f"  FROM lessons) WHERE rn <= {int(top) * 4}")
+        self.add(lessons=_dicts(lessons))
+        episodes = con.execute(
+            "SELECT agent, task, outcome, tools, ended_at, episode_id::VARCHAR AS episode_id FROM ("
+            "  SELECT *, row_number() OVER (PARTITION BY agent ORDER BY ended_at DESC, episode_id) AS rn"
+            f"  FROM episodes WHERE outcome = 'success') WHERE rn <= {int(top)}")
+        self.add(episodes=_dicts(episodes))
+
+    def limit(self, agent: str) -> int:
+        return self.limits.get(agent, DEFAULT_MAX_EPISODES)
+
+    def add(self, episodes: Iterable[Mapping[str, Any]] = (), lessons: Iterable[Mapping[str, Any]] = ()) -> None:
+        """Take the rows of a committed batch (or of the tables): episodes of any outcome, lessons."""
+        touched: dict[str, list[tuple[tuple[Any, ...], dict[str, Any]]]] = {}
+        for r in episodes:
+            if r["outcome"] != "success":
+                continue
+            ended = _utc(r["ended_at"])
+            row = {"agent": r["agent"], "task": r["task"], "outcome": "success", "tools": list(r["tools"] or ()),
+                   "ended_at": ended}
+            touched.setdefault(r["agent"], []).append(((_desc_time(ended), str(r["episode_id"])), row))
+        self._merge(touched, self.episodes, self._episode_keys, 1)
+        touched = {}
+        for r in lessons:
+            at = _utc(r["learned_at"])
+            row = {"agent": r["agent"], "kind": r["kind"], "text": r["text"], "learned_at": at}
+            touched.setdefault(r["agent"], []).append(((_desc_time(at), str(r["episode_id"]), r["idx"]), row))
+        self._merge(touched, self.lessons, self._lesson_keys, 4)
+
+    def _merge(self, touched: Mapping[str, list[tuple[tuple[Any, ...], dict[str, Any]]]],
+               rows: dict[str, list[dict[str, Any]]], keys: dict[str, list[tuple[Any, ...]]], per: int) -> None:
+        for agent, new in touched.items():
+            both = sorted([*zip(keys.get(agent, ()), rows.get(agent, ())), *new], key=lambda kr: kr[0])
+            both = both[:self.limit(agent) * per]
+            keys[agent] = [k for k, _ in both]
+            rows[agent] = [r for _, r in both]
+
+
+def _utc(t: datetime) -> datetime:
+    return t.astimezone(timezone.utc) if t.tzinfo is not None else t.replace(tzinfo=timezone.utc)
 
 
 def _knowledge_lines(semantic: Any, chain: list[str], contexts: dict[str, list[Any]] | None = None) -> list[str]:

@@ -106,7 +106,7 @@ class Seen:
         self.semantic = SemanticProjection(con)
         self.top_facts = TopFacts()
         self.top_facts.refresh(con)
-        self.briefings = BriefingCache(con, self.agents, self.semantic)
+        self.briefings = BriefingCache(con, self.agents, self.top_facts, self.semantic)
         from projections.utilisation import UtilisationFold
 
         self.utilisation = UtilisationFold(con)
@@ -271,6 +271,8 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
         raise
     seen.episodes |= new_episodes
     seen.dead_letters |= new_dead
+    if ep_rows:
+        seen.briefings.recent.add(ep_rows, lesson_rows)
     if memory_records and seen.memory.sleep is not None:
         res.scheduled_sleeps = seen.memory.sleep.take_scheduled()
     if scopes:

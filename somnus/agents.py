@@ -17,6 +17,8 @@ import yaml
 DEFAULT_DIR = Path(__file__).parent / "data" / "agents"
 
 
+DEFAULT_MAX_EPISODES = 50  # maxEpisodes when an agent file does not set it
+
 class LearningRate(str, Enum):
     CONSERVATIVE = "conservative"
     MODERATE = "moderate"
@@ -27,7 +29,7 @@ class AgentSpec(msgspec.Struct, frozen=True, rename="camel", forbid_unknown_fiel
     name: Annotated[str, msgspec.Meta(min_length=1)]
     reports_to: str | None = None
     episodic: bool = True
-    max_episodes: Annotated[int, msgspec.Meta(ge=0)] = 50
+    max_episodes: Annotated[int, msgspec.Meta(ge=0)] = DEFAULT_MAX_EPISODES
     briefing_enabled: bool = True
     briefing_token_budget: Annotated[int, msgspec.Meta(ge=0)] = 2000
     learning_rate: LearningRate = LearningRate.MODERATE

@@ -178,3 +178,31 @@ def test_a_budgeted_refresh_renders_an_agents_own_news_before_a_wide_change_back
     _project_with(ref, ref_seen, [_facts("scraper", None, 5, at)])
     ref_seen.briefings.refresh(ref)
     assert queries.table_checksums(con)["briefings"] == queries.table_checksums(ref)["briefings"]
+
+
+@pytest.mark.parametrize("max_episodes", [0, 2, 50])
+def test_recent_inputs_fed_batch_by_batch_equal_the_newest_rows_of_the_tables(tmp_path, records, max_episodes):
+    """The in-memory rows a briefing is rendered from are what the tables' windows give (limits from
+    ``maxEpisodes``: 4x lessons, 1x successful episodes), however the batches fell."""
+    import msgspec
+
+    from projections.briefings import RecentInputs
+
+    fleet = {a: msgspec.structs.replace(s, max_episodes=max_episodes) if a == "researcher" else s
+             for a, s in AGENTS.items()}
+    con = _db(tmp_path, "r.duckdb")
+    seen = Seen(con, fleet)
+    for i in range(0, len(records), 17):
+        apply_batch(con, TOPICS, records[i:i + 17], load_offsets(con), 1 << 20, seen)
+    fed, loaded = seen.briefings.recent, RecentInputs(con, fleet)
+    assert fed.lessons == loaded.lessons and fed.episodes == loaded.episodes
+    # ... and those are the tables' newest rows, in their order
+    lessons = con.execute("SELECT kind, text FROM lessons WHERE agent = 'researcher' "
+                          "ORDER BY learned_at DESC, episode_id, idx").fetchall()
+    assert [(r["kind"], r["text"]) for r in fed.lessons.get("researcher", [])] == lessons[:4 * max_episodes]
+    wins = con.execute("SELECT ended_at FROM episodes WHERE agent = 'researcher' AND outcome = 'success' "
+                       "ORDER BY ended_at DESC, episode_id").fetchall()
+    assert [r["ended_at"] for r in fed.episodes.get("researcher", [])] == [t for (t,) in wins][:max_episodes]
+    assert max_episodes == 0 or len(lessons) > 4 * 2 and len(wins) > 2  # the limit of 2 does cut
+    other = con.execute("SELECT count(*) FROM lessons WHERE agent = 'scraper'").fetchone()[0]
+    assert len(fed.lessons["scraper"]) == min(other, 200)

@@ -539,6 +539,32 @@ def _fleet_load(boot: str, topic: str, rate: float, duration_s: float, stop: Any
             time.sleep(max(0.0, 0.1 - (time.monotonic() - t)))
 
 
+def _floor_server(body: bytes, ports: Any) -> None:
+    """The least an HTTP server in Python can do (the bench's floor): every request on a connection,
+    answered with the same ``body`` by an asyncio protocol, no routing and no parsing beyond the end
+    of the headers. In a session of its own, as the briefing server is (a process of its own)."""
+    os.setsid()
+    head = f"HTTP/1.1 200 OK\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: {len(body)}\r\n\r\n"
+    answer = head.encode() + body
+
+    class Protocol(asyncio.Protocol):
+        def connection_made(self, transport: Any) -> None:
+            self.transport, self.buffer = transport, b""
+
+        def data_received(self, data: bytes) -> None:
+            self.buffer += data
+            while b"\r\n\r\n" in self.buffer:
+                _, self.buffer = self.buffer.split(b"\r\n\r\n", 1)
+                self.transport.write(answer)
+
+    async def serve() -> None:
+        server = await asyncio.get_running_loop().create_server(Protocol, "127.0.0.1", 0)
+        ports.put(server.sockets[0].getsockname()[1])
+        await server.serve_forever()
+
+    asyncio.run(serve())
+
+
 def run_briefing(agents: int = 10_000, rate: float = 1000.0, duration_s: float = 60.0, probes: int = 60,
                  home: Path | None = None, log: Any = None, sleep_schedule: str = "off",
                  read_rate: float = 0.0) -> dict[str, Any]:
@@ -546,10 +572,12 @@ def run_briefing(agents: int = 10_000, rate: float = 1000.0, duration_s: float =
     cached while the sample fleet is published at ``rate`` events/s, and the publish -> updated
     briefing latency of probe sessions published during that load.
 
-    The load and the probes are published by processes of their own (as runtimes do). Reads alternate between one
+    The load and the probes are published by processes of their own (as runtimes do). Reads rotate between one
     kept-alive connection (``read_*``, as an HTTP client's pool does) and a new connection each
-    (``read_new_connection_*``), both to where ``somnus.reads`` sends them (the briefing server);
-    back to back, or ``read_rate`` a second.
+    (``read_new_connection_*``), both to where ``somnus.reads`` sends them (the briefing server), and
+    a kept-alive connection to a floor server (``floor_read_*``, ``_floor_server``: a briefing's bytes
+    from the least a Python HTTP server can do, in a process of its own, under the same load in the same
+    run: what this machine allows); back to back, or ``read_rate`` a second.
 
     Scheduled sleep is off by default: at 1,000 events/s the sample fleet's stream time passes a day
     in about 20 s, so the nightly sleep and the promotion after it (seconds each, inline in the
@@ -596,8 +624,16 @@ def run_briefing(agents: int = 10_000, rate: float = 1000.0, duration_s: float =
         prober.start()
         rng = random.Random(1)
         kept = http.client.HTTPConnection("127.0.0.1", port, timeout=10)  # keep-alive, as HTTP clients pool them
+        kept.request("GET", "/agents/agent-00000/briefing")
+        with kept.getresponse() as resp:
+            sample_body = resp.read()
+        floor_ports = ctx.SimpleQueue()
+        floor_proc = ctx.Process(target=_floor_server, args=(sample_body, floor_ports), daemon=True)
+        floor_proc.start()
+        floor = http.client.HTTPConnection("127.0.0.1", floor_ports.get(), timeout=10)
         lat: list[float] = []  # on the kept connection
-        lat_new: list[float] = []  # every other read on a connection of its own (urllib)
+        lat_new: list[float] = []  # on a connection of its own each (urllib)
+        lat_floor: list[float] = []  # on a kept connection to the floor server
         probe_at = time.monotonic() + 2.0
         n_probe = 0
         pending: dict[str, str] = {}  # marker -> agent, until seen in its briefing
@@ -611,7 +647,12 @@ def run_briefing(agents: int = 10_000, rate: float = 1000.0, duration_s: float =
                 time.sleep(max(0.0, next_read - time.monotonic()))
             agent = f"agent-{rng.randrange(agents):05d}"
             t = time.perf_counter()
-            if len(lat) <= len(lat_new):
+            if len(lat_floor) < len(lat):
+                floor.request("GET", f"/agents/{agent}/briefing")
+                with floor.getresponse() as resp:
+                    resp.read()
+                lat_floor.append((time.perf_counter() - t) * 1000)
+            elif len(lat) <= len(lat_new):
                 kept.request("GET", f"/agents/{agent}/briefing")
                 with kept.getresponse() as resp:
                     resp.read()
@@ -647,15 +688,20 @@ def run_briefing(agents: int = 10_000, rate: float = 1000.0, duration_s: float =
             published[marker] = t0
         prober.join(timeout=30)
         kept.close()
+        floor.close()
+        floor_proc.kill()
         fresh = [seen_at[m] - published[m] for m in seen_at]
         q = statistics.quantiles(lat, n=100, method="inclusive")
         qn = statistics.quantiles(lat_new, n=100, method="inclusive")
+        qf = statistics.quantiles(lat_floor, n=100, method="inclusive")
         fq = statistics.quantiles(fresh, n=100, method="inclusive") if len(fresh) >= 2 else [float("nan")] * 99
         return {"agents_cached": cached, "sleep_schedule": sleep_schedule, "read_rate": read_rate or "back to back",
                 "ingest_events_per_s": round(sent.value / duration_s, 1),
                 "reads": len(lat), "read_p50_ms": round(q[49], 3), "read_p99_ms": round(q[98], 3),
                 "reads_new_connection": len(lat_new), "read_new_connection_p50_ms": round(qn[49], 3),
                 "read_new_connection_p99_ms": round(qn[98], 3),
+                "floor_reads": len(lat_floor), "floor_read_p50_ms": round(qf[49], 3),
+                "floor_read_p99_ms": round(qf[98], 3), "read_p99_over_floor": round(q[98] / qf[98], 2),
                 "probes": n_probe, "probes_seen": len(fresh), "update_p50_s": round(fq[49], 3),
                 "update_p99_s": round(fq[98], 3), "update_max_s": round(max(fresh, default=float("nan")), 3)}
 

@@ -37,3 +37,23 @@ def test_every_bench_command_has_its_runner():
     for runner in ("run_e2e", "run_fact_query", "run_predict", "run_scn_footprint", "run_recall", "run_context",
                    "run_briefing", "run_sleep"):
         assert callable(getattr(bench, runner))
+
+
+def test_the_briefing_benchs_floor_server_answers_every_request_on_a_kept_connection_with_the_body():
+    import http.client
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    ports = ctx.SimpleQueue()
+    proc = ctx.Process(target=bench._floor_server, args=(b'{"markdown": "# x"}', ports), daemon=True)
+    proc.start()
+    try:
+        con = http.client.HTTPConnection("127.0.0.1", ports.get(), timeout=10)
+        for agent in ("a", "b", "c"):
+            con.request("GET", f"/agents/{agent}/briefing")
+            with con.getresponse() as resp:
+                assert resp.status == 200 and resp.read() == b'{"markdown": "# x"}'
+        con.close()
+    finally:
+        proc.kill()
+        proc.join(10)

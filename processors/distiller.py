@@ -67,7 +67,7 @@ class OpenError(msgspec.Struct):
     index: int  # position in SessionState.errors
 
 
-class SessionState(msgspec.Struct, kw_only=True):
+class SessionState(msgspec.Struct, kw_only=True, omit_defaults=True):
     """Everything the distiller keeps about one open (or just closed) session."""
 
     agent: str

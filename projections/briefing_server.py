@@ -63,9 +63,12 @@ async def _serve(updates: Connection, served: Connection, ports: Connection) -> 
     # bytes); inject goes through the route, as it depends on the request.
     bodies: dict[str, bytes] = {}
 
+    def encoded(agent: str) -> bytes:
+        return _dumps(service.briefing(agent)).encode()
+
     def body(agent: str) -> bytes:
         got = bodies.get(agent)
-        return got if got is not None else _dumps(service.briefing(agent)).encode()
+        return got if got is not None else encoded(agent)
 
     get = next(r for r in api.all_routes() if r.handler == "briefing")
     by_route = route_handler(service, get)
@@ -92,7 +95,7 @@ async def _serve(updates: Connection, served: Connection, ports: Connection) -> 
             return
         got = _briefings.decode(raw)
         cache.update((b.agent, b) for b in got)
-        bodies.update((b.agent, _dumps(service.briefing(b.agent)).encode()) for b in got)
+        bodies.update((b.agent, encoded(b.agent)) for b in got)
 
     asyncio.get_running_loop().add_reader(updates.fileno(), on_update)
     ports.send(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]

@@ -19,6 +19,7 @@ DEFAULT_DIR = Path(__file__).parent / "data" / "agents"
 
 DEFAULT_MAX_EPISODES = 50  # maxEpisodes when an agent file does not set it
 
+
 class LearningRate(str, Enum):
     CONSERVATIVE = "conservative"
     MODERATE = "moderate"

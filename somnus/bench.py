@@ -627,9 +627,13 @@ def run_briefing(agents: int = 10_000, rate: float = 1000.0, duration_s: float =
         prober.start()
         rng = random.Random(1)
         kept = http.client.HTTPConnection("127.0.0.1", port, timeout=10)  # keep-alive, as HTTP clients pool them
-        kept.request("GET", "/agents/agent-00000/briefing")
-        with kept.getresponse() as resp:
-            sample_body = resp.read()
+
+        def get(conn: http.client.HTTPConnection, path: str) -> bytes:
+            conn.request("GET", path)
+            with conn.getresponse() as resp:
+                return resp.read()
+
+        sample_body = get(kept, "/agents/agent-00000/briefing")
         floor_ports = ctx.SimpleQueue()
         floor_proc = ctx.Process(target=_floor_server, args=(sample_body, floor_ports), daemon=True)
         floor_proc.start()
@@ -651,14 +655,10 @@ def run_briefing(agents: int = 10_000, rate: float = 1000.0, duration_s: float =
             agent = f"agent-{rng.randrange(agents):05d}"
             t = time.perf_counter()
             if len(lat_floor) < len(lat):
-                floor.request("GET", f"/agents/{agent}/briefing")
-                with floor.getresponse() as resp:
-                    resp.read()
+                get(floor, f"/agents/{agent}/briefing")
                 lat_floor.append((time.perf_counter() - t) * 1000)
             elif len(lat) <= len(lat_new):
-                kept.request("GET", f"/agents/{agent}/briefing")
-                with kept.getresponse() as resp:
-                    resp.read()
+                get(kept, f"/agents/{agent}/briefing")
                 lat.append((time.perf_counter() - t) * 1000)
             else:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/agents/{agent}/briefing", timeout=10) as resp:

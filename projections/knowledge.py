@@ -97,15 +97,19 @@ def write_changes(con: duckdb.DuckDBPyConnection, changes: KnowledgeChanges) -> 
         frame = pa.Table.from_pylist(_rows(list(last_reinforced.values())))  # noqa: F841
         con.execute("UPDATE triples SET count = f.count, confidence = f.confidence, "
                     "last_evidence = f.last_evidence::UUID FROM frame f WHERE triples.triple_id = f.triple_id::UUID")
-    if changes.triples_closed:
-        frame = pa.Table.from_pylist(_rows(changes.triples_closed))  # noqa: F841
+    # A stretch can be closed twice in a batch (by a newer belief, then by a late one that takes over
+    # the rest of it): the last closing is the state. An UPDATE with two rows for one triple applies
+    # either, so a replay in other batches disagreed with the live projection.
+    last_closed = {c.triple_id: c for c in changes.triples_closed}
+    if last_closed:
+        frame = pa.Table.from_pylist(_rows(list(last_closed.values())))  # noqa: F841
         con.execute("UPDATE triples SET valid_to = f.valid_to, superseded_by = f.superseded_by::UUID "
                     "FROM frame f WHERE triples.triple_id = f.triple_id::UUID")
     _insert(con, "triple_history", _rows(changes.history),
             "ordinal, triple_id::UUID, change, episode_id::UUID, changed_at, count, confidence")
     closed_scopes = set()
-    if changes.triples_closed or last_reinforced:
-        ids = [c.triple_id for c in changes.triples_closed] + list(last_reinforced)
+    if last_closed or last_reinforced:
+        ids = list(last_closed) + list(last_reinforced)
         closed_scopes = {r[0] for r in con.execute(
             "SELECT DISTINCT scope FROM triples WHERE triple_id IN (SELECT unnest(?::UUID[]))", [ids]).fetchall()}
     scopes = set(changes.scopes) | closed_scopes

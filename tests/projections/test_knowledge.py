@@ -101,3 +101,31 @@ def test_the_in_memory_facts_top_answers_like_the_query(tmp_path, facts_records)
         for limit, floor in ((5, 0.0), (50, 0.0), (200, 0.95)):
             assert cached.facts(agent, limit=limit, min_confidence=floor) == sql.facts(
                 agent, limit=limit, min_confidence=floor)
+
+
+def test_a_stretch_closed_twice_in_one_batch_keeps_its_last_closing(tmp_path):
+    # A functional slot asserted at 08:48 (X), 08:56 (Z), then a late 08:52 (Y): the 08:48 triple is
+    # closed first by Z at 08:56, then by Y at 08:52 (Y takes over the rest of its stretch). With both
+    # closings in one batch, the UPDATE had two rows for one triple and DuckDB applied either: a replay
+    # (other batches) then disagreed with the live projection on ``superseded_by`` and ``valid_to``.
+    import uuid
+    from datetime import datetime, timezone
+
+    from schemas.facts import FACTS_SCHEMA_VERSION, FactAsserted, FactsExtracted
+
+    def fx(i, minute, target):
+        return FactsExtracted(
+            schema_version=FACTS_SCHEMA_VERSION, episode_id=uuid.UUID(int=i + 1), agent="support",
+            observed_at=datetime(2026, 1, 5, 8, minute, tzinfo=timezone.utc), extractor="trace/1",
+            facts=[FactAsserted(source="api.stripe.com", source_type="api", predicate="rate_limit", target=target,
+                                target_type="rate", confidence=0.9, functional=True)])
+
+    recs = [Rec("facts", 0, i, encode(f)) for i, f in enumerate([fx(0, 48, "1s"), fx(1, 56, "4s"), fx(2, 52, "2s")])]
+    one = _project(tmp_path, "one.duckdb", [recs], reload_each_batch=False)
+    rows = one.execute("SELECT target, valid_from, valid_to, superseded_by FROM triples").fetchall()
+    by_target = {r[0]: r for r in rows}
+    first, late = by_target["rate:1s"], by_target["rate:2s"]
+    assert first[2] == late[1]  # 08:52, not 08:56
+    assert one.execute("SELECT target FROM triples WHERE triple_id = ?", [first[3]]).fetchone()[0] == "rate:2s"
+    many = _project(tmp_path, "many.duckdb", [[r] for r in recs])
+    assert _sums(one) == _sums(many)

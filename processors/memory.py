@@ -237,9 +237,9 @@ def decide(state: MemoryState, unit: MemoryUnit, now: datetime) -> list[MemoryEv
     if last is None or unit.occurred_at - last >= CHECKPOINT_INTERVAL:
         reasons.append(_CHECKPOINT)
     # Best first (ties: older first); the index keeps the unit's analysis for apply's add.
-    cands, sims = state.index.similar_arrays(unit, scopes=[unit.scope])
-    best = cands[:ASSOCIATION_LIMIT].tolist()
-    best_sims = sims[:ASSOCIATION_LIMIT].tolist()
+    cands, sims = state.index.similar_arrays(unit, scopes=[unit.scope], top=ASSOCIATION_LIMIT)
+    best = cands.tolist()
+    best_sims = sims.tolist()
     nearest_sim = best_sims[0] if best else 0.0
     pe = 1.0 - nearest_sim
     nearest_id = state.index.ids[best[0]] if best else None

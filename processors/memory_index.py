@@ -599,6 +599,10 @@ class _Analysis:
 
 
 _NO_HITS = (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float64))
+# LSH candidates (a memory comes once per band it shares) are deduplicated with a bitmap over the whole
+# index when there are at least 1/RATIO as many as memories, else sorted: on the sample fleet's
+# near-duplicates a query drew thousands, and sorting them was a third of the capture search.
+BITMAP_DEDUPE_RATIO = 32
 
 
 class MemoryIndex:
@@ -1017,11 +1021,12 @@ class MemoryIndex:
         cands, sims = self.similar_arrays(unit, scopes)
         return list(zip(cands.tolist(), sims.tolist()))
 
-    def similar_arrays(self, unit: MemoryUnit, scopes: Iterable[str] | None = None
+    def similar_arrays(self, unit: MemoryUnit, scopes: Iterable[str] | None = None, top: int | None = None
                        ) -> tuple[np.ndarray, np.ndarray]:
-        """``similar`` as (memory indices, similarities) arrays; the unit's analysis is kept for ``add``."""
+        """``similar`` as (memory indices, similarities) arrays, only the first ``top`` if given; the unit's
+        analysis is kept for ``add``."""
         an = self._analyse(unit)
-        return self._similar(an.sig, an.band_base, self._codes(scopes))
+        return self._similar(an.sig, an.band_base, self._codes(scopes), top)
 
     def similar_to_signature(self, sig: MinHash | np.ndarray, scopes: Iterable[str] | None = None
                              ) -> list[tuple[int, float]]:
@@ -1043,7 +1048,8 @@ class MemoryIndex:
             return [] if code is None else [code]
         return sorted({self.scopes[s] for s in scopes if s in self.scopes})
 
-    def _similar(self, sig: np.ndarray, base: np.ndarray, codes: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    def _similar(self, sig: np.ndarray, base: np.ndarray, codes: list[int], top: int | None = None
+                 ) -> tuple[np.ndarray, np.ndarray]:
         if not codes:
             return _NO_HITS
         if len(codes) == 1:
@@ -1054,16 +1060,32 @@ class MemoryIndex:
         cands = self.bands.members(keys)
         if not len(cands):
             return _NO_HITS
-        cands.sort()
-        where = self.live_scope.data[cands]  # -1 once removed
-        keep = where == codes[0] if len(codes) == 1 else np.isin(where, codes)
-        keep[1:] &= cands[1:] != cands[:-1]  # once each
-        cands = cands[keep]
+        if len(cands) * BITMAP_DEDUPE_RATIO >= self.live_scope.n:  # many: a bitmap beats a sort
+            mark = np.zeros(self.live_scope.n, dtype=bool)
+            mark[cands] = True
+            cands = np.flatnonzero(mark)  # ascending, once each
+            where = self.live_scope.data[cands]  # -1 once removed
+            cands = cands[where == codes[0] if len(codes) == 1 else np.isin(where, codes)]
+        else:
+            cands.sort()
+            where = self.live_scope.data[cands]
+            keep = where == codes[0] if len(codes) == 1 else np.isin(where, codes)
+            keep[1:] &= cands[1:] != cands[:-1]  # once each
+            cands = cands[keep]
         if not len(cands):
             return _NO_HITS
         rows = self.signatures.data.view(self._row_dtype).ravel()[cands]  # whole rows: faster than [cands, :]
         same, banded = self.scheme.match(rows.view(np.uint32).reshape(len(cands), -1), sig)
         cands, same = cands[banded], same[banded]  # banded: drops what only a key collision brought
+        if top is not None and len(same) > top:
+            # The first ``top`` of the order below without sorting them all: every count above the
+            # top-th largest, then the ties at it, older first, until there are ``top``.
+            kth = np.partition(same, len(same) - top)[len(same) - top]
+            above = np.flatnonzero(same > kth)
+            ties = np.flatnonzero(same == kth)[: top - len(above)]
+            pick = np.concatenate((above, ties))
+            pick.sort()  # ascending index = ascending cand: the stable sort below keeps older first
+            cands, same = cands[pick], same[pick]
         order = (-same.astype(np.int64)).argsort(kind="stable")  # cands ascend: ties stay older first
         # same / num_perm is eq.mean(axis=1) bit for bit (an integer count over a power of two).
         return cands[order].astype(np.int64), same[order] / self.config.num_perm

@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+import msgspec
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -107,3 +108,54 @@ def test_a_batch_of_one_reason_at_a_time():
     ix = state.index
     assert ix.compressed.data[0] and ix.alive.data[0] and not ix.alive.data[len(ids) - 1]
     assert 0 not in ix.graph
+
+
+def _full_order(ix: Any, sig: np.ndarray, base: np.ndarray, codes: list[int]) -> tuple[list[int], list[float]]:
+    """The candidates as a plain sort would give them: all live in ``codes`` and banded, most equal
+    hash values first, ties older first."""
+    keys = np.concatenate([base + ix._scope_terms[c] for c in codes]) if codes else np.empty(0, np.uint64)
+    cands = sorted(set(ix.bands.members(keys).tolist()))
+    cands = [c for c in cands if ix.live_scope.data[c] in codes]
+    if not cands:
+        return [], []
+    rows = ix.signatures.data[cands]
+    same, banded = ix.scheme.match(rows, sig)
+    kept = [(int(s), c) for c, s, b in zip(cands, same.tolist(), banded.tolist()) if b]
+    kept.sort(key=lambda sc: (-sc[0], sc[1]))
+    return [c for _, c in kept], [s / ix.config.num_perm for s, _ in kept]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(0, 3), min_size=1, max_size=3), st.integers(0, 5), st.integers(0, 4),
+                          st.sampled_from(["a", "b"])), min_size=1, max_size=80),
+       st.integers(0, 79), st.integers(1, 8), st.lists(st.integers(0, 80), max_size=10), st.sampled_from([0, 10**9]))
+def test_similar_top_k_and_bitmap_dedupe_equal_the_full_sort(spec, query_of, top, gone, ratio):
+    # _similar dedupes candidates with a bitmap when they are many (ratio 10**9: always; 0: never, a
+    # sort) and selects only the first ``top`` without sorting them all: the result must be the plain
+    # full sort's, ties older first.
+    import processors.memory_index as mi
+
+    old, mi.BITMAP_DEDUPE_RATIO = mi.BITMAP_DEDUPE_RATIO, ratio
+    try:
+        _check_similar(spec, query_of, top, gone)
+    finally:
+        mi.BITMAP_DEDUPE_RATIO = old
+
+
+def _check_similar(spec: Any, query_of: int, top: int, gone: list[int]) -> None:
+    # Few words, failures (always stored): many memories share a text, so ties run past ``top``.
+    state = build(spec, [])
+    ix = state.index
+    twin = query_of % len(ix.ids)
+    for g in gone:  # some removed: -1 in live_scope, still in the band postings
+        if g % len(ix.ids) != twin and ix.alive.data[g % len(ix.ids)]:
+            ix.remove(g % len(ix.ids))
+    query = msgspec.structs.replace(ix.units[twin], memory_id="query")
+    an = ix._analyse(query)
+    for codes in ([ix.scopes[query.scope]], sorted(ix.scopes.values())):
+        want_c, want_s = _full_order(ix, an.sig, an.band_base, codes)
+        got_c, got_s = ix._similar(an.sig, an.band_base, codes)
+        assert (got_c.tolist(), got_s.tolist()) == (want_c, want_s)
+        got_c, got_s = ix._similar(an.sig, an.band_base, codes, top)
+        assert (got_c.tolist(), got_s.tolist()) == (want_c[:top], want_s[:top])
+    assert twin in want_c  # its twin at least

@@ -48,7 +48,7 @@ class CausalProjection:
 
     def write(self, con: duckdb.DuckDBPyConnection, bundles: Sequence[bytes]) -> int:
         """Append the new updates of ``bundles`` and refresh the links they touched (caller's transaction)."""
-        rows: list[dict[str, Any]] = []
+        rows: list[CausalLinkUpdated] = []
         last: dict[str, CausalLinkUpdated] = {}  # event signature -> its latest update in this batch
         for raw in bundles:
             fresh_obs: set[tuple[str, int, int, int]] = set()
@@ -60,16 +60,11 @@ class CausalProjection:
                     continue  # redelivered
                 fresh_obs.add(obs)
                 self.pending[key] = at
-                row = msgspec.structs.asdict(u)
-                row["idx"] = row.pop("index")
-                row["episode_id"] = str(u.episode_id)
-                row["level"], row["valence"] = u.level.value, u.valence.value
-                row["strengths"] = msgspec.json.encode(u.strengths).decode()
-                rows.append({**{c: row[c] for c in UPDATE_COLUMNS}, "ord": len(rows)})
+                rows.append(u)
                 last[u.event_signature] = u
         if not rows:
             return 0
-        frame = pa.Table.from_pylist(rows)  # noqa: F841
+        frame = _updates_frame(rows)  # noqa: F841
         con.execute(f"INSERT INTO causal_link_updates SELECT {', '.join(UPDATE_COLUMNS[:7])}, episode_id::UUID, "
                     f"{', '.join(UPDATE_COLUMNS[8:-1])}, strengths::JSON FROM frame")
         # The observed outcome's link as of its latest observation (updates of a link are in order) ...
@@ -96,6 +91,22 @@ class CausalProjection:
 
     def rolled_back(self) -> None:
         self.pending.clear()
+
+
+def _updates_frame(rows: Sequence[CausalLinkUpdated]) -> pa.Table:
+    """The updates as columns (``UPDATE_COLUMNS`` and ``ord``, their order), built column by column."""
+    cols: dict[str, list[Any]] = {c: [getattr(u, c) for u in rows] for c in _PLAIN_COLUMNS}
+    cols["level"] = [u.level.value for u in rows]
+    cols["valence"] = [u.valence.value for u in rows]
+    cols["episode_id"] = [str(u.episode_id) for u in rows]
+    cols["idx"] = [u.index for u in rows]
+    encode = msgspec.json.encode
+    cols["strengths"] = [encode(u.strengths).decode() for u in rows]
+    cols["ord"] = list(range(len(rows)))
+    return pa.table({c: cols[c] for c in (*UPDATE_COLUMNS, "ord")})
+
+
+_PLAIN_COLUMNS = tuple(c for c in UPDATE_COLUMNS if c not in ("level", "valence", "episode_id", "idx", "strengths"))
 
 
 def add_temporal_bins(con: duckdb.DuckDBPyConnection, episodes: Iterable[EpisodeDistilled]) -> int:

@@ -130,6 +130,7 @@ class Projector:
         self.serve = serve
         self.max_records = max_records
         self.totals = BatchResult()
+        self.stage_s: dict[str, float] = {}  # seconds per apply_batch stage (BatchResult.timings), summed
         from somnus.agents import load_agents
 
         self.agents = load_agents(settings.agents_dir)
@@ -219,6 +220,8 @@ class Projector:
                         log.warning("slow batch: %.2f s for %d records (%s)", took, len(part), ", ".join(
                             f"{k} {v:.2f}" for k, v in sorted(res.timings.items(), key=lambda kv: -kv[1])))
                     stored.update(res.offsets)
+                    for stage, took_s in res.timings.items():  # where the time went, since start
+                        self.stage_s[stage] = self.stage_s.get(stage, 0.0) + took_s
                     self._add(res)
                     if res.scheduled_sleeps:
                         await self._request_promotion(con, res.scheduled_sleeps)

@@ -142,9 +142,13 @@ def run_e2e(events: int, seed: int = 7, partitions: int = 4, bundle: int = 64, h
     with isolated_pipeline(home, partitions) as (s, boot):
         if log:
             log.print(f"bench: {len(payloads)} events of {sessions} sessions, {partitions} partitions")
-        t0 = time.perf_counter()
+        pids = {"worker": procs.running(s, "worker"), "projector": procs.running(s, "projector"),
+                "broker": getattr(broker_mod.status(Settings.resolve(home=home)), "pid", None)}
+        pids = {role: pid for role, pid in pids.items() if pid}
+        cpu0 = {role: procs.cpu_seconds(pid) for role, pid in pids.items()}
+        t0, own0 = time.perf_counter(), time.process_time()
         asyncio.run(publish_async(payloads, boot, s.traces_topic, bundle_max=bundle))
-        t_pub = time.perf_counter() - t0
+        t_pub, own_pub = time.perf_counter() - t0, time.process_time() - own0
         deadline = time.monotonic() + timeout_s
         spine_s = None  # until events and episodes are committed (what the figure meant before facts)
         # Progress is read with one light query: the projector answers it, and `summary` (a count of
@@ -162,6 +166,9 @@ def run_e2e(events: int, seed: int = 7, partitions: int = 4, bundle: int = 64, h
                                    f"{n_episodes} episodes, {n_inputs} knowledge inputs")
             time.sleep(0.25)
         elapsed = time.perf_counter() - t0
+        # CPU each process used from the start of publishing to idle: where the 2 cores went.
+        cpu = {role: round(procs.cpu_seconds(pid) - cpu0[role], 2) for role, pid in pids.items()}
+        cpu["publisher"] = round(own_pub, 2)
         facts, triples, links, link_updates, memories = sql(Path(s.db_path), (
             "SELECT (SELECT sum(facts) FROM knowledge_inputs), (SELECT count(*) FROM triples), "
             "(SELECT count(*) FROM causal_links), (SELECT count(*) FROM causal_link_updates), "
@@ -176,7 +183,8 @@ def run_e2e(events: int, seed: int = 7, partitions: int = 4, bundle: int = 64, h
                 "facts": int(facts or 0), "triples": int(triples), "facts_per_s": round((facts or 0) / elapsed, 1),
                 "causal_links": int(links), "link_updates": int(link_updates),
                 "link_updates_per_s": round(link_updates / elapsed, 1), "memories": int(memories),
-                "spine_elapsed_s": round(spine_s, 3), "spine_events_per_s": round(len(payloads) / spine_s, 1)}
+                "spine_elapsed_s": round(spine_s, 3), "spine_events_per_s": round(len(payloads) / spine_s, 1),
+                "cpu_s": cpu, "cpu_us_per_event": {k: round(v / len(payloads) * 1e6, 1) for k, v in cpu.items()}}
 
 
 def synthetic_triples(n: int, agents: int, teams: int, seed: int = 11) -> Any:

@@ -41,6 +41,13 @@ def spawn(settings: Settings, bootstrap: str, role: str, name: str | None = None
     return proc
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) ``pid`` has used so far, from ``/proc/<pid>/stat``."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def pid_alive(pid: int) -> bool:
     """Is ``pid`` a live process? A zombie (exited, not yet reaped) counts as dead."""
     try:

@@ -307,6 +307,8 @@ def replay(to: Path = typer.Option(..., "--to", help="A new DuckDB file to rebui
         totals = asyncio.run(proj.run(until_end=True, on_progress=progress))
     console.print(f"replayed into {to}: {totals.events} events, {totals.episodes} episodes, "
                   f"{totals.lessons} lessons, {totals.dead_letters} dead letters")
+    stages = sorted(proj.stage_s.items(), key=lambda kv: -kv[1])
+    console.print("time by stage: " + ", ".join(f"{k} {v:.1f} s" for k, v in stages))
 
 
 @app.command()

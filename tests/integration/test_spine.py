@@ -222,6 +222,7 @@ def test_replay_checksum_equals_live(pipeline_settings, tmp_path):
         run = subprocess.run(cli + ["replay", "--to", str(replay_db)], env=env, capture_output=True, text=True,
                              timeout=300)
         assert run.returncode == 0, run.stderr
+        assert "time by stage: " in run.stdout and "decode " in run.stdout  # where the replay's time went
         out = subprocess.run(cli + ["checksum", "--db", str(replay_db)], env=env, capture_output=True, text=True)
         assert out.returncode == 0, out.stderr
         assert out.stdout.split()[0] == live["checksum"]

@@ -49,6 +49,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import lru_cache
 from typing import Any
 
 import msgspec
@@ -73,6 +74,7 @@ _WS = re.compile(r"\s+")
 _EDGE = "\"'`.,;:!? \t"  # brackets stay: "<id>" placeholders end in one
 
 
+@lru_cache(maxsize=1 << 16)  # names repeat: every fact normalises its source, target and predicate
 def normalise_name(name: str) -> str:
     """The form names are compared in.
 

@@ -1060,18 +1060,16 @@ class MemoryIndex:
         cands = self.bands.members(keys)
         if not len(cands):
             return _NO_HITS
-        if len(cands) * BITMAP_DEDUPE_RATIO >= self.live_scope.n:  # many: a bitmap beats a sort
+        # Ascending, once each: a bitmap over the index when the candidates are many, else a sort.
+        if len(cands) * BITMAP_DEDUPE_RATIO >= self.live_scope.n:
             mark = np.zeros(self.live_scope.n, dtype=bool)
             mark[cands] = True
-            cands = np.flatnonzero(mark)  # ascending, once each
-            where = self.live_scope.data[cands]  # -1 once removed
-            cands = cands[where == codes[0] if len(codes) == 1 else np.isin(where, codes)]
+            cands = np.flatnonzero(mark)
         else:
             cands.sort()
-            where = self.live_scope.data[cands]
-            keep = where == codes[0] if len(codes) == 1 else np.isin(where, codes)
-            keep[1:] &= cands[1:] != cands[:-1]  # once each
-            cands = cands[keep]
+            cands = cands[np.concatenate(([True], cands[1:] != cands[:-1]))]
+        where = self.live_scope.data[cands]  # -1 once removed
+        cands = cands[where == codes[0] if len(codes) == 1 else np.isin(where, codes)]
         if not len(cands):
             return _NO_HITS
         rows = self.signatures.data.view(self._row_dtype).ravel()[cands]  # whole rows: faster than [cands, :]

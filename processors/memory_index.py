@@ -56,9 +56,9 @@ import functools
 import hashlib
 import re
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from itertools import chain
+from itertools import accumulate, chain
 
 import numpy as np
 from datasketch import MinHash, MinHashLSH
@@ -557,26 +557,83 @@ class BandIndex:
         self.buffer, self.buffered = {}, 0
         _push(self.segments, seg, self.alive)
 
-    def members(self, keys: np.ndarray) -> np.ndarray:
-        """Memory indices under ``keys`` (unsorted, with repeats; dead ones until their segment merges)."""
+    def members(self, keys: np.ndarray, newest: int | None = None,
+                valid: Callable[[np.ndarray], np.ndarray] | None = None) -> np.ndarray:
+        """Memory indices under ``keys`` (unsorted, with repeats; dead ones until their segment merges).
+
+        With ``newest`` and ``valid`` (which memories count), only enough of them to hold the ``newest``
+        highest valid ones (all of them if fewer), whatever the segments' layout: in each source (the
+        buffer, each segment) a key's run holds each of its memories once, in ascending order, so only
+        the run's shortest tail with ``newest`` valid ones (or all of it) can hold any of them; and once
+        a key has ``newest`` valid ones from the newer sources, the older ones need no reading. A tail
+        is cut at ``newest`` members, and all of them re-read with tails widened when some are not
+        valid (dead ones stay until a merge drops them)."""
+        m = len(keys)
+        cut = (1 << 62) if newest is None else newest
         parts: list[np.ndarray] = []
-        if self.segments:
-            m = len(keys)
-            bounds = np.concatenate((keys, keys + _ONE))  # [first, end) of each key: one search per segment
-            for seg_keys, seg_idx in self.segments:
-                at = seg_keys.searchsorted(bounds).tolist()
-                parts += [seg_idx[at[j]:at[m + j]] for j in range(m) if at[m + j] > at[j]]
+        taken = [0] * m  # members taken under each key so far, newest first
         if self.buffer:
             get = self.buffer.get
-            extra = [i for k in keys.tolist() for i in get(k, ())]
-            if extra:
-                parts.append(np.array(extra, dtype=np.int32))
+            runs = [get(k, ())[-cut:] for k in keys.tolist()]
+            taken = list(map(len, runs))
+            if any(taken):
+                parts.append(np.fromiter(chain.from_iterable(runs), dtype=np.int32, count=sum(taken)))
+        if self.segments and max(taken) < cut:
+            bounds = np.concatenate((keys, keys + _ONE))  # [first, end) of each key: one search per segment
+            for seg_keys, seg_idx in reversed(self.segments):  # newest first
+                at = seg_keys.searchsorted(bounds).tolist()
+                for j in range(m):
+                    a, b = at[j], at[m + j]
+                    if b > a:
+                        a = max(a, b - cut)
+                        parts.append(seg_idx[a:b])
+                        taken[j] += b - a
+                # One key's run holds each memory once, and the older segments' are all older: once it
+                # has ``newest`` (valid, checked below), none of theirs can be among the newest.
+                if max(taken) >= cut:
+                    break
         if not parts:
             return np.empty(0, dtype=np.int32)
-        return np.concatenate(parts) if len(parts) > 1 else parts[0].copy()
+        got = np.concatenate(parts) if len(parts) > 1 else parts[0].copy()
+        if newest is None or valid is None or valid(got).all():
+            return got
+        return np.concatenate([_tails(run, at, m, newest, valid) for run, at in self._sources(keys)])
+
+    def _sources(self, keys: np.ndarray) -> Iterator[tuple[np.ndarray, list[int]]]:
+        """Each source's members as one array, and where each key's run in it begins (the first
+        len(keys)) and ends (the next len(keys))."""
+        if self.buffer:
+            get = self.buffer.get
+            runs = [get(k, ()) for k in keys.tolist()]
+            lens = list(map(len, runs))
+            if any(lens):
+                ends = list(accumulate(lens))
+                yield (np.fromiter(chain.from_iterable(runs), dtype=np.int32, count=ends[-1]),
+                       [e - n for e, n in zip(ends, lens)] + ends)
+        if self.segments:
+            bounds = np.concatenate((keys, keys + _ONE))  # [first, end) of each key: one search per segment
+            for seg_keys, seg_idx in self.segments:
+                yield seg_idx, seg_keys.searchsorted(bounds).tolist()
 
     def __len__(self) -> int:
         return sum(len(s[0]) for s in self.segments) + self.buffered
+
+
+def _tails(run: np.ndarray, at: list[int], m: int, newest: int, valid: Callable[[np.ndarray], np.ndarray]
+           ) -> np.ndarray:
+    """The members of ``run[at[j]:at[m + j]]`` for the m slices, but of each slice (ascending, each
+    memory once) only its shortest tail with ``newest`` members ``valid`` accepts (all of it if fewer):
+    a tail short of valid members widens by what it lacks until it has them or the whole slice."""
+    first, end = at[:m], at[m:]
+    start = [max(a, b - newest) for a, b in zip(first, end)]
+    for j in range(m):
+        while start[j] > first[j]:
+            short = newest - int(np.count_nonzero(valid(run[start[j]:end[j]])))
+            if short <= 0:
+                break
+            start[j] = max(first[j], start[j] - short)
+    parts = [run[s:b] for s, b in zip(start, end) if b > s]
+    return np.concatenate(parts) if parts else np.empty(0, dtype=np.int32)
 
 
 # ---- the index ------------------------------------------------------------------------------
@@ -1021,12 +1078,14 @@ class MemoryIndex:
         cands, sims = self.similar_arrays(unit, scopes)
         return list(zip(cands.tolist(), sims.tolist()))
 
-    def similar_arrays(self, unit: MemoryUnit, scopes: Iterable[str] | None = None, top: int | None = None
-                       ) -> tuple[np.ndarray, np.ndarray]:
+    def similar_arrays(self, unit: MemoryUnit, scopes: Iterable[str] | None = None, top: int | None = None,
+                       newest: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """``similar`` as (memory indices, similarities) arrays, only the first ``top`` if given; the unit's
-        analysis is kept for ``add``."""
+        analysis is kept for ``add``. With ``newest``, only the ``newest`` most recent LSH candidates (the
+        highest indices among the live ones in ``scopes``) are compared, and only they are read: the
+        search then costs the same however many memories the scopes hold."""
         an = self._analyse(unit)
-        return self._similar(an.sig, an.band_base, self._codes(scopes), top)
+        return self._similar(an.sig, an.band_base, self._codes(scopes), top, newest)
 
     def similar_to_signature(self, sig: MinHash | np.ndarray, scopes: Iterable[str] | None = None
                              ) -> list[tuple[int, float]]:
@@ -1048,16 +1107,24 @@ class MemoryIndex:
             return [] if code is None else [code]
         return sorted({self.scopes[s] for s in scopes if s in self.scopes})
 
-    def _similar(self, sig: np.ndarray, base: np.ndarray, codes: list[int], top: int | None = None
-                 ) -> tuple[np.ndarray, np.ndarray]:
+    def _similar(self, sig: np.ndarray, base: np.ndarray, codes: list[int], top: int | None = None,
+                 newest: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         if not codes:
             return _NO_HITS
+        scope_of = self.live_scope.data  # -1 once removed
         if len(codes) == 1:
-            keys = base + self._scope_terms[codes[0]]
+            code = codes[0]
+            keys = base + self._scope_terms[code]
+
+            def valid(idx: np.ndarray) -> np.ndarray:
+                return scope_of[idx] == code
         else:
             terms = np.array([self._scope_terms[c] for c in codes], dtype=np.uint64)
             keys = (base[None, :] + terms[:, None]).ravel()
-        cands = self.bands.members(keys)
+
+            def valid(idx: np.ndarray) -> np.ndarray:
+                return np.isin(scope_of[idx], codes)
+        cands = self.bands.members(keys, newest, valid)
         if not len(cands):
             return _NO_HITS
         # Ascending, once each: a bitmap over the index when the candidates are many, else a sort.
@@ -1068,10 +1135,11 @@ class MemoryIndex:
         else:
             cands.sort()
             cands = cands[np.concatenate(([True], cands[1:] != cands[:-1]))]
-        where = self.live_scope.data[cands]  # -1 once removed
-        cands = cands[where == codes[0] if len(codes) == 1 else np.isin(where, codes)]
+        cands = cands[valid(cands)]  # live and in the scopes asked
         if not len(cands):
             return _NO_HITS
+        if newest is not None and len(cands) > newest:
+            cands = cands[-newest:]  # ascending: the most recent
         rows = self.signatures.data.view(self._row_dtype).ravel()[cands]  # whole rows: faster than [cands, :]
         same, banded = self.scheme.match(rows.view(np.uint32).reshape(len(cands), -1), sig)
         cands, same = cands[banded], same[banded]  # banded: drops what only a key collision brought

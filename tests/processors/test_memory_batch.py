@@ -9,7 +9,7 @@ from typing import Any
 
 import msgspec
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from processors.memory import MemoryState, apply, apply_all, capture, forget, forget_all
@@ -28,13 +28,17 @@ T0 = datetime(2024, 5, 15, 9, 0, tzinfo=timezone.utc)
 WORDS = ["deploy", "billing", "helm", "timeout", "invoice", "retry", "staging", "refund"]
 
 
-def build(spec: list[tuple[list[int], int, int, str]], links: list[tuple[int, int, float]]) -> MemoryState:
-    """A fold of units (words, run, position, agent), then extra edges between stored memories."""
+def build(spec: list[tuple[list[int], int, int, str]], links: list[tuple[int, int, float]],
+          band_buffer: int | None = None) -> MemoryState:
+    """A fold of units (words, run, position, agent), then extra edges between stored memories;
+    ``band_buffer``: the LSH's buffer size in band keys (small: many segments)."""
     units = [MemoryUnit(memory_id=f"m{k}", kind=MemoryKind.EPISODE, agent=agent, scope=f"agent:{agent}",
                         run_id=f"r{run}", position=position, occurred_at=T0 + timedelta(minutes=7 * k),
                         perception=" ".join(WORDS[w] for w in words), outcome="failure", success=False)
              for k, (words, run, position, agent) in enumerate(spec)]
     state = MemoryState()
+    if band_buffer is not None:
+        state.index.bands.buffer_keys = band_buffer
     capture(state, units, T0 + timedelta(days=1))
     ids = state.index.ids
     for a, b, w in links:
@@ -110,12 +114,15 @@ def test_a_batch_of_one_reason_at_a_time():
     assert 0 not in ix.graph
 
 
-def _full_order(ix: Any, sig: np.ndarray, base: np.ndarray, codes: list[int]) -> tuple[list[int], list[float]]:
-    """The candidates as a plain sort would give them: all live in ``codes`` and banded, most equal
-    hash values first, ties older first."""
+def _full_order(ix: Any, sig: np.ndarray, base: np.ndarray, codes: list[int], newest: int | None = None
+                ) -> tuple[list[int], list[float]]:
+    """The candidates as a plain sort would give them: all live in ``codes`` (only the ``newest`` highest
+    if given) and banded, most equal hash values first, ties older first."""
     keys = np.concatenate([base + ix._scope_terms[c] for c in codes]) if codes else np.empty(0, np.uint64)
     cands = sorted(set(ix.bands.members(keys).tolist()))
     cands = [c for c in cands if ix.live_scope.data[c] in codes]
+    if newest is not None:
+        cands = cands[-newest:]
     if not cands:
         return [], []
     rows = ix.signatures.data[cands]
@@ -159,3 +166,45 @@ def _check_similar(spec: Any, query_of: int, top: int, gone: list[int]) -> None:
         got_c, got_s = ix._similar(an.sig, an.band_base, codes, top)
         assert (got_c.tolist(), got_s.tolist()) == (want_c[:top], want_s[:top])
     assert twin in want_c  # its twin at least
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(0, 3), min_size=1, max_size=3), st.integers(0, 5), st.integers(0, 4),
+                          st.sampled_from(["a", "b"])), min_size=1, max_size=80),
+       st.integers(0, 79), st.integers(1, 12), st.lists(st.integers(0, 80), max_size=25),
+       st.sampled_from([14, 28, 70, 1 << 11]), st.sampled_from([None, 5]))
+@example([([0, 1], 0, 0, "a")] * 30, 0, 5, [27, 28], 1 << 11, None)  # dead in a run's tail: it widens
+@example([([0, 1], 0, 0, "a")] * 30, 0, 5, [27, 28, 20], 14 * 8, 5)  # the same in segments
+def test_newest_candidates_equal_a_brute_force_search_of_the_newest(spec, query_of, newest, gone, band_buffer, top):
+    # Capture's bounded search reads the LSH newest first and only the tails of the buckets' runs;
+    # whatever the segments' layout (band_buffer: from one band key per segment's worth to all in the
+    # dict buffer) and however many are dead, it must compare exactly the ``newest`` highest live
+    # candidates in the scopes, as a search of all of them cut to the newest does.
+    state = build(spec, [], band_buffer)
+    ix = state.index
+    twin = query_of % len(ix.ids)
+    for g in gone:
+        if ix.alive.data[g % len(ix.ids)]:
+            ix.remove(g % len(ix.ids))
+    query = msgspec.structs.replace(ix.units[twin], memory_id="query")
+    an = ix._analyse(query)
+    for codes in ([ix.scopes[query.scope]], sorted(ix.scopes.values())):
+        want_c, want_s = _full_order(ix, an.sig, an.band_base, codes, newest)
+        got_c, got_s = ix._similar(an.sig, an.band_base, codes, top, newest)
+        assert (got_c.tolist(), got_s.tolist()) == (want_c[:top], want_s[:top])
+
+
+def test_capture_compares_only_the_newest_candidates(monkeypatch):
+    # Twelve identical failures (always stored): with a bound of 4, the thirteenth is compared with the
+    # 4 newest, so its nearest is the last one stored and its associations the newest 4 (5 without).
+    import processors.memory as pm
+
+    spec = [([0, 1, 2], 0, k, "a") for k in range(13)]
+    monkeypatch.setattr(pm, "CAPTURE_CANDIDATES", 4)
+    state = build(spec[:12], [])
+    ix = state.index
+    query = msgspec.structs.replace(ix.units[0], memory_id="query")
+    cands, _ = ix.similar_arrays(query, scopes=["agent:a"], top=5, newest=pm.CAPTURE_CANDIDATES)
+    assert sorted(cands.tolist()) == [8, 9, 10, 11]
+    cands, _ = ix.similar_arrays(query, scopes=["agent:a"], top=5)
+    assert cands.tolist() == [0, 1, 2, 3, 4]  # all equal: ties older first

@@ -565,39 +565,40 @@ class BandIndex:
         highest valid ones (all of them if fewer), whatever the segments' layout: in each source (the
         buffer, each segment) a key's run holds each of its memories once, in ascending order, so only
         the run's shortest tail with ``newest`` valid ones (or all of it) can hold any of them; and once
-        a key has ``newest`` valid ones from the newer sources, the older ones need no reading. A tail
+        a key's run in one source has ``newest`` valid ones, the older sources need no reading. A tail
         is cut at ``newest`` members, and all of them re-read with tails widened when some are not
         valid (dead ones stay until a merge drops them)."""
         m = len(keys)
         cut = (1 << 62) if newest is None else newest
         parts: list[np.ndarray] = []
-        taken = [0] * m  # members taken under each key so far, newest first
+        full = False  # some key's run in a source read had ``newest`` members or more: it was cut
         if self.buffer:
             get = self.buffer.get
-            runs = [get(k, ())[-cut:] for k in keys.tolist()]
-            taken = list(map(len, runs))
-            if any(taken):
-                parts.append(np.fromiter(chain.from_iterable(runs), dtype=np.int32, count=sum(taken)))
-        if self.segments and max(taken) < cut:
+            runs = [get(k, ()) for k in keys.tolist()]
+            if any(runs):
+                if max(map(len, runs)) >= cut:
+                    runs, full = [r[-cut:] for r in runs], True
+                parts.append(np.fromiter(chain.from_iterable(runs), dtype=np.int32, count=sum(map(len, runs))))
+        if self.segments and not full:
             bounds = np.concatenate((keys, keys + _ONE))  # [first, end) of each key: one search per segment
             for seg_keys, seg_idx in reversed(self.segments):  # newest first
                 at = seg_keys.searchsorted(bounds).tolist()
                 for j in range(m):
                     a, b = at[j], at[m + j]
                     if b > a:
-                        a = max(a, b - cut)
+                        if b - a >= cut:
+                            a, full = b - cut, True
                         parts.append(seg_idx[a:b])
-                        taken[j] += b - a
                 # One key's run holds each memory once, and the older segments' are all older: once it
                 # has ``newest`` (valid, checked below), none of theirs can be among the newest.
-                if max(taken) >= cut:
+                if full:
                     break
         if not parts:
             return np.empty(0, dtype=np.int32)
         got = np.concatenate(parts) if len(parts) > 1 else parts[0].copy()
-        if newest is None or valid is None or valid(got).all():
+        if not full or valid is None or valid(got).all():  # nothing cut: every member is here
             return got
-        return np.concatenate([_tails(run, at, m, newest, valid) for run, at in self._sources(keys)])
+        return np.concatenate([_tails(run, at, m, cut, valid) for run, at in self._sources(keys)])
 
     def _sources(self, keys: np.ndarray) -> Iterator[tuple[np.ndarray, list[int]]]:
         """Each source's members as one array, and where each key's run in it begins (the first

@@ -1,0 +1,57 @@
+"""projections.causal: link updates read off the topic as text and raw JSON, written with DuckDB's casts
+(a real DuckDB file, no broker)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta, timezone
+
+import duckdb
+import msgspec
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from projections import schema
+from projections.causal import UPDATE_COLUMNS, CausalProjection, UpdateRow
+from schemas.causal import CausalLinkUpdated, LinkLevel, Valence
+
+
+def test_the_projectors_row_has_every_field_of_the_update_in_the_tables_order():
+    # The projector decodes updates into UpdateRow: a field added to CausalLinkUpdated but not here
+    # would be dropped without a word, so the two must name the same fields.
+    row_names = [f.encode_name for f in msgspec.structs.fields(UpdateRow)]
+    assert sorted(row_names) == sorted(f.encode_name for f in msgspec.structs.fields(CausalLinkUpdated))
+    assert [f.name for f in msgspec.structs.fields(UpdateRow)] == list(UPDATE_COLUMNS)
+
+
+texts = st.text(min_size=1, max_size=12)
+instants = st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1),
+                        timezones=st.sampled_from([timezone.utc, timezone(timedelta(hours=5, minutes=30)),
+                                                   timezone(timedelta(hours=-7))]))
+updates = st.builds(
+    CausalLinkUpdated, event_signature=texts, level=st.sampled_from(list(LinkLevel)), tool=texts,
+    outcome_signature=texts, outcome=texts, valence=st.sampled_from(list(Valence)), agent=texts,
+    episode_id=st.uuids(), observed_at=instants, src_partition=st.integers(0, 63), src_offset=st.integers(0, 2**40),
+    index=st.integers(0, 1000), target=st.sampled_from([0.0, 1.0]), alpha=st.floats(0, 1), strength_before=st.floats(0, 1),
+    strength=st.floats(0, 1), observations=st.integers(0, 10**6), event_observations=st.integers(0, 10**6),
+    confidence=st.floats(0, 1), strengths=st.dictionaries(texts, st.floats(0, 1), max_size=4))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(updates, min_size=1, max_size=8, unique_by=lambda u: (u.event_signature, u.src_partition)))
+def test_written_updates_read_back_as_the_typed_updates_were(tmp_path_factory, ups):
+    con = duckdb.connect(str(tmp_path_factory.mktemp("causal") / "c.duckdb"))
+    schema.init(con)
+    proj = CausalProjection(con)
+    assert proj.write(con, [msgspec.json.encode(ups)]) == len(ups)
+    got = con.execute(f"SELECT {', '.join(UPDATE_COLUMNS)} FROM causal_link_updates").fetchall()
+    want = [(u.event_signature, u.outcome_signature, u.level.value, u.tool, u.outcome, u.valence.value, u.agent,
+             u.episode_id, u.observed_at, u.src_partition, u.src_offset, u.index, u.target, u.alpha, u.strength_before,
+             u.strength, u.observations, u.event_observations, u.confidence, u.strengths) for u in ups]
+    got = [(*g[:7], uuid.UUID(str(g[7])), g[8], *g[9:19], msgspec.json.decode(g[19])) for g in got]
+    assert got == want  # the instants compare equal whatever zone DuckDB returns them in
+    for sig, osig, v, at in con.execute("SELECT event_signature, outcome_signature, strength, updated_at "
+                                        "FROM causal_links").fetchall():
+        u = next(u for u in ups if u.event_signature == sig)
+        assert at == u.observed_at
+        assert v == (u.strengths[osig] if osig in u.strengths else u.strength)

@@ -12,7 +12,8 @@ source's own id for it (the importer's ``message_refs``, e.g. LoCoMo's ``dia_id`
   for the agent in ``CHECKPOINT_INTERVAL`` of event time);
 - otherwise by prediction error ``PE = 1 - max similarity`` to the agent's existing memories
   (situation signatures, ``processors/memory_index.py``; of the LSH's candidates, the
-  ``CAPTURE_CANDIDATES`` = 256 most recent, so the search does not slow as memories accumulate):
+  ``IndexConfig.capture_candidates`` = 256 most recent, so the search does not slow as memories
+  accumulate):
   ``PE < 0.15`` merges the unit into the
   nearest memory (its sources and refs join it); ``0.15 <= PE <= 0.5`` stores it, related to what it
   resembles; ``PE > 0.5`` is a surprise: a new memory;
@@ -75,9 +76,6 @@ CHECKPOINT_INTERVAL = timedelta(hours=1)
 LONG_TERM_ACCESSES = 3  # a memory recalled this often becomes long-term
 DEFAULT_IMPORTANCE = 0.5
 MAX_TEXT = 2000  # characters of a message kept in its unit
-# Capture compares a unit with at most this many of its LSH candidates, the most recent ones: the
-# search then costs the same however many memories the scope holds (uncapped, it grew linearly).
-CAPTURE_CANDIDATES = 256
 
 # ---- units ------------------------------------------------------------------------------------
 
@@ -243,7 +241,7 @@ def decide(state: MemoryState, unit: MemoryUnit, now: datetime) -> list[MemoryEv
         reasons.append(_CHECKPOINT)
     # Best first (ties: older first); the index keeps the unit's analysis for apply's add.
     cands, sims = state.index.similar_arrays(unit, scopes=[unit.scope], top=ASSOCIATION_LIMIT,
-                                              newest=CAPTURE_CANDIDATES)
+                                              newest=state.index.config.capture_candidates)
     best = cands.tolist()
     best_sims = sims.tolist()
     nearest_sim = best_sims[0] if best else 0.0

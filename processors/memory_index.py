@@ -237,12 +237,18 @@ BUFFER_POSTINGS = 1 << 13  # postings held in the buffer before they become a so
 BUFFER_BAND_KEYS = 1 << 11  # band keys held in the LSH's dict buffer before they become a sorted segment
 
 
+CAPTURE_CANDIDATES = 256  # LSH candidates, the most recent, capture compares a unit with
+
+
 @dataclass(frozen=True)
 class IndexConfig:
     num_perm: int = NUM_PERM
     lsh_threshold: float = LSH_THRESHOLD
     buffer_postings: int = BUFFER_POSTINGS
     stem: Stemmer | None = None  # e.g. snowballstemmer's English stemWord, when the package is there
+    # Capture compares a unit with at most this many of its LSH candidates, the most recent ones, so
+    # its search does not grow with the memories in the scope (uncapped, it grew linearly); None: all.
+    capture_candidates: int | None = CAPTURE_CANDIDATES
 
 
 # ---- situation signatures -----------------------------------------------------------------------
@@ -599,6 +605,25 @@ class BandIndex:
         if not full or valid is None or valid(got).all():  # nothing cut: every member is here
             return got
         return np.concatenate([_tails(run, at, m, cut, valid) for run, at in self._sources(keys)])
+
+    def drop_dead(self) -> None:
+        """Drop the dead memories' keys now instead of at their segments' next merge (after a sleep's
+        prunings): a bounded search (``members`` with ``newest``) then meets no dead ones to read past."""
+        if self.alive is None:
+            return
+        alive = self.alive()
+        kept: list[Segment] = []
+        for seg in self.segments:
+            keep = alive[seg[1]]
+            if keep.all():
+                kept.append(seg)
+            elif keep.any():
+                kept.append(tuple(c[keep] for c in seg))
+        self.segments = kept
+        if self.buffer:
+            runs = ((k, [i for i in run if alive[i]]) for k, run in self.buffer.items())
+            self.buffer = {k: run for k, run in runs if run}
+            self.buffered = sum(map(len, self.buffer.values()))
 
     def _sources(self, keys: np.ndarray) -> Iterator[tuple[np.ndarray, list[int]]]:
         """Each source's members as one array, and where each key's run in it begins (the first
@@ -996,6 +1021,7 @@ class MemoryIndex:
             return
         self.alive.data[rows] = False
         self.live_scope.data[rows] = -1
+        self.bands.drop_dead()
         self.live -= len(rows)
         doc = self.doc_len.data[rows].astype(np.float64)
         live_len = self.live_len

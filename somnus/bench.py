@@ -717,6 +717,42 @@ def run_briefing(agents: int = 10_000, rate: float = 1000.0, duration_s: float =
                 "update_p99_s": round(fq[98], 3), "update_max_s": round(max(fresh, default=float("nan")), 3)}
 
 
+def run_capture(sessions: int = 40_000, batch: int = 200, chunks: int = 5, candidates: int | None = 256,
+                seed: int = 3) -> dict[str, Any]:
+    """Memory capture's cost as the store grows: the episode units of ``sessions`` sample sessions
+    (``somnus.sample``, distilled as the worker does), captured in batches of ``batch`` as the projector
+    captures them, timed in ``chunks`` equal parts (µs per unit in each), with the capture search
+    bounded to ``candidates`` LSH candidates (None: all of them, as before the bound). Also how many
+    memories were stored, and a digest of their ids (equal digests: the same decisions)."""
+    import hashlib
+    from datetime import datetime, timezone
+
+    from processors.distiller import distill
+    from processors.memory import MemoryState, capture, episode_unit
+    from processors.memory_index import IndexConfig
+    from projections.memory import stemmer
+    from schemas.codec import decode_trace
+    from somnus.sample import generate
+
+    events = [decode_trace(orjson.dumps(e), 1 << 20) for e in generate(sessions=sessions, seed=seed)]
+    units = [episode_unit(ep) for ep in distill({}, events).episodes]
+    del events
+    now = datetime(2026, 3, 1, tzinfo=timezone.utc)
+    state = MemoryState.empty(IndexConfig(stem=stemmer(), capture_candidates=candidates))
+    size = -(-len(units) // chunks)
+    per_chunk: list[float] = []
+    for c in range(0, len(units), size):
+        part = units[c:c + size]
+        t = time.perf_counter()
+        for k in range(0, len(part), batch):
+            capture(state, part[k:k + batch], now)
+        per_chunk.append(round(1e6 * (time.perf_counter() - t) / len(part), 1))
+    ids = state.index.ids
+    return {"sessions": sessions, "units": len(units), "candidates": candidates, "stored": len(ids),
+            "us_per_unit_by_chunk": per_chunk, "growth": round(per_chunk[-1] / per_chunk[0], 2),
+            "digest": hashlib.sha1("\n".join(ids).encode()).hexdigest()[:12]}
+
+
 def _sleep_units(units: int, agents: int, seed: int) -> Iterator[Any]:
     """Synthetic episodes for the sleep bench: one a minute-ish over ``units`` minutes spread so the
     store spans weeks; 60% success, 30% failure, 10% partial; one in ten a user interaction; a task of

@@ -782,6 +782,26 @@ def bench_recall(units: int = typer.Option(100_000, "--units"), queries: int = t
                    ("build_s", "p50_ms", "p95_ms", "p99_ms", "rss_mib")), as_json)
 
 
+@bench_app.command("capture")
+def bench_capture(sessions: int = typer.Option(40_000, "--sessions"),
+                  candidates: int = typer.Option(256, "--candidates",
+                                                 help="LSH candidates a unit is compared with (0: all of them)."),
+                  compare: bool = typer.Option(True, "--compare/--no-compare",
+                                               help="Also run unbounded in the same invocation, and their ratio."),
+                  as_json: bool = typer.Option(False, "--json")) -> None:
+    """Memory capture µs per unit as the store grows (sample episodes, in five equal parts)."""
+    from somnus.bench import run_capture
+
+    bounded = run_capture(sessions=sessions, candidates=candidates or None)
+    if not compare or not candidates:
+        _emit(bounded, as_json)
+        return
+    unbounded = run_capture(sessions=sessions, candidates=None)
+    _emit({"bounded": bounded, "unbounded": unbounded,
+           "ratio_by_chunk": [round(b / u, 2) for b, u in zip(bounded["us_per_unit_by_chunk"],
+                                                               unbounded["us_per_unit_by_chunk"])]}, as_json)
+
+
 @bench_app.command("briefing")
 def bench_briefing(agents: int = typer.Option(10_000, "--agents"), rate: float = typer.Option(1000.0, "--rate"),
                    duration: float = typer.Option(60.0, "--duration"),

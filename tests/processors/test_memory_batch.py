@@ -57,7 +57,15 @@ def snapshot(state: MemoryState) -> tuple[Any, ...]:
     per = tuple(col.data.tobytes() for col in (ix.run_len, ix.run_live, ix.scope_live, ix.scope_len, ix.scope_runs))
     graph = [(a, list(nbrs.items())) for a, nbrs in ix.graph.items()]
     return (columns, per, graph, [list(m) for m in ix.run_members], ix.live, ix.live_len, list(ix.ids),
-            dict(state.last_stored), len(ix.postings), len(ix.bands))
+            dict(state.last_stored), len(ix.postings), _live_bands(ix))
+
+
+def _live_bands(ix: Any) -> list[tuple[int, int]]:
+    """The LSH's (band key, memory) pairs of live memories, whatever the layout: a batch of removals
+    drops the dead ones' keys at once, one removal leaves them to the next merge."""
+    alive = ix.alive.data
+    pairs = [(k, i) for keys, idx in ix.bands.segments for k, i in zip(keys.tolist(), idx.tolist()) if alive[i]]
+    return sorted(pairs + [(k, i) for k, run in ix.bands.buffer.items() for i in run if alive[i]])
 
 
 unit_spec = st.tuples(st.lists(st.integers(0, len(WORDS) - 1), min_size=2, max_size=6), st.integers(0, 5),
@@ -117,17 +125,15 @@ def test_a_batch_of_one_reason_at_a_time():
 def _full_order(ix: Any, sig: np.ndarray, base: np.ndarray, codes: list[int], newest: int | None = None
                 ) -> tuple[list[int], list[float]]:
     """The candidates as a plain sort would give them: all live in ``codes`` (only the ``newest`` highest
-    if given) and banded, most equal hash values first, ties older first."""
-    keys = np.concatenate([base + ix._scope_terms[c] for c in codes]) if codes else np.empty(0, np.uint64)
-    cands = sorted(set(ix.bands.members(keys).tolist()))
-    cands = [c for c in cands if ix.live_scope.data[c] in codes]
-    if newest is not None:
-        cands = cands[-newest:]
+    if given) and banded, most equal hash values first, ties older first. From first principles: every
+    live memory's signature is compared, the LSH's buckets are not read (``base``: unused)."""
+    cands = [c for c in range(len(ix.ids)) if ix.live_scope.data[c] in codes]
     if not cands:
         return [], []
-    rows = ix.signatures.data[cands]
-    same, banded = ix.scheme.match(rows, sig)
+    same, banded = ix.scheme.match(ix.signatures.data[cands], sig)
     kept = [(int(s), c) for c, s, b in zip(cands, same.tolist(), banded.tolist()) if b]
+    if newest is not None:
+        kept = kept[-newest:]  # (64-bit band key collisions aside: the LSH's candidates are the banded ones)
     kept.sort(key=lambda sc: (-sc[0], sc[1]))
     return [c for _, c in kept], [s / ix.config.num_perm for s, _ in kept]
 
@@ -172,20 +178,25 @@ def _check_similar(spec: Any, query_of: int, top: int, gone: list[int]) -> None:
 @given(st.lists(st.tuples(st.lists(st.integers(0, 3), min_size=1, max_size=3), st.integers(0, 5), st.integers(0, 4),
                           st.sampled_from(["a", "b"])), min_size=1, max_size=80),
        st.integers(0, 79), st.integers(1, 12), st.lists(st.integers(0, 80), max_size=25),
-       st.sampled_from([14, 28, 70, 1 << 11]), st.sampled_from([None, 5]))
-@example([([0, 1], 0, 0, "a")] * 30, 0, 5, [27, 28], 1 << 11, None)  # dead in a run's tail: it widens
-@example([([0, 1], 0, 0, "a")] * 30, 0, 5, [27, 28, 20], 14 * 8, 5)  # the same in segments
-def test_newest_candidates_equal_a_brute_force_search_of_the_newest(spec, query_of, newest, gone, band_buffer, top):
+       st.sampled_from([14, 28, 70, 1 << 11]), st.sampled_from([None, 5]), st.booleans())
+@example([([0, 1], 0, 0, "a")] * 30, 0, 5, [27, 28], 1 << 11, None, False)  # dead in a run's tail: it widens
+@example([([0, 1], 0, 0, "a")] * 30, 0, 5, [27, 28, 20], 14 * 8, 5, False)  # the same in segments
+def test_newest_candidates_equal_a_brute_force_search_of_the_newest(spec, query_of, newest, gone, band_buffer, top,
+                                                                     batched):
     # Capture's bounded search reads the LSH newest first and only the tails of the buckets' runs;
     # whatever the segments' layout (band_buffer: from one band key per segment's worth to all in the
-    # dict buffer) and however many are dead, it must compare exactly the ``newest`` highest live
-    # candidates in the scopes, as a search of all of them cut to the newest does.
+    # dict buffer) and however many are dead (removed one by one: their keys stay until a merge; in a
+    # batch: dropped at once), it must compare exactly the ``newest`` highest live candidates in the
+    # scopes, as a search of all of them cut to the newest does.
     state = build(spec, [], band_buffer)
     ix = state.index
     twin = query_of % len(ix.ids)
-    for g in gone:
-        if ix.alive.data[g % len(ix.ids)]:
-            ix.remove(g % len(ix.ids))
+    if batched:
+        ix.remove_many([g % len(ix.ids) for g in gone])
+    else:
+        for g in gone:
+            if ix.alive.data[g % len(ix.ids)]:
+                ix.remove(g % len(ix.ids))
     query = msgspec.structs.replace(ix.units[twin], memory_id="query")
     an = ix._analyse(query)
     for codes in ([ix.scopes[query.scope]], sorted(ix.scopes.values())):
@@ -194,17 +205,19 @@ def test_newest_candidates_equal_a_brute_force_search_of_the_newest(spec, query_
         assert (got_c.tolist(), got_s.tolist()) == (want_c[:top], want_s[:top])
 
 
-def test_capture_compares_only_the_newest_candidates(monkeypatch):
-    # Twelve identical failures (always stored): with a bound of 4, the thirteenth is compared with the
-    # 4 newest, so its nearest is the last one stored and its associations the newest 4 (5 without).
-    import processors.memory as pm
+def test_capture_compares_only_the_newest_candidates():
+    # Twelve identical failures (always stored): with a bound of 4, a thirteenth is compared with the
+    # 4 newest, so its associations are among those 4; unbounded, ties go to the oldest.
+    from processors.memory_index import IndexConfig
 
-    spec = [([0, 1, 2], 0, k, "a") for k in range(13)]
-    monkeypatch.setattr(pm, "CAPTURE_CANDIDATES", 4)
-    state = build(spec[:12], [])
-    ix = state.index
-    query = msgspec.structs.replace(ix.units[0], memory_id="query")
-    cands, _ = ix.similar_arrays(query, scopes=["agent:a"], top=5, newest=pm.CAPTURE_CANDIDATES)
-    assert sorted(cands.tolist()) == [8, 9, 10, 11]
-    cands, _ = ix.similar_arrays(query, scopes=["agent:a"], top=5)
-    assert cands.tolist() == [0, 1, 2, 3, 4]  # all equal: ties older first
+    units = [MemoryUnit(memory_id=f"m{k}", kind=MemoryKind.EPISODE, agent="a", scope="agent:a", run_id="r0",
+                        position=k, occurred_at=T0 + timedelta(minutes=k), perception="deploy billing helm",
+                        outcome="failure", success=False) for k in range(13)]
+    picked = {}
+    for bound in (4, None):
+        state = MemoryState.empty(IndexConfig(capture_candidates=bound))
+        _, decisions = capture(state, units, T0 + timedelta(days=1))
+        links = [d for d in decisions if isinstance(d, MemoryLinked) and "m12" in (d.a, d.b)]
+        picked[bound] = sorted({d.a if d.b == "m12" else d.b for d in links})
+    assert picked[4] == ["m10", "m11", "m8", "m9"]
+    assert picked[None] == ["m0", "m1", "m2", "m3", "m4"]  # ASSOCIATION_LIMIT 5, ties older first

@@ -20,6 +20,15 @@ def test_predict_scn_recall_and_context_benches_report_their_figures():
     assert ctx["buffer_adds"] == 120 and ctx["context_p95_ms"] > 0
 
 
+def test_capture_bench_times_each_part_and_tells_bounded_from_unbounded():
+    bounded = bench.run_capture(sessions=300, batch=50, chunks=3, candidates=2)
+    unbounded = bench.run_capture(sessions=300, batch=50, chunks=3, candidates=None)
+    assert bounded["units"] == unbounded["units"] > 0 and len(bounded["us_per_unit_by_chunk"]) == 3
+    assert 0 < bounded["stored"] <= bounded["units"]
+    # With only 2 candidates, templated episodes find fewer near-duplicates to merge into: other decisions.
+    assert bounded["digest"] != unbounded["digest"]
+
+
 def test_sleep_bench_runs_a_real_sleep_and_reports_the_store_before_and_after():
     got = bench.run_sleep(units=1500, agents=10)
     assert got["units"] == 1500 and got["memories_before"] == got["live_memories"] > 0
@@ -33,9 +42,9 @@ def test_every_bench_command_has_its_runner():
     from somnus import cli
 
     names = {c.name for c in cli.bench_app.registered_commands}
-    assert names == {"e2e", "facts-query", "predict", "scn", "recall", "context", "briefing", "sleep"}
+    assert names == {"e2e", "facts-query", "predict", "scn", "recall", "context", "briefing", "sleep", "capture"}
     for runner in ("run_e2e", "run_fact_query", "run_predict", "run_scn_footprint", "run_recall", "run_context",
-                   "run_briefing", "run_sleep"):
+                   "run_briefing", "run_sleep", "run_capture"):
         assert callable(getattr(bench, runner))
 
 

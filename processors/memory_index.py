@@ -682,9 +682,10 @@ class _Analysis:
 
 
 _NO_HITS = (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float64))
-# LSH candidates (a memory comes once per band it shares) are deduplicated with a bitmap over the whole
-# index when there are at least 1/RATIO as many as memories, else sorted: on the sample fleet's
-# near-duplicates a query drew thousands, and sorting them was a third of the capture search.
+# LSH candidates (a memory comes once per band it shares) are deduplicated with a bitmap over their
+# span (lowest to highest index) when there are at least 1/RATIO as many as the span holds, else
+# sorted: on the sample fleet's near-duplicates a query drew thousands, and sorting them was a third
+# of the capture search.
 BITMAP_DEDUPE_RATIO = 32
 
 
@@ -1154,11 +1155,14 @@ class MemoryIndex:
         cands = self.bands.members(keys, newest, valid)
         if not len(cands):
             return _NO_HITS
-        # Ascending, once each: a bitmap over the index when the candidates are many, else a sort.
-        if len(cands) * BITMAP_DEDUPE_RATIO >= self.live_scope.n:
-            mark = np.zeros(self.live_scope.n, dtype=bool)
-            mark[cands] = True
-            cands = np.flatnonzero(mark)
+        # Ascending, once each: a bitmap over the candidates' span when they are many for it, else a
+        # sort (a bitmap over the whole index would cost O(index) a query).
+        lo = int(cands.min())
+        span = int(cands.max()) - lo + 1
+        if len(cands) * BITMAP_DEDUPE_RATIO >= span:
+            mark = np.zeros(span, dtype=bool)
+            mark[cands - lo] = True
+            cands = np.flatnonzero(mark) + lo
         else:
             cands.sort()
             cands = cands[np.concatenate(([True], cands[1:] != cands[:-1]))]

@@ -578,27 +578,17 @@ class BandIndex:
         cut = (1 << 62) if newest is None else newest
         parts: list[np.ndarray] = []
         full = False  # some key's run in a source read had ``newest`` members or more: it was cut
-        if self.buffer:
-            get = self.buffer.get
-            runs = [get(k, ()) for k in keys.tolist()]
-            if any(runs):
-                if max(map(len, runs)) >= cut:
-                    runs, full = [r[-cut:] for r in runs], True
-                parts.append(np.fromiter(chain.from_iterable(runs), dtype=np.int32, count=sum(map(len, runs))))
-        if self.segments and not full:
-            bounds = np.concatenate((keys, keys + _ONE))  # [first, end) of each key: one search per segment
-            for seg_keys, seg_idx in reversed(self.segments):  # newest first
-                at = seg_keys.searchsorted(bounds).tolist()
-                for j in range(m):
-                    a, b = at[j], at[m + j]
-                    if b > a:
-                        if b - a >= cut:
-                            a, full = b - cut, True
-                        parts.append(seg_idx[a:b])
-                # One key's run holds each memory once, and the older segments' are all older: once it
-                # has ``newest`` (valid, checked below), none of theirs can be among the newest.
-                if full:
-                    break
+        for run, at in self._sources(keys):  # newest first
+            for j in range(m):
+                a, b = at[j], at[m + j]
+                if b > a:
+                    if b - a >= cut:
+                        a, full = b - cut, True
+                    parts.append(run[a:b])
+            # One key's run holds each memory once, and the older sources' are all older: once it has
+            # ``newest`` (valid, checked below), none of theirs can be among the newest.
+            if full:
+                break
         if not parts:
             return np.empty(0, dtype=np.int32)
         got = np.concatenate(parts) if len(parts) > 1 else parts[0].copy()
@@ -626,8 +616,8 @@ class BandIndex:
             self.buffered = sum(map(len, self.buffer.values()))
 
     def _sources(self, keys: np.ndarray) -> Iterator[tuple[np.ndarray, list[int]]]:
-        """Each source's members as one array, and where each key's run in it begins (the first
-        len(keys)) and ends (the next len(keys))."""
+        """Newest first (the buffer, then the segments from the last), each source's members as one
+        array, and where each key's run in it begins (the first len(keys)) and ends (the next len(keys))."""
         if self.buffer:
             get = self.buffer.get
             runs = [get(k, ()) for k in keys.tolist()]
@@ -638,7 +628,7 @@ class BandIndex:
                        [e - n for e, n in zip(ends, lens)] + ends)
         if self.segments:
             bounds = np.concatenate((keys, keys + _ONE))  # [first, end) of each key: one search per segment
-            for seg_keys, seg_idx in self.segments:
+            for seg_keys, seg_idx in reversed(self.segments):
                 yield seg_idx, seg_keys.searchsorted(bounds).tolist()
 
     def __len__(self) -> int:

@@ -122,11 +122,11 @@ def test_a_batch_of_one_reason_at_a_time():
     assert 0 not in ix.graph
 
 
-def _full_order(ix: Any, sig: np.ndarray, base: np.ndarray, codes: list[int], newest: int | None = None
+def _full_order(ix: Any, sig: np.ndarray, codes: list[int], newest: int | None = None
                 ) -> tuple[list[int], list[float]]:
     """The candidates as a plain sort would give them: all live in ``codes`` (only the ``newest`` highest
     if given) and banded, most equal hash values first, ties older first. From first principles: every
-    live memory's signature is compared, the LSH's buckets are not read (``base``: unused)."""
+    live memory's signature is compared, the LSH's buckets are not read."""
     cands = [c for c in range(len(ix.ids)) if ix.live_scope.data[c] in codes]
     if not cands:
         return [], []
@@ -166,7 +166,7 @@ def _check_similar(spec: Any, query_of: int, top: int, gone: list[int]) -> None:
     query = msgspec.structs.replace(ix.units[twin], memory_id="query")
     an = ix._analyse(query)
     for codes in ([ix.scopes[query.scope]], sorted(ix.scopes.values())):
-        want_c, want_s = _full_order(ix, an.sig, an.band_base, codes)
+        want_c, want_s = _full_order(ix, an.sig, codes)
         got_c, got_s = ix._similar(an.sig, an.band_base, codes)
         assert (got_c.tolist(), got_s.tolist()) == (want_c, want_s)
         got_c, got_s = ix._similar(an.sig, an.band_base, codes, top)
@@ -200,7 +200,7 @@ def test_newest_candidates_equal_a_brute_force_search_of_the_newest(spec, query_
     query = msgspec.structs.replace(ix.units[twin], memory_id="query")
     an = ix._analyse(query)
     for codes in ([ix.scopes[query.scope]], sorted(ix.scopes.values())):
-        want_c, want_s = _full_order(ix, an.sig, an.band_base, codes, newest)
+        want_c, want_s = _full_order(ix, an.sig, codes, newest)
         got_c, got_s = ix._similar(an.sig, an.band_base, codes, top, newest)
         assert (got_c.tolist(), got_s.tolist()) == (want_c[:top], want_s[:top])
 

@@ -14,6 +14,22 @@ from somnus.config import Settings
 MODULES = {"worker": "streams.worker", "projector": "projections.projector"}
 
 
+# Young-generation collections every 50,000 net allocations instead of CPython's 700. The worker and
+# the projector allocate many short-lived objects per batch over a large long-lived heap (session
+# states, the memory index). Measured in `somnus bench e2e --events 300000` (gc callbacks timing every
+# collection): the worker spent 3.38 s in 6,413 collections (47 of them full) with the defaults and
+# 0.25 s in 24 with this; its CPU went from 75.7 to 64.7 µs an event. The projector's replay was ~5%
+# faster (48.9 / 50.2 s -> 47.6 / 46.8 s). Cycles are still collected.
+GC_THRESHOLD = (50_000, 20, 100)
+
+
+def tune_gc() -> None:
+    """Set the garbage collector's thresholds for a long-running worker or projector process."""
+    import gc
+
+    gc.set_threshold(*GC_THRESHOLD)
+
+
 def _pidfile(settings: Settings, name: str) -> Path:
     return settings.run_dir / f"{name}.pid"
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from somnus.broker import bootstrap_for
 from somnus.config import Settings
+from somnus.procs import tune_gc
 from streams.app import create_app
 from streams.topics import ensure_topics
 
@@ -30,6 +31,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--name", default="worker")
     parser.add_argument("--loglevel", default=os.environ.get("SOMNUS_LOGLEVEL", "warning"))
     args = parser.parse_args(argv)
+    tune_gc()
     settings = Settings.resolve()
     bootstrap = bootstrap_for(settings, start_if_missing=False)
     ensure_topics(settings, bootstrap)

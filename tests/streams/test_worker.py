@@ -28,3 +28,33 @@ def test_worker_logging_at_warning_drops_debug_calls(tmp_path, restore_root_logg
     worker._setup_logging()
     assert not logging.getLogger("aiokafka.producer.producer").isEnabledFor(logging.DEBUG)
     assert logging.getLogger("aiokafka").isEnabledFor(logging.WARNING)
+
+
+def test_worker_main_tunes_the_garbage_collector(monkeypatch, tmp_path):
+    # With CPython's default thresholds the worker spent ~15% of its CPU in collections over its
+    # long-lived heap (3.38 s of ~22.7 s in a 300k-event bench); main sets the project's thresholds.
+    import gc
+    import sys
+
+    import streams.worker as worker_mod
+    from somnus.procs import GC_THRESHOLD
+
+    ran = []
+
+    class FakeWorker:
+        def execute_from_commandline(self):
+            ran.append(gc.get_threshold())
+
+    before = gc.get_threshold()
+    monkeypatch.setenv("SOMNUS_HOME", str(tmp_path))
+    monkeypatch.setattr(worker_mod, "bootstrap_for", lambda settings, start_if_missing: "127.0.0.1:1")
+    monkeypatch.setattr(worker_mod, "ensure_topics", lambda settings, bootstrap: None)
+    monkeypatch.setattr(worker_mod, "create_app", lambda settings, bootstrap, worker_name: object())
+    monkeypatch.setattr(worker_mod, "make_worker", lambda app, loglevel: FakeWorker())
+    monkeypatch.setattr(sys, "argv", ["somnus-worker"])
+    gc.set_threshold(700, 10, 10)
+    try:
+        worker_mod.main([])
+    finally:
+        gc.set_threshold(*before)
+    assert ran == [GC_THRESHOLD]

@@ -1,5 +1,5 @@
-"""projections.causal: link updates read off the topic as text and raw JSON, written with DuckDB's casts
-(a real DuckDB file, no broker)."""
+"""projections.causal: link updates read off the topic as text and raw JSON, written with DuckDB's casts;
+the SCN's bins counted by DuckDB as ``processors.scn`` counts them (a real DuckDB file, no broker)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from projections import schema
-from projections.causal import UPDATE_COLUMNS, CausalProjection, UpdateRow
+from processors.scn import index_of, marks_of_episode
+from projections.causal import UPDATE_COLUMNS, CausalProjection, UpdateRow, add_temporal_bins
 from schemas.causal import CausalLinkUpdated, LinkLevel, Valence
+from schemas.episodes import CallSeen, EpisodeDistilled
+from schemas.events import Outcome
 
 
 def test_the_projectors_row_has_every_field_of_the_update_in_the_tables_order():
@@ -55,3 +58,56 @@ def test_written_updates_read_back_as_the_typed_updates_were(tmp_path_factory, u
         u = next(u for u in ups if u.event_signature == sig)
         assert at == u.observed_at
         assert v == (u.strengths[osig] if osig in u.strengths else u.strength)
+
+
+# Offsets as runtimes write them, the extremes included, so a mark's local day, weekday and month can
+# differ from its UTC ones; instants cover days 28-31 (week_of_month's last bin) and leap days.
+zones = st.sampled_from([timezone.utc, timezone(timedelta(hours=14)), timezone(timedelta(hours=-12)),
+                         timezone(timedelta(hours=5, minutes=45)), timezone(timedelta(hours=-3, minutes=-30)),
+                         timezone(timedelta(hours=23, minutes=59))])
+local_instants = st.datetimes(min_value=datetime(1999, 12, 1), max_value=datetime(2031, 3, 1), timezones=zones)
+calls = st.builds(CallSeen, tool=st.sampled_from(["search", "book", "pay"]), ok=st.sampled_from([True, False, None]),
+                  at=st.none() | local_instants)
+
+
+@st.composite
+def episodes(draw):
+    start = draw(local_instants)
+    return EpisodeDistilled(
+        episode_id=uuid.uuid4(), schema_version=1, agent=draw(st.sampled_from(["airline", "support", "ops"])),
+        session_id="s", task="t", goal=None, user_id=None, summary="", outcome=draw(st.sampled_from(list(Outcome))),
+        started_at=start, ended_at=draw(local_instants), duration_s=0.0, event_count=1, tool_calls=0, tools=[],
+        errors=[], lessons=[], delegations=[], first_event_id=uuid.uuid4(), last_event_id=uuid.uuid4(),
+        calls=draw(st.lists(calls, max_size=4)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(episodes(), max_size=5), min_size=1, max_size=3))
+def test_temporal_bins_count_what_the_scn_index_counts(tmp_path_factory, batches):
+    # The projector bins marks in SQL; processors.scn (bins_of, in Python) is the definition. Every
+    # batch is added to the counts already stored, as the projector's batches are.
+    con = duckdb.connect(str(tmp_path_factory.mktemp("scn") / "s.duckdb"))
+    schema.init(con)
+    for batch in batches:
+        marks = add_temporal_bins(con, batch)
+        assert marks == sum(len(marks_of_episode(ep)) for ep in batch)
+    want = index_of(m for batch in batches for ep in batch for m in marks_of_episode(ep)).deltas()
+    got = con.execute("SELECT agent, kind, bin_kind, bin, count, successes, failures FROM temporal_bins "
+                      "ORDER BY agent, kind, bin_kind, bin").fetchall()
+    assert got == [tuple(msgspec.structs.astuple(d)) for d in want]
+
+
+def test_a_naive_mark_is_refused_by_name(tmp_path):
+    con = duckdb.connect(str(tmp_path / "s.duckdb"))
+    schema.init(con)
+    ep = EpisodeDistilled(
+        episode_id=uuid.uuid4(), schema_version=1, agent="a", session_id="s", task="t", goal=None, user_id=None,
+        summary="", outcome=Outcome.SUCCESS, started_at=datetime(2026, 1, 1), ended_at=datetime(2026, 1, 1),
+        duration_s=0.0, event_count=1, tool_calls=0, tools=[], errors=[], lessons=[], delegations=[],
+        first_event_id=uuid.uuid4(), last_event_id=uuid.uuid4())
+    try:
+        add_temporal_bins(con, [ep])
+    except ValueError as exc:
+        assert "naive datetime" in str(exc)
+    else:
+        raise AssertionError("a naive datetime was binned")

@@ -112,8 +112,9 @@ class BriefingCache:
         try:
             for targets in chunks:
                 made = render_many(self.agents, targets, self.recent, self.top, self.semantic)
-                new = [b for b in made if (old := self.current.get(b.agent)) is None
-                       or old.briefing_id != b.briefing_id or old.generated_at != b.generated_at]
+                # Any field, not just the text's id and time: a count (dropped_facts) can change alone,
+                # and the row must then hold the newest render whatever the batching was (replay = live).
+                new = [b for b in made if self.current.get(b.agent) != b]
                 if new:
                     frame = pa.Table.from_pylist([_to_row(b) for b in new])  # noqa: F841
                     con.execute("DELETE FROM briefings WHERE agent IN (SELECT agent FROM frame)")

@@ -86,6 +86,31 @@ def test_the_final_briefings_do_not_depend_on_batching_or_restarts(tmp_path, rec
     assert one.execute("SELECT count(*) FROM briefings_dirty").fetchone()[0] == 0
 
 
+def _minor_fact(agent: str, n: int) -> Rec:
+    """A low-confidence fact of ``agent``'s own scope, dated long before its other inputs."""
+    fx = FactsExtracted(schema_version=1, episode_id=uuid.UUID(int=20_000 + n), agent=agent,
+                        observed_at=datetime(2001, 1, 1, tzinfo=timezone.utc), extractor="test/1",
+                        facts=[FactAsserted(source="minor.example.com", source_type="api", predicate="mirror",
+                                            target=f"m{n}.example.com", target_type="host", confidence=0.3)])
+    return Rec("facts", 0, 200_000 + n, encode(fx))
+
+
+def test_a_briefing_whose_counts_change_but_not_its_text_is_rewritten(tmp_path, records):
+    # Facts past the fact lines' cap change only the briefing's dropped_facts: the text and its as-of
+    # time stay. That row must still be rewritten, or the table keeps the count of whichever render
+    # came last with a different text, which depends on when the briefings were rendered (a replay
+    # of the same topics then differed from the live file).
+    extra = [_minor_fact("scraper", n) for n in range(30)]
+    one = _db(tmp_path, "one.duckdb")
+    _project(one, [records + extra])
+    two = _db(tmp_path, "two.duckdb")
+    _project(two, [records + extra[:-1], extra[-1:]])
+    assert queries.table_checksums(one)["briefings"] == queries.table_checksums(two)["briefings"]
+    dropped = "SELECT markdown, dropped_facts FROM briefings WHERE agent = 'scraper'"
+    (md_one, dropped_one), (md_two, dropped_two) = one.execute(dropped).fetchone(), two.execute(dropped).fetchone()
+    assert md_one == md_two and dropped_one == dropped_two > 0
+
+
 def _facts(agent: str, scope: str | None, n: int, at: datetime) -> Rec:
     fx = FactsExtracted(schema_version=1, episode_id=uuid.UUID(int=10_000 + n), agent=agent, observed_at=at,
                         extractor="test/1", facts=[FactAsserted(

@@ -74,6 +74,7 @@ def _decode_integral_floats(raw: bytes, exc: msgspec.ValidationError) -> TraceEv
 
 
 _bundle_decoder = msgspec.json.Decoder(list[msgspec.Raw])
+_events_decoder = msgspec.json.Decoder(list[TraceEvent])
 
 
 def decode_record(raw: bytes | None, max_bytes: int) -> list[TraceEvent | Rejection]:
@@ -90,6 +91,19 @@ def decode_record(raw: bytes | None, max_bytes: int) -> list[TraceEvent | Reject
     """
     if raw is None or not raw.lstrip()[:1] == b"[":
         return [decode_trace(raw, max_bytes)]
+    if len(raw) <= max_bytes:  # then so is each element: when all are valid, one decode does it
+        try:
+            events: list[TraceEvent | Rejection] = _events_decoder.decode(raw)
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            pass  # some element is not valid (or an integral float needs its slower path): one by one
+        else:
+            if events:
+                return events
+    return _decode_elements(raw, max_bytes)
+
+
+def _decode_elements(raw: bytes, max_bytes: int) -> list[TraceEvent | Rejection]:
+    """A bundle's elements decoded one by one (what ``decode_record`` returns for any bundle)."""
     try:
         elements = _bundle_decoder.decode(raw)
     except msgspec.DecodeError as exc:

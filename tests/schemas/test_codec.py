@@ -6,8 +6,10 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from schemas.codec import Rejection, decode_record, decode_trace, encode
+from schemas.codec import Rejection, _decode_elements, decode_record, decode_trace, encode
 from schemas.events import SessionEnded, ToolCalled, UserMessaged
 
 
@@ -130,6 +132,24 @@ def test_non_event_elements_of_a_bundle_are_rejected_each_with_its_bytes():
     out = decode_record(b'[1, {"a": 2}, null, [3]]', 100)
     assert [r.original for r in out] == [b"1", b'{"a": 2}', b"null", b"[3]"]
     assert all(isinstance(r, Rejection) and r.kind == "schema" for r in out)
+
+
+# Bundle elements: valid events of several types, and elements each rejected for its own reason or
+# taking decode_trace's slower path (a whole float where the contract says integer).
+ELEMENTS = [raw(seq=0), raw(seq=3, type="user_message", payload={"text": "héllo"}),
+            raw(seq=7, type="session_end", payload={"outcome": "failure"}), raw(seq=2.0), raw(seq=1.5),
+            raw(seq="1"), raw(type="nope"), raw(payload={"tool": "t" * 300, "call_id": "c"}), b"1", b"null",
+            b'{"a": 2}']
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(ELEMENTS), min_size=0, max_size=6), st.sampled_from([b",", b" , ", b",\n"]),
+       st.sampled_from([250, 10_000]))
+def test_a_bundle_decodes_as_its_elements_do_one_by_one(elements, sep, max_bytes):
+    # decode_record decodes a bundle in one go when it can; the result must be what decoding each
+    # element on its own gives (events, rejections with their bytes, the size limit per element).
+    record = b"[" + sep.join(elements) + b"]"
+    assert decode_record(record, max_bytes) == _decode_elements(record, max_bytes)
 
 
 def test_no_value_is_one_undecodable_rejection():

@@ -20,7 +20,7 @@ from the log at start.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 import duckdb
@@ -169,29 +169,53 @@ class SemanticProjection:
                         "updated_at FROM frame")
 
 
+# Promotion reads the newest PROMOTION_WINDOW_CALLS tool calls, and the candidate links' observations
+# since the oldest of them. With all of history, a request grew with the stream: past ~750k sample
+# events it exceeded the producer's 8 MB and every later promotion after a sleep failed (24 of 51 in
+# a 1M-event run), and each one re-read everything (the semantic stage grew 24x for 3.3x the events).
+# 32,768 calls are ~5.6 days of the sample fleet (>= the statistician's 3-5 days minimums), ~4 MB.
+PROMOTION_WINDOW_CALLS = 32_768
+
+
 def promotion_inputs(con: duckdb.DuckDBPyConnection, owner: str = "global", min_observations: int = 3,
-                     min_confidence: float = 0.6) -> PromotionRequested:
+                     min_confidence: float = 0.6, window_calls: int | None = PROMOTION_WINDOW_CALLS
+                     ) -> PromotionRequested:
     """A snapshot of what promotion reads, taken from the projections (``at`` is filled by the caller):
     the tool-level NAc links that are candidates, with their observation times, episodes, counts and
-    the fleet's base rate of their valence; and every tool call's outcome (for the statistician)."""
+    the fleet's base rate of their valence; and the tool calls' outcomes (for the statistician).
+
+    Calls are the newest ``window_calls`` (all with None), oldest first; a link's observations are
+    those since the oldest of them, so the IPS gate compares a link with the activity of the same
+    span. Counts, strengths and base rates are the links' totals."""
+    newest = ("SELECT tool, valence, observed_at, episode_id::VARCHAR, agent FROM causal_link_updates "
+              "WHERE level = 'tool' ORDER BY observed_at DESC, episode_id DESC, idx DESC")
+    if window_calls is None:
+        rows = con.execute(newest).fetchall()
+    else:
+        rows = con.execute(newest + " LIMIT ?", [window_calls]).fetchall()
+    calls = [CallOutcome(tool, valence == "positive", at, episode, agent) for tool, valence, at, episode, agent in
+             reversed(rows)]
+    since = [calls[0].at] if window_calls is not None and calls else []
     base = dict(con.execute(
         "SELECT valence, count(*) / (SELECT count(*) FROM causal_link_updates WHERE level = 'tool') "
         "FROM causal_link_updates WHERE level = 'tool' GROUP BY 1").fetchall())
-    links = []
-    for sig, osig, tool, outcome, valence, strength, obs, event_obs, confidence in con.execute(
-            "SELECT event_signature, outcome_signature, tool, outcome, valence, strength, observations, "
-            "event_observations, confidence FROM causal_links WHERE level = 'tool' AND observations >= ? "
-            "AND confidence >= ? ORDER BY tool, outcome_signature", [min_observations, min_confidence]).fetchall():
-        seen = con.execute("SELECT observed_at, episode_id::VARCHAR FROM causal_link_updates "
-                           "WHERE event_signature = ? AND outcome_signature = ? ORDER BY observed_at, episode_id",
-                           [sig, osig]).fetchall()
-        links.append(CausalLinkView(event_signature=sig, tool=tool, outcome=outcome, valence=valence,
-                                    strength=float(strength), confidence=float(confidence), observation_count=int(obs),
-                                    observation_times=[t for t, _ in seen], source_episode_ids=[e for _, e in seen],
-                                    event_observations=int(event_obs), base_rate=float(base.get(valence, 0.0))))
-    calls = [CallOutcome(tool, valence == "positive", at, episode, agent) for tool, valence, at, episode, agent in
-             con.execute("SELECT tool, valence, observed_at, episode_id::VARCHAR, agent FROM causal_link_updates "
-                         "WHERE level = 'tool' ORDER BY observed_at, episode_id, idx").fetchall()]
-    from datetime import timezone
-
+    candidates = con.execute(
+        "SELECT event_signature, outcome_signature, tool, outcome, valence, strength, observations, "
+        "event_observations, confidence FROM causal_links WHERE level = 'tool' AND observations >= ? "
+        "AND confidence >= ? ORDER BY tool, outcome_signature", [min_observations, min_confidence]).fetchall()
+    seen: dict[tuple[str, str], list[tuple[datetime, str]]] = {(c[0], c[1]): [] for c in candidates}
+    if seen:  # every candidate's observations in the window, in one scan
+        for sig, osig, at, episode in con.execute(
+                "SELECT event_signature, outcome_signature, observed_at, episode_id::VARCHAR FROM causal_link_updates "
+                f"WHERE level = 'tool' {'AND observed_at >= ?' if since else ''} "
+                "ORDER BY event_signature, outcome_signature, observed_at, episode_id", since).fetchall():
+            got = seen.get((sig, osig))
+            if got is not None:
+                got.append((at, episode))
+    links = [CausalLinkView(event_signature=sig, tool=tool, outcome=outcome, valence=valence, strength=float(strength),
+                            confidence=float(confidence), observation_count=int(obs),
+                            observation_times=[t for t, _ in seen[(sig, osig)]],
+                            source_episode_ids=[e for _, e in seen[(sig, osig)]], event_observations=int(event_obs),
+                            base_rate=float(base.get(valence, 0.0)))
+             for sig, osig, tool, outcome, valence, strength, obs, event_obs, confidence in candidates]
     return PromotionRequested(owner=owner, at=datetime.fromtimestamp(0, tz=timezone.utc), links=links, calls=calls)

@@ -45,10 +45,11 @@ def to_bytes(event: Any) -> bytes:
     return encode(event)
 
 
-def make_producer(bootstrap: str) -> AIOKafkaProducer:
-    return AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True,
-                            linger_ms=10, max_batch_size=1 << 20, max_request_size=8 << 20,
-                            compression_type=None, request_timeout_ms=60000)
+def make_producer(bootstrap: str, **overrides: Any) -> AIOKafkaProducer:
+    options: dict[str, Any] = dict(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=10,
+                                   max_batch_size=1 << 20, max_request_size=8 << 20, compression_type=None,
+                                   request_timeout_ms=60000)
+    return AIOKafkaProducer(**(options | overrides))
 
 
 def bundles(raws: list[bytes], bundle_max: int) -> list[tuple[bytes | None, bytes]]:
@@ -204,7 +205,9 @@ def publish_records(records: list[tuple[bytes | None, bytes, list[tuple[str, byt
                     partition: int | None = None) -> int:
     """Publish ``(key, value, headers)`` records as they are (operators' events: promotions, ...)."""
     async def run() -> int:
-        producer = make_producer(bootstrap)
+        # Operators' records can be large (a promotion request holds thousands of calls): gzip on the
+        # wire, and aiokafka's size check (on the uncompressed record) given room for them.
+        producer = make_producer(bootstrap, compression_type="gzip", max_request_size=32 << 20)
         await producer.start()
         try:
             futures = [await producer.send(topic, value, key=key, headers=headers, partition=partition)

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime, timedelta, timezone
 
 import duckdb
+import msgspec
 
 from processors.promotion import CausalLinkView
 from processors.statistics import CallOutcome
 from projections import queries, schema
-from projections.semantic import KIND_PROMOTE, PromotionRequested, SemanticProjection
+from processors.nac import learn
+from projections.causal import CausalProjection
+from projections.semantic import KIND_PROMOTE, PromotionRequested, SemanticProjection, promotion_inputs
+from schemas.causal import LinkLevel, OutcomeObserved, Valence, outcome_signature, tool_signature
 from projections.writer import Seen, Topics, apply_batch, load_offsets
 from schemas.codec import encode
 from tests.records import Rec
@@ -65,3 +70,37 @@ def test_a_request_with_an_id_runs_once_however_often_it_is_published(tmp_path, 
                 Seen(con))
     assert ran == ["sleep:r1", None, "sleep:r2"]
     assert con.execute("SELECT count(*) FROM semantic_requests").fetchone()[0] == 2
+
+
+def _observed(i: int, tool: str, outcome: str) -> OutcomeObserved:
+    return OutcomeObserved(event_signature=tool_signature(tool), level=LinkLevel.TOOL, tool=tool,
+                           outcome_signature=outcome_signature(outcome), outcome=outcome,
+                           valence=Valence.POSITIVE if outcome == "ok" else Valence.NEGATIVE, agent="a",
+                           observed_at=T0 + timedelta(minutes=37 * i), context={}, episode_id=uuid.UUID(int=i + 1),
+                           src_partition=0, src_offset=i, index=0)
+
+
+def test_promotion_reads_the_newest_calls_and_the_links_observations_in_their_span(tmp_path):
+    # A request used to carry every tool call of history and every observation of each candidate
+    # link: it grew with the stream until the producer refused it. Now: the newest `window_calls`
+    # calls, and each link's observations since the oldest of them; the links' totals stay totals.
+    con = duckdb.connect(str(tmp_path / "p.duckdb"))
+    schema.init(con)
+    observed = [_observed(i, "pay" if i % 3 else "book", "ok" if i % 4 else "http:429") for i in range(120)]
+    _, updates = learn({}, observed, per_link_rows=False)
+    CausalProjection(con).write(con, [msgspec.json.encode(updates)])
+
+    everything = promotion_inputs(con, window_calls=None)
+    assert [c.at for c in everything.calls] == [o.observed_at for o in observed]  # all of them, oldest first
+    window = promotion_inputs(con, window_calls=50)
+    assert window.calls == everything.calls[-50:]
+    since = window.calls[0].at
+    assert [link.event_signature for link in window.links] == [link.event_signature for link in everything.links]
+    for full, cut in zip(everything.links, window.links):
+        assert cut.observation_times == [t for t in full.observation_times if t >= since]
+        assert cut.source_episode_ids == [e for t, e in zip(full.observation_times, full.source_episode_ids)
+                                          if t >= since]
+        assert (cut.observation_count, cut.strength, cut.base_rate) == (full.observation_count, full.strength,
+                                                                        full.base_rate)
+    assert sum(len(link.observation_times) for link in window.links) == 50  # each call is one tool-level observation
+    assert len(msgspec.json.encode(window)) < len(msgspec.json.encode(everything)) / 2

@@ -363,8 +363,19 @@ def rayleigh_test(times: Sequence[float], activity: Sequence[float] | None = Non
     return t_stat, float(math.exp(-t_stat / 2.0))
 
 
-def ips_gate(candidate: PromotionCandidate, *, activity_times: Sequence[datetime] | None = None) -> GateVerdict:
-    """Should this candidate reach the promoter? See the module docstring for the tests and thresholds."""
+def activity_seconds(activity_times: Sequence[datetime] | np.ndarray | None) -> np.ndarray | None:
+    """Activity instants as seconds since the epoch (an array is taken as already converted)."""
+    if activity_times is None or not len(activity_times):
+        return None
+    if isinstance(activity_times, np.ndarray):
+        return activity_times
+    return np.array([t.timestamp() for t in activity_times], dtype=np.float64)
+
+
+def ips_gate(candidate: PromotionCandidate, *,
+             activity_times: Sequence[datetime] | np.ndarray | None = None) -> GateVerdict:
+    """Should this candidate reach the promoter? See the module docstring for the tests and thresholds.
+    ``activity_times`` may be given as seconds (``activity_seconds``), converted once for many candidates."""
     if candidate.origin == STATISTICIAN:
         ok = candidate.confidence >= STAT_MIN_CONFIDENCE
         return GateVerdict(ok, "confidence", f"statistical pattern, confidence {candidate.confidence:.2f} "
@@ -380,7 +391,7 @@ def ips_gate(candidate: PromotionCandidate, *, activity_times: Sequence[datetime
     if n < GATE_MIN_OBSERVATIONS:
         return GateVerdict(True, "small_sample", f"{n} distinct observation times < {GATE_MIN_OBSERVATIONS}: "
                            "too few to judge, let through", n=n)
-    act = [t.timestamp() for t in activity_times] if activity_times else None
+    act = activity_seconds(activity_times)
     cv, p_disp, m = dispersion_test(times, act)
     kind = "regular" if cv < 1.0 else "bursty"
     parts = [f"dispersion p={p_disp:.3g} (cv={cv:.2f}, {m} gaps, {kind if p_disp < GATE_TEST_ALPHA else 'random'})"]
@@ -504,7 +515,8 @@ class SemanticPromoter:
         self.gate = gate
         self.min_confidence = min_confidence
         self.min_observations = min_observations
-        self.activity_times = list(activity_times) if activity_times else None
+        # Converted once: each candidate's gate reads all of them (a promotion's window holds ~32k).
+        self.activity_times = activity_seconds(list(activity_times) if activity_times else None)
 
     def promote(self, memory: MemoryLayers, sources: Iterable[PromotionSource], now: datetime) -> list[SemanticEvent]:
         """Promote every candidate of every source (in source order, then candidate order), then link

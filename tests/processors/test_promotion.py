@@ -209,6 +209,19 @@ def test_the_subset_null_is_calibrated_even_for_dense_subsets():
     assert dispersion_test(dense)[1] < 0.025 and dispersion_test(dense, lattice)[1] > 0.025
 
 
+def test_the_gate_gives_the_same_verdict_for_activity_as_instants_or_as_seconds():
+    # The promoter converts its activity once (a window holds ~32k instants) and hands every
+    # candidate's gate the seconds; that must not change any verdict.
+    rng = np.random.RandomState(9)
+    activity = [at(float(x)) for x in np.sort(rng.uniform(0, 30 * DAY, 400))]
+    for times in ([i * 3600.0 for i in range(12)], list(np.sort(rng.uniform(0, 30 * DAY, 40))),
+                  [d * DAY + 9 * 3600.0 for d in range(25)]):
+        cand = nac(times)
+        assert ips_gate(cand, activity_times=activity) == ips_gate(
+            cand, activity_times=pr.activity_seconds(activity))
+    assert pr.activity_seconds([]) is None and pr.activity_seconds(None) is None
+
+
 def test_rayleigh_against_the_activity_rhythm():
     rng = np.random.RandomState(6)
     activity = np.concatenate([d * DAY + rng.uniform(9 * 3600, 17 * 3600, 20) for d in range(20)])

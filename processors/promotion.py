@@ -351,16 +351,29 @@ def rayleigh_test(times: Sequence[float], activity: Sequence[float] | None = Non
         z = n * rbar * rbar
         p = math.exp(-z) * (1 + (2 * z - z * z) / (4 * n) - (24 * z - 132 * z ** 2 + 76 * z ** 3 - 9 * z ** 4) / (288 * n * n))
         return z, float(min(1.0, max(0.0, p)))
-    ta = 2.0 * np.pi * (np.asarray(activity, dtype=np.float64) % DAY_S) / DAY_S
-    va = np.column_stack([np.cos(ta), np.sin(ta)])
-    big_n = len(va)
-    cov = np.cov(va, rowvar=False, bias=True)
+    big_n, centre, cov = _phase_moments(activity)
     if np.linalg.det(cov) < 1e-12:
         return 0.0, 1.0  # the activity has (almost) a single phase: nothing to compare against
-    d = v.mean(axis=0) - va.mean(axis=0)
+    d = v.mean(axis=0) - centre
     fpc = (big_n - n) / (big_n - 1) if big_n > n else 1.0
     t_stat = float(n * d @ np.linalg.solve(cov, d) / max(fpc, 1e-12))
     return t_stat, float(math.exp(-t_stat / 2.0))
+
+
+_last_moments: list[Any] = [None, None]  # [a copy of the last activity, its moments]
+
+
+def _phase_moments(activity: Sequence[float]) -> tuple[int, np.ndarray, np.ndarray]:
+    """(count, mean phase vector, covariance) of the activity's hour-of-day phases. A promoter's
+    candidates share one activity: its moments are computed once and reused while it is the same."""
+    a = np.asarray(activity, dtype=np.float64)
+    if _last_moments[0] is not None and np.array_equal(a, _last_moments[0]):  # ~µs against ~1 ms
+        return _last_moments[1]
+    ta = 2.0 * np.pi * (a % DAY_S) / DAY_S
+    va = np.column_stack([np.cos(ta), np.sin(ta)])
+    moments = (len(va), va.mean(axis=0), np.cov(va, rowvar=False, bias=True))
+    _last_moments[:] = [a.copy(), moments]
+    return moments
 
 
 def activity_seconds(activity_times: Sequence[datetime] | np.ndarray | None) -> np.ndarray | None:

@@ -222,6 +222,23 @@ def test_the_gate_gives_the_same_verdict_for_activity_as_instants_or_as_seconds(
     assert pr.activity_seconds([]) is None and pr.activity_seconds(None) is None
 
 
+def test_the_phase_moments_reused_across_candidates_follow_the_activity():
+    # rayleigh_test keeps the last activity's moments; a different (or changed) activity is recomputed.
+    rng = np.random.RandomState(12)
+    one = np.sort(rng.uniform(0, 20 * DAY, 300))
+    two = np.sort(rng.uniform(0, 20 * DAY, 300)) + 5 * 3600.0
+    times = [d * DAY + 10 * 3600.0 for d in range(15)]
+    fresh = {}
+    for name, act in (("one", one), ("two", two)):
+        pr._last_moments[:] = [None, None]
+        fresh[name] = rayleigh_test(times, act)
+    assert fresh["one"] != fresh["two"]
+    for name, act in (("one", one), ("one", one), ("two", two), ("one", list(one))):
+        assert rayleigh_test(times, act) == fresh[name]
+    one[:] = two  # the same array object, changed in place
+    assert rayleigh_test(times, one) == fresh["two"]
+
+
 def test_rayleigh_against_the_activity_rhythm():
     rng = np.random.RandomState(6)
     activity = np.concatenate([d * DAY + rng.uniform(9 * 3600, 17 * 3600, 20) for d in range(20)])

@@ -33,3 +33,18 @@ def test_new_cluster_ids_are_22_base64url_characters():
     assert len(ids) == 200
     assert all(len(i) == 22 and set(i) <= set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
                for i in ids)
+
+
+def test_the_compose_broker_has_the_local_brokers_limits_and_topic_rules():
+    # docker-compose.yml cannot run here (no Docker engine); what the pipeline relies on of a broker
+    # must at least be set the same way in both: records up to 10 MB (bundles, gzipped promotion
+    # requests), no auto-created topics, nothing expired.
+    import yaml
+
+    root = Path(__file__).resolve().parents[2]
+    env = yaml.safe_load((root / "docker-compose.yml").read_text())["services"]["kafka"]["environment"]
+    compose = {k[len("KAFKA_"):].lower().replace("_", "."): str(v) for k, v in env.items()}
+    local = dict(line.split("=", 1) for line in broker._server_properties(1, 2, Path("/d")).splitlines())
+    for key in ("message.max.bytes", "auto.create.topics.enable", "log.retention.hours",
+                "offsets.topic.replication.factor", "group.initial.rebalance.delay.ms"):
+        assert compose.get(key) == local[key], key

@@ -360,19 +360,21 @@ def rayleigh_test(times: Sequence[float], activity: Sequence[float] | None = Non
     return t_stat, float(math.exp(-t_stat / 2.0))
 
 
-_last_moments: list[Any] = [None, None]  # [a copy of the last activity, its moments]
+# (a copy of the last activity, its moments), read and replaced as one tuple (threads may share it)
+_last_moments: list[Any] = [None]
 
 
 def _phase_moments(activity: Sequence[float]) -> tuple[int, np.ndarray, np.ndarray]:
     """(count, mean phase vector, covariance) of the activity's hour-of-day phases. A promoter's
     candidates share one activity: its moments are computed once and reused while it is the same."""
     a = np.asarray(activity, dtype=np.float64)
-    if _last_moments[0] is not None and np.array_equal(a, _last_moments[0]):  # ~µs against ~1 ms
-        return _last_moments[1]
+    last = _last_moments[0]
+    if last is not None and np.array_equal(a, last[0]):  # ~µs against ~1 ms
+        return last[1]
     ta = 2.0 * np.pi * (a % DAY_S) / DAY_S
     va = np.column_stack([np.cos(ta), np.sin(ta)])
     moments = (len(va), va.mean(axis=0), np.cov(va, rowvar=False, bias=True))
-    _last_moments[:] = [a.copy(), moments]
+    _last_moments[0] = (a.copy(), moments)
     return moments
 
 

@@ -230,7 +230,7 @@ def test_the_phase_moments_reused_across_candidates_follow_the_activity():
     times = [d * DAY + 10 * 3600.0 for d in range(15)]
     fresh = {}
     for name, act in (("one", one), ("two", two)):
-        pr._last_moments[:] = [None, None]
+        pr._last_moments[0] = None
         fresh[name] = rayleigh_test(times, act)
     assert fresh["one"] != fresh["two"]
     for name, act in (("one", one), ("one", one), ("two", two), ("one", list(one))):

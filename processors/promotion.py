@@ -351,7 +351,7 @@ def rayleigh_test(times: Sequence[float], activity: Sequence[float] | None = Non
         z = n * rbar * rbar
         p = math.exp(-z) * (1 + (2 * z - z * z) / (4 * n) - (24 * z - 132 * z ** 2 + 76 * z ** 3 - 9 * z ** 4) / (288 * n * n))
         return z, float(min(1.0, max(0.0, p)))
-    big_n, centre, cov = _phase_moments(activity)
+    big_n, centre, cov = activity.phase_moments if isinstance(activity, Activity) else _phase_moments(activity)
     if np.linalg.det(cov) < 1e-12:
         return 0.0, 1.0  # the activity has (almost) a single phase: nothing to compare against
     d = v.mean(axis=0) - centre
@@ -360,37 +360,50 @@ def rayleigh_test(times: Sequence[float], activity: Sequence[float] | None = Non
     return t_stat, float(math.exp(-t_stat / 2.0))
 
 
-# (a copy of the last activity, its moments), read and replaced as one tuple (threads may share it)
-_last_moments: list[Any] = [None]
-
-
 def _phase_moments(activity: Sequence[float]) -> tuple[int, np.ndarray, np.ndarray]:
-    """(count, mean phase vector, covariance) of the activity's hour-of-day phases. A promoter's
-    candidates share one activity: its moments are computed once and reused while it is the same."""
-    a = np.asarray(activity, dtype=np.float64)
-    last = _last_moments[0]
-    if last is not None and np.array_equal(a, last[0]):  # ~µs against ~1 ms
-        return last[1]
-    ta = 2.0 * np.pi * (a % DAY_S) / DAY_S
+    """(count, mean phase vector, covariance) of the activity's hour-of-day phases."""
+    ta = 2.0 * np.pi * (np.asarray(activity, dtype=np.float64) % DAY_S) / DAY_S
     va = np.column_stack([np.cos(ta), np.sin(ta)])
-    moments = (len(va), va.mean(axis=0), np.cov(va, rowvar=False, bias=True))
-    _last_moments[0] = (a.copy(), moments)
-    return moments
+    return len(va), va.mean(axis=0), np.cov(va, rowvar=False, bias=True)
 
 
-def activity_seconds(activity_times: Sequence[datetime] | np.ndarray | None) -> np.ndarray | None:
-    """Activity instants as seconds since the epoch (an array is taken as already converted)."""
+class Activity:
+    """Activity instants as seconds (a copy), with their phase moments computed once: every candidate
+    of a promotion is tested against the same activity (a window holds ~32k instants). Usable
+    wherever the tests take a sequence of seconds."""
+
+    __slots__ = ("seconds", "_moments")
+
+    def __init__(self, seconds: Sequence[float]) -> None:
+        self.seconds = np.array(seconds, dtype=np.float64)
+        self._moments: tuple[int, np.ndarray, np.ndarray] | None = None
+
+    def __len__(self) -> int:
+        return len(self.seconds)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        return self.seconds if dtype is None else self.seconds.astype(dtype, copy=False)
+
+    @property
+    def phase_moments(self) -> tuple[int, np.ndarray, np.ndarray]:
+        if self._moments is None:
+            self._moments = _phase_moments(self.seconds)
+        return self._moments
+
+
+def activity_seconds(activity_times: Sequence[datetime] | Activity | None) -> Activity | None:
+    """Activity instants as an ``Activity`` (one given is taken as it is); None when there are none."""
     if activity_times is None or not len(activity_times):
         return None
-    if isinstance(activity_times, np.ndarray):
+    if isinstance(activity_times, Activity):
         return activity_times
-    return np.array([t.timestamp() for t in activity_times], dtype=np.float64)
+    return Activity([t.timestamp() for t in activity_times])
 
 
 def ips_gate(candidate: PromotionCandidate, *,
-             activity_times: Sequence[datetime] | np.ndarray | None = None) -> GateVerdict:
+             activity_times: Sequence[datetime] | Activity | None = None) -> GateVerdict:
     """Should this candidate reach the promoter? See the module docstring for the tests and thresholds.
-    ``activity_times`` may be given as seconds (``activity_seconds``), converted once for many candidates."""
+    ``activity_times`` may be given converted (``activity_seconds``), once for many candidates."""
     if candidate.origin == STATISTICIAN:
         ok = candidate.confidence >= STAT_MIN_CONFIDENCE
         return GateVerdict(ok, "confidence", f"statistical pattern, confidence {candidate.confidence:.2f} "

@@ -223,17 +223,17 @@ def test_the_gate_gives_the_same_verdict_for_activity_as_instants_or_as_seconds(
 
 
 def test_the_phase_moments_reused_across_candidates_follow_the_activity():
-    # rayleigh_test keeps the last activity's moments; a different (or changed) activity is recomputed.
+    # An Activity computes its phase moments once; rayleigh_test gives what it gives for plain seconds.
     rng = np.random.RandomState(12)
     one = np.sort(rng.uniform(0, 20 * DAY, 300))
     two = np.sort(rng.uniform(0, 20 * DAY, 300)) + 5 * 3600.0
     times = [d * DAY + 10 * 3600.0 for d in range(15)]
     fresh = {}
     for name, act in (("one", one), ("two", two)):
-        pr._last_moments[0] = None
         fresh[name] = rayleigh_test(times, act)
     assert fresh["one"] != fresh["two"]
-    for name, act in (("one", one), ("one", one), ("two", two), ("one", list(one))):
+    shared = pr.Activity(one)  # its moments computed by the first call, reused by the second
+    for name, act in (("one", shared), ("one", shared), ("two", pr.Activity(two)), ("one", list(one))):
         assert rayleigh_test(times, act) == fresh[name]
     one[:] = two  # the same array object, changed in place
     assert rayleigh_test(times, one) == fresh["two"]

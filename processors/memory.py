@@ -13,8 +13,9 @@ source's own id for it (the importer's ``message_refs``, e.g. LoCoMo's ``dia_id`
 - otherwise by prediction error ``PE = 1 - max similarity`` to the agent's existing memories
   (situation signatures, ``processors/memory_index.py``; of the LSH's candidates, the
   ``IndexConfig.capture_candidates`` = 256 most recent, so the search does not slow as memories
-  accumulate): ``PE < 0.15`` merges the unit into the nearest memory (its sources and refs join it); ``0.15 <= PE <= 0.5`` stores it, related to what it
-  resembles; ``PE > 0.5`` is a surprise: a new memory;
+  accumulate): ``PE < 0.15`` merges the unit into the nearest memory (its sources and refs join
+  it); ``0.15 <= PE <= 0.5`` stores it, related to what it resembles; ``PE > 0.5`` is a surprise:
+  a new memory;
 - a stored memory is linked to the most similar existing ones (``ASSOCIATION_LIMIT`` 5, similarity
   >= ``ASSOCIATION_THRESHOLD`` 0.5) by ``MemoryLinked`` edges (``processors/recall.edge_weight``).
 

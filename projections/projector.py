@@ -29,6 +29,7 @@ from projections.briefings import BRIEFING_INTERVAL_S, REFRESH_BUDGET_S
 from schemas.codec import encode
 from schemas.memory import KIND_ACCESS
 from projections.writer import KIND_SERVED, BatchResult, Seen, Topics, apply_batch, load_offsets
+from somnus.client import LARGE_RECORDS
 from somnus.config import Settings
 from streams.topics import partitions_of
 
@@ -290,11 +291,8 @@ class Projector:
         # data while a batch is being written on ``con`` in the writer thread).
         service = api.ReadService(con.cursor(), seen.agents, briefings=seen.briefings.current, episodic=seen.memory,
                                   semantic=seen.semantic, top_facts=seen.top_facts)
-        # A promotion request holds up to PROMOTION_WINDOW_CALLS calls (~7 MB of JSON for the sample
-        # fleet's); gzip makes it ~1.4 MB on the wire (the broker's limit applies to that). aiokafka
-        # checks max_request_size against the uncompressed size, hence its headroom.
         producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all", enable_idempotence=True,
-                                    linger_ms=5, max_request_size=32 << 20, compression_type="gzip")
+                                    linger_ms=5, **LARGE_RECORDS)  # it publishes promotion requests
         await producer.start()
         self._producer = producer
         pending: set[asyncio.Future[Any]] = set()

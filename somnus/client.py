@@ -45,6 +45,12 @@ def to_bytes(event: Any) -> bytes:
     return encode(event)
 
 
+# For records that can be large (a promotion request holds up to PROMOTION_WINDOW_CALLS calls, ~7 MB
+# of JSON for the sample fleet): gzip on the wire (~1.4 MB; the broker's limit applies to that), and
+# room in aiokafka's size check, which is made on the uncompressed record.
+LARGE_RECORDS: dict[str, Any] = {"compression_type": "gzip", "max_request_size": 32 << 20}
+
+
 def make_producer(bootstrap: str, **overrides: Any) -> AIOKafkaProducer:
     options: dict[str, Any] = dict(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=10,
                                    max_batch_size=1 << 20, max_request_size=8 << 20, compression_type=None,
@@ -205,9 +211,7 @@ def publish_records(records: list[tuple[bytes | None, bytes, list[tuple[str, byt
                     partition: int | None = None) -> int:
     """Publish ``(key, value, headers)`` records as they are (operators' events: promotions, ...)."""
     async def run() -> int:
-        # Operators' records can be large (a promotion request holds thousands of calls): gzip on the
-        # wire, and aiokafka's size check (on the uncompressed record) given room for them.
-        producer = make_producer(bootstrap, compression_type="gzip", max_request_size=32 << 20)
+        producer = make_producer(bootstrap, **LARGE_RECORDS)  # operators' records: promotions, ...
         await producer.start()
         try:
             futures = [await producer.send(topic, value, key=key, headers=headers, partition=partition)

@@ -269,28 +269,39 @@ def _null_cv(gaps: int) -> np.ndarray:
     return cv
 
 
+def _random_subsets(rng: np.random.RandomState, total: int, n: int, reps: int) -> np.ndarray:
+    """``reps`` uniformly random ``n``-subsets of ``range(total)``, one sorted row each (int32).
+
+    Draw ``n`` positions with replacement, then redraw every repeat until a row holds ``n`` distinct
+    positions. Exact: the rule is the same for every relabelling of the positions, so every subset is
+    equally likely. When ``n`` is more than half of ``total`` the complement is drawn instead (repeats
+    would be common)."""
+    if 2 * n > total:
+        keep = np.ones((reps, total), dtype=bool)
+        if total > n:
+            rows = np.repeat(np.arange(reps), total - n)
+            keep[rows, _random_subsets(rng, total, total - n, reps).ravel()] = False
+        return np.nonzero(keep)[1].astype(np.int32).reshape(reps, n)
+    x = rng.randint(0, total, size=(reps, n), dtype=np.int32)
+    todo = np.arange(reps)
+    while len(todo):
+        rows = np.sort(x[todo], axis=1)
+        repeat = np.zeros(rows.shape, dtype=bool)
+        repeat[:, 1:] = rows[:, 1:] == rows[:, :-1]
+        k = int(repeat.sum())
+        if k:
+            rows[repeat] = rng.randint(0, total, size=k, dtype=np.int32)
+        x[todo] = rows
+        todo = todo[repeat.any(axis=1)]
+    return x
+
+
 @lru_cache(maxsize=256)
 def _null_cv_subset(total: int, n: int) -> np.ndarray:
-    """Sorted CVs of the rank gaps of a uniformly random ``n``-subset of ``total`` activity instants.
-
-    A random n-subset of N positions is a uniformly random composition of the N - n unchosen
-    positions into n + 1 runs (stars and bars: both number C(N, n)); a Dirichlet(1, ..., 1)-multinomial
-    draws one, by sequential binomials. The gap between consecutive chosen positions is 1 + the run
-    between them."""
+    """Sorted CVs of the rank gaps of a uniformly random ``n``-subset of ``total`` activity instants
+    (``NULL_REPLICATES`` subsets drawn by ``_random_subsets``)."""
     rng = np.random.RandomState(NULL_SEED + 7919 * n + total)
-    w = rng.standard_exponential((NULL_REPLICATES, n + 1))
-    w /= w.sum(axis=1, keepdims=True)
-    remaining = np.full(NULL_REPLICATES, total - n, dtype=np.int64)
-    rest = np.ones(NULL_REPLICATES)
-    runs = np.empty((NULL_REPLICATES, n + 1), dtype=np.float64)
-    for j in range(n):
-        pj = np.clip(w[:, j] / np.maximum(rest, 1e-300), 0.0, 1.0)
-        k = rng.binomial(remaining, pj)
-        runs[:, j] = k
-        remaining -= k
-        rest -= w[:, j]
-    runs[:, n] = remaining
-    gaps = 1.0 + runs[:, 1:n]
+    gaps = np.diff(_random_subsets(rng, total, n, NULL_REPLICATES), axis=1).astype(np.float64)
     cv = np.sort(gaps.std(axis=1) / gaps.mean(axis=1))
     cv.setflags(write=False)
     return cv

@@ -209,6 +209,39 @@ def test_the_subset_null_is_calibrated_even_for_dense_subsets():
     assert dispersion_test(dense)[1] < 0.025 and dispersion_test(dense, lattice)[1] > 0.025
 
 
+@pytest.mark.parametrize("total,n", [(6, 2), (6, 3), (6, 5), (7, 7), (9, 1)])
+def test_random_subsets_are_distinct_sorted_and_every_subset_equally_likely(total, n):
+    # Chi-square over all C(total, n) subsets: the repeat-redrawing sampler (n <= total / 2) and
+    # the complement it takes for dense subsets must both be uniform, not just plausible-looking.
+    from itertools import combinations
+
+    from scipy.stats import chisquare
+
+    reps = 30_000
+    rows = pr._random_subsets(np.random.RandomState(total * 100 + n), total, n, reps)
+    assert rows.shape == (reps, n) and rows.dtype == np.int32
+    assert (np.diff(rows, axis=1) > 0).all() and rows.min() >= 0 and rows.max() < total
+    every = {c: 0 for c in combinations(range(total), n)}
+    for r in map(tuple, rows.tolist()):
+        every[r] += 1
+    if len(every) > 1:
+        assert chisquare(list(every.values())).pvalue > 1e-4
+
+
+def test_the_subset_null_matches_one_drawn_by_shuffling():
+    # The reference: the first n of a random permutation of every activity instant (slow, obviously
+    # exact). Same distribution of CVs, sparse and dense subsets alike (two-sample KS, fixed seeds).
+    from scipy.stats import ks_2samp
+
+    rng = np.random.RandomState(5)
+    for total, n in ((400, 20), (400, 150), (300, 260)):
+        keys = rng.random_sample((pr.NULL_REPLICATES, total))
+        pos = np.sort(np.argpartition(keys, n - 1, axis=1)[:, :n], axis=1).astype(np.float64)
+        gaps = np.diff(pos, axis=1)
+        reference = gaps.std(axis=1) / gaps.mean(axis=1)
+        assert ks_2samp(pr._null_cv_subset(total, n), reference).pvalue > 1e-3
+
+
 def test_the_gate_gives_the_same_verdict_for_activity_as_instants_or_as_seconds():
     # The promoter converts its activity once (a window holds ~32k instants) and hands every
     # candidate's gate the seconds; that must not change any verdict.

@@ -38,6 +38,7 @@ import math
 import uuid
 from collections.abc import Iterable, Sequence
 from datetime import datetime
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -104,17 +105,29 @@ def f2_survival(f: float, d2: int) -> float:
     return float((1.0 + 2.0 * max(f, 0.0) / d2) ** (-d2 / 2.0))
 
 
+def factorize(values: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(values, return_inverse=True)`` for hashable values (the distinct ones sorted, as an
+    object array, and each value's code), with a dict: numpy sorts an object array by comparing Python
+    objects, which took most of the statistician's time on a promotion window's 32k calls.
+
+    >>> names, codes = factorize(["b", "a", "b"])
+    >>> names.tolist(), codes.tolist()
+    (['a', 'b'], [1, 0, 1])
+    """
+    distinct = sorted(set(values))
+    code = {v: i for i, v in enumerate(distinct)}
+    names = np.empty(len(distinct), dtype=object)
+    names[:] = distinct
+    return names, np.fromiter(map(code.__getitem__, values), dtype=np.int64, count=len(values))
+
+
 class _Table:
     """The outcomes as columns: tool codes (sorted names), ok, epoch seconds, day numbers, hours."""
 
     def __init__(self, rows: Sequence[CallOutcome]) -> None:
         self.rows = rows
-        self.tools, codes = np.unique(np.array([r.tool for r in rows], dtype=object), return_inverse=True) \
-            if rows else (np.array([], dtype=object), np.array([], dtype=np.int64))
-        self.tool = codes.astype(np.int64)
-        self.episodes, ep_codes = np.unique(np.array([r.episode_id for r in rows], dtype=object), return_inverse=True) \
-            if rows else (np.array([], dtype=object), np.array([], dtype=np.int64))
-        self.episode = ep_codes.astype(np.int64)
+        self.tools, self.tool = factorize([r.tool for r in rows])
+        self.episodes, self.episode = factorize([r.episode_id for r in rows])
         self.ok = np.array([r.ok for r in rows], dtype=np.float64)
         self.t = np.array([r.at.timestamp() for r in rows], dtype=np.float64)
         self.day = np.floor(self.t / DAY_S).astype(np.int64)

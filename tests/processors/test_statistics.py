@@ -285,3 +285,15 @@ def test_pattern_events_confirm_once_and_link_computed_from_episodes():
 
 def test_docstring_examples_run():
     assert doctest.testmod(ag).failed == 0
+
+
+@given(st.lists(st.text(alphabet="ab-_é", max_size=4), max_size=60))
+def test_factorize_is_numpys_unique_with_inverse(values):
+    # The statistician's tool and episode codes: the same distinct names in the same order, the same codes.
+    names, codes = ag.factorize(values)
+    if values:
+        want_names, want_codes = np.unique(np.array(values, dtype=object), return_inverse=True)
+        assert names.tolist() == want_names.tolist() and codes.tolist() == want_codes.tolist()
+    else:
+        assert names.tolist() == [] and codes.tolist() == []
+    assert names.dtype == object and codes.dtype == np.int64

@@ -23,7 +23,7 @@ from processors.sleep import SleepConfig
 from projections.causal import add_temporal_bins
 from projections.knowledge import decode_facts
 from schemas.briefing import BriefingServed, FactPromoted
-from schemas.codec import Rejection, decode_episode, decode_record, encode
+from schemas.codec import Rejection, decode_episode, decode_record, encode, uuid_texts
 from schemas.events import type_name
 
 
@@ -203,6 +203,7 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
     con.begin()
     try:
         if ev_cols["event_id"]:
+            ev_cols["event_id"] = uuid_texts(ev_cols["event_id"])
             events_frame = pa.table(ev_cols)  # noqa: F841 (read by DuckDB by name)
             con.execute("INSERT INTO events SELECT event_id::UUID, schema_version, ts, agent, session_id, seq, type, "
                         "payload::JSON, src_partition, src_offset, src_index FROM events_frame")
@@ -321,7 +322,7 @@ def _add_events(cols: dict[str, list[Any]], rec: Record, max_event_bytes: int) -
         if isinstance(ev, Rejection):
             invalid += 1
             continue
-        cols["event_id"].append(str(ev.event_id))
+        cols["event_id"].append(ev.event_id)  # UUIDs: named all at once (uuid_texts) before the insert
         cols["schema_version"].append(ev.schema_version)
         cols["ts"].append(ev.ts)
         cols["agent"].append(ev.agent)

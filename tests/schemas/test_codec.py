@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas.codec import Rejection, _decode_elements, decode_record, decode_trace, encode
+from schemas.codec import Rejection, _decode_elements, decode_record, decode_trace, encode, uuid_texts
 from schemas.events import SessionEnded, ToolCalled, UserMessaged
 
 
@@ -167,3 +167,16 @@ def test_encode_is_canonical_and_decode_gives_the_same_bytes_back():
 def test_rejection_kind_is_the_reason_prefix():
     assert Rejection("schema: x: y").kind == "schema"
     assert Rejection("oversized: 5 bytes > limit 4").kind == "oversized"
+
+
+@given(st.lists(st.uuids(), max_size=20))
+def test_uuid_texts_are_str_of_each(ids):
+    assert uuid_texts(ids) == [str(u) for u in ids]
+
+
+def test_codec_doctests():
+    import doctest
+
+    import schemas.codec
+
+    assert doctest.testmod(schemas.codec).failed == 0

@@ -39,6 +39,7 @@ check for such a partition: with no position there is nothing to verify yet.
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import logging
 import sys
 from collections.abc import Callable, Mapping
@@ -195,11 +196,39 @@ class PartitionWatchdog:
 
 
 def install_diagnostics(app: faust.App) -> None:
-    """SIGUSR1 writes every asyncio task's stack to the log; SIGUSR2 the consumer's offsets state."""
+    """SIGUSR1 writes the stack of every asyncio task (the main loop's and the consumer thread's) and of
+    every thread to the log; SIGUSR2 the consumer's offsets state, including a commit in progress.
+
+    mode's worker installs its own SIGUSR1 (a stack dump) and SIGUSR2 (pdb, useless without a
+    terminal) when it starts, which can be after this: ``streams.worker.make_worker`` points those
+    at these dumps too, so whichever is installed last, these run."""
     import signal
 
+    dump_tasks, dump_consumer = diagnostics(app)
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGUSR1, dump_tasks)
+    loop.add_signal_handler(signal.SIGUSR2, dump_consumer)
+
+
+def diagnostics(app: faust.App) -> tuple[Callable[[], None], Callable[[], None]]:
+    """(dump the tasks and threads, dump the consumer's state): see ``install_diagnostics``."""
+
     def dump_tasks() -> None:
-        for task in asyncio.all_tasks():
+        # The main loop's tasks, then the consumer thread's (aiokafka's fetches and commits run
+        # there), then every thread's Python stack.
+        loops = {"main": asyncio.get_running_loop()}
+        thread_loop = getattr(getattr(app.consumer, "_thread", None), "thread_loop", None)
+        if thread_loop is not None:
+            loops["consumer thread"] = thread_loop
+        for where, loop in loops.items():
+            print(f"=== asyncio tasks: {where} loop", file=sys.stderr)
+            _dump_tasks(loop)
+        print("=== threads", file=sys.stderr)
+        sys.stderr.flush()
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+
+    def _dump_tasks(loop: asyncio.AbstractEventLoop) -> None:
+        for task in list(asyncio.all_tasks(loop)):
             print(f"--- {task.get_name()}", file=sys.stderr)
             coro: Any = task.get_coro()
             while coro is not None:
@@ -213,7 +242,7 @@ def install_diagnostics(app: faust.App) -> None:
         c: Any = app.consumer
         print(f"--- consumer state (generation {app.consumer_generation_id})", file=sys.stderr)
         for name in ("_active_partitions", "_paused_partitions", "_buffered_partitions", "_read_offset",
-                     "_committed_offset", "_acked", "_gap", "flow_active"):
+                     "_committed_offset", "_acked", "_gap", "flow_active", "_commit_fut"):
             print(f"    {name} = {getattr(c, name, None)!r}", file=sys.stderr)
         try:
             assignment = c._thread._ensure_consumer()._subscription.subscription.assignment
@@ -222,7 +251,6 @@ def install_diagnostics(app: faust.App) -> None:
                       file=sys.stderr)
         except Exception as exc:  # diagnostics only
             print(f"    aiokafka state unavailable: {exc!r}", file=sys.stderr)
+        sys.stderr.flush()
 
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGUSR1, dump_tasks)
-    loop.add_signal_handler(signal.SIGUSR2, dump_consumer)
+    return dump_tasks, dump_consumer

@@ -21,8 +21,12 @@ def make_worker(app: Any, loglevel: str) -> Any:
     debug, so that was about 5% of the worker's CPU (py-spy) for a log file nobody watches spin."""
     from faust import Worker
 
+    from streams.liveness import diagnostics
+
     worker = Worker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
     worker.spinner = None
+    # mode installs these as its SIGUSR1 / SIGUSR2 handlers (instead of its dump and pdb)
+    worker._on_sigusr1, worker._on_sigusr2 = diagnostics(app)
     return worker
 
 

@@ -19,6 +19,9 @@ from somnus.reads import checksum, status, wait_idle
 from streams.topics import ensure_topics
 
 
+DIAGNOSIS_CHARS = 40_000  # of each worker's log, in a stalled test's failure message
+
+
 class Pipeline:
     def __init__(self, settings: Settings) -> None:
         self.s = settings
@@ -61,7 +64,24 @@ class Pipeline:
     def wait_idle(self, timeout_s: float = 300.0) -> dict[str, Any]:
         for name, proc in self.procs.items():
             assert proc.poll() is None, f"{name} exited with {proc.returncode}: {self.log(name)[-3000:]}"
-        return wait_idle(self.s, self.boot, timeout_s=timeout_s)  # type: ignore[arg-type]
+        try:
+            return wait_idle(self.s, self.boot, timeout_s=timeout_s)  # type: ignore[arg-type]
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}\n{self.diagnose()}") from None
+
+    def diagnose(self) -> str:
+        """The end of every live worker's log after it dumped its asyncio tasks and consumer state
+        (SIGUSR1, SIGUSR2: ``streams.liveness.install_diagnostics``): a stall then shows where it is
+        waiting in the test's own failure message (a worker stalled once in CI, not reproduced)."""
+        workers = {n: p for n, p in self.procs.items() if n != "projector" and p.poll() is None}
+        for proc in workers.values():
+            for sig in (signal.SIGUSR1, signal.SIGUSR2):
+                try:
+                    os.kill(proc.pid, sig)
+                except ProcessLookupError:
+                    pass
+        time.sleep(2.0)
+        return "\n".join(f"--- {name}.log (end) ---\n{self.log(name)[-DIAGNOSIS_CHARS:]}" for name in workers)
 
     def status(self) -> dict[str, Any]:
         return status(self.s, self.boot)  # type: ignore[arg-type]

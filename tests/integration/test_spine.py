@@ -97,6 +97,22 @@ def test_sigkill_worker_and_projector_at_random_points(pipeline_settings, tmp_pa
         p.stop_all()
 
 
+def test_a_stalled_pipeline_reports_each_workers_tasks_threads_and_consumer_state(pipeline_settings):
+    # What a test that times out waiting for idle appends to its failure (Pipeline.diagnose): the
+    # worker's own dump of where it waits. A worker stalled once in CI, and its log was gone.
+    p = Pipeline(pipeline_settings)
+    try:
+        p.start("worker")
+        wait_until(lambda: bool(_faust_assignment(p)), timeout_s=120, what="the worker's first assignment")
+        report = p.diagnose()
+        assert p.procs["worker"].poll() is None  # the signals are handled, not fatal
+        for part in ("--- worker.log (end) ---", "=== asyncio tasks: main loop", "=== asyncio tasks: consumer thread loop",
+                     "=== threads", "--- consumer state", "_committed_offset = ", "_commit_fut = "):
+            assert part in report, (part, report[-3000:])
+    finally:
+        p.stop_all()
+
+
 def _faust_assignment(p: Pipeline) -> dict[str, set[int]]:
     """Which trace partitions each live worker says it owns (written after every rebalance)."""
     out = {}

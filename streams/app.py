@@ -484,6 +484,11 @@ def make_guard(app: faust.App, bootstrap: str, table: BatchedTable) -> OffsetGua
         if gap:  # Faust's own "never delivered, count as acked" ranges from here on are wrong
             gap.chop(offset, 1 << 62)
         await consumer.seek_wait({tp: offset})
+        if not offset:
+            # Faust's seek_wait moves the read offset only to an offset > 0, as if 0 meant "none".
+            # Left where it was, the fetch loop drops every re-fetched record below it as already
+            # read: a hole at offset 0 was never filled (seen: committed 0, read offset 1206).
+            consumer._read_offset[tp] = None
 
     return OffsetGuard(
         position=lambda tp: decode_position(table.get(position_key(tp.topic, tp.partition))),

@@ -190,7 +190,9 @@ class PartitionWatchdog:
         if offset > 0:
             await consumer.seek_wait({tp: offset})
         else:
-            await consumer._thread.seek_to_beginning(tp)
+            # aiokafka's seek_to_beginning takes only its own TopicPartition (a Faust TP raised
+            # TypeError here, every second, and the partition stayed stalled for good)
+            await consumer._thread.seek_to_beginning(TopicPartition(tp.topic, tp.partition))
             consumer._read_offset.pop(tp, None)
         self.rewinds += 1
 

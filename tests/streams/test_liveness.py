@@ -38,8 +38,10 @@ class FakeConsumer:
         self.seeks.append(dict(partitions))
         self._read_offset.update(partitions)
 
-    async def _to_beginning(self, tp: TP) -> None:
-        self.beginnings.append(tp)
+    async def _to_beginning(self, *tps: Any) -> None:
+        if not all(isinstance(tp, TopicPartition) for tp in tps):  # as aiokafka's seek_to_beginning
+            raise TypeError("partitions must be TopicPartition instances")
+        self.beginnings.extend(tps)
 
 
 def _watchdog(consumer: FakeConsumer, idle: bool = True, stall_s: float = 5.0) -> tuple[PartitionWatchdog, list[float]]:
@@ -80,6 +82,17 @@ def test_nothing_committed_rewinds_to_the_beginning():
     _check(dog, 0.0)
     _check(dog, 10.0)
     assert consumer.beginnings == [TRACES] and consumer.seeks == []
+
+
+def test_a_read_offset_ahead_of_nothing_committed_rewinds_to_the_beginning_and_forgets_it():
+    # Seen in the SIGKILL test: records 0.. were never delivered while Faust had read up to 1206.
+    consumer = FakeConsumer(highwater=1207, read=1206, committed=None)
+    dog, _ = _watchdog(consumer)
+    _check(dog, 0.0)
+    _check(dog, 5.0)
+    assert consumer.beginnings == [TopicPartition("traces", 0)] and consumer.seeks == []
+    assert consumer._read_offset.get(TRACES) is None  # re-fetched records are not dropped as read
+    assert dog.rewinds == 1
 
 
 def test_progress_or_a_busy_agent_or_no_lag_never_rewinds():

@@ -177,3 +177,34 @@ def test_offsets_that_hold_no_record_are_stepped_over():
     out = asyncio.run(guard.admit(evs(A, 12, 13)))
     assert offs(out.handle) == [12, 13] and out.positions == {A: 14}
     assert guard.gaps == {}
+
+
+def test_the_workers_rewind_to_offset_0_forgets_fausts_read_offset():
+    # Faust's seek_wait (emulated here as it is) moves the read offset only for an offset > 0; the
+    # fetch loop drops records below the read offset as already read, so a hole at offset 0 stayed
+    # a hole (a stalled SIGKILL test: committed 0, read offset 1206, end 1207).
+    from types import SimpleNamespace
+
+    from streams.app import make_guard
+
+    tp = TP("traces", 1)
+
+    class FaustLikeConsumer:
+        def __init__(self) -> None:
+            self._gap: dict = {}
+            self._read_offset: dict = {tp: 1206}
+            self.seeks: list = []
+
+        async def seek_wait(self, partitions: dict) -> None:
+            for part, offset in partitions.items():
+                self.seeks.append((part, offset))
+                if offset > 0:
+                    self._read_offset[part] = offset
+
+    consumer = FaustLikeConsumer()
+    guard = make_guard(SimpleNamespace(consumer=consumer), "127.0.0.1:9", SimpleNamespace(get=lambda key: None))
+    asyncio.run(guard.rewind(tp, 0))
+    assert consumer.seeks == [(tp, 0)] and consumer._read_offset[tp] is None
+    consumer._read_offset[tp] = 1206
+    asyncio.run(guard.rewind(tp, 7))
+    assert consumer._read_offset[tp] == 7

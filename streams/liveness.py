@@ -21,7 +21,10 @@ by dumping the consumer's state of a stalled worker (SIGUSR2, below):
    instead: an assigned partition with lag whose read offset has not moved for ``stall_s`` while our
    batchers stayed idle. It rewinds that partition to its committed offset (clearing Faust's ack
    bookkeeping for it). Redelivered
-   events are harmless: the distiller ignores what it already applied.
+   events are harmless: the distiller ignores what it already applied. A rewind to offset 0 must
+   also clear Faust's read offset (its ``seek_wait`` sets it only for an offset > 0) and hand
+   aiokafka its own ``TopicPartition``: until both were done, a partition whose record 0 was lost
+   stayed stalled (committed 0, read offset 1206, end 1207; the check failed with TypeError).
 
 The watchdog stays quiet while Faust restores tables (``app.in_recovery``): the source partitions
 are paused then on purpose. Records lost outright (never delivered while later ones were) are the

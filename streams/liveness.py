@@ -45,6 +45,7 @@ import asyncio
 import faulthandler
 import logging
 import sys
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -256,6 +257,27 @@ def diagnostics(app: faust.App) -> tuple[Callable[[], None], Callable[[], None]]
                       file=sys.stderr)
         except Exception as exc:  # diagnostics only
             print(f"    aiokafka state unavailable: {exc!r}", file=sys.stderr)
+        dump_producer()
         sys.stderr.flush()
+
+    def dump_producer() -> None:
+        # A commit once hung in Faust's producer.flush(), waiting on a batch that never completed
+        # (Faust's producer request timeout, which is also aiokafka's batch expiry, is 1,200 s).
+        try:
+            producer: Any = app.producer._ensure_producer()
+            acc, sender = producer._message_accumulator, producer._sender
+            now = time.monotonic()
+            print(f"--- producer: in flight to nodes {sorted(sender._in_flight)!r}, muted "
+                  f"{sorted(map(tuple, sender._muted_partitions))!r}", file=sys.stderr)
+            cluster = producer.client.cluster
+            for tp, batches in list(acc._batches.items()):
+                for b in batches:
+                    print(f"    queued {tp}: {b.record_count} records, {now - b._ctime:.1f} s old, retries "
+                          f"{b._retry_count}, leader {cluster.leader_for_partition(tp)!r}", file=sys.stderr)
+            for b in list(acc._pending_batches):
+                print(f"    pending {b.tp}: {b.record_count} records, {now - b._ctime:.1f} s old, retries "
+                      f"{b._retry_count}, done {b.future.done()}", file=sys.stderr)
+        except Exception as exc:  # diagnostics only
+            print(f"    producer state unavailable: {exc!r}", file=sys.stderr)
 
     return dump_tasks, dump_consumer

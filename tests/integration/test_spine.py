@@ -106,8 +106,9 @@ def test_a_stalled_pipeline_reports_each_workers_tasks_threads_and_consumer_stat
         wait_until(lambda: bool(_faust_assignment(p)), timeout_s=120, what="the worker's first assignment")
         report = p.diagnose()
         assert p.procs["worker"].poll() is None  # the signals are handled, not fatal
-        for part in ("--- worker.log (end) ---", "=== asyncio tasks: main loop", "=== asyncio tasks: consumer thread loop",
-                     "=== threads", "--- consumer state", "_committed_offset = ", "_commit_fut = "):
+        for part in ("--- worker.log (end) ---", "=== asyncio tasks: main loop",
+                     "=== asyncio tasks: consumer thread loop", "=== threads", "--- consumer state",
+                     "_committed_offset = ", "_commit_fut = ", "--- producer: in flight"):
             assert part in report, (part, report[-3000:])
     finally:
         p.stop_all()

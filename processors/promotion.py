@@ -555,7 +555,7 @@ class SemanticPromoter:
         self.min_confidence = min_confidence
         self.min_observations = min_observations
         # Converted once: each candidate's gate reads all of them (a promotion's window holds ~32k).
-        self.activity_times = activity_seconds(list(activity_times) if activity_times else None)
+        self.activity_times = activity_seconds(activity_times)
 
     def promote(self, memory: MemoryLayers, sources: Iterable[PromotionSource], now: datetime) -> list[SemanticEvent]:
         """Promote every candidate of every source (in source order, then candidate order), then link

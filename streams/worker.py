@@ -12,6 +12,7 @@ from somnus.broker import bootstrap_for
 from somnus.config import Settings
 from somnus.procs import tune_gc
 from streams.app import create_app
+from streams.liveness import diagnostics
 from streams.topics import ensure_topics
 
 
@@ -20,8 +21,6 @@ def make_worker(app: Any, loglevel: str) -> Any:
     (it sets the root logger to DEBUG and spins once a record); aiokafka logs each message sent at
     debug, so that was about 5% of the worker's CPU (py-spy) for a log file nobody watches spin."""
     from faust import Worker
-
-    from streams.liveness import diagnostics
 
     worker = Worker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
     worker.spinner = None

@@ -72,7 +72,7 @@ class Pipeline:
     def diagnose(self) -> str:
         """The end of every live worker's log after it dumped its asyncio tasks and consumer state
         (SIGUSR1, SIGUSR2: ``streams.liveness.install_diagnostics``): a stall then shows where it is
-        waiting in the test's own failure message (a worker stalled once in CI, not reproduced)."""
+        waiting in the test's own failure message."""
         workers = {n: p for n, p in self.procs.items() if n != "projector" and p.poll() is None}
         for proc in workers.values():
             for sig in (signal.SIGUSR1, signal.SIGUSR2):

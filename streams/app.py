@@ -33,6 +33,7 @@ from schemas.events import SessionStarted
 from schemas.memory import KIND_UNITS, MemoryUnit
 from schemas.causal import OutcomeObserved
 from schemas.codec import Rejection, decode_episode, decode_record, encode
+from somnus.client import track_topics_sent_to
 from somnus.config import Settings
 from streams.liveness import PartitionWatchdog, SomnusApp, install_diagnostics
 from streams.metrics import WorkerCounters
@@ -166,6 +167,7 @@ async def run_batched(app: faust.App, settings: Settings, stream: faust.StreamT,
 
 
 def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker") -> faust.App:
+    track_topics_sent_to()  # before Faust's producer sends anything (see its docstring)
     datadir = Path(settings.home) / "faust" / worker_name
     datadir.mkdir(parents=True, exist_ok=True)
     app = SomnusApp(

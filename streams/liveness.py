@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import faulthandler
+import gc
 import logging
 import sys
 import time
@@ -229,6 +230,8 @@ def diagnostics(app: faust.App) -> tuple[Callable[[], None], Callable[[], None]]
         for where, loop in loops.items():
             print(f"=== asyncio tasks: {where} loop", file=sys.stderr)
             _dump_tasks(loop)
+        print("=== agents", file=sys.stderr)
+        _dump_agents()
         print("=== threads", file=sys.stderr)
         sys.stderr.flush()
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
@@ -236,13 +239,33 @@ def diagnostics(app: faust.App) -> tuple[Callable[[], None], Callable[[], None]]
     def _dump_tasks(loop: asyncio.AbstractEventLoop) -> None:
         for task in list(asyncio.all_tasks(loop)):
             print(f"--- {task.get_name()}", file=sys.stderr)
-            coro: Any = task.get_coro()
-            while coro is not None:
-                frame = getattr(coro, "cr_frame", None) or getattr(coro, "ag_frame", None)
-                if frame is not None:
-                    print(f"    {frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}",
-                          file=sys.stderr)
-                coro = getattr(coro, "cr_await", None) or getattr(coro, "ag_await", None)
+            _walk(task.get_coro())
+
+    def _walk(coro: Any) -> None:
+        """Each frame of a coroutine's await chain, down to what it waits on."""
+        while coro is not None:
+            frame = getattr(coro, "cr_frame", None) or getattr(coro, "ag_frame", None)
+            if frame is not None:
+                print(f"    {frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}", file=sys.stderr)
+            coro = _awaited(coro)
+
+    def _awaited(coro: Any) -> Any:
+        """What ``coro`` awaits when that is a coroutine; a future it awaits is printed."""
+        nxt = getattr(coro, "cr_await", None) or getattr(coro, "ag_await", None)
+        if nxt is None or hasattr(nxt, "cr_frame") or hasattr(nxt, "ag_frame"):
+            return nxt
+        # `await future` leaves a C-level iterator here: the future is what it refers to
+        futures = [f for f in ([nxt] + gc.get_referents(nxt)) if isinstance(f, asyncio.Future)]
+        print(f"    awaiting {(futures[0] if futures else nxt)!r}"[:600], file=sys.stderr)
+        return None
+
+    def _dump_agents() -> None:
+        # A Faust task shows only `_execute_actor`: the chain stops where it awaits the actor
+        # object, so each actor's own coroutine (the agent's body) is walked here.
+        for name, agent in list(getattr(app, "agents", {}).items()):
+            for actor in list(getattr(agent, "_actors", ())):
+                print(f"--- agent {name}", file=sys.stderr)
+                _walk(getattr(actor, "it", None))
 
     def dump_consumer() -> None:
         c: Any = app.consumer
@@ -255,6 +278,7 @@ def diagnostics(app: faust.App) -> tuple[Callable[[], None], Callable[[], None]]
             for tp, st in assignment._tp_state.items():
                 print(f"    aiokafka {tp}: position={st._position} paused={st.paused} status={st._status}",
                       file=sys.stderr)
+            dump_client("consumer", c._thread._ensure_consumer()._client, time.monotonic())
         except Exception as exc:  # diagnostics only
             print(f"    aiokafka state unavailable: {exc!r}", file=sys.stderr)
         dump_producer()
@@ -277,7 +301,24 @@ def diagnostics(app: faust.App) -> tuple[Callable[[], None], Callable[[], None]]
             for b in list(acc._pending_batches):
                 print(f"    pending {b.tp}: {b.record_count} records, {now - b._ctime:.1f} s old, retries "
                       f"{b._retry_count}, done {b.future.done()}", file=sys.stderr)
+            for tp in {tp for tp, batches in acc._batches.items() if batches}:
+                print(f"    metadata of {tp.topic}: partitions {cluster.partitions_for_topic(tp.topic)!r}, "
+                      f"available {cluster.available_partitions_for_topic(tp.topic)!r}, "
+                      f"unauthorized/invalid {cluster.unauthorized_topics!r}", file=sys.stderr)
+            dump_client("producer", producer.client, now)
         except Exception as exc:  # diagnostics only
             print(f"    producer state unavailable: {exc!r}", file=sys.stderr)
+
+    def dump_client(name: str, client: Any, now: float) -> None:
+        """A Kafka client's metadata update and connections: each one's local port (to match with
+        ``ss``), and the requests waiting for a response on it."""
+        print(f"--- {name} client: metadata update {client._md_update_fut!r}, waiter "
+              f"{client._md_update_waiter!r}, topics {sorted(client._topics)!r}", file=sys.stderr)
+        for conn_id, conn in list(client._conns.items()):
+            writer = getattr(conn, "_writer", None)
+            sock = writer.transport.get_extra_info("sockname") if writer is not None else None
+            requests = [(corr, type(req).__name__) for corr, req, _ in list(conn._requests)]
+            print(f"    conn {conn_id!r}: local {sock!r}, connected {conn.connected()}, idle "
+                  f"{now - conn._last_action:.1f} s, awaiting {requests!r}", file=sys.stderr)
 
     return dump_tasks, dump_consumer

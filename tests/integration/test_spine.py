@@ -107,8 +107,10 @@ def test_a_stalled_pipeline_reports_each_workers_tasks_threads_and_consumer_stat
         report = p.diagnose()
         assert p.procs["worker"].poll() is None  # the signals are handled, not fatal
         for part in ("--- worker.log (end) ---", "=== asyncio tasks: main loop",
-                     "=== asyncio tasks: consumer thread loop", "=== threads", "--- consumer state",
-                     "_committed_offset = ", "_commit_fut = ", "--- producer: in flight"):
+                     "=== asyncio tasks: consumer thread loop", "=== agents", "--- agent ", "=== threads",
+                     "--- consumer state",
+                     "_committed_offset = ", "_commit_fut = ", "--- producer: in flight", "--- producer client: ",
+                     "--- consumer client: ", "conn ("):
             assert part in report, (part, report[-3000:])
     finally:
         p.stop_all()

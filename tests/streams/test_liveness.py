@@ -162,3 +162,40 @@ def test_commits_are_capped_at_what_the_state_applied():
     assert out == {a: 50, c: 7}
     assert cap_offsets({a: 30}, caps.get, {}) == {a: 30}
     assert cap_offsets({a: 80}, None, {}) == {a: 80}
+
+
+def test_the_task_dump_walks_each_agents_body_and_names_the_future_it_awaits(capfd):
+    # A stalled agent showed only Faust's `_execute_actor`: the chain stopped at the actor object.
+    import types
+
+    from streams.liveness import diagnostics
+
+    async def agent_body(gate: asyncio.Future) -> None:
+        await asyncio.gather(gate)
+
+    class Actor:  # what Faust's AwaitableActor is to the dump: an awaitable holding the coroutine as `it`
+        def __init__(self, it):
+            self.it = it
+
+        def __await__(self):
+            return self.it.__await__()
+
+    async def main() -> None:
+        gate = asyncio.get_running_loop().create_future()
+        actor = Actor(agent_body(gate))
+        task = asyncio.ensure_future(_run(actor))
+        await asyncio.sleep(0.01)
+        app = types.SimpleNamespace(consumer=None, agents={"distill": types.SimpleNamespace(_actors={actor})})
+        dump_tasks, _ = diagnostics(app)
+        dump_tasks()
+        gate.set_result(None)
+        await task
+
+    async def _run(actor: Actor) -> None:
+        await actor
+
+    asyncio.run(main())
+    err = capfd.readouterr().err
+    agents = err[err.index("=== agents"):err.index("=== threads")]
+    assert "--- agent distill" in agents and "agent_body" in agents, err
+    assert "awaiting <_GatheringFuture pending" in agents, err

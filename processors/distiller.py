@@ -95,6 +95,10 @@ class SessionState(msgspec.Struct, kw_only=True, omit_defaults=True):
     calls: list[CallSeen] = []
     calls_dropped: int = 0
     metadata: dict[str, Any] = {}
+    # Set by the worker on a closed session's marker (processors.retention): the stream time of its
+    # source partition right after the session ended (µs), and that partition.
+    closed_clock: int | None = None
+    partition: int | None = None
 
 
 _state_encoder = msgspec.json.Encoder()
@@ -120,6 +124,7 @@ class DistillOutput:
     episodes: list[EpisodeDistilled] = field(default_factory=list)
     duplicates: int = 0  # redelivered events (seq already applied)
     late: int = 0  # events for a session that had already ended
+    late_events: list[tuple[TraceEvent, int]] = field(default_factory=list)  # those, with the session's last seq
 
 
 def distill(prior: Mapping[str, SessionState], events: Iterable[TraceEvent]) -> DistillOutput:
@@ -138,11 +143,12 @@ def distill(prior: Mapping[str, SessionState], events: Iterable[TraceEvent]) -> 
         state = decode_state(encode_state(base)) if base is not None else SessionState(
             agent=evs[0].agent, session_id=evs[0].session_id)
         for ev in evs:
-            if state.closed:
-                out.late += 1
-                continue
             if ev.seq <= state.last_seq:
                 out.duplicates += 1
+                continue
+            if state.closed:
+                out.late += 1
+                out.late_events.append((ev, state.last_seq))
                 continue
             _apply(state, ev)
             if state.closed:
@@ -349,4 +355,5 @@ def _episode(s: SessionState) -> EpisodeDistilled:
 def _compact(s: SessionState) -> SessionState:
     """A closed session keeps only what identifies it, so late or redelivered events are ignored."""
     return SessionState(agent=s.agent, session_id=s.session_id, last_seq=s.last_seq, closed=True, outcome=s.outcome,
-                        event_count=s.event_count, ended_at=s.ended_at, last_event_id=s.last_event_id)
+                        event_count=s.event_count, ended_at=s.ended_at, last_event_id=s.last_event_id,
+                        closed_clock=s.closed_clock, partition=s.partition)

@@ -169,6 +169,7 @@ def run_e2e(events: int, seed: int = 7, partitions: int = 4, bundle: int = 64, h
         # CPU each process used from the start of publishing to idle: where the 2 cores went.
         cpu = {role: round(procs.cpu_seconds(pid) - cpu0[role], 2) for role, pid in pids.items()}
         cpu["publisher"] = round(own_pub, 2)
+        rss = {role: procs.peak_rss_mb(pid) for role, pid in pids.items() if role != "broker"}
         facts, triples, links, link_updates, memories = sql(Path(s.db_path), (
             "SELECT (SELECT sum(facts) FROM knowledge_inputs), (SELECT count(*) FROM triples), "
             "(SELECT count(*) FROM causal_links), (SELECT count(*) FROM causal_link_updates), "
@@ -184,7 +185,8 @@ def run_e2e(events: int, seed: int = 7, partitions: int = 4, bundle: int = 64, h
                 "causal_links": int(links), "link_updates": int(link_updates),
                 "link_updates_per_s": round(link_updates / elapsed, 1), "memories": int(memories),
                 "spine_elapsed_s": round(spine_s, 3), "spine_events_per_s": round(len(payloads) / spine_s, 1),
-                "cpu_s": cpu, "cpu_us_per_event": {k: round(v / len(payloads) * 1e6, 1) for k, v in cpu.items()}}
+                "cpu_s": cpu, "cpu_us_per_event": {k: round(v / len(payloads) * 1e6, 1) for k, v in cpu.items()},
+                "peak_rss_mb": rss}
 
 
 def synthetic_triples(n: int, agents: int, teams: int, seed: int = 11) -> Any:

@@ -35,6 +35,7 @@ _ENV = {
     "model_context_tokens": "SOMNUS_MODEL_CONTEXT_TOKENS",
     "sleep_schedule": "SOMNUS_SLEEP_SCHEDULE",
     "oscillators": "SOMNUS_OSCILLATORS",
+    "session_retention_s": "SOMNUS_SESSION_RETENTION_S",
 }
 
 
@@ -63,6 +64,9 @@ class Settings:
     sleep_schedule: str = "0 3 * * *"
     # Coupled oscillators of the SCN (processors/oscillators.py): optional, off by default.
     oscillators: bool = False
+    # How long the worker remembers a closed session (stream time, per partition: processors/retention.py);
+    # 0 keeps every marker forever.
+    session_retention_s: float = 7 * 86400.0
 
     @classmethod
     def resolve(cls, env: Mapping[str, str] | None = None, **args: Any) -> Settings:

@@ -64,6 +64,18 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def peak_rss_mb(pid: int) -> float | None:
+    """The largest resident set ``pid`` has had (``VmHWM`` in ``/proc/<pid>/status``), in MiB."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return None
+
+
 def pid_alive(pid: int) -> bool:
     """Is ``pid`` a live process? A zombie (exited, not yet reaped) counts as dead."""
     try:

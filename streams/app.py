@@ -14,6 +14,7 @@ import json
 import os
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ import msgspec
 
 from processors.distiller import SessionState, decode_state, distill, encode_state, session_key
 from processors.memory import episode_unit, message_unit
+from processors.retention import MarkerHeap, Sifted, ended_reason, sift, stamp_closed
 from processors.working_memory import WorkingMemorySettings, remember
 from processors.working_memory import compact as compact_wm
 from processors.working_memory import decode_state as decode_wm
@@ -37,7 +39,8 @@ from somnus.client import track_topics_sent_to
 from somnus.config import Settings
 from streams.liveness import PartitionWatchdog, SomnusApp, install_diagnostics
 from streams.metrics import WorkerCounters
-from streams.ordering import Admitted, OffsetGuard, decode_position, position_key, positions_writer
+from streams.ordering import (Admitted, OffsetGuard, decode_clock, decode_position, position_key,
+                              positions_writer)
 from streams.topics import signature_partition
 
 
@@ -70,14 +73,28 @@ class BatchedTable(Table):
         assert partition is not None
         self.pending_changelog.append((partition, key, None))
 
-    async def write(self, producer: Any, items: Any, positions: Mapping[Any, int] | None = None) -> None:
-        """Set each ``(key, partition, value)`` of ``items``, then the source positions (after the
-        states, on the same changelog partitions: see ``streams.ordering``); send all, wait for acks."""
+    async def write(self, producer: Any, items: Any, positions: Mapping[Any, int] | None = None,
+                    clocks: Mapping[int, int] | None = None) -> None:
+        """Set each ``(key, partition, value)`` of ``items``, then the source positions with their
+        partitions' stream times (after the states, on the same changelog partitions: see
+        ``streams.ordering``); send all, wait for acks."""
         for key, partition, value in items:
             self.key_partitions[key] = partition
             self[key] = value
-        positions_writer(self)(positions or {})
+        positions_writer(self)(positions or {}, clocks)
         await self.send_changelog_batch(producer)
+
+    async def delete(self, producer: Any, items: Any) -> int:
+        """Remove each ``(key, partition)`` of ``items`` that is present (a tombstone in the
+        changelog); send, wait for acks. Returns how many were removed."""
+        removed = 0
+        for key, partition in items:
+            if key in self:
+                self.key_partitions[key] = partition
+                del self[key]
+                removed += 1
+        await self.send_changelog_batch(producer)
+        return removed
 
     async def send_changelog_batch(self, producer: Any) -> None:
         topic = self.changelog_topic.get_topic_name()
@@ -277,11 +294,13 @@ def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker") 
         install_diagnostics(app)
         await watchdog.run()
 
+    markers = MarkerRetention(int(settings.session_retention_s * 1_000_000))
+
     @app.agent(traces, concurrency=1)
     async def distill_sessions(stream: faust.StreamT) -> None:
         async def handle(batch: Sequence[EventT], generation: int) -> list[EventT]:
             return await _handle_batch(app, settings, batch, sessions, counters, generation, inline_extractor,
-                                       not_episodic, working, wm_settings, sessions_guard)
+                                       not_episodic, working, wm_settings, sessions_guard, markers)
 
         await run_batched(app, settings, stream, handle, batchers)
 
@@ -300,7 +319,8 @@ def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker") 
 async def _handle_batch(app: faust.App, settings: Settings, batch: Sequence[EventT], sessions: BatchedTable,
                         counters: WorkerCounters, generation: int, extractor: Any = None,
                         not_episodic: frozenset[str] = frozenset(), working: BatchedTable | None = None,
-                        wm_settings: Any = None, guard: OffsetGuard | None = None) -> list[EventT]:
+                        wm_settings: Any = None, guard: OffsetGuard | None = None,
+                        markers: MarkerRetention | None = None) -> list[EventT]:
     """One batch of trace records; returns the records to acknowledge (see ``streams.ordering``)."""
     if app.in_recovery:
         return []  # the tables are being restored: Faust seeks back to the committed offsets after
@@ -308,20 +328,28 @@ async def _handle_batch(app: faust.App, settings: Settings, batch: Sequence[Even
     batch = admitted.handle
     pending: list[Any] = []
     valid = []
+    coords: list[tuple[Any, int]] = []  # (record, index in it) of each valid event
+    parts: list[int] = []  # source partition of each valid event
     partition_of: dict[str, int] = {}  # session key -> source partition
     offset_of: dict[str, int] = {}  # session key -> offset of its last record in the batch (its end)
+
+    async def dead_letter(msg: Any, index: int, rejection: Rejection) -> None:
+        counters.dead_letters += 1
+        pending.append(await app.producer.send(
+            settings.dead_letter_topic, key=msg.key,
+            value=rejection.original if rejection.original is not None else (msg.value or b""),
+            partition=None, timestamp=None,
+            headers=dead_letter_headers(rejection, msg.topic, msg.partition, msg.offset, index)))
+
     for event in batch:
         msg = event.message
         for index, item in enumerate(decode_record(msg.value, settings.max_event_bytes)):
             if isinstance(item, Rejection):
-                counters.dead_letters += 1
-                pending.append(await app.producer.send(
-                    settings.dead_letter_topic, key=msg.key,
-                    value=item.original if item.original is not None else (msg.value or b""),
-                    partition=None, timestamp=None,
-                    headers=dead_letter_headers(item, msg.topic, msg.partition, msg.offset, index)))
+                await dead_letter(msg, index, item)
                 continue
             valid.append(item)
+            coords.append((msg, index))
+            parts.append(msg.partition)
             key = session_key(item.agent, item.session_id)
             partition_of[key] = msg.partition
             offset_of[key] = msg.offset
@@ -331,9 +359,29 @@ async def _handle_batch(app: faust.App, settings: Settings, batch: Sequence[Even
         raw = sessions.get(key.encode())
         if raw is not None:
             prior[key] = decode_state(raw)
-    out = distill(prior, valid)
+    topic = settings.traces_topic
+    clocks = {p: c for p in set(parts)
+              if (c := decode_clock(sessions.get(position_key(topic, p)))) is not None}
+    retention_us = int(settings.session_retention_s * 1_000_000)
+    sifted = sift(valid, parts, clocks, prior, retention_us)
+    counters.duplicates += sifted.duplicates
+    wm_prior: dict[str, Any] = {}
+    if working is not None:
+        for key in partition_of:
+            raw = working.get(key.encode())
+            if raw is not None:
+                wm_prior[key] = decode_wm(raw)
+    out = distill_rounds(prior, wm_prior if working is not None else None, sifted, partition_of, not_episodic,
+                         wm_settings)
     counters.duplicates += out.duplicates
-    counters.late += out.late
+    late = list(sifted.late)
+    if out.late_events:  # events after an end the distiller met (a session's events out of seq order)
+        where = {id(ev): i for i, ev in enumerate(valid)}
+        late += [(where[id(ev)], ended_reason(ev, last_seq)) for ev, last_seq in out.late_events]
+    counters.late += len(late)
+    for i, reason in sorted(late):
+        msg, index = coords[i]
+        await dead_letter(msg, index, Rejection(reason, encode(valid[i])))
     for ep in out.episodes:
         counters.episodes += 1
         pending.append(await app.producer.send(settings.episodes_topic, key=ep.session_id.encode(), value=encode(ep),
@@ -348,7 +396,7 @@ async def _handle_batch(app: faust.App, settings: Settings, batch: Sequence[Even
         counters.observations += len(obs)
         pending.extend(await _send_bundles(app, settings.observations_topic, settings.partitions, obs,
                                            lambda o: o.event_signature))
-    units = memory_units(prior, valid, out.episodes, not_episodic)
+    units = out.units
     if units:
         counters.memory_units += len(units)
         pending.extend([await app.producer.send(
@@ -361,14 +409,7 @@ async def _handle_batch(app: faust.App, settings: Settings, batch: Sequence[Even
     # reprocesses these events from the committed offset: its state must not be overwritten here.
     # Working memory of the same sessions (same keys, same partitions); a closed session keeps only
     # its marker (compact): the buffer is the in-session tier.
-    wm_states: dict[str, Any] = {}
-    if working is not None:
-        wm_prior = {}
-        for key in partition_of:
-            raw = working.get(key.encode())
-            if raw is not None:
-                wm_prior[key] = decode_wm(raw)
-        wm_states = remember(wm_prior, valid, wm_settings).states
+    wm_states = out.wm_states
     if app.consumer_generation_id != generation:
         for table in (sessions, working):
             if table is not None:
@@ -382,8 +423,98 @@ async def _handle_batch(app: faust.App, settings: Settings, batch: Sequence[Even
             (key.encode(), partition_of[key], encode_wm(compact_wm(wm) if wm.closed else wm))
             for key, wm in wm_states.items()))
     await sessions.write(app.producer, ((key.encode(), partition_of[key], encode_state(state))
-                                        for key, state in out.states.items()), admitted.positions)
+                                        for key, state in out.states.items()), admitted.positions, sifted.clocks)
+    if markers is not None and retention_us > 0:
+        # After the positions: a marker removed is one whose session's records are all below a
+        # position already on the broker, so no redelivery can meet its absence.
+        closed = {key: st for key, st in out.states.items() if st.closed}
+        await markers.prune(app, topic, sessions, working, generation, closed, sifted.clocks, counters)
     return admitted.handle + admitted.done
+
+
+class MarkerRetention:
+    """Removes the markers of closed sessions once they expire (``processors.retention``).
+
+    It keeps the owned partitions' markers in a heap by expiry, rebuilt from the table after every
+    rebalance (Faust restores the table, not this heap)."""
+
+    def __init__(self, retention_us: int) -> None:
+        self.retention_us = retention_us
+        self.heap = MarkerHeap()
+        self.generation: int | None = None
+        self.owned: frozenset[int] = frozenset()
+
+    def _rebuild(self, sessions: BatchedTable, owned: frozenset[int]) -> None:
+        def closed_markers() -> Any:
+            for key, raw in list(sessions.data.items()):
+                if raw is not None and b'"closed":true' in raw:
+                    yield key, decode_state(raw)
+        self.heap = MarkerHeap.of(closed_markers(), set(owned))
+
+    async def prune(self, app: faust.App, topic: str, sessions: BatchedTable, working: BatchedTable | None,
+                    generation: int, closed: Mapping[str, SessionState], clocks: Mapping[int, int],
+                    counters: WorkerCounters) -> int:
+        owned = frozenset(tp.partition for tp in app.consumer.assignment() if tp.topic == topic)
+        touched = set(clocks)
+        if generation != self.generation or owned != self.owned:
+            self._rebuild(sessions, owned)  # holds this batch's markers already: they are in the table
+            self.generation, self.owned = generation, owned
+            touched = set(owned)
+        else:
+            for key, st in closed.items():
+                if st.partition is not None and st.closed_clock is not None:
+                    self.heap.push(st.partition, st.closed_clock, key.encode())
+        due: list[tuple[bytes, int]] = []
+        for p in touched & owned:
+            clock = clocks.get(p, decode_clock(sessions.get(position_key(topic, p))))
+            for closed_clock, key in self.heap.due(p, clock, self.retention_us):
+                raw = sessions.get(key)
+                st = decode_state(raw) if raw is not None else None
+                if st is not None and st.closed and st.closed_clock == closed_clock:
+                    due.append((key, p))  # else: the key is a newer session now (its own entry is pushed)
+        if not due:
+            return 0
+        if working is not None:  # first: a marker outlives its working memory, so a crash leaves it due
+            await working.delete(app.producer, due)
+        removed = await sessions.delete(app.producer, due)
+        counters.forgotten += removed
+        return removed
+
+
+@dataclass
+class Distilled:
+    states: dict[str, SessionState] = field(default_factory=dict)
+    wm_states: dict[str, Any] = field(default_factory=dict)
+    episodes: list[Any] = field(default_factory=list)
+    units: list[MemoryUnit] = field(default_factory=list)
+    late_events: list[tuple[Any, int]] = field(default_factory=list)
+    duplicates: int = 0
+
+
+def distill_rounds(prior: Mapping[str, SessionState], wm_prior: Mapping[str, Any] | None, sifted: Sifted,
+                   partition_of: Mapping[str, int], not_episodic: frozenset[str], wm_settings: Any) -> Distilled:
+    """The distiller, working memory and memory units over what ``sift`` admitted, round by round
+    (``processors.retention.Round``), each round starting from the states the one before left."""
+    out = Distilled()
+    sessions, working = dict(prior), dict(wm_prior) if wm_prior is not None else None
+    for rnd in sifted.rounds:
+        for key in rnd.forget:
+            sessions.pop(key, None)
+            if working is not None:
+                working.pop(key, None)
+        got = distill(sessions, rnd.events)
+        stamp_closed(got.states, rnd.closing, partition_of)
+        out.units += memory_units(sessions, rnd.events, got.episodes, not_episodic)
+        sessions.update(got.states)
+        out.states.update(got.states)
+        out.episodes += got.episodes
+        out.late_events += got.late_events
+        out.duplicates += got.duplicates
+        if working is not None:
+            wm = remember(working, rnd.events, wm_settings).states
+            working.update(wm)
+            out.wm_states.update(wm)
+    return out
 
 
 BUNDLE_ITEMS = 1000  # items per bundle record: well under the producer's request size

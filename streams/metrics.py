@@ -9,7 +9,8 @@ class WorkerCounters:
     episodes: int = 0
     dead_letters: int = 0
     duplicates: int = 0
-    late: int = 0
+    late: int = 0  # events of a session that had ended, or too old to tell (dead letters)
+    forgotten: int = 0  # closed sessions whose marker expired (processors.retention)
     facts: int = 0
     observations: int = 0
     link_updates: int = 0

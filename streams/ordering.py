@@ -43,12 +43,20 @@ def position_key(topic: str, partition: int) -> bytes:
     return POSITION_PREFIX + f"{topic}\x1f{partition}".encode()
 
 
-def encode_position(offset: int) -> bytes:
-    return str(offset).encode()
+def encode_position(offset: int, clock: int | None = None) -> bytes:
+    """A position, and optionally the partition's stream time (µs) at it (``processors.retention``):
+    written in one record, so a recovered position and its stream time always agree."""
+    return str(offset).encode() if clock is None else f"{offset} {clock}".encode()
 
 
 def decode_position(raw: bytes | None) -> int | None:
-    return None if raw is None else int(raw)
+    return None if raw is None else int(raw.split(b" ", 1)[0])
+
+
+def decode_clock(raw: bytes | None) -> int | None:
+    """The stream time stored with a position (None: none stored)."""
+    parts = raw.split(b" ", 1) if raw is not None else []
+    return int(parts[1]) if len(parts) == 2 else None
 
 
 @dataclass
@@ -163,11 +171,12 @@ class OffsetGuard:
         self.gaps.clear()
 
 
-def positions_writer(table: Any) -> Callable[[Mapping[TP, int]], None]:
-    """Writes positions into a ``BatchedTable`` (queued after the states already set in this batch)."""
-    def write(positions: Mapping[TP, int]) -> None:
+def positions_writer(table: Any) -> Callable[..., None]:
+    """Writes positions into a ``BatchedTable`` (queued after the states already set in this batch),
+    each with its partition's stream time when ``clocks`` (partition -> µs) has one."""
+    def write(positions: Mapping[TP, int], clocks: Mapping[int, int] | None = None) -> None:
         for tp, offset in positions.items():
             key = position_key(tp.topic, tp.partition)
             table.key_partitions[key] = tp.partition
-            table[key] = encode_position(offset)
+            table[key] = encode_position(offset, (clocks or {}).get(tp.partition))
     return write

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from faust.types import TP
 from hypothesis import given, settings, strategies as st
 
-from streams.ordering import (OffsetGuard, admit, decode_position, encode_position, position_key,
+from streams.ordering import (OffsetGuard, admit, decode_clock, decode_position, encode_position, position_key,
                               positions_writer)
 
 A = TP("traces", 0)
@@ -119,6 +119,11 @@ def test_positions_are_written_to_the_table_partition_they_belong_to():
     assert decode_position(table[key]) == 42 and table.key_partitions[key] == 1
     assert encode_position(42) == b"42" and decode_position(None) is None
     assert not key.decode(errors="replace")[0].isalnum()  # cannot be a session key (agent\x1fsession)
+    # with the partition's stream time (processors.retention), in the same record
+    positions_writer(table)({B: 43}, {1: 1_700_000_000_123_456, 2: 5})
+    assert table[key] == b"43 1700000000123456"
+    assert decode_position(table[key]) == 43 and decode_clock(table[key]) == 1_700_000_000_123_456
+    assert decode_clock(b"42") is None and decode_clock(None) is None
 
 
 class FakeIO:

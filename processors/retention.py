@@ -1,0 +1,173 @@
+"""How long the distiller remembers a closed session, and what happens to events that come later.
+
+A closed session leaves a small marker in the worker's state so that a late or republished event
+of it is recognised. Kept forever, those markers grow with every session a fleet ever ran (about
+200 bytes each, in memory and in the changelog the worker recovers from). So a marker is kept for
+``retention`` of *stream time* after the session closed, then forgotten (a tombstone).
+
+Stream time is per source partition: the latest event time (``ts``) among the events applied on
+that partition so far. It is stored with the partition's position (``streams.ordering``), so a
+redelivered record is judged against exactly the stream time it was first judged against, and
+every decision here is a function of the partition's records alone (replays and restarts agree).
+
+For each event, in arrival order (``sift``), with ``w`` the partition's stream time before it and
+``clock`` the stream time with it (``max(w, ts)``):
+
+- its session is open: applied;
+- its session has a marker that has not expired (``clock <= closed_clock + retention``): a republished
+  event (``seq`` already applied) is a duplicate and dropped; anything else is *late*: the session
+  had ended, and the event goes to the dead-letter topic with that reason;
+- its session is unknown, or its marker has expired (an expired marker counts as unknown whether or
+  not it was removed yet, so removal can happen at any time): the event starts a session unless it
+  is older than ``w - retention`` and is not a ``session_start``. Such an event is too late to
+  tell from a late event of a forgotten session, and goes to the dead-letter topic. A backfill
+  (old sessions imported into a live topic) is accepted: each session begins with its start.
+
+A marker is *removed* once ``closed_clock + retention`` is below its partition's stream time
+(``expired``). Every batch removes every marker that has expired by its end, so when the stream is
+idle the set of markers left is a function of the records alone.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from processors.distiller import SessionState, session_key
+from schemas.events import SessionEnded, SessionStarted, TraceEvent, type_name
+
+_EPOCH_US = 1_000_000
+
+
+def micros(ts: datetime) -> int:
+    """Microseconds since the epoch of an aware datetime (the unit of stream time)."""
+    return int(ts.timestamp()) * _EPOCH_US + ts.microsecond
+
+
+@dataclass
+class Round:
+    """Events the distiller applies together, after forgetting the markers of ``forget``."""
+
+    events: list[TraceEvent] = field(default_factory=list)
+    forget: set[str] = field(default_factory=set)  # sessions to treat as unknown (their marker expired)
+    closing: dict[str, int] = field(default_factory=dict)  # session -> stream time right after its end
+
+
+@dataclass
+class Sifted:
+    # Usually one round; a session that ends and starts again (same id, marker expired) within the
+    # batch starts the next round, so the distiller never mixes the two.
+    rounds: list[Round] = field(default_factory=lambda: [Round()])
+    late: list[tuple[int, str]] = field(default_factory=list)  # (index in the input, reason): dead letters
+    duplicates: int = 0  # republished events of a closed session: dropped
+    clocks: dict[int, int] = field(default_factory=dict)  # partition -> stream time (µs) after the batch
+
+    @property
+    def admitted(self) -> list[TraceEvent]:
+        return [ev for r in self.rounds for ev in r.events]
+
+
+def ended_reason(ev: TraceEvent, last_seq: int) -> str:
+    """The dead-letter reason of an event that came after its session's end."""
+    return (f"late: session {ev.session_id!r} of agent {ev.agent!r} had ended (seq {last_seq}); "
+            f"this {type_name(ev)} event has seq {ev.seq}")
+
+
+def expired(marker: SessionState, clock: int | None, retention_us: int) -> bool:
+    """Whether a closed session's marker no longer counts at stream time ``clock``."""
+    return (retention_us > 0 and clock is not None and marker.closed_clock is not None
+            and clock > marker.closed_clock + retention_us)
+
+
+def sift(events: Sequence[TraceEvent], partitions: Sequence[int], clocks: Mapping[int, int],
+         prior: Mapping[str, SessionState], retention_us: int) -> Sifted:
+    """Decide, event by event in arrival order, what the distiller applies (see the module's text).
+
+    ``partitions[i]`` is the source partition of ``events[i]``; ``clocks`` the stream time of each
+    partition before the batch (absent: nothing seen yet); ``retention_us`` <= 0 keeps markers
+    forever and accepts every event of an unknown session. A session that ends in the batch is
+    judged from then on exactly as its marker would be in a later batch, so where a batch ends
+    changes nothing. A pure function.
+    """
+    out = Sifted(clocks=dict(clocks))
+    marker: dict[str, SessionState] = {k: st for k, st in prior.items() if st.closed}
+    open_: set[str] = {k for k, st in prior.items() if not st.closed}
+    seen: set[str] = set()  # sessions with events in the current round
+    for i, (ev, p) in enumerate(zip(events, partitions)):
+        w = out.clocks.get(p)
+        ts = micros(ev.ts)
+        out.clocks[p] = clock = ts if w is None else max(w, ts)
+        key = session_key(ev.agent, ev.session_id)
+        if key not in open_:
+            st = marker.get(key)
+            if st is not None and not expired(st, clock, retention_us):
+                if ev.seq <= st.last_seq:
+                    out.duplicates += 1
+                else:
+                    out.late.append((i, ended_reason(ev, st.last_seq)))
+                continue
+            if retention_us > 0 and w is not None and ts < w - retention_us and not isinstance(ev, SessionStarted):
+                out.late.append((i, f"late: session {ev.session_id!r} of agent {ev.agent!r} is not open and this "
+                                    f"{type_name(ev)} event is older than the partition's stream time by more than "
+                                    f"the retention ({retention_us / _EPOCH_US:.0f} s): it may belong to a "
+                                    "session already forgotten"))
+                continue
+            if st is not None:  # an expired marker: a new session with that id
+                if key in seen:
+                    out.rounds.append(Round())
+                    seen = set()
+                out.rounds[-1].forget.add(key)
+                del marker[key]
+            open_.add(key)
+        seen.add(key)
+        out.rounds[-1].events.append(ev)
+        if isinstance(ev, SessionEnded):
+            open_.discard(key)
+            marker[key] = SessionState(agent=ev.agent, session_id=ev.session_id, last_seq=ev.seq, closed=True,
+                                       closed_clock=clock)
+            out.rounds[-1].closing[key] = clock
+    return out
+
+
+def stamp_closed(states: Mapping[str, SessionState], closing: Mapping[str, int],
+                 partition_of: Mapping[str, int]) -> None:
+    """Give each session that closed in a round its marker's stream time and partition."""
+    for key, st in states.items():
+        if st.closed and st.closed_clock is None:
+            st.closed_clock, st.partition = closing[key], partition_of[key]
+
+
+class MarkerHeap:
+    """The closed-session markers of the owned partitions, by when they expire (stream time)."""
+
+    def __init__(self) -> None:
+        self.heaps: dict[int, list[tuple[int, bytes]]] = {}
+
+    def push(self, partition: int, closed_clock: int, key: bytes) -> None:
+        heapq.heappush(self.heaps.setdefault(partition, []), (closed_clock, key))
+
+    def due(self, partition: int, clock: int | None, retention_us: int) -> list[tuple[int, bytes]]:
+        """Pop ``(closed_clock, key)`` of every marker of ``partition`` that has expired at ``clock``."""
+        heap = self.heaps.get(partition)
+        out: list[tuple[int, bytes]] = []
+        if retention_us <= 0 or clock is None or not heap:
+            return out
+        while heap and clock > heap[0][0] + retention_us:
+            out.append(heapq.heappop(heap))
+        return out
+
+    def __len__(self) -> int:
+        return sum(len(h) for h in self.heaps.values())
+
+    @classmethod
+    def of(cls, markers: Iterable[tuple[bytes, SessionState]], partitions: set[int]) -> MarkerHeap:
+        """Built from a table's closed markers on ``partitions`` (after a restart or a rebalance)."""
+        out = cls()
+        for key, st in markers:
+            if st.closed and st.partition in partitions and st.closed_clock is not None:
+                out.heaps.setdefault(st.partition, []).append((st.closed_clock, key))
+        for heap in out.heaps.values():
+            heapq.heapify(heap)
+        return out

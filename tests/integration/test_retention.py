@@ -1,0 +1,78 @@
+"""Closed sessions forgotten after the retention (processors.retention), end to end: real broker,
+Faust worker and projector. Late events go to the dead-letter topic with their reason."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from tests.pipeline import Pipeline
+
+pytestmark = pytest.mark.integration
+
+T0 = datetime(2026, 2, 2, 9, 0, tzinfo=timezone.utc)
+
+
+def _event(sid: str, seq: int, type_: str, at: datetime, payload: dict, tag: str = "") -> dict:
+    return {"event_id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"{sid}/{seq}/{type_}/{tag}")), "schema_version": 1,
+            "ts": at.isoformat(), "agent": "support", "session_id": sid, "seq": seq, "type": type_,
+            "payload": payload}
+
+
+def _session(sid: str, at: datetime, tag: str = "") -> list[dict]:
+    return [_event(sid, 0, "session_start", at, {"task": f"answer ticket {sid}"}, tag),
+            _event(sid, 1, "user_message", at + timedelta(seconds=5), {"text": "my order is late"}, tag),
+            _event(sid, 2, "session_end", at + timedelta(seconds=30), {"outcome": "success"}, tag)]
+
+
+def test_a_closed_session_is_forgotten_after_the_retention_and_late_events_are_dead_letters(pipeline_settings):
+    s = dataclasses.replace(pipeline_settings, partitions=1, session_retention_s=3600.0)
+    p = Pipeline(s)
+    try:
+        p.start_all()
+        p.publish(_session("a", T0))
+        p.wait_idle()
+        # within the retention: a republished event is dropped, a new one after the end is late
+        late = _event("a", 3, "agent_message", T0 + timedelta(minutes=2), {"text": "one more thing"})
+        p.publish([_session("a", T0)[1], late])
+        p.wait_idle()
+        # three hours of stream time later, a's marker has expired and is removed
+        p.publish(_session("b", T0 + timedelta(hours=3)))
+        p.wait_idle()
+        # an old event of the forgotten session cannot be told from a late one: dead letter
+        stale = _event("a", 4, "agent_message", T0 + timedelta(minutes=3), {"text": "and another"})
+        p.publish([stale])
+        p.wait_idle()
+        p.stop_all()
+        dead = p.query("SELECT kind, reason FROM dead_letters ORDER BY src_offset")
+        assert [k for k, _ in dead] == ["late", "late"], dead
+        assert "'a' of agent 'support' had ended (seq 2); this agent_message event has seq 3" in dead[0][1]
+        assert "older than the partition's stream time by more than the retention (3600 s)" in dead[1][1]
+        assert p.query("SELECT session_id FROM working_memory ORDER BY 1") == [("b",)]
+        assert p.query("SELECT session_id, outcome FROM episodes ORDER BY 1") == [("a", "success"), ("b", "success")]
+        # every event is still in the raw projection, late ones included
+        assert p.query("SELECT count(*) FROM events")[0][0] == 3 + 2 + 3 + 1
+    finally:
+        p.stop_all()
+
+
+def test_a_backfill_of_old_sessions_is_accepted_and_a_session_id_can_start_again(pipeline_settings):
+    s = dataclasses.replace(pipeline_settings, partitions=1, session_retention_s=3600.0)
+    p = Pipeline(s)
+    try:
+        p.start_all()
+        p.publish(_session("live", T0 + timedelta(days=30)))
+        p.publish(_session("old", T0))  # 30 days behind the stream: each session begins with its start
+        p.publish(_session("live", T0 + timedelta(days=31), tag="again"))  # the marker of "live" expired
+        p.wait_idle()
+        p.stop_all()
+        assert p.query("SELECT count(*) FROM dead_letters")[0][0] == 0
+        assert p.query("SELECT session_id FROM episodes ORDER BY 1") == [("live",), ("old",)]  # one episode id
+        assert p.query("SELECT count(*) FROM events")[0][0] == 9
+        # the second "live" session was distilled: its working memory is the newest state of that id
+        assert p.query("SELECT session_id, closed FROM working_memory ORDER BY 1") == [("live", True)]
+    finally:
+        p.stop_all()

@@ -1,0 +1,113 @@
+"""processors.retention: closed sessions forgotten after a retention of stream time; late events judged
+against the stream time they arrived at, so batch boundaries and restarts never change a decision."""
+
+from __future__ import annotations
+
+import zlib
+from datetime import datetime, timedelta, timezone
+
+import orjson
+from processors.distiller import SessionState, session_key
+from processors.retention import MarkerHeap, expired, micros, sift
+from schemas.codec import decode_trace
+
+HOUR_US = 3600 * 1_000_000
+T0 = datetime(2026, 3, 1, 9, 0, tzinfo=timezone.utc)
+
+
+def _event(session: str, seq: int, kind: str, at: datetime, agent: str = "support") -> object:
+    payload = {"session_start": {"task": "t"}, "session_end": {"outcome": "success"},
+               "agent_message": {"text": "hi"}}[kind]
+    raw = orjson.dumps({"event_id": f"00000000-0000-4000-8000-{zlib.crc32(f'{session}/{seq}/{kind}'.encode()):012d}",
+                        "schema_version": 1, "ts": at.isoformat(), "agent": agent, "session_id": session,
+                        "seq": seq, "type": kind, "payload": payload})
+    ev = decode_trace(raw, 1 << 20)
+    assert not hasattr(ev, "reason"), ev
+    return ev
+
+
+def _closed(session: str, last_seq: int, clock: int, partition: int = 0) -> SessionState:
+    return SessionState(agent="support", session_id=session, last_seq=last_seq, closed=True,
+                        closed_clock=clock, partition=partition)
+
+
+def test_events_of_open_sessions_are_applied_and_each_partition_keeps_its_own_stream_time():
+    evs = [_event("a", 0, "session_start", T0), _event("b", 0, "session_start", T0 + timedelta(hours=5)),
+           _event("a", 1, "agent_message", T0 + timedelta(minutes=1))]
+    out = sift(evs, [0, 1, 0], {}, {}, HOUR_US)
+    assert out.admitted == evs and out.late == [] and len(out.rounds) == 1 and out.rounds[0].forget == set()
+    assert out.clocks == {0: micros(T0 + timedelta(minutes=1)), 1: micros(T0 + timedelta(hours=5))}
+
+
+def test_a_republished_event_of_a_closed_session_is_a_duplicate_and_a_new_one_is_late():
+    prior = {session_key("support", "a"): _closed("a", 5, micros(T0))}
+    evs = [_event("a", 3, "agent_message", T0), _event("a", 6, "agent_message", T0 + timedelta(minutes=5))]
+    out = sift(evs, [0, 0], {0: micros(T0)}, prior, HOUR_US)
+    assert out.admitted == [] and out.duplicates == 1
+    assert [i for i, _ in out.late] == [1]
+    assert "had ended (seq 5)" in out.late[0][1] and "agent_message event has seq 6" in out.late[0][1]
+
+
+def test_an_expired_marker_counts_as_unknown_whether_or_not_it_was_removed():
+    marker = _closed("a", 5, micros(T0))
+    later = T0 + timedelta(hours=3)
+    clock = {0: micros(later)}
+    # an old event of the forgotten session: too late to tell, dead-lettered (same with no marker)
+    old = [_event("a", 6, "agent_message", T0)]
+    with_marker = sift(old, [0], clock, {session_key("support", "a"): marker}, HOUR_US)
+    without = sift(old, [0], clock, {}, HOUR_US)
+    assert [i for i, _ in with_marker.late] == [i for i, _ in without.late] == [0]
+    assert with_marker.late[0][1] == without.late[0][1] and "older than the partition's stream time" in without.late[0][1]
+    # a session_start with that id starts a new session, also with no marker
+    again = [_event("a", 0, "session_start", T0), _event("a", 1, "agent_message", later)]
+    for prior in ({session_key("support", "a"): marker}, {}):
+        out = sift(again, [0, 0], clock, prior, HOUR_US)
+        assert out.admitted == again and out.late == []
+
+
+def test_an_unknown_session_is_accepted_unless_its_event_is_older_than_the_retention_and_not_a_start():
+    clock = {0: micros(T0 + timedelta(hours=10))}
+    recent = _event("n", 2, "agent_message", T0 + timedelta(hours=9, minutes=30))
+    stale = _event("m", 2, "agent_message", T0)
+    backfill = _event("k", 0, "session_start", T0 - timedelta(days=300))
+    out = sift([recent, stale, backfill], [0, 0, 0], clock, {}, HOUR_US)
+    assert out.admitted == [recent, backfill] and [i for i, _ in out.late] == [1]
+    # retention 0 (keep forever): every event of an unknown session is accepted, no marker expires
+    keep = sift([recent, stale, backfill], [0, 0, 0], clock, {}, 0)
+    assert keep.admitted == [recent, stale, backfill]
+    assert not expired(_closed("a", 1, 0), micros(T0), 0)
+
+
+def test_the_marker_heap_pops_what_expired_and_is_rebuilt_from_markers_of_owned_partitions():
+    heap = MarkerHeap()
+    for i, clock in enumerate([5, 1, 3]):
+        heap.push(0, clock * HOUR_US, f"k{i}".encode())
+    heap.push(1, 0, b"other")
+    assert heap.due(0, 4 * HOUR_US + 1, HOUR_US) == [(HOUR_US, b"k1"), (3 * HOUR_US, b"k2")]
+    assert heap.due(0, 4 * HOUR_US + 1, HOUR_US) == [] and len(heap) == 2
+    assert heap.due(0, 10 * HOUR_US, 0) == []  # retention 0: never
+    rebuilt = MarkerHeap.of([(b"x", _closed("x", 1, 7, partition=2)), (b"y", _closed("y", 1, 7, partition=3)),
+                             (b"o", SessionState(agent="support", session_id="o"))], {2})
+    assert len(rebuilt) == 1 and rebuilt.due(2, 7 + HOUR_US + 1, HOUR_US) == [(7, b"x")]
+
+
+def test_a_session_that_ends_is_judged_by_its_marker_for_the_rest_of_the_batch():
+    start, end = _event("a", 0, "session_start", T0), _event("a", 1, "session_end", T0 + timedelta(minutes=1))
+    again, more = _event("a", 1, "session_end", T0 + timedelta(minutes=1)), _event("a", 2, "agent_message", T0)
+    out = sift([start, end, again, more], [0] * 4, {}, {}, HOUR_US)
+    assert out.admitted == [start, end] and out.duplicates == 1 and [i for i, _ in out.late] == [3]
+    assert out.rounds[0].closing == {session_key("support", "a"): micros(T0 + timedelta(minutes=1))}
+
+
+def test_a_session_id_started_again_after_its_marker_expired_in_the_batch_opens_a_second_round():
+    first = [_event("a", 0, "session_start", T0), _event("a", 1, "session_end", T0)]
+    other = _event("b", 0, "session_start", T0 + timedelta(hours=3))
+    second = [_event("a", 0, "session_start", T0 + timedelta(hours=3)),
+              _event("a", 1, "agent_message", T0 + timedelta(hours=3))]
+    out = sift([*first, other, *second], [0] * 5, {}, {}, HOUR_US)
+    assert [r.events for r in out.rounds] == [[*first, other], second]
+    assert out.rounds[1].forget == {session_key("support", "a")} and out.late == []
+    # the same events with the batch cut after the first session: the marker path, one round
+    prior = {session_key("support", "a"): _closed("a", 1, micros(T0))}
+    cut = sift([other, *second], [0] * 3, {0: micros(T0)}, prior, HOUR_US)
+    assert cut.admitted == [other, *second] and cut.rounds[0].forget == {session_key("support", "a")}

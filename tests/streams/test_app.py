@@ -1,0 +1,112 @@
+"""streams.app: the distiller's batch logic without I/O (``distill_rounds`` after ``sift``), as the
+worker runs it batch after batch, with closed sessions forgotten after the retention."""
+
+from __future__ import annotations
+
+import random
+import zlib
+from datetime import datetime, timedelta
+
+import orjson
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from processors.distiller import SessionState, encode_state, session_key
+from processors.retention import MarkerHeap, ended_reason, sift
+from processors.working_memory import DEFAULT_SETTINGS
+from processors.working_memory import encode_state as encode_wm
+from schemas.codec import decode_trace, encode
+from somnus.sample import generate
+from streams.app import distill_rounds
+
+HOUR_US = 3600 * 1_000_000
+
+
+def _fleet(seed: int) -> tuple[list, list[int]]:
+    """Sample sessions on 3 partitions, with stream-time jumps, republished and late events, a
+    backfilled session and a session id used again; the events in arrival order and their partitions."""
+    rng = random.Random(seed)
+    raw = list(generate(sessions=40, seed=seed))
+    shift = timedelta(0)
+    events: list[dict] = []
+    for i, e in enumerate(raw):
+        if i and i % 97 == 0:
+            shift += timedelta(hours=rng.choice([1, 3, 8]))  # the fleet goes quiet, then resumes
+        events.append({**e, "ts": (datetime.fromisoformat(e["ts"]) + shift).isoformat()})
+    ends = [i for i, e in enumerate(events) if e["type"] == "session_end"]
+    for n, i in enumerate(sorted(rng.sample(ends, 8), reverse=True)):
+        e = events[i]
+        late = {**e, "seq": e["seq"] + 1, "type": "agent_message", "payload": {"text": "one more thing"},
+                "event_id": f"00000000-0000-4000-8000-{n:012d}"}
+        events.insert(rng.randrange(i + 1, len(events) + 1), late)
+        events.insert(rng.randrange(i + 1, len(events) + 1), dict(e))  # the end, republished later
+    first = raw[0]["session_id"]
+    back = [dict(e, session_id="backfill", ts=(datetime.fromisoformat(e["ts"]) - timedelta(days=90)).isoformat())
+            for e in raw if e["session_id"] == first]
+    events[len(events) // 2:len(events) // 2] = back
+    # the first session's id again, at the end (its marker has expired by then)
+    again = (max(datetime.fromisoformat(e["ts"]) for e in events) + timedelta(hours=3)).isoformat()
+    events += [dict(e, ts=again) for e in raw if e["session_id"] == first]
+    parsed = [decode_trace(orjson.dumps(e), 1 << 20) for e in events]
+    parts = [zlib.crc32(e["session_id"].encode()) % 3 for e in events]
+    return parsed, parts
+
+
+def _run(events: list, parts: list[int], cuts: list[int], retention_us: int) -> dict:
+    """The worker's loop minus the I/O: sift, distill in rounds, remove the markers that expired."""
+    table: dict[str, SessionState] = {}
+    working: dict[str, object] = {}
+    clocks: dict[int, int] = {}
+    heap = MarkerHeap()
+    late, episodes, units = [], [], []
+    bounds = [0, *sorted(set(cuts)), len(events)]
+    for lo, hi in zip(bounds, bounds[1:]):
+        batch, bparts = events[lo:hi], parts[lo:hi]
+        if not batch:
+            continue
+        partition_of = {session_key(e.agent, e.session_id): p for e, p in zip(batch, bparts)}
+        prior = {k: table[k] for k in partition_of if k in table}
+        wm_prior = {k: working[k] for k in partition_of if k in working}
+        sifted = sift(batch, bparts, clocks, prior, retention_us)
+        out = distill_rounds(prior, wm_prior, sifted, partition_of, frozenset(), DEFAULT_SETTINGS)
+        where = {id(e): i for i, e in enumerate(batch)}
+        late += [(lo + i, reason) for i, reason in sifted.late]
+        late += [(lo + where[id(e)], ended_reason(e, s)) for e, s in out.late_events]
+        episodes += [encode(ep) for ep in out.episodes]
+        units += [encode(u) for u in out.units]
+        table.update(out.states)
+        working.update(out.wm_states)
+        clocks = sifted.clocks
+        for k, s in out.states.items():
+            if s.closed:
+                heap.push(s.partition, s.closed_clock, k.encode())
+        for p in set(bparts):
+            for clock, k in heap.due(p, clocks[p], retention_us):
+                if k.decode() in table and table[k.decode()].closed_clock == clock:
+                    del table[k.decode()]
+                    working.pop(k.decode(), None)
+    # (as sets: within a batch the distiller emits in order of each session's first event there)
+    return {"late": sorted(late), "episodes": sorted(episodes), "units": sorted(units),
+            "table": {k: encode_state(v) for k, v in sorted(table.items())},
+            "working": {k: encode_wm(v) for k, v in sorted(working.items())}}
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), cuts=st.lists(st.integers(1, 3000), max_size=12))
+def test_outputs_and_the_state_left_do_not_depend_on_batch_boundaries(seed, cuts):
+    events, parts = _fleet(seed)
+    whole = _run(events, parts, [], 2 * HOUR_US)
+    split = _run(events, parts, [c % len(events) for c in cuts], 2 * HOUR_US)
+    assert whole == split
+    # it exercised what it claims: late events dead-lettered, markers removed, the reused id distilled twice
+    assert len(whole["late"]) >= 8
+    n_sessions = len({(e.agent, e.session_id) for e in events})
+    assert len(whole["table"]) < n_sessions
+    assert len(whole["episodes"]) == n_sessions + 1
+
+
+def test_with_no_retention_every_marker_is_kept_and_late_events_are_still_dead_letters():
+    events, parts = _fleet(3)
+    got = _run(events, parts, [100, 300], 0)
+    assert len(got["table"]) == len({(e.agent, e.session_id) for e in events})
+    assert len(got["late"]) >= 8

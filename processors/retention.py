@@ -2,8 +2,9 @@
 
 A closed session leaves a small marker in the worker's state so that a late or republished event
 of it is recognised. Kept forever, those markers grow with every session a fleet ever ran (about
-200 bytes each, in memory and in the changelog the worker recovers from). So a marker is kept for
-``retention`` of *stream time* after the session closed, then forgotten (a tombstone).
+700 bytes a session in memory, the distiller's marker and working memory's, and the same in the
+changelogs the worker recovers from). So a marker is kept for ``retention`` of *stream time* after
+the session closed, then forgotten (a tombstone in both tables).
 
 Stream time is per source partition: the latest event time (``ts``) among the events applied on
 that partition so far. It is stored with the partition's position (``streams.ordering``), so a
@@ -23,9 +24,14 @@ For each event, in arrival order (``sift``), with ``w`` the partition's stream t
   tell from a late event of a forgotten session, and goes to the dead-letter topic. A backfill
   (old sessions imported into a live topic) is accepted: each session begins with its start.
 
+A session that ends in a batch is judged by its marker for the rest of that batch, as it would be
+in a later one; one that starts again after its marker expired starts a new ``Round``, so the
+distiller never mixes the two sessions.
+
 A marker is *removed* once ``closed_clock + retention`` is below its partition's stream time
-(``expired``). Every batch removes every marker that has expired by its end, so when the stream is
-idle the set of markers left is a function of the records alone.
+(``expired``), after the batch's position is on the broker (``streams.app.MarkerRetention``): no
+redelivery can meet its absence. Every batch removes every marker that has expired by its end, so
+when the stream is idle the set of markers left is a function of the records alone.
 """
 
 from __future__ import annotations

@@ -44,12 +44,12 @@ from datetime import datetime
 from processors.distiller import SessionState, session_key
 from schemas.events import SessionEnded, SessionStarted, TraceEvent, type_name
 
-_EPOCH_US = 1_000_000
+_US_PER_S = 1_000_000
 
 
 def micros(ts: datetime) -> int:
     """Microseconds since the epoch of an aware datetime (the unit of stream time)."""
-    return int(ts.timestamp()) * _EPOCH_US + ts.microsecond
+    return int(ts.timestamp()) * _US_PER_S + ts.microsecond
 
 
 @dataclass
@@ -117,7 +117,7 @@ def sift(events: Sequence[TraceEvent], partitions: Sequence[int], clocks: Mappin
             if retention_us > 0 and w is not None and ts < w - retention_us and not isinstance(ev, SessionStarted):
                 out.late.append((i, f"late: session {ev.session_id!r} of agent {ev.agent!r} is not open and this "
                                     f"{type_name(ev)} event is older than the partition's stream time by more than "
-                                    f"the retention ({retention_us / _EPOCH_US:.0f} s): it may belong to a "
+                                    f"the retention ({retention_us / _US_PER_S:.0f} s): it may belong to a "
                                     "session already forgotten"))
                 continue
             if st is not None:  # an expired marker: a new session with that id

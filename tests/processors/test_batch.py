@@ -1,4 +1,4 @@
-"""streams.app: the distiller's batch logic without I/O (``distill_rounds`` after ``sift``), as the
+"""processors.batch: the distiller's batch logic without I/O (``distill_rounds`` after ``sift``), as the
 worker runs it batch after batch, with closed sessions forgotten after the retention."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from processors.working_memory import DEFAULT_SETTINGS
 from processors.working_memory import encode_state as encode_wm
 from schemas.codec import decode_trace, encode
 from somnus.sample import generate
-from streams.app import distill_rounds
+from processors.batch import distill_rounds
 
 HOUR_US = 3600 * 1_000_000
 

@@ -21,7 +21,7 @@ class Distilled:
     wm_states: dict[str, Any] = field(default_factory=dict)
     episodes: list[Any] = field(default_factory=list)
     units: list[MemoryUnit] = field(default_factory=list)
-    late_events: list[tuple[Any, int]] = field(default_factory=list)
+    late_events: list[tuple[Any, str]] = field(default_factory=list)  # (event, dead-letter reason)
     duplicates: int = 0
 
 
@@ -38,7 +38,9 @@ def distill_rounds(prior: Mapping[str, SessionState], wm_prior: Mapping[str, Any
                 working.pop(key, None)
         got = distill(sessions, rnd.events)
         stamp_closed(got.states, rnd.closing, partition_of)
-        out.units += memory_units(sessions, rnd.events, got.episodes, not_episodic)
+        refused = {id(ev) for ev, _ in got.late_events}  # dead letters: remembered nowhere
+        out.units += memory_units(sessions, [ev for ev in rnd.events if id(ev) not in refused] if refused
+                                  else rnd.events, got.episodes, not_episodic)
         sessions.update(got.states)
         out.states.update(got.states)
         out.episodes += got.episodes

@@ -1,7 +1,11 @@
 """The episode distiller: a fold of trace events into per-session state; a finished session becomes an Episode.
 
-Pure: no I/O, no clock. Replaying the same events gives byte-identical episodes. Redelivered
-events (``seq`` already applied) are ignored, so at-least-once delivery gives exactly-once results.
+Pure: no I/O, no clock. Replaying the same events gives byte-identical episodes. Events are applied
+in arrival order (the worker puts each record's own events in ``seq`` order first: a record is never
+split between batches). Redelivered events (``seq`` already applied) are ignored, so at-least-once
+delivery gives exactly-once results. An event whose ``seq`` was skipped earlier (it arrived after a
+higher one) is *out of order*: not applied, and returned in ``late_events`` for the dead-letter topic,
+so that where batches happen to end never decides whether it is applied (``seq_verdict``).
 
 Lessons come from what the trace states, no LLM:
 - an error followed by a successful retry of the same tool is a *recovery* lesson; for a
@@ -42,6 +46,7 @@ from schemas.events import (
     ToolReturned,
     TraceEvent,
     UserMessaged,
+    type_name,
 )
 
 MAX_ERRORS = 50
@@ -50,6 +55,44 @@ MAX_TOOLS = 64
 MAX_TEXT = 300
 MAX_CALLS = 1000
 MAX_HOSTS = 8
+MAX_SKIPPED = 16  # ranges of skipped seqs a session remembers (the oldest go first)
+
+APPLY, DUPLICATE, OUT_OF_ORDER = 0, 1, 2
+
+
+def seq_verdict(last_seq: int, skipped: Iterable[tuple[int, int]], seq: int) -> int:
+    """What an event with ``seq`` is to a session that applied up to ``last_seq`` and skipped the
+    ``(lo, hi)`` ranges of seqs on the way: ``APPLY`` (beyond ``last_seq``), ``OUT_OF_ORDER`` (a seq
+    skipped earlier: it arrived after a higher one), else ``DUPLICATE`` (applied already; also a seq
+    in a range dropped past ``MAX_SKIPPED``).
+
+    >>> seq_verdict(5, [(2, 3)], 6), seq_verdict(5, [(2, 3)], 3), seq_verdict(5, [(2, 3)], 4)
+    (0, 2, 1)
+    """
+    if seq > last_seq:
+        return APPLY
+    return OUT_OF_ORDER if any(lo <= seq <= hi for lo, hi in skipped) else DUPLICATE
+
+
+def skip_to(last_seq: int, skipped: list[tuple[int, int]], seq: int) -> list[tuple[int, int]]:
+    """``skipped`` after applying ``seq`` (> ``last_seq``): with ``(last_seq + 1, seq - 1)`` when that
+    is not empty, at most ``MAX_SKIPPED`` ranges (the newest)."""
+    if seq <= last_seq + 1:
+        return skipped
+    return [*skipped, (last_seq + 1, seq - 1)][-MAX_SKIPPED:]
+
+
+def out_of_order_reason(ev: TraceEvent, last_seq: int) -> str:
+    """The dead-letter reason of an event whose seq was skipped: it came after a higher one."""
+    return (f"order: session {ev.session_id!r} of agent {ev.agent!r} had applied seq {last_seq} when this "
+            f"{type_name(ev)} event with seq {ev.seq}, skipped earlier, arrived; a session's events "
+            "must be published in seq order")
+
+
+def ended_reason(ev: TraceEvent, last_seq: int) -> str:
+    """The dead-letter reason of an event that came after its session's end."""
+    return (f"late: session {ev.session_id!r} of agent {ev.agent!r} had ended (seq {last_seq}); "
+            f"this {type_name(ev)} event has seq {ev.seq}")
 
 
 class PendingCall(msgspec.Struct):
@@ -73,6 +116,7 @@ class SessionState(msgspec.Struct, kw_only=True, omit_defaults=True):
     agent: str
     session_id: str
     last_seq: int = -1
+    skipped: list[tuple[int, int]] = []  # ranges of seqs passed over (seq_verdict)
     closed: bool = False
     outcome: Outcome | None = None
     event_count: int = 0
@@ -123,32 +167,37 @@ class DistillOutput:
     states: dict[str, SessionState] = field(default_factory=dict)  # new state of every touched session
     episodes: list[EpisodeDistilled] = field(default_factory=list)
     duplicates: int = 0  # redelivered events (seq already applied)
-    late: int = 0  # events for a session that had already ended
-    late_events: list[tuple[TraceEvent, int]] = field(default_factory=list)  # those, with the session's last seq
+    late: int = 0  # events for a session that had already ended, or out of order
+    late_events: list[tuple[TraceEvent, str]] = field(default_factory=list)  # those, with the dead-letter reason
 
 
 def distill(prior: Mapping[str, SessionState], events: Iterable[TraceEvent]) -> DistillOutput:
     """Apply a batch of events to the prior states of their sessions.
 
     ``prior`` is not modified; the states of touched sessions are returned in ``out.states``.
-    Within a batch each session's events are applied in ``seq`` order.
+    Each session's events are applied in the order given (arrival order): the result of a run of
+    events is the same however it is cut into batches.
     """
     out = DistillOutput()
     by_session: dict[str, list[TraceEvent]] = {}
     for ev in events:
         by_session.setdefault(session_key(ev.agent, ev.session_id), []).append(ev)
     for key, evs in by_session.items():
-        evs.sort(key=lambda e: e.seq)
         base = prior.get(key)
         state = decode_state(encode_state(base)) if base is not None else SessionState(
             agent=evs[0].agent, session_id=evs[0].session_id)
         for ev in evs:
-            if ev.seq <= state.last_seq:
+            verdict = seq_verdict(state.last_seq, state.skipped, ev.seq)
+            if verdict == DUPLICATE:
                 out.duplicates += 1
+                continue
+            if verdict == OUT_OF_ORDER:
+                out.late += 1
+                out.late_events.append((ev, out_of_order_reason(ev, state.last_seq)))
                 continue
             if state.closed:
                 out.late += 1
-                out.late_events.append((ev, state.last_seq))
+                out.late_events.append((ev, ended_reason(ev, state.last_seq)))
                 continue
             _apply(state, ev)
             if state.closed:
@@ -158,6 +207,7 @@ def distill(prior: Mapping[str, SessionState], events: Iterable[TraceEvent]) -> 
 
 
 def _apply(s: SessionState, ev: TraceEvent) -> None:
+    s.skipped = skip_to(s.last_seq, s.skipped, ev.seq)
     s.last_seq = ev.seq
     s.event_count += 1
     if s.started_at is None or ev.ts < s.started_at:
@@ -354,6 +404,6 @@ def _episode(s: SessionState) -> EpisodeDistilled:
 
 def _compact(s: SessionState) -> SessionState:
     """A closed session keeps only what identifies it, so late or redelivered events are ignored."""
-    return SessionState(agent=s.agent, session_id=s.session_id, last_seq=s.last_seq, closed=True, outcome=s.outcome,
-                        event_count=s.event_count, ended_at=s.ended_at, last_event_id=s.last_event_id,
+    return SessionState(agent=s.agent, session_id=s.session_id, last_seq=s.last_seq, skipped=s.skipped, closed=True,
+                        outcome=s.outcome, event_count=s.event_count, ended_at=s.ended_at, last_event_id=s.last_event_id,
                         closed_clock=s.closed_clock, partition=s.partition)

@@ -16,8 +16,9 @@ For each event, in arrival order (``sift``), with ``w`` the partition's stream t
 
 - its session is open: applied;
 - its session has a marker that has not expired (``clock <= closed_clock + retention``): a republished
-  event (``seq`` already applied) is a duplicate and dropped; anything else is *late*: the session
-  had ended, and the event goes to the dead-letter topic with that reason;
+  event (``seq`` already applied) is a duplicate and dropped; one whose ``seq`` the session skipped
+  is out of order, and anything else is *late* (the session had ended): both go to the dead-letter
+  topic with that reason (``processors.distiller.seq_verdict``);
 - its session is unknown, or its marker has expired (an expired marker counts as unknown whether or
   not it was removed yet, so removal can happen at any time): the event starts a session unless it
   is older than ``w - retention`` and is not a ``session_start``. Such an event is too late to
@@ -41,7 +42,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from processors.distiller import SessionState, session_key
+from processors.distiller import (
+    APPLY,
+    DUPLICATE,
+    OUT_OF_ORDER,
+    SessionState,
+    ended_reason,
+    out_of_order_reason,
+    seq_verdict,
+    session_key,
+    skip_to,
+)
 from schemas.events import SessionEnded, SessionStarted, TraceEvent, type_name
 
 _US_PER_S = 1_000_000
@@ -75,12 +86,6 @@ class Sifted:
         return [ev for r in self.rounds for ev in r.events]
 
 
-def ended_reason(ev: TraceEvent, last_seq: int) -> str:
-    """The dead-letter reason of an event that came after its session's end."""
-    return (f"late: session {ev.session_id!r} of agent {ev.agent!r} had ended (seq {last_seq}); "
-            f"this {type_name(ev)} event has seq {ev.seq}")
-
-
 def expired(marker: SessionState, clock: int | None, retention_us: int) -> bool:
     """Whether a closed session's marker no longer counts at stream time ``clock``."""
     return (retention_us > 0 and clock is not None and marker.closed_clock is not None
@@ -99,20 +104,25 @@ def sift(events: Sequence[TraceEvent], partitions: Sequence[int], clocks: Mappin
     """
     out = Sifted(clocks=dict(clocks))
     marker: dict[str, SessionState] = {k: st for k, st in prior.items() if st.closed}
-    open_: set[str] = {k for k, st in prior.items() if not st.closed}
+    # Open sessions: the seqs applied so far (last, skipped ranges), advanced as the distiller will,
+    # so a session that ends in the batch gets the marker it will have in a later one.
+    progress: dict[str, tuple[int, list[tuple[int, int]]]] = {
+        k: (st.last_seq, st.skipped) for k, st in prior.items() if not st.closed}
     seen: set[str] = set()  # sessions with events in the current round
     for i, (ev, p) in enumerate(zip(events, partitions)):
         w = out.clocks.get(p)
         ts = micros(ev.ts)
         out.clocks[p] = clock = ts if w is None else max(w, ts)
         key = session_key(ev.agent, ev.session_id)
-        if key not in open_:
+        if key not in progress:
             st = marker.get(key)
             if st is not None and not expired(st, clock, retention_us):
-                if ev.seq <= st.last_seq:
+                verdict = seq_verdict(st.last_seq, st.skipped, ev.seq)
+                if verdict == DUPLICATE:
                     out.duplicates += 1
                 else:
-                    out.late.append((i, ended_reason(ev, st.last_seq)))
+                    out.late.append((i, out_of_order_reason(ev, st.last_seq) if verdict == OUT_OF_ORDER
+                                     else ended_reason(ev, st.last_seq)))
                 continue
             if retention_us > 0 and w is not None and ts < w - retention_us and not isinstance(ev, SessionStarted):
                 out.late.append((i, f"late: session {ev.session_id!r} of agent {ev.agent!r} is not open and this "
@@ -126,13 +136,17 @@ def sift(events: Sequence[TraceEvent], partitions: Sequence[int], clocks: Mappin
                     seen = set()
                 out.rounds[-1].forget.add(key)
                 del marker[key]
-            open_.add(key)
+            progress[key] = (-1, [])
         seen.add(key)
-        out.rounds[-1].events.append(ev)
+        out.rounds[-1].events.append(ev)  # the distiller applies it, or drops or dead-letters it as below
+        last, skipped = progress[key]
+        if seq_verdict(last, skipped, ev.seq) != APPLY:
+            continue
+        progress[key] = (ev.seq, skip_to(last, skipped, ev.seq))
         if isinstance(ev, SessionEnded):
-            open_.discard(key)
-            marker[key] = SessionState(agent=ev.agent, session_id=ev.session_id, last_seq=ev.seq, closed=True,
-                                       closed_clock=clock)
+            del progress[key]
+            marker[key] = SessionState(agent=ev.agent, session_id=ev.session_id, last_seq=ev.seq,
+                                       skipped=skip_to(last, skipped, ev.seq), closed=True, closed_clock=clock)
             out.rounds[-1].closing[key] = clock
     return out
 

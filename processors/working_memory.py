@@ -18,8 +18,10 @@ Per session (table key ``processors.distiller.session_key(agent, session_id)``) 
   ``model_context_tokens``, clamped to [16,000, 600,000] (``resolve_max_tokens``).
 
 Idempotent under redelivery: an event with ``seq <= last_seq`` changes nothing, and after
-``session_end`` every event is late and ignored. Within a batch a session's events are applied in
-seq order, so any batching of the same events gives the same states and the same output events.
+``session_end`` every event is late and ignored. A session's events are applied in arrival order
+(the worker sorts each record's own events by seq), so any batching of the same events gives the
+same states and the same output events; one that arrives after a higher seq is skipped, as the
+distiller skips it (and dead-letters it).
 
 **Tokens** are estimated, never counted by a tokenizer: ``estimate_tokens(text) = ceil(len(text) / 4)``
 (characters, not bytes: the usual ~4 characters per token of English BPE vocabularies), plus
@@ -460,13 +462,13 @@ def remember(prior: Mapping[str, WorkingMemoryState], events: Iterable[TraceEven
              settings: WorkingMemorySettings = DEFAULT_SETTINGS,
              summariser: Summariser = extractive_summary) -> WorkingMemoryOutput:
     """Apply a batch of trace events to the working memories of their sessions (``prior`` is not
-    modified; states are frozen). Sessions in first-appearance order, each session's events in seq order."""
+    modified; states are frozen). Sessions in first-appearance order, each session's events in the order
+    given (arrival order; an event whose seq is not above the last applied one is skipped)."""
     out = WorkingMemoryOutput()
     by_session: dict[str, list[TraceEvent]] = {}
     for ev in events:
         by_session.setdefault(session_key(ev.agent, ev.session_id), []).append(ev)
     for key, evs in by_session.items():
-        evs.sort(key=lambda e: e.seq)
         state = prior.get(key)
         if state is None:
             state = WorkingMemoryState(agent=evs[0].agent, session_id=evs[0].session_id)

@@ -105,7 +105,7 @@ def isolated_pipeline(home: Path | None = None, partitions: int = 4, label: str 
                       ) -> Iterator[tuple[Settings, str]]:
     """A fresh pipeline on the local broker (started if needed): its own topics, consumer group,
     state folder and DuckDB file, with a worker and a projector running; removed afterwards
-    (``SOMNUS_BENCH_KEEP=1`` keeps the folder). ``overrides`` replace settings (e.g. ``sleep_schedule``)."""
+    (``SOMNUS_BENCH_KEEP=1`` keeps the folder and the topics). ``overrides`` replace settings (e.g. ``sleep_schedule``)."""
     from streams.topics import ensure_topics
 
     base = Settings.resolve(home=home, bootstrap=bootstrap)
@@ -126,8 +126,8 @@ def isolated_pipeline(home: Path | None = None, partitions: int = 4, label: str 
     finally:
         for role in ("worker", "projector"):
             procs.stop(s, role)
-        asyncio.run(_delete_topics(boot, [s.topic_prefix, s.app_id]))
         if not os.environ.get("SOMNUS_BENCH_KEEP"):
+            asyncio.run(_delete_topics(boot, [s.topic_prefix, s.app_id]))
             shutil.rmtree(work, ignore_errors=True)
 
 

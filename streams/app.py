@@ -24,7 +24,7 @@ import msgspec
 
 from processors.distiller import SessionState, decode_state, distill, encode_state, session_key
 from processors.batch import distill_rounds
-from processors.retention import MarkerHeap, ended_reason, sift
+from processors.retention import MarkerHeap, sift
 from processors.working_memory import WorkingMemorySettings
 from processors.working_memory import compact as compact_wm
 from processors.working_memory import decode_state as decode_wm
@@ -341,10 +341,15 @@ async def _handle_batch(app: faust.App, settings: Settings, batch: Sequence[Even
 
     for event in batch:
         msg = event.message
+        good: list[tuple[int, Any]] = []
         for index, item in enumerate(decode_record(msg.value, settings.max_event_bytes)):
             if isinstance(item, Rejection):
                 await dead_letter(msg, index, item)
-                continue
+            else:
+                good.append((index, item))
+        if len(good) > 1:  # a record is never split between batches: its own events go in seq order
+            good.sort(key=lambda it: it[1].seq)
+        for index, item in good:
             valid.append(item)
             coords.append((msg, index))
             parts.append(msg.partition)
@@ -373,9 +378,9 @@ async def _handle_batch(app: faust.App, settings: Settings, batch: Sequence[Even
                          wm_settings)
     counters.duplicates += out.duplicates
     late = list(sifted.late)
-    if out.late_events:  # events after an end the distiller met (a session's events out of seq order)
+    if out.late_events:  # after an end the distiller met, or out of order (processors.distiller.seq_verdict)
         where = {id(ev): i for i, ev in enumerate(valid)}
-        late += [(where[id(ev)], ended_reason(ev, last_seq)) for ev, last_seq in out.late_events]
+        late += [(where[id(ev)], reason) for ev, reason in out.late_events]
     counters.late += len(late)
     for i, reason in sorted(late):
         msg, index = coords[i]

@@ -403,13 +403,47 @@ def test_prior_states_are_not_mutated():
     assert out.states[session_key("support", "s1")] is not prior[session_key("support", "s1")]
 
 
-def test_the_input_events_are_not_reordered():
-    events = _session().events
+def test_events_are_applied_in_arrival_order_and_a_seq_skipped_earlier_is_dead_lettered_not_dropped():
+    events = _session().events  # seqs 0-5
     shuffled = [events[3], events[0], events[5], events[1], events[2], events[4]]
     copy = list(shuffled)
     out = distill({}, shuffled)
-    assert shuffled == copy
-    assert encode(out.episodes[0]) == encode(only_episode(events))  # applied in seq order
+    assert shuffled == copy  # the input is not reordered either
+    # 3 opens the session and skips 0-2; 5 ends it and skips 4; the rest arrive after a higher seq
+    assert [ev.seq for ev, _ in out.late_events] == [0, 1, 2, 4] and out.late == 4 and out.duplicates == 0
+    assert all(r.startswith("order: ") and f"seq {ev.seq}, skipped earlier" in r for ev, r in out.late_events)
+    assert [ep.event_count for ep in out.episodes] == [2]
+    assert out.states[session_key("support", "s1")].skipped == [(0, 2), (4, 4)]
+
+
+def test_out_of_order_events_get_the_same_verdicts_wherever_the_batches_end():
+    events = _session().events
+    arrival = [events[0], events[2], events[1], events[4], events[3], events[5], events[3]]
+    whole = distill({}, arrival)
+    assert [ev.seq for ev, _ in whole.late_events] == [1, 3, 3]  # the second 3 again: still out of order
+    for cut in range(1, len(arrival)):
+        first = distill({}, arrival[:cut])
+        second = distill(first.states, arrival[cut:])
+        assert [e.seq for e, _ in first.late_events + second.late_events] == [1, 3, 3]
+        assert [encode(ep) for ep in first.episodes + second.episodes] == [encode(ep) for ep in whole.episodes]
+        key = session_key("support", "s1")
+        assert encode_state(second.states[key]) == encode_state(whole.states[key])
+
+
+def test_a_seq_applied_already_is_a_duplicate_and_one_skipped_is_out_of_order():
+    assert distiller.seq_verdict(4, [], 5) == distiller.APPLY
+    assert distiller.seq_verdict(4, [], 4) == distiller.DUPLICATE
+    assert distiller.seq_verdict(9, [(2, 3), (6, 8)], 7) == distiller.OUT_OF_ORDER
+    assert distiller.seq_verdict(9, [(2, 3), (6, 8)], 5) == distiller.DUPLICATE
+    assert distiller.skip_to(4, [], 5) == [] and distiller.skip_to(4, [(1, 2)], 8) == [(1, 2), (5, 7)]
+
+
+def test_a_session_remembers_only_the_newest_skipped_ranges():
+    skipped: list[tuple[int, int]] = []
+    last = 0
+    for k in range(distiller.MAX_SKIPPED + 3):
+        skipped, last = distiller.skip_to(last, skipped, last + 2), last + 2
+    assert len(skipped) == distiller.MAX_SKIPPED and skipped[0] == (7, 7) and skipped[-1] == (last - 1, last - 1)
 
 
 def test_state_round_trips_through_its_table_encoding():
@@ -514,11 +548,16 @@ def test_redelivering_from_any_earlier_offset_changes_nothing(events, a, b, cuts
 
 
 @PROPERTY
-@given(fleets(), st.randoms(use_true_random=False))
-def test_the_order_of_events_within_a_batch_does_not_matter(events, rnd):
+@given(fleets(), st.randoms(use_true_random=False), st.lists(st.integers(0, 200), max_size=6))
+def test_events_out_of_seq_order_get_the_same_verdicts_however_they_are_batched_and_none_is_lost(events, rnd, cuts):
     shuffled = list(events)
     rnd.shuffle(shuffled)
-    assert feed([shuffled]) == feed([events])
+    whole = feed([shuffled])
+    assert feed(split(shuffled, cuts)) == whole
+    assert feed([[e] for e in shuffled]) == whole
+    _, states, duplicates, late = whole
+    applied = sum(decode_state(raw).event_count for raw in states.values())
+    assert duplicates == 0 and applied + late == len(events)  # each applied once or dead-lettered
 
 
 # ---- real data: tau-bench through the importer and the codec ------------------------------------

@@ -7,7 +7,7 @@ import zlib
 from datetime import datetime, timedelta, timezone
 
 import orjson
-from processors.distiller import SessionState, session_key
+from processors.distiller import SessionState, distill, session_key
 from processors.retention import MarkerHeap, expired, micros, sift
 from schemas.codec import decode_trace
 
@@ -111,3 +111,26 @@ def test_a_session_id_started_again_after_its_marker_expired_in_the_batch_opens_
     prior = {session_key("support", "a"): _closed("a", 1, micros(T0))}
     cut = sift([other, *second], [0] * 3, {0: micros(T0)}, prior, HOUR_US)
     assert cut.admitted == [other, *second] and cut.rounds[0].forget == {session_key("support", "a")}
+
+
+def test_a_seq_skipped_before_the_end_is_out_of_order_after_it_in_the_batch_and_in_a_later_one():
+    start, end = _event("a", 0, "session_start", T0), _event("a", 3, "session_end", T0 + timedelta(minutes=1))
+    skipped, again = _event("a", 2, "agent_message", T0), _event("a", 0, "session_start", T0)
+    out = sift([start, end, skipped, again], [0] * 4, {}, {}, HOUR_US)
+    assert out.admitted == [start, end] and out.duplicates == 1 and [i for i, _ in out.late] == [2]
+    assert out.late[0][1].startswith("order: ") and "seq 2, skipped earlier" in out.late[0][1]
+    # the marker the distiller leaves says the same in a later batch
+    marker = distill({}, [start, end]).states[session_key("support", "a")]
+    marker.closed_clock, marker.partition = out.rounds[0].closing[session_key("support", "a")], 0
+    assert marker.skipped == [(1, 2)]
+    later = sift([skipped, again], [0, 0], out.clocks, {session_key("support", "a"): marker}, HOUR_US)
+    assert later.duplicates == 1 and [(i, r) for i, r in later.late] == [(0, out.late[0][1])]
+
+
+def test_an_end_that_arrives_after_a_higher_seq_does_not_close_the_session():
+    start, msg = _event("a", 0, "session_start", T0), _event("a", 5, "agent_message", T0)
+    end = _event("a", 2, "session_end", T0 + timedelta(minutes=1))  # skipped earlier: out of order
+    more = _event("a", 6, "agent_message", T0 + timedelta(minutes=2))
+    out = sift([start, msg, end, more], [0] * 4, {}, {}, HOUR_US)
+    # all go to the distiller (which dead-letters the end); the session stays open, no marker
+    assert out.admitted == [start, msg, end, more] and out.late == [] and out.rounds[0].closing == {}

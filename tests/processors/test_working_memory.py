@@ -465,11 +465,26 @@ def test_any_batching_with_redeliveries_gives_the_same_states_and_events(data):
         n = data.draw(st.integers(1, 12))
         back = data.draw(st.integers(0, i))
         batch = events[i - back:i + n]
-        batch = data.draw(st.permutations(batch))
         out = remember(states, batch, CFG_SMALL)
         states = {**states, **out.states}
         emitted += out.events
         i += n
+    assert {k: encode_state(v) for k, v in states.items()} == {k: encode_state(v) for k, v in once.states.items()}
+    assert sorted(map(wm._state_encoder.encode, emitted)) == sorted(map(wm._state_encoder.encode, once.events))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_events_out_of_seq_order_give_the_same_states_and_events_however_they_are_batched(data):
+    events = data.draw(st.permutations(conversation(30, "s1") + conversation(25, "s2")))
+    once = remember({}, events, CFG_SMALL)
+    cuts = sorted(set(data.draw(st.lists(st.integers(1, len(events) - 1), max_size=8))))
+    states: dict[str, WorkingMemoryState] = {}
+    emitted: list[WorkingMemoryEvent] = []
+    for lo, hi in zip([0, *cuts], [*cuts, len(events)]):
+        out = remember(states, events[lo:hi], CFG_SMALL)
+        states = {**states, **out.states}
+        emitted += out.events
     assert {k: encode_state(v) for k, v in states.items()} == {k: encode_state(v) for k, v in once.states.items()}
     assert sorted(map(wm._state_encoder.encode, emitted)) == sorted(map(wm._state_encoder.encode, once.events))
 

@@ -7,9 +7,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from processors.distiller import SessionState, distill, session_key
+import msgspec
+
+from processors.distiller import SessionState, abandon, distill, session_key
 from processors.memory import episode_unit, message_unit
-from processors.retention import Sifted, stamp_closed
+from processors.retention import Sifted, abandoned_reason, stamp_closed
 from processors.working_memory import remember
 from schemas.events import SessionStarted
 from schemas.memory import MemoryUnit
@@ -37,6 +39,12 @@ def distill_rounds(prior: Mapping[str, SessionState], wm_prior: Mapping[str, Any
             if working is not None:
                 working.pop(key, None)
         got = distill(sessions, rnd.events)
+        if rnd.abandon:  # open sessions idle for too long: closed after the round's events
+            reason = abandoned_reason(sifted.idle_us)
+            for key in rnd.abandon:
+                marker, episode = abandon(got.states.get(key) or sessions[key], reason)
+                got.states[key] = marker
+                got.episodes.append(episode)
         stamp_closed(got.states, rnd.closing, partition_of)
         refused = {id(ev) for ev, _ in got.late_events}  # dead letters: remembered nowhere
         out.units += memory_units(sessions, [ev for ev in rnd.events if id(ev) not in refused] if refused
@@ -50,6 +58,9 @@ def distill_rounds(prior: Mapping[str, SessionState], wm_prior: Mapping[str, Any
             wm = remember(working, rnd.events, wm_settings).states
             working.update(wm)
             out.wm_states.update(wm)
+            for key in rnd.abandon:  # after the events the session had in the round
+                if key in working:
+                    working[key] = out.wm_states[key] = msgspec.structs.replace(working[key], closed=True)
     return out
 
 

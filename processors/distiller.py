@@ -206,6 +206,18 @@ def distill(prior: Mapping[str, SessionState], events: Iterable[TraceEvent]) -> 
     return out
 
 
+def abandon(prior: SessionState, reason: str) -> tuple[SessionState, EpisodeDistilled]:
+    """Close an open session that no event will end (``processors.retention``: idle for too long)
+    as a failure with ``reason``, which its first new lesson states (whatever other failure lessons it
+    has): its closed marker and its episode. ``prior`` is not modified; the episode ends at the
+    session's last event, as it stands."""
+    state = decode_state(encode_state(prior))
+    last = f" (last tool: {state.tools[-1]})" if state.tools else ""
+    _add_lesson(state, Lesson(kind=LessonKind.FAILURE, text=f"session {reason}; {state.tool_calls} tool calls{last}"))
+    _close(state, Outcome.FAILURE, reason)
+    return _compact(state), _episode(state)
+
+
 def _apply(s: SessionState, ev: TraceEvent) -> None:
     s.skipped = skip_to(s.last_seq, s.skipped, ev.seq)
     s.last_seq = ev.seq

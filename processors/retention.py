@@ -25,6 +25,12 @@ For each event, in arrival order (``sift``), with ``w`` the partition's stream t
   tell from a late event of a forgotten session, and goes to the dead-letter topic. A backfill
   (old sessions imported into a live topic) is accepted: each session begins with its start.
 
+With an idle time (``SOMNUS_SESSION_IDLE_S``, off by default), an open session whose latest event is
+older than its partition's stream time by more than it is *abandoned* at the event that moved stream
+time there: the distiller closes it as a failure (``processors.distiller.abandon``) and it gets a
+marker like any session that ended. A runtime that died mid-session no longer leaves its session
+open, unlearned from and in the worker's memory, forever.
+
 A session that ends in a batch is judged by its marker for the rest of that batch, as it would be
 in a later one; one that starts again after its marker expired starts a new ``Round``, so the
 distiller never mixes the two sessions.
@@ -70,6 +76,9 @@ class Round:
     events: list[TraceEvent] = field(default_factory=list)
     forget: set[str] = field(default_factory=set)  # sessions to treat as unknown (their marker expired)
     closing: dict[str, int] = field(default_factory=dict)  # session -> stream time right after its end
+    # Open sessions closed as abandoned after the round's events (idle too long): session -> the index
+    # in the input of the event whose stream time closed it (its time is in ``closing``).
+    abandon: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -80,6 +89,7 @@ class Sifted:
     late: list[tuple[int, str]] = field(default_factory=list)  # (index in the input, reason): dead letters
     duplicates: int = 0  # republished events of a closed session: dropped
     clocks: dict[int, int] = field(default_factory=dict)  # partition -> stream time (µs) after the batch
+    idle_us: int = 0  # the idle time after which an open session was abandoned (0: never)
 
     @property
     def admitted(self) -> list[TraceEvent]:
@@ -92,8 +102,14 @@ def expired(marker: SessionState, clock: int | None, retention_us: int) -> bool:
             and clock > marker.closed_clock + retention_us)
 
 
+def abandoned_reason(idle_us: int) -> str:
+    """Why a session closed by idleness failed (its episode's failure lesson says it)."""
+    return f"abandoned: no event for {idle_us / _US_PER_S:g} s of stream time"
+
+
 def sift(events: Sequence[TraceEvent], partitions: Sequence[int], clocks: Mapping[int, int],
-         prior: Mapping[str, SessionState], retention_us: int) -> Sifted:
+         prior: Mapping[str, SessionState], retention_us: int, idle_us: int = 0,
+         open_partitions: Mapping[str, int] | None = None) -> Sifted:
     """Decide, event by event in arrival order, what the distiller applies (see the module's text).
 
     ``partitions[i]`` is the source partition of ``events[i]``; ``clocks`` the stream time of each
@@ -101,18 +117,45 @@ def sift(events: Sequence[TraceEvent], partitions: Sequence[int], clocks: Mappin
     forever and accepts every event of an unknown session. A session that ends in the batch is
     judged from then on exactly as its marker would be in a later batch, so where a batch ends
     changes nothing. A pure function.
+
+    With ``idle_us`` > 0, an open session whose latest event is more than ``idle_us`` older than its
+    partition's stream time is abandoned at the event that moved stream time there (``Round.abandon``),
+    and judged by its marker from then on. ``prior`` must then hold every open session of the batch's
+    partitions that can be abandoned in it, and ``open_partitions`` the partition of each open one.
     """
-    out = Sifted(clocks=dict(clocks))
+    out = Sifted(clocks=dict(clocks), idle_us=max(idle_us, 0))
     marker: dict[str, SessionState] = {k: st for k, st in prior.items() if st.closed}
     # Open sessions: the seqs applied so far (last, skipped ranges), advanced as the distiller will,
     # so a session that ends in the batch gets the marker it will have in a later one.
     progress: dict[str, tuple[int, list[tuple[int, int]]]] = {
         k: (st.last_seq, st.skipped) for k, st in prior.items() if not st.closed}
+    latest: dict[str, int] = {}  # open session -> event time of its latest applied event (µs)
+    idle: dict[int, list[tuple[int, str]]] = {}  # partition -> heap of (latest, session); stale ones skipped
+    if idle_us > 0:
+        where = open_partitions or {}
+        for k, st in prior.items():
+            if not st.closed and st.ended_at is not None and k in where:
+                latest[k] = micros(st.ended_at)
+                idle.setdefault(where[k], []).append((latest[k], k))
+        for heap in idle.values():
+            heapq.heapify(heap)
     seen: set[str] = set()  # sessions with events in the current round
     for i, (ev, p) in enumerate(zip(events, partitions)):
         w = out.clocks.get(p)
         ts = micros(ev.ts)
         out.clocks[p] = clock = ts if w is None else max(w, ts)
+        heap = idle.get(p)
+        while heap and heap[0][0] + idle_us < clock:
+            at, k = heapq.heappop(heap)
+            if k in progress and latest.get(k) == at:  # still open, and this is its latest event
+                last, skipped = progress.pop(k)
+                del latest[k]
+                agent, session_id = k.split("\x1f", 1)  # processors.distiller.session_key
+                marker[k] = SessionState(agent=agent, session_id=session_id, last_seq=last, skipped=skipped,
+                                         closed=True, closed_clock=clock)
+                out.rounds[-1].abandon[k] = i
+                out.rounds[-1].closing[k] = clock
+                seen.add(k)
         key = session_key(ev.agent, ev.session_id)
         if key not in progress:
             st = marker.get(key)
@@ -145,22 +188,31 @@ def sift(events: Sequence[TraceEvent], partitions: Sequence[int], clocks: Mappin
         progress[key] = (ev.seq, skip_to(last, skipped, ev.seq))
         if isinstance(ev, SessionEnded):
             del progress[key]
+            latest.pop(key, None)
             marker[key] = SessionState(agent=ev.agent, session_id=ev.session_id, last_seq=ev.seq,
                                        skipped=skip_to(last, skipped, ev.seq), closed=True, closed_clock=clock)
             out.rounds[-1].closing[key] = clock
+        elif idle_us > 0 and latest.get(key, -1) < ts:
+            latest[key] = ts
+            heapq.heappush(idle.setdefault(p, []), (ts, key))
     return out
 
 
 def stamp_closed(states: Mapping[str, SessionState], closing: Mapping[str, int],
                  partition_of: Mapping[str, int]) -> None:
-    """Give each session that closed in a round its marker's stream time and partition."""
+    """Give each session its source partition, and each that closed in a round its marker's stream time
+    (the worker finds the markers that expire, and the open sessions that go idle, by partition)."""
     for key, st in states.items():
         if st.closed and st.closed_clock is None:
             st.closed_clock, st.partition = closing[key], partition_of[key]
+        elif st.partition is None:
+            st.partition = partition_of[key]
 
 
 class MarkerHeap:
-    """The closed-session markers of the owned partitions, by when they expire (stream time)."""
+    """Session keys of the owned partitions by a stream time, popped once it is more than a duration
+    behind the partition's: closed sessions' markers by their closing time (expiry after the retention),
+    and in the worker open sessions by their latest event (idle, ``streams.app.IdleSessions``)."""
 
     def __init__(self) -> None:
         self.heaps: dict[int, list[tuple[int, bytes]]] = {}

@@ -36,6 +36,7 @@ _ENV = {
     "sleep_schedule": "SOMNUS_SLEEP_SCHEDULE",
     "oscillators": "SOMNUS_OSCILLATORS",
     "session_retention_s": "SOMNUS_SESSION_RETENTION_S",
+    "session_idle_s": "SOMNUS_SESSION_IDLE_S",
 }
 
 
@@ -67,6 +68,9 @@ class Settings:
     # How long the worker remembers a closed session (stream time, per partition: processors/retention.py);
     # 0 keeps every marker forever.
     session_retention_s: float = 7 * 86400.0
+    # A session with no event for this long (stream time, per partition) is closed as abandoned: an
+    # episode with outcome failure (processors/retention.py). 0 (the default) leaves it open forever.
+    session_idle_s: float = 0.0
 
     @classmethod
     def resolve(cls, env: Mapping[str, str] | None = None, **args: Any) -> Settings:

@@ -24,7 +24,7 @@ import msgspec
 
 from processors.distiller import SessionState, decode_state, distill, encode_state, session_key
 from processors.batch import distill_rounds
-from processors.retention import MarkerHeap, sift
+from processors.retention import MarkerHeap, micros, sift
 from processors.working_memory import WorkingMemorySettings
 from processors.working_memory import compact as compact_wm
 from processors.working_memory import decode_state as decode_wm
@@ -293,12 +293,13 @@ def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker") 
         await watchdog.run()
 
     markers = MarkerRetention(int(settings.session_retention_s * 1_000_000))
+    idle = IdleSessions(int(settings.session_idle_s * 1_000_000)) if settings.session_idle_s > 0 else None
 
     @app.agent(traces, concurrency=1)
     async def distill_sessions(stream: faust.StreamT) -> None:
         async def handle(batch: Sequence[EventT], generation: int) -> list[EventT]:
             return await _handle_batch(app, settings, batch, sessions, counters, generation, inline_extractor,
-                                       not_episodic, working, wm_settings, sessions_guard, markers)
+                                       not_episodic, working, wm_settings, sessions_guard, markers, idle)
 
         await run_batched(app, settings, stream, handle, batchers)
 
@@ -318,7 +319,7 @@ async def _handle_batch(app: faust.App, settings: Settings, batch: Sequence[Even
                         counters: WorkerCounters, generation: int, extractor: Any = None,
                         not_episodic: frozenset[str] = frozenset(), working: BatchedTable | None = None,
                         wm_settings: Any = None, guard: OffsetGuard | None = None,
-                        markers: MarkerRetention | None = None) -> list[EventT]:
+                        markers: MarkerRetention | None = None, idle: IdleSessions | None = None) -> list[EventT]:
     """One batch of trace records; returns the records to acknowledge (see ``streams.ordering``)."""
     if app.in_recovery:
         return []  # the tables are being restored: Faust seeks back to the committed offsets after
@@ -366,7 +367,27 @@ async def _handle_batch(app: faust.App, settings: Settings, batch: Sequence[Even
     clocks = {p: c for p in set(parts)
               if (c := decode_clock(sessions.get(position_key(topic, p)))) is not None}
     retention_us = int(settings.session_retention_s * 1_000_000)
-    sifted = sift(valid, parts, clocks, prior, retention_us)
+    open_partitions: dict[str, int] | None = None
+    if idle is not None:  # the open sessions this batch's stream time can make idle, with their states
+        idle.refresh(app, topic, sessions, generation)
+        reach = dict(clocks)
+        for ev, p in zip(valid, parts):
+            ts = micros(ev.ts)
+            reach[p] = max(reach.get(p, ts), ts)
+        for p, clock in reach.items():
+            for key in idle.due(p, clock):
+                k = key.decode()
+                raw = sessions.get(key) if k not in prior else None
+                st = decode_state(raw) if raw is not None else None
+                if st is not None and not st.closed and st.partition == p:
+                    prior[k], partition_of[k] = st, p
+        open_partitions = {k: partition_of[k] for k, st in prior.items() if not st.closed}
+    sifted = sift(valid, parts, clocks, prior, retention_us, idle.idle_us if idle is not None else 0,
+                  open_partitions)
+    for rnd in sifted.rounds:
+        for k, i in rnd.abandon.items():  # the coordinates of the record that closed it (NAc observations)
+            offset_of.setdefault(k, coords[i][0].offset)
+            counters.abandoned += 1
     counters.duplicates += sifted.duplicates
     wm_prior: dict[str, Any] = {}
     if working is not None:
@@ -427,6 +448,10 @@ async def _handle_batch(app: faust.App, settings: Settings, batch: Sequence[Even
             for key, wm in wm_states.items()))
     await sessions.write(app.producer, ((key.encode(), partition_of[key], encode_state(state))
                                         for key, state in out.states.items()), admitted.positions, sifted.clocks)
+    if idle is not None:  # open sessions, touched or looked at, by their latest event (again)
+        for key, st in {**prior, **out.states}.items():
+            if not st.closed and st.ended_at is not None:
+                idle.push(partition_of[key], micros(st.ended_at), key.encode())
     if markers is not None and retention_us > 0:
         # After the positions: a marker removed is one whose session's records are all below a
         # position already on the broker, so no redelivery can meet its absence.
@@ -482,6 +507,39 @@ class MarkerRetention:
         removed = await sessions.delete(app.producer, due)
         counters.forgotten += removed
         return removed
+
+
+class IdleSessions:
+    """The owned partitions' open sessions by the time of their latest event, so that a batch whose
+    stream time makes one idle (``processors.retention.sift``) has its state at hand. Rebuilt from the
+    table after every rebalance (Faust restores the table, not this); an entry that is not a session's
+    latest any more is skipped by ``sift``."""
+
+    def __init__(self, idle_us: int) -> None:
+        self.idle_us = idle_us
+        self.heap = MarkerHeap()
+        self.generation: int | None = None
+        self.owned: frozenset[int] = frozenset()
+
+    def refresh(self, app: faust.App, topic: str, sessions: BatchedTable, generation: int) -> None:
+        owned = frozenset(tp.partition for tp in app.consumer.assignment() if tp.topic == topic)
+        if generation == self.generation and owned == self.owned:
+            return
+        heap = MarkerHeap()
+        for key, raw in list(sessions.data.items()):
+            if raw is None or not raw.startswith(b"{") or b'"closed":true' in raw:
+                continue  # a position, or a closed session's marker
+            st = decode_state(raw)
+            if st.partition in owned and st.ended_at is not None:
+                heap.push(st.partition, micros(st.ended_at), key)
+        self.heap, self.generation, self.owned = heap, generation, owned
+
+    def due(self, partition: int, clock: int) -> list[bytes]:
+        """Pop the sessions of ``partition`` whose entry is idle at stream time ``clock``."""
+        return [key for _, key in self.heap.due(partition, clock, self.idle_us)]
+
+    def push(self, partition: int, latest: int, key: bytes) -> None:
+        self.heap.push(partition, latest, key)
 
 
 BUNDLE_ITEMS = 1000  # items per bundle record: well under the producer's request size

@@ -11,6 +11,7 @@ class WorkerCounters:
     duplicates: int = 0
     late: int = 0  # events of a session that had ended, or too old to tell (dead letters)
     forgotten: int = 0  # closed sessions whose marker expired (processors.retention)
+    abandoned: int = 0  # open sessions closed after the idle time (processors.retention)
     facts: int = 0
     observations: int = 0
     link_updates: int = 0

@@ -76,3 +76,43 @@ def test_a_backfill_of_old_sessions_is_accepted_and_a_session_id_can_start_again
         assert p.query("SELECT session_id, closed FROM working_memory ORDER BY 1") == [("live", True)]
     finally:
         p.stop_all()
+
+
+def test_a_session_that_never_ends_is_closed_as_abandoned_after_the_idle_time_also_after_a_restart(
+        pipeline_settings):
+    s = dataclasses.replace(pipeline_settings, partitions=1, session_retention_s=86400.0, session_idle_s=3600.0)
+    never = _session("gone", T0)[:2]  # its runtime died before the end
+    p = Pipeline(s)
+    try:
+        p.start_all()
+        p.publish(never)
+        p.publish(_session("soon", T0 + timedelta(minutes=30)))  # 30 min of stream time later: "gone" stays open
+        p.wait_idle()
+        assert p.status()["counts"]["episodes"] == 1  # "soon" only
+        # the worker restarts (SIGKILL): its heap of open sessions is rebuilt from the restored table
+        p.kill("worker")
+        p.start("worker")
+        p.publish(_session("later", T0 + timedelta(hours=2)))  # stream time moves 2 h on
+        p.wait_idle()
+        assert p.status()["counts"]["episodes"] == 3  # "gone" was closed with no event of its own
+        late = _event("gone", 2, "agent_message", T0 + timedelta(hours=2, minutes=1), {"text": "back"})
+        p.publish([late])
+        # and with no restart: a session the worker saw open in an earlier batch
+        p.publish(_session("gone2", T0 + timedelta(hours=2, minutes=5))[:2])
+        p.wait_idle()
+        p.publish(_session("final", T0 + timedelta(hours=4)))
+        p.wait_idle()
+        p.stop_all()
+        rows = p.query("SELECT session_id, outcome, event_count, ended_at FROM episodes ORDER BY 1")
+        assert [(r[0], r[1], r[2]) for r in rows] == [("final", "success", 3), ("gone", "failure", 2),
+                                                       ("gone2", "failure", 2), ("later", "success", 3),
+                                                       ("soon", "success", 3)]
+        assert rows[1][3] == T0 + timedelta(seconds=5)  # the episode ends at its last event
+        lessons = p.query("SELECT text FROM lessons WHERE session_id = 'gone'")
+        assert any("abandoned: no event for 3600 s of stream time" in t for (t,) in lessons), lessons
+        dead = p.query("SELECT kind, reason FROM dead_letters")
+        assert [k for k, _ in dead] == ["late"] and "'gone' of agent 'support' had ended (seq 1)" in dead[0][1]
+        assert p.query("SELECT session_id, closed FROM working_memory WHERE session_id LIKE 'gone%' ORDER BY 1") == [
+            ("gone", True), ("gone2", True)]
+    finally:
+        p.stop_all()

@@ -63,9 +63,14 @@ def _reference(settings, events, tmp_path: Path, bundle_max: int) -> dict[str, s
 
 def test_sigkill_worker_and_projector_at_random_points(pipeline_settings, tmp_path):
     events = list(generate(sessions=1500, seed=11))  # ~20 hours of stream time on each partition
-    # Closed sessions forgotten after an hour of stream time (processors.retention): the markers
-    # removed, and their working memory with them, must not depend on where the crashes fell.
-    pipeline_settings = dataclasses.replace(pipeline_settings, session_retention_s=3600.0)
+    # 30 sessions whose runtime died before the end, closed as abandoned after an hour of stream time
+    # without an event; and closed sessions forgotten after an hour (processors.retention): the markers
+    # removed, their working memory with them, and the abandoned episodes must not depend on where
+    # the crashes fell.
+    ids = sorted({e["session_id"] for e in events})
+    unended = set(random.Random(7).sample(ids[:1200], 30))
+    events = [e for e in events if not (e["session_id"] in unended and e["type"] == "session_end")]
+    pipeline_settings = dataclasses.replace(pipeline_settings, session_retention_s=3600.0, session_idle_s=3600.0)
     reference = _reference(pipeline_settings, events, tmp_path, bundle_max=4)
     rng = random.Random(2024)
     p = Pipeline(pipeline_settings)
@@ -96,6 +101,8 @@ def test_sigkill_worker_and_projector_at_random_points(pipeline_settings, tmp_pa
         # the working memory of sessions closed over an hour (stream time) before the end was removed
         assert 0 < p.query("SELECT count(*) FROM working_memory")[0][0] < n_sessions / 4
         assert p.query("SELECT count(DISTINCT episode_id), count(*) FROM episodes")[0] == (n_sessions, n_sessions)
+        assert p.query("SELECT count(DISTINCT episode_id) FROM lessons WHERE text LIKE '%abandoned: no event for "
+                       "3600 s of stream time%'")[0][0] == len(unended)
         assert p.query("SELECT count(*) FROM events")[0][0] == len(events)
         assert p.query("SELECT count(*) FROM dead_letters")[0][0] == 0
     finally:

@@ -11,8 +11,8 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from processors.distiller import SessionState, encode_state, session_key
-from processors.retention import MarkerHeap, sift
+from processors.distiller import SessionState, decode_state, encode_state, session_key
+from processors.retention import MarkerHeap, micros, sift
 from processors.working_memory import DEFAULT_SETTINGS
 from processors.working_memory import encode_state as encode_wm
 from schemas.codec import decode_trace, encode
@@ -22,11 +22,16 @@ from processors.batch import distill_rounds
 HOUR_US = 3600 * 1_000_000
 
 
-def _fleet(seed: int) -> tuple[list, list[int]]:
+def _fleet(seed: int, unended: int = 0) -> tuple[list, list[int]]:
     """Sample sessions on 3 partitions, with stream-time jumps, republished and late events, a
-    backfilled session and a session id used again; the events in arrival order and their partitions."""
+    backfilled session and a session id used again (and ``unended`` sessions whose end never comes);
+    the events in arrival order and their partitions."""
     rng = random.Random(seed)
     raw = list(generate(sessions=40, seed=seed))
+    if unended:
+        ids = sorted({e["session_id"] for e in raw[1:]} - {raw[0]["session_id"]})
+        gone = set(rng.sample(ids, unended))
+        raw = [e for e in raw if not (e["session_id"] in gone and e["type"] == "session_end")]
     shift = timedelta(0)
     events: list[dict] = []
     for i, e in enumerate(raw):
@@ -41,12 +46,14 @@ def _fleet(seed: int) -> tuple[list, list[int]]:
         events.insert(rng.randrange(i + 1, len(events) + 1), late)
         events.insert(rng.randrange(i + 1, len(events) + 1), dict(e))  # the end, republished later
     # a session's events published out of seq order: two of its middle events arrive swapped
-    for n in range(4):
+    swapped = 0
+    while swapped < 4:
         i = rng.randrange(1, len(events) - 1)
         j = next((k for k in range(i + 1, min(i + 40, len(events))) if events[k]["session_id"] == events[i]["session_id"]),
                  None)
         if j is not None and "session_" not in events[i]["type"] + events[j]["type"]:
             events[i], events[j] = events[j], events[i]
+            swapped += 1
     first = raw[0]["session_id"]
     back = [dict(e, session_id="backfill", ts=(datetime.fromisoformat(e["ts"]) - timedelta(days=90)).isoformat())
             for e in raw if e["session_id"] == first]
@@ -59,8 +66,10 @@ def _fleet(seed: int) -> tuple[list, list[int]]:
     return parsed, parts
 
 
-def _run(events: list, parts: list[int], cuts: list[int], retention_us: int) -> dict:
-    """The worker's loop minus the I/O: sift, distill in rounds, remove the markers that expired."""
+def _run(events: list, parts: list[int], cuts: list[int], retention_us: int, idle_us: int = 0) -> dict:
+    """The worker's loop minus the I/O: sift, distill in rounds, remove the markers that expired. With
+    ``idle_us``, every open session of the batch's partitions is at hand (the worker loads those its
+    stream time can make idle)."""
     table: dict[str, SessionState] = {}
     working: dict[str, object] = {}
     clocks: dict[int, int] = {}
@@ -72,9 +81,13 @@ def _run(events: list, parts: list[int], cuts: list[int], retention_us: int) -> 
         if not batch:
             continue
         partition_of = {session_key(e.agent, e.session_id): p for e, p in zip(batch, bparts)}
+        if idle_us:
+            partition_of.update({k: st.partition for k, st in table.items()
+                                 if not st.closed and st.partition in set(bparts) and k not in partition_of})
         prior = {k: table[k] for k in partition_of if k in table}
         wm_prior = {k: working[k] for k in partition_of if k in working}
-        sifted = sift(batch, bparts, clocks, prior, retention_us)
+        sifted = sift(batch, bparts, clocks, prior, retention_us, idle_us,
+                      {k: partition_of[k] for k, st in prior.items() if not st.closed})
         out = distill_rounds(prior, wm_prior, sifted, partition_of, frozenset(), DEFAULT_SETTINGS)
         where = {id(e): i for i, e in enumerate(batch)}
         late += [(lo + i, reason) for i, reason in sifted.late]
@@ -95,7 +108,7 @@ def _run(events: list, parts: list[int], cuts: list[int], retention_us: int) -> 
     # (as sets: within a batch the distiller emits in order of each session's first event there)
     return {"late": sorted(late), "episodes": sorted(episodes), "units": sorted(units),
             "table": {k: encode_state(v) for k, v in sorted(table.items())},
-            "working": {k: encode_wm(v) for k, v in sorted(working.items())}}
+            "working": {k: encode_wm(v) for k, v in sorted(working.items())}, "clocks": clocks}
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -118,3 +131,23 @@ def test_with_no_retention_every_marker_is_kept_and_late_events_are_still_dead_l
     got = _run(events, parts, [100, 300], 0)
     assert len(got["table"]) == len({(e.agent, e.session_id) for e in events})
     assert len(got["late"]) >= 8
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), cuts=st.lists(st.integers(1, 3000), max_size=12))
+def test_sessions_abandoned_for_idleness_do_not_depend_on_batch_boundaries(seed, cuts):
+    events, parts = _fleet(seed, unended=4)
+    whole = _run(events, parts, [], 2 * HOUR_US, HOUR_US)
+    split = _run(events, parts, [c % len(events) for c in cuts], 2 * HOUR_US, HOUR_US)
+    assert whole == split
+    # every session got its episode, the unended ones too (abandoned: a failure that says so; a session
+    # the fleet's quiet hours split is abandoned too, and its later events are late or start it again)
+    episodes = [orjson.loads(ep) for ep in whole["episodes"]]
+    abandoned = [ep for ep in episodes if any("abandoned: no event for 3600 s of stream time" in lesson["text"]
+                                              for lesson in ep["lessons"])]
+    assert len(abandoned) >= 4 and all(ep["outcome"] == "failure" for ep in abandoned)
+    # the sessions left open (no episode) are those with an event within the idle time of the end
+    left_open = {k: decode_state(v) for k, v in whole["table"].items() if b'"closed":true' not in v}
+    assert all(micros(st.ended_at) + HOUR_US >= whole["clocks"][st.partition] for st in left_open.values())
+    assert ({(ep["agent"], ep["session_id"]) for ep in episodes} | {(st.agent, st.session_id) for st in left_open.values()}
+            == {(e.agent, e.session_id) for e in events})

@@ -603,3 +603,16 @@ def test_a_closed_sessions_marker_stores_only_what_identifies_it():
     # a state written before (every field present) still decodes to the same marker
     full = msgspec.json.encode(msgspec.structs.asdict(markers[0]))
     assert decode_state(full) == markers[0]
+
+
+def test_an_abandoned_session_is_a_failure_that_says_so_and_ends_at_its_last_event():
+    t = Trace().start().call("http_get", "c1", 1).fail("c1", 2, "boom", 500)  # no end: its runtime died
+    open_state = distill({}, t.events).states[session_key("support", "s1")]
+    before = encode_state(open_state)
+    marker, ep = distiller.abandon(open_state, "abandoned: no event for 3600 s of stream time")
+    assert encode_state(open_state) == before  # the prior state is not modified
+    assert marker.closed and marker.last_seq == open_state.last_seq and marker.outcome is Outcome.FAILURE
+    assert ep.outcome is Outcome.FAILURE and ep.ended_at == T0 + timedelta(seconds=2) and ep.event_count == 3
+    assert [lesson.text for lesson in ep.lessons] == [
+        "session abandoned: no event for 3600 s of stream time; 1 tool calls (last tool: http_get)",
+        "http_get failed with 'HTTP 500: boom' and it was never resolved (1 attempt)"]

@@ -134,3 +134,32 @@ def test_an_end_that_arrives_after_a_higher_seq_does_not_close_the_session():
     out = sift([start, msg, end, more], [0] * 4, {}, {}, HOUR_US)
     # all go to the distiller (which dead-letters the end); the session stays open, no marker
     assert out.admitted == [start, msg, end, more] and out.late == [] and out.rounds[0].closing == {}
+
+
+def _open(session: str, last_seq: int, latest: datetime, partition: int = 0) -> SessionState:
+    return SessionState(agent="support", session_id=session, last_seq=last_seq, started_at=T0, ended_at=latest,
+                        partition=partition)
+
+
+def test_an_open_session_idle_for_longer_than_the_idle_time_is_abandoned_at_the_event_that_makes_it_so():
+    a, b = session_key("support", "a"), session_key("support", "b")
+    prior = {a: _open("a", 1, T0), b: _open("b", 0, T0 + timedelta(minutes=30), partition=1)}
+    evs = [_event("c", 0, "session_start", T0 + timedelta(minutes=59)),  # a: 59 min idle, still open
+           _event("c", 1, "agent_message", T0 + timedelta(minutes=61)),  # a: 61 min: abandoned here
+           _event("a", 2, "agent_message", T0 + timedelta(minutes=62)),  # then late
+           _event("b", 1, "agent_message", T0 + timedelta(hours=5))]  # b's partition: b's own event, 4.5 h on
+    out = sift(evs, [0, 0, 0, 1], {0: micros(T0), 1: micros(T0)}, prior, 0, HOUR_US, {a: 0, b: 1})
+    assert out.rounds[0].abandon == {a: 1, b: 3} and out.idle_us == HOUR_US
+    assert out.rounds[0].closing == {a: micros(T0 + timedelta(minutes=61)), b: micros(T0 + timedelta(hours=5))}
+    assert out.admitted == evs[:2] and [i for i, _ in out.late] == [2, 3]
+    assert "had ended (seq 1)" in out.late[0][1]
+    # without an idle time nothing is abandoned
+    never = sift(evs, [0, 0, 0, 1], {0: micros(T0), 1: micros(T0)}, prior, 0)
+    assert never.rounds[0].abandon == {} and never.admitted == evs
+
+
+def test_a_session_that_keeps_receiving_events_is_never_idle():
+    evs = [_event("a", 0, "session_start", T0)] + [
+        _event("a", k, "agent_message", T0 + timedelta(minutes=50 * k)) for k in range(1, 6)]
+    out = sift(evs, [0] * len(evs), {}, {}, 0, HOUR_US, {})
+    assert out.rounds[0].abandon == {} and out.admitted == evs

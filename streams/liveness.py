@@ -278,9 +278,22 @@ def diagnostics(app: faust.App) -> tuple[Callable[[], None], Callable[[], None]]
             for tp, st in assignment._tp_state.items():
                 print(f"    aiokafka {tp}: position={st._position} paused={st.paused} status={st._status}",
                       file=sys.stderr)
-            dump_client("consumer", c._thread._ensure_consumer()._client, time.monotonic())
+            client = c._thread._ensure_consumer()._client
+            dump_client("consumer", client, time.monotonic())
+            for topic in sorted({tp.topic for tp in assignment._tp_state}):  # the consumer's metadata
+                parts = client.cluster.partitions_for_topic(topic)
+                leaders = {p: client.cluster.leader_for_partition(TopicPartition(topic, p)) for p in sorted(parts or ())}
+                print(f"    metadata of {topic}: leaders {leaders!r}", file=sys.stderr)
         except Exception as exc:  # diagnostics only
             print(f"    aiokafka state unavailable: {exc!r}", file=sys.stderr)
+        try:  # a rebalance's table recovery: what it reads, and how far it got
+            rec: Any = app.tables.recovery
+            print(f"--- recovery: in_recovery {getattr(app, 'in_recovery', None)!r}, completed "
+                  f"{rec.completed.is_set()!r}, active highwaters {dict(rec.active_highwaters)!r}, active offsets "
+                  f"{dict(rec.active_offsets)!r}, standby highwaters {dict(rec.standby_highwaters)!r}, "
+                  f"buffered {sum(len(b) for b in rec.buffers.values())}", file=sys.stderr)
+        except Exception as exc:  # diagnostics only
+            print(f"    recovery state unavailable: {exc!r}", file=sys.stderr)
         dump_producer()
         sys.stderr.flush()
 

@@ -69,6 +69,13 @@ class Pipeline:
         except TimeoutError as exc:
             raise TimeoutError(f"{exc}\n{self.diagnose()}") from None
 
+    def wait_until(self, predicate: Any, timeout_s: float = 120.0, what: str = "condition") -> None:
+        """``wait_until``, with every live worker's dump (``diagnose``) in the error when it times out."""
+        try:
+            wait_until(predicate, timeout_s=timeout_s, what=what)
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}\n{self.diagnose()}") from None
+
     def diagnose(self) -> str:
         """The end of every live worker's log after it dumped its asyncio tasks and consumer state
         (SIGUSR1, SIGUSR2: ``streams.liveness.install_diagnostics``): a stall then shows where it is

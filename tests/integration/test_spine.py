@@ -120,7 +120,7 @@ def test_a_stalled_pipeline_reports_each_workers_tasks_threads_and_consumer_stat
         assert p.procs["worker"].poll() is None  # the signals are handled, not fatal
         for part in ("--- worker.log (end) ---", "=== asyncio tasks: main loop",
                      "=== asyncio tasks: consumer thread loop", "=== agents", "--- agent ", "=== threads",
-                     "--- consumer state",
+                     "--- consumer state", "--- recovery: in_recovery ", "    metadata of ",
                      "_committed_offset = ", "_commit_fut = ", "--- producer: in flight", "--- producer client: ",
                      "--- consumer client: ", "conn ("):
             assert part in report, (part, report[-3000:])
@@ -182,7 +182,7 @@ def test_killing_a_worker_hands_its_partitions_to_the_other(pipeline_settings, t
             return len(a) == 1 and next(iter(a.values())) == set(range(pipeline_settings.partitions))
 
         p.publish(events[half:], bundle_max=8)
-        wait_until(one_owner, timeout_s=120, what="the survivor owning every partition")
+        p.wait_until(one_owner, timeout_s=120, what="the survivor owning every partition")
         p.wait_idle(timeout_s=120)
         got = p.checksum()["tables"]
         for table in CONTENT_TABLES:

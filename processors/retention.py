@@ -102,6 +102,17 @@ def expired(marker: SessionState, clock: int | None, retention_us: int) -> bool:
             and clock > marker.closed_clock + retention_us)
 
 
+def stream_times(events: Sequence[TraceEvent], partitions: Sequence[int], clocks: Mapping[int, int]) -> dict[int, int]:
+    """Each partition's stream time after ``events`` (``partitions[i]`` is the partition of ``events[i]``),
+    from ``clocks`` before them: what ``sift`` leaves in ``Sifted.clocks``."""
+    out = dict(clocks)
+    for ev, p in zip(events, partitions):
+        ts = micros(ev.ts)
+        w = out.get(p)
+        out[p] = ts if w is None else max(w, ts)
+    return out
+
+
 def abandoned_reason(idle_us: int) -> str:
     """Why a session closed by idleness failed (its episode's failure lesson says it)."""
     return f"abandoned: no event for {idle_us / _US_PER_S:g} s of stream time"
@@ -140,6 +151,16 @@ def sift(events: Sequence[TraceEvent], partitions: Sequence[int], clocks: Mappin
         for heap in idle.values():
             heapq.heapify(heap)
     seen: set[str] = set()  # sessions with events in the current round
+
+    def close(key: str, last: int, skipped: list[tuple[int, int]], clock: int) -> None:
+        """The session is closed: its marker from now on, as the distiller will leave it."""
+        del progress[key]
+        latest.pop(key, None)
+        agent, session_id = key.split("\x1f", 1)  # processors.distiller.session_key
+        marker[key] = SessionState(agent=agent, session_id=session_id, last_seq=last, skipped=skipped, closed=True,
+                                   closed_clock=clock)
+        out.rounds[-1].closing[key] = clock
+
     for i, (ev, p) in enumerate(zip(events, partitions)):
         w = out.clocks.get(p)
         ts = micros(ev.ts)
@@ -148,13 +169,8 @@ def sift(events: Sequence[TraceEvent], partitions: Sequence[int], clocks: Mappin
         while heap and heap[0][0] + idle_us < clock:
             at, k = heapq.heappop(heap)
             if k in progress and latest.get(k) == at:  # still open, and this is its latest event
-                last, skipped = progress.pop(k)
-                del latest[k]
-                agent, session_id = k.split("\x1f", 1)  # processors.distiller.session_key
-                marker[k] = SessionState(agent=agent, session_id=session_id, last_seq=last, skipped=skipped,
-                                         closed=True, closed_clock=clock)
+                close(k, *progress[k], clock)
                 out.rounds[-1].abandon[k] = i
-                out.rounds[-1].closing[k] = clock
                 seen.add(k)
         key = session_key(ev.agent, ev.session_id)
         if key not in progress:
@@ -187,11 +203,7 @@ def sift(events: Sequence[TraceEvent], partitions: Sequence[int], clocks: Mappin
             continue
         progress[key] = (ev.seq, skip_to(last, skipped, ev.seq))
         if isinstance(ev, SessionEnded):
-            del progress[key]
-            latest.pop(key, None)
-            marker[key] = SessionState(agent=ev.agent, session_id=ev.session_id, last_seq=ev.seq,
-                                       skipped=skip_to(last, skipped, ev.seq), closed=True, closed_clock=clock)
-            out.rounds[-1].closing[key] = clock
+            close(key, ev.seq, skip_to(last, skipped, ev.seq), clock)
         elif idle_us > 0 and latest.get(key, -1) < ts:
             latest[key] = ts
             heapq.heappush(idle.setdefault(p, []), (ts, key))

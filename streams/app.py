@@ -24,7 +24,7 @@ import msgspec
 
 from processors.distiller import SessionState, decode_state, distill, encode_state, session_key
 from processors.batch import distill_rounds
-from processors.retention import MarkerHeap, micros, sift
+from processors.retention import MarkerHeap, micros, sift, stream_times
 from processors.working_memory import WorkingMemorySettings
 from processors.working_memory import compact as compact_wm
 from processors.working_memory import decode_state as decode_wm
@@ -370,11 +370,7 @@ async def _handle_batch(app: faust.App, settings: Settings, batch: Sequence[Even
     open_partitions: dict[str, int] | None = None
     if idle is not None:  # the open sessions this batch's stream time can make idle, with their states
         idle.refresh(app, topic, sessions, generation)
-        reach = dict(clocks)
-        for ev, p in zip(valid, parts):
-            ts = micros(ev.ts)
-            reach[p] = max(reach.get(p, ts), ts)
-        for p, clock in reach.items():
+        for p, clock in stream_times(valid, parts, clocks).items():
             for key in idle.due(p, clock):
                 k = key.decode()
                 raw = sessions.get(key) if k not in prior else None
@@ -460,6 +456,19 @@ async def _handle_batch(app: faust.App, settings: Settings, batch: Sequence[Even
     return admitted.handle + admitted.done
 
 
+def _owned(app: faust.App, topic: str) -> frozenset[int]:
+    """The partitions of ``topic`` this worker is assigned."""
+    return frozenset(tp.partition for tp in app.consumer.assignment() if tp.topic == topic)
+
+
+def _session_states(sessions: BatchedTable, closed: bool) -> Any:
+    """``(key, state)`` of the table's closed sessions' markers, or of its open sessions (not the
+    partitions' positions, whose values are not JSON)."""
+    for key, raw in list(sessions.data.items()):
+        if raw is not None and raw.startswith(b"{") and (b'"closed":true' in raw) == closed:
+            yield key, decode_state(raw)
+
+
 class MarkerRetention:
     """Removes the markers of closed sessions once they expire (``processors.retention``).
 
@@ -472,20 +481,14 @@ class MarkerRetention:
         self.generation: int | None = None
         self.owned: frozenset[int] = frozenset()
 
-    def _rebuild(self, sessions: BatchedTable, owned: frozenset[int]) -> None:
-        def closed_markers() -> Any:
-            for key, raw in list(sessions.data.items()):
-                if raw is not None and b'"closed":true' in raw:
-                    yield key, decode_state(raw)
-        self.heap = MarkerHeap.of(closed_markers(), set(owned))
-
     async def prune(self, app: faust.App, topic: str, sessions: BatchedTable, working: BatchedTable | None,
                     generation: int, closed: Mapping[str, SessionState], clocks: Mapping[int, int],
                     counters: WorkerCounters) -> int:
-        owned = frozenset(tp.partition for tp in app.consumer.assignment() if tp.topic == topic)
+        owned = _owned(app, topic)
         touched = set(clocks)
         if generation != self.generation or owned != self.owned:
-            self._rebuild(sessions, owned)  # holds this batch's markers already: they are in the table
+            # holds this batch's markers already: they are in the table
+            self.heap = MarkerHeap.of(_session_states(sessions, closed=True), set(owned))
             self.generation, self.owned = generation, owned
             touched = set(owned)
         else:
@@ -522,14 +525,11 @@ class IdleSessions:
         self.owned: frozenset[int] = frozenset()
 
     def refresh(self, app: faust.App, topic: str, sessions: BatchedTable, generation: int) -> None:
-        owned = frozenset(tp.partition for tp in app.consumer.assignment() if tp.topic == topic)
+        owned = _owned(app, topic)
         if generation == self.generation and owned == self.owned:
             return
         heap = MarkerHeap()
-        for key, raw in list(sessions.data.items()):
-            if raw is None or not raw.startswith(b"{") or b'"closed":true' in raw:
-                continue  # a position, or a closed session's marker
-            st = decode_state(raw)
+        for key, st in _session_states(sessions, closed=False):
             if st.partition in owned and st.ended_at is not None:
                 heap.push(st.partition, micros(st.ended_at), key)
         self.heap, self.generation, self.owned = heap, generation, owned

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 
 import orjson
 from processors.distiller import SessionState, distill, session_key
-from processors.retention import MarkerHeap, expired, micros, sift
+from processors.retention import MarkerHeap, expired, micros, sift, stream_times
 from schemas.codec import decode_trace
 
 HOUR_US = 3600 * 1_000_000
@@ -163,3 +163,11 @@ def test_a_session_that_keeps_receiving_events_is_never_idle():
         _event("a", k, "agent_message", T0 + timedelta(minutes=50 * k)) for k in range(1, 6)]
     out = sift(evs, [0] * len(evs), {}, {}, 0, HOUR_US, {})
     assert out.rounds[0].abandon == {} and out.admitted == evs
+
+
+def test_stream_times_are_the_clocks_sift_leaves():
+    evs = [_event("a", 0, "session_start", T0 + timedelta(hours=2)), _event("b", 0, "session_start", T0),
+           _event("a", 1, "agent_message", T0 + timedelta(hours=1))]
+    clocks = {1: micros(T0 + timedelta(hours=5)), 3: 7}
+    assert stream_times(evs, [0, 1, 0], clocks) == sift(evs, [0, 1, 0], clocks, {}, HOUR_US).clocks == {
+        0: micros(T0 + timedelta(hours=2)), 1: micros(T0 + timedelta(hours=5)), 3: 7}

@@ -35,7 +35,7 @@ from schemas.causal import OutcomeObserved
 from schemas.codec import Rejection, decode_episode, decode_record, encode
 from somnus.client import track_topics_sent_to
 from somnus.config import Settings
-from streams.liveness import PartitionWatchdog, SomnusApp, install_diagnostics
+from streams.liveness import PartitionWatchdog, RecoveryWatchdog, SomnusApp, install_diagnostics, watch
 from streams.metrics import WorkerCounters
 from streams.ordering import (Admitted, OffsetGuard, decode_clock, decode_position, position_key,
                               positions_writer)
@@ -286,11 +286,12 @@ def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker") 
 
             await run_batched(app, settings, stream, handle, batchers)
 
-    @app.task
+    @app.early_task
     async def keep_partitions_flowing() -> None:
-        """Diagnostics on SIGUSR1/SIGUSR2, and the watchdog that rewinds a stalled partition."""
+        """Diagnostics on SIGUSR1/SIGUSR2, and the watchdogs that rewind a stalled partition and a
+        stalled table recovery (from the start: the first recovery can stall too)."""
         install_diagnostics(app)
-        await watchdog.run()
+        await watch([watchdog, RecoveryWatchdog(app)])
 
     markers = MarkerRetention(int(settings.session_retention_s * 1_000_000))
     idle = IdleSessions(int(settings.session_idle_s * 1_000_000)) if settings.session_idle_s > 0 else None

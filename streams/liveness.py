@@ -32,6 +32,17 @@ ordering guard's business (``streams.ordering``); the commits of this consumer a
 the guarded state applied, so such a loss at the end of a partition shows as lag and the watchdog
 rewinds it.
 
+A fourth defect stalls a table's recovery for good: a survivor taking over partitions stayed in
+recovery with Faust's offsets of an active changelog partition at -1 while aiokafka's position there
+was already at the end (its SIGUSR2 dump: read offset None, nothing paused, flow active, 920 records
+of the other changelogs buffered). The records were fetched and handed out, but never reached
+recovery's queue, and recovery waits for offsets that will not come again (Faust's own warning, "No
+event received for active tp ... since recovery start", repeats for ever). About 1 failover in 25.
+``RecoveryWatchdog`` detects that: an active changelog partition with records left to restore, whose
+restored offset has not moved for ``stall_s`` while aiokafka's position is past it and recovery's
+queue is empty. It seeks that partition back to the restored offset, as recovery's own seek does;
+recovery skips what it has applied, so the re-read record is harmless.
+
 A third defect crashed the surviving worker when another was SIGKILLed: Faust's livelock detector
 (``verify_event_path``) reads aiokafka's ``position`` of every assigned partition, which *asserts*
 when a just-assigned partition has no position yet (awaiting its offset reset). The survivor died
@@ -47,7 +58,7 @@ import gc
 import logging
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import faust
@@ -130,10 +141,24 @@ class RewindingTransport(faust_aiokafka.Transport):
 
 
 class SomnusApp(faust.App):
-    """A Faust app whose consumer rewinds partitions with nothing committed (see module docstring)."""
+    """A Faust app whose consumer rewinds partitions with nothing committed (see module docstring),
+    and that runs its ``early_task``s from its start on."""
+
+    _early_tasks: list[Callable[[], Awaitable[None]]]
 
     def _new_transport(self) -> Any:
         return RewindingTransport(self.conf.broker_consumer, self)
+
+    def early_task(self, fun: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
+        """Like ``@app.task``, but started with the app, not after its tables are first restored: Faust
+        starts its tasks only then, so a watchdog of that first recovery has to start earlier."""
+        self.__dict__.setdefault("_early_tasks", []).append(fun)
+        return fun
+
+    async def on_start(self) -> None:
+        await super().on_start()
+        for fun in self.__dict__.get("_early_tasks", ()):
+            self.add_future(fun())
 
 
 class PartitionWatchdog:
@@ -147,14 +172,6 @@ class PartitionWatchdog:
         self.app, self.topics, self.idle, self.stall_s = app, topics, idle, stall_s
         self.rewinds = 0
         self._last: dict[TP, tuple[Any, Any, float]] = {}
-
-    async def run(self, every_s: float = 1.0) -> None:
-        while True:
-            await asyncio.sleep(every_s)
-            try:
-                await self.check()
-            except Exception as exc:  # a failed check must never take the worker down
-                log.warning("partition watchdog check failed: %r", exc)
 
     async def check(self) -> None:
         consumer: Any = self.app.consumer
@@ -200,6 +217,73 @@ class PartitionWatchdog:
             await consumer._thread.seek_to_beginning(TopicPartition(tp.topic, tp.partition))
             consumer._read_offset.pop(tp, None)
         self.rewinds += 1
+
+
+def fetch_position(thread: Any, tp: TP) -> int | None:
+    """aiokafka's fetch position of ``tp`` (the next offset it will hand out), or None when unknown
+    (see ``position_known``)."""
+    if not position_known(thread, tp):
+        return None
+    subscription = thread._ensure_consumer()._fetcher._subscriptions.subscription
+    return subscription.assignment.state_value(TopicPartition(tp.topic, tp.partition)).position
+
+
+class RecoveryWatchdog:
+    """Re-seeks an active changelog partition whose records were fetched but never restored (the
+    fourth defect in the module docstring). ``reseeks`` counts what it did."""
+
+    def __init__(self, app: faust.App, stall_s: float = 10.0) -> None:
+        self.app, self.stall_s = app, stall_s
+        self.reseeks = 0
+        self._last: dict[TP, tuple[int, float]] = {}  # tp -> (restored offset, since when)
+
+    async def check(self) -> None:
+        app: Any = self.app
+        consumer: Any = app.consumer
+        now = asyncio.get_running_loop().time()
+        recovery: Any = app.tables.recovery
+        if (not getattr(app, "in_recovery", False) or recovery.signal_recovery_start.is_set()
+                or not consumer.flow_active or app.tables.changelog_queue.qsize()):
+            self._last.clear()  # no recovery, another one about to start, or records on their way
+            return
+        active = set(recovery.active_tps)
+        for tp in list(self._last):
+            if tp not in active:
+                del self._last[tp]
+        for tp in active:
+            offset, highwater = recovery.active_offsets.get(tp), recovery.active_highwaters.get(tp)
+            position = fetch_position(consumer._thread, tp)
+            if (offset is None or highwater is None or offset >= highwater or position is None
+                    or position <= offset + 1):
+                self._last.pop(tp, None)  # restored, or its next records not fetched yet
+                continue
+            prev = self._last.get(tp)
+            if prev is None or prev[0] != offset:
+                self._last[tp] = (offset, now)
+                continue
+            if now - prev[1] >= self.stall_s:
+                await self.reseek(tp, offset, position, highwater)
+                self._last.pop(tp, None)
+
+    async def reseek(self, tp: TP, offset: int, position: int, highwater: int) -> None:
+        log.warning("recovery of %s stalled (restored up to offset %s of %s, fetched up to %s): seeking back to %s",
+                    tp, offset, highwater, position - 1, max(offset, 0))
+        # recovery's own seek (Recovery._seek_offsets): the last restored offset, re-read and skipped;
+        # -1 (nothing restored) is 0, where seek_wait also clears Faust's read offset
+        await self.app.consumer.seek_wait({tp: max(offset, 0)})
+        self.reseeks += 1
+
+
+async def watch(dogs: list[Any], every_s: float = 1.0) -> None:
+    """Run each watchdog's ``check`` every ``every_s``; a failed check is logged and never takes the
+    worker down."""
+    while True:
+        await asyncio.sleep(every_s)
+        for dog in dogs:
+            try:
+                await dog.check()
+            except Exception as exc:
+                log.warning("%s check failed: %r", type(dog).__name__, exc)
 
 
 def install_diagnostics(app: faust.App) -> None:

@@ -51,7 +51,7 @@ def _watchdog(consumer: FakeConsumer, idle: bool = True, stall_s: float = 5.0) -
     return dog, clock
 
 
-def _check(dog: PartitionWatchdog, at: float) -> None:
+def _check(dog: Any, at: float) -> None:
     async def run() -> None:
         loop = asyncio.get_running_loop()
         real_time = loop.time
@@ -125,8 +125,9 @@ def test_a_commit_that_crawls_behind_a_static_read_offset_is_rewound_too():
     assert consumer.seeks == [{TRACES: 332}]
 
 
-def _thread_with(states: dict[TopicPartition, Any] | None) -> Any:
-    assignment = None if states is None else SimpleNamespace(state_value=states.get)
+def _thread_with(states: dict[TopicPartition, Any] | Any | None) -> Any:
+    """A consumer thread whose aiokafka assignment has ``states`` (a dict, or a function of the partition)."""
+    assignment = None if states is None else SimpleNamespace(state_value=getattr(states, "get", states))
     subscription = SimpleNamespace(assignment=assignment)
     consumer = SimpleNamespace(_fetcher=SimpleNamespace(_subscriptions=SimpleNamespace(subscription=subscription)))
     return SimpleNamespace(_ensure_consumer=lambda: consumer)
@@ -199,3 +200,71 @@ def test_the_task_dump_walks_each_agents_body_and_names_the_future_it_awaits(cap
     agents = err[err.index("=== agents"):err.index("=== threads")]
     assert "--- agent distill" in agents and "agent_body" in agents, err
     assert "awaiting <_GatheringFuture pending" in agents, err
+
+
+WM = TP("wm-changelog", 0)
+SESS = TP("sessions-changelog", 1)
+
+
+class FakeRecoveryApp:
+    """What ``RecoveryWatchdog`` reads of a Faust app in recovery: the recovery's offsets, the
+    changelog queue, and aiokafka's fetch positions (through ``fetch_position``'s path)."""
+
+    def __init__(self, offsets: dict[TP, int], highwaters: dict[TP, int], positions: dict[TP, int]) -> None:
+        self.in_recovery = True
+        self.queued = 0
+        self.positions = positions
+        self.seeks: list[dict[TP, int]] = []
+        self.tables = SimpleNamespace(
+            recovery=SimpleNamespace(active_tps=set(offsets), active_offsets=offsets, active_highwaters=highwaters,
+                                     signal_recovery_start=asyncio.Event()),
+            changelog_queue=SimpleNamespace(qsize=lambda: self.queued))
+        self.consumer = SimpleNamespace(flow_active=True, seek_wait=self._seek_wait, _thread=_thread_with(self._state))
+
+    def _state(self, tp: TopicPartition) -> Any:
+        position = self.positions.get(TP(tp.topic, tp.partition))
+        return None if position is None else SimpleNamespace(has_valid_position=True, position=position)
+
+    async def _seek_wait(self, partitions: dict[TP, int]) -> None:
+        self.seeks.append(dict(partitions))
+
+
+def test_a_changelog_fetched_past_but_not_restored_is_sought_back_to_the_restored_offset():
+    from streams.liveness import RecoveryWatchdog
+
+    # the survivor's dump: offsets -1, positions at the end; a second partition restored up to 40
+    app = FakeRecoveryApp({WM: -1, SESS: 40}, {WM: 158, SESS: 160}, {WM: 159, SESS: 161})
+    dog = RecoveryWatchdog(app, stall_s=10.0)  # type: ignore[arg-type]
+    _check(dog, 0.0)
+    _check(dog, 9.9)
+    assert app.seeks == []  # not stalled for stall_s yet
+    _check(dog, 10.0)
+    # recovery's own seek: the last restored offset (re-read, skipped), or 0 when nothing was restored
+    assert sorted(app.seeks, key=str) == sorted([{WM: 0}, {SESS: 40}], key=str)
+    assert dog.reseeks == 2
+
+
+def test_a_recovery_that_moves_or_has_not_fetched_past_or_has_records_queued_is_left_alone():
+    from streams.liveness import RecoveryWatchdog
+
+    moving = FakeRecoveryApp({WM: 10}, {WM: 158}, {WM: 159})
+    dog = RecoveryWatchdog(moving, stall_s=10.0)  # type: ignore[arg-type]
+    for t in range(0, 40, 3):
+        moving.tables.recovery.active_offsets[WM] = 10 + t  # being restored
+        _check(dog, float(t))
+    assert moving.seeks == []
+
+    waiting = FakeRecoveryApp({WM: 57}, {WM: 158}, {WM: 58})  # next record not fetched yet
+    queued = FakeRecoveryApp({WM: 10}, {WM: 158}, {WM: 159})
+    queued.queued = 3  # fetched records on their way to recovery
+    done = FakeRecoveryApp({WM: 158}, {WM: 158}, {WM: 159})
+    unknown = FakeRecoveryApp({WM: 10}, {WM: 158}, {})  # no position yet
+    over = FakeRecoveryApp({WM: 10}, {WM: 158}, {WM: 159})
+    over.in_recovery = False
+    again = FakeRecoveryApp({WM: 10}, {WM: 158}, {WM: 159})
+    again.tables.recovery.signal_recovery_start.set()  # another recovery is about to seek anyway
+    for app in (waiting, queued, done, unknown, over, again):
+        dog = RecoveryWatchdog(app, stall_s=10.0)  # type: ignore[arg-type]
+        _check(dog, 0.0)
+        _check(dog, 60.0)
+        assert app.seeks == [], vars(app)

@@ -7,7 +7,11 @@ changelogs the worker recovers from). So a marker is kept for ``retention`` of *
 the session closed, then forgotten (a tombstone in both tables).
 
 Stream time is per source partition: the latest event time (``ts``) among the events applied on
-that partition so far. It is stored with the partition's position (``streams.ordering``), so a
+that partition so far, each bounded by its record's timestamp (the broker's append time, on a
+traces topic Somnus created) plus the allowed clock skew
+(``SOMNUS_MAX_CLOCK_SKEW_S``, 5 minutes by default): a runtime whose clock runs ahead, or that
+stamps local time as UTC, cannot move a partition's stream time into the future and so expire other
+sessions' markers, or abandon other sessions, early. It is stored with the partition's position (``streams.ordering``), so a
 redelivered record is judged against exactly the stream time it was first judged against, and
 every decision here is a function of the partition's records alone (replays and restarts agree).
 
@@ -90,6 +94,7 @@ class Sifted:
     duplicates: int = 0  # republished events of a closed session: dropped
     clocks: dict[int, int] = field(default_factory=dict)  # partition -> stream time (µs) after the batch
     idle_us: int = 0  # the idle time after which an open session was abandoned (0: never)
+    ahead: int = 0  # events stamped ahead of their record's time by more than the clock skew allowed
 
     @property
     def admitted(self) -> list[TraceEvent]:
@@ -102,12 +107,27 @@ def expired(marker: SessionState, clock: int | None, retention_us: int) -> bool:
             and clock > marker.closed_clock + retention_us)
 
 
-def stream_times(events: Sequence[TraceEvent], partitions: Sequence[int], clocks: Mapping[int, int]) -> dict[int, int]:
+def record_cap(timestamp_s: float | None, skew_us: int) -> int | None:
+    """The stream-time bound of a record's events (µs): its timestamp (Kafka's, milliseconds, given in
+    seconds as Faust does) plus ``skew_us``. None when the record has no timestamp."""
+    if timestamp_s is None or timestamp_s < 0:
+        return None
+    return round(timestamp_s * 1000) * 1000 + skew_us
+
+
+def clock_time(ts: int, cap: int | None) -> int:
+    """What an event of time ``ts`` (µs) can move its partition's stream time to: ``ts``, at most ``cap``
+    (its record's broker time plus the allowed clock skew; None: no bound)."""
+    return ts if cap is None or ts <= cap else cap
+
+
+def stream_times(events: Sequence[TraceEvent], partitions: Sequence[int], clocks: Mapping[int, int],
+                 caps: Sequence[int | None] | None = None) -> dict[int, int]:
     """Each partition's stream time after ``events`` (``partitions[i]`` is the partition of ``events[i]``),
     from ``clocks`` before them: what ``sift`` leaves in ``Sifted.clocks``."""
     out = dict(clocks)
-    for ev, p in zip(events, partitions):
-        ts = micros(ev.ts)
+    for i, (ev, p) in enumerate(zip(events, partitions)):
+        ts = clock_time(micros(ev.ts), caps[i] if caps is not None else None)
         w = out.get(p)
         out[p] = ts if w is None else max(w, ts)
     return out
@@ -120,7 +140,7 @@ def abandoned_reason(idle_us: int) -> str:
 
 def sift(events: Sequence[TraceEvent], partitions: Sequence[int], clocks: Mapping[int, int],
          prior: Mapping[str, SessionState], retention_us: int, idle_us: int = 0,
-         open_partitions: Mapping[str, int] | None = None) -> Sifted:
+         open_partitions: Mapping[str, int] | None = None, caps: Sequence[int | None] | None = None) -> Sifted:
     """Decide, event by event in arrival order, what the distiller applies (see the module's text).
 
     ``partitions[i]`` is the source partition of ``events[i]``; ``clocks`` the stream time of each
@@ -133,6 +153,10 @@ def sift(events: Sequence[TraceEvent], partitions: Sequence[int], clocks: Mappin
     partition's stream time is abandoned at the event that moved stream time there (``Round.abandon``),
     and judged by its marker from then on. ``prior`` must then hold every open session of the batch's
     partitions that can be abandoned in it, and ``open_partitions`` the partition of each open one.
+
+    ``caps[i]`` bounds what ``events[i]`` can move stream time to (``clock_time``): an event stamped
+    ahead of its arrival by more than the allowed clock skew does not expire markers or abandon
+    sessions early. Its own session is still judged by its own time.
     """
     out = Sifted(clocks=dict(clocks), idle_us=max(idle_us, 0))
     marker: dict[str, SessionState] = {k: st for k, st in prior.items() if st.closed}
@@ -164,7 +188,10 @@ def sift(events: Sequence[TraceEvent], partitions: Sequence[int], clocks: Mappin
     for i, (ev, p) in enumerate(zip(events, partitions)):
         w = out.clocks.get(p)
         ts = micros(ev.ts)
-        out.clocks[p] = clock = ts if w is None else max(w, ts)
+        t = clock_time(ts, caps[i] if caps is not None else None)
+        if t != ts:
+            out.ahead += 1
+        out.clocks[p] = clock = t if w is None else max(w, t)
         heap = idle.get(p)
         while heap and heap[0][0] + idle_us < clock:
             at, k = heapq.heappop(heap)

@@ -37,6 +37,7 @@ _ENV = {
     "oscillators": "SOMNUS_OSCILLATORS",
     "session_retention_s": "SOMNUS_SESSION_RETENTION_S",
     "session_idle_s": "SOMNUS_SESSION_IDLE_S",
+    "max_clock_skew_s": "SOMNUS_MAX_CLOCK_SKEW_S",
 }
 
 
@@ -71,6 +72,9 @@ class Settings:
     # A session with no event for this long (stream time, per partition) is closed as abandoned: an
     # episode with outcome failure (processors/retention.py). 0 (the default) leaves it open forever.
     session_idle_s: float = 0.0
+    # How far an event's time may be ahead of its record's broker time and still move its partition's
+    # stream time (processors/retention.py): a runtime's clock that runs ahead is bounded. 0: no bound.
+    max_clock_skew_s: float = 300.0
 
     @classmethod
     def resolve(cls, env: Mapping[str, str] | None = None, **args: Any) -> Settings:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -24,7 +25,7 @@ import msgspec
 
 from processors.distiller import SessionState, decode_state, distill, encode_state, session_key
 from processors.batch import distill_rounds
-from processors.retention import MarkerHeap, micros, sift, stream_times
+from processors.retention import MarkerHeap, micros, record_cap, sift, stream_times
 from processors.working_memory import WorkingMemorySettings
 from processors.working_memory import compact as compact_wm
 from processors.working_memory import decode_state as decode_wm
@@ -40,6 +41,8 @@ from streams.metrics import WorkerCounters
 from streams.ordering import (Admitted, OffsetGuard, decode_clock, decode_position, position_key,
                               positions_writer)
 from streams.topics import signature_partition
+
+log = logging.getLogger("somnus.worker")
 
 
 class BatchedTable(Table):
@@ -316,6 +319,22 @@ def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker") 
     return app
 
 
+_CLOCK_WARNED = [float("-inf")]  # when the last warning about clocks ahead was logged (monotonic s)
+
+
+def _warn_clock_ahead(settings: Settings, events: Sequence[Any], caps: Sequence[int | None], ahead: int) -> None:
+    """A warning (at most one a minute) naming a runtime whose events are stamped ahead of their records."""
+    now = time.monotonic()
+    if now - _CLOCK_WARNED[0] < 60.0:
+        return
+    _CLOCK_WARNED[0] = now
+    ev = next(ev for ev, cap in zip(events, caps) if cap is not None and micros(ev.ts) > cap)
+    log.warning("%d event(s) stamped more than %g s ahead of their records' broker time, e.g. agent %r session %r "
+                "at %s: their times do not move stream time (check the runtime's clock and time zone; "
+                "SOMNUS_MAX_CLOCK_SKEW_S)", ahead, settings.max_clock_skew_s, ev.agent, ev.session_id,
+                ev.ts.isoformat())
+
+
 async def _handle_batch(app: faust.App, settings: Settings, batch: Sequence[EventT], sessions: BatchedTable,
                         counters: WorkerCounters, generation: int, extractor: Any = None,
                         not_episodic: frozenset[str] = frozenset(), working: BatchedTable | None = None,
@@ -330,6 +349,8 @@ async def _handle_batch(app: faust.App, settings: Settings, batch: Sequence[Even
     valid = []
     coords: list[tuple[Any, int]] = []  # (record, index in it) of each valid event
     parts: list[int] = []  # source partition of each valid event
+    caps: list[int | None] = []  # how far each valid event can move stream time (processors.retention)
+    skew_us = int(settings.max_clock_skew_s * 1_000_000)
     partition_of: dict[str, int] = {}  # session key -> source partition
     offset_of: dict[str, int] = {}  # session key -> offset of its last record in the batch (its end)
 
@@ -351,10 +372,12 @@ async def _handle_batch(app: faust.App, settings: Settings, batch: Sequence[Even
                 good.append((index, item))
         if len(good) > 1:  # a record is never split between batches: its own events go in seq order
             good.sort(key=lambda it: it[1].seq)
+        cap = record_cap(msg.timestamp, skew_us) if skew_us > 0 else None
         for index, item in good:
             valid.append(item)
             coords.append((msg, index))
             parts.append(msg.partition)
+            caps.append(cap)
             key = session_key(item.agent, item.session_id)
             partition_of[key] = msg.partition
             offset_of[key] = msg.offset
@@ -371,7 +394,7 @@ async def _handle_batch(app: faust.App, settings: Settings, batch: Sequence[Even
     open_partitions: dict[str, int] | None = None
     if idle is not None:  # the open sessions this batch's stream time can make idle, with their states
         idle.refresh(app, topic, sessions, generation)
-        for p, clock in stream_times(valid, parts, clocks).items():
+        for p, clock in stream_times(valid, parts, clocks, caps).items():
             for key in idle.due(p, clock):
                 k = key.decode()
                 raw = sessions.get(key) if k not in prior else None
@@ -380,7 +403,10 @@ async def _handle_batch(app: faust.App, settings: Settings, batch: Sequence[Even
                     prior[k], partition_of[k] = st, p
         open_partitions = {k: partition_of[k] for k, st in prior.items() if not st.closed}
     sifted = sift(valid, parts, clocks, prior, retention_us, idle.idle_us if idle is not None else 0,
-                  open_partitions)
+                  open_partitions, caps)
+    if sifted.ahead:
+        counters.clock_ahead += sifted.ahead
+        _warn_clock_ahead(settings, valid, caps, sifted.ahead)
     for rnd in sifted.rounds:
         for k, i in rnd.abandon.items():  # the coordinates of the record that closed it (NAc observations)
             offset_of.setdefault(k, coords[i][0].offset)

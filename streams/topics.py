@@ -35,15 +35,25 @@ def topic_specs(settings: Settings) -> dict[str, int]:
     }
 
 
+def topic_config(name: str) -> dict[str, str]:
+    """A topic's configuration at creation: changelogs compacted, the rest kept for ever. Trace records
+    carry the broker's append time, which bounds how far their events' times can move stream time
+    (``processors.retention``, ``SOMNUS_MAX_CLOCK_SKEW_S``)."""
+    if name.endswith("-changelog"):
+        return {"cleanup.policy": "compact"}
+    config = {"retention.ms": "-1", "retention.bytes": "-1"}
+    if name.endswith("traces"):
+        config["message.timestamp.type"] = "LogAppendTime"
+    return config
+
+
 async def ensure_topics_async(bootstrap: str, specs: dict[str, int]) -> dict[str, int]:
     """Create missing topics; raise if an existing one has a different partition count."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=30000)
     await admin.start()
     try:
         existing = set(await admin.list_topics())
-        missing = [NewTopic(name, num_partitions=n, replication_factor=1,
-                            topic_configs=({"cleanup.policy": "compact"} if name.endswith("-changelog")
-                                           else {"retention.ms": "-1", "retention.bytes": "-1"}))
+        missing = [NewTopic(name, num_partitions=n, replication_factor=1, topic_configs=topic_config(name))
                    for name, n in specs.items() if name not in existing]
         if missing:
             try:

@@ -3,12 +3,14 @@ Faust worker and projector. Late events go to the dead-letter topic with their r
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import uuid
 from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from somnus.client import bundles, make_producer, to_bytes
 from tests.pipeline import Pipeline
 
 pytestmark = pytest.mark.integration
@@ -114,5 +116,44 @@ def test_a_session_that_never_ends_is_closed_as_abandoned_after_the_idle_time_al
         assert [k for k, _ in dead] == ["late"] and "'gone' of agent 'support' had ended (seq 1)" in dead[0][1]
         assert p.query("SELECT session_id, closed FROM working_memory WHERE session_id LIKE 'gone%' ORDER BY 1") == [
             ("gone", True), ("gone2", True)]
+    finally:
+        p.stop_all()
+
+
+def _publish_stamped(p: Pipeline, events: list[dict], at: datetime) -> None:
+    """Publish with the records' own timestamps set to ``at``: a runtime whose clock is that far ahead."""
+    async def run() -> None:
+        producer = make_producer(p.boot)
+        await producer.start()
+        try:
+            for key, value in bundles([to_bytes(e) for e in events], 1):
+                await (await producer.send(p.s.traces_topic, value, key=key, timestamp_ms=int(at.timestamp() * 1000)))
+        finally:
+            await producer.stop()
+
+    asyncio.run(run())
+
+
+def test_a_runtime_whose_clock_runs_ahead_neither_expires_markers_nor_abandons_sessions_of_others(pipeline_settings):
+    s = dataclasses.replace(pipeline_settings, partitions=1, session_retention_s=3600.0, session_idle_s=600.0)
+    now = datetime.now(timezone.utc).replace(microsecond=0)  # the broker's clock, near enough (5 min skew allowed)
+    done = _session("a", now - timedelta(minutes=2))
+    p = Pipeline(s)
+    try:
+        p.start_all()
+        p.publish(done + _session("o", now - timedelta(minutes=1))[:2])  # "a" ended, "o" open
+        p.wait_idle()
+        # a runtime 30 days ahead: its event and its record's own timestamp (the broker's append time replaces it)
+        ahead = now + timedelta(days=30)
+        _publish_stamped(p, [_event("skewed", 0, "session_start", ahead, {"task": "from the future"})], ahead)
+        p.publish([done[2]])  # a's end, republished: still a duplicate, as a's marker still counts
+        p.wait_idle()
+        log = p.log("worker")
+        p.stop_all()
+        # unbounded, stream time would be 30 days on: "a" forgotten (its end a late dead letter), "o" abandoned
+        assert p.query("SELECT kind, reason FROM dead_letters") == []
+        assert p.query("SELECT session_id FROM episodes") == [("a",)]
+        assert p.query("SELECT session_id FROM working_memory WHERE NOT closed ORDER BY 1") == [("o",), ("skewed",)]
+        assert "1 event(s) stamped more than 300 s ahead of their records' broker time" in log, log[-3000:]
     finally:
         p.stop_all()

@@ -7,6 +7,7 @@ import random
 import zlib
 from datetime import datetime, timedelta
 
+import msgspec
 import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -66,18 +67,22 @@ def _fleet(seed: int, unended: int = 0) -> tuple[list, list[int]]:
     return parsed, parts
 
 
-def _run(events: list, parts: list[int], cuts: list[int], retention_us: int, idle_us: int = 0) -> dict:
+def _run(events: list, parts: list[int], cuts: list[int], retention_us: int, idle_us: int = 0,
+         caps: list[int | None] | None = None) -> dict:
     """The worker's loop minus the I/O: sift, distill in rounds, remove the markers that expired. With
     ``idle_us``, every open session of the batch's partitions is at hand (the worker loads those its
-    stream time can make idle)."""
+    stream time can make idle); ``caps`` bound each event's move of stream time (its record's time
+    plus the skew allowed)."""
     table: dict[str, SessionState] = {}
     working: dict[str, object] = {}
     clocks: dict[int, int] = {}
     heap = MarkerHeap()
     late, episodes, units = [], [], []
+    ahead = 0
     bounds = [0, *sorted(set(cuts)), len(events)]
     for lo, hi in zip(bounds, bounds[1:]):
         batch, bparts = events[lo:hi], parts[lo:hi]
+        bcaps = caps[lo:hi] if caps is not None else None
         if not batch:
             continue
         partition_of = {session_key(e.agent, e.session_id): p for e, p in zip(batch, bparts)}
@@ -87,7 +92,8 @@ def _run(events: list, parts: list[int], cuts: list[int], retention_us: int, idl
         prior = {k: table[k] for k in partition_of if k in table}
         wm_prior = {k: working[k] for k in partition_of if k in working}
         sifted = sift(batch, bparts, clocks, prior, retention_us, idle_us,
-                      {k: partition_of[k] for k, st in prior.items() if not st.closed})
+                      {k: partition_of[k] for k, st in prior.items() if not st.closed}, bcaps)
+        ahead += sifted.ahead
         out = distill_rounds(prior, wm_prior, sifted, partition_of, frozenset(), DEFAULT_SETTINGS)
         where = {id(e): i for i, e in enumerate(batch)}
         late += [(lo + i, reason) for i, reason in sifted.late]
@@ -108,7 +114,7 @@ def _run(events: list, parts: list[int], cuts: list[int], retention_us: int, idl
     # (as sets: within a batch the distiller emits in order of each session's first event there)
     return {"late": sorted(late), "episodes": sorted(episodes), "units": sorted(units),
             "table": {k: encode_state(v) for k, v in sorted(table.items())},
-            "working": {k: encode_wm(v) for k, v in sorted(working.items())}, "clocks": clocks}
+            "working": {k: encode_wm(v) for k, v in sorted(working.items())}, "clocks": clocks, "ahead": ahead}
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -151,3 +157,19 @@ def test_sessions_abandoned_for_idleness_do_not_depend_on_batch_boundaries(seed,
     assert all(micros(st.ended_at) + HOUR_US >= whole["clocks"][st.partition] for st in left_open.values())
     assert ({(ep["agent"], ep["session_id"]) for ep in episodes} | {(st.agent, st.session_id) for st in left_open.values()}
             == {(e.agent, e.session_id) for e in events})
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), cuts=st.lists(st.integers(1, 3000), max_size=12))
+def test_stream_time_bounded_by_the_records_times_does_not_depend_on_batch_boundaries(seed, cuts):
+    # one agent's runtime stamps its events a day ahead; their records' times (+ 5 min skew) bound them
+    events, parts = _fleet(seed, unended=4)
+    skewed = events[0].agent
+    caps = [micros(e.ts) + HOUR_US // 12 for e in events]
+    events = [msgspec.structs.replace(e, ts=e.ts + timedelta(days=1)) if e.agent == skewed else e for e in events]
+    whole = _run(events, parts, [], 2 * HOUR_US, HOUR_US, caps)
+    split = _run(events, parts, [c % len(events) for c in cuts], 2 * HOUR_US, HOUR_US, caps)
+    assert whole == split
+    assert whole["ahead"] == sum(e.agent == skewed for e in events) > 0
+    free = _run(events, parts, [], 2 * HOUR_US, HOUR_US)  # unbounded, the skewed runtime closes others' sessions
+    assert len(free["late"]) > len(whole["late"])

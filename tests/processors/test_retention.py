@@ -171,3 +171,30 @@ def test_stream_times_are_the_clocks_sift_leaves():
     clocks = {1: micros(T0 + timedelta(hours=5)), 3: 7}
     assert stream_times(evs, [0, 1, 0], clocks) == sift(evs, [0, 1, 0], clocks, {}, HOUR_US).clocks == {
         0: micros(T0 + timedelta(hours=2)), 1: micros(T0 + timedelta(hours=5)), 3: 7}
+
+
+def test_an_event_stamped_ahead_of_its_record_moves_stream_time_only_up_to_the_records_time_plus_the_skew():
+    from processors.retention import record_cap
+
+    skew = 5 * 60 * 1_000_000
+    arrival = T0 + timedelta(minutes=2)  # the records' broker time
+    cap = record_cap(arrival.timestamp(), skew)
+    assert cap == micros(arrival) + skew and record_cap(None, skew) is None and record_cap(-1.0, skew) is None
+    a, o = session_key("support", "a"), session_key("support", "o")
+    prior = {a: _closed("a", 2, micros(T0 + timedelta(seconds=30))), o: _open("o", 1, T0 + timedelta(minutes=1))}
+    # a runtime whose clock is a day ahead (or that stamps local time as UTC), then a's end republished
+    evs = [_event("s", 0, "session_start", T0 + timedelta(days=1), agent="skewed"), _event("a", 2, "session_end", T0)]
+    parts, clocks = [0, 0], {0: micros(T0 + timedelta(minutes=1))}
+    bounded = sift(evs, parts, clocks, prior, HOUR_US, HOUR_US // 6, {o: 0}, caps=[cap, cap])
+    assert bounded.clocks == {0: cap} == stream_times(evs, parts, clocks, [cap, cap]) and bounded.ahead == 1
+    # a's marker still counts (a duplicate, dropped), o is not idle (10 min), the skewed event is applied
+    assert bounded.duplicates == 1 and bounded.late == [] and bounded.rounds[0].abandon == {}
+    assert bounded.admitted == evs[:1]
+    # unbounded, the one event a day ahead forgets a's marker and abandons o
+    free = sift(evs, parts, clocks, prior, HOUR_US, HOUR_US // 6, {o: 0})
+    assert free.clocks == {0: micros(T0 + timedelta(days=1))} and free.ahead == 0
+    assert [i for i, _ in free.late] == [1] and "may belong to a session already forgotten" in free.late[0][1]
+    assert free.rounds[0].abandon == {o: 0}
+    # an event within the skew moves stream time to its own time, as before
+    near = _event("n", 0, "session_start", arrival + timedelta(minutes=4))
+    assert sift([near], [0], {}, {}, HOUR_US, caps=[cap]).clocks == {0: micros(near.ts)}

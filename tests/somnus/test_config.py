@@ -30,6 +30,7 @@ NON_DEFAULT = {
     "oscillators": (True, "SOMNUS_OSCILLATORS", "true", True),
     "session_retention_s": (3600.0, "SOMNUS_SESSION_RETENTION_S", "3600", 3600.0),
     "session_idle_s": (7200.0, "SOMNUS_SESSION_IDLE_S", "7200", 7200.0),
+    "max_clock_skew_s": (60.0, "SOMNUS_MAX_CLOCK_SKEW_S", "60", 60.0),
 }
 
 
@@ -45,7 +46,7 @@ def test_defaults_are_pinned():
     assert (s.bootstrap, s.agents_dir) == (None, None)
     assert (s.partitions, s.topic_prefix, s.max_event_bytes, s.batch_size, s.batch_within_s, s.app_id,
             s.session_timeout_s) == (4, "somnus.", 1_048_576, 500, 0.1, "somnus", 10.0)
-    assert s.session_retention_s == 7 * 86400.0 and s.session_idle_s == 0.0
+    assert s.session_retention_s == 7 * 86400.0 and s.session_idle_s == 0.0 and s.max_clock_skew_s == 300.0
 
 
 @pytest.mark.parametrize("name", sorted(NON_DEFAULT))

@@ -166,6 +166,9 @@ class SleepConfig:
     triple_retention_days: float = 90.0
     rescore_epsilon: float = RESCORE_EPSILON
     max_catch_up: int = 7  # a stream that jumps over many fire times runs only the last ones
+    # The clock advances at most to a record's timestamp plus this (``bounded_time``): a runtime whose
+    # clock runs ahead cannot run a month of sleeps now and then none for a month. 0: no bound.
+    max_clock_skew_s: float = 300.0
     fixpoint_iterations: int = 20
 
     def policy(self, layer: str) -> LayerPolicy:
@@ -229,6 +232,19 @@ class SleepClock(msgspec.Struct, frozen=True):
     """The schedule's position in stream time: the last fire time handled (None before any event)."""
 
     last_fired: datetime | None = None
+
+
+def bounded_time(event_time: datetime, record_time: datetime | None, skew_s: float) -> datetime:
+    """``event_time``, at most ``record_time + skew_s`` (no bound without a record time or a skew).
+
+    >>> from datetime import datetime, timezone
+    >>> t = datetime(2024, 5, 1, 10, tzinfo=timezone.utc)
+    >>> bounded_time(t.replace(day=30), t, 300.0).isoformat(), bounded_time(t, t.replace(day=2), 300.0) == t
+    ('2024-05-01T10:05:00+00:00', True)
+    """
+    if record_time is None or skew_s <= 0:
+        return event_time
+    return min(event_time, record_time + timedelta(seconds=skew_s))
 
 
 def advance(clock: SleepClock, event_time: datetime, config: SleepConfig = SleepConfig()

@@ -25,6 +25,7 @@ import pyarrow as pa
 from processors.memory import MemoryState, apply, capture
 from processors.memory_index import IndexConfig
 from processors.oscillators import OscillatorState, observe
+from processors.sleep import bounded_time
 from projections.sleep import KIND_SLEEP
 from schemas.lifecycle import SleepRequested, SleepTrigger
 from schemas.memory import (
@@ -54,11 +55,17 @@ def new_state() -> MemoryState:
     return MemoryState.empty(IndexConfig(stem=stemmer()))
 
 
-def _ts(record: Any, units: Sequence[MemoryUnit]) -> datetime:
-    """The decision time: the record's timestamp (in the log, so a replay decides at the same time)."""
+def _record_time(record: Any) -> datetime | None:
+    """The record's timestamp (in the log, so a replay sees the same), or None without one."""
     ms = getattr(record, "timestamp", None)
-    if ms is not None and ms >= 0:
-        return datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc) if ms is not None and ms >= 0 else None
+
+
+def _ts(record: Any, units: Sequence[MemoryUnit]) -> datetime:
+    """The decision time: the record's timestamp, else its units' latest time."""
+    at = _record_time(record)
+    if at is not None:
+        return at
     return max((u.occurred_at for u in units), default=datetime(1970, 1, 1, tzinfo=timezone.utc))
 
 
@@ -112,7 +119,9 @@ class MemoryProjection:
                 continue
             units = _units_decoder.decode(raw)
             if self.sleep is not None and units:  # fire times passed in stream time: sleep first
-                for at in self.sleep.due(max(u.occurred_at for u in units)):
+                latest = bounded_time(max(u.occurred_at for u in units), _record_time(rec),
+                                      self.sleep.config.max_clock_skew_s)
+                for at in self.sleep.due(latest):
                     events += [(ev, rec.offset) for ev in self.sleep.run(self.state, at, SleepTrigger.SCHEDULE,
                                                                           rec.offset)]
             _, decided = capture(self.state, units, _ts(rec, units))

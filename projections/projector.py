@@ -163,7 +163,8 @@ class Projector:
 
             from processors.oscillators import OscillatorConfig
 
-            seen = Seen(con, self.agents, SleepConfig(schedule=validate_schedule(self.settings.sleep_schedule)),
+            seen = Seen(con, self.agents, SleepConfig(schedule=validate_schedule(self.settings.sleep_schedule),
+                                                      max_clock_skew_s=self.settings.max_clock_skew_s),
                         OscillatorConfig(enabled=True) if self.settings.oscillators else None)
             for tp in tps:
                 consumer.seek(tp, stored.get((tp.topic, tp.partition), 0))

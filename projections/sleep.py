@@ -4,6 +4,9 @@ The memory topic has one partition, so the episodic memory the fold holds before
 same live and in a replay. Before it applies a units record, the fold advances the sleep clock to
 the record's event time (``processors.sleep.advance``; cron ``SOMNUS_SLEEP_SCHEDULE``, default
 ``0 3 * * *``): every fire time passed runs a sleep at that time, over the state before the record.
+The event time is bounded by the record's timestamp plus ``SOMNUS_MAX_CLOCK_SKEW_S``
+(``processors.sleep.bounded_time``): units stamped ahead by a runtime's clock do not run the sleeps
+of nights to come.
 A ``SleepRequested`` record (``somnus sleep``) runs one at its ``at``. The watermark (the last run's
 time) makes a run at or before it a no-op, so running twice changes nothing.
 

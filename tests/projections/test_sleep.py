@@ -5,11 +5,13 @@ from __future__ import annotations
 from datetime import timedelta
 
 import duckdb
+import msgspec
 import orjson
 import pytest
 
 from processors.distiller import distill
 from processors.memory import episode_unit
+from processors.sleep import SleepConfig
 from projections import queries, schema
 from projections.sleep import KIND_SLEEP
 from projections.writer import Seen, Topics, apply_batch, load_offsets
@@ -29,9 +31,12 @@ def units():
     return [episode_unit(ep) for ep in distill({}, events).episodes]
 
 
-def _records(units, request_at=None):
+def _records(units, request_at=None, stamped=None):
+    """Records of 100 units each, stamped ``stamped(units of the record)`` (ms; default: a second after
+    the record's latest unit, as the worker sends them)."""
+    stamped = stamped or (lambda part: int(max(u.occurred_at for u in part).timestamp() * 1000) + 1000)
     recs = [Rec("memory", 0, i, encode(units[j:j + 100]), headers=[("somnus-kind", KIND_UNITS)],
-                timestamp=1_700_000_000_000 + i) for i, j in enumerate(range(0, len(units), 100))]
+                timestamp=stamped(units[j:j + 100])) for i, j in enumerate(range(0, len(units), 100))]
     if request_at is not None:
         recs.append(Rec("memory", 0, len(recs), encode(SleepRequested(at=request_at, requested_by="test")),
                         headers=[("somnus-kind", KIND_SLEEP)]))
@@ -125,3 +130,26 @@ def test_a_batch_reports_the_scheduled_runs_it_committed_for_promotion(tmp_path,
     scheduled = con.execute("SELECT run_id, run_at FROM sleep_runs WHERE trigger = 'schedule' ORDER BY run_at").fetchall()
     assert scheduled and reported == [(r, at) for r, at in scheduled]  # the on-demand run is not among them
     assert seen.memory.sleep.take_scheduled() == []
+
+
+def test_units_stamped_ahead_of_their_records_move_the_sleep_clock_only_to_the_records_time(tmp_path, units):
+    # Then a runtime whose clock is 30 days ahead: its units' times are, the worker's records' are not.
+    ahead = units[:200] + [msgspec.structs.replace(u, occurred_at=u.occurred_at + timedelta(days=30))
+                           for u in units[200:400]]
+    sent = [int((max(u.occurred_at for u in units[j:j + 100])).timestamp() * 1000) + 1000 for j in range(0, 400, 100)]
+    recs = _records(ahead, stamped=lambda part: sent[ahead.index(part[0]) // 100])
+    last_sent = max(sent) / 1000 + 300  # the record's time plus the skew allowed (s)
+
+    def sleep_clock(config):
+        con = duckdb.connect(str(tmp_path / f"skew{config.max_clock_skew_s:g}.duckdb"))
+        schema.init(con)
+        seen = Seen(con, None, config)
+        apply_batch(con, TOPICS, recs, load_offsets(con), 1 << 20, seen)
+        runs = con.execute("SELECT count(*) FROM sleep_runs WHERE trigger = 'schedule'").fetchone()[0]
+        return seen.memory.sleep.state.clock.last_fired.timestamp(), runs
+
+    bounded, bounded_runs = sleep_clock(SleepConfig())
+    free, free_runs = sleep_clock(SleepConfig(max_clock_skew_s=0))
+    assert bounded <= last_sent  # no sleep run dated in the future
+    assert free >= min(u.occurred_at for u in ahead[200:]).timestamp() - 86400  # unbounded: a month on
+    assert free_runs > bounded_runs, (free_runs, bounded_runs)  # ... after a catch-up of runs for the nights to come

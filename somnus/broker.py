@@ -132,12 +132,13 @@ def start(settings: Settings, timeout_s: float = 90.0, heap: str = "768m") -> Br
     data = state / "data"
     state.mkdir(parents=True, exist_ok=True)
     ports_file = state / "ports.json"
-    # Keep the ports of a formatted log dir: the controller quorum is stored with them.
+    # Keep the ports of a formatted log dir: the controller quorum is stored with them, and clients
+    # know the broker by its port. A port still held after a crash is waited for; one another process
+    # holds is an error. (The log dir used to be deleted then: a restart within a minute of a crash,
+    # its ports in TIME_WAIT, lost every topic.)
     if ports_file.exists() and data.exists():
         ports = json.loads(ports_file.read_text())
-        if not all(_port_free(p) for p in ports.values()):
-            shutil.rmtree(data)
-            ports = {"broker": _free_port(), "controller": _free_port()}
+        _wait_ports_free(ports, timeout_s)
     else:
         ports = {"broker": _free_port(), "controller": _free_port()}
     ports_file.write_text(json.dumps(ports))
@@ -168,12 +169,29 @@ def start(settings: Settings, timeout_s: float = 90.0, heap: str = "768m") -> Br
 
 
 def _port_free(port: int) -> bool:
+    """Can a server listen on ``port``? With SO_REUSEADDR, as Kafka's own sockets: connections of a
+    broker that died, left in TIME_WAIT, do not keep it from listening again."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
             return False
     return True
+
+
+def _wait_ports_free(ports: dict[str, int], timeout_s: float) -> None:
+    """Wait until every port of ``ports`` is free; a BrokerError naming those still taken."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        taken = {name: port for name, port in ports.items() if not _port_free(port)}
+        if not taken:
+            return
+        if time.monotonic() > deadline:
+            raise BrokerError(f"the broker's {', '.join(f'{n} port {p}' for n, p in taken.items())} "
+                              f"(kept with its data) is in use by another process: stop that process, or "
+                              f"stop any other broker of this home (`somnus broker stop`)")
+        time.sleep(0.5)
 
 
 def _server_properties(broker_port: int, controller_port: int, data: Path) -> str:

@@ -184,6 +184,9 @@ async def run_batched(app: faust.App, settings: Settings, stream: faust.StreamT,
         ticker.cancel()
 
 
+METADATA_MAX_AGE_MS = 10_000  # how often the worker's consumer refreshes its metadata at least
+
+
 def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker") -> faust.App:
     track_topics_sent_to()  # before Faust's producer sends anything (see its docstring)
     datadir = Path(settings.home) / "faust" / worker_name
@@ -213,6 +216,11 @@ def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker") 
         stream_buffer_maxsize=16384,
         broker_max_poll_records=1000,
         consumer_max_fetch_size=16 << 20,
+        # A group's assignment is computed from the leader's metadata. Just after a broker restart that
+        # metadata can lack the topics (seen: "Ignoring missing topic" 50 ms after the broker was back,
+        # and an empty assignment); aiokafka rejoins when a later refresh shows them, which Faust's
+        # default of 5 minutes made a 5-minute outage (tests/integration/test_recovery.py hides a topic).
+        consumer_metadata_max_age_ms=METADATA_MAX_AGE_MS,
     )
     traces = app.topic(settings.traces_topic, partitions=settings.partitions, key_type=bytes, value_type=bytes,
                        internal=False)

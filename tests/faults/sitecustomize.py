@@ -43,3 +43,27 @@ if _SUFFIXES:
         return records
 
     _driver.AIOKafkaConsumerThread._fetch_records = _fetch_records  # type: ignore[method-assign]
+
+# ``SOMNUS_FAULT_HIDE_TOPIC=<suffix>:<seconds>``: for its first ``seconds``, the process's Kafka clients
+# see no partitions for topics ending with ``suffix``, as in the metadata of a broker just restarted
+# (seen: a worker's group assignment computed then ignored the topic: "Ignoring missing topic").
+_HIDE = os.environ.get("SOMNUS_FAULT_HIDE_TOPIC", "")
+if _HIDE:
+    import time as _time
+
+    from aiokafka.cluster import ClusterMetadata as _Cluster
+
+    _suffix, _seconds = _HIDE.rsplit(":", 1)
+    _until = _time.monotonic() + float(_seconds)
+    _partitions_for_topic = _Cluster.partitions_for_topic
+    _announced: list[str] = []
+
+    def partitions_for_topic(self, topic):  # type: ignore[no-untyped-def]
+        if topic.endswith(_suffix) and _time.monotonic() < _until:
+            if not _announced:
+                _announced.append(topic)
+                print(f"FAULT: hiding {topic} from the metadata for {_seconds} s", flush=True)
+            return None
+        return _partitions_for_topic(self, topic)
+
+    _Cluster.partitions_for_topic = partitions_for_topic  # type: ignore[method-assign]

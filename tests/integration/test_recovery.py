@@ -68,3 +68,24 @@ def test_a_recovery_whose_changelog_records_were_fetched_and_lost_is_sought_back
                 if not 0 <= messages.find(f"my order {sid} is late") < messages.find("it ships tomorrow")] == []
     finally:
         p.stop_all()
+
+
+def test_a_topic_missing_from_the_metadata_when_the_group_was_assigned_is_taken_up_when_it_appears(
+        pipeline_settings, monkeypatch):
+    # Just after a broker restart its metadata can lack the topics: the worker's assignment then leaves
+    # the traces out, and aiokafka rejoins only once a metadata refresh shows them (Faust's default: 5 min).
+    s = dataclasses.replace(pipeline_settings, partitions=2)
+    p = Pipeline(s)
+    try:
+        p.start("projector")
+        path = os.environ.get("PYTHONPATH")
+        monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FAULTS), *([path] if path else [])]))
+        monkeypatch.setenv("SOMNUS_FAULT_HIDE_TOPIC", f"{s.traces_topic}:12")
+        p.start("worker")
+        p.publish([e for i in range(10) for e in _session(f"h{i}", T0 + timedelta(minutes=i))])
+        p.wait_idle(timeout_s=60)
+        log = p.log("worker")
+        assert "FAULT: hiding" in log and "Ignoring missing topic" in log, log[-3000:]
+        assert p.status()["counts"]["episodes"] == 10
+    finally:
+        p.stop_all()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from somnus import broker
 from somnus.config import Settings
 
@@ -48,3 +50,48 @@ def test_the_compose_broker_has_the_local_brokers_limits_and_topic_rules():
     for key in ("message.max.bytes", "auto.create.topics.enable", "log.retention.hours",
                 "offsets.topic.replication.factor", "group.initial.rebalance.delay.ms"):
         assert compose.get(key) == local[key], key
+
+
+@pytest.mark.integration
+def test_a_broker_killed_and_started_again_keeps_its_port_and_its_records(tmp_path):
+    """A restart within a minute of a crash found the broker's ports in TIME_WAIT, took them for taken,
+    and deleted the log dir: every topic lost (and a new port)."""
+    import asyncio
+    import os
+    import signal
+    import time
+
+    from aiokafka import AIOKafkaConsumer
+
+    from somnus.client import publish
+    from streams.topics import ensure_topics_async
+
+    settings = Settings.resolve(env={}, home=tmp_path / "home")
+    info = broker.start(settings)
+    try:
+        asyncio.run(ensure_topics_async(info.bootstrap, {"kept": 2}))
+        events = [{"n": i, "session_id": f"s{i % 5}"} for i in range(50)]
+        assert publish(events, info.bootstrap, "kept", bundle_max=1) == 50
+        os.kill(info.pid, signal.SIGKILL)  # its client connections end in TIME_WAIT on its port
+        while info.alive:
+            time.sleep(0.1)
+        again = broker.start(settings)
+        assert again.bootstrap == info.bootstrap
+
+        async def read() -> int:
+            consumer = AIOKafkaConsumer("kept", bootstrap_servers=again.bootstrap, auto_offset_reset="earliest",
+                                        enable_auto_commit=False)
+            await consumer.start()
+            try:
+                got = 0
+                deadline = time.monotonic() + 30
+                while got < 50 and time.monotonic() < deadline:
+                    batch = await consumer.getmany(timeout_ms=1000)
+                    got += sum(len(v) for v in batch.values())
+                return got
+            finally:
+                await consumer.stop()
+
+        assert asyncio.run(read()) == 50
+    finally:
+        broker.stop(settings)

@@ -8,15 +8,15 @@ the session closed, then forgotten (a tombstone in both tables).
 
 Stream time is per source partition: the latest event time (``ts``) among the events applied on
 that partition so far, each bounded by its record's timestamp (the broker's append time, on a
-traces topic Somnus created) plus the allowed clock skew
-(``SOMNUS_MAX_CLOCK_SKEW_S``, 5 minutes by default): a runtime whose clock runs ahead, or that
-stamps local time as UTC, cannot move a partition's stream time into the future and so expire other
-sessions' markers, or abandon other sessions, early. It is stored with the partition's position (``streams.ordering``), so a
-redelivered record is judged against exactly the stream time it was first judged against, and
-every decision here is a function of the partition's records alone (replays and restarts agree).
+traces topic Somnus created) plus the allowed clock skew (``SOMNUS_MAX_CLOCK_SKEW_S``, 5 minutes by
+default): a runtime whose clock runs ahead, or that stamps local time as UTC, cannot move a
+partition's stream time into the future and so expire other sessions' markers, or abandon other
+sessions, early. It is stored with the partition's position (``streams.ordering``), so a
+redelivered record is judged against exactly the stream time it was first judged against, and every
+decision here is a function of the partition's records alone (replays and restarts agree).
 
 For each event, in arrival order (``sift``), with ``w`` the partition's stream time before it and
-``clock`` the stream time with it (``max(w, ts)``):
+``clock`` the stream time with it (``max(w, ts)``, ``ts`` bounded as above):
 
 - its session is open: applied;
 - its session has a marker that has not expired (``clock <= closed_clock + retention``): a republished

@@ -35,25 +35,28 @@ def topic_specs(settings: Settings) -> dict[str, int]:
     }
 
 
-def topic_config(name: str) -> dict[str, str]:
-    """A topic's configuration at creation: changelogs compacted, the rest kept for ever. Trace records
-    carry the broker's append time, which bounds how far their events' times can move stream time
-    (``processors.retention``, ``SOMNUS_MAX_CLOCK_SKEW_S``)."""
+def topic_config(name: str, append_time: bool = False) -> dict[str, str]:
+    """A topic's configuration at creation: changelogs compacted, the rest kept for ever. With
+    ``append_time`` (the traces topic) records carry the broker's append time, which bounds how far
+    their events' times can move stream time (``processors.retention``, ``SOMNUS_MAX_CLOCK_SKEW_S``)."""
     if name.endswith("-changelog"):
         return {"cleanup.policy": "compact"}
     config = {"retention.ms": "-1", "retention.bytes": "-1"}
-    if name.endswith("traces"):
+    if append_time:
         config["message.timestamp.type"] = "LogAppendTime"
     return config
 
 
-async def ensure_topics_async(bootstrap: str, specs: dict[str, int]) -> dict[str, int]:
-    """Create missing topics; raise if an existing one has a different partition count."""
+async def ensure_topics_async(bootstrap: str, specs: dict[str, int],
+                              append_time: frozenset[str] = frozenset()) -> dict[str, int]:
+    """Create missing topics (those in ``append_time`` stamped with the broker's time); raise if an
+    existing one has a different partition count."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=30000)
     await admin.start()
     try:
         existing = set(await admin.list_topics())
-        missing = [NewTopic(name, num_partitions=n, replication_factor=1, topic_configs=topic_config(name))
+        missing = [NewTopic(name, num_partitions=n, replication_factor=1,
+                            topic_configs=topic_config(name, name in append_time))
                    for name, n in specs.items() if name not in existing]
         if missing:
             try:
@@ -78,7 +81,7 @@ async def ensure_topics_async(bootstrap: str, specs: dict[str, int]) -> dict[str
 
 
 def ensure_topics(settings: Settings, bootstrap: str) -> dict[str, int]:
-    return asyncio.run(ensure_topics_async(bootstrap, topic_specs(settings)))
+    return asyncio.run(ensure_topics_async(bootstrap, topic_specs(settings), frozenset({settings.traces_topic})))
 
 
 async def partitions_of(consumer: "AIOKafkaConsumer", topic: str, timeout_s: float = 20.0) -> list[int]:

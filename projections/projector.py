@@ -380,7 +380,7 @@ def _dumps(obj: Any) -> str:
 
 def main() -> None:
     """Entry point: ``python -m projections.projector`` (settings from the environment)."""
-    from somnus.broker import bootstrap_for
+    from somnus.broker import BrokerError, await_broker, bootstrap_for
 
     logging.basicConfig(level=logging.WARNING)
     # The writer thread holds the GIL for long stretches of Python (folds); a shorter switch interval
@@ -393,6 +393,10 @@ def main() -> None:
     tune_gc()
     settings = Settings.resolve()
     bootstrap = bootstrap_for(settings, start_if_missing=False)
+    try:
+        await_broker(bootstrap, settings.broker_wait_s, log)
+    except BrokerError as exc:
+        sys.exit(f"somnus projector: {exc}")
     projector = Projector(settings, bootstrap)
     loop = asyncio.new_event_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

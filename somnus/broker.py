@@ -16,6 +16,7 @@ import socket
 import subprocess
 import time
 import uuid
+from typing import Any
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -242,20 +243,37 @@ def wait_ready(bootstrap: str, timeout_s: float, proc: subprocess.Popen | None =
             except Exception:
                 pass
 
-    while time.monotonic() < deadline:
+    while True:  # at least one try, however short the timeout
         if proc is not None and proc.poll() is not None:
             raise BrokerError(f"the broker process exited with {proc.returncode}")
-        host, port = bootstrap.rsplit(":", 1)
-        try:
-            with socket.create_connection((host, int(port)), timeout=1):
-                pass
-        except OSError:
-            time.sleep(0.3)
-            continue
-        if asyncio.run(probe()):
+        if any(_accepts(server) for server in bootstrap.split(",")) and asyncio.run(probe()):
             return
+        if time.monotonic() >= deadline:
+            raise BrokerError(f"no broker answered at {bootstrap} within {timeout_s:g} s")
         time.sleep(0.3)
-    raise BrokerError(f"no broker answered at {bootstrap} within {timeout_s}s")
+
+
+def _accepts(server: str) -> bool:
+    """Does ``host:port`` accept a TCP connection now?"""
+    host, port = server.strip().rsplit(":", 1)
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=1):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+def await_broker(bootstrap: str, timeout_s: float, log: Any) -> None:
+    """Wait up to ``timeout_s`` for a broker to answer at ``bootstrap`` (a worker or projector started
+    before its broker, or while it restarts); ``BrokerError`` naming it after that."""
+    try:
+        wait_ready(bootstrap, 0.0)
+        return
+    except BrokerError:
+        pass
+    log.warning("no broker answers at %s yet; waiting up to %.0f s (SOMNUS_BROKER_WAIT_S)", bootstrap, timeout_s)
+    wait_ready(bootstrap, timeout_s)
+    log.warning("the broker at %s answers", bootstrap)
 
 
 def stop(settings: Settings, timeout_s: float = 30.0) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 import time
@@ -91,34 +92,45 @@ def broker_status(home: Optional[Path] = HomeOpt, as_json: bool = typer.Option(F
 # ---- running -----------------------------------------------------------------------------
 
 @app.command()
-def up(detach: bool = typer.Option(False, "--detach", "-d", help="Return once started."),
+def up(detach: bool = typer.Option(False, "--detach", "-d", help="Return once started (a supervisor keeps them running)."),
        home: Optional[Path] = HomeOpt, db: Optional[Path] = DbOpt, bootstrap: Optional[str] = BootOpt) -> None:
-    """Start the broker (unless one is configured), create the topics, start the worker and the projector."""
+    """Start the broker (unless one is configured), create the topics, and the worker and the projector
+    under a supervisor that starts either again when it exits (somnus/supervisor.py)."""
+    from somnus.supervisor import Supervisor
+
     s = _settings(home, db, bootstrap)
     boot = _bootstrap(s, start=True)
     from streams.topics import ensure_topics
 
     ensure_topics(s, boot)
-    for role in ("projector", "worker"):
-        if procs.running(s, role) is None:
-            procs.spawn(s, boot, role)
-    console.print(f"somnus up: bootstrap {boot}, db {s.db_path}, logs in {s.run_dir}")
-    if detach:
+    if procs.running(s, "supervisor") is not None:
+        console.print(f"somnus up: already running (supervisor pid {procs.running(s, 'supervisor')}), logs in {s.run_dir}")
         return
-    try:
-        while all(procs.running(s, r) for r in ("projector", "worker")):
-            time.sleep(1)
-        _fail(f"a process exited; see the logs in {s.run_dir}")
-    except KeyboardInterrupt:
-        down(home, db)
+    if detach:
+        procs.spawn(s, boot, "supervisor")
+        deadline = time.monotonic() + 60
+        while not all(procs.running(s, r) for r in ("projector", "worker", "supervisor")):
+            if time.monotonic() > deadline or procs.running(s, "supervisor") is None:
+                _fail(f"the supervisor did not start the worker and the projector; see {s.run_dir}/supervisor.log")
+            time.sleep(0.1)
+        console.print(f"somnus up: bootstrap {boot}, db {s.db_path}, logs in {s.run_dir}")
+        return
+    sup = Supervisor(s, boot, say=lambda m: console.print(f"[yellow]{m}[/yellow]"))
+    sup.step()
+    console.print(f"somnus up: bootstrap {boot}, db {s.db_path}, logs in {s.run_dir} (Ctrl-C stops)")
+    with contextlib.suppress(KeyboardInterrupt):
+        sup.run()  # stops both on the way out
 
 
 @app.command()
 def down(home: Optional[Path] = HomeOpt, db: Optional[Path] = DbOpt) -> None:
-    """Stop the worker and the projector (the broker keeps running until `somnus broker stop`)."""
+    """Stop the supervisor, the worker and the projector (the broker keeps running until `somnus broker stop`)."""
     s = _settings(home, db)
+    was = {role: procs.running(s, role) is not None for role in ("worker", "projector")}
+    if procs.stop(s, "supervisor", timeout_s=90.0):  # it stops its processes: nothing is started again
+        console.print("supervisor: stopped")
     for role in ("worker", "projector"):
-        console.print(f"{role}: {'stopped' if procs.stop(s, role) else 'not running'}")
+        console.print(f"{role}: {'stopped' if procs.stop(s, role) or was[role] else 'not running'}")
 
 
 # ---- input -------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ _ENV = {
     "session_retention_s": "SOMNUS_SESSION_RETENTION_S",
     "session_idle_s": "SOMNUS_SESSION_IDLE_S",
     "max_clock_skew_s": "SOMNUS_MAX_CLOCK_SKEW_S",
+    "broker_wait_s": "SOMNUS_BROKER_WAIT_S",
 }
 
 
@@ -75,6 +76,9 @@ class Settings:
     # How far an event's time may be ahead of its record's broker time and still move its partition's
     # stream time (processors/retention.py): a runtime's clock that runs ahead is bounded. 0: no bound.
     max_clock_skew_s: float = 300.0
+    # How long a starting worker or projector waits for its broker to answer before it exits (then
+    # `somnus up`'s supervisor starts it again after a back-off).
+    broker_wait_s: float = 300.0
 
     @classmethod
     def resolve(cls, env: Mapping[str, str] | None = None, **args: Any) -> Settings:

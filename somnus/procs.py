@@ -11,7 +11,7 @@ from pathlib import Path
 
 from somnus.config import Settings
 
-MODULES = {"worker": "streams.worker", "projector": "projections.projector"}
+MODULES = {"worker": "streams.worker", "projector": "projections.projector", "supervisor": "somnus.supervisor"}
 
 
 # Young-generation collections every 50,000 net allocations instead of CPython's 700. The worker and
@@ -44,7 +44,7 @@ def child_env(settings: Settings, bootstrap: str) -> dict[str, str]:
 
 def spawn(settings: Settings, bootstrap: str, role: str, name: str | None = None,
           extra_args: list[str] | None = None) -> subprocess.Popen:
-    """Start ``role`` (worker|projector) in its own session; its log goes to ``<run>/<name>.log``."""
+    """Start ``role`` (worker|projector|supervisor) in its own session; its log goes to ``<run>/<name>.log``."""
     name = name or role
     settings.run_dir.mkdir(parents=True, exist_ok=True)
     log = open(settings.run_dir / f"{name}.log", "ab")

@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Any
 
-from somnus.broker import bootstrap_for
+from somnus.broker import BrokerError, await_broker, bootstrap_for
 from somnus.config import Settings
 from somnus.procs import tune_gc
 from streams.app import create_app
@@ -35,11 +35,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--loglevel", default=os.environ.get("SOMNUS_LOGLEVEL", "warning"))
     args = parser.parse_args(argv)
     tune_gc()
+    logging.basicConfig(level=args.loglevel.upper())
     settings = Settings.resolve()
     bootstrap = bootstrap_for(settings, start_if_missing=False)
+    try:
+        await_broker(bootstrap, settings.broker_wait_s, logging.getLogger("somnus.worker"))
+    except BrokerError as exc:
+        sys.exit(f"somnus worker: {exc}")
     ensure_topics(settings, bootstrap)
     app = create_app(settings, bootstrap, worker_name=args.name)
-    logging.basicConfig(level=args.loglevel.upper())
     worker = make_worker(app, args.loglevel)
     sys.argv = [sys.argv[0]]
     worker.execute_from_commandline()

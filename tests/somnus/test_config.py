@@ -31,6 +31,7 @@ NON_DEFAULT = {
     "session_retention_s": (3600.0, "SOMNUS_SESSION_RETENTION_S", "3600", 3600.0),
     "session_idle_s": (7200.0, "SOMNUS_SESSION_IDLE_S", "7200", 7200.0),
     "max_clock_skew_s": (60.0, "SOMNUS_MAX_CLOCK_SKEW_S", "60", 60.0),
+    "broker_wait_s": (30.0, "SOMNUS_BROKER_WAIT_S", "30", 30.0),
 }
 
 

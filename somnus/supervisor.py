@@ -1,0 +1,167 @@
+"""Keeps the worker and the projector running: what ``somnus up`` runs, in the foreground or detached
+(``python -m somnus.supervisor``, pid file ``<SOMNUS_HOME>/run/supervisor.pid``).
+
+A process that exits (a crash, a SIGKILL, a worker that gave up waiting for the broker) is started
+again after a back-off: 1 s, doubled after each exit that came soon after its start, at most 60 s,
+and back to 1 s once a process has run for a minute. Nothing is lost by a restart: the worker's
+state is in changelogged tables and its offsets are committed after its outputs; the projector
+writes rows and offsets in one transaction. ``somnus down`` stops the supervisor first (so nothing is
+restarted), which stops its processes.
+
+>>> [backoff_s(n) for n in range(1, 9)]
+[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 60.0]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from somnus import procs
+from somnus.config import Settings
+
+log = logging.getLogger("somnus.supervisor")
+
+ROLES = ("projector", "worker")  # the projector first: the worker's outputs wait on the broker meanwhile
+MIN_BACKOFF_S = 1.0
+MAX_BACKOFF_S = 60.0
+STABLE_S = 60.0  # a process that ran this long before it exited is restarted after MIN_BACKOFF_S again
+
+
+def backoff_s(failures: int, low: float = MIN_BACKOFF_S, high: float = MAX_BACKOFF_S) -> float:
+    """The wait before the next start after ``failures`` exits in a row (each soon after its start)."""
+    return min(high, low * 2.0 ** max(0, failures - 1))
+
+
+@dataclasses.dataclass
+class Child:
+    """One supervised process: the process (``pid`` alone when it was adopted: started before this
+    supervisor, so its exit code cannot be read), when it started, and its exits in a row."""
+
+    role: str
+    proc: subprocess.Popen | None = None
+    pid: int | None = None
+    started_at: float = 0.0
+    failures: int = 0
+    restart_at: float | None = None  # when it is due to start again (it is down until then)
+    restarts: int = 0
+
+
+class Supervisor:
+    """Starts each role, watches it, and starts it again after a back-off when it exits.
+
+    ``spawn(role)`` starts one (``procs.spawn`` by default), ``alive(child)`` says whether it runs and
+    ``clock`` is monotonic seconds: the unit tests pass their own (they test this wiring, not the
+    processes; tests/integration/test_supervisor.py runs the real ones)."""
+
+    def __init__(self, settings: Settings, bootstrap: str, roles: tuple[str, ...] = ROLES,
+                 spawn: Callable[[str], Any] | None = None, clock: Callable[[], float] = time.monotonic,
+                 say: Callable[[str], None] | None = None, stable_s: float = STABLE_S,
+                 low: float = MIN_BACKOFF_S, high: float = MAX_BACKOFF_S) -> None:
+        self.settings, self.bootstrap = settings, bootstrap
+        self.spawn = spawn or (lambda role: procs.spawn(settings, bootstrap, role))
+        self.clock = clock
+        self.say = say or log.warning
+        self.stable_s, self.low, self.high = stable_s, low, high
+        self.children = {role: Child(role) for role in roles}
+        self._stop = threading.Event()
+
+    # -- one look at every child ------------------------------------------------------------
+    def step(self) -> None:
+        now = self.clock()
+        for child in self.children.values():
+            if child.restart_at is None and child.pid is None:  # never started: adopt a running one, or start
+                pid = procs.running(self.settings, child.role)
+                if pid is not None:
+                    child.pid, child.started_at = pid, now
+                    self.say(f"{child.role}: already running (pid {pid}); watching it")
+                else:
+                    self._start(child, now)
+                continue
+            if child.restart_at is not None:
+                if now >= child.restart_at:
+                    self._start(child, now)
+                continue
+            code = self._exit_code(child)
+            if code is None:
+                continue
+            ran = now - child.started_at
+            child.failures = 1 if ran >= self.stable_s else child.failures + 1
+            wait = backoff_s(child.failures, self.low, self.high)
+            child.restart_at = now + wait
+            child.proc, child.pid = None, None
+            self.say(f"{child.role} exited ({code}) after {ran:.1f} s; starting it again in {wait:.0f} s "
+                     f"(log: {self.settings.run_dir / (child.role + '.log')})")
+
+    def _exit_code(self, child: Child) -> str | None:
+        """None while it runs; else how it ended ('exit code 1', 'signal 9', 'unknown' when adopted)."""
+        if child.proc is not None:
+            rc = child.proc.poll()
+            if rc is None:
+                return None
+            return f"signal {-rc}" if rc < 0 else f"exit code {rc}"
+        if child.pid is not None and self.alive(child.pid):
+            return None
+        return "exit code unknown"
+
+    def alive(self, pid: int) -> bool:
+        return procs.pid_alive(pid)
+
+    def _start(self, child: Child, now: float) -> None:
+        proc = self.spawn(child.role)
+        child.proc = proc if isinstance(proc, subprocess.Popen) else None
+        child.pid = getattr(proc, "pid", None)
+        if child.restart_at is not None:
+            child.restarts += 1
+        child.started_at, child.restart_at = now, None
+
+    # -- the loop ---------------------------------------------------------------------------
+    def run(self, interval_s: float = 0.5) -> None:
+        """Watch until ``stop()``; then stop every process (SIGTERM, then SIGKILL after 30 s)."""
+        try:
+            while not self._stop.is_set():
+                self.step()
+                self._stop.wait(interval_s)
+        finally:
+            self.shutdown()
+
+    def stop(self, *_: Any) -> None:
+        self._stop.set()
+
+    def shutdown(self) -> None:
+        for role in reversed(tuple(self.children)):  # the worker first, then the projector
+            procs.stop(self.settings, role)
+
+
+def pidfile(settings: Settings) -> Path:
+    return settings.run_dir / "supervisor.pid"
+
+
+def main() -> None:
+    """Entry point: ``python -m somnus.supervisor`` (settings and KAFKA_BOOTSTRAP from the environment)."""
+    import os
+
+    from somnus.broker import bootstrap_for
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    settings = Settings.resolve()
+    sup = Supervisor(settings, bootstrap_for(settings, start_if_missing=False))
+    signal.signal(signal.SIGTERM, sup.stop)
+    signal.signal(signal.SIGINT, sup.stop)
+    settings.run_dir.mkdir(parents=True, exist_ok=True)
+    pidfile(settings).write_text(str(os.getpid()))
+    try:
+        sup.run()
+    finally:
+        pidfile(settings).unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    main()

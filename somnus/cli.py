@@ -274,6 +274,13 @@ def status(home: Optional[Path] = HomeOpt, db: Optional[Path] = DbOpt, bootstrap
     for k, v in res["counts"].items():
         c.add_row(k, str(v))
     console.print(c)
+    ps = res["processes"]
+    sup = ps.get("supervised", {})
+    console.print("processes: " + ", ".join(
+        f"{role} " + (f"pid {ps[role]}" if ps[role] else "not running")
+        + (f" ({sup[role]['restarts']} restarts, last exit {sup[role]['last_exit']} at {sup[role]['last_exit_at']})"
+           if sup.get(role, {}).get("restarts") else "")
+        for role in ("supervisor", "worker", "projector")))
     if res["dead_letter_kinds"]:
         console.print(f"dead letters by kind: {res['dead_letter_kinds']}")
     m = res.get("memory")

@@ -164,7 +164,10 @@ def status(settings: Settings, bootstrap: str) -> dict[str, Any]:
         memory = read(db, "memory", agents_dir=settings.agents_dir)
     except ReadError:
         memory = None
+    from somnus.supervisor import processes
+
     return {
+        "processes": processes(settings),
         "memory": memory,
         "lag": lag,
         "worker_lag": worker_lag,

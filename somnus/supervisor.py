@@ -15,12 +15,14 @@ restarted), which stops its processes.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import signal
 import subprocess
 import threading
 import time
 from collections.abc import Callable
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +54,8 @@ class Child:
     failures: int = 0
     restart_at: float | None = None  # when it is due to start again (it is down until then)
     restarts: int = 0
+    last_exit: str | None = None  # how it ended last ('signal 9', 'exit code 1', ...)
+    last_exit_at: str | None = None  # when (UTC, ISO 8601)
 
 
 class Supervisor:
@@ -64,18 +68,31 @@ class Supervisor:
     def __init__(self, settings: Settings, bootstrap: str, roles: tuple[str, ...] = ROLES,
                  spawn: Callable[[str], Any] | None = None, clock: Callable[[], float] = time.monotonic,
                  say: Callable[[str], None] | None = None, stable_s: float = STABLE_S,
-                 low: float = MIN_BACKOFF_S, high: float = MAX_BACKOFF_S) -> None:
+                 low: float = MIN_BACKOFF_S, high: float = MAX_BACKOFF_S, state_file: Path | None = None) -> None:
         self.settings, self.bootstrap = settings, bootstrap
         self.spawn = spawn or (lambda role: procs.spawn(settings, bootstrap, role))
         self.clock = clock
         self.say = say or log.warning
         self.stable_s, self.low, self.high = stable_s, low, high
         self.children = {role: Child(role) for role in roles}
+        self.state_file = state_file  # what ``somnus status`` shows of the processes (written on each change)
         self._stop = threading.Event()
 
     # -- one look at every child ------------------------------------------------------------
     def step(self) -> None:
-        now = self.clock()
+        before = self.state()
+        self._step(self.clock())
+        if self.state_file is not None and self.state() != before:
+            tmp = self.state_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.state()))
+            tmp.replace(self.state_file)  # whole, for a reader at any moment
+
+    def state(self) -> dict[str, Any]:
+        """Each process's pid (None while it waits to start again), restarts and last exit."""
+        return {role: {"pid": c.pid, "restarts": c.restarts, "last_exit": c.last_exit,
+                       "last_exit_at": c.last_exit_at} for role, c in self.children.items()}
+
+    def _step(self, now: float) -> None:
         for child in self.children.values():
             if child.restart_at is None and child.pid is None:  # never started: adopt a running one, or start
                 pid = procs.running(self.settings, child.role)
@@ -97,6 +114,8 @@ class Supervisor:
             wait = backoff_s(child.failures, self.low, self.high)
             child.restart_at = now + wait
             child.proc, child.pid = None, None
+            child.last_exit = code
+            child.last_exit_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
             self.say(f"{child.role} exited ({code}) after {ran:.1f} s; starting it again in {wait:.0f} s "
                      f"(log: {self.settings.run_dir / (child.role + '.log')})")
 
@@ -144,6 +163,22 @@ def pidfile(settings: Settings) -> Path:
     return settings.run_dir / "supervisor.pid"
 
 
+def state_file(settings: Settings) -> Path:
+    return settings.run_dir / "supervisor.json"
+
+
+def processes(settings: Settings) -> dict[str, Any]:
+    """What runs (pids, None when not) and, under a supervisor, each process's restarts and last exit."""
+    out: dict[str, Any] = {role: procs.running(settings, role) for role in ("supervisor", *ROLES)}
+    path = state_file(settings)
+    if out["supervisor"] is not None and path.exists():
+        try:
+            out["supervised"] = json.loads(path.read_text())
+        except ValueError:  # being written
+            pass
+    return out
+
+
 def main() -> None:
     """Entry point: ``python -m somnus.supervisor`` (settings and KAFKA_BOOTSTRAP from the environment)."""
     import os
@@ -152,7 +187,7 @@ def main() -> None:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     settings = Settings.resolve()
-    sup = Supervisor(settings, bootstrap_for(settings, start_if_missing=False))
+    sup = Supervisor(settings, bootstrap_for(settings, start_if_missing=False), state_file=state_file(settings))
     signal.signal(signal.SIGTERM, sup.stop)
     signal.signal(signal.SIGINT, sup.stop)
     settings.run_dir.mkdir(parents=True, exist_ok=True)
@@ -161,6 +196,7 @@ def main() -> None:
         sup.run()
     finally:
         pidfile(settings).unlink(missing_ok=True)
+        state_file(settings).unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import os
 import signal
 import socket
@@ -65,6 +66,13 @@ def test_up_restarts_a_killed_worker_and_projector_and_down_stops_everything(pip
         log = (s.run_dir / "supervisor.log").read_text()
         assert "worker exited (signal 9)" in log and "projector exited (signal 9)" in log
         assert procs.running(s, "supervisor") == sup
+        shown = _cli(s, "status", "--json")
+        assert shown.returncode == 0, shown.stderr
+        ps = json.loads(shown.stdout)["processes"]
+        assert ps["supervisor"] == sup
+        for role in ("worker", "projector"):
+            assert ps[role] == procs.running(s, role) == ps["supervised"][role]["pid"]
+            assert ps["supervised"][role]["restarts"] == 1 and ps["supervised"][role]["last_exit"] == "signal 9"
     finally:
         down = _cli(s, "down")
     assert down.returncode == 0, down.stdout + down.stderr

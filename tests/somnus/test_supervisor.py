@@ -3,6 +3,7 @@ projector) and a clock of the test's own. tests/integration/test_supervisor.py r
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -43,7 +44,8 @@ def sup(tmp_path: Path):
 
     said: list[str] = []
     clock = Clock()
-    s = Supervisor(settings, "127.0.0.1:1", spawn=spawn, clock=clock, say=said.append)
+    s = Supervisor(settings, "127.0.0.1:1", spawn=spawn, clock=clock, say=said.append,
+                   state_file=settings.run_dir / "supervisor.json")
     s.started, s.said, s.fake_clock = started, said, clock  # type: ignore[attr-defined]
     yield s
     for _, proc in started:
@@ -75,6 +77,11 @@ def test_starts_every_role_and_restarts_one_that_was_killed_after_the_backoff(su
     assert procs.running(sup.settings, "worker") == sup.started[2][1].pid
     assert sup.children["worker"].restarts == 1
     assert sup.children["projector"].restarts == 0
+    state = json.loads((sup.settings.run_dir / "supervisor.json").read_text())  # what `somnus status` shows
+    assert state["worker"]["pid"] == sup.started[2][1].pid and state["worker"]["restarts"] == 1
+    assert state["worker"]["last_exit"] == "signal 9" and state["worker"]["last_exit_at"]
+    assert state["projector"] == {"pid": sup.started[0][1].pid, "restarts": 0, "last_exit": None,
+                                  "last_exit_at": None}
 
 
 def test_quick_exits_in_a_row_double_the_backoff_and_a_long_run_resets_it(sup) -> None:

@@ -48,6 +48,7 @@ def test_worker_main_tunes_the_garbage_collector(monkeypatch, tmp_path):
     before = gc.get_threshold()
     monkeypatch.setenv("SOMNUS_HOME", str(tmp_path))
     monkeypatch.setattr(worker_mod, "bootstrap_for", lambda settings, start_if_missing: "127.0.0.1:1")
+    monkeypatch.setattr(worker_mod, "await_broker", lambda bootstrap, timeout_s, log: None)
     monkeypatch.setattr(worker_mod, "ensure_topics", lambda settings, bootstrap: None)
     monkeypatch.setattr(worker_mod, "create_app", lambda settings, bootstrap, worker_name: object())
     monkeypatch.setattr(worker_mod, "make_worker", lambda app, loglevel: FakeWorker())

@@ -106,8 +106,9 @@ def up(detach: bool = typer.Option(False, "--detach", "-d", help="Return once st
     if procs.running(s, "supervisor") is not None:
         console.print(f"somnus up: already running (supervisor pid {procs.running(s, 'supervisor')}), logs in {s.run_dir}")
         return
+    local = s.bootstrap is None  # the project's own broker: the supervisor watches it too
     if detach:
-        procs.spawn(s, boot, "supervisor")
+        procs.spawn(s, boot, "supervisor", extra_args=["--broker"] if local else [])
         deadline = time.monotonic() + 60
         while not all(procs.running(s, r) for r in ("projector", "worker", "supervisor")):
             if time.monotonic() > deadline or procs.running(s, "supervisor") is None:
@@ -115,7 +116,7 @@ def up(detach: bool = typer.Option(False, "--detach", "-d", help="Return once st
             time.sleep(0.1)
         console.print(f"somnus up: bootstrap {boot}, db {s.db_path}, logs in {s.run_dir}")
         return
-    sup = Supervisor(s, boot, say=lambda m: console.print(f"[yellow]{m}[/yellow]"))
+    sup = Supervisor(s, boot, say=lambda m: console.print(f"[yellow]{m}[/yellow]"), broker=local)
     sup.step()
     console.print(f"somnus up: bootstrap {boot}, db {s.db_path}, logs in {s.run_dir} (Ctrl-C stops)")
     with contextlib.suppress(KeyboardInterrupt):
@@ -280,7 +281,7 @@ def status(home: Optional[Path] = HomeOpt, db: Optional[Path] = DbOpt, bootstrap
         f"{role} " + (f"pid {ps[role]}" if ps[role] else "not running")
         + (f" ({sup[role]['restarts']} restarts, last exit {sup[role]['last_exit']} at {sup[role]['last_exit_at']})"
            if sup.get(role, {}).get("restarts") else "")
-        for role in ("supervisor", "worker", "projector")))
+        for role in ("supervisor", "broker", "worker", "projector") if role in sup or role != "broker"))
     if res["dead_letter_kinds"]:
         console.print(f"dead letters by kind: {res['dead_letter_kinds']}")
     m = res.get("memory")

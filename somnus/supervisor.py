@@ -1,8 +1,10 @@
 """Keeps the worker and the projector running: what ``somnus up`` runs, in the foreground or detached
 (``python -m somnus.supervisor``, pid file ``<SOMNUS_HOME>/run/supervisor.pid``).
 
-A process that exits (a crash, a SIGKILL, a worker that gave up waiting for the broker) is started
-again after a back-off: 1 s, doubled after each exit that came soon after its start, at most 60 s,
+With the project's own broker (no ``KAFKA_BOOTSTRAP``), the broker is watched too, and started
+again on the same port and log dir (``somnus.broker.start``) if it dies; ``somnus down`` leaves it
+running, as before. A process that exits (a crash, a SIGKILL, a worker that gave up waiting for the
+broker) is started again after a back-off: 1 s, doubled after each exit that came soon after its start, at most 60 s,
 and back to 1 s once a process has run for a minute. Nothing is lost by a restart: the worker's
 state is in changelogged tables and its offsets are committed after its outputs; the projector
 writes rows and offsets in one transaction. ``somnus down`` stops the supervisor first (so nothing is
@@ -14,9 +16,11 @@ restarted), which stops its processes.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
+import os
 import signal
 import subprocess
 import threading
@@ -26,6 +30,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from somnus import broker as broker_mod
 from somnus import procs
 from somnus.config import Settings
 
@@ -61,16 +66,19 @@ class Child:
 class Supervisor:
     """Starts each role, watches it, and starts it again after a back-off when it exits.
 
-    ``spawn(role)`` starts one (``procs.spawn`` by default), ``alive(child)`` says whether it runs and
-    ``clock`` is monotonic seconds: the unit tests pass their own (they test this wiring, not the
+    ``spawn(role)`` starts one (``procs.spawn`` by default; the broker: ``somnus.broker.start``),
+    ``broker``: watch the local broker too (first), and ``clock`` is monotonic seconds: the unit tests pass their own (they test this wiring, not the
     processes; tests/integration/test_supervisor.py runs the real ones)."""
 
     def __init__(self, settings: Settings, bootstrap: str, roles: tuple[str, ...] = ROLES,
                  spawn: Callable[[str], Any] | None = None, clock: Callable[[], float] = time.monotonic,
                  say: Callable[[str], None] | None = None, stable_s: float = STABLE_S,
-                 low: float = MIN_BACKOFF_S, high: float = MAX_BACKOFF_S, state_file: Path | None = None) -> None:
+                 low: float = MIN_BACKOFF_S, high: float = MAX_BACKOFF_S, state_file: Path | None = None,
+                 broker: bool = False) -> None:
         self.settings, self.bootstrap = settings, bootstrap
-        self.spawn = spawn or (lambda role: procs.spawn(settings, bootstrap, role))
+        self.spawn = spawn or self._spawn
+        if broker:
+            roles = ("broker", *roles)
         self.clock = clock
         self.say = say or log.warning
         self.stable_s, self.low, self.high = stable_s, low, high
@@ -95,7 +103,7 @@ class Supervisor:
     def _step(self, now: float) -> None:
         for child in self.children.values():
             if child.restart_at is None and child.pid is None:  # never started: adopt a running one, or start
-                pid = procs.running(self.settings, child.role)
+                pid = self._running(child.role)
                 if pid is not None:
                     child.pid, child.started_at = pid, now
                     self.say(f"{child.role}: already running (pid {pid}); watching it")
@@ -116,8 +124,9 @@ class Supervisor:
             child.proc, child.pid = None, None
             child.last_exit = code
             child.last_exit_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
-            self.say(f"{child.role} exited ({code}) after {ran:.1f} s; starting it again in {wait:.0f} s "
-                     f"(log: {self.settings.run_dir / (child.role + '.log')})")
+            where = (self.settings.home / "broker" / "broker.log" if child.role == "broker"
+                     else self.settings.run_dir / f"{child.role}.log")
+            self.say(f"{child.role} exited ({code}) after {ran:.1f} s; starting it again in {wait:.0f} s (log: {where})")
 
     def _exit_code(self, child: Child) -> str | None:
         """None while it runs; else how it ended ('exit code 1', 'signal 9', 'unknown' when adopted)."""
@@ -128,13 +137,37 @@ class Supervisor:
             return f"signal {-rc}" if rc < 0 else f"exit code {rc}"
         if child.pid is not None and self.alive(child.pid):
             return None
+        if child.pid is not None:  # a broker this supervisor started (broker.start): reap it
+            with contextlib.suppress(ChildProcessError):
+                pid, status = os.waitpid(child.pid, os.WNOHANG)
+                if pid == child.pid:
+                    return f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else \
+                        f"exit code {os.WEXITSTATUS(status)}"
         return "exit code unknown"
 
     def alive(self, pid: int) -> bool:
         return procs.pid_alive(pid)
 
+    def _running(self, role: str) -> int | None:
+        if role == "broker":
+            info = broker_mod.status(self.settings)
+            return info.pid if info is not None else None
+        return procs.running(self.settings, role)
+
+    def _spawn(self, role: str) -> Any:
+        if role == "broker":
+            return broker_mod.start(self.settings)  # its port and log dir again; waits until it answers
+        return procs.spawn(self.settings, self.bootstrap, role)
+
     def _start(self, child: Child, now: float) -> None:
-        proc = self.spawn(child.role)
+        try:
+            proc = self.spawn(child.role)
+        except broker_mod.BrokerError as exc:  # counts as an exit: tried again after the back-off
+            child.failures += 1
+            wait = backoff_s(child.failures, self.low, self.high)
+            child.restart_at, child.last_exit = now + wait, "did not start"
+            self.say(f"{child.role} did not start ({exc}); trying again in {wait:.0f} s")
+            return
         child.proc = proc if isinstance(proc, subprocess.Popen) else None
         child.pid = getattr(proc, "pid", None)
         if child.restart_at is not None:
@@ -156,7 +189,8 @@ class Supervisor:
 
     def shutdown(self) -> None:
         for role in reversed(tuple(self.children)):  # the worker first, then the projector
-            procs.stop(self.settings, role)
+            if role != "broker":  # it keeps running until `somnus broker stop`
+                procs.stop(self.settings, role)
 
 
 def pidfile(settings: Settings) -> Path:
@@ -170,6 +204,8 @@ def state_file(settings: Settings) -> Path:
 def processes(settings: Settings) -> dict[str, Any]:
     """What runs (pids, None when not) and, under a supervisor, each process's restarts and last exit."""
     out: dict[str, Any] = {role: procs.running(settings, role) for role in ("supervisor", *ROLES)}
+    info = broker_mod.status(settings)
+    out["broker"] = info.pid if info is not None else None  # the local broker of this home, if any
     path = state_file(settings)
     if out["supervisor"] is not None and path.exists():
         try:
@@ -181,13 +217,15 @@ def processes(settings: Settings) -> dict[str, Any]:
 
 def main() -> None:
     """Entry point: ``python -m somnus.supervisor`` (settings and KAFKA_BOOTSTRAP from the environment)."""
-    import os
+    import argparse
 
-    from somnus.broker import bootstrap_for
-
+    parser = argparse.ArgumentParser(prog="somnus-supervisor")
+    parser.add_argument("--broker", action="store_true", help="Watch the local broker too.")
+    args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     settings = Settings.resolve()
-    sup = Supervisor(settings, bootstrap_for(settings, start_if_missing=False), state_file=state_file(settings))
+    sup = Supervisor(settings, broker_mod.bootstrap_for(settings, start_if_missing=False),
+                     state_file=state_file(settings), broker=args.broker)
     signal.signal(signal.SIGTERM, sup.stop)
     signal.signal(signal.SIGINT, sup.stop)
     settings.run_dir.mkdir(parents=True, exist_ok=True)

@@ -152,3 +152,42 @@ def test_a_worker_and_projector_started_before_the_broker_wait_for_it(pipeline_s
         assert "answers" in pipe.log("worker").split("no broker answers", 1)[1]
     finally:
         pipe.stop_all()
+
+
+def test_up_with_its_own_broker_starts_the_broker_again_when_it_dies(tmp_path: Path) -> None:
+    from somnus import broker
+
+    s = dataclasses.replace(Settings.resolve(env={}, home=tmp_path / "home"), db_path=tmp_path / "own.duckdb",
+                            partitions=2, session_timeout_s=6.0)
+    env = {k: v for k, v in os.environ.items() if k != "KAFKA_BOOTSTRAP"}
+    env.update(s.as_env())  # no KAFKA_BOOTSTRAP: `somnus up` starts the project's own broker
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "somnus.cli", *args], env=env, capture_output=True, text=True,
+                              timeout=240, stdin=subprocess.DEVNULL)
+
+    try:
+        done = cli("up", "--detach")
+        assert done.returncode == 0, done.stdout + done.stderr
+        info = broker.status(s)
+        assert info is not None
+        s = dataclasses.replace(s, bootstrap=info.bootstrap)  # for the test's own publishing and reads
+        first = list(generate(sessions=30, seed=24))
+        publish(first, info.bootstrap, s.traces_topic)
+        wait_idle(s, info.bootstrap, timeout_s=240)
+        os.kill(info.pid, signal.SIGKILL)
+        wait_until(lambda: broker.status(s) is not None and broker.status(s).pid != info.pid, timeout_s=120,
+                   what="the broker started again by the supervisor")
+        assert broker.status(s).bootstrap == info.bootstrap  # same port, same log dir
+        broker.wait_ready(info.bootstrap, 120)  # its pid file is written before it answers
+        second = [{**e, "session_id": f"after-{e['session_id']}"} for e in generate(sessions=30, seed=25)]
+        publish(second, info.bootstrap, s.traces_topic)
+        wait_idle(s, info.bootstrap, timeout_s=240)
+        assert _episodes(s) == _sessions(first) + _sessions(second)
+        ps = json.loads(cli("status", "--json").stdout)["processes"]
+        assert ps["supervised"]["broker"]["restarts"] == 1 and ps["broker"] == broker.status(s).pid
+        assert ps["supervised"]["broker"]["last_exit"] in ("signal 9", "exit code unknown")
+    finally:
+        down = cli("down")
+        broker.stop(s)
+    assert down.returncode == 0, down.stdout + down.stderr

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import sys
 import time
@@ -96,7 +95,7 @@ def up(detach: bool = typer.Option(False, "--detach", "-d", help="Return once st
        home: Optional[Path] = HomeOpt, db: Optional[Path] = DbOpt, bootstrap: Optional[str] = BootOpt) -> None:
     """Start the broker (unless one is configured), create the topics, and the worker and the projector
     under a supervisor that starts either again when it exits (somnus/supervisor.py)."""
-    from somnus.supervisor import Supervisor
+    from somnus.supervisor import serve
 
     s = _settings(home, db, bootstrap)
     boot = _bootstrap(s, start=True)
@@ -116,11 +115,8 @@ def up(detach: bool = typer.Option(False, "--detach", "-d", help="Return once st
             time.sleep(0.1)
         console.print(f"somnus up: bootstrap {boot}, db {s.db_path}, logs in {s.run_dir}")
         return
-    sup = Supervisor(s, boot, say=lambda m: console.print(f"[yellow]{m}[/yellow]"), broker=local)
-    sup.step()
-    console.print(f"somnus up: bootstrap {boot}, db {s.db_path}, logs in {s.run_dir} (Ctrl-C stops)")
-    with contextlib.suppress(KeyboardInterrupt):
-        sup.run()  # stops both on the way out
+    serve(s, boot, local, say=lambda m: console.print(f"[yellow]{m}[/yellow]"), started=lambda: console.print(
+        f"somnus up: bootstrap {boot}, db {s.db_path}, logs in {s.run_dir} (Ctrl-C or somnus down stops)"))
 
 
 @app.command()

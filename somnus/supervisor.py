@@ -215,8 +215,29 @@ def processes(settings: Settings) -> dict[str, Any]:
     return out
 
 
+def serve(settings: Settings, bootstrap: str, broker: bool, say: Callable[[str], None] | None = None,
+          started: Callable[[], None] | None = None) -> None:
+    """Supervise until SIGTERM or SIGINT (``somnus down``, Ctrl-C): in the foreground of ``somnus up`` or as
+    ``python -m somnus.supervisor``. Its pid file is how ``somnus down`` finds it, so that nothing is
+    started again behind ``down``'s back; ``started`` is called after the first look (both started)."""
+    sup = Supervisor(settings, bootstrap, say=say, state_file=state_file(settings), broker=broker)
+    previous = {sig: signal.signal(sig, sup.stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    settings.run_dir.mkdir(parents=True, exist_ok=True)
+    pidfile(settings).write_text(str(os.getpid()))
+    try:
+        sup.step()
+        if started is not None:
+            started()
+        sup.run()
+    finally:
+        pidfile(settings).unlink(missing_ok=True)
+        state_file(settings).unlink(missing_ok=True)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def main() -> None:
-    """Entry point: ``python -m somnus.supervisor`` (settings and KAFKA_BOOTSTRAP from the environment)."""
+    """Entry point: ``python -m somnus.supervisor [--broker]`` (settings and KAFKA_BOOTSTRAP from the environment)."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="somnus-supervisor")
@@ -224,17 +245,7 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     settings = Settings.resolve()
-    sup = Supervisor(settings, broker_mod.bootstrap_for(settings, start_if_missing=False),
-                     state_file=state_file(settings), broker=args.broker)
-    signal.signal(signal.SIGTERM, sup.stop)
-    signal.signal(signal.SIGINT, sup.stop)
-    settings.run_dir.mkdir(parents=True, exist_ok=True)
-    pidfile(settings).write_text(str(os.getpid()))
-    try:
-        sup.run()
-    finally:
-        pidfile(settings).unlink(missing_ok=True)
-        state_file(settings).unlink(missing_ok=True)
+    serve(settings, broker_mod.bootstrap_for(settings, start_if_missing=False), args.broker)
 
 
 if __name__ == "__main__":

@@ -191,3 +191,22 @@ def test_up_with_its_own_broker_starts_the_broker_again_when_it_dies(tmp_path: P
         down = cli("down")
         broker.stop(s)
     assert down.returncode == 0, down.stdout + down.stderr
+
+
+def test_down_stops_a_foreground_up_and_nothing_is_started_again(pipeline_settings: Settings) -> None:
+    s = pipeline_settings
+    fg = subprocess.Popen([sys.executable, "-m", "somnus.cli", "up"], env=procs.child_env(s, s.bootstrap),  # type: ignore[arg-type]
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: all(procs.running(s, r) for r in ("supervisor", "worker", "projector")), timeout_s=90,
+                   what="somnus up running both")
+        assert procs.running(s, "supervisor") == fg.pid
+        down = _cli(s, "down")
+        assert down.returncode == 0, down.stdout + down.stderr
+        assert fg.wait(timeout=60) == 0
+        for role in ("supervisor", "worker", "projector"):
+            assert procs.running(s, role) is None, role
+    finally:
+        if fg.poll() is None:
+            fg.kill()
+            fg.wait()

@@ -131,12 +131,26 @@ def isolated_pipeline(home: Path | None = None, partitions: int = 4, label: str 
             shutil.rmtree(work, ignore_errors=True)
 
 
+def python_loop_s(n: int = 10_000_000) -> float:
+    """Seconds a plain CPython loop of ``n`` additions takes here, right now: the machine's speed for the
+    kind of code the folds are, reported with every end-to-end run. The same code's CPU per event
+    differed between sessions (worker 67 µs/event in the eighth, 121 in the ninth), and this loop
+    varied 0.5-1.7 s within one quiet hour of the ninth: a figure to read the others by, not a
+    correction to apply to them."""
+    total = 0
+    t0 = time.perf_counter()
+    for i in range(n):
+        total += i
+    return round(time.perf_counter() - t0, 3)
+
+
 def run_e2e(events: int, seed: int = 7, partitions: int = 4, bundle: int = 64, home: Path | None = None, log: Any = None,
             timeout_s: float = 1800.0) -> dict[str, Any]:
     from somnus.client import publish_async
     from somnus.reads import sql, status
     from somnus.sample import generate
 
+    loop_s = python_loop_s()  # before anything of the run is started: the machine alone
     payloads = [orjson.dumps(e) for e in generate(events=events, seed=seed)]
     sessions = sum(1 for p in payloads if b'"type":"session_end"' in p)
     with isolated_pipeline(home, partitions) as (s, boot):
@@ -186,6 +200,7 @@ def run_e2e(events: int, seed: int = 7, partitions: int = 4, bundle: int = 64, h
                 "link_updates_per_s": round(link_updates / elapsed, 1), "memories": int(memories),
                 "spine_elapsed_s": round(spine_s, 3), "spine_events_per_s": round(len(payloads) / spine_s, 1),
                 "cpu_s": cpu, "cpu_us_per_event": {k: round(v / len(payloads) * 1e6, 1) for k, v in cpu.items()},
+                "python_loop_10m_s": loop_s,
                 "peak_rss_mb": rss}
 
 

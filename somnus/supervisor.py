@@ -66,8 +66,9 @@ class Child:
 class Supervisor:
     """Starts each role, watches it, and starts it again after a back-off when it exits.
 
-    ``spawn(role)`` starts one (``procs.spawn`` by default; the broker: ``somnus.broker.start``),
-    ``broker``: watch the local broker too (first), and ``clock`` is monotonic seconds: the unit tests pass their own (they test this wiring, not the
+    ``spawn(role)`` starts one (``procs.spawn`` by default; the broker: ``somnus.broker.start``) and
+    returns it (a ``Popen``, or anything with a ``pid``); ``broker``: watch the local broker too (first);
+    ``clock`` is monotonic seconds: the unit tests pass their own (they test this wiring, not the
     processes; tests/integration/test_supervisor.py runs the real ones)."""
 
     def __init__(self, settings: Settings, bootstrap: str, roles: tuple[str, ...] = ROLES,

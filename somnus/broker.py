@@ -16,9 +16,9 @@ import socket
 import subprocess
 import time
 import uuid
-from typing import Any
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from somnus.config import Settings
 from somnus.procs import pid_alive

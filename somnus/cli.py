@@ -102,8 +102,9 @@ def up(detach: bool = typer.Option(False, "--detach", "-d", help="Return once st
     from streams.topics import ensure_topics
 
     ensure_topics(s, boot)
-    if procs.running(s, "supervisor") is not None:
-        console.print(f"somnus up: already running (supervisor pid {procs.running(s, 'supervisor')}), logs in {s.run_dir}")
+    already = procs.running(s, "supervisor")
+    if already is not None:
+        console.print(f"somnus up: already running (supervisor pid {already}), logs in {s.run_dir}")
         return
     local = s.bootstrap is None  # the project's own broker: the supervisor watches it too
     if detach:
@@ -272,12 +273,16 @@ def status(home: Optional[Path] = HomeOpt, db: Optional[Path] = DbOpt, bootstrap
         c.add_row(k, str(v))
     console.print(c)
     ps = res["processes"]
-    sup = ps.get("supervised", {})
-    console.print("processes: " + ", ".join(
-        f"{role} " + (f"pid {ps[role]}" if ps[role] else "not running")
-        + (f" ({sup[role]['restarts']} restarts, last exit {sup[role]['last_exit']} at {sup[role]['last_exit_at']})"
-           if sup.get(role, {}).get("restarts") else "")
-        for role in ("supervisor", "broker", "worker", "projector") if role in sup or role != "broker"))
+    shown = []
+    for role in ("supervisor", "broker", "worker", "projector"):
+        if role == "broker" and ps[role] is None:
+            continue  # not the project's own broker
+        line = f"{role} pid {ps[role]}" if ps[role] else f"{role} not running"
+        sup = ps.get("supervised", {}).get(role)
+        if sup and sup["restarts"]:
+            line += f" ({sup['restarts']} restarts, last exit {sup['last_exit']} at {sup['last_exit_at']})"
+        shown.append(line)
+    console.print("processes: " + ", ".join(shown))
     if res["dead_letter_kinds"]:
         console.print(f"dead letters by kind: {res['dead_letter_kinds']}")
     m = res.get("memory")

@@ -30,7 +30,7 @@ def tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLD)
 
 
-def _pidfile(settings: Settings, name: str) -> Path:
+def pidfile(settings: Settings, name: str) -> Path:
     return settings.run_dir / f"{name}.pid"
 
 
@@ -53,7 +53,7 @@ def spawn(settings: Settings, bootstrap: str, role: str, name: str | None = None
         args += ["--name", name]
     proc = subprocess.Popen(args, env=child_env(settings, bootstrap), stdout=log, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, start_new_session=True)
-    _pidfile(settings, name).write_text(str(proc.pid))
+    pidfile(settings, name).write_text(str(proc.pid))
     return proc
 
 
@@ -92,7 +92,7 @@ def pid_alive(pid: int) -> bool:
 
 
 def running(settings: Settings, name: str) -> int | None:
-    path = _pidfile(settings, name)
+    path = pidfile(settings, name)
     if not path.exists():
         return None
     pid = int(path.read_text())
@@ -101,9 +101,9 @@ def running(settings: Settings, name: str) -> int | None:
 
 def stop(settings: Settings, name: str, timeout_s: float = 30.0) -> bool:
     pid = running(settings, name)
-    _pidfile_path = _pidfile(settings, name)
+    path = pidfile(settings, name)
     if pid is None:
-        _pidfile_path.unlink(missing_ok=True)
+        path.unlink(missing_ok=True)
         return False
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
@@ -117,5 +117,5 @@ def stop(settings: Settings, name: str, timeout_s: float = 30.0) -> bool:
         time.sleep(0.1)
     else:
         os.kill(pid, signal.SIGKILL)
-    _pidfile_path.unlink(missing_ok=True)
+    path.unlink(missing_ok=True)
     return True

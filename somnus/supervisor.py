@@ -104,7 +104,7 @@ class Supervisor:
     def _step(self, now: float) -> None:
         for child in self.children.values():
             if child.restart_at is None and child.pid is None:  # never started: adopt a running one, or start
-                pid = self._running(child.role)
+                pid = running(self.settings, child.role)
                 if pid is not None:
                     child.pid, child.started_at = pid, now
                     self.say(f"{child.role}: already running (pid {pid}); watching it")
@@ -119,15 +119,17 @@ class Supervisor:
             if code is None:
                 continue
             ran = now - child.started_at
-            child.failures = 1 if ran >= self.stable_s else child.failures + 1
-            wait = backoff_s(child.failures, self.low, self.high)
-            child.restart_at = now + wait
-            child.proc, child.pid = None, None
-            child.last_exit = code
-            child.last_exit_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+            wait = self._down(child, now, code, 1 if ran >= self.stable_s else child.failures + 1)
             where = (self.settings.home / "broker" / "broker.log" if child.role == "broker"
                      else self.settings.run_dir / f"{child.role}.log")
             self.say(f"{child.role} exited ({code}) after {ran:.1f} s; starting it again in {wait:.0f} s (log: {where})")
+
+    def _down(self, child: Child, now: float, how: str, failures: int) -> float:
+        """Record that ``child`` is down (``how``) and when to start it again; returns the wait."""
+        wait = backoff_s(failures, self.low, self.high)
+        child.failures, child.restart_at, child.proc, child.pid = failures, now + wait, None, None
+        child.last_exit, child.last_exit_at = how, datetime.now(timezone.utc).isoformat(timespec="seconds")
+        return wait
 
     def _exit_code(self, child: Child) -> str | None:
         """None while it runs; else how it ended ('exit code 1', 'signal 9', 'unknown' when adopted)."""
@@ -136,24 +138,16 @@ class Supervisor:
             if rc is None:
                 return None
             return f"signal {-rc}" if rc < 0 else f"exit code {rc}"
-        if child.pid is not None and self.alive(child.pid):
+        if child.pid is None:
+            return "exit code unknown"
+        if procs.pid_alive(child.pid):
             return None
-        if child.pid is not None:  # a broker this supervisor started (broker.start): reap it
-            with contextlib.suppress(ChildProcessError):
-                pid, status = os.waitpid(child.pid, os.WNOHANG)
-                if pid == child.pid:
-                    return f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else \
-                        f"exit code {os.WEXITSTATUS(status)}"
+        with contextlib.suppress(ChildProcessError):  # a broker this supervisor started (broker.start): reap it
+            pid, status = os.waitpid(child.pid, os.WNOHANG)
+            if pid == child.pid:
+                return f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else \
+                    f"exit code {os.WEXITSTATUS(status)}"
         return "exit code unknown"
-
-    def alive(self, pid: int) -> bool:
-        return procs.pid_alive(pid)
-
-    def _running(self, role: str) -> int | None:
-        if role == "broker":
-            info = broker_mod.status(self.settings)
-            return info.pid if info is not None else None
-        return procs.running(self.settings, role)
 
     def _spawn(self, role: str) -> Any:
         if role == "broker":
@@ -164,9 +158,7 @@ class Supervisor:
         try:
             proc = self.spawn(child.role)
         except broker_mod.BrokerError as exc:  # counts as an exit: tried again after the back-off
-            child.failures += 1
-            wait = backoff_s(child.failures, self.low, self.high)
-            child.restart_at, child.last_exit = now + wait, "did not start"
+            wait = self._down(child, now, "did not start", child.failures + 1)
             self.say(f"{child.role} did not start ({exc}); trying again in {wait:.0f} s")
             return
         child.proc = proc if isinstance(proc, subprocess.Popen) else None
@@ -194,8 +186,12 @@ class Supervisor:
                 procs.stop(self.settings, role)
 
 
-def pidfile(settings: Settings) -> Path:
-    return settings.run_dir / "supervisor.pid"
+def running(settings: Settings, role: str) -> int | None:
+    """The pid of ``role`` (supervisor, worker, projector, or this home's local broker) if it runs."""
+    if role == "broker":
+        info = broker_mod.status(settings)
+        return info.pid if info is not None else None
+    return procs.running(settings, role)
 
 
 def state_file(settings: Settings) -> Path:
@@ -204,9 +200,7 @@ def state_file(settings: Settings) -> Path:
 
 def processes(settings: Settings) -> dict[str, Any]:
     """What runs (pids, None when not) and, under a supervisor, each process's restarts and last exit."""
-    out: dict[str, Any] = {role: procs.running(settings, role) for role in ("supervisor", *ROLES)}
-    info = broker_mod.status(settings)
-    out["broker"] = info.pid if info is not None else None  # the local broker of this home, if any
+    out: dict[str, Any] = {role: running(settings, role) for role in ("supervisor", "broker", *ROLES)}
     path = state_file(settings)
     if out["supervisor"] is not None and path.exists():
         try:
@@ -224,14 +218,14 @@ def serve(settings: Settings, bootstrap: str, broker: bool, say: Callable[[str],
     sup = Supervisor(settings, bootstrap, say=say, state_file=state_file(settings), broker=broker)
     previous = {sig: signal.signal(sig, sup.stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     settings.run_dir.mkdir(parents=True, exist_ok=True)
-    pidfile(settings).write_text(str(os.getpid()))
+    procs.pidfile(settings, "supervisor").write_text(str(os.getpid()))
     try:
         sup.step()
         if started is not None:
             started()
         sup.run()
     finally:
-        pidfile(settings).unlink(missing_ok=True)
+        procs.pidfile(settings, "supervisor").unlink(missing_ok=True)
         state_file(settings).unlink(missing_ok=True)
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -158,6 +158,7 @@ _PLACEHOLDERS = (
     (re.compile(r"\b\d{1,2}/\d{1,2}/\d{2,4}\b"), "<date>"),
     (re.compile(r"\b\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?\b"), "<time>"),
     (re.compile(r"(?<![\w.<>/])(?:~|\.{1,2})?/[\w.@+-]+(?:/[\w.@+-]*)*"), "<path>"),
+    (re.compile(r"(?<![\w])[A-Za-z]:\\[^\s'\"<>|]+"), "<path>"),  # C:\Users\x\f.txt
     (re.compile(r"(?<![\w.])\d{1,3}(?:,\d{3})+(?:\.\d+)?(?!\w)"), "<n>"),  # 1,002.50
     (re.compile(r"(?<![\w.])\d+(?:\.\d+)+(?!\w)"), "<n>"),  # 3.14, 1.2.3
 )
@@ -178,7 +179,8 @@ def error_class(text: str) -> str:
       the text was cut before it); exception class names are kept, with their message templated;
     - in the message, URLs, e-mails, uuids, dates, times, paths and numbers become ``<url>``, ``<email>``,
       ``<id>``, ``<date>``, ``<time>``, ``<path>``, ``<n>``; any other word holding a digit (HAT030,
-      certificate_7504069, 0x1f, ipv4) becomes ``<id>``. Quoted words without digits are kept;
+      certificate_7504069, 0x1f, ipv4) becomes ``<id>``, and so does a word of ``MIN_HEX_ID`` or more hex
+      letters (deadbeef, a sha); Windows paths are ``<path>`` too. Quoted words without digits are kept;
     - trailing punctuation is dropped; the result is cut at ``MAX_ERROR_CLASS`` characters.
 
     >>> error_class("Error: flight HAT030 not available on date 2024-05-13")
@@ -187,6 +189,10 @@ def error_class(text: str) -> str:
     'HTTP 429: Too Many Requests'
     >>> error_class("bash: helm: command not found")
     'command not found: helm'
+    >>> error_class("/bin/bash: line 2784: javac: command not found")
+    'command not found: javac'
+    >>> error_class("commit deadbeefcafe not found at line 12 of C:\\\\repo\\\\setup.py")
+    'commit <id> not found at line <n> of <path>'
     >>> error_class("ValueError: x must be positive, got -3")
     'ValueError: x must be positive, got -<n>'
     """
@@ -227,10 +233,14 @@ def _http_status_prefix(text: str) -> tuple[int | None, str]:
     return None, text
 
 
+_HEX = frozenset("0123456789abcdefABCDEF")
+MIN_HEX_ID = 8  # a word of this many hex letters and no other (a hash, a git sha: deadbeef) is an id
+
+
 def _template_word(m: re.Match[str]) -> str:
     word = m.group(0)
     if not any(c.isdigit() for c in word):
-        return word
+        return "<id>" if len(word) >= MIN_HEX_ID and _HEX.issuperset(word) else word
     return "<n>" if word.isdigit() else "<id>"
 
 

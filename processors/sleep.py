@@ -35,6 +35,13 @@ Each phase sees the effects of the earlier ones (applied to a working copy of th
 Edges count only within a layer (each layer has its own associative graph; cross-layer edges
 are another graph and are ignored here).
 
+**Idle is measured in the memory's own stream time.** A memory's idle days run to
+``min(now, stream_time)``, ``stream_time`` being the newest event time its scope has seen (the
+optional column; the shell keeps one per scope, ``projections/sleep.py``). Each scope's memories
+age only as its own stream moves: importing a dataset newer than another never makes the older
+one's memories idle, and a scope with no event since the last run is left as it was. A memory
+without a stream time (null) is measured to ``now``.
+
 **Rules** (per layer: hippocampus max age 7 days, compress after 3 idle days; ATL and Angular
 Gyrus 30 and 14):
 
@@ -64,7 +71,7 @@ id, JSON body): what a shell that stores millions of decisions reads, with no ob
 Memory columns (a polars DataFrame, one row per live memory; ``MEMORY_COLUMNS``): memory_id,
 agent, layer, created_at, last_access, access_count, importance, outcome, is_user_interaction,
 edge_count, size_bytes, long_term; optional: compressed, retention, index_keys, domain,
-stability, difficulty, last_review, last_rating, reviewed_access_count, contradicted.
+stability, difficulty, last_review, last_rating, reviewed_access_count, contradicted, stream_time.
 The graph is an edge list (src, dst[, weight]) of memory ids.
 """
 
@@ -321,8 +328,9 @@ MEMORY_COLUMNS: dict[str, tuple[Any, bool, Any]] = {
     "last_rating": (pl.Int64, False, 0),
     "reviewed_access_count": (pl.Int64, False, 0),  # access_count at the last review
     "contradicted": (pl.Boolean, False, False),  # a contradiction since the last review
+    "stream_time": (_DT, False, None),  # the newest event time of the memory's scope; null: the run's time
 }
-NULLABLE = {"last_access", "retention", "stability", "difficulty", "last_review"}
+NULLABLE = {"last_access", "retention", "stability", "difficulty", "last_review", "stream_time"}
 
 
 def memory_frame(frame: pl.DataFrame) -> pl.DataFrame:
@@ -380,7 +388,10 @@ class _Columns:
         access = f["last_access"].dt.epoch("us").fill_null(f["created_at"].dt.epoch("us"))
         self.access_us = access.to_numpy().astype(np.int64)
         self.now_us = now_us
-        self.idle_days = np.maximum(now_us - self.access_us, 0) / US_PER_DAY
+        # Each memory's own "now": its scope's stream time, never later than the run (module doc).
+        stream = f["stream_time"].dt.epoch("us").fill_null(now_us).to_numpy().astype(np.int64)
+        self.at_us = np.minimum(stream, now_us)
+        self.idle_days = np.maximum(self.at_us - self.access_us, 0) / US_PER_DAY
         self.access_count = f["access_count"].to_numpy().astype(np.float64)
         self.importance = np.clip(f["importance"].to_numpy().astype(np.float64), 0.0, 1.0)
         outcome = _categories(f["outcome"])[0]

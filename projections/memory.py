@@ -124,6 +124,7 @@ class MemoryProjection:
                 for at in self.sleep.due(latest):
                     events += [(ev, rec.offset) for ev in self.sleep.run(self.state, at, SleepTrigger.SCHEDULE,
                                                                           rec.offset)]
+                self.sleep.observe(units, _record_time(rec))  # then the scopes' stream times move on
             _, decided = capture(self.state, units, _ts(rec, units))
             events += [(ev, rec.offset) for ev in decided]
             if self.oscillators is not None:

@@ -10,6 +10,12 @@ of nights to come.
 A ``SleepRequested`` record (``somnus sleep``) runs one at its ``at``. The watermark (the last run's
 time) makes a run at or before it a no-op, so running twice changes nothing.
 
+**A stream time per scope.** The fold also keeps, per memory scope (``agent:<name>``), the newest
+(bounded) event time of its units (``SleepState.scopes``), and a run measures each memory's idle
+time to its scope's stream time, never later than the run (``processors.sleep``: column
+``stream_time``). So another dataset's newer events never make a scope's memories idle: a dataset
+imported after a newer one is judged by its own time, not the other's.
+
 A run's decisions (``processors.sleep.plan_sleep``: protect, compress, prune, re-score, dream…) are
 written to ``lifecycle_log`` and its report to ``sleep_runs`` in the transaction of the batch that
 triggered it (a crash means the batch, run included, is redone identically); compressions and
@@ -37,7 +43,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from processors.memory import apply_all, forget_all
-from processors.sleep import SleepClock, SleepConfig, SleepInputs, advance, plan_sleep
+from processors.sleep import SleepClock, SleepConfig, SleepInputs, advance, bounded_time, plan_sleep
 from schemas.lifecycle import MemoryCompressed, MemoryPruned, SleepCompleted, SleepTrigger
 from schemas.memory import ForgetReason
 
@@ -50,6 +56,32 @@ class SleepState(msgspec.Struct):
     clock: SleepClock = SleepClock()
     watermark: datetime | None = None
     fiedler_history: list[float] = []
+    scopes: dict[str, datetime] = {}  # memory scope -> its stream time (newest bounded unit time)
+
+
+def observe_scopes(scopes: dict[str, datetime], units: Sequence[Any], record_time: datetime | None,
+                   skew_s: float) -> None:
+    """Move each scope's stream time to the newest event time of its ``units`` (bounded by the record's
+    time plus ``skew_s``, as the sleep clock is); never backwards.
+
+    >>> from datetime import datetime, timezone
+    >>> from types import SimpleNamespace as U
+    >>> t = lambda d: datetime(2024, 5, d, tzinfo=timezone.utc)
+    >>> scopes = {"agent:a": t(3)}
+    >>> observe_scopes(scopes, [U(scope="agent:a", occurred_at=t(2)), U(scope="agent:b", occurred_at=t(9))], None, 0)
+    >>> sorted((k, v.day) for k, v in scopes.items())
+    [('agent:a', 3), ('agent:b', 9)]
+    """
+    newest: dict[str, datetime] = {}
+    for u in units:
+        at = newest.get(u.scope)
+        if at is None or u.occurred_at > at:
+            newest[u.scope] = u.occurred_at
+    for scope, at in newest.items():
+        at = bounded_time(at, record_time, skew_s).astimezone(timezone.utc)
+        old = scopes.get(scope)
+        if old is None or at > old:
+            scopes[scope] = at
 
 
 def load_state(con: duckdb.DuckDBPyConnection) -> SleepState:
@@ -57,8 +89,9 @@ def load_state(con: duckdb.DuckDBPyConnection) -> SleepState:
     return msgspec.json.decode(row[0], type=SleepState) if row else SleepState()
 
 
-def memory_columns(state: Any) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """The live memories of the fold as sleep's columns, and the associative graph as an edge list."""
+def memory_columns(state: Any, scopes: Mapping[str, datetime] | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The live memories of the fold as sleep's columns, and the associative graph as an edge list;
+    with ``scopes`` (scope -> stream time), each memory's ``stream_time`` is its scope's."""
     ix = state.index
     n = len(ix.ids)
     live = np.flatnonzero(ix.alive.data[:n])
@@ -73,8 +106,8 @@ def memory_columns(state: Any) -> tuple[pl.DataFrame, pl.DataFrame]:
     last = ix.last_access.data[live]
     m = len(units)
     # One pass over the units (each read once: a million of them are spread over the heap), then by column.
-    agent, outcome, user, perception, summary, action, tools, objects, domains = (
-        zip(*map(_UNIT_FIELDS, units)) if m else ((),) * 9)
+    agent, outcome, user, perception, summary, action, tools, objects, domains, scope = (
+        zip(*map(_UNIT_FIELDS, units)) if m else ((),) * 10)
 
     def lengths(texts: Sequence[str]) -> np.ndarray:
         return np.fromiter(map(len, texts), dtype=np.int64, count=m)
@@ -95,6 +128,7 @@ def memory_columns(state: Any) -> tuple[pl.DataFrame, pl.DataFrame]:
         "long_term": pa.array(ix.long_term.data[live]), "compressed": pa.array(ix.compressed.data[live]),
         "index_keys": _index_keys(tools, objects),
         "domain": pa.array([d[0] if d else "" for d in domains], pa.string()),
+        **({"stream_time": _scope_times(scope, scopes)} if scopes is not None else {}),
     }))
     # Every edge once (a < b), in the graph's order: its keys, then each one's neighbours.
     a = np.repeat(nodes, degrees)
@@ -107,7 +141,15 @@ def memory_columns(state: Any) -> tuple[pl.DataFrame, pl.DataFrame]:
 
 
 _UNIT_FIELDS = attrgetter("agent", "outcome", "user_interaction", "perception", "summary", "action", "tools",
-                          "objects", "domains")
+                          "objects", "domains", "scope")
+
+
+def _scope_times(scope: Sequence[str], scopes: Mapping[str, datetime]) -> pa.Array:
+    """Each memory's scope's stream time (null for a scope not seen), by distinct scope."""
+    codes = pc.dictionary_encode(pa.array(scope, pa.string()))
+    names = codes.dictionary.to_pylist()
+    times = pa.array([scopes.get(n) for n in names], pa.timestamp("us", "UTC"))
+    return times.take(codes.indices)
 
 
 def _index_keys(tools: Sequence[list[str]], objects: Sequence[list[str]], first: int = 3) -> pa.ListArray:
@@ -172,8 +214,12 @@ class SleepJob:
         with _collector_paused():
             return self._run(memory_state, at, trigger, offset)
 
+    def observe(self, units: Sequence[Any], record_time: datetime | None) -> None:
+        """Advance the stream times of the units' scopes (call after the runs the record makes due)."""
+        observe_scopes(self.state.scopes, units, record_time, self.config.max_clock_skew_s)
+
     def _run(self, memory_state: Any, at: datetime, trigger: SleepTrigger, offset: int) -> list[Any]:
-        frame, edges = memory_columns(memory_state)
+        frame, edges = memory_columns(memory_state, self.state.scopes)
         plan = plan_sleep(SleepInputs(memories=frame, edges=edges, max_episodes=self.max_episodes,
                                       fiedler_history=tuple(self.state.fiedler_history)),
                           now=at, trigger=trigger, watermark=self.state.watermark, config=self.config,
@@ -233,7 +279,3 @@ class SleepJob:
         """The scheduled runs committed since the last call (call after the batch commits)."""
         runs, self.scheduled = self.scheduled, []
         return runs
-
-
-def now_utc() -> datetime:  # the CLI's default event time for an on-demand run
-    return datetime.now(timezone.utc)

@@ -693,3 +693,17 @@ if __name__ == "__main__":
     reps = int(sys.argv[sys.argv.index("--repeat") + 1]) if "--repeat" in sys.argv else 3
     # --no-cap: no maxEpisodes, so the graph stays large (the Fiedler value's worst case here)
     bench(size, reps, SleepConfig(max_episodes=None) if "--no-cap" in sys.argv else SleepConfig())
+
+
+def test_idle_time_runs_to_the_scopes_stream_time_never_past_the_run() -> None:
+    # Ten idle days at the run's time, but the memory's scope saw its last event nine days ago: one idle day.
+    behind = NOW - 9 * DAY
+    rows = [{**mem("own-time", idle=10.0), "stream_time": behind},
+            {**mem("run-time", idle=10.0), "stream_time": None},  # no stream time: the run's
+            {**mem("ahead", idle=10.0), "stream_time": NOW + 5 * DAY}]  # a stream time past the run: the run's
+    plan = run(rows, config=SleepConfig(coverage_bins=()))
+    assert sorted(ids(of(plan, MemoryPruned))) == ["ahead", "run-time"]
+    assert ids(of(plan, MemoryCompressed)) == []  # one idle day: nothing to compress either
+    rescored = {e.memory_id: e.retention for e in of(plan, MemoryRescored)}
+    assert rescored["own-time"] == float(retention_scores(np.array([0]), np.array([1.0]), np.array([0]),
+                                                          np.array([0.5]), np.array([0.6]), 7.0)[0])

@@ -153,3 +153,40 @@ def test_units_stamped_ahead_of_their_records_move_the_sleep_clock_only_to_the_r
     assert bounded <= last_sent  # no sleep run dated in the future
     assert free >= min(u.occurred_at for u in ahead[200:]).timestamp() - 86400  # unbounded: a month on
     assert free_runs > bounded_runs, (free_runs, bounded_runs)  # ... after a catch-up of runs for the nights to come
+
+
+def test_another_datasets_newer_events_never_make_a_scopes_memories_idle(tmp_path, units):
+    # Two datasets: "new" (the same sessions 60 days later, other agents) is imported first, then "old".
+    # The fold keeps a stream time per scope, and a run judges each scope's memories by its own time.
+    old = units[:600]
+    new = [msgspec.structs.replace(u, memory_id=f"new-{u.memory_id}", agent=f"new-{u.agent}",
+                                   scope=f"agent:new-{u.agent}", occurred_at=u.occurred_at + timedelta(days=60))
+           for u in old]
+    off = SleepConfig(schedule="off")  # on demand only: the same runs in both projections
+
+    def project(name, datasets, request_at):
+        recs = [r for d in datasets for r in _records(d)]
+        recs = [Rec(r.topic, 0, i, r.value, headers=r.headers, timestamp=r.timestamp) for i, r in enumerate(recs)]
+        recs.append(Rec("memory", 0, len(recs), encode(SleepRequested(at=request_at)), headers=[("somnus-kind", KIND_SLEEP)]))
+        con = duckdb.connect(str(tmp_path / name))
+        schema.init(con)
+        seen = Seen(con, None, off)
+        apply_batch(con, TOPICS, recs, {}, 1 << 20, seen)
+        decided = con.execute("SELECT kind, memory_id FROM lifecycle_log WHERE kind IN ('MemoryPruned', "
+                              "'MemoryCompressed') AND NOT starts_with(memory_id, 'new-') ORDER BY 1, 2").fetchall()
+        return decided, seen.memory.sleep.state.scopes
+
+    old_end = max(u.occurred_at for u in old)
+    alone, alone_scopes = project("alone.duckdb", [old], old_end)  # "somnus sleep" stamped with old's stream time
+    both, scopes = project("both.duckdb", [new, old], max(u.occurred_at for u in new))
+    assert both == alone  # 60 days of the other dataset made none of old's memories idle
+    # the stream times: each scope's newest unit, whatever came in between
+    for agent in {u.agent for u in old}:
+        newest = max(u.occurred_at for u in old if u.agent == agent)
+        assert scopes[f"agent:{agent}"] == newest == alone_scopes[f"agent:{agent}"]
+        assert scopes[f"agent:new-{agent}"] == newest + timedelta(days=60)
+    # the control: a scope's own newer events do age its memories (one more session each, 10 days on)
+    late = [msgspec.structs.replace(u, memory_id=f"late-{u.memory_id}", occurred_at=old_end + timedelta(days=10))
+            for u in {u.agent: u for u in old}.values()]
+    later, _ = project("later.duckdb", [old, late], old_end + timedelta(days=10))
+    assert {m for k, m in later if k == "MemoryCompressed"} - {m for k, m in alone if k == "MemoryCompressed"}

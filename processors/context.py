@@ -25,6 +25,10 @@ The window (``max_tokens``, estimated with ``processors.working_memory.estimate_
    smaller ones may still go in. No single item takes more than ``max_item_share`` (25%) of the
    window: longer texts are clipped.
 
+**Neutralised text**: every stored text in a line goes through ``processors.injection.one_line``
+(one line, no marker brackets, no invisible characters), and every line starts with a header, a
+label (``name: ``, ``- [tier] ``) or a role of ours: no stored text starts a line.
+
 Every line's cost is ``estimate_tokens(line + "\\n")``; since the estimate is subadditive the whole
 text never exceeds ``max_tokens``.
 
@@ -57,6 +61,7 @@ from typing import Protocol
 import msgspec
 
 from processors.distiller import session_key
+from processors.injection import one_line
 from processors.synopsis import synopsis_lines
 from processors.working_memory import CHARS_PER_TOKEN, clip, content_words, estimate_tokens, recent, summary_line
 from schemas.working_memory import (
@@ -267,7 +272,7 @@ def get_context(query: str, agent: str, user_id: str | None = None, max_tokens: 
     if synopsis is not None:
         room = int(settings.synopsis_share * max_tokens) - line_cost(SYNOPSIS_HEADER)
         for line in synopsis_lines(synopsis):
-            line = clip(line, item_chars)
+            line = clip(one_line(line), item_chars)
             if line_cost(line) <= room:
                 synopsis_shown.append(line)
                 room -= line_cost(line)
@@ -285,7 +290,7 @@ def get_context(query: str, agent: str, user_id: str | None = None, max_tokens: 
         key = session_key(buffer.agent, buffer.session_id)
         room = int(settings.recent_share * max_tokens) - line_cost(RECENT_HEADER)
         for m in reversed(newest):
-            flat = " ".join(m.text.split())  # one line per item, as in the ranked part
+            flat = one_line(m.text)  # one line per item, neutralised, as in the ranked part
             if not flat:
                 continue  # an empty message says nothing
             line = f"{m.role.value}: {clip(flat, item_chars)}"
@@ -313,7 +318,7 @@ def get_context(query: str, agent: str, user_id: str | None = None, max_tokens: 
         sources.append((tier.name, tier.weight, tier.k, list(tier.search(query, agent, user_id, tier.k))))
     for index, (name, weight, k, found) in enumerate(sources):
         considered += len(found)
-        visible = [c for c in found if visible_to(c.user_id, user_id) and c.text.strip()]
+        visible = [c for c in found if visible_to(c.user_id, user_id) and one_line(c.text)]
         filtered += sum(not visible_to(c.user_id, user_id) for c in found)
         visible.sort(key=lambda c: (-c.score, c.source_id))
         for rank, c in enumerate(visible[:k], 1):
@@ -350,7 +355,7 @@ def get_context(query: str, agent: str, user_id: str | None = None, max_tokens: 
     room = max_tokens - used - line_cost(RANKED_HEADER)
     ranked: list[ContextItem] = []
     for g in groups:
-        line = f"- [{'+'.join(g.tiers)}] {clip(' '.join(g.first.text.split()), item_chars)}"
+        line = f"- [{'+'.join(g.tiers)}] {clip(one_line(g.first.text), item_chars)}"
         cost = line_cost(line)
         if cost > room:
             dropped += 1

@@ -53,6 +53,7 @@ from datetime import date, datetime, timezone
 
 import numpy as np
 
+from processors.injection import one_line
 from processors.memory_index import SCOPE_BUCKETS, MemoryIndex, fingerprint, ngram_fingerprints, posting_keys, tokenize
 from schemas.memory import MEMORY_SCHEMA_VERSION, MemoryAccessed, MemoryUnit
 
@@ -712,18 +713,20 @@ def gate(hits: Sequence[Hit], query: str, *, min_relevance: float = MIN_RELEVANC
 
 
 def render_entry(n: int, g: GatedHit) -> str:
+    """One entry of the episodic context: every line starts with a label of ours, and every stored text
+    in it is one neutralised line (``processors.injection.one_line``), so none can start a line."""
     u = g.hit.unit
-    who = f"{u.speaker}: " if u.speaker else ""
-    lines = [f"[{n}] task: {who}{u.perception.strip()} (relevance {g.relevance.score:.2f})"]
-    result = ": ".join(x for x in (u.outcome, u.summary.strip()) if x)
+    who = f"{one_line(u.speaker)}: " if u.speaker else ""
+    lines = [f"[{n}] task: {who}{one_line(u.perception)} (relevance {g.relevance.score:.2f})"]
+    result = ": ".join(x for x in (one_line(u.outcome or ""), one_line(u.summary)) if x)
     if result:
         lines.append(f"    result: {result}")
     if u.lessons:
-        lines.append("    lessons: " + "; ".join(u.lessons))
+        lines.append("    lessons: " + "; ".join(one_line(x) for x in u.lessons))
     if u.tools:
-        lines.append("    tools: " + ", ".join(u.tools))
+        lines.append("    tools: " + ", ".join(one_line(x) for x in u.tools))
     when = u.occurred_at.date().isoformat()
-    lines.append(f"    when: {when}" + (f" ({', '.join(g.hit.refs)})" if g.hit.refs else ""))
+    lines.append(f"    when: {when}" + (f" ({', '.join(one_line(r) for r in g.hit.refs)})" if g.hit.refs else ""))
     return "\n".join(lines)
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import duckdb
 import msgspec
 
-from processors.injection import inject
+from processors.injection import briefing_text, inject, neutral_json
 from projections import queries
 from projections.knowledge_store import DuckDBBackend, KnowledgeStore
 from schemas.briefing import BriefingGenerated, BriefingServed
@@ -112,10 +112,13 @@ class ReadService:
         return _from_row(dict(zip(cols, row))) if row else None
 
     def briefing(self, agent: str) -> dict[str, Any]:
+        """The cached briefing, neutralised as every prompt-facing read is (``processors.injection``):
+        no marker brackets or invisible characters in any field, and a Markdown line that is not a
+        title or an item quoted."""
         b = self._briefing(agent)
         if b is None:
             return {"agent": agent, "briefing": None}
-        return {"agent": agent, "briefing": _jsonable(b)}
+        return {"agent": agent, "briefing": {**neutral_json(_jsonable(b)), "markdown": briefing_text(b.markdown)}}
 
     def inject(self, agent: str, prompt: Any = None, session_id: Any = None) -> dict[str, Any]:
         if not isinstance(prompt, str):
@@ -228,7 +231,7 @@ class ReadService:
         entries = [(e, owner) for owner in scope_chain(dict(self.agents), agent) if owner in layers
                    for e in knowledge_context(layers[owner], query=str(query) if query else None, limit=n)]
         entries.sort(key=lambda x: (-x[0].score, x[0].name, x[0].record_id))
-        return [{**_jsonable(e), "owner": owner} for e, owner in entries[:n]]
+        return [{**neutral_json(_jsonable(e)), "owner": owner} for e, owner in entries[:n]]
 
     def promotion_inputs(self, owner: Any = None) -> Any:
         """A snapshot of what promotion reads now (NAc candidate links, call outcomes): ``somnus consolidate``."""

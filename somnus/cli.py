@@ -151,35 +151,67 @@ def publish(file: Path = typer.Argument(..., exists=True, dir_okay=False, help="
 
 
 @app.command("import")
-def import_(file: Path = typer.Argument(..., exists=True, dir_okay=False),
-            fmt: str = typer.Option(..., "--format", help="openai-chat | swe-agent | locomo"),
+def import_(paths: list[str] = typer.Argument(..., help="Files, directories or globs (quoted: 'runs/**/*.traj')."),
+            fmt: str = typer.Option(..., "--format", help="openai-chat | swe-agent | locomo | v1"),
             agent: Optional[str] = typer.Option(None, "--agent", help="Agent name for the imported sessions."),
+            results: Optional[Path] = typer.Option(
+                None, "--results", exists=True, dir_okay=False,
+                help="Outcomes by id: a SWE-bench results.json (resolved/unresolved ids) or a JSON map id -> outcome."),
+            start: Optional[str] = typer.Option(
+                None, "--start", help="ISO time of the first session that carries no time (default 2024-05-15T20:00:00Z)."),
+            spacing: float = typer.Option(600.0, "--spacing", help="Seconds between the starts of such sessions, in file order."),
             out: Optional[Path] = typer.Option(None, "--out", help="Write v1 events here (JSON lines) instead of publishing."),
             home: Optional[Path] = HomeOpt, bootstrap: Optional[str] = BootOpt) -> None:
-    """Turn transcripts of other tools into v1 trace events and publish them (or write them with --out)."""
-    import orjson
+    """Turn transcripts of other tools into v1 trace events and publish them with one producer (or write
+    them with --out). Many files, directories and globs in one call, with a progress bar."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
-    from somnus.importers import FORMATS, ImportShapeError
+    from somnus.importers import FORMATS, ImportShapeError, expand_paths, import_run
 
     if fmt not in FORMATS:
         _fail(f"unknown --format {fmt!r}; choose one of: {', '.join(FORMATS)}")
     try:
-        events = list(FORMATS[fmt](file, agent=agent))
+        files = expand_paths(paths, fmt)
+        run = import_run(start=start, spacing_s=spacing, results=results)
     except ImportShapeError as exc:
         _fail(str(exc))
     if out is not None:
-        out.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in events))
-        console.print(f"wrote {len(events)} events to {out}")
-        return
-    from somnus.client import publish as do_publish
-    from streams.topics import ensure_topics
+        sink: Any = out.open("wb")
+    else:
+        from somnus.client import Publisher
+        from streams.topics import ensure_topics
 
-    s = _settings(home, None, bootstrap)
-    boot = _bootstrap(s)
-    ensure_topics(s, boot)
-    n = do_publish(events, boot, s.traces_topic)
-    sessions = len({e["session_id"] for e in events})
-    console.print(f"imported {sessions} sessions: published {n} events to {s.traces_topic}")
+        s = _settings(home, None, bootstrap)
+        boot = _bootstrap(s)
+        ensure_topics(s, boot)
+        sink = Publisher(boot, s.traces_topic)
+    sessions: set[str] = set()
+    n = 0
+    try:
+        with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                      TimeRemainingColumn(), console=err, transient=False) as bar:
+            task = bar.add_task(f"importing {fmt}", total=len(files))
+            for path in files:
+                events = list(FORMATS[fmt](path, agent=agent, run=run))
+                sessions.update(e.get("session_id") for e in events)
+                n += _deliver(sink, events)
+                bar.advance(task)
+    except ImportShapeError as exc:
+        _fail(str(exc))
+    finally:
+        sink.close()
+    where = f"wrote {n} events to {out}" if out is not None else f"published {n} events to {s.traces_topic}"
+    console.print(f"imported {len(sessions)} sessions from {len(files)} files: {where}")
+
+
+def _deliver(sink: Any, events: list[dict[str, Any]]) -> int:
+    """Write events to a file (JSON lines) or send them with the open publisher; how many."""
+    import orjson
+
+    if hasattr(sink, "send"):
+        return sink.send(events)
+    sink.write(b"".join(orjson.dumps(e) + b"\n" for e in events))
+    return len(events)
 
 
 @app.command()

@@ -3,24 +3,33 @@
 - ``openai-chat``: OpenAI-style chat transcripts (``messages`` or tau-bench's ``traj``) with
   ``tool_calls`` and ``role: tool`` results; outcome from ``reward`` (1.0 = success, else failure)
   or ``outcome``.
-- ``swe-agent``: SWE-agent ``.traj`` trajectories (``trajectory`` steps of thought/action/observation).
+- ``swe-agent``: SWE-agent ``.traj`` trajectories, 0.x and 1.x (``swe_agent``): the task is the
+  problem statement, thoughts are agent messages, each action a tool call whose observation is a
+  failure only when it shows one (``swe_failure``); the outcome comes from ``--results``.
 - ``locomo``: LoCoMo conversations (``conversation`` with ``session_<n>`` turn lists and
   ``session_<n>_date_time``): one session per conversation session, stamped with its date; each
   turn becomes a message event (speaker A as ``user_message``, speaker B as ``agent_message``)
   whose ``dia_id`` is kept (``message_refs`` in the session's start metadata, and on the payload).
+- ``v1``: our own trace events, one JSON object a line (as ``somnus publish`` reads them), passed on.
 
-Event ids and times are derived deterministically from the input, so importing the same file twice
+One import (``import_files``) may read many files, directories and globs (``expand_paths``): its
+sessions that carry no time of their own start ``spacing`` apart from ``start``, in file order, so
+a directory of trajectories is spread over time instead of starting at one instant.
+
+Event ids and times are derived deterministically from the input, so importing the same files twice
 gives the same events. Shapes that are not understood raise ``ImportShapeError`` naming the field.
 """
 
 from __future__ import annotations
 
+import glob
 import re
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -28,11 +37,43 @@ from schemas.events import SCHEMA_VERSION
 
 IMPORT_NAMESPACE = uuid.UUID("6d2f8a1e-95c4-4c43-8f0e-3a7b9e2c5d10")
 DEFAULT_START = datetime(2024, 5, 15, 20, 0, 0, tzinfo=timezone.utc)
+DEFAULT_SPACING = timedelta(minutes=10)  # between the starts of consecutive sessions without times of their own
 MAX_OUTPUT = 2000
+OUTCOMES = ("success", "failure", "partial")
 
 
 class ImportShapeError(ValueError):
     """The input file is not of the shape the chosen format expects."""
+
+
+@dataclass
+class ImportRun:
+    """What the sessions of one import share: the clock that spaces sessions without times of their
+    own (``start`` + n × ``spacing``, in the order they are read), outcomes from a results file (id ->
+    success|failure|partial), and the session ids already used (a repeated id gets ``~2``, ``~3``...)."""
+
+    start: datetime = DEFAULT_START
+    spacing: timedelta = DEFAULT_SPACING
+    results: Mapping[str, str] = field(default_factory=dict)
+    sessions: int = 0
+    used: set[str] = field(default_factory=set)
+
+    def next_start(self) -> datetime:
+        t = self.start + self.spacing * self.sessions
+        self.sessions += 1
+        return t
+
+    def session_id(self, wanted: str) -> str:
+        sid, n = wanted, 1
+        while sid in self.used:
+            n += 1
+            sid = f"{wanted}~{n}"
+        self.used.add(sid)
+        return sid
+
+
+def _run(run: ImportRun | None, start: datetime, spacing: timedelta | None = None) -> ImportRun:
+    return run if run is not None else ImportRun(start=start, spacing=spacing or DEFAULT_SPACING)
 
 
 class _Session:
@@ -48,7 +89,7 @@ class _Session:
         self.events.append({
             "event_id": str(uuid.uuid5(IMPORT_NAMESPACE, f"{self.source}\x1f{self.session_id}\x1f{seq}")),
             "schema_version": SCHEMA_VERSION,
-            "ts": self.t.isoformat().replace("+00:00", "Z"),
+            "ts": _iso(self.t),
             "agent": self.agent,
             "session_id": self.session_id,
             "seq": seq,
@@ -56,6 +97,10 @@ class _Session:
             "payload": {k: v for k, v in payload.items() if v is not None},
         })
         self.t += timedelta(seconds=step_s)
+
+
+def _iso(t: datetime) -> str:
+    return t.isoformat().replace("+00:00", "Z")
 
 
 def _load_json_or_jsonl(path: Path) -> Any:
@@ -75,7 +120,7 @@ def _load_json_or_jsonl(path: Path) -> Any:
     return items
 
 
-def _outcome(item: dict[str, Any], where: str) -> tuple[str, str | None]:
+def _outcome(item: Mapping[str, Any], where: str) -> tuple[str, str | None]:
     if "reward" in item:
         reward = item["reward"]
         if not isinstance(reward, (int, float)) or isinstance(reward, bool):
@@ -83,14 +128,38 @@ def _outcome(item: dict[str, Any], where: str) -> tuple[str, str | None]:
         return ("success" if reward >= 1.0 else "failure"), f"reward {reward}"
     if "outcome" in item:
         outcome = item["outcome"]
-        if outcome not in ("success", "failure", "partial"):
+        if outcome not in OUTCOMES:
             raise ImportShapeError(f"{where}: field 'outcome' must be success|failure|partial, got {outcome!r}")
         return outcome, None
     return "partial", "the transcript has no reward or outcome"
 
 
-def openai_chat(path: Path, agent: str | None = None, start: datetime = DEFAULT_START) -> Iterator[dict[str, Any]]:
-    """Events from OpenAI-style chat transcripts (a list, one object, or JSON lines)."""
+def _given_time(item: Mapping[str, Any], where: str) -> datetime | None:
+    """The session's own start time, when the file carries one (``start_time``, ``started_at``,
+    ``created_at`` or ``timestamp``: ISO 8601, or epoch seconds)."""
+    for key in ("start_time", "started_at", "created_at", "timestamp"):
+        v = item.get(key)
+        if v is None:
+            continue
+        try:
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                return datetime.fromtimestamp(float(v), tz=timezone.utc)
+            t = datetime.fromisoformat(str(v).replace("Z", "+00:00"))
+        except (ValueError, OverflowError, OSError):
+            raise ImportShapeError(f"{where}: field '{key}' is not a time: {v!r}") from None
+        return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+    return None
+
+
+# ---- OpenAI chat ---------------------------------------------------------------------------------
+
+def openai_chat(path: Path, agent: str | None = None, start: datetime = DEFAULT_START,
+                run: ImportRun | None = None) -> Iterator[dict[str, Any]]:
+    """Events from OpenAI-style chat transcripts (a list, one object, or JSON lines).
+
+    A results file (``run.results``) names a transcript by its session id or its ``id`` / ``session_id``
+    / ``task<n>-trial<m>``, and overrides its own reward."""
+    run = _run(run, start)
     data = _load_json_or_jsonl(path)
     items = data if isinstance(data, list) else [data]
     for i, item in enumerate(items):
@@ -103,9 +172,10 @@ def openai_chat(path: Path, agent: str | None = None, start: datetime = DEFAULT_
         ident = item.get("id", item.get("session_id"))
         if ident is None and "task_id" in item:
             ident = f"task{item['task_id']}-trial{item.get('trial', 0)}"
-        session_id = f"{path.stem}-{ident if ident is not None else i}"
+        session_id = run.session_id(f"{path.stem}-{ident if ident is not None else i}")
+        began = _given_time(item, where)
         s = _Session(f"openai-chat:{path.name}", agent or item.get("agent") or "assistant", session_id,
-                     start + timedelta(minutes=10 * i))
+                     began or run.next_start())
         first_user = next((m.get("content") for m in messages if isinstance(m, dict) and m.get("role") == "user"), None)
         if first_user is not None and not isinstance(first_user, str):
             first_user = orjson.dumps(first_user).decode()  # content parts, as for every other message
@@ -144,9 +214,17 @@ def openai_chat(path: Path, agent: str | None = None, start: datetime = DEFAULT_
                                       "output": None if failed else text[:MAX_OUTPUT]}, 2.0)
             else:
                 raise ImportShapeError(f"{mwhere}: unknown role {role!r} (expected system, user, assistant or tool)")
-        outcome, reason = _outcome(item, where)
+        given = _result_for(run, session_id, None if ident is None else str(ident))
+        outcome, reason = (given, "per the results file") if given else _outcome(item, where)
         s.add("session_end", {"outcome": outcome, "reason": reason})
         yield from s.events
+
+
+def _result_for(run: ImportRun, *idents: str | None) -> str | None:
+    for ident in idents:
+        if ident is not None and ident in run.results:
+            return run.results[ident]
+    return None
 
 
 def _args(arguments: Any) -> dict[str, Any]:
@@ -161,12 +239,191 @@ def _args(arguments: Any) -> dict[str, Any]:
     return {} if arguments is None else {"_value": arguments}
 
 
-_ERROR_MARKERS = ("command not found", "traceback (most recent call last)", "error:", "no such file or directory",
-                  "syntaxerror", "exception")
+# ---- SWE-agent -------------------------------------------------------------------------------------
+
+# Where the problem statement sits in the first user message of a run that does not store it on its own:
+# 0.x "ISSUE:\n...\n\nINSTRUCTIONS:", 1.x "<pr_description>...</pr_description>", and two common variants.
+_ISSUE_BLOCKS = (re.compile(r"ISSUE:\s*\n(.*?)\n\s*INSTRUCTIONS:", re.S),
+                 re.compile(r"<pr_description>\s*(.*?)\s*</pr_description>", re.S),
+                 re.compile(r"<issue>\s*(.*?)\s*</issue>", re.S),
+                 re.compile(r"<problem_statement>\s*(.*?)\s*</problem_statement>", re.S))
+_DEMO_START = "--- DEMONSTRATION ---"
+_DEMO_END = "--- END OF DEMONSTRATION ---"
+_FENCE = re.compile(r"```[^\n]*\n(.*?)```", re.S)
+SWE_THOUGHT_S = 1.0  # a thought is followed by its action this much later
+SWE_OBSERVATION_S = 3.0  # a call's result comes this much later, unless the step has its execution_time
+SWE_NEXT_STEP_S = 2.0  # after a result, the next step
 
 
-def swe_agent(path: Path, agent: str | None = None, start: datetime = DEFAULT_START) -> Iterator[dict[str, Any]]:
-    """Events from one SWE-agent ``.traj`` file (or a list of them in one JSON file)."""
+def _text(content: Any) -> str:
+    """A message's text: a string, or the text parts of a list of content parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return ""
+
+
+def swe_problem_statement(item: Mapping[str, Any]) -> str:
+    """The issue a trajectory solves: ``problem_statement`` (a string, or an object with ``text``), the
+    1.x ``replay_config``'s problem statement, else the issue text in the first user message of
+    ``history`` that is not a demonstration (``is_demo``, or a message framed by SWE-agent's
+    ``--- DEMONSTRATION ---`` markers, whose issue is the demonstration's, not this run's).
+
+    >>> swe_problem_statement({"history": [
+    ...     {"role": "user", "is_demo": True, "content": "Here is a demonstration ... ISSUE:\\nold bug\\n\\nINSTRUCTIONS: ..."},
+    ...     {"role": "user", "content": "We're solving this issue. ISSUE:\\nPixel data fails\\n\\nINSTRUCTIONS:\\nNow..."}]})
+    'Pixel data fails'
+    """
+    for source in (item.get("problem_statement"), _replay_problem_statement(item.get("replay_config"))):
+        if isinstance(source, str) and source.strip():
+            return source.strip()
+        if isinstance(source, dict) and isinstance(source.get("text"), str) and source["text"].strip():
+            return source["text"].strip()
+    for m in item.get("history") or []:
+        if not isinstance(m, dict) or m.get("role") != "user" or m.get("is_demo") or m.get("message_type") == "demonstration":
+            continue
+        content = _text(m.get("content"))
+        if _DEMO_START in content or content.lstrip().startswith("Here is a demonstration"):
+            if _DEMO_END not in content:
+                continue  # the demonstration alone
+            content = content.split(_DEMO_END, 1)[1]
+        for rx in _ISSUE_BLOCKS:
+            found = rx.search(content)
+            if found and found.group(1).strip():
+                return found.group(1).strip()
+        if content.strip():
+            return content.strip()
+    return ""
+
+
+def _replay_problem_statement(config: Any) -> Any:
+    if isinstance(config, str):
+        try:
+            config = orjson.loads(config)
+        except orjson.JSONDecodeError:
+            return None
+    return config.get("problem_statement") if isinstance(config, dict) else None
+
+
+def swe_command(action: Any) -> str | None:
+    """The command a step ran, or None when it ran none: an empty action, or a model's discussion that
+    landed in the action field (a first line ``DISCUSSION``: its last fenced block is the command, if any).
+
+    >>> swe_command("open src/fields.py 1474\\n"), swe_command("  "), swe_command("DISCUSSION\\nLet me look.")
+    ('open src/fields.py 1474', None, None)
+    >>> swe_command("DISCUSSION\\nLet me look.\\n```\\nls -a\\n```")
+    'ls -a'
+    """
+    text = action.strip() if isinstance(action, str) else ""
+    if not text:
+        return None
+    if text.splitlines()[0].strip().rstrip(":").upper() == "DISCUSSION":
+        blocks = [b.strip() for b in _FENCE.findall(text) if b.strip()]
+        return blocks[-1] if blocks else None
+    return text
+
+
+def swe_tool(command: str) -> str:
+    """The tool of a command: its first word (``open``, ``edit``, ``python``, ``str_replace_editor``)."""
+    first = command.split(None, 1)[0]
+    return first.strip("'\"") or first
+
+
+_EDIT_REFUSED = re.compile(r"your proposed edit has introduced new syntax error", re.I)
+_LINT_LINE = re.compile(r"^-?\s*(?:[A-Z]\d{3}\s+)?(.+)$")  # "- E999 IndentationError: unexpected indent"
+_NOT_FOUND = re.compile(
+    r"^(?:[\w./-]*sh:\s*(?:line\s*\d+:\s*)?)?(?:[^\s:'\"]{1,100}:\s*command not found\b|command not found:\s*\S+)"
+    r"|^[\w./-]*sh:\s*\d+:\s*[^\s:'\"]{1,100}:\s*not found\b", re.I)
+_TRACEBACK = re.compile(r"^\s*Traceback \(most recent call last\):")
+_EXIT = re.compile(r"\b(?:exit(?:ed)?\s+(?:with\s+)?(?:code|status)|returned non-zero exit status|exit_code)"
+                   r"\s*[:=]?\s*(-?\d+)", re.I)
+# The tools' own error messages (SWE-agent's open/goto/edit/create/search commands, the 1.x editor),
+# timeouts, and a shell's refusals.
+_TOOL_ERROR = re.compile(
+    r"^(?:error:|usage:\s|no file open\b|(?:file|directory) .{1,300} not found\b|the path .{1,300} does not exist"
+    r"|no replacement was performed\b|invalid `|goto allows only one|more than \d+ (?:files|lines) matched"
+    r"|execution timed out|the command .{1,300} was cancelled because it took more than"
+    r"|[\w.+-]+: (?:cannot|can't) (?:access|open|stat|remove|create)\b|[\w.+-]+: .{0,300}no such file or directory"
+    r"|python[\d.]*: can't open file)", re.I)
+# Lines of a file view or a search result (numbered source lines) are never read as errors.
+_SOURCE_LINE = re.compile(r"^\s*\d+(?::|\t)|^Line \d+:")
+
+
+def swe_failure(observation: str) -> str | None:
+    """The error an observation shows, or None when it shows none.
+
+    A failure is an edit refused for syntax errors (``edit refused: <the linter's errors>``), a shell's
+    "command not found", a Python traceback, a non-zero exit status, or a tool's own error message
+    (``Usage:``, ``Error:``, ``File ... not found``, ``No replacement was performed``, a timeout...). A file
+    view ("[File: ... (158 lines total)]"), a listing or a search result is not, whatever its lines say:
+    numbered source lines are never read.
+
+    >>> swe_failure("[File: /repo/fields.py (1997 lines total)]\\n1474:    raise ValueError(msg)")
+    >>> swe_failure("AUTHORS.rst  setup.py  src/  tests/")
+    >>> swe_failure("/bin/bash: line 2784: javac: command not found")
+    '/bin/bash: line 2784: javac: command not found'
+    >>> swe_failure("Your proposed edit has introduced new syntax error(s). Please read this...\\n\\nERRORS:\\n"
+    ...             "- E999 IndentationError: unexpected indent\\n\\nThis is how your edit would have looked")
+    'edit refused: IndentationError: unexpected indent'
+    """
+    text = observation.replace("\r\n", "\n").replace("\r", "\n")
+    if _EDIT_REFUSED.search(text):
+        return "edit refused: " + "; ".join(_lint_errors(text))
+    lines = [ln for ln in text.split("\n") if ln.strip() and not _SOURCE_LINE.match(ln)]
+    for i, line in enumerate(lines):
+        if _NOT_FOUND.search(line.strip()):
+            return line.strip()[:MAX_OUTPUT]
+        if _TRACEBACK.match(line):
+            return _traceback(lines[i:])
+    for line in lines:
+        m = _EXIT.search(line)
+        if m and int(m.group(1)) != 0:
+            return line.strip()[:MAX_OUTPUT]
+    for line in lines:
+        if _TOOL_ERROR.match(line.strip()):
+            return line.strip()[:MAX_OUTPUT]
+    return None
+
+
+def _lint_errors(text: str) -> list[str]:
+    after = text.split("ERRORS:", 1)[1] if "ERRORS:" in text else ""
+    out = []
+    for line in after.split("\n"):
+        if not line.strip():
+            if out:
+                break
+            continue
+        if line.startswith("This is how your edit"):
+            break
+        m = _LINT_LINE.match(line.strip())
+        if m:
+            out.append(m.group(1).strip())
+    return out or ["syntax error"]
+
+
+def _traceback(lines: list[str]) -> str:
+    """The traceback from its header, with its last lines (where the exception is) when it is long."""
+    text = "\n".join(ln.rstrip() for ln in lines)
+    if len(text) <= MAX_OUTPUT:
+        return text
+    head = lines[0].strip()
+    return head + "\n…\n" + text[-(MAX_OUTPUT - len(head) - 3):]
+
+
+def swe_agent(path: Path, agent: str | None = None, start: datetime = DEFAULT_START,
+              run: ImportRun | None = None) -> Iterator[dict[str, Any]]:
+    """Events from one SWE-agent ``.traj`` file (0.x or 1.x; or a list of trajectories in one JSON file).
+
+    Session: the ``instance_id`` (else the file's name). Task: ``swe_problem_statement``. Each step:
+    its ``thought`` as an agent message, then its command (``swe_command``) as a call of ``swe_tool``
+    whose result fails only when ``swe_failure`` finds an error. End: the outcome from the results
+    file (``run.results``, by instance id), else the item's own ``reward`` / ``outcome`` / ``resolved``,
+    else from ``info.exit_status`` (a submitted patch: partial, its resolution unknown; no patch:
+    failure); the reason names the exit status. Times: the item's own (``_given_time``), else the run's
+    clock; a step's ``execution_time`` (1.x) is the time its result took.
+    """
+    run = _run(run, start)
     data = _load_json_or_jsonl(path)
     items = data if isinstance(data, list) else [data]
     for i, item in enumerate(items):
@@ -176,43 +433,136 @@ def swe_agent(path: Path, agent: str | None = None, start: datetime = DEFAULT_ST
         info = item.get("info") or {}
         if not isinstance(info, dict):
             raise ImportShapeError(f"{where}: field 'info' must be an object")
-        session_id = f"{path.stem}" if len(items) == 1 else f"{path.stem}-{i}"
-        s = _Session(f"swe-agent:{path.name}", agent or "swe-agent", session_id, start + timedelta(minutes=10 * i))
-        task = ""
-        for m in item.get("history") or []:
-            if isinstance(m, dict) and m.get("role") == "user":
-                c = m.get("content")
-                task = c if isinstance(c, str) else orjson.dumps(c).decode()
-                break
-        s.add("session_start", {"task": (item.get("problem_statement") or task)[:500],
-                                "metadata": {k: info[k] for k in ("exit_status",) if k in info}})
+        if not isinstance(item.get("history") or [], list):
+            raise ImportShapeError(f"{where}: field 'history' must be a list of messages")
+        status = info.get("exit_status")
+        if status is not None and not isinstance(status, str):
+            raise ImportShapeError(f"{where}: field 'info.exit_status' must be a string, got {status!r}")
+        ident = item.get("instance_id") or info.get("instance_id")
+        name = str(ident) if ident else (path.stem if len(items) == 1 else f"{path.stem}-{i}")
+        session_id = run.session_id(name)
+        began = _given_time(item, where) or _given_time(info, f"{where}: info")
+        s = _Session(f"swe-agent:{path.name}", agent or "swe-agent", session_id, began or run.next_start())
+        meta: dict[str, Any] = {"instance_id": name}
+        if status is not None:
+            meta["exit_status"] = status
+        s.add("session_start", {"task": swe_problem_statement(item)[:500], "metadata": meta})
         for j, step in enumerate(item["trajectory"]):
-            swhere = f"{where}: trajectory[{j}]"
-            if not isinstance(step, dict) or "action" not in step:
-                raise ImportShapeError(f"{swhere}: a step needs an 'action' field")
-            thought = step.get("thought")
-            if thought:
-                s.add("agent_message", {"text": str(thought)}, 1.0)
-            action = str(step["action"]).strip()
-            tool = action.split()[0] if action else "noop"
-            call_id = f"step-{j}"
-            s.add("tool_call", {"tool": tool, "call_id": call_id, "args": {"command": action}}, 1.0)
-            obs = step.get("observation")
-            obs = "" if obs is None else (obs if isinstance(obs, str) else orjson.dumps(obs).decode())
-            low = obs.lower()
-            failed = any(marker in low for marker in _ERROR_MARKERS)
-            s.add("tool_result", {"call_id": call_id, "tool": tool, "ok": not failed,
-                                  "error": obs[:MAX_OUTPUT] if failed else None,
-                                  "output": None if failed else obs[:MAX_OUTPUT]}, 3.0)
-        merged = dict(info)
-        merged.update({k: item[k] for k in ("reward", "outcome") if k in item})
-        if "resolved" in merged and "outcome" not in merged and "reward" not in merged:
-            merged["outcome"] = "success" if merged["resolved"] else "failure"
-        outcome, reason = _outcome(merged, where)
-        if reason and "exit_status" in info:
-            reason = f"exit_status {info['exit_status']}"
+            _swe_step(s, step, f"{where}: trajectory[{j}]", j)
+        outcome, reason = _swe_outcome(item, info, where, run, (name, path.stem))
         s.add("session_end", {"outcome": outcome, "reason": reason})
         yield from s.events
+
+
+def _swe_step(s: _Session, step: Any, where: str, j: int) -> None:
+    if not isinstance(step, dict) or "action" not in step:
+        raise ImportShapeError(f"{where}: a step needs an 'action' field")
+    thought = step.get("thought")
+    if isinstance(thought, str) and thought.strip():
+        s.add("agent_message", {"text": thought.strip()}, SWE_THOUGHT_S)
+    command = swe_command(step["action"])
+    if command is None:
+        return  # a thought (or a format error) without a command: nothing was run
+    took = step.get("execution_time")
+    took_s = float(took) if isinstance(took, (int, float)) and not isinstance(took, bool) and took >= 0 else None
+    tool, call_id = swe_tool(command), f"step-{j}"
+    s.add("tool_call", {"tool": tool, "call_id": call_id, "args": {"command": command}},
+          max(took_s, 0.001) if took_s is not None else SWE_OBSERVATION_S)
+    obs = step.get("observation")
+    obs = "" if obs is None else (obs if isinstance(obs, str) else orjson.dumps(obs).decode())
+    error = swe_failure(obs)
+    s.add("tool_result", {"call_id": call_id, "tool": tool, "ok": error is None, "error": error,
+                          "output": obs[:MAX_OUTPUT] if error is None else None}, SWE_NEXT_STEP_S)
+
+
+def _swe_outcome(item: Mapping[str, Any], info: Mapping[str, Any], where: str, run: ImportRun,
+                 idents: Iterable[str]) -> tuple[str, str | None]:
+    status = info.get("exit_status")
+    said = f"exit_status {status}" if status is not None else None
+    given = _result_for(run, *idents)
+    if given is not None:
+        verdict = "resolved" if given == "success" else ("not resolved" if given == "failure" else given)
+        return given, "; ".join(x for x in (said, f"{verdict} per the results file") if x)
+    own = {k: item[k] for k in ("reward", "outcome") if k in item}
+    resolved = item.get("resolved", info.get("resolved"))
+    if not own and resolved is not None:
+        if not isinstance(resolved, bool):
+            raise ImportShapeError(f"{where}: field 'resolved' must be true or false, got {resolved!r}")
+        own = {"outcome": "success" if resolved else "failure"}
+    if own:
+        outcome, reason = _outcome(own, where)
+        return outcome, said or reason
+    if status is None:
+        return "partial", "the trajectory has no info.exit_status"
+    if "submission" not in info:
+        return "partial", f"{said}; resolution unknown (no --results)"
+    if status.startswith("submitted") and info["submission"]:
+        return "partial", f"{said}; patch submitted, resolution unknown (no --results)"
+    return "failure", f"{said}; no patch"
+
+
+# ---- results files -------------------------------------------------------------------------------
+
+RESOLVED_KEYS = ("resolved", "resolved_ids")
+# Lists of ids a SWE-bench report holds that were evaluated (or failed to be) and are not resolved
+# unless also listed as resolved.
+UNRESOLVED_KEYS = ("unresolved", "unresolved_ids", "error_ids", "empty_patch_ids", "completed_ids", "submitted_ids",
+                   "no_generation", "generated", "with_logs", "install_fail", "reset_failed", "no_apply", "applied",
+                   "test_errored", "test_timeout")
+IGNORED_KEYS = ("incomplete_ids", "schema_version", "total_instances", "submitted_instances", "completed_instances",
+                "resolved_instances", "unresolved_instances", "empty_patch_instances", "error_instances")
+
+
+def load_results(path: Path) -> dict[str, str]:
+    """Outcomes by instance id from a results file: a SWE-bench style report (``resolved`` /
+    ``resolved_ids`` lists are successes; ids in its other lists (``unresolved``, ``error_ids``,
+    ``empty_patch_ids``, ``completed_ids``...) are failures unless also resolved), or a JSON map
+    id -> outcome (``success`` | ``failure`` | ``partial``, ``resolved`` | ``unresolved``, true | false,
+    or an object with a boolean ``resolved``, as SWE-bench's per-instance report has)."""
+    try:
+        data = orjson.loads(Path(path).read_bytes())
+    except orjson.JSONDecodeError as exc:
+        raise ImportShapeError(f"{path}: not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ImportShapeError(f"{path}: expected an object (a SWE-bench report or a map id -> outcome), "
+                               f"got {type(data).__name__}")
+    if any(k in data for k in RESOLVED_KEYS + UNRESOLVED_KEYS):
+        return _report_outcomes(path, data)
+    return {str(k): _one_outcome(path, str(k), v) for k, v in data.items()}
+
+
+def _report_outcomes(path: Path, data: Mapping[str, Any]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in data.items():
+        if key in IGNORED_KEYS:
+            continue
+        if key not in RESOLVED_KEYS + UNRESOLVED_KEYS:
+            raise ImportShapeError(f"{path}: field '{key}' is not a list a SWE-bench report has "
+                                   f"(known: {', '.join(RESOLVED_KEYS + UNRESOLVED_KEYS)})")
+        if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+            raise ImportShapeError(f"{path}: field '{key}' must be a list of instance ids")
+    for key in UNRESOLVED_KEYS:
+        for ident in data.get(key) or []:
+            out[ident] = "failure"
+    for key in RESOLVED_KEYS:
+        for ident in data.get(key) or []:
+            out[ident] = "success"
+    return out
+
+
+_RESULT_WORDS = {"success": "success", "failure": "failure", "partial": "partial", "resolved": "success",
+                 "unresolved": "failure"}
+
+
+def _one_outcome(path: Path, ident: str, value: Any) -> str:
+    if isinstance(value, bool):
+        return "success" if value else "failure"
+    if isinstance(value, str) and value in _RESULT_WORDS:
+        return _RESULT_WORDS[value]
+    if isinstance(value, dict) and isinstance(value.get("resolved"), bool):
+        return "success" if value["resolved"] else "failure"
+    raise ImportShapeError(f"{path}: field '{ident}': expected success|failure|partial, resolved|unresolved, "
+                           f"true|false or an object with a boolean 'resolved', got {value!r}")
 
 
 LOCOMO_TURN_STEP_S = 30.0  # the dataset dates sessions, not turns: turns are spaced this far apart
@@ -234,14 +584,17 @@ def locomo_date(text: str) -> datetime:
     return datetime(int(m[6]), _MONTHS[m[5].lower()], int(m[4]), hour, int(m[2]), tzinfo=timezone.utc)
 
 
-def locomo(path: Path, agent: str | None = None, start: datetime = DEFAULT_START) -> Iterator[dict[str, Any]]:
+def locomo(path: Path, agent: str | None = None, start: datetime = DEFAULT_START,
+           run: ImportRun | None = None) -> Iterator[dict[str, Any]]:
     """Events from LoCoMo conversations (a list of samples, or one sample).
 
     Agent: ``agent``, else ``locomo-<sample_id>`` (each conversation its own agent, so its own
     memory scope). Session ``<sample_id>-s<n>``. A turn's text is its ``text``, followed by
     ``[shares <blip_caption>]`` when it shared an image (the caption is all we have of it).
-    ``start`` is unused: every session carries its own date.
+    ``start`` is unused: every session carries its own date. A repeated session id (the same
+    conversation in two files of one import) gets a suffix from ``run``.
     """
+    run = _run(run, start)
     data = _load_json_or_jsonl(path)
     items = data if isinstance(data, list) else [data]
     for i, item in enumerate(items):
@@ -265,7 +618,7 @@ def locomo(path: Path, agent: str | None = None, start: datetime = DEFAULT_START
                 when = locomo_date(date_text)
             except ValueError as exc:
                 raise ImportShapeError(f"{where}: 'session_{n}_date_time': {exc}") from None
-            s = _Session(f"locomo:{path.name}", agent or f"locomo-{sample}", f"{sample}-s{n}", when)
+            s = _Session(f"locomo:{path.name}", agent or f"locomo-{sample}", run.session_id(f"{sample}-s{n}"), when)
             refs: dict[str, str] = {}
             for j, turn in enumerate(turns):
                 twhere = f"{where}: session_{n}[{j}]"
@@ -291,4 +644,81 @@ def locomo(path: Path, agent: str | None = None, start: datetime = DEFAULT_START
             yield from s.events
 
 
-FORMATS = {"openai-chat": openai_chat, "swe-agent": swe_agent, "locomo": locomo}
+# ---- our own v1 events -----------------------------------------------------------------------------
+
+def v1(path: Path, agent: str | None = None, start: datetime = DEFAULT_START,
+       run: ImportRun | None = None) -> Iterator[dict[str, Any]]:
+    """v1 trace events as they are (JSON lines, or a JSON list): they carry their own times and
+    sessions. ``agent`` (when given) replaces each event's agent. The pipeline validates them."""
+    data = _load_json_or_jsonl(path)
+    for n, event in enumerate(data if isinstance(data, list) else [data], 1):
+        if not isinstance(event, dict) or not isinstance(event.get("session_id"), str):
+            raise ImportShapeError(f"{path.name}: event {n}: expected a v1 trace event (an object with 'session_id')")
+        yield {**event, "agent": agent} if agent else event
+
+
+class Importer(Protocol):
+    def __call__(self, path: Path, agent: str | None = ..., start: datetime = ...,
+                 run: ImportRun | None = ...) -> Iterator[dict[str, Any]]: ...
+
+
+FORMATS: dict[str, Importer] = {"openai-chat": openai_chat, "swe-agent": swe_agent, "locomo": locomo, "v1": v1}
+# The files a directory contributes to an import of each format.
+EXTENSIONS = {"openai-chat": (".json", ".jsonl"), "swe-agent": (".traj",), "locomo": (".json",),
+              "v1": (".jsonl", ".json")}
+
+
+def expand_paths(args: Iterable[str | Path], fmt: str) -> list[Path]:
+    """Files to import, in order: a file as given; a directory's files of the format (``EXTENSIONS``,
+    searched recursively, sorted by path); a glob's matches, sorted (``**`` descends). Each file once.
+    A name that matches nothing is an ``ImportShapeError``."""
+    exts = EXTENSIONS[fmt]
+    out: list[Path] = []
+
+    def add_dir(d: Path) -> None:
+        out.extend(sorted(p for p in d.rglob("*") if p.is_file() and p.name.endswith(exts)))
+
+    for arg in args:
+        p = Path(arg)
+        if p.is_file():
+            out.append(p)
+        elif p.is_dir():
+            add_dir(p)
+        elif glob.has_magic(str(arg)):
+            matches = sorted(glob.glob(str(arg), recursive=True))
+            if not matches:
+                raise ImportShapeError(f"{arg}: the pattern matches no file")
+            for m in map(Path, matches):
+                add_dir(m) if m.is_dir() else out.append(m)
+        else:
+            raise ImportShapeError(f"{arg}: no such file or directory")
+    return list(dict.fromkeys(out))
+
+
+def import_run(start: str | datetime | None = None, spacing_s: float | None = None,
+               results: Path | None = None) -> ImportRun:
+    """An ``ImportRun`` from command-line values: ``start`` an ISO time (UTC unless it says otherwise),
+    ``spacing_s`` seconds (> 0), ``results`` a results file (``load_results``)."""
+    when = DEFAULT_START
+    if isinstance(start, datetime):
+        when = start
+    elif start:
+        try:
+            when = datetime.fromisoformat(start.replace("Z", "+00:00"))
+        except ValueError:
+            raise ImportShapeError(f"--start: not an ISO time: {start!r}") from None
+    when = when if when.tzinfo else when.replace(tzinfo=timezone.utc)
+    if spacing_s is not None and not spacing_s > 0:
+        raise ImportShapeError(f"--spacing: must be a positive number of seconds, got {spacing_s}")
+    spacing = timedelta(seconds=spacing_s) if spacing_s is not None else DEFAULT_SPACING
+    return ImportRun(start=when, spacing=spacing, results=load_results(results) if results is not None else {})
+
+
+def import_files(paths: Iterable[Path], fmt: str, agent: str | None = None,
+                 run: ImportRun | None = None) -> Iterator[dict[str, Any]]:
+    """The events of every file, in order, sharing one ``ImportRun`` (clock, results, session ids)."""
+    if fmt not in FORMATS:
+        raise ImportShapeError(f"unknown format {fmt!r}; choose one of: {', '.join(FORMATS)}")
+    run = run or ImportRun()
+    for path in paths:
+        yield from FORMATS[fmt](Path(path), agent=agent, run=run)

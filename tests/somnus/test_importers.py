@@ -18,10 +18,17 @@ from somnus.importers import (
     LOCOMO_TURN_STEP_S,
     MAX_OUTPUT,
     ImportShapeError,
+    expand_paths,
+    import_files,
+    import_run,
+    load_results,
     locomo,
     locomo_date,
     openai_chat,
     swe_agent,
+    swe_failure,
+    swe_problem_statement,
+    v1,
 )
 
 TAU_BENCH = Path(__file__).resolve().parents[3] / "shared" / "datasets" / "tau-bench-airline" / "gpt-4o-airline.json"
@@ -245,6 +252,98 @@ def test_user_content_given_as_content_parts_still_gives_valid_events(tmp_path):
 
 
 # ---- SWE-agent trajectories ---------------------------------------------------------------------
+# Fixtures in the real .traj shapes (tests/fixtures/swe_agent): acme__widgets-101 is a 0.x run (history
+# with a demonstration block, thought/action/observation steps, file views, a traceback, a `ls`
+# listing, a model discussion in the action field, an edit refused for a syntax error, `javac: command
+# not found`, a submit); acme__widgets-202 is a 1.x run (function calls, str_replace_editor,
+# execution_time, the problem statement in replay_config). results.json resolves 101, not 202.
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "swe_agent"
+RUN_0X, RUN_1X, RESULTS = FIXTURES / "acme__widgets-101.traj", FIXTURES / "acme__widgets-202.traj", FIXTURES / "results.json"
+
+
+def calls_and_results(events: list[dict[str, Any]]) -> list[tuple[str, bool, str | None]]:
+    tools = {e["payload"]["call_id"]: e["payload"]["tool"] for e in events if e["type"] == "tool_call"}
+    return [(tools[e["payload"]["call_id"]], e["payload"]["ok"], e["payload"].get("error"))
+            for e in events if e["type"] == "tool_result"]
+
+
+def test_a_0x_trajectory_is_read_as_the_run_it_records():
+    source = json.loads(RUN_0X.read_bytes())
+    events = list(swe_agent(RUN_0X))
+    assert_all_decode(events)
+    start = events[0]["payload"]
+    assert start["task"].startswith("Paginator drops the last page when the item count is a multiple")
+    assert "demonstration" not in start["task"].lower() and "INSTRUCTIONS" not in start["task"]
+    assert start["metadata"] == {"instance_id": "acme__widgets-101", "exit_status": "submitted"}
+    assert {(e["agent"], e["session_id"]) for e in events} == {("swe-agent", "acme__widgets-101")}
+    thoughts = [e["payload"]["text"] for e in events if e["type"] == "agent_message"]
+    assert thoughts == [s["thought"].strip() for s in source["trajectory"] if s["thought"].strip()]
+    got = calls_and_results(events)
+    assert [t for t, _, _ in got] == ["create", "edit", "python", "ls", "find_file", "open", "goto", "edit", "edit",
+                                      "javac", "search_dir", "python", "rm", "submit"]  # no DISCUSSION tool
+    failed = [(t, err.splitlines()[-1] if t == "python" else err) for t, ok, err in got if not ok]
+    assert failed == [("python", "ValueError: Error: page size must be positive, got 0"),
+                      ("edit", "edit refused: IndentationError: unindent does not match any outer indentation level"),
+                      ("javac", "/bin/bash: line 212: javac: command not found")]
+    views = [ok for t, ok, _ in got if t in ("create", "open", "goto", "ls", "find_file", "search_dir", "rm", "submit")]
+    assert all(views) and len(views) == 8  # file views (whose lines say "Error:" and "Traceback"), listings, searches
+    end = events[-1]["payload"]
+    assert end == {"outcome": "partial", "reason": "exit_status submitted; patch submitted, resolution unknown (no --results)"}
+
+
+def test_failed_calls_reduce_to_the_knowledge_graphs_error_classes():
+    from processors.extraction import error_class
+
+    errors = [err for _, ok, err in calls_and_results(list(swe_agent(RUN_0X))) if not ok]
+    assert [error_class(e) for e in errors] == [
+        "ValueError: Error: page size must be positive, got <n>",
+        "edit refused: IndentationError: unindent does not match any outer indentation level",
+        "command not found: javac"]
+
+
+def test_a_1x_trajectory_with_function_calls_and_execution_times():
+    events = list(swe_agent(RUN_1X, start=datetime.fromisoformat("2025-03-01T08:00:00+00:00")))
+    assert_all_decode(events)
+    assert events[0]["payload"]["task"].startswith("`Paginator.last()` raises IndexError on an empty list")
+    assert events[0]["ts"] == "2025-03-01T08:00:00Z"
+    got = calls_and_results(events)
+    assert [(t, ok) for t, ok, _ in got] == [("ls", False), ("str_replace_editor", True), ("str_replace_editor", False),
+                                             ("str_replace_editor", True), ("python", True), ("submit", True)]
+    assert got[0][2] == "ls: cannot access 'docs/api': No such file or directory"
+    assert got[2][2].startswith("No replacement was performed, old_str `return list(self.pages())[-1]  `")
+    call, result = [e for e in events if e["type"] in ("tool_call", "tool_result")][:2]
+    took = datetime.fromisoformat(result["ts"]) - datetime.fromisoformat(call["ts"])
+    assert took == timedelta(seconds=0.05)  # the step's execution_time
+    times = [datetime.fromisoformat(e["ts"]) for e in events]
+    assert times == sorted(times) and len(set(times)) == len(times)
+
+
+def test_outcomes_come_from_the_results_file_and_reasons_from_the_exit_status():
+    run = import_run(results=RESULTS)
+    events = list(import_files(expand_paths([FIXTURES], "swe-agent"), "swe-agent", run=run))
+    ends = {e["session_id"]: e["payload"] for e in events if e["type"] == "session_end"}
+    assert ends == {
+        "acme__widgets-101": {"outcome": "success", "reason": "exit_status submitted; resolved per the results file"},
+        "acme__widgets-202": {"outcome": "failure", "reason": "exit_status submitted; not resolved per the results file"}}
+
+
+@pytest.mark.parametrize(("info", "outcome", "reason"), [
+    ({"exit_status": "submitted", "submission": "diff --git a b"}, "partial",
+     "exit_status submitted; patch submitted, resolution unknown (no --results)"),
+    ({"exit_status": "submitted", "submission": None}, "failure", "exit_status submitted; no patch"),
+    ({"exit_status": "exit_cost", "submission": ""}, "failure", "exit_status exit_cost; no patch"),
+    ({"exit_status": "submitted (exit_cost)", "submission": "diff"}, "partial",
+     "exit_status submitted (exit_cost); patch submitted, resolution unknown (no --results)"),
+    ({"exit_status": "exit_format"}, "partial", "exit_status exit_format; resolution unknown (no --results)"),
+    ({}, "partial", "the trajectory has no info.exit_status"),
+    ({"exit_status": "submitted", "resolved": True}, "success", "exit_status submitted"),
+    ({"resolved": False}, "failure", None),
+])
+def test_outcomes_without_a_results_file(tmp_path, info, outcome, reason):
+    end = list(swe_agent(write(tmp_path, "t.traj", traj(**info))))[-1]["payload"]
+    assert end == ({"outcome": outcome, "reason": reason} if reason else {"outcome": outcome})
+
 
 def traj(**info: Any) -> dict[str, Any]:
     return {
@@ -253,7 +352,7 @@ def traj(**info: Any) -> dict[str, Any]:
         "trajectory": [
             {"thought": "Let me find the function.", "action": "search_dir paginate\n", "observation": "Found 2 matches"},
             {"thought": "", "action": "python reproduce.py",
-             "observation": "Traceback (most recent call last):\n  File ..."},
+             "observation": "Traceback (most recent call last):\n  File ...\nIndexError: list index out of range"},
             {"action": "edit 10:12\n    return items[start:end]\nend_of_edit", "observation": None},
             {"thought": "Done.", "action": "  ", "observation": {"ok": True}},
         ],
@@ -261,42 +360,138 @@ def traj(**info: Any) -> dict[str, Any]:
     }
 
 
-def test_a_swe_agent_trajectory_becomes_events(tmp_path):
+def test_a_minimal_trajectory_and_its_sequence_of_events(tmp_path):
     events = list(swe_agent(write(tmp_path, "django-1234.traj", traj(exit_status="submitted"))))
     assert [e["type"] for e in events] == [
-        "session_start",
-        "agent_message", "tool_call", "tool_result",
-        "tool_call", "tool_result",
-        "tool_call", "tool_result",
-        "agent_message", "tool_call", "tool_result",
-        "session_end"]
+        "session_start", "agent_message", "tool_call", "tool_result", "tool_call", "tool_result",
+        "tool_call", "tool_result", "agent_message", "session_end"]  # a blank action runs nothing
     assert [e["seq"] for e in events] == list(range(len(events)))
-    assert {(e["agent"], e["session_id"]) for e in events} == {("swe-agent", "django-1234")}
-    assert events[0]["payload"] == {"task": "Fix the off-by-one in paginate()", "metadata": {"exit_status": "submitted"}}
+    assert events[0]["payload"]["task"] == "Fix the off-by-one in paginate()"
     calls = [e["payload"] for e in events if e["type"] == "tool_call"]
-    assert [(c["tool"], c["call_id"]) for c in calls] == [
-        ("search_dir", "step-0"), ("python", "step-1"), ("edit", "step-2"), ("noop", "step-3")]
-    assert calls[0]["args"] == {"command": "search_dir paginate"}
+    assert [(c["tool"], c["call_id"], c["args"]) for c in calls] == [
+        ("search_dir", "step-0", {"command": "search_dir paginate"}), ("python", "step-1", {"command": "python reproduce.py"}),
+        ("edit", "step-2", {"command": "edit 10:12\n    return items[start:end]\nend_of_edit"})]
     results = [e["payload"] for e in events if e["type"] == "tool_result"]
-    assert [r["ok"] for r in results] == [True, False, True, True]
-    assert results[1]["error"].startswith("Traceback") and results[1]["tool"] == "python"
-    assert results[2]["output"] == "" and results[3]["output"] == '{"ok":true}'
-    assert events[-1]["payload"] == {"outcome": "partial", "reason": "exit_status submitted"}
+    assert [r["ok"] for r in results] == [True, False, True]
+    assert results[2]["output"] == ""
     assert_all_decode(events)
 
 
-@pytest.mark.parametrize(("where", "fields", "outcome"), [
-    ("info", {"resolved": True}, "success"),
-    ("info", {"resolved": False}, "failure"),
-    ("item", {"reward": 1.0}, "success"),
-    ("item", {"outcome": "failure"}, "failure"),
-    ("info", {}, "partial"),
+@pytest.mark.parametrize(("observation", "error"), [
+    ("[File: /r/a.py (158 lines total)]\n(40 more lines above)\n41:    raise ValueError('Error: bad')\n"
+     "42:# bash: helm: command not found\n43:Traceback (most recent call last):\n(115 more lines below)", None),
+    ("Here's the result of running `cat -n` on /testbed/a.py:\n     1\tError: not really\n     2\texit code 3", None),
+    ("AUTHORS.rst  README.md  setup.py  src/  tests/", None),
+    ("No matches found for \"paginate\" in /r", None),
+    ("Warning: <line_number> (900) is greater than the number of lines in the file (158)\n[File: /r/a.py (158 lines total)]", None),
+    ("", None),
+    ("bash: helm: command not found", "bash: helm: command not found"),
+    ("zsh: command not found: helm", "zsh: command not found: helm"),
+    ("/bin/sh: 1: helm: not found", "/bin/sh: 1: helm: not found"),
+    ("Usage: goto <line>\nError: <line> must be a number", "Usage: goto <line>"),
+    ("Error: <line> must be less than or equal to 158", "Error: <line> must be less than or equal to 158"),
+    ("Error: File 'reproduce.py' already exists.\n[File: /r/reproduce.py (3 lines total)]\n1:x",
+     "Error: File 'reproduce.py' already exists."),
+    ("File src/missing.py not found", "File src/missing.py not found"),
+    ("No file open. Use the open command first.", "No file open. Use the open command first."),
+    ("The path /testbed/nope does not exist. Please provide a valid path.",
+     "The path /testbed/nope does not exist. Please provide a valid path."),
+    ("cat: notes.txt: No such file or directory", "cat: notes.txt: No such file or directory"),
+    ("python: can't open file '/r/x.py': [Errno 2] No such file or directory",
+     "python: can't open file '/r/x.py': [Errno 2] No such file or directory"),
+    ("make: *** [all] Error 2\nCommand exited with code 2", "Command exited with code 2"),
+    ("done\nexit code 0", None),
+    ("EXECUTION TIMED OUT", "EXECUTION TIMED OUT"),
+    ("collected 3 items\nTraceback (most recent call last):\n  File \"t.py\", line 1\nKeyError: 'x'",
+     "Traceback (most recent call last):\n  File \"t.py\", line 1\nKeyError: 'x'"),
+    ("Your proposed edit has introduced new syntax error(s). Please understand the fixes and retry your edit commmand.\n\n"
+     "ERRORS:\n- E999 SyntaxError: unmatched ']'\n- F821 undefined name 'np'\n\nThis is how your edit would have looked",
+     "edit refused: SyntaxError: unmatched ']'; undefined name 'np'"),
 ])
-def test_swe_agent_outcomes(tmp_path, where, fields, outcome):
-    item = traj(exit_status="submitted", **(fields if where == "info" else {}))
-    item.update(fields if where == "item" else {})
-    end = list(swe_agent(write(tmp_path, "t.traj", item)))[-1]
-    assert end["payload"]["outcome"] == outcome
+def test_an_observation_fails_only_when_it_shows_an_error(observation, error):
+    assert swe_failure(observation) == error
+
+
+def test_a_long_traceback_keeps_its_header_and_its_exception():
+    got = swe_failure("Traceback (most recent call last):\n" + "  File \"x.py\", line 1, in f\n" * 200 + "OSError: disk full")
+    assert got is not None and len(got) <= MAX_OUTPUT
+    assert got.startswith("Traceback (most recent call last):") and got.endswith("OSError: disk full")
+
+
+@pytest.mark.parametrize(("item", "task"), [
+    ({"problem_statement": "the issue itself", "history": [{"role": "user", "content": "other"}]}, "the issue itself"),
+    ({"problem_statement": {"text": "from an object", "id": "x"}}, "from an object"),
+    ({"replay_config": json.dumps({"problem_statement": {"text": "from replay_config"}})}, "from replay_config"),
+    ({"history": [{"role": "user", "content": "Here is a demonstration of how to correctly accomplish this task.\n"
+                                               "--- DEMONSTRATION ---\nISSUE:\ndemo issue\n\nINSTRUCTIONS:\n..."},
+                  {"role": "user", "content": "ISSUE:\nthe real one\n\nINSTRUCTIONS:\nsolve it"}]}, "the real one"),
+    ({"history": [{"role": "user", "content": "--- DEMONSTRATION ---\nISSUE:\ndemo\n\nINSTRUCTIONS:\n--- END OF DEMONSTRATION ---\n"
+                                               "ISSUE:\ninline after the demo\n\nINSTRUCTIONS:\nx"}]}, "inline after the demo"),
+    ({"history": [{"role": "user", "content": [{"type": "text", "text": "<pr_description>\nparts\n</pr_description>"}]}]}, "parts"),
+    ({"history": [{"role": "user", "is_demo": True, "content": "ISSUE:\ndemo\n\nINSTRUCTIONS:"}]}, ""),
+])
+def test_the_task_is_the_problem_statement(item, task):
+    assert swe_problem_statement(item) == task
+
+
+def test_a_directory_of_trajectories_is_spaced_in_file_order(tmp_path):
+    (tmp_path / "runs").mkdir()
+    for name in ("b-2", "a-1", "c-3"):
+        write(tmp_path / "runs", f"{name}.traj", traj(exit_status="submitted"))
+    write(tmp_path / "runs", "preds.json", {"a-1": {"model_patch": ""}})  # not a trajectory: not read
+    timed = traj(exit_status="submitted")
+    timed["created_at"] = "2023-01-02T03:04:05Z"
+    write(tmp_path, "timed.traj", timed)
+    run = import_run(start="2025-02-01T09:00:00", spacing_s=3600)
+    files = expand_paths([tmp_path / "runs", str(tmp_path / "tim*.traj")], "swe-agent")
+    assert [f.name for f in files] == ["a-1.traj", "b-2.traj", "c-3.traj", "timed.traj"]
+    starts = {sid: evs[0]["ts"] for sid, evs in by_session(list(import_files(files, "swe-agent", run=run))).items()}
+    assert starts == {"a-1": "2025-02-01T09:00:00Z", "b-2": "2025-02-01T10:00:00Z", "c-3": "2025-02-01T11:00:00Z",
+                      "timed": "2023-01-02T03:04:05Z"}  # a file that carries its time keeps it
+
+
+def test_one_import_never_repeats_a_session_id(tmp_path):
+    for d in ("run1", "run2"):
+        (tmp_path / d).mkdir()
+        write(tmp_path / d, "x-1.traj", traj(exit_status="submitted"))
+    events = list(import_files(expand_paths([tmp_path], "swe-agent"), "swe-agent"))
+    assert list(by_session(events)) == ["x-1", "x-1~2"]
+    assert len({e["event_id"] for e in events}) == len(events)
+
+
+def test_paths_that_match_nothing_are_named(tmp_path):
+    with pytest.raises(ImportShapeError, match="nope.traj: no such file"):
+        expand_paths([tmp_path / "nope.traj"], "swe-agent")
+    with pytest.raises(ImportShapeError, match="matches no file"):
+        expand_paths([str(tmp_path / "*.traj")], "swe-agent")
+    with pytest.raises(ImportShapeError, match="--start"):
+        import_run(start="tomorrow")
+    with pytest.raises(ImportShapeError, match="--spacing"):
+        import_run(spacing_s=0)
+
+
+@pytest.mark.parametrize(("data", "expected"), [
+    ({"resolved": ["a"], "unresolved": ["b"]}, {"a": "success", "b": "failure"}),
+    ({"resolved_ids": ["a"], "completed_ids": ["a", "b"], "error_ids": ["c"], "incomplete_ids": ["d"],
+      "total_instances": 4}, {"a": "success", "b": "failure", "c": "failure"}),
+    ({"a": "success", "b": "failure", "c": "partial", "d": True, "e": False, "f": "resolved", "g": {"resolved": False}},
+     {"a": "success", "b": "failure", "c": "partial", "d": "success", "e": "failure", "f": "success", "g": "failure"}),
+])
+def test_results_files(tmp_path, data, expected):
+    assert load_results(write(tmp_path, "results.json", data)) == expected
+
+
+@pytest.mark.parametrize(("data", "names"), [
+    ([1, 2], ["expected an object"]),
+    ({"resolved": ["a"], "flaky": ["b"]}, ["field 'flaky'"]),
+    ({"resolved": "a"}, ["field 'resolved'", "list of instance ids"]),
+    ({"a": "won"}, ["field 'a'", "'won'"]),
+])
+def test_results_files_of_unknown_shapes_name_the_field(tmp_path, data, names):
+    with pytest.raises(ImportShapeError) as info:
+        load_results(write(tmp_path, "r.json", data))
+    for name in names:
+        assert name in str(info.value), str(info.value)
 
 
 def test_swe_agent_problem_statement_wins_and_several_trajectories_get_numbered_sessions(tmp_path):
@@ -309,8 +504,8 @@ def test_swe_agent_problem_statement_wins_and_several_trajectories_get_numbered_
 
 
 def test_swe_agent_import_is_deterministic(tmp_path):
-    path = write(tmp_path, "t.traj", traj(exit_status="submitted"))
-    assert list(swe_agent(path)) == list(swe_agent(path))
+    assert list(swe_agent(RUN_0X)) == list(swe_agent(RUN_0X))
+    assert list(import_files([RUN_0X, RUN_1X], "swe-agent")) == list(import_files([RUN_0X, RUN_1X], "swe-agent"))
 
 
 @pytest.mark.parametrize(("data", "names"), [
@@ -318,7 +513,11 @@ def test_swe_agent_import_is_deterministic(tmp_path):
     ({"trajectory": {"action": "ls"}}, ["'trajectory'"]),
     ({"trajectory": [{"thought": "no action"}]}, ["trajectory[0]", "'action'"]),
     ({"trajectory": [], "info": "done"}, ["field 'info'"]),
+    ({"trajectory": [], "history": {"role": "user"}}, ["field 'history'"]),
+    ({"trajectory": [], "info": {"exit_status": 1}}, ["field 'info.exit_status'"]),
     ({"trajectory": [], "reward": "high"}, ["field 'reward'"]),
+    ({"trajectory": [], "info": {"resolved": "yes"}}, ["field 'resolved'"]),
+    ({"trajectory": [], "created_at": "last week"}, ["field 'created_at'"]),
 ])
 def test_swe_agent_unknown_shapes_name_the_field(tmp_path, data, names):
     with pytest.raises(ImportShapeError) as info:
@@ -327,8 +526,31 @@ def test_swe_agent_unknown_shapes_name_the_field(tmp_path, data, names):
         assert name in str(info.value), str(info.value)
 
 
-def test_formats_registry():
-    assert FORMATS == {"openai-chat": openai_chat, "swe-agent": swe_agent, "locomo": locomo}
+def test_v1_events_pass_through_and_the_formats_registry(tmp_path):
+    ev = {"session_id": "s1", "agent": "a", "seq": 0, "type": "session_start"}
+    path = write(tmp_path, "e.jsonl", orjson.dumps(ev) + b"\n")
+    assert list(v1(path)) == [ev] and list(v1(path, agent="b")) == [{**ev, "agent": "b"}]
+    with pytest.raises(ImportShapeError, match="event 1"):
+        list(v1(write(tmp_path, "bad.jsonl", b"[1]\n")))
+    assert FORMATS == {"openai-chat": openai_chat, "swe-agent": swe_agent, "locomo": locomo, "v1": v1}
+
+
+def test_somnus_import_takes_files_directories_and_globs_in_one_call(tmp_path):
+    from typer.testing import CliRunner
+
+    from somnus.cli import app
+
+    out = tmp_path / "events.jsonl"
+    got = CliRunner().invoke(app, ["import", str(FIXTURES), str(FIXTURES / "*.traj"), "--format", "swe-agent",
+                                   "--results", str(RESULTS), "--start", "2025-01-01T00:00:00Z", "--spacing", "60",
+                                   "--out", str(out)])
+    assert got.exit_code == 0, got.output
+    events = [orjson.loads(line) for line in out.read_bytes().splitlines()]
+    assert events == list(import_files([RUN_0X, RUN_1X], "swe-agent", run=import_run(
+        start="2025-01-01T00:00:00Z", spacing_s=60, results=RESULTS)))
+    assert "imported 2 sessions from 2 files" in got.output
+    bad = CliRunner().invoke(app, ["import", str(tmp_path / "missing"), "--format", "swe-agent", "--out", str(out)])
+    assert bad.exit_code == 1 and "no such file or directory" in " ".join(bad.output.split())
 
 
 # ---- LoCoMo (real data) ----------------------------------------------------------------------------

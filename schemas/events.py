@@ -28,7 +28,7 @@ from msgspec import Meta
 SCHEMA_VERSION = 1
 
 NonEmpty = Annotated[str, Meta(min_length=1)]
-Seq = Annotated[int, Meta(ge=0)]
+Seq = Annotated[int, Meta(ge=0, le=2**63 - 1)]  # a BIGINT in the projections
 AwareTime = Annotated[datetime, Meta(tz=True)]
 
 

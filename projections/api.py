@@ -55,6 +55,27 @@ def _int(value: Any, name: str, default: int, lo: int = 1, hi: int = 100_000) ->
     return n
 
 
+def _float(value: Any, name: str, default: float, lo: float = 0.0, hi: float = 1.0) -> float:
+    if value in (None, ""):
+        return default
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise BadRequest(f"parameter `{name}`: not a number: {value!r}") from None
+    if not lo <= x <= hi:
+        raise BadRequest(f"parameter `{name}`: {x} is outside [{lo}, {hi}]")
+    return x
+
+
+def _bool(value: Any, name: str) -> bool:
+    if value in (None, "") or value is False or value is True:
+        return bool(value)
+    text = str(value).lower()
+    if text not in ("1", "true", "yes", "0", "false", "no"):
+        raise BadRequest(f"parameter `{name}`: true or false, not {value!r}")
+    return text in ("1", "true", "yes")
+
+
 def _synopsis_cache() -> Any:
     from processors.synopsis import SynopsisCache
 
@@ -197,16 +218,20 @@ class ReadService:
             hits.append(hit)
         return {"agent": agent, "query": query, "people": got.people, "hits": hits}
 
-    def episodic_context(self, agent: str, query: Any = None, top_k: Any = None,
-                         token_budget: Any = None) -> dict[str, Any]:
+    def episodic_context(self, agent: str, query: Any = None, top_k: Any = None, token_budget: Any = None,
+                         success_only: Any = None, domain_hint: Any = None,
+                         min_relevance: Any = None) -> dict[str, Any]:
         """The token-budgeted text of relevant past work (task, relevance, result, lessons, tools)."""
-        from processors.recall import build_episodic_context
+        from processors.recall import MIN_RELEVANCE, build_episodic_context
 
         if not query:
             raise BadRequest("parameter `query`: the text to build the context for is required")
         ctx = build_episodic_context(self._memory().index, str(query), agent, now=datetime.now(timezone.utc),
                                      top_k=_int(top_k, "top_k", 5, hi=100),
                                      token_budget=_int(token_budget, "token_budget", 2000, hi=1_000_000),
+                                     success_only=_bool(success_only, "success_only"),
+                                     domain_hint=str(domain_hint) if domain_hint else None,
+                                     min_relevance=_float(min_relevance, "min_relevance", MIN_RELEVANCE),
                                      agents=self.agents)
         self._accessed(ctx.accessed)
         return {"agent": agent, "query": query, "text": ctx.text, "entries": len(ctx.entries)}
@@ -232,6 +257,13 @@ class ReadService:
                    for e in knowledge_context(layers[owner], query=str(query) if query else None, limit=n)]
         entries.sort(key=lambda x: (-x[0].score, x[0].name, x[0].record_id))
         return [{**neutral_json(_jsonable(e)), "owner": owner} for e, owner in entries[:n]]
+
+    def stream_time(self, scope: Any = None) -> dict[str, Any]:
+        """The newest event time of a scope's agents (what a person's command is stamped with)."""
+        try:
+            return queries.stream_time(self.con, self.agents, str(scope or "global"))
+        except ValueError as exc:
+            raise BadRequest(f"parameter `scope`: {exc}") from None
 
     def promotion_inputs(self, owner: Any = None) -> Any:
         """A snapshot of what promotion reads now (NAc candidate links, call outcomes): ``somnus consolidate``."""
@@ -444,7 +476,10 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/agents/{agent}/episodic-context", "episodic_context",
           "Token-budgeted text of relevant past work for a prompt.",
           (("query", "string", "the task at hand"), ("top_k", "integer", "default 5"),
-           ("token_budget", "integer", "default 2000")), stateful=True),
+           ("token_budget", "integer", "default 2000"),
+           ("success_only", "boolean", "only past work that succeeded (default false)"),
+           ("domain_hint", "string", "the task's domain: past work of that domain counts as relevant"),
+           ("min_relevance", "number", "the relevance gate, in [0, 1] (default 0.05)")), stateful=True),
     Route("GET", "/agents/{agent}/context", "context",
           "One fitted context: user synopsis, the session's recent conversation, fused recall/knowledge/briefing.",
           (("query", "string", "the task or question at hand"), ("user_id", "string", "the user served (isolation)"),
@@ -453,6 +488,9 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/agents/{agent}/knowledge-context", "knowledge_context",
           "What the agent knows: concepts (with relationships) and confirmed patterns of its scope chain, ranked.",
           (("query", "string", "rank by relevance to this text"), ("limit", "integer", "default 8")), stateful=True),
+    Route("GET", "/stream-time", "stream_time",
+          "The stream time of a scope: the newest event time of the agents writing in it (null: no event yet).",
+          (("scope", "string", "global (default), team:<lead> or agent:<name>"),)),
     Route("GET", "/promotion-inputs", "promotion_inputs",
           "A snapshot of the promotion inputs (NAc candidate links, call outcomes) for an owner.",
           (("owner", "string", "global (default), team:<lead> or agent:<name>"),)),

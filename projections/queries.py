@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from typing import Any
 
 import duckdb
@@ -71,7 +72,44 @@ def offsets(con: duckdb.DuckDBPyConnection) -> dict[str, dict[int, int]]:
 
 
 def summary(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
-    return {"counts": counts(con), "offsets": offsets(con),
+    return {"counts": counts(con), "offsets": offsets(con), "memories": memory_counts(con),
             "stale_briefings": con.execute("SELECT count(*) FROM briefings_dirty").fetchone()[0],
             "dead_letter_kinds": dict(con.execute(
                 "SELECT kind, count(*) FROM dead_letters GROUP BY 1 ORDER BY 1").fetchall())}
+
+def stream_time(con: duckdb.DuckDBPyConnection, agents: Mapping[str, Any], scope: str = "global") -> dict[str, Any]:
+    """The stream time of a scope: the newest event time of the agents writing in it (``agent:<name>``:
+    that agent; ``team:<lead>``: the agents reporting to ``lead``; ``global``: every agent), None
+    when none has an event yet. What a person's command (promote, sleep, consolidate, ingest) is
+    stamped with, so a historical import behaves as it did live."""
+    from schemas.facts import GLOBAL_SCOPE
+
+    if scope == GLOBAL_SCOPE:
+        members = None
+    elif scope.startswith("agent:") and len(scope) > len("agent:"):
+        members = [scope.removeprefix("agent:")]
+    elif scope.startswith("team:") and len(scope) > len("team:"):
+        lead = scope.removeprefix("team:")
+        members = sorted(n for n, spec in agents.items() if getattr(spec, "reports_to", None) == lead)
+    else:
+        raise ValueError(f"scope {scope!r}: global, team:<lead> or agent:<name>")
+    if members is None:
+        at = con.execute("SELECT max(ts) FROM events").fetchone()[0]
+    elif members:
+        at = con.execute("SELECT max(ts) FROM events WHERE agent IN (SELECT unnest(?::VARCHAR[]))",
+                         [members]).fetchone()[0]
+    else:
+        at = None
+    return {"scope": scope, "agents": members, "at": at.isoformat() if at is not None else None}
+
+
+def memory_counts(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
+    """Stored memories by state: ``live`` (recallable, compressed ones included), ``compressed`` and
+    ``pruned`` (removed by sleep or a forget: still rows of ``memories``, an append-only projection)."""
+    stored, pruned, compressed = con.execute("""
+        WITH forgotten AS (
+            SELECT body->>'memory_id' AS memory_id, bool_or(body->>'reason' = 'removed') AS removed
+            FROM memory_log WHERE kind = 'MemoryForgotten' GROUP BY 1)
+        SELECT count(*), count(*) FILTER (WHERE f.removed), count(*) FILTER (WHERE NOT f.removed)
+        FROM memories m LEFT JOIN forgotten f USING (memory_id)""").fetchone()
+    return {"stored": stored, "live": stored - pruned, "compressed": compressed, "pruned": pruned}

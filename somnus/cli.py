@@ -49,6 +49,36 @@ def _bootstrap(settings: Settings, start: bool = False) -> str:
         raise
 
 
+def _event_time(settings: Settings, at: Optional[str], scope: str) -> Any:
+    """The event time of a person's command about ``scope``: ``--at`` when given (UTC unless it says),
+    else the scope's stream time (the newest event time of its agents: ``stream_time`` read), so a
+    command on historical data is stamped in that data's time, as it would have been live. The wall
+    clock only when the scope has no event yet."""
+    from datetime import datetime, timezone
+
+    from somnus.reads import ReadError, read
+
+    if at:
+        try:
+            when = datetime.fromisoformat(at.replace("Z", "+00:00"))
+        except ValueError:
+            _fail(f"--at {at!r}: not an ISO 8601 time")
+            raise
+        return when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)
+    try:
+        got = read(Path(settings.db_path), "stream_time", agents_dir=settings.agents_dir, scope=scope)  # type: ignore[arg-type]
+    except ReadError as exc:
+        _fail(str(exc))
+        raise
+    if got["at"] is None:
+        err.print(f"[dim]{scope} has no event yet: stamped with the wall clock[/dim]")
+        return datetime.now(timezone.utc)
+    return datetime.fromisoformat(got["at"])
+
+
+_AT_HELP = "Event time (ISO 8601; UTC unless it says); default: the stream time of the scope it concerns."
+
+
 # ---- broker ------------------------------------------------------------------------------
 
 @broker_app.command("fetch")
@@ -301,8 +331,12 @@ def status(home: Optional[Path] = HomeOpt, db: Optional[Path] = DbOpt, bootstrap
     c = Table(title="projections")
     c.add_column("table")
     c.add_column("rows", justify="right")
+    mem = res.get("memories") or {}
     for k, v in res["counts"].items():
-        c.add_row(k, str(v))
+        if k == "memories" and mem:  # an append-only table: pruned memories are rows, not memories
+            c.add_row(k, f"{v} ({mem['live']} live, {mem['compressed']} compressed, {mem['pruned']} pruned)")
+        else:
+            c.add_row(k, str(v))
     console.print(c)
     ps = res["processes"]
     shown = []
@@ -448,8 +482,10 @@ def brief(agent: str = typer.Argument(..., help="The agent whose briefing to pri
 def promote(source: str = typer.Argument(..., help="Source entity (id such as tool:x, or name)."),
             predicate: str = typer.Argument(...), target: str = typer.Argument(..., help="Target entity."),
             to: str = typer.Option(..., "--to", help="team or global"),
+            at: Optional[str] = typer.Option(None, "--at", help=_AT_HELP),
             db: Optional[Path] = DbOpt, home: Optional[Path] = HomeOpt, bootstrap: Optional[str] = BootOpt) -> None:
-    """Promote a fact to its owners' team scope, or to global, by hand (an event on the facts topic)."""
+    """Promote a fact to its owners' team scope, or to global, by hand (an event on the facts topic).
+    Each move is stamped with the stream time of the scope it comes from, unless --at is given."""
     from datetime import datetime, timezone
 
     from processors.swarm import PromotionError, manual_promotions
@@ -463,7 +499,11 @@ def promote(source: str = typer.Argument(..., help="Source entity (id such as to
         res = read_sql(Path(s.db_path), "SELECT source, predicate, target, scope, confidence, valid_to "  # type: ignore[arg-type]
                        "FROM facts_active WHERE predicate = ?", [predicate.strip().lower().replace(" ", "_")])
         rows = [dict(zip(res["columns"], r)) for r in res["rows"]]
-        events = manual_promotions(agents, rows, source, predicate, target, to, datetime.now(timezone.utc))
+        moves = manual_promotions(agents, rows, source, predicate, target, to, datetime.now(timezone.utc))
+        # The same moves, each stamped with its source scope's stream time (or --at).
+        events = [e for scope in sorted({m.from_scope for m in moves})
+                  for e in manual_promotions(agents, rows, source, predicate, target, to, _event_time(s, at, scope))
+                  if e.from_scope == scope]
     except (AgentFileError, ReadError, PromotionError) as exc:
         _fail(str(exc))
     from somnus.client import publish_records
@@ -471,16 +511,18 @@ def promote(source: str = typer.Argument(..., help="Source entity (id such as to
     publish_records([(e.source.encode(), encode_event(e), [("somnus-kind", KIND_PROMOTION)]) for e in events],
                     _bootstrap(s), s.facts_topic, partition=0)
     for e in events:
-        console.print(f"promoted {e.source} {e.predicate} {e.target}: {e.from_scope} -> {e.to_scope}", soft_wrap=True)
+        console.print(f"promoted {e.source} {e.predicate} {e.target}: {e.from_scope} -> {e.to_scope} "
+                      f"at {e.promoted_at.isoformat()}", soft_wrap=True)
 
 
 @app.command("ingest-knowledge")
 def ingest_knowledge_cmd(file: Path = typer.Argument(..., exists=True, dir_okay=False, help="JSON or Markdown."),
                          owner: str = typer.Option("global", "--owner", help="global, team:<lead> or agent:<name>"),
-                         home: Optional[Path] = HomeOpt, bootstrap: Optional[str] = BootOpt) -> None:
-    """Add concepts from a document to semantic memory (DIRECT_INGESTION; deduplicated by name)."""
-    from datetime import datetime, timezone
-
+                         at: Optional[str] = typer.Option(None, "--at", help=_AT_HELP),
+                         db: Optional[Path] = DbOpt, home: Optional[Path] = HomeOpt,
+                         bootstrap: Optional[str] = BootOpt) -> None:
+    """Add concepts from a document to semantic memory (DIRECT_INGESTION; deduplicated by name), stamped
+    with the owner's stream time unless --at is given."""
     from processors.semantic import KnowledgeFileError, parse_knowledge
     from projections.semantic import KIND_INGEST, KnowledgeIngested
     from somnus.client import publish_records
@@ -490,20 +532,20 @@ def ingest_knowledge_cmd(file: Path = typer.Argument(..., exists=True, dir_okay=
         concepts = parse_knowledge(file.read_text(encoding="utf-8"), fmt)
     except KnowledgeFileError as exc:
         _fail(f"{file}: {exc}")
-    s = _settings(home, None, bootstrap)
-    req = KnowledgeIngested(owner=owner, source=file.name, at=datetime.now(timezone.utc), concepts=concepts)
+    s = _settings(home, db, bootstrap)
+    req = KnowledgeIngested(owner=owner, source=file.name, at=_event_time(s, at, owner), concepts=concepts)
     publish_records([(owner.encode(), encode_event(req), [("somnus-kind", KIND_INGEST)])], _bootstrap(s),
                     s.semantic_topic, partition=0)
-    console.print(f"published {len(concepts)} concepts from {file.name} for {owner}", soft_wrap=True)
+    console.print(f"published {len(concepts)} concepts from {file.name} for {owner} at {req.at.isoformat()}",
+                  soft_wrap=True)
 
 
 @app.command()
 def consolidate(owner: str = typer.Option("global", "--owner", help="global, team:<lead> or agent:<name>"),
-                at: Optional[str] = typer.Option(None, "--at", help="Event time (ISO 8601); default: now."),
+                at: Optional[str] = typer.Option(None, "--at", help=_AT_HELP),
                 db: Optional[Path] = DbOpt, home: Optional[Path] = HomeOpt, bootstrap: Optional[str] = BootOpt) -> None:
-    """Promote repeated experience to concepts now: statistician, randomness gate, promoter (an event)."""
-    from datetime import datetime, timezone
-
+    """Promote repeated experience to concepts now: statistician, randomness gate, promoter (an event),
+    stamped with the owner's stream time unless --at is given."""
     import msgspec
 
     from projections.semantic import KIND_PROMOTE, PromotionRequested
@@ -511,8 +553,8 @@ def consolidate(owner: str = typer.Option("global", "--owner", help="global, tea
     from somnus.reads import ReadError, read
 
     s = _settings(home, db, bootstrap)
+    when = _event_time(s, at, owner)
     try:
-        when = datetime.fromisoformat(at.replace("Z", "+00:00")) if at else datetime.now(timezone.utc)
         got = read(Path(s.db_path), "promotion_inputs", owner=owner)  # type: ignore[arg-type]
     except (ValueError, ReadError) as exc:
         _fail(str(exc))
@@ -524,13 +566,15 @@ def consolidate(owner: str = typer.Option("global", "--owner", help="global, tea
 
 
 @app.command()
-def sleep(at: Optional[str] = typer.Option(None, "--at", help="Event time of the run (ISO 8601); default: now."),
+def sleep(at: Optional[str] = typer.Option(None, "--at", help="Event time of the run (ISO 8601); default: the "
+                                           "stream time (the newest event time of every agent)."),
           report: bool = typer.Option(False, "--report", help="Print the latest runs' reports instead."),
           plot: Optional[Path] = typer.Option(None, "--plot", help="Draw memory counts and the Fiedler trend here."),
           runs: int = typer.Option(10, "--runs", help="How many runs --report / --plot show."),
           db: Optional[Path] = DbOpt, home: Optional[Path] = HomeOpt, bootstrap: Optional[str] = BootOpt,
           as_json: bool = typer.Option(False, "--json")) -> None:
-    """Deep sleep now (hippocampus sleep, then promotion), or --report / --plot the runs so far."""
+    """Deep sleep now (hippocampus sleep, then promotion), or --report / --plot the runs so far. "Now" is
+    the stream time (each memory is judged by its own scope's), unless --at is given."""
     from datetime import datetime, timezone
 
     import msgspec
@@ -567,11 +611,17 @@ def sleep(at: Optional[str] = typer.Option(None, "--at", help="Event time of the
     from schemas.lifecycle import SleepRequested
     from somnus.client import publish_records
 
+    when = _event_time(s, at, "global")
     try:
-        when = datetime.fromisoformat(at.replace("Z", "+00:00")) if at else datetime.now(timezone.utc)
+        done = read(Path(s.db_path), "sql", sql="SELECT state->>'watermark' FROM sleep_state WHERE id = 1")["rows"]  # type: ignore[arg-type]
         inputs = read(Path(s.db_path), "promotion_inputs", owner="global")  # type: ignore[arg-type]
-    except (ValueError, ReadError) as exc:
+    except ReadError as exc:
         _fail(str(exc))
+    last = datetime.fromisoformat(done[0][0].replace("Z", "+00:00")) if done and done[0][0] else None
+    if last is not None and when <= last:  # the fold would do nothing: say so rather than "requested"
+        console.print(f"nothing to do: the last sleep ran at {last.isoformat()}, and no event is newer than "
+                      f"{when.isoformat()} (give a later --at to run anyway)", soft_wrap=True)
+        return
     boot = _bootstrap(s)
     # 1) hippocampus sleep (memory topic: a fold over one partition), 2) promotion (semantic topic).
     publish_records([(None, encode_event(SleepRequested(at=when, requested_by="somnus sleep")),

@@ -175,6 +175,7 @@ def status(settings: Settings, bootstrap: str) -> dict[str, Any]:
                  and not s.get("stale_briefings")),
         "stale_briefings": s.get("stale_briefings", 0),
         "counts": s["counts"],
+        "memories": s.get("memories"),  # stored memories: live, compressed, pruned (``counts`` has the table rows)
         "dead_letters": s["counts"].get("dead_letters", 0),
         "dead_letter_kinds": s["dead_letter_kinds"],
         "projector": _endpoint(db) is not None,

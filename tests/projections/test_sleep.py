@@ -61,7 +61,7 @@ def test_scheduled_and_requested_runs_decide_the_same_whatever_the_batching(tmp_
     runs = one.execute("SELECT trigger, count(*) FROM sleep_runs GROUP BY 1 ORDER BY 1").fetchall()
     assert ("on_demand", 1) in runs and any(t == "schedule" for t, _ in runs)  # the fleet spans 03:00
     decided = dict(one.execute("SELECT kind, count(*) FROM lifecycle_log GROUP BY 1").fetchall())
-    assert decided.get("MemoryCompressed", 0) + decided.get("MemoryPruned", 0) > 0  # ten idle days later
+    assert decided.get("MemoryCompressed", 0) + decided.get("MemoryPruned", 0) > 0  # over capacity
     # pruned memories are gone from the index recall reads; compressed ones are marked
     ix = seen.memory.state.index
     for (mid,) in one.execute("SELECT memory_id FROM lifecycle_log WHERE kind = 'MemoryPruned'").fetchall():
@@ -190,3 +190,20 @@ def test_another_datasets_newer_events_never_make_a_scopes_memories_idle(tmp_pat
             for u in {u.agent: u for u in old}.values()]
     later, _ = project("later.duckdb", [old, late], old_end + timedelta(days=10))
     assert {m for k, m in later if k == "MemoryCompressed"} - {m for k, m in alone if k == "MemoryCompressed"}
+
+
+def test_status_counts_pruned_memories_apart_from_live_ones(tmp_path, units):
+    # every agent works again 4 days on: some memories pruned (over capacity), some compressed (idle)
+    late = max(u.occurred_at for u in units) + timedelta(days=4)
+    again = [msgspec.structs.replace(u, memory_id=f"again-{u.memory_id}", occurred_at=late)
+             for u in {u.agent: u for u in units}.values()]
+    con, seen = _project(tmp_path, "counts.duckdb", [_records(units + again, request_at=late)])
+    pruned = con.execute("SELECT count(DISTINCT memory_id) FROM lifecycle_log WHERE kind = 'MemoryPruned'").fetchone()[0]
+    compressed = con.execute("SELECT count(DISTINCT memory_id) FROM lifecycle_log WHERE kind = 'MemoryCompressed' "
+                             "AND memory_id NOT IN (SELECT memory_id FROM lifecycle_log WHERE kind = 'MemoryPruned')"
+                             ).fetchone()[0]
+    got = queries.summary(con)["memories"]
+    assert pruned and compressed
+    assert got == {"stored": queries.counts(con)["memories"], "live": len(seen.memory.state.index),
+                   "compressed": compressed, "pruned": pruned}
+    assert got["live"] == got["stored"] - pruned

@@ -1,0 +1,32 @@
+"""projections.queries: the stream time of a scope (what a person's command is stamped with)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import duckdb
+import pytest
+
+from projections import queries, schema
+from somnus.agents import AgentSpec
+
+
+def test_the_stream_time_of_a_scope_is_the_newest_event_of_its_agents(tmp_path):
+    con = duckdb.connect(str(tmp_path / "s.duckdb"))
+    schema.init(con)
+    t = lambda d: datetime(2024, 5, d, 12, tzinfo=timezone.utc)  # noqa: E731
+    for i, (agent, day) in enumerate((("a", 3), ("a", 5), ("b", 9), ("lead", 20), ("stranger", 1))):
+        con.execute("INSERT INTO events VALUES (uuid(), 1, ?, ?, 's', ?, 'session_start', '{}', 0, ?, 0)",
+                    [t(day), agent, i, i])
+    agents = {"lead": AgentSpec(name="lead"), "a": AgentSpec(name="a", reports_to="lead"),
+              "b": AgentSpec(name="b", reports_to="lead")}
+
+    def at(scope: str) -> str | None:
+        return queries.stream_time(con, agents, scope)["at"]
+
+    assert at("agent:a") == t(5).isoformat()  # its own newest, whatever other agents did later
+    assert at("team:lead") == t(9).isoformat()  # the team's members: a and b (the lead reports to nobody)
+    assert at("global") == t(20).isoformat()
+    assert at("agent:nobody") is None and at("team:nobody") is None
+    with pytest.raises(ValueError, match="scope"):
+        at("agent:")

@@ -1,26 +1,49 @@
 """The briefing generator: a compact Markdown briefing per agent. Pure: no I/O, no clock.
 
-A briefing has three sections, in priority order:
+A briefing has three sections:
 
-1. **Recent Lessons**: the agent's own lessons (``lessons`` table), failures first, then recoveries
-   (an error and what resolved it), then successes; within a kind the most recent first. The same
-   lesson learned again is one line ("3 times, latest 1 day ago"). Up to ``MAX_LESSONS``.
-2. **Key Knowledge**: active facts of the agent's scope chain (``triples``), highest confidence
-   first (then count, then triple id: the ``KnowledgeStore`` order). A statement held in several
-   scopes of the chain (e.g. after a promotion) is one line: its highest confidence, shown from the
-   widest scope holding it. A fact saying that the reading agent itself ``uses`` a tool
-   (``SELF_EVIDENT_PREDICATES``) is left out: the agent knows its own tools. Up to ``MAX_FACTS``.
+1. **Recent Lessons**: what went wrong for the agent, one line per **error class**: the agent's
+   failure and recovery lessons (``lessons`` table) grouped by (tool, ``error_class`` of the error,
+   the knowledge graph's normaliser in ``processors/extraction.py``), so the same error with another
+   id, number, path or line number is one line with its count and when it was first and last seen.
+   A class resolved within its sessions says what resolved it ("resolved by exponential backoff").
+   Lessons with no tool error (a session that failed without one, a failed delegation) are grouped
+   by their templated text the same way and come after the tool errors. Success lessons are not
+   repeated here: what worked is an Active Strategy. Classes are ranked by how likely they are to
+   recur in the agent's next session (``recurrence``), up to ``MAX_LESSONS``.
+2. **Key Knowledge**: the agent's own facts first (scope ``agent:<name>``, highest confidence first),
+   then the concepts and patterns of its own semantic memory, then team and global facts and
+   concepts, only those that concern a tool or entity the agent has used itself (``select_facts``,
+   ``select_knowledge``). A concept or pattern from a wider scope must be about tools the agent
+   used, and when it is known which agents' data it came from, every one of them must be covered by
+   the reader's scope chain (``covers``). A ``failed_with`` fact whose (tool, error class) is
+   already a lesson line is left out (the lesson says more); a fact saying that the reading agent
+   itself ``uses`` a tool (``SELF_EVIDENT_PREDICATES``) too. Up to ``MAX_FACTS`` facts and
+   ``MAX_KNOWLEDGE`` concepts.
 3. **Active Strategies**: what repeatedly worked. A strategy is the tool sequence (distinct tools in
-   first-use order, the episode's ``tools``, up to ``MAX_STRATEGY_STEPS``) of the agent's successful
-   episodes of one task kind (``task_kind``), shown when at least ``MIN_STRATEGY_SUPPORT`` successful
-   episodes followed it; per task kind only the sequence that worked most often. Up to ``MAX_STRATEGIES``.
+   first-use order, the episode's ``tools``, up to ``MAX_STRATEGY_STEPS``) that at least
+   ``MIN_STRATEGY_SUPPORT`` of the agent's successful episodes followed. The kind of task it is for
+   is named by the content words most of those episodes' tasks share (``task_words``: case-folded,
+   stop words, fillers and words with digits dropped, Snowball-stemmed to match "cancel" with
+   "cancelling"), so greetings, ids and phrasing do not split one kind of task into many. Up to
+   ``MAX_STRATEGIES``, the most often successful first.
 
-The budget (``briefingTokenBudget``, in characters (code points) of the Markdown) is filled in that priority
-order, line by line, and stops at the first line that does not fit: the lines shown are always a
-prefix of the priority order, so strategies are trimmed before knowledge and knowledge before
-lessons, and no line is ever cut. (A single item's text is capped at ``MAX_ITEM_CHARS`` when its line
-is built, before the budget is applied, so one huge lesson cannot crowd out everything else.) A
-section's title is shown with its first line. With nothing to show, the briefing is empty ("").
+**Recurrence** of an error class is an estimate of the probability that the agent meets it in its
+next session: P(the agent uses the tool in a session) x P(the class occurs | a session using the
+tool), each learned over the agent's sessions in time order with the NAc's rule
+(``processors/nac.py``: Rescorla-Wagner with the running-mean start, ``V <- V + max(α, 1/n)(λ - V)``,
+α from the agent's ``learningRate``). Frequency and recency both count: a class seen in most
+sessions ranks high, one that stopped happening decays at the agent's learning rate. (The NAc's own
+fleet-wide links are not a briefing input: their strengths depend on how partitions interleave and
+change without invalidating a briefing, so a replay would not rebuild the same bytes.)
+
+**Budget** (``briefingTokenBudget``, in characters (code points) of the Markdown): lines are taken
+in a priority order that interleaves the sections (``ROUND``: three lessons, two knowledge lines,
+one strategy, then again), so no section crowds out the others; taking stops at the first line that
+does not fit. The lines shown are always a prefix of that priority order and no line is ever cut
+(an item's text is capped at ``MAX_ITEM_CHARS`` when its line is built, before the budget is
+applied). Each section shows its chosen lines in its own order, its title with its first line.
+With nothing to show, the briefing is empty ("").
 
 Untrusted text (lessons and entity names come from tool output) is made single-line here
 (``one_line``); the prompt injector (``processors/injection.py``) fences it off.
@@ -31,7 +54,8 @@ lesson's time), so a replay that regenerates at the same event time rebuilds the
 >>> from datetime import datetime, timezone
 >>> now = datetime(2024, 5, 16, 12, tzinfo=timezone.utc)
 >>> b = render_briefing("researcher",
-...     lessons=[LessonItem(kind="failure", text="http_get failed with 'HTTP 403'",
+...     lessons=[LessonItem(kind="failure", tool="http_get", text="HTTP 403: Forbidden", times=3,
+...                         first_at=datetime(2024, 5, 10, 9, tzinfo=timezone.utc),
 ...                         learned_at=datetime(2024, 5, 15, 9, tzinfo=timezone.utc))],
 ...     facts=[FactItem(triple_id="t1", source="tool:http_get", predicate="calls", target="api:r.jina.ai",
 ...                     scope="agent:researcher", confidence=0.95, count=4)],
@@ -40,7 +64,7 @@ lesson's time), so a replay that regenerates at the same event time rebuilds the
 ## Session Briefing for researcher
 <BLANKLINE>
 ### Recent Lessons
-- [failure] http_get failed with 'HTTP 403' (1 day ago)
+- [failure] http_get: HTTP 403: Forbidden (3 times, first 6 days ago, last 1 day ago)
 <BLANKLINE>
 ### Key Knowledge
 - http_get calls r.jina.ai (confidence 0.95)
@@ -50,17 +74,22 @@ lesson's time), so a replay that regenerates at the same event time rebuilds the
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
 import msgspec
 
+from processors.extraction import error_class
 from processors.knowledge import normalise_name
+from processors.memory_index import STOP_WORDS
+from processors.nac import ALPHA_BY_LEARNING_RATE, DEFAULT_ALPHA
 from schemas.briefing import BRIEFING_SCHEMA_VERSION, BriefingGenerated, ServedFact
-from schemas.facts import GLOBAL_SCOPE
+from schemas.facts import GLOBAL_SCOPE, agent_scope
 from somnus.agents import AgentSpec, scope_chain
 
 Briefing = BriefingGenerated  # what render_briefing returns; also the cache record
@@ -72,9 +101,11 @@ MAX_STRATEGIES = 5  # strategy lines considered
 MAX_ITEM_CHARS = 200  # one item's text (lesson text, fact, strategy) is capped here, with an ellipsis
 MIN_STRATEGY_SUPPORT = 2  # successful episodes that must share a tool sequence for it to be a strategy
 MAX_STRATEGY_STEPS = 8  # tools of a sequence (the distiller's success lesson also shows 8)
-TASK_KIND_WORDS = 6  # words of the normalised task that name its kind
+TASK_KIND_WORDS = 3  # content words that name a kind of task (those most of a strategy's tasks share)
 SELF_EVIDENT_PREDICATES = frozenset({"uses"})  # "<reading agent> uses <tool>" is not news to the agent
+FAILED_WITH = "failed_with"  # a fact of this predicate repeats a lesson line of the same (tool, class)
 DEFAULT_BUDGET = 2000  # characters, as AgentSpec.briefing_token_budget
+ROUND = ("lesson", "lesson", "lesson", "knowledge", "knowledge", "strategy")  # the budget's priority order
 
 LESSON_RANK = {"failure": 0, "recovery": 1, "success": 2}  # other kinds come last
 TITLE = "## Session Briefing for {agent}"
@@ -86,10 +117,17 @@ STRATEGIES_TITLE = "### Active Strategies"
 # ---- inputs --------------------------------------------------------------------------------
 
 class LessonItem(msgspec.Struct, frozen=True, kw_only=True):
-    kind: str  # failure | recovery | success
-    text: str
+    """One lesson line: a (tool, error class) with its history, or (``tool`` None) a lesson text."""
+
+    kind: str  # failure | recovery (every occurrence was resolved) | success | ...
+    text: str  # the error class (with a tool), else the templated lesson text
     learned_at: datetime | None  # the latest time it was learned; None: unknown
     times: int = 1  # how many times it was learned
+    tool: str | None = None
+    first_at: datetime | None = None  # the first time it was learned (None: unknown or as learned_at)
+    resolved: int = 0  # how many of ``times`` were resolved within their session
+    resolution: str | None = None  # what resolved it ("exponential backoff", "retrying")
+    recurrence: float = 0.0  # estimated probability of meeting it in the next session
 
 
 class FactItem(msgspec.Struct, frozen=True, kw_only=True):
@@ -102,8 +140,20 @@ class FactItem(msgspec.Struct, frozen=True, kw_only=True):
     count: int = 1
 
 
+class KnowledgeItem(msgspec.Struct, frozen=True, kw_only=True):
+    """A concept or confirmed pattern of the semantic memory of one scope of the reader's chain."""
+
+    text: str  # the line the model reads (without "- ")
+    scope: str  # the owner of the memory it is in
+    score: float  # its rank in that memory (the knowledge context's score)
+    name: str = ""
+    subjects: tuple[str, ...] = ()  # the tools it is about
+    agents: tuple[str, ...] = ()  # the agents whose data it came from, where known
+    derived: bool = True  # learned from agents' data (False: knowledge a person ingested)
+
+
 class StrategyItem(msgspec.Struct, frozen=True, kw_only=True):
-    task_kind: str
+    task_kind: str  # the words most of its tasks share ("" when they share none)
     tools: tuple[str, ...]
     times: int  # successful episodes that followed it
     latest: datetime
@@ -113,6 +163,7 @@ class BriefingInputs(msgspec.Struct, frozen=True):
     lessons: list[LessonItem]
     facts: list[FactItem]
     strategies: list[StrategyItem]
+    knowledge: list[KnowledgeItem] = []
 
 
 # ---- text helpers --------------------------------------------------------------------------
@@ -169,26 +220,72 @@ def age_text(then: datetime | None, now: datetime) -> str:
     return "just now"
 
 
-_WORD = re.compile(r"\w+")
+_WORD = re.compile(r"[^\W\d_]+(?:['\u2019][^\W\d_]+)?|\w+")
+# Words that say nothing about what a task is: greetings, politeness, and the verbs of asking.
+FILLER_WORDS = frozenset("""
+hello hey hi dear please pls thanks thank thx ok okay want wants wanted need needs needed help would could
+can may might must shall will like id im ive youre yes no sure also just one get got make made let lets
+""".split())
 
 
-def task_kind(task: str | None) -> str:
-    """What kind of task a task text is: its first ``TASK_KIND_WORDS`` words, case-folded, with
-    every word holding a digit (ids, versions, amounts) as ``<n>`` (repeats collapsed).
+@functools.lru_cache(maxsize=1)
+def _stemmer() -> Any:
+    try:
+        import snowballstemmer
+    except ImportError:  # a declared dependency; without it words are matched unstemmed
+        return None
+    return snowballstemmer.stemmer("english")
 
-    >>> task_kind("Ship release 2.4 to production, then tell #ops")
-    'ship release <n> to production then'
-    >>> task_kind("ship release 3.0 to production then") == task_kind("Ship release 2.4 to Production then")
+
+@functools.lru_cache(maxsize=65536)
+def _stem(word: str) -> str:
+    stemmer = _stemmer()
+    return stemmer.stemWord(word) if stemmer is not None else word
+
+
+def task_words(task: str | None) -> list[tuple[str, str]]:
+    """The content words of a task text, in order, once each, as (stem, word): case-folded, with
+    stop words, fillers (greetings, "please", "I'd like", "need") and words holding a digit dropped.
+
+    >>> [w for _, w in task_words("Hi! I'd like to CANCEL my reservation 4WNS2K, please.")]
+    ['cancel', 'reservation']
+    >>> task_words("Cancelling reservations")[0][0] == task_words("cancel a reservation")[0][0]
     True
     """
-    words: list[str] = []
+    out: dict[str, str] = {}
     for w in _WORD.findall((task or "").casefold()):
-        w = "<n>" if any(c.isdigit() for c in w) else w
-        if not (w == "<n>" and words and words[-1] == "<n>"):
-            words.append(w)
-        if len(words) >= TASK_KIND_WORDS:
-            break
-    return " ".join(words)
+        w = w.replace("\u2019", "'")
+        bare = w.replace("'", "")
+        if (len(bare) < 2 or any(c.isdigit() or c == "_" for c in w) or bare in STOP_WORDS
+                or bare in FILLER_WORDS or w in STOP_WORDS):
+            continue
+        out.setdefault(_stem(bare), bare)
+    return list(out.items())
+
+
+def task_kind(tasks: Iterable[str | None]) -> str:
+    """The kind of task a group of tasks is: the content words (``task_words``) that at least half
+    of them share (by stem, at least two tasks), most shared first (then first use), at most
+    ``TASK_KIND_WORDS``, each in its most common form. "" when they share none.
+
+    >>> task_kind(["Hi, I need to cancel my flight UA12", "please cancel the flights from MCO",
+    ...            "I want to cancel a flight and get a refund"])
+    'cancel flight'
+    >>> task_kind(["book a hotel", "rent a car"])
+    ''
+    """
+    tasks = list(tasks)
+    shared: Counter[str] = Counter()
+    forms: dict[str, Counter[str]] = {}
+    first: dict[str, int] = {}
+    for task in tasks:
+        for stem, word in task_words(task):
+            shared[stem] += 1
+            forms.setdefault(stem, Counter())[word] += 1
+            first.setdefault(stem, len(first))
+    need = max(2, (len(tasks) + 1) // 2)
+    chosen = sorted((s for s, n in shared.items() if n >= need), key=lambda s: (-shared[s], first[s]))
+    return " ".join(min(forms[s].items(), key=lambda kv: (-kv[1], kv[0]))[0] for s in chosen[:TASK_KIND_WORDS])
 
 
 def _aware(t: datetime) -> datetime:
@@ -205,17 +302,40 @@ def _quoted(name: str) -> str:
 
 # ---- lines ---------------------------------------------------------------------------------
 
+def _count(n: int) -> str:
+    return "once" if n == 1 else "twice" if n == 2 else f"{n} times"
+
+
 def lesson_line(lesson: LessonItem, now: datetime) -> str:
+    """``- [kind] tool: error class; what resolved it (how often, first and last seen)``.
+
+    The tool and the error class are printed as they are, so a reader (or an evaluation) finds both."""
     kind = one_line(lesson.kind, 20)
-    age = age_text(lesson.learned_at, now)
-    when = age if lesson.times == 1 else f"{lesson.times} times, latest {age}"
-    return f"- [{kind}] {one_line(lesson.text)} ({when})"
+    last = age_text(lesson.learned_at, now)
+    if lesson.times == 1:
+        when = last
+    else:
+        first = age_text(lesson.first_at, now) if lesson.first_at is not None else None
+        when = (f"{_count(lesson.times)}, first {first}, last {last}" if first and first != last
+                else f"{_count(lesson.times)}, last {last}")
+    if lesson.tool is None:
+        return f"- [{kind}] {one_line(lesson.text)} ({when})"
+    text = f"{one_line(lesson.tool, 60)}: {lesson.text}"
+    if lesson.resolved and lesson.resolution:
+        how = one_line(lesson.resolution, 60)
+        text += (f"; resolved by {how}" if lesson.resolved >= lesson.times
+                 else f"; resolved by {how} {lesson.resolved} of {lesson.times} times")
+    return f"- [{kind}] {one_line(text)} ({when})"
 
 
 def fact_line(fact: FactItem) -> str:
     text = " ".join((_quoted(one_line(entity_name(fact.source), 120)), one_line(fact.predicate, 60),
                      _quoted(one_line(entity_name(fact.target), 120))))
     return f"- {one_line(text)} (confidence {fact.confidence:.2f})"
+
+
+def knowledge_line(item: KnowledgeItem | str) -> str:
+    return f"- {one_line(item if isinstance(item, str) else item.text)}"
 
 
 def strategy_line(strategy: StrategyItem, now: datetime) -> str:
@@ -225,55 +345,78 @@ def strategy_line(strategy: StrategyItem, now: datetime) -> str:
 
 
 def lesson_order(lesson: LessonItem) -> tuple[Any, ...]:
+    """Tool errors first, then the most likely to recur, then the most frequent, then the kind
+    (failures, recoveries, successes) and the most recent."""
     t = lesson.learned_at
-    return (LESSON_RANK.get(lesson.kind, len(LESSON_RANK)), t is None, -_aware(t).timestamp() if t else 0.0,
-            -lesson.times, lesson.kind, lesson.text)
+    return (lesson.tool is None, -round(lesson.recurrence, 9), -lesson.times,
+            LESSON_RANK.get(lesson.kind, len(LESSON_RANK)), t is None, -_aware(t).timestamp() if t else 0.0,
+            lesson.kind, lesson.tool or "", lesson.text)
 
 
 def fact_order(fact: FactItem) -> tuple[Any, ...]:
     return (-fact.confidence, -fact.count, fact.triple_id)
 
 
+def knowledge_order(item: KnowledgeItem) -> tuple[Any, ...]:
+    return (-item.score, item.name, item.text)
+
+
 def strategy_order(s: StrategyItem) -> tuple[Any, ...]:
-    return (-s.times, -_aware(s.latest).timestamp(), s.task_kind, s.tools)
+    return (-s.times, -_aware(s.latest).timestamp(), -len(s.tools), s.task_kind, s.tools)
+
+
+def _lesson_key(tool: str, text: str) -> tuple[str, str]:
+    return normalise_name(tool), normalise_name(text)
 
 
 # ---- rendering -----------------------------------------------------------------------------
 
 def render_briefing(agent: str, lessons: Sequence[LessonItem], facts: Sequence[FactItem],
                     strategies: Sequence[StrategyItem], budget: int, now: datetime,
-                    knowledge: Sequence[str] = ()) -> Briefing:
+                    knowledge: Sequence[KnowledgeItem | str] = ()) -> Briefing:
     """The briefing of ``agent`` at ``now`` within ``budget`` characters (see the module docstring).
 
-    Items are ordered here (any input order gives the same briefing) and cut to the section limits."""
+    Items are ordered here (any input order gives the same briefing) and cut to the section limits.
+    ``facts`` and ``knowledge`` are taken as given (``select_facts`` / ``select_knowledge`` decide
+    what concerns the agent); the agent's own facts and knowledge lead Key Knowledge. Plain strings
+    in ``knowledge`` are lines of the agent's own memory."""
+    own = agent_scope(agent)
     ordered_lessons = sorted(lessons, key=lesson_order)[:MAX_LESSONS]
-    ordered_facts = sorted(facts, key=fact_order)[:MAX_FACTS]
-    ordered_strategies = sorted(strategies, key=strategy_order)[:MAX_STRATEGIES]
-    sections = [
-        (LESSONS_TITLE, [lesson_line(x, now) for x in ordered_lessons]),
-        # Consolidated knowledge (semantic memory: concepts and confirmed patterns) leads the section.
-        (KNOWLEDGE_TITLE, [f"- {one_line(k)}" for k in knowledge[:MAX_KNOWLEDGE]] + [fact_line(x) for x in ordered_facts]),
-        (STRATEGIES_TITLE, [strategy_line(x, now) for x in ordered_strategies]),
+    said = {_lesson_key(x.tool, x.text) for x in ordered_lessons if x.tool is not None}
+    kept_facts = [f for f in facts if not (f.predicate == FAILED_WITH and
+                                           _lesson_key(entity_name(f.source), entity_name(f.target)) in said)]
+    ordered_facts = sorted(kept_facts, key=lambda f: (f.scope != own, *fact_order(f)))[:MAX_FACTS]
+    items = _knowledge_items(own, knowledge)
+    ordered_knowledge = sorted(items, key=lambda k: (k.scope != own, *knowledge_order(k)))[:MAX_KNOWLEDGE]
+    # Key Knowledge: own facts, own knowledge, then the wider scopes' facts and knowledge.
+    own_facts = [f for f in ordered_facts if f.scope == own]
+    wide_facts = [f for f in ordered_facts if f.scope != own]
+    knowledge_lines: list[tuple[str, FactItem | None]] = (
+        [(fact_line(f), f) for f in own_facts]
+        + [(knowledge_line(k), None) for k in ordered_knowledge if k.scope == own]
+        + [(fact_line(f), f) for f in wide_facts]
+        + [(knowledge_line(k), None) for k in ordered_knowledge if k.scope != own])
+    sections: list[list[tuple[str, FactItem | None]]] = [
+        [(lesson_line(x, now), None) for x in ordered_lessons],
+        knowledge_lines,
+        [(strategy_line(x, now), None) for x in sorted(strategies, key=strategy_order)[:MAX_STRATEGIES]],
     ]
+    titles = (LESSONS_TITLE, KNOWLEDGE_TITLE, STRATEGIES_TITLE)
     title = TITLE.format(agent=one_line(agent, 100))
-    out = [title]
     used = len(title) + 1
     shown = [0, 0, 0]
-    full = False
-    for i, (section_title, lines) in enumerate(sections):
-        for line in lines:
-            # The section's title (after a blank line) comes with its first line.
-            cost = len(line) + 1 + (0 if shown[i] else len(section_title) + 2)
-            if used + cost > budget:
-                full = True
-                break
-            if not shown[i]:
-                out += ["", section_title]
-            out.append(line)
-            used += cost
-            shown[i] += 1
-        if full:
+    for i in priority_order(list(map(len, sections))):
+        line = sections[i][shown[i]][0]
+        # The section's title (after a blank line) comes with its first line.
+        cost = len(line) + 1 + (0 if shown[i] else len(titles[i]) + 2)
+        if used + cost > budget:
             break
+        used += cost
+        shown[i] += 1
+    out = [title]
+    for i, lines in enumerate(sections):
+        if shown[i]:
+            out += ["", titles[i], *(line for line, _ in lines[:shown[i]])]
     markdown = "\n".join(out) + "\n" if sum(shown) else ""
     key = f"{agent}\x1f{markdown}".encode("utf-8", "surrogatepass")
     digest = hashlib.blake2b(key, digest_size=16).hexdigest()
@@ -281,13 +424,33 @@ def render_briefing(agent: str, lessons: Sequence[LessonItem], facts: Sequence[F
                          scope=f.scope, confidence=min(max(f.confidence, 0.0), 1.0),
                          source_name=entity_name(f.source) or f.source,
                          target_name=entity_name(f.target) or f.target)
-              for f in ordered_facts[:max(0, shown[1] - min(len(knowledge), MAX_KNOWLEDGE))]]
+              for _, f in knowledge_lines[:shown[1]] if f is not None]
     return BriefingGenerated(
         schema_version=BRIEFING_SCHEMA_VERSION, briefing_id=digest, agent=agent, generated_at=_aware(now),
         budget=max(budget, 0), markdown=markdown, chars=len(markdown), lessons=shown[0], facts=served,
         strategies=shown[2], dropped_lessons=len(lessons) - shown[0],
-        dropped_facts=len(facts) + min(len(knowledge), MAX_KNOWLEDGE) - shown[1],
+        dropped_facts=len(facts) + len(knowledge) - shown[1],
         dropped_strategies=len(strategies) - shown[2])
+
+
+def _knowledge_items(own: str, knowledge: Iterable[KnowledgeItem | str]) -> list[KnowledgeItem]:
+    """Plain strings are lines of the agent's own memory, ranked in the order given."""
+    given = list(knowledge)
+    return [KnowledgeItem(text=k, scope=own, score=float(len(given) - i)) if isinstance(k, str) else k
+            for i, k in enumerate(given)]
+
+
+def priority_order(sizes: list[int]) -> Iterable[int]:
+    """Section indexes in the budget's priority order: ``ROUND`` repeated over sections with lines
+    left; a section that has run out passes its turn on."""
+    names = {"lesson": 0, "knowledge": 1, "strategy": 2}
+    taken = [0, 0, 0]
+    while any(t < n for t, n in zip(taken, sizes)):
+        for name in ROUND:
+            i = names[name]
+            if taken[i] < sizes[i]:
+                taken[i] += 1
+                yield i
 
 
 # ---- selecting the inputs from plain rows --------------------------------------------------
@@ -318,32 +481,160 @@ def _tools(v: Any) -> list[str]:
     return [str(t) for t in v]
 
 
-def select_lessons(agent: str, rows: Iterable[Row], now: datetime) -> list[LessonItem]:
-    """The agent's lessons known at ``now`` (rows of ``lessons``: agent, kind, text, learned_at),
-    one item per distinct (kind, text) with how many times and when last it was learned."""
+_RESOLVED_BY = (re.compile(r"; (.+?) resolved it\b"), re.compile(r"\bresolved by ([\w -]+?)(?: \(|$)"))
+
+
+def resolution_of(text: str) -> str:
+    """What a recovery lesson says resolved its error ("a retry" when it does not say).
+
+    >>> resolution_of("http_get: rate limit encountered; exponential backoff resolved it (2 failed attempts, 6s)")
+    'exponential backoff'
+    >>> resolution_of("crm: 'HTTP 500' was resolved by retrying (1 failed attempt)")
+    'retrying'
+    """
+    for rx in _RESOLVED_BY:
+        m = rx.search(text)
+        if m:
+            return m.group(1).strip()
+    return "a retry"
+
+
+class _Group:
+    __slots__ = ("kind_counts", "times", "resolved", "first", "last", "resolutions")
+
+    def __init__(self) -> None:
+        self.kind_counts: Counter[str] = Counter()
+        self.times = 0
+        self.resolved = 0
+        self.first: datetime | None = None
+        self.last: datetime | None = None
+        self.resolutions: Counter[str] = Counter()
+
+    def add(self, kind: str, at: datetime | None, resolution: str | None) -> None:
+        self.kind_counts[kind] += 1
+        self.times += 1
+        if resolution is not None:
+            self.resolved += 1
+            self.resolutions[resolution] += 1
+        if at is not None:
+            self.first = at if self.first is None else min(self.first, at)
+            self.last = at if self.last is None else max(self.last, at)
+
+
+def select_lessons(agent: str, rows: Iterable[Row], now: datetime, *, episodes: Iterable[Row] = (),
+                   alpha: float = DEFAULT_ALPHA) -> list[LessonItem]:
+    """The agent's lessons known at ``now``, one item per (tool, error class) (rows of ``lessons``:
+    agent, kind, text, tool, error, learned_at, episode_id), ranked (``lesson_order``).
+
+    A lesson with a tool and an error is grouped by ``error_class(error)``; any other by its
+    templated text (``error_class`` of the text). Success lessons are left out (strategies say what
+    worked). ``episodes`` (rows of ``episodes``, any outcome: episode_id, ended_at, tools) tell which
+    sessions used which tools, for ``recurrence``; without them the lessons' own sessions are used."""
     now = _aware(now)
-    seen: dict[tuple[str, str], LessonItem] = {}
+    groups: dict[tuple[str | None, str], _Group] = {}
+    sessions: dict[str, tuple[datetime, set[str], set[tuple[str | None, str]]]] = {}
     for r in rows:
         if _get(r, "agent") != agent:
             continue
         at = _time(_get(r, "learned_at"))
         if at is not None and at > now:
             continue  # not learned yet at `now`
-        kind, text = str(_get(r, "kind")), one_line(str(_get(r, "text") or ""))
-        if not text:
-            continue
-        old = seen.get((kind, text))
-        if old is None:
-            seen[(kind, text)] = LessonItem(kind=kind, text=text, learned_at=at)
+        kind, text = str(_get(r, "kind")), str(_get(r, "text") or "")
+        session = str(_get(r, "episode_id") or f"@{at.isoformat() if at else ''}")
+        when, tools, seen = sessions.setdefault(session, (at or now, set(), set()))
+        if kind == "success" or not one_line(text):
+            continue  # (a session all the same)
+        tool, error = _get(r, "tool"), _get(r, "error")
+        if tool and error:
+            key: tuple[str | None, str] = (str(tool), error_class(str(error)))
+            tools.add(key[0])
         else:
-            latest = old.learned_at if at is None or (old.learned_at is not None and old.learned_at >= at) else at
-            seen[(kind, text)] = LessonItem(kind=kind, text=text, learned_at=latest, times=old.times + 1)
-    return sorted(seen.values(), key=lesson_order)
+            key = (None, one_line(error_class(text)))
+        groups.setdefault(key, _Group()).add(kind, at, resolution_of(text) if kind == "recovery" else None)
+        seen.add(key)
+    for e in episodes:
+        if _get(e, "agent", agent) != agent:
+            continue
+        ended = _time(_get(e, "ended_at"))
+        if ended is None or ended > now:
+            continue
+        session = str(_get(e, "episode_id") or f"@{ended.isoformat()}")
+        when, tools, seen = sessions.setdefault(session, (ended, set(), set()))
+        tools.update(_tools(_get(e, "tools")))
+    odds = recurrence(sorted(sessions.items(), key=lambda kv: (kv[1][0], kv[0])), alpha)
+    out = []
+    for key, g in groups.items():
+        tool, text = key
+        kind = ("recovery" if g.resolved == g.times else "failure") if tool is not None else min(
+            g.kind_counts, key=lambda k: (-g.kind_counts[k], k))
+        resolution = min(g.resolutions, key=lambda k: (-g.resolutions[k], k)) if g.resolutions else None
+        out.append(LessonItem(kind=kind, text=text, tool=tool, learned_at=g.last, first_at=g.first, times=g.times,
+                              resolved=g.resolved, resolution=resolution, recurrence=odds.get(key, 0.0)))
+    return sorted(out, key=lesson_order)
 
 
-def select_facts(agent: str, agents: Mapping[str, AgentSpec], rows: Iterable[Row], now: datetime) -> list[FactItem]:
+def recurrence(sessions: Sequence[tuple[str, tuple[datetime, set[str], set[tuple[str | None, str]]]]],
+               alpha: float = DEFAULT_ALPHA) -> dict[tuple[str | None, str], float]:
+    """P(next session meets the class) per (tool, class), from the sessions in time order
+    ``(id, (time, tools used, classes met))``: P(tool used) x P(class | tool used), each a
+    Rescorla-Wagner estimate with the running-mean start (``V += max(α, 1/n)(λ - V)``), as the NAc
+    learns. A class without a tool (``None``) counts every session as a use.
+
+    >>> t = datetime(2024, 5, 1, tzinfo=timezone.utc)
+    >>> s = [("a", (t, {"sh"}, {("sh", "command not found: javac")})), ("b", (t, {"sh"}, set())),
+    ...      ("c", (t, {"web"}, set())), ("d", (t, {"sh"}, {("sh", "command not found: javac")}))]
+    >>> round(recurrence(s)[("sh", "command not found: javac")], 3)  # used 3 of 4, met 2 of 3
+    0.5
+    """
+    use: dict[str | None, float] = {}
+    met: dict[tuple[str | None, str], float] = {}
+    uses: Counter[str | None] = Counter()
+    for n, (_, (_, tools, seen)) in enumerate(sessions, 1):
+        a = max(alpha, 1.0 / n)
+        used = set(tools) | {None}
+        for t in used:
+            use.setdefault(t, 0.0)
+        for t in use:
+            use[t] += a * ((1.0 if t in used else 0.0) - use[t])
+        for key in seen:
+            met.setdefault(key, 0.0)
+        for t in used:
+            uses[t] += 1
+        for key in met:
+            if key[0] in used:
+                b = max(alpha, 1.0 / uses[key[0]])
+                met[key] += b * ((1.0 if key in seen else 0.0) - met[key])
+    return {key: use.get(key[0], 0.0) * v for key, v in met.items()}
+
+
+def used_entities(agent: str, *, lessons: Iterable[Row] = (), episodes: Iterable[Row] = (),
+                  facts: Iterable[FactItem] = ()) -> tuple[set[str], set[str]]:
+    """What the agent has used itself: (tool names, entity ids). Tools of its episodes and lessons;
+    entities of its own-scope facts (sources and targets) and its tools as ``tool:<name>``."""
+    tools: set[str] = set()
+    for e in episodes:
+        if _get(e, "agent", agent) == agent:
+            tools.update(_tools(_get(e, "tools")))
+    for r in lessons:
+        if _get(r, "agent", agent) == agent and _get(r, "tool"):
+            tools.add(str(_get(r, "tool")))
+    own = agent_scope(agent)
+    entities = {f"agent:{normalise_name(agent)}"} | {f"tool:{normalise_name(t)}" for t in tools}
+    for f in facts:
+        if f.scope == own:
+            entities.update((f.source, f.target))
+            if f.source.startswith("tool:"):
+                tools.add(entity_name(f.source))
+    return {normalise_name(t) for t in tools}, entities
+
+
+def select_facts(agent: str, agents: Mapping[str, AgentSpec], rows: Iterable[Row], now: datetime, *,
+                 used: set[str] | None = None) -> list[FactItem]:
     """Facts of the agent's scope chain active at ``now`` (rows of ``triples`` / ``facts_top``), one per
-    statement (source, predicate, target): its highest confidence, from the widest scope holding it."""
+    statement (source, predicate, target): its highest confidence, from the widest scope holding it.
+
+    With ``used`` (the entity ids the agent has used, ``used_entities``), a fact of a wider scope than
+    the agent's own is kept only when its source or target is one of them."""
     now = _aware(now)
     chain = scope_chain(_registry(agents), agent)
     rank = {s: i for i, s in enumerate(chain)}
@@ -368,15 +659,62 @@ def select_facts(agent: str, agents: Mapping[str, AgentSpec], rows: Iterable[Row
             continue
         wide = item if (rank[item.scope], item.triple_id) > (rank[old.scope], old.triple_id) else old
         best[key] = msgspec.structs.replace(wide, confidence=max(old.confidence, item.confidence))
-    return sorted(best.values(), key=fact_order)
+    own = agent_scope(agent)
+    out = [f for f in best.values()
+           if used is None or f.scope == own or f.source in used or f.target in used]
+    return sorted(out, key=fact_order)
+
+
+def covers(agents: Mapping[str, AgentSpec], reader: str, other: str) -> bool:
+    """Whether ``reader``'s scope chain covers ``other``'s data: ``other`` is the reader, or they
+    share a scope narrower than global (a team, or a team named in ``knowledgeScopes``).
+
+    >>> fleet = {"lead": AgentSpec(name="lead"), "a": AgentSpec(name="a", reports_to="lead"),
+    ...          "b": AgentSpec(name="b", reports_to="lead"), "c": AgentSpec(name="c")}
+    >>> covers(fleet, "a", "b"), covers(fleet, "a", "c"), covers(fleet, "c", "c")
+    (True, False, True)
+    """
+    if reader == other:
+        return True
+    registry = _registry(agents)
+    mine = set(scope_chain(registry, reader)) - {GLOBAL_SCOPE}
+    return bool(mine & (set(scope_chain(registry, other)) - {GLOBAL_SCOPE}))
+
+
+_NAME_WORD = re.compile(r"[\w.:/@-]+")
+
+
+def select_knowledge(agent: str, agents: Mapping[str, AgentSpec], items: Iterable[KnowledgeItem], *,
+                     tools: set[str], entities: set[str]) -> list[KnowledgeItem]:
+    """The concepts and patterns of the agent's scope chain that concern it: all of its own memory's;
+    of a wider scope, one about tools (``subjects``) only when the agent used every one of them, one
+    learned from agents' data only when every agent it is known to come from is covered
+    (``covers``), and knowledge a person ingested only when it names a tool or entity the agent used."""
+    own = agent_scope(agent)
+    chain = set(scope_chain(_registry(agents), agent))
+    names = {normalise_name(t) for t in tools} | {entity_name(e) for e in entities if not e.startswith("agent:")}
+    out = []
+    for k in items:
+        if k.scope not in chain:
+            continue
+        if k.scope != own:
+            if k.subjects:
+                if not all(normalise_name(s) in tools for s in k.subjects):
+                    continue
+            elif k.derived or not names & set(_NAME_WORD.findall(normalise_name(f"{k.name} {k.text}"))):
+                continue
+            if not all(covers(agents, agent, a) for a in k.agents):
+                continue
+        out.append(k)
+    return sorted(out, key=lambda k: (k.scope != own, *knowledge_order(k)))
 
 
 def select_strategies(agent: str, rows: Iterable[Row], now: datetime) -> list[StrategyItem]:
     """Strategies from the agent's successful episodes ended by ``now`` (rows of ``episodes``: agent,
-    task, outcome, tools, ended_at): per task kind, the tool sequence most successful episodes followed,
-    when at least ``MIN_STRATEGY_SUPPORT`` did."""
+    task, outcome, tools, ended_at): every tool sequence that at least ``MIN_STRATEGY_SUPPORT`` of
+    them followed, named by the task words most of them share (``task_kind``)."""
     now = _aware(now)
-    groups: dict[tuple[str, tuple[str, ...]], tuple[int, datetime]] = {}
+    groups: dict[tuple[str, ...], list[tuple[datetime, str]]] = {}
     for r in rows:
         if _get(r, "agent") != agent or str(_get(r, "outcome")) != "success":
             continue
@@ -384,37 +722,51 @@ def select_strategies(agent: str, rows: Iterable[Row], now: datetime) -> list[St
         tools = tuple(_tools(_get(r, "tools"))[:MAX_STRATEGY_STEPS])
         if ended is None or ended > now or not tools:
             continue
-        key = (task_kind(_get(r, "task")), tools)
-        times, latest = groups.get(key, (0, ended))
-        groups[key] = (times + 1, max(latest, ended))
-    per_kind: dict[str, StrategyItem] = {}
-    for (kind, tools), (times, latest) in groups.items():
-        if times < MIN_STRATEGY_SUPPORT:
+        groups.setdefault(tools, []).append((ended, str(_get(r, "task") or "")))
+    out = []
+    for tools, seen in groups.items():
+        if len(seen) < MIN_STRATEGY_SUPPORT:
             continue
-        item = StrategyItem(task_kind=kind, tools=tools, times=times, latest=latest)
-        old = per_kind.get(kind)
-        if old is None or strategy_order(item) < strategy_order(old):
-            per_kind[kind] = item
-    return sorted(per_kind.values(), key=strategy_order)
+        seen.sort()
+        out.append(StrategyItem(task_kind=task_kind(task for _, task in seen), tools=tools, times=len(seen),
+                                latest=seen[-1][0]))
+    return sorted(out, key=strategy_order)
+
+
+def alpha_of(agents: Mapping[str, AgentSpec], agent: str) -> float:
+    spec = agents.get(agent)
+    return DEFAULT_ALPHA if spec is None else ALPHA_BY_LEARNING_RATE.get(spec.learning_rate, DEFAULT_ALPHA)
 
 
 def select_inputs(agent: str, agents: Mapping[str, AgentSpec], *, lessons: Iterable[Row], triples: Iterable[Row],
-                  episodes: Iterable[Row], now: datetime) -> BriefingInputs:
+                  episodes: Iterable[Row], now: datetime, knowledge: Iterable[KnowledgeItem] = ()) -> BriefingInputs:
     """Everything a briefing of ``agent`` at ``now`` needs, from plain rows of the ``lessons``,
-    ``triples`` (or ``facts_top``) and ``episodes`` tables. Rows of other agents, of scopes outside the
-    chain, and from after ``now`` are ignored, so the projector may pass a superset."""
-    return BriefingInputs(lessons=select_lessons(agent, lessons, now),
-                          facts=select_facts(agent, agents, triples, now),
-                          strategies=select_strategies(agent, episodes, now))
+    ``triples`` (or ``facts_top``) and ``episodes`` tables (any outcome) and the semantic memory's
+    items of its chain. Rows of other agents, of scopes outside the chain, from after ``now``, and
+    wider knowledge that does not concern the agent are left out, so the caller may pass a superset."""
+    lessons, triples, episodes = list(lessons), list(triples), list(episodes)
+    mine = [e for e in episodes if _get(e, "agent", agent) == agent
+            and (_time(_get(e, "ended_at")) or _aware(now)) <= _aware(now)]
+    own = select_facts(agent, agents, [t for t in triples if _get(t, "scope") == agent_scope(agent)], now)
+    mine_l = [r for r in lessons if _get(r, "agent") == agent
+              and (_time(_get(r, "learned_at")) or _aware(now)) <= _aware(now)]
+    tools, entities = used_entities(agent, lessons=mine_l, episodes=mine, facts=own)
+    return BriefingInputs(lessons=select_lessons(agent, lessons, now, episodes=mine, alpha=alpha_of(agents, agent)),
+                          facts=select_facts(agent, agents, triples, now, used=entities),
+                          strategies=select_strategies(agent, episodes, now),
+                          knowledge=select_knowledge(agent, agents, knowledge, tools=tools, entities=entities))
 
 
 def briefing_for(agent: str, agents: Mapping[str, AgentSpec], *, lessons: Iterable[Row], triples: Iterable[Row],
-                 episodes: Iterable[Row], now: datetime, knowledge: Sequence[str] = ()) -> Briefing:
-    """``select_inputs`` then ``render_briefing`` with the agent's budget (empty when briefings are off)."""
+                 episodes: Iterable[Row], now: datetime, knowledge: Iterable[KnowledgeItem | str] = ()) -> Briefing:
+    """``select_inputs`` then ``render_briefing`` with the agent's budget (empty when briefings are off).
+    Plain strings in ``knowledge`` are lines of the agent's own memory."""
     spec = agents.get(agent)
     budget = DEFAULT_BUDGET if spec is None else (spec.briefing_token_budget if spec.briefing_enabled else 0)
-    got = select_inputs(agent, agents, lessons=lessons, triples=triples, episodes=episodes, now=now)
-    return render_briefing(agent, got.lessons, got.facts, got.strategies, budget, now, knowledge)
+    own = agent_scope(agent)
+    items = _knowledge_items(own, knowledge)
+    got = select_inputs(agent, agents, lessons=lessons, triples=triples, episodes=episodes, now=now, knowledge=items)
+    return render_briefing(agent, got.lessons, got.facts, got.strategies, budget, now, got.knowledge)
 
 
 # ---- cache invalidation --------------------------------------------------------------------
@@ -495,8 +847,9 @@ def changes_of(episode_agents: Iterable[str], triple_scopes: Iterable[str]) -> l
 
 
 __all__ = [
-    "Briefing", "BriefingInputs", "Change", "EpisodeArrived", "FactItem", "LessonItem", "StrategyItem",
-    "TripleChanged", "affected_agents", "age_text", "agents_to_regenerate", "briefing_for",
-    "changes_of", "entity_name", "one_line", "readers_by_scope", "render_briefing", "select_facts",
-    "select_inputs", "select_lessons", "select_strategies", "task_kind",
+    "Briefing", "BriefingInputs", "Change", "EpisodeArrived", "FactItem", "KnowledgeItem", "LessonItem",
+    "StrategyItem", "TripleChanged", "affected_agents", "age_text", "agents_to_regenerate", "alpha_of",
+    "briefing_for", "changes_of", "covers", "entity_name", "error_class", "one_line", "readers_by_scope",
+    "priority_order", "recurrence", "render_briefing", "resolution_of", "select_facts", "select_inputs", "select_knowledge",
+    "select_lessons", "select_strategies", "task_kind", "task_words", "used_entities",
 ]

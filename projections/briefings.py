@@ -12,8 +12,14 @@ briefing of each agent (one row per agent, replaced when it changes). After that
 in-memory cache that serves ``GET /agents/{agent}/briefing`` is updated.
 
 Replay: a briefing is rendered "as of" the newest event time among its own inputs (the agent's
-lessons and successful episodes, the facts of its scope chain), never the wall clock or the batch,
-so the last briefing of every agent is the same whatever the batch boundaries were.
+lessons and episodes, the facts of its scope chain), never the wall clock or the batch, so the last
+briefing of every agent is the same whatever the batch boundaries were.
+
+Key Knowledge's concepts and patterns (``knowledge_items``) carry the tools they are about and the
+agents whose episodes they were learned from (``RecentInputs.episode_agent``), so
+``processors.briefing.select_knowledge`` can keep another agent's knowledge out. A concept that
+names an episode not projected yet (another topic, read later) is attributed once it arrives: the
+readers of its memory are marked stale then (``RecentInputs.resolved``).
 """
 
 from __future__ import annotations
@@ -26,7 +32,14 @@ import duckdb
 import msgspec
 import pyarrow as pa
 
-from processors.briefing import Briefing, agents_to_regenerate, briefing_for, changes_of
+from processors.briefing import (
+    Briefing,
+    KnowledgeItem,
+    agents_to_regenerate,
+    briefing_for,
+    changes_of,
+    readers_by_scope,
+)
 from schemas.briefing import BriefingGenerated
 from somnus.agents import DEFAULT_MAX_EPISODES, AgentSpec, scope_chain
 
@@ -93,6 +106,16 @@ class BriefingCache:
         ``urgent_only``: just the agents with news of their own (the projector, after each batch)."""
         import time
 
+        if self.recent.resolved:  # concepts whose episodes have now arrived: their readers are stale
+            readers = readers_by_scope(self.agents)
+            known = self.known_agents(con, ())
+            hit = sorted({a for owner in self.recent.resolved for a in readers.get(owner, ())}
+                         | ({a for a in known if a not in self.agents} if "global" in self.recent.resolved else set())
+                         | {o.removeprefix("agent:") for o in self.recent.resolved if o.startswith("agent:")})
+            self.recent.resolved.clear()
+            if hit:
+                frame = pa.table({"agent": hit})  # noqa: F841
+                con.execute("INSERT OR IGNORE INTO briefings_dirty SELECT agent FROM frame")
         if urgent_only and not self.urgent:
             return []
         stale = [a for (a,) in con.execute("SELECT agent FROM briefings_dirty ORDER BY agent").fetchall()]
@@ -139,21 +162,21 @@ class BriefingCache:
 def render_many(agents: Mapping[str, AgentSpec], targets: list[str], recent: RecentInputs, top: Any,
                 semantic: Any = None) -> list[Briefing]:
     """Briefings of ``targets`` from the in-memory read models kept beside the tables (``recent``: each
-    agent's newest lessons and successful episodes; ``top``: ``facts_top``,
-    ``projections.knowledge_store.TopFacts``), each as of the newest event time of its own inputs;
-    Key Knowledge leads with the semantic memory of the agent's scope chain (concepts, patterns)."""
+    agent's newest lessons and episodes; ``top``: ``facts_top``, ``projections.knowledge_store.TopFacts``),
+    each as of the newest event time of its own inputs; Key Knowledge also reads the semantic memory
+    of the agent's scope chain (concepts, patterns: ``knowledge_items``)."""
     fleet = dict(agents)
-    contexts: dict[str, list[Any]] = {}  # owner -> its knowledge context (shared by every reader)
+    contexts: dict[str, list[KnowledgeItem]] = {}  # owner -> its knowledge items (shared by every reader)
     out = []
     for agent in targets:
         chain = scope_chain(fleet, agent)
         mine_l = recent.lessons.get(agent, [])
-        mine_e = recent.episodes.get(agent, [])
+        mine_e = recent.episodes_of(agent)
         mine_f = [f for s in chain for f in top.by_scope.get(s, ())]
         times = [r["learned_at"] for r in mine_l] + [r["ended_at"] for r in mine_e] + [f.valid_from for f in mine_f]
         as_of = max((t for t in times if t is not None), default=_EPOCH)
         out.append(briefing_for(agent, agents, lessons=mine_l, triples=mine_f, episodes=mine_e, now=as_of,
-                                knowledge=_knowledge_lines(semantic, chain, contexts)))
+                                knowledge=_knowledge(semantic, chain, recent, contexts)))
     return out
 
 
@@ -167,8 +190,9 @@ def _desc_time(t: datetime) -> int:
 
 class RecentInputs:
     """Each agent's newest lessons (``4 * maxEpisodes``: learned_at descending, then episode id and
-    index) and newest successful episodes (``maxEpisodes``: ended_at descending, then episode id), the
-    rows a briefing is rendered from, kept in memory beside ``lessons`` and ``episodes``.
+    index), newest episodes of any outcome and newest successful episodes (``maxEpisodes`` each:
+    ended_at descending, then episode id), the rows a briefing is rendered from, kept in memory beside ``lessons`` and ``episodes``; and the
+    agent of every episode (``episode_agent``: whose data a concept was learned from).
 
     Loaded once from the tables, then fed the rows of each committed batch (``add``): a render reads
     no table, and converts no timestamp (a query for the few busy agents of one refresh cost about
@@ -181,17 +205,37 @@ class RecentInputs:
         self.episodes: dict[str, list[dict[str, Any]]] = {}
         self._lesson_keys: dict[str, list[tuple[Any, ...]]] = {}
         self._episode_keys: dict[str, list[tuple[Any, ...]]] = {}
+        self.successes: dict[str, list[dict[str, Any]]] = {}  # (strategies need successes, however rare)
+        self._success_keys: dict[str, list[tuple[Any, ...]]] = {}
+        self.episode_agent: dict[str, str] = dict(
+            con.execute("SELECT episode_id::VARCHAR, agent FROM episodes").fetchall())
+        self.awaited: dict[str, set[str]] = {}  # episode id named by a concept, not projected yet -> owners
+        self.resolved: set[str] = set()  # owners of concepts whose awaited episodes arrived since
         top = max([*self.limits.values(), DEFAULT_MAX_EPISODES])
         lessons = con.execute(
-            "SELECT agent, kind, text, learned_at, episode_id::VARCHAR AS episode_id, idx FROM ("
+            "SELECT agent, kind, text, tool, error, learned_at, episode_id::VARCHAR AS episode_id, idx FROM ("
             "  SELECT *, row_number() OVER (PARTITION BY agent ORDER BY learned_at DESC, episode_id, idx) AS rn"
             f"  FROM lessons) WHERE rn <= {int(top) * 4}")
         self.add(lessons=_dicts(lessons))
         episodes = con.execute(
             "SELECT agent, task, outcome, tools, ended_at, episode_id::VARCHAR AS episode_id FROM ("
             "  SELECT *, row_number() OVER (PARTITION BY agent ORDER BY ended_at DESC, episode_id) AS rn"
-            f"  FROM episodes WHERE outcome = 'success') WHERE rn <= {int(top)}")
+            f"  FROM episodes) WHERE rn <= {int(top)}")
         self.add(episodes=_dicts(episodes))
+        successes = con.execute(
+            "SELECT agent, task, outcome, tools, ended_at, episode_id::VARCHAR AS episode_id FROM ("
+            "  SELECT *, row_number() OVER (PARTITION BY agent ORDER BY ended_at DESC, episode_id) AS rn"
+            f"  FROM episodes WHERE outcome = 'success') WHERE rn <= {int(top)}")
+        self.add(episodes=_dicts(successes))
+
+    def episodes_of(self, agent: str) -> list[dict[str, Any]]:
+        """The agent's newest episodes and newest successful episodes, once each, newest first."""
+        rows = self.episodes.get(agent, [])
+        ids = {r["episode_id"] for r in rows}
+        more = [r for r in self.successes.get(agent, ()) if r["episode_id"] not in ids]
+        if not more:
+            return rows
+        return sorted([*rows, *more], key=lambda r: (_desc_time(r["ended_at"]), r["episode_id"]))
 
     def limit(self, agent: str) -> int:
         return self.limits.get(agent, DEFAULT_MAX_EPISODES)
@@ -199,25 +243,33 @@ class RecentInputs:
     def add(self, episodes: Iterable[Mapping[str, Any]] = (), lessons: Iterable[Mapping[str, Any]] = ()) -> None:
         """Take the rows of a committed batch (or of the tables): episodes of any outcome, lessons."""
         touched: dict[str, list[tuple[tuple[Any, ...], dict[str, Any]]]] = {}
+        won: dict[str, list[tuple[tuple[Any, ...], dict[str, Any]]]] = {}
         for r in episodes:
-            if r["outcome"] != "success":
-                continue
             ended = _utc(r["ended_at"])
-            row = {"agent": r["agent"], "task": r["task"], "outcome": "success", "tools": list(r["tools"] or ()),
-                   "ended_at": ended}
-            touched.setdefault(r["agent"], []).append(((_desc_time(ended), str(r["episode_id"])), row))
+            eid = str(r["episode_id"])
+            self.episode_agent[eid] = r["agent"]
+            if eid in self.awaited:
+                self.resolved |= self.awaited.pop(eid)
+            row = {"agent": r["agent"], "task": r["task"], "outcome": str(r["outcome"]),
+                   "tools": list(r["tools"] or ()), "ended_at": ended, "episode_id": eid}
+            touched.setdefault(r["agent"], []).append(((_desc_time(ended), eid), row))
+            if row["outcome"] == "success":
+                won.setdefault(r["agent"], []).append(((_desc_time(ended), eid), row))
         self._merge(touched, self.episodes, self._episode_keys, 1)
+        self._merge(won, self.successes, self._success_keys, 1)
         touched = {}
         for r in lessons:
             at = _utc(r["learned_at"])
-            row = {"agent": r["agent"], "kind": r["kind"], "text": r["text"], "learned_at": at}
+            row = {"agent": r["agent"], "kind": r["kind"], "text": r["text"], "tool": r.get("tool"),
+                   "error": r.get("error"), "learned_at": at, "episode_id": str(r["episode_id"])}
             touched.setdefault(r["agent"], []).append(((_desc_time(at), str(r["episode_id"]), r["idx"]), row))
         self._merge(touched, self.lessons, self._lesson_keys, 4)
 
     def _merge(self, touched: Mapping[str, list[tuple[tuple[Any, ...], dict[str, Any]]]],
                rows: dict[str, list[dict[str, Any]]], keys: dict[str, list[tuple[Any, ...]]], per: int) -> None:
         for agent, new in touched.items():
-            both = sorted([*zip(keys.get(agent, ()), rows.get(agent, ())), *new], key=lambda kr: kr[0])
+            # (a row taken twice, e.g. a success of both windows at load, is kept once)
+            both = sorted(dict([*zip(keys.get(agent, ()), rows.get(agent, ())), *new]).items(), key=lambda kr: kr[0])
             both = both[:self.limit(agent) * per]
             keys[agent] = [k for k, _ in both]
             rows[agent] = [r for _, r in both]
@@ -227,20 +279,59 @@ def _utc(t: datetime) -> datetime:
     return t.astimezone(timezone.utc) if t.tzinfo is not None else t.replace(tzinfo=timezone.utc)
 
 
-def _knowledge_lines(semantic: Any, chain: list[str], contexts: dict[str, list[Any]] | None = None) -> list[str]:
-    """The knowledge context of a scope chain: the best concepts and patterns of its owners
-    (``contexts`` caches each owner's context across the readers of one render)."""
+def _knowledge(semantic: Any, chain: list[str], recent: RecentInputs,
+               cache: dict[str, list[KnowledgeItem]]) -> list[KnowledgeItem]:
+    """The knowledge items of every memory of a scope chain (``cache``: each owner's, across the
+    readers of one render)."""
     if semantic is None:
         return []
-    from processors.semantic import knowledge_context
-
-    cache = contexts if contexts is not None else {}
     for owner in chain:
         if owner in semantic.layers and owner not in cache:
-            cache[owner] = knowledge_context(semantic.layers[owner])
-    entries = [e for owner in chain if owner in cache for e in cache[owner]]
-    entries.sort(key=lambda e: (-e.score, e.name, e.record_id))
-    return [e.text for e in entries[:8]]
+            cache[owner] = knowledge_items(semantic.layers[owner], recent)
+    return [k for owner in chain for k in cache.get(owner, ())]
+
+
+def knowledge_items(memory: Any, recent: RecentInputs | None = None) -> list[KnowledgeItem]:
+    """The concepts (ATL) and confirmed patterns (Angular Gyrus) of one memory as briefing items:
+    the tools each is about (a concept's ``tool`` property, the subjects of the pattern it came
+    from), the agents of its source episodes (``recent.episode_agent``; an id not projected yet is
+    awaited), whether it was learned from data or ingested. A concept with no definition (a parent
+    such as ``unreliable_tool``) says nothing to read and is left out."""
+    from schemas.semantic import Provenance
+
+    owner = memory.owner
+    known = recent.episode_agent if recent is not None else {}
+
+    def agents_of(episode_ids: Any) -> tuple[str, ...]:
+        found = set()
+        for e in episode_ids:
+            a = known.get(str(e))
+            if a is not None:
+                found.add(a)
+            elif recent is not None:
+                recent.awaited.setdefault(str(e), set()).add(owner)
+        return tuple(sorted(found))
+
+    out = []
+    for c in memory.atl:
+        if not c.definition:
+            continue
+        subjects = {str(c.properties["tool"])} if c.properties.get("tool") else set()
+        for key in c.evidence:
+            if key.startswith("math:"):
+                rec = memory.ag.get(key[len("math:"):].rsplit("@", 1)[0])
+                if rec is not None:
+                    subjects.update(rec.subjects)
+        out.append(KnowledgeItem(
+            text=f'"{c.name}" ({c.category}, confidence={c.confidence:.2f}): {c.definition}', scope=owner,
+            score=round(c.confidence, 6), name=c.name, subjects=tuple(sorted(subjects)),
+            agents=agents_of(c.source_episode_ids), derived=c.provenance is not Provenance.DIRECT_INGESTION))
+    for r in memory.ag:
+        out.append(KnowledgeItem(
+            text=f'"{r.name}" (math:{r.category.value}, confidence={r.confidence:.2f}): {r.verbal}', scope=owner,
+            score=round(r.confidence, 6), name=r.name, subjects=tuple(sorted(r.subjects)),
+            agents=agents_of(r.source_episode_ids)))
+    return out
 
 
 def _grouped(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any]) -> dict[str, list[dict[str, Any]]]:

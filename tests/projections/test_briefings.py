@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from processors.distiller import distill
-from processors.extraction import TraceExtractor
+from processors.extraction import TraceExtractor, error_class
 from projections import api, queries, schema
 from projections.writer import Seen, Topics, apply_batch, load_offsets
 from schemas.codec import decode_trace, encode
@@ -65,12 +65,34 @@ def test_every_agent_with_episodes_gets_a_briefing_with_its_lessons(tmp_path, re
     assert set(rows) == agents_with_episodes
     for agent, md in rows.items():
         assert md.startswith(f"## Session Briefing for {agent}\n")
-        newest_failure = con.execute("SELECT text FROM lessons WHERE agent = ? AND kind = 'failure' "
-                                     "ORDER BY learned_at DESC LIMIT 1", [agent]).fetchone()
-        if newest_failure:
-            assert newest_failure[0][:60] in md
+        classes = {(tool, error_class(error)) for tool, error in con.execute(
+            "SELECT tool, error FROM lessons WHERE agent = ? AND tool IS NOT NULL", [agent]).fetchall()}
+        shown = [line for line in md.split("### Key Knowledge")[0].splitlines() if line.startswith("- [")]
+        if classes:
+            assert shown, agent
+        named = [next((c for c in classes if f"] {c[0]}: {c[1]}" in line), None) for line in shown]
+        tool_lines = [c for c in named if c is not None]
+        assert len(tool_lines) == len(set(tool_lines))  # one line per (tool, error class)
         assert len(md) <= AGENTS[agent].briefing_token_budget
     assert {a: b.markdown for a, b in seen.briefings.current.items()} == rows  # cache in step with the table
+
+
+def test_default_fleet_briefings_serve_own_facts_and_strategies(tmp_path, records):
+    """Issue 26: facts=[] in every default-fleet briefing and "Active Strategies" always empty."""
+    con = _db(tmp_path, "own.duckdb")
+    seen, _ = _project(con, [records])
+    for agent, b in seen.briefings.current.items():
+        own = con.execute("SELECT count(*) FROM triples WHERE scope = ? AND predicate <> 'uses' "
+                          "AND valid_to IS NULL", [f"agent:{agent}"]).fetchone()[0]
+        if own:
+            assert any(f.scope == f"agent:{agent}" for f in b.facts), (agent, b.markdown)
+        repeated = con.execute(
+            "SELECT count(*) FROM (SELECT tools FROM episodes WHERE agent = ? AND outcome = 'success' "
+            "AND len(tools) > 0 GROUP BY tools HAVING count(*) >= 2)", [agent]).fetchone()[0]
+        if repeated:
+            assert b.strategies >= 1 and "### Active Strategies" in b.markdown, (agent, b.markdown)
+    assert any(b.strategies for b in seen.briefings.current.values())
+    assert all(b.facts for b in seen.briefings.current.values())
 
 
 def test_the_final_briefings_do_not_depend_on_batching_or_restarts(tmp_path, records):
@@ -119,6 +141,14 @@ def _facts(agent: str, scope: str | None, n: int, at: datetime) -> Rec:
     return Rec("facts", 0, 100_000 + n, encode(fx))
 
 
+def _host_fact(agent: str, scope: str | None, n: int, at: datetime, host: str) -> Rec:
+    fx = FactsExtracted(schema_version=1, episode_id=uuid.UUID(int=30_000 + n), agent=agent, observed_at=at,
+                        extractor="test/1", facts=[FactAsserted(
+                            source=host, source_type="api", predicate="requires", target="x-api-key",
+                            target_type="header", confidence=0.9, scope=scope)])
+    return Rec("facts", 0, 300_000 + n, encode(fx))
+
+
 def test_a_team_fact_reaches_teammates_and_not_other_teams_and_unaffected_agents_are_skipped(tmp_path, records):
     con = _db(tmp_path, "t.duckdb")
     seen, _ = _project(con, [records])
@@ -128,16 +158,25 @@ def test_a_team_fact_reaches_teammates_and_not_other_teams_and_unaffected_agents
     _project_with(con, seen, [_facts("scraper", None, 1, at)])
     assert con.execute("SELECT agent FROM briefings_dirty").fetchall() == [("scraper",)]
     assert [b.agent for b in seen.briefings.refresh(con)] == ["scraper"]
-    # the same fact in the research team's scope: researcher and scraper (team members) see it; ops do not
+    # the same fact in the research team's scope: researcher and scraper (team members) are stale;
+    # the fact concerns an API only scraper has called, so researcher's briefing does not show it
     _project_with(con, seen, [_facts("scraper", "team:research-lead", 2, at)])
     assert sorted(a for (a,) in con.execute("SELECT agent FROM briefings_dirty").fetchall()) == [
         "researcher", "scraper"]
-    assert "researcher" in {b.agent for b in seen.briefings.refresh(con)} <= {"researcher", "scraper"}
+    seen.briefings.refresh(con)
     md = dict(con.execute("SELECT agent, markdown FROM briefings").fetchall())
-    assert "api.example.com rate_limit 10/s" in md["researcher"] and "api.example.com" in md["scraper"]
+    assert "api.example.com rate_limit 10/s" in md["scraper"] and "api.example.com" not in md["researcher"]
+    # a team fact about an API researcher calls itself does reach it
+    [(host,)] = con.execute("SELECT target FROM triples WHERE scope = 'agent:researcher' AND predicate = 'calls' "
+                            "ORDER BY count DESC, target LIMIT 1").fetchall()
+    _project_with(con, seen, [_host_fact("scraper", "team:research-lead", 3, at, host.removeprefix("api:"))])
+    seen.briefings.refresh(con)
+    md = dict(con.execute("SELECT agent, markdown FROM briefings").fetchall())
+    line = f"{host.removeprefix('api:')} requires x-api-key"
+    assert line in md["researcher"]
     for other in ("deployer", "support", "ops-lead"):
         if other in md:
-            assert "api.example.com" not in md[other]
+            assert "api.example.com" not in md[other] and line not in md[other]
             assert md[other] is not None and before[other] == con.execute(
                 "SELECT briefing_id FROM briefings WHERE agent = ?", [other]).fetchone()[0]
 
@@ -208,7 +247,7 @@ def test_a_budgeted_refresh_renders_an_agents_own_news_before_a_wide_change_back
 @pytest.mark.parametrize("max_episodes", [0, 2, 50])
 def test_recent_inputs_fed_batch_by_batch_equal_the_newest_rows_of_the_tables(tmp_path, records, max_episodes):
     """The in-memory rows a briefing is rendered from are what the tables' windows give (limits from
-    ``maxEpisodes``: 4x lessons, 1x successful episodes), however the batches fell."""
+    ``maxEpisodes``: 4x lessons, 1x episodes, 1x successful episodes), however the batches fell."""
     import msgspec
 
     from projections.briefings import RecentInputs
@@ -220,14 +259,18 @@ def test_recent_inputs_fed_batch_by_batch_equal_the_newest_rows_of_the_tables(tm
     for i in range(0, len(records), 17):
         apply_batch(con, TOPICS, records[i:i + 17], load_offsets(con), 1 << 20, seen)
     fed, loaded = seen.briefings.recent, RecentInputs(con, fleet)
-    assert fed.lessons == loaded.lessons and fed.episodes == loaded.episodes
+    assert fed.lessons == loaded.lessons and fed.episodes == loaded.episodes and fed.successes == loaded.successes
+    assert fed.episode_agent == loaded.episode_agent
     # ... and those are the tables' newest rows, in their order
     lessons = con.execute("SELECT kind, text FROM lessons WHERE agent = 'researcher' "
                           "ORDER BY learned_at DESC, episode_id, idx").fetchall()
     assert [(r["kind"], r["text"]) for r in fed.lessons.get("researcher", [])] == lessons[:4 * max_episodes]
     wins = con.execute("SELECT ended_at FROM episodes WHERE agent = 'researcher' AND outcome = 'success' "
                        "ORDER BY ended_at DESC, episode_id").fetchall()
-    assert [r["ended_at"] for r in fed.episodes.get("researcher", [])] == [t for (t,) in wins][:max_episodes]
+    assert [r["ended_at"] for r in fed.successes.get("researcher", [])] == [t for (t,) in wins][:max_episodes]
+    every = con.execute("SELECT ended_at FROM episodes WHERE agent = 'researcher' "
+                        "ORDER BY ended_at DESC, episode_id").fetchall()
+    assert [r["ended_at"] for r in fed.episodes.get("researcher", [])] == [t for (t,) in every][:max_episodes]
     assert max_episodes == 0 or len(lessons) > 4 * 2 and len(wins) > 2  # the limit of 2 does cut
     other = con.execute("SELECT count(*) FROM lessons WHERE agent = 'scraper'").fetchone()[0]
     assert len(fed.lessons["scraper"]) == min(other, 200)

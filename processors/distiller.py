@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -294,9 +295,9 @@ def url_hosts(args: Any) -> list[str]:
     ['api.instantly.ai', 'a.io']
     """
     hosts: list[str] = []
-    stack = [args]
+    stack = deque([args])  # a queue (order of appearance): list.pop(0) made 500k arguments quadratic
     while stack and len(hosts) < MAX_HOSTS:
-        v = stack.pop(0)
+        v = stack.popleft()
         if isinstance(v, str):
             for m in _URL.finditer(v):
                 try:

@@ -7,16 +7,22 @@ changelogs the worker recovers from). So a marker is kept for ``retention`` of *
 the session closed, then forgotten (a tombstone in both tables).
 
 Stream time is per source partition: the latest event time (``ts``) among the events applied on
-that partition so far, each bounded by its record's timestamp (the broker's append time, on a
-traces topic Somnus created) plus the allowed clock skew (``SOMNUS_MAX_CLOCK_SKEW_S``, 5 minutes by
-default): a runtime whose clock runs ahead, or that stamps local time as UTC, cannot move a
-partition's stream time into the future and so expire other sessions' markers, or abandon other
-sessions, early. It is stored with the partition's position (``streams.ordering``), so a
-redelivered record is judged against exactly the stream time it was first judged against, and every
-decision here is a function of the partition's records alone (replays and restarts agree).
+that partition so far. An event stamped later than its record's timestamp (the broker's append time,
+on a traces topic Somnus created) plus the allowed clock skew (``SOMNUS_MAX_CLOCK_SKEW_S``, 5 minutes
+by default) is not applied: it is a dead letter of kind ``future`` (``future_reason``). So a runtime
+whose clock runs ahead, or that stamps local time as UTC, or a record dated year 2999, can neither
+move a partition's stream time into the future (and so expire other sessions' markers, or abandon
+other sessions, early) nor put its events into any projection. Stream time is stored with the
+partition's position (``streams.ordering``), so a redelivered record is judged against exactly the
+stream time it was first judged against, and every decision here is a function of the partition's
+records alone (replays and restarts agree). Records that decode to no event (dead letters) move
+neither stream time nor anything else: the worker carries each partition's stream time over a
+batch that holds only such records.
 
 For each event, in arrival order (``sift``), with ``w`` the partition's stream time before it and
-``clock`` the stream time with it (``max(w, ts)``, ``ts`` bounded as above):
+``clock`` the stream time with it (``max(w, ts)``):
+
+- stamped ahead of its record's time by more than the skew allowed: a dead letter (``future``);
 
 - its session is open: applied;
 - its session has a marker that has not expired (``clock <= closed_clock + retention``): a republished
@@ -50,7 +56,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 
 from processors.distiller import (
     APPLY,
@@ -94,7 +100,7 @@ class Sifted:
     duplicates: int = 0  # republished events of a closed session: dropped
     clocks: dict[int, int] = field(default_factory=dict)  # partition -> stream time (µs) after the batch
     idle_us: int = 0  # the idle time after which an open session was abandoned (0: never)
-    ahead: int = 0  # events stamped ahead of their record's time by more than the clock skew allowed
+    future: int = 0  # events stamped ahead of their record's time by more than the clock skew allowed (in late)
 
     @property
     def admitted(self) -> list[TraceEvent]:
@@ -115,19 +121,29 @@ def record_cap(timestamp_s: float | None, skew_us: int) -> int | None:
     return round(timestamp_s * 1000) * 1000 + skew_us
 
 
-def clock_time(ts: int, cap: int | None) -> int:
-    """What an event of time ``ts`` (µs) can move its partition's stream time to: ``ts``, at most ``cap``
-    (its record's broker time plus the allowed clock skew; None: no bound)."""
-    return ts if cap is None or ts <= cap else cap
+def is_future(ts: int, cap: int | None) -> bool:
+    """Whether an event of time ``ts`` (µs) is later than ``cap`` (its record's broker time plus the
+    allowed clock skew; None: no bound): such an event is a dead letter of kind ``future``."""
+    return cap is not None and ts > cap
+
+
+def future_reason(ev: TraceEvent, cap: int) -> str:
+    """The dead-letter reason of an event stamped too far ahead of its record (``is_future``)."""
+    bound = datetime.fromtimestamp(cap / _US_PER_S, tz=timezone.utc)
+    return (f"future: this {type_name(ev)} event of session {ev.session_id!r} of agent {ev.agent!r} is stamped "
+            f"{ev.ts.isoformat()}, later than its record's broker time plus the clock skew allowed "
+            f"(SOMNUS_MAX_CLOCK_SKEW_S): {bound.isoformat()}")
 
 
 def stream_times(events: Sequence[TraceEvent], partitions: Sequence[int], clocks: Mapping[int, int],
                  caps: Sequence[int | None] | None = None) -> dict[int, int]:
     """Each partition's stream time after ``events`` (``partitions[i]`` is the partition of ``events[i]``),
-    from ``clocks`` before them: what ``sift`` leaves in ``Sifted.clocks``."""
+    from ``clocks`` before them: what ``sift`` leaves in ``Sifted.clocks`` (``future`` events move nothing)."""
     out = dict(clocks)
     for i, (ev, p) in enumerate(zip(events, partitions)):
-        ts = clock_time(micros(ev.ts), caps[i] if caps is not None else None)
+        ts = micros(ev.ts)
+        if is_future(ts, caps[i] if caps is not None else None):
+            continue
         w = out.get(p)
         out[p] = ts if w is None else max(w, ts)
     return out
@@ -154,9 +170,9 @@ def sift(events: Sequence[TraceEvent], partitions: Sequence[int], clocks: Mappin
     and judged by its marker from then on. ``prior`` must then hold every open session of the batch's
     partitions that can be abandoned in it, and ``open_partitions`` the partition of each open one.
 
-    ``caps[i]`` bounds what ``events[i]`` can move stream time to (``clock_time``): an event stamped
-    ahead of its arrival by more than the allowed clock skew does not expire markers or abandon
-    sessions early. Its own session is still judged by its own time.
+    ``caps[i]`` is the latest time ``events[i]`` may have (its record's broker time plus the allowed
+    clock skew; None: no bound): an event stamped later is a dead letter of kind ``future`` and
+    changes nothing else (``Sifted.future`` counts them).
     """
     out = Sifted(clocks=dict(clocks), idle_us=max(idle_us, 0))
     marker: dict[str, SessionState] = {k: st for k, st in prior.items() if st.closed}
@@ -186,12 +202,15 @@ def sift(events: Sequence[TraceEvent], partitions: Sequence[int], clocks: Mappin
         out.rounds[-1].closing[key] = clock
 
     for i, (ev, p) in enumerate(zip(events, partitions)):
-        w = out.clocks.get(p)
         ts = micros(ev.ts)
-        t = clock_time(ts, caps[i] if caps is not None else None)
-        if t != ts:
-            out.ahead += 1
-        out.clocks[p] = clock = t if w is None else max(w, t)
+        cap = caps[i] if caps is not None else None
+        if is_future(ts, cap):
+            assert cap is not None
+            out.future += 1
+            out.late.append((i, future_reason(ev, cap)))
+            continue
+        w = out.clocks.get(p)
+        out.clocks[p] = clock = ts if w is None else max(w, ts)
         heap = idle.get(p)
         while heap and heap[0][0] + idle_us < clock:
             at, k = heapq.heappop(heap)

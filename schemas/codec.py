@@ -242,7 +242,8 @@ def _decode_bundle(raw: bytes, max_bytes: int, max_depth: int, max_events: int) 
     # values (each element is then held to the limits of an event).
     why = check_json(raw, None, max_depth + 1, 4 * MAX_VALUES)
     if why is not None:
-        return [Rejection(why)]
+        return [Rejection(why.replace(f"> limit {max_depth + 1}", f"> limit {max_depth + 1} ({max_depth} for an "
+                                                                   "event, one more for its bundle)"))]
     if len(raw) <= max_bytes and raw.count(b",") + raw.count(b"[") + raw.count(b"{") < MAX_VALUES:
         # then so is each element, in bytes and values: when all are valid, one decode does it
         try:

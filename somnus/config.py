@@ -25,6 +25,7 @@ _ENV = {
     "partitions": "SOMNUS_PARTITIONS",
     "topic_prefix": "SOMNUS_TOPIC_PREFIX",
     "max_event_bytes": "SOMNUS_MAX_EVENT_BYTES",
+    "max_json_depth": "SOMNUS_MAX_JSON_DEPTH",
     "batch_size": "SOMNUS_BATCH_SIZE",
     "batch_within_s": "SOMNUS_BATCH_WITHIN_S",
     "agents_dir": "SOMNUS_AGENTS_DIR",
@@ -51,6 +52,8 @@ class Settings:
     partitions: int = 4
     topic_prefix: str = "somnus."
     max_event_bytes: int = 1_048_576
+    # JSON nesting a record may have (schemas.codec.check_json): deeper is a dead letter, never parsed.
+    max_json_depth: int = 64
     batch_size: int = 500
     batch_within_s: float = 0.1
     agents_dir: Path | None = None

@@ -15,6 +15,7 @@ import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,9 @@ from processors.working_memory import encode_state as encode_wm
 from processors.nac import decode_link_state, encode_link_state, learn, observations_from_episode
 from schemas.memory import KIND_UNITS
 from schemas.causal import OutcomeObserved
-from schemas.codec import Rejection, decode_episode, decode_record, encode
+from schemas.episodes import EpisodeDistilled
+from schemas.codec import (Rejection, dead_letter_original, decode_bounded, decode_record, encode, poison_reason,
+                          record_rejection, truncated_note)
 from somnus.client import track_topics_sent_to
 from somnus.config import Settings
 from streams.liveness import PartitionWatchdog, RecoveryWatchdog, SomnusApp, install_diagnostics, watch
@@ -330,54 +333,68 @@ def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker") 
 _CLOCK_WARNED = [float("-inf")]  # when the last warning about clocks ahead was logged (monotonic s)
 
 
-def _warn_clock_ahead(settings: Settings, events: Sequence[Any], caps: Sequence[int | None], ahead: int) -> None:
+def _warn_future(settings: Settings, n: int, example: str) -> None:
     """A warning (at most one a minute) naming a runtime whose events are stamped ahead of their records."""
     now = time.monotonic()
     if now - _CLOCK_WARNED[0] < 60.0:
         return
     _CLOCK_WARNED[0] = now
-    ev = next(ev for ev, cap in zip(events, caps) if cap is not None and micros(ev.ts) > cap)
-    log.warning("%d event(s) stamped more than %g s ahead of their records' broker time, e.g. agent %r session %r "
-                "at %s: their times do not move stream time (check the runtime's clock and time zone; "
-                "SOMNUS_MAX_CLOCK_SKEW_S)", ahead, settings.max_clock_skew_s, ev.agent, ev.session_id,
-                ev.ts.isoformat())
+    log.warning("%d event(s) stamped more than %g s ahead of their records' broker time were dead-lettered "
+                "(kind future; check the runtime's clock and time zone, SOMNUS_MAX_CLOCK_SKEW_S), e.g. %s",
+                n, settings.max_clock_skew_s, example)
 
 
-async def _handle_batch(app: faust.App, settings: Settings, batch: Sequence[EventT], sessions: BatchedTable,
-                        counters: WorkerCounters, generation: int, extractor: Any = None,
-                        not_episodic: frozenset[str] = frozenset(), working: BatchedTable | None = None,
-                        wm_settings: Any = None, guard: OffsetGuard | None = None,
-                        markers: MarkerRetention | None = None, idle: IdleSessions | None = None) -> list[EventT]:
-    """One batch of trace records; returns the records to acknowledge (see ``streams.ordering``)."""
-    if app.in_recovery:
-        return []  # the tables are being restored: Faust seeks back to the committed offsets after
-    admitted = await guard.admit(batch) if guard is not None else Admitted(handle=list(batch))
-    batch = admitted.handle
-    pending: list[Any] = []
+@dataclass
+class BatchPlan:
+    """What one batch of trace records does, decided before anything is sent (``_plan_batch``)."""
+
+    positions: dict[Any, int] = field(default_factory=dict)  # the guard's new positions
+    clocks: dict[int, int] = field(default_factory=dict)  # stream time of every partition of the batch
+    dead: list[tuple[Any, int, Rejection]] = field(default_factory=list)  # (record, index, why), in order
+    episodes: list[Any] = field(default_factory=list)
+    facts: list[Any] = field(default_factory=list)
+    observations: list[Any] = field(default_factory=list)
+    units: list[Any] = field(default_factory=list)
+    states: dict[str, SessionState] = field(default_factory=dict)
+    wm_states: dict[str, Any] = field(default_factory=dict)
+    prior: dict[str, SessionState] = field(default_factory=dict)
+    partition_of: dict[str, int] = field(default_factory=dict)  # session key -> source partition
+    events: int = 0
+    duplicates: int = 0
+    late: int = 0
+    future: int = 0
+    abandoned: int = 0
+
+
+def _stored_clocks(sessions: BatchedTable, topic: str, partitions: set[int]) -> dict[int, int]:
+    """The stream time stored with each partition's position. Every partition of a batch carries its
+    own over the batch, even one whose records decoded to no event: a position written without it
+    forgot the partition's stream time, and after a run of undecodable records the late events of
+    forgotten sessions were taken for new sessions (75 of 100 reopened)."""
+    return {p: c for p in partitions if (c := decode_clock(sessions.get(position_key(topic, p)))) is not None}
+
+
+def _plan_batch(app: faust.App, settings: Settings, batch: Sequence[EventT], sessions: BatchedTable,
+                generation: int, extractor: Any, not_episodic: frozenset[str], working: BatchedTable | None,
+                wm_settings: Any, idle: IdleSessions | None) -> BatchPlan:
+    """Decode, judge and distill ``batch`` (records admitted by the guard) from the tables' states: every
+    output of the batch, nothing sent. It raises only for a record nothing foresaw (``_handle_batch``)."""
+    plan = BatchPlan()
     valid = []
     coords: list[tuple[Any, int]] = []  # (record, index in it) of each valid event
     parts: list[int] = []  # source partition of each valid event
-    caps: list[int | None] = []  # how far each valid event can move stream time (processors.retention)
+    caps: list[int | None] = []  # the latest time each valid event may have (processors.retention)
     skew_us = int(settings.max_clock_skew_s * 1_000_000)
-    partition_of: dict[str, int] = {}  # session key -> source partition
+    partition_of = plan.partition_of
     offset_of: dict[str, int] = {}  # session key -> offset of its last record in the batch (its end)
-
-    async def dead_letter(msg: Any, index: int, rejection: Rejection) -> None:
-        counters.dead_letters += 1
-        pending.append(await app.producer.send(
-            settings.dead_letter_topic, key=msg.key,
-            value=rejection.original if rejection.original is not None else (msg.value or b""),
-            partition=None, timestamp=None,
-            headers=dead_letter_headers(rejection, msg.topic, msg.partition, msg.offset, index)))
-
     for event in batch:
         msg = event.message
-        good: list[tuple[int, Any]] = []
-        for index, item in enumerate(decode_record(msg.value, settings.max_event_bytes)):
-            if isinstance(item, Rejection):
-                await dead_letter(msg, index, item)
-            else:
-                good.append((index, item))
+        items = decode_record(msg.value, settings.max_event_bytes, settings.max_json_depth)
+        rejected = record_rejection(items)
+        if rejected is not None:  # one dead letter for the record, whatever number of its elements is bad
+            index, why = rejected
+            plan.dead.append((msg, index, Rejection(why.reason + truncated_note(msg.value))))
+        good = [(index, item) for index, item in enumerate(items) if not isinstance(item, Rejection)]
         if len(good) > 1:  # a record is never split between batches: its own events go in seq order
             good.sort(key=lambda it: it[1].seq)
         cap = record_cap(msg.timestamp, skew_us) if skew_us > 0 else None
@@ -389,15 +406,14 @@ async def _handle_batch(app: faust.App, settings: Settings, batch: Sequence[Even
             key = session_key(item.agent, item.session_id)
             partition_of[key] = msg.partition
             offset_of[key] = msg.offset
-    counters.events += len(valid)
-    prior: dict[str, SessionState] = {}
+    plan.events = len(valid)
+    prior = plan.prior
     for key in partition_of:
         raw = sessions.get(key.encode())
         if raw is not None:
             prior[key] = decode_state(raw)
     topic = settings.traces_topic
-    clocks = {p: c for p in set(parts)
-              if (c := decode_clock(sessions.get(position_key(topic, p)))) is not None}
+    clocks = _stored_clocks(sessions, topic, {ev.message.partition for ev in batch})
     retention_us = int(settings.session_retention_s * 1_000_000)
     open_partitions: dict[str, int] | None = None
     if idle is not None:  # the open sessions this batch's stream time can make idle, with their states
@@ -412,14 +428,12 @@ async def _handle_batch(app: faust.App, settings: Settings, batch: Sequence[Even
         open_partitions = {k: partition_of[k] for k, st in prior.items() if not st.closed}
     sifted = sift(valid, parts, clocks, prior, retention_us, idle.idle_us if idle is not None else 0,
                   open_partitions, caps)
-    if sifted.ahead:
-        counters.clock_ahead += sifted.ahead
-        _warn_clock_ahead(settings, valid, caps, sifted.ahead)
+    plan.clocks = sifted.clocks
+    plan.future = sifted.future
     for rnd in sifted.rounds:
         for k, i in rnd.abandon.items():  # the coordinates of the record that closed it (NAc observations)
             offset_of.setdefault(k, coords[i][0].offset)
-            counters.abandoned += 1
-    counters.duplicates += sifted.duplicates
+            plan.abandoned += 1
     wm_prior: dict[str, Any] = {}
     if working is not None:
         for key in partition_of:
@@ -428,30 +442,121 @@ async def _handle_batch(app: faust.App, settings: Settings, batch: Sequence[Even
                 wm_prior[key] = decode_wm(raw)
     out = distill_rounds(prior, wm_prior if working is not None else None, sifted, partition_of, not_episodic,
                          wm_settings)
-    counters.duplicates += out.duplicates
+    plan.duplicates = sifted.duplicates + out.duplicates
     late = list(sifted.late)
     if out.late_events:  # after an end the distiller met, or out of order (processors.distiller.seq_verdict)
         where = {id(ev): i for i, ev in enumerate(valid)}
         late += [(where[id(ev)], reason) for ev, reason in out.late_events]
-    counters.late += len(late)
+    plan.late = len(late)
     for i, reason in sorted(late):
         msg, index = coords[i]
-        await dead_letter(msg, index, Rejection(reason, encode(valid[i])))
-    for ep in out.episodes:
+        plan.dead.append((msg, index, Rejection(reason, encode(valid[i]))))
+    plan.episodes = out.episodes
+    if extractor is not None and out.episodes:
+        plan.facts = list(extractor.extract(out.episodes))
+    # What each call led to, for the NAc; the coordinates of the session's end make a re-distilled
+    # episode's observations recognisable as redeliveries (processors.nac.learn).
+    plan.observations = [o for ep in out.episodes for o in observations_from_episode(
+        ep, partition_of[session_key(ep.agent, ep.session_id)], offset_of[session_key(ep.agent, ep.session_id)])]
+    plan.units, plan.states, plan.wm_states = out.units, out.states, out.wm_states
+    for state in plan.states.values():  # what the table will hold must encode (a state that cannot is a bug)
+        encode_state(state)
+    return plan
+
+
+def _poison_plan(settings: Settings, sessions: BatchedTable, record: EventT, exc: Exception) -> BatchPlan:
+    """A record whose distillation raised: one dead letter (kind ``poison``, the exception), its position
+    passed, its partition's stream time kept; nothing else."""
+    msg = record.message
+    log.error("record %s/%d@%d could not be distilled and is dead-lettered as poison: %r", msg.topic, msg.partition,
+              msg.offset, exc)
+    reason = poison_reason(exc, "while distilling the record") + truncated_note(msg.value)
+    return BatchPlan(clocks=_stored_clocks(sessions, settings.traces_topic, {msg.partition}),
+                     dead=[(msg, 0, Rejection(reason))])
+
+
+async def _handle_batch(app: faust.App, settings: Settings, batch: Sequence[EventT], sessions: BatchedTable,
+                        counters: WorkerCounters, generation: int, extractor: Any = None,
+                        not_episodic: frozenset[str] = frozenset(), working: BatchedTable | None = None,
+                        wm_settings: Any = None, guard: OffsetGuard | None = None,
+                        markers: MarkerRetention | None = None, idle: IdleSessions | None = None) -> list[EventT]:
+    """One batch of trace records; returns the records to acknowledge (see ``streams.ordering``).
+
+    No record stops the distiller: decoding never raises (``schemas.codec``), and should the rest of
+    the batch's work raise, the batch is handled again one record at a time (where a batch ends never
+    changes a result: ``tests/processors/test_batch.py``), so that only the record that raises on its
+    own is dead-lettered, as ``poison``, and passed. Errors of the broker are not the records' and are
+    raised as before."""
+    if app.in_recovery:
+        return []  # the tables are being restored: Faust seeks back to the committed offsets after
+    admitted = await guard.admit(batch) if guard is not None else Admitted(handle=list(batch))
+    records = admitted.handle
+    try:
+        plan = _plan_batch(app, settings, records, sessions, generation, extractor, not_episodic, working,
+                           wm_settings, idle)
+    except Exception as exc:  # noqa: BLE001 - the poison boundary
+        if idle is not None:
+            idle.generation = None  # its heap may have lost entries to the failed attempt: rebuilt from the table
+        if len(records) > 1:
+            acks = list(admitted.done)
+            for record in records:  # one by one, each a batch of its own: its position is written before the next
+                done = await _handle_batch(app, settings, [record], sessions, counters, generation, extractor,
+                                           not_episodic, working, wm_settings, guard, markers, idle)
+                if app.consumer_generation_id != generation:
+                    return []
+                acks += done
+            return acks
+        if not records:
+            raise
+        counters.poison += 1
+        plan = _poison_plan(settings, sessions, records[0], exc)
+    plan.positions = dict(admitted.positions)
+    if not await _send_plan(app, settings, plan, sessions, working, counters, generation):
+        return []
+    if idle is not None:  # open sessions, touched or looked at, by their latest event (again)
+        for key, st in {**plan.prior, **plan.states}.items():
+            if not st.closed and st.ended_at is not None:
+                idle.push(plan.partition_of[key], micros(st.ended_at), key.encode())
+    retention_us = int(settings.session_retention_s * 1_000_000)
+    if markers is not None and retention_us > 0:
+        # After the positions: a marker removed is one whose session's records are all below a
+        # position already on the broker, so no redelivery can meet its absence.
+        closed = {key: st for key, st in plan.states.items() if st.closed}
+        await markers.prune(app, settings.traces_topic, sessions, working, generation, closed, plan.clocks,
+                            counters)
+    return admitted.handle + admitted.done
+
+
+async def _send_plan(app: faust.App, settings: Settings, plan: BatchPlan, sessions: BatchedTable,
+                     working: BatchedTable | None, counters: WorkerCounters, generation: int) -> bool:
+    """Send a batch's outputs, then its states and positions (False: a rebalance came first, nothing of
+    the state was written)."""
+    pending: list[Any] = []
+    for msg, index, rejection in plan.dead:
+        counters.dead_letters += 1
+        pending.append(await app.producer.send(
+            settings.dead_letter_topic, key=msg.key,
+            value=rejection.original if rejection.original is not None else dead_letter_original(msg.value),
+            partition=None, timestamp=None,
+            headers=dead_letter_headers(rejection, msg.topic, msg.partition, msg.offset, index)))
+    counters.events += plan.events
+    counters.duplicates += plan.duplicates
+    counters.late += plan.late
+    counters.abandoned += plan.abandoned
+    if plan.future:
+        counters.future += plan.future
+        _warn_future(settings, plan.future, next(r.reason for _, _, r in plan.dead if r.kind == "future"))
+    for ep in plan.episodes:
         counters.episodes += 1
         pending.append(await app.producer.send(settings.episodes_topic, key=ep.session_id.encode(), value=encode(ep),
                                                partition=None, timestamp=None, headers=None))
-    if extractor is not None and out.episodes:
-        pending.extend(await _send_facts(app, settings, extractor.extract(out.episodes), counters))
-    if out.episodes:
-        # What each call led to, for the NAc; the coordinates of the session's end make a
-        # re-distilled episode's observations recognisable as redeliveries (processors.nac.learn).
-        obs = [o for ep in out.episodes for o in observations_from_episode(
-            ep, partition_of[session_key(ep.agent, ep.session_id)], offset_of[session_key(ep.agent, ep.session_id)])]
-        counters.observations += len(obs)
-        pending.extend(await _send_bundles(app, settings.observations_topic, settings.partitions, obs,
+    if plan.facts:
+        pending.extend(await _send_facts(app, settings, plan.facts, counters))
+    if plan.observations:
+        counters.observations += len(plan.observations)
+        pending.extend(await _send_bundles(app, settings.observations_topic, settings.partitions, plan.observations,
                                            lambda o: o.event_signature))
-    units = out.units
+    units = plan.units
     if units:
         counters.memory_units += len(units)
         pending.extend([await app.producer.send(
@@ -462,33 +567,23 @@ async def _handle_batch(app: faust.App, settings: Settings, batch: Sequence[Even
         await asyncio.gather(*pending)
     # After a rebalance during this batch, its partitions may belong to another worker, which
     # reprocesses these events from the committed offset: its state must not be overwritten here.
-    # Working memory of the same sessions (same keys, same partitions); a closed session keeps only
-    # its marker (compact): the buffer is the in-session tier.
-    wm_states = out.wm_states
     if app.consumer_generation_id != generation:
         for table in (sessions, working):
             if table is not None:
                 table.pending_changelog.clear()
                 table.key_partitions.clear()
-        return []
+        return False
     # Working memory first, then the sessions, then the positions: a recovered position is never
-    # ahead of any state the records below it made.
-    if working is not None and wm_states:
+    # ahead of any state the records below it made. A closed session keeps only its marker (compact):
+    # the buffer is the in-session tier.
+    partition_of = plan.partition_of
+    if working is not None and plan.wm_states:
         await working.write(app.producer, (
             (key.encode(), partition_of[key], encode_wm(compact_wm(wm) if wm.closed else wm))
-            for key, wm in wm_states.items()))
+            for key, wm in plan.wm_states.items()))
     await sessions.write(app.producer, ((key.encode(), partition_of[key], encode_state(state))
-                                        for key, state in out.states.items()), admitted.positions, sifted.clocks)
-    if idle is not None:  # open sessions, touched or looked at, by their latest event (again)
-        for key, st in {**prior, **out.states}.items():
-            if not st.closed and st.ended_at is not None:
-                idle.push(partition_of[key], micros(st.ended_at), key.encode())
-    if markers is not None and retention_us > 0:
-        # After the positions: a marker removed is one whose session's records are all below a
-        # position already on the broker, so no redelivery can meet its absence.
-        closed = {key: st for key, st in out.states.items() if st.closed}
-        await markers.prune(app, topic, sessions, working, generation, closed, sifted.clocks, counters)
-    return admitted.handle + admitted.done
+                                        for key, state in plan.states.items()), plan.positions, plan.clocks)
+    return True
 
 
 def _owned(app: faust.App, topic: str) -> frozenset[int]:
@@ -594,6 +689,7 @@ async def _send_bundles(app: faust.App, topic: str, partitions: int, items: Sequ
 
 
 _observations_decoder = msgspec.json.Decoder(list[OutcomeObserved])
+_episode_decoder = msgspec.json.Decoder(EpisodeDistilled)
 
 
 async def _handle_observations(app: faust.App, settings: Settings, batch: Sequence[EventT], links: BatchedTable,
@@ -609,24 +705,31 @@ async def _handle_observations(app: faust.App, settings: Settings, batch: Sequen
     partition_of: dict[str, int] = {}
     for event in batch:
         msg = event.message
-        try:
-            items = _observations_decoder.decode(msg.value or b"")
-        except msgspec.DecodeError as exc:  # our own output: a bug, but it must not stop the stream
-            counters.dead_letters += 1
-            await (await app.producer.send(
-                settings.dead_letter_topic, key=msg.key, value=msg.value or b"", partition=None, timestamp=None,
-                headers=dead_letter_headers(Rejection(f"schema: invalid observations: {exc}", msg.value),
-                                            msg.topic, msg.partition, msg.offset, 0)))
+        items = decode_bounded(_observations_decoder, msg.value, settings.max_json_depth)
+        if isinstance(items, Rejection):  # our own output, or not: it must not stop the stream
+            await _dead_letter_now(app, settings, counters, msg, _named(items, "observations", msg.value))
             continue
         for item in items:
             partition_of[item.event_signature] = msg.partition
         observed.extend(items)
-    prior = {}
-    for sig in partition_of:
-        raw = links.get(sig.encode())
-        if raw is not None:
-            prior[sig] = decode_link_state(raw)
-    states, updates = learn(prior, observed, alpha_by_agent=alpha_by_agent, per_link_rows=False)
+    try:
+        states, updates = _learn(links, partition_of, observed, alpha_by_agent)
+    except Exception as exc:  # noqa: BLE001 - the poison boundary: one record at a time, then the one that raises
+        if len(batch) > 1:
+            acks = list(admitted.done)
+            for record in batch:
+                acks += await _handle_observations(app, settings, [record], links, counters, generation,
+                                                   alpha_by_agent, guard)
+                if app.consumer_generation_id != generation:
+                    return []
+            return acks
+        if not batch:
+            raise
+        counters.poison += 1
+        msg = batch[0].message
+        await _dead_letter_now(app, settings, counters, msg, Rejection(
+            poison_reason(exc, "while learning causal links") + truncated_note(msg.value)))
+        states, updates = {}, []
     counters.link_updates += len(updates)
     pending = await _send_bundles(app, settings.link_updates_topic, settings.partitions, updates,
                                   lambda u: u.event_signature)
@@ -639,6 +742,35 @@ async def _handle_observations(app: faust.App, settings: Settings, batch: Sequen
     await links.write(app.producer, ((sig.encode(), partition_of[sig], encode_link_state(state))
                                      for sig, state in states.items()), admitted.positions)
     return admitted.handle + admitted.done
+
+
+def _learn(links: BatchedTable, partition_of: Mapping[str, int], observed: list[OutcomeObserved],
+           alpha_by_agent: dict[str, float]) -> tuple[dict[str, Any], list[Any]]:
+    """Rescorla-Wagner over ``observed`` from the links' states in the table (``processors.nac.learn``)."""
+    prior = {}
+    for sig in partition_of:
+        raw = links.get(sig.encode())
+        if raw is not None:
+            prior[sig] = decode_link_state(raw)
+    states, updates = learn(prior, observed, alpha_by_agent=alpha_by_agent, per_link_rows=False)
+    for state in states.values():  # what the table will hold must encode
+        encode_link_state(state)
+    return states, updates
+
+
+def _named(rejection: Rejection, what: str, value: bytes | None) -> Rejection:
+    """``rejection`` of a record of one of our own topics, saying which (``schema: invalid episode: ...``)."""
+    kind, _, rest = rejection.reason.partition(": ")
+    return Rejection(f"{kind}: invalid {what}: {rest}{truncated_note(value)}")
+
+
+async def _dead_letter_now(app: faust.App, settings: Settings, counters: WorkerCounters, msg: Any,
+                           rejection: Rejection) -> None:
+    """A whole record to the dead-letter topic (its bytes, at most ``MAX_ORIGINAL`` of them), acknowledged."""
+    counters.dead_letters += 1
+    await (await app.producer.send(
+        settings.dead_letter_topic, key=msg.key, value=dead_letter_original(msg.value), partition=None,
+        timestamp=None, headers=dead_letter_headers(rejection, msg.topic, msg.partition, msg.offset, 0)))
 
 
 def make_guard(app: faust.App, bootstrap: str, table: BatchedTable) -> OffsetGuard:
@@ -704,17 +836,12 @@ async def _handle_episodes(app: faust.App, settings: Settings, batch: Sequence[E
                            counters: WorkerCounters) -> None:
     episodes = []
     for event in batch:
-        try:
-            episodes.append(decode_episode(event.message.value))
-        except msgspec.DecodeError as exc:
-            # Episodes are our own output; a bad one is a bug, but it must not stop the stream.
-            counters.dead_letters += 1
-            await (await app.producer.send(
-                settings.dead_letter_topic, key=event.message.key, value=event.message.value or b"",
-                partition=None, timestamp=None,
-                headers=dead_letter_headers(Rejection(f"schema: invalid episode: {exc}", event.message.value),
-                                            event.message.topic, event.message.partition,
-                                            event.message.offset, 0)))
+        msg = event.message
+        ep = decode_bounded(_episode_decoder, msg.value, settings.max_json_depth)
+        if isinstance(ep, Rejection):  # our own output; a bad one is a bug, but it must not stop the stream
+            await _dead_letter_now(app, settings, counters, msg, _named(ep, "episode", msg.value))
+            continue
+        episodes.append(ep)
     out = extractor.extract(episodes)
     if inspect.isawaitable(out):
         out = await out

@@ -12,7 +12,8 @@ class WorkerCounters:
     late: int = 0  # events of a session that had ended, or too old to tell (dead letters)
     forgotten: int = 0  # closed sessions whose marker expired (processors.retention)
     abandoned: int = 0  # open sessions closed after the idle time (processors.retention)
-    clock_ahead: int = 0  # events stamped ahead of their record by more than the clock skew allowed
+    future: int = 0  # events stamped ahead of their record by more than the clock skew allowed (dead letters)
+    poison: int = 0  # records whose distillation raised (dead letters, kind poison)
     facts: int = 0
     observations: int = 0
     link_updates: int = 0

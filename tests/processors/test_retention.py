@@ -173,7 +173,7 @@ def test_stream_times_are_the_clocks_sift_leaves():
         0: micros(T0 + timedelta(hours=2)), 1: micros(T0 + timedelta(hours=5)), 3: 7}
 
 
-def test_an_event_stamped_ahead_of_its_record_moves_stream_time_only_up_to_the_records_time_plus_the_skew():
+def test_an_event_stamped_ahead_of_its_record_by_more_than_the_skew_is_a_future_dead_letter_that_moves_nothing():
     from processors.retention import record_cap
 
     skew = 5 * 60 * 1_000_000
@@ -186,15 +186,19 @@ def test_an_event_stamped_ahead_of_its_record_moves_stream_time_only_up_to_the_r
     evs = [_event("s", 0, "session_start", T0 + timedelta(days=1), agent="skewed"), _event("a", 2, "session_end", T0)]
     parts, clocks = [0, 0], {0: micros(T0 + timedelta(minutes=1))}
     bounded = sift(evs, parts, clocks, prior, HOUR_US, HOUR_US // 6, {o: 0}, caps=[cap, cap])
-    assert bounded.clocks == {0: cap} == stream_times(evs, parts, clocks, [cap, cap]) and bounded.ahead == 1
-    # a's marker still counts (a duplicate, dropped), o is not idle (10 min), the skewed event is applied
-    assert bounded.duplicates == 1 and bounded.late == [] and bounded.rounds[0].abandon == {}
-    assert bounded.admitted == evs[:1]
+    assert bounded.clocks == clocks == stream_times(evs, parts, clocks, [cap, cap]) and bounded.future == 1
+    # the skewed event is a dead letter of kind future; a's marker still counts (a duplicate, dropped),
+    # o is not idle
+    assert [i for i, _ in bounded.late] == [0] and bounded.late[0][1].startswith("future: this session_start event")
+    assert "2026-03-02T09:00:00+00:00" in bounded.late[0][1] and "2026-03-01T09:07:00+00:00" in bounded.late[0][1]
+    assert bounded.duplicates == 1 and bounded.rounds[0].abandon == {} and bounded.admitted == []
     # unbounded, the one event a day ahead forgets a's marker and abandons o
     free = sift(evs, parts, clocks, prior, HOUR_US, HOUR_US // 6, {o: 0})
-    assert free.clocks == {0: micros(T0 + timedelta(days=1))} and free.ahead == 0
+    assert free.clocks == {0: micros(T0 + timedelta(days=1))} and free.future == 0
     assert [i for i, _ in free.late] == [1] and "may belong to a session already forgotten" in free.late[0][1]
     assert free.rounds[0].abandon == {o: 0}
-    # an event within the skew moves stream time to its own time, as before
+    # an event within the skew is applied and moves stream time to its own time
     near = _event("n", 0, "session_start", arrival + timedelta(minutes=4))
     assert sift([near], [0], {}, {}, HOUR_US, caps=[cap]).clocks == {0: micros(near.ts)}
+    year_2999 = _event("y", 0, "session_start", datetime(2999, 1, 1, tzinfo=timezone.utc))
+    assert sift([year_2999], [0], {}, {}, HOUR_US, caps=[cap]).late[0][1].startswith("future: ")

@@ -18,6 +18,7 @@ NON_DEFAULT = {
     "partitions": (12, "SOMNUS_PARTITIONS", "12", 12),
     "topic_prefix": ("prod.", "SOMNUS_TOPIC_PREFIX", "prod.", "prod."),
     "max_event_bytes": (2048, "SOMNUS_MAX_EVENT_BYTES", "2048", 2048),
+    "max_json_depth": (16, "SOMNUS_MAX_JSON_DEPTH", "16", 16),
     "batch_size": (50, "SOMNUS_BATCH_SIZE", "50", 50),
     "batch_within_s": (0.5, "SOMNUS_BATCH_WITHIN_S", "0.5", 0.5),
     "agents_dir": ("/etc/agents", "SOMNUS_AGENTS_DIR", "/etc/agents", Path("/etc/agents")),
@@ -48,6 +49,7 @@ def test_defaults_are_pinned():
     assert (s.partitions, s.topic_prefix, s.max_event_bytes, s.batch_size, s.batch_within_s, s.app_id,
             s.session_timeout_s) == (4, "somnus.", 1_048_576, 500, 0.1, "somnus", 10.0)
     assert s.session_retention_s == 7 * 86400.0 and s.session_idle_s == 0.0 and s.max_clock_skew_s == 300.0
+    assert s.max_json_depth == 64
 
 
 @pytest.mark.parametrize("name", sorted(NON_DEFAULT))

@@ -1,0 +1,196 @@
+"""streams.app's distiller batch without a broker: no record stops it (a decode boundary, then one record
+at a time when the batch's work raises), a record is one dead letter however many of its events are
+bad, and a partition's stream time survives batches of undecodable records."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from datetime import datetime, timedelta, timezone
+from types import SimpleNamespace
+from typing import Any
+
+import orjson
+import pytest
+
+import streams.app as app_mod
+from somnus.config import Settings
+from streams.metrics import WorkerCounters
+from faust.types import TP
+
+from streams.ordering import decode_clock, encode_position, position_key
+
+T0 = datetime(2026, 3, 1, 9, 0, tzinfo=timezone.utc)
+
+
+class FakeProducer:
+    def __init__(self) -> None:
+        self.sent: list[dict[str, Any]] = []
+
+    async def send(self, topic: str, key: Any, value: bytes, partition: Any, timestamp: Any, headers: Any) -> Any:
+        self.sent.append({"topic": topic, "key": key, "value": value, "headers": dict(headers or [])})
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_result(None)
+        return fut
+
+
+class FakeTable(dict):
+    """What the distiller uses of a ``BatchedTable``: get, and write with positions and stream times."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pending_changelog: list[Any] = []
+        self.key_partitions: dict[Any, int] = {}
+        self.writes: list[dict[str, Any]] = []
+
+    async def write(self, producer: Any, items: Any, positions: Any = None, clocks: Any = None) -> None:
+        for key, _partition, value in items:
+            self[key] = value
+        for tp, offset in (positions or {}).items():
+            self[position_key(tp.topic, tp.partition)] = encode_position(offset, (clocks or {}).get(tp.partition))
+        self.writes.append({"positions": dict(positions or {}), "clocks": dict(clocks or {})})
+
+
+def _app() -> Any:
+    return SimpleNamespace(in_recovery=False, consumer_generation_id=1, producer=FakeProducer())
+
+
+def _settings(tmp_path: Any) -> Settings:
+    return dataclasses.replace(Settings.resolve(env={}, home=tmp_path), topic_prefix="t.")
+
+
+def _event(session: str, seq: int, kind: str, at: datetime = T0, **payload: Any) -> dict[str, Any]:
+    body = {"session_start": {"task": "t"}, "session_end": {"outcome": "success"},
+            "agent_message": {"text": "hi"}}.get(kind, {})
+    return {"event_id": f"00000000-0000-4000-8000-{abs(hash((session, seq))) % 10**12:012d}", "schema_version": 1,
+            "ts": at.isoformat(), "agent": "support", "session_id": session, "seq": seq, "type": kind,
+            "payload": {**body, **payload}}
+
+
+def _session(session: str, at: datetime = T0) -> bytes:
+    return orjson.dumps([_event(session, 0, "session_start", at), _event(session, 1, "agent_message", at),
+                         _event(session, 2, "session_end", at)])
+
+
+def _record(topic: str, value: bytes, offset: int, partition: int = 0, at: datetime = T0) -> Any:
+    tp = TP(topic, partition)
+    msg = SimpleNamespace(topic=topic, partition=partition, offset=offset, key=b"k", value=value,
+                          timestamp=at.timestamp(), tp=(topic, partition))
+    return SimpleNamespace(message=msg, tp=tp)
+
+
+def _run(app: Any, settings: Settings, records: list[Any], table: FakeTable, counters: WorkerCounters) -> Any:
+    return asyncio.run(app_mod._handle_batch(app, settings, records, table, counters, 1))
+
+
+def _dead(app: Any, settings: Settings) -> list[dict[str, Any]]:
+    return [m for m in app.producer.sent if m["topic"] == settings.dead_letter_topic]
+
+
+POISON = {
+    "deep": b"[" * 100_000 + b"]" * 100_000,
+    "deep args": orjson.dumps(_event("x", 1, "tool_call", tool="t", call_id="c")).replace(
+        b'"call_id":"c"', b'"call_id":"c","args":{"a":' + b"[" * 900 + b"]" * 900 + b"}"),
+    "invalid utf-8": orjson.dumps(_event("x", 0, "agent_message")).replace(b'"hi"', b'"h\xff\xfei"'),
+    "invalid utf-8 key": b'{"\xff": 1}',
+    "lone surrogate": orjson.dumps(_event("x", 0, "agent_message")).replace(b'"hi"', b'"\\ud800"'),
+    "float seq and deep args": orjson.dumps(_event("x", 1, "tool_call", tool="t", call_id="c")).replace(
+        b'"seq":1', b'"seq":1.0').replace(b'"call_id":"c"', b'"call_id":"c","args":{"a":' + b"[" * 900 + b"]" * 900 + b"}"),
+    "huge seq": orjson.dumps(_event("x", 0, "agent_message")).replace(b'"seq":0', b'"seq":' + b"9" * 40),
+    "nan": orjson.dumps(_event("x", 0, "agent_message")).replace(b'"seq":0', b'"seq":NaN'),
+    "scalars bundle": b"[" + b",".join([b"1"] * 2000) + b"]",
+}
+
+
+def test_no_record_stops_the_distiller_and_a_record_is_one_dead_letter(tmp_path):
+    app, settings, table, counters = _app(), _settings(tmp_path), FakeTable(), WorkerCounters()
+    topic = settings.traces_topic
+    records = [_record(topic, _session("good-1"), 0)]
+    records += [_record(topic, value, i + 1) for i, value in enumerate(POISON.values())]
+    records.append(_record(topic, _session("good-2"), len(records)))
+    acks = _run(app, settings, records, table, counters)
+    assert len(acks) == len(records)
+    dead = _dead(app, settings)
+    assert [int(d["headers"]["somnus-source-offset"]) for d in dead] == list(range(1, len(POISON) + 1))
+    reasons = dict(zip(POISON, (d["headers"]["somnus-reason"].decode() for d in dead)))
+    assert reasons["deep"].startswith("oversized: JSON nested 100000 deep > limit 65 (64 for an event")
+    assert reasons["invalid utf-8"].startswith("undecodable: invalid UTF-8")
+    assert reasons["lone surrogate"].startswith("undecodable: a lone UTF-16 surrogate")
+    assert reasons["float seq and deep args"].startswith("oversized: JSON nested")
+    assert reasons["huge seq"].startswith("schema: ") and "`$.seq`" in reasons["huge seq"]
+    assert reasons["scalars bundle"].startswith("schema: 2000 of 2000 events of the bundle rejected: #0-#1999 ")
+    episodes = [m for m in app.producer.sent if m["topic"] == settings.episodes_topic]
+    assert sorted(orjson.loads(e["value"])["session_id"] for e in episodes) == ["good-1", "good-2"]
+    assert counters.dead_letters == len(POISON) and counters.poison == 0
+
+
+def test_a_bundle_with_bad_events_is_one_dead_letter_and_its_good_events_are_applied(tmp_path):
+    app, settings, table, counters = _app(), _settings(tmp_path), FakeTable(), WorkerCounters()
+    events = orjson.loads(_session("mixed"))
+    bundle = orjson.dumps([events[0], 42, events[1], {"type": "nope"}, events[2]])
+    _run(app, settings, [_record(settings.traces_topic, bundle, 0)], table, counters)
+    (dead,) = _dead(app, settings)
+    reason = dead["headers"]["somnus-reason"].decode()
+    assert reason.startswith("schema: 2 of 5 events of the bundle rejected: #1 schema: ")
+    assert "; #3 schema: " in reason and dead["headers"]["somnus-source-index"] == b"1"
+    assert dead["value"] == bundle  # the record's bytes
+    (episode,) = [m for m in app.producer.sent if m["topic"] == settings.episodes_topic]
+    assert orjson.loads(episode["value"])["event_count"] == 3
+
+
+def test_a_record_whose_distillation_raises_is_dead_lettered_as_poison_and_the_others_are_distilled(
+        tmp_path, monkeypatch):
+    app, settings, table, counters = _app(), _settings(tmp_path), FakeTable(), WorkerCounters()
+    real = app_mod.distill_rounds
+
+    def fragile(prior, wm_prior, sifted, *args, **kwargs):
+        if any(ev.session_id == "cursed" for ev in sifted.admitted):
+            raise RecursionError("maximum recursion depth exceeded")
+        return real(prior, wm_prior, sifted, *args, **kwargs)
+
+    monkeypatch.setattr(app_mod, "distill_rounds", fragile)
+    topic = settings.traces_topic
+    records = [_record(topic, _session(s), i) for i, s in enumerate(["a", "cursed", "b"])]
+    acks = _run(app, settings, records, table, counters)
+    assert len(acks) == 3
+    (dead,) = _dead(app, settings)
+    assert dead["headers"]["somnus-reason"].decode() == (
+        "poison: RecursionError while distilling the record: maximum recursion depth exceeded")
+    assert dead["headers"]["somnus-source-offset"] == b"1" and dead["value"] == records[1].message.value
+    episodes = [orjson.loads(m["value"])["session_id"] for m in app.producer.sent if m["topic"] == settings.episodes_topic]
+    assert sorted(episodes) == ["a", "b"] and counters.poison == 1
+
+
+def test_a_batch_of_undecodable_records_keeps_its_partitions_stream_time(tmp_path):
+    # A position written without the partition's stream time forgot it: late events of forgotten sessions
+    # were then taken for new sessions after a run of undecodable records.
+    app, settings, table, counters = _app(), _settings(tmp_path), FakeTable(), WorkerCounters()
+    topic = settings.traces_topic
+    clock = int((T0 + timedelta(days=10)).timestamp() * 1_000_000)
+    table[position_key(topic, 0)] = encode_position(5, clock)
+    guard = SimpleNamespace()
+
+    async def admit(batch):
+        return app_mod.Admitted(handle=list(batch), positions={batch[0].tp: batch[-1].message.offset + 1})
+
+    guard.admit = admit
+    records = [_record(topic, b"{not json", 5 + i) for i in range(1000)]
+    asyncio.run(app_mod._handle_batch(app, settings, records, table, counters, 1, guard=guard))
+    assert table.writes[-1]["clocks"] == {0: clock}
+    assert decode_clock(table[position_key(topic, 0)]) == clock
+    # then a late event of a session older than the retention: a dead letter, not a new session
+    late = orjson.dumps(_event("old", 3, "agent_message", T0))
+    asyncio.run(app_mod._handle_batch(app, settings, [_record(topic, late, 1005)], table, counters, 1, guard=guard))
+    reason = _dead(app, settings)[-1]["headers"]["somnus-reason"].decode()
+    assert reason.startswith("late: ") and "may belong to a session already forgotten" in reason
+
+
+@pytest.mark.parametrize("year", [2999, 2027])
+def test_an_event_far_ahead_of_its_records_broker_time_is_a_future_dead_letter(tmp_path, year):
+    app, settings, table, counters = _app(), _settings(tmp_path), FakeTable(), WorkerCounters()
+    ahead = orjson.dumps([_event("f", 0, "session_start", T0.replace(year=year)),
+                          _event("f", 1, "session_end", T0.replace(year=year))])
+    _run(app, settings, [_record(settings.traces_topic, ahead, 0, at=T0)], table, counters)
+    dead = _dead(app, settings)
+    assert [d["headers"]["somnus-reason"].decode().split(":")[0] for d in dead] == ["future", "future"]
+    assert counters.future == 2 and not [m for m in app.producer.sent if m["topic"] == settings.episodes_topic]

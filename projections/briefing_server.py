@@ -13,7 +13,9 @@ session, so they get a small server process of their own:
   the projector publishes on the facts topic as it does for its own server (utilisation is counted
   from the log, whoever served it);
 - its port is written to the projector's endpoint file as ``briefing_port``; ``somnus.reads`` sends
-  those two reads there. The projector's own server answers them too (same answer).
+  those two reads there. The projector's own server answers them too (same answer);
+- it checks every request as the projector does (``projections.auth.guard``), against the token store
+  of the projector's ``SOMNUS_HOME`` (its path is the last argument).
 
 The child exits when the pipe from the projector closes (the projector stopped or died).
 """
@@ -42,18 +44,20 @@ _served = msgspec.json.Decoder(BriefingServed)
 
 
 def main(argv: list[str] | None = None) -> None:
-    """The server process (``python -m projections.briefing_server UPDATES SERVED PORTS``, the file
-    descriptors of its pipe ends): an aiohttp app on 127.0.0.1 over the cache the projector sends."""
+    """The server process (``python -m projections.briefing_server UPDATES SERVED PORTS HOME``, the file
+    descriptors of its pipe ends and the projector's ``SOMNUS_HOME``): an aiohttp app on 127.0.0.1 over
+    the cache the projector sends."""
     logging.basicConfig(level=logging.WARNING)
+    args = argv or sys.argv[1:]
     updates, served, ports = (Connection(int(fd), writable=w, readable=not w)
-                              for fd, w in zip((argv or sys.argv[1:])[:3], (False, True, True)))
-    asyncio.run(_serve(updates, served, ports))
+                              for fd, w in zip(args[:3], (False, True, True)))
+    asyncio.run(_serve(updates, served, ports, Path(args[3])))
 
 
-async def _serve(updates: Connection, served: Connection, ports: Connection) -> None:
+async def _serve(updates: Connection, served: Connection, ports: Connection, home: Path) -> None:
     from aiohttp import web
 
-    from projections import api
+    from projections import api, auth
     from projections.projector import _dumps, make_app, route_handler
 
     cache: dict[str, BriefingGenerated] = {}
@@ -78,7 +82,8 @@ async def _serve(updates: Connection, served: Connection, ports: Connection) -> 
             return await by_route(request)
         return web.Response(body=body(request.match_info["agent"]), content_type="application/json")
 
-    app = make_app(service, [r for r in api.all_routes() if r.handler in ROUTES and r is not get])
+    app = make_app(service, [r for r in api.all_routes() if r.handler in ROUTES and r is not get],
+                   tokens=auth.TokenStore(home))
     app.router.add_get(get.path, get_briefing)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
@@ -108,8 +113,9 @@ async def _serve(updates: Connection, served: Connection, ports: Connection) -> 
 class BriefingServer:
     """The projector's handle on the briefing server process."""
 
-    def __init__(self, on_served: Callable[[BriefingServed], None]) -> None:
+    def __init__(self, on_served: Callable[[BriefingServed], None], home: Path) -> None:
         self.on_served = on_served
+        self.home = Path(home)  # whose token store the server checks requests against
         self.port: int | None = None
         self._proc: Any = None
         self._updates: Connection | None = None
@@ -126,7 +132,8 @@ class BriefingServer:
         port_r, port_w = Pipe(duplex=False)
         child = (upd_r, srv_w, port_w)
         self._proc = subprocess.Popen([sys.executable, "-m", "projections.briefing_server",
-                                       *(str(c.fileno()) for c in child)], pass_fds=[c.fileno() for c in child],
+                                       *(str(c.fileno()) for c in child), str(self.home.resolve())],
+                                      pass_fds=[c.fileno() for c in child],
                                       cwd=str(Path(__file__).resolve().parent.parent), start_new_session=True)
         for end in child:  # closed here so that EOF reaches each side when the other goes
             end.close()

@@ -4,7 +4,7 @@ It assigns itself every partition of the projected topics, seeks each to the off
 database, and applies what it consumes in batches (rows + offsets in one transaction). Because
 DuckDB lets no other process open the file while it is held, live reads (``somnus sql``,
 ``checksum``, ``status``) are served by this process over HTTP on 127.0.0.1; the port is written
-to ``<db>.projector.json``.
+to ``<db>.projector.json``. Every route needs a bearer token (``projections/auth.py``, SECURITY.md).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import duckdb
 from aiohttp import web
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from projections import api, queries, schema
+from projections import api, auth, queries, schema
 from projections.briefings import BRIEFING_INTERVAL_S, REFRESH_BUDGET_S
 from schemas.codec import encode
 from schemas.memory import KIND_ACCESS
@@ -318,10 +318,13 @@ class Projector:
 
         service.on_accessed = accessed
 
-        app = make_app(service, api.all_routes(), self.write_lock)
+        # Every route needs a token of this home (projections/auth.py); the operator's is made if missing.
+        home = Path(self.settings.home)
+        auth.ensure_operator_token(home)
+        app = make_app(service, api.all_routes(), self.write_lock, tokens=auth.TokenStore(home))
         from projections.briefing_server import BriefingServer
 
-        self._briefing_server = BriefingServer(served)
+        self._briefing_server = BriefingServer(served, home)
         briefing_port = await self._briefing_server.start(seen.briefings.current.values())
         seen.briefings.listeners.append(self._briefing_server.publish)
         runner = web.AppRunner(app, access_log=None)
@@ -329,8 +332,10 @@ class Projector:
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        # Where the operator's token is (not the token): somnus.reads sends it, whatever SOMNUS_HOME says.
         endpoint_file(self.db_path).write_text(json.dumps({"pid": os.getpid(), "port": port,
-                                                           "briefing_port": briefing_port}))
+                                                           "briefing_port": briefing_port,
+                                                           "token_file": str(auth.token_file(home))}))
         return runner
 
 
@@ -342,9 +347,9 @@ def route_handler(service: api.ReadService, route: api.Route, write_lock: asynci
         params: dict[str, Any] = dict(request.query)
         if route.method == "POST":
             try:
-                body = await request.json()
-            except ValueError:
-                return web.json_response({"error": "the body must be a JSON object"}, status=400)
+                body = await auth.json_body(request)  # bounded in size and depth; read once by the guard
+            except auth.Refused as exc:
+                return exc.response()
             if not isinstance(body, dict):
                 return web.json_response({"error": "the body must be a JSON object"}, status=400)
             params.update(body)
@@ -358,17 +363,20 @@ def route_handler(service: api.ReadService, route: api.Route, write_lock: asynci
             return web.json_response({"error": str(exc)}, status=404)
         except (api.BadRequest, queries.NotReadOnly, duckdb.Error) as exc:
             return web.json_response({"error": str(exc)}, status=400)
+        except RecursionError:  # a JSON parameter (filters, args) nested too deep for the parser
+            return web.json_response({"error": "a parameter is nested too deep"}, status=400)
         return web.json_response(result, dumps=_dumps)
     return handle
 
 
-def make_app(service: api.ReadService, routes: list[api.Route], write_lock: asyncio.Lock | None = None
-             ) -> web.Application:
-    """An aiohttp app answering ``routes`` on ``service`` (``route_handler``) and ``GET /openapi.json``."""
+def make_app(service: api.ReadService, routes: list[api.Route], write_lock: asyncio.Lock | None = None, *,
+             tokens: auth.TokenStore) -> web.Application:
+    """An aiohttp app answering ``routes`` on ``service`` (``route_handler``) and ``GET /openapi.json``,
+    every request checked by ``auth.guard`` against ``tokens`` (the bearer token, Host, content type, body)."""
     async def openapi(request: web.Request) -> web.Response:
         return web.json_response(api.openapi())
 
-    app = web.Application()
+    app = web.Application(middlewares=[auth.guard(tokens)], client_max_size=auth.MAX_BODY_BYTES)
     app.add_routes([web.route(r.method, r.path, route_handler(service, r, write_lock)) for r in routes])
     app.add_routes([web.get("/openapi.json", openapi)])
     return app

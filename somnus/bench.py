@@ -632,9 +632,10 @@ def run_briefing(agents: int = 10_000, rate: float = 1000.0, duration_s: float =
                 raise TimeoutError("the cache did not fill in 30 minutes")
             time.sleep(1)
         cached = read(db, "sql", sql="SELECT count(*) FROM briefings WHERE markdown <> ''")["rows"][0][0]
-        from somnus.reads import _endpoint
+        from somnus.reads import _endpoint, auth_headers
 
         port = urllib.parse.urlsplit(_endpoint(db, "briefing")).port  # where somnus.reads sends briefing reads
+        auth = auth_headers(db)  # the operator's bearer token, as somnus.reads sends it
         # The ingest load comes from another process, as it does from runtimes: in this one it would
         # hold the reader's GIL and time the bench client, not the server.
         ctx = multiprocessing.get_context("spawn")
@@ -654,7 +655,7 @@ def run_briefing(agents: int = 10_000, rate: float = 1000.0, duration_s: float =
         kept = http.client.HTTPConnection("127.0.0.1", port, timeout=10)  # keep-alive, as HTTP clients pool them
 
         def get(conn: http.client.HTTPConnection, path: str) -> bytes:
-            conn.request("GET", path)
+            conn.request("GET", path, headers=auth)
             with conn.getresponse() as resp:
                 return resp.read()
 
@@ -686,7 +687,8 @@ def run_briefing(agents: int = 10_000, rate: float = 1000.0, duration_s: float =
                 get(kept, f"/agents/{agent}/briefing")
                 lat.append((time.perf_counter() - t) * 1000)
             else:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/agents/{agent}/briefing", timeout=10) as resp:
+                with urllib.request.urlopen(urllib.request.Request(
+                        f"http://127.0.0.1:{port}/agents/{agent}/briefing", headers=auth), timeout=10) as resp:
                     resp.read()
                 lat_new.append((time.perf_counter() - t) * 1000)
             now = time.monotonic()
@@ -698,7 +700,8 @@ def run_briefing(agents: int = 10_000, rate: float = 1000.0, duration_s: float =
                 n_probe += 1
                 probe_at = now + duration_s / probes
             for marker, agent_p in list(pending.items()):
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/agents/{agent_p}/briefing", timeout=10) as r:
+                with urllib.request.urlopen(urllib.request.Request(
+                        f"http://127.0.0.1:{port}/agents/{agent_p}/briefing", headers=auth), timeout=10) as r:
                     if marker.encode() in r.read():
                         seen_at[marker] = time.monotonic()
                         del pending[marker]

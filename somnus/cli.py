@@ -22,8 +22,10 @@ app = typer.Typer(help="Somnus: memory for fleets of AI agents (Kafka -> Faust -
                   pretty_exceptions_enable=False)
 broker_app = typer.Typer(help="The local single-node Kafka broker (KRaft).", no_args_is_help=True)
 bench_app = typer.Typer(help="Benchmarks (see BENCHMARKS.md).", no_args_is_help=True)
+token_app = typer.Typer(help="Bearer tokens for the HTTP reads (SECURITY.md).", no_args_is_help=True)
 app.add_typer(broker_app, name="broker")
 app.add_typer(bench_app, name="bench")
+app.add_typer(token_app, name="token")
 console = Console()
 err = Console(stderr=True)
 
@@ -125,9 +127,11 @@ def up(detach: bool = typer.Option(False, "--detach", "-d", help="Return once st
        home: Optional[Path] = HomeOpt, db: Optional[Path] = DbOpt, bootstrap: Optional[str] = BootOpt) -> None:
     """Start the broker (unless one is configured), create the topics, and the worker and the projector
     under a supervisor that starts either again when it exits (somnus/supervisor.py)."""
+    from projections.auth import ensure_operator_token
     from somnus.supervisor import serve
 
     s = _settings(home, db, bootstrap)
+    ensure_operator_token(s.home)  # SOMNUS_HOME/token (0600): what the CLI sends to the projector
     boot = _bootstrap(s, start=True)
     from streams.topics import ensure_topics
 
@@ -159,6 +163,68 @@ def down(home: Optional[Path] = HomeOpt, db: Optional[Path] = DbOpt) -> None:
         console.print("supervisor: stopped")
     for role in ("worker", "projector"):
         console.print(f"{role}: {'stopped' if procs.stop(s, role) or was[role] else 'not running'}")
+
+
+# ---- tokens ------------------------------------------------------------------------------
+
+@token_app.command("create")
+def token_create(agent: Optional[str] = typer.Option(None, "--agent", help="The agent whose scope chain it reads."),
+                 user: Optional[str] = typer.Option(None, "--user", help="Only this user's memories of the agent."),
+                 operator: bool = typer.Option(False, "--operator", help="Every route (SQL, whole-store reads)."),
+                 label: str = typer.Option("", "--label", help="A note shown by `somnus token list`."),
+                 home: Optional[Path] = HomeOpt) -> None:
+    """Print a new token (stored hashed in SOMNUS_HOME; shown once): `export SOMNUS_TOKEN=$(somnus token create ...)`."""
+    from projections.auth import TokenStore
+    from somnus.agents import AgentFileError, load_agents
+
+    s = _settings(home)
+    if operator and (agent or user):
+        _fail("an operator token reads everything: give --operator alone, or --agent [--user]")
+    try:
+        token, record = TokenStore(s.home).create(operator=operator, agent=agent, user=user, label=label)
+    except ValueError as exc:
+        _fail(str(exc))
+    try:
+        if agent and agent not in load_agents(s.agents_dir):
+            err.print(f"[yellow]note:[/yellow] {agent!r} is not declared in the agents folder; the token reads "
+                      "its own scope and global")
+    except AgentFileError:
+        pass
+    err.print(f"token {record.id} for {record.principal().describe()}")
+    print(token)
+
+
+@token_app.command("list")
+def token_list(home: Optional[Path] = HomeOpt, as_json: bool = typer.Option(False, "--json")) -> None:
+    """The issued tokens (ids and scopes; the tokens themselves are not stored)."""
+    import msgspec
+
+    from projections.auth import TokenStore
+
+    records = TokenStore(_settings(home).home).records()
+    if as_json:
+        print(json.dumps([{k: v for k, v in msgspec.to_builtins(r).items() if k != "sha256"} for r in records]))
+        return
+    table = Table("id", "reads", "created", "label")
+    for r in records:
+        table.add_row(r.id, r.principal().describe(), r.created_at, r.label)
+    console.print(table)
+
+
+@token_app.command("revoke")
+def token_revoke(which: str = typer.Argument(..., help="A token id (from `somnus token list`) or the token."),
+                 home: Optional[Path] = HomeOpt) -> None:
+    """Revoke a token: refused from the next request on (the servers follow the store)."""
+    from projections.auth import TokenStore
+
+    try:
+        gone = TokenStore(_settings(home).home).revoke(which)
+    except ValueError as exc:
+        _fail(str(exc))
+    if not gone:
+        _fail(f"no token matches {which!r} (ids have at least 6 characters)")
+    for r in gone:
+        console.print(f"revoked {r.id} ({r.principal().describe()})")
 
 
 # ---- input -------------------------------------------------------------------------------

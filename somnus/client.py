@@ -208,32 +208,35 @@ class Publisher:
 
 # ---- reads for runtimes: briefings and prompt injection ----------------------------------
 
-def briefing(agent: str, settings: Any = None) -> str | None:
+def briefing(agent: str, settings: Any = None, token: str | None = None) -> str | None:
     """The agent's cached briefing (Markdown), or None when it has none.
 
-    Served by the running projector, or read from the DuckDB file when nothing runs."""
+    Served by the running projector, or read from the DuckDB file when nothing runs. The projector
+    is sent ``token``, else ``SOMNUS_TOKEN``, else the operator's token of its home (SECURITY.md)."""
     from pathlib import Path
 
     from somnus.config import Settings
     from somnus.reads import read
 
     s = settings or Settings.resolve()
-    got = read(Path(s.db_path), "briefing", agent, agents_dir=s.agents_dir)["briefing"]
+    got = read(Path(s.db_path), "briefing", agent, agents_dir=s.agents_dir, token=token)["briefing"]
     return got["markdown"] or None if got else None
 
 
-def inject(agent: str, prompt: str, session_id: str | None = None, settings: Any = None) -> str:
+def inject(agent: str, prompt: str, session_id: str | None = None, settings: Any = None,
+           token: str | None = None) -> str:
     """``prompt`` with the agent's briefing prepended between delimiters (unchanged when it has none).
 
     Pass the ``session_id`` about to start so the projector records which facts it was shown
-    (knowledge utilisation is counted from that record)."""
+    (knowledge utilisation is counted from that record). ``token``: as for ``briefing``; a runtime
+    holds the agent's own (``somnus token create --agent A``)."""
     from pathlib import Path
 
     from somnus.config import Settings
     from somnus.reads import read
 
     s = settings or Settings.resolve()
-    return read(Path(s.db_path), "inject", agent, agents_dir=s.agents_dir, prompt=prompt,
+    return read(Path(s.db_path), "inject", agent, agents_dir=s.agents_dir, token=token, prompt=prompt,
                 session_id=session_id)["prompt"]
 
 

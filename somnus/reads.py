@@ -1,13 +1,17 @@
 """Reads for analysts and operators: through the running projector when it holds the file, else directly.
 
 DuckDB lets only one process open a file read-write, and while it does no other process can open
-it at all; so when a projector is running for the database, reads are sent to it over HTTP.
+it at all; so when a projector is running for the database, reads are sent to it over HTTP, with a
+bearer token (``projections/auth.py``): the ``token`` argument, else ``SOMNUS_TOKEN``, else the
+operator's token file of the projector's ``SOMNUS_HOME`` (named in its endpoint file), else of this
+one. A file opened directly is guarded by its permissions, not by tokens.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -26,23 +30,56 @@ class ReadError(RuntimeError):
     """The query could not be run (bad SQL, no database, projector unreachable)."""
 
 
+def _projector(db: Path) -> dict[str, Any] | None:
+    """The running projector's endpoint file for ``db`` (pid, ports, where its operator token is), or None."""
+    path = endpoint_file(db)
+    try:
+        info = json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):  # absent, or being written
+        return None
+    return info if pid_alive(info["pid"]) else None
+
+
 def _endpoint(db: Path, handler: str | None = None) -> str | None:
     """The running projector's URL for ``db``: its briefing server's for the reads that one answers."""
     from projections.briefing_server import ROUTES
 
-    path = endpoint_file(db)
-    if not path.exists():
-        return None
-    info = json.loads(path.read_text())
-    if not pid_alive(info["pid"]):
+    info = _projector(db)
+    if info is None:
         return None
     port = info.get("briefing_port") if handler in ROUTES else None
     return f"http://127.0.0.1:{port or info['port']}"
 
 
-def _http(url: str, body: dict[str, Any] | None = None) -> Any:
+def token_for(db: Path, token: str | None = None) -> str | None:
+    """The bearer token for reads of ``db``'s projector: ``token``, ``SOMNUS_TOKEN``, the projector's
+    operator token file (its ``SOMNUS_HOME``), or this environment's ``SOMNUS_HOME/token``."""
+    from projections.auth import token_file
+
+    if token:
+        return token
+    if os.environ.get("SOMNUS_TOKEN", "").strip():
+        return os.environ["SOMNUS_TOKEN"].strip()
+    info = _projector(db) or {}
+    for path in ([Path(info["token_file"])] if info.get("token_file") else []) + [token_file(Settings.resolve().home)]:
+        try:
+            got = path.read_text().strip()
+        except OSError:  # absent, or not ours to read
+            continue
+        if got:
+            return got
+    return None
+
+
+def auth_headers(db: Path, token: str | None = None) -> dict[str, str]:
+    """``{"Authorization": "Bearer ..."}`` for ``db``'s projector (empty when no token is found)."""
+    found = token_for(db, token)
+    return {"Authorization": f"Bearer {found}"} if found else {}
+
+
+def _http(url: str, body: dict[str, Any] | None = None, headers: dict[str, str] | None = None) -> Any:
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **(headers or {})})
     try:
         with urllib.request.urlopen(req, timeout=120) as resp:
             return json.loads(resp.read())
@@ -52,6 +89,8 @@ def _http(url: str, body: dict[str, Any] | None = None) -> Any:
             message = json.loads(body).get("error", str(exc))
         except ValueError:
             message = f"{exc} (the projector's log has the details)"
+        if exc.code in (401, 403):
+            message = f"{message} [HTTP {exc.code}: set SOMNUS_TOKEN to a token that may read this; see SECURITY.md]"
         raise ReadError(message) from None
 
 
@@ -65,9 +104,11 @@ def _open(db: Path) -> duckdb.DuckDBPyConnection:
         raise ReadError(f"{db} is held by another process: {exc}") from None
 
 
-def read(db: Path, handler: str, agent: str | None = None, agents_dir: Path | None = None, **params: Any) -> Any:
+def read(db: Path, handler: str, agent: str | None = None, agents_dir: Path | None = None, *,
+         token: str | None = None, **params: Any) -> Any:
     """Run the read ``handler`` (a route of ``projections.api``): through the running projector when it
-    holds ``db``, else on the file opened read-only. Parameters that are None are left out."""
+    holds ``db`` (with ``token_for(db, token)``), else on the file opened read-only. Parameters that are
+    None are left out."""
     from projections import api
     from somnus.agents import load_agents
 
@@ -78,10 +119,11 @@ def read(db: Path, handler: str, agent: str | None = None, agents_dir: Path | No
     url = _endpoint(db, handler)
     if url:
         path = route.path.replace("{agent}", urllib.parse.quote(agent or "", safe=""))
+        headers = auth_headers(db, token)
         if route.method == "GET":
             query = urllib.parse.urlencode({k: str(v) for k, v in params.items()})
-            return _http(f"{url}{path}" + (f"?{query}" if query else ""))
-        return _http(f"{url}{path}", json.loads(json.dumps(params, default=str)))
+            return _http(f"{url}{path}" + (f"?{query}" if query else ""), headers=headers)
+        return _http(f"{url}{path}", json.loads(json.dumps(params, default=str)), headers)
     con = _open(db)
     try:
         service = api.ReadService(con, load_agents(agents_dir))

@@ -11,6 +11,7 @@ import msgspec
 import pytest
 
 from projections import api
+from projections.auth import ensure_operator_token
 from projections.briefing_server import CHUNK, BriefingServer
 from projections.projector import _dumps
 from schemas.briefing import BriefingGenerated, ServedFact
@@ -28,10 +29,14 @@ def _briefing(agent: str, text: str) -> BriefingGenerated:
                              strategies=0, dropped_lessons=0, dropped_facts=0, dropped_strategies=0)
 
 
+TOKEN = {"value": ""}  # the operator token of the test's home (every route needs one: projections/auth.py)
+
+
 def _http(port: int, path: str, body: dict | None = None) -> bytes:
     req = urllib.request.Request(f"http://127.0.0.1:{port}{path}",
                                  data=json.dumps(body).encode() if body is not None else None,
-                                 headers={"Content-Type": "application/json"})
+                                 headers={"Content-Type": "application/json",
+                                          "Authorization": f"Bearer {TOKEN['value']}"})
     with urllib.request.urlopen(req, timeout=10) as resp:
         return resp.read()
 
@@ -45,11 +50,13 @@ async def _eventually(check, timeout_s: float = 10.0):
         await asyncio.sleep(0.05)
 
 
-def test_it_answers_as_the_projector_does_and_follows_every_change_and_sends_served_records_back():
+def test_it_answers_as_the_projector_does_and_follows_every_change_and_sends_served_records_back(tmp_path):
+    TOKEN["value"] = ensure_operator_token(tmp_path)
+
     async def run():
         served: list = []
         first = [_briefing(f"agent-{i:04d}", f"lesson {i}") for i in range(CHUNK * 2 + 7)]  # several chunks
-        server = BriefingServer(served.append)
+        server = BriefingServer(served.append, tmp_path)
         port = await server.start(first)
         try:
             # Same bytes as the projector's own route over the same cache.
@@ -76,6 +83,11 @@ def test_it_answers_as_the_projector_does_and_follows_every_change_and_sends_ser
             with pytest.raises(urllib.error.HTTPError) as err:
                 await asyncio.to_thread(_http, port, "/agents/agent-0003/inject", {"prompt": 3})
             assert err.value.code == 400 and b"prompt" in err.value.read()
+            # Without the token nothing is answered.
+            TOKEN["value"] = "not-a-token"
+            with pytest.raises(urllib.error.HTTPError) as err:
+                await asyncio.to_thread(_http, port, "/agents/agent-0003/briefing")
+            assert err.value.code == 401
         finally:
             proc = server._proc
             server.stop()
@@ -84,9 +96,9 @@ def test_it_answers_as_the_projector_does_and_follows_every_change_and_sends_ser
     asyncio.run(run())
 
 
-def test_it_exits_when_the_projector_goes_away():
+def test_it_exits_when_the_projector_goes_away(tmp_path):
     async def run():
-        server = BriefingServer(lambda r: None)
+        server = BriefingServer(lambda r: None, tmp_path)
         await server.start([])
         proc = server._proc
         server._updates.close()  # what the OS does to the pipe when the projector dies

@@ -42,17 +42,19 @@ def _rate_limited_session(agent: str, n: int) -> list[dict]:
     return evs
 
 
-def _plain_session(agent: str, n: int) -> list[dict]:
+def _plain_session(agent: str, n: int, url: str | None = None) -> list[dict]:
+    """A short successful session; with ``url``, one successful http_get of it."""
     sid = f"{agent}-plain-{n}"
     t = T0 + timedelta(hours=n)
     base = {"schema_version": 1, "agent": agent, "session_id": sid}
-    return [
-        {**base, "event_id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"{sid}/0")), "ts": t.isoformat(), "seq": 0,
-         "type": "session_start", "payload": {"task": "routine check"}},
-        {**base, "event_id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"{sid}/1")),
-         "ts": (t + timedelta(seconds=5)).isoformat(), "seq": 1, "type": "session_end",
-         "payload": {"outcome": "success"}},
-    ]
+    payloads = [("session_start", {"task": "routine check"})]
+    if url:
+        payloads += [("tool_call", {"tool": "http_get", "call_id": "c0", "args": {"url": url}}),
+                     ("tool_result", {"call_id": "c0", "tool": "http_get", "ok": True, "output": "ok"})]
+    payloads.append(("session_end", {"outcome": "success"}))
+    return [{**base, "event_id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"{sid}/{i}")),
+             "ts": (t + timedelta(seconds=5 * i)).isoformat(), "seq": i, "type": type_, "payload": payload}
+            for i, (type_, payload) in enumerate(payloads)]
 
 
 def test_a_lesson_reaches_the_agent_then_its_teammate_once_team_scoped_and_never_another_team(pipeline_settings):
@@ -61,21 +63,24 @@ def test_a_lesson_reaches_the_agent_then_its_teammate_once_team_scoped_and_never
     s = p.s
     try:
         p.start_all()
+        # researcher calls the same API (so a team fact about it concerns researcher); deployer does not
         p.publish([e for n in range(3) for e in _rate_limited_session("scraper", n)]
-                  + _plain_session("researcher", 0) + _plain_session("deployer", 0))
+                  + _plain_session("researcher", 0, "https://api.example.com/catalog") + _plain_session("deployer", 0))
         p.wait_idle()
-        lesson = "http_get: rate limit encountered; exponential backoff resolved it"
+        lesson = "[recovery] http_get: HTTP 429: Too Many Requests; resolved by exponential backoff (3 times"
         scraper = client.briefing("scraper", settings=s)  # through the running projector (HTTP)
         assert scraper is not None and lesson in scraper
-        assert "api.example.com" in scraper  # its private fact about the API
+        fact = "api.example.com rate_limit"
+        assert fact in scraper  # its private fact about the API
+        assert "http_get calls api.example.com" in (client.briefing("researcher", settings=s) or "")  # its own
         for other in ("researcher", "deployer"):
-            assert "api.example.com" not in (client.briefing(other, settings=s) or "")
+            assert fact not in (client.briefing(other, settings=s) or "")
 
         # The next session of scraper gets the lesson injected, fenced off, and the serving is recorded.
         prompt = client.inject("scraper", "You are the scraper.", session_id="scraper-next", settings=s)
         assert prompt.startswith("⟦BEGIN PRIOR EXPERIENCE") and lesson in prompt
         assert prompt.endswith("\n\nYou are the scraper.")
-        assert client.inject("deployer", "You deploy.", settings=s).find("api.example.com") == -1
+        assert client.inject("deployer", "You deploy.", settings=s).find(fact) == -1
 
         # Promote the rate-limit fact to the team by hand (an event on the facts topic).
         facts = read(s.db_path, "facts", "scraper", agents_dir=s.agents_dir, predicate="rate_limit")
@@ -88,10 +93,10 @@ def test_a_lesson_reaches_the_agent_then_its_teammate_once_team_scoped_and_never
         assert "agent:scraper -> team:research-lead" in run.stdout
 
         def teammate_knows() -> bool:
-            return "api.example.com" in (client.briefing("researcher", settings=s) or "")
+            return fact in (client.briefing("researcher", settings=s) or "")
 
         wait_until(teammate_knows, timeout_s=60, what="researcher's briefing to show the team fact")
-        assert "api.example.com" not in (client.briefing("deployer", settings=s) or "")
+        assert "api.example.com" not in (client.briefing("deployer", settings=s) or "")  # it never called the API
         team_fact = read(s.db_path, "facts", "researcher", agents_dir=s.agents_dir, predicate="rate_limit")
         assert [x["scope"] for x in team_fact] == ["team:research-lead"]
 
@@ -103,5 +108,42 @@ def test_a_lesson_reaches_the_agent_then_its_teammate_once_team_scoped_and_never
         assert served["rows"] == [["scraper", "scraper-next"]]
         promotions = read(s.db_path, "sql", sql="SELECT reason, from_scope, to_scope FROM promotions")
         assert promotions["rows"] == [["manual", "agent:scraper", "team:research-lead"]]
+    finally:
+        p.stop_all()
+
+
+def test_tau_bench_through_the_pipeline_briefs_the_airline_agent_with_its_own_facts_and_a_strategy(
+        pipeline_settings, tau_bench_path):
+    """Issue 26: on the real pipeline, the airline briefing names its error classes once each, serves
+    its own facts (they were dropped before) and a strategy (it was always empty)."""
+    from processors.extraction import error_class
+    from somnus.importers import openai_chat
+
+    p = Pipeline(pipeline_settings)
+    s = p.s
+    try:
+        p.start_all()
+        p.publish(list(openai_chat(tau_bench_path, agent="airline")))
+        p.wait_idle()
+
+        def briefed() -> bool:
+            got = read(s.db_path, "sql", sql="SELECT count(*) FROM briefings_dirty")
+            return got["rows"] == [[0]] and bool(client.briefing("airline", settings=s))
+
+        wait_until(briefed, timeout_s=120, what="the airline briefing")
+        md = client.briefing("airline", settings=s) or ""
+        row = read(s.db_path, "sql", sql="SELECT facts, strategies, chars, budget FROM briefings WHERE agent = 'airline'")
+        facts, strategies, chars, budget = row["rows"][0]
+        facts = json.loads(facts) if isinstance(facts, str) else facts
+        assert any(f["scope"] == "agent:airline" for f in facts), md  # own facts
+        assert strategies >= 1 and "### Active Strategies" in md and " -> " in md.split("### Active Strategies")[1]
+        assert chars == len(md) <= budget
+        lessons = [line for line in md.split("### Key Knowledge")[0].splitlines() if line.startswith("- [")]
+        assert lessons
+        errors = read(s.db_path, "sql", sql="SELECT DISTINCT tool, error FROM lessons WHERE agent = 'airline' "
+                                            "AND error IS NOT NULL")["rows"]
+        classes = {(tool, error_class(e)) for tool, e in errors}
+        named = [c for line in lessons for c in classes if f"] {c[0]}: {c[1]} (" in line or f"] {c[0]}: {c[1]};" in line]
+        assert len(named) == len(lessons) == len(set(named))  # every lesson line is one (tool, class), once
     finally:
         p.stop_all()

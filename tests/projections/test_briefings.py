@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import duckdb
 import orjson
@@ -274,3 +274,83 @@ def test_recent_inputs_fed_batch_by_batch_equal_the_newest_rows_of_the_tables(tm
     assert max_episodes == 0 or len(lessons) > 4 * 2 and len(wins) > 2  # the limit of 2 does cut
     other = con.execute("SELECT count(*) FROM lessons WHERE agent = 'scraper'").fetchone()[0]
     assert len(fed.lessons["scraper"]) == min(other, 200)
+
+
+# ---- two unrelated agents' data ---------------------------------------------------------------
+
+BILLING_TOOLS = ("lookup_invoice", "charge_card", "send_receipt")
+
+
+def _billing_events(sessions: int = 40) -> list[dict]:
+    """A synthetic billing agent, unrelated to airline support: its own tools, errors and tasks."""
+    out = []
+    start = datetime(2024, 5, 15, 20, 0, tzinfo=timezone.utc)
+    for n in range(sessions):
+        sid = f"billing-{n}"
+        t = start + timedelta(minutes=10 * n + 3)
+        evs: list[dict] = []
+
+        def add(type_: str, payload: dict) -> None:
+            evs.append({"event_id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"{sid}/{len(evs)}")), "schema_version": 1,
+                        "ts": (t + timedelta(seconds=5 * len(evs))).isoformat(), "agent": "billing",
+                        "session_id": sid, "seq": len(evs), "type": type_, "payload": payload})
+
+        add("session_start", {"task": f"Collect the overdue invoice INV-{1000 + n} for customer cus_{n:04d}"})
+        for k, tool in enumerate(BILLING_TOOLS):
+            add("tool_call", {"tool": tool, "call_id": f"c{k}", "args": {"invoice": f"INV-{1000 + n}"}})
+            if tool == "charge_card" and n % 3 == 0:
+                add("tool_result", {"call_id": f"c{k}", "tool": tool, "ok": False,
+                                    "error": f"card declined for customer cus_{n:04d} (code 51)"})
+                break
+            add("tool_result", {"call_id": f"c{k}", "tool": tool, "ok": True, "output": "ok"})
+        add("session_end", {"outcome": "failure" if n % 3 == 0 else "success"})
+        out += evs
+    return out
+
+
+def test_no_briefing_line_of_one_agent_comes_from_an_unrelated_agents_data(tmp_path, tau_bench_path):
+    """Issue 26: airline (tau-bench) and billing share nothing; after the NAc, the statistician and a
+    global promotion ran over both, neither briefing holds a line from the other's data."""
+    import msgspec
+
+    from processors.nac import learn, observations_from_episode
+    from projections.semantic import KIND_PROMOTE, promotion_inputs
+    from somnus.importers import openai_chat
+
+    topics = Topics("traces", "episodes", "dead-letters", "facts", link_updates="link-updates", semantic="semantic")
+    raw = list(openai_chat(tau_bench_path, agent="airline")) + _billing_events()
+    events = sorted((decode_trace(orjson.dumps(e), 1 << 22) for e in raw), key=lambda e: (e.ts, e.agent, e.seq))
+    episodes = sorted(distill({}, events).episodes, key=lambda ep: (ep.ended_at, ep.agent))
+    extracted = TraceExtractor().extract(episodes)
+    obs = [o for i, ep in enumerate(episodes) for o in observations_from_episode(ep, 0, i)]
+    _, updates = learn({}, obs)
+    recs = [Rec("episodes", 0, i, encode(ep)) for i, ep in enumerate(episodes)]
+    recs += [Rec("facts", 0, i, encode(f)) for i, f in enumerate(extracted)]
+    recs += [Rec("link-updates", 0, i // 500, encode(updates[i:i + 500])) for i in range(0, len(updates), 500)]
+    con = _db(tmp_path, "two.duckdb")
+    seen = Seen(con, AGENTS)
+    apply_batch(con, topics, recs, load_offsets(con), 1 << 24, seen)
+    at = max(ep.ended_at for ep in episodes)
+    req = msgspec.structs.replace(promotion_inputs(con, "global"), at=at, request_id="test:global")
+    apply_batch(con, topics, [Rec("semantic", 0, 0, encode(req), headers=[("somnus-kind", KIND_PROMOTE)])],
+                load_offsets(con), 1 << 24, seen)
+    seen.briefings.refresh(con)
+    glob = seen.semantic.layers.get("global")
+    assert glob is not None and len(glob.atl) > 0, "the global promotion learnt something from the two datasets"
+
+    airline, billing = seen.briefings.current["airline"], seen.briefings.current["billing"]
+    airline_words = {r[0] for r in con.execute(
+        "SELECT DISTINCT unnest(tools) FROM episodes WHERE agent = 'airline'").fetchall()}
+    airline_words |= {error_class(e).split(" <")[0] for (e,) in con.execute(
+        "SELECT error FROM lessons WHERE agent = 'airline' AND error IS NOT NULL").fetchall()}
+    assert {"book_reservation", "update_reservation_flights"} <= airline_words
+    for line in billing.markdown.splitlines():
+        assert not any(w in line for w in airline_words), line
+    for line in airline.markdown.splitlines():
+        assert not any(w in line for w in (*BILLING_TOOLS, "card declined", "invoice")), line
+    # each still has its own: lessons, own facts, a strategy, and the global concepts about its own tools
+    assert billing.lessons and billing.facts and billing.strategies and "charge_card: card declined" in billing.markdown
+    assert airline.lessons and any(f.scope == "agent:airline" for f in airline.facts) and airline.strategies
+    shown = [k.name for k in seen.semantic.layers["global"].atl if f'"{k.name}"' in airline.markdown]
+    for name in shown:
+        assert not any(t in name for t in BILLING_TOOLS)

@@ -76,7 +76,9 @@ class MathRecord(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     ``math_id`` is derived from (owner, category, metric), so a later re-confirmation of the same
     pattern replaces the record. ``query`` is DuckDB SQL over the ``episodes`` projection that
     computes the figures in ``statistics``; ``source_episode_ids`` are a bounded sample of the
-    episodes the data came from (the COMPUTED_FROM edges)."""
+    episodes the data came from (the COMPUTED_FROM edges). ``source_agents`` is its provenance: the
+    agents whose calls it was computed from, sorted, so a read serves it only to readers whose scope
+    chain covers them (empty: not recorded, a record from before the field)."""
 
     math_id: NonEmpty
     name: NonEmpty  # "stat:tool:book_reservation:success"
@@ -89,6 +91,7 @@ class MathRecord(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     n_observations: Annotated[int, Meta(ge=0)]
     statistics: dict[str, float] = {}
     source_episode_ids: list[str] = []
+    source_agents: list[str] = []
 
 
 class ConceptCreated(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="concept_created",

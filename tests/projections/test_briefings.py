@@ -281,18 +281,18 @@ def test_recent_inputs_fed_batch_by_batch_equal_the_newest_rows_of_the_tables(tm
 BILLING_TOOLS = ("lookup_invoice", "charge_card", "send_receipt")
 
 
-def _billing_events(sessions: int = 40) -> list[dict]:
+def _billing_events(sessions: int = 40, agent: str = "billing") -> list[dict]:
     """A synthetic billing agent, unrelated to airline support: its own tools, errors and tasks."""
     out = []
     start = datetime(2024, 5, 15, 20, 0, tzinfo=timezone.utc)
     for n in range(sessions):
-        sid = f"billing-{n}"
+        sid = f"{agent}-{n}"
         t = start + timedelta(minutes=10 * n + 3)
         evs: list[dict] = []
 
         def add(type_: str, payload: dict) -> None:
             evs.append({"event_id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"{sid}/{len(evs)}")), "schema_version": 1,
-                        "ts": (t + timedelta(seconds=5 * len(evs))).isoformat(), "agent": "billing",
+                        "ts": (t + timedelta(seconds=5 * len(evs))).isoformat(), "agent": agent,
                         "session_id": sid, "seq": len(evs), "type": type_, "payload": payload})
 
         add("session_start", {"task": f"Collect the overdue invoice INV-{1000 + n} for customer cus_{n:04d}"})
@@ -354,3 +354,66 @@ def test_no_briefing_line_of_one_agent_comes_from_an_unrelated_agents_data(tmp_p
     shown = [k.name for k in seen.semantic.layers["global"].atl if f'"{k.name}"' in airline.markdown]
     for name in shown:
         assert not any(t in name for t in BILLING_TOOLS)
+
+
+def _learnt(raw: list[dict]) -> tuple[list[Rec], list[Rec]]:
+    """Episode, fact and NAc link-update records of some events (the worker's output, built here)."""
+    from processors.nac import learn, observations_from_episode
+
+    events = sorted((decode_trace(orjson.dumps(e), 1 << 22) for e in raw), key=lambda e: (e.ts, e.agent, e.seq))
+    episodes = sorted(distill({}, events).episodes, key=lambda ep: (ep.ended_at, ep.agent))
+    extracted = TraceExtractor().extract(episodes)
+    _, updates = learn({}, [o for i, ep in enumerate(episodes) for o in observations_from_episode(ep, 0, i)])
+    recs = [Rec("episodes", 0, i, encode(ep)) for i, ep in enumerate(episodes)]
+    recs += [Rec("facts", 0, i, encode(f)) for i, f in enumerate(extracted)]
+    links = [Rec("link-updates", 0, i // 500, encode(updates[i:i + 500])) for i in range(0, len(updates), 500)]
+    return recs, links
+
+
+def test_knowledge_from_two_agents_data_is_for_readers_covering_both_even_when_it_arrives_first(tmp_path):
+    """Issue 25 item 4: a global concept learnt from billing's and billing2's episodes (undeclared
+    agents: no scope chain covers another's) is served to neither, nor to billing3, which uses the
+    same tool but whose data it did not come from. Replayed with the concept before the episodes it
+    names (billing3's briefing was rendered meanwhile, showing it unattributed), the final briefings
+    are the same bytes."""
+    import msgspec
+
+    from projections.semantic import KIND_PROMOTE, promotion_inputs
+
+    topics = Topics("traces", "episodes", "dead-letters", "facts", link_updates="link-updates", semantic="semantic")
+    recs, links = _learnt(_billing_events(30) + _billing_events(30, agent="billing2"))
+    third, _ = _learnt(_billing_events(6, agent="billing3"))
+    third = [Rec(r.topic, 1, r.offset, r.value) for r in third]  # its own partition
+    source = _db(tmp_path, "source.duckdb")  # where the promotion's inputs are read: billing and billing2 only
+    apply_batch(source, topics, recs + links, load_offsets(source), 1 << 24, Seen(source, AGENTS))
+    req = promotion_inputs(source, "global")
+    req = msgspec.structs.replace(req, at=max(c.at for c in req.calls), request_id="test:two")
+    semantic = Rec("semantic", 0, 0, encode(req), headers=[("somnus-kind", KIND_PROMOTE)])
+
+    ref = _db(tmp_path, "ref.duckdb")
+    ref_seen = Seen(ref, AGENTS)
+    apply_batch(ref, topics, third + recs + links, load_offsets(ref), 1 << 24, ref_seen)
+    apply_batch(ref, topics, [semantic], load_offsets(ref), 1 << 24, ref_seen)
+    ref_seen.briefings.refresh(ref)
+    concepts = [c for c in ref_seen.semantic.layers["global"].atl if c.properties.get("tool") == "charge_card"]
+    assert concepts, "the promotion made a global concept about charge_card"
+    for c in concepts:
+        assert {ref_seen.briefings.recent.episode_agent[e] for e in c.source_episode_ids} == {"billing", "billing2"}
+    for agent in ("billing", "billing2", "billing3"):
+        md = ref_seen.briefings.current[agent].markdown
+        assert "charge_card: card declined" in md  # its own lesson
+        assert not any(f'"{c.name}"' in md for c in concepts), md
+
+    # billing3 first, then the concept, then the episodes it names, in batches with renders between.
+    late = _db(tmp_path, "late.duckdb")
+    late_seen = Seen(late, AGENTS)
+    apply_batch(late, topics, third, load_offsets(late), 1 << 24, late_seen)
+    apply_batch(late, topics, [semantic], load_offsets(late), 1 << 24, late_seen)
+    late_seen.briefings.refresh(late)
+    assert any(f'"{c.name}"' in late_seen.briefings.current["billing3"].markdown for c in concepts)  # unattributed
+    rest = recs + links
+    for i in range(0, len(rest), 25):
+        apply_batch(late, topics, rest[i:i + 25], load_offsets(late), 1 << 24, late_seen)
+        late_seen.briefings.refresh(late)
+    assert not any(f'"{c.name}"' in late_seen.briefings.current["billing3"].markdown for c in concepts)
+    assert queries.table_checksums(late)["briefings"] == queries.table_checksums(ref)["briefings"]

@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter, defaultdict
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import orjson
 import pytest
 
+from processors.briefing import task_kind
 from processors.distiller import distill
+from processors.extraction import TraceExtractor
 from schemas.codec import Rejection, decode_trace
 from schemas.episodes import LessonKind
 from schemas.events import Outcome
 from somnus.agents import load_agents, teams
-from somnus.sample import AGENT_TOOLS, START, TEAMS, generate
+from somnus.sample import AGENT_TOOLS, FAULTS, START, TEAMS, TOOL_KIND, generate
 
 
 @pytest.fixture(scope="module")
@@ -110,3 +113,90 @@ def test_the_sample_fleet_matches_the_declared_agents():
     agents = load_agents()
     assert set(AGENT_TOOLS) == set(agents)
     assert {lead: sorted(m) for lead, m in TEAMS.items()} == {lead: m[1:] for lead, m in teams(agents).items()}
+
+
+# ---- a fleet that looks like a real one (issue 26, section 6) ------------------------------------
+
+HTTP_ERROR = re.compile(r"\bHTTP \d{3}\b|Too Many Requests|ConnectionTimeout")
+SHELL_ERROR = re.compile(r"exit status \d+|command not found")
+
+
+def _failed_results(events: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """(agent, tool, error) of every failed tool result."""
+    return [(e["agent"], e["payload"]["tool"], e["payload"]["error"]) for e in events
+            if e["type"] == "tool_result" and not e["payload"]["ok"]]
+
+
+def test_errors_belong_to_their_tools(fleet):
+    failed = _failed_results(fleet)
+    assert failed
+    for agent, tool, error in failed:
+        kind = TOOL_KIND[tool]
+        assert bool(HTTP_ERROR.search(error)) == (kind == "http"), (tool, error)  # no HTTP error on a shell tool
+        assert bool(SHELL_ERROR.search(error)) == (kind == "shell"), (tool, error)
+    for e in fleet:
+        if e["type"] == "tool_result" and "http_status" in e["payload"]:
+            assert TOOL_KIND[e["payload"]["tool"]] == "http"
+
+
+def test_recurring_faults_recur_in_their_window_and_not_outside_it():
+    events = list(generate(sessions=1500, seed=3))
+    failed = _failed_results(events)
+    for fault in FAULTS:
+        seen = [datetime.fromisoformat(e["ts"]) for e in events if e["type"] == "tool_result"
+                and e["agent"] == fault.agent and not e["payload"]["ok"] and e["payload"]["error"] == fault.error]
+        assert len(seen) >= 5, fault.error  # recurs: something a memory should learn
+        days = {(t - START).days for t in seen}
+        assert min(days) >= fault.first_day and max(days) <= fault.last_day, fault.error
+        assert len({(t - START).days // 7 for t in seen}) >= min(2, (min(fault.last_day, 27) - fault.first_day) // 7 + 1)
+    # faults are the agent's own: no other agent meets them
+    for fault in FAULTS:
+        assert {a for a, _, err in failed if err == fault.error} == {fault.agent}
+
+
+def test_sessions_span_weeks_with_working_hours_and_weekdays(fleet):
+    starts = [datetime.fromisoformat(e["ts"]) for e in fleet if e["type"] == "session_start"]
+    assert (max(starts) - min(starts)) >= timedelta(days=21)
+    weekday = [t for t in starts if t.weekday() < 5]
+    assert len(weekday) >= 0.9 * len(starts)  # weekends are a trickle
+    assert sum(7 <= t.hour < 19 for t in weekday) >= 0.9 * len(weekday)  # working hours
+    per_day = Counter(t.date() for t in weekday)
+    assert len(per_day) >= 15  # every working day has sessions
+
+
+def test_rate_limits_change_rarely(fleet):
+    values: dict[str, list[str]] = defaultdict(list)
+    for e in sorted((e for e in fleet if e["type"] == "tool_result" and e["payload"].get("http_status") == 429),
+                    key=lambda e: e["ts"]):
+        call = next(c for c in fleet if c["type"] == "tool_call" and c["session_id"] == e["session_id"]
+                    and c["payload"]["call_id"] == e["payload"]["call_id"])
+        host = call["payload"]["args"]["url"].split("/")[2]
+        values[host].append(e["payload"]["headers"]["Retry-After"])
+    assert values
+    for host, seen in values.items():
+        changes = sum(a != b for a, b in zip(seen, seen[1:]))
+        assert changes <= 1, (host, seen)  # one change at most over the weeks
+
+
+def test_tasks_recur_with_the_same_successful_tool_sequence(fleet):
+    out = distill({}, [decode_trace(orjson.dumps(e), 1_048_576) for e in fleet])
+    by_kind: dict[tuple[str, str], Counter[tuple[str, ...]]] = defaultdict(Counter)
+    for ep in out.episodes:
+        if ep.outcome is Outcome.SUCCESS:
+            by_kind[(ep.agent, task_kind(ep.task))][tuple(ep.tools)] += 1
+    repeated = {k for k, seqs in by_kind.items() if seqs.most_common(1)[0][1] >= 2}
+    assert {a for a, _ in repeated} == set(AGENT_TOOLS)  # every agent has a strategy to learn
+
+
+def test_no_depends_on_cycles(fleet):
+    out = distill({}, [decode_trace(orjson.dumps(e), 1_048_576) for e in fleet])
+    edges = {(f.source, f.target) for fx in TraceExtractor().extract(out.episodes) for f in fx.facts
+             if f.predicate == "depends_on"}
+    assert edges
+    graph: dict[str, set[str]] = defaultdict(set)
+    for a, b in edges:
+        graph[a].add(b)
+
+    def reaches(a: str, b: str, seen: set[str]) -> bool:
+        return any(n == b or (n not in seen and not seen.add(n) and reaches(n, b, seen)) for n in graph[a])
+    assert not any(reaches(b, a, set()) for a, b in edges)

@@ -98,7 +98,11 @@ async def _serve(updates: Connection, served: Connection, ports: Connection, hom
             if not closed.done():
                 closed.set_result(None)
             return
-        got = _briefings.decode(raw)
+        try:
+            got = _briefings.decode(raw)
+        except Exception as exc:  # noqa: BLE001 - a message that does not decode is skipped, never fatal
+            log.error("a briefing update from the projector did not decode (%d bytes) and is skipped: %r", len(raw), exc)
+            return
         cache.update((b.agent, b) for b in got)
         bodies.update((b.agent, encoded(b.agent)) for b in got)
 
@@ -174,7 +178,12 @@ class BriefingServer:
         except (EOFError, OSError):
             asyncio.get_running_loop().remove_reader(self._served.fileno())
             return
-        self.on_served(_served.decode(raw))
+        try:
+            served = _served.decode(raw)
+        except Exception as exc:  # noqa: BLE001 - skipped and logged, never fatal to the projector
+            log.error("a served briefing from the briefing server did not decode (%d bytes): %r", len(raw), exc)
+            return
+        self.on_served(served)
 
     def stop(self) -> None:
         if self._served is not None:

@@ -28,7 +28,7 @@ from projections import api, auth, queries, schema
 from projections.briefings import BRIEFING_INTERVAL_S, REFRESH_BUDGET_S
 from schemas.codec import encode
 from schemas.memory import KIND_ACCESS
-from projections.writer import KIND_SERVED, BatchResult, Seen, Topics, apply_batch, load_offsets
+from projections.writer import KIND_SERVED, BatchResult, Seen, Topics, apply_guarded, load_offsets
 from somnus.client import LARGE_RECORDS
 from somnus.config import Settings
 from streams.topics import partitions_of
@@ -213,8 +213,9 @@ class Projector:
                         continue
                     t_batch = time.monotonic()
                     async with lock:
-                        res = await asyncio.to_thread(apply_batch, con, self.topics, part, stored,
-                                                      self.settings.max_event_bytes, seen)
+                        res = await asyncio.to_thread(apply_guarded, con, self.topics, part, stored,
+                                                      self.settings.max_event_bytes, seen,
+                                                      self.settings.max_json_depth, self.settings.max_clock_skew_s)
                         if seen.briefings.urgent:  # an agent's own news: its briefing now, not in 0.5 s
                             await asyncio.to_thread(seen.briefings.refresh, con, REFRESH_BUDGET_S, True)
                     took = time.monotonic() - t_batch
@@ -278,6 +279,8 @@ class Projector:
         t.link_updates += res.link_updates
         t.memory_events += res.memory_events
         t.skipped_invalid += res.skipped_invalid
+        t.duplicate_events += res.duplicate_events
+        t.quarantined += res.quarantined
 
     async def _partitions(self, consumer: AIOKafkaConsumer) -> list[TopicPartition]:
         tps = []

@@ -75,7 +75,21 @@ def summary(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
     return {"counts": counts(con), "offsets": offsets(con), "memories": memory_counts(con),
             "stale_briefings": con.execute("SELECT count(*) FROM briefings_dirty").fetchone()[0],
             "dead_letter_kinds": dict(con.execute(
-                "SELECT kind, count(*) FROM dead_letters GROUP BY 1 ORDER BY 1").fetchall())}
+                "SELECT kind, count(*) FROM dead_letters GROUP BY 1 ORDER BY 1").fetchall()),
+            # records the projector itself could not decode or fold, by their own topic (never retried)
+            "quarantined": dict(con.execute(
+                "SELECT src_topic, count(*) FROM dead_letters WHERE dlq_offset IS NULL AND kind <> 'duplicate' "
+                "GROUP BY 1 ORDER BY 1").fetchall()),
+            # trace events whose event_id their session had already projected (applied once)
+            "duplicate_events": _count_or_zero(con, "duplicate_events")}
+
+
+def _count_or_zero(con: duckdb.DuckDBPyConnection, table: str) -> int:
+    """Rows of ``table``; 0 in a file older than it (opened read-only before a projector created it)."""
+    try:
+        return con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+    except duckdb.CatalogException:
+        return 0
 
 def stream_time(con: duckdb.DuckDBPyConnection, agents: Mapping[str, Any], scope: str = "global") -> dict[str, Any]:
     """The stream time of a scope: the newest event time of the agents writing in it (``agent:<name>``:

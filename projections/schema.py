@@ -47,6 +47,9 @@ CREATE TABLE IF NOT EXISTS dead_letters (
     src_topic VARCHAR NOT NULL, src_partition INTEGER NOT NULL, src_offset BIGINT NOT NULL,
     src_index INTEGER NOT NULL, kind VARCHAR NOT NULL, reason VARCHAR NOT NULL, msg_key BLOB, original BLOB,
     dlq_partition INTEGER, dlq_offset BIGINT);
+CREATE TABLE IF NOT EXISTS duplicate_events (
+    event_id UUID NOT NULL, agent VARCHAR NOT NULL, session_id VARCHAR NOT NULL, seq BIGINT NOT NULL,
+    src_partition INTEGER NOT NULL, src_offset BIGINT NOT NULL, src_index INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS knowledge_inputs (
     episode_id UUID NOT NULL, extractor VARCHAR NOT NULL, agent VARCHAR NOT NULL, observed_at TIMESTAMPTZ NOT NULL,
     entities INTEGER NOT NULL, facts INTEGER NOT NULL, src_offset BIGINT);
@@ -185,6 +188,7 @@ CONTENT_COLUMNS: dict[str, list[str]] = {
                  "delegations", "first_event_id", "last_event_id", "calls", "calls_dropped", "metadata"],
     "lessons": ["episode_id", "agent", "session_id", "idx", "kind", "text", "tool", "error", "learned_at"],
     "dead_letters": ["src_topic", "src_partition", "src_offset", "src_index", "kind", "reason", "msg_key", "original"],
+    "duplicate_events": ["event_id", "agent", "session_id", "seq", "src_partition", "src_offset", "src_index"],
     "knowledge_inputs": ["episode_id", "extractor", "agent", "observed_at", "entities", "facts"],
     "entity_versions": ["entity_id", "version", "name", "type", "attributes", "first_seen", "updated_at",
                         "episode_id"],

@@ -220,6 +220,8 @@ def status(settings: Settings, bootstrap: str) -> dict[str, Any]:
         "memories": s.get("memories"),  # stored memories: live, compressed, pruned (``counts`` has the table rows)
         "dead_letters": s["counts"].get("dead_letters", 0),
         "dead_letter_kinds": s["dead_letter_kinds"],
+        "quarantined": s.get("quarantined", {}),  # by topic: records the projector could not decode or fold
+        "duplicate_events": s.get("duplicate_events", 0),  # repeated event_ids of one session, applied once
         "projector": _endpoint(db) is not None,
         "db": str(db),
     }

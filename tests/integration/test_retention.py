@@ -134,7 +134,8 @@ def _publish_stamped(p: Pipeline, events: list[dict], at: datetime) -> None:
     asyncio.run(run())
 
 
-def test_a_runtime_whose_clock_runs_ahead_neither_expires_markers_nor_abandons_sessions_of_others(pipeline_settings):
+def test_a_runtime_whose_clock_runs_ahead_is_dead_lettered_and_neither_expires_markers_nor_abandons_others(
+        pipeline_settings):
     s = dataclasses.replace(pipeline_settings, partitions=1, session_retention_s=3600.0, session_idle_s=600.0)
     now = datetime.now(timezone.utc).replace(microsecond=0)  # the broker's clock, near enough (5 min skew allowed)
     done = _session("a", now - timedelta(minutes=2))
@@ -150,10 +151,13 @@ def test_a_runtime_whose_clock_runs_ahead_neither_expires_markers_nor_abandons_s
         p.wait_idle()
         log = p.log("worker")
         p.stop_all()
-        # unbounded, stream time would be 30 days on: "a" forgotten (its end a late dead letter), "o" abandoned
-        assert p.query("SELECT kind, reason FROM dead_letters") == []
+        # unbounded, stream time would be 30 days on: "a" forgotten (its end a late dead letter), "o" abandoned;
+        # the event 30 days ahead is a dead letter of kind future, and nothing else
+        assert [k for k, _ in p.query("SELECT kind, reason FROM dead_letters")] == ["future"]
         assert p.query("SELECT session_id FROM episodes") == [("a",)]
-        assert p.query("SELECT session_id FROM working_memory WHERE NOT closed ORDER BY 1") == [("o",), ("skewed",)]
-        assert "1 event(s) stamped more than 300 s ahead of their records' broker time" in log, log[-3000:]
+        assert p.query("SELECT session_id FROM working_memory WHERE NOT closed ORDER BY 1") == [("o",)]
+        assert p.query("SELECT count(*) FROM events WHERE session_id = 'skewed'") == [(0,)]
+        assert "1 event(s) stamped more than 300 s ahead of their records' broker time were dead-lettered" in log, (
+            log[-3000:])
     finally:
         p.stop_all()

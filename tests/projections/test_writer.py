@@ -106,3 +106,108 @@ def test_sql_is_read_only(tmp_path, sql):
 def test_select_is_allowed(tmp_path):
     con = _db(tmp_path)
     assert queries.run_sql(con, "SELECT count(*) AS n FROM events") == {"columns": ["n"], "rows": [[0]]}
+
+
+# ---- no record stops the projector (apply_guarded) --------------------------------------------
+
+ALL = Topics("traces", "episodes", "dead-letters", "facts", "link-updates", "memory", "working-memory", "semantic")
+DEEP = b"[" * 100_000 + b"]" * 100_000
+POISON_BY_TOPIC = {
+    "episodes": [DEEP, b'{"episode_id": "\xff"}', b'{"nope": 1}'],
+    "facts": [DEEP, b"[\xc3\x28]", b'{"episode_id": 42}'],
+    "memory": [DEEP, b'["\\udc00"]', b'[{"kind": "episode"}]'],
+    "link-updates": [DEEP, b"\xff", b'[{"event_signature": 1}]'],
+    "semantic": [DEEP, b"\x80"],
+    "working-memory": [DEEP, b'{"agent": 1}'],
+}
+
+
+def _guarded(con, records, topics=ALL):
+    from projections.writer import apply_guarded
+
+    return apply_guarded(con, topics, records, load_offsets(con), 1 << 20, Seen(con), 64, 300.0)
+
+
+@pytest.mark.parametrize("topic", sorted(POISON_BY_TOPIC))
+def test_a_poison_record_on_an_internal_topic_is_quarantined_and_later_records_are_projected(tmp_path, topic):
+    from projections.semantic import KIND_INGEST
+
+    con = _db(tmp_path)
+    good = _records(sessions=3)
+    headers = [("somnus-kind", KIND_INGEST)] if topic == "semantic" else None
+    poison = [Rec(topic, 7, i, v, b"k", headers) for i, v in enumerate(POISON_BY_TOPIC[topic])]
+    res = _guarded(con, poison + good)
+    assert res.episodes == 3 and res.quarantined == len(poison)
+    rows = con.execute("SELECT src_topic, src_offset, kind, reason, original, dlq_offset FROM dead_letters "
+                       "ORDER BY src_offset").fetchall()
+    assert [(t, o) for t, o, *_ in rows] == [(topic, i) for i in range(len(poison))]
+    assert all(dlq is None and reason.startswith(f"{kind}: ") for _, _, kind, reason, _, dlq in rows)
+    assert rows[0][3].startswith("oversized: invalid ") and "JSON nested 100000 deep > limit 64" in rows[0][3]
+    assert rows[0][4] == DEEP  # the original bytes (under MAX_ORIGINAL)
+    assert load_offsets(con)[(topic, 7)] == len(poison)  # passed, never retried
+    assert queries.summary(con)["quarantined"] == {topic: len(poison)}
+    # a redelivery changes nothing
+    before = queries.checksum(con)
+    _guarded(con, poison + good)
+    assert queries.checksum(con) == before
+
+
+def test_a_record_its_fold_cannot_apply_is_quarantined_as_poison_and_the_rest_of_the_batch_is_applied(
+        tmp_path, monkeypatch):
+    from projections.causal import CausalProjection
+
+    con = _db(tmp_path)
+    real = CausalProjection.write
+
+    def fragile(self, con, bundles):
+        if any(b"cursed" in b for b in bundles):
+            raise ValueError("a fold that cannot apply this")
+        return real(self, con, bundles)
+
+    monkeypatch.setattr(CausalProjection, "write", fragile)
+    good = _records(sessions=4)
+    cursed = Rec("link-updates", 1, 0, b'[{"cursed": true}]')
+    res = _guarded(con, good[:3] + [cursed] + good[3:])
+    assert res.episodes == 4 and res.quarantined == 1
+    (row,) = con.execute("SELECT src_topic, src_partition, src_offset, kind, reason FROM dead_letters").fetchall()
+    assert row == ("link-updates", 1, 0, "schema", row[4]) and row[4].startswith("schema: invalid link updates: ")
+    # decodable, but the fold raises: found by halves and quarantined as poison
+    valid = Rec("link-updates", 1, 1, b'[]' if False else b'[{"cursed": 1}]'.replace(b'1}', b'1, "x": 0}'))
+    monkeypatch.setattr("projections.writer._undecodable", lambda topics, rec, depth: None)
+    more = _records(sessions=2, seed=9)
+    more = [Rec(r.topic, r.partition, r.offset + 1000, r.value, r.key) for r in more]
+    res = _guarded(con, more[:2] + [valid] + more[2:])
+    assert res.episodes == 2
+    kinds = con.execute("SELECT kind, reason FROM dead_letters WHERE src_offset = 1").fetchall()
+    assert kinds == [("poison", "poison: ValueError while folding link-updates: a fold that cannot apply this")]
+
+
+def test_an_event_id_is_projected_once_and_one_another_session_reuses_is_a_dead_letter(tmp_path):
+    con = _db(tmp_path)
+    base = {"event_id": "6f1c1a6e-7d0c-4a43-9a55-0c7f2d1f4b1e", "schema_version": 1, "ts": "2026-03-01T09:00:00Z",
+            "agent": "support", "session_id": "s1", "seq": 0, "type": "agent_message", "payload": {"text": "hi"}}
+    first = Rec("traces", 0, 0, orjson.dumps(base))
+    again = Rec("traces", 0, 1, orjson.dumps({**base, "seq": 1}))  # a copy in its own session
+    other = Rec("traces", 1, 0, orjson.dumps({**base, "session_id": "s2"}))  # another session reuses it
+    res = _guarded(con, [first, again])
+    assert (res.events, res.duplicate_events) == (1, 1)
+    res = _guarded(con, [other, Rec("traces", 0, 2, orjson.dumps({**base, "seq": 2}))])
+    assert (res.events, res.duplicate_events) == (0, 1)
+    assert con.execute("SELECT count(*) FROM events").fetchone()[0] == 1
+    (kind, reason, idx), = con.execute("SELECT kind, reason, src_index FROM dead_letters").fetchall()
+    assert kind == "duplicate" and idx == 0
+    assert reason == ("duplicate: event_id 6f1c1a6e-7d0c-4a43-9a55-0c7f2d1f4b1e already belongs to session 's1' of "
+                      "agent 'support'; this agent_message event of session 's2' of agent 'support' reuses it")
+    assert queries.summary(con)["duplicate_events"] == 2 and queries.summary(con)["quarantined"] == {}
+
+
+def test_an_event_stamped_past_its_records_broker_time_plus_the_skew_is_not_projected(tmp_path):
+    con = _db(tmp_path)
+    at_ms = 1_772_355_600_000  # 2026-03-01T09:00:00Z, the record's broker time
+    ev = {"event_id": "6f1c1a6e-7d0c-4a43-9a55-0c7f2d1f4b1e", "schema_version": 1, "ts": "2999-01-01T00:00:00Z",
+          "agent": "support", "session_id": "s1", "seq": 0, "type": "agent_message", "payload": {"text": "hi"}}
+    near = {**ev, "event_id": "6f1c1a6e-7d0c-4a43-9a55-0c7f2d1f4b1f", "ts": "2026-03-01T09:04:00Z"}
+    res = _guarded(con, [Rec("traces", 0, 0, orjson.dumps(ev), timestamp=at_ms),
+                         Rec("traces", 0, 1, orjson.dumps(near), timestamp=at_ms)])
+    assert res.events == 1
+    assert con.execute("SELECT max(ts) FROM events").fetchone()[0].year == 2026

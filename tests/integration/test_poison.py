@@ -1,0 +1,184 @@
+"""No record stops ingest: a corpus of hostile trace records (and a poison record on each internal topic),
+mixed with good sessions, through the real broker, worker and projector. Nothing exits, the lag drains,
+every bad record is one dead letter with a reason, every good session's episode is projected; late
+events after a run of undecodable records are still judged per session."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import orjson
+import pytest
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from schemas.codec import MAX_ORIGINAL
+from somnus.sample import generate
+from tests.pipeline import Pipeline
+
+pytestmark = pytest.mark.integration
+
+TEN_MIB = 10 << 20
+
+
+def _event(session: str, seq: int, kind: str, at: datetime, **payload: Any) -> dict[str, Any]:
+    body = {"session_start": {"task": "t"}, "session_end": {"outcome": "success"},
+            "agent_message": {"text": "hi"}}.get(kind, {})
+    return {"event_id": f"00000000-0000-4000-8000-{random.Random(f'{session}/{seq}/{kind}').randrange(10**12):012d}",
+            "schema_version": 1, "ts": at.isoformat(), "agent": "attacker", "session_id": session, "seq": seq,
+            "type": kind, "payload": {**body, **payload}}
+
+
+def _corpus(now: datetime) -> dict[str, bytes]:
+    """The hostile records of issue 25, each a whole Kafka record on the traces topic."""
+    ok = orjson.dumps(_event("p", 0, "agent_message", now))
+    deep_args = b'"args":{"a":' + b"[" * 900 + b"]" * 900 + b"}"
+    call = orjson.dumps(_event("p", 1, "tool_call", now, tool="t", call_id="c"))
+    return {
+        "nested 1000 deep (2 KB)": b"[" * 1000 + b"]" * 1000,
+        "nested 100000 deep": b"[" * 100_000 + b"]" * 100_000,
+        "objects nested 100000 deep": b'{"a":' * 100_000 + b"1" + b"}" * 100_000,
+        "invalid UTF-8 in a string": ok.replace(b'"hi"', b'"h\xff\xfei"'),
+        "invalid UTF-8 in a key": ok.replace(b'"payload"', b'"pay\xc3\x28load"'),
+        "lone high surrogate": ok.replace(b'"hi"', b'"\\ud800"'),
+        "lone low surrogate in a key": ok.replace(b'"text"', b'"\\udc00"'),
+        "float seq and arguments 900 deep": call.replace(b'"seq":1', b'"seq":1.0').replace(
+            b'"call_id":"c"', b'"call_id":"c",' + deep_args),
+        "huge seq": ok.replace(b'"seq":0', b'"seq":' + b"9" * 30),
+        "seq above a BIGINT": ok.replace(b'"seq":0', b'"seq":9223372036854775808'),
+        "NaN": ok.replace(b'"seq":0', b'"seq":NaN'),
+        "Infinity": ok.replace(b'"seq":0', b'"seq":Infinity'),
+        "bundle of 2000 scalars": b"[" + b",".join(b"%d" % i for i in range(2000)) + b"]",
+        "10 MiB record": b'{"agent":"' + b"x" * TEN_MIB + b'"}',
+        "year 2999": orjson.dumps(_event("y2999", 0, "session_start", datetime(2999, 1, 1, tzinfo=timezone.utc))),
+        "year 1 west of UTC": ok.replace(now.isoformat().encode(), b"0001-01-01T00:00:00+01:00"),
+    }
+
+
+async def _send(bootstrap: str, topic: str, records: list[tuple[int | None, bytes, Any]]) -> list[tuple[int, int]]:
+    """Send raw records (partition, value, headers) as they are; their (partition, offset)."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", max_request_size=TEN_MIB + (1 << 20),
+                                compression_type="gzip")
+    await producer.start()
+    try:
+        futures = [await producer.send(topic, value, partition=partition, headers=headers)
+                   for partition, value, headers in records]
+        return [((m := await f).partition, m.offset) for f in futures]
+    finally:
+        await producer.stop()
+
+
+async def _allow_large_records(bootstrap: str, topic: str) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, topic,
+                                                  configs={"max.message.bytes": str(TEN_MIB + (1 << 20))})])
+    finally:
+        await admin.close()
+
+
+# Hypothesis makes the rest of the corpus: random bytes, and JSON-ish records built from fragments of
+# events and hostile pieces; one example, a list of records, goes through the pipeline once.
+FRAGMENTS = [b"{", b"}", b"[", b"]", b",", b":", b'"', b"\\", b"\\u", b"d800", b"\xff", b"\xc3", b"NaN", b"1e999",
+             b"-0", b"null", b'"seq"', b'"type"', b'"tool_call"', b'"payload"', b'"event_id"', b"\x00", b" "]
+hostile_records = st.lists(st.one_of(
+    st.binary(min_size=0, max_size=300),
+    st.lists(st.sampled_from(FRAGMENTS), min_size=1, max_size=200).map(b"".join),
+    st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+                 lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+                 max_leaves=30).map(lambda v: orjson.dumps(v, option=orjson.OPT_NON_STR_KEYS))),
+    min_size=150, max_size=150)
+
+
+@settings(max_examples=1, deadline=None, database=None, phases=[Phase.generate],
+          suppress_health_check=list(HealthCheck))
+@given(generated=hostile_records)
+def test_no_record_stops_ingest_and_every_bad_record_is_one_dead_letter(pipeline_settings, generated):
+    s = dataclasses.replace(pipeline_settings, session_retention_s=3600.0)
+    now = datetime.now(timezone.utc).replace(microsecond=0)
+    good = list(generate(sessions=40, seed=5))
+    good_sessions = {(e["agent"], e["session_id"]) for e in good}
+    corpus = _corpus(now)
+    p = Pipeline(s)
+    try:
+        asyncio.run(_allow_large_records(p.boot, s.traces_topic))
+        p.start_all()
+        # a poison record straight onto each internal topic first, so that good records follow it there
+        internal = {s.episodes_topic: b"[" * 100_000, s.facts_topic: b'{"episode_id": "\xff"}',
+                    s.memory_topic: b'[{"kind": "episode"}]', s.observations_topic: b'[{"event_signature": 1}]',
+                    s.link_updates_topic: b"\x80" + b"[" * 5000}
+        internal_at = {topic: asyncio.run(_send(p.boot, topic, [(0, value, [("somnus-kind", b"units")]
+                                                                  if topic == s.memory_topic else None)]))[0]
+                       for topic, value in internal.items()}
+        named = list(corpus.items())
+        bad = asyncio.run(_send(p.boot, s.traces_topic, [(i % s.partitions, v, None) for i, (_, v) in enumerate(named)]))
+        hyp = asyncio.run(_send(p.boot, s.traces_topic, [(i % s.partitions, v, None) for i, v in enumerate(generated)]))
+        p.publish(good, bundle_max=8)
+        # Order checks per session, whatever else the partition holds: sessions that ended a day ago,
+        # a session 3 hours later (their markers expire: retention 1 hour), 1,000 undecodable records,
+        # then a late event of each old session: dead letters, not sessions started again.
+        day = now - timedelta(days=1)
+        old = [e for k in range(10) for e in (_event(f"old-{k}", 0, "session_start", day),
+                                               _event(f"old-{k}", 1, "session_end", day))]
+        later = [_event("clock", 0, "session_start", day + timedelta(hours=3))]
+        asyncio.run(_send(p.boot, s.traces_topic, [(0, orjson.dumps(e), None) for e in old + later]))
+        asyncio.run(_send(p.boot, s.traces_topic, [(0, b"{undecodable %d" % i, None) for i in range(1000)]))
+        late = asyncio.run(_send(p.boot, s.traces_topic, [
+            (0, orjson.dumps(_event(f"old-{k}", 5, "agent_message", day + timedelta(minutes=1))), None)
+            for k in range(10)]))
+        p.wait_idle(timeout_s=420)  # asserts that no process exited; lag reaches 0
+        status = p.status()
+        worker_log = p.log("worker")
+        p.stop_all()
+        assert "Crashed" not in worker_log, worker_log[-5000:]
+
+        rows = p.query("SELECT src_topic, src_partition, src_offset, kind, reason, original FROM dead_letters")
+        by_record: dict[tuple[str, int, int], list[tuple[str, str, bytes]]] = {}
+        for t, part, off, kind, reason, original in rows:
+            by_record.setdefault((t, part, off), []).append((kind, reason, original))
+        dead = {k: v[0] for k, v in by_record.items()}
+        # every named bad record: one dead letter (a bundle of 2,000 bad events too), with a reason
+        for (name, _), at in zip(named, bad):
+            got = by_record.get((s.traces_topic, *at), [])
+            assert len(got) == 1, (name, got)
+            assert got[0][1].split(":")[0] == got[0][0] and len(got[0][1]) > len(got[0][0]) + 2, (name, got)
+        kinds = {name: dead[(s.traces_topic, *at)][0] for (name, _), at in zip(named, bad)}
+        assert kinds["nested 100000 deep"] == kinds["nested 1000 deep (2 KB)"] == "oversized"
+        assert kinds["invalid UTF-8 in a key"] == kinds["lone high surrogate"] == "undecodable"
+        assert kinds["bundle of 2000 scalars"] == "schema" and kinds["year 2999"] == "future"
+        assert dead[(s.traces_topic, *bad[[n for n, _ in named].index("bundle of 2000 scalars")])][1].startswith(
+            "schema: 2000 of 2000 events of the bundle rejected: #0-#1999 ")
+        ten = dead[(s.traces_topic, *bad[[n for n, _ in named].index("10 MiB record")])]
+        assert ten[0] == "oversized" and len(ten[2]) == MAX_ORIGINAL and "keeps the first" in ten[1]
+        # every hypothesis record: applied, or one dead letter with a reason (none of them is an event)
+        for value, at in zip(generated, hyp):
+            got = by_record.get((s.traces_topic, *at), [])
+            assert len(got) == 1 and got[0][1], (value[:200], got)
+        # each internal topic's poison record is quarantined (the observations one by the worker's NAc)
+        for topic, at in internal_at.items():
+            assert (topic, *at) in dead, (topic, at, sorted(k for k in dead if k[0] != s.traces_topic))
+        assert status["quarantined"].keys() == {s.episodes_topic, s.facts_topic, s.memory_topic,
+                                                s.link_updates_topic}, status["quarantined"]
+        # the late events of the forgotten sessions are dead letters, after 1,000 undecodable records
+        for at in late:
+            kind, reason, _ = dead[(s.traces_topic, *at)]
+            assert kind == "late" and "may belong to a session already forgotten" in reason, reason
+        assert p.query("SELECT count(*) FROM working_memory WHERE session_id LIKE 'old-%' AND NOT closed") == [(0,)]
+        # every good session's episode is projected, and the good records on the internal topics after the
+        # poison ones: facts, memories, causal links
+        got = set(p.query("SELECT agent, session_id FROM episodes"))
+        assert good_sessions <= got
+        assert p.query("SELECT count(*) FROM triples")[0][0] > 0
+        assert p.query("SELECT count(*) FROM memories")[0][0] > 0
+        assert p.query("SELECT count(*) FROM causal_links")[0][0] > 0
+        assert p.query("SELECT count(*) FROM events WHERE year(ts) > 2100 OR year(ts) < 1900") == [(0,)]
+    finally:
+        p.stop_all()

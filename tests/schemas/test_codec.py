@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -180,3 +182,126 @@ def test_codec_doctests():
     import schemas.codec
 
     assert doctest.testmod(schemas.codec).failed == 0
+
+
+# ---- hostile bytes: bounded before any parser, and never an exception ------------------------
+
+from hypothesis import HealthCheck, example  # noqa: E402
+
+from schemas.codec import (MAX_DEPTH, MAX_ORIGINAL, check_json, dead_letter_original, decode_bounded,  # noqa: E402
+                           json_shape, poison_reason, record_rejection)
+
+HOSTILE_PIECES = [b"{", b"}", b"[", b"]", b",", b":", b'"', b"\\", b"\\u", b"d800", b"dc00", b"\\ud83d\\ude00",
+                  b"\xff", b"\xc3", b"\xed\xa0\x80", b"NaN", b"Infinity", b"-Infinity", b"1e999", b"1.0", b"-0",
+                  b"null", b"true", b'"seq"', b'"type"', b'"tool_call"', b'"payload"', b'"args"', b"\x00", b" ",
+                  raw()[:40], raw()[40:]]
+hostile = st.one_of(
+    st.binary(max_size=400),
+    st.lists(st.sampled_from(HOSTILE_PIECES), max_size=300).map(b"".join),
+    st.integers(0, 3000).map(lambda n: b"[" * n + b"]" * n),
+    st.integers(0, 3000).map(lambda n: b'{"a":' * n + b"1" + b"}" * n),
+    st.tuples(st.integers(0, 300), st.sampled_from([b"[", b"{", b'{"x":'])).map(
+        lambda t: raw().replace(b'"call_id":"c1"', b'"call_id":"c1","args":{"a":' + t[1] * t[0])),
+)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(hostile, st.sampled_from([64, 10_000]))
+@example(b"[" * 100_000 + b"]" * 100_000, 10_000)
+@example(raw(seq=1.0).replace(b'"call_id":"c1"', b'"call_id":"c1","args":{"a":' + b"[" * 900 + b"]" * 900 + b"}"),
+         10_000)
+@example(raw(payload={"tool": "t", "call_id": "\ud800"}).replace(b"\\ud800", b"\\ud800"), 10_000)
+@example(b"[" + b",".join([b"1"] * 2000) + b"]", 10_000)
+def test_hostile_bytes_never_raise_and_every_result_is_an_event_or_a_rejection_with_a_reason(data, max_bytes):
+    for decoded in (decode_record(data, max_bytes), [decode_trace(data, max_bytes)]):
+        assert decoded
+        for item in decoded:
+            assert isinstance(item, (ToolCalled, Rejection)) or hasattr(item, "event_id")
+            if isinstance(item, Rejection):
+                assert item.kind in {"oversized", "undecodable", "schema", "poison"} and len(item.reason) > len(item.kind) + 2
+    got = decode_bounded(msgspec.json.Decoder(list[int]), data)
+    assert isinstance(got, (list, Rejection))
+
+
+def _true_depth(value: Any) -> int:
+    if isinstance(value, (list, dict)):
+        children = value.values() if isinstance(value, dict) else value
+        return 1 + max((_true_depth(c) for c in children), default=0)
+    return 0
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(alphabet='ab"\\[]{},:\n\u00e9\U0001f600'),
+                           lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+                               st.text(alphabet='k"\\[]{', max_size=4), inner, max_size=4), max_leaves=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(json_values, st.booleans())
+def test_the_byte_scan_gives_the_nesting_depth_a_parser_sees(value, ascii_only):
+    data = json.dumps(value, ensure_ascii=ascii_only).encode()
+    depth, values = json_shape(data)
+    assert depth == _true_depth(value)
+    assert values >= 1
+
+
+def test_nesting_is_bounded_before_parsing_and_the_limit_is_inclusive():
+    at_limit = b"[" * MAX_DEPTH + b"]" * MAX_DEPTH
+    assert check_json(at_limit) is None
+    assert check_json(b"[" + at_limit + b"]") == f"oversized: JSON nested {MAX_DEPTH + 1} deep > limit {MAX_DEPTH}"
+    assert check_json(b'["' + b"[" * 5000 + b'"]') is None  # brackets inside a string are text
+    assert check_json(b'["\\"' + b"[" * 5000 + b'"]') is None  # after an escaped quote too
+    assert check_json(b'["\\\\"' + b"[" * 5000) is not None  # an escaped backslash ends the string
+    assert check_json(b"[" + b"0," * 100_000 + b"0]").startswith("oversized: 100002 JSON values")
+
+
+@pytest.mark.parametrize(("data", "reason"), [
+    (b'{"a": "\xff"}', "undecodable: invalid UTF-8 at byte 7"),
+    (b'{"\xc3\x28": 1}', "undecodable: invalid UTF-8 at byte 2"),
+    (b'{"a": "\xed\xa0\x80"}', "undecodable: invalid UTF-8 at byte 7"),  # a surrogate encoded as UTF-8
+    (b'{"a": "\\ud800"}', "undecodable: a lone UTF-16 surrogate escape (\\ud800)"),
+    (b'{"\\udc00": 1}', "undecodable: a lone UTF-16 surrogate escape (\\udc00)"),
+    (b'{"a": "\\ud800\\u0041"}', "undecodable: a lone UTF-16 surrogate escape (\\ud800)"),
+    (b'{"a": "\\\\ud800"}', None),  # an escaped backslash, then text
+    (b'{"a": "\\ud83d\\ude00"}', None),  # a pair
+])
+def test_invalid_utf8_and_lone_surrogates_are_decode_errors(data, reason):
+    assert check_json(data) == reason
+
+
+def test_a_huge_seq_and_a_time_utc_cannot_hold_are_schema_rejections():
+    assert "`$.seq`" in rejected(raw(seq=2**63)).reason
+    assert isinstance(decode_trace(raw(seq=2**63 - 1), 10_000), ToolCalled)
+    assert rejected(raw(ts="0001-01-01T00:00:00+01:00")).reason.startswith("schema: ts 0001-01-01T00:00:00+01:00 is out")
+    assert rejected(raw(ts="9999-12-31T23:59:59-01:00")).kind == "schema"
+
+
+def test_a_bundle_of_2000_bad_elements_is_one_rejection_that_lists_them_in_runs():
+    items = decode_record(b"[" + b",".join([b"1"] * 1500 + [b'"x"'] * 500) + b"]", 10_000)
+    assert len(items) == 2000
+    index, why = record_rejection(items)
+    assert index == 0 and why.kind == "schema" and why.original is None
+    assert why.reason == ("schema: 2000 of 2000 events of the bundle rejected: #0-#1499 schema: Expected `object`, "
+                          "got `int`; #1500-#1999 schema: Expected `object`, got `str`")
+    many = [Rejection(f"schema: reason {i}", b"x") for i in range(500)]
+    assert len(record_rejection(many)[1].reason) <= 3_000 and "more" in record_rejection(many)[1].reason
+    assert record_rejection([decode_trace(raw(), 10_000)]) is None
+
+
+def test_poison_names_the_exception_and_a_dead_letter_keeps_at_most_its_share_of_the_bytes():
+    assert poison_reason(UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")).startswith(
+        "poison: UnicodeDecodeError: 'utf-8' codec can't decode")
+    assert len(dead_letter_original(b"x" * (MAX_ORIGINAL + 10))) == MAX_ORIGINAL
+    assert dead_letter_original(None) == b""
+
+
+def test_a_decoder_that_raises_anything_is_a_poison_rejection(monkeypatch):
+    import schemas.codec as codec
+
+    class Exploding:
+        def decode(self, raw):
+            raise RecursionError("maximum recursion depth exceeded while deserializing an object")
+
+    monkeypatch.setattr(codec, "_trace_decoder", Exploding())
+    (r,) = decode_record(raw(), 10_000)
+    assert r.reason == "poison: RecursionError: maximum recursion depth exceeded while deserializing an object"
+    assert decode_bounded(Exploding(), b"[]").kind == "poison"

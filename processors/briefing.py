@@ -7,7 +7,8 @@ A briefing has three sections:
    the knowledge graph's normaliser in ``processors/extraction.py``), so the same error with another
    id, number, path or line number is one line with its count and when it was first and last seen.
    A class resolved within its sessions says what resolved it ("resolved by exponential backoff").
-   Lessons with no tool error (a session that failed without one, a failed delegation) are grouped
+   The same class met by several tools is one line naming them all, so no two lines share an error
+   class. Lessons with no tool error (a session that failed without one, a failed delegation) are grouped
    by their templated text the same way and come after the tool errors. Success lessons are not
    repeated here: what worked is an Active Strategy. Classes are ranked by how likely they are to
    recur in the agent's next session (``recurrence``), up to ``MAX_LESSONS``.
@@ -16,9 +17,10 @@ A briefing has three sections:
    concepts, only those that concern a tool or entity the agent has used itself (``select_facts``,
    ``select_knowledge``). A concept or pattern from a wider scope must be about tools the agent
    used, and when it is known which agents' data it came from, every one of them must be covered by
-   the reader's scope chain (``covers``). A ``failed_with`` fact whose (tool, error class) is
-   already a lesson line is left out (the lesson says more); a fact saying that the reading agent
-   itself ``uses`` a tool (``SELF_EVIDENT_PREDICATES``) too. Up to ``MAX_FACTS`` facts and
+   the reader's scope chain (``covers``). A ``failed_with`` fact whose error class is already a
+   lesson line is left out (the lesson says more), and so is a second fact of one class: no two
+   lines share an error class. A fact saying that the reading agent itself ``uses`` a tool
+   (``SELF_EVIDENT_PREDICATES``) is left out too. Up to ``MAX_FACTS`` facts and
    ``MAX_KNOWLEDGE`` concepts.
 3. **Active Strategies**: what repeatedly worked. A strategy is the tool sequence (distinct tools in
    first-use order, the episode's ``tools``, up to ``MAX_STRATEGY_STEPS``) that at least
@@ -123,7 +125,8 @@ class LessonItem(msgspec.Struct, frozen=True, kw_only=True):
     text: str  # the error class (with a tool), else the templated lesson text
     learned_at: datetime | None  # the latest time it was learned; None: unknown
     times: int = 1  # how many times it was learned
-    tool: str | None = None
+    tool: str | None = None  # the tool that met the class most often
+    also: tuple[str, ...] = ()  # the other tools that met the same class (most often first)
     first_at: datetime | None = None  # the first time it was learned (None: unknown or as learned_at)
     resolved: int = 0  # how many of ``times`` were resolved within their session
     resolution: str | None = None  # what resolved it ("exponential backoff", "retrying")
@@ -252,15 +255,20 @@ def task_words(task: str | None) -> list[tuple[str, str]]:
     >>> task_words("Cancelling reservations")[0][0] == task_words("cancel a reservation")[0][0]
     True
     """
+    return list(_task_words(task or ""))
+
+
+@functools.lru_cache(maxsize=16384)
+def _task_words(task: str) -> tuple[tuple[str, str], ...]:
     out: dict[str, str] = {}
-    for w in _WORD.findall((task or "").casefold()):
+    for w in _WORD.findall(task.casefold()):
         w = w.replace("\u2019", "'")
         bare = w.replace("'", "")
         if (len(bare) < 2 or any(c.isdigit() or c == "_" for c in w) or bare in STOP_WORDS
                 or bare in FILLER_WORDS or w in STOP_WORDS):
             continue
         out.setdefault(_stem(bare), bare)
-    return list(out.items())
+    return tuple(out.items())
 
 
 def task_kind(tasks: Iterable[str | None]) -> str:
@@ -307,9 +315,9 @@ def _count(n: int) -> str:
 
 
 def lesson_line(lesson: LessonItem, now: datetime) -> str:
-    """``- [kind] tool: error class; what resolved it (how often, first and last seen)``.
+    """``- [kind] tool[, other tools]: error class; what resolved it (how often, first and last seen)``.
 
-    The tool and the error class are printed as they are, so a reader (or an evaluation) finds both."""
+    The tools and the error class are printed as they are, so a reader (or an evaluation) finds them."""
     kind = one_line(lesson.kind, 20)
     last = age_text(lesson.learned_at, now)
     if lesson.times == 1:
@@ -320,7 +328,7 @@ def lesson_line(lesson: LessonItem, now: datetime) -> str:
                 else f"{_count(lesson.times)}, last {last}")
     if lesson.tool is None:
         return f"- [{kind}] {one_line(lesson.text)} ({when})"
-    text = f"{one_line(lesson.tool, 60)}: {lesson.text}"
+    text = f"{', '.join(one_line(t, 60) for t in (lesson.tool, *lesson.also))}: {lesson.text}"
     if lesson.resolved and lesson.resolution:
         how = one_line(lesson.resolution, 60)
         text += (f"; resolved by {how}" if lesson.resolved >= lesson.times
@@ -350,7 +358,7 @@ def lesson_order(lesson: LessonItem) -> tuple[Any, ...]:
     t = lesson.learned_at
     return (lesson.tool is None, -round(lesson.recurrence, 9), -lesson.times,
             LESSON_RANK.get(lesson.kind, len(LESSON_RANK)), t is None, -_aware(t).timestamp() if t else 0.0,
-            lesson.kind, lesson.tool or "", lesson.text)
+            lesson.kind, lesson.tool or "", lesson.also, lesson.text)
 
 
 def fact_order(fact: FactItem) -> tuple[Any, ...]:
@@ -365,8 +373,6 @@ def strategy_order(s: StrategyItem) -> tuple[Any, ...]:
     return (-s.times, -_aware(s.latest).timestamp(), -len(s.tools), s.task_kind, s.tools)
 
 
-def _lesson_key(tool: str, text: str) -> tuple[str, str]:
-    return normalise_name(tool), normalise_name(text)
 
 
 # ---- rendering -----------------------------------------------------------------------------
@@ -382,10 +388,17 @@ def render_briefing(agent: str, lessons: Sequence[LessonItem], facts: Sequence[F
     in ``knowledge`` are lines of the agent's own memory."""
     own = agent_scope(agent)
     ordered_lessons = sorted(lessons, key=lesson_order)[:MAX_LESSONS]
-    said = {_lesson_key(x.tool, x.text) for x in ordered_lessons if x.tool is not None}
-    kept_facts = [f for f in facts if not (f.predicate == FAILED_WITH and
-                                           _lesson_key(entity_name(f.source), entity_name(f.target)) in said)]
-    ordered_facts = sorted(kept_facts, key=lambda f: (f.scope != own, *fact_order(f)))[:MAX_FACTS]
+    # An error class is said once: a failed_with fact of a class a lesson line names is left out, and
+    # of several failed_with facts of one class only the first (in Key Knowledge's order) is kept.
+    said = {normalise_name(x.text) for x in ordered_lessons if x.tool is not None}
+    kept_facts = []
+    for f in sorted(facts, key=lambda f: (f.scope != own, *fact_order(f))):
+        if f.predicate == FAILED_WITH:
+            if normalise_name(entity_name(f.target)) in said:
+                continue
+            said.add(normalise_name(entity_name(f.target)))
+        kept_facts.append(f)
+    ordered_facts = kept_facts[:MAX_FACTS]
     items = _knowledge_items(own, knowledge)
     ordered_knowledge = sorted(items, key=lambda k: (k.scope != own, *knowledge_order(k)))[:MAX_KNOWLEDGE]
     # Key Knowledge: own facts, own knowledge, then the wider scopes' facts and knowledge.
@@ -500,9 +513,10 @@ def resolution_of(text: str) -> str:
 
 
 class _Group:
-    __slots__ = ("kind_counts", "times", "resolved", "first", "last", "resolutions")
+    __slots__ = ("kind_counts", "times", "resolved", "first", "last", "resolutions", "tools")
 
     def __init__(self) -> None:
+        self.tools: Counter[str] = Counter()
         self.kind_counts: Counter[str] = Counter()
         self.times = 0
         self.resolved = 0
@@ -523,15 +537,16 @@ class _Group:
 
 def select_lessons(agent: str, rows: Iterable[Row], now: datetime, *, episodes: Iterable[Row] = (),
                    alpha: float = DEFAULT_ALPHA) -> list[LessonItem]:
-    """The agent's lessons known at ``now``, one item per (tool, error class) (rows of ``lessons``:
-    agent, kind, text, tool, error, learned_at, episode_id), ranked (``lesson_order``).
+    """The agent's lessons known at ``now``, one item per error class (rows of ``lessons``: agent,
+    kind, text, tool, error, learned_at, episode_id), ranked (``lesson_order``).
 
-    A lesson with a tool and an error is grouped by ``error_class(error)``; any other by its
-    templated text (``error_class`` of the text). Success lessons are left out (strategies say what
+    A lesson with a tool and an error is grouped by ``error_class(error)``: one item per class, naming
+    the tools that met it (the most frequent first: ``tool``, then ``also``), so no two lines share an
+    error class; any other lesson by its templated text (``error_class`` of the text). Success lessons are left out (strategies say what
     worked). ``episodes`` (rows of ``episodes``, any outcome: episode_id, ended_at, tools) tell which
     sessions used which tools, for ``recurrence``; without them the lessons' own sessions are used."""
     now = _aware(now)
-    groups: dict[tuple[str | None, str], _Group] = {}
+    groups: dict[tuple[bool, str], _Group] = {}
     sessions: dict[str, tuple[datetime, set[str], set[tuple[str | None, str]]]] = {}
     for r in rows:
         if _get(r, "agent") != agent:
@@ -542,7 +557,7 @@ def select_lessons(agent: str, rows: Iterable[Row], now: datetime, *, episodes: 
         kind, text = str(_get(r, "kind")), str(_get(r, "text") or "")
         session = str(_get(r, "episode_id") or f"@{at.isoformat() if at else ''}")
         when, tools, seen = sessions.setdefault(session, (at or now, set(), set()))
-        if kind == "success" or not one_line(text):
+        if kind == "success" or not text.strip():
             continue  # (a session all the same)
         tool, error = _get(r, "tool"), _get(r, "error")
         if tool and error:
@@ -550,7 +565,10 @@ def select_lessons(agent: str, rows: Iterable[Row], now: datetime, *, episodes: 
             tools.add(key[0])
         else:
             key = (None, one_line(error_class(text)))
-        groups.setdefault(key, _Group()).add(kind, at, resolution_of(text) if kind == "recovery" else None)
+        group = groups.setdefault((key[0] is not None, key[1]), _Group())
+        group.add(kind, at, resolution_of(text) if kind == "recovery" else None)
+        if key[0] is not None:
+            group.tools[key[0]] += 1
         seen.add(key)
     for e in episodes:
         if _get(e, "agent", agent) != agent:
@@ -563,13 +581,17 @@ def select_lessons(agent: str, rows: Iterable[Row], now: datetime, *, episodes: 
         tools.update(_tools(_get(e, "tools")))
     odds = recurrence(sorted(sessions.items(), key=lambda kv: (kv[1][0], kv[0])), alpha)
     out = []
-    for key, g in groups.items():
-        tool, text = key
-        kind = ("recovery" if g.resolved == g.times else "failure") if tool is not None else min(
+    for (of_tool, text), g in groups.items():
+        tools_by_use = sorted(g.tools, key=lambda t: (-g.tools[t], t))
+        kind = ("recovery" if g.resolved == g.times else "failure") if of_tool else min(
             g.kind_counts, key=lambda k: (-g.kind_counts[k], k))
         resolution = min(g.resolutions, key=lambda k: (-g.resolutions[k], k)) if g.resolutions else None
-        out.append(LessonItem(kind=kind, text=text, tool=tool, learned_at=g.last, first_at=g.first, times=g.times,
-                              resolved=g.resolved, resolution=resolution, recurrence=odds.get(key, 0.0)))
+        miss = 1.0  # the class recurs when it recurs with any of its tools (noisy-or)
+        for t in (tools_by_use if of_tool else [None]):
+            miss *= 1.0 - odds.get((t, text), 0.0)
+        out.append(LessonItem(kind=kind, text=text, tool=tools_by_use[0] if of_tool else None,
+                              also=tuple(tools_by_use[1:]), learned_at=g.last, first_at=g.first, times=g.times,
+                              resolved=g.resolved, resolution=resolution, recurrence=1.0 - miss))
     return sorted(out, key=lesson_order)
 
 
@@ -608,9 +630,9 @@ def recurrence(sessions: Sequence[tuple[str, tuple[datetime, set[str], set[tuple
 
 
 def used_entities(agent: str, *, lessons: Iterable[Row] = (), episodes: Iterable[Row] = (),
-                  facts: Iterable[FactItem] = ()) -> tuple[set[str], set[str]]:
+                  facts: Iterable[FactItem | Row] = ()) -> tuple[set[str], set[str]]:
     """What the agent has used itself: (tool names, entity ids). Tools of its episodes and lessons;
-    entities of its own-scope facts (sources and targets) and its tools as ``tool:<name>``."""
+    entities of its own-scope facts (items or rows: sources and targets) and its tools as ``tool:<name>``."""
     tools: set[str] = set()
     for e in episodes:
         if _get(e, "agent", agent) == agent:
@@ -621,11 +643,17 @@ def used_entities(agent: str, *, lessons: Iterable[Row] = (), episodes: Iterable
     own = agent_scope(agent)
     entities = {f"agent:{normalise_name(agent)}"} | {f"tool:{normalise_name(t)}" for t in tools}
     for f in facts:
-        if f.scope == own:
-            entities.update((f.source, f.target))
-            if f.source.startswith("tool:"):
-                tools.add(entity_name(f.source))
+        if _get(f, "scope") == own:
+            source, target = str(_get(f, "source")), str(_get(f, "target"))
+            entities.update((source, target))
+            if source.startswith("tool:"):
+                tools.add(entity_name(source))
     return {normalise_name(t) for t in tools}, entities
+
+
+def _active(row: Row, now: datetime) -> bool:
+    start, end = _time(_get(row, "valid_from")), _time(_get(row, "valid_to"))
+    return not ((start is not None and start > now) or (end is not None and end <= now))
 
 
 def select_facts(agent: str, agents: Mapping[str, AgentSpec], rows: Iterable[Row], now: datetime, *,
@@ -644,8 +672,7 @@ def select_facts(agent: str, agents: Mapping[str, AgentSpec], rows: Iterable[Row
         scope = _get(r, "scope")
         if scope not in rank:
             continue
-        start, end = _time(_get(r, "valid_from")), _time(_get(r, "valid_to"))
-        if (start is not None and start > now) or (end is not None and end <= now):
+        if not _active(r, now):
             continue
         source, predicate, target = str(_get(r, "source")), str(_get(r, "predicate")), str(_get(r, "target"))
         if source == me and predicate in SELF_EVIDENT_PREDICATES:
@@ -747,7 +774,8 @@ def select_inputs(agent: str, agents: Mapping[str, AgentSpec], *, lessons: Itera
     lessons, triples, episodes = list(lessons), list(triples), list(episodes)
     mine = [e for e in episodes if _get(e, "agent", agent) == agent
             and (_time(_get(e, "ended_at")) or _aware(now)) <= _aware(now)]
-    own = select_facts(agent, agents, [t for t in triples if _get(t, "scope") == agent_scope(agent)], now)
+    scope = agent_scope(agent)
+    own = [t for t in triples if _get(t, "scope") == scope and _active(t, _aware(now))]
     mine_l = [r for r in lessons if _get(r, "agent") == agent
               and (_time(_get(r, "learned_at")) or _aware(now)) <= _aware(now)]
     tools, entities = used_entities(agent, lessons=mine_l, episodes=mine, facts=own)

@@ -143,7 +143,11 @@ def test_tau_bench_through_the_pipeline_briefs_the_airline_agent_with_its_own_fa
         errors = read(s.db_path, "sql", sql="SELECT DISTINCT tool, error FROM lessons WHERE agent = 'airline' "
                                             "AND error IS NOT NULL")["rows"]
         classes = {(tool, error_class(e)) for tool, e in errors}
-        named = [c for line in lessons for c in classes if f"] {c[0]}: {c[1]} (" in line or f"] {c[0]}: {c[1]};" in line]
-        assert len(named) == len(lessons) == len(set(named))  # every lesson line is one (tool, class), once
+        # every lesson line names a tool and an error class of the agent's; no two lines share a class
+        named = [{c for c in classes if c[0] in line.split(": ")[0] and (f": {c[1]} (" in line or f": {c[1]};" in line)}
+                 for line in lessons]
+        assert all(named), lessons
+        per_line = [{c[1] for c in n} for n in named]
+        assert all(len(n) == 1 for n in per_line) and len({next(iter(n)) for n in per_line}) == len(lessons)
     finally:
         p.stop_all()

@@ -209,6 +209,24 @@ def test_no_two_lesson_lines_share_a_tool_and_error_class():
     assert len(classes) == len(set(classes))
 
 
+def test_one_class_met_by_several_tools_is_one_line_naming_them_all():
+    rows = [lesson_row("airline", "failure", "x", NOW - timedelta(hours=h), tool=tool,
+                       error=f"Error: not enough seats on flight HAT{h:03d}")
+            for tool, h in (("update_reservation_flights", 5), ("book_reservation", 4),
+                            ("update_reservation_flights", 3))]
+    [got] = select_lessons("airline", rows, NOW)
+    assert (got.tool, got.also, got.times) == ("update_reservation_flights", ("book_reservation",), 3)
+    assert lesson_line(got, NOW) == ("- [failure] update_reservation_flights, book_reservation: not enough seats "
+                                     "on flight <id> (3 times, first 5 hours ago, last 3 hours ago)")
+    # ... and a failed_with fact of that class (of either tool) is not said again; of two facts of
+    # another class, only one is
+    facts = [fact("f1", "tool:book_reservation", "failed_with", "error:not enough seats on flight <id>", 0.95),
+             fact("f2", "tool:update_reservation_flights", "failed_with", "error:payment method not found", 0.95),
+             fact("f3", "tool:book_reservation", "failed_with", "error:payment method not found", 0.9)]
+    b = render_briefing("airline", [got], facts, [], 2000, NOW)
+    assert [f.triple_id for f in b.facts] == ["f2"]
+
+
 def test_a_class_resolved_every_time_is_a_recovery_that_says_what_resolved_it():
     rows = [lesson_row("s", "recovery", "http_get: rate limit encountered; exponential backoff resolved it "
                        f"(1 failed attempt, {n}s)", NOW - timedelta(hours=n), tool="http_get",

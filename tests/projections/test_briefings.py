@@ -70,9 +70,9 @@ def test_every_agent_with_episodes_gets_a_briefing_with_its_lessons(tmp_path, re
         shown = [line for line in md.split("### Key Knowledge")[0].splitlines() if line.startswith("- [")]
         if classes:
             assert shown, agent
-        named = [next((c for c in classes if f"] {c[0]}: {c[1]}" in line), None) for line in shown]
-        tool_lines = [c for c in named if c is not None]
-        assert len(tool_lines) == len(set(tool_lines))  # one line per (tool, error class)
+        named = [{c[1] for c in classes if f": {c[1]}" in line and c[0] in line.split(": ")[0]} for line in shown]
+        tool_lines = [c for n in named for c in n]
+        assert len(tool_lines) == len(set(tool_lines))  # no two lines share an error class
         assert len(md) <= AGENTS[agent].briefing_token_budget
     assert {a: b.markdown for a, b in seen.briefings.current.items()} == rows  # cache in step with the table
 

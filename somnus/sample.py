@@ -298,11 +298,11 @@ def _run_step(w: _Writer, step: Step, index: int, day: int) -> bool:
     return False
 
 
-def _session(rng: random.Random, index: int, t: datetime) -> list[dict[str, Any]]:
+def _session(rng: random.Random, index: int, t: datetime, seed: int = 0) -> list[dict[str, Any]]:
     agents = list(AGENT_WEIGHT)
     agent = rng.choices(agents, weights=[AGENT_WEIGHT[a] for a in agents])[0]
     kind = rng.choice([k for k in TASK_KINDS if k.agent == agent])
-    w = _Writer(rng, agent, f"s{index:07d}-{agent}", t)
+    w = _Writer(rng, agent, f"s{seed}-{index:07d}-{agent}", t)  # two seeds never share a session
     day = (t - START).days
     task = kind.text.format(n=rng.randint(1000, 9999))
     w.add("session_start", {"task": task, "goal": f"{task} by end of day",
@@ -355,7 +355,7 @@ def generate(sessions: int | None = None, events: int | None = None, seed: int =
             if not times:
                 times = session_times(rng, per_block, START + timedelta(days=block * days), days)[::-1]
                 block += 1
-            evs = _session(rng, index, times.pop())
+            evs = _session(rng, index, times.pop(), seed)
             produced += len(evs)
             open_.append(evs)
             index += 1

@@ -929,6 +929,46 @@ def eval_locomo(file: Path = typer.Argument(..., exists=True, dir_okay=False, he
                 "LoCoMo evidence recall (turn level)")
 
 
+@eval_app.command("foresight")
+def eval_foresight(paths: list[str] = typer.Argument(..., help="Files, directories or globs, as `somnus import` takes them."),
+                   fmt: str = typer.Option(..., "--format", help="openai-chat | swe-agent | otel | v1"),
+                   results: Optional[Path] = typer.Option(None, "--results", exists=True, dir_okay=False,
+                                                          help="Outcomes by id (as for `somnus import`)."),
+                   agent: Optional[str] = typer.Option(None, "--agent", help="Agent name for the imported sessions."),
+                   start: Optional[str] = typer.Option(None, "--start", help="As for `somnus import`."),
+                   spacing: Optional[float] = typer.Option(None, "--spacing", help="As for `somnus import` (seconds)."),
+                   sessions: Optional[int] = typer.Option(None, "--sessions", help="Only the first N sessions by start time."),
+                   serve: bool = typer.Option(True, "--serve/--no-serve",
+                                              help="Inject each briefing for its session (recorded, as a runtime does)."),
+                   home: Optional[Path] = HomeOpt, as_json: bool = typer.Option(False, "--json")) -> None:
+    """Replay sessions through the pipeline and score the briefing given before each: foresight (learnable
+    errors it named), relevance, duplicate lines, length against the budget (docs/foresight.md)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    from somnus.foresight import run_foresight
+    from somnus.importers import ImportShapeError
+
+    try:
+        with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                      TimeRemainingColumn(), console=err, transient=False) as bar:
+            task = bar.add_task("replaying sessions", total=None)
+            report = run_foresight(paths, fmt, results=results, agent=agent, start=start, spacing_s=spacing,
+                                   sessions=sessions, home=home, serve=serve, log=err,
+                                   progress=lambda done, total: bar.update(task, completed=done, total=total))
+    except ImportShapeError as exc:
+        _fail(str(exc))
+    if as_json:
+        print(json.dumps(report))
+        return
+    c = report["chars"]
+    rows = [["sessions", report["sessions"]], ["failed calls", report["failed_calls"]],
+            ["learnable", report["learnable"]], ["foretold", report["foretold"]], ["foresight", report["foresight"]]]
+    rows += [[f"foresight ({k})", v["foresight"]] for k, v in report["foresight_by_session_index"].items()]
+    rows += [["relevance", report["relevance"]], ["duplicate lines", report["duplicate_lines"]],
+             ["chars median / p95 / budget", f"{c['median']} / {c['p95']} / {c['budget']}"]]
+    _print_rows({"columns": ["measure", "value"], "rows": rows}, "foresight of the briefings")
+
+
 @bench_app.command("predict")
 def bench_predict(links: int = typer.Option(1_000_000, "--links"), queries: int = typer.Option(2000, "--queries"),
                   repeat: int = typer.Option(1, "--repeat", help="Runs; the figures are their medians."),

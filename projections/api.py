@@ -116,6 +116,7 @@ class ReadService:
     semantic: Any = None  # the projector's SemanticProjection (per-owner memory layers)
 
     top_facts: Any = None  # the projector's in-memory facts_top (projections.knowledge_store.TopFacts)
+    sandbox: Any = None  # analysts' SQL (projections.sql_sandbox.SqlSandbox), made on first use if absent
 
     @property
     def store(self) -> KnowledgeStore:
@@ -432,9 +433,20 @@ class ReadService:
 
     # ---- analysts ----
     def sql(self, sql: Any = None, params: Any = None) -> dict[str, Any]:
+        """One SELECT in the SQL sandbox (projections/sql_sandbox.py): its own cursor, parser-checked,
+        interrupted after SOMNUS_SQL_TIMEOUT_S."""
+        from projections.sql_sandbox import SqlRefused, SqlSandbox, SqlTimeout
+
         if not isinstance(sql, str):
             raise BadRequest("body field `sql`: a SELECT statement is required")
-        return queries.run_sql(self.con, sql, params or None)
+        if params is not None and not isinstance(params, (list, tuple)):
+            raise BadRequest("body field `params`: an array of the placeholders' values")
+        if self.sandbox is None:  # no projector made one: a file opened for this read
+            self.sandbox = SqlSandbox.from_settings(self.con)
+        try:
+            return self.sandbox.run(sql, params or None)
+        except (SqlRefused, SqlTimeout) as exc:
+            raise BadRequest(str(exc)) from None
 
     def summary(self) -> dict[str, Any]:
         return queries.summary(self.con)
@@ -451,6 +463,7 @@ class Route:
     summary: str
     params: tuple[tuple[str, str, str], ...] = ()  # (name, JSON type, description)
     stateful: bool = False  # reads a fold's in-memory state (memory index, semantic layers, synopses)
+    offloop: bool = False  # may run for long (analysts' SQL): served from its own threads, not the event loop
 
 
 ROUTES: tuple[Route, ...] = (
@@ -466,8 +479,10 @@ ROUTES: tuple[Route, ...] = (
           (("type", "string", "only this entity type"), ("limit", "integer", "default 100"))),
     Route("GET", "/agents/{agent}/history", "history", "Every change to facts about an entity in the scope chain.",
           (("entity", "string", "an entity id, e.g. tool:book_reservation"),)),
-    Route("POST", "/sql", "sql", "A read-only SELECT over every projection (not scoped).",
-          (("sql", "string", "the query; ? placeholders"), ("params", "array", "values of the placeholders"))),
+    Route("POST", "/sql", "sql", "A read-only SELECT over every projection (not scoped), in the SQL sandbox: "
+          "one SELECT or EXPLAIN of one, no files, interrupted after SOMNUS_SQL_TIMEOUT_S.",
+          (("sql", "string", "the query; ? placeholders"), ("params", "array", "values of the placeholders")),
+          offloop=True),
     Route("GET", "/agents/{agent}/recall", "recall", "Memories of the scope chain that best answer a query.",
           (("query", "string", "what to recall"), ("k", "integer", "default 10"),
            ("explain", "boolean", "per-signal scores and ranks"),

@@ -17,6 +17,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -26,17 +27,19 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from projections import api, auth, queries, schema
 from projections.briefings import BRIEFING_INTERVAL_S, REFRESH_BUDGET_S
+from projections.sql_sandbox import SqlSandbox
 from schemas.codec import encode
 from schemas.memory import KIND_ACCESS
 from projections.writer import KIND_SERVED, BatchResult, Seen, Topics, apply_guarded, load_offsets
 from somnus.client import LARGE_RECORDS
-from somnus.config import Settings
+from somnus.config import Settings, kafka_options
 from streams.topics import partitions_of
 
 log = logging.getLogger("somnus.projector")
 # A batch or a briefing refresh longer than this is logged, with where its time went.
 SLOW_S = float(os.environ.get("SOMNUS_SLOW_BATCH_S", "1.0"))
 LOCK_WAIT_S = 60.0  # how long a starting projector waits for readers to let go of the file
+OFFLOOP_THREADS = 4  # analysts' queries that run at once (projections/sql_sandbox.py); more wait their turn
 
 
 async def connect_when_free(path: Path, timeout_s: float = LOCK_WAIT_S) -> duckdb.DuckDBPyConnection:
@@ -151,7 +154,7 @@ class Projector:
         consumer = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap, enable_auto_commit=False, group_id=None,
             auto_offset_reset="earliest", fetch_max_bytes=64 << 20, max_partition_fetch_bytes=16 << 20,
-            fetch_max_wait_ms=100)
+            fetch_max_wait_ms=100, **kafka_options(self.settings))
         await consumer.start()
         runner = None
         drain: Drain | None = None
@@ -294,9 +297,10 @@ class Projector:
         # Reads use their own cursor (a second connection to the same database: it sees committed
         # data while a batch is being written on ``con`` in the writer thread).
         service = api.ReadService(con.cursor(), seen.agents, briefings=seen.briefings.current, episodic=seen.memory,
-                                  semantic=seen.semantic, top_facts=seen.top_facts)
+                                  semantic=seen.semantic, top_facts=seen.top_facts,
+                                  sandbox=SqlSandbox.from_settings(con, self.settings))  # analysts' SQL
         producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all", enable_idempotence=True,
-                                    linger_ms=5, **LARGE_RECORDS)  # it publishes promotion requests
+                                    linger_ms=5, **LARGE_RECORDS, **kafka_options(self.settings))  # promotion requests
         await producer.start()
         self._producer = producer
         pending: set[asyncio.Future[Any]] = set()
@@ -342,10 +346,13 @@ class Projector:
         return runner
 
 
-def route_handler(service: api.ReadService, route: api.Route, write_lock: asyncio.Lock | None = None) -> Any:
+def route_handler(service: api.ReadService, route: api.Route, write_lock: asyncio.Lock | None = None,
+                  offloop: Executor | None = None) -> Any:
     """The aiohttp handler of ``route`` on ``service``: parameters from the query (and a POST's JSON
     body), errors as 400/404 with the message; reads of a fold's in-memory state take ``write_lock``
-    so they never see a batch half applied."""
+    so they never see a batch half applied; a route that may run long (``Route.offloop``: analysts'
+    SQL) runs in ``offloop``'s threads, so the event loop keeps answering (and the writer's threads
+    are not taken)."""
     async def handle(request: web.Request) -> web.Response:
         params: dict[str, Any] = dict(request.query)
         if route.method == "POST":
@@ -360,6 +367,9 @@ def route_handler(service: api.ReadService, route: api.Route, write_lock: asynci
             if route.stateful and write_lock is not None:  # not while a batch changes the state
                 async with write_lock:
                     result = api.call(service, route, request.match_info.get("agent"), params)
+            elif route.offloop:
+                result = await asyncio.get_running_loop().run_in_executor(
+                    offloop, api.call, service, route, request.match_info.get("agent"), params)
             else:
                 result = api.call(service, route, request.match_info.get("agent"), params)
         except api.NotFound as exc:
@@ -380,7 +390,15 @@ def make_app(service: api.ReadService, routes: list[api.Route], write_lock: asyn
         return web.json_response(api.openapi())
 
     app = web.Application(middlewares=[auth.guard(tokens)], client_max_size=auth.MAX_BODY_BYTES)
-    app.add_routes([web.route(r.method, r.path, route_handler(service, r, write_lock)) for r in routes])
+    pool = ThreadPoolExecutor(OFFLOOP_THREADS, thread_name_prefix="somnus-sql")
+
+    async def stop_offloop(app: web.Application) -> None:  # a stopping server interrupts analysts' queries
+        if getattr(service, "sandbox", None) is not None:
+            service.sandbox.interrupt()
+        pool.shutdown(wait=False, cancel_futures=True)
+
+    app.on_cleanup.append(stop_offloop)
+    app.add_routes([web.route(r.method, r.path, route_handler(service, r, write_lock, pool)) for r in routes])
     app.add_routes([web.get("/openapi.json", openapi)])
     return app
 

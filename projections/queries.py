@@ -10,7 +10,6 @@ import duckdb
 
 from projections.schema import CONTENT_COLUMNS
 
-READ_ONLY_TYPES = {"SELECT", "EXPLAIN"}
 
 
 class NotReadOnly(ValueError):
@@ -18,12 +17,14 @@ class NotReadOnly(ValueError):
 
 
 def check_read_only(sql: str) -> None:
-    statements = duckdb.extract_statements(sql)
-    if not statements:
-        raise NotReadOnly("no SQL statement given")
-    for st in statements:
-        if st.type.name not in READ_ONLY_TYPES:
-            raise NotReadOnly(f"only SELECT queries are allowed here, got a {st.type.name} statement")
+    """One SELECT, or EXPLAIN [ANALYZE] of one, by DuckDB's parser (``sql_sandbox.statement``);
+    what it may read is checked when it runs in the sandbox (``projections/sql_sandbox.py``)."""
+    from projections.sql_sandbox import SqlRefused, statement
+
+    try:
+        statement(sql)
+    except SqlRefused as exc:
+        raise NotReadOnly(str(exc)) from None
 
 
 def run_sql(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | None = None) -> dict[str, Any]:

@@ -26,13 +26,13 @@ import orjson
 
 from somnus import broker as broker_mod
 from somnus import procs
-from somnus.config import Settings
+from somnus.config import Settings, kafka_options
 
 
 async def _wait_group_stable(bootstrap: str, group: str, timeout_s: float) -> None:
     from aiokafka.admin import AIOKafkaAdminClient
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **kafka_options())
     await admin.start()
     try:
         deadline = time.monotonic() + timeout_s
@@ -64,7 +64,7 @@ async def raw_consume(bootstrap: str, topic: str) -> tuple[int, int, float]:
 
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest",
                                 enable_auto_commit=False, fetch_max_bytes=64 << 20,
-                                max_partition_fetch_bytes=16 << 20)
+                                max_partition_fetch_bytes=16 << 20, **kafka_options())
     await consumer.start()
     try:
         tps = [TopicPartition(topic, p) for p in await partitions_of(consumer, topic)]
@@ -88,7 +88,7 @@ async def raw_consume(bootstrap: str, topic: str) -> tuple[int, int, float]:
 async def _delete_topics(bootstrap: str, topics: list[str]) -> None:
     from aiokafka.admin import AIOKafkaAdminClient
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **kafka_options())
     await admin.start()
     try:
         existing = set(await admin.list_topics())

@@ -227,10 +227,12 @@ def wait_ready(bootstrap: str, timeout_s: float, proc: subprocess.Popen | None =
 
     from aiokafka.admin import AIOKafkaAdminClient
 
+    from somnus.config import kafka_options
+
     deadline = time.monotonic() + timeout_s
 
     async def probe() -> bool:
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=3000)
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=3000, **kafka_options())
         try:
             await admin.start()
             await admin.list_topics()

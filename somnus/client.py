@@ -82,10 +82,12 @@ LARGE_RECORDS: dict[str, Any] = {"compression_type": "gzip", "max_request_size":
 
 
 def make_producer(bootstrap: str, **overrides: Any) -> AIOKafkaProducer:
+    from somnus.config import kafka_options
+
     options: dict[str, Any] = dict(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=10,
                                    max_batch_size=1 << 20, max_request_size=8 << 20, compression_type=None,
                                    request_timeout_ms=60000)
-    return AIOKafkaProducer(**(options | overrides))
+    return AIOKafkaProducer(**(options | kafka_options() | overrides))  # a secured cluster: KAFKA_SECURITY_*
 
 
 def bundles(raws: list[bytes], bundle_max: int) -> list[tuple[bytes | None, bytes]]:

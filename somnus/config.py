@@ -40,7 +40,18 @@ _ENV = {
     "session_idle_s": "SOMNUS_SESSION_IDLE_S",
     "max_clock_skew_s": "SOMNUS_MAX_CLOCK_SKEW_S",
     "broker_wait_s": "SOMNUS_BROKER_WAIT_S",
+    "sql_timeout_s": "SOMNUS_SQL_TIMEOUT_S",
+    "sql_memory_limit": "SOMNUS_SQL_MEMORY_LIMIT",
+    "sql_threads": "SOMNUS_SQL_THREADS",
+    "kafka_security_protocol": "KAFKA_SECURITY_PROTOCOL",
+    "kafka_sasl_mechanism": "KAFKA_SASL_MECHANISM",
+    "kafka_sasl_username": "KAFKA_SASL_USERNAME",
+    "kafka_sasl_password": "KAFKA_SASL_PASSWORD",
+    "kafka_ssl_cafile": "KAFKA_SSL_CAFILE",
 }
+
+KAFKA_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+KAFKA_SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
 
 @dataclass(frozen=True)
@@ -82,6 +93,18 @@ class Settings:
     # How long a starting worker or projector waits for its broker to answer before it exits (then
     # `somnus up`'s supervisor starts it again after a back-off).
     broker_wait_s: float = 300.0
+    # Analysts' SQL (projections/sql_sandbox.py): a query still running after this is interrupted; the
+    # memory its sorts and hash tables may hold; its threads where DuckDB allows (a file opened for
+    # the query alone; in the projector the thread count is the database's, shared with the writer).
+    sql_timeout_s: float = 10.0
+    sql_memory_limit: str = "1GB"
+    sql_threads: int = 2
+    # A secured Kafka cluster (kafka_options): every client Somnus makes gets these.
+    kafka_security_protocol: str = "PLAINTEXT"
+    kafka_sasl_mechanism: str | None = None
+    kafka_sasl_username: str | None = None
+    kafka_sasl_password: str | None = dataclasses.field(default=None, repr=False)
+    kafka_ssl_cafile: Path | None = None
 
     @classmethod
     def resolve(cls, env: Mapping[str, str] | None = None, **args: Any) -> Settings:
@@ -164,6 +187,44 @@ class Settings:
             if value is not None:
                 out[var] = str(value)
         return out
+
+
+def kafka_options(settings: Settings | None = None) -> dict[str, Any]:
+    """The keyword arguments every aiokafka client (producer, consumer, admin) gets for the cluster's
+    security settings; none for PLAINTEXT, the default. ``settings`` None: from the environment
+    (``KAFKA_SECURITY_PROTOCOL``, ``KAFKA_SASL_MECHANISM``, ``KAFKA_SASL_USERNAME``,
+    ``KAFKA_SASL_PASSWORD``, ``KAFKA_SSL_CAFILE``). The Faust app's ``broker_credentials`` are made
+    from the same (``streams.app.broker_credentials``).
+
+    >>> kafka_options(Settings.resolve(env={}))
+    {}
+    >>> opts = kafka_options(Settings.resolve(env={"KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+    ...     "KAFKA_SASL_MECHANISM": "SCRAM-SHA-512", "KAFKA_SASL_USERNAME": "somnus", "KAFKA_SASL_PASSWORD": "pw"}))
+    >>> sorted(opts.items())
+    [('sasl_mechanism', 'SCRAM-SHA-512'), ('sasl_plain_password', 'pw'), ('sasl_plain_username', 'somnus'), ('security_protocol', 'SASL_PLAINTEXT')]
+    """
+    s = Settings.resolve() if settings is None else settings
+    protocol = s.kafka_security_protocol.strip().upper()
+    if protocol not in KAFKA_PROTOCOLS:
+        raise ValueError(f"KAFKA_SECURITY_PROTOCOL: {s.kafka_security_protocol!r} is not one of {', '.join(KAFKA_PROTOCOLS)}")
+    if protocol == "PLAINTEXT":
+        return {}
+    out: dict[str, Any] = {"security_protocol": protocol}
+    if protocol.endswith("SSL"):
+        from aiokafka.helpers import create_ssl_context
+
+        # The CA file names the cluster's certificate authority; without one the system's CAs are trusted.
+        out["ssl_context"] = create_ssl_context(cafile=str(s.kafka_ssl_cafile) if s.kafka_ssl_cafile else None)
+    if protocol.startswith("SASL"):
+        mechanism = (s.kafka_sasl_mechanism or "PLAIN").strip().upper()
+        if mechanism not in KAFKA_SASL_MECHANISMS:
+            raise ValueError(f"KAFKA_SASL_MECHANISM: {s.kafka_sasl_mechanism!r} is not one of "
+                             f"{', '.join(KAFKA_SASL_MECHANISMS)}")
+        if not s.kafka_sasl_username or s.kafka_sasl_password is None:
+            raise ValueError(f"KAFKA_SECURITY_PROTOCOL={protocol} needs KAFKA_SASL_USERNAME and KAFKA_SASL_PASSWORD")
+        out.update(sasl_mechanism=mechanism, sasl_plain_username=s.kafka_sasl_username,
+                   sasl_plain_password=s.kafka_sasl_password)
+    return out
 
 
 def _convert(kind: Any, value: Any) -> Any:

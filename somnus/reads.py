@@ -156,9 +156,12 @@ async def _kafka_positions(settings: Settings, bootstrap: str) -> tuple[dict[str
 
     from streams.topics import partitions_of
 
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
+    from somnus.config import kafka_options
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                                **kafka_options(settings))
     await consumer.start()
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **kafka_options(settings))
     await admin.start()
     try:
         tps = []

@@ -38,7 +38,7 @@ from schemas.episodes import EpisodeDistilled
 from schemas.codec import (Rejection, dead_letter_original, decode_bounded, decode_record, encode, poison_reason,
                           record_rejection, truncated_note)
 from somnus.client import track_topics_sent_to
-from somnus.config import Settings
+from somnus.config import Settings, kafka_options
 from streams.liveness import PartitionWatchdog, RecoveryWatchdog, SomnusApp, install_diagnostics, watch
 from streams.metrics import WorkerCounters
 from streams.ordering import (Admitted, OffsetGuard, decode_clock, decode_position, position_key,
@@ -190,6 +190,17 @@ async def run_batched(app: faust.App, settings: Settings, stream: faust.StreamT,
 METADATA_MAX_AGE_MS = 10_000  # how often the worker's consumer refreshes its metadata at least
 
 
+def broker_credentials(options: dict[str, Any]) -> Any:
+    """Faust's ``broker_credentials`` for ``somnus.config.kafka_options`` (None: PLAINTEXT); Faust hands
+    them to every consumer, producer and admin client it makes (``credentials_to_aiokafka_auth``)."""
+    if not options:
+        return None
+    if "sasl_mechanism" in options:
+        return faust.SASLCredentials(username=options["sasl_plain_username"], password=options["sasl_plain_password"],
+                                     ssl_context=options.get("ssl_context"), mechanism=options["sasl_mechanism"])
+    return faust.SSLCredentials(options["ssl_context"])
+
+
 def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker") -> faust.App:
     track_topics_sent_to()  # before Faust's producer sends anything (see its docstring)
     datadir = Path(settings.home) / "faust" / worker_name
@@ -224,6 +235,7 @@ def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker") 
         # and an empty assignment); aiokafka rejoins when a later refresh shows them, which Faust's
         # default of 5 minutes made a 5-minute outage (tests/integration/test_recovery.py hides a topic).
         consumer_metadata_max_age_ms=METADATA_MAX_AGE_MS,
+        broker_credentials=broker_credentials(kafka_options(settings)),  # a secured cluster: KAFKA_SECURITY_*
     )
     traces = app.topic(settings.traces_topic, partitions=settings.partitions, key_type=bytes, value_type=bytes,
                        internal=False)
@@ -803,7 +815,7 @@ async def first_record_at(bootstrap: str, tp: Any, offset: int) -> int | None:
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                                auto_offset_reset="earliest")
+                                auto_offset_reset="earliest", **kafka_options())
     await consumer.start()
     try:
         part = TopicPartition(tp.topic, tp.partition)

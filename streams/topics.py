@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
-from somnus.config import Settings
+from somnus.config import Settings, kafka_options
 
 if TYPE_CHECKING:
     from aiokafka import AIOKafkaConsumer
@@ -51,7 +51,7 @@ async def ensure_topics_async(bootstrap: str, specs: dict[str, int],
                               append_time: frozenset[str] = frozenset()) -> dict[str, int]:
     """Create missing topics (those in ``append_time`` stamped with the broker's time); raise if an
     existing one has a different partition count."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=30000)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=30000, **kafka_options())
     await admin.start()
     try:
         existing = set(await admin.list_topics())

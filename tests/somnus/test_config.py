@@ -33,6 +33,14 @@ NON_DEFAULT = {
     "session_idle_s": (7200.0, "SOMNUS_SESSION_IDLE_S", "7200", 7200.0),
     "max_clock_skew_s": (60.0, "SOMNUS_MAX_CLOCK_SKEW_S", "60", 60.0),
     "broker_wait_s": (30.0, "SOMNUS_BROKER_WAIT_S", "30", 30.0),
+    "sql_timeout_s": (2.5, "SOMNUS_SQL_TIMEOUT_S", "2.5", 2.5),
+    "sql_memory_limit": ("256MB", "SOMNUS_SQL_MEMORY_LIMIT", "256MB", "256MB"),
+    "sql_threads": (1, "SOMNUS_SQL_THREADS", "1", 1),
+    "kafka_security_protocol": ("SASL_SSL", "KAFKA_SECURITY_PROTOCOL", "SASL_SSL", "SASL_SSL"),
+    "kafka_sasl_mechanism": ("SCRAM-SHA-256", "KAFKA_SASL_MECHANISM", "SCRAM-SHA-256", "SCRAM-SHA-256"),
+    "kafka_sasl_username": ("somnus", "KAFKA_SASL_USERNAME", "somnus", "somnus"),
+    "kafka_sasl_password": ("s3cret", "KAFKA_SASL_PASSWORD", "s3cret", "s3cret"),
+    "kafka_ssl_cafile": ("/etc/kafka/ca.pem", "KAFKA_SSL_CAFILE", "/etc/kafka/ca.pem", Path("/etc/kafka/ca.pem")),
 }
 
 
@@ -50,6 +58,9 @@ def test_defaults_are_pinned():
             s.session_timeout_s) == (4, "somnus.", 1_048_576, 500, 0.1, "somnus", 10.0)
     assert s.session_retention_s == 7 * 86400.0 and s.session_idle_s == 0.0 and s.max_clock_skew_s == 300.0
     assert s.max_json_depth == 64
+    assert (s.sql_timeout_s, s.sql_memory_limit, s.sql_threads) == (10.0, "1GB", 2)
+    assert (s.kafka_security_protocol, s.kafka_sasl_mechanism, s.kafka_sasl_username, s.kafka_sasl_password,
+            s.kafka_ssl_cafile) == ("PLAINTEXT", None, None, None, None)
 
 
 @pytest.mark.parametrize("name", sorted(NON_DEFAULT))
@@ -144,3 +155,215 @@ def test_boolean_settings_read_the_usual_spellings(text, value):
 def test_a_boolean_setting_that_is_not_one_is_an_error_naming_the_value():
     with pytest.raises(ValueError, match="'maybe'"):
         Settings.resolve(env={"SOMNUS_LLM_EXTRACTOR": "maybe"})
+
+
+# ---- Kafka security: one helper (kafka_options), passed to every client Somnus makes ----------------
+
+SASL_SSL = {"KAFKA_SECURITY_PROTOCOL": "SASL_SSL", "KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
+            "KAFKA_SASL_USERNAME": "somnus", "KAFKA_SASL_PASSWORD": "s3cret"}
+
+
+def _cafile() -> str:
+    return pytest.importorskip("certifi").where()  # any PEM bundle: the CA file is only loaded
+
+
+def test_plaintext_needs_no_options():
+    from somnus.config import kafka_options
+
+    assert kafka_options(Settings.resolve(env={})) == {}
+    assert kafka_options(Settings.resolve(env={"KAFKA_SECURITY_PROTOCOL": "plaintext"})) == {}
+
+
+def test_sasl_ssl_options_carry_the_mechanism_the_user_and_a_context_with_the_ca_file():
+    import ssl
+
+    from somnus.config import kafka_options
+
+    opts = kafka_options(Settings.resolve(env={**SASL_SSL, "KAFKA_SSL_CAFILE": _cafile()}))
+    assert {k: v for k, v in opts.items() if k != "ssl_context"} == {
+        "security_protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512", "sasl_plain_username": "somnus",
+        "sasl_plain_password": "s3cret"}
+    assert isinstance(opts["ssl_context"], ssl.SSLContext) and opts["ssl_context"].verify_mode == ssl.CERT_REQUIRED
+    assert opts["ssl_context"].get_ca_certs()  # the CA file was loaded
+
+
+def test_ssl_alone_gives_a_context_and_no_sasl():
+    from somnus.config import kafka_options
+
+    opts = kafka_options(Settings.resolve(env={"KAFKA_SECURITY_PROTOCOL": "SSL", "KAFKA_SSL_CAFILE": _cafile()}))
+    assert set(opts) == {"security_protocol", "ssl_context"} and opts["security_protocol"] == "SSL"
+
+
+@pytest.mark.parametrize("env,match", [
+    ({"KAFKA_SECURITY_PROTOCOL": "TLS"}, "KAFKA_SECURITY_PROTOCOL"),
+    ({"KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT", "KAFKA_SASL_MECHANISM": "GSSAPI", "KAFKA_SASL_USERNAME": "u",
+      "KAFKA_SASL_PASSWORD": "p"}, "KAFKA_SASL_MECHANISM"),
+    ({"KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT", "KAFKA_SASL_USERNAME": "u"}, "KAFKA_SASL_PASSWORD"),
+])
+def test_an_incomplete_or_unknown_security_setting_is_an_error_naming_it(env, match):
+    from somnus.config import kafka_options
+
+    with pytest.raises(ValueError, match=match):
+        kafka_options(Settings.resolve(env=env))
+
+
+def test_the_password_is_not_in_the_settings_repr():
+    assert "s3cret" not in repr(Settings.resolve(env=SASL_SSL))
+
+
+class _Stop(Exception):
+    """Raised by a recorded client's start: the construction was all the test wanted."""
+
+
+def _recorder(made: list[tuple[str, dict]], name: str) -> type:
+    class Client:
+        def __init__(self, *topics: str, **kwargs: object) -> None:
+            made.append((name, kwargs))
+
+        async def start(self) -> None:
+            raise _Stop(name)
+
+        async def stop(self) -> None:
+            pass
+
+        async def close(self) -> None:
+            pass
+
+    return Client
+
+
+def _secured(made: list[tuple[str, dict]]) -> None:
+    assert made, "no client was made"
+    for name, kwargs in made:
+        got = {k: kwargs.get(k) for k in ("security_protocol", "sasl_mechanism", "sasl_plain_username",
+                                           "sasl_plain_password")}
+        assert got == {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "SCRAM-SHA-512",
+                       "sasl_plain_username": "somnus", "sasl_plain_password": "s3cret"}, name
+
+
+SASL_PLAIN = {**SASL_SSL, "KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT"}
+
+
+@pytest.fixture()
+def secured_env(monkeypatch) -> dict[str, str]:
+    for var, value in SASL_PLAIN.items():
+        monkeypatch.setenv(var, value)
+    return SASL_PLAIN
+
+
+def test_the_publishing_client_gets_the_security_options(secured_env, monkeypatch):
+    from somnus import client
+
+    made: list[tuple[str, dict]] = []
+    monkeypatch.setattr(client, "AIOKafkaProducer", _recorder(made, "producer"))
+    client.make_producer("kafka:9092")
+    _secured(made)
+
+
+def test_topic_creation_gets_the_security_options(secured_env, monkeypatch):
+    import asyncio
+
+    from streams import topics
+
+    made: list[tuple[str, dict]] = []
+    monkeypatch.setattr(topics, "AIOKafkaAdminClient", _recorder(made, "admin"))
+    with pytest.raises(_Stop):
+        asyncio.run(topics.ensure_topics_async("kafka:9092", {"t": 1}))
+    _secured(made)
+
+
+def test_the_projectors_consumer_and_producer_get_the_security_options(secured_env, monkeypatch, tmp_path):
+    import asyncio
+    from types import SimpleNamespace
+
+    import duckdb
+
+    from projections import projector
+
+    settings = Settings.resolve(home=tmp_path)
+    made: list[tuple[str, dict]] = []
+    monkeypatch.setattr(projector, "AIOKafkaConsumer", _recorder(made, "consumer"))
+    monkeypatch.setattr(projector, "AIOKafkaProducer", _recorder(made, "producer"))
+    with pytest.raises(_Stop, match="consumer"):
+        asyncio.run(projector.Projector(settings, "kafka:9092").run())
+    seen = SimpleNamespace(agents={}, briefings=SimpleNamespace(current={}), memory=None, semantic=None, top_facts=None)
+    with pytest.raises(_Stop, match="producer"):
+        asyncio.run(projector.Projector(settings, "kafka:9092")._start_server(duckdb.connect(), seen))
+    assert [n for n, _ in made] == ["consumer", "producer"]
+    _secured(made)
+
+
+def test_status_first_record_lookup_and_the_broker_probe_get_the_security_options(secured_env, monkeypatch, tmp_path):
+    import asyncio
+    import socket
+
+    import aiokafka
+    import aiokafka.admin
+
+    from somnus import broker, reads
+    from streams import app
+
+    made: list[tuple[str, dict]] = []
+    consumer = _recorder(made, "consumer")
+    consumer.start = lambda self: asyncio.sleep(0)  # type: ignore[method-assign]  (then the admin client)
+    monkeypatch.setattr(aiokafka, "AIOKafkaConsumer", consumer)
+    monkeypatch.setattr(aiokafka.admin, "AIOKafkaAdminClient", _recorder(made, "admin"))
+    with pytest.raises(_Stop):
+        asyncio.run(reads._kafka_positions(Settings.resolve(home=tmp_path), "kafka:9092"))
+    monkeypatch.setattr(consumer, "start", _recorder([], "x").start)
+    with pytest.raises(_Stop):
+        asyncio.run(app.first_record_at("kafka:9092", aiokafka.TopicPartition("t", 0), 0))
+    with socket.create_server(("127.0.0.1", 0)) as listening:  # the probe runs once a port accepts
+        with pytest.raises(broker.BrokerError):
+            broker.wait_ready(f"127.0.0.1:{listening.getsockname()[1]}", timeout_s=0.2)
+    assert {n for n, _ in made} == {"consumer", "admin"} and len(made) >= 4
+    _secured(made)
+
+
+def test_the_faust_app_gets_the_same_credentials(secured_env, tmp_path):
+    from faust.auth import SASLCredentials
+    from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
+
+    from somnus.config import kafka_options
+    from streams.app import create_app
+
+    settings = Settings.resolve(home=tmp_path)
+    app = create_app(settings, "kafka:9092")
+    assert isinstance(app.conf.broker_credentials, SASLCredentials)
+    # What Faust hands its consumer, producer and admin client is what every other client gets.
+    assert dict(credentials_to_aiokafka_auth(app.conf.broker_credentials)) == {**kafka_options(settings),
+                                                                               "ssl_context": None}
+
+
+def test_plaintext_faust_app_has_no_credentials(tmp_path, monkeypatch):
+    from streams.app import create_app
+
+    for var in SASL_SSL:
+        monkeypatch.delenv(var, raising=False)
+    assert create_app(Settings.resolve(env={}, home=tmp_path), "kafka:9092").conf.broker_credentials is None
+
+
+def test_every_kafka_client_in_the_source_is_given_the_security_options():
+    """A guard for clients added later: every AIOKafkaProducer / AIOKafkaConsumer / AIOKafkaAdminClient
+    construction passes ``**kafka_options(...)``, and the Faust app its broker_credentials."""
+    import ast
+
+    root = Path(__file__).resolve().parents[2]
+    clients = {"AIOKafkaProducer", "AIOKafkaConsumer", "AIOKafkaAdminClient"}
+    seen = []
+    for folder in ("somnus", "streams", "projections", "processors", "schemas"):
+        for path in sorted((root / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not isinstance(node, ast.Call):
+                    continue
+                name = getattr(node.func, "id", getattr(node.func, "attr", None))
+                where = f"{path.relative_to(root)}:{node.lineno}"
+                if name in clients:
+                    seen.append(where)
+                    spread = [k.value for k in node.keywords if k.arg is None]
+                    assert any(isinstance(c, ast.Call) and getattr(c.func, "id", None) == "kafka_options"
+                               for v in spread for c in ast.walk(v)), f"{where}: {name} without **kafka_options()"
+                elif name == "SomnusApp":
+                    seen.append(where)
+                    assert "broker_credentials" in {k.arg for k in node.keywords}, f"{where}: no broker_credentials"
+    assert len(seen) >= 10  # the guard looked at the real constructions

@@ -1,0 +1,325 @@
+"""Analysts' SQL (``POST /sql``, ``somnus sql``), sandboxed: one SELECT, on its own connection, for a limited time.
+
+What may run is decided by DuckDB's own parser, never by matching text:
+
+- one statement (``extract_statements``), of type SELECT, or EXPLAIN / EXPLAIN ANALYZE of one SELECT
+  (the explained statement is cut out with DuckDB's tokenizer and parsed again: ``EXPLAIN ANALYZE
+  DELETE ...`` is a DELETE and refused); EXPLAIN with an option list is refused;
+- the SELECT's syntax tree (``json_serialize_sql``) reads only tables and views of the database
+  (or its own CTEs), calls only the table functions in ``TABLE_FUNCTIONS`` and none of the scalar
+  functions in ``DENIED_FUNCTIONS`` (they change a sequence, write the log, sleep). A name that is
+  not in the catalog is refused before DuckDB would look for a file or a Python variable of that
+  name (replacement scans: ``FROM '/etc/passwd'``).
+
+How it runs (``SqlSandbox.run``): on a cursor of its own (DuckDB lets one process hold the file, so
+the projector's analysts read through a cursor of the writer's database and see committed data),
+in the calling thread, which the HTTP server keeps off its event loop; interrupted
+(``connection.interrupt()``) after ``SOMNUS_SQL_TIMEOUT_S`` with an error that names the limit;
+its sorts and hash tables held to ``SOMNUS_SQL_MEMORY_LIMIT`` (``operator_memory_limit``, set per
+connection).
+
+The database is hardened too, as far as DuckDB's settings, which are global to a database (checked
+with ``duckdb_settings()``), leave the projector working:
+
+- everywhere: extensions are neither installed nor loaded on demand, community extensions are
+  refused, and the configuration is locked (``lock_configuration``) so no statement can undo this;
+- a file opened for reads alone (``somnus sql`` with no projector running: read-only) also gets
+  ``enable_external_access = false`` (no file, network or extension access at all), a
+  ``memory_limit`` and a ``threads`` cap.
+
+The projector's own database keeps external access: its writer reads its batches from Arrow tables
+by name (DuckDB's Python replacement scans), which ``enable_external_access = false`` turns off
+(``PythonReplacementScan::Replace`` returns nothing then), and its thread count and memory limit
+are the writer's too. There the syntax-tree allow-list above is what keeps files and the network
+out of reach.
+
+>>> import duckdb
+>>> con = duckdb.connect()
+>>> _ = con.execute("CREATE TABLE episodes AS SELECT 1 AS n")
+>>> box = SqlSandbox(con, timeout_s=5)
+>>> box.run("SELECT n + ? AS m FROM episodes", [1])
+{'columns': ['m'], 'rows': [[2]]}
+>>> try:
+...     box.run("EXPLAIN ANALYZE DELETE FROM episodes")
+... except SqlRefused as exc:
+...     print(exc)
+only a SELECT can be explained here, not DELETE
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import duckdb
+
+# Table functions a query may call: generators, JSON, and the catalog's own descriptions. The rest
+# read files (read_csv, read_text, glob, parquet_*...), run other SQL (query, query_table), or show
+# or change the engine's state (duckdb_secrets, checkpoint, enable_logging...).
+TABLE_FUNCTIONS = frozenset({
+    "range", "generate_series", "unnest", "json_each", "json_tree",
+    "duckdb_tables", "duckdb_views", "duckdb_columns", "duckdb_schemas", "duckdb_constraints",
+    "duckdb_indexes", "duckdb_types", "duckdb_functions", "duckdb_keywords", "pragma_table_info",
+})
+# Scalar functions with an effect beyond their answer. (Pragmas and table functions are not callable
+# in a SELECT's expressions; those with effects are named too, in case a version makes them so.)
+DENIED_FUNCTIONS = frozenset({
+    "nextval", "setval", "setseed", "write_log", "sleep_ms", "pg_sleep",
+    "import_database", "copy_database", "force_checkpoint", "checkpoint", "json_execute_serialized_sql",
+    "enable_profile", "enable_profiling", "disable_profile", "disable_profiling", "enable_logging",
+    "disable_logging", "truncate_duckdb_logs", "enable_checkpoint_on_shutdown", "disable_checkpoint_on_shutdown",
+    "add_parquet_key", "getenv",
+})
+# SHOW TABLES / SHOW ALL TABLES / SHOW DATABASES name these instead of a table.
+SHOW_SPECIAL = frozenset({"tables", "__show_tables_expanded", "databases"})
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_SEARCH_PATH = ("main", "pg_catalog")  # where an unqualified name resolves (besides CTEs)
+
+
+class SqlRefused(ValueError):
+    """The SQL is not one read-only query this sandbox runs; the message says why."""
+
+
+class SqlTimeout(TimeoutError):
+    """The query ran out of its time and was interrupted; the message names the limit."""
+
+
+def _explained(text: str) -> tuple[str, str]:
+    """Split ``EXPLAIN [ANALYZE] <statement>`` into its prefix and the statement explained."""
+    found = duckdb.tokenize(text)
+    words = [(off, text[off:(found[i + 1][0] if i + 1 < len(found) else len(text))].strip().upper())
+             for i, (off, kind) in enumerate(found) if "comment" not in str(kind)]
+    if len(words) < 2 or words[0][1] != "EXPLAIN":
+        raise SqlRefused("could not find the statement this EXPLAIN explains")
+    rest = 1
+    if words[1][1] in ("ANALYZE", "ANALYSE"):
+        rest = 2
+    elif words[1][1].startswith("("):
+        raise SqlRefused("EXPLAIN with options is not allowed here: use EXPLAIN or EXPLAIN ANALYZE")
+    if rest >= len(words):
+        raise SqlRefused("EXPLAIN of nothing")
+    return ("EXPLAIN ANALYZE " if rest == 2 else "EXPLAIN "), text[words[rest][0]:]
+
+
+def statement(sql: str, parse: Callable[[str], list[Any]] = duckdb.extract_statements) -> tuple[str, str]:
+    """``("", select)`` for one SELECT, ``("EXPLAIN [ANALYZE] ", select)`` for an EXPLAIN of one;
+    ``SqlRefused`` for anything else, by DuckDB's parser (``parse``: a connection's ``extract_statements``).
+
+    >>> statement("EXPLAIN ANALYZE SELECT 1")
+    ('EXPLAIN ANALYZE ', 'SELECT 1')
+    >>> try:
+    ...     statement("EXPLAIN ANALYZE SET threads = 1")
+    ... except SqlRefused as exc:
+    ...     print(exc)
+    only a SELECT can be explained here, not SET
+    """
+    try:
+        statements = parse(sql)
+    except duckdb.Error as exc:
+        raise SqlRefused(str(exc)) from None
+    if not statements:
+        raise SqlRefused("no SQL statement given")
+    if len(statements) > 1:
+        raise SqlRefused(f"one statement at a time, got {len(statements)}")
+    st = statements[0]
+    if st.type == duckdb.StatementType.SELECT:
+        return "", st.query
+    if st.type != duckdb.StatementType.EXPLAIN:
+        raise SqlRefused(f"only a SELECT query (or EXPLAIN of one) is allowed here, not {st.type.name}")
+    prefix, inner = _explained(st.query)
+    try:
+        explained = parse(inner)
+    except duckdb.Error as exc:
+        raise SqlRefused(str(exc)) from None
+    if len(explained) != 1 or explained[0].type != duckdb.StatementType.SELECT:
+        got = explained[0].type.name if len(explained) == 1 else f"{len(explained)} statements"
+        raise SqlRefused(f"only a SELECT can be explained here, not {got}")
+    return prefix, explained[0].query
+
+
+def _walk(tree: Any) -> Iterator[dict[str, Any]]:
+    """Every object in a serialized syntax tree (iteratively: a deep tree needs no deep stack)."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            yield node
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+
+
+class SqlSandbox:
+    """Runs analysts' SELECTs on cursors of ``con``'s database (see the module's docstring).
+
+    ``con`` is the connection the sandbox draws its cursors from; make it in the thread that owns
+    ``con`` (cursors are then made under a lock, from any thread).
+    """
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, timeout_s: float = 10.0, memory_limit: str = "1GB",
+                 threads: int = 2) -> None:
+        self.timeout_s, self.memory_limit = float(timeout_s), memory_limit
+        self._base = con.cursor()
+        self._lock = threading.Lock()
+        self._running: set[duckdb.DuckDBPyConnection] = set()
+        self.dedicated = harden(self._base, memory_limit, threads)
+
+    @classmethod
+    def from_settings(cls, con: duckdb.DuckDBPyConnection, settings: Any = None) -> SqlSandbox:
+        """A sandbox with the limits of ``settings`` (default: resolved from the environment)."""
+        from somnus.config import Settings
+
+        s = settings or Settings.resolve()
+        return cls(con, timeout_s=s.sql_timeout_s, memory_limit=s.sql_memory_limit, threads=s.sql_threads)
+
+    def _cursor(self) -> duckdb.DuckDBPyConnection:
+        with self._lock:
+            cur = self._base.cursor()
+        cur.execute(f"SET operator_memory_limit = '{_quoted(self.memory_limit)}'")
+        return cur
+
+    # ---- what may run ----
+    def check(self, sql: str) -> str:
+        """The statement to run for ``sql``, or ``SqlRefused`` saying why it may not run."""
+        cur = self._cursor()
+        try:
+            prefix, select = statement(sql, cur.extract_statements)
+            self._check_select(cur, select)
+            return prefix + select
+        finally:
+            cur.close()
+
+    def _check_select(self, cur: duckdb.DuckDBPyConnection, text: str) -> None:
+        raw = cur.execute("SELECT json_serialize_sql(?::VARCHAR)", [text]).fetchone()[0]
+        try:
+            tree = json.loads(raw)
+        except RecursionError:
+            raise SqlRefused("the query is nested too deeply") from None
+        if tree.get("error"):
+            raise SqlRefused(f"{tree.get('error_type', 'parser')} error: {tree.get('error_message', '')}")
+        if len(tree.get("statements", ())) != 1:
+            raise SqlRefused("only one SELECT is allowed here")
+        ctes: set[str] = set()
+        tables: list[dict[str, Any]] = []
+        for node in _walk(tree["statements"][0]):
+            for entry in (node.get("cte_map") or {}).get("map", ()) if isinstance(node.get("cte_map"), dict) else ():
+                name = str(entry.get("key", ""))
+                if not _IDENTIFIER.match(name):
+                    raise SqlRefused(f"a CTE's name must be a plain identifier, not {name!r}")
+                ctes.add(name.lower())
+            kind = node.get("type")
+            if kind == "BASE_TABLE":
+                tables.append(node)
+            elif kind == "TABLE_FUNCTION":
+                name = str((node.get("function") or {}).get("function_name", "")).lower()
+                if name not in TABLE_FUNCTIONS:
+                    raise SqlRefused(f"table function {name}() is not allowed here (it reaches outside the "
+                                     f"projections); allowed: {', '.join(sorted(TABLE_FUNCTIONS))}")
+            elif kind == "SHOW_REF" and node.get("table_name"):
+                if str(node["table_name"]).strip('"').lower() not in SHOW_SPECIAL:
+                    tables.append(node)
+            if node.get("class") == "FUNCTION":
+                name = str(node.get("function_name", "")).lower()
+                if name in DENIED_FUNCTIONS or name.startswith("__internal"):
+                    raise SqlRefused(f"function {name}() is not allowed here (it changes state or reaches "
+                                     "outside the projections)")
+        if tables:
+            known, catalogs = _catalog(cur)
+            for ref in tables:
+                _check_table(ref, known, catalogs, ctes)
+
+    # ---- running ----
+    def run(self, sql: str, params: list[Any] | None = None) -> dict[str, Any]:
+        """Run one read-only query (``?`` placeholders take ``params``) within the time limit;
+        ``{"columns": [...], "rows": [[...], ...]}``."""
+        statement = self.check(sql)
+        cur = self._cursor()
+        timed_out = threading.Event()
+
+        def expire() -> None:
+            timed_out.set()
+            cur.interrupt()
+
+        timer = threading.Timer(self.timeout_s, expire)
+        timer.daemon = True
+        with self._lock:
+            self._running.add(cur)
+        timer.start()
+        try:
+            rel = cur.execute(statement, params) if params else cur.execute(statement)
+            columns = [d[0] for d in rel.description] if rel.description else []
+            rows = rel.fetchall()
+        except duckdb.InterruptException:
+            if timed_out.is_set():
+                raise SqlTimeout(f"the query was interrupted after its time limit of {self.timeout_s:g} s "
+                                 "(SOMNUS_SQL_TIMEOUT_S)") from None
+            raise
+        finally:
+            timer.cancel()
+            with self._lock:
+                self._running.discard(cur)
+            cur.close()
+        return {"columns": columns, "rows": [list(r) for r in rows]}
+
+    def interrupt(self) -> int:
+        """Interrupt every query running now (a stopping server); how many there were."""
+        with self._lock:
+            running = list(self._running)
+        for cur in running:
+            cur.interrupt()
+        return len(running)
+
+
+def harden(con: duckdb.DuckDBPyConnection, memory_limit: str = "1GB", threads: int = 2) -> bool:
+    """Set what can be set on ``con``'s database without breaking its other users, then lock its
+    configuration; True when the database is read-only (opened for reads alone: everything is set).
+    Nothing is set again on a database already locked."""
+    def setting(name: str) -> Any:
+        return con.execute("SELECT current_setting(?)", [name]).fetchone()[0]
+
+    read_only = bool(con.execute("SELECT readonly FROM duckdb_databases() WHERE database_name = current_database()"
+                                 ).fetchone()[0])
+    if str(setting("lock_configuration")).lower() in ("true", "1"):
+        return read_only
+    statements = ["SET autoinstall_known_extensions = false", "SET autoload_known_extensions = false",
+                  "SET allow_community_extensions = false"]
+    if read_only:
+        statements += ["SET enable_external_access = false", f"SET memory_limit = '{_quoted(memory_limit)}'",
+                       f"SET threads = {int(threads)}"]
+    # Each sandbox cursor sets its own operator memory limit: the one setting left open.
+    statements += ["SET allowed_configs = ['operator_memory_limit']", "SET lock_configuration = true"]
+    for statement in statements:
+        con.execute(statement)
+    return read_only
+
+
+def _quoted(value: str) -> str:
+    return str(value).replace("'", "''")
+
+
+def _catalog(cur: duckdb.DuckDBPyConnection) -> tuple[set[tuple[str, str]], set[str]]:
+    """Every (schema, name) of a table or view the database holds, and its catalogs' names (lower case)."""
+    rows = cur.execute("SELECT schema_name, table_name FROM duckdb_tables() UNION ALL "
+                       "SELECT schema_name, view_name FROM duckdb_views()").fetchall()
+    catalogs = {r[0].lower() for r in cur.execute("SELECT database_name FROM duckdb_databases()").fetchall()}
+    return {(s.lower(), n.lower()) for s, n in rows}, catalogs
+
+
+def _check_table(ref: dict[str, Any], known: set[tuple[str, str]], catalogs: set[str], ctes: set[str]) -> None:
+    name = str(ref.get("table_name", "")).lower()
+    schema = str(ref.get("schema_name", "") or "").lower()
+    catalog = str(ref.get("catalog_name", "") or "").lower()
+    if not schema and not catalog and name in ctes:
+        return
+    if catalog and catalog not in catalogs:
+        raise SqlRefused(f"no database named {catalog!r} here")
+    if schema:  # `x.t` is schema x's table t, or (DuckDB tries both) database x's main.t
+        found = (schema, name) in known or (not catalog and schema in catalogs and ("main", name) in known)
+    else:
+        found = any((s, name) in known for s in _SEARCH_PATH)
+    if not found:
+        raise SqlRefused(f"no table or view named {ref.get('table_name')!r} (only the projections' tables and "
+                         "views can be read here, not files)")

@@ -350,13 +350,16 @@ def allowed_scopes(agent: str, agents: Mapping[str, object] | None = None) -> li
     return scope_chain(dict(agents or {}), agent)  # type: ignore[arg-type]
 
 
-def named_people(index: MemoryIndex, tokens: Sequence[str]) -> list[str]:
-    """Known people (normalised names) whose every word is in the query's tokens."""
+def named_people(index: MemoryIndex, tokens: Sequence[str], reader: str | None = None) -> list[str]:
+    """Known people (normalised names) whose every word is in the query's tokens; never the reader
+    itself (an agent's own messages carry its name as their speaker, so "support" is a person of the
+    support agent's memories, and its "support group" is not about itself)."""
     present = set(tokens)
+    own = reader.lower() if reader else None
     out: set[str] = set()
     for tok in present:
         for name in index.people.get(tok, ()):
-            if all(w in present for w in name.split()):
+            if name != own and all(w in present for w in name.split()):
                 out.add(name)
     return sorted(out)
 
@@ -394,7 +397,10 @@ def recall(index: MemoryIndex, query: str, agent: str, k: int = 10, filters: Map
         return visible[ix]
 
     tokens = index.tokenize(query)  # = tokenize(query, index.config.stem)
-    people = named_people(index, tokens)
+    # Only people of memories the reader may read: the list is returned, and a person known only in
+    # another scope or to another user would tell the reader that person exists.
+    people = [p for p in named_people(index, tokens, agent)
+              if corpus[np.asarray(index.keys.get(("person", p), ()), dtype=np.int64)].any()]
     name_words = {w for p in people for w in p.split()}
     lexical_tokens = [t for t in tokens if t not in name_words] or tokens
     hints = time_hints(query)
@@ -651,7 +657,7 @@ def _lexical(index: MemoryIndex, lexical_tokens: Sequence[str], all_tokens: Sequ
 
 # ---- the relevance gate, the token budget, the episodic context --------------------------------
 
-RELEVANCE_WEIGHTS = {"fingerprint": 0.5, "tool": 0.2, "domain": 0.15, "entity": 0.15}
+RELEVANCE_WEIGHTS = {"text": 0.5, "tool": 0.2, "domain": 0.15, "entity": 0.15}
 MIN_RELEVANCE = 0.05
 CHARS_PER_TOKEN = 4  # the usual estimate for English text; no tokenizer needed
 
@@ -672,12 +678,32 @@ class Relevance:
     tool: float
     domain: float
     entity: float
+    task: float = 0.0  # the query's similarity to the memory's task (``task_similarity``)
+
+
+def task_similarity(query_tokens: set[str], task_tokens: set[str]) -> float:
+    """How alike a query and a memory's task are: the cosine of their token sets (Ochiai),
+    ``|Q & T| / sqrt(|Q| |T|)``. Unlike the fingerprint Jaccard over the whole memory (task, summary,
+    lessons, tools: a short query against a long episode scores ~0.08 even when it *is* the task),
+    it compares like with like, and a length difference lowers it only by its square root.
+
+    >>> task_similarity({"refund", "order", "1042"}, {"refund", "order", "1042"})
+    1.0
+    >>> round(task_similarity({"book", "flight"}, {"book", "flight", "new", "york", "seattle", "may", "20", "economy"}), 3)
+    0.5
+    >>> task_similarity({"pizza"}, {"book", "flight"}), task_similarity(set(), {"x"})
+    (0.0, 0.0)
+    """
+    if not query_tokens or not task_tokens:
+        return 0.0
+    return len(query_tokens & task_tokens) / math.sqrt(len(query_tokens) * len(task_tokens))
 
 
 def relevance(unit: MemoryUnit, fingerprint_jaccard: float, query_tokens: set[str],
-              domain_hint: str | None = None) -> Relevance:
-    """Gated fusion: ``0.5 fingerprint Jaccard + 0.2 tool + 0.15 domain + 0.15 entity`` (exact matches:
-    a tool, domain (the hint, else one the query names) or object/person of the memory in the query)."""
+              domain_hint: str | None = None, task: float = 0.0) -> Relevance:
+    """Gated fusion: ``0.5 text + 0.2 tool + 0.15 domain + 0.15 entity``. Text: the better of the
+    fingerprint Jaccard and the task similarity ``task``; the others are exact matches: a tool,
+    domain (the hint, else one the query names) or object/person of the memory in the query."""
     tool = 1.0 if any(t.lower() in query_tokens for t in unit.tools) else 0.0
     doms = {d.lower() for d in unit.domains}
     domain = 1.0 if ((domain_hint and domain_hint.lower() in doms) or
@@ -685,9 +711,9 @@ def relevance(unit: MemoryUnit, fingerprint_jaccard: float, query_tokens: set[st
                                               for d in doms))) else 0.0
     entity = 1.0 if any(set(tokenize(e)) and set(tokenize(e)) <= query_tokens
                         for e in (*unit.objects, *unit.people)) else 0.0
-    score = (RELEVANCE_WEIGHTS["fingerprint"] * fingerprint_jaccard + RELEVANCE_WEIGHTS["tool"] * tool
+    score = (RELEVANCE_WEIGHTS["text"] * max(fingerprint_jaccard, task) + RELEVANCE_WEIGHTS["tool"] * tool
              + RELEVANCE_WEIGHTS["domain"] * domain + RELEVANCE_WEIGHTS["entity"] * entity)
-    return Relevance(score, fingerprint_jaccard, tool, domain, entity)
+    return Relevance(score, fingerprint_jaccard, tool, domain, entity, task)
 
 
 @dataclass(frozen=True)
@@ -697,19 +723,42 @@ class GatedHit:
 
 
 def gate(hits: Sequence[Hit], query: str, *, min_relevance: float = MIN_RELEVANCE, success_only: bool = False,
-         domain_hint: str | None = None, top_k: int = 5) -> list[GatedHit]:
+         domain_hint: str | None = None, top_k: int = 5,
+         words: Callable[[str], list[str]] = tokenize) -> list[GatedHit]:
     """Drop hits below ``min_relevance`` (and unsuccessful ones when ``success_only``), sort by
-    relevance (ties: recall rank), keep ``top_k``."""
+    relevance (ties: recall rank), keep ``top_k``. ``words``: how the task similarity tokenises the
+    query and each memory's task (the index's ``tokenize``: stemmed as it stems)."""
     q = set(tokenize(query))
+    q_words = set(words(query))
     out = []
     for h in hits:
         if success_only and h.unit.success is not True:
             continue
-        r = relevance(h.unit, h.signals.get("fingerprint", 0.0), q, domain_hint)
+        task = task_similarity(q_words, set(words(h.unit.perception)))
+        r = relevance(h.unit, h.signals.get("fingerprint", 0.0), q, domain_hint, task)
         if r.score >= min_relevance:
             out.append(GatedHit(h, r))
     out.sort(key=lambda g: (-g.relevance.score, g.hit.rank))
     return out[:top_k]
+
+
+def result_text(outcome: str, summary: str, task: str) -> str:
+    """An entry's result: the outcome, then what the summary adds. An episode's summary starts with
+    its outcome and task (``"success: refund order 1042 | 3 tool calls ..."``, the distiller's), which
+    the entry already shows: each is said once.
+
+    >>> result_text("success", "success: refund order 1042 | 3 tool calls (2 tools)", "refund order 1042")
+    'success: 3 tool calls (2 tools)'
+    >>> result_text("failure", "gave up", "x"), result_text("", "", "x")
+    ('failure: gave up', '')
+    """
+    rest = summary.strip()
+    if outcome and rest.startswith(f"{outcome}:"):
+        rest = rest[len(outcome) + 1:].strip()
+    head, sep, tail = rest.partition(" | ")
+    if sep and task.strip().startswith(head.removesuffix("...").strip()):
+        rest = tail.strip()
+    return ": ".join(x for x in (outcome, rest) if x)
 
 
 def render_entry(n: int, g: GatedHit) -> str:
@@ -718,7 +767,7 @@ def render_entry(n: int, g: GatedHit) -> str:
     u = g.hit.unit
     who = f"{one_line(u.speaker)}: " if u.speaker else ""
     lines = [f"[{n}] task: {who}{one_line(u.perception)} (relevance {g.relevance.score:.2f})"]
-    result = ": ".join(x for x in (one_line(u.outcome or ""), one_line(u.summary)) if x)
+    result = result_text(one_line(u.outcome or ""), one_line(u.summary), one_line(u.perception))
     if result:
         lines.append(f"    result: {result}")
     if u.lessons:
@@ -761,7 +810,7 @@ def build_episodic_context(index: MemoryIndex, query: str, agent: str, *, now: d
     r = recall(index, query, agent, k=max(4 * top_k, 20), filters=filters, now=now, agents=agents, config=config,
                user_id=user_id)
     gated = gate(r.hits, query, min_relevance=min_relevance, success_only=success_only, domain_hint=domain_hint,
-                 top_k=top_k)
+                 top_k=top_k, words=index.tokenize)
     entries = within_budget([render_entry(n, g) for n, g in enumerate(gated, 1)], token_budget)
     kept = gated[: len(entries)]
     ids = {g.hit.memory_id for g in kept}

@@ -103,6 +103,22 @@ _GOALS = re.compile(r"\b(?:I need to|I want to|I'd like to|I would like to|I(?:'
                     r"[Mm]y goal is to|[Hh]elp me)\s+" + _CLAUSE, re.I)
 
 
+def stored_kind(kind: str, user_interaction: bool) -> MemoryKind:
+    """The synopsis kind of a stored memory (a row of ``memories``: kind ``episode`` or ``message``,
+    and whether the user said it). The store's kinds are not the synopsis's: a user's message is
+    ``USER_MESSAGE`` (mined for name, preferences, traits and goals), an agent's ``AGENT_MESSAGE``
+    (topics only), an episode ``TASK`` (its text is the session's task).
+
+    >>> stored_kind("message", True), stored_kind("message", False), stored_kind("episode", True)
+    (<MemoryKind.USER_MESSAGE: 'user_message'>, <MemoryKind.AGENT_MESSAGE: 'agent_message'>, <MemoryKind.TASK: 'task'>)
+    """
+    if kind == "message":
+        return MemoryKind.USER_MESSAGE if user_interaction else MemoryKind.AGENT_MESSAGE
+    if kind == "episode":
+        return MemoryKind.TASK
+    return MemoryKind(kind)  # already one of the synopsis's own kinds (name, preference, ...)
+
+
 def _newest_first(memories: Iterable[UserMemory]) -> list[UserMemory]:
     return sorted(memories, key=lambda m: (m.observed_at, m.source_id), reverse=True)
 

@@ -280,7 +280,7 @@ class ReadService:
         from processors.context import Tier, get_context
         from processors.recall import recall
         from processors.working_memory import decode_state
-        from schemas.memory import MemoryKind
+        from processors.synopsis import stored_kind
         from schemas.working_memory import ContextCandidate, UserMemory
 
         if not query:
@@ -315,10 +315,10 @@ class ReadService:
         if user is not None:
             def load(u: str) -> list[UserMemory]:
                 rows = self.con.execute(
-                    "SELECT memory_id, kind, perception, occurred_at FROM memories WHERE user_id = ? "
+                    "SELECT memory_id, kind, perception, occurred_at, user_interaction FROM memories WHERE user_id = ? "
                     "ORDER BY occurred_at DESC LIMIT 500", [u]).fetchall()
-                return [UserMemory(user_id=u, kind=MemoryKind(k), text=t or "", observed_at=at, source_id=m)
-                        for m, k, t, at in rows]
+                return [UserMemory(user_id=u, kind=stored_kind(k, said), text=t or "", observed_at=at, source_id=m)
+                        for m, k, t, at, said in rows]
 
             synopsis = self.synopses.get(user, now, load)
         got = get_context(str(query), agent, user, _int(max_tokens, "max_tokens", 4000, hi=1_000_000),

@@ -743,7 +743,10 @@ def context(query: str = typer.Argument(..., help="The task or question at hand.
     if as_json:
         print(json.dumps(got))
     else:
-        print(got["text"], end="")
+        text = got["text"]
+        # The text then, on a line of its own, the footer: a text always ends its last line, and stdout is
+        # flushed first (to a pipe it is block-buffered, stderr is not: the footer came first or mid-line).
+        print(text if not text or text.endswith("\n") else text + "\n", end="", flush=True)
         err.print(f"[dim]{got['tokens']} of {got['max_tokens']} tokens; session {got['session_id']}[/dim]")
 
 

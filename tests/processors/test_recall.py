@@ -633,7 +633,7 @@ def hit(u: MemoryUnit, fp: float = 0.0, rank: int = 1) -> Hit:
 
 
 def test_relevance_weights_and_gate():
-    assert R.RELEVANCE_WEIGHTS == {"fingerprint": 0.5, "tool": 0.2, "domain": 0.15, "entity": 0.15}
+    assert R.RELEVANCE_WEIGHTS == {"text": 0.5, "tool": 0.2, "domain": 0.15, "entity": 0.15}
     assert R.MIN_RELEVANCE == 0.05
     u = unit("m", tools=["book_reservation"], domains=["airline"], objects=["api.x.io"], success=True)
     q = set(tokenize("retry book_reservation on api.x.io"))
@@ -646,6 +646,46 @@ def test_relevance_weights_and_gate():
     assert [g.hit.memory_id for g in gated] == ["m", "f"]  # w: 0.01 < 0.05
     assert [g.hit.memory_id for g in gate(hits, "book_reservation", success_only=True)] == ["m"]
     assert [g.hit.memory_id for g in gate(hits, "x", min_relevance=0.0, top_k=2)] == ["m", "w"]  # 0.05, 0.01
+
+
+def _episode(mid: str, task: str, tools: list[str], outcome: str = "success", **kw: Any) -> MemoryUnit:
+    """A memory as the distiller's episodes are: the task, and a summary that repeats outcome and task."""
+    return unit(mid, task, tools=tools, outcome=outcome, success=outcome == "success",
+                summary=f"{outcome}: {task} | {len(tools) + 1} tool calls ({len(tools)} tools), 0 errors (0 unresolved), "
+                        "6 messages, 0 delegations, 45s", lessons=[f"succeeded using {' -> '.join(tools)}"], **kw)
+
+
+def test_an_agents_own_past_task_is_found_by_its_text():
+    refund = _episode("refund", "refund order 1042 for a damaged blender", ["get_order", "issue_refund"])
+    flight = _episode("flight", "Hi, I want to book a flight from New York to Seattle on May 20, economy please",
+                      ["search_flights", "book_reservation"], domains=["airline"])
+    failed = _episode("failed", "book a hotel room in Seattle", ["search_hotels"], outcome="failure")
+    pizza = _episode("pizza", "order a pizza", ["place_order"])
+    from projections.memory import stemmer
+
+    ix = index_of(refund, flight, failed, pizza, stem=stemmer())
+    for query, expected in (("refund order 1042", "refund"), ("book a flight", "flight")):
+        r = recall(ix, query, "a", k=20, now=T0)
+        # the whole-memory fingerprint alone is far under the gate (0.5 x Jaccard < 0.05) ...
+        own = next(h for h in r.hits if h.memory_id == expected)
+        assert 0.5 * own.signals["fingerprint"] < R.MIN_RELEVANCE
+        # ... the task's text finds it, first
+        ctx = build_episodic_context(ix, query, "a", now=T0)
+        assert ctx.entries and ctx.entries[0].hit.memory_id == expected, ctx.text
+        assert ctx.entries[0].relevance.task >= 0.4 and ctx.entries[0].relevance.score >= 0.2
+        # a task sharing a word ranks below; one sharing none is not there
+        assert all(g.relevance.score < ctx.entries[0].relevance.score for g in ctx.entries[1:])
+    assert "pizza" not in build_episodic_context(ix, "book a flight", "a", now=T0).text
+    # the result line says the outcome once, and not the task again
+    assert "result: success: 3 tool calls (2 tools)" in build_episodic_context(ix, "refund order 1042", "a", now=T0).text
+    # success_only, domain_hint and min_relevance are the caller's
+    booked = build_episodic_context(ix, "book in Seattle", "a", now=T0)
+    assert {g.hit.memory_id for g in booked.entries} == {"flight", "failed"}
+    assert [g.hit.memory_id for g in build_episodic_context(ix, "book in Seattle", "a", now=T0,
+                                                            success_only=True).entries] == ["flight"]
+    hinted = build_episodic_context(ix, "book in Seattle", "a", now=T0, domain_hint="airline").entries
+    assert hinted[0].hit.memory_id == "flight" and hinted[0].relevance.domain == 1.0
+    assert build_episodic_context(ix, "book in Seattle", "a", now=T0, min_relevance=0.99).entries == []
 
 
 def test_token_budget():
@@ -804,3 +844,21 @@ def test_no_recall_ever_returns_another_users_memory(items, reader, query):
     assert {h.memory_id for h in got.hits} <= visible
     ctx = build_episodic_context(ix, query, "a", now=t, user_id=reader)
     assert all(g.hit.unit.user_id in (None, reader) for g in ctx.entries)
+
+
+def test_support_group_is_not_a_person_named_support():
+    # The sample fleet's ops-lead delegates to the agent "support" (a person of its memories), and the
+    # support agent's own messages are spoken by "support"; LoCoMo's Caroline joined a support group.
+    delegated = unit("d", "escalate the acme ticket", agent="ops-lead", people=["support"])
+    own = unit("o", "the acme customer needs a refund", agent="support", kind=MemoryKind.MESSAGE, speaker="support",
+               people=["support"])
+    joined = unit("c", "Caroline went to the LGBTQ support group yesterday", agent="conv-26",
+                  kind=MemoryKind.MESSAGE, speaker="Caroline", people=["caroline"])
+    other = unit("x", "Caroline painted a sunrise", agent="conv-26", kind=MemoryKind.MESSAGE, speaker="Caroline",
+                 people=["caroline"])
+    ix = index_of(delegated, own, joined, other)
+    r = recall(ix, "When did Caroline join the support group?", "conv-26", now=T0)
+    assert r.people == ["caroline"]  # not "support": only known from other agents' memories
+    assert ids(r)[0] == "c"  # "support" still counts as a word of the query
+    assert recall(ix, "the support group", "support", now=T0).people == []  # nor the reader itself
+    assert recall(ix, "what did support say", "ops-lead", now=T0).people == ["support"]  # a person it delegated to

@@ -273,3 +273,19 @@ def test_tau_bench_users_get_goals_from_their_own_words():
     s = build("mia", memories, memories[-1].observed_at)
     assert "use my certificates first" in " ".join(s.context.current_goals)
     assert any("flight" == t for t in s.context.recent_topics)
+
+
+def test_stored_memories_are_read_as_their_synopsis_kinds():
+    # The memories table has the store's kinds (episode, message); a user's message must be mined as one.
+    from processors.synopsis import stored_kind
+
+    rows = [("m1", "message", "my name is Zed Quinn, I prefer aisle seats", True),
+            ("m2", "message", "My name is Agent Smith and I prefer speed", False),  # the agent's words: not the user
+            ("e1", "episode", "rebook my flight to Lisbon", True)]
+    mems = [UserMemory(user_id="u1", kind=stored_kind(k, said), text=t, observed_at=T0, source_id=m)
+            for m, k, t, said in rows]
+    assert [m.kind for m in mems] == [MemoryKind.USER_MESSAGE, MemoryKind.AGENT_MESSAGE, MemoryKind.TASK]
+    s = build("u1", mems, T0)
+    assert (s.identity.name, s.identity.preferences) == ("Zed Quinn", ("prefers aisle seats",))
+    assert s.context.current_goals == ("rebook my flight to Lisbon",)
+    assert stored_kind("preference", False) is MemoryKind.PREFERENCE

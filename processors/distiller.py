@@ -57,6 +57,7 @@ MAX_TEXT = 300
 MAX_CALLS = 1000
 MAX_HOSTS = 8
 MAX_SKIPPED = 16  # ranges of skipped seqs a session remembers (the oldest go first)
+RECENT_IDS = 32  # event ids an open session remembers (the newest): a repeated id is applied once
 
 APPLY, DUPLICATE, OUT_OF_ORDER = 0, 1, 2
 
@@ -73,6 +74,28 @@ def seq_verdict(last_seq: int, skipped: Iterable[tuple[int, int]], seq: int) -> 
     if seq > last_seq:
         return APPLY
     return OUT_OF_ORDER if any(lo <= seq <= hi for lo, hi in skipped) else DUPLICATE
+
+
+def id_key(ev: TraceEvent) -> int:
+    """What a session remembers of an event's id: its two halves folded into 64 bits (compact in the state's
+    JSON; both halves, as UUIDv7 ids of one millisecond share most of their first half)."""
+    n = ev.event_id.int
+    return (n >> 64) ^ (n & 0xFFFF_FFFF_FFFF_FFFF)
+
+
+def event_verdict(last_seq: int, skipped: Iterable[tuple[int, int]], recent_ids: Iterable[int],
+                  ev: TraceEvent) -> int:
+    """``seq_verdict``, after the id: an event whose id is one of the session's ``RECENT_IDS`` newest is a
+    ``DUPLICATE`` whatever its seq (a runtime that sent one event twice under two seqs); it is applied
+    once and counted. (The projector, which sees every event, projects each id once, and dead-letters an
+    id that another session holds.)"""
+    if recent_ids and id_key(ev) in recent_ids:
+        return DUPLICATE
+    return seq_verdict(last_seq, skipped, ev.seq)
+
+
+def remember_id(recent_ids: list[int], ev: TraceEvent) -> list[int]:
+    return [*recent_ids, id_key(ev)][-RECENT_IDS:]
 
 
 def skip_to(last_seq: int, skipped: list[tuple[int, int]], seq: int) -> list[tuple[int, int]]:
@@ -118,6 +141,7 @@ class SessionState(msgspec.Struct, kw_only=True, omit_defaults=True):
     session_id: str
     last_seq: int = -1
     skipped: list[tuple[int, int]] = []  # ranges of seqs passed over (seq_verdict)
+    recent_ids: list[int] = []  # id_key of the newest applied events of an open session (event_verdict)
     closed: bool = False
     outcome: Outcome | None = None
     event_count: int = 0
@@ -188,7 +212,7 @@ def distill(prior: Mapping[str, SessionState], events: Iterable[TraceEvent]) -> 
         state = decode_state(encode_state(base)) if base is not None else SessionState(
             agent=evs[0].agent, session_id=evs[0].session_id)
         for ev in evs:
-            verdict = seq_verdict(state.last_seq, state.skipped, ev.seq)
+            verdict = event_verdict(state.last_seq, state.skipped, state.recent_ids, ev)
             if verdict == DUPLICATE:
                 out.duplicates += 1
                 continue
@@ -221,6 +245,7 @@ def abandon(prior: SessionState, reason: str) -> tuple[SessionState, EpisodeDist
 
 def _apply(s: SessionState, ev: TraceEvent) -> None:
     s.skipped = skip_to(s.last_seq, s.skipped, ev.seq)
+    s.recent_ids = remember_id(s.recent_ids, ev)
     s.last_seq = ev.seq
     s.event_count += 1
     if s.started_at is None or ev.ts < s.started_at:

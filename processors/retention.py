@@ -65,6 +65,8 @@ from processors.distiller import (
     SessionState,
     ended_reason,
     out_of_order_reason,
+    event_verdict,
+    remember_id,
     seq_verdict,
     session_key,
     skip_to,
@@ -178,8 +180,8 @@ def sift(events: Sequence[TraceEvent], partitions: Sequence[int], clocks: Mappin
     marker: dict[str, SessionState] = {k: st for k, st in prior.items() if st.closed}
     # Open sessions: the seqs applied so far (last, skipped ranges), advanced as the distiller will,
     # so a session that ends in the batch gets the marker it will have in a later one.
-    progress: dict[str, tuple[int, list[tuple[int, int]]]] = {
-        k: (st.last_seq, st.skipped) for k, st in prior.items() if not st.closed}
+    progress: dict[str, tuple[int, list[tuple[int, int]], list[int]]] = {
+        k: (st.last_seq, st.skipped, st.recent_ids) for k, st in prior.items() if not st.closed}
     latest: dict[str, int] = {}  # open session -> event time of its latest applied event (µs)
     idle: dict[int, list[tuple[int, str]]] = {}  # partition -> heap of (latest, session); stale ones skipped
     if idle_us > 0:
@@ -192,7 +194,7 @@ def sift(events: Sequence[TraceEvent], partitions: Sequence[int], clocks: Mappin
             heapq.heapify(heap)
     seen: set[str] = set()  # sessions with events in the current round
 
-    def close(key: str, last: int, skipped: list[tuple[int, int]], clock: int) -> None:
+    def close(key: str, last: int, skipped: list[tuple[int, int]], _ids: list[int], clock: int) -> None:
         """The session is closed: its marker from now on, as the distiller will leave it."""
         del progress[key]
         latest.pop(key, None)
@@ -241,15 +243,15 @@ def sift(events: Sequence[TraceEvent], partitions: Sequence[int], clocks: Mappin
                     seen = set()
                 out.rounds[-1].forget.add(key)
                 del marker[key]
-            progress[key] = (-1, [])
+            progress[key] = (-1, [], [])
         seen.add(key)
         out.rounds[-1].events.append(ev)  # the distiller applies it, or drops or dead-letters it as below
-        last, skipped = progress[key]
-        if seq_verdict(last, skipped, ev.seq) != APPLY:
+        last, skipped, ids = progress[key]
+        if event_verdict(last, skipped, ids, ev) != APPLY:
             continue
-        progress[key] = (ev.seq, skip_to(last, skipped, ev.seq))
+        progress[key] = (ev.seq, skip_to(last, skipped, ev.seq), remember_id(ids, ev))
         if isinstance(ev, SessionEnded):
-            close(key, ev.seq, skip_to(last, skipped, ev.seq), clock)
+            close(key, ev.seq, skip_to(last, skipped, ev.seq), [], clock)
         elif idle_us > 0 and latest.get(key, -1) < ts:
             latest[key] = ts
             heapq.heappush(idle.setdefault(p, []), (ts, key))

@@ -202,3 +202,26 @@ def test_an_event_stamped_ahead_of_its_record_by_more_than_the_skew_is_a_future_
     assert sift([near], [0], {}, {}, HOUR_US, caps=[cap]).clocks == {0: micros(near.ts)}
     year_2999 = _event("y", 0, "session_start", datetime(2999, 1, 1, tzinfo=timezone.utc))
     assert sift([year_2999], [0], {}, {}, HOUR_US, caps=[cap]).late[0][1].startswith("future: ")
+
+
+def test_an_event_sent_again_under_another_seq_is_applied_once_by_sift_and_the_distiller_alike():
+    import msgspec
+
+    start, msg = _event("r", 0, "session_start", T0), _event("r", 1, "agent_message", T0)
+    copy = msgspec.structs.replace(msg, seq=2)  # msg sent again under a new seq: a duplicate by its id
+    end = msgspec.structs.replace(_event("r", 3, "session_end", T0), seq=3)
+    evs = [start, msg, copy, end]
+    out = sift(evs, [0] * 4, {}, {}, HOUR_US)
+    assert out.late == [] and list(out.rounds[0].closing) == [session_key("support", "r")]
+    got = distill({}, out.admitted)
+    (state,) = got.states.values()
+    assert got.duplicates == 1 and state.closed and got.episodes[0].event_count == 3
+    assert state.recent_ids == []  # a marker keeps no ids
+    # cut anywhere, the same
+    for cut in range(1, 4):
+        first = sift(evs[:cut], [0] * cut, {}, {}, HOUR_US)
+        mid = distill({}, first.admitted)
+        second = sift(evs[cut:], [0] * (4 - cut), first.clocks, mid.states, HOUR_US)
+        after = distill(mid.states, second.admitted)
+        assert after.states[session_key("support", "r")] == state
+        assert mid.duplicates + after.duplicates == 1 and second.late == []

@@ -20,7 +20,8 @@ A briefing has three sections:
    the reader's scope chain (``covers``). A ``failed_with`` fact whose error class is already a
    lesson line is left out (the lesson says more), and so is a second fact of one class: no two
    lines share an error class. A fact saying that the reading agent itself ``uses`` a tool
-   (``SELF_EVIDENT_PREDICATES``) is left out too. Up to ``MAX_FACTS`` facts and
+   (``SELF_EVIDENT_PREDICATES``) is left out too, and so is a concept naming an error class already
+   said (a NAc concept "<tool>_unreliable" whose outcome is a lesson's class). Up to ``MAX_FACTS`` facts and
    ``MAX_KNOWLEDGE`` concepts.
 3. **Active Strategies**: what repeatedly worked. A strategy is the tool sequence (distinct tools in
    first-use order, the episode's ``tools``, up to ``MAX_STRATEGY_STEPS``) that at least
@@ -153,6 +154,7 @@ class KnowledgeItem(msgspec.Struct, frozen=True, kw_only=True):
     subjects: tuple[str, ...] = ()  # the tools it is about
     agents: tuple[str, ...] = ()  # the agents whose data it came from, where known
     derived: bool = True  # learned from agents' data (False: knowledge a person ingested)
+    error_classes: tuple[str, ...] = ()  # the error classes it names (a NAc concept's outcome)
 
 
 class StrategyItem(msgspec.Struct, frozen=True, kw_only=True):
@@ -391,16 +393,24 @@ def render_briefing(agent: str, lessons: Sequence[LessonItem], facts: Sequence[F
     # An error class is said once: a failed_with fact of a class a lesson line names is left out, and
     # of several failed_with facts of one class only the first (in Key Knowledge's order) is kept.
     said = {normalise_name(x.text) for x in ordered_lessons if x.tool is not None}
-    kept_facts = []
+    ordered_facts: list[FactItem] = []
     for f in sorted(facts, key=lambda f: (f.scope != own, *fact_order(f))):
+        if len(ordered_facts) == MAX_FACTS:
+            break
         if f.predicate == FAILED_WITH:
             if normalise_name(entity_name(f.target)) in said:
                 continue
             said.add(normalise_name(entity_name(f.target)))
-        kept_facts.append(f)
-    ordered_facts = kept_facts[:MAX_FACTS]
-    items = _knowledge_items(own, knowledge)
-    ordered_knowledge = sorted(items, key=lambda k: (k.scope != own, *knowledge_order(k)))[:MAX_KNOWLEDGE]
+        ordered_facts.append(f)
+    ordered_knowledge: list[KnowledgeItem] = []  # (a concept naming a class said already is left out too)
+    for k in sorted(_knowledge_items(own, knowledge), key=lambda k: (k.scope != own, *knowledge_order(k))):
+        named = {normalise_name(c) for c in k.error_classes}
+        if len(ordered_knowledge) == MAX_KNOWLEDGE:
+            break
+        if named & said:
+            continue
+        said |= named
+        ordered_knowledge.append(k)
     # Key Knowledge: own facts, own knowledge, then the wider scopes' facts and knowledge.
     own_facts = [f for f in ordered_facts if f.scope == own]
     wide_facts = [f for f in ordered_facts if f.scope != own]

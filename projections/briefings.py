@@ -294,7 +294,7 @@ def _knowledge(semantic: Any, chain: list[str], recent: RecentInputs,
 def knowledge_items(memory: Any, recent: RecentInputs | None = None) -> list[KnowledgeItem]:
     """The concepts (ATL) and confirmed patterns (Angular Gyrus) of one memory as briefing items:
     the tools each is about (a concept's ``tool`` property, the subjects of the pattern it came
-    from), the agents of its source episodes (``recent.episode_agent``; an id not projected yet is
+    from), the error class a NAc concept's outcome names, the agents of its source episodes (``recent.episode_agent``; an id not projected yet is
     awaited), whether it was learned from data or ingested. A concept with no definition (a parent
     such as ``unreliable_tool``) says nothing to read and is left out."""
     from schemas.semantic import Provenance
@@ -322,10 +322,13 @@ def knowledge_items(memory: Any, recent: RecentInputs | None = None) -> list[Kno
                 rec = memory.ag.get(key[len("math:"):].rsplit("@", 1)[0])
                 if rec is not None:
                     subjects.update(rec.subjects)
+        outcome = c.properties.get("outcome")
+        classes = (outcome[len("error:"):],) if isinstance(outcome, str) and outcome.startswith("error:") else ()
         out.append(KnowledgeItem(
             text=f'"{c.name}" ({c.category}, confidence={c.confidence:.2f}): {c.definition}', scope=owner,
             score=round(c.confidence, 6), name=c.name, subjects=tuple(sorted(subjects)),
-            agents=agents_of(c.source_episode_ids), derived=c.provenance is not Provenance.DIRECT_INGESTION))
+            agents=agents_of(c.source_episode_ids), derived=c.provenance is not Provenance.DIRECT_INGESTION,
+            error_classes=classes))
     for r in memory.ag:
         out.append(KnowledgeItem(
             text=f'"{r.name}" (math:{r.category.value}, confidence={r.confidence:.2f}): {r.verbal}', scope=owner,

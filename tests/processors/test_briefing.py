@@ -9,6 +9,7 @@ import uuid
 from datetime import datetime, timedelta, timezone
 
 import duckdb
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -225,6 +226,13 @@ def test_one_class_met_by_several_tools_is_one_line_naming_them_all():
              fact("f3", "tool:book_reservation", "failed_with", "error:payment method not found", 0.9)]
     b = render_briefing("airline", [got], facts, [], 2000, NOW)
     assert [f.triple_id for f in b.facts] == ["f2"]
+    # nor is a NAc concept whose outcome is that class
+    concept = KnowledgeItem(text='"book_reservation_unreliable" (causal_pattern, confidence=0.90): Calls to '
+                            "book_reservation tend to end in error:not enough seats on flight <id>", scope="global",
+                            score=0.9, subjects=("book_reservation",), error_classes=("not enough seats on flight <id>",))
+    other = msgspec.structs.replace(concept, text="another", error_classes=("card declined",))
+    b = render_briefing("airline", [got], [], [], 2000, NOW, [concept, other])
+    assert "book_reservation_unreliable" not in b.markdown and "- another" in b.markdown
 
 
 def test_a_class_resolved_every_time_is_a_recovery_that_says_what_resolved_it():

@@ -8,8 +8,8 @@ A briefing has three sections:
    id, number, path or line number is one line with its count and when it was first and last seen.
    A class resolved within its sessions says what resolved it ("resolved by exponential backoff").
    The same class met by several tools is one line naming them all, so no two lines share an error
-   class. Lessons with no tool error (a session that failed without one, a failed delegation) are grouped
-   by their templated text the same way and come after the tool errors. Success lessons are not
+   class. Lessons with no tool error (a session that failed without one, a failed delegation) are
+   grouped by their templated text the same way and come after the tool errors. Success lessons are not
    repeated here: what worked is an Active Strategy. Classes are ranked by how likely they are to
    recur in the agent's next session (``recurrence``), up to ``MAX_LESSONS``.
 2. **Key Knowledge**: the agent's own facts first (scope ``agent:<name>``, highest confidence first),
@@ -21,8 +21,8 @@ A briefing has three sections:
    lesson line is left out (the lesson says more), and so is a second fact of one class: no two
    lines share an error class. A fact saying that the reading agent itself ``uses`` a tool
    (``SELF_EVIDENT_PREDICATES``) is left out too, and so is a concept naming an error class already
-   said (a NAc concept "<tool>_unreliable" whose outcome is a lesson's class). Up to ``MAX_FACTS`` facts and
-   ``MAX_KNOWLEDGE`` concepts.
+   said (a NAc concept "<tool>_unreliable" whose outcome is a lesson's class). Up to ``MAX_FACTS``
+   facts and ``MAX_KNOWLEDGE`` concepts.
 3. **Active Strategies**: what repeatedly worked. A strategy is the tool sequence (distinct tools in
    first-use order, the episode's ``tools``, up to ``MAX_STRATEGY_STEPS``) that at least
    ``MIN_STRATEGY_SUPPORT`` of the agent's successful episodes followed. The kind of task it is for
@@ -552,9 +552,10 @@ def select_lessons(agent: str, rows: Iterable[Row], now: datetime, *, episodes: 
 
     A lesson with a tool and an error is grouped by ``error_class(error)``: one item per class, naming
     the tools that met it (the most frequent first: ``tool``, then ``also``), so no two lines share an
-    error class; any other lesson by its templated text (``error_class`` of the text). Success lessons are left out (strategies say what
-    worked). ``episodes`` (rows of ``episodes``, any outcome: episode_id, ended_at, tools) tell which
-    sessions used which tools, for ``recurrence``; without them the lessons' own sessions are used."""
+    error class; any other lesson by its templated text (``error_class`` of the text). Success
+    lessons are left out (strategies say what worked). ``episodes`` (rows of ``episodes``, any
+    outcome: episode_id, ended_at, tools) tell which sessions used which tools, for ``recurrence``;
+    without them the lessons' own sessions are used."""
     now = _aware(now)
     groups: dict[tuple[bool, str], _Group] = {}
     sessions: dict[str, tuple[datetime, set[str], set[tuple[str | None, str]]]] = {}
@@ -887,7 +888,7 @@ def changes_of(episode_agents: Iterable[str], triple_scopes: Iterable[str]) -> l
 __all__ = [
     "Briefing", "BriefingInputs", "Change", "EpisodeArrived", "FactItem", "KnowledgeItem", "LessonItem",
     "StrategyItem", "TripleChanged", "affected_agents", "age_text", "agents_to_regenerate", "alpha_of",
-    "briefing_for", "changes_of", "covers", "entity_name", "error_class", "one_line", "readers_by_scope",
-    "priority_order", "recurrence", "render_briefing", "resolution_of", "select_facts", "select_inputs", "select_knowledge",
-    "select_lessons", "select_strategies", "task_kind", "task_words", "used_entities",
+    "briefing_for", "changes_of", "covers", "entity_name", "error_class", "one_line", "priority_order",
+    "readers_by_scope", "recurrence", "render_briefing", "resolution_of", "select_facts", "select_inputs",
+    "select_knowledge", "select_lessons", "select_strategies", "task_kind", "task_words", "used_entities",
 ]

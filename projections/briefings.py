@@ -191,8 +191,9 @@ def _desc_time(t: datetime) -> int:
 class RecentInputs:
     """Each agent's newest lessons (``4 * maxEpisodes``: learned_at descending, then episode id and
     index), newest episodes of any outcome and newest successful episodes (``maxEpisodes`` each:
-    ended_at descending, then episode id), the rows a briefing is rendered from, kept in memory beside ``lessons`` and ``episodes``; and the
-    agent of every episode (``episode_agent``: whose data a concept was learned from).
+    ended_at descending, then episode id), the rows a briefing is rendered from, kept in memory
+    beside ``lessons`` and ``episodes``; and the agent of every episode (``episode_agent``: whose
+    data a concept was learned from).
 
     Loaded once from the tables, then fed the rows of each committed batch (``add``): a render reads
     no table, and converts no timestamp (a query for the few busy agents of one refresh cost about
@@ -294,8 +295,9 @@ def _knowledge(semantic: Any, chain: list[str], recent: RecentInputs,
 def knowledge_items(memory: Any, recent: RecentInputs | None = None) -> list[KnowledgeItem]:
     """The concepts (ATL) and confirmed patterns (Angular Gyrus) of one memory as briefing items:
     the tools each is about (a concept's ``tool`` property, the subjects of the pattern it came
-    from), the error class a NAc concept's outcome names, the agents of its source episodes (``recent.episode_agent``; an id not projected yet is
-    awaited), whether it was learned from data or ingested. A concept with no definition (a parent
+    from), the error class a NAc concept's outcome names, the agents of its source episodes
+    (``recent.episode_agent``; an id not projected yet is awaited), whether it was learned from data
+    or ingested. A concept with no definition (a parent
     such as ``unreliable_tool``) says nothing to read and is left out."""
     from schemas.semantic import Provenance
 

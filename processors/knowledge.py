@@ -8,7 +8,10 @@ Entities: names are normalised (NFKC, case-folded, whitespace collapsed, surroun
 stripped); the id is ``type:name``. A new name of at least ``MIN_TRUSTED_CHARS`` characters that
 is a near-duplicate of a known name of the same type (MinHash LSH over character 3-grams,
 confirmed by the exact Jaccard >= ``MERGE_JACCARD``) becomes an alias of the known entity; the
-first name seen is canonical. Attributes merge by union: lists are unioned, maps merged
+first name seen is canonical. Aliasing never crosses agents: a name merges only into an entity the
+same agent has named itself, and the alias is that agent's (``KnowledgeState.agent_aliases``); so
+an agent's facts only ever carry names its own traces gave (or the very same name another agent's
+gave), never another agent's near-duplicate private name. Attributes merge by union: lists are unioned, maps merged
 recursively, and a key already set keeps its first value (so a fact log of 10,000 sightings of one
 error does not write 10,000 versions because its example text varies).
 
@@ -145,6 +148,7 @@ class EntityAlias(msgspec.Struct, frozen=True):
     jaccard: float
     first_seen: datetime
     episode_id: str | None
+    agent: str | None = None  # whose alias it is: the agent of the episode (not a column: derived from it)
 
 
 class PredicateAdded(msgspec.Struct, frozen=True):
@@ -223,7 +227,9 @@ class KnowledgeState:
 
     def __init__(self) -> None:
         self.entities: dict[str, EntityVersion] = {}
-        self.aliases: dict[tuple[str, str], str] = {}  # (type, normalised name) -> entity id
+        self.aliases: dict[tuple[str, str], str] = {}  # (type, canonical name) -> entity id
+        self.agent_aliases: dict[tuple[str, str, str], str] = {}  # (agent, type, near-duplicate name) -> id
+        self.mentions: dict[str, set[str]] = {}  # agent -> entity ids it has named (aliasing stays inside)
         self.lsh: dict[str, MinHashLSH] = {}  # per entity type
         self.shingles: dict[str, set[str]] = {}  # entity id -> shingles of its canonical name
         self.predicates: dict[str, bool] = {p: True for p in FUNCTIONAL} | {p: False for p in MULTI_VALUED}
@@ -243,10 +249,15 @@ class KnowledgeState:
             st.entities[e.entity_id] = e
             st._index(e.entity_id, e.type, e.name)
         for a in aliases:
-            st.aliases[(a.type, a.alias)] = a.entity_id
+            if a.agent is None:  # the agent of its episode is unknown: the old, global alias
+                st.aliases[(a.type, a.alias)] = a.entity_id
+            else:
+                st.agent_aliases[(a.agent, a.type, a.alias)] = a.entity_id
+                st.mentions.setdefault(a.agent, set()).add(a.entity_id)
         for p in predicates:
             st.predicates[p.predicate] = p.functional
         for t in sorted(triples, key=lambda t: (t.valid_from, t.triple_id)):
+            st.mentions.setdefault(t.created_by, set()).update((t.source, t.target))
             if t.valid_to is None or st.predicates.get(t.predicate, False):
                 st._add(t)
         for ids in st.slots.values():
@@ -307,10 +318,10 @@ class KnowledgeFold:
             ep = str(fx.episode_id)
             at = fx.observed_at
             for m in fx.entities:
-                self._entity(m.name, m.type, m.attributes, at, ep, ch, touched)
+                self._entity(m.name, m.type, m.attributes, at, ep, ch, touched, fx.agent)
             for f in fx.facts:
-                src = self._entity(f.source, f.source_type, {}, at, ep, ch, touched)
-                dst = self._entity(f.target, f.target_type, {}, at, ep, ch, touched)
+                src = self._entity(f.source, f.source_type, {}, at, ep, ch, touched, fx.agent)
+                dst = self._entity(f.target, f.target_type, {}, at, ep, ch, touched, fx.agent)
                 pred = normalise_name(f.predicate).replace(" ", "_")
                 if pred not in self.state.predicates:
                     functional = bool(f.functional)
@@ -322,18 +333,19 @@ class KnowledgeFold:
         return ch
 
     def _entity(self, name: str, type_: str, attrs: dict[str, Any], at: datetime, ep: str,
-                ch: KnowledgeChanges, touched: list[EntityVersion]) -> str:
+                ch: KnowledgeChanges, touched: list[EntityVersion], agent: str) -> str:
         st = self.state
         t = normalise_name(type_)
         n = normalise_name(name)
-        eid = st.aliases.get((t, n))
+        eid = st.aliases.get((t, n)) or st.agent_aliases.get((agent, t, n))
         if eid is None:
-            eid = self._near_duplicate(t, n)
+            eid = self._near_duplicate(t, n, agent)
             if eid is not None:
                 sim = jaccard(shingles(n), st.shingles[eid])
-                st.aliases[(t, n)] = eid
+                st.agent_aliases[(agent, t, n)] = eid
                 ch.aliases.append(EntityAlias(alias=n, type=t, entity_id=eid, jaccard=round(sim, 6),
-                                              first_seen=at, episode_id=ep))
+                                              first_seen=at, episode_id=ep, agent=agent))
+        mine = st.mentions.setdefault(agent, set())
         if eid is None:
             eid = f"{t}:{n}"
             e = EntityVersion(entity_id=eid, version=1, name=n, type=t, attributes=merge_attributes({}, attrs),
@@ -341,7 +353,9 @@ class KnowledgeFold:
             st.entities[eid] = e
             st._index(eid, t, n)
             touched.append(e)
+            mine.add(eid)
             return eid
+        mine.add(eid)
         if attrs:
             cur = st.entities[eid]
             merged = merge_attributes(cur.attributes, attrs)
@@ -353,14 +367,18 @@ class KnowledgeFold:
                 touched.append(e)
         return eid
 
-    def _near_duplicate(self, type_: str, name: str) -> str | None:
+    def _near_duplicate(self, type_: str, name: str, agent: str) -> str | None:
+        """The known entity ``name`` is a near-duplicate of, among those ``agent`` has named itself."""
         st = self.state
         lsh = st.lsh.get(type_)
-        if lsh is None or len(name) < MIN_TRUSTED_CHARS:
+        mine = st.mentions.get(agent)
+        if lsh is None or not mine or len(name) < MIN_TRUSTED_CHARS:
             return None
         sh = shingles(name)
         best: tuple[float, str] | None = None
         for cand in lsh.query(_minhash(sh)):
+            if cand not in mine:
+                continue  # another agent's entity: its name is not this agent's to see
             sim = jaccard(sh, st.shingles[cand])
             if sim >= MERGE_JACCARD and (best is None or (sim, _neg(cand)) > (best[0], _neg(best[1]))):
                 best = (sim, cand)

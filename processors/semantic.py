@@ -25,7 +25,7 @@ import math
 import re
 import unicodedata
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -290,6 +290,8 @@ def find_or_create(memory: MemoryLayers, name: str, now: datetime, *, definition
     atl = memory.atl
     props = dict(properties or {})
     existing = atl.find(name)
+    if existing is not None and _other_tool(atl.get(existing), props.get("tool")):
+        existing = None  # a one-edit name of another tool's concept ("..._a_unreliable", "..._b_unreliable")
     if existing is None:
         eps = list(dict.fromkeys(source_episode_ids))
         ev_keys = list(dict.fromkeys(evidence))
@@ -313,6 +315,12 @@ def find_or_create(memory: MemoryLayers, name: str, now: datetime, *, definition
                            definition=definition if definition and definition != c.definition else "")
     memory.apply(ev)
     return existing, False, [ev]
+
+
+def _other_tool(concept: Concept | None, tool: Any) -> bool:
+    """Is ``concept`` about another tool than ``tool``? Then a name one edit away is not the same
+    concept: merging would show one agent's tool name over another's evidence."""
+    return concept is not None and tool is not None and concept.properties.get("tool") not in (None, tool)
 
 
 def form_relationship(memory: MemoryLayers, source_id: str, relation: str, target_id: str, now: datetime, *,
@@ -501,19 +509,25 @@ class KnowledgeEntry(msgspec.Struct, frozen=True):
     text: str  # the line the model reads
 
 
-def knowledge_context(memory: MemoryLayers, *, query: str | None = None,
-                      limit: int = KNOWLEDGE_LIMIT) -> list[KnowledgeEntry]:
+def knowledge_context(memory: MemoryLayers, *, query: str | None = None, limit: int = KNOWLEDGE_LIMIT,
+                      readable: Callable[[Layer, str], bool] | None = None) -> list[KnowledgeEntry]:
     """One ranked "what do I know?" list over ATL concepts (with their relationships) and AG patterns.
 
     Score = confidence x (1 + ``QUERY_BOOST`` x the share of the query's words found in the record's
     text); without a query, confidence alone. Ties: higher evidence count, then name. At most
     ``limit`` (8) entries.
+
+    ``readable(layer, record_id)``: the records the reader may see (its provenance); the others are
+    left out before ranking, and so is a relationship to one of them.
     """
     q = tokens(query) if query else set()
     scored: list[tuple[float, int, str, KnowledgeEntry]] = []
     atl = memory.atl
     for c in atl:
-        rels = atl.relationships(c.concept_id)
+        if readable is not None and not readable(Layer.ATL, c.concept_id):
+            continue
+        rels = [r for r in atl.relationships(c.concept_id)
+                if readable is None or readable(Layer.ATL, r.target_id)]
         rel_text = ", ".join(f"{r.relation} {atl.name_of(r.target_id)}" for r in rels[:KNOWLEDGE_RELATIONSHIPS])
         text = f'"{c.name}" ({c.category}, confidence={c.confidence:.2f}): {c.definition or "(no definition)"}'
         if rel_text:
@@ -523,6 +537,8 @@ def knowledge_context(memory: MemoryLayers, *, query: str | None = None,
             layer=Layer.ATL, record_id=c.concept_id, name=c.name, label=c.category, confidence=c.confidence,
             score=score, text=text)))
     for r in memory.ag:
+        if readable is not None and not readable(Layer.ANGULAR_GYRUS, r.math_id):
+            continue
         label = f"math:{r.category.value}"
         text = f'"{r.name}" ({label}, confidence={r.confidence:.2f}): {r.verbal}'
         score = _score(r.confidence, q, f"{r.name} {r.verbal} {' '.join(r.subjects)}")
@@ -531,6 +547,49 @@ def knowledge_context(memory: MemoryLayers, *, query: str | None = None,
             score=score, text=text)))
     scored.sort(key=lambda x: (-x[0], -x[1], x[2], x[3].record_id))
     return [x[3] for x in scored[:limit]]
+
+
+def record_agents(memory: MemoryLayers, layer: Layer, record_id: str,
+                  callers: Mapping[str, Iterable[str]]) -> set[str] | None:
+    """The agents whose data a concept or pattern was derived from (None: unknown).
+
+    ``callers``: tool -> the agents that ever called it. A NAc link is fleet-wide per tool, and the
+    statistician reads every agent's calls, so a record about a tool is derived from all of its
+    callers; a pattern also names its own ``source_agents``; a concept confirmed by a pattern
+    (evidence ``math:<id>@<n>``) has the pattern's. A concept with neither a tool nor a pattern but
+    with source episodes is of unknown provenance; one with nothing (ingested knowledge, a generic
+    parent such as ``unreliable_tool``) was derived from no agent's data.
+
+    >>> from datetime import datetime, timezone
+    >>> from processors.layers import MemoryLayers
+    >>> m = MemoryLayers("global")
+    >>> cid, _, _ = find_or_create(m, "pay_unreliable", datetime(2024, 5, 1, tzinfo=timezone.utc),
+    ...                            properties={"tool": "pay"}, source_episode_ids=["e1"])
+    >>> sorted(record_agents(m, Layer.ATL, cid, {"pay": ["a", "b"]}))
+    ['a', 'b']
+    """
+    def pattern(rec: Any) -> set[str]:
+        return set(getattr(rec, "source_agents", ())) | {a for t in rec.subjects for a in callers.get(t, ())}
+
+    if layer is Layer.ANGULAR_GYRUS:
+        rec = memory.ag.get(record_id)
+        return None if rec is None else pattern(rec)
+    c = memory.atl.get(record_id)
+    if c is None:
+        return None
+    agents: set[str] = set()
+    tool = c.properties.get("tool")
+    if tool is not None:
+        agents |= set(callers.get(str(tool), ()))
+    maths = [k[len("math:"):].split("@", 1)[0] for k in c.evidence if k.startswith("math:")]
+    for math_id in maths:
+        rec = memory.ag.get(math_id)
+        if rec is None:
+            return None  # its pattern is gone: what it was computed from is not known any more
+        agents |= pattern(rec)
+    if tool is None and not maths and c.source_episode_ids:
+        return None
+    return agents
 
 
 def _score(confidence: float, query: set[str], text: str) -> float:

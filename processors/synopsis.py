@@ -254,8 +254,12 @@ def synopsis_lines(synopsis: UserSynopsis) -> list[str]:
 
 
 class SynopsisCache:
-    """Synopses by user, refreshed on access when stale, at most ``max_users`` (least recently used
-    dropped first). In-process; holds no clock: ``now`` comes with every call.
+    """Synopses by (user, view), refreshed on access when stale, at most ``max_users`` entries (least
+    recently used dropped first). In-process; holds no clock: ``now`` comes with every call.
+
+    A *view* names what the loader was allowed to read: the read API builds one synopsis per user and
+    reading agent (``view`` = the agent), from that user's memories in the agent's scope chain only,
+    so a user's memories with another agent never reach this one through the cache.
 
     >>> from datetime import datetime, timezone
     >>> cache = SynopsisCache()
@@ -264,9 +268,9 @@ class SynopsisCache:
     ...     calls.append(user)
     ...     return []
     >>> t = datetime(2024, 5, 15, tzinfo=timezone.utc)
-    >>> _ = cache.get("u1", t, load); _ = cache.get("u1", t, load)
+    >>> _ = cache.get("u1", t, load); _ = cache.get("u1", t, load); _ = cache.get("u1", t, load, view="support")
     >>> calls
-    ['u1']
+    ['u1', 'u1']
     """
 
     def __init__(self, builder: SynopsisBuilder = DEFAULT_BUILDER, max_users: int = 10_000,
@@ -275,23 +279,26 @@ class SynopsisCache:
             raise ValueError(f"max_users must be >= 1, got {max_users}")
         self.builder, self.max_users = builder, max_users
         self.identity_ttl, self.context_ttl = identity_ttl, context_ttl
-        self._entries: OrderedDict[str, UserSynopsis] = OrderedDict()
+        self._entries: OrderedDict[tuple[str, str], UserSynopsis] = OrderedDict()
 
-    def get(self, user_id: str, now: datetime, load: MemoryLoader) -> UserSynopsis:
-        cached = self._entries.get(user_id)
-        synopsis = refresh(cached, user_id, now, load, self.builder, self.identity_ttl, self.context_ttl)
-        self._entries[user_id] = synopsis
-        self._entries.move_to_end(user_id)
+    def get(self, user_id: str, now: datetime, load: MemoryLoader, view: str = "") -> UserSynopsis:
+        key = (user_id, view)
+        synopsis = refresh(self._entries.get(key), user_id, now, load, self.builder, self.identity_ttl,
+                           self.context_ttl)
+        self._entries[key] = synopsis
+        self._entries.move_to_end(key)
         while len(self._entries) > self.max_users:
             self._entries.popitem(last=False)
         return synopsis
 
-    def peek(self, user_id: str) -> UserSynopsis | None:
+    def peek(self, user_id: str, view: str = "") -> UserSynopsis | None:
         """The cached synopsis, stale or not, without refreshing it."""
-        return self._entries.get(user_id)
+        return self._entries.get((user_id, view))
 
     def invalidate(self, user_id: str) -> None:
-        self._entries.pop(user_id, None)
+        """Drop every view of the user's synopsis."""
+        for key in [k for k in self._entries if k[0] == user_id]:
+            del self._entries[key]
 
     def __len__(self) -> int:
         return len(self._entries)

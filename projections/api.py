@@ -247,15 +247,40 @@ class ReadService:
 
     def knowledge_context(self, agent: str, query: Any = None, limit: Any = None) -> list[dict[str, Any]]:
         """What the agent knows, as one ranked list (concepts with relationships, confirmed patterns)
-        over the owners of its scope chain (its own, its team's, global)."""
-        from processors.semantic import knowledge_context
+        over the owners of its scope chain (its own, its team's, global).
 
+        A record derived from agents' data (``processors.semantic.record_agents``: the callers of the
+        tools it is about, a pattern's ``source_agents``) is served only when the reader's chain covers
+        every one of those agents (``processors.briefing.covers``: the reader itself, or an agent it
+        shares a team scope with), and one of unknown provenance not at all: a pattern about another
+        team's private tool would name it. Every owner's memory is checked, the agent's own too
+        (promotion reads the whole fleet's calls, whatever the owner)."""
+        from processors.briefing import covers
+        from processors.semantic import knowledge_context, record_agents
         from somnus.agents import scope_chain
 
         n = _int(limit, "limit", 8, hi=100)
         layers = self._semantic().layers
-        entries = [(e, owner) for owner in scope_chain(dict(self.agents), agent) if owner in layers
-                   for e in knowledge_context(layers[owner], query=str(query) if query else None, limit=n)]
+        chain = scope_chain(dict(self.agents), agent)
+        owners = [o for o in chain if o in layers]
+        tools = sorted({str(c.properties["tool"]) for o in owners for c in layers[o].atl if "tool" in c.properties}
+                       | {t for o in owners for r in layers[o].ag for t in r.subjects})
+        callers: dict[str, set[str]] = {}
+        if tools:
+            for tool, who in self.con.execute(
+                    "SELECT DISTINCT t.tool, e.agent FROM episodes e, unnest(e.tools) AS t(tool) "
+                    "WHERE t.tool IN (SELECT unnest(?::VARCHAR[]))", [tools]).fetchall():
+                callers.setdefault(tool, set()).add(who)
+
+        def readable_in(owner: str) -> Callable[[Any, str], bool]:
+            def readable(layer: Any, record_id: str) -> bool:
+                got = record_agents(layers[owner], layer, record_id, callers)
+                return got is not None and all(covers(self.agents, agent, a) for a in got)
+            return readable
+
+        entries = [(e, owner) for owner in owners
+                   for e in knowledge_context(layers[owner], query=str(query) if query else None, limit=n,
+                                              readable=readable_in(owner))]
         entries.sort(key=lambda x: (-x[0].score, x[0].name, x[0].record_id))
         return [{**neutral_json(_jsonable(e)), "owner": owner} for e, owner in entries[:n]]
 
@@ -276,12 +301,21 @@ class ReadService:
     def context(self, agent: str, query: Any = None, user_id: Any = None, session_id: Any = None,
                 max_tokens: Any = None) -> dict[str, Any]:
         """One fitted context for a model: the user's synopsis, the session's recent conversation, and
-        the fused best of episodic recall, the knowledge graph and the briefing (processors/context.py)."""
+        the fused best of episodic recall, the knowledge graph and the briefing (processors/context.py).
+
+        Isolation by construction: every source is read for the reader's scope chain and user before
+        anything is ranked. The synopsis is built from the user's memories in the agent's scope chain
+        only (cached per user and agent); recall reads the chain's memories of the user (or of no
+        user); a fact is read when it is in the chain and some episode of the user (or of no user)
+        asserted its statement (``KnowledgeStore.facts(for_user=True)``); the briefing's lessons are
+        read from the ``lessons`` rows of the agent's episodes of the user (or of no user), not from
+        the rendered briefing, whose lines no longer say whose they are."""
         from processors.context import Tier, get_context
         from processors.recall import recall
         from processors.working_memory import decode_state
         from processors.synopsis import stored_kind
         from schemas.working_memory import ContextCandidate, UserMemory
+        from somnus.agents import scope_chain
 
         if not query:
             raise BadRequest("parameter `query`: the text to assemble a context for is required")
@@ -297,15 +331,18 @@ class ReadService:
         def knowledge(q: str, a: str, u: str | None, k: int) -> list[ContextCandidate]:
             return [ContextCandidate(text=f"{f.source} {f.predicate} {f.target} (confidence {f.confidence:.2f})",
                                      score=f.confidence, source_id=f.triple_id)
-                    for f in self.store.facts(a, limit=k)]
+                    for f in self.store.facts(a, limit=k, for_user=True, user_id=u)]
 
         def briefing(q: str, a: str, u: str | None, k: int) -> list[ContextCandidate]:
-            b = self._briefing(a)
-            lines = [ln[2:] for ln in (b.markdown.splitlines() if b else []) if ln.startswith("- ")]
-            return [ContextCandidate(text=ln, score=1.0 / (i + 1), source_id=f"briefing:{a}:{i}")
-                    for i, ln in enumerate(lines[:k])]
+            rows = self.con.execute(
+                "SELECT l.kind, l.text, l.episode_id::VARCHAR, l.idx, e.user_id FROM lessons l "
+                "JOIN episodes e USING (episode_id) WHERE l.agent = ? AND (e.user_id IS NULL OR e.user_id = ?) "
+                "ORDER BY l.learned_at DESC, l.episode_id, l.idx LIMIT ?", [a, u, 4 * k]).fetchall()
+            lines = {f"[{kind}] {text}": (f"lesson:{ep}#{idx}", who) for kind, text, ep, idx, who in rows}
+            return [ContextCandidate(text=ln, score=1.0 / (i + 1), source_id=sid, user_id=who)
+                    for i, (ln, (sid, who)) in enumerate(list(lines.items())[:k])]
 
-        where, params = "agent = ? AND NOT closed", [agent]
+        where, params = "agent = ? AND NOT closed AND user_id IS NOT DISTINCT FROM ?", [agent, user]
         if session_id:
             where, params = "agent = ? AND session_id = ?", [agent, str(session_id)]
         row = self.con.execute(f"SELECT state FROM working_memory WHERE {where} "
@@ -313,14 +350,17 @@ class ReadService:
         buffer = decode_state(row[0].encode() if isinstance(row[0], str) else row[0]) if row else None
         synopsis = None
         if user is not None:
+            chain = scope_chain(dict(self.agents), agent)
+
             def load(u: str) -> list[UserMemory]:
                 rows = self.con.execute(
                     "SELECT memory_id, kind, perception, occurred_at, user_interaction FROM memories WHERE user_id = ? "
-                    "ORDER BY occurred_at DESC LIMIT 500", [u]).fetchall()
+                    "AND scope IN (SELECT unnest(?::VARCHAR[])) ORDER BY occurred_at DESC LIMIT 500",
+                    [u, chain]).fetchall()
                 return [UserMemory(user_id=u, kind=stored_kind(k, said), text=t or "", observed_at=at, source_id=m)
                         for m, k, t, at, said in rows]
 
-            synopsis = self.synopses.get(user, now, load)
+            synopsis = self.synopses.get(user, now, load, view=agent)
         got = get_context(str(query), agent, user, _int(max_tokens, "max_tokens", 4000, hi=1_000_000),
                           tiers=[Tier("episodic", episodic), Tier("knowledge", knowledge, weight=0.5),
                                  Tier("briefing", briefing, weight=0.5)],

@@ -137,7 +137,10 @@ def load_state(con: duckdb.DuckDBPyConnection) -> KnowledgeState:
 
     entities = structs("SELECT entity_id, version, name, type, attributes, first_seen, updated_at, episode_id "
                        "FROM entities", EntityVersion)
-    aliases = structs("SELECT * FROM entity_aliases", EntityAlias)
+    # An alias is its episode's agent's (processors/knowledge.py): the agent comes from knowledge_inputs.
+    aliases = structs("SELECT a.alias, a.type, a.entity_id, a.jaccard, a.first_seen, a.episode_id, "
+                      "(SELECT min(k.agent) FROM knowledge_inputs k WHERE k.episode_id = a.episode_id) AS agent "
+                      "FROM entity_aliases a", EntityAlias)
     predicates = structs("SELECT * FROM predicates", PredicateAdded)
     # Active triples, and closed ones (only functional predicates close: their timelines).
     active = structs("SELECT * FROM triples", Triple)

@@ -65,6 +65,14 @@ class ReadsBackend:
 
 Fact = Triple  # a fact as read: one row of the triple log
 
+# A fact ``f`` some episode of the reader's user (the one parameter; NULL: no user), or of no user,
+# asserted or reinforced: the same statement in any scope (a promoted copy's own history names the
+# promotion, not an episode).
+USER_PROVENANCE = (
+    "EXISTS (SELECT 1 FROM triples s JOIN triple_history h ON h.triple_id = s.triple_id "
+    "JOIN episodes e ON e.episode_id = h.episode_id WHERE s.source = f.source AND s.predicate = f.predicate "
+    "AND s.target = f.target AND (e.user_id IS NULL OR e.user_id = ?))")
+
 
 class Entity(msgspec.Struct, frozen=True):
     entity_id: str
@@ -160,11 +168,20 @@ class KnowledgeStore:
         return [dict(zip(cols, r)) for r in rows]
 
     def facts(self, agent: str, *, as_of: datetime | None = None, limit: int = 50, min_confidence: float = 0.0,
-              predicate: str | None = None, entity: str | None = None) -> list[Fact]:
-        """Facts in ``agent``'s scope chain, highest confidence first: active now, or active at ``as_of``."""
+              predicate: str | None = None, entity: str | None = None, for_user: bool = False,
+              user_id: str | None = None) -> list[Fact]:
+        """Facts in ``agent``'s scope chain, highest confidence first: active now, or active at ``as_of``.
+
+        ``for_user``: a reader acting for ``user_id`` (None: for no user) reads only the facts whose
+        statement (source, predicate, target, in any scope) some episode of that user, or of no
+        user, asserted (``USER_PROVENANCE``): a statement only another user's sessions gave is
+        that user's text (an error message, a host) and is left out before ranking."""
         chain = self.scope_chain(agent)
         where = [f"scope IN ({', '.join('?' * len(chain))})", "confidence >= ?"]
         params: list[Any] = [*chain, min_confidence]
+        if for_user:
+            where.append(USER_PROVENANCE)
+            params.append(user_id)
         if as_of is None:
             where.append("valid_to IS NULL")
         else:
@@ -177,14 +194,14 @@ class KnowledgeStore:
             where.append("(source = ? OR target = ?)")
             params += [entity, entity]
         if (self.top is not None and self.use_top and as_of is None and predicate is None and entity is None
-                and limit <= FACTS_TOP_K):
+                and not for_user and limit <= FACTS_TOP_K):
             return self.top.best(chain, limit, min_confidence)
         params.append(limit)
         # The plain "best facts now" query reads facts_top (the best FACTS_TOP_K active facts of each
         # scope): the best `limit` of the chain are among the best `limit` of each of its scopes.
         table = "facts_top" if (self.use_top and as_of is None and predicate is None and entity is None
                                 and limit <= FACTS_TOP_K) else "triples"
-        rows = self._rows(f"SELECT {_FACT_COLS} FROM {table} WHERE {' AND '.join(where)} "
+        rows = self._rows(f"SELECT {_FACT_COLS} FROM {table} AS f WHERE {' AND '.join(where)} "
                           "ORDER BY confidence DESC, count DESC, triple_id LIMIT ?", params)
         return [_fact(r) for r in rows]
 
@@ -192,10 +209,14 @@ class KnowledgeStore:
         return self.facts(agent, as_of=when, **kw)
 
     def entities(self, agent: str, *, type: str | None = None, limit: int = 100) -> list[Entity]:
-        """Entities mentioned by any fact (active or not) in ``agent``'s chain, most mentioned first."""
+        """Entities mentioned by any fact (active or not) in ``agent``'s chain, most mentioned first.
+
+        An entity's attributes (an error's first example text, its HTTP status) are shown only when
+        every episode that set any of them was an agent's whose own scope is in the chain: they are
+        the first example seen fleet-wide, so another agent's would show its text (``{}`` instead)."""
         chain = self.scope_chain(agent)
         marks = ", ".join("?" * len(chain))
-        params: list[Any] = [*chain, *chain]
+        params: list[Any] = [*chain, *chain, *chain]
         type_filter = ""
         if type is not None:
             type_filter = "AND e.type = ?"
@@ -203,8 +224,15 @@ class KnowledgeStore:
         params.append(limit)
         rows = self._rows(
             f"WITH m AS (SELECT source AS id FROM triples WHERE scope IN ({marks}) "
-            f"            UNION ALL SELECT target FROM triples WHERE scope IN ({marks})) "
-            f"SELECT e.entity_id, e.name, e.type, e.attributes, e.first_seen, count(*) AS facts "
+            f"            UNION ALL SELECT target FROM triples WHERE scope IN ({marks})), "
+            f"v AS (SELECT entity_id, episode_id, attributes::VARCHAR AS now_, "
+            f"             lag(attributes::VARCHAR) OVER (PARTITION BY entity_id ORDER BY version) AS before "
+            f"      FROM entity_versions), "
+            f"foreign_ AS (SELECT DISTINCT v.entity_id FROM v LEFT JOIN knowledge_inputs k USING (episode_id) "
+            f"             WHERE v.now_ <> coalesce(v.before, '{{}}') "
+            f"               AND (k.agent IS NULL OR 'agent:' || k.agent NOT IN ({marks}))) "
+            f"SELECT e.entity_id, e.name, e.type, CASE WHEN e.entity_id IN (SELECT entity_id FROM foreign_) "
+            f"       THEN '{{}}'::JSON ELSE e.attributes END AS attributes, e.first_seen, count(*) AS facts "
             f"FROM m JOIN entities e ON e.entity_id = m.id WHERE true {type_filter} "
             f"GROUP BY ALL ORDER BY facts DESC, e.entity_id LIMIT ?", params)
         return [Entity(entity_id=r["entity_id"], name=r["name"], type=r["type"],

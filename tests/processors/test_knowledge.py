@@ -77,7 +77,21 @@ def test_near_duplicate_long_names_merge_into_the_first_seen():
     fold = _resolve([("tool", "update_reservation_flights"), ("tool", "update_reservation_flight"),
                      ("api", "api.instantly.ai/v1/leads"), ("api", "api.instantly.ai/v1/lead")])
     assert sorted(fold.state.entities) == ["api:api.instantly.ai/v1/leads", "tool:update_reservation_flights"]
-    assert fold.state.aliases[("tool", "update_reservation_flight")] == "tool:update_reservation_flights"
+    assert fold.state.agent_aliases[("scraper", "tool", "update_reservation_flight")] == "tool:update_reservation_flights"
+
+
+def test_a_near_duplicate_name_of_another_agent_is_never_merged():
+    """Aliasing stays inside an agent: b's name is not merged into a's near-duplicate private name
+    (b would then read a's name in its own facts), nor does a's alias serve b."""
+    fold = KnowledgeFold()
+    fold.apply([fx(1, 1, [], agent="a", entities=[EntityMention(name="inventory_lookup_service_a", type="tool")])])
+    fold.apply([fx(2, 2, [], agent="b", entities=[EntityMention(name="inventory_lookup_service_b", type="tool")])])
+    assert sorted(fold.state.entities) == ["tool:inventory_lookup_service_a", "tool:inventory_lookup_service_b"]
+    fold.apply([fx(3, 3, [], agent="a", entities=[EntityMention(name="inventory_lookup_service_c", type="tool")])])
+    ch = fold.apply([fx(4, 4, [fact("inventory_lookup_service_c", "rate_limit", "10/s", stype="tool")], agent="b")])
+    assert fold.state.agent_aliases[("a", "tool", "inventory_lookup_service_c")] == "tool:inventory_lookup_service_a"
+    assert fold.state.agent_aliases[("b", "tool", "inventory_lookup_service_c")] == "tool:inventory_lookup_service_b"
+    assert [t.source for t in ch.triples_inserted] == ["tool:inventory_lookup_service_b"]
 
 
 @pytest.mark.parametrize("names", [

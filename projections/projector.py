@@ -417,8 +417,9 @@ def main() -> None:
     import sys
 
     sys.setswitchinterval(0.001)
-    from somnus.procs import tune_gc
+    from somnus.procs import private_files, tune_gc
 
+    private_files()  # the DuckDB file, its WAL and the endpoint file: 0600
     tune_gc()
     settings = Settings.resolve()
     bootstrap = bootstrap_for(settings, start_if_missing=False)

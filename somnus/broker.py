@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from somnus.config import Settings
+from somnus import procs
 from somnus.procs import pid_alive
 
 KAFKA_VERSION = "3.9.1"
@@ -131,7 +132,7 @@ def start(settings: Settings, timeout_s: float = 90.0, heap: str = "768m") -> Br
     libs = fetch(settings)
     state = _state_dir(settings)
     data = state / "data"
-    state.mkdir(parents=True, exist_ok=True)
+    procs.private_dir(state)  # the broker's log dir holds every trace: 0700, as SOMNUS_HOME
     ports_file = state / "ports.json"
     # Keep the ports of a formatted log dir: the controller quorum is stored with them, and clients
     # know the broker by its port. A port still held after a crash is waited for; one another process
@@ -149,14 +150,15 @@ def start(settings: Settings, timeout_s: float = 90.0, heap: str = "768m") -> Br
     java = _java()
     cp = f"{libs}/*"
     if not (data / "meta.properties").exists():
-        data.mkdir(parents=True, exist_ok=True)
+        procs.private_dir(data)
         format_log_dir(java, cp, state, props, new_cluster_id())
-    log = open(state / "broker.log", "ab")
+    log = procs.open_private(state / "broker.log")
     proc = subprocess.Popen(
         [java, f"-Xms{heap}", f"-Xmx{heap}", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
          "-Djava.awt.headless=true", f"-Dlog4j.configuration=file:{state / 'log4j.properties'}",
          "-cp", cp, "kafka.Kafka", str(props)],
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        umask=procs.PRIVATE_UMASK)  # its segments and checkpoints 0600, in folders 0700
     bootstrap = f"127.0.0.1:{ports['broker']}"
     info = BrokerInfo(pid=proc.pid, bootstrap=bootstrap, controller_port=ports["controller"], home=str(settings.home))
     (state / "broker.json").write_text(json.dumps(info.__dict__))

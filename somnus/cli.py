@@ -1061,6 +1061,7 @@ def bench_scn(memories: int = typer.Option(10_000, "--memories"), as_json: bool 
 
 
 def main() -> None:
+    procs.private_files()  # SOMNUS_HOME, the token, the broker's and the processes' files: private (0700 / 0600)
     try:
         app()
     except KeyboardInterrupt:

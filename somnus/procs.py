@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from somnus.config import Settings
 
@@ -30,6 +31,34 @@ def tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLD)
 
 
+# Somnus's state is private to its user: SOMNUS_HOME and every folder in it 0700, every file 0600
+# (the DuckDB file holds every agent's memory; the logs quote traces; the token is a credential).
+PRIVATE_UMASK = 0o077
+
+
+def private_files() -> None:
+    """Make every file and folder this process (and its children) creates private to its user: the
+    entry points of the CLI, the supervisor, the worker and the projector call it first."""
+    os.umask(PRIVATE_UMASK)
+
+
+def private_dir(path: Path) -> Path:
+    """``path`` and its missing parents created 0700; an existing ``path`` of ours made 0700 too (a
+    SOMNUS_HOME made before files were private)."""
+    missing = [p for p in (path, *path.parents) if not p.exists()]
+    for p in reversed(missing):
+        p.mkdir(mode=0o700, exist_ok=True)
+    if not missing and path.stat().st_uid == os.getuid() and path.stat().st_mode & 0o077:
+        path.chmod(0o700)
+    return path
+
+
+def open_private(path: Path, mode: str = "ab") -> Any:
+    """``open(path, mode)``, a new file created 0600 whatever the process's umask."""
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if "a" in mode else os.O_TRUNC)
+    return os.fdopen(os.open(path, flags, 0o600), mode)
+
+
 def pidfile(settings: Settings, name: str) -> Path:
     return settings.run_dir / f"{name}.pid"
 
@@ -46,14 +75,16 @@ def spawn(settings: Settings, bootstrap: str, role: str, name: str | None = None
           extra_args: list[str] | None = None) -> subprocess.Popen:
     """Start ``role`` (worker|projector|supervisor) in its own session; its log goes to ``<run>/<name>.log``."""
     name = name or role
-    settings.run_dir.mkdir(parents=True, exist_ok=True)
-    log = open(settings.run_dir / f"{name}.log", "ab")
+    private_dir(settings.home)
+    private_dir(settings.run_dir)
+    log = open_private(settings.run_dir / f"{name}.log")
     args = [sys.executable, "-m", MODULES[role], *(extra_args or [])]
     if role == "worker":
         args += ["--name", name]
     proc = subprocess.Popen(args, env=child_env(settings, bootstrap), stdout=log, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
-    pidfile(settings, name).write_text(str(proc.pid))
+                            stdin=subprocess.DEVNULL, start_new_session=True, umask=PRIVATE_UMASK)
+    with open_private(pidfile(settings, name), "w") as f:
+        f.write(str(proc.pid))
     return proc
 
 

@@ -238,6 +238,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="somnus-supervisor")
     parser.add_argument("--broker", action="store_true", help="Watch the local broker too.")
     args = parser.parse_args()
+    procs.private_files()  # its pid and state files, and what the processes it starts create: 0600 / 0700
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     settings = Settings.resolve()
     serve(settings, broker_mod.bootstrap_for(settings, start_if_missing=False), args.broker)

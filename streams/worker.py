@@ -10,7 +10,7 @@ from typing import Any
 
 from somnus.broker import BrokerError, await_broker, bootstrap_for
 from somnus.config import Settings
-from somnus.procs import tune_gc
+from somnus.procs import private_files, tune_gc
 from streams.app import create_app
 from streams.liveness import diagnostics
 from streams.topics import ensure_topics
@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--name", default="worker")
     parser.add_argument("--loglevel", default=os.environ.get("SOMNUS_LOGLEVEL", "warning"))
     args = parser.parse_args(argv)
+    private_files()  # the Faust data folder and what it writes: private to this user
     tune_gc()
     logging.basicConfig(level=args.loglevel.upper())
     settings = Settings.resolve()

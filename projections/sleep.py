@@ -106,8 +106,8 @@ def memory_columns(state: Any, scopes: Mapping[str, datetime] | None = None) -> 
     last = ix.last_access.data[live]
     m = len(units)
     # One pass over the units (each read once: a million of them are spread over the heap), then by column.
-    agent, outcome, user, perception, summary, action, tools, objects, domains, scope = (
-        zip(*map(_UNIT_FIELDS, units)) if m else ((),) * 10)
+    agent, outcome, user, perception, summary, action, tools, objects, domains = (
+        zip(*map(_UNIT_FIELDS, units)) if m else ((),) * 9)
 
     def lengths(texts: Sequence[str]) -> np.ndarray:
         return np.fromiter(map(len, texts), dtype=np.int64, count=m)
@@ -128,7 +128,7 @@ def memory_columns(state: Any, scopes: Mapping[str, datetime] | None = None) -> 
         "long_term": pa.array(ix.long_term.data[live]), "compressed": pa.array(ix.compressed.data[live]),
         "index_keys": _index_keys(tools, objects),
         "domain": pa.array([d[0] if d else "" for d in domains], pa.string()),
-        **({"stream_time": _scope_times(scope, scopes)} if scopes is not None else {}),
+        **({"stream_time": _scope_times(ix, live, scopes)} if scopes is not None else {}),
     }))
     # Every edge once (a < b), in the graph's order: its keys, then each one's neighbours.
     a = np.repeat(nodes, degrees)
@@ -141,15 +141,15 @@ def memory_columns(state: Any, scopes: Mapping[str, datetime] | None = None) -> 
 
 
 _UNIT_FIELDS = attrgetter("agent", "outcome", "user_interaction", "perception", "summary", "action", "tools",
-                          "objects", "domains", "scope")
+                          "objects", "domains")
 
 
-def _scope_times(scope: Sequence[str], scopes: Mapping[str, datetime]) -> pa.Array:
-    """Each memory's scope's stream time (null for a scope not seen), by distinct scope."""
-    codes = pc.dictionary_encode(pa.array(scope, pa.string()))
-    names = codes.dictionary.to_pylist()
-    times = pa.array([scopes.get(n) for n in names], pa.timestamp("us", "UTC"))
-    return times.take(codes.indices)
+def _scope_times(ix: Any, live: np.ndarray, scopes: Mapping[str, datetime]) -> pa.Array:
+    """Each live memory's scope's stream time (null for a scope not seen), through the index's scope codes."""
+    by_code = [None] * len(ix.scopes)
+    for name, code in ix.scopes.items():
+        by_code[code] = scopes.get(name)
+    return pa.array(by_code, pa.timestamp("us", "UTC")).take(pa.array(ix.scope_code.data[live].astype(np.int64)))
 
 
 def _index_keys(tools: Sequence[list[str]], objects: Sequence[list[str]], first: int = 3) -> pa.ListArray:

@@ -367,9 +367,10 @@ def route_handler(service: api.ReadService, route: api.Route, write_lock: asynci
             if route.stateful and write_lock is not None:  # not while a batch changes the state
                 async with write_lock:
                     result = api.call(service, route, request.match_info.get("agent"), params)
-            elif route.offloop:
-                result = await asyncio.get_running_loop().run_in_executor(
-                    offloop, api.call, service, route, request.match_info.get("agent"), params)
+            elif route.offloop:  # its JSON is made there too: a large answer does not hold the loop either
+                text = await asyncio.get_running_loop().run_in_executor(
+                    offloop, lambda: _dumps(api.call(service, route, request.match_info.get("agent"), params)))
+                return web.Response(text=text, content_type="application/json")
             else:
                 result = api.call(service, route, request.match_info.get("agent"), params)
         except api.NotFound as exc:

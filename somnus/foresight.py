@@ -95,6 +95,7 @@ class BriefingSeen:
     budget: int
     sections: tuple[tuple[str, tuple[str, ...]], ...] | None = None
     facts: tuple[tuple[str, str, str], ...] = ()
+    generated_at: datetime | None = None  # the event time it was rendered as of (the replay's check)
 
 
 # ---- reading a briefing ------------------------------------------------------------------------
@@ -284,10 +285,10 @@ def _ratio(a: int, b: int) -> float | None:
 
 
 def score(sessions: Sequence[SessionSeen], briefings: Mapping[str, BriefingSeen],
-          peers: Mapping[str, frozenset[str]], first_n: int = FIRST_SESSIONS) -> dict[str, Any]:
+          peers: Mapping[str, frozenset[str]], first_n: int = FIRST_SESSIONS, details: bool = False) -> dict[str, Any]:
     """The foresight report of sessions and the briefing given before each (by session id; a session
     without one had none). ``peers``: agent -> the agents whose earlier sessions it can learn from
-    (``peer_agents``; itself when absent). Pure."""
+    (``peer_agents``; itself when absent). ``details``: also one row per session (``per_session``). Pure."""
     ordered = sorted(enumerate(sessions), key=lambda x: (x[1].started_at, x[0]))
     vocab = Vocabulary.of(
         [t for s in sessions for t in s.tools] + [f.tool for s in sessions for f in s.failures],
@@ -302,6 +303,7 @@ def score(sessions: Sequence[SessionSeen], briefings: Mapping[str, BriefingSeen]
     kinds: dict[str, Counter[str]] = {}
     chars: list[int] = []
     budgets: list[int] = []
+    rows: list[dict[str, Any]] = []
     for _, s in ordered:
         which = "first" if index[s.agent] < first_n else "rest"
         index[s.agent] += 1
@@ -311,6 +313,7 @@ def score(sessions: Sequence[SessionSeen], briefings: Mapping[str, BriefingSeen]
         lines = read_briefing(b, vocab, s.agent) if b is not None else []
         warned = {(t, c) for x in lines if x.kind in (LESSON, FACT) for t in x.tools for c in x.classes}
         pairs = []
+        before = Counter(totals)
         per = agents.setdefault(s.agent, Counter())
         per["sessions"] += 1
         for f in s.failures:
@@ -341,6 +344,13 @@ def score(sessions: Sequence[SessionSeen], briefings: Mapping[str, BriefingSeen]
             totals["over_budget"] += len(b.markdown) > b.budget
             totals["non_empty"] += bool(b.markdown)
         past.append((s.ended_at, s.agent, frozenset(pairs)))
+        if details:
+            rows.append({"session_id": s.session_id, "agent": s.agent, "index": index[s.agent] - 1,
+                         "started_at": s.started_at.isoformat(), "ended_at": s.ended_at.isoformat(),
+                         "briefing_as_of": b.generated_at.isoformat() if b is not None and b.generated_at else None,
+                         "chars": len(b.markdown) if b is not None else None, "lines": len(lines),
+                         **{k: totals[k] - before[k] for k in ("failed_calls", "learnable", "foretold", "relevant",
+                                                                "duplicate_lines")}})
     med, p95 = median_p95(chars)
     return {
         "sessions": len(sessions), "briefings": len(chars), "briefings_non_empty": totals["non_empty"],
@@ -357,7 +367,7 @@ def score(sessions: Sequence[SessionSeen], briefings: Mapping[str, BriefingSeen]
         "by_agent": {a: {"sessions": c["sessions"], "learnable": c["learnable"], "foretold": c["foretold"],
                          "foresight": _ratio(c["foretold"], c["learnable"])} for a, c in sorted(agents.items())},
         "missed": [{"tool": t, "error_class": c, "calls": n} for (t, c), n in missed.most_common(10)],
-    }
+    } | ({"per_session": rows} if details else {})
 
 
 def _part(c: Counter[str]) -> dict[str, Any]:
@@ -481,7 +491,8 @@ def first_sessions(events: Sequence[Mapping[str, Any]], n: int) -> list[Mapping[
 def run_foresight(paths: Sequence[str | Path], fmt: str, *, results: Path | None = None, agent: str | None = None,
                   start: str | None = None, spacing_s: float | None = None, sessions: int | None = None,
                   home: Path | None = None, bootstrap: str | None = None, serve: bool = True,
-                  timeout_s: float = 600.0, log: Any = None, progress: Any = None) -> dict[str, Any]:
+                  timeout_s: float = 600.0, log: Any = None, progress: Any = None,
+                  details: bool = False) -> dict[str, Any]:
     """Replay the files' sessions through a fresh pipeline and score the briefings (``score``).
 
     A local broker that was not running is started and stopped again; the worker, the projector, their
@@ -524,7 +535,7 @@ def run_foresight(paths: Sequence[str | Path], fmt: str, *, results: Path | None
     finally:
         if ours:
             broker_mod.stop(base)
-    report = score(seen, briefings, peer_agents(registry, agent_of.values()))
+    report = score(seen, briefings, peer_agents(registry, agent_of.values()), details=details)
     report.update({"format": fmt, "events": len(events), "replay_s": round(time.perf_counter() - t0, 1),
                    "served": serve,
                    "path": "import -> Kafka -> Faust worker -> projector; briefing read (and injected) before "
@@ -545,4 +556,6 @@ def _briefing_before(db: Path, agents_dir: Path | None, registry: Mapping[str, A
         read(db, "inject", agent, agents_dir=agents_dir, prompt="", session_id=session_id)
     facts = tuple((f.get("source_name") or f["source"], f["predicate"], f.get("target_name") or f["target"])
                   for f in got.get("facts") or [])
-    return BriefingSeen(got["markdown"], int(got.get("budget") or budget), facts=facts)
+    as_of = got.get("generated_at")
+    return BriefingSeen(got["markdown"], int(got.get("budget") or budget), facts=facts,
+                        generated_at=_time(as_of) if as_of else None)

@@ -187,3 +187,15 @@ def test_sessions_and_the_replay_plan_from_events():
     plan, rest = schedule(events)
     assert [(sid, [e["seq"] for e in batch]) for sid, batch in plan] == [("a", []), ("b", [0, 1, 2])]
     assert [(e["session_id"], e["seq"]) for e in rest] == [("b", 0), ("a", 3)]
+
+
+def test_per_session_rows_add_up_to_the_report():
+    r = score([S1, S2, S3, S4], {"s3": B3, "s4": B4}, PEERS, first_n=2, details=True)
+    rows = {row["session_id"]: row for row in r["per_session"]}
+    assert [row["session_id"] for row in r["per_session"]] == ["s1", "s2", "s3", "s4"]
+    assert {k: rows["s3"][k] for k in ("index", "chars", "lines", "failed_calls", "learnable", "foretold", "relevant",
+                                       "duplicate_lines")} == {
+        "index": 1, "chars": len(B3.markdown), "lines": 5, "failed_calls": 3, "learnable": 2, "foretold": 1,
+        "relevant": 4, "duplicate_lines": 2}
+    assert rows["s1"]["chars"] is None and rows["s4"]["foretold"] == 1
+    assert sum(row["learnable"] for row in r["per_session"]) == r["learnable"]

@@ -282,16 +282,18 @@ def import_(paths: list[str] = typer.Argument(..., help="Files, directories or g
         ensure_topics(s, boot)
         sink = Publisher(boot, s.traces_topic)
     sessions: set[str] = set()
+    pending: list[dict[str, Any]] = []
     n = 0
     try:
         with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
                       TimeRemainingColumn(), console=err, transient=False) as bar:
             task = bar.add_task(f"importing {fmt}", total=len(files))
             for path in files:
-                events = list(FORMATS[fmt](path, agent=agent, run=run))
-                sessions.update(e.get("session_id") for e in events)
-                n += _deliver(sink, events)
+                pending += FORMATS[fmt](path, agent=agent, run=run)
+                if len(pending) >= IMPORT_CHUNK:  # one acknowledged send per chunk, not per file
+                    n += _deliver(sink, pending, sessions)
                 bar.advance(task)
+            n += _deliver(sink, pending, sessions)
     except ImportShapeError as exc:
         _fail(str(exc))
     finally:
@@ -300,14 +302,22 @@ def import_(paths: list[str] = typer.Argument(..., help="Files, directories or g
     console.print(f"imported {len(sessions)} sessions from {len(files)} files: {where}")
 
 
-def _deliver(sink: Any, events: list[dict[str, Any]]) -> int:
-    """Write events to a file (JSON lines) or send them with the open publisher; how many."""
+IMPORT_CHUNK = 20_000  # events per acknowledged send of `somnus import`
+
+
+def _deliver(sink: Any, events: list[dict[str, Any]], sessions: set[str]) -> int:
+    """Write events to a file (JSON lines) or send them with the open publisher, note their sessions,
+    and empty the list; how many were delivered."""
     import orjson
 
+    sessions.update(str(e.get("session_id")) for e in events)
     if hasattr(sink, "send"):
-        return sink.send(events)
-    sink.write(b"".join(orjson.dumps(e) + b"\n" for e in events))
-    return len(events)
+        n = sink.send(events) if events else 0
+    else:
+        sink.write(b"".join(orjson.dumps(e) + b"\n" for e in events))
+        n = len(events)
+    events.clear()
+    return n
 
 
 @app.command()

@@ -56,7 +56,7 @@ from projections import schema
 from projections.api import ReadService
 from projections.semantic import KIND_PROMOTE, promotion_inputs
 from projections.writer import Seen, Topics, apply_batch, load_offsets
-from schemas.codec import decode_trace, encode
+from schemas.codec import Rejection, decode_trace, encode
 from schemas.memory import KIND_UNITS
 from somnus.agents import AgentSpec, scope_chain
 from tests.records import Rec
@@ -140,8 +140,14 @@ def session_events(n: int, i: int, u: int | None, day: int, private_fails: bool,
 
 
 def project(con: duckdb.DuckDBPyConnection, fleet: dict[str, Any]) -> Seen:
-    raw = [e for n, s in enumerate(fleet["sessions"]) for e in session_events(n, *s)]
-    events = [decode_trace(orjson.dumps(e), 1 << 20) for e in raw]
+    return project_events(con, fleet["agents"], [e for n, s in enumerate(fleet["sessions"]) for e in session_events(n, *s)])
+
+
+def project_events(con: duckdb.DuckDBPyConnection, agents: dict[str, AgentSpec], raw: list[dict[str, Any]]) -> Seen:
+    """Trace events (JSON objects) through the worker's processors and the projector's write path;
+    then promotion for the global owner and every agent's, and the briefings rendered."""
+    decoded = [decode_trace(orjson.dumps(e), 1 << 20) for e in raw]
+    events = [e for e in decoded if not isinstance(e, Rejection)]  # the worker dead-letters those
     episodes = distill({}, events).episodes
     units = memory_units({}, events, episodes, frozenset())
     working = remember({}, events, DEFAULT_SETTINGS).states
@@ -155,9 +161,9 @@ def project(con: duckdb.DuckDBPyConnection, fleet: dict[str, Any]) -> Seen:
                     timestamp=int(last.timestamp() * 1000)) for n, j in enumerate(range(0, len(units), 50))]
     records += [Rec("working-memory", 0, n, encode_state(wm), key=k.encode()) for n, (k, wm) in enumerate(working.items())]
     records.append(Rec("link-updates", 0, 0, msgspec.json.encode(updates)))
-    seen = Seen(con, fleet["agents"])
+    seen = Seen(con, agents)
     apply_batch(con, TOPICS, records, load_offsets(con), 1 << 20, seen)
-    owners = ["global", *(f"agent:{a}" for a in fleet["agents"])]
+    owners = ["global", *(f"agent:{a}" for a in agents)]
     promote = [Rec("semantic", 0, n, encode(msgspec.structs.replace(
         promotion_inputs(con, owner=o, min_observations=1, min_confidence=0.0), at=last + timedelta(days=1))),
         key=o.encode(), headers=[("somnus-kind", KIND_PROMOTE)]) for n, o in enumerate(owners)]

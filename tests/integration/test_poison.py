@@ -134,6 +134,13 @@ def test_no_record_stops_ingest_and_every_bad_record_is_one_dead_letter(pipeline
         late = asyncio.run(_send(p.boot, s.traces_topic, [
             (0, orjson.dumps(_event(f"old-{k}", 5, "agent_message", day + timedelta(minutes=1))), None)
             for k in range(10)]))
+        # an event sent twice in its session under two seqs: applied once, counted; an event_id another
+        # session holds: a dead letter (the projector sees every event)
+        start, msg = _event("dupe", 0, "session_start", now), _event("dupe", 1, "agent_message", now)
+        dupe = [start, msg, {**msg, "seq": 2}, _event("dupe", 3, "session_end", now)]
+        reuse = [{**_event("reuser", 0, "session_start", now), "event_id": start["event_id"]},
+                 _event("reuser", 1, "session_end", now)]
+        reused_at = asyncio.run(_send(p.boot, s.traces_topic, [(1, orjson.dumps(e), None) for e in dupe + reuse]))[4]
         p.wait_idle(timeout_s=420)  # asserts that no process exited; lag reaches 0
         status = p.status()
         worker_log = p.log("worker")
@@ -180,5 +187,10 @@ def test_no_record_stops_ingest_and_every_bad_record_is_one_dead_letter(pipeline
         assert p.query("SELECT count(*) FROM memories")[0][0] > 0
         assert p.query("SELECT count(*) FROM causal_links")[0][0] > 0
         assert p.query("SELECT count(*) FROM events WHERE year(ts) > 2100 OR year(ts) < 1900") == [(0,)]
+        assert p.query("SELECT event_count FROM episodes WHERE session_id = 'dupe'") == [(3,)]
+        assert p.query("SELECT session_id, seq FROM duplicate_events") == [("dupe", 2)]
+        assert status["duplicate_events"] == 1
+        kind, reason, _ = dead[(s.traces_topic, *reused_at)]
+        assert kind == "duplicate" and "already belongs to session 'dupe'" in reason, reason
     finally:
         p.stop_all()

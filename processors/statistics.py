@@ -15,14 +15,19 @@ rarer (tests/processors/test_statistics.py measures the rate on random independe
 Each record names its provenance, ``source_agents``: the agents whose calls it was computed from.
 
 - **Trend** (``PATTERN``), per tool: the daily success rate (days with >= ``TREND_MIN_CALLS_PER_DAY``
-  calls) regressed on the day by ordinary least squares (unweighted: each day one point). Support:
+  calls) regressed on the day by least squares weighted by the day's calls (a rate's variance is
+  about p(1-p)/calls: a quiet weekend day with 3 calls must not weigh as much as a working day with
+  30), slope tested with Student's t on days - 2 degrees of freedom (``weighted_line``). Support:
   >= ``TREND_MIN_DAYS`` such days. Floor: R² >= ``TREND_MIN_R2`` and |slope| >=
   ``TREND_MIN_ABS_SLOPE`` per day. Confidence = R².
-- **Correlation** (``CORRELATION``), only between tools *used together*: both called in the same
-  episode at least ``CORR_MIN_JOINT_EPISODES`` times (a tool with itself: its calls and its success
-  rate). The data are the calls of the agents that used the two together (the provenance), per
-  agent and day: each tool's call count and success rate (days with >= ``TREND_MIN_CALLS_PER_DAY``
-  calls), on the days the agent made any call. The statistic is a **partial correlation given the
+- **Correlation** (``CORRELATION``), only between two tools *used together*: both called in the
+  same episode at least ``CORR_MIN_JOINT_EPISODES`` times. The data are the calls of the agents that
+  used the two together (the provenance), per agent and day: the two tools' call counts, and their
+  success rates (days with >= ``TREND_MIN_CALLS_PER_DAY`` calls), on the days the agent made any
+  call. Counts are compared with counts and rates with rates; a count against a rate is not tested:
+  it mostly restates how agents behave (a failed call is retried, so its tool's calls rise as its
+  rate falls; a failed step ends the task, so the next tool's calls fall), which the episodes say
+  better. The statistic is a **partial correlation given the
   day's activity, within each agent**: per agent, both series are regressed on [1, the agent's
   episodes that day] (on [1] when those are constant); each residual is scaled by its expected
   spread (a count's by 1/√episodes, a rate's by √calls); the residuals of all agents are pooled and
@@ -85,7 +90,7 @@ from schemas.semantic import (
     SemanticEvent,
 )
 
-FDR_Q = 0.01  # Benjamini-Hochberg level over all tests of one run
+FDR_Q = 0.001  # Benjamini-Hochberg level over all tests of one run
 TREND_MIN_DAYS = 5
 TREND_MIN_CALLS_PER_DAY = 3
 TREND_MIN_R2 = 0.5
@@ -236,6 +241,36 @@ class _Table:
         return [str(e) for e in self.episodes[np.sort(chosen)]]
 
 
+class Line(msgspec.Struct, frozen=True):
+    slope: float
+    intercept: float
+    r2: float
+    p_value: float
+
+
+def weighted_line(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> Line:
+    """Weighted least-squares line ``y ~ a + b x`` (weights ``w``), its weighted R² and the two-sided
+    p-value of the slope (t on n - 2 degrees of freedom). With equal weights it is ``scipy.stats.linregress``.
+
+    >>> f = weighted_line(np.arange(5.0), np.array([1.0, 0.9, 0.8, 0.7, 0.6]), np.ones(5))
+    >>> round(f.slope, 6), round(f.r2, 6), f.p_value < 1e-6
+    (-0.1, 1.0, True)
+    """
+    sw = float(w.sum())
+    mx, my = float(w @ x) / sw, float(w @ y) / sw
+    dx, dy = x - mx, y - my
+    sxx, sxy, syy = float(w @ (dx * dx)), float(w @ (dx * dy)), float(w @ (dy * dy))
+    slope = sxy / sxx
+    r2 = 0.0 if syy == 0.0 else min(1.0, sxy * sxy / (sxx * syy))
+    df = len(x) - 2
+    if r2 >= 1.0:
+        p = 0.0
+    else:
+        t = math.sqrt(r2 * df / (1.0 - r2))
+        p = 2.0 * float(sps.t.sf(t, df))
+    return Line(slope=slope, intercept=my - slope * mx, r2=r2, p_value=p)
+
+
 @dataclass(frozen=True)
 class _Test:
     """One test made: its p-value, whether its effect reaches the floor, and the record it confirms."""
@@ -313,17 +348,15 @@ class Statistician:
             rates = succ[ti, days] / calls[ti, days]
             if np.ptp(rates) == 0.0:
                 continue  # a flat line: no trend (and R² undefined)
-            fit = sps.linregress(days.astype(np.float64), rates)
-            r2 = float(fit.rvalue) ** 2
-            slope = float(fit.slope)
-            large = r2 >= TREND_MIN_R2 and abs(slope) >= TREND_MIN_ABS_SLOPE
-            out.append(_Test(float(fit.pvalue), large, self._trend_record(tb, ti, str(tool), days, rates, fit)))
+            fit = weighted_line(days.astype(np.float64), rates, calls[ti, days])
+            large = fit.r2 >= TREND_MIN_R2 and abs(fit.slope) >= TREND_MIN_ABS_SLOPE
+            out.append(_Test(fit.p_value, large, self._trend_record(tb, ti, str(tool), days, rates, fit)))
         return out
 
     def _trend_record(self, tb: _Table, ti: int, tool: str, days: np.ndarray, rates: np.ndarray,
-                      fit: Any) -> Callable[[float], MathRecord]:
+                      fit: Line) -> Callable[[float], MathRecord]:
         def record(q: float) -> MathRecord:
-            r2, slope = float(fit.rvalue) ** 2, float(fit.slope)
+            r2, slope = fit.r2, fit.slope
             mask = tb.tool == ti
             direction = "declining" if slope < 0 else "rising"
             return MathRecord(
@@ -334,20 +367,24 @@ class Statistician:
                         f"{len(days)} days, now {rates[-1]:.0%})."),
                 query=self._trend_sql(tool), confidence=round(min(r2, 1.0), 6), n_observations=int(mask.sum()),
                 statistics={"slope_per_day": round(slope, 6), "intercept_day0": round(float(
-                    fit.intercept + fit.slope * tb.day0), 6), "r2": round(r2, 6), "p_value": _p(fit.pvalue),
+                    fit.intercept + fit.slope * tb.day0), 6), "r2": round(r2, 6), "p_value": _p(fit.p_value),
                     "q_value": _p(q), "days": float(len(days)), "success_rate": round(float(tb.ok[mask].mean()), 6)},
                 source_episode_ids=tb.latest_episodes(mask), source_agents=tb.agents_of(mask))
         return record
 
     def _trend_sql(self, tool: str) -> str:
-        return (self._calls_sql + ", daily AS (SELECT floor(epoch(call_at) / 86400) AS day, avg(ok::INT) AS rate "
-                f"FROM calls WHERE tool = {_q(tool)} AND ok IS NOT NULL GROUP BY 1 "
-                f"HAVING count(*) >= {TREND_MIN_CALLS_PER_DAY}) "
-                "SELECT regr_slope(rate, day) AS slope_per_day, regr_r2(rate, day) AS r2, count(*) AS days FROM daily")
+        return (self._calls_sql + ", daily AS (SELECT floor(epoch(call_at) / 86400) AS day, avg(ok::INT) AS rate, "
+                f"count(*) AS w FROM calls WHERE tool = {_q(tool)} AND ok IS NOT NULL GROUP BY 1 "
+                f"HAVING count(*) >= {TREND_MIN_CALLS_PER_DAY}), "
+                "c AS (SELECT day - sum(w * day) OVER () / sum(w) OVER () AS x, "
+                "rate - sum(w * rate) OVER () / sum(w) OVER () AS y, w FROM daily) "
+                "SELECT sum(w * x * y) / sum(w * x * x) AS slope_per_day, "
+                "sum(w * x * y) ^ 2 / (sum(w * x * x) * sum(w * y * y)) AS r2, count(*) AS days FROM c  "
+                "-- least squares weighted by the day's calls")
 
     # -- correlation ------------------------------------------------------------------------
     def _used_together(self, tb: _Table) -> dict[tuple[int, int], tuple[int, frozenset[int]]]:
-        """Tool pairs (i <= j) called in the same episode: (how many episodes, the agents' codes)."""
+        """Tool pairs (i < j) called in the same episode: (how many episodes, the agents' codes)."""
         tools_of: dict[int, set[int]] = {}
         agent_of: dict[int, int] = {}
         for e, t, a in zip(tb.episode.tolist(), tb.tool.tolist(), tb.agent.tolist()):
@@ -357,7 +394,7 @@ class Statistician:
         for e, ts in tools_of.items():
             order = sorted(ts)
             for i, ti in enumerate(order):
-                for tj in order[i:]:
+                for tj in order[i + 1:]:
                     n, agents = pairs.get((ti, tj), (0, set()))
                     agents.add(agent_of[e])
                     pairs[(ti, tj)] = (n + 1, agents)
@@ -373,9 +410,7 @@ class Statistician:
                 if ac not in per_agent:
                     rows = tb.agent == ac
                     per_agent[ac] = (*tb.daily(rows), tb.daily_episodes(rows))
-            metrics = [("calls", "success_rate")] if ti == tj else [
-                (ma, mb) for ma in ("calls", "success_rate") for mb in ("calls", "success_rate")]
-            for ma, mb in metrics:
+            for ma, mb in (("calls", "calls"), ("success_rate", "success_rate")):
                 got = _stratified_partial_r([(per_agent[ac], ti, ma, tj, mb) for ac in sorted(agents)])
                 if got is None:
                     continue

@@ -44,7 +44,7 @@ from schemas.events import SCHEMA_VERSION
 SAMPLE_NAMESPACE = uuid.UUID("a3c1f0de-2b7e-4d51-8c9a-1e0f5b6d7c82")
 START = datetime(2026, 1, 5, 7, 0, tzinfo=timezone.utc)  # a Monday
 DAYS = 28
-MEAN_EVENTS_PER_SESSION = 14  # measured on the default fleet; sizes the days of an ``events`` run
+MEAN_EVENTS_PER_SESSION = 9  # measured on the default fleet (8.6); sizes the days of an ``events`` run
 
 TEAMS: dict[str, list[str]] = {
     "research-lead": ["researcher", "scraper"],
@@ -145,7 +145,7 @@ RATE_LIMITS: dict[str, list[tuple[int, RateLimit]]] = {
 class Fault:
     """A recurring environment fault: from ``first_day`` until ``last_day`` (inclusive; days since
     START), a call of ``tool`` whose args contain ``match`` fails with ``error`` with chance
-    ``chance(hour)``; a retry clears it with ``retry_clears``."""
+    ``chance(day, hour)`` (UTC hour); a retry clears it with ``retry_clears``."""
 
     agent: str
     tool: str
@@ -154,22 +154,28 @@ class Fault:
     http_status: int | None
     first_day: int
     last_day: int
-    chance: Callable[[float], float]
+    chance: Callable[[int, float], float]
     retry_clears: float = 0.0
 
 
 FAULTS: list[Fault] = [
-    Fault("deployer", "shell", "helm", "bash: helm: command not found", None, 3, 12, lambda h: 1.0),
-    Fault("support", "http_post", "stripe", "HTTP 401 Unauthorized: API key expired", 401, 9, 16, lambda h: 1.0),
+    Fault("deployer", "shell", "helm", "bash: helm: command not found", None, 3, 12, lambda d, h: 1.0),
+    Fault("support", "http_post", "stripe", "HTTP 401 Unauthorized: API key expired", 401, 9, 16, lambda d, h: 1.0),
     # worse in the (UTC) afternoon, when the reader's free tier is busiest
-    Fault("researcher", "http_get", "r.jina.ai", "ConnectionTimeout: r.jina.ai read timed out after 30s", None, 0, 10_000,
-          lambda h: 0.15 + 0.45 * max(0.0, math.cos(2 * math.pi * (h - 16) / 24)), retry_clears=0.6),
+    Fault("researcher", "http_get", "r.jina.ai", "ConnectionTimeout: r.jina.ai read timed out after 30s", None, 0,
+          10_000, lambda d, h: 0.15 + 0.45 * max(0.0, math.cos(2 * math.pi * (h - 16) / 24)), retry_clears=0.6),
+    # the model provider is overloaded in the US afternoon
+    Fault("researcher", "summarize", "", "OverloadedError: the model is overloaded, try again later", None, 0, 10_000,
+          lambda d, h: 0.05 + 0.8 * max(0.0, math.cos(2 * math.pi * (h - 17) / 24)), retry_clears=0.3),
+    # the CRM degrades week by week until its migration
+    Fault("support", "crm_lookup", "", "HTTP 504 Gateway Timeout: crm.internal did not answer", 504, 0, 10_000,
+          lambda d, h: min(0.9, 0.035 * d), retry_clears=0.2),
     Fault("scraper", "http_get", "acme/app/issues", "HTTP 403 Forbidden: token lacks scope repo:read", 403, 0, 10_000,
-          lambda h: 0.3),
+          lambda d, h: 0.3),
     Fault("scraper", "parse_html", "table.pricing", "ValueError: selector 'table.pricing' matched no elements", None,
-          18, 10_000, lambda h: 0.85),
+          18, 10_000, lambda d, h: 0.85),
     Fault("ops-lead", "read_runbook", "rollback", "FileNotFoundError: runbooks/rollback.md", None, 0, 10_000,
-          lambda h: 1.0),
+          lambda d, h: 1.0),
 ]
 
 
@@ -279,7 +285,7 @@ def _run_step(w: _Writer, step: Step, index: int, day: int) -> bool:
     hour = (w.t - w.t.replace(hour=0, minute=0, second=0, microsecond=0)).total_seconds() / 3600
     fault = _fault(w.agent, step, day)
     failure: tuple[str, int | None, float] | None = None
-    if fault is not None and w.rng.random() < fault.chance(hour):
+    if fault is not None and w.rng.random() < fault.chance(day % DAYS, hour):
         failure = (fault.error, fault.http_status, fault.retry_clears)
     elif w.rng.random() < TRANSIENT_RATE:
         failure = w.rng.choice(TRANSIENT[TOOL_KIND[step.tool]])

@@ -205,7 +205,8 @@ class SqlSandbox:
         ctes: set[str] = set()
         tables: list[dict[str, Any]] = []
         for node in _walk(tree["statements"][0]):
-            for entry in (node.get("cte_map") or {}).get("map", ()) if isinstance(node.get("cte_map"), dict) else ():
+            cte_map = node.get("cte_map")
+            for entry in cte_map.get("map", ()) if isinstance(cte_map, dict) else ():
                 name = str(entry.get("key", ""))
                 if not _IDENTIFIER.match(name):
                     raise SqlRefused(f"a CTE's name must be a plain identifier, not {name!r}")

@@ -9,15 +9,17 @@ Six agents in two teams (see ``somnus/data/agents``) working as a real fleet doe
   of ``days`` follow if more are needed.
 - **Tasks.** Each agent has a few recurring kinds of task (``TASK_KINDS``), each done with the same
   tool sequence when it goes well, so successful sequences repeat (the briefing's strategies).
-  Every sequence follows one global order of tools (``TOOL_ORDER``): a tool never both comes before
-  and after another, so "b depends_on a" never has its reverse.
+  Every sequence follows one global order of tools (``TOOL_ORDER``, checked by the tests): a tool
+  never both comes before and after another, so "b depends_on a" never has its reverse.
 - **Errors that belong to their tools** (``TOOL_KIND``, ``TRANSIENT``): an HTTP tool gets HTTP
   statuses and timeouts, a shell tool exit codes and missing binaries, a parser selector errors, a
   model call context-length errors. Transient ones usually go away on a retry.
 - **Recurring environment faults** (``FAULTS``), a few per agent, each in a window of days: a
   binary missing on the deploy runner, an expired payment API key, a flaky reader endpoint that is
   worse in the afternoon, a token lacking a scope, a runbook that does not exist, a pricing page
-  whose layout changed. They recur until fixed: what a memory should learn.
+  whose layout changed, a CRM degrading week by week, a model provider overloaded in the afternoon.
+  They recur until fixed: what a memory should learn. With several blocks of ``days`` (an
+  ``events`` run), every block follows the same calendar of faults and rate limits.
 - **Rate limits that change rarely** (``RATE_LIMITS``): each API has one limit (headers
   ``X-RateLimit-Limit``/``-Window`` and a fixed ``Retry-After``); one changes once, mid-way. A 429
   is always resolved by waiting and retrying.
@@ -179,16 +181,6 @@ FAULTS: list[Fault] = [
 ]
 
 
-def _check_tool_order() -> None:
-    rank = {t: i for i, t in enumerate(TOOL_ORDER)}
-    for k in TASK_KINDS:
-        tools = [s.tool for s in k.steps]
-        assert all(rank[a] < rank[b] for a, b in zip(tools, tools[1:]) if a != b), k
-
-
-_check_tool_order()
-
-
 def _hour_weight(weekday: int, hour: int) -> float:
     """How busy an hour is: weekdays 07-19 UTC with a late-morning and a mid-afternoon peak; nights and
     weekends a trickle."""
@@ -285,7 +277,7 @@ def _run_step(w: _Writer, step: Step, index: int, day: int) -> bool:
     hour = (w.t - w.t.replace(hour=0, minute=0, second=0, microsecond=0)).total_seconds() / 3600
     fault = _fault(w.agent, step, day)
     failure: tuple[str, int | None, float] | None = None
-    if fault is not None and w.rng.random() < fault.chance(day % DAYS, hour):
+    if fault is not None and w.rng.random() < fault.chance(day, hour):
         failure = (fault.error, fault.http_status, fault.retry_clears)
     elif w.rng.random() < TRANSIENT_RATE:
         failure = w.rng.choice(TRANSIENT[TOOL_KIND[step.tool]])
@@ -304,12 +296,12 @@ def _run_step(w: _Writer, step: Step, index: int, day: int) -> bool:
     return False
 
 
-def _session(rng: random.Random, index: int, t: datetime, seed: int = 0) -> list[dict[str, Any]]:
+def _session(rng: random.Random, index: int, t: datetime, seed: int = 0, day: int = 0) -> list[dict[str, Any]]:
+    """One session starting at ``t``, on ``day`` of the faults' and rate limits' calendar."""
     agents = list(AGENT_WEIGHT)
     agent = rng.choices(agents, weights=[AGENT_WEIGHT[a] for a in agents])[0]
     kind = rng.choice([k for k in TASK_KINDS if k.agent == agent])
     w = _Writer(rng, agent, f"s{seed}-{index:07d}-{agent}", t)  # two seeds never share a session
-    day = (t - START).days
     task = kind.text.format(n=rng.randint(1000, 9999))
     w.add("session_start", {"task": task, "goal": f"{task} by end of day",
                             "metadata": {"project": rng.choice(["atlas", "borealis"]),
@@ -361,7 +353,8 @@ def generate(sessions: int | None = None, events: int | None = None, seed: int =
             if not times:
                 times = session_times(rng, per_block, START + timedelta(days=block * days), days)[::-1]
                 block += 1
-            evs = _session(rng, index, times.pop(), seed)
+            at = times.pop()
+            evs = _session(rng, index, at, seed, (at - START).days % days)  # each block of days tells the same story
             produced += len(evs)
             open_.append(evs)
             index += 1

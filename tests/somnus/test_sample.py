@@ -17,7 +17,7 @@ from schemas.codec import Rejection, decode_trace
 from schemas.episodes import LessonKind
 from schemas.events import Outcome
 from somnus.agents import load_agents, teams
-from somnus.sample import AGENT_TOOLS, FAULTS, START, TEAMS, TOOL_KIND, generate
+from somnus.sample import AGENT_TOOLS, FAULTS, START, TASK_KINDS, TEAMS, TOOL_KIND, TOOL_ORDER, generate
 
 
 @pytest.fixture(scope="module")
@@ -200,3 +200,18 @@ def test_no_depends_on_cycles(fleet):
     def reaches(a: str, b: str, seen: set[str]) -> bool:
         return any(n == b or (n not in seen and not seen.add(n) and reaches(n, b, seen)) for n in graph[a])
     assert not any(reaches(b, a, set()) for a, b in edges)
+
+
+def test_every_task_follows_the_global_tool_order():
+    rank = {t: i for i, t in enumerate(TOOL_ORDER)}
+    assert set(rank) == set(TOOL_KIND)
+    for kind in TASK_KINDS:
+        tools = [s.tool for s in kind.steps]
+        assert all(rank[a] < rank[b] for a, b in zip(tools, tools[1:]) if a != b), kind
+
+
+def test_an_event_budget_spreads_over_the_same_weeks():
+    events = list(generate(events=3000, seed=2))
+    starts = [datetime.fromisoformat(e["ts"]) for e in events if e["type"] == "session_start"]
+    first = [t for t in starts if t - START < timedelta(days=28)]
+    assert timedelta(days=20) <= max(first) - START and len(first) >= 0.9 * len(starts)  # about one block of weeks

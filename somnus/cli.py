@@ -67,11 +67,14 @@ def _event_time(settings: Settings, at: Optional[str], scope: str) -> Any:
             _fail(f"--at {at!r}: not an ISO 8601 time")
             raise
         return when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)
-    try:
-        got = read(Path(settings.db_path), "stream_time", agents_dir=settings.agents_dir, scope=scope)  # type: ignore[arg-type]
-    except ReadError as exc:
-        _fail(str(exc))
-        raise
+    if not Path(settings.db_path).exists():  # type: ignore[arg-type]
+        got: dict[str, Any] = {"at": None}  # nothing projected yet: no event to be consistent with
+    else:
+        try:
+            got = read(Path(settings.db_path), "stream_time", agents_dir=settings.agents_dir, scope=scope)  # type: ignore[arg-type]
+        except ReadError as exc:
+            _fail(str(exc))
+            raise
     if got["at"] is None:
         err.print(f"[dim]{scope} has no event yet: stamped with the wall clock[/dim]")
         return datetime.now(timezone.utc)

@@ -34,9 +34,11 @@ def test_a_command_is_stamped_with_its_scopes_stream_time_unless_at_is_given(mon
 
     monkeypatch.setattr(somnus.reads, "read", read)
     s = cli._settings(tmp_path)
+    before = datetime.now(timezone.utc)
+    assert cli._event_time(s, None, "global") >= before and asked == []  # no database yet: no event, the wall clock
+    s.db_path.write_bytes(b"")  # (read is stubbed: only its existence matters)
     assert cli._event_time(s, None, "agent:airline") == datetime(2024, 5, 17, 5, 10, 46, tzinfo=timezone.utc)
     assert asked == [{"handler": "stream_time", "scope": "agent:airline"}]
     assert cli._event_time(s, "2024-01-02T03:04:05", "global") == datetime(2024, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
     assert len(asked) == 1  # --at: nothing read
-    before = datetime.now(timezone.utc)
     assert cli._event_time(s, None, "team:x") >= before  # a scope with no event yet: the wall clock

@@ -235,7 +235,8 @@ class ReadService:
                                      min_relevance=_float(min_relevance, "min_relevance", MIN_RELEVANCE),
                                      agents=self.agents)
         self._accessed(ctx.accessed)
-        return {"agent": agent, "query": query, "text": ctx.text, "entries": len(ctx.entries)}
+        # the text is neutralised line by line as it is rendered; every other string here too (the echo)
+        return {**neutral_json({"agent": agent, "query": query, "entries": len(ctx.entries)}), "text": ctx.text}
 
     # ---- semantic memory (concepts, patterns) ----
     def _semantic(self) -> Any:
@@ -365,7 +366,9 @@ class ReadService:
                           tiers=[Tier("episodic", episodic), Tier("knowledge", knowledge, weight=0.5),
                                  Tier("briefing", briefing, weight=0.5)],
                           buffer=buffer, synopsis=synopsis)
-        return {**_jsonable(got), "session_id": buffer.session_id if buffer else None}
+        out = _jsonable(got)
+        # the text is neutralised line by line as it is assembled; every other string here too (ids, echo)
+        return {**neutral_json({**out, "session_id": buffer.session_id if buffer else None}), "text": out["text"]}
 
     # ---- outcomes and rhythms (NAc, SCN) ----
     def predict(self, tool: Any = None, args: Any = None, agent: Any = None, hour: Any = None) -> dict[str, Any]:

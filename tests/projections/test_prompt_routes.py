@@ -71,7 +71,27 @@ def lines_of(text: str) -> list[str]:
     return [ln for ln in text.split("\n") if ln]
 
 
+def strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in strings(v)]
+    if isinstance(value, (list, tuple)):
+        return [s for v in value for s in strings(v)]
+    return []
+
+
 def check_routes(svc: ReadService) -> None:
+    """Every string of every answer is clean (a multi-line text breaks lines with "\n" only), and the
+    texts meant for a prompt start each line with a label of their own."""
+    answers = [svc.briefing("support"), svc.inject("support", prompt="PROMPT"),
+               svc.context("support", query=QUERY, user_id="u1", max_tokens=100_000),
+               svc.context("support", query=QUERY, user_id=None, max_tokens=100_000),
+               svc.episodic_context("support", query=QUERY, top_k=20, token_budget=100_000),
+               svc.knowledge_context("support", query=QUERY, limit=100)]
+    for answer in answers[:1] + answers[2:]:
+        for text in strings(answer):
+            assert_clean(text)
     b = svc.briefing("support")["briefing"]
     if b is not None:
         assert_clean(str(b))

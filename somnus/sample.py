@@ -85,6 +85,7 @@ class TaskKind:
     agent: str
     text: str  # with {n}: an id, so the kind (briefing.task_kind) stays the same
     steps: tuple[Step, ...]
+    goal: str  # what the kind of task is for: the same for every task of the kind
 
 
 def _s(tool: str, **args: Any) -> Step:
@@ -93,31 +94,37 @@ def _s(tool: str, **args: Any) -> Step:
 
 TASK_KINDS: list[TaskKind] = [
     TaskKind("research-lead", "compile the competitor pricing report {n}",
-             (_s("plan", steps=3), _s("web_search", q="competitor pricing 2026"), _s("summarize", max_words=300))),
+             (_s("plan", steps=3), _s("web_search", q="competitor pricing 2026"), _s("summarize", max_words=300)),
+             "keep leadership's view of competitor pricing current"),
     TaskKind("research-lead", "plan the vendor review for quarter {n}",
-             (_s("plan", steps=4), _s("web_search", q="vendor review checklist"))),
+             (_s("plan", steps=4), _s("web_search", q="vendor review checklist")), "renew only vendors that earn it"),
     TaskKind("researcher", "find the pagination rules of the leads api {n}",
              (_s("web_search", q="instantly api pagination"), _s("http_get", url="https://api.instantly.ai/v1/leads?page=2"),
-              _s("summarize", max_words=120))),
+              _s("summarize", max_words=120)), "document the APIs the team integrates with"),
     TaskKind("researcher", "summarise the pricing page of vendor {n}",
-             (_s("http_get", url="https://r.jina.ai/https://example.com/pricing"), _s("summarize", max_words=200))),
+             (_s("http_get", url="https://r.jina.ai/https://example.com/pricing"), _s("summarize", max_words=200)),
+             "track vendor pricing"),
     TaskKind("scraper", "collect open issues from tracker page {n}",
-             (_s("http_get", url="https://api.github.com/repos/acme/app/issues?page=1"), _s("parse_html", selector="div.issue"))),
+             (_s("http_get", url="https://api.github.com/repos/acme/app/issues?page=1"), _s("parse_html", selector="div.issue")),
+             "keep the issue digest current"),
     TaskKind("scraper", "extract the pricing table of site {n}",
-             (_s("http_get", url="https://www.example.com/pricing"), _s("parse_html", selector="table.pricing"))),
+             (_s("http_get", url="https://www.example.com/pricing"), _s("parse_html", selector="table.pricing")),
+             "track vendor pricing"),
     TaskKind("ops-lead", "ship release {n} to production",
-             (_s("plan", steps=2), _s("read_runbook", name="deploy"))),
+             (_s("plan", steps=2), _s("read_runbook", name="deploy")), "ship weekly without downtime"),
     TaskKind("ops-lead", "triage the failed nightly build {n}",
-             (_s("read_runbook", name="rollback"),)),
+             (_s("read_runbook", name="rollback"),), "keep the nightly build green"),
     TaskKind("deployer", "roll out web release {n}",
-             (_s("shell", cmd="helm upgrade web ./chart"), _s("run_tests", suite="smoke"))),
+             (_s("shell", cmd="helm upgrade web ./chart"), _s("run_tests", suite="smoke")), "ship weekly without downtime"),
     TaskKind("deployer", "run the smoke suite after deploy {n}",
-             (_s("shell", cmd="kubectl rollout status deploy/web"), _s("run_tests", suite="smoke"))),
+             (_s("shell", cmd="kubectl rollout status deploy/web"), _s("run_tests", suite="smoke")),
+             "ship weekly without downtime"),
     TaskKind("support", "refund order {n} and tell the customer",
              (_s("crm_lookup", customer="acme"), _s("http_post", url="https://api.stripe.com/v1/refunds"),
-              _s("send_email", to="billing@acme.test"))),
+              _s("send_email", to="billing@acme.test")), "resolve billing requests the same day"),
     TaskKind("support", "answer the customer escalation {n}",
-             (_s("crm_lookup", customer="globex"), _s("send_email", to="ops@globex.test"))),
+             (_s("crm_lookup", customer="globex"), _s("send_email", to="ops@globex.test")),
+             "answer every escalation within four hours"),
 ]
 AGENT_TOOLS: dict[str, list[tuple[str, dict[str, Any]]]] = {}
 TASKS: dict[str, list[str]] = {}
@@ -303,7 +310,7 @@ def _session(rng: random.Random, index: int, t: datetime, seed: int = 0, day: in
     kind = rng.choice([k for k in TASK_KINDS if k.agent == agent])
     w = _Writer(rng, agent, f"s{seed}-{index:07d}-{agent}", t)  # two seeds never share a session
     task = kind.text.format(n=rng.randint(1000, 9999))
-    w.add("session_start", {"task": task, "goal": f"{task} by end of day",
+    w.add("session_start", {"task": task, "goal": kind.goal,
                             "metadata": {"project": rng.choice(["atlas", "borealis"]),
                                          "client": rng.choice(["acme", "globex", "initech"])}})
     w.add("user_message", {"text": f"Please {task}."})

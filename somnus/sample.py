@@ -46,6 +46,7 @@ from schemas.events import SCHEMA_VERSION
 SAMPLE_NAMESPACE = uuid.UUID("a3c1f0de-2b7e-4d51-8c9a-1e0f5b6d7c82")
 START = datetime(2026, 1, 5, 7, 0, tzinfo=timezone.utc)  # a Monday
 DAYS = 28
+ARRIVAL_SKEW = timedelta(minutes=10)  # how far out of time order the fleet's events arrive at most
 MEAN_EVENTS_PER_SESSION = 9  # measured on the default fleet (8.6); sizes the days of an ``events`` run
 
 TEAMS: dict[str, list[str]] = {
@@ -333,6 +334,10 @@ def _session(rng: random.Random, index: int, t: datetime, seed: int = 0, day: in
     return w.events
 
 
+def _ts(event: dict[str, Any]) -> datetime:
+    return datetime.fromisoformat(event["ts"].replace("Z", "+00:00"))
+
+
 def generate(sessions: int | None = None, events: int | None = None, seed: int = 42,
              interleave: int = 8, days: int = DAYS) -> Iterator[dict[str, Any]]:
     """Yield events of ``sessions`` sessions (or until at least ``events`` events), sessions interleaved.
@@ -340,7 +345,10 @@ def generate(sessions: int | None = None, events: int | None = None, seed: int =
     Sessions start over ``days`` days from ``START`` (``session_times``); with ``events``, blocks of
     ``days`` holding about ``events / MEAN_EVENTS_PER_SESSION`` sessions each, as many as needed. Up
     to ``interleave`` sessions are in flight at once, their events mixed as a fleet's publishers mix
-    them; within a session events keep their order.
+    them, but never more than ``ARRIVAL_SKEW`` out of time order: a session starts once the fleet's
+    events reach its start, and an event is sent only when no pending event is older by more than
+    that (sessions that overlap in time mix; yesterday's never arrive after today's). Within a
+    session events keep their order.
     """
     if sessions is None and events is None:
         raise ValueError("give sessions or events")
@@ -350,22 +358,33 @@ def generate(sessions: int | None = None, events: int | None = None, seed: int =
     index = 0
     block = 0
     times: list[datetime] = []
-    open_: list[list[dict[str, Any]]] = []
+    open_: list[tuple[list[dict[str, Any]], list[datetime]]] = []  # each session's events and their times
 
     def more() -> bool:
         return (sessions is None or index < sessions) and (events is None or produced < events)
 
+    def next_start() -> datetime:
+        nonlocal times, block
+        if not times:
+            times = session_times(rng, per_block, START + timedelta(days=block * days), days)[::-1]
+            block += 1
+        return times[-1]
+
     while more() or open_:
-        while more() and len(open_) < interleave:
-            if not times:
-                times = session_times(rng, per_block, START + timedelta(days=block * days), days)[::-1]
-                block += 1
-            at = times.pop()
+        oldest = min((ts[0] for _, ts in open_), default=None)
+        while more() and len(open_) < interleave and (oldest is None or next_start() <= oldest + ARRIVAL_SKEW):
+            at = next_start()
+            times.pop()
             evs = _session(rng, index, at, seed, (at - START).days % days)  # each block of days tells the same story
             produced += len(evs)
-            open_.append(evs)
+            open_.append((evs, [_ts(e) for e in evs]))
             index += 1
-        i = rng.randrange(len(open_))
-        yield open_[i].pop(0)
-        if not open_[i]:
+            oldest = at if oldest is None else min(oldest, at)
+        assert oldest is not None
+        ready = [i for i, (_, ts) in enumerate(open_) if ts[0] <= oldest + ARRIVAL_SKEW]
+        i = ready[rng.randrange(len(ready))]
+        evs, ts = open_[i]
+        yield evs.pop(0)
+        ts.pop(0)
+        if not evs:
             open_.pop(i)

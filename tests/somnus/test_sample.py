@@ -17,7 +17,7 @@ from schemas.codec import Rejection, decode_trace
 from schemas.episodes import LessonKind
 from schemas.events import Outcome
 from somnus.agents import load_agents, teams
-from somnus.sample import AGENT_TOOLS, FAULTS, START, TASK_KINDS, TEAMS, TOOL_KIND, TOOL_ORDER, generate
+from somnus.sample import AGENT_TOOLS, ARRIVAL_SKEW, FAULTS, START, TASK_KINDS, TEAMS, TOOL_KIND, TOOL_ORDER, generate
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +64,21 @@ def test_sessions_count_and_every_session_runs_from_start_to_end_in_seq_order(fl
 def test_sessions_are_interleaved_like_a_fleet(fleet):
     switches = sum(a["session_id"] != b["session_id"] for a, b in zip(fleet, fleet[1:]))
     assert switches > len(sessions_of(fleet))  # far more switches than one-session-after-another would give
+    dense = list(generate(sessions=300, seed=11, days=1))
+    assert sum(a["session_id"] != b["session_id"] for a, b in zip(dense, dense[1:])) > 5 * 300
     with pytest.raises(ValueError):
         next(generate())
+
+
+def test_events_arrive_at_most_the_arrival_skew_out_of_time_order():
+    """Sessions mix, but yesterday's events never arrive after today's: a stream's time moves on
+    without leaving a session's events behind (``processors.retention`` would dead-letter them)."""
+    for events in (list(generate(sessions=600, seed=12)), list(generate(events=20_000, seed=3))):
+        latest = START
+        for e in events:
+            t = datetime.fromisoformat(e["ts"])
+            assert latest - t <= ARRIVAL_SKEW
+            latest = max(latest, t)
 
 
 def test_interleave_1_gives_one_session_after_another():

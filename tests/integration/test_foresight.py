@@ -50,3 +50,33 @@ def test_foresight_of_15_tau_bench_sessions_through_the_pipeline(kafka_bootstrap
         assert datetime.fromisoformat(prev["ended_at"]) <= as_of < datetime.fromisoformat(row["started_at"]), row
     assert report["chars"]["max"] <= report["chars"]["budget"] == 2000
     assert report["briefing_lines"] > 0 and report["relevance"] is not None
+
+
+def test_the_replay_stops_the_broker_worker_and_projector_it_started(tau_bench_path, tmp_path, monkeypatch):
+    """Without a configured broker, the replay starts the project's own and stops it after, with the
+    worker and the projector (their processes gone, the broker's status empty)."""
+    from somnus import broker, procs
+    from somnus.config import Settings
+
+    monkeypatch.delenv("KAFKA_BOOTSTRAP", raising=False)
+    home = tmp_path / "home"
+    started: list[int] = []
+    spawn, start = procs.spawn, broker.start
+
+    def spawn_recorded(*args, **kwargs):
+        proc = spawn(*args, **kwargs)
+        started.append(proc.pid)
+        return proc
+
+    def start_recorded(*args, **kwargs):
+        info = start(*args, **kwargs)
+        started.append(info.pid)
+        return info
+
+    monkeypatch.setattr(procs, "spawn", spawn_recorded)
+    monkeypatch.setattr(broker, "start", start_recorded)
+    report = run_foresight([tau_bench_path], "openai-chat", agent="airline", sessions=2, home=home, timeout_s=300)
+    assert report["sessions"] == 2
+    assert len(started) == 3  # the broker, the projector, the worker
+    assert [pid for pid in started if procs.pid_alive(pid)] == []
+    assert broker.status(Settings.resolve(env={}, home=home)) is None

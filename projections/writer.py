@@ -83,7 +83,7 @@ class Topics:
 class BatchResult:
     events: int = 0
     duplicate_events: int = 0  # trace events whose event_id their session had already projected
-    quarantined: int = 0  # records that could not be decoded or folded: dead letters written here
+    quarantined: int = 0  # records that could not be decoded or folded: dead letters written here (not duplicates)
     episodes: int = 0
     lessons: int = 0
     dead_letters: int = 0
@@ -171,7 +171,8 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
                         "src_index": index, "kind": key[4], "reason": reason, "msg_key": rec.key,
                         "original": original if original is not None else dead_letter_original(rec.value),
                         "dlq_partition": None, "dlq_offset": None})
-        res.quarantined += 1
+        if key[4] != "duplicate":
+            res.quarantined += 1
 
     def bad(rec: Record, got: Any, what: str) -> bool:
         """Quarantine ``rec`` when ``got`` is a Rejection (``decode_bounded``) or a bad prescan reason."""

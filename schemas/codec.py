@@ -87,16 +87,18 @@ def json_shape(raw: bytes) -> tuple[int, int]:
     s = raw
     if b"\\" in s:
         s = s.replace(b"\\\\", b"").replace(b'\\"', b"")
-    s = b"".join(s.translate(None, _NOT_STRUCTURE).split(b'"')[::2])  # outside strings only
-    commas = s.count(b",")
-    s = s.replace(b",", b"")
-    if not s:
-        return 0, commas + 1
-    codes = np.frombuffer(s, np.uint8)
+    codes = np.frombuffer(s.translate(None, _NOT_STRUCTURE), np.uint8)
+    quotes = codes == 34
+    outside = ~quotes & ((np.cumsum(quotes, dtype=np.int64) & 1) == 0)  # not between a pair of quotes
+    codes = codes[outside]
+    commas = codes == 44
+    brackets = codes[~commas]
+    if not brackets.size:
+        return 0, int(commas.sum()) + 1
     # '[' 0x5B and '{' 0x7B have bit 1 set, ']' 0x5D and '}' 0x7D do not: +1 / -1
-    steps = ((codes >> 1) & 1).astype(np.int8) * 2 - 1
-    depth = int(np.cumsum(steps, dtype=np.int64).max(initial=0))
-    return max(depth, 0), commas + int((steps > 0).sum()) + 1
+    steps = ((brackets >> 1) & 1).astype(np.int64) * 2 - 1
+    depth = int(np.cumsum(steps).max(initial=0))
+    return max(depth, 0), int(commas.sum()) + int((steps > 0).sum()) + 1
 
 
 def check_json(raw: bytes, max_bytes: int | None = None, max_depth: int = MAX_DEPTH,
@@ -115,16 +117,19 @@ def check_json(raw: bytes, max_bytes: int | None = None, max_depth: int = MAX_DE
     if max_bytes is not None and len(raw) > max_bytes:
         return f"oversized: {len(raw)} bytes > limit {max_bytes}"
     openers = raw.count(b"[") + raw.count(b"{")
-    if openers > max_depth or (max_values is not None and raw.count(b",") + openers >= max_values):
+    # a value takes a byte and all but one a separator: a short record cannot hold too many
+    many = max_values is not None and len(raw) > 2 * max_values and raw.count(b",") + openers >= max_values
+    if openers > max_depth or many:
         depth, values = json_shape(raw)
         if depth > max_depth:
             return f"oversized: JSON nested {depth} deep > limit {max_depth}"
         if max_values is not None and values > max_values:
             return f"oversized: {values} JSON values > limit {max_values}"
-    try:
-        raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return f"undecodable: invalid UTF-8 at byte {exc.start}"
+    if not raw.isascii():
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            return f"undecodable: invalid UTF-8 at byte {exc.start}"
     if b"\\u" in raw:
         lone = _lone_surrogate(raw)
         if lone is not None:

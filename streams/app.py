@@ -368,6 +368,7 @@ class BatchPlan:
     observations: list[Any] = field(default_factory=list)
     units: list[Any] = field(default_factory=list)
     states: dict[str, SessionState] = field(default_factory=dict)
+    encoded: dict[str, bytes] = field(default_factory=dict)  # each of ``states`` as the table will hold it
     wm_states: dict[str, Any] = field(default_factory=dict)
     prior: dict[str, SessionState] = field(default_factory=dict)
     partition_of: dict[str, int] = field(default_factory=dict)  # session key -> source partition
@@ -471,8 +472,8 @@ def _plan_batch(app: faust.App, settings: Settings, batch: Sequence[EventT], ses
     plan.observations = [o for ep in out.episodes for o in observations_from_episode(
         ep, partition_of[session_key(ep.agent, ep.session_id)], offset_of[session_key(ep.agent, ep.session_id)])]
     plan.units, plan.states, plan.wm_states = out.units, out.states, out.wm_states
-    for state in plan.states.values():  # what the table will hold must encode (a state that cannot is a bug)
-        encode_state(state)
+    # encoded here, inside the boundary: a state that cannot be encoded is its record's poison
+    plan.encoded = {key: encode_state(state) for key, state in plan.states.items()}
     return plan
 
 
@@ -593,8 +594,8 @@ async def _send_plan(app: faust.App, settings: Settings, plan: BatchPlan, sessio
         await working.write(app.producer, (
             (key.encode(), partition_of[key], encode_wm(compact_wm(wm) if wm.closed else wm))
             for key, wm in plan.wm_states.items()))
-    await sessions.write(app.producer, ((key.encode(), partition_of[key], encode_state(state))
-                                        for key, state in plan.states.items()), plan.positions, plan.clocks)
+    await sessions.write(app.producer, ((key.encode(), partition_of[key], raw) for key, raw in plan.encoded.items()),
+                         plan.positions, plan.clocks)
     return True
 
 
@@ -751,23 +752,22 @@ async def _handle_observations(app: faust.App, settings: Settings, batch: Sequen
         links.pending_changelog.clear()
         links.key_partitions.clear()
         return []
-    await links.write(app.producer, ((sig.encode(), partition_of[sig], encode_link_state(state))
-                                     for sig, state in states.items()), admitted.positions)
+    await links.write(app.producer, ((sig.encode(), partition_of[sig], raw) for sig, raw in states.items()),
+                      admitted.positions)
     return admitted.handle + admitted.done
 
 
 def _learn(links: BatchedTable, partition_of: Mapping[str, int], observed: list[OutcomeObserved],
-           alpha_by_agent: dict[str, float]) -> tuple[dict[str, Any], list[Any]]:
-    """Rescorla-Wagner over ``observed`` from the links' states in the table (``processors.nac.learn``)."""
+           alpha_by_agent: dict[str, float]) -> tuple[dict[str, bytes], list[Any]]:
+    """Rescorla-Wagner over ``observed`` from the links' states in the table (``processors.nac.learn``):
+    the new states, encoded as the table will hold them, and the updates."""
     prior = {}
     for sig in partition_of:
         raw = links.get(sig.encode())
         if raw is not None:
             prior[sig] = decode_link_state(raw)
     states, updates = learn(prior, observed, alpha_by_agent=alpha_by_agent, per_link_rows=False)
-    for state in states.values():  # what the table will hold must encode
-        encode_link_state(state)
-    return states, updates
+    return {sig: encode_link_state(state) for sig, state in states.items()}, updates
 
 
 def _named(rejection: Rejection, what: str, value: bytes | None) -> Rejection:

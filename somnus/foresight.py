@@ -528,7 +528,7 @@ def run_foresight(paths: Sequence[str | Path], fmt: str, *, results: Path | None
                 for done, (sid, batch) in enumerate(plan):
                     if batch:
                         publisher.send(batch)
-                        wait_idle(s, boot, timeout_s=timeout_s, poll_s=0.2)
+                        _settle(s, boot, timeout_s, f"before session {sid} ({done + 1} of {len(plan)})", wait_idle)
                     briefings[sid] = _briefing_before(db, s.agents_dir, registry, agent_of[sid], sid, serve, read)
                     if progress is not None:
                         progress(done + 1, len(plan))
@@ -541,6 +541,17 @@ def run_foresight(paths: Sequence[str | Path], fmt: str, *, results: Path | None
                    "path": "import -> Kafka -> Faust worker -> projector; briefing read (and injected) before "
                            "each session's first event"})
     return report
+
+
+def _settle(s: Any, boot: str, timeout_s: float, where: str, wait_idle: Any) -> None:
+    """Wait until everything published is projected and no briefing is stale; a timeout says where the
+    replay was and ends with the worker's log (a stalled worker was seen once under heavy load)."""
+    try:
+        wait_idle(s, boot, timeout_s=timeout_s, poll_s=0.2)
+    except TimeoutError as exc:
+        log = s.run_dir / "worker.log"
+        tail = log.read_text(errors="replace")[-4000:] if log.exists() else "(no worker log)"
+        raise TimeoutError(f"{where}: {exc}\n--- worker.log (end) ---\n{tail}") from None
 
 
 def _briefing_before(db: Path, agents_dir: Path | None, registry: Mapping[str, Any], agent: str, session_id: str,

@@ -199,3 +199,13 @@ def test_per_session_rows_add_up_to_the_report():
         "relevant": 4, "duplicate_lines": 2}
     assert rows["s1"]["chars"] is None and rows["s4"]["foretold"] == 1
     assert sum(row["learnable"] for row in r["per_session"]) == r["learnable"]
+
+
+def test_the_replay_names_formats_it_cannot_read():
+    from somnus.foresight import load_events
+    from somnus.importers import ImportShapeError
+
+    with pytest.raises(ImportShapeError, match="no OpenTelemetry importer"):
+        load_events(["x.json"], "otel")
+    with pytest.raises(ImportShapeError, match="--format 'locomo'"):
+        load_events(["x.json"], "locomo")

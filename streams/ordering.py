@@ -173,10 +173,15 @@ class OffsetGuard:
 
 def positions_writer(table: Any) -> Callable[..., None]:
     """Writes positions into a ``BatchedTable`` (queued after the states already set in this batch),
-    each with its partition's stream time when ``clocks`` (partition -> µs) has one."""
+    each with its partition's stream time when ``clocks`` (partition -> µs) has one, else with the one
+    stored: a position never forgets its partition's stream time (a batch of records that decoded to
+    no event once wrote positions without it, and order checks then changed after bad records)."""
     def write(positions: Mapping[TP, int], clocks: Mapping[int, int] | None = None) -> None:
         for tp, offset in positions.items():
             key = position_key(tp.topic, tp.partition)
+            clock = (clocks or {}).get(tp.partition)
+            if clock is None:
+                clock = decode_clock(table.get(key))
             table.key_partitions[key] = tp.partition
-            table[key] = encode_position(offset, (clocks or {}).get(tp.partition))
+            table[key] = encode_position(offset, clock)
     return write

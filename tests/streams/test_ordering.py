@@ -124,6 +124,9 @@ def test_positions_are_written_to_the_table_partition_they_belong_to():
     assert table[key] == b"43 1700000000123456"
     assert decode_position(table[key]) == 43 and decode_clock(table[key]) == 1_700_000_000_123_456
     assert decode_clock(b"42") is None and decode_clock(None) is None
+    # a position written without a stream time keeps the one stored
+    positions_writer(table)({B: 44})
+    assert table[key] == b"44 1700000000123456"
 
 
 class FakeIO:

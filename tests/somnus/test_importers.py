@@ -191,6 +191,14 @@ def test_json_lines_sessions_ids_and_start_times(tmp_path):
     assert sessions["runs-0"][0]["agent"] == "assistant"
 
 
+def test_a_results_file_overrides_a_transcripts_own_reward(tmp_path):
+    path = write(tmp_path, "chats.json", [CHAT, {**CHAT, "id": "conv2"}])
+    run = import_run(results=write(tmp_path, "results.json", {"conv1": "failure", "chats-conv2": "partial"}))
+    ends = {e["session_id"]: e["payload"] for e in openai_chat(path, run=run) if e["type"] == "session_end"}
+    assert ends == {"chats-conv1": {"outcome": "failure", "reason": "per the results file"},
+                    "chats-conv2": {"outcome": "partial", "reason": "per the results file"}}
+
+
 def test_the_agent_argument_overrides_the_transcript(tmp_path):
     item = {"agent": "booker", "messages": [{"role": "user", "content": "x"}]}
     assert {e["agent"] for e in openai_chat(write(tmp_path, "a.json", item), agent="airline")} == {"airline"}

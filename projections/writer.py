@@ -42,6 +42,7 @@ from schemas.codec import (MAX_DEPTH, Rejection, check_json, dead_letter_origina
 from schemas.episodes import EpisodeDistilled
 from schemas.events import type_name
 from schemas.facts import FactsExtracted
+from schemas.forget import KIND_FORGET, ForgetRequested
 from schemas.working_memory import WorkingMemoryState
 
 
@@ -131,6 +132,9 @@ class Seen:
         from projections.utilisation import UtilisationFold
 
         self.utilisation = UtilisationFold(con)
+        from projections.forget import Forgetting
+
+        self.forget = Forgetting(con)  # forgotten subjects: purged, and kept out (projections/forget.py)
 
 
 def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterable[Record],
@@ -190,11 +194,15 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
     working: dict[bytes, bytes | None] = {}
     semantic_records: list[tuple[bytes | None, Any]] = []
     new_eps: list[Any] = []
+    forget_requests: list[tuple[int, Any]] = []
+    forgotten = False
+    purged = None
     for rec in records:
         tp = (rec.topic, rec.partition)
         if rec.offset < stored.get(tp, 0) or rec.offset < res.offsets.get(tp, 0):
             continue  # already projected
         res.offsets[tp] = rec.offset + 1
+        forgotten = forgotten or seen.forget.mentions(rec)  # a forgotten subject's record: purge before commit
         why = quarantine.get((rec.topic, rec.partition, rec.offset))
         if why is not None:
             dead(rec, 0, why + truncated_note(rec.value))
@@ -226,6 +234,11 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
                                     "error": lesson.error, "learned_at": ep.ended_at})
         elif rec.topic == topics.facts:
             kind = _header(rec, "somnus-kind")
+            if kind == KIND_FORGET:  # a forget request (projections/forget.py)
+                req = decode_bounded(_forget_decoder, rec.value, max_depth)
+                if not bad(rec, req, "forget request"):
+                    forget_requests.append((rec.offset, req))
+                continue
             what, decoder = _FACT_DECODERS.get(kind, ("facts", _facts_decoder))  # type: ignore[arg-type]
             item = decode_bounded(decoder, rec.value, max_depth)
             if bad(rec, item, f"{what} record"):
@@ -326,6 +339,9 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
             lap("knowledge")
         seen.briefings.invalidate(con, {r["agent"] for r in ep_rows}, scopes)
         lap("invalidate")
+        if forget_requests or forgotten:
+            purged = seen.forget.purge(con, forget_requests)
+            lap("forget")
         offsets_frame = pa.table({  # noqa: F841
             "topic": [t for t, _ in res.offsets], "kafka_partition": [p for _, p in res.offsets],
             "next_offset": list(res.offsets.values())})
@@ -335,6 +351,8 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
     except BaseException:
         con.rollback()
         seen.causal.rolled_back()
+        if forget_requests or forgotten:
+            seen.forget.rolled_back(con)
         if fact_items:
             seen.utilisation.reload(con)
         if memory_records:  # the capture fold ran ahead of the tables: replay what committed
@@ -356,6 +374,9 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
         seen.top_facts.refresh(con, sorted(scopes))
         lap("facts_top")
     seen.causal.committed()
+    if purged is not None:  # reload the folds from the purged tables; no deleted byte left in the file
+        seen.forget.after_commit(con, seen, purged)
+        lap("forget_scrub")
     return res
 
 
@@ -497,6 +518,7 @@ def _write_working_memory(con: duckdb.DuckDBPyConnection, states: Mapping[bytes,
 _episode_decoder = msgspec.json.Decoder(EpisodeDistilled)
 _facts_decoder = msgspec.json.Decoder(FactsExtracted)
 _wm_decoder = msgspec.json.Decoder(WorkingMemoryState)
+_forget_decoder = msgspec.json.Decoder(ForgetRequested)
 _FACT_DECODERS: dict[bytes | None, tuple[str, msgspec.json.Decoder]] = {
     KIND_PROMOTION: ("promotion", _promotion_decoder), KIND_SERVED: ("served", _served_decoder)}
 

@@ -594,6 +594,67 @@ def promote(source: str = typer.Argument(..., help="Source entity (id such as to
                       f"at {e.promoted_at.isoformat()}", soft_wrap=True)
 
 
+@app.command()
+def forget(user: Optional[str] = typer.Option(None, "--user", help="Forget this user's sessions and memories."),
+           agent: Optional[str] = typer.Option(None, "--agent", help="Forget everything of this agent."),
+           session: Optional[str] = typer.Option(None, "--session", help="Forget the sessions with this id."),
+           reason: Optional[str] = typer.Option(None, "--reason", help="Why (kept with the request)."),
+           verify: bool = typer.Option(False, "--verify", help="Check instead: no needle left (exit 1 if any)."),
+           needle: list[str] = typer.Option([], "--needle", help="--verify: a text of the subject's to look for "
+                                            "(repeatable; default: the subject's id)."),
+           at: Optional[str] = typer.Option(None, "--at", help=_AT_HELP),
+           db: Optional[Path] = DbOpt, home: Optional[Path] = HomeOpt, bootstrap: Optional[str] = BootOpt) -> None:
+    """Forget a user, an agent or a session: a request on the facts topic that the projector applies
+    (projections/forget.py); with --verify, look for the subject's text in the DuckDB file's rows and
+    bytes (and WAL) and in the topics as the projector reads them. See SECURITY.md, "Forget"."""
+    import uuid
+
+    from projections.forget import file_hits, topic_hits
+    from schemas.forget import KIND_FORGET, ForgetRequested, ForgetSubject
+    from somnus.client import publish_records
+    from somnus.config import kafka_options
+    from somnus.reads import ReadError, sql as read_sql
+
+    named = [(k, v) for k, v in (("user", user), ("agent", agent), ("session", session)) if v]
+    if len(named) != 1:
+        _fail("name exactly one of --user, --agent, --session")
+    kind, value = named[0]
+    s = _settings(home, db, bootstrap)
+    if not verify:
+        scope = f"agent:{value}" if kind == "agent" else "global"
+        req = ForgetRequested(request_id=str(uuid.uuid4()), subject=ForgetSubject(kind), value=value,
+                              reason=reason, at=_event_time(s, at, scope))
+        publish_records([(b"forget", encode_event(req), [("somnus-kind", KIND_FORGET)])], _bootstrap(s),
+                        s.facts_topic, partition=0)
+        console.print(f"forget requested: {kind} {value} at {req.at.isoformat()} (request {req.request_id})",
+                      soft_wrap=True)
+        return
+    needles = list(needle) or [value]
+    failed = False
+    db_path = Path(s.db_path)  # type: ignore[arg-type]
+    for n, hits in file_hits(db_path, needles).items():
+        failed |= hits > 0
+        console.print(f"{'FOUND' if hits else 'absent'}: {n!r} in the bytes of {db_path} (+ .wal): {hits}")
+    try:
+        tables = [r[0] for r in read_sql(db_path, "SELECT table_name FROM duckdb_tables() WHERE NOT temporary "
+                                                  "AND database_name = current_database()")["rows"]]
+        for n in needles:
+            found = {t: c for t in tables if (c := read_sql(
+                db_path, f"SELECT count(*) FROM {t} x WHERE contains(x::VARCHAR, ?)", [n])["rows"][0][0])}
+            failed |= bool(found)
+            console.print(f"{'FOUND' if found else 'absent'}: {n!r} in the rows of {db_path}: {found or 0}")
+    except ReadError as exc:
+        _fail(str(exc))
+    got = asyncio.run(topic_hits(_bootstrap(s), list(s.projected_topics), needles, kafka_options(s)))
+    for n in needles:
+        # The facts topic holds the request itself, which names the subject's id: not the subject's text.
+        where = {t: c for t, c in got.get(n, {}).items() if not (n == value and t == s.facts_topic)}
+        failed |= bool(where)
+        console.print(f"{'FOUND' if where else 'absent'}: {n!r} in the Kafka topics (raw records; Somnus does not "
+                      f"rewrite or encrypt them): {where or 0}", soft_wrap=True)
+    raise typer.Exit(1 if failed else 0)
+
+
 @app.command("ingest-knowledge")
 def ingest_knowledge_cmd(file: Path = typer.Argument(..., exists=True, dir_okay=False, help="JSON or Markdown."),
                          owner: str = typer.Option("global", "--owner", help="global, team:<lead> or agent:<name>"),

@@ -1,0 +1,404 @@
+"""Forget (issue 25, item 6): remove every projected row derived from a user, an agent or a session,
+keep it removed whatever arrives later, and leave none of its bytes in the DuckDB file.
+
+How it runs, inside the projector (the only writer):
+
+1. A ``ForgetRequested`` (``schemas/forget.py``, the facts topic) names a subject. In the batch's
+   transaction, ``Forgetting.purge`` records it in ``forgotten``, works out what derives from it
+   (its *closure*: sessions ``(agent, session_id)``, episode ids, memory ids; kept in
+   ``forgotten_keys``, because once the rows are gone they cannot be found again) and deletes those
+   rows from every table below.
+2. Every later batch is checked first (``mentions``): a record whose key is, or whose JSON holds as a
+   string, one of the forgotten ids (user, agent, session, episode, memory) makes the batch purge
+   again, after its rows were inserted and before it commits. So a forgotten subject's rows are never
+   committed again, whichever topic brings them first: in a replay the topics are read in parallel
+   and a request may come before or after its data (facts of an episode may come before the episode
+   that names its user: the episode triggers the purge, which removes those facts by episode id).
+3. After the commit (``after_commit``), the folds that keep state in memory are reloaded from the
+   tables, and ``scrub`` rewrites each table rows were deleted from (all rows out, the kept ones back
+   in: DuckDB frees the old row groups at the checkpoint), checkpoints, then fills the file's free
+   blocks with random bytes and frees them again: a freed block keeps its old bytes until reused,
+   and DuckDB does not zero it. The checkpoint also empties the WAL. A crash before the scrub ends
+   leaves a mark in ``projection_meta`` and the scrub runs at the next start.
+
+What is not removed here is in SECURITY.md ("Forget"): the raw records in Kafka, semantic memory's
+concepts (they name episode ids, not text), predicates (vocabulary), numbers aggregated over
+many sessions (causal link strengths, bins), and anything copied outside Somnus.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import duckdb
+import msgspec
+import pyarrow as pa
+
+from schemas.forget import KIND_FORGET, ForgetRequested
+
+log = logging.getLogger("somnus.projector")
+_decoder = msgspec.json.Decoder(ForgetRequested)
+SCRUB_PENDING = "forget_scrub_pending"  # projection_meta key: a purge committed, its scrub not finished
+
+DDL = """
+CREATE TABLE IF NOT EXISTS forgotten (
+    request_id VARCHAR NOT NULL PRIMARY KEY, subject VARCHAR NOT NULL, value VARCHAR NOT NULL, reason VARCHAR,
+    requested_at TIMESTAMPTZ NOT NULL, src_offset BIGINT);
+CREATE TABLE IF NOT EXISTS forgotten_keys (kind VARCHAR NOT NULL, id VARCHAR NOT NULL);
+"""
+
+
+def decode_forget(raw: bytes) -> ForgetRequested:
+    return _decoder.decode(raw)
+
+
+@dataclass
+class Purged:
+    """What one purge removed: rows per table, the agents whose briefings it made stale."""
+
+    rows: dict[str, int] = field(default_factory=dict)
+    agents: set[str] = field(default_factory=set)
+
+    @property
+    def total(self) -> int:
+        return sum(self.rows.values())
+
+
+class Forgetting:
+    """The forgotten subjects and their closures (loaded from the tables), and the purge."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+        con.execute(DDL)
+        self.requests: set[str] = set()
+        self.users: set[str] = set()
+        self.agents: set[str] = set()
+        self.sessions: set[str] = set()  # session ids named by a request (any agent)
+        # (kind, id) of the closures: episode and memory ids (UUIDs), and sessions as sha256 digests of
+        # ``agent\x1fsession_id`` (kind session) and of ``session_id`` (kind session_id): a session id
+        # may be any text, so the file keeps only its digest.
+        self.keys: set[tuple[str, str]] = set()
+        self.reload(con)
+        if con.execute("SELECT count(*) FROM projection_meta WHERE key = ?", [SCRUB_PENDING]).fetchone()[0]:
+            tables = con.execute("SELECT value FROM projection_meta WHERE key = ?", [SCRUB_PENDING]).fetchone()[0]
+            scrub(con, [t for t in tables.split(",") if t])
+
+    def reload(self, con: duckdb.DuckDBPyConnection) -> None:
+        self.requests, self.users, self.agents, self.sessions = set(), set(), set(), set()
+        for rid, subject, value in con.execute("SELECT request_id, subject, value FROM forgotten").fetchall():
+            self._add(rid, subject, value)
+        self.keys = set(con.execute("SELECT kind, id FROM forgotten_keys").fetchall())
+        self._tokens()
+
+    def _add(self, rid: str, subject: str, value: str) -> None:
+        self.requests.add(rid)
+        {"user": self.users, "agent": self.agents, "session": self.sessions}[subject].add(value)
+
+    def _tokens(self) -> None:
+        ids = self.users | self.agents | self.sessions | {i for k, i in self.keys if k in ("episode", "memory")}
+        self.raw = {i.encode() for i in ids}
+        self.digests = {i for k, i in self.keys if k in ("session", "session_id")}
+        self.quoted = [b'"' + msgspec.json.encode(i)[1:-1] + b'"' for i in ids]
+
+    @property
+    def active(self) -> bool:
+        return bool(self.requests)
+
+    def mentions(self, rec: Any) -> bool:
+        """Whether a record may carry a forgotten subject's data: its key is one of their ids, or its
+        value holds one as a JSON string (a false positive costs one more purge, nothing else)."""
+        if not self.requests:
+            return False
+        if rec.key is not None and (rec.key in self.raw or hashlib.sha256(rec.key).hexdigest() in self.digests):
+            return True
+        value = rec.value or b""
+        return any(q in value for q in self.quoted)
+
+    def purge(self, con: duckdb.DuckDBPyConnection, requests: Sequence[tuple[int, ForgetRequested]]) -> Purged:
+        """Record ``requests`` and delete every row of every forgotten subject's closure (caller's
+        transaction). Returns what was deleted."""
+        new = []
+        for offset, r in requests:
+            if r.request_id in self.requests:
+                continue
+            self._add(r.request_id, r.subject.value, r.value)
+            new.append({"request_id": r.request_id, "subject": r.subject.value, "value": r.value,
+                        "reason": r.reason, "requested_at": r.at, "src_offset": offset})
+        if new:
+            frame = pa.Table.from_pylist(new)  # noqa: F841
+            con.execute("INSERT INTO forgotten SELECT request_id, subject, value, reason, requested_at, src_offset "
+                        "FROM frame")
+        out = Purged()
+        if not self.requests:
+            return out
+        _closure(con, self.users, self.agents, self.sessions)
+        for table, where in _DELETES:
+            n = con.execute(f"DELETE FROM {table} WHERE {where}").fetchone()[0]
+            if n:
+                out.rows[table] = out.rows.get(table, 0) + n
+        n = _purge_dead_letters(con, self.quoted, self.raw)
+        if n:
+            out.rows["dead_letters"] = n
+        if out.rows.get("memory_log"):  # the fold numbers the log 0..n-1 (projections/memory.py)
+            con.execute("CREATE OR REPLACE TEMP TABLE _fg_log AS SELECT * EXCLUDE (ord), "
+                        "row_number() OVER (ORDER BY ord) - 1 AS ord FROM memory_log")
+            con.execute("DELETE FROM memory_log")
+            con.execute("INSERT INTO memory_log SELECT ord, kind, body, src_offset FROM _fg_log")
+            con.execute("DROP TABLE _fg_log")
+        if out.rows.get("causal_link_updates"):  # links no kept update supports
+            n = con.execute("DELETE FROM causal_links WHERE (event_signature, outcome_signature) NOT IN "
+                            "(SELECT (event_signature, outcome_signature) FROM causal_link_updates)").fetchone()[0]
+            if n:
+                out.rows["causal_links"] = n
+        out.agents = {a for (a,) in con.execute("SELECT DISTINCT agent FROM _fg_s").fetchall()} | self.agents
+        if out.total or new:
+            # Every briefing is rendered again (a lead's may quote a member's lesson): the rows go now,
+            # the cache after the commit; the forgotten text is then in no briefing.
+            n = con.execute("DELETE FROM briefings").fetchone()[0]
+            if n:
+                out.rows["briefings"] = n
+            con.execute("INSERT OR IGNORE INTO briefings_dirty SELECT agent FROM "
+                        "(SELECT DISTINCT agent FROM episodes UNION SELECT unnest(?::VARCHAR[]))",
+                        [sorted(out.agents)])
+        keys = con.execute(
+            "SELECT 'session', sha256(agent || chr(31) || session_id) FROM _fg_s "
+            "UNION SELECT 'session_id', sha256(session_id) FROM _fg_s "
+            "UNION SELECT 'episode', episode_id::VARCHAR FROM _fg_e "
+            "UNION SELECT 'memory', memory_id FROM _fg_m EXCEPT SELECT kind, id FROM forgotten_keys").fetchall()
+        if keys:
+            frame = pa.table({"kind": [k[0] for k in keys], "id": [k[1] for k in keys]})  # noqa: F841
+            con.execute("INSERT INTO forgotten_keys SELECT * FROM frame")
+            self.keys |= set(keys)
+        if out.total or new:
+            con.execute("INSERT OR REPLACE INTO projection_meta VALUES (?, ?)",
+                        [SCRUB_PENDING, ",".join(sorted(set(out.rows) | {"forgotten_keys", "projection_meta"}))])
+        for t in ("_fg_s", "_fg_e", "_fg_m", "_fg_u"):
+            con.execute(f"DROP TABLE IF EXISTS {t}")
+        self._tokens()
+        return out
+
+    def rolled_back(self, con: duckdb.DuckDBPyConnection) -> None:
+        self.reload(con)
+
+    def after_commit(self, con: duckdb.DuckDBPyConnection, seen: Any, purged: Purged) -> None:
+        """Reload the folds' in-memory state from the purged tables, then scrub the file."""
+        if not purged.total:
+            if con.execute("SELECT count(*) FROM projection_meta WHERE key = ?", [SCRUB_PENDING]).fetchone()[0]:
+                scrub(con, ["forgotten_keys", "projection_meta"])
+            return
+        from projections.briefings import RecentInputs
+        from projections.causal import CausalProjection
+        from projections.knowledge import KnowledgeProjection
+
+        seen.episodes = {str(r[0]) for r in con.execute("SELECT episode_id FROM episodes").fetchall()}
+        seen.dead_letters = set(con.execute(
+            "SELECT src_topic, src_partition, src_offset, src_index, kind FROM dead_letters").fetchall())
+        seen.memory.reload(con)
+        seen.knowledge = KnowledgeProjection(con)
+        seen.causal = CausalProjection(con)
+        seen.utilisation.reload(con)
+        seen.top_facts.refresh(con)
+        seen.briefings.recent = RecentInputs(con, seen.agents)
+        seen.briefings.current.clear()  # re-rendered by the next refresh (briefings_dirty)
+        seen.briefings.urgent |= purged.agents
+        scrub(con, sorted(set(purged.rows) | {"forgotten_keys", "projection_meta"}))
+
+
+def _closure(con: duckdb.DuckDBPyConnection, users: set[str], agents: set[str], sessions: set[str]) -> None:
+    """Temp tables ``_fg_s`` (agent, session_id), ``_fg_e`` (episode_id), ``_fg_m`` (memory_id): what
+    derives from the forgotten subjects, with the closures recorded before."""
+    con.execute("CREATE OR REPLACE TEMP TABLE _fg_u (kind VARCHAR, id VARCHAR)")
+    rows = [("user", u) for u in users] + [("agent", a) for a in agents] + [("session", s) for s in sessions]
+    frame = pa.table({"kind": [k for k, _ in rows], "id": [i for _, i in rows]})  # noqa: F841
+    con.execute("INSERT INTO _fg_u SELECT kind, id FROM frame")
+    u = "(SELECT id FROM _fg_u WHERE kind = 'user')"
+    d = "sha256(({}) || chr(31) || ({})) IN (SELECT id FROM forgotten_keys WHERE kind = 'session')"
+    a = "(SELECT id FROM _fg_u WHERE kind = 'agent')"
+    s = "(SELECT id FROM _fg_u WHERE kind = 'session')"
+    con.execute(f"""
+        CREATE OR REPLACE TEMP TABLE _fg_s AS SELECT DISTINCT agent, session_id FROM (
+            SELECT agent, session_id FROM events WHERE agent IN {a} OR session_id IN {s}
+                OR (type = 'session_start' AND payload->>'user_id' IN {u}) OR {d.format("agent", "session_id")}
+            UNION ALL SELECT agent, session_id FROM episodes
+                WHERE user_id IN {u} OR agent IN {a} OR session_id IN {s} OR {d.format("agent", "session_id")}
+            UNION ALL SELECT agent, session_id FROM working_memory
+                WHERE user_id IN {u} OR agent IN {a} OR session_id IN {s} OR {d.format("agent", "session_id")}
+            UNION ALL SELECT agent, run_id FROM memories
+                WHERE user_id IN {u} OR agent IN {a} OR run_id IN {s} OR {d.format("agent", "run_id")}
+            UNION ALL SELECT body->>'$.unit.agent', body->>'$.unit.run_id' FROM memory_log
+                WHERE kind = 'CaptureDecided' AND (body->>'$.unit.user_id' IN {u} OR body->>'$.unit.agent' IN {a}
+                    OR body->>'$.unit.run_id' IN {s} OR {d.format("body->>'$.unit.agent'", "body->>'$.unit.run_id'")}))""")
+    con.execute("""
+        CREATE OR REPLACE TEMP TABLE _fg_e AS SELECT DISTINCT episode_id FROM (
+            SELECT episode_id FROM episodes WHERE (agent, session_id) IN (SELECT (agent, session_id) FROM _fg_s)
+            UNION ALL SELECT id::UUID FROM forgotten_keys WHERE kind = 'episode')""")
+    con.execute("""
+        CREATE OR REPLACE TEMP TABLE _fg_m AS SELECT DISTINCT memory_id FROM (
+            SELECT memory_id FROM memories WHERE (agent, run_id) IN (SELECT (agent, session_id) FROM _fg_s)
+            UNION ALL SELECT body->>'$.unit.memory_id' FROM memory_log WHERE kind = 'CaptureDecided'
+                AND (body->>'$.unit.agent', body->>'$.unit.run_id') IN (SELECT (agent, session_id) FROM _fg_s)
+            UNION ALL SELECT id FROM forgotten_keys WHERE kind = 'memory')""")
+
+
+_S = "(agent, session_id) IN (SELECT (agent, session_id) FROM _fg_s)"
+_E = "episode_id IN (SELECT episode_id FROM _fg_e)"
+_M = "IN (SELECT memory_id FROM _fg_m)"
+_A = "agent IN (SELECT id FROM _fg_u WHERE kind = 'agent')"
+# Triples whose every piece of evidence is forgotten (one kept episode keeps a triple, and its numbers).
+_DOOMED_TRIPLES = (
+    "triple_id IN (SELECT triple_id FROM triples WHERE evidence IN (SELECT episode_id FROM _fg_e) "
+    "AND triple_id NOT IN (SELECT triple_id FROM triple_history WHERE episode_id NOT IN (SELECT episode_id FROM _fg_e)))")
+# Entities all of whose versions came from forgotten episodes.
+_DOOMED_ENTITIES = (
+    "entity_id IN (SELECT entity_id FROM entity_versions GROUP BY entity_id "
+    "HAVING bool_and(episode_id IS NOT NULL AND episode_id IN (SELECT episode_id FROM _fg_e)))")
+_DELETES: list[tuple[str, str]] = [
+    ("events", _S), ("duplicate_events", _S), ("working_memory",
+                                               f"{_S} OR user_id IN (SELECT id FROM _fg_u WHERE kind = 'user')"),
+    ("lessons", _E), ("episodes", f"{_E} OR {_S}"), ("knowledge_inputs", _E), ("causal_link_updates", _E),
+    ("facts_top", _DOOMED_TRIPLES), ("triples", _DOOMED_TRIPLES),
+    ("triple_history", _E), ("entity_aliases", f"{_E} OR {_DOOMED_ENTITIES}"), ("entity_versions", _DOOMED_ENTITIES),
+    ("briefings_served", f"session_id IN (SELECT session_id FROM _fg_s) AND {_S}"), ("fact_uses", _S),
+    ("memories", f"memory_id {_M}"), ("memory_merges", f"memory_id {_M} OR unit_id {_M}"),
+    ("memory_edges", f"a {_M} OR b {_M}"), ("memory_access", f"memory_id {_M}"),
+    ("lifecycle_log", f"memory_id {_M}"),
+    ("memory_log", f"body->>'$.unit.memory_id' {_M} OR body->>'$.memory_id' {_M} OR body->>'$.a' {_M} "
+                   f"OR body->>'$.b' {_M}"),
+    ("temporal_bins", _A), ("oscillators", _A),
+]
+
+
+def _purge_dead_letters(con: duckdb.DuckDBPyConnection, quoted: Iterable[bytes], raw: set[bytes]) -> int:
+    """Dead letters keyed by a forgotten id, or whose original bytes or reason name one (their text may be
+    anything: they are matched on bytes, in Python)."""
+    quoted = list(quoted)
+    sessions = {s.encode() for (s,) in con.execute("SELECT session_id FROM _fg_s").fetchall()}
+    doomed = []
+    for rowid, key, original, reason in con.execute(
+            "SELECT rowid, msg_key, original, reason FROM dead_letters").fetchall():
+        key = bytes(key) if key is not None else None
+        body = bytes(original or b"") + (reason or "").encode()
+        if (key is not None and (key in raw or key in sessions)) or any(q in body for q in quoted) or any(
+                b'"' + s + b'"' in body for s in sessions):
+            doomed.append(rowid)
+    if not doomed:
+        return 0
+    frame = pa.table({"r": doomed})  # noqa: F841
+    return con.execute("DELETE FROM dead_letters WHERE rowid IN (SELECT r FROM frame)").fetchone()[0]
+
+
+def scrub(con: duckdb.DuckDBPyConnection, tables: Sequence[str]) -> None:
+    """Leave no deleted row's bytes in the file: rewrite ``tables`` (every row out, the kept rows back:
+    the old row groups are freed at the checkpoint), checkpoint (which also empties the WAL), then fill
+    every free block with random bytes and free them again."""
+    tables = [t for t in tables if t.isidentifier()]
+    con.begin()
+    try:
+        for t in tables:
+            # Made again from its own DDL, not emptied: a table's statistics keep the min and max (the first
+            # bytes of a text) of every row it ever held, deleted ones too.
+            ddl = con.execute("SELECT sql FROM duckdb_tables() WHERE schema_name = 'main' AND table_name = ? "
+                              "AND database_name = current_database()", [t]).fetchall()
+            if not ddl:
+                continue
+            indexes = [r[0] for r in con.execute(
+                "SELECT sql FROM duckdb_indexes() WHERE table_name = ? AND schema_name = 'main' "
+                "AND database_name = current_database() AND sql IS NOT NULL", [t]).fetchall()]
+            con.execute(f"CREATE OR REPLACE TEMP TABLE _fg_keep AS SELECT * FROM main.{t}")
+            con.execute(f"DROP TABLE main.{t}")
+            con.execute(ddl[0][0])
+            con.execute(f"INSERT INTO main.{t} SELECT * FROM _fg_keep")
+            con.execute("DROP TABLE _fg_keep")
+            for sql in indexes:
+                con.execute(sql)
+        con.commit()
+    except BaseException:
+        con.rollback()
+        raise
+    con.execute("FORCE CHECKPOINT")
+    _fill_free_blocks(con)
+    con.execute("DELETE FROM projection_meta WHERE key = ?", [SCRUB_PENDING])
+    con.execute("FORCE CHECKPOINT")
+    log.info("forget: %d tables rewritten and the file's free blocks overwritten", len(tables))
+
+
+def _fill_free_blocks(con: duckdb.DuckDBPyConnection) -> None:
+    for _ in range(8):
+        free, block = con.execute("SELECT free_blocks, block_size FROM pragma_database_size() "
+                                  "WHERE database_name = current_database()").fetchone()
+        if not free:
+            break
+        # Random hex: DuckDB's string compression shrinks it little, so the rows cover the blocks.
+        rows = (free + 2) * block // 48 + 1
+        con.execute("CREATE OR REPLACE TABLE main._forget_fill AS SELECT md5(random()::VARCHAR) || "
+                    "md5(random()::VARCHAR) AS x FROM range(?)", [rows])
+        con.execute("FORCE CHECKPOINT")
+        got = con.execute("SELECT free_blocks FROM pragma_database_size() "
+                          "WHERE database_name = current_database()").fetchone()[0]
+        if not got:
+            break
+    con.execute("DROP TABLE IF EXISTS main._forget_fill")
+    con.execute("FORCE CHECKPOINT")
+
+
+
+
+# ---- verification (``somnus forget --verify``) -------------------------------------------------------
+
+def file_hits(db_path: Any, needles: Sequence[str]) -> dict[str, int]:
+    """How often each needle's UTF-8 bytes occur in the DuckDB file and its WAL (raw bytes)."""
+    from pathlib import Path
+
+    data = [p.read_bytes() for p in (Path(db_path), Path(f"{db_path}.wal")) if p.exists()]
+    return {n: sum(d.count(n.encode()) for d in data) for n in needles}
+
+
+def rows_with(con: Any, needles: Sequence[str]) -> dict[str, dict[str, int]]:
+    """Rows of every table whose text (every column as VARCHAR, blobs escaped) holds a needle."""
+    tables = [t for (t,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE NOT temporary "
+                                        "AND database_name = current_database()").fetchall()]
+    out: dict[str, dict[str, int]] = {}
+    for n in needles:
+        for t in tables:
+            c = con.execute(f"SELECT count(*) FROM {t} x WHERE contains(x::VARCHAR, ?)", [n]).fetchone()[0]
+            if c:
+                out.setdefault(n, {})[t] = c
+    return out
+
+
+async def topic_hits(bootstrap: str, topics: Sequence[str], needles: Sequence[str], options: dict[str, Any]
+                     ) -> dict[str, dict[str, int]]:
+    """Records of each topic (offset 0 to its end, as the projector reads them) whose key or value
+    holds a needle's bytes: {needle: {topic: records}}."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    from streams.topics import partitions_of
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
+                                auto_offset_reset="earliest", **options)
+    await consumer.start()
+    out: dict[str, dict[str, int]] = {}
+    try:
+        tps = [TopicPartition(t, p) for t in topics for p in await partitions_of(consumer, t)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        end = await consumer.end_offsets(tps)
+        pos = {tp: 0 for tp in tps}
+        raw = [(n, n.encode()) for n in needles]
+        while any(pos[tp] < end[tp] for tp in tps):
+            batch = await consumer.getmany(timeout_ms=1000, max_records=5000)
+            if not batch:
+                continue
+            for tp, recs in batch.items():
+                for r in recs:
+                    pos[tp] = r.offset + 1
+                    body = (r.key or b"") + b"\x00" + (r.value or b"")
+                    for n, b in raw:
+                        if b in body:
+                            out.setdefault(n, {})[tp.topic] = out.get(n, {}).get(tp.topic, 0) + 1
+    finally:
+        await consumer.stop()
+    return out

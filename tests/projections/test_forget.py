@@ -1,0 +1,193 @@
+"""Forget (issue 25 item 6), on a DuckDB file built through the projector's write path.
+
+Two users' sessions of one agent (each session carries its user's marker in its task, messages,
+tool arguments and errors: ``tests/projections/test_isolation.py``) are written with
+``apply_batch``; a ``ForgetRequested`` for one user is then applied, before or after the data (a
+replay reads the topics in parallel). Checked: the marker is in the file's bytes before (the scan
+can see it) and in no row and no byte of the file or its WAL after; the other user's rows have the
+same checksums as in a file where the forgotten user never was; later records of the user stay out.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import msgspec
+import orjson
+import pytest
+
+from processors.batch import memory_units
+from processors.distiller import distill
+from processors.extraction import TraceExtractor
+from processors.nac import learn, observations_from_episode
+from processors.working_memory import DEFAULT_SETTINGS, encode_state, remember
+from projections import schema
+from projections.forget import KIND_FORGET
+from projections.writer import Seen, apply_batch, load_offsets
+from schemas.codec import Rejection, decode_trace, encode
+from schemas.forget import ForgetRequested, ForgetSubject
+from schemas.memory import KIND_UNITS
+from somnus.agents import AgentSpec
+from tests.projections.test_isolation import T0, TOPICS, marker, session_events
+from tests.records import Rec
+
+AGENTS = {"aga": AgentSpec(name="aga")}
+FORGOTTEN, KEPT = "up", "uq"  # users 0 and 1 of test_isolation's naming
+NEEDLE = marker(0, 0)  # "mkapk": in every session of user up
+OTHER = marker(0, 1)
+
+
+def sessions(first: int, user: int, n: int) -> list[dict[str, Any]]:
+    return [e for k in range(first, first + n) for e in session_events(k, 0, user, k % 3, k % 2 == 0, True, True)]
+
+
+def records(raw: list[dict[str, Any]], base: int = 0) -> list[Rec]:
+    """What the worker would publish for these trace events (its own processors), at offsets from ``base``."""
+    decoded = [decode_trace(orjson.dumps(e), 1 << 20) for e in raw]
+    events = [e for e in decoded if not isinstance(e, Rejection)]
+    episodes = distill({}, events).episodes
+    units = memory_units({}, events, episodes, frozenset())
+    working = remember({}, events, DEFAULT_SETTINGS).states
+    facts = TraceExtractor().extract(episodes)
+    obs = [o for n, ep in enumerate(episodes) for o in observations_from_episode(ep, 0, n)]
+    _, updates = learn({}, obs, per_link_rows=False)
+    stamp = int(max(e.ts for e in events).timestamp() * 1000)
+    out = [Rec("traces", 0, base + n, orjson.dumps(e), key=e["session_id"].encode(), timestamp=stamp)
+           for n, e in enumerate(raw)]
+    out += [Rec("episodes", 0, base + n, encode(ep)) for n, ep in enumerate(episodes)]
+    out += [Rec("facts", 0, base + n, encode(f)) for n, f in enumerate(facts)]
+    out += [Rec("memory", 0, base + n, encode(units[j:j + 50]), headers=[("somnus-kind", KIND_UNITS)], timestamp=stamp)
+            for n, j in enumerate(range(0, len(units), 50))]
+    out += [Rec("working-memory", 0, base + n, encode_state(wm), key=k.encode()) for n, (k, wm) in enumerate(working.items())]
+    out.append(Rec("link-updates", 0, base, msgspec.json.encode(updates)))
+    # a dead letter of the first and of the last session: their original bytes name their user's marker
+    out += [Rec("dead-letters", 0, base + n, orjson.dumps(raw[i]) + b"\xff", key=raw[i]["session_id"].encode(),
+                headers=[("somnus-reason", b"invalid: test"), ("somnus-source-topic", b"traces"),
+                         ("somnus-source-partition", b"0"), ("somnus-source-offset", str(base + i % len(raw)).encode())])
+            for n, i in enumerate((1, -2))]
+    return out
+
+
+def forget_record(offset: int, user: str = FORGOTTEN) -> Rec:
+    req = ForgetRequested(request_id=f"forget-{user}", subject=ForgetSubject.USER, value=user, reason="test",
+                          at=T0 + timedelta(days=5))
+    # partition 1: the data's own facts records are numbered from 0 on partition 0 here
+    return Rec("facts", 1, offset, encode(req), key=b"forget", headers=[("somnus-kind", KIND_FORGET)])
+
+
+def apply(con: duckdb.DuckDBPyConnection, seen: Seen, recs: list[Rec]) -> None:
+    apply_batch(con, TOPICS, recs, load_offsets(con), 1 << 20, seen)
+
+
+def kept_checksums(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
+    """A digest of the kept user's rows in each table that holds a user's rows (content columns only)."""
+    sids = f"(SELECT session_id FROM episodes WHERE user_id = '{KEPT}')"
+    where = {
+        "events": f"session_id IN {sids}", "episodes": f"user_id = '{KEPT}'",
+        "lessons": f"session_id IN {sids}", "memories": f"user_id = '{KEPT}'",
+        "working_memory": f"user_id = '{KEPT}'", "knowledge_inputs": f"episode_id IN (SELECT episode_id FROM episodes "
+                                                                    f"WHERE user_id = '{KEPT}')",
+        "causal_link_updates": f"episode_id IN (SELECT episode_id FROM episodes WHERE user_id = '{KEPT}')",
+    }
+    out = {}
+    for table, cond in where.items():
+        cols = ", ".join(schema.CONTENT_COLUMNS[table])
+        n, digest = con.execute(f"SELECT count(*), md5(coalesce(string_agg(r, '|' ORDER BY r), '')) FROM "
+                                f"(SELECT ({cols})::VARCHAR AS r FROM {table} WHERE {cond})").fetchone()
+        out[table] = f"{n}:{digest}"
+    return out
+
+
+def rows_with(con: duckdb.DuckDBPyConnection, text: str) -> dict[str, int]:
+    """Rows of every table whose text (every column, as VARCHAR) contains ``text``."""
+    tables = [t for (t,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE NOT temporary").fetchall()]
+    got = {}
+    for t in tables:
+        n = con.execute(f"SELECT count(*) FROM {t} x WHERE x::VARCHAR LIKE ?", [f"%{text}%"]).fetchone()[0]
+        if n:
+            got[t] = n
+    return got
+
+
+def file_hits(path: Path, text: str) -> int:
+    return sum(p.read_bytes().count(text.encode()) for p in (path, Path(f"{path}.wal")) if p.exists())
+
+
+def build(path: Path, first_forget: bool = False, forgotten_sessions: int = 3) -> tuple[duckdb.DuckDBPyConnection, Seen]:
+    con = duckdb.connect(str(path))
+    schema.init(con)
+    seen = Seen(con, AGENTS)
+    if first_forget:
+        apply(con, seen, [forget_record(0)])
+    raw = sessions(0, 1, 3) + (sessions(3, 0, forgotten_sessions) if forgotten_sessions else [])
+    apply(con, seen, records(raw))
+    seen.briefings.refresh(con)
+    return con, seen
+
+
+def test_forget_removes_the_users_rows_and_bytes_and_keeps_the_others(tmp_path):
+    con, seen = build(tmp_path / "a.duckdb")
+    con.execute("CHECKPOINT")
+    assert rows_with(con, NEEDLE).keys() >= {"events", "episodes", "memories", "working_memory", "dead_letters",
+                                              "memory_log"}
+    assert file_hits(tmp_path / "a.duckdb", NEEDLE) > 0  # the scan sees the text when it is there
+    before = kept_checksums(con)
+    assert all(not v.startswith("0:") for v in before.values()), before
+
+    apply(con, seen, [forget_record(0)])
+    seen.briefings.refresh(con)
+
+    assert rows_with(con, NEEDLE) == {}
+    for table in ("episodes", "memories", "working_memory"):
+        assert con.execute(f"SELECT count(*) FROM {table} WHERE user_id = ?", [FORGOTTEN]).fetchone()[0] == 0
+    assert kept_checksums(con) == before
+    assert NEEDLE not in seen.briefings.current["aga"].markdown
+    assert con.execute("SELECT subject, value FROM forgotten").fetchall() == [("user", FORGOTTEN)]
+
+    # the same user's later sessions (new offsets) are kept out; the other user's still come in
+    later = records(sessions(10, 0, 2) + sessions(12, 1, 1), base=1000)
+    apply(con, seen, later)
+    assert rows_with(con, NEEDLE) == {}
+    assert con.execute("SELECT count(*) FROM episodes WHERE user_id = ?", [KEPT]).fetchone()[0] == 4
+
+
+@pytest.mark.xfail(strict=True, reason="DuckDB keeps 8-byte min/max prefixes of deleted strings in metadata "
+                   "(column statistics) that the scrub's table rewrite and free-block fill do not reach; "
+                   "see SECURITY.md 'Forget'")
+def test_no_byte_of_the_forgotten_text_is_left_in_the_file(tmp_path):
+    con, seen = build(tmp_path / "b.duckdb")
+    con.execute("CHECKPOINT")
+    assert file_hits(tmp_path / "b.duckdb", NEEDLE) > 0  # the scan sees the text when it is there
+    apply(con, seen, [forget_record(0)])
+    assert rows_with(con, NEEDLE) == {}
+    con.close()
+    assert file_hits(tmp_path / "b.duckdb", NEEDLE) == 0
+
+
+def test_a_replay_keeps_the_user_forgotten_whichever_comes_first(tmp_path):
+    """The request read before the data (as a replay may), and after it, give the kept user's rows the
+    same checksums as a file that never held the forgotten user."""
+    never, _ = build(tmp_path / "never.duckdb", forgotten_sessions=0)
+    expected = kept_checksums(never)
+    first, _ = build(tmp_path / "first.duckdb", first_forget=True)
+    after, seen = build(tmp_path / "after.duckdb")
+    apply(after, seen, [forget_record(0)])
+    for con, name in ((first, "first"), (after, "after")):
+        assert rows_with(con, NEEDLE) == {}, name
+        got = kept_checksums(con)
+        # A kept memory's capture scores (prediction error, reasons) were decided while the forgotten
+        # user's memories were in the index: equal whichever came first, not equal to a file without them.
+        assert {k: v for k, v in got.items() if k != "memories"} == \
+            {k: v for k, v in expected.items() if k != "memories"}, name
+    assert kept_checksums(first) == kept_checksums(after)
+
+
+def test_a_copy_of_a_request_is_applied_once_and_another_user_is_untouched(tmp_path):
+    con, seen = build(tmp_path / "c.duckdb")
+    apply(con, seen, [forget_record(0), forget_record(1)])
+    assert con.execute("SELECT count(*) FROM forgotten").fetchone()[0] == 1
+    assert con.execute("SELECT count(*) FROM episodes WHERE user_id = ?", [KEPT]).fetchone()[0] == 3
+    assert rows_with(con, OTHER)  # the other user's text is all still there

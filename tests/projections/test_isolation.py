@@ -33,7 +33,6 @@ The echo of the query (``query``) is left out of the check; the routes named in 
 from __future__ import annotations
 
 import json
-import re
 import tempfile
 import uuid
 from datetime import datetime, timedelta, timezone
@@ -48,13 +47,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from processors.batch import memory_units
-from processors.distiller import distill, session_key
+from processors.distiller import distill
 from processors.extraction import TraceExtractor
 from processors.nac import learn, observations_from_episode
+from processors.statistics import CallOutcome
 from processors.working_memory import DEFAULT_SETTINGS, encode_state, remember
 from projections import schema
 from projections.api import ReadService
-from projections.semantic import KIND_PROMOTE, promotion_inputs
+from projections.semantic import KIND_PROMOTE, PromotionRequested, promotion_inputs
 from projections.writer import Seen, Topics, apply_batch, load_offsets
 from schemas.codec import Rejection, decode_trace, encode
 from schemas.memory import KIND_UNITS
@@ -248,6 +248,26 @@ def test_no_principal_reads_another_agents_or_another_users_text(fleet):
                 assert private_tool(i) in facts, (agent, "its own private tool is in its facts")
                 shown_own += marker(i, u) in got["context"]["text"]
         assert shown_own > 0  # the reads are not empty: principals do see their own users' text
+
+
+def test_a_pattern_and_its_concept_reach_only_readers_covering_their_agents(tmp_path):
+    """A trend the statistician confirms in the global memory from agb's calls of its private tool
+    (and the concept it becomes) is served to agb, not to aga of another team."""
+    agents = {"aga": AgentSpec(name="aga"), "agb": AgentSpec(name="agb")}
+    fleet = {"agents": agents, "users": 1, "sessions": [(i, None, d, False, False, True) for i in (0, 1) for d in (0, 1)]}
+    con = duckdb.connect(str(tmp_path / "fleet.duckdb"))
+    schema.init(con)
+    seen = project(con, fleet)
+    calls = [CallOutcome(private_tool(1), ok=k < 10 - 2 * d, at=T0 + timedelta(days=d, hours=k),
+                         episode_id=f"e{d}-{k}", agent="agb") for d in range(6) for k in range(10)]
+    req = PromotionRequested(owner="global", at=T0 + timedelta(days=7), calls=calls)
+    apply_batch(con, TOPICS, [Rec("semantic", 0, 100, encode(req), key=b"global", headers=[("somnus-kind", KIND_PROMOTE)])],
+                load_offsets(con), 1 << 20, seen)
+    svc = ReadService(con=con, agents=agents, episodic=seen.memory, semantic=seen.semantic, top_facts=seen.top_facts)
+    names = {a: [e["name"] for e in svc.knowledge_context(a, limit=100)] for a in agents}
+    assert f"stat:tool:{private_tool(1)}:success" in names["agb"]
+    assert f"{private_tool(1)}_success_declining" in names["agb"]
+    assert not [n for n in names["aga"] if private_tool(1) in n], names["aga"]
 
 
 @pytest.mark.xfail(strict=True, reason="Key Knowledge shows the agent's own memory unchecked, and promotion for "

@@ -21,15 +21,15 @@ None of that can leave the briefing block, because the block is built so that st
 from us:
 
 - the block starts and ends with a marker line, ``⟦BEGIN PRIOR EXPERIENCE <tag>⟧`` /
-  ``⟦END PRIOR EXPERIENCE <tag>⟧``. The brackets ⟦ ⟧ (and their look-alikes 〚 〛) are replaced by
-  [ ] in the briefing, so no briefing text can contain a marker; the tag is a digest of the escaped
+  ``⟦END PRIOR EXPERIENCE <tag>⟧``. The brackets ⟦ ⟧ (and their look-alikes) are replaced by
+  [ ] in the briefing (``escape_lines``), so no briefing text can contain a marker; the tag is a digest of the escaped
   briefing, so the end marker cannot even be guessed in advance;
 - after the start marker comes our fixed header: prior experience to draw on, not task instructions;
 - every briefing line is quoted with ``"> "``: a line of the block either is one of ours or starts
   with ``"> "``, so a fake marker or header inside the briefing is visibly quoted text;
-- every kind of line break (``str.splitlines``: \\r, \\v, \\f, \\x1c-\\x1e, \\x85, U+2028, U+2029), every
-  other control character, bidi override and zero-width character is removed or turned into a line
-  break first, so nothing renders as a line the quoting did not see.
+- every kind of line break (``str.splitlines``: \\r, \\v, \\f, \\x1c-\\x1e, \\x85, U+2028, U+2029) is
+  a line break first, and every invisible character is removed, so nothing renders as a line the
+  quoting did not see and nothing hides in one.
 
 The system prompt itself is trusted (the operator's) and follows the block unchanged. No briefing
 (None, or nothing visible) gives the system prompt unchanged.
@@ -91,7 +91,9 @@ def invisible(ch: str) -> bool:
 
 class _Neutral(dict):  # type: ignore[type-arg]
     """The ``str.translate`` table, filled one code point at a time as text meets it: whitespace to a
-    space, marker look-alikes to [ ], invisible characters removed, the rest kept."""
+    space, marker look-alikes to [ ], invisible characters removed, the rest kept. Only the Basic
+    Multilingual Plane is remembered (at most 65,536 entries, a few MB), so text made of every code
+    point cannot grow it further; the rarer astral characters are decided each time."""
 
     def __missing__(self, code: int) -> int | str | None:
         ch = chr(code)
@@ -102,7 +104,8 @@ class _Neutral(dict):  # type: ignore[type-arg]
             out = " " if ch != " " else code
         elif invisible(ch):
             out = None
-        self[code] = out
+        if code < 0x10000:
+            self[code] = out
         return out
 
 

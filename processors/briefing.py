@@ -9,17 +9,20 @@ A briefing has three sections:
    A class resolved within its sessions says what resolved it ("resolved by exponential backoff").
    The same class met by several tools is one line naming them all, so no two lines share an error
    class. Lessons with no tool error (a session that failed without one, a failed delegation) are
-   grouped by their templated text the same way and come after the tool errors. Success lessons are not
-   repeated here: what worked is an Active Strategy. Classes are ranked by how likely they are to
+   grouped by their templated text the same way (without the distiller's "(last tool: x)") and come
+   after the tool errors, at most ``MAX_OTHER_LESSONS`` of them. Success lessons are not repeated
+   here: what worked is an Active Strategy. Classes are ranked by how likely they are to
    recur in the agent's next session (``recurrence``), up to ``MAX_LESSONS``.
-2. **Key Knowledge**: the agent's own facts first (scope ``agent:<name>``, highest confidence first),
+2. **Key Knowledge**: the agent's own facts first (scope ``agent:<name>``; the likeliest to concern
+   its next session first: ``fact_relevance``, then the most confident),
    then the concepts and patterns of its own semantic memory, then team and global facts and
    concepts, only those that concern a tool or entity the agent has used itself (``select_facts``,
    ``select_knowledge``). A concept or pattern from a wider scope must be about tools the agent
    used, and when it is known which agents' data it came from, every one of them must be covered by
    the reader's scope chain (``covers``). A ``failed_with`` fact whose error class is already a
    lesson line is left out (the lesson says more), and so is a second fact of one class: no two
-   lines share an error class. A fact saying that the reading agent itself ``uses`` a tool
+   lines share an error class. Of facts joining the same two entities only the first is shown ("b
+   depends_on a" after "a depends_on b" says nothing new). A fact saying that the reading agent itself ``uses`` a tool
    (``SELF_EVIDENT_PREDICATES``) is left out too, and so is a concept naming an error class already
    said (a NAc concept "<tool>_unreliable" whose outcome is a lesson's class). Up to ``MAX_FACTS``
    facts and ``MAX_KNOWLEDGE`` concepts.
@@ -98,6 +101,7 @@ from somnus.agents import AgentSpec, scope_chain
 Briefing = BriefingGenerated  # what render_briefing returns; also the cache record
 
 MAX_LESSONS = 10  # lesson lines considered (before the budget)
+MAX_OTHER_LESSONS = 2  # of which lessons without a tool error (a session that failed, a failed delegation)
 MAX_FACTS = 20  # fact lines considered
 MAX_KNOWLEDGE = 8  # semantic-memory lines considered (the knowledge context's cap)
 MAX_STRATEGIES = 5  # strategy lines considered
@@ -107,6 +111,7 @@ MAX_STRATEGY_STEPS = 8  # tools of a sequence (the distiller's success lesson al
 TASK_KIND_WORDS = 3  # content words that name a kind of task (those most of a strategy's tasks share)
 SELF_EVIDENT_PREDICATES = frozenset({"uses"})  # "<reading agent> uses <tool>" is not news to the agent
 FAILED_WITH = "failed_with"  # a fact of this predicate repeats a lesson line of the same (tool, class)
+MIN_FACT_RELEVANCE = 0.5  # a fact (other than a failed_with warning) must more likely than not concern the next session
 DEFAULT_BUDGET = 2000  # characters, as AgentSpec.briefing_token_budget
 ROUND = ("lesson", "lesson", "lesson", "knowledge", "knowledge", "strategy")  # the budget's priority order
 
@@ -142,6 +147,7 @@ class FactItem(msgspec.Struct, frozen=True, kw_only=True):
     scope: str
     confidence: float
     count: int = 1
+    relevance: float = 0.0  # estimated probability that the next session touches its entities (``select_facts``)
 
 
 class KnowledgeItem(msgspec.Struct, frozen=True, kw_only=True):
@@ -364,7 +370,8 @@ def lesson_order(lesson: LessonItem) -> tuple[Any, ...]:
 
 
 def fact_order(fact: FactItem) -> tuple[Any, ...]:
-    return (-fact.confidence, -fact.count, fact.triple_id)
+    """The likeliest to concern the next session first, then the most confident, the most counted."""
+    return (-round(fact.relevance, 9), -fact.confidence, -fact.count, fact.triple_id)
 
 
 def knowledge_order(item: KnowledgeItem) -> tuple[Any, ...]:
@@ -389,18 +396,26 @@ def render_briefing(agent: str, lessons: Sequence[LessonItem], facts: Sequence[F
     what concerns the agent); the agent's own facts and knowledge lead Key Knowledge. Plain strings
     in ``knowledge`` are lines of the agent's own memory."""
     own = agent_scope(agent)
-    ordered_lessons = sorted(lessons, key=lesson_order)[:MAX_LESSONS]
+    ordered_lessons = [x for x in sorted(lessons, key=lesson_order) if x.tool is not None][:MAX_LESSONS]
+    ordered_lessons += [x for x in sorted(lessons, key=lesson_order) if x.tool is None][
+        :min(MAX_OTHER_LESSONS, MAX_LESSONS - len(ordered_lessons))]
     # An error class is said once: a failed_with fact of a class a lesson line names is left out, and
     # of several failed_with facts of one class only the first (in Key Knowledge's order) is kept.
     said = {normalise_name(x.text) for x in ordered_lessons if x.tool is not None}
+    # One line per pair of entities: "b depends_on a" after "a depends_on b" says nothing new.
     ordered_facts: list[FactItem] = []
+    pairs: set[frozenset[str]] = set()
     for f in sorted(facts, key=lambda f: (f.scope != own, *fact_order(f))):
         if len(ordered_facts) == MAX_FACTS:
             break
+        pair = frozenset((f.source, f.target))
+        if pair in pairs:
+            continue
         if f.predicate == FAILED_WITH:
             if normalise_name(entity_name(f.target)) in said:
                 continue
             said.add(normalise_name(entity_name(f.target)))
+        pairs.add(pair)
         ordered_facts.append(f)
     ordered_knowledge: list[KnowledgeItem] = []  # (a concept naming a class said already is left out too)
     for k in sorted(_knowledge_items(own, knowledge), key=lambda k: (k.scope != own, *knowledge_order(k))):
@@ -504,6 +519,8 @@ def _tools(v: Any) -> list[str]:
     return [str(t) for t in v]
 
 
+_SESSION_OUTCOME = ("session ended in failure", "session abandoned")  # the distiller's and retention's outcome lessons
+_LAST_TOOL = re.compile(r" \(last tool: [^()]*\)")  # the distiller's "session ended in failure ... (last tool: x)"
 _RESOLVED_BY = (re.compile(r"; (.+?) resolved it\b"), re.compile(r"\bresolved by ([\w -]+?)(?: \(|$)"))
 
 
@@ -571,11 +588,13 @@ def select_lessons(agent: str, rows: Iterable[Row], now: datetime, *, episodes: 
         if kind == "success" or not text.strip():
             continue  # (a session all the same)
         tool, error = _get(r, "tool"), _get(r, "error")
+        if not (tool and error) and text.startswith(_SESSION_OUTCOME):
+            continue  # that a session failed is its outcome, not a cause to avoid: it names nothing to act on
         if tool and error:
             key: tuple[str | None, str] = (str(tool), error_class(str(error)))
             tools.add(key[0])
         else:
-            key = (None, one_line(error_class(text)))
+            key = (None, one_line(error_class(_LAST_TOOL.sub("", text))))
         group = groups.setdefault((key[0] is not None, key[1]), _Group())
         group.add(kind, at, resolution_of(text) if kind == "recovery" else None)
         if key[0] is not None:
@@ -640,6 +659,68 @@ def recurrence(sessions: Sequence[tuple[str, tuple[datetime, set[str], set[tuple
     return {key: use.get(key[0], 0.0) * v for key, v in met.items()}
 
 
+def tool_use(sessions: Iterable[Iterable[str]], alpha: float = DEFAULT_ALPHA) -> tuple[dict[str, float], int]:
+    """P(the next session uses the tool) per tool, from the tools of each session in time order (the
+    NAc's rule, as ``recurrence``), and the number of sessions.
+
+    >>> use, n = tool_use([{"a"}, {"a", "b"}, {"a"}, {"b"}])
+    >>> {t: round(v, 2) for t, v in sorted(use.items())}, n
+    ({'a': 0.75, 'b': 0.5}, 4)
+    """
+    use: dict[str, float] = {}
+    n = 0
+    for n, tools in enumerate(sessions, 1):
+        a = max(alpha, 1.0 / n)
+        tools = {normalise_name(t) for t in tools}
+        for t in tools:
+            use.setdefault(t, 0.0)
+        for t in use:
+            use[t] += a * ((1.0 if t in tools else 0.0) - use[t])
+    return use, n
+
+
+def fact_relevance(source: str, target: str, count: int, agent: str, use: Mapping[str, float], sessions: int,
+                   rates: Mapping[str, float] | None = None) -> float:
+    """How likely the next session touches one of a fact's entities (the reading agent itself aside):
+    a tool, P(the agent uses it) (``tool_use``); another entity, how often the agent's own facts
+    mention it (``rates``, ``entity_rates``), else the share of its sessions this fact was seen in
+    (``count`` / sessions, at most 1: the statements' count is a proxy for that).
+
+    >>> fact_relevance("tool:a", "tool:b", 3, "me", {"a": 0.2, "b": 0.7}, 10)
+    0.7
+    >>> fact_relevance("agent:me", "project:atlas", 4, "me", {}, 8), fact_relevance("api:x", "rate:1/s", 9, "me", {}, 0)
+    (0.5, 0.0)
+    >>> fact_relevance("api:x", "header:key", 1, "me", {}, 10, {"api:x": 0.9})
+    0.9
+    """
+    me = f"agent:{normalise_name(agent)}"
+    best = 0.0
+    for e in (source, target):
+        if e == me:
+            continue
+        if e.startswith("tool:"):
+            p = use.get(entity_name(e), 0.0)
+        elif rates is not None and e in rates:
+            p = rates[e]
+        else:
+            p = min(1.0, count / sessions) if sessions else 0.0
+        best = max(best, p)
+    return best
+
+
+def entity_rates(agent: str, own: Iterable[Row], sessions: int) -> dict[str, float]:
+    """How often the agent meets each entity of its own facts: the largest count / sessions (at most 1)
+    of the facts that mention it."""
+    out: dict[str, float] = {}
+    me = f"agent:{normalise_name(agent)}"
+    for f in own:
+        rate = min(1.0, int(_get(f, "count", 1) or 1) / sessions) if sessions else 0.0
+        for e in (str(_get(f, "source")), str(_get(f, "target"))):
+            if e != me and not e.startswith("tool:"):
+                out[e] = max(out.get(e, 0.0), rate)
+    return out
+
+
 def used_entities(agent: str, *, lessons: Iterable[Row] = (), episodes: Iterable[Row] = (),
                   facts: Iterable[FactItem | Row] = ()) -> tuple[set[str], set[str]]:
     """What the agent has used itself: (tool names, entity ids). Tools of its episodes and lessons;
@@ -668,12 +749,16 @@ def _active(row: Row, now: datetime) -> bool:
 
 
 def select_facts(agent: str, agents: Mapping[str, AgentSpec], rows: Iterable[Row], now: datetime, *,
-                 used: set[str] | None = None) -> list[FactItem]:
+                 used: set[str] | None = None, use: Mapping[str, float] | None = None,
+                 sessions: int = 0, rates: Mapping[str, float] | None = None) -> list[FactItem]:
     """Facts of the agent's scope chain active at ``now`` (rows of ``triples`` / ``facts_top``), one per
     statement (source, predicate, target): its highest confidence, from the widest scope holding it.
 
     With ``used`` (the entity ids the agent has used, ``used_entities``), a fact of a wider scope than
-    the agent's own is kept only when its source or target is one of them."""
+    the agent's own is kept only when its source or target is one of them. With ``use`` (``tool_use``)
+    and the agent's number of ``sessions`` (and ``rates``, ``entity_rates``), each fact's ``relevance``
+    is set (``fact_relevance``) and a fact other than a failed_with warning is kept only from
+    ``MIN_FACT_RELEVANCE``."""
     now = _aware(now)
     chain = scope_chain(_registry(agents), agent)
     rank = {s: i for i, s in enumerate(chain)}
@@ -700,6 +785,10 @@ def select_facts(agent: str, agents: Mapping[str, AgentSpec], rows: Iterable[Row
     own = agent_scope(agent)
     out = [f for f in best.values()
            if used is None or f.scope == own or f.source in used or f.target in used]
+    if use is not None:
+        out = [msgspec.structs.replace(f, relevance=fact_relevance(f.source, f.target, f.count, agent, use, sessions,
+                                                                   rates)) for f in out]
+        out = [f for f in out if f.predicate == FAILED_WITH or f.relevance >= MIN_FACT_RELEVANCE]
     return sorted(out, key=fact_order)
 
 
@@ -790,8 +879,12 @@ def select_inputs(agent: str, agents: Mapping[str, AgentSpec], *, lessons: Itera
     mine_l = [r for r in lessons if _get(r, "agent") == agent
               and (_time(_get(r, "learned_at")) or _aware(now)) <= _aware(now)]
     tools, entities = used_entities(agent, lessons=mine_l, episodes=mine, facts=own)
-    return BriefingInputs(lessons=select_lessons(agent, lessons, now, episodes=mine, alpha=alpha_of(agents, agent)),
-                          facts=select_facts(agent, agents, triples, now, used=entities),
+    alpha = alpha_of(agents, agent)
+    ordered = sorted(mine, key=lambda e: (_time(_get(e, "ended_at")) or _aware(now), str(_get(e, "episode_id"))))
+    use, n = tool_use((_tools(_get(e, "tools")) for e in ordered), alpha)
+    return BriefingInputs(lessons=select_lessons(agent, lessons, now, episodes=mine, alpha=alpha),
+                          facts=select_facts(agent, agents, triples, now, used=entities, use=use, sessions=n,
+                                             rates=entity_rates(agent, own, n)),
                           strategies=select_strategies(agent, episodes, now),
                           knowledge=select_knowledge(agent, agents, knowledge, tools=tools, entities=entities))
 
@@ -888,7 +981,7 @@ def changes_of(episode_agents: Iterable[str], triple_scopes: Iterable[str]) -> l
 __all__ = [
     "Briefing", "BriefingInputs", "Change", "EpisodeArrived", "FactItem", "KnowledgeItem", "LessonItem",
     "StrategyItem", "TripleChanged", "affected_agents", "age_text", "agents_to_regenerate", "alpha_of",
-    "briefing_for", "changes_of", "covers", "entity_name", "error_class", "one_line", "priority_order",
+    "briefing_for", "changes_of", "covers", "entity_name", "error_class", "entity_rates", "fact_relevance", "one_line", "priority_order",
     "readers_by_scope", "recurrence", "render_briefing", "resolution_of", "select_facts", "select_inputs",
-    "select_knowledge", "select_lessons", "select_strategies", "task_kind", "task_words", "used_entities",
+    "select_knowledge", "select_lessons", "select_strategies", "task_kind", "task_words", "tool_use", "used_entities",
 ]

@@ -762,3 +762,52 @@ def test_regenerating_only_affected_agents_gives_the_same_cache_as_regenerating_
 
 def test_the_docstring_examples_run():
     assert doctest.testmod(processors.briefing).failed == 0
+
+
+# ---- what earns a line ---------------------------------------------------------------------------
+
+def test_that_a_session_failed_is_no_lesson_but_a_failed_delegation_is():
+    rows = [lesson_row("lead", "failure", f"session ended in failure after {n} tool calls (last tool: plan): reward 0",
+                       NOW - timedelta(hours=n)) for n in (1, 2, 3)]
+    rows += [lesson_row("lead", "failure", "session abandoned: no event for 600 s of stream time; 3 tool calls",
+                        NOW - DAY),
+             lesson_row("lead", "failure", "delegation to support failed: no answer", NOW - DAY),
+             lesson_row("lead", "failure", "delegation to support failed: no answer", NOW - 2 * DAY)]
+    got = select_lessons("lead", rows, NOW)
+    assert [(x.text, x.times) for x in got] == [("delegation to support failed: no answer", 2)]
+
+
+def test_at_most_two_lessons_without_a_tool_error():
+    rows = [lesson_row("a", "failure", f"delegation to {name} failed", NOW - timedelta(hours=i))
+            for i, name in enumerate(("alpha", "beta", "gamma", "delta"))]
+    rows.append(lesson_row("a", "failure", "x", NOW, tool="t", error="boom"))
+    b = render_briefing("a", select_lessons("a", rows, NOW), [], [], 10_000, NOW)
+    assert b.lessons == 3 and "t: boom" in b.markdown
+
+
+def test_one_fact_line_per_pair_of_entities():
+    facts = [fact("ab", "tool:a", "depends_on", "tool:b", 0.9), fact("ba", "tool:b", "depends_on", "tool:a", 0.65),
+             fact("ac", "tool:a", "depends_on", "tool:c", 0.65)]
+    b = render_briefing("researcher", [], facts, [], 10_000, NOW)
+    assert [f.triple_id for f in b.facts] == ["ab", "ac"]
+
+
+def test_facts_are_ranked_by_how_likely_they_concern_the_next_session_and_rare_ones_left_out():
+    """Of the agent's own facts, those about tools it uses most lead; a fact seen in few of its
+    sessions (a client of one session in ten) is left out; a failed_with warning is kept."""
+    eps = [episode_row("a", "t", ["common", "rare"] if i % 10 == 0 else ["common"], outcome="failure",
+                       ended=NOW - timedelta(hours=i), episode_id=f"e{i}") for i in range(20)]
+    triples = [triple_row("rare-dep", "tool:rare", "depends_on", "tool:other", "agent:a", conf=1.0),
+               triple_row("common-dep", "tool:common", "depends_on", "tool:other", "agent:a", conf=0.65),
+               triple_row("client", "agent:a", "serves", "client:acme", "agent:a", conf=0.9, count=2),
+               triple_row("project", "agent:a", "works_on", "project:atlas", "agent:a", conf=0.9, count=18),
+               triple_row("warn", "tool:rare", "failed_with", "error:disk full", "agent:a", conf=0.95),
+               triple_row("team", "api:x", "requires", "header:key", "team:research-lead", conf=0.9),
+               triple_row("own-api", "tool:common", "calls", "api:x", "agent:a", conf=0.95, count=40)]
+    got = select_inputs("a", {}, lessons=[], triples=triples, episodes=eps, now=NOW).facts
+    assert [f.triple_id for f in got] == ["own-api", "common-dep", "project", "warn"]
+    assert got[0].relevance == 1.0 and got[-1].relevance < 0.5
+    # the team fact about api:x, which the agent calls in most sessions, concerns it
+    fleet = {"a": AgentSpec(name="a", reports_to="research-lead")}
+    got = select_inputs("a", fleet, lessons=[], triples=triples, episodes=eps, now=NOW).facts
+    assert "team" in [f.triple_id for f in got]

@@ -133,10 +133,12 @@ def test_a_briefing_whose_counts_change_but_not_its_text_is_rewritten(tmp_path, 
 
 
 def _facts(agent: str, scope: str | None, n: int, at: datetime) -> Rec:
+    """A rate-limit fact stated by many calls (count 500: a fact seen once in a hundred sessions would
+    not concern the next one, ``processors.briefing.fact_relevance``)."""
     fx = FactsExtracted(schema_version=1, episode_id=uuid.UUID(int=10_000 + n), agent=agent, observed_at=at,
                         extractor="test/1", facts=[FactAsserted(
                             source="api.example.com", source_type="api", predicate="rate_limit", target="10/s",
-                            target_type="rate", confidence=0.95, scope=scope)])
+                            target_type="rate", confidence=0.95, scope=scope, count=500)])
     return Rec("facts", 0, 100_000 + n, encode(fx))
 
 

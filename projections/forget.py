@@ -83,8 +83,7 @@ class Forgetting:
         self.keys: set[tuple[str, str]] = set()
         self.reload(con)
         if con.execute("SELECT count(*) FROM projection_meta WHERE key = ?", [SCRUB_PENDING]).fetchone()[0]:
-            tables = con.execute("SELECT value FROM projection_meta WHERE key = ?", [SCRUB_PENDING]).fetchone()[0]
-            scrub(con, [t for t in tables.split(",") if t])
+            scrub(con)
 
     def reload(self, con: duckdb.DuckDBPyConnection) -> None:
         self.requests, self.users, self.agents, self.sessions = set(), set(), set(), set()
@@ -173,8 +172,7 @@ class Forgetting:
             con.execute("INSERT INTO forgotten_keys SELECT * FROM frame")
             self.keys |= set(keys)
         if out.total or new:
-            con.execute("INSERT OR REPLACE INTO projection_meta VALUES (?, ?)",
-                        [SCRUB_PENDING, ",".join(sorted(set(out.rows) | {"forgotten_keys", "projection_meta"}))])
+            con.execute("INSERT OR REPLACE INTO projection_meta VALUES (?, '1')", [SCRUB_PENDING])
         for t in ("_fg_s", "_fg_e", "_fg_m", "_fg_u"):
             con.execute(f"DROP TABLE IF EXISTS {t}")
         self._tokens()
@@ -187,7 +185,7 @@ class Forgetting:
         """Reload the folds' in-memory state from the purged tables, then scrub the file."""
         if not purged.total:
             if con.execute("SELECT count(*) FROM projection_meta WHERE key = ?", [SCRUB_PENDING]).fetchone()[0]:
-                scrub(con, ["forgotten_keys", "projection_meta"])
+                scrub(con)
             return
         from projections.briefings import RecentInputs
         from projections.causal import CausalProjection
@@ -204,7 +202,7 @@ class Forgetting:
         seen.briefings.recent = RecentInputs(con, seen.agents)
         seen.briefings.current.clear()  # re-rendered by the next refresh (briefings_dirty)
         seen.briefings.urgent |= purged.agents
-        scrub(con, sorted(set(purged.rows) | {"forgotten_keys", "projection_meta"}))
+        scrub(con)
 
 
 def _closure(con: duckdb.DuckDBPyConnection, users: set[str], agents: set[str], sessions: set[str]) -> None:
@@ -290,10 +288,20 @@ def _purge_dead_letters(con: duckdb.DuckDBPyConnection, quoted: Iterable[bytes],
     return con.execute("DELETE FROM dead_letters WHERE rowid IN (SELECT r FROM frame)").fetchone()[0]
 
 
-def scrub(con: duckdb.DuckDBPyConnection, tables: Sequence[str]) -> None:
-    """Leave no deleted row's bytes in the file: rewrite ``tables`` (every row out, the kept rows back:
-    the old row groups are freed at the checkpoint), checkpoint (which also empties the WAL), then fill
-    every free block with random bytes and free them again."""
+def scrub(con: duckdb.DuckDBPyConnection, tables: Sequence[str] | None = None) -> None:
+    """Leave no deleted row's bytes in the file: make ``tables`` (default: every table) again from their
+    DDL with their kept rows (the old row groups are freed at the checkpoint), checkpoint (which also
+    empties the WAL), then fill every free block with random bytes and free them again.
+
+    Every table, not only those rows left: DuckDB packs metadata (row-group pointers, column statistics
+    holding the first 8 bytes of a column's min and max strings) into shared blocks, and a freed piece
+    of one keeps its bytes until later metadata reuses it; rewriting only the purged tables left such
+    prefixes behind (seen: 7 copies of a forgotten session id's prefix), rewriting every table wrote
+    over them all. The cost is a copy of the whole file, once per purge."""
+    if tables is None:
+        tables = [t for (t,) in con.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main' AND NOT temporary "
+            "AND database_name = current_database() ORDER BY table_name").fetchall()]
     tables = [t for t in tables if t.isidentifier()]
     con.begin()
     try:
@@ -320,9 +328,37 @@ def scrub(con: duckdb.DuckDBPyConnection, tables: Sequence[str]) -> None:
         raise
     con.execute("FORCE CHECKPOINT")
     _fill_free_blocks(con)
+    _fill_free_metadata(con)
     con.execute("DELETE FROM projection_meta WHERE key = ?", [SCRUB_PENDING])
     con.execute("FORCE CHECKPOINT")
     log.info("forget: %d tables rewritten and the file's free blocks overwritten", len(tables))
+
+
+def _free_metadata(con: duckdb.DuckDBPyConnection) -> set[tuple[int, int]]:
+    return {(b, i) for b, _, _, free in con.execute("SELECT * FROM pragma_metadata_info()").fetchall() for i in free}
+
+
+def _fill_free_metadata(con: duckdb.DuckDBPyConnection) -> None:
+    """Write over the metadata pieces (4 KiB parts of a shared block) that are free now: they may hold a
+    dropped table's statistics, the first 8 bytes of its min and max strings (seen in a test after
+    every table had been rewritten). Filler tables of many random-text columns take them (each column's
+    pointer and statistics are metadata) until none of them is free, then are dropped."""
+    stale = _free_metadata(con)
+    made = 0
+    cols = ", ".join(f"md5(random()::VARCHAR) AS c{j}" for j in range(100))
+    while stale & _free_metadata(con) and made < 200:  # a checkpoint writes the new tables' metadata
+        for _ in range(4):
+            con.execute(f"CREATE TABLE main._forget_meta{made} AS SELECT {cols}")
+            made += 1
+        con.execute("FORCE CHECKPOINT")
+    if made:
+        con.execute("FORCE CHECKPOINT")
+        left = len(stale & _free_metadata(con))
+        if left:
+            log.warning("forget: %d free metadata parts could not be written over", left)
+        for i in range(made):
+            con.execute(f"DROP TABLE main._forget_meta{i}")
+        con.execute("FORCE CHECKPOINT")
 
 
 def _fill_free_blocks(con: duckdb.DuckDBPyConnection) -> None:

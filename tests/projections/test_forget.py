@@ -146,6 +146,10 @@ def test_forget_removes_the_users_rows_and_bytes_and_keeps_the_others(tmp_path):
     assert kept_checksums(con) == before
     assert NEEDLE not in seen.briefings.current["aga"].markdown
     assert con.execute("SELECT subject, value FROM forgotten").fetchall() == [("user", FORGOTTEN)]
+    # the views over the tables the scrub made again still read them
+    for view in ("entities", "facts_active", "sessions_current", "agent_outcomes", "tool_outcomes"):
+        con.execute(f"SELECT count(*) FROM {view}").fetchone()
+    assert con.execute("SELECT count(*) FROM sessions_current").fetchone()[0] == 3
 
     # the same user's later sessions (new offsets) are kept out; the other user's still come in
     later = records(sessions(10, 0, 2) + sessions(12, 1, 1), base=1000)

@@ -174,9 +174,10 @@ FAULTS: list[Fault] = [
     # worse in the (UTC) afternoon, when the reader's free tier is busiest
     Fault("researcher", "http_get", "r.jina.ai", "ConnectionTimeout: r.jina.ai read timed out after 30s", None, 0,
           10_000, lambda d, h: 0.15 + 0.45 * max(0.0, math.cos(2 * math.pi * (h - 16) / 24)), retry_clears=0.6),
-    # the model provider is overloaded in the US afternoon
-    Fault("researcher", "summarize", "", "OverloadedError: the model is overloaded, try again later", None, 0, 10_000,
-          lambda d, h: 0.05 + 0.8 * max(0.0, math.cos(2 * math.pi * (h - 17) / 24)), retry_clears=0.3),
+    # the model provider both research agents use is overloaded in the US afternoon
+    *(Fault(agent, "summarize", "", "OverloadedError: the model is overloaded, try again later", None, 0, 10_000,
+            lambda d, h: 0.05 + 0.8 * max(0.0, math.cos(2 * math.pi * (h - 17) / 24)), retry_clears=0.3)
+      for agent in ("research-lead", "researcher")),
     # the CRM degrades week by week until its migration
     Fault("support", "crm_lookup", "", "HTTP 504 Gateway Timeout: crm.internal did not answer", 504, 0, 10_000,
           lambda d, h: min(0.9, 0.035 * d), retry_clears=0.2),

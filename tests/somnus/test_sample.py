@@ -162,9 +162,9 @@ def test_recurring_faults_recur_in_their_window_and_not_outside_it():
         days = {(t - START).days for t in seen}
         assert min(days) >= fault.first_day and max(days) <= fault.last_day, fault.error
         assert len({(t - START).days // 7 for t in seen}) >= min(2, (min(fault.last_day, 27) - fault.first_day) // 7 + 1)
-    # faults are the agent's own: no other agent meets them
+    # faults are their agents' own: no other agent meets them
     for fault in FAULTS:
-        assert {a for a, _, err in failed if err == fault.error} == {fault.agent}
+        assert {a for a, _, err in failed if err == fault.error} == {f.agent for f in FAULTS if f.error == fault.error}
 
 
 def test_sessions_span_weeks_with_working_hours_and_weekdays(fleet):

@@ -81,6 +81,7 @@ class Forgetting:
         # ``agent\x1fsession_id`` (kind session) and of ``session_id`` (kind session_id): a session id
         # may be any text, so the file keeps only its digest.
         self.keys: set[tuple[str, str]] = set()
+        self.on_purged: list[Any] = []  # called after a purge committed (the read API drops its caches)
         self.reload(con)
         if con.execute("SELECT count(*) FROM projection_meta WHERE key = ?", [SCRUB_PENDING]).fetchone()[0]:
             scrub(con)
@@ -202,6 +203,8 @@ class Forgetting:
         seen.briefings.recent = RecentInputs(con, seen.agents)
         seen.briefings.current.clear()  # re-rendered by the next refresh (briefings_dirty)
         seen.briefings.urgent |= purged.agents
+        for callback in self.on_purged:
+            callback()
         scrub(con)
 
 

@@ -315,6 +315,8 @@ class Projector:
                 "could not record a served briefing: %r", f.exception())))
 
         service.on_served = served
+        # A forget drops every cached user synopsis (rebuilt from the purged memories on the next read).
+        seen.forget.on_purged.append(lambda: setattr(service, "synopses", api._synopsis_cache()))
 
         def accessed(events: list[Any]) -> None:
             fut = asyncio.ensure_future(producer.send_and_wait(

@@ -28,6 +28,10 @@ def count(s, sql: str) -> int:
     return read(s.db_path, "sql", sql=sql)["rows"][0][0]
 
 
+def context(s) -> dict:
+    return read(s.db_path, "context", "aga", query="code word tea order stock", user_id=FORGOTTEN, max_tokens=20000)
+
+
 def snapshot(path: Path) -> tuple[dict[str, str], dict[str, int]]:
     con = duckdb.connect(str(path), read_only=True)
     try:
@@ -52,6 +56,8 @@ def test_forget_a_user_verify_and_replay(pipeline_settings, tmp_path):
 
         p.start_all()
         p.wait_until(lambda: endpoint_file(s.db_path).exists(), what="the projector serving")
+        # the user's context (synopsis included, now cached by the read API) shows the user's text
+        assert NEEDLE in str(context(s))
         run = somnus(env, "forget", "--user", FORGOTTEN, "--reason", "erasure request")
         assert run.returncode == 0, run.stderr
         p.wait_until(lambda: count(s, f"SELECT count(*) FROM episodes WHERE user_id = '{FORGOTTEN}'") == 0,
@@ -62,6 +68,7 @@ def test_forget_a_user_verify_and_replay(pipeline_settings, tmp_path):
         assert f"absent: '{NEEDLE}' in the bytes" in out and f"absent: '{NEEDLE}' in the rows" in out, out
         # the raw trace records in Kafka still hold the text: reported, and the check fails for it
         assert f"FOUND: '{NEEDLE}' in the Kafka topics" in out and verify.returncode == 1, out
+        assert NEEDLE not in str(context(s))  # nor from the read API's synopsis cache
         kept = somnus(env, "forget", "--verify", "--user", KEPT, "--needle", OTHER)
         assert f"FOUND: '{OTHER}' in the rows" in kept.stdout  # the check does find text that is there
         p.stop_all()

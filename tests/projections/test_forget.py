@@ -71,8 +71,8 @@ def records(raw: list[dict[str, Any]], base: int = 0) -> list[Rec]:
     return out
 
 
-def forget_record(offset: int, user: str = FORGOTTEN) -> Rec:
-    req = ForgetRequested(request_id=f"forget-{user}", subject=ForgetSubject.USER, value=user, reason="test",
+def forget_record(offset: int, user: str = FORGOTTEN, subject: ForgetSubject = ForgetSubject.USER) -> Rec:
+    req = ForgetRequested(request_id=f"forget-{subject.value}-{user}", subject=subject, value=user, reason="test",
                           at=T0 + timedelta(days=5))
     # partition 1: the data's own facts records are numbered from 0 on partition 0 here
     return Rec("facts", 1, offset, encode(req), key=b"forget", headers=[("somnus-kind", KIND_FORGET)])
@@ -197,3 +197,20 @@ def test_a_copy_of_a_request_is_applied_once_and_another_user_is_untouched(tmp_p
     assert con.execute("SELECT count(*) FROM forgotten").fetchone()[0] == 1
     assert con.execute("SELECT count(*) FROM episodes WHERE user_id = ?", [KEPT]).fetchone()[0] == 3
     assert rows_with(con, OTHER)  # the other user's text is all still there
+
+
+def test_forget_a_session_and_an_agent(tmp_path):
+    con, seen = build(tmp_path / "s.duckdb")
+    sid = con.execute("SELECT session_id FROM episodes WHERE user_id = ? ORDER BY session_id LIMIT 1",
+                      [FORGOTTEN]).fetchone()[0]
+    apply(con, seen, [forget_record(0, sid, ForgetSubject.SESSION)])
+    assert rows_with(con, sid) == {"forgotten": 1}  # the request's own row names the session (SECURITY.md)
+    assert con.execute("SELECT count(*) FROM episodes WHERE user_id = ?", [FORGOTTEN]).fetchone()[0] == 2
+    assert con.execute("SELECT count(*) FROM episodes WHERE user_id = ?", [KEPT]).fetchone()[0] == 3
+
+    apply(con, seen, [forget_record(1, "aga", ForgetSubject.AGENT)])
+    for table in ("events", "episodes", "lessons", "memories", "working_memory", "causal_link_updates",
+                  "temporal_bins", "dead_letters", "memory_log", "briefings"):
+        assert con.execute(f"SELECT count(*) FROM {table}").fetchone()[0] == 0, table
+    assert rows_with(con, OTHER) == {} and rows_with(con, NEEDLE) == {"forgotten": 1}  # the session request
+    assert file_hits(tmp_path / "s.duckdb", OTHER) == 0

@@ -601,12 +601,15 @@ def forget(user: Optional[str] = typer.Option(None, "--user", help="Forget this 
            reason: Optional[str] = typer.Option(None, "--reason", help="Why (kept with the request)."),
            verify: bool = typer.Option(False, "--verify", help="Check instead: no needle left (exit 1 if any)."),
            needle: list[str] = typer.Option([], "--needle", help="--verify: a text of the subject's to look for "
-                                            "(repeatable; default: the subject's id)."),
+                                            "(repeatable; at least one)."),
+           replay: bool = typer.Option(True, "--replay/--no-replay", help="--verify: also replay every topic "
+                                       "into a fresh file (beside the DuckDB file, deleted after) and check it."),
            at: Optional[str] = typer.Option(None, "--at", help=_AT_HELP),
            db: Optional[Path] = DbOpt, home: Optional[Path] = HomeOpt, bootstrap: Optional[str] = BootOpt) -> None:
     """Forget a user, an agent or a session: a request on the facts topic that the projector applies
-    (projections/forget.py); with --verify, look for the subject's text in the DuckDB file's rows and
-    bytes (and WAL) and in the topics as the projector reads them. See SECURITY.md, "Forget"."""
+    (projections/forget.py). With --verify, look for the given texts in the DuckDB file's bytes (and
+    WAL) and rows, count the subject's rows, do the same in a replay into a fresh file, and report the
+    texts found in the topics as the projector reads them; exit 1 if anything is found. SECURITY.md, "Forget"."""
     import uuid
 
     from projections.forget import file_hits, topic_hits
@@ -629,30 +632,62 @@ def forget(user: Optional[str] = typer.Option(None, "--user", help="Forget this 
         console.print(f"forget requested: {kind} {value} at {req.at.isoformat()} (request {req.request_id})",
                       soft_wrap=True)
         return
-    needles = list(needle) or [value]
-    failed = False
+    if not needle:
+        _fail("--verify needs at least one --needle: a text of the subject's to look for (the subject's own id "
+              "stays in the `forgotten` table by design)")
     db_path = Path(s.db_path)  # type: ignore[arg-type]
-    for n, hits in file_hits(db_path, needles).items():
-        failed |= hits > 0
-        console.print(f"{'FOUND' if hits else 'absent'}: {n!r} in the bytes of {db_path} (+ .wal): {hits}")
+    failed = [False]
+
+    def report(found: Any, what: str) -> None:
+        failed[0] |= bool(found)
+        console.print(f"{'FOUND' if found else 'absent'}: {what}: {found or 0}", soft_wrap=True)
+
+    def check(path: Path, query: Any) -> None:
+        """The needles in ``path``'s bytes (+ WAL) and rows, and the subject's rows, through ``query``."""
+        for n, hits in file_hits(path, needle).items():
+            report(hits, f"{n!r} in the bytes of {path} (+ .wal)")
+        tables = [r[0] for r in query("SELECT table_name FROM duckdb_tables() WHERE NOT temporary "
+                                      "AND database_name = current_database()", [])]
+        for n in needle:
+            report({t: c for t in tables if (c := query(f"SELECT count(*) FROM {t} x WHERE contains(x::VARCHAR, ?)",
+                                                           [n])[0][0])}, f"{n!r} in the rows of {path}")
+        report(query(_FORGET_SUBJECT_ROWS[kind], [value] * 4)[0][0], f"rows of {kind} {value!r} in {path}")
+
     try:
-        tables = [r[0] for r in read_sql(db_path, "SELECT table_name FROM duckdb_tables() WHERE NOT temporary "
-                                                  "AND database_name = current_database()")["rows"]]
-        for n in needles:
-            found = {t: c for t in tables if (c := read_sql(
-                db_path, f"SELECT count(*) FROM {t} x WHERE contains(x::VARCHAR, ?)", [n])["rows"][0][0])}
-            failed |= bool(found)
-            console.print(f"{'FOUND' if found else 'absent'}: {n!r} in the rows of {db_path}: {found or 0}")
+        check(db_path, lambda q, ps: read_sql(db_path, q, ps)["rows"])
     except ReadError as exc:
         _fail(str(exc))
-    got = asyncio.run(topic_hits(_bootstrap(s), list(s.projected_topics), needles, kafka_options(s)))
-    for n in needles:
-        # The facts topic holds the request itself, which names the subject's id: not the subject's text.
-        where = {t: c for t, c in got.get(n, {}).items() if not (n == value and t == s.facts_topic)}
-        failed |= bool(where)
-        console.print(f"{'FOUND' if where else 'absent'}: {n!r} in the Kafka topics (raw records; Somnus does not "
-                      f"rewrite or encrypt them): {where or 0}", soft_wrap=True)
-    raise typer.Exit(1 if failed else 0)
+    if replay:
+        import tempfile
+
+        import duckdb
+
+        from projections.projector import Projector
+
+        with tempfile.TemporaryDirectory(dir=db_path.parent, prefix="forget-verify-") as tmp:
+            fresh = Path(tmp) / "replay.duckdb"
+            asyncio.run(Projector(s, _bootstrap(s), db_path=fresh, serve=False).run(until_end=True))
+            con = duckdb.connect(str(fresh), read_only=True)
+            try:
+                check(fresh, lambda q, ps: con.execute(q, ps).fetchall())
+            finally:
+                con.close()
+    got = asyncio.run(topic_hits(_bootstrap(s), list(s.projected_topics), needle, kafka_options(s)))
+    for n in needle:
+        report(got.get(n, {}), f"{n!r} in the Kafka topics (raw records: Somnus neither rewrites nor encrypts them)")
+    raise typer.Exit(1 if failed[0] else 0)
+
+
+_FORGET_SUBJECT_ROWS = {  # rows that still name the subject (each query takes its value four times)
+    "user": "SELECT (SELECT count(*) FROM episodes WHERE user_id = ?) + (SELECT count(*) FROM memories WHERE "
+            "user_id = ?) + (SELECT count(*) FROM working_memory WHERE user_id = ?) + (SELECT count(*) FROM events "
+            "WHERE type = 'session_start' AND payload->>'user_id' = ?)",
+    "agent": "SELECT (SELECT count(*) FROM episodes WHERE agent = ?) + (SELECT count(*) FROM memories WHERE agent = ?) "
+             "+ (SELECT count(*) FROM working_memory WHERE agent = ?) + (SELECT count(*) FROM events WHERE agent = ?)",
+    "session": "SELECT (SELECT count(*) FROM episodes WHERE session_id = ?) + (SELECT count(*) FROM memories WHERE "
+               "run_id = ?) + (SELECT count(*) FROM working_memory WHERE session_id = ?) + (SELECT count(*) FROM "
+               "events WHERE session_id = ?)",
+}
 
 
 @app.command("ingest-knowledge")

@@ -65,12 +65,16 @@ def test_forget_a_user_verify_and_replay(pipeline_settings, tmp_path):
         p.wait_idle()
         verify = somnus(env, "forget", "--verify", "--user", FORGOTTEN, "--needle", NEEDLE)
         out = verify.stdout
-        assert f"absent: '{NEEDLE}' in the bytes" in out and f"absent: '{NEEDLE}' in the rows" in out, out
+        # the live file, then a replay of every topic into a fresh file: no byte, no row, no row of the user's
+        assert out.count(f"absent: '{NEEDLE}' in the bytes") == 2, out
+        assert out.count(f"absent: '{NEEDLE}' in the rows") == 2, out
+        assert out.count(f"absent: rows of user '{FORGOTTEN}'") == 2, out
         # the raw trace records in Kafka still hold the text: reported, and the check fails for it
         assert f"FOUND: '{NEEDLE}' in the Kafka topics" in out and verify.returncode == 1, out
         assert NEEDLE not in str(context(s))  # nor from the read API's synopsis cache
-        kept = somnus(env, "forget", "--verify", "--user", KEPT, "--needle", OTHER)
+        kept = somnus(env, "forget", "--verify", "--no-replay", "--user", KEPT, "--needle", OTHER)
         assert f"FOUND: '{OTHER}' in the rows" in kept.stdout  # the check does find text that is there
+        assert f"FOUND: rows of user '{KEPT}'" in kept.stdout and kept.returncode == 1
         p.stop_all()
 
         assert file_hits(s.db_path, NEEDLE) == 0
@@ -88,7 +92,8 @@ def test_forget_a_user_verify_and_replay(pipeline_settings, tmp_path):
         # replay's reading order decides: the memories are compared by count, the rest exactly.
         assert {k: v for k, v in again.items() if k != "memories"} == {k: v for k, v in before.items() if k != "memories"}
         assert again["memories"].split(":")[0] == before["memories"].split(":")[0]
-        check = somnus(env, "forget", "--verify", "--db", str(replay), "--user", FORGOTTEN, "--needle", NEEDLE)
+        check = somnus(env, "forget", "--verify", "--no-replay", "--db", str(replay), "--user", FORGOTTEN,
+                       "--needle", NEEDLE)
         assert f"absent: '{NEEDLE}' in the bytes" in check.stdout and f"absent: '{NEEDLE}' in the rows" in check.stdout
     finally:
         p.stop_all()

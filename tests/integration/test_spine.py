@@ -265,7 +265,7 @@ def test_replay_checksum_equals_live(pipeline_settings, tmp_path):
                              capture_output=True, text=True)
         assert json.loads(sql.stdout)[0]["n"] == 400
         refused = subprocess.run(cli + ["sql", "DELETE FROM episodes"], env=env, capture_output=True, text=True)
-        assert refused.returncode != 0 and "only SELECT" in refused.stderr
+        assert refused.returncode != 0 and "only a SELECT" in refused.stderr
         st = json.loads(subprocess.run(cli + ["status", "--json"], env=env, capture_output=True, text=True).stdout)
         assert st["idle"] is True and set(st["lag"]) == set(p.s.projected_topics)
         assert all(v == 0 for v in st["lag"].values())

@@ -42,6 +42,7 @@ from schemas.forget import KIND_FORGET, ForgetRequested
 
 log = logging.getLogger("somnus.projector")
 _decoder = msgspec.json.Decoder(ForgetRequested)
+OPTIMISTIC_ROWS = 100_000  # below DuckDB's row group size (122,880 rows): a purge this large scrubs anyway
 SCRUB_PENDING = "forget_scrub_pending"  # projection_meta key: a purge committed, its scrub not finished
 
 DDL = """
@@ -62,6 +63,11 @@ class Purged:
 
     rows: dict[str, int] = field(default_factory=dict)
     agents: set[str] = field(default_factory=set)
+    episodes: set[str] = field(default_factory=set)  # the episode ids of the closure
+    # Whether committed rows (or a new request) were involved: then briefings are rendered again and the
+    # file is scrubbed. A later batch whose forgotten rows never committed (inserted and deleted in its
+    # own transaction: DuckDB writes neither them nor their WAL records) needs neither.
+    committed: bool = False
 
     @property
     def total(self) -> int:
@@ -135,6 +141,8 @@ class Forgetting:
         if not self.requests:
             return out
         _closure(con, self.users, self.agents, self.sessions)
+        out.committed = bool(new) or _committed_hits(con)
+        out.episodes = {e for (e,) in con.execute("SELECT episode_id::VARCHAR FROM _fg_e").fetchall()}
         for table, where in _DELETES:
             n = con.execute(f"DELETE FROM {table} WHERE {where}").fetchone()[0]
             if n:
@@ -153,8 +161,11 @@ class Forgetting:
                             "(SELECT (event_signature, outcome_signature) FROM causal_link_updates)").fetchone()[0]
             if n:
                 out.rows["causal_links"] = n
+        # DuckDB writes a transaction's rows to the file before its commit once a table gets a row group's
+        # worth (122,880): deleted before the commit, they may still have left bytes there.
+        out.committed |= max(out.rows.values(), default=0) >= OPTIMISTIC_ROWS
         out.agents = {a for (a,) in con.execute("SELECT DISTINCT agent FROM _fg_s").fetchall()} | self.agents
-        if out.total or new:
+        if out.committed and (out.total or new):
             # Every briefing is rendered again (a lead's may quote a member's lesson): the rows go now,
             # the cache after the commit; the forgotten text is then in no briefing.
             n = con.execute("DELETE FROM briefings").fetchone()[0]
@@ -172,7 +183,7 @@ class Forgetting:
             frame = pa.table({"kind": [k[0] for k in keys], "id": [k[1] for k in keys]})  # noqa: F841
             con.execute("INSERT INTO forgotten_keys SELECT * FROM frame")
             self.keys |= set(keys)
-        if out.total or new:
+        if out.committed and (out.total or new):
             con.execute("INSERT OR REPLACE INTO projection_meta VALUES (?, '1')", [SCRUB_PENDING])
         for t in ("_fg_s", "_fg_e", "_fg_m", "_fg_u"):
             con.execute(f"DROP TABLE IF EXISTS {t}")
@@ -183,7 +194,8 @@ class Forgetting:
         self.reload(con)
 
     def after_commit(self, con: duckdb.DuckDBPyConnection, seen: Any, purged: Purged) -> None:
-        """Reload the folds' in-memory state from the purged tables, then scrub the file."""
+        """Reload the in-memory state of the folds whose tables lost rows; then, when committed rows were
+        removed, drop the cached briefings and scrub the file."""
         if not purged.total:
             if con.execute("SELECT count(*) FROM projection_meta WHERE key = ?", [SCRUB_PENDING]).fetchone()[0]:
                 scrub(con)
@@ -192,15 +204,25 @@ class Forgetting:
         from projections.causal import CausalProjection
         from projections.knowledge import KnowledgeProjection
 
-        seen.episodes = {str(r[0]) for r in con.execute("SELECT episode_id FROM episodes").fetchall()}
-        seen.dead_letters = set(con.execute(
-            "SELECT src_topic, src_partition, src_offset, src_index, kind FROM dead_letters").fetchall())
-        seen.memory.reload(con)
-        seen.knowledge = KnowledgeProjection(con)
-        seen.causal = CausalProjection(con)
-        seen.utilisation.reload(con)
-        seen.top_facts.refresh(con)
-        seen.briefings.recent = RecentInputs(con, seen.agents)
+        rows = purged.rows
+        seen.episodes -= purged.episodes
+        if "dead_letters" in rows:
+            seen.dead_letters = set(con.execute(
+                "SELECT src_topic, src_partition, src_offset, src_index, kind FROM dead_letters").fetchall())
+        if "memory_log" in rows or "oscillators" in rows:
+            seen.memory.reload(con)
+        if rows.keys() & {"triples", "triple_history", "entity_versions", "entity_aliases", "knowledge_inputs"}:
+            seen.knowledge = KnowledgeProjection(con)
+        if "causal_link_updates" in rows:
+            seen.causal = CausalProjection(con)
+        if rows.keys() & {"fact_uses", "briefings_served"}:
+            seen.utilisation.reload(con)
+        if "facts_top" in rows:
+            seen.top_facts.refresh(con)
+        if rows.keys() & {"episodes", "lessons"}:
+            seen.briefings.recent = RecentInputs(con, seen.agents)
+        if not purged.committed:
+            return
         seen.briefings.current.clear()  # re-rendered by the next refresh (briefings_dirty)
         seen.briefings.urgent |= purged.agents
         for callback in self.on_purged:
@@ -243,6 +265,37 @@ def _closure(con: duckdb.DuckDBPyConnection, users: set[str], agents: set[str], 
                 AND (body->>'$.unit.agent', body->>'$.unit.run_id') IN (SELECT (agent, session_id) FROM _fg_s)
             UNION ALL SELECT id FROM forgotten_keys WHERE kind = 'memory')""")
 
+
+def _committed_hits(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether any committed row belongs to the closure (read on a second cursor: it sees the last
+    commit, not this transaction's own rows)."""
+    s_frame = con.sql("SELECT agent, session_id FROM _fg_s").to_arrow_table()  # noqa: F841 (read by name)
+    e_frame = con.sql("SELECT episode_id::VARCHAR AS e FROM _fg_e").to_arrow_table()  # noqa: F841
+    m_frame = con.sql("SELECT memory_id AS m FROM _fg_m").to_arrow_table()  # noqa: F841
+    cur = con.cursor()
+    try:
+        for sql in _COMMITTED_CHECKS:
+            if cur.execute(sql).fetchone()[0]:
+                return True
+    finally:
+        cur.close()
+    return False
+
+
+_IN_S = "IN (SELECT (agent, session_id) FROM s_frame)"
+_IN_E = "IN (SELECT e FROM e_frame)"
+_IN_M = "IN (SELECT m FROM m_frame)"
+_COMMITTED_CHECKS = [
+    f"SELECT count(*) FROM events WHERE (agent, session_id) {_IN_S}",
+    f"SELECT count(*) FROM working_memory WHERE (agent, session_id) {_IN_S}",
+    f"SELECT count(*) FROM dead_letters WHERE msg_key IN (SELECT session_id::BLOB FROM s_frame)",
+    *(f"SELECT count(*) FROM {t} WHERE {c}::VARCHAR {_IN_E}" for t, c in (
+        ("episodes", "episode_id"), ("triples", "evidence"), ("entity_versions", "episode_id"),
+        ("entity_aliases", "episode_id"), ("knowledge_inputs", "episode_id"), ("causal_link_updates", "episode_id"))),
+    f"SELECT count(*) FROM memories WHERE memory_id {_IN_M}",
+    f"SELECT count(*) FROM memory_log WHERE body->>'$.unit.memory_id' {_IN_M} OR body->>'$.memory_id' {_IN_M} "
+    f"OR body->>'$.a' {_IN_M} OR body->>'$.b' {_IN_M}",
+]
 
 _S = "(agent, session_id) IN (SELECT (agent, session_id) FROM _fg_s)"
 _E = "episode_id IN (SELECT episode_id FROM _fg_e)"

@@ -24,7 +24,7 @@ from processors.distiller import distill
 from processors.extraction import TraceExtractor
 from processors.nac import learn, observations_from_episode
 from processors.working_memory import DEFAULT_SETTINGS, encode_state, remember
-from projections import schema
+from projections import forget, schema
 from projections.forget import KIND_FORGET
 from projections.writer import Seen, apply_batch, load_offsets
 from schemas.codec import Rejection, decode_trace, encode
@@ -128,7 +128,7 @@ def build(path: Path, first_forget: bool = False, forgotten_sessions: int = 3) -
     return con, seen
 
 
-def test_forget_removes_the_users_rows_and_bytes_and_keeps_the_others(tmp_path):
+def test_forget_removes_the_users_rows_and_bytes_and_keeps_the_others(tmp_path, monkeypatch):
     con, seen = build(tmp_path / "a.duckdb")
     con.execute("CHECKPOINT")
     assert rows_with(con, NEEDLE).keys() >= {"events", "episodes", "memories", "working_memory", "dead_letters",
@@ -151,9 +151,13 @@ def test_forget_removes_the_users_rows_and_bytes_and_keeps_the_others(tmp_path):
         con.execute(f"SELECT count(*) FROM {view}").fetchone()
     assert con.execute("SELECT count(*) FROM sessions_current").fetchone()[0] == 3
 
-    # the same user's later sessions (new offsets) are kept out; the other user's still come in
+    # the same user's later sessions (new offsets) are kept out, without rewriting the file (their rows
+    # never commit); the other user's still come in
     later = records(sessions(10, 0, 2) + sessions(12, 1, 1), base=1000)
+    scrubs = []
+    monkeypatch.setattr(forget, "scrub", lambda *a: scrubs.append(a))
     apply(con, seen, later)
+    assert scrubs == []
     assert rows_with(con, NEEDLE) == {}
     assert file_hits(tmp_path / "a.duckdb", NEEDLE) == 0
     assert con.execute("SELECT count(*) FROM episodes WHERE user_id = ?", [KEPT]).fetchone()[0] == 4

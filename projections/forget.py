@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,6 +52,9 @@ CREATE TABLE IF NOT EXISTS forgotten (
     requested_at TIMESTAMPTZ NOT NULL, src_offset BIGINT);
 CREATE TABLE IF NOT EXISTS forgotten_keys (kind VARCHAR NOT NULL, id VARCHAR NOT NULL);
 """
+
+
+_UUID = re.compile(rb"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
 def decode_forget(raw: bytes) -> ForgetRequested:
@@ -104,8 +108,12 @@ class Forgetting:
         {"user": self.users, "agent": self.agents, "session": self.sessions}[subject].add(value)
 
     def _tokens(self) -> None:
-        ids = self.users | self.agents | self.sessions | {i for k, i in self.keys if k in ("episode", "memory")}
-        self.raw = {i.encode() for i in ids}
+        # Episode and memory ids are UUIDs, thousands for a large subject: found by one regular expression
+        # and a set lookup; the subjects' own ids (and any id that is not a UUID) by substring.
+        closure = {i for k, i in self.keys if k in ("episode", "memory")}
+        self.uuids = {i.encode() for i in closure if _UUID.fullmatch(i.encode())}
+        ids = self.users | self.agents | self.sessions | {i for i in closure if i.encode() not in self.uuids}
+        self.raw = {i.encode() for i in ids} | self.uuids
         self.digests = {i for k, i in self.keys if k in ("session", "session_id")}
         self.quoted = [b'"' + msgspec.json.encode(i)[1:-1] + b'"' for i in ids]
 
@@ -121,6 +129,8 @@ class Forgetting:
         if rec.key is not None and (rec.key in self.raw or hashlib.sha256(rec.key).hexdigest() in self.digests):
             return True
         value = rec.value or b""
+        if self.uuids and any(m in self.uuids for m in _UUID.findall(value)):
+            return True
         return any(q in value for q in self.quoted)
 
     def purge(self, con: duckdb.DuckDBPyConnection, requests: Sequence[tuple[int, ForgetRequested]]) -> Purged:

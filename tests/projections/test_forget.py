@@ -10,6 +10,7 @@ same checksums as in a file where the forgotten user never was; later records of
 
 from __future__ import annotations
 
+import uuid
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -218,3 +219,21 @@ def test_forget_a_session_and_an_agent(tmp_path):
         assert con.execute(f"SELECT count(*) FROM {table}").fetchone()[0] == 0, table
     assert rows_with(con, OTHER) == {} and rows_with(con, NEEDLE) == {"forgotten": 1}  # the session request
     assert file_hits(tmp_path / "s.duckdb", OTHER) == 0
+
+
+def test_a_record_naming_a_forgotten_id_is_noticed_and_others_are_not(tmp_path):
+    con, seen = build(tmp_path / "m.duckdb")
+    eid = con.execute("SELECT episode_id::VARCHAR FROM episodes WHERE user_id = ? LIMIT 1", [FORGOTTEN]).fetchone()[0]
+    kept_sid = con.execute("SELECT session_id FROM episodes WHERE user_id = ? LIMIT 1", [KEPT]).fetchone()[0]
+    gone_sid = con.execute("SELECT session_id FROM episodes WHERE user_id = ? LIMIT 1", [FORGOTTEN]).fetchone()[0]
+    apply(con, seen, [forget_record(0)])
+    f = seen.forget
+    assert f.mentions(Rec("facts", 0, 9, b'{"episode_id":"%s","agent":"aga"}' % eid.encode()))
+    assert f.mentions(Rec("traces", 0, 9, b"{}", key=gone_sid.encode()))  # a session of the user's, by its key
+    assert f.mentions(Rec("episodes", 0, 9, b'{"user_id":"%s"}' % FORGOTTEN.encode()))
+    assert not f.mentions(Rec("traces", 0, 9, b'{"session_id":"%s"}' % kept_sid.encode(), key=kept_sid.encode()))
+    assert not f.mentions(Rec("facts", 0, 9, b'{"episode_id":"%s"}' % str(uuid.uuid4()).encode()))
+    # a new projector start loads the same (forgotten, forgotten_keys)
+    again = forget.Forgetting(con)
+    assert again.mentions(Rec("traces", 0, 9, b"{}", key=gone_sid.encode()))
+    assert gone_sid not in str(con.execute("SELECT * FROM forgotten_keys").fetchall())

@@ -133,6 +133,34 @@ class Forgetting:
             return True
         return any(q in value for q in self.quoted)
 
+    def kept_units(self, rec: Any, kind: bytes | None) -> Any:
+        """A memory-topic record of units without those of forgotten subjects (a copy of ``rec``), so the
+        capture fold never takes them: purging them afterwards would mean replaying the whole memory log
+        into the fold again. Other records, and units that cannot be read here, are left to the fold."""
+        from schemas.memory import KIND_ACCESS
+        from projections.sleep import KIND_SLEEP
+
+        if kind in (KIND_ACCESS, KIND_SLEEP) or not rec.value:
+            return rec
+        try:
+            units = msgspec.json.decode(rec.value)
+        except (msgspec.DecodeError, RecursionError):
+            return rec
+        if not isinstance(units, list):
+            return rec
+        kept = [u for u in units if not (isinstance(u, dict) and self._forgotten_unit(u))]
+        if len(kept) == len(units):
+            return rec
+        return _Filtered(rec, msgspec.json.encode(kept))
+
+    def _forgotten_unit(self, u: dict[str, Any]) -> bool:
+        agent, run = u.get("agent"), u.get("run_id")
+        if u.get("user_id") in self.users or agent in self.agents or run in self.sessions:
+            return True
+        if isinstance(agent, str) and isinstance(run, str):
+            return hashlib.sha256(f"{agent}\x1f{run}".encode()).hexdigest() in self.digests
+        return False
+
     def purge(self, con: duckdb.DuckDBPyConnection, requests: Sequence[tuple[int, ForgetRequested]]) -> Purged:
         """Record ``requests`` and delete every row of every forgotten subject's closure (caller's
         transaction). Returns what was deleted."""
@@ -274,6 +302,15 @@ def _closure(con: duckdb.DuckDBPyConnection, users: set[str], agents: set[str], 
             UNION ALL SELECT body->>'$.unit.memory_id' FROM memory_log WHERE kind = 'CaptureDecided'
                 AND (body->>'$.unit.agent', body->>'$.unit.run_id') IN (SELECT (agent, session_id) FROM _fg_s)
             UNION ALL SELECT id FROM forgotten_keys WHERE kind = 'memory')""")
+
+
+class _Filtered:
+    """A record with another value (its coordinates, key, headers and time unchanged)."""
+
+    def __init__(self, rec: Any, value: bytes) -> None:
+        self.topic, self.partition, self.offset = rec.topic, rec.partition, rec.offset
+        self.key, self.headers, self.value = rec.key, rec.headers, value
+        self.timestamp = getattr(rec, "timestamp", None)
 
 
 def _committed_hits(con: duckdb.DuckDBPyConnection) -> bool:

@@ -202,7 +202,8 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
         if rec.offset < stored.get(tp, 0) or rec.offset < res.offsets.get(tp, 0):
             continue  # already projected
         res.offsets[tp] = rec.offset + 1
-        forgotten = forgotten or seen.forget.mentions(rec)  # a forgotten subject's record: purge before commit
+        named = seen.forget.mentions(rec)  # a forgotten subject's record: purge before commit
+        forgotten = forgotten or named
         why = quarantine.get((rec.topic, rec.partition, rec.offset))
         if why is not None:
             dead(rec, 0, why + truncated_note(rec.value))
@@ -257,7 +258,8 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
         elif rec.topic == topics.memory:
             if bad(rec, _prescan(rec, max_depth), "memory record"):
                 continue
-            memory_records.append((_header(rec, "somnus-kind"), rec))
+            kind = _header(rec, "somnus-kind")  # a forgotten subject's memory units never reach the fold
+            memory_records.append((kind, seen.forget.kept_units(rec, kind) if named else rec))
         elif rec.topic == topics.link_updates:
             if bad(rec, _prescan(rec, max_depth), "link updates"):
                 continue

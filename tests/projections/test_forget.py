@@ -155,10 +155,14 @@ def test_forget_removes_the_users_rows_and_bytes_and_keeps_the_others(tmp_path, 
     # the same user's later sessions (new offsets) are kept out, without rewriting the file (their rows
     # never commit); the other user's still come in
     later = records(sessions(10, 0, 2) + sessions(12, 1, 1), base=1000)
-    scrubs = []
+    scrubs, reloads = [], []
     monkeypatch.setattr(forget, "scrub", lambda *a: scrubs.append(a))
+    monkeypatch.setattr(seen.memory, "reload", lambda *a: reloads.append(a))
+    memories = con.execute("SELECT count(*) FROM memory_log").fetchone()[0]
     apply(con, seen, later)
     assert scrubs == []
+    assert reloads == []  # the user's memory units were left out before the capture fold, not purged after
+    assert con.execute("SELECT count(*) FROM memory_log").fetchone()[0] > memories  # the other user's came in
     assert rows_with(con, NEEDLE) == {}
     assert file_hits(tmp_path / "a.duckdb", NEEDLE) == 0
     assert con.execute("SELECT count(*) FROM episodes WHERE user_id = ?", [KEPT]).fetchone()[0] == 4

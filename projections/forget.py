@@ -1,5 +1,6 @@
 """Forget (issue 25, item 6): remove every projected row derived from a user, an agent or a session,
-keep it removed whatever arrives later, and leave none of its bytes in the DuckDB file.
+keep it removed whatever arrives later, and leave none of its bytes in the DuckDB file (checked by
+scanning the file: tests/projections/test_forget.py).
 
 How it runs, inside the projector (the only writer):
 
@@ -8,18 +9,20 @@ How it runs, inside the projector (the only writer):
    (its *closure*: sessions ``(agent, session_id)``, episode ids, memory ids; kept in
    ``forgotten_keys``, because once the rows are gone they cannot be found again) and deletes those
    rows from every table below.
-2. Every later batch is checked first (``mentions``): a record whose key is, or whose JSON holds as a
-   string, one of the forgotten ids (user, agent, session, episode, memory) makes the batch purge
-   again, after its rows were inserted and before it commits. So a forgotten subject's rows are never
-   committed again, whichever topic brings them first: in a replay the topics are read in parallel
-   and a request may come before or after its data (facts of an episode may come before the episode
-   that names its user: the episode triggers the purge, which removes those facts by episode id).
-3. After the commit (``after_commit``), the folds that keep state in memory are reloaded from the
-   tables, and ``scrub`` rewrites each table rows were deleted from (all rows out, the kept ones back
-   in: DuckDB frees the old row groups at the checkpoint), checkpoints, then fills the file's free
-   blocks with random bytes and frees them again: a freed block keeps its old bytes until reused,
-   and DuckDB does not zero it. The checkpoint also empties the WAL. A crash before the scrub ends
-   leaves a mark in ``projection_meta`` and the scrub runs at the next start.
+2. Every later batch is checked first (``mentions``): a record whose key is (or hashes to) one of the
+   forgotten ids, or whose JSON holds one as a string (user, agent, session; episode and memory ids
+   found as UUIDs), makes the batch purge again after its rows were inserted and before it commits;
+   memory units of a forgotten subject are dropped before the capture fold (``kept_units``). So a
+   forgotten subject's rows are never committed again, whichever topic brings them first: in a replay
+   the topics are read in parallel and a request may come before or after its data (facts of an
+   episode may come before the episode that names its user: the episode triggers the purge, which
+   removes those facts by episode id).
+3. After the commit (``after_commit``), the folds whose tables lost rows are reloaded. When committed
+   rows were removed (``Purged.committed``), every briefing is rendered again and ``scrub`` makes every
+   table again from its DDL with its kept rows, checkpoints (which also empties the WAL), then fills
+   the file's free blocks and free metadata parts with random bytes and frees them again: DuckDB does
+   not zero what it frees, and its metadata keeps 8-byte prefixes of min/max strings. A crash before
+   the scrub ends leaves a mark in ``projection_meta``; the scrub runs at the next start.
 
 What is not removed here is in SECURITY.md ("Forget"): the raw records in Kafka, semantic memory's
 concepts (they name episode ids, not text), predicates (vocabulary), numbers aggregated over

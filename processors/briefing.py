@@ -813,16 +813,24 @@ _NAME_WORD = re.compile(r"[\w.:/@-]+")
 
 def select_knowledge(agent: str, agents: Mapping[str, AgentSpec], items: Iterable[KnowledgeItem], *,
                      tools: set[str], entities: set[str]) -> list[KnowledgeItem]:
-    """The concepts and patterns of the agent's scope chain that concern it: all of its own memory's;
-    of a wider scope, one about tools (``subjects``) only when the agent used every one of them, one
-    learned from agents' data only when every agent it is known to come from is covered
-    (``covers``), and knowledge a person ingested only when it names a tool or entity the agent used."""
+    """The concepts and patterns of the agent's scope chain that concern it.
+
+    Every one, of its own memory too, only when every agent it came from (``agents``) is covered by
+    the reader's scope chain (``covers``): an agent's memory learns from that agent's data alone
+    (``projections.semantic.promotion_inputs``), but a memory promoted before that, or a team's,
+    may hold others'. Of a wider scope than its own, moreover: one about tools (``subjects``) only
+    when the agent used every one of them; one learned from agents' data only when it is known
+    which (no ``agents``: its provenance is unknown, and it is left out); knowledge a person
+    ingested only when it names a tool or entity the agent used. Of a tool's "<tool>_reliable" and
+    "<tool>_unreliable" concepts only the one the evidence supports is kept (``one_polarity``)."""
     own = agent_scope(agent)
-    chain = set(scope_chain(_registry(agents), agent))
+    order = {s: i for i, s in enumerate(scope_chain(_registry(agents), agent))}
     names = {normalise_name(t) for t in tools} | {entity_name(e) for e in entities if not e.startswith("agent:")}
     out = []
     for k in items:
-        if k.scope not in chain:
+        if k.scope not in order:
+            continue
+        if not all(covers(agents, agent, a) for a in k.agents):
             continue
         if k.scope != own:
             if k.subjects:
@@ -830,10 +838,69 @@ def select_knowledge(agent: str, agents: Mapping[str, AgentSpec], items: Iterabl
                     continue
             elif k.derived or not names & set(_NAME_WORD.findall(normalise_name(f"{k.name} {k.text}"))):
                 continue
-            if not all(covers(agents, agent, a) for a in k.agents):
+            if k.derived and not k.agents:
                 continue
         out.append(k)
+    out = one_polarity(out, order)
     return sorted(out, key=lambda k: (k.scope != own, *knowledge_order(k)))
+
+
+_STRENGTH = re.compile(r"strength V=(\d+(?:\.\d+)?)")
+RELIABLE_SHARE = 0.5  # a tool whose calls succeed at least this often (the NAc's V of "ok") is reliable
+
+
+def polarity(item: KnowledgeItem) -> tuple[str, bool] | None:
+    """(tool, reliable?) of a NAc concept "<tool>_reliable" / "<tool>_unreliable"; None for others.
+
+    >>> polarity(KnowledgeItem(text="", scope="global", score=0.9, name="pay_unreliable", subjects=("pay",)))
+    ('pay', False)
+    """
+    if len(item.subjects) != 1:
+        return None
+    tool = item.subjects[0]
+    for suffix, reliable in (("_reliable", True), ("_unreliable", False)):
+        if normalise_name(item.name) == normalise_name(tool + suffix):
+            return tool, reliable
+    return None
+
+
+def one_polarity(items: Sequence[KnowledgeItem], order: Mapping[str, int]) -> list[KnowledgeItem]:
+    """At most one of a tool's "<tool>_reliable" and "<tool>_unreliable" concepts: two lines saying
+    that calls tend to succeed and tend to fail contradict each other.
+
+    The narrowest scope (``order``: the reader's chain) holding either decides: with both there, the
+    reliable concept's strength (the NAc's V of "ok", an estimate of P(success), in its definition's
+    "strength V=...") says which: from ``RELIABLE_SHARE`` the tool is reliable, else unreliable (with
+    no readable strength, the more confident concept). The kept line is that scope's concept of that
+    polarity; the tool's others, in any scope, are left out.
+
+    >>> ok = KnowledgeItem(text="Calls to get tend to succeed (ok): seen 9 times (strength V=0.30).",
+    ...                    scope="agent:a", score=0.8, name="get_reliable", subjects=("get",))
+    >>> bad = KnowledgeItem(text="Calls to get tend to end in error:x: seen 5 times (strength V=0.55).",
+    ...                     scope="agent:a", score=0.7, name="get_unreliable", subjects=("get",))
+    >>> [k.name for k in one_polarity([ok, bad], {"agent:a": 0, "global": 1})]
+    ['get_unreliable']
+    """
+    by_tool: dict[str, list[tuple[bool, KnowledgeItem]]] = {}
+    for k in items:
+        got = polarity(k)
+        if got is not None:
+            by_tool.setdefault(normalise_name(got[0]), []).append((got[1], k))
+    keep: set[int] = set()
+    for found in by_tool.values():
+        narrowest = min(order.get(k.scope, len(order)) for _, k in found)
+        here = {reliable: k for reliable, k in sorted(found, key=lambda rk: (rk[1].score, rk[1].text))
+                if order.get(k.scope, len(order)) == narrowest}
+        if len(here) == 1:
+            keep.add(id(next(iter(here.values()))))
+            continue
+        share = _STRENGTH.search(here[True].text)
+        if share is not None:
+            reliable = float(share.group(1)) >= RELIABLE_SHARE
+        else:
+            reliable = here[True].score >= here[False].score
+        keep.add(id(here[reliable]))
+    return [k for k in items if polarity(k) is None or id(k) in keep]
 
 
 def select_strategies(agent: str, rows: Iterable[Row], now: datetime) -> list[StrategyItem]:
@@ -983,5 +1050,5 @@ __all__ = [
     "StrategyItem", "TripleChanged", "affected_agents", "age_text", "agents_to_regenerate", "alpha_of",
     "briefing_for", "changes_of", "covers", "entity_name", "error_class", "entity_rates", "fact_relevance", "one_line", "priority_order",
     "readers_by_scope", "recurrence", "render_briefing", "resolution_of", "select_facts", "select_inputs",
-    "select_knowledge", "select_lessons", "select_strategies", "task_kind", "task_words", "tool_use", "used_entities",
+    "select_knowledge", "select_lessons", "one_polarity", "polarity", "select_strategies", "task_kind", "task_words", "tool_use", "used_entities",
 ]

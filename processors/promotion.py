@@ -84,7 +84,7 @@ from processors.layers import (
     Node,
     spread,
 )
-from processors.semantic import find_or_create, form_relationship
+from processors.semantic import SOURCE_AGENTS, find_or_create, form_relationship
 from schemas.semantic import (
     CandidateRejected,
     ConceptPromoted,
@@ -170,6 +170,7 @@ class CausalLinkView(msgspec.Struct, frozen=True, kw_only=True):
     source_episode_ids: list[str] = []
     event_observations: int | None = None  # observations of the event (all outcomes)
     base_rate: float | None = None  # share of this outcome's valence among all calls of the fleet
+    source_agents: list[str] = []  # the agents it was observed for (empty: not recorded)
 
 
 def episode_times(times: Sequence[datetime], episode_ids: Sequence[str]) -> list[datetime]:
@@ -215,7 +216,9 @@ class NacPromotionSource:
                           "observation_count": int(link.observation_count),
                           **({"event_observations": int(n_event), "base_rate": float(base)}
                              if (n_event := getattr(link, "event_observations", None)) is not None
-                             and (base := getattr(link, "base_rate", None)) is not None else {})},
+                             and (base := getattr(link, "base_rate", None)) is not None else {}),
+                          **({"source_agents": sorted(set(agents))}
+                             if (agents := getattr(link, "source_agents", None)) else {})},
                 origin=NAC, observation_times=episode_times(link.observation_times, link.source_episode_ids)))
         return sorted(out, key=lambda c: (c.pattern_name, c.metadata["event_signature"]))
 
@@ -243,7 +246,8 @@ class StatisticianPromotionSource:
                 pattern_name=rec.name, category="operational_pattern", confidence=rec.confidence,
                 source_memory_ids=[], origin=STATISTICIAN,
                 metadata={"math_id": rec.math_id, "math_category": rec.category.value, "subjects": list(rec.subjects),
-                          "revision": entry.revision}))
+                          "revision": entry.revision,
+                          **({"source_agents": sorted(set(rec.source_agents))} if rec.source_agents else {})}))
         return sorted(out, key=lambda c: c.pattern_name)
 
 
@@ -493,6 +497,8 @@ def concept_spec(candidate: PromotionCandidate, ag: AngularGyrusLayer) -> Concep
     tool, valence, outcome = md.get("tool"), md.get("valence"), str(md.get("outcome", ""))
     n, v = int(md.get("observation_count", len(candidate.source_memory_ids))), float(md.get("strength", 0.0))
     props: dict[str, Any] = {"outcome": outcome, "valence": str(valence), "strength": round(v, 4), "observations": n}
+    if md.get("source_agents"):
+        props[SOURCE_AGENTS] = sorted(set(md["source_agents"]))
     if tool and valence in ("negative", "positive"):
         neg = valence == "negative"
         props["tool"] = tool
@@ -513,6 +519,8 @@ def concept_spec(candidate: PromotionCandidate, ag: AngularGyrusLayer) -> Concep
 def _stat_spec(rec: MathRecord, revision: int) -> ConceptSpec:
     evidence = [f"math:{rec.math_id}@{revision}"]
     props: dict[str, Any] = {"math_category": rec.category.value}
+    if rec.source_agents:  # the pattern's provenance, so a read can check it without the pattern
+        props[SOURCE_AGENTS] = sorted(set(rec.source_agents))
     if len(rec.subjects) == 1:
         props["tool"] = rec.subjects[0]
     common = {"definition": rec.verbal, "provenance": Provenance.AGENT_INFERENCE, "evidence": evidence,
@@ -580,8 +588,13 @@ class SemanticPromoter:
         spec = concept_spec(cand, memory.ag)
         if spec is None:
             return []
+        props = spec.properties
+        if SOURCE_AGENTS in props:  # a concept reinforced from more agents' data names them all
+            old = memory.atl.get(memory.atl.find(spec.name) or "")
+            if old is not None and old.properties.get("tool") == props.get("tool"):
+                props = {**props, SOURCE_AGENTS: sorted({*old.properties.get(SOURCE_AGENTS, ()), *props[SOURCE_AGENTS]})}
         cid, created, out = find_or_create(memory, spec.name, now, definition=spec.definition, category=spec.category,
-                                           provenance=spec.provenance, properties=spec.properties,
+                                           provenance=spec.provenance, properties=props,
                                            source_episode_ids=spec.episodes, evidence=spec.evidence)
         changed = bool(out)
         if spec.parent is not None:

@@ -205,9 +205,13 @@ class Concept:
         return True
 
 
+SOURCE_AGENTS = "source_agents"  # a concept property: the agents whose data it was derived from, sorted
+
+
 def embedding_text(name: str, definition: str, properties: Mapping[str, Any]) -> str:
-    """The text similarity matching reads: name, definition and the property pairs, in key order."""
-    props = " ".join(f"{k} {v}" for k, v in sorted(properties.items()))
+    """The text similarity matching reads: name, definition and the property pairs, in key order
+    (but ``source_agents``: provenance, not content)."""
+    props = " ".join(f"{k} {v}" for k, v in sorted(properties.items()) if k != SOURCE_AGENTS)
     return " ".join(x for x in (name_key(name), definition, props) if x)
 
 
@@ -553,12 +557,14 @@ def record_agents(memory: MemoryLayers, layer: Layer, record_id: str,
                   callers: Mapping[str, Iterable[str]]) -> set[str] | None:
     """The agents whose data a concept or pattern was derived from (None: unknown).
 
-    ``callers``: tool -> the agents that ever called it. A NAc link is fleet-wide per tool, and the
-    statistician reads every agent's calls, so a record about a tool is derived from all of its
-    callers; a pattern also names its own ``source_agents``; a concept confirmed by a pattern
-    (evidence ``math:<id>@<n>``) has the pattern's. A concept with neither a tool nor a pattern but
-    with source episodes is of unknown provenance; one with nothing (ingested knowledge, a generic
-    parent such as ``unreliable_tool``) was derived from no agent's data.
+    Recorded provenance is used where there is one: a pattern's ``source_agents``, a concept's
+    ``source_agents`` property (``processors.promotion`` copies it from the NAc link's or the
+    pattern's), and for a concept confirmed by a pattern (evidence ``math:<id>@<n>``) the pattern's
+    too. Without it (records from before provenance was recorded), a record about a tool counts as
+    derived from all of its ``callers`` (tool -> the agents that ever called it): promotion then read
+    every agent's calls. A concept with neither a tool, a pattern nor recorded agents but with source
+    episodes is of unknown provenance; one with nothing (ingested knowledge, a generic parent such as
+    ``unreliable_tool``) was derived from no agent's data.
 
     >>> from datetime import datetime, timezone
     >>> from processors.layers import MemoryLayers
@@ -567,9 +573,14 @@ def record_agents(memory: MemoryLayers, layer: Layer, record_id: str,
     ...                            properties={"tool": "pay"}, source_episode_ids=["e1"])
     >>> sorted(record_agents(m, Layer.ATL, cid, {"pay": ["a", "b"]}))
     ['a', 'b']
+    >>> cid, _, _ = find_or_create(m, "ship_unreliable", datetime(2024, 5, 1, tzinfo=timezone.utc),
+    ...                            properties={"tool": "ship", "source_agents": ["a"]}, source_episode_ids=["e2"])
+    >>> sorted(record_agents(m, Layer.ATL, cid, {"ship": ["a", "b"]}))
+    ['a']
     """
     def pattern(rec: Any) -> set[str]:
-        return set(getattr(rec, "source_agents", ())) | {a for t in rec.subjects for a in callers.get(t, ())}
+        recorded = set(getattr(rec, "source_agents", ()))
+        return recorded or {a for t in rec.subjects for a in callers.get(t, ())}
 
     if layer is Layer.ANGULAR_GYRUS:
         rec = memory.ag.get(record_id)
@@ -579,7 +590,10 @@ def record_agents(memory: MemoryLayers, layer: Layer, record_id: str,
         return None
     agents: set[str] = set()
     tool = c.properties.get("tool")
-    if tool is not None:
+    recorded = c.properties.get(SOURCE_AGENTS)
+    if recorded:
+        agents |= {str(a) for a in recorded}
+    elif tool is not None:
         agents |= set(callers.get(str(tool), ()))
     maths = [k[len("math:"):].split("@", 1)[0] for k in c.evidence if k.startswith("math:")]
     for math_id in maths:
@@ -587,7 +601,7 @@ def record_agents(memory: MemoryLayers, layer: Layer, record_id: str,
         if rec is None:
             return None  # its pattern is gone: what it was computed from is not known any more
         agents |= pattern(rec)
-    if tool is None and not maths and c.source_episode_ids:
+    if tool is None and not maths and not recorded and c.source_episode_ids:
         return None
     return agents
 

@@ -112,7 +112,7 @@ CREATE TABLE IF NOT EXISTS concept_relationships (
 CREATE TABLE IF NOT EXISTS math_patterns (
     owner VARCHAR NOT NULL, math_id VARCHAR NOT NULL, name VARCHAR NOT NULL, category VARCHAR NOT NULL,
     domain VARCHAR, summary VARCHAR, query VARCHAR, confidence DOUBLE NOT NULL, observations BIGINT,
-    confirmed_at TIMESTAMPTZ NOT NULL);
+    confirmed_at TIMESTAMPTZ NOT NULL, source_agents VARCHAR[]);
 CREATE TABLE IF NOT EXISTS cross_layer_edges (
     owner VARCHAR NOT NULL, source_layer VARCHAR NOT NULL, source_id VARCHAR NOT NULL, edge_type VARCHAR NOT NULL,
     target_layer VARCHAR NOT NULL, target_id VARCHAR NOT NULL, weight DOUBLE NOT NULL, formed_at TIMESTAMPTZ NOT NULL);
@@ -224,7 +224,7 @@ CONTENT_COLUMNS: dict[str, list[str]] = {
                  "confidence", "properties", "source_episode_ids", "updated_at"],
     "concept_relationships": ["owner", "source_id", "relation", "target_id", "weight", "metadata", "formed_at"],
     "math_patterns": ["owner", "math_id", "name", "category", "domain", "summary", "query", "confidence",
-                      "observations", "confirmed_at"],
+                      "observations", "confirmed_at", "source_agents"],
     "cross_layer_edges": ["owner", "source_layer", "source_id", "edge_type", "target_layer", "target_id", "weight",
                           "formed_at"],
     "promotion_audit": ["owner", "pattern_name", "origin", "candidate_confidence", "promoted", "concept_id",
@@ -257,4 +257,7 @@ def refresh_facts_top(con: duckdb.DuckDBPyConnection, scopes: list[str] | None =
 
 def init(con: duckdb.DuckDBPyConnection) -> None:
     con.execute(DDL)
+    # Files made before math_patterns had ``source_agents`` (a pattern's provenance) get it, last, as
+    # the DDL has it: their rows keep NULL (not recorded) until a replay rebuilds them.
+    con.execute("ALTER TABLE math_patterns ADD COLUMN IF NOT EXISTS source_agents VARCHAR[]")
     con.execute("INSERT OR IGNORE INTO projection_meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])

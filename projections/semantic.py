@@ -19,7 +19,7 @@ from the log at start.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
@@ -28,12 +28,15 @@ import msgspec
 import pyarrow as pa
 
 from processors.layers import MemoryLayers
+from processors.nac import DEFAULT_ALPHA, alphas_for, confidence_of
 from processors.promotion import CausalLinkView, NacPromotionSource, SemanticPromoter, StatisticianPromotionSource
 from processors.semantic import IngestedConcept, ingest_knowledge
 from processors.statistics import CallOutcome, Statistician, pattern_events
 from schemas.semantic import (
     CandidateRejected, ConceptCreated, ConceptPromoted, ConceptReinforced, CrossLayerEdgeFormed, PatternConfirmed,
     RelationshipFormed, SemanticEvent, decode_semantic, encode_semantic)
+from schemas.facts import GLOBAL_SCOPE
+from somnus.agents import AgentSpec
 
 KIND_INGEST = b"knowledge-ingested"
 KIND_PROMOTE = b"promotion-requested"
@@ -143,7 +146,7 @@ class SemanticProjection:
                 patterns.append({"owner": ev.owner, "math_id": r.math_id, "name": r.name,
                                  "category": r.category.value, "domain": r.domain, "summary": r.verbal,
                                  "query": r.query, "confidence": r.confidence, "observations": r.n_observations,
-                                 "confirmed_at": ev.at})
+                                 "confirmed_at": ev.at, "source_agents": sorted(r.source_agents)})
             elif isinstance(ev, CrossLayerEdgeFormed):
                 edges.append({"owner": ev.owner, "source_layer": ev.source_layer.value, "source_id": ev.source_id,
                               "edge_type": ev.edge_type.value, "target_layer": ev.target_layer.value,
@@ -177,45 +180,120 @@ class SemanticProjection:
 PROMOTION_WINDOW_CALLS = 32_768
 
 
+def scope_agents(owner: str, agents: Mapping[str, AgentSpec] | None = None) -> frozenset[str] | None:
+    """The agents whose data belongs to ``owner``'s scope: ``agent:<name>``: that agent; ``team:<lead>``:
+    the declared agents reporting to the lead (``somnus.agents.scope_chain``'s team); ``global``: None
+    (every agent). A team is only known from the registry: without ``agents`` it has no member.
+
+    >>> fleet = {"lead": AgentSpec(name="lead"), "a": AgentSpec(name="a", reports_to="lead")}
+    >>> scope_agents("global"), sorted(scope_agents("agent:a")), sorted(scope_agents("team:lead", fleet))
+    (None, ['a'], ['a'])
+    """
+    if owner == GLOBAL_SCOPE:
+        return None
+    if owner.startswith("agent:"):
+        return frozenset({owner[len("agent:"):]})
+    if owner.startswith("team:"):
+        lead = owner[len("team:"):]
+        return frozenset(a for a, spec in (agents or {}).items() if spec.reports_to == lead)
+    raise ValueError(f"unknown owner {owner!r}: expected global, team:<lead> or agent:<name>")
+
+
 def promotion_inputs(con: duckdb.DuckDBPyConnection, owner: str = "global", min_observations: int = 3,
-                     min_confidence: float = 0.6, window_calls: int | None = PROMOTION_WINDOW_CALLS
-                     ) -> PromotionRequested:
+                     min_confidence: float = 0.6, window_calls: int | None = PROMOTION_WINDOW_CALLS,
+                     agents: Mapping[str, AgentSpec] | None = None) -> PromotionRequested:
     """A snapshot of what promotion reads, taken from the projections (``at`` is filled by the caller):
-    the tool-level NAc links that are candidates, with their observation times, episodes, counts and
-    the fleet's base rate of their valence; and the tool calls' outcomes (for the statistician).
+    the tool-level NAc links that are candidates, with their observation times, episodes, counts,
+    the agents they were observed for and the base rate of their valence; and the tool calls'
+    outcomes (for the statistician).
+
+    Only the data of ``owner``'s scope is read (``scope_agents``; ``agents`` is the registry, needed
+    for a team owner): an agent's memory learns from that agent's calls alone, a team's from its
+    members', so a concept in it never carries another agent's tools or errors. The global owner
+    reads every agent's (its concepts name their ``source_agents``). For a scoped owner the links are
+    rebuilt from the scope's ``causal_link_updates`` with the NAc's own rule (``scoped_links``).
 
     Calls are the newest ``window_calls`` (all with None), oldest first; a link's observations are
     those since the oldest of them, so the IPS gate compares a link with the activity of the same
-    span. Counts, strengths and base rates are the links' totals."""
+    span. Counts, strengths and base rates are the links' totals (over the scope)."""
+    members = scope_agents(owner, agents)
+    where, params = ("", []) if members is None else ("AND agent IN (SELECT unnest(?::VARCHAR[])) ", [sorted(members)])
     newest = ("SELECT tool, valence, observed_at, episode_id::VARCHAR, agent FROM causal_link_updates "
-              "WHERE level = 'tool' ORDER BY observed_at DESC, episode_id DESC, idx DESC")
+              f"WHERE level = 'tool' {where}ORDER BY observed_at DESC, episode_id DESC, idx DESC")
     if window_calls is None:
-        rows = con.execute(newest).fetchall()
+        rows = con.execute(newest, params).fetchall()
     else:
-        rows = con.execute(newest + " LIMIT ?", [window_calls]).fetchall()
+        rows = con.execute(newest + " LIMIT ?", [*params, window_calls]).fetchall()
     calls = [CallOutcome(tool, valence == "positive", at, episode, agent) for tool, valence, at, episode, agent in
              reversed(rows)]
     since = [calls[0].at] if window_calls is not None and calls else []
     base = dict(con.execute(
-        "SELECT valence, count(*) / (SELECT count(*) FROM causal_link_updates WHERE level = 'tool') "
-        "FROM causal_link_updates WHERE level = 'tool' GROUP BY 1").fetchall())
-    candidates = con.execute(
-        "SELECT event_signature, outcome_signature, tool, outcome, valence, strength, observations, "
-        "event_observations, confidence FROM causal_links WHERE level = 'tool' AND observations >= ? "
-        "AND confidence >= ? ORDER BY tool, outcome_signature", [min_observations, min_confidence]).fetchall()
+        f"SELECT valence, count(*) / (SELECT count(*) FROM causal_link_updates WHERE level = 'tool' {where}) "
+        f"FROM causal_link_updates WHERE level = 'tool' {where}GROUP BY 1", params * 2).fetchall())
+    if members is None:
+        candidates = con.execute(
+            "SELECT event_signature, outcome_signature, tool, outcome, valence, strength, observations, "
+            "event_observations, confidence FROM causal_links WHERE level = 'tool' AND observations >= ? "
+            "AND confidence >= ? ORDER BY tool, outcome_signature", [min_observations, min_confidence]).fetchall()
+    else:
+        candidates = [c for c in scoped_links(con, members, agents)
+                      if c[6] >= min_observations and c[8] >= min_confidence]
     seen: dict[tuple[str, str], list[tuple[datetime, str]]] = {(c[0], c[1]): [] for c in candidates}
     if seen:  # every candidate's observations in the window, in one scan
         for sig, osig, at, episode in con.execute(
-                "SELECT event_signature, outcome_signature, observed_at, episode_id::VARCHAR FROM causal_link_updates "
-                f"WHERE level = 'tool' {'AND observed_at >= ?' if since else ''} "
-                "ORDER BY event_signature, outcome_signature, observed_at, episode_id", since).fetchall():
+                "SELECT event_signature, outcome_signature, observed_at, episode_id::VARCHAR "
+                f"FROM causal_link_updates WHERE level = 'tool' {where}{'AND observed_at >= ? ' if since else ''}"
+                "ORDER BY event_signature, outcome_signature, observed_at, episode_id", [*params, *since]).fetchall():
             got = seen.get((sig, osig))
             if got is not None:
                 got.append((at, episode))
+    # Every agent a candidate's event was ever observed for: each of its calls moved the link's
+    # strength and counts (an observation of another outcome too), so all are its provenance.
+    observed: dict[str, list[str]] = {}
+    if seen:
+        events = sorted({sig for sig, _ in seen})
+        for sig, who in con.execute(
+                "SELECT event_signature, list(DISTINCT agent ORDER BY agent) FROM causal_link_updates "
+                f"WHERE level = 'tool' {where}AND event_signature IN (SELECT unnest(?::VARCHAR[])) GROUP BY 1",
+                [*params, events]).fetchall():
+            observed[sig] = list(who)
     links = [CausalLinkView(event_signature=sig, tool=tool, outcome=outcome, valence=valence, strength=float(strength),
                             confidence=float(confidence), observation_count=int(obs),
                             observation_times=[t for t, _ in seen[(sig, osig)]],
                             source_episode_ids=[e for _, e in seen[(sig, osig)]], event_observations=int(event_obs),
-                            base_rate=float(base.get(valence, 0.0)))
+                            base_rate=float(base.get(valence, 0.0)),
+                            source_agents=observed.get(sig, []))
              for sig, osig, tool, outcome, valence, strength, obs, event_obs, confidence in candidates]
     return PromotionRequested(owner=owner, at=datetime.fromtimestamp(0, tz=timezone.utc), links=links, calls=calls)
+
+
+def scoped_links(con: duckdb.DuckDBPyConnection, members: frozenset[str],
+                 agents: Mapping[str, AgentSpec] | None = None) -> list[tuple[Any, ...]]:
+    """The tool-level causal links learned from ``members``' observations alone, as rows of
+    ``causal_links`` (event_signature, outcome_signature, tool, outcome, valence, strength,
+    observations, event_observations, confidence), ordered by tool and outcome signature.
+
+    ``causal_links`` is the fleet's; this folds the members' ``causal_link_updates`` (one row per
+    observation, its outcome's link) again with ``processors.nac``'s rule: per event, in stream
+    order, every known outcome k moves by ``max(α, 1/n) (λ_k - V_k)``, a new outcome starting at 0,
+    α the observing agent's learning rate; confidence from the event's observations."""
+    alphas = alphas_for(agents or {})
+    rows = con.execute(
+        "SELECT event_signature, outcome_signature, tool, outcome, valence, agent FROM causal_link_updates "
+        "WHERE level = 'tool' AND target = 1.0 AND agent IN (SELECT unnest(?::VARCHAR[])) "
+        "ORDER BY observed_at, src_partition, src_offset, idx, event_signature, outcome_signature",
+        [sorted(members)]).fetchall()
+    events: dict[str, dict[str, list[Any]]] = {}  # event -> outcome signature -> [tool, outcome, valence, V, obs]
+    n: dict[str, int] = {}
+    for sig, osig, tool, outcome, valence, agent in rows:
+        links = events.setdefault(sig, {})
+        n[sig] = n.get(sig, 0) + 1
+        a_n = max(alphas.get(agent, DEFAULT_ALPHA), 1.0 / n[sig])
+        link = links.setdefault(osig, [tool, outcome, valence, 0.0, 0])
+        link[4] += 1
+        for k, other in links.items():
+            target = 1.0 if k == osig else 0.0
+            other[3] = min(1.0, max(0.0, other[3] + a_n * (target - other[3])))
+    out = [(sig, osig, tool, outcome, valence, v, obs, n[sig], confidence_of(n[sig]))
+           for sig, links in events.items() for osig, (tool, outcome, valence, v, obs) in links.items()]
+    return sorted(out, key=lambda r: (r[2], r[1]))

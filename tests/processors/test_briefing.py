@@ -588,7 +588,8 @@ def test_own_facts_are_served_first_and_wider_ones_only_where_they_concern_the_a
 def test_wider_knowledge_only_about_tools_the_agent_used_and_from_agents_its_chain_covers():
     items = [
         KnowledgeItem(text="mine", scope="agent:researcher", score=0.1),
-        KnowledgeItem(text="about http_get", scope="global", score=0.9, subjects=("http_get",)),
+        KnowledgeItem(text="about http_get", scope="global", score=0.9, subjects=("http_get",), agents=("researcher",)),
+        KnowledgeItem(text="about http_get, provenance unknown", scope="global", score=0.9, subjects=("http_get",)),
         KnowledgeItem(text="about airline tools", scope="global", score=0.9, subjects=("book_reservation",)),
         KnowledgeItem(text="corr of two", scope="global", score=0.9, subjects=("http_get", "deploy")),
         KnowledgeItem(text="from the team", scope="team:research-lead", score=0.8, subjects=("http_get",),
@@ -600,6 +601,8 @@ def test_wider_knowledge_only_about_tools_the_agent_used_and_from_agents_its_cha
         KnowledgeItem(text="ingested: unrelated", scope="global", score=0.5, derived=False),
         KnowledgeItem(text="other agent's own", scope="agent:scraper", score=0.9),
         KnowledgeItem(text="other team", scope="team:ops-lead", score=0.9, subjects=("http_get",)),
+        KnowledgeItem(text="in its own memory, from another team's data", scope="agent:researcher", score=0.9,
+                      agents=("researcher", "deployer")),
     ]
     got = select_knowledge("researcher", FLEET, items, tools={"http_get"}, entities={"tool:http_get"})
     assert [k.text for k in got] == ["mine", "about http_get", "from the team", "ingested: http_get needs a token"]

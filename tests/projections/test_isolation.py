@@ -42,7 +42,6 @@ from typing import Any
 import duckdb
 import msgspec
 import orjson
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -270,15 +269,11 @@ def test_a_pattern_and_its_concept_reach_only_readers_covering_their_agents(tmp_
     assert not [n for n in names["aga"] if private_tool(1) in n], names["aga"]
 
 
-@pytest.mark.xfail(strict=True, reason="Key Knowledge shows the agent's own memory unchecked, and promotion for "
-                   "an agent owner reads the whole fleet (processors/briefing.py select_knowledge, "
-                   "projections/semantic.py promotion_inputs: other helpers' areas)")
 def test_the_rendered_briefing_shows_no_other_agents_text(tmp_path):
     """``briefing`` and ``inject`` (the rendered briefing, processors/briefing.py) for a two-agent
-    fleet of separate teams: neither briefing names the other's private tool or markers. Key
-    Knowledge shows every item of the agent's own memory unchecked, but promotion for an agent owner
-    reads the whole fleet's calls (``projections.semantic.promotion_inputs`` takes no owner filter),
-    so ``agent:agb``'s memory holds ``inventory_lookup_service_a_unreliable``."""
+    fleet of separate teams: neither briefing names the other's private tool or markers. Promotion
+    for an agent owner reads that agent's data alone (``projections.semantic.promotion_inputs``), and
+    Key Knowledge checks the provenance of every item, the agent's own memory's too."""
     agents = {"aga": AgentSpec(name="aga"), "agb": AgentSpec(name="agb")}
     fleet = {"agents": agents, "users": 1,
              "sessions": [(i, u, d, True, True, True) for i in (0, 1) for u in (None, 0) for d in range(3)]}

@@ -814,3 +814,40 @@ def test_facts_are_ranked_by_how_likely_they_concern_the_next_session_and_rare_o
     fleet = {"a": AgentSpec(name="a", reports_to="research-lead")}
     got = select_inputs("a", fleet, lessons=[], triples=triples, episodes=eps, now=NOW).facts
     assert "team" in [f.triple_id for f in got]
+
+
+def _polar(name: str, scope: str, v: float, score: float = 0.8) -> KnowledgeItem:
+    tool, _, kind = name.rpartition("_")
+    text = (f'"{name}" (causal_pattern, confidence={score:.2f}): Calls to {tool} tend to '
+            + ("succeed (ok)" if kind == "reliable" else "end in error:timeout") + f": seen 9 times (strength V={v:.2f}).")
+    return KnowledgeItem(text=text, scope=scope, score=score, name=name, subjects=(tool,), agents=("researcher",))
+
+
+@pytest.mark.parametrize("ok_share, kept", [(0.8, "http_get_reliable"), (0.5, "http_get_reliable"),
+                                            (0.3, "http_get_unreliable")])
+def test_a_tool_is_either_reliable_or_unreliable_in_one_briefing(ok_share, kept):
+    """Both concepts of a tool in one memory: the success share (V of "ok") decides which one line is
+    shown; the rendered briefing never says both."""
+    items = [_polar("http_get_reliable", "agent:researcher", ok_share),
+             _polar("http_get_unreliable", "agent:researcher", 1 - ok_share, score=0.9),
+             _polar("parse_html_unreliable", "agent:researcher", 0.6)]
+    got = select_knowledge("researcher", FLEET, items, tools={"http_get", "parse_html"}, entities=set())
+    assert sorted(k.name for k in got) == sorted([kept, "parse_html_unreliable"])
+    b = render_briefing("researcher", [], [], [], budget=4000, now=NOW, knowledge=got)
+    assert f'"{kept}"' in b.markdown
+    assert ('"http_get_reliable"' in b.markdown) != ('"http_get_unreliable"' in b.markdown)
+
+
+def test_the_narrowest_scope_decides_a_tools_reliability():
+    """The agent's own evidence says unreliable; the team's and global say reliable: one line, its own."""
+    items = [_polar("http_get_unreliable", "agent:researcher", 0.7),
+             _polar("http_get_reliable", "team:research-lead", 0.9, score=0.95),
+             _polar("http_get_reliable", "global", 0.9, score=0.95),
+             _polar("http_get_unreliable", "global", 0.1)]
+    got = select_knowledge("researcher", FLEET, items, tools={"http_get"}, entities=set())
+    assert [(k.name, k.scope) for k in got] == [("http_get_unreliable", "agent:researcher")]
+    # and with no readable strength, the more confident concept of the narrowest scope
+    bare = [msgspec.structs.replace(k, text=k.name) for k in items[1:3]] + [
+        msgspec.structs.replace(_polar("http_get_unreliable", "team:research-lead", 0.5, score=0.5), text="x")]
+    got = select_knowledge("researcher", FLEET, bare, tools={"http_get"}, entities=set())
+    assert [(k.name, k.scope) for k in got] == [("http_get_reliable", "team:research-lead")]

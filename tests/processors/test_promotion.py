@@ -594,3 +594,34 @@ def test_the_gate_lets_a_steady_but_significant_failure_rate_through_on_its_coun
     assert got.p_value == pytest.approx(binomtest(30, 53, 0.063, alternative="greater").pvalue)
     # a rate no higher than the fleet's is no evidence: the timing test decides (and turns it away)
     assert not ips_gate(_counted(4, 60, 0.063, times)).passed
+
+
+# ---- provenance: the agents a concept was derived from ------------------------------------------
+
+def test_a_concept_promoted_from_a_pattern_carries_the_patterns_source_agents():
+    m = MemoryLayers(OWNER)
+    ev = _record("trend-grasp", MathCategory.PATTERN, ["grasp"], 0.73, slope_per_day=-0.02)
+    m.apply(msgspec.structs.replace(ev, record=msgspec.structs.replace(ev.record, source_agents=["robot", "arm"])))
+    SemanticPromoter(gate=None).promote(m, [StatisticianPromotionSource(m.ag)], T0)
+    c = m.atl.get(m.atl.find("grasp_success_declining"))
+    assert c.properties["source_agents"] == ["arm", "robot"]
+    assert "robot" not in c.embedding_text  # provenance, not content: it does not match queries
+
+
+def test_a_nac_concept_carries_its_links_agents_and_gains_those_of_a_later_reinforcement():
+    def link(agents: list[str], episodes: list[str]) -> CausalLinkView:
+        return CausalLinkView(event_signature="sig-pay", tool="pay", outcome="error:declined", valence="negative",
+                              strength=0.7, confidence=0.8, observation_count=len(episodes),
+                              observation_times=[at(3600 * i) for i in range(len(episodes))],
+                              source_episode_ids=episodes, source_agents=agents)
+
+    m = MemoryLayers("team:billing-lead")
+    SemanticPromoter(gate=None).promote(m, [NacPromotionSource([link(["billing"], ["e1", "e2", "e3"])])], T0)
+    cid = m.atl.find("pay_unreliable")
+    assert m.atl.get(cid).properties["source_agents"] == ["billing"]
+    SemanticPromoter(gate=None).promote(m, [NacPromotionSource([link(["billing2"], ["e4", "e5", "e6"])])], T0)
+    assert m.atl.get(cid).properties["source_agents"] == ["billing", "billing2"]
+    # a link without recorded agents (a request from before the field) adds no property
+    old = MemoryLayers(OWNER)
+    SemanticPromoter(gate=None).promote(old, [NacPromotionSource([link([], ["e1", "e2", "e3"])])], T0)
+    assert "source_agents" not in old.atl.get(old.atl.find("pay_unreliable")).properties

@@ -321,3 +321,21 @@ def test_a_query_boosts_relevant_knowledge():
 
 def test_docstring_examples_run():
     assert doctest.testmod(semantic).failed == 0
+
+
+def test_record_agents_prefers_recorded_provenance_over_the_tools_callers():
+    from processors.semantic import find_or_create, record_agents
+    from schemas.semantic import Layer, MathCategory, MathRecord, PatternConfirmed
+
+    t = datetime(2024, 5, 1, tzinfo=timezone.utc)
+    m = MemoryLayers("global")
+    callers = {"pay": ["a", "b", "c"]}
+    m.apply(PatternConfirmed(owner="global", at=t, record=MathRecord(
+        math_id="m1", name="stat:tool:pay:success", category=MathCategory.PATTERN, domain="tool_reliability",
+        subjects=["pay"], verbal="v", query="SELECT 1", confidence=0.9, n_observations=9, source_agents=["b"])))
+    assert record_agents(m, Layer.ANGULAR_GYRUS, "m1", callers) == {"b"}
+    recorded, _, _ = find_or_create(m, "pay_success_declining", t, properties={"tool": "pay", "source_agents": ["b"]},
+                                    evidence=["math:m1@1"])
+    assert record_agents(m, Layer.ATL, recorded, callers) == {"b"}
+    unrecorded, _, _ = find_or_create(m, "pay_unreliable", t, properties={"tool": "pay"}, source_episode_ids=["e1"])
+    assert record_agents(m, Layer.ATL, unrecorded, callers) == {"a", "b", "c"}  # then every caller counts

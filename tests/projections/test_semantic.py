@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 import uuid
 from datetime import datetime, timedelta, timezone
 
@@ -104,3 +106,67 @@ def test_promotion_reads_the_newest_calls_and_the_links_observations_in_their_sp
                                                                         full.base_rate)
     assert sum(len(link.observation_times) for link in window.links) == 50  # each call is one tool-level observation
     assert len(msgspec.json.encode(window)) < len(msgspec.json.encode(everything)) / 2
+
+
+def _fleet_observed(i: int, agent: str, tool: str, outcome: str) -> OutcomeObserved:
+    return msgspec.structs.replace(_observed(i, tool, outcome), agent=agent)
+
+
+def test_promotion_for_an_agent_or_a_team_reads_only_that_scopes_data(tmp_path):
+    """An agent's memory learns from its own calls, a team's from its members'; the global owner's
+    reads all, and every link names the agents it was observed for."""
+    from processors.nac import DEFAULT_ALPHA
+    from somnus.agents import AgentSpec
+
+    con = duckdb.connect(str(tmp_path / "p.duckdb"))
+    schema.init(con)
+    # a and b share `pay` (a: mostly ok, b: mostly declined); only b calls `ship`
+    observed = []
+    for i in range(90):
+        agent = "a" if i % 2 else "b"
+        tool = "ship" if agent == "b" and i % 3 == 0 else "pay"
+        fails = (i % 5 == 0) if agent == "a" else (i % 5 != 0)
+        observed.append(_fleet_observed(i, agent, tool, "error:declined" if fails else "ok"))
+    _, updates = learn({}, observed, per_link_rows=False)
+    CausalProjection(con).write(con, [msgspec.json.encode(updates)])
+    fleet = {"lead": AgentSpec(name="lead"), "a": AgentSpec(name="a", reports_to="lead"), "b": AgentSpec(name="b")}
+
+    mine = promotion_inputs(con, "agent:a", min_observations=1, min_confidence=0.0, window_calls=None)
+    assert {c.agent for c in mine.calls} == {"a"} and {c.tool for c in mine.calls} == {"pay"}
+    assert mine.links and {link.tool for link in mine.links} == {"pay"}
+    assert all(link.source_agents == ["a"] for link in mine.links)
+    # the scope's links are the NAc's own over a's observations alone
+    states, _ = learn({}, [o for o in observed if o.agent == "a"], DEFAULT_ALPHA, per_link_rows=False)
+    (state,) = states.values()
+    for link in mine.links:
+        want = next(v for v in state.links.values() if v.outcome == link.outcome)
+        assert math.isclose(link.strength, want.strength, abs_tol=1e-12)
+        assert link.observation_count == want.observations and link.event_observations == state.observations
+    assert promotion_inputs(con, "team:lead", agents=fleet, window_calls=None).calls == mine.calls  # a is the team
+    assert promotion_inputs(con, "team:lead", window_calls=None).calls == []  # no registry: no known member
+
+    everyone = promotion_inputs(con, "global", min_observations=1, min_confidence=0.0, window_calls=None)
+    assert {c.agent for c in everyone.calls} == {"a", "b"}
+    assert {link.tool: link.source_agents for link in everyone.links} == {"pay": ["a", "b"], "ship": ["b"]}
+
+
+def test_math_patterns_keep_a_patterns_source_agents_and_old_files_get_the_column(tmp_path):
+    old = duckdb.connect(str(tmp_path / "old.duckdb"))
+    old.execute("CREATE TABLE math_patterns (owner VARCHAR NOT NULL, math_id VARCHAR NOT NULL, name VARCHAR NOT NULL, "
+                "category VARCHAR NOT NULL, domain VARCHAR, summary VARCHAR, query VARCHAR, confidence DOUBLE NOT NULL, "
+                "observations BIGINT, confirmed_at TIMESTAMPTZ NOT NULL)")
+    schema.init(old)  # a file made before the column
+    assert [c[0] for c in old.execute("DESCRIBE math_patterns").fetchall()][-1] == "source_agents"
+    sums = []
+    for con in (old, duckdb.connect(str(tmp_path / "new.duckdb"))):
+        schema.init(con)
+        calls = [CallOutcome("pay", ok=k < 10 - 2 * d, at=T0 + timedelta(days=d, hours=k), episode_id=f"e{d}-{k}",
+                             agent="b" if k % 2 else "a") for d in range(6) for k in range(10)]
+        req = PromotionRequested(owner="global", at=T0 + timedelta(days=7), calls=calls)
+        apply_batch(con, TOPICS, [_rec(0, req)], load_offsets(con), 1 << 20, Seen(con))
+        rows = con.execute("SELECT name, source_agents FROM math_patterns").fetchall()
+        assert ("stat:tool:pay:success", ["a", "b"]) in rows
+        concept = con.execute("SELECT properties->'$.source_agents' FROM concepts WHERE name = 'pay_success_declining'")
+        assert [json.loads(r) for (r,) in concept.fetchall()] == [["a", "b"]]
+        sums.append(queries.table_checksums(con)["math_patterns"])
+    assert sums[0] == sums[1]  # the same content, whichever way the file got the column

@@ -17,9 +17,11 @@ A briefing has three sections:
    its next session first: ``fact_relevance``, then the most confident),
    then the concepts and patterns of its own semantic memory, then team and global facts and
    concepts, only those that concern a tool or entity the agent has used itself (``select_facts``,
-   ``select_knowledge``). A concept or pattern from a wider scope must be about tools the agent
-   used, and when it is known which agents' data it came from, every one of them must be covered by
-   the reader's scope chain (``covers``). A ``failed_with`` fact whose error class is already a
+   ``select_knowledge``). Every concept or pattern, of the agent's own memory too, is served only
+   when every agent whose data it came from is covered by the reader's scope chain (``covers``); one
+   of a wider scope must also be about tools the agent used, and one learned from data of unknown
+   provenance is left out. Of a tool's "<tool>_reliable" and "<tool>_unreliable" concepts only the
+   one the evidence supports is shown (``one_polarity``). A ``failed_with`` fact whose error class is already a
    lesson line is left out (the lesson says more), and so is a second fact of one class: no two
    lines share an error class. Of facts joining the same two entities only the first is shown ("b
    depends_on a" after "a depends_on b" says nothing new). A fact saying that the reading agent itself ``uses`` a tool

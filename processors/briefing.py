@@ -1052,5 +1052,6 @@ __all__ = [
     "StrategyItem", "TripleChanged", "affected_agents", "age_text", "agents_to_regenerate", "alpha_of",
     "briefing_for", "changes_of", "covers", "entity_name", "error_class", "entity_rates", "fact_relevance", "one_line", "priority_order",
     "readers_by_scope", "recurrence", "render_briefing", "resolution_of", "select_facts", "select_inputs",
-    "select_knowledge", "select_lessons", "one_polarity", "polarity", "select_strategies", "task_kind", "task_words", "tool_use", "used_entities",
+    "select_knowledge", "select_lessons", "one_polarity", "polarity",
+    "select_strategies", "task_kind", "task_words", "tool_use", "used_entities",
 ]

@@ -592,7 +592,8 @@ class SemanticPromoter:
         if SOURCE_AGENTS in props:  # a concept reinforced from more agents' data names them all
             old = memory.atl.get(memory.atl.find(spec.name) or "")
             if old is not None and old.properties.get("tool") == props.get("tool"):
-                props = {**props, SOURCE_AGENTS: sorted({*old.properties.get(SOURCE_AGENTS, ()), *props[SOURCE_AGENTS]})}
+                agents = {*old.properties.get(SOURCE_AGENTS, ()), *props[SOURCE_AGENTS]}
+                props = {**props, SOURCE_AGENTS: sorted(agents)}
         cid, created, out = find_or_create(memory, spec.name, now, definition=spec.definition, category=spec.category,
                                            provenance=spec.provenance, properties=props,
                                            source_episode_ids=spec.episodes, evidence=spec.evidence)

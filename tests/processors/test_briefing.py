@@ -818,8 +818,9 @@ def test_facts_are_ranked_by_how_likely_they_concern_the_next_session_and_rare_o
 
 def _polar(name: str, scope: str, v: float, score: float = 0.8) -> KnowledgeItem:
     tool, _, kind = name.rpartition("_")
-    text = (f'"{name}" (causal_pattern, confidence={score:.2f}): Calls to {tool} tend to '
-            + ("succeed (ok)" if kind == "reliable" else "end in error:timeout") + f": seen 9 times (strength V={v:.2f}).")
+    outcome = "succeed (ok)" if kind == "reliable" else "end in error:timeout"
+    text = (f'"{name}" (causal_pattern, confidence={score:.2f}): Calls to {tool} tend to {outcome}: '
+            f"seen 9 times (strength V={v:.2f}).")
     return KnowledgeItem(text=text, scope=scope, score=score, name=name, subjects=(tool,), agents=("researcher",))
 
 

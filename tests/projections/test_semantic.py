@@ -152,9 +152,9 @@ def test_promotion_for_an_agent_or_a_team_reads_only_that_scopes_data(tmp_path):
 
 def test_math_patterns_keep_a_patterns_source_agents_and_old_files_get_the_column(tmp_path):
     old = duckdb.connect(str(tmp_path / "old.duckdb"))
-    old.execute("CREATE TABLE math_patterns (owner VARCHAR NOT NULL, math_id VARCHAR NOT NULL, name VARCHAR NOT NULL, "
-                "category VARCHAR NOT NULL, domain VARCHAR, summary VARCHAR, query VARCHAR, confidence DOUBLE NOT NULL, "
-                "observations BIGINT, confirmed_at TIMESTAMPTZ NOT NULL)")
+    old.execute("CREATE TABLE math_patterns (owner VARCHAR NOT NULL, math_id VARCHAR NOT NULL, "
+                "name VARCHAR NOT NULL, category VARCHAR NOT NULL, domain VARCHAR, summary VARCHAR, query VARCHAR, "
+                "confidence DOUBLE NOT NULL, observations BIGINT, confirmed_at TIMESTAMPTZ NOT NULL)")
     schema.init(old)  # a file made before the column
     assert [c[0] for c in old.execute("DESCRIBE math_patterns").fetchall()][-1] == "source_agents"
     sums = []

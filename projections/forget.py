@@ -468,22 +468,22 @@ def _fill_free_metadata(con: duckdb.DuckDBPyConnection) -> None:
 
 
 def _fill_free_blocks(con: duckdb.DuckDBPyConnection) -> None:
+    """Write random bytes over every free block: filler tables of random UUIDs (16 bytes a row that no
+    compression shrinks) sized to the free blocks, added until none is free, then dropped."""
+    made = 0
     for _ in range(8):
         free, block = con.execute("SELECT free_blocks, block_size FROM pragma_database_size() "
                                   "WHERE database_name = current_database()").fetchone()
         if not free:
             break
-        # Random hex: DuckDB's string compression shrinks it little, so the rows cover the blocks.
-        rows = (free + 2) * block // 48 + 1
-        con.execute("CREATE OR REPLACE TABLE main._forget_fill AS SELECT md5(random()::VARCHAR) || "
-                    "md5(random()::VARCHAR) AS x FROM range(?)", [rows])
+        con.execute(f"CREATE TABLE main._forget_fill{made} AS SELECT gen_random_uuid() AS x FROM range(?)",
+                    [free * block // 16 + 1024])
+        made += 1
         con.execute("FORCE CHECKPOINT")
-        got = con.execute("SELECT free_blocks FROM pragma_database_size() "
-                          "WHERE database_name = current_database()").fetchone()[0]
-        if not got:
-            break
-    con.execute("DROP TABLE IF EXISTS main._forget_fill")
-    con.execute("FORCE CHECKPOINT")
+    for i in range(made):
+        con.execute(f"DROP TABLE main._forget_fill{i}")
+    if made:
+        con.execute("FORCE CHECKPOINT")
 
 
 

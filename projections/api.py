@@ -255,7 +255,7 @@ class ReadService:
         every one of those agents (``processors.briefing.covers``: the reader itself, or an agent it
         shares a team scope with), and one of unknown provenance not at all: a pattern about another
         team's private tool would name it. Every owner's memory is checked, the agent's own too
-        (promotion reads the whole fleet's calls, whatever the owner)."""
+        (a memory promoted before promotion read only its owner's scope may hold others' data)."""
         from processors.briefing import covers
         from processors.semantic import knowledge_context, record_agents
         from somnus.agents import scope_chain
@@ -296,7 +296,7 @@ class ReadService:
         """A snapshot of what promotion reads now (NAc candidate links, call outcomes): ``somnus consolidate``."""
         from projections.semantic import promotion_inputs
 
-        return _jsonable(promotion_inputs(self.con, owner=str(owner or "global")))
+        return _jsonable(promotion_inputs(self.con, owner=str(owner or "global"), agents=self.agents))
 
     # ---- context assembly (working memory + every tier) ----
     def context(self, agent: str, query: Any = None, user_id: Any = None, session_id: Any = None,

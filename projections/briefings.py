@@ -304,8 +304,9 @@ def knowledge_items(memory: Any, recent: RecentInputs | None = None) -> list[Kno
     owner = memory.owner
     known = recent.episode_agent if recent is not None else {}
 
-    def agents_of(episode_ids: Any) -> tuple[str, ...]:
-        found = set()
+    def agents_of(episode_ids: Any, recorded: Any = None) -> tuple[str, ...]:
+        # recorded provenance (a statistical concept or pattern has no episodes) plus its episodes' agents
+        found = {str(a) for a in recorded or ()}
         for e in episode_ids:
             a = known.get(str(e))
             if a is not None:
@@ -329,13 +330,14 @@ def knowledge_items(memory: Any, recent: RecentInputs | None = None) -> list[Kno
         out.append(KnowledgeItem(
             text=f'"{c.name}" ({c.category}, confidence={c.confidence:.2f}): {c.definition}', scope=owner,
             score=round(c.confidence, 6), name=c.name, subjects=tuple(sorted(subjects)),
-            agents=agents_of(c.source_episode_ids), derived=c.provenance is not Provenance.DIRECT_INGESTION,
+            agents=agents_of(c.source_episode_ids, c.properties.get("source_agents")),
+            derived=c.provenance is not Provenance.DIRECT_INGESTION,
             error_classes=classes))
     for r in memory.ag:
         out.append(KnowledgeItem(
             text=f'"{r.name}" (math:{r.category.value}, confidence={r.confidence:.2f}): {r.verbal}', scope=owner,
             score=round(r.confidence, 6), name=r.name, subjects=tuple(sorted(r.subjects)),
-            agents=agents_of(r.source_episode_ids)))
+            agents=agents_of(r.source_episode_ids, r.source_agents)))
     return out
 
 

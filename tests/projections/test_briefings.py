@@ -420,3 +420,21 @@ def test_knowledge_from_two_agents_data_is_for_readers_covering_both_even_when_i
         late_seen.briefings.refresh(late)
     assert not any(f'"{c.name}"' in late_seen.briefings.current["billing3"].markdown for c in concepts)
     assert queries.table_checksums(late)["briefings"] == queries.table_checksums(ref)["briefings"]
+
+
+def test_a_statistical_pattern_names_its_recorded_source_agents():
+    # A pattern has no episodes of its own: its agents come from the provenance recorded with it,
+    # so the briefing can serve it to readers that cover those agents instead of to nobody.
+    from datetime import datetime, timezone
+
+    from processors.layers import MemoryLayers
+    from projections.briefings import knowledge_items
+    from schemas.semantic import MathCategory, MathRecord, PatternConfirmed
+
+    m = MemoryLayers("team:ops")
+    rec = MathRecord(math_id="m1", name="stat:tool:deploy:success", category=MathCategory.PATTERN, domain="tool_reliability",
+                     subjects=["deploy"], verbal="deploy succeeds less each week", query="SELECT 1",
+                     confidence=0.9, n_observations=40, source_agents=["a", "b"])
+    assert m.apply(PatternConfirmed(owner="team:ops", record=rec, at=datetime(2024, 5, 1, tzinfo=timezone.utc)))
+    [item] = knowledge_items(m)
+    assert item.agents == ("a", "b") and item.subjects == ("deploy",)

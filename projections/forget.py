@@ -31,9 +31,11 @@ many sessions (causal link strengths, bins), and anything copied outside Somnus.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import re
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -96,8 +98,10 @@ class Forgetting:
         self.keys: set[tuple[str, str]] = set()
         self.on_purged: list[Any] = []  # called after a purge committed (the read API drops its caches)
         self.reload(con)
-        if con.execute("SELECT count(*) FROM projection_meta WHERE key = ?", [SCRUB_PENDING]).fetchone()[0]:
-            scrub(con)
+        self.pending = bool(con.execute("SELECT count(*) FROM projection_meta WHERE key = ?",
+                                        [SCRUB_PENDING]).fetchone()[0])
+        if self.pending:
+            self.pending = not scrub(con)
 
     def reload(self, con: duckdb.DuckDBPyConnection) -> None:
         self.requests, self.users, self.agents, self.sessions = set(), set(), set(), set()
@@ -238,8 +242,9 @@ class Forgetting:
         """Reload the in-memory state of the folds whose tables lost rows; then, when committed rows were
         removed, drop the cached briefings and scrub the file."""
         if not purged.total:
-            if con.execute("SELECT count(*) FROM projection_meta WHERE key = ?", [SCRUB_PENDING]).fetchone()[0]:
-                scrub(con)
+            if self.pending or con.execute("SELECT count(*) FROM projection_meta WHERE key = ?",
+                                           [SCRUB_PENDING]).fetchone()[0]:
+                self.pending = not scrub(con)
             return
         from projections.briefings import RecentInputs
         from projections.causal import CausalProjection
@@ -263,12 +268,14 @@ class Forgetting:
         if rows.keys() & {"episodes", "lessons"}:
             seen.briefings.recent = RecentInputs(con, seen.agents)
         if not purged.committed:
+            if self.pending:  # an earlier scrub found the file busy
+                self.pending = not scrub(con)
             return
         seen.briefings.current.clear()  # re-rendered by the next refresh (briefings_dirty)
         seen.briefings.urgent |= purged.agents
         for callback in self.on_purged:
             callback()
-        scrub(con)
+        self.pending = not scrub(con)
 
 
 def _closure(con: duckdb.DuckDBPyConnection, users: set[str], agents: set[str], sessions: set[str]) -> None:
@@ -394,7 +401,7 @@ def _purge_dead_letters(con: duckdb.DuckDBPyConnection, quoted: Iterable[bytes],
     return con.execute("DELETE FROM dead_letters WHERE rowid IN (SELECT r FROM frame)").fetchone()[0]
 
 
-def scrub(con: duckdb.DuckDBPyConnection, tables: Sequence[str] | None = None) -> None:
+def scrub(con: duckdb.DuckDBPyConnection, tables: Sequence[str] | None = None) -> bool:
     """Leave no deleted row's bytes in the file: make ``tables`` (default: every table) again from their
     DDL with their kept rows (the old row groups are freed at the checkpoint), checkpoint (which also
     empties the WAL), then fill every free block with random bytes and free them again.
@@ -403,7 +410,8 @@ def scrub(con: duckdb.DuckDBPyConnection, tables: Sequence[str] | None = None) -
     holding the first 8 bytes of a column's min and max strings) into shared blocks, and a freed piece
     of one keeps its bytes until later metadata reuses it; rewriting only the purged tables left such
     prefixes behind (seen: 7 copies of a forgotten session id's prefix), rewriting every table wrote
-    over them all. The cost is a copy of the whole file, once per purge."""
+    over them all. The cost is a copy of the whole file, once per purge. Returns False when the file
+    stayed busy (``CheckpointBusy``): the mark in ``projection_meta`` stays and the scrub runs again."""
     if tables is None:
         tables = [t for (t,) in con.execute(
             "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main' AND NOT temporary "
@@ -432,12 +440,43 @@ def scrub(con: duckdb.DuckDBPyConnection, tables: Sequence[str] | None = None) -
     except BaseException:
         con.rollback()
         raise
-    con.execute("FORCE CHECKPOINT")
-    _fill_free_blocks(con)
-    _fill_free_metadata(con)
+    try:
+        _checkpoint(con)
+        _fill_free_blocks(con)
+        _fill_free_metadata(con)
+    except CheckpointBusy:
+        for (t,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE table_name LIKE '\\_forget\\_%' "
+                                "ESCAPE '\\' AND database_name = current_database()").fetchall():
+            con.execute(f"DROP TABLE main.{t}")
+        log.warning("forget: the file stayed busy (other transactions), the scrub runs again after a later batch")
+        return False
     con.execute("DELETE FROM projection_meta WHERE key = ?", [SCRUB_PENDING])
-    con.execute("FORCE CHECKPOINT")
+    with contextlib.suppress(CheckpointBusy):  # what is left to write is the mark's deletion
+        _checkpoint(con)
     log.info("forget: %d tables rewritten and the file's free blocks overwritten", len(tables))
+    return True
+
+
+class CheckpointBusy(Exception):
+    """The file could not be checkpointed within ``CHECKPOINT_WAIT_S``: other transactions kept it busy."""
+
+
+CHECKPOINT_WAIT_S = 10.0
+
+
+def _checkpoint(con: duckdb.DuckDBPyConnection, wait_s: float = CHECKPOINT_WAIT_S) -> None:
+    """CHECKPOINT, tried again while another connection's transaction stands in its way. Not FORCE
+    CHECKPOINT: it waits for the checkpoint lock while blocking every new transaction, and a read of
+    the HTTP API waited behind it for minutes (seen in the integration test)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            con.execute("CHECKPOINT")
+            return
+        except duckdb.TransactionException:
+            if time.monotonic() >= deadline:
+                raise CheckpointBusy() from None
+            time.sleep(0.02)
 
 
 def _free_metadata(con: duckdb.DuckDBPyConnection) -> set[tuple[int, int]]:
@@ -456,15 +495,15 @@ def _fill_free_metadata(con: duckdb.DuckDBPyConnection) -> None:
         for _ in range(4):
             con.execute(f"CREATE TABLE main._forget_meta{made} AS SELECT {cols}")
             made += 1
-        con.execute("FORCE CHECKPOINT")
+        _checkpoint(con)
     if made:
-        con.execute("FORCE CHECKPOINT")
+        _checkpoint(con)
         left = len(stale & _free_metadata(con))
         if left:
             log.warning("forget: %d free metadata parts could not be written over", left)
         for i in range(made):
             con.execute(f"DROP TABLE main._forget_meta{i}")
-        con.execute("FORCE CHECKPOINT")
+        _checkpoint(con)
 
 
 def _fill_free_blocks(con: duckdb.DuckDBPyConnection) -> None:
@@ -479,11 +518,11 @@ def _fill_free_blocks(con: duckdb.DuckDBPyConnection) -> None:
         con.execute(f"CREATE TABLE main._forget_fill{made} AS SELECT gen_random_uuid() AS x FROM range(?)",
                     [free * block // 16 + 1024])
         made += 1
-        con.execute("FORCE CHECKPOINT")
+        _checkpoint(con)
     for i in range(made):
         con.execute(f"DROP TABLE main._forget_fill{i}")
     if made:
-        con.execute("FORCE CHECKPOINT")
+        _checkpoint(con)
 
 
 

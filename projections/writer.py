@@ -42,6 +42,7 @@ from schemas.codec import (MAX_DEPTH, Rejection, check_json, dead_letter_origina
 from schemas.episodes import EpisodeDistilled
 from schemas.events import type_name
 from schemas.facts import FactsExtracted
+from projections.forget import Purged
 from schemas.forget import KIND_FORGET, ForgetRequested
 from schemas.working_memory import WorkingMemoryState
 
@@ -376,8 +377,8 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
         seen.top_facts.refresh(con, sorted(scopes))
         lap("facts_top")
     seen.causal.committed()
-    if purged is not None:  # reload the folds from the purged tables; no deleted byte left in the file
-        seen.forget.after_commit(con, seen, purged)
+    if purged is not None or seen.forget.pending:  # reload the purged folds; no deleted byte left in the file
+        seen.forget.after_commit(con, seen, purged or Purged())
         lap("forget_scrub")
     return res
 

@@ -241,3 +241,23 @@ def test_a_record_naming_a_forgotten_id_is_noticed_and_others_are_not(tmp_path):
     again = forget.Forgetting(con)
     assert again.mentions(Rec("traces", 0, 9, b"{}", key=gone_sid.encode()))
     assert gone_sid not in str(con.execute("SELECT * FROM forgotten_keys").fetchall())
+
+
+def test_a_scrub_that_finds_the_file_busy_runs_again_after_a_later_batch(tmp_path, monkeypatch):
+    con, seen = build(tmp_path / "busy.duckdb")
+    con.execute("CHECKPOINT")
+    real = forget._checkpoint
+
+    def busy(c: Any, wait_s: float = 0.0) -> None:
+        raise forget.CheckpointBusy()
+
+    monkeypatch.setattr(forget, "_checkpoint", busy)
+    apply(con, seen, [forget_record(0)])
+    assert rows_with(con, NEEDLE) == {}
+    assert seen.forget.pending
+    assert con.execute("SELECT count(*) FROM projection_meta WHERE key = ?", [forget.SCRUB_PENDING]).fetchone()[0]
+    assert con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name LIKE '%forget_f%'").fetchone()[0] == 0
+    monkeypatch.setattr(forget, "_checkpoint", real)
+    apply(con, seen, records(sessions(20, 1, 1), base=2000))  # the kept user's: no purge, but the scrub is due
+    assert not seen.forget.pending
+    assert file_hits(tmp_path / "busy.duckdb", NEEDLE) == 0

@@ -912,7 +912,7 @@ def rhythms(agent: str = typer.Option(..., "--agent"), hours: str = typer.Option
 
 @app.command()
 def demo(sessions: int = typer.Option(300, "--sessions"), seed: int = typer.Option(42, "--seed"),
-         home: Optional[Path] = HomeOpt, keep: bool = typer.Option(False, "--keep", help="Leave worker and projector running.")) -> None:
+         home: Optional[Path] = HomeOpt, keep: bool = typer.Option(False, "--keep", help="Leave the broker, worker and projector running.")) -> None:
     """Set up, run the pipeline on the built-in synthetic fleet, and show what the memory made of it."""
     from somnus.client import publish as do_publish
     from somnus.reads import sql as run_sql
@@ -920,6 +920,7 @@ def demo(sessions: int = typer.Option(300, "--sessions"), seed: int = typer.Opti
     from somnus.sample import generate
 
     s = _settings(home)
+    own_broker = s.bootstrap is None and broker_mod.status(s) is None  # the demo starts it, so stops it
     up(detach=True, home=home, db=None, bootstrap=None)
     boot = _bootstrap(s)
     n = do_publish(generate(sessions=sessions, seed=seed), boot, s.traces_topic)
@@ -944,6 +945,8 @@ def demo(sessions: int = typer.Option(300, "--sessions"), seed: int = typer.Opti
                   "somnus predict --tool http_get, somnus recall \"rate limit\" --agent scraper")
     if not keep:
         down(home, None)
+        if own_broker and broker_mod.stop(s):
+            console.print("broker: stopped (--keep leaves the stack running)")
 
 
 @bench_app.command("e2e")

@@ -103,12 +103,14 @@ async def _delete_topics(bootstrap: str, topics: list[str]) -> None:
 def isolated_pipeline(home: Path | None = None, partitions: int = 4, label: str = "bench",
                       log: Any = None, bootstrap: str | None = None, **overrides: Any
                       ) -> Iterator[tuple[Settings, str]]:
-    """A fresh pipeline on the local broker (started if needed): its own topics, consumer group,
-    state folder and DuckDB file, with a worker and a projector running; removed afterwards
-    (``SOMNUS_BENCH_KEEP=1`` keeps the folder and the topics). ``overrides`` replace settings (e.g. ``sleep_schedule``)."""
+    """A fresh pipeline on the local broker (started if needed, and then stopped afterwards unless
+    ``SOMNUS_KEEP_BROKER=1``): its own topics, consumer group, state folder and DuckDB file, with a
+    worker and a projector running; removed afterwards (``SOMNUS_BENCH_KEEP=1`` keeps the folder and
+    the topics). ``overrides`` replace settings (e.g. ``sleep_schedule``)."""
     from streams.topics import ensure_topics
 
     base = Settings.resolve(home=home, bootstrap=bootstrap)
+    started_broker = base.bootstrap is None and broker_mod.status(base) is None
     boot = broker_mod.bootstrap_for(base, start_if_missing=True)
     run_id = uuid.uuid4().hex[:8]
     work = Path(tempfile.mkdtemp(prefix=f"somnus-{label}-{run_id}-"))
@@ -129,6 +131,8 @@ def isolated_pipeline(home: Path | None = None, partitions: int = 4, label: str 
         if not os.environ.get("SOMNUS_BENCH_KEEP"):
             asyncio.run(_delete_topics(boot, [s.topic_prefix, s.app_id]))
             shutil.rmtree(work, ignore_errors=True)
+        if started_broker and not os.environ.get("SOMNUS_KEEP_BROKER"):
+            broker_mod.stop(base)  # a JVM with a 768 MB heap: nothing of a run is left running
 
 
 def python_loop_s(n: int = 10_000_000) -> float:

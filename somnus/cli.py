@@ -43,6 +43,17 @@ def _fail(message: str, code: int = 1) -> None:
     raise typer.Exit(code)
 
 
+KeepBrokerOpt = typer.Option(False, "--keep-broker", help="Leave the local broker running if this run started it.")
+
+
+def _keep_broker(keep: bool) -> None:
+    """A run that starts the local broker stops it again (somnus.bench.isolated_pipeline) unless kept."""
+    if keep:
+        import os
+
+        os.environ["SOMNUS_KEEP_BROKER"] = "1"
+
+
 def _bootstrap(settings: Settings, start: bool = False) -> str:
     try:
         return broker_mod.bootstrap_for(settings, start_if_missing=start)
@@ -954,8 +965,9 @@ def bench_e2e(events: int = typer.Option(100_000, "--events"), as_json: bool = t
               seed: int = typer.Option(7, "--seed"), partitions: int = typer.Option(4, "--partitions"),
               bundle: int = typer.Option(64, "--bundle", help="Max events per record (1 = one record per event)."),
               repeat: int = typer.Option(1, "--repeat", help="Runs; the figures are their medians."),
-              home: Optional[Path] = HomeOpt) -> None:
+              home: Optional[Path] = HomeOpt, keep_broker: bool = KeepBrokerOpt) -> None:
     """Publish N synthetic events; time publish start -> projection committed; compare to raw consume."""
+    _keep_broker(keep_broker)
     from somnus.bench import run_e2e
 
     import statistics
@@ -1030,8 +1042,10 @@ def eval_locomo(file: Path = typer.Argument(..., exists=True, dir_okay=False, he
                 sleep_schedule: str = typer.Option(
                     "off", "--sleep-schedule",
                     help="Scheduled sleep during the run (cron on stream time); off: the whole conversation is kept."),
-                home: Optional[Path] = HomeOpt, as_json: bool = typer.Option(False, "--json")) -> None:
+                home: Optional[Path] = HomeOpt, as_json: bool = typer.Option(False, "--json"),
+                keep_broker: bool = KeepBrokerOpt) -> None:
     """Evidence recall@1/5/10/20 at turn level, overall and per category (1-4), via broker, worker and projector."""
+    _keep_broker(keep_broker)
     from somnus.evaluation import evaluate_locomo_pipeline
 
     report = evaluate_locomo_pipeline(file, k=k, home=home, log=err, sleep_schedule=sleep_schedule)

@@ -8,13 +8,26 @@ cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
 VENV=${SOMNUS_VENV:-.venv}
 
+# One line per step; a step's own output is shown only when it fails.
+quiet() {
+  local what=$1; shift
+  local log; log=$(mktemp)
+  echo "setup: $what" >&2
+  if ! "$@" >"$log" 2>&1; then
+    cat "$log" >&2; rm -f "$log"
+    echo "setup: $what failed" >&2
+    return 1
+  fi
+  rm -f "$log"
+}
+
 setup() {
   if [ ! -x "$VENV/bin/python" ]; then
-    "$PY" -m venv "$VENV"
+    quiet "virtualenv $VENV" "$PY" -m venv "$VENV"
   fi
-  "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
-  "$VENV/bin/python" -m pip install -q -e '.[test]'
-  "$VENV/bin/somnus" broker fetch
+  quiet "pip" "$VENV/bin/python" -m pip install -q --upgrade pip
+  quiet "packages (pip install -e .[test])" "$VENV/bin/python" -m pip install -q -e '.[test]'
+  quiet "Kafka jars (Maven, once)" "$VENV/bin/somnus" broker fetch
 }
 
 cmd=${1:-demo}

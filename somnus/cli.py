@@ -101,7 +101,12 @@ _AT_HELP = "Event time (ISO 8601; UTC unless it says); default: the stream time 
 def broker_fetch(home: Optional[Path] = HomeOpt) -> None:
     """Resolve the Kafka jars from Maven Central into the cache (once)."""
     s = _settings(home)
-    console.print(f"Kafka {broker_mod.KAFKA_VERSION} jars in {broker_mod.fetch(s, quiet=False)}")
+    try:
+        libs = broker_mod.fetch(s, quiet=True)  # Maven's own log only when it fails (in the error)
+    except broker_mod.BrokerError as exc:
+        _fail(str(exc))
+        raise
+    console.print(f"Kafka {broker_mod.KAFKA_VERSION} jars in {libs}")
 
 
 @broker_app.command("start")

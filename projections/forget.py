@@ -550,16 +550,17 @@ def rows_with(con: Any, needles: Sequence[str]) -> dict[str, dict[str, int]]:
     return out
 
 
-async def topic_hits(bootstrap: str, topics: Sequence[str], needles: Sequence[str], options: dict[str, Any]
+async def topic_hits(bootstrap: str, topics: Sequence[str], needles: Sequence[str], settings: Any = None
                      ) -> dict[str, dict[str, int]]:
     """Records of each topic (offset 0 to its end, as the projector reads them) whose key or value
     holds a needle's bytes: {needle: {topic: records}}."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
+    from somnus.config import kafka_options
     from streams.topics import partitions_of
 
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
-                                auto_offset_reset="earliest", **options)
+                                auto_offset_reset="earliest", **kafka_options(settings))
     await consumer.start()
     out: dict[str, dict[str, int]] = {}
     try:

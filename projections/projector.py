@@ -32,6 +32,7 @@ from schemas.codec import encode
 from schemas.memory import KIND_ACCESS
 from projections.writer import KIND_SERVED, BatchResult, Seen, Topics, apply_guarded, load_offsets
 from somnus.client import LARGE_RECORDS
+from streams.kafka_compat import track_topics_sent_to
 from somnus.config import Settings, kafka_options
 from streams.topics import partitions_of
 
@@ -148,6 +149,7 @@ class Projector:
 
     async def run(self, until_end: bool = False, on_progress: Callable[[int, int], None] | None = None) -> BatchResult:
         """Project until stopped; with ``until_end``, stop once the end offsets seen at start are reached."""
+        track_topics_sent_to()  # its producer sends to several topics (streams.kafka_compat)
         self.db_path.parent.mkdir(parents=True, exist_ok=True)
         con = await connect_when_free(self.db_path)
         schema.init(con)

@@ -631,7 +631,6 @@ def forget(user: Optional[str] = typer.Option(None, "--user", help="Forget this 
     from projections.forget import file_hits, topic_hits
     from schemas.forget import KIND_FORGET, ForgetRequested, ForgetSubject
     from somnus.client import publish_records
-    from somnus.config import kafka_options
     from somnus.reads import ReadError, sql as read_sql
 
     named = [(k, v) for k, v in (("user", user), ("agent", agent), ("session", session)) if v]
@@ -688,7 +687,7 @@ def forget(user: Optional[str] = typer.Option(None, "--user", help="Forget this 
                 check(fresh, lambda q, ps: con.execute(q, ps).fetchall())
             finally:
                 con.close()
-    got = asyncio.run(topic_hits(_bootstrap(s), list(s.projected_topics), needle, kafka_options(s)))
+    got = asyncio.run(topic_hits(_bootstrap(s), list(s.projected_topics), needle, s))
     for n in needle:
         report(got.get(n, {}), f"{n!r} in the Kafka topics (raw records: Somnus neither rewrites nor encrypts them)")
     raise typer.Exit(1 if failed[0] else 0)

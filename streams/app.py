@@ -37,7 +37,7 @@ from schemas.causal import OutcomeObserved
 from schemas.episodes import EpisodeDistilled
 from schemas.codec import (Rejection, dead_letter_original, decode_bounded, decode_record, encode, poison_reason,
                           record_rejection, truncated_note)
-from somnus.client import track_topics_sent_to
+from streams.kafka_compat import track_topics_sent_to
 from somnus.config import Settings, kafka_options
 from streams.liveness import PartitionWatchdog, RecoveryWatchdog, SomnusApp, install_diagnostics, watch
 from streams.metrics import WorkerCounters

@@ -1,4 +1,4 @@
-"""somnus.client.track_topics_sent_to, against the real broker: the aiokafka defect that hung the
+"""streams.kafka_compat.track_topics_sent_to, against the real broker: the aiokafka defect that hung the
 worker's offset commits (a batch waiting for a leader its producer had stopped looking up)."""
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.client import AIOKafkaClient
 from aiokafka.structs import TopicPartition
 
-import somnus.client  # noqa: F401  (applies the fix)
+from streams.kafka_compat import track_topics_sent_to
+
+track_topics_sent_to()  # as the worker's and the projector's entry points do
 
 pytestmark = pytest.mark.integration
 

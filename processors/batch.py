@@ -1,5 +1,5 @@
-"""The distiller's batch without I/O: what ``processors.retention.sift`` admitted, applied round by
-round to the distiller, working memory and memory units (the worker, ``streams.app``, does the I/O)."""
+"""The distiller's batch without I/O: what ``somnus.processors.retention.sift`` admitted, applied round by
+round to the distiller, working memory and memory units (the worker, ``somnus.streams.app``, does the I/O)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from typing import Any
 
 import msgspec
 
-from processors.distiller import SessionState, abandon, distill, session_key
-from processors.memory import episode_unit, message_unit
-from processors.retention import Sifted, abandoned_reason, stamp_closed
-from processors.working_memory import remember
-from schemas.events import SessionStarted
-from schemas.memory import MemoryUnit
+from somnus.processors.distiller import SessionState, abandon, distill, session_key
+from somnus.processors.memory import episode_unit, message_unit
+from somnus.processors.retention import Sifted, abandoned_reason, stamp_closed
+from somnus.processors.working_memory import remember
+from somnus.schemas.events import SessionStarted
+from somnus.schemas.memory import MemoryUnit
 
 
 @dataclass
@@ -30,7 +30,7 @@ class Distilled:
 def distill_rounds(prior: Mapping[str, SessionState], wm_prior: Mapping[str, Any] | None, sifted: Sifted,
                    partition_of: Mapping[str, int], not_episodic: frozenset[str], wm_settings: Any) -> Distilled:
     """The distiller, working memory and memory units over what ``sift`` admitted, round by round
-    (``processors.retention.Round``), each round starting from the states the one before left."""
+    (``somnus.processors.retention.Round``), each round starting from the states the one before left."""
     out = Distilled()
     sessions, working = dict(prior), dict(wm_prior) if wm_prior is not None else None
     for rnd in sifted.rounds:

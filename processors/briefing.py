@@ -92,12 +92,12 @@ from typing import Any
 
 import msgspec
 
-from processors.extraction import error_class
-from processors.knowledge import normalise_name
-from processors.memory_index import STOP_WORDS
-from processors.nac import ALPHA_BY_LEARNING_RATE, DEFAULT_ALPHA
-from schemas.briefing import BRIEFING_SCHEMA_VERSION, BriefingGenerated, ServedFact
-from schemas.facts import GLOBAL_SCOPE, agent_scope
+from somnus.processors.extraction import error_class
+from somnus.processors.knowledge import normalise_name
+from somnus.processors.memory_index import STOP_WORDS
+from somnus.processors.nac import ALPHA_BY_LEARNING_RATE, DEFAULT_ALPHA
+from somnus.schemas.briefing import BRIEFING_SCHEMA_VERSION, BriefingGenerated, ServedFact
+from somnus.schemas.facts import GLOBAL_SCOPE, agent_scope
 from somnus.agents import AgentSpec, scope_chain
 
 Briefing = BriefingGenerated  # what render_briefing returns; also the cache record
@@ -819,7 +819,7 @@ def select_knowledge(agent: str, agents: Mapping[str, AgentSpec], items: Iterabl
 
     Every one, of its own memory too, only when every agent it came from (``agents``) is covered by
     the reader's scope chain (``covers``): an agent's memory learns from that agent's data alone
-    (``projections.semantic.promotion_inputs``), but a memory promoted before that, or a team's,
+    (``somnus.projections.semantic.promotion_inputs``), but a memory promoted before that, or a team's,
     may hold others'. Of a wider scope than its own, moreover: one about tools (``subjects``) only
     when the agent used every one of them; one learned from agents' data only when it is known
     which (no ``agents``: its provenance is unknown, and it is left out); knowledge a person

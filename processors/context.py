@@ -5,9 +5,9 @@ episodes and memory units, the knowledge context, the briefing, ...) come in as 
 tier is a ``Tier`` whose ``search(query, agent, user_id, k)`` returns ranked ``ContextCandidate``s.
 So the planner can be measured with synthetic tiers and run with the real ones unchanged.
 
-The window (``max_tokens``, estimated with ``processors.working_memory.estimate_tokens``):
+The window (``max_tokens``, estimated with ``somnus.processors.working_memory.estimate_tokens``):
 
-1. **About the user**: the synopsis lines (``processors.synopsis.synopsis_lines``), most stable
+1. **About the user**: the synopsis lines (``somnus.processors.synopsis.synopsis_lines``), most stable
    first, within ``synopsis_share`` (20%) of the window;
 2. **Recent conversation**: the newest ``recent_messages`` (10) buffered messages, always
    included before any ranked memory, newest first within ``recent_share`` (40%) of the window and
@@ -25,7 +25,7 @@ The window (``max_tokens``, estimated with ``processors.working_memory.estimate_
    smaller ones may still go in. No single item takes more than ``max_item_share`` (25%) of the
    window: longer texts are clipped.
 
-**Neutralised text**: every stored text in a line goes through ``processors.injection.one_line``
+**Neutralised text**: every stored text in a line goes through ``somnus.processors.injection.one_line``
 (one line, no marker brackets, no invisible characters), and every line starts with a header, a
 label (``name: ``, ``- [tier] ``) or a role of ours: no stored text starts a line.
 
@@ -37,7 +37,7 @@ text never exceeds ``max_tokens``.
 filters again, and also drops a buffer or a synopsis of another user. A reader with no
 ``user_id`` sees only records that belong to no user.
 
->>> from schemas.working_memory import ContextCandidate
+>>> from somnus.schemas.working_memory import ContextCandidate
 >>> facts = Tier("knowledge", lambda q, agent, user, k: [
 ...     ContextCandidate(text="api.instantly.ai rate_limit 10/s", score=0.9, source_id="t1"),
 ...     ContextCandidate(text="secret of u2", score=0.8, source_id="t2", user_id="u2")])
@@ -60,11 +60,11 @@ from typing import Protocol
 
 import msgspec
 
-from processors.distiller import session_key
-from processors.injection import one_line
-from processors.synopsis import synopsis_lines
-from processors.working_memory import CHARS_PER_TOKEN, clip, content_words, estimate_tokens, recent, summary_line
-from schemas.working_memory import (
+from somnus.processors.distiller import session_key
+from somnus.processors.injection import one_line
+from somnus.processors.synopsis import synopsis_lines
+from somnus.processors.working_memory import CHARS_PER_TOKEN, clip, content_words, estimate_tokens, recent, summary_line
+from somnus.schemas.working_memory import (
     AssembledContext,
     BufferedMessage,
     ContextCandidate,
@@ -252,7 +252,7 @@ def get_context(query: str, agent: str, user_id: str | None = None, max_tokens: 
     """The context for ``query``: synopsis, recent conversation, then fused memory, within ``max_tokens``.
 
     ``buffer`` is the working memory of the agent's current session (it must be ``agent``'s);
-    ``synopsis`` the user's (``processors.synopsis.SynopsisCache.get``). See the module docstring.
+    ``synopsis`` the user's (``somnus.processors.synopsis.SynopsisCache.get``). See the module docstring.
     """
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")

@@ -14,7 +14,7 @@ Lessons come from what the trace states, no LLM:
 - a failed delegation, or a session that ends in failure with no tool error, is a *failure* lesson
   from the terminal state; a successful session yields a *success* lesson with its tool sequence.
 
->>> from schemas.events import SCHEMA_VERSION
+>>> from somnus.schemas.events import SCHEMA_VERSION
 >>> out = distill({}, [])
 >>> out.episodes, out.states
 ([], {})
@@ -33,9 +33,9 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from schemas.causal import event_signature
-from schemas.episodes import CallSeen, Delegation, EpisodeDistilled, ErrorSeen, Lesson, LessonKind, episode_id_for
-from schemas.events import (
+from somnus.schemas.causal import event_signature
+from somnus.schemas.episodes import CallSeen, Delegation, EpisodeDistilled, ErrorSeen, Lesson, LessonKind, episode_id_for
+from somnus.schemas.events import (
     SCHEMA_VERSION,
     AgentMessaged,
     Delegated,
@@ -164,7 +164,7 @@ class SessionState(msgspec.Struct, kw_only=True, omit_defaults=True):
     calls: list[CallSeen] = []
     calls_dropped: int = 0
     metadata: dict[str, Any] = {}
-    # Set by the worker on a closed session's marker (processors.retention): the stream time of its
+    # Set by the worker on a closed session's marker (somnus.processors.retention): the stream time of its
     # source partition right after the session ended (µs), and that partition.
     closed_clock: int | None = None
     partition: int | None = None
@@ -232,7 +232,7 @@ def distill(prior: Mapping[str, SessionState], events: Iterable[TraceEvent]) -> 
 
 
 def abandon(prior: SessionState, reason: str) -> tuple[SessionState, EpisodeDistilled]:
-    """Close an open session that no event will end (``processors.retention``: idle for too long)
+    """Close an open session that no event will end (``somnus.processors.retention``: idle for too long)
     as a failure with ``reason``, which its first new lesson states (whatever other failure lessons it
     has): its closed marker and its episode. ``prior`` is not modified; the episode ends at the
     session's last event, as it stands."""

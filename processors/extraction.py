@@ -30,8 +30,8 @@ order, and cut at ``MAX_FACTS`` per episode, so a huge episode drops its weakest
 
 >>> import uuid
 >>> from datetime import datetime, timezone
->>> from schemas.episodes import CallSeen, EpisodeDistilled
->>> from schemas.events import Outcome
+>>> from somnus.schemas.episodes import CallSeen, EpisodeDistilled
+>>> from somnus.schemas.events import Outcome
 >>> t = datetime(2024, 5, 15, tzinfo=timezone.utc)
 >>> episode = EpisodeDistilled(
 ...     episode_id=uuid.UUID(int=1), schema_version=1, agent="airline", session_id="s1", task="rebook",
@@ -60,10 +60,10 @@ from collections.abc import Mapping, Sequence
 from http import HTTPStatus
 from typing import Any, Protocol
 
-from processors.distiller import is_rate_limit
-from schemas.episodes import CallSeen, EpisodeDistilled
-from schemas.events import Outcome
-from schemas.facts import FACTS_SCHEMA_VERSION, EntityMention, EntityType, FactAsserted, FactsExtracted
+from somnus.processors.distiller import is_rate_limit
+from somnus.schemas.episodes import CallSeen, EpisodeDistilled
+from somnus.schemas.events import Outcome
+from somnus.schemas.facts import FACTS_SCHEMA_VERSION, EntityMention, EntityType, FactAsserted, FactsExtracted
 
 TRACE_EXTRACTOR_NAME = "trace/1"
 

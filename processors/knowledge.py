@@ -29,7 +29,7 @@ row naming the episode that caused it.
 
 >>> import uuid
 >>> from datetime import datetime, timezone
->>> from schemas.facts import FactAsserted, FactsExtracted
+>>> from somnus.schemas.facts import FactAsserted, FactsExtracted
 >>> def fx(i, day, rate):
 ...     return FactsExtracted(schema_version=1, episode_id=uuid.UUID(int=i), agent="scraper",
 ...         observed_at=datetime(2024, 5, day, tzinfo=timezone.utc), extractor="trace/1",
@@ -58,7 +58,7 @@ from typing import Any
 import msgspec
 from datasketch import MinHash, MinHashLSH
 
-from schemas.facts import FactsExtracted, agent_scope
+from somnus.schemas.facts import FactsExtracted, agent_scope
 
 MERGE_JACCARD = 0.9  # exact 3-gram Jaccard needed to merge two names
 LSH_THRESHOLD = 0.8  # LSH candidate threshold (below MERGE_JACCARD so candidates are not missed)

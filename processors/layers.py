@@ -13,7 +13,7 @@ semantic event log. Pure: no I/O, no clock.
 is the persistence (no save/load: the topics are the source of truth, the projector writes what the
 fold sees). Layer-level ``store``/``remove`` are what the fold calls; everything else writes events.
 
-Spreading activation (inside a layer here, across layers in ``processors.promotion``) multiplies a
+Spreading activation (inside a layer here, across layers in ``somnus.processors.promotion``) multiplies a
 node's activation by ``ACTIVATION_DECAY`` (0.5) and the edge weight per hop, keeps the best path to
 each node, stops below ``ACTIVATION_THRESHOLD`` or after ``ACTIVATION_MAX_DEPTH`` (3) hops, and
 treats edges as undirected (association runs both ways, whatever a relation's direction means).
@@ -32,15 +32,15 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from processors.semantic import (
+from somnus.processors.semantic import (
     Concept,
     RelationshipRegistry,
     name_key,
     names_match,
     tokens,
 )
-from schemas.episodes import EpisodeDistilled
-from schemas.semantic import (
+from somnus.schemas.episodes import EpisodeDistilled
+from somnus.schemas.semantic import (
     CandidateRejected,
     ConceptCreated,
     ConceptPromoted,
@@ -711,7 +711,7 @@ class MemoryLayers:
     graph never points at records that are gone.
 
     >>> from datetime import datetime, timezone
-    >>> from schemas.semantic import ConceptCreated, Provenance
+    >>> from somnus.schemas.semantic import ConceptCreated, Provenance
     >>> m = MemoryLayers("agent:a")
     >>> m.apply(ConceptCreated(owner="agent:a", concept_id="c1", name="coffee_mug", definition="",
     ...     category="object", provenance=Provenance.DIRECT_INGESTION, at=datetime(2024, 5, 1, tzinfo=timezone.utc)))

@@ -26,7 +26,7 @@ again on the same units in the same order also gives the same decisions. A unit 
 
 >>> import uuid
 >>> from datetime import datetime, timezone
->>> from schemas.memory import MemoryKind, MemoryUnit
+>>> from somnus.schemas.memory import MemoryKind, MemoryUnit
 >>> t = datetime(2024, 5, 15, 9, tzinfo=timezone.utc)
 >>> def unit(i, text, **kw):
 ...     return MemoryUnit(memory_id=f"m{i}", kind=MemoryKind.MESSAGE, agent="a", scope="agent:a", run_id="s1",
@@ -47,12 +47,12 @@ from datetime import datetime, timedelta
 from operator import attrgetter
 from typing import Any
 
-from processors.memory_index import IndexConfig, MemoryIndex
-from processors.recall import ASSOCIATION_LIMIT, ASSOCIATION_THRESHOLD, edge_parts
-from schemas.episodes import EpisodeDistilled, LessonKind
-from schemas.events import AgentMessaged, Outcome, SessionStarted, TraceEvent, UserMessaged
-from schemas.facts import agent_scope
-from schemas.memory import (
+from somnus.processors.memory_index import IndexConfig, MemoryIndex
+from somnus.processors.recall import ASSOCIATION_LIMIT, ASSOCIATION_THRESHOLD, edge_parts
+from somnus.schemas.episodes import EpisodeDistilled, LessonKind
+from somnus.schemas.events import AgentMessaged, Outcome, SessionStarted, TraceEvent, UserMessaged
+from somnus.schemas.facts import agent_scope
+from somnus.schemas.memory import (
     MEMORY_SCHEMA_VERSION,
     CaptureAction,
     CaptureDecided,
@@ -111,7 +111,7 @@ def episode_unit(ep: EpisodeDistilled) -> MemoryUnit:
     texts; people: the user and delegated agents. Salience: 1.0 for a failure, 0.8 when the episode
     recovered from an error, 0.3 otherwise.
     """
-    from processors.extraction import error_class
+    from somnus.processors.extraction import error_class
 
     calls = [c.tool for c in ep.calls] or list(ep.tools)
     hosts = [h for c in ep.calls for h in c.hosts]

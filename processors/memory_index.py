@@ -40,7 +40,7 @@ Removing a memory marks it dead (its postings and band keys are dropped at the n
 removes its edges and its place in its run.
 
 >>> from datetime import datetime, timezone
->>> from schemas.memory import MemoryKind, MemoryUnit
+>>> from somnus.schemas.memory import MemoryKind, MemoryUnit
 >>> t = datetime(2024, 5, 15, tzinfo=timezone.utc)
 >>> idx = MemoryIndex()
 >>> i = idx.add(MemoryUnit(memory_id="m1", kind=MemoryKind.EPISODE, agent="a", scope="agent:a", run_id="s1",
@@ -64,7 +64,7 @@ import numpy as np
 from datasketch import MinHash, MinHashLSH
 from datasketch.hashfunc import sha1_hash32
 
-from schemas.memory import MemoryKind, MemoryUnit
+from somnus.schemas.memory import MemoryKind, MemoryUnit
 
 # ---- text ---------------------------------------------------------------------------------------
 

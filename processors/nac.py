@@ -4,10 +4,10 @@ Pure: no I/O, no clock. Same observations in the same order give byte-identical 
 
 **Observations** come from episodes (``observations_from_episode``): every tool call with a result
 gives two, one for its *call-level* link (the event signature: tool + normalised arguments, see
-``schemas.causal.normalise_params``) and one for its *tool-level* link (every call of the tool: the
+``somnus.schemas.causal.normalise_params``) and one for its *tool-level* link (every call of the tool: the
 fallback when a call was never seen, and the exact per-tool counts). The outcome is readable:
 ``ok``, ``http:<status>`` (a failed call with a status, or an error text starting "HTTP 429"), or
-``error:<error class>`` (``processors.extraction.error_class``: ids, numbers, dates templated).
+``error:<error class>`` (``somnus.processors.extraction.error_class``: ids, numbers, dates templated).
 Valence: ok is positive; a rate limit (``is_rate_limit``) is neutral (wait and retry); other errors
 are negative.
 
@@ -49,8 +49,8 @@ stream gives identical V).
 
 >>> import uuid
 >>> from datetime import datetime, timezone
->>> from schemas.episodes import CallSeen, EpisodeDistilled
->>> from schemas.events import Outcome
+>>> from somnus.schemas.episodes import CallSeen, EpisodeDistilled
+>>> from somnus.schemas.events import Outcome
 >>> t = datetime(2024, 5, 15, 9, tzinfo=timezone.utc)
 >>> ep = EpisodeDistilled(
 ...     episode_id=uuid.UUID(int=1), schema_version=1, agent="airline", session_id="s1", task="book",
@@ -79,10 +79,10 @@ from typing import Any
 
 import msgspec
 
-from processors.distiller import is_rate_limit
-from processors.extraction import NO_MESSAGE, error_class
-from processors.scn import DAY_NAMES, bins_of
-from schemas.causal import (
+from somnus.processors.distiller import is_rate_limit
+from somnus.processors.extraction import NO_MESSAGE, error_class
+from somnus.processors.scn import DAY_NAMES, bins_of
+from somnus.schemas.causal import (
     CausalLinkUpdated,
     LinkLevel,
     OutcomeObserved,
@@ -95,7 +95,7 @@ from schemas.causal import (
     outcome_signature,
     tool_signature,
 )
-from schemas.episodes import CallSeen, EpisodeDistilled
+from somnus.schemas.episodes import CallSeen, EpisodeDistilled
 from somnus.agents import AgentSpec, LearningRate
 
 __all__ = [
@@ -148,7 +148,7 @@ def valence_of(call: CallSeen) -> Valence:
 
 def context_of(agent: str, at: datetime) -> dict[str, str]:
     """Context conditions of an observation: the agent, and the local hour and weekday of its time
-    (the event's own offset; ``processors.scn.bins_of``)."""
+    (the event's own offset; ``somnus.processors.scn.bins_of``)."""
     b = bins_of(at)
     return {"agent": agent, "hour": f"{b.hour:02d}", "weekday": DAY_NAMES[b.weekday]}
 
@@ -398,7 +398,7 @@ def tool_counts_from_states(states: Mapping[str, CausalLinkState]) -> dict[str, 
 # ---- the links as a flat view (promotion, inspection) ------------------------------------------
 
 class LinkSnapshot(msgspec.Struct, frozen=True, kw_only=True):
-    """One causal link as a flat record: the ``CausalLinkLike`` shape processors.promotion reads."""
+    """One causal link as a flat record: the ``CausalLinkLike`` shape somnus.processors.promotion reads."""
 
     event_signature: str
     level: LinkLevel

@@ -20,7 +20,7 @@ integrated with classical RK4 at a fixed step (``step_hours``; the last step is 
 event times only: no clock, and the same events in the same order give bit-identical states.
 
 One ``OscillatorState`` follows one pattern (e.g. an agent's ``tool_call:deploy``), on the local wall
-clock of ``processors.scn`` (the event's own offset, or an IANA zone). Phase 0 of every oscillator
+clock of ``somnus.processors.scn`` (the event's own offset, or an IANA zone). Phase 0 of every oscillator
 means "the pattern fires". On each observed event (``observe``):
 
 1. the phases are advanced to the event's time: the *predicted* phases;
@@ -74,7 +74,7 @@ from datetime import datetime, timedelta, timezone, tzinfo
 import msgspec
 import numpy as np
 
-from processors.scn import local_time, zone
+from somnus.processors.scn import local_time, zone
 
 NAMES = ("circadian", "weekly", "monthly", "annual")
 PERIODS_HOURS = (24.0, 168.0, 720.0, 8760.0)
@@ -203,7 +203,7 @@ def coupling_analysis(weights: np.ndarray | list[list[float]]) -> CouplingAnalys
 # ---- patterns ---------------------------------------------------------------------------------
 
 def local_hours(ts: datetime, tz: str | tzinfo | None = None) -> float:
-    """Wall-clock hours since 1970-01-01 of ``ts`` on the binning clock (see ``processors.scn``)."""
+    """Wall-clock hours since 1970-01-01 of ``ts`` on the binning clock (see ``somnus.processors.scn``)."""
     naive = local_time(ts, tz).replace(tzinfo=None)
     return (naive - _EPOCH) / timedelta(hours=1)
 

@@ -75,7 +75,7 @@ from typing import Any, Protocol, runtime_checkable
 import msgspec
 import numpy as np
 
-from processors.layers import (
+from somnus.processors.layers import (
     ACTIVATION_DECAY,
     ACTIVATION_MAX_DEPTH,
     ACTIVATION_THRESHOLD,
@@ -84,8 +84,8 @@ from processors.layers import (
     Node,
     spread,
 )
-from processors.semantic import SOURCE_AGENTS, find_or_create, form_relationship
-from schemas.semantic import (
+from somnus.processors.semantic import SOURCE_AGENTS, find_or_create, form_relationship
+from somnus.schemas.semantic import (
     CandidateRejected,
     ConceptPromoted,
     CrossEdgeType,
@@ -107,7 +107,7 @@ NULL_REPLICATES = 4000
 NULL_SEED = 20240515
 NULL_MAX_GAPS = 1000
 PHASE_MIN_SPAN_DAYS = 3.0
-STRUCTURAL_EDGE_WEIGHT = 1.0  # DERIVED_FROM, INSTANCE_OF (COMPUTED_FROM: processors.statistics)
+STRUCTURAL_EDGE_WEIGHT = 1.0  # DERIVED_FROM, INSTANCE_OF (COMPUTED_FROM: somnus.processors.statistics)
 DAY_S = 86400.0
 
 NAC = "nac"
@@ -145,7 +145,7 @@ class CausalLinkLike(Protocol):
     nac.py's ``CausalLinkState`` keeps only the first and last time of a link: its observation
     times and episodes are the ``CausalLinkUpdated`` rows of that link with ``target == 1.0``."""
 
-    event_signature: str  # the call's or the tool's signature (schemas.causal)
+    event_signature: str  # the call's or the tool's signature (somnus.schemas.causal)
     tool: str | None
     outcome: str  # "ok", "http:429", "error:<class>"
     valence: str  # "positive" | "neutral" | "negative" (a str Enum is fine)

@@ -53,9 +53,9 @@ from datetime import date, datetime, timezone
 
 import numpy as np
 
-from processors.injection import one_line
-from processors.memory_index import SCOPE_BUCKETS, MemoryIndex, fingerprint, ngram_fingerprints, posting_keys, tokenize
-from schemas.memory import MEMORY_SCHEMA_VERSION, MemoryAccessed, MemoryUnit
+from somnus.processors.injection import one_line
+from somnus.processors.memory_index import SCOPE_BUCKETS, MemoryIndex, fingerprint, ngram_fingerprints, posting_keys, tokenize
+from somnus.schemas.memory import MEMORY_SCHEMA_VERSION, MemoryAccessed, MemoryUnit
 
 # ---- the associative graph ----------------------------------------------------------------------
 
@@ -763,7 +763,7 @@ def result_text(outcome: str, summary: str, task: str) -> str:
 
 def render_entry(n: int, g: GatedHit) -> str:
     """One entry of the episodic context: every line starts with a label of ours, and every stored text
-    in it is one neutralised line (``processors.injection.one_line``), so none can start a line."""
+    in it is one neutralised line (``somnus.processors.injection.one_line``), so none can start a line."""
     u = g.hit.unit
     who = f"{one_line(u.speaker)}: " if u.speaker else ""
     lines = [f"[{n}] task: {who}{one_line(u.perception)} (relevance {g.relevance.score:.2f})"]

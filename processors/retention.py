@@ -13,7 +13,7 @@ by default) is not applied: it is a dead letter of kind ``future`` (``future_rea
 whose clock runs ahead, or that stamps local time as UTC, or a record dated year 2999, can neither
 move a partition's stream time into the future (and so expire other sessions' markers, or abandon
 other sessions, early) nor put its events into any projection. Stream time is stored with the
-partition's position (``streams.ordering``), so a redelivered record is judged against exactly the
+partition's position (``somnus.streams.ordering``), so a redelivered record is judged against exactly the
 stream time it was first judged against, and every decision here is a function of the partition's
 records alone (replays and restarts agree). Records that decode to no event (dead letters) move
 neither stream time nor anything else: the worker carries each partition's stream time over a
@@ -28,7 +28,7 @@ For each event, in arrival order (``sift``), with ``w`` the partition's stream t
 - its session has a marker that has not expired (``clock <= closed_clock + retention``): a republished
   event (``seq`` already applied) is a duplicate and dropped; one whose ``seq`` the session skipped
   is out of order, and anything else is *late* (the session had ended): both go to the dead-letter
-  topic with that reason (``processors.distiller.seq_verdict``);
+  topic with that reason (``somnus.processors.distiller.seq_verdict``);
 - its session is unknown, or its marker has expired (an expired marker counts as unknown whether or
   not it was removed yet, so removal can happen at any time): the event starts a session unless it
   is older than ``w - retention`` and is not a ``session_start``. Such an event is too late to
@@ -37,7 +37,7 @@ For each event, in arrival order (``sift``), with ``w`` the partition's stream t
 
 With an idle time (``SOMNUS_SESSION_IDLE_S``, off by default), an open session whose latest event is
 older than its partition's stream time by more than it is *abandoned* at the event that moved stream
-time there: the distiller closes it as a failure (``processors.distiller.abandon``) and it gets a
+time there: the distiller closes it as a failure (``somnus.processors.distiller.abandon``) and it gets a
 marker like any session that ended. A runtime that died mid-session no longer leaves its session
 open, unlearned from and in the worker's memory, forever.
 
@@ -46,7 +46,7 @@ in a later one; one that starts again after its marker expired starts a new ``Ro
 distiller never mixes the two sessions.
 
 A marker is *removed* once ``closed_clock + retention`` is below its partition's stream time
-(``expired``), after the batch's position is on the broker (``streams.app.MarkerRetention``): no
+(``expired``), after the batch's position is on the broker (``somnus.streams.app.MarkerRetention``): no
 redelivery can meet its absence. Every batch removes every marker that has expired by its end, so
 when the stream is idle the set of markers left is a function of the records alone.
 """
@@ -58,7 +58,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from processors.distiller import (
+from somnus.processors.distiller import (
     APPLY,
     DUPLICATE,
     OUT_OF_ORDER,
@@ -71,7 +71,7 @@ from processors.distiller import (
     session_key,
     skip_to,
 )
-from schemas.events import SessionEnded, SessionStarted, TraceEvent, type_name
+from somnus.schemas.events import SessionEnded, SessionStarted, TraceEvent, type_name
 
 _US_PER_S = 1_000_000
 
@@ -198,7 +198,7 @@ def sift(events: Sequence[TraceEvent], partitions: Sequence[int], clocks: Mappin
         """The session is closed: its marker from now on, as the distiller will leave it."""
         del progress[key]
         latest.pop(key, None)
-        agent, session_id = key.split("\x1f", 1)  # processors.distiller.session_key
+        agent, session_id = key.split("\x1f", 1)  # somnus.processors.distiller.session_key
         marker[key] = SessionState(agent=agent, session_id=session_id, last_seq=last, skipped=skipped, closed=True,
                                    closed_clock=clock)
         out.rounds[-1].closing[key] = clock
@@ -272,7 +272,7 @@ def stamp_closed(states: Mapping[str, SessionState], closing: Mapping[str, int],
 class MarkerHeap:
     """Session keys of the owned partitions by a stream time, popped once it is more than a duration
     behind the partition's: closed sessions' markers by their closing time (expiry after the retention),
-    and in the worker open sessions by their latest event (idle, ``streams.app.IdleSessions``)."""
+    and in the worker open sessions by their latest event (idle, ``somnus.streams.app.IdleSessions``)."""
 
     def __init__(self) -> None:
         self.heaps: dict[int, list[tuple[int, bytes]]] = {}

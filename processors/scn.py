@@ -54,9 +54,9 @@ from zoneinfo import ZoneInfo
 
 import msgspec
 
-from schemas.causal import TemporalBinCounted
-from schemas.episodes import EpisodeDistilled
-from schemas.events import (
+from somnus.schemas.causal import TemporalBinCounted
+from somnus.schemas.episodes import EpisodeDistilled
+from somnus.schemas.events import (
     Delegated,
     DelegationReturned,
     Outcome,

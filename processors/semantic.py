@@ -4,7 +4,7 @@ merged "what do I know?" knowledge context. Pure: no I/O, no clock.
 A concept is distilled knowledge ("book_reservation_unreliable", "coffee_mug") with a definition, a
 category, properties, a provenance and the evidence that formed it. Its confidence grows with the
 evidence: ``min(0.99, 0.5 + 0.1 * sqrt(reinforcement_count))``. Concept state lives in
-``processors.layers.ConceptLayer``, a fold of the events in ``schemas/semantic.py``; the commands here
+``somnus.processors.layers.ConceptLayer``, a fold of the events in ``schemas/semantic.py``; the commands here
 (``find_or_create``, ``form_relationship``, ``ingest_knowledge``) read that state and return the
 events to apply, so the log alone rebuilds the memory.
 
@@ -34,7 +34,7 @@ import msgspec
 import orjson
 import yaml
 
-from schemas.semantic import (
+from somnus.schemas.semantic import (
     ConceptCreated,
     ConceptReinforced,
     Layer,
@@ -46,7 +46,7 @@ from schemas.semantic import (
 )
 
 if TYPE_CHECKING:  # the layers import this module; these names are only for annotations
-    from processors.layers import MemoryLayers
+    from somnus.processors.layers import MemoryLayers
 
 CONFIDENCE_BASE = 0.5
 CONFIDENCE_STEP = 0.1
@@ -285,7 +285,7 @@ def find_or_create(memory: MemoryLayers, name: str, now: datetime, *, definition
     The events are applied to ``memory`` before returning, so the next command sees them.
 
     >>> from datetime import datetime, timezone
-    >>> from processors.layers import MemoryLayers
+    >>> from somnus.processors.layers import MemoryLayers
     >>> m, t = MemoryLayers("agent:a"), datetime(2024, 5, 1, tzinfo=timezone.utc)
     >>> cid, created, _ = find_or_create(m, "coffee_mug", t, evidence=["doc:kitchen.md"])
     >>> find_or_create(m, "Coffee Mug", t, evidence=["doc:kitchen.md"]) == (cid, False, [])
@@ -558,7 +558,7 @@ def record_agents(memory: MemoryLayers, layer: Layer, record_id: str,
     """The agents whose data a concept or pattern was derived from (None: unknown).
 
     Recorded provenance is used where there is one: a pattern's ``source_agents``, a concept's
-    ``source_agents`` property (``processors.promotion`` copies it from the NAc link's or the
+    ``source_agents`` property (``somnus.processors.promotion`` copies it from the NAc link's or the
     pattern's), and for a concept confirmed by a pattern (evidence ``math:<id>@<n>``) the pattern's
     too. Without it (records from before provenance was recorded), a record about a tool counts as
     derived from all of its ``callers`` (tool -> the agents that ever called it): promotion then read
@@ -567,7 +567,7 @@ def record_agents(memory: MemoryLayers, layer: Layer, record_id: str,
     ``unreliable_tool``) was derived from no agent's data.
 
     >>> from datetime import datetime, timezone
-    >>> from processors.layers import MemoryLayers
+    >>> from somnus.processors.layers import MemoryLayers
     >>> m = MemoryLayers("global")
     >>> cid, _, _ = find_or_create(m, "pay_unreliable", datetime(2024, 5, 1, tzinfo=timezone.utc),
     ...                            properties={"tool": "pay"}, source_episode_ids=["e1"])

@@ -92,9 +92,9 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from processors import dreaming
-from processors.graph_metrics import fiedler_trend, integration, simple_graph
-from schemas.lifecycle import (
+from somnus.processors import dreaming
+from somnus.processors.graph_metrics import fiedler_trend, integration, simple_graph
+from somnus.schemas.lifecycle import (
     COMPACT_MAX_BYTES,
     BriefingRefreshed,
     CompactMemory,
@@ -605,7 +605,7 @@ def compact_memory(memory_id: str, created_us: int, access_us: int, outcome: str
     as fit in ``COMPACT_MAX_BYTES``.
 
     >>> c = compact_memory("m" * 36, 0, 10**6, "success", 3, 4, ["k" * 100] * 10)
-    >>> from schemas.lifecycle import compact_size
+    >>> from somnus.schemas.lifecycle import compact_size
     >>> compact_size(c) <= 200, len(c.keys)
     (True, 1)
     """

@@ -78,9 +78,9 @@ import msgspec
 import numpy as np
 from scipy import stats as sps
 
-from processors.layers import MemoryLayers
-from schemas.episodes import EpisodeDistilled
-from schemas.semantic import (
+from somnus.processors.layers import MemoryLayers
+from somnus.schemas.episodes import EpisodeDistilled
+from somnus.schemas.semantic import (
     CrossEdgeType,
     CrossLayerEdgeFormed,
     Layer,

@@ -42,7 +42,7 @@ count toward a scope the statement has already reached.
 
 >>> import uuid
 >>> from datetime import datetime, timezone
->>> from schemas.briefing import FactUsed
+>>> from somnus.schemas.briefing import FactUsed
 >>> from somnus.agents import AgentSpec
 >>> fleet = {"lead": AgentSpec(name="lead"), "a": AgentSpec(name="a", reports_to="lead"),
 ...          "b": AgentSpec(name="b", reports_to="lead")}
@@ -68,9 +68,9 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from processors.briefing import entity_name
-from processors.knowledge import normalise_name
-from schemas.briefing import (
+from somnus.processors.briefing import entity_name
+from somnus.processors.knowledge import normalise_name
+from somnus.schemas.briefing import (
     BRIEFING_SCHEMA_VERSION,
     BriefingServed,
     FactPromoted,
@@ -78,8 +78,8 @@ from schemas.briefing import (
     PromotionReason,
     ServedFact,
 )
-from schemas.events import AgentMessaged, Delegated, DelegationReturned, Outcome, ToolCalled, TraceEvent
-from schemas.facts import FACTS_SCHEMA_VERSION, GLOBAL_SCOPE, FactAsserted, FactsExtracted, agent_scope, team_scope
+from somnus.schemas.events import AgentMessaged, Delegated, DelegationReturned, Outcome, ToolCalled, TraceEvent
+from somnus.schemas.facts import FACTS_SCHEMA_VERSION, GLOBAL_SCOPE, FactAsserted, FactsExtracted, agent_scope, team_scope
 from somnus.agents import AgentSpec, LearningRate
 
 MIN_MENTION_CHARS = 3  # word characters an entity name needs before a mention of it can count
@@ -229,13 +229,13 @@ def facts_used_in_episode(served: BriefingServed, acted: Iterable[str], used_at:
     """The facts of ``served`` whose source or target is an entity the session's episode acted on.
 
     ``acted`` are entity ids (``type:name``) of the session's own extraction (the tools it called,
-    the APIs it reached, the errors it met, the agents it delegated to: ``processors.extraction``):
+    the APIs it reached, the errors it met, the agents it delegated to: ``somnus.processors.extraction``):
     this is how the stream judges "acted on" without re-reading the session's events. (``facts_used``
     reads the events themselves, messages included; this is its structured subset.) The reading
     agent itself never counts; a fact counts once.
 
     >>> from datetime import datetime, timezone
-    >>> from schemas.briefing import ServedFact
+    >>> from somnus.schemas.briefing import ServedFact
     >>> f = ServedFact(triple_id="t1", source="api:api.x.io", predicate="rate_limit", target="rate:10/s",
     ...                scope="agent:scraper", confidence=0.9, source_name="api.x.io", target_name="10/s")
     >>> s = BriefingServed(schema_version=1, briefing_id="b", agent="researcher", session_id="s1",

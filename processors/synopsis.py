@@ -23,7 +23,7 @@ the user's own words, no model.
   case-insensitively distinct, at most ``MAX_PREFERENCES`` (10), each clipped to ``MAX_PHRASE_CHARS`` (80);
 - traits: "I am a/an X", "I'm a/an X", "I work as (a/an) X" (X up to a comma or a conjunction),
   "as a/an X, I" and ``trait`` memories; newest first, distinct, at most ``MAX_TRAITS`` (10);
-- recent topics: content words (``processors.working_memory.content_words``) of the memories of
+- recent topics: content words (``somnus.processors.working_memory.content_words``) of the memories of
   the last ``TOPIC_WINDOW`` (30 days), each memory counting once per word with weight
   ``0.5 ** (age / TOPIC_HALF_LIFE)`` (half-life 3 days; a memory from the future counts as age 0);
   the ``MAX_TOPICS`` (8) heaviest words (ties: alphabetical);
@@ -34,7 +34,7 @@ the user's own words, no model.
 An LLM builder can stand in behind ``SynopsisBuilder`` (its output is cached the same way).
 
 >>> from datetime import datetime, timedelta, timezone
->>> from schemas.working_memory import MemoryKind, UserMemory
+>>> from somnus.schemas.working_memory import MemoryKind, UserMemory
 >>> t = datetime(2024, 5, 15, tzinfo=timezone.utc)
 >>> mems = [UserMemory(user_id="u1", kind=MemoryKind.USER_MESSAGE, observed_at=t, source_id="m1",
 ...     text="Hi, my name is Mia Li. I prefer window seats. I need to rebook my flight to Seattle.")]
@@ -55,8 +55,8 @@ from typing import Protocol
 
 import msgspec
 
-from processors.working_memory import clip, content_words
-from schemas.working_memory import MemoryKind, UserContext, UserIdentity, UserMemory, UserSynopsis
+from somnus.processors.working_memory import clip, content_words
+from somnus.schemas.working_memory import MemoryKind, UserContext, UserIdentity, UserMemory, UserSynopsis
 
 IDENTITY_TTL = timedelta(days=7)
 CONTEXT_TTL = timedelta(hours=1)

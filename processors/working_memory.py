@@ -1,6 +1,6 @@
 """Working memory: one session's recent messages, its summaries, and a token budget. Pure: no I/O, no clock.
 
-Per session (table key ``processors.distiller.session_key(agent, session_id)``) the state holds:
+Per session (table key ``somnus.processors.distiller.session_key(agent, session_id)``) the state holds:
 
 - a **ring buffer** of the session's recent messages (``buffer_size``, 50 by default), fed by the
   session's ``user_message`` / ``agent_message`` / ``tool_call`` / ``tool_result`` events in seq
@@ -27,7 +27,7 @@ distiller skips it (and dead-letters it).
 (characters, not bytes: the usual ~4 characters per token of English BPE vocabularies), plus
 ``MESSAGE_OVERHEAD_TOKENS`` (4) per message or summary for its framing. The estimate is
 subadditive (the estimate of a concatenation never exceeds the sum of the parts' estimates),
-which is what lets ``processors.context`` fit a window by adding up lines.
+which is what lets ``somnus.processors.context`` fit a window by adding up lines.
 
 **The default summariser** (``extractive_summary``) is extractive and deterministic: SumBasic
 (Nenkova & Vanderwende, 2005). Sentences are the first ``MAX_SENTENCES_PER_MESSAGE`` (4) within
@@ -41,7 +41,7 @@ words are squared so the next pick says something else. The picks are rendered i
 ``Summariser`` signature (it must be deterministic, or replay no longer rebuilds the same state).
 
 >>> from datetime import datetime, timezone
->>> from schemas.working_memory import BufferedMessage, Role, WorkingMemoryState
+>>> from somnus.schemas.working_memory import BufferedMessage, Role, WorkingMemoryState
 >>> t = datetime(2024, 5, 15, tzinfo=timezone.utc)
 >>> cfg = WorkingMemorySettings(buffer_size=3, summary_batch=2, keep_recent=1)
 >>> s = WorkingMemoryState(agent="support", session_id="s1")
@@ -63,8 +63,8 @@ from typing import Protocol
 
 import msgspec
 
-from processors.distiller import error_text, session_key
-from schemas.events import (
+from somnus.processors.distiller import error_text, session_key
+from somnus.schemas.events import (
     AgentMessaged,
     SessionEnded,
     SessionStarted,
@@ -73,7 +73,7 @@ from schemas.events import (
     TraceEvent,
     UserMessaged,
 )
-from schemas.working_memory import (
+from somnus.schemas.working_memory import (
     BufferedMessage,
     CompressionReason,
     MessagesSummarised,
@@ -307,7 +307,7 @@ def message_from_event(ev: TraceEvent) -> BufferedMessage | None:
 
     >>> import uuid
     >>> from datetime import datetime, timezone
-    >>> from schemas.events import ToolCall
+    >>> from somnus.schemas.events import ToolCall
     >>> ev = ToolCalled(event_id=uuid.UUID(int=1), schema_version=1, ts=datetime(2024, 5, 15, tzinfo=timezone.utc),
     ...     agent="a", session_id="s", seq=3, payload=ToolCall(tool="get_user", call_id="c1", args={"b": 1, "a": "x"}))
     >>> message_from_event(ev).text

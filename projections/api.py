@@ -19,10 +19,10 @@ from typing import Any
 import duckdb
 import msgspec
 
-from processors.injection import briefing_text, inject, neutral_json
-from projections import queries
-from projections.knowledge_store import DuckDBBackend, KnowledgeStore
-from schemas.briefing import BriefingGenerated, BriefingServed
+from somnus.processors.injection import briefing_text, inject, neutral_json
+from somnus.projections import queries
+from somnus.projections.knowledge_store import DuckDBBackend, KnowledgeStore
+from somnus.schemas.briefing import BriefingGenerated, BriefingServed
 from somnus.agents import AgentSpec
 
 
@@ -77,7 +77,7 @@ def _bool(value: Any, name: str) -> bool:
 
 
 def _synopsis_cache() -> Any:
-    from processors.synopsis import SynopsisCache
+    from somnus.processors.synopsis import SynopsisCache
 
     return SynopsisCache()
 
@@ -115,8 +115,8 @@ class ReadService:
     synopses: Any = field(default_factory=lambda: _synopsis_cache())  # user synopses, refreshed when stale
     semantic: Any = None  # the projector's SemanticProjection (per-owner memory layers)
 
-    top_facts: Any = None  # the projector's in-memory facts_top (projections.knowledge_store.TopFacts)
-    sandbox: Any = None  # analysts' SQL (projections.sql_sandbox.SqlSandbox), made on first use if absent
+    top_facts: Any = None  # the projector's in-memory facts_top (somnus.projections.knowledge_store.TopFacts)
+    sandbox: Any = None  # analysts' SQL (somnus.projections.sql_sandbox.SqlSandbox), made on first use if absent
 
     @property
     def store(self) -> KnowledgeStore:
@@ -126,7 +126,7 @@ class ReadService:
     def _briefing(self, agent: str) -> BriefingGenerated | None:
         if self.briefings is not None:
             return self.briefings.get(agent)
-        from projections.briefings import _from_row
+        from somnus.projections.briefings import _from_row
 
         cur = self.con.execute("SELECT * FROM briefings WHERE agent = ?", [agent])
         cols = [d[0] for d in cur.description]
@@ -134,7 +134,7 @@ class ReadService:
         return _from_row(dict(zip(cols, row))) if row else None
 
     def briefing(self, agent: str) -> dict[str, Any]:
-        """The cached briefing, neutralised as every prompt-facing read is (``processors.injection``):
+        """The cached briefing, neutralised as every prompt-facing read is (``somnus.processors.injection``):
         no marker brackets or invisible characters in any field, and a Markdown line that is not a
         title or an item quoted."""
         b = self._briefing(agent)
@@ -174,7 +174,7 @@ class ReadService:
     # ---- episodic memory (recall) ----
     def _memory(self) -> Any:
         if self.episodic is None:  # no projector: replay the log from the file (read-only)
-            from projections.memory import MemoryProjection
+            from somnus.projections.memory import MemoryProjection
 
             self.episodic = MemoryProjection(self.con)
         return self.episodic.state
@@ -191,7 +191,7 @@ class ReadService:
         (evaluations and analysts' looks, which should not change what they measure)."""
         import json
 
-        from processors.recall import recall
+        from somnus.processors.recall import recall
 
         if not query:
             raise BadRequest("parameter `query`: the text to recall memories for is required")
@@ -223,7 +223,7 @@ class ReadService:
                          success_only: Any = None, domain_hint: Any = None,
                          min_relevance: Any = None) -> dict[str, Any]:
         """The token-budgeted text of relevant past work (task, relevance, result, lessons, tools)."""
-        from processors.recall import MIN_RELEVANCE, build_episodic_context
+        from somnus.processors.recall import MIN_RELEVANCE, build_episodic_context
 
         if not query:
             raise BadRequest("parameter `query`: the text to build the context for is required")
@@ -241,7 +241,7 @@ class ReadService:
     # ---- semantic memory (concepts, patterns) ----
     def _semantic(self) -> Any:
         if self.semantic is None:  # no projector: replay the log from the file (read-only)
-            from projections.semantic import SemanticProjection
+            from somnus.projections.semantic import SemanticProjection
 
             self.semantic = SemanticProjection(self.con)
         return self.semantic
@@ -250,14 +250,14 @@ class ReadService:
         """What the agent knows, as one ranked list (concepts with relationships, confirmed patterns)
         over the owners of its scope chain (its own, its team's, global).
 
-        A record derived from agents' data (``processors.semantic.record_agents``: the callers of the
+        A record derived from agents' data (``somnus.processors.semantic.record_agents``: the callers of the
         tools it is about, a pattern's ``source_agents``) is served only when the reader's chain covers
-        every one of those agents (``processors.briefing.covers``: the reader itself, or an agent it
+        every one of those agents (``somnus.processors.briefing.covers``: the reader itself, or an agent it
         shares a team scope with), and one of unknown provenance not at all: a pattern about another
         team's private tool would name it. Every owner's memory is checked, the agent's own too
         (a memory promoted before promotion read only its owner's scope may hold others' data)."""
-        from processors.briefing import covers
-        from processors.semantic import knowledge_context, record_agents
+        from somnus.processors.briefing import covers
+        from somnus.processors.semantic import knowledge_context, record_agents
         from somnus.agents import scope_chain
 
         n = _int(limit, "limit", 8, hi=100)
@@ -294,7 +294,7 @@ class ReadService:
 
     def promotion_inputs(self, owner: Any = None) -> Any:
         """A snapshot of what promotion reads now (NAc candidate links, call outcomes): ``somnus consolidate``."""
-        from projections.semantic import promotion_inputs
+        from somnus.projections.semantic import promotion_inputs
 
         return _jsonable(promotion_inputs(self.con, owner=str(owner or "global"), agents=self.agents))
 
@@ -311,11 +311,11 @@ class ReadService:
         asserted its statement (``KnowledgeStore.facts(for_user=True)``); the briefing's lessons are
         read from the ``lessons`` rows of the agent's episodes of the user (or of no user), not from
         the rendered briefing, whose lines no longer say whose they are."""
-        from processors.context import Tier, get_context
-        from processors.recall import recall
-        from processors.working_memory import decode_state
-        from processors.synopsis import stored_kind
-        from schemas.working_memory import ContextCandidate, UserMemory
+        from somnus.processors.context import Tier, get_context
+        from somnus.processors.recall import recall
+        from somnus.processors.working_memory import decode_state
+        from somnus.processors.synopsis import stored_kind
+        from somnus.schemas.working_memory import ContextCandidate, UserMemory
         from somnus.agents import scope_chain
 
         if not query:
@@ -375,7 +375,7 @@ class ReadService:
         """Likely outcomes of calling ``tool`` with ``args`` (JSON object; absent: the tool as a whole)."""
         import json
 
-        from projections.causal import predict_from
+        from somnus.projections.causal import predict_from
 
         if not tool:
             raise BadRequest("parameter `tool`: the tool about to be called is required")
@@ -398,8 +398,8 @@ class ReadService:
     def rhythms(self, agent: str, hours: Any = None, days: Any = None, top: Any = None) -> list[dict[str, Any]]:
         """What usually happens at these local hours (``hours`` "9" or "8,9,10"; ``days`` "weekdays",
         "weekend" or "0,1": Monday is 0)."""
-        from processors.scn import WEEKDAYS, WEEKEND, TemporalIndex
-        from schemas.causal import TemporalBinCounted
+        from somnus.processors.scn import WEEKDAYS, WEEKEND, TemporalIndex
+        from somnus.schemas.causal import TemporalBinCounted
 
         try:
             hs = [int(h) for h in str(hours).split(",")] if hours not in (None, "") else list(range(24))
@@ -419,7 +419,7 @@ class ReadService:
         coupling eigenvalues and the next predicted recurrence after its last event."""
         from datetime import timedelta
 
-        from processors.oscillators import (
+        from somnus.processors.oscillators import (
             NAMES, OscillatorConfig, OscillatorState, coherence, coupling_analysis, locked_rhythms, next_recurrence)
 
         cfg = OscillatorConfig(enabled=True)
@@ -438,7 +438,7 @@ class ReadService:
     # ---- operators ----
     def memory(self, top: Any = None) -> dict[str, Any]:
         """Memory status: graph size, briefing cache, knowledge utilisation, delegation success."""
-        from processors.swarm import failing_pairs, tally_delegations, utilisation
+        from somnus.processors.swarm import failing_pairs, tally_delegations, utilisation
 
         n = _int(top, "top", 5, hi=1000)
         one = lambda sql: self.con.execute(sql).fetchone()  # noqa: E731
@@ -451,8 +451,8 @@ class ReadService:
         tallies = tally_delegations({}, [(a, b, o) for a, b, o in results])
         pairs = sorted(tallies.values(), key=lambda t: (t.success_rate, -t.results, t.delegator, t.delegatee))
         # Utilisation: the served records and the uses the projector folded from the facts topic.
-        from projections.writer import decode_served
-        from schemas.briefing import FactUsed
+        from somnus.projections.writer import decode_served
+        from somnus.schemas.briefing import FactUsed
 
         served_rows = _rows(self.con.execute(
             "SELECT briefing_id, agent, session_id, served_at, facts FROM briefings_served "
@@ -478,7 +478,7 @@ class ReadService:
     def sql(self, sql: Any = None, params: Any = None) -> dict[str, Any]:
         """One SELECT in the SQL sandbox (projections/sql_sandbox.py): its own cursor, parser-checked,
         interrupted after SOMNUS_SQL_TIMEOUT_S."""
-        from projections.sql_sandbox import SqlRefused, SqlSandbox, SqlTimeout
+        from somnus.projections.sql_sandbox import SqlRefused, SqlSandbox, SqlTimeout
 
         if not isinstance(sql, str):
             raise BadRequest("body field `sql`: a SELECT statement is required")

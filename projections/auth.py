@@ -50,7 +50,7 @@ import msgspec
 import orjson
 from aiohttp import web
 
-from projections import api
+from somnus.projections import api
 
 log = logging.getLogger("somnus.auth")
 

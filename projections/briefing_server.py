@@ -8,13 +8,13 @@ session, so they get a small server process of their own:
 - the projector starts it (``BriefingServer.start``), sends it every cached briefing, then each
   briefing a refresh changed, over a pipe (``publish``);
 - it answers ``GET /agents/{agent}/briefing`` and ``POST /agents/{agent}/inject`` with the same
-  ``projections.api`` routes and code as the projector's own server, from its copy of the cache;
+  ``somnus.projections.api`` routes and code as the projector's own server, from its copy of the cache;
 - an injection for a named session is sent back over a second pipe as a ``BriefingServed``, which
   the projector publishes on the facts topic as it does for its own server (utilisation is counted
   from the log, whoever served it);
 - its port is written to the projector's endpoint file as ``briefing_port``; ``somnus.reads`` sends
   those two reads there. The projector's own server answers them too (same answer);
-- it checks every request as the projector does (``projections.auth.guard``), against the token store
+- it checks every request as the projector does (``somnus.projections.auth.guard``), against the token store
   of the projector's ``SOMNUS_HOME`` (its path is the last argument).
 
 The child exits when the pipe from the projector closes (the projector stopped or died).
@@ -34,7 +34,7 @@ from typing import Any
 
 import msgspec
 
-from schemas.briefing import BriefingGenerated, BriefingServed
+from somnus.schemas.briefing import BriefingGenerated, BriefingServed
 
 log = logging.getLogger("somnus.briefing_server")
 ROUTES = ("briefing", "inject")  # the api handlers this server answers
@@ -44,7 +44,7 @@ _served = msgspec.json.Decoder(BriefingServed)
 
 
 def main(argv: list[str] | None = None) -> None:
-    """The server process (``python -m projections.briefing_server UPDATES SERVED PORTS HOME``, the file
+    """The server process (``python -m somnus.projections.briefing_server UPDATES SERVED PORTS HOME``, the file
     descriptors of its pipe ends and the projector's ``SOMNUS_HOME``): an aiohttp app on 127.0.0.1 over
     the cache the projector sends."""
     logging.basicConfig(level=logging.WARNING)
@@ -57,8 +57,8 @@ def main(argv: list[str] | None = None) -> None:
 async def _serve(updates: Connection, served: Connection, ports: Connection, home: Path) -> None:
     from aiohttp import web
 
-    from projections import api, auth
-    from projections.projector import _dumps, make_app, route_handler
+    from somnus.projections import api, auth
+    from somnus.projections.projector import _dumps, make_app, route_handler
 
     cache: dict[str, BriefingGenerated] = {}
     service = api.ReadService(con=None, agents={}, briefings=cache,  # type: ignore[arg-type]
@@ -135,7 +135,7 @@ class BriefingServer:
         srv_r, srv_w = Pipe(duplex=False)
         port_r, port_w = Pipe(duplex=False)
         child = (upd_r, srv_w, port_w)
-        self._proc = subprocess.Popen([sys.executable, "-m", "projections.briefing_server",
+        self._proc = subprocess.Popen([sys.executable, "-m", "somnus.projections.briefing_server",
                                        *(str(c.fileno()) for c in child), str(self.home.resolve())],
                                       pass_fds=[c.fileno() for c in child],
                                       cwd=str(Path(__file__).resolve().parent.parent), start_new_session=True)

@@ -44,7 +44,7 @@ import duckdb
 import msgspec
 import pyarrow as pa
 
-from schemas.forget import KIND_FORGET, ForgetRequested
+from somnus.schemas.forget import KIND_FORGET, ForgetRequested
 
 log = logging.getLogger("somnus.projector")
 _decoder = msgspec.json.Decoder(ForgetRequested)
@@ -144,8 +144,8 @@ class Forgetting:
         """A memory-topic record of units without those of forgotten subjects (a copy of ``rec``), so the
         capture fold never takes them: purging them afterwards would mean replaying the whole memory log
         into the fold again. Other records, and units that cannot be read here, are left to the fold."""
-        from schemas.memory import KIND_ACCESS
-        from projections.sleep import KIND_SLEEP
+        from somnus.schemas.memory import KIND_ACCESS
+        from somnus.projections.sleep import KIND_SLEEP
 
         if kind in (KIND_ACCESS, KIND_SLEEP) or not rec.value:
             return rec
@@ -246,9 +246,9 @@ class Forgetting:
                                            [SCRUB_PENDING]).fetchone()[0]:
                 self.pending = not scrub(con)
             return
-        from projections.briefings import RecentInputs
-        from projections.causal import CausalProjection
-        from projections.knowledge import KnowledgeProjection
+        from somnus.projections.briefings import RecentInputs
+        from somnus.projections.causal import CausalProjection
+        from somnus.projections.knowledge import KnowledgeProjection
 
         rows = purged.rows
         seen.episodes -= purged.episodes
@@ -557,7 +557,7 @@ async def topic_hits(bootstrap: str, topics: Sequence[str], needles: Sequence[st
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     from somnus.config import kafka_options
-    from streams.topics import partitions_of
+    from somnus.streams.topics import partitions_of
 
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
                                 auto_offset_reset="earliest", **kafka_options(settings))

@@ -17,10 +17,10 @@ import duckdb
 import msgspec
 import pyarrow as pa
 
-from processors.knowledge import (
+from somnus.processors.knowledge import (
     EntityAlias, EntityVersion, KnowledgeChanges, KnowledgeFold, KnowledgeState, PredicateAdded, Triple)
-from projections import schema
-from schemas.facts import FactsExtracted
+from somnus.projections import schema
+from somnus.schemas.facts import FactsExtracted
 
 log = logging.getLogger("somnus.projector")
 

@@ -27,8 +27,8 @@ from typing import Any, Protocol
 import duckdb
 import msgspec
 
-from processors.knowledge import Triple
-from projections.schema import FACTS_TOP_K
+from somnus.processors.knowledge import Triple
+from somnus.projections.schema import FACTS_TOP_K
 from somnus.agents import AgentSpec, scope_chain
 
 
@@ -264,7 +264,7 @@ class KnowledgeStore:
 
     def sql(self, query: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
         """Read-only raw SQL over every projection (not scoped: an analyst's tool, not an agent's)."""
-        from projections.queries import check_read_only
+        from somnus.projections.queries import check_read_only
 
         check_read_only(query)
         return self._rows(query, params)

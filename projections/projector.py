@@ -25,16 +25,16 @@ import duckdb
 from aiohttp import web
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from projections import api, auth, queries, schema
-from projections.briefings import BRIEFING_INTERVAL_S, REFRESH_BUDGET_S
-from projections.sql_sandbox import SqlSandbox
-from schemas.codec import encode
-from schemas.memory import KIND_ACCESS
-from projections.writer import KIND_SERVED, BatchResult, Seen, Topics, apply_guarded, load_offsets
+from somnus.projections import api, auth, queries, schema
+from somnus.projections.briefings import BRIEFING_INTERVAL_S, REFRESH_BUDGET_S
+from somnus.projections.sql_sandbox import SqlSandbox
+from somnus.schemas.codec import encode
+from somnus.schemas.memory import KIND_ACCESS
+from somnus.projections.writer import KIND_SERVED, BatchResult, Seen, Topics, apply_guarded, load_offsets
 from somnus.client import LARGE_RECORDS
-from streams.kafka_compat import track_topics_sent_to
+from somnus.streams.kafka_compat import track_topics_sent_to
 from somnus.config import Settings, kafka_options
-from streams.topics import partitions_of
+from somnus.streams.topics import partitions_of
 
 log = logging.getLogger("somnus.projector")
 # A batch or a briefing refresh longer than this is logged, with where its time went.
@@ -142,14 +142,14 @@ class Projector:
         self._stop = asyncio.Event()
         self._producer: AIOKafkaProducer | None = None
         self.write_lock = asyncio.Lock()
-        self._briefing_server: Any = None  # projections.briefing_server.BriefingServer while serving
+        self._briefing_server: Any = None  # somnus.projections.briefing_server.BriefingServer while serving
 
     def stop(self) -> None:
         self._stop.set()
 
     async def run(self, until_end: bool = False, on_progress: Callable[[int, int], None] | None = None) -> BatchResult:
         """Project until stopped; with ``until_end``, stop once the end offsets seen at start are reached."""
-        track_topics_sent_to()  # its producer sends to several topics (streams.kafka_compat)
+        track_topics_sent_to()  # its producer sends to several topics (somnus.streams.kafka_compat)
         self.db_path.parent.mkdir(parents=True, exist_ok=True)
         con = await connect_when_free(self.db_path)
         schema.init(con)
@@ -164,9 +164,9 @@ class Projector:
             tps = await self._partitions(consumer)
             consumer.assign(tps)
             stored = load_offsets(con)
-            from processors.sleep import SleepConfig, validate_schedule
+            from somnus.processors.sleep import SleepConfig, validate_schedule
 
-            from processors.oscillators import OscillatorConfig
+            from somnus.processors.oscillators import OscillatorConfig
 
             seen = Seen(con, self.agents, SleepConfig(schedule=validate_schedule(self.settings.sleep_schedule),
                                                       max_clock_skew_s=self.settings.max_clock_skew_s),
@@ -260,7 +260,7 @@ class Projector:
             return
         import msgspec
 
-        from projections.semantic import KIND_PROMOTE, promotion_inputs
+        from somnus.projections.semantic import KIND_PROMOTE, promotion_inputs
 
         async with self.write_lock:
             inputs = await asyncio.to_thread(promotion_inputs, con.cursor(), "global")
@@ -333,7 +333,7 @@ class Projector:
         home = Path(self.settings.home)
         auth.ensure_operator_token(home)
         app = make_app(service, api.all_routes(), self.write_lock, tokens=auth.TokenStore(home))
-        from projections.briefing_server import BriefingServer
+        from somnus.projections.briefing_server import BriefingServer
 
         self._briefing_server = BriefingServer(served, home)
         briefing_port = await self._briefing_server.start(seen.briefings.current.values())
@@ -413,7 +413,7 @@ def _dumps(obj: Any) -> str:
 
 
 def main() -> None:
-    """Entry point: ``python -m projections.projector`` (settings from the environment)."""
+    """Entry point: ``python -m somnus.projections.projector`` (settings from the environment)."""
     from somnus.broker import BrokerError, await_broker, bootstrap_for
 
     logging.basicConfig(level=logging.WARNING)

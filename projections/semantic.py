@@ -27,15 +27,15 @@ import duckdb
 import msgspec
 import pyarrow as pa
 
-from processors.layers import MemoryLayers
-from processors.nac import DEFAULT_ALPHA, alphas_for, confidence_of
-from processors.promotion import CausalLinkView, NacPromotionSource, SemanticPromoter, StatisticianPromotionSource
-from processors.semantic import IngestedConcept, ingest_knowledge
-from processors.statistics import CallOutcome, Statistician, pattern_events
-from schemas.semantic import (
+from somnus.processors.layers import MemoryLayers
+from somnus.processors.nac import DEFAULT_ALPHA, alphas_for, confidence_of
+from somnus.processors.promotion import CausalLinkView, NacPromotionSource, SemanticPromoter, StatisticianPromotionSource
+from somnus.processors.semantic import IngestedConcept, ingest_knowledge
+from somnus.processors.statistics import CallOutcome, Statistician, pattern_events
+from somnus.schemas.semantic import (
     CandidateRejected, ConceptCreated, ConceptPromoted, ConceptReinforced, CrossLayerEdgeFormed, PatternConfirmed,
     RelationshipFormed, SemanticEvent, decode_semantic, encode_semantic)
-from schemas.facts import GLOBAL_SCOPE
+from somnus.schemas.facts import GLOBAL_SCOPE
 from somnus.agents import AgentSpec
 
 KIND_INGEST = b"knowledge-ingested"
@@ -274,7 +274,7 @@ def scoped_links(con: duckdb.DuckDBPyConnection, members: frozenset[str],
     observations, event_observations, confidence), ordered by tool and outcome signature.
 
     ``causal_links`` is the fleet's; this folds the members' ``causal_link_updates`` (one row per
-    observation, its outcome's link) again with ``processors.nac``'s rule: per event, in stream
+    observation, its outcome's link) again with ``somnus.processors.nac``'s rule: per event, in stream
     order, every known outcome k moves by ``max(α, 1/n) (λ_k - V_k)``, a new outcome starting at 0,
     α the observing agent's learning rate; confidence from the event's observations."""
     alphas = alphas_for(agents or {})

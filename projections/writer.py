@@ -7,7 +7,7 @@ skipped (first one wins); dead letters are unique by their source coordinates an
 already projected are held in memory (``Seen``), loaded once from the tables.
 
 No record stops the projector (``apply_guarded``). Every record is decoded behind
-``schemas.codec``'s bounds; one that cannot be decoded is *quarantined*: a dead letter of kind
+``somnus.schemas.codec``'s bounds; one that cannot be decoded is *quarantined*: a dead letter of kind
 ``poison`` (or the decoder's kind) with its own coordinates and bytes, written by the projector in
 the batch's transaction, its offset passed. A batch whose folds still raise is rolled back and applied
 again with every record fully decoded first, then in halves down to the one record that raises on its
@@ -33,18 +33,18 @@ import duckdb
 import msgspec
 import pyarrow as pa
 
-from processors.sleep import SleepConfig
-from projections.causal import add_temporal_bins
-from schemas.briefing import BriefingServed, FactPromoted
-from processors.retention import is_future, micros, record_cap
-from schemas.codec import (MAX_DEPTH, Rejection, check_json, dead_letter_original, decode_bounded, decode_record,
+from somnus.processors.sleep import SleepConfig
+from somnus.projections.causal import add_temporal_bins
+from somnus.schemas.briefing import BriefingServed, FactPromoted
+from somnus.processors.retention import is_future, micros, record_cap
+from somnus.schemas.codec import (MAX_DEPTH, Rejection, check_json, dead_letter_original, decode_bounded, decode_record,
                           encode, poison_reason, truncated_note, uuid_texts)
-from schemas.episodes import EpisodeDistilled
-from schemas.events import type_name
-from schemas.facts import FactsExtracted
-from projections.forget import Purged
-from schemas.forget import KIND_FORGET, ForgetRequested
-from schemas.working_memory import WorkingMemoryState
+from somnus.schemas.episodes import EpisodeDistilled
+from somnus.schemas.events import type_name
+from somnus.schemas.facts import FactsExtracted
+from somnus.projections.forget import Purged
+from somnus.schemas.forget import KIND_FORGET, ForgetRequested
+from somnus.schemas.working_memory import WorkingMemoryState
 
 
 log = logging.getLogger("somnus.projector")
@@ -110,13 +110,13 @@ class Seen:
 
     def __init__(self, con: duckdb.DuckDBPyConnection, agents: Mapping[str, Any] | None = None,
                  sleep_config: Any = None, oscillators: Any = None) -> None:
-        from projections.briefings import BriefingCache
-        from projections.causal import CausalProjection
-        from projections.knowledge import KnowledgeProjection
-        from projections.knowledge_store import TopFacts
-        from projections.memory import MemoryProjection
-        from projections.semantic import SemanticProjection
-        from projections.sleep import SleepJob
+        from somnus.projections.briefings import BriefingCache
+        from somnus.projections.causal import CausalProjection
+        from somnus.projections.knowledge import KnowledgeProjection
+        from somnus.projections.knowledge_store import TopFacts
+        from somnus.projections.memory import MemoryProjection
+        from somnus.projections.semantic import SemanticProjection
+        from somnus.projections.sleep import SleepJob
 
         self.agents = dict(agents or {})
         self.episodes: set[str] = {str(r[0]) for r in con.execute("SELECT episode_id FROM episodes").fetchall()}
@@ -130,10 +130,10 @@ class Seen:
         self.top_facts = TopFacts()
         self.top_facts.refresh(con)
         self.briefings = BriefingCache(con, self.agents, self.top_facts, self.semantic)
-        from projections.utilisation import UtilisationFold
+        from somnus.projections.utilisation import UtilisationFold
 
         self.utilisation = UtilisationFold(con)
-        from projections.forget import Forgetting
+        from somnus.projections.forget import Forgetting
 
         self.forget = Forgetting(con)  # forgotten subjects: purged, and kept out (projections/forget.py)
 
@@ -363,7 +363,7 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
         if semantic_records:
             seen.semantic.reload(con)
         if facts:  # the fold's state ran ahead of the tables: reload it from what committed
-            from projections.knowledge import KnowledgeProjection
+            from somnus.projections.knowledge import KnowledgeProjection
 
             seen.knowledge = KnowledgeProjection(con)
         raise
@@ -463,11 +463,11 @@ def _merged(a: BatchResult, b: BatchResult) -> BatchResult:
 def _undecodable(topics: Topics, rec: Record, max_depth: int) -> str | None:
     """Why a record folded outside ``apply_batch``'s decoding cannot be decoded with its fold's type
     (memory, semantic, link updates), or None."""
-    from projections.causal import UpdateRow
-    from projections.semantic import KIND_INGEST, KIND_PROMOTE, KnowledgeIngested, PromotionRequested
-    from projections.sleep import KIND_SLEEP
-    from schemas.lifecycle import SleepRequested
-    from schemas.memory import KIND_ACCESS, MemoryAccessed, MemoryUnit
+    from somnus.projections.causal import UpdateRow
+    from somnus.projections.semantic import KIND_INGEST, KIND_PROMOTE, KnowledgeIngested, PromotionRequested
+    from somnus.projections.sleep import KIND_SLEEP
+    from somnus.schemas.lifecycle import SleepRequested
+    from somnus.schemas.memory import KIND_ACCESS, MemoryAccessed, MemoryUnit
 
     kind = _header(rec, "somnus-kind")
     if rec.topic == topics.memory:

@@ -30,8 +30,8 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from schemas.episodes import EpisodeDistilled
-from schemas.events import TraceEvent
+from somnus.schemas.episodes import EpisodeDistilled
+from somnus.schemas.events import TraceEvent
 
 MAX_DEPTH = 64  # JSON nesting (arrays and objects) of one record: SOMNUS_MAX_JSON_DEPTH
 MAX_VALUES = 100_000  # JSON values in one trace record (an upper bound: commas and containers)

@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from schemas.events import Outcome
+from somnus.schemas.events import Outcome
 
 # Episode ids are derived from the session id, so a re-emitted episode has the same id.
 EPISODE_NAMESPACE = uuid.UUID("0b5e7a52-3c0e-4f9b-9d0a-5f1e2c3d4b6a")
@@ -60,7 +60,7 @@ class CallSeen(msgspec.Struct, frozen=True, omit_defaults=True):
     rate_headers: dict[str, str] = {}
     # Added within v1 (optional, so older episodes still decode):
     at: datetime | None = None  # the call's event time (of its result, for a result without a call)
-    signature: str | None = None  # schemas.causal.event_signature(tool, args); None: the args are unknown
+    signature: str | None = None  # somnus.schemas.causal.event_signature(tool, args); None: the args are unknown
 
 
 class Delegation(msgspec.Struct, frozen=True, omit_defaults=True):

@@ -14,7 +14,7 @@ machine that emits it). The sequence always has this shape::
 
 ``(run_id, seq)`` is the idempotence key: a consumer ignores a pair it has seen, and a run whose
 ``SleepCompleted`` it has not seen yet is not applied at all (a crashed run resumes and completes
-the same sequence; see ``processors.sleep.RunAssembler``). ``SleepCompleted.watermark`` is the
+the same sequence; see ``somnus.processors.sleep.RunAssembler``). ``SleepCompleted.watermark`` is the
 event time up to which sleep has run: a run at or before it is never planned again.
 
 The compact form of a compressed memory (``CompactMemory``) uses one-letter keys on the wire so it

@@ -5,7 +5,7 @@ Three groups:
 - the **session buffer** (``processors/working_memory.py``): ``BufferedMessage`` (one message of a
   session as the buffer keeps it), ``SessionSummary`` (one summarised batch in the extended
   buffer), ``WorkingMemoryState`` (one session's buffer: a Faust table value, keyed by
-  ``processors.distiller.session_key``) and the events its fold emits, named in the past tense:
+  ``somnus.processors.distiller.session_key``) and the events its fold emits, named in the past tense:
   ``MessagesSummarised``, ``SummariesMerged``, ``SummaryEvicted``;
 - the **user synopsis** (``processors/synopsis.py``): ``UserMemory`` (what the builder reads),
   ``UserIdentity``, ``UserContext``, ``UserSynopsis``;
@@ -78,7 +78,7 @@ class BufferedMessage(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 class SessionSummary(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """One entry of the extended buffer: a batch of messages (level 0) or of summaries (level 1+)
     compressed into one extractive summary. ``text`` is the body; ``tokens`` counts the rendered
-    line (``processors.working_memory.summary_line``)."""
+    line (``somnus.processors.working_memory.summary_line``)."""
 
     summary_id: uuid.UUID
     level: NonNegative

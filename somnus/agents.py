@@ -116,7 +116,7 @@ def scope_chain(agents: dict[str, AgentSpec], name: str) -> list[str]:
     >>> scope_chain(agents, "lead"), scope_chain(agents, "stranger")
     (['agent:lead', 'global'], ['agent:stranger', 'global'])
     """
-    from schemas.facts import GLOBAL_SCOPE, agent_scope, team_scope
+    from somnus.schemas.facts import GLOBAL_SCOPE, agent_scope, team_scope
 
     chain = [agent_scope(name)]
     spec = agents.get(name)

@@ -60,7 +60,7 @@ async def raw_consume(bootstrap: str, topic: str) -> tuple[int, int, float]:
     """
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    from streams.topics import partitions_of
+    from somnus.streams.topics import partitions_of
 
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest",
                                 enable_auto_commit=False, fetch_max_bytes=64 << 20,
@@ -107,7 +107,7 @@ def isolated_pipeline(home: Path | None = None, partitions: int = 4, label: str 
     ``SOMNUS_KEEP_BROKER=1``): its own topics, consumer group, state folder and DuckDB file, with a
     worker and a projector running; removed afterwards (``SOMNUS_BENCH_KEEP=1`` keeps the folder and
     the topics). ``overrides`` replace settings (e.g. ``sleep_schedule``)."""
-    from streams.topics import ensure_topics
+    from somnus.streams.topics import ensure_topics
 
     base = Settings.resolve(home=home, bootstrap=bootstrap)
     started_broker = base.bootstrap is None and broker_mod.status(base) is None
@@ -250,8 +250,8 @@ def run_fact_query(triples: int = 1_000_000, agents: int = 200, teams: int = 20,
 
     import duckdb
 
-    from projections import schema
-    from projections.knowledge_store import DuckDBBackend, KnowledgeStore, TopFacts
+    from somnus.projections import schema
+    from somnus.projections.knowledge_store import DuckDBBackend, KnowledgeStore, TopFacts
     from somnus.agents import AgentSpec
 
     work = Path(tempfile.mkdtemp(prefix="somnus-bench-facts-"))
@@ -299,7 +299,7 @@ def run_fact_query(triples: int = 1_000_000, agents: int = 200, teams: int = 20,
 
 
 def run_predict(links: int = 1_000_000, outcomes: int = 2, queries: int = 2000, seed: int = 5) -> dict[str, Any]:
-    """p50/p95/p99 latency of ``predict`` (projections.causal.predict_from) with ``links`` causal links.
+    """p50/p95/p99 latency of ``predict`` (somnus.projections.causal.predict_from) with ``links`` causal links.
 
     The table holds ``links`` rows: ``links / outcomes`` event signatures with ``outcomes`` outcomes
     each, plus their tools' rows. Queries ask for calls that exist (a random signature's tool and
@@ -311,9 +311,9 @@ def run_predict(links: int = 1_000_000, outcomes: int = 2, queries: int = 2000, 
     import numpy as np
     import pyarrow as pa
 
-    from projections import schema
-    from projections.causal import link_states
-    from processors.nac import predict
+    from somnus.projections import schema
+    from somnus.projections.causal import link_states
+    from somnus.processors.nac import predict
 
     work = Path(tempfile.mkdtemp(prefix="somnus-bench-predict-"))
     try:
@@ -365,10 +365,10 @@ def run_scn_footprint(memories: int = 10_000, seed: int = 42) -> dict[str, Any]:
     import msgspec
     import pyarrow as pa
 
-    from processors.distiller import distill
-    from processors.scn import index_of, marks_of_episode
-    from projections import schema
-    from schemas.codec import decode_trace
+    from somnus.processors.distiller import distill
+    from somnus.processors.scn import index_of, marks_of_episode
+    from somnus.projections import schema
+    from somnus.schemas.codec import decode_trace
     from somnus.sample import generate
 
     events = [decode_trace(orjson.dumps(e), 1 << 20) for e in generate(sessions=memories, seed=seed)]
@@ -411,9 +411,9 @@ def _synthetic_index(units: int, agents: int, seed: int) -> tuple[Any, Any, list
 
     import numpy as np
 
-    from processors.memory_index import IndexConfig, MemoryIndex
-    from projections.memory import stemmer
-    from schemas.memory import MemoryKind, MemoryUnit
+    from somnus.processors.memory_index import IndexConfig, MemoryIndex
+    from somnus.projections.memory import stemmer
+    from somnus.schemas.memory import MemoryKind, MemoryUnit
 
     rng = np.random.default_rng(seed)
     vocab = [f"word{i}" for i in range(30_000)]
@@ -454,7 +454,7 @@ def run_recall(units: int = 100_000, queries: int = 300, agents: int = 50, seed:
     import statistics
     from datetime import datetime, timedelta, timezone
 
-    from processors.recall import recall
+    from somnus.processors.recall import recall
 
     index, rng, vocab, people, build_s, rss = _synthetic_index(units, agents, seed)
     texts = _queries(rng, vocab, people, queries)
@@ -480,12 +480,12 @@ def run_context(units: int = 100_000, queries: int = 200, messages: int = 5000, 
     import statistics
     from datetime import datetime, timedelta, timezone
 
-    from processors.context import Tier, get_context
-    from processors.recall import recall
-    from processors.synopsis import SynopsisCache
-    from processors.working_memory import DEFAULT_SETTINGS, add, message
-    from schemas.working_memory import ContextCandidate, Role, UserMemory, WorkingMemoryState
-    from schemas.memory import MemoryKind
+    from somnus.processors.context import Tier, get_context
+    from somnus.processors.recall import recall
+    from somnus.processors.synopsis import SynopsisCache
+    from somnus.processors.working_memory import DEFAULT_SETTINGS, add, message
+    from somnus.schemas.working_memory import ContextCandidate, Role, UserMemory, WorkingMemoryState
+    from somnus.schemas.memory import MemoryKind
 
     index, rng, vocab, people, build_s, _ = _synthetic_index(units, agents, seed)
     t0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
@@ -751,11 +751,11 @@ def run_capture(sessions: int = 40_000, batch: int = 200, chunks: int = 5, candi
     import hashlib
     from datetime import datetime, timezone
 
-    from processors.distiller import distill
-    from processors.memory import MemoryState, capture, episode_unit
-    from processors.memory_index import IndexConfig
-    from projections.memory import stemmer
-    from schemas.codec import decode_trace
+    from somnus.processors.distiller import distill
+    from somnus.processors.memory import MemoryState, capture, episode_unit
+    from somnus.processors.memory_index import IndexConfig
+    from somnus.projections.memory import stemmer
+    from somnus.schemas.codec import decode_trace
     from somnus.sample import generate
 
     events = [decode_trace(orjson.dumps(e), 1 << 20) for e in generate(sessions=sessions, seed=seed)]
@@ -785,7 +785,7 @@ def _sleep_units(units: int, agents: int, seed: int) -> Iterator[Any]:
 
     import numpy as np
 
-    from schemas.memory import MemoryKind, MemoryUnit
+    from somnus.schemas.memory import MemoryKind, MemoryUnit
 
     rng = np.random.default_rng(seed)
     vocab = [f"word{i}" for i in range(30_000)]
@@ -810,7 +810,7 @@ def _sleep_units(units: int, agents: int, seed: int) -> Iterator[Any]:
 def run_sleep(units: int = 1_000_000, agents: int = 1000, seed: int = 7, batch: int = 2000,
               accessed: float = 0.05) -> dict[str, Any]:
     """One deep sleep over ``units`` memory units, as the projector's memory fold runs it: the units are
-    captured by the fold's own rules (``processors.memory.capture``: decisions, merges, association
+    captured by the fold's own rules (``somnus.processors.memory.capture``: decisions, merges, association
     edges), ``accessed`` of them recalled in the last day, then ``SleepJob.run`` (plan: protection,
     retention, compression, pruning, maxEpisodes, coverage, dreaming, report; then the prunings and
     compressions applied to the index) and ``SleepJob.write`` (lifecycle_log and sleep_runs rows into
@@ -821,14 +821,14 @@ def run_sleep(units: int = 1_000_000, agents: int = 1000, seed: int = 7, batch: 
     import duckdb
     import numpy as np
 
-    from processors.memory import MemoryState, apply, capture
-    from processors.memory_index import IndexConfig
-    from processors.sleep import SleepConfig
-    from projections import schema
-    from projections.memory import stemmer
-    from projections.sleep import SleepJob
-    from schemas.lifecycle import SleepTrigger
-    from schemas.memory import MEMORY_SCHEMA_VERSION, MemoryAccessed
+    from somnus.processors.memory import MemoryState, apply, capture
+    from somnus.processors.memory_index import IndexConfig
+    from somnus.processors.sleep import SleepConfig
+    from somnus.projections import schema
+    from somnus.projections.memory import stemmer
+    from somnus.projections.sleep import SleepJob
+    from somnus.schemas.lifecycle import SleepTrigger
+    from somnus.schemas.memory import MEMORY_SCHEMA_VERSION, MemoryAccessed
 
     state = MemoryState.empty(IndexConfig(stem=stemmer()))
     t = time.perf_counter()

@@ -16,7 +16,7 @@ from rich.table import Table
 from somnus import broker as broker_mod
 from somnus import procs
 from somnus.config import Settings
-from schemas.codec import encode as encode_event
+from somnus.schemas.codec import encode as encode_event
 
 app = typer.Typer(help="Somnus: memory for fleets of AI agents (Kafka -> Faust -> DuckDB).", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -146,13 +146,13 @@ def up(detach: bool = typer.Option(False, "--detach", "-d", help="Return once st
        home: Optional[Path] = HomeOpt, db: Optional[Path] = DbOpt, bootstrap: Optional[str] = BootOpt) -> None:
     """Start the broker (unless one is configured), create the topics, and the worker and the projector
     under a supervisor that starts either again when it exits (somnus/supervisor.py)."""
-    from projections.auth import ensure_operator_token
+    from somnus.projections.auth import ensure_operator_token
     from somnus.supervisor import serve
 
     s = _settings(home, db, bootstrap)
     ensure_operator_token(s.home)  # SOMNUS_HOME/token (0600): what the CLI sends to the projector
     boot = _bootstrap(s, start=True)
-    from streams.topics import ensure_topics
+    from somnus.streams.topics import ensure_topics
 
     ensure_topics(s, boot)
     already = procs.running(s, "supervisor")
@@ -193,7 +193,7 @@ def token_create(agent: Optional[str] = typer.Option(None, "--agent", help="The 
                  label: str = typer.Option("", "--label", help="A note shown by `somnus token list`."),
                  home: Optional[Path] = HomeOpt) -> None:
     """Print a new token (stored hashed in SOMNUS_HOME; shown once): `export SOMNUS_TOKEN=$(somnus token create ...)`."""
-    from projections.auth import TokenStore
+    from somnus.projections.auth import TokenStore
     from somnus.agents import AgentFileError, load_agents
 
     s = _settings(home)
@@ -218,7 +218,7 @@ def token_list(home: Optional[Path] = HomeOpt, as_json: bool = typer.Option(Fals
     """The issued tokens (ids and scopes; the tokens themselves are not stored)."""
     import msgspec
 
-    from projections.auth import TokenStore
+    from somnus.projections.auth import TokenStore
 
     records = TokenStore(_settings(home).home).records()
     if as_json:
@@ -234,7 +234,7 @@ def token_list(home: Optional[Path] = HomeOpt, as_json: bool = typer.Option(Fals
 def token_revoke(which: str = typer.Argument(..., help="A token id (from `somnus token list`) or the token."),
                  home: Optional[Path] = HomeOpt) -> None:
     """Revoke a token: refused from the next request on (the servers follow the store)."""
-    from projections.auth import TokenStore
+    from somnus.projections.auth import TokenStore
 
     try:
         gone = TokenStore(_settings(home).home).revoke(which)
@@ -256,7 +256,7 @@ def publish(file: Path = typer.Argument(..., exists=True, dir_okay=False, help="
 
     s = _settings(home, None, bootstrap)
     boot = _bootstrap(s)
-    from streams.topics import ensure_topics
+    from somnus.streams.topics import ensure_topics
 
     ensure_topics(s, boot)
     with file.open("rb") as f:
@@ -294,7 +294,7 @@ def import_(paths: list[str] = typer.Argument(..., help="Files, directories or g
         sink: Any = out.open("wb")
     else:
         from somnus.client import Publisher
-        from streams.topics import ensure_topics
+        from somnus.streams.topics import ensure_topics
 
         s = _settings(home, None, bootstrap)
         boot = _bootstrap(s)
@@ -470,7 +470,7 @@ def replay(to: Path = typer.Option(..., "--to", help="A new DuckDB file to rebui
     """Rebuild every projection from offset 0 of every topic into a new file."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
-    from projections.projector import Projector
+    from somnus.projections.projector import Projector
 
     s = _settings(home, None, bootstrap)
     if to.exists():
@@ -502,7 +502,7 @@ def inspect(agent: str = typer.Argument(..., help="The agent whose memory to sho
     """What an agent knows: recent episodes and lessons, entities and facts in its scope chain."""
     from somnus.agents import AgentFileError, load_agents
     from somnus.reads import ReadError
-    from projections.knowledge_store import KnowledgeStore
+    from somnus.projections.knowledge_store import KnowledgeStore
 
     s = _settings(home, db)
     try:
@@ -583,8 +583,8 @@ def promote(source: str = typer.Argument(..., help="Source entity (id such as to
     Each move is stamped with the stream time of the scope it comes from, unless --at is given."""
     from datetime import datetime, timezone
 
-    from processors.swarm import PromotionError, manual_promotions
-    from projections.writer import KIND_PROMOTION
+    from somnus.processors.swarm import PromotionError, manual_promotions
+    from somnus.projections.writer import KIND_PROMOTION
     from somnus.agents import AgentFileError, load_agents
     from somnus.reads import ReadError, sql as read_sql
 
@@ -628,8 +628,8 @@ def forget(user: Optional[str] = typer.Option(None, "--user", help="Forget this 
     texts found in the topics as the projector reads them; exit 1 if anything is found. SECURITY.md, "Forget"."""
     import uuid
 
-    from projections.forget import file_hits, topic_hits
-    from schemas.forget import KIND_FORGET, ForgetRequested, ForgetSubject
+    from somnus.projections.forget import file_hits, topic_hits
+    from somnus.schemas.forget import KIND_FORGET, ForgetRequested, ForgetSubject
     from somnus.client import publish_records
     from somnus.reads import ReadError, sql as read_sql
 
@@ -677,7 +677,7 @@ def forget(user: Optional[str] = typer.Option(None, "--user", help="Forget this 
 
         import duckdb
 
-        from projections.projector import Projector
+        from somnus.projections.projector import Projector
 
         with tempfile.TemporaryDirectory(dir=db_path.parent, prefix="forget-verify-") as tmp:
             fresh = Path(tmp) / "replay.duckdb"
@@ -713,8 +713,8 @@ def ingest_knowledge_cmd(file: Path = typer.Argument(..., exists=True, dir_okay=
                          bootstrap: Optional[str] = BootOpt) -> None:
     """Add concepts from a document to semantic memory (DIRECT_INGESTION; deduplicated by name), stamped
     with the owner's stream time unless --at is given."""
-    from processors.semantic import KnowledgeFileError, parse_knowledge
-    from projections.semantic import KIND_INGEST, KnowledgeIngested
+    from somnus.processors.semantic import KnowledgeFileError, parse_knowledge
+    from somnus.projections.semantic import KIND_INGEST, KnowledgeIngested
     from somnus.client import publish_records
 
     fmt = "json" if file.suffix.lower() in (".json", ".jsonl") else "markdown"
@@ -738,7 +738,7 @@ def consolidate(owner: str = typer.Option("global", "--owner", help="global, tea
     stamped with the owner's stream time unless --at is given."""
     import msgspec
 
-    from projections.semantic import KIND_PROMOTE, PromotionRequested
+    from somnus.projections.semantic import KIND_PROMOTE, PromotionRequested
     from somnus.client import publish_records
     from somnus.reads import ReadError, read
 
@@ -780,8 +780,8 @@ def sleep(at: Optional[str] = typer.Option(None, "--at", help="Event time of the
             _fail(str(exc))
         rows = list(reversed(got["rows"]))
         if plot:
-            from processors.sleep import history_figure
-            from schemas.lifecycle import SleepReport
+            from somnus.processors.sleep import history_figure
+            from somnus.schemas.lifecycle import SleepReport
 
             reports = [(datetime.fromisoformat(str(r[1])), msgspec.json.decode(r[3], type=SleepReport)) for r in rows]
             if not reports:
@@ -796,9 +796,9 @@ def sleep(at: Optional[str] = typer.Option(None, "--at", help="Event time of the
                 rep = json.loads(r[3])
                 console.print(f"[bold]{r[0]}[/bold] ({r[2]}): {rep['narrative']}", soft_wrap=True)
         return
-    from projections.semantic import KIND_PROMOTE, PromotionRequested
-    from projections.sleep import KIND_SLEEP
-    from schemas.lifecycle import SleepRequested
+    from somnus.projections.semantic import KIND_PROMOTE, PromotionRequested
+    from somnus.projections.sleep import KIND_SLEEP
+    from somnus.schemas.lifecycle import SleepRequested
     from somnus.client import publish_records
 
     when = _event_time(s, at, "global")

@@ -1,6 +1,6 @@
 """The publishing client for agent runtimes: ``publish(events)``; key = session_id.
 
-Events may be dicts, typed events (``schemas.events``) or raw JSON bytes. Raw bytes are sent as
+Events may be dicts, typed events (``somnus.schemas.events``) or raw JSON bytes. Raw bytes are sent as
 they are (the pipeline validates them; bad ones reach the dead-letter topic), keyed by their
 ``session_id`` when it can be read.
 
@@ -20,7 +20,7 @@ import msgspec
 import orjson
 from aiokafka import AIOKafkaProducer
 
-from schemas.codec import encode
+from somnus.schemas.codec import encode
 
 
 class _Key(msgspec.Struct):
@@ -92,7 +92,7 @@ async def publish_async(events: Iterable[Any] | AsyncIterable[Any], bootstrap: s
     """Publish events, keyed by session id, in order per session; returns how many events were acknowledged.
 
     Consecutive events of one session within a chunk travel as one bundle record (see
-    ``schemas.codec.decode_record``); ``bundle_max=1`` sends one record per event.
+    ``somnus.schemas.codec.decode_record``); ``bundle_max=1`` sends one record per event.
     """
     producer = make_producer(bootstrap)
     await producer.start()

@@ -63,7 +63,7 @@ class Settings:
     partitions: int = 4
     topic_prefix: str = "somnus."
     max_event_bytes: int = 1_048_576
-    # JSON nesting a record may have (schemas.codec.check_json): deeper is a dead letter, never parsed.
+    # JSON nesting a record may have (somnus.schemas.codec.check_json): deeper is a dead letter, never parsed.
     max_json_depth: int = 64
     batch_size: int = 500
     batch_within_s: float = 0.1
@@ -194,7 +194,7 @@ def kafka_options(settings: Settings | None = None) -> dict[str, Any]:
     security settings; none for PLAINTEXT, the default. ``settings`` None: from the environment
     (``KAFKA_SECURITY_PROTOCOL``, ``KAFKA_SASL_MECHANISM``, ``KAFKA_SASL_USERNAME``,
     ``KAFKA_SASL_PASSWORD``, ``KAFKA_SSL_CAFILE``). The Faust app's ``broker_credentials`` are made
-    from the same (``streams.app.broker_credentials``).
+    from the same (``somnus.streams.app.broker_credentials``).
 
     >>> kafka_options(Settings.resolve(env={}))
     {}

@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from schemas.events import SCHEMA_VERSION
+from somnus.schemas.events import SCHEMA_VERSION
 
 IMPORT_NAMESPACE = uuid.UUID("6d2f8a1e-95c4-4c43-8f0e-3a7b9e2c5d10")
 DEFAULT_START = datetime(2024, 5, 15, 20, 0, 0, tzinfo=timezone.utc)

@@ -12,7 +12,7 @@ from typing import Any
 
 from somnus.config import Settings
 
-MODULES = {"worker": "streams.worker", "projector": "projections.projector", "supervisor": "somnus.supervisor"}
+MODULES = {"worker": "somnus.streams.worker", "projector": "somnus.projections.projector", "supervisor": "somnus.supervisor"}
 
 
 # Young-generation collections every 50,000 net allocations instead of CPython's 700. The worker and

@@ -20,8 +20,8 @@ from typing import Any
 
 import duckdb
 
-from projections import queries
-from projections.projector import endpoint_file
+from somnus.projections import queries
+from somnus.projections.projector import endpoint_file
 from somnus.config import Settings
 from somnus.procs import pid_alive
 
@@ -42,7 +42,7 @@ def _projector(db: Path) -> dict[str, Any] | None:
 
 def _endpoint(db: Path, handler: str | None = None) -> str | None:
     """The running projector's URL for ``db``: its briefing server's for the reads that one answers."""
-    from projections.briefing_server import ROUTES
+    from somnus.projections.briefing_server import ROUTES
 
     info = _projector(db)
     if info is None:
@@ -54,7 +54,7 @@ def _endpoint(db: Path, handler: str | None = None) -> str | None:
 def token_for(db: Path, token: str | None = None) -> str | None:
     """The bearer token for reads of ``db``'s projector: ``token``, ``SOMNUS_TOKEN``, the projector's
     operator token file (its ``SOMNUS_HOME``), or this environment's ``SOMNUS_HOME/token``."""
-    from projections.auth import token_file
+    from somnus.projections.auth import token_file
 
     if token:
         return token
@@ -106,10 +106,10 @@ def _open(db: Path) -> duckdb.DuckDBPyConnection:
 
 def read(db: Path, handler: str, agent: str | None = None, agents_dir: Path | None = None, *,
          token: str | None = None, **params: Any) -> Any:
-    """Run the read ``handler`` (a route of ``projections.api``): through the running projector when it
+    """Run the read ``handler`` (a route of ``somnus.projections.api``): through the running projector when it
     holds ``db`` (with ``token_for(db, token)``), else on the file opened read-only. Parameters that are
     None are left out."""
-    from projections import api
+    from somnus.projections import api
     from somnus.agents import load_agents
 
     route = next((r for r in api.all_routes() if r.handler == handler), None)
@@ -154,7 +154,7 @@ async def _kafka_positions(settings: Settings, bootstrap: str) -> tuple[dict[str
     from aiokafka import AIOKafkaConsumer, TopicPartition
     from aiokafka.admin import AIOKafkaAdminClient
 
-    from streams.topics import partitions_of
+    from somnus.streams.topics import partitions_of
 
     from somnus.config import kafka_options
 

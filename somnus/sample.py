@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from schemas.events import SCHEMA_VERSION
+from somnus.schemas.events import SCHEMA_VERSION
 
 SAMPLE_NAMESPACE = uuid.UUID("a3c1f0de-2b7e-4d51-8c9a-1e0f5b6d7c82")
 START = datetime(2026, 1, 5, 7, 0, tzinfo=timezone.utc)  # a Monday

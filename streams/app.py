@@ -24,26 +24,26 @@ from faust.tables.table import Table
 from faust.types import EventT
 import msgspec
 
-from processors.distiller import SessionState, decode_state, distill, encode_state, session_key
-from processors.batch import distill_rounds
-from processors.retention import MarkerHeap, micros, record_cap, sift, stream_times
-from processors.working_memory import WorkingMemorySettings
-from processors.working_memory import compact as compact_wm
-from processors.working_memory import decode_state as decode_wm
-from processors.working_memory import encode_state as encode_wm
-from processors.nac import decode_link_state, encode_link_state, learn, observations_from_episode
-from schemas.memory import KIND_UNITS
-from schemas.causal import OutcomeObserved
-from schemas.episodes import EpisodeDistilled
-from schemas.codec import (Rejection, dead_letter_original, decode_bounded, decode_record, encode, poison_reason,
+from somnus.processors.distiller import SessionState, decode_state, distill, encode_state, session_key
+from somnus.processors.batch import distill_rounds
+from somnus.processors.retention import MarkerHeap, micros, record_cap, sift, stream_times
+from somnus.processors.working_memory import WorkingMemorySettings
+from somnus.processors.working_memory import compact as compact_wm
+from somnus.processors.working_memory import decode_state as decode_wm
+from somnus.processors.working_memory import encode_state as encode_wm
+from somnus.processors.nac import decode_link_state, encode_link_state, learn, observations_from_episode
+from somnus.schemas.memory import KIND_UNITS
+from somnus.schemas.causal import OutcomeObserved
+from somnus.schemas.episodes import EpisodeDistilled
+from somnus.schemas.codec import (Rejection, dead_letter_original, decode_bounded, decode_record, encode, poison_reason,
                           record_rejection, truncated_note)
-from streams.kafka_compat import track_topics_sent_to
+from somnus.streams.kafka_compat import track_topics_sent_to
 from somnus.config import Settings, kafka_options
-from streams.liveness import PartitionWatchdog, RecoveryWatchdog, SomnusApp, install_diagnostics, watch
-from streams.metrics import WorkerCounters
-from streams.ordering import (Admitted, OffsetGuard, decode_clock, decode_position, position_key,
+from somnus.streams.liveness import PartitionWatchdog, RecoveryWatchdog, SomnusApp, install_diagnostics, watch
+from somnus.streams.metrics import WorkerCounters
+from somnus.streams.ordering import (Admitted, OffsetGuard, decode_clock, decode_position, position_key,
                               positions_writer)
-from streams.topics import signature_partition
+from somnus.streams.topics import signature_partition
 
 log = logging.getLogger("somnus.worker")
 
@@ -81,7 +81,7 @@ class BatchedTable(Table):
                     clocks: Mapping[int, int] | None = None) -> None:
         """Set each ``(key, partition, value)`` of ``items``, then the source positions with their
         partitions' stream times (after the states, on the same changelog partitions: see
-        ``streams.ordering``); send all, wait for acks."""
+        ``somnus.streams.ordering``); send all, wait for acks."""
         for key, partition, value in items:
             self.key_partitions[key] = partition
             self[key] = value
@@ -126,7 +126,7 @@ class Batcher:
     owns them now; acking them here would corrupt Faust's offset bookkeeping for the new owner.
 
     ``handle`` returns the events to acknowledge, or None for all of them: a guarded agent
-    (``streams.ordering``) acknowledges neither a hole nor what follows it.
+    (``somnus.streams.ordering``) acknowledges neither a hole nor what follows it.
     """
 
     def __init__(self, app: faust.App, stream: faust.StreamT, max_events: int, within_s: float,
@@ -251,7 +251,7 @@ def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker") 
     observations = app.topic(settings.observations_topic, partitions=settings.partitions, key_type=bytes,
                              value_type=bytes, internal=False)
     from somnus.agents import load_agents
-    from processors.nac import alphas_for
+    from somnus.processors.nac import alphas_for
 
     fleet = load_agents(settings.agents_dir)
     alpha_by_agent = alphas_for(fleet)
@@ -267,7 +267,7 @@ def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker") 
     sessions_guard = make_guard(app, bootstrap, sessions)
     links_guard = make_guard(app, bootstrap, links)
     guards = {settings.traces_topic: sessions_guard, settings.observations_topic: links_guard}
-    # Commits never pass what the state has applied (see streams.ordering).
+    # Commits never pass what the state has applied (see somnus.streams.ordering).
     app.somnus_commit_cap = lambda tp: (  # type: ignore[attr-defined]
         guards[tp.topic].position(tp) if tp.topic in guards else None)
 
@@ -396,7 +396,7 @@ def _plan_batch(app: faust.App, settings: Settings, batch: Sequence[EventT], ses
     valid = []
     coords: list[tuple[Any, int]] = []  # (record, index in it) of each valid event
     parts: list[int] = []  # source partition of each valid event
-    caps: list[int | None] = []  # the latest time each valid event may have (processors.retention)
+    caps: list[int | None] = []  # the latest time each valid event may have (somnus.processors.retention)
     skew_us = int(settings.max_clock_skew_s * 1_000_000)
     partition_of = plan.partition_of
     offset_of: dict[str, int] = {}  # session key -> offset of its last record in the batch (its end)
@@ -457,7 +457,7 @@ def _plan_batch(app: faust.App, settings: Settings, batch: Sequence[EventT], ses
                          wm_settings)
     plan.duplicates = sifted.duplicates + out.duplicates
     late = list(sifted.late)
-    if out.late_events:  # after an end the distiller met, or out of order (processors.distiller.seq_verdict)
+    if out.late_events:  # after an end the distiller met, or out of order (somnus.processors.distiller.seq_verdict)
         where = {id(ev): i for i, ev in enumerate(valid)}
         late += [(where[id(ev)], reason) for ev, reason in out.late_events]
     plan.late = len(late)
@@ -468,7 +468,7 @@ def _plan_batch(app: faust.App, settings: Settings, batch: Sequence[EventT], ses
     if extractor is not None and out.episodes:
         plan.facts = list(extractor.extract(out.episodes))
     # What each call led to, for the NAc; the coordinates of the session's end make a re-distilled
-    # episode's observations recognisable as redeliveries (processors.nac.learn).
+    # episode's observations recognisable as redeliveries (somnus.processors.nac.learn).
     plan.observations = [o for ep in out.episodes for o in observations_from_episode(
         ep, partition_of[session_key(ep.agent, ep.session_id)], offset_of[session_key(ep.agent, ep.session_id)])]
     plan.units, plan.states, plan.wm_states = out.units, out.states, out.wm_states
@@ -493,9 +493,9 @@ async def _handle_batch(app: faust.App, settings: Settings, batch: Sequence[Even
                         not_episodic: frozenset[str] = frozenset(), working: BatchedTable | None = None,
                         wm_settings: Any = None, guard: OffsetGuard | None = None,
                         markers: MarkerRetention | None = None, idle: IdleSessions | None = None) -> list[EventT]:
-    """One batch of trace records; returns the records to acknowledge (see ``streams.ordering``).
+    """One batch of trace records; returns the records to acknowledge (see ``somnus.streams.ordering``).
 
-    No record stops the distiller: decoding never raises (``schemas.codec``), and should the rest of
+    No record stops the distiller: decoding never raises (``somnus.schemas.codec``), and should the rest of
     the batch's work raise, the batch is handled again one record at a time (where a batch ends never
     changes a result: ``tests/processors/test_batch.py``), so that only the record that raises on its
     own is dead-lettered, as ``poison``, and passed. Errors of the broker are not the records' and are
@@ -613,7 +613,7 @@ def _session_states(sessions: BatchedTable, closed: bool) -> Any:
 
 
 class MarkerRetention:
-    """Removes the markers of closed sessions once they expire (``processors.retention``).
+    """Removes the markers of closed sessions once they expire (``somnus.processors.retention``).
 
     It keeps the owned partitions' markers in a heap by expiry, rebuilt from the table after every
     rebalance (Faust restores the table, not this heap)."""
@@ -657,7 +657,7 @@ class MarkerRetention:
 
 class IdleSessions:
     """The owned partitions' open sessions by the time of their latest event, so that a batch whose
-    stream time makes one idle (``processors.retention.sift``) has its state at hand. Rebuilt from the
+    stream time makes one idle (``somnus.processors.retention.sift``) has its state at hand. Rebuilt from the
     table after every rebalance (Faust restores the table, not this); an entry that is not a session's
     latest any more is skipped by ``sift``."""
 
@@ -759,7 +759,7 @@ async def _handle_observations(app: faust.App, settings: Settings, batch: Sequen
 
 def _learn(links: BatchedTable, partition_of: Mapping[str, int], observed: list[OutcomeObserved],
            alpha_by_agent: dict[str, float]) -> tuple[dict[str, bytes], list[Any]]:
-    """Rescorla-Wagner over ``observed`` from the links' states in the table (``processors.nac.learn``):
+    """Rescorla-Wagner over ``observed`` from the links' states in the table (``somnus.processors.nac.learn``):
     the new states, encoded as the table will hold them, and the updates."""
     prior = {}
     for sig in partition_of:
@@ -830,12 +830,12 @@ async def first_record_at(bootstrap: str, tp: Any, offset: int) -> int | None:
 
 def make_extractor(settings: Settings) -> Any:
     """The deterministic trace extractor; the LLM one only when a key is configured."""
-    from processors.extraction import TraceExtractor
+    from somnus.processors.extraction import TraceExtractor
 
     trace = TraceExtractor()
     if not settings.llm_extractor:
         return trace
-    from streams.llm_extractor import AnthropicExtractor, LLMExtractorConfig
+    from somnus.streams.llm_extractor import AnthropicExtractor, LLMExtractorConfig
 
     config = LLMExtractorConfig.from_env(os.environ)
     if not config.enabled:

@@ -28,7 +28,7 @@ by dumping the consumer's state of a stalled worker (SIGUSR2, below):
 
 The watchdog stays quiet while Faust restores tables (``app.in_recovery``): the source partitions
 are paused then on purpose. Records lost outright (never delivered while later ones were) are the
-ordering guard's business (``streams.ordering``); the commits of this consumer are capped at what
+ordering guard's business (``somnus.streams.ordering``); the commits of this consumer are capped at what
 the guarded state applied, so such a loss at the end of a partition shows as lag and the watchdog
 rewinds it.
 
@@ -123,7 +123,7 @@ class RewindingConsumer(faust_aiokafka.Consumer):
     """The consumer of ``RewindingConsumerThread``, whose commits never pass the app's commit cap.
 
     ``app.somnus_commit_cap(tp)`` is the next offset the agent's state has to apply (see
-    ``streams.ordering``), or None for a partition without one. Faust's own bookkeeping can count
+    ``somnus.streams.ordering``), or None for a partition without one. Faust's own bookkeeping can count
     offsets as acknowledged that were never delivered; a commit past them would make the lag of
     the group lie (0 with a record not applied).
     """
@@ -291,7 +291,7 @@ def install_diagnostics(app: faust.App) -> None:
     every thread to the log; SIGUSR2 the consumer's offsets state, including a commit in progress.
 
     mode's worker installs its own SIGUSR1 (a stack dump) and SIGUSR2 (pdb, useless without a
-    terminal) when it starts, which can be after this: ``streams.worker.make_worker`` points those
+    terminal) when it starts, which can be after this: ``somnus.streams.worker.make_worker`` points those
     at these dumps too, so whichever is installed last, these run."""
     import signal
 

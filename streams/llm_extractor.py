@@ -23,8 +23,8 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from schemas.episodes import EpisodeDistilled
-from schemas.facts import FACTS_SCHEMA_VERSION, EntityMention, FactAsserted, FactsExtracted
+from somnus.schemas.episodes import EpisodeDistilled
+from somnus.schemas.facts import FACTS_SCHEMA_VERSION, EntityMention, FactAsserted, FactsExtracted
 
 log = logging.getLogger("somnus.llm_extractor")
 

@@ -20,7 +20,7 @@ and a record beyond it reveals a hole: it and everything after it in that partit
 applied nor acknowledged, and ``OffsetGuard`` seeks the partition back to the position. A hole
 that survives a rewind is checked against the broker: offsets that hold no record (a transaction
 marker, compaction, retention) are stepped over; anything else is fetched again. Commits are
-capped at the position (``streams.liveness.RewindingConsumer``), so the group's lag is what the
+capped at the position (``somnus.streams.liveness.RewindingConsumer``), so the group's lag is what the
 state has not applied, and a lost last record shows as lag the watchdog rewinds.
 """
 
@@ -44,7 +44,7 @@ def position_key(topic: str, partition: int) -> bytes:
 
 
 def encode_position(offset: int, clock: int | None = None) -> bytes:
-    """A position, and optionally the partition's stream time (µs) at it (``processors.retention``):
+    """A position, and optionally the partition's stream time (µs) at it (``somnus.processors.retention``):
     written in one record, so a recovered position and its stream time always agree."""
     return str(offset).encode() if clock is None else f"{offset} {clock}".encode()
 

@@ -1,4 +1,4 @@
-"""Entry point of a Faust worker: ``python -m streams.worker [--name NAME]``."""
+"""Entry point of a Faust worker: ``python -m somnus.streams.worker [--name NAME]``."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import Any
 from somnus.broker import BrokerError, await_broker, bootstrap_for
 from somnus.config import Settings
 from somnus.procs import private_files, tune_gc
-from streams.app import create_app
-from streams.liveness import diagnostics
-from streams.topics import ensure_topics
+from somnus.streams.app import create_app
+from somnus.streams.liveness import diagnostics
+from somnus.streams.topics import ensure_topics
 
 
 def make_worker(app: Any, loglevel: str) -> Any:

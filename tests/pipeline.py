@@ -16,7 +16,7 @@ from somnus import procs
 from somnus.client import publish
 from somnus.config import Settings
 from somnus.reads import checksum, status, wait_idle
-from streams.topics import ensure_topics
+from somnus.streams.topics import ensure_topics
 
 
 DIAGNOSIS_CHARS = 40_000  # of each worker's log, in a stalled test's failure message
@@ -78,7 +78,7 @@ class Pipeline:
 
     def diagnose(self) -> str:
         """The end of every live worker's log after it dumped its asyncio tasks and consumer state
-        (SIGUSR1, SIGUSR2: ``streams.liveness.install_diagnostics``): a stall then shows where it is
+        (SIGUSR1, SIGUSR2: ``somnus.streams.liveness.install_diagnostics``): a stall then shows where it is
         waiting in the test's own failure message."""
         workers = {n: p for n, p in self.procs.items() if n != "projector" and p.poll() is None}
         for proc in workers.values():

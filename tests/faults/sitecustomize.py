@@ -4,7 +4,7 @@ suffixes (``sessions-changelog,working_memory-changelog``).
 
 While a table is being restored, the records aiokafka hands Faust for a partition of such a topic
 are dropped: aiokafka's position has moved past them and Faust never sees them. That is what a
-survivor's stalled recovery showed (``streams.liveness``, fourth defect). The partition's records
+survivor's stalled recovery showed (``somnus.streams.liveness``, fourth defect). The partition's records
 are dropped until a fetch starts at an offset already dropped once: a seek back re-reads them.
 Each drop is printed to the worker's log, so a test can tell that the fault happened.
 """

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from projections import api, auth
-from projections.projector import endpoint_file
+from somnus.projections import api, auth
+from somnus.projections.projector import endpoint_file
 from somnus.reads import read
 from tests.pipeline import Pipeline, wait_until
 

@@ -11,7 +11,7 @@ from aiokafka import AIOKafkaConsumer
 
 from somnus.client import Publisher
 from somnus.sample import generate
-from streams.topics import ensure_topics
+from somnus.streams.topics import ensure_topics
 
 pytestmark = pytest.mark.integration
 

@@ -8,8 +8,8 @@ import asyncio
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from projections.projector import Drain
-from streams.topics import ensure_topics
+from somnus.projections.projector import Drain
+from somnus.streams.topics import ensure_topics
 
 pytestmark = pytest.mark.integration
 

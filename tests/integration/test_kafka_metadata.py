@@ -1,4 +1,4 @@
-"""streams.kafka_compat.track_topics_sent_to, against the real broker: the aiokafka defect that hung the
+"""somnus.streams.kafka_compat.track_topics_sent_to, against the real broker: the aiokafka defect that hung the
 worker's offset commits (a batch waiting for a leader its producer had stopped looking up)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.client import AIOKafkaClient
 from aiokafka.structs import TopicPartition
 
-from streams.kafka_compat import track_topics_sent_to
+from somnus.streams.kafka_compat import track_topics_sent_to
 
 track_topics_sent_to()  # as the worker's and the projector's entry points do
 

@@ -12,7 +12,7 @@ import pytest
 from tests.pipeline import Pipeline
 from tests.tau_bench import raw_tau_counts, tau_group
 
-from projections.knowledge_store import KnowledgeStore
+from somnus.projections.knowledge_store import KnowledgeStore
 from somnus.agents import AgentSpec
 from somnus.importers import openai_chat
 

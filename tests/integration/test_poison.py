@@ -19,7 +19,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from schemas.codec import MAX_ORIGINAL
+from somnus.schemas.codec import MAX_ORIGINAL
 from somnus.sample import generate
 from tests.pipeline import Pipeline
 

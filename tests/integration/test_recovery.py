@@ -1,4 +1,4 @@
-"""A table recovery that lost changelog records in flight completes (streams.liveness.RecoveryWatchdog):
+"""A table recovery that lost changelog records in flight completes (somnus.streams.liveness.RecoveryWatchdog):
 real broker, real Faust worker and projector, one fault injected into the worker (tests/faults)."""
 
 from __future__ import annotations

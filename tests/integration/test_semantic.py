@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from schemas.episodes import episode_id_for
+from somnus.schemas.episodes import episode_id_for
 from somnus.importers import openai_chat
 from somnus.reads import read
 from tests.pipeline import Pipeline, wait_until

@@ -24,7 +24,7 @@ from somnus.client import publish
 from somnus.config import Settings
 from somnus.reads import sql, wait_idle
 from somnus.sample import generate
-from streams.topics import ensure_topics
+from somnus.streams.topics import ensure_topics
 from tests.pipeline import Pipeline, wait_until
 
 pytestmark = pytest.mark.integration

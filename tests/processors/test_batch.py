@@ -1,4 +1,4 @@
-"""processors.batch: the distiller's batch logic without I/O (``distill_rounds`` after ``sift``), as the
+"""somnus.processors.batch: the distiller's batch logic without I/O (``distill_rounds`` after ``sift``), as the
 worker runs it batch after batch, with closed sessions forgotten after the retention."""
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from processors.distiller import SessionState, decode_state, encode_state, session_key
-from processors.retention import MarkerHeap, micros, sift
-from processors.working_memory import DEFAULT_SETTINGS
-from processors.working_memory import encode_state as encode_wm
-from schemas.codec import decode_trace, encode
+from somnus.processors.distiller import SessionState, decode_state, encode_state, session_key
+from somnus.processors.retention import MarkerHeap, micros, sift
+from somnus.processors.working_memory import DEFAULT_SETTINGS
+from somnus.processors.working_memory import encode_state as encode_wm
+from somnus.schemas.codec import decode_trace, encode
 from somnus.sample import generate
-from processors.batch import distill_rounds
+from somnus.processors.batch import distill_rounds
 
 HOUR_US = 3600 * 1_000_000
 

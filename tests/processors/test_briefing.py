@@ -1,4 +1,4 @@
-"""processors.briefing: lessons by error class, what concerns the agent, strategies, the budget,
+"""somnus.processors.briefing: lessons by error class, what concerns the agent, strategies, the budget,
 ages, input selection, cache invalidation."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import processors.briefing
-from processors.briefing import (
+import somnus.processors.briefing
+from somnus.processors.briefing import (
     DEFAULT_BUDGET,
     KNOWLEDGE_TITLE,
     LESSONS_TITLE,
@@ -57,7 +57,7 @@ from processors.briefing import (
     strategy_line,
     task_kind,
 )
-from projections import schema
+from somnus.projections import schema
 from somnus.agents import AgentSpec, LearningRate, load_agents
 
 NOW = datetime(2024, 5, 16, 12, 0, tzinfo=timezone.utc)
@@ -102,7 +102,7 @@ STRATEGIES = [
 ]
 
 
-def full() -> processors.briefing.Briefing:
+def full() -> somnus.processors.briefing.Briefing:
     return render_briefing("researcher", LESSONS, FACTS, STRATEGIES, budget=100_000, now=NOW, knowledge=KNOWLEDGE)
 
 
@@ -300,7 +300,7 @@ TITLE_LEN = len("## Session Briefing for researcher") + 1
 TITLES = (LESSONS_TITLE, KNOWLEDGE_TITLE, STRATEGIES_TITLE)
 
 
-def section_lines(b: processors.briefing.Briefing) -> list[list[str]]:
+def section_lines(b: somnus.processors.briefing.Briefing) -> list[list[str]]:
     """The item lines of each section of a briefing."""
     out: list[list[str]] = [[], [], []]
     current = -1
@@ -312,7 +312,7 @@ def section_lines(b: processors.briefing.Briefing) -> list[list[str]]:
     return out
 
 
-def priority_lines(b: processors.briefing.Briefing) -> list[tuple[int, str]]:
+def priority_lines(b: somnus.processors.briefing.Briefing) -> list[tuple[int, str]]:
     """(section, line) of a briefing, in the budget's priority order."""
     sections = section_lines(b)
     taken = [0, 0, 0]
@@ -764,7 +764,7 @@ def test_regenerating_only_affected_agents_gives_the_same_cache_as_regenerating_
 
 
 def test_the_docstring_examples_run():
-    assert doctest.testmod(processors.briefing).failed == 0
+    assert doctest.testmod(somnus.processors.briefing).failed == 0
 
 
 # ---- what earns a line ---------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""processors.context: get_context — sections, fusion, dedup across tiers, window fitting, isolation.
+"""somnus.processors.context: get_context — sections, fusion, dedup across tiers, window fitting, isolation.
 
 Run as a module for the planner's benchmark with synthetic tiers: ``python -m tests.processors.test_context``.
 """
@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from processors.context import (
+from somnus.processors.context import (
     DEFAULT_PLANNER,
     RANKED_HEADER,
     RECENT_HEADER,
@@ -26,8 +26,8 @@ from processors.context import (
     line_cost,
     visible_to,
 )
-from processors.working_memory import WorkingMemorySettings, add, estimate_tokens, message
-from schemas.working_memory import (
+from somnus.processors.working_memory import WorkingMemorySettings, add, estimate_tokens, message
+from somnus.schemas.working_memory import (
     AssembledContext,
     ContextCandidate,
     Role,
@@ -215,7 +215,7 @@ def test_what_the_recent_conversation_shows_is_not_repeated():
 @given(st.lists(st.frozensets(st.sampled_from("abcdefghijklmnop"), max_size=12), max_size=25),
        st.sampled_from([0.5, 0.8, 0.9, 1.0]))
 def test_prefix_filtering_finds_exactly_the_earliest_near_duplicate(sets, threshold):
-    from processors.context import _jaccard_at_least, _NearDuplicates
+    from somnus.processors.context import _jaccard_at_least, _NearDuplicates
 
     def jaccard(a: frozenset[str], b: frozenset[str]) -> float:
         return len(a & b) / len(a | b) if a | b else 0.0
@@ -332,7 +332,7 @@ def bench(calls: int = 2000, seed: int = 7) -> None:
 
     import numpy as np
 
-    from processors.working_memory import message
+    from somnus.processors.working_memory import message
 
     rng = random.Random(seed)
     vocab = [f"w{i}" for i in range(3000)] + ["baggage", "refund", "seat", "flight", "upgrade", "rate", "limit"]

@@ -1,4 +1,4 @@
-"""processors.distiller: a pure fold of trace events into per-session state and episodes."""
+"""somnus.processors.distiller: a pure fold of trace events into per-session state and episodes."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from processors import distiller
-from processors.distiller import (
+from somnus.processors import distiller
+from somnus.processors.distiller import (
     DistillOutput,
     SessionState,
     decode_state,
@@ -26,10 +26,10 @@ from processors.distiller import (
     is_rate_limit,
     session_key,
 )
-from schemas.causal import event_signature
-from schemas.codec import Rejection, decode_trace, encode
-from schemas.episodes import EpisodeDistilled, LessonKind, episode_id_for
-from schemas.events import (
+from somnus.schemas.causal import event_signature
+from somnus.schemas.codec import Rejection, decode_trace, encode
+from somnus.schemas.episodes import EpisodeDistilled, LessonKind, episode_id_for
+from somnus.schemas.events import (
     AgentMessaged,
     Delegated,
     Delegation,
@@ -588,7 +588,7 @@ def test_tau_bench_gives_200_episodes_84_successes_and_116_failures():
 def test_a_closed_sessions_marker_stores_only_what_identifies_it():
     """The worker keeps a marker per closed session (late and redelivered events are recognised by
     it), so its encoding leaves out every empty default: 214 bytes instead of 468 on the sample fleet."""
-    from processors.distiller import decode_state, encode_state
+    from somnus.processors.distiller import decode_state, encode_state
     from somnus.sample import generate
 
     events = [decode_trace(orjson.dumps(e), 1 << 20) for e in generate(sessions=40, seed=4)]

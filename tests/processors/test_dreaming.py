@@ -1,4 +1,4 @@
-"""processors.dreaming: phase A (cluster / hold / create, adaptive thresholds, schema congruence),
+"""somnus.processors.dreaming: phase A (cluster / hold / create, adaptive thresholds, schema congruence),
 phase B (connect, FSRS-6 review of due memories, abstraction) and prediction-error saturation."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from processors import dreaming
-from processors.dreaming import (
+from somnus.processors import dreaming
+from somnus.processors.dreaming import (
     ABSTRACT_MAX_SOURCES,
     ABSTRACT_MIN_DOMAINS,
     ABSTRACT_MIN_SUPPORT,

@@ -1,4 +1,4 @@
-"""processors.extraction: the trace extractor states only what the trace says, deterministically."""
+"""somnus.processors.extraction: the trace extractor states only what the trace says, deterministically."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from tests.tau_bench import raw_tau_counts, tau_group
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from processors import extraction
-from processors.distiller import distill
-from processors.extraction import (
+from somnus.processors import extraction
+from somnus.processors.distiller import distill
+from somnus.processors.extraction import (
     CLIENT_KEYS,
     MAX_ERROR_CLASS,
     MAX_EXAMPLE,
@@ -33,10 +33,10 @@ from processors.extraction import (
     error_class,
     rate_value,
 )
-from schemas.codec import Rejection, decode_trace, encode
-from schemas.episodes import CallSeen, Delegation, EpisodeDistilled, ErrorSeen
-from schemas.events import Outcome
-from schemas.facts import FACTS_SCHEMA_VERSION, FactAsserted, FactsExtracted
+from somnus.schemas.codec import Rejection, decode_trace, encode
+from somnus.schemas.episodes import CallSeen, Delegation, EpisodeDistilled, ErrorSeen
+from somnus.schemas.events import Outcome
+from somnus.schemas.facts import FACTS_SCHEMA_VERSION, FactAsserted, FactsExtracted
 from somnus.importers import openai_chat
 
 T0 = datetime(2024, 5, 15, 20, 0, tzinfo=timezone.utc)

@@ -1,4 +1,4 @@
-"""processors.graph_metrics: Laplacian, Fiedler value (dense and Lanczos) against closed forms, components, trend."""
+"""somnus.processors.graph_metrics: Laplacian, Fiedler value (dense and Lanczos) against closed forms, components, trend."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from processors import graph_metrics
-from processors.graph_metrics import (
+from somnus.processors import graph_metrics
+from somnus.processors.graph_metrics import (
     DENSE_LIMIT,
     LANCZOS_RTOL,
     TREND_TOLERANCE,

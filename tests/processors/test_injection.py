@@ -1,4 +1,4 @@
-"""processors.injection: the briefing is fenced off and no briefing text can break out of the block;
+"""somnus.processors.injection: the briefing is fenced off and no briefing text can break out of the block;
 the one sanitiser (``one_line``, ``escape_lines``, ``briefing_text``) leaves no marker, no invisible
 character and no line that stored text starts.
 
@@ -15,9 +15,9 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-import processors.injection
-from processors.briefing import LessonItem, render_briefing
-from processors.injection import (
+import somnus.processors.injection
+from somnus.processors.briefing import LessonItem, render_briefing
+from somnus.processors.injection import (
     BEGIN, BRIEFING_LABELS, END, HEADER, QUOTE, briefing_block, briefing_text, escape_lines, inject, neutral_json,
     one_line, split_injected)
 
@@ -197,7 +197,7 @@ def test_split_injected_of_a_plain_prompt():
 
 
 def test_the_docstring_examples_run():
-    assert doctest.testmod(processors.injection).failed == 0
+    assert doctest.testmod(somnus.processors.injection).failed == 0
 
 
 # ---- the sanitiser shared by every prompt-facing read -------------------------------------------

@@ -1,4 +1,4 @@
-"""processors.knowledge: entity resolution, supersession, reinforcement, as-of, replay and rebuild."""
+"""somnus.processors.knowledge: entity resolution, supersession, reinforcement, as-of, replay and rebuild."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from processors.knowledge import (
+from somnus.processors.knowledge import (
     MERGE_JACCARD,
     MIN_TRUSTED_CHARS,
     KnowledgeFold,
@@ -21,7 +21,7 @@ from processors.knowledge import (
     noisy_or,
     normalise_name,
 )
-from schemas.facts import EntityMention, FactAsserted, FactsExtracted
+from somnus.schemas.facts import EntityMention, FactAsserted, FactsExtracted
 
 T0 = datetime(2024, 5, 1, tzinfo=timezone.utc)
 

@@ -1,4 +1,4 @@
-"""processors.layers: the MemoryLayer protocol, the three layers, the cross-layer graph, spreading
+"""somnus.processors.layers: the MemoryLayer protocol, the three layers, the cross-layer graph, spreading
 activation, consolidation, and the fold (a replay of the semantic log rebuilds the same memory).
 Also the round trip of every semantic event type (schemas/semantic.py)."""
 
@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import schemas.semantic
-from processors import layers
-from processors.layers import (
+import somnus.schemas.semantic
+from somnus.processors import layers
+from somnus.processors.layers import (
     ACTIVATION_DECAY,
     ACTIVATION_MAX_DEPTH,
     ACTIVATION_THRESHOLD,
@@ -32,9 +32,9 @@ from processors.layers import (
     snapshot,
     spread,
 )
-from schemas.episodes import CallSeen, EpisodeDistilled, ErrorSeen
-from schemas.events import Outcome
-from schemas.semantic import (
+from somnus.schemas.episodes import CallSeen, EpisodeDistilled, ErrorSeen
+from somnus.schemas.events import Outcome
+from somnus.schemas.semantic import (
     CandidateRejected,
     ConceptCreated,
     ConceptPromoted,
@@ -414,4 +414,4 @@ def test_event_kinds_on_the_wire_are_pinned():
 
 def test_docstring_examples_run():
     assert doctest.testmod(layers).failed == 0
-    assert doctest.testmod(schemas.semantic).failed == 0
+    assert doctest.testmod(somnus.schemas.semantic).failed == 0

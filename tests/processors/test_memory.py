@@ -1,4 +1,4 @@
-"""processors.memory: memory units from episodes and messages, and the capture fold (rules, prediction
+"""somnus.processors.memory: memory units from episodes and messages, and the capture fold (rules, prediction
 error bands, merges, associations, replay, forgetting, consistency)."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from processors import memory as M
-from processors.memory import (
+from somnus.processors import memory as M
+from somnus.processors.memory import (
     MemoryState,
     apply,
     capture,
@@ -25,10 +25,10 @@ from processors.memory import (
     message_units,
     replay,
 )
-from processors.recall import edge_weight, recall
-from schemas.episodes import CallSeen, Delegation, EpisodeDistilled, ErrorSeen, Lesson, LessonKind
-from schemas.events import AgentMessaged, Message, Outcome, SessionStart, SessionStarted, UserMessaged
-from schemas.memory import (
+from somnus.processors.recall import edge_weight, recall
+from somnus.schemas.episodes import CallSeen, Delegation, EpisodeDistilled, ErrorSeen, Lesson, LessonKind
+from somnus.schemas.events import AgentMessaged, Message, Outcome, SessionStart, SessionStarted, UserMessaged
+from somnus.schemas.memory import (
     CaptureAction,
     CaptureDecided,
     ForgetReason,

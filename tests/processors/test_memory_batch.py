@@ -1,4 +1,4 @@
-"""processors.memory / memory_index: the batched fold (``forget_all``, ``apply_all``, ``MemoryIndex.remove_many``,
+"""somnus.processors.memory / memory_index: the batched fold (``forget_all``, ``apply_all``, ``MemoryIndex.remove_many``,
 ``drop_edges_many``) leaves exactly the state the event-by-event fold leaves (a sleep run forgets a million
 memories at once)."""
 
@@ -12,8 +12,8 @@ import numpy as np
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from processors.memory import MemoryState, apply, apply_all, capture, forget, forget_all
-from schemas.memory import (
+from somnus.processors.memory import MemoryState, apply, apply_all, capture, forget, forget_all
+from somnus.schemas.memory import (
     MEMORY_SCHEMA_VERSION,
     ForgetReason,
     MemoryAccessed,
@@ -146,7 +146,7 @@ def test_similar_top_k_and_bitmap_dedupe_equal_the_full_sort(spec, query_of, top
     # _similar dedupes candidates with a bitmap when they are many (ratio 10**9: always; 0: never, a
     # sort) and selects only the first ``top`` without sorting them all: the result must be the plain
     # full sort's, ties older first.
-    import processors.memory_index as mi
+    import somnus.processors.memory_index as mi
 
     old, mi.BITMAP_DEDUPE_RATIO = mi.BITMAP_DEDUPE_RATIO, ratio
     try:
@@ -208,7 +208,7 @@ def test_newest_candidates_equal_a_brute_force_search_of_the_newest(spec, query_
 def test_capture_compares_only_the_newest_candidates():
     # Twelve identical failures (always stored): with a bound of 4, a thirteenth is compared with the
     # 4 newest, so its associations are among those 4; unbounded, ties go to the oldest.
-    from processors.memory_index import IndexConfig
+    from somnus.processors.memory_index import IndexConfig
 
     units = [MemoryUnit(memory_id=f"m{k}", kind=MemoryKind.EPISODE, agent="a", scope="agent:a", run_id="r0",
                         position=k, occurred_at=T0 + timedelta(minutes=k), perception="deploy billing helm",

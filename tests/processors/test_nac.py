@@ -1,4 +1,4 @@
-"""processors.nac: Rescorla-Wagner causal links from episodes, redelivery-proof, and predictions."""
+"""somnus.processors.nac: Rescorla-Wagner causal links from episodes, redelivery-proof, and predictions."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from processors import nac
-from processors.distiller import distill
-from processors.nac import (
+from somnus.processors import nac
+from somnus.processors.distiller import distill
+from somnus.processors.nac import (
     ALPHA_BY_LEARNING_RATE,
     CONFIDENCE_PRIOR,
     DEFAULT_ALPHA,
@@ -38,10 +38,10 @@ from processors.nac import (
     tool_counts_from_states,
     valence_of,
 )
-from schemas.causal import LinkLevel, OutcomeObserved, Valence, event_signature, outcome_signature, tool_signature
-from schemas.codec import Rejection, decode_trace
-from schemas.episodes import CallSeen, EpisodeDistilled
-from schemas.events import Outcome
+from somnus.schemas.causal import LinkLevel, OutcomeObserved, Valence, event_signature, outcome_signature, tool_signature
+from somnus.schemas.codec import Rejection, decode_trace
+from somnus.schemas.episodes import CallSeen, EpisodeDistilled
+from somnus.schemas.events import Outcome
 from somnus.agents import AgentSpec, LearningRate
 from somnus.importers import openai_chat
 from tests.tau_bench import raw_tau_counts
@@ -485,7 +485,7 @@ def test_snapshots_are_the_links_with_their_observations():
 
 
 def test_snapshots_satisfy_the_promotion_sources_protocol():
-    promotion = pytest.importorskip("processors.promotion")
+    promotion = pytest.importorskip("somnus.processors.promotion")
     states, rows = learn({}, [obs("ok", offset=i) for i in range(4)])
     (snap,) = snapshots(states, rows)
     assert isinstance(snap, promotion.CausalLinkLike)

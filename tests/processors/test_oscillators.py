@@ -1,4 +1,4 @@
-"""processors.oscillators: Kuramoto dynamics against closed forms, Hebbian coupling, anomalies, recurrence."""
+"""somnus.processors.oscillators: Kuramoto dynamics against closed forms, Hebbian coupling, anomalies, recurrence."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from processors import oscillators
-from processors.oscillators import (
+from somnus.processors import oscillators
+from somnus.processors.oscillators import (
     DEFAULT_COUPLING,
     DEFAULT_ENTRAINMENT,
     DEFAULT_HEBBIAN_CYCLES,

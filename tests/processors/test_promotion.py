@@ -1,4 +1,4 @@
-"""processors.promotion: sources, the IPS randomness gate, the promoter and its cross-layer edges,
+"""somnus.processors.promotion: sources, the IPS randomness gate, the promoter and its cross-layer edges,
 pattern linking, cross-layer spreading activation, replay; and tau-bench end to end."""
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from processors import promotion as pr
-from processors.distiller import distill
-from processors.layers import MemoryLayers, fold_events, snapshot
-from processors.promotion import (
+from somnus.processors import promotion as pr
+from somnus.processors.distiller import distill
+from somnus.processors.layers import MemoryLayers, fold_events, snapshot
+from somnus.processors.promotion import (
     CausalLinkView,
     NacPromotionSource,
     PromotionCandidate,
@@ -33,11 +33,11 @@ from processors.promotion import (
     ips_gate,
     rayleigh_test,
 )
-from processors.semantic import concept_confidence, find_or_create, knowledge_context
-from processors.statistics import CallOutcome, Statistician, call_outcomes, pattern_events
-from schemas.episodes import EpisodeDistilled
-from schemas.events import TraceEvent
-from schemas.semantic import (
+from somnus.processors.semantic import concept_confidence, find_or_create, knowledge_context
+from somnus.processors.statistics import CallOutcome, Statistician, call_outcomes, pattern_events
+from somnus.schemas.episodes import EpisodeDistilled
+from somnus.schemas.events import TraceEvent
+from somnus.schemas.semantic import (
     CandidateRejected,
     ConceptPromoted,
     CrossEdgeType,

@@ -1,4 +1,4 @@
-"""processors.recall and processors.memory_index: edge weights, spreading activation, BM25 and the
+"""somnus.processors.recall and somnus.processors.memory_index: edge weights, spreading activation, BM25 and the
 signals of hybrid retrieval, scopes, the relevance gate, the token budget, the episodic context."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from processors import recall as R
-from processors.memory import MemoryState, apply, capture
-from processors.memory_index import (
+from somnus.processors import recall as R
+from somnus.processors.memory import MemoryState, apply, capture
+from somnus.processors.memory_index import (
     STOP_WORDS,
     IndexConfig,
     MemoryIndex,
@@ -26,7 +26,7 @@ from processors.memory_index import (
     tokenize,
     unit_text,
 )
-from processors.recall import (
+from somnus.processors.recall import (
     EdgeWeight,
     GatedHit,
     Hit,
@@ -47,7 +47,7 @@ from processors.recall import (
     time_match,
     within_budget,
 )
-from schemas.memory import MemoryAccessed, MemoryKind, MemoryUnit
+from somnus.schemas.memory import MemoryAccessed, MemoryKind, MemoryUnit
 from somnus.agents import AgentSpec
 
 T0 = datetime(2024, 5, 15, 9, 0, tzinfo=timezone.utc)
@@ -286,7 +286,7 @@ def datasketch_minhash(features: list[str], num_perm: int = 64) -> Any:
 @settings(max_examples=40, deadline=None)
 @given(situation_lists)
 def test_signatures_are_datasketch_minhash_hash_values(drawn):
-    from processors.memory_index import situation_features
+    from somnus.processors.memory_index import situation_features
 
     units = situations(*drawn)
     single, batched = MemoryIndex(), MemoryIndex()
@@ -303,7 +303,7 @@ def test_signatures_are_datasketch_minhash_hash_values(drawn):
 @settings(max_examples=40, deadline=None)
 @given(situation_lists)
 def test_a_prepared_batch_is_analysed_as_unit_by_unit(drawn):
-    from projections.memory import stemmer
+    from somnus.projections.memory import stemmer
 
     units = situations(*drawn)
     units[0] = msgspec.structs.replace(units[0], perception="Caroline's running dogs, api.x.io D1:3 " * 3)
@@ -328,7 +328,7 @@ def test_lsh_candidates_are_minhash_lsh_query_results(num_perm, threshold, drawn
     MinHashLSH.query returns (live, in scope), and the similarities MinHash.jaccard."""
     from datasketch import MinHashLSH
 
-    from processors.memory_index import situation_features
+    from somnus.processors.memory_index import situation_features
 
     units = situations(*drawn)
     ix = MemoryIndex(IndexConfig(num_perm=num_perm, lsh_threshold=threshold))
@@ -355,7 +355,7 @@ def test_lsh_candidates_are_minhash_lsh_query_results(num_perm, threshold, drawn
 def test_band_key_collisions_never_add_a_candidate(drawn):
     """Band keys are 64-bit hashes of (scope, band): candidates are checked on the signatures (a band
     wholly equal, the scope one asked for). With every key colliding, the answers stay the same."""
-    from processors.memory_index import SignatureScheme
+    from somnus.processors.memory_index import SignatureScheme
 
     class Colliding(SignatureScheme):
         def band_base(self, sigs: np.ndarray) -> np.ndarray:
@@ -661,7 +661,7 @@ def test_an_agents_own_past_task_is_found_by_its_text():
                       ["search_flights", "book_reservation"], domains=["airline"])
     failed = _episode("failed", "book a hotel room in Seattle", ["search_hotels"], outcome="failure")
     pizza = _episode("pizza", "order a pizza", ["place_order"])
-    from projections.memory import stemmer
+    from somnus.projections.memory import stemmer
 
     ix = index_of(refund, flight, failed, pizza, stem=stemmer())
     for query, expected in (("refund order 1042", "refund"), ("book a flight", "flight")):
@@ -773,7 +773,7 @@ def reference_bert(w: dict[str, np.ndarray], ids: list[int], heads: int) -> np.n
 
 
 def test_minilm_arithmetic_matches_a_reference_bert():
-    from processors.embedding import MiniLM
+    from somnus.processors.embedding import MiniLM
 
     weights, vocab = tiny_bert()
     model = MiniLM(weights, vocab, heads=2)
@@ -829,9 +829,9 @@ def test_capture_then_recall_end_to_end():
 def test_no_recall_ever_returns_another_users_memory(items, reader, query):
     from datetime import datetime, timezone
 
-    from processors.memory_index import MemoryIndex
-    from processors.recall import build_episodic_context, recall
-    from schemas.memory import MemoryKind, MemoryUnit
+    from somnus.processors.memory_index import MemoryIndex
+    from somnus.processors.recall import build_episodic_context, recall
+    from somnus.schemas.memory import MemoryKind, MemoryUnit
 
     t = datetime(2024, 5, 15, tzinfo=timezone.utc)
     ix = MemoryIndex()

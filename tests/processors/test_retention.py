@@ -1,4 +1,4 @@
-"""processors.retention: closed sessions forgotten after a retention of stream time; late events judged
+"""somnus.processors.retention: closed sessions forgotten after a retention of stream time; late events judged
 against the stream time they arrived at, so batch boundaries and restarts never change a decision."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import zlib
 from datetime import datetime, timedelta, timezone
 
 import orjson
-from processors.distiller import SessionState, distill, session_key
-from processors.retention import MarkerHeap, expired, micros, sift, stream_times
-from schemas.codec import decode_trace
+from somnus.processors.distiller import SessionState, distill, session_key
+from somnus.processors.retention import MarkerHeap, expired, micros, sift, stream_times
+from somnus.schemas.codec import decode_trace
 
 HOUR_US = 3600 * 1_000_000
 T0 = datetime(2026, 3, 1, 9, 0, tzinfo=timezone.utc)
@@ -174,7 +174,7 @@ def test_stream_times_are_the_clocks_sift_leaves():
 
 
 def test_an_event_stamped_ahead_of_its_record_by_more_than_the_skew_is_a_future_dead_letter_that_moves_nothing():
-    from processors.retention import record_cap
+    from somnus.processors.retention import record_cap
 
     skew = 5 * 60 * 1_000_000
     arrival = T0 + timedelta(minutes=2)  # the records' broker time

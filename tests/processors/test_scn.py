@@ -1,4 +1,4 @@
-"""processors.scn: temporal bins (time zones, DST), marks, and the commutative count index."""
+"""somnus.processors.scn: temporal bins (time zones, DST), marks, and the commutative count index."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from processors import scn
-from processors.distiller import distill
-from processors.scn import (
+from somnus.processors import scn
+from somnus.processors.distiller import distill
+from somnus.processors.scn import (
     BIN_KINDS,
     BIN_SIZES,
     WEEKDAYS,
@@ -29,10 +29,10 @@ from processors.scn import (
     marks_of_episode,
     marks_of_event,
 )
-from schemas.causal import TemporalBinCounted
-from schemas.codec import decode_trace
-from schemas.episodes import CallSeen, EpisodeDistilled
-from schemas.events import (
+from somnus.schemas.causal import TemporalBinCounted
+from somnus.schemas.codec import decode_trace
+from somnus.schemas.episodes import CallSeen, EpisodeDistilled
+from somnus.schemas.events import (
     Delegated,
     Delegation,
     DelegationResult,

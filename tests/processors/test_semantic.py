@@ -1,4 +1,4 @@
-"""processors.semantic: the confidence formula, name dedup, find_or_create, relationships and their
+"""somnus.processors.semantic: the confidence formula, name dedup, find_or_create, relationships and their
 registry, knowledge ingestion, and the merged knowledge context."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from processors import semantic
-from processors.layers import MemoryLayers, fold_events, snapshot
-from processors.semantic import (
+from somnus.processors import semantic
+from somnus.processors.layers import MemoryLayers, fold_events, snapshot
+from somnus.processors.semantic import (
     BUILTIN_RELATIONS,
     CONFIDENCE_BASE,
     CONFIDENCE_CAP,
@@ -36,7 +36,7 @@ from processors.semantic import (
     render_knowledge_context,
     within_edits,
 )
-from schemas.semantic import (
+from somnus.schemas.semantic import (
     ConceptCreated,
     ConceptReinforced,
     Layer,
@@ -324,8 +324,8 @@ def test_docstring_examples_run():
 
 
 def test_record_agents_prefers_recorded_provenance_over_the_tools_callers():
-    from processors.semantic import find_or_create, record_agents
-    from schemas.semantic import Layer, MathCategory, MathRecord, PatternConfirmed
+    from somnus.processors.semantic import find_or_create, record_agents
+    from somnus.schemas.semantic import Layer, MathCategory, MathRecord, PatternConfirmed
 
     t = datetime(2024, 5, 1, tzinfo=timezone.utc)
     m = MemoryLayers("global")

@@ -1,4 +1,4 @@
-"""processors.sleep: the schedule on stream time, retention, protection, compression, pruning with
+"""somnus.processors.sleep: the schedule on stream time, retention, protection, compression, pruning with
 temporal coverage and maxEpisodes, triple retention, phase order, watermark idempotence, crash and
 resume, determinism and the report.
 
@@ -24,8 +24,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from processors import sleep
-from processors.sleep import (
+from somnus.processors import sleep
+from somnus.processors.sleep import (
     ACCESS_SATURATION,
     DEFAULT_SCHEDULE,
     EDGE_SATURATION,
@@ -50,8 +50,8 @@ from processors.sleep import (
     run_id_for,
     validate_schedule,
 )
-from schemas import lifecycle
-from schemas.lifecycle import (
+from somnus.schemas import lifecycle
+from somnus.schemas.lifecycle import (
     COMPACT_MAX_BYTES,
     PHASE_ORDER,
     CompactMemory,

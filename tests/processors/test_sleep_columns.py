@@ -1,4 +1,4 @@
-"""processors.sleep: a plan's events as columns (``SleepPlan.encoded``) are its events (``SleepPlan.events``)
+"""somnus.processors.sleep: a plan's events as columns (``SleepPlan.encoded``) are its events (``SleepPlan.events``)
 encoded one by one (``encode_lifecycle``), byte for byte, and the JSON texts the columns are made of are
 msgspec's."""
 
@@ -14,9 +14,9 @@ import pyarrow as pa
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from processors import sleep
-from processors.sleep import SleepConfig, SleepInputs, plan_sleep
-from schemas.lifecycle import encode_lifecycle
+from somnus.processors import sleep
+from somnus.processors.sleep import SleepConfig, SleepInputs, plan_sleep
+from somnus.schemas.lifecycle import encode_lifecycle
 
 NOW = datetime(2024, 6, 5, 3, 0, tzinfo=timezone.utc)
 ENC = msgspec.json.Encoder()

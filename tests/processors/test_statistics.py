@@ -1,4 +1,4 @@
-"""processors.statistics (Angular Gyrus): trends, correlations and phase locking over call outcomes,
+"""somnus.processors.statistics (Angular Gyrus): trends, correlations and phase locking over call outcomes,
 their thresholds, their SQL, and the events that record them."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats as sps
 
-from processors import statistics as ag
-from processors.layers import MemoryLayers
-from processors.statistics import (
+from somnus.processors import statistics as ag
+from somnus.processors.layers import MemoryLayers
+from somnus.processors.statistics import (
     COMPUTED_FROM_MAX,
     CallOutcome,
     Statistician,
@@ -27,10 +27,10 @@ from processors.statistics import (
     f2_survival,
     pattern_events,
 )
-from schemas.codec import encode
-from schemas.episodes import CallSeen, EpisodeDistilled
-from schemas.events import Outcome
-from schemas.semantic import (
+from somnus.schemas.codec import encode
+from somnus.schemas.episodes import CallSeen, EpisodeDistilled
+from somnus.schemas.events import Outcome
+from somnus.schemas.semantic import (
     CrossEdgeType,
     CrossLayerEdgeFormed,
     Layer,
@@ -447,8 +447,8 @@ def test_factorize_is_numpys_unique_with_inverse(values):
 def test_on_the_sample_fleet_and_tau_bench_no_pattern_joins_tools_no_agent_uses_together(tau_bench_path):
     import orjson
 
-    from processors.distiller import distill
-    from schemas.codec import decode_trace
+    from somnus.processors.distiller import distill
+    from somnus.schemas.codec import decode_trace
     from somnus.importers import openai_chat
     from somnus.sample import generate
 

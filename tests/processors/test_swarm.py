@@ -1,4 +1,4 @@
-"""processors.swarm: mentions, facts used, utilisation, delegation success and scope promotion."""
+"""somnus.processors.swarm: mentions, facts used, utilisation, delegation success and scope promotion."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import processors.swarm
-from processors.knowledge import KnowledgeFold
-from processors.swarm import (
+import somnus.processors.swarm
+from somnus.processors.knowledge import KnowledgeFold
+from somnus.processors.swarm import (
     FAILING_MAX_SUCCESS_RATE,
     FAILING_MIN_RESULTS,
     MIN_MENTION_CHARS,
@@ -42,10 +42,10 @@ from processors.swarm import (
     team_of,
     utilisation,
 )
-from schemas.briefing import BriefingServed, FactPromoted, FactUsed, PromotionReason, ServedFact
-from schemas.codec import decode_trace
-from schemas.events import TraceEvent
-from schemas.facts import FactAsserted, FactsExtracted
+from somnus.schemas.briefing import BriefingServed, FactPromoted, FactUsed, PromotionReason, ServedFact
+from somnus.schemas.codec import decode_trace
+from somnus.schemas.events import TraceEvent
+from somnus.schemas.facts import FactAsserted, FactsExtracted
 from somnus.agents import AgentSpec, LearningRate
 
 T0 = datetime(2024, 5, 1, tzinfo=timezone.utc)
@@ -442,4 +442,4 @@ def test_a_promotion_becomes_a_fact_in_the_wider_scope_of_the_triple_log():
 
 
 def test_the_docstring_examples_run():
-    assert doctest.testmod(processors.swarm).failed == 0
+    assert doctest.testmod(somnus.processors.swarm).failed == 0

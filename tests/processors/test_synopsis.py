@@ -1,4 +1,4 @@
-"""processors.synopsis: the deterministic synopsis builder, its TTLs, refresh on access, isolation."""
+"""somnus.processors.synopsis: the deterministic synopsis builder, its TTLs, refresh on access, isolation."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from processors import synopsis as syn
-from processors.synopsis import (
+from somnus.processors import synopsis as syn
+from somnus.processors.synopsis import (
     DEFAULT_BUILDER,
     SynopsisCache,
     build,
@@ -20,9 +20,9 @@ from processors.synopsis import (
     stale_parts,
     synopsis_lines,
 )
-from schemas.codec import decode_trace
-from schemas.events import SessionStarted, UserMessaged
-from schemas.working_memory import MemoryKind, UserContext, UserIdentity, UserMemory, UserSynopsis
+from somnus.schemas.codec import decode_trace
+from somnus.schemas.events import SessionStarted, UserMessaged
+from somnus.schemas.working_memory import MemoryKind, UserContext, UserIdentity, UserMemory, UserSynopsis
 from somnus.importers import openai_chat
 
 T0 = datetime(2024, 5, 15, 15, 0, tzinfo=timezone.utc)
@@ -277,7 +277,7 @@ def test_tau_bench_users_get_goals_from_their_own_words():
 
 def test_stored_memories_are_read_as_their_synopsis_kinds():
     # The memories table has the store's kinds (episode, message); a user's message must be mined as one.
-    from processors.synopsis import stored_kind
+    from somnus.processors.synopsis import stored_kind
 
     rows = [("m1", "message", "my name is Zed Quinn, I prefer aisle seats", True),
             ("m2", "message", "My name is Agent Smith and I prefer speed", False),  # the agent's words: not the user

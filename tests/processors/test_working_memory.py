@@ -1,4 +1,4 @@
-"""processors.working_memory: the session ring buffer, summaries, the token budget, idempotence.
+"""somnus.processors.working_memory: the session ring buffer, summaries, the token budget, idempotence.
 
 Run as a module for the benchmark: ``python -m tests.processors.test_working_memory``.
 """
@@ -17,9 +17,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from processors import working_memory as wm
-from processors.distiller import session_key
-from processors.working_memory import (
+from somnus.processors import working_memory as wm
+from somnus.processors.distiller import session_key
+from somnus.processors.working_memory import (
     WorkingMemorySettings,
     add,
     apply,
@@ -35,8 +35,8 @@ from processors.working_memory import (
     resolve_max_tokens,
     summary_line,
 )
-from schemas.codec import decode_trace
-from schemas.events import (
+from somnus.schemas.codec import decode_trace
+from somnus.schemas.events import (
     AgentMessaged,
     Delegated,
     Delegation,
@@ -53,7 +53,7 @@ from schemas.events import (
     TraceEvent,
     UserMessaged,
 )
-from schemas.working_memory import (
+from somnus.schemas.working_memory import (
     BufferedMessage,
     CompressionReason,
     MessagesSummarised,

@@ -10,11 +10,11 @@ from datetime import datetime, timezone
 import msgspec
 import pytest
 
-from projections import api
-from projections.auth import ensure_operator_token
-from projections.briefing_server import CHUNK, BriefingServer
-from projections.projector import _dumps
-from schemas.briefing import BriefingGenerated, ServedFact
+from somnus.projections import api
+from somnus.projections.auth import ensure_operator_token
+from somnus.projections.briefing_server import CHUNK, BriefingServer
+from somnus.projections.projector import _dumps
+from somnus.schemas.briefing import BriefingGenerated, ServedFact
 
 AT = datetime(2025, 1, 6, 9, tzinfo=timezone.utc)
 

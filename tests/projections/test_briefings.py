@@ -9,12 +9,12 @@ import duckdb
 import orjson
 import pytest
 
-from processors.distiller import distill
-from processors.extraction import TraceExtractor, error_class
-from projections import api, queries, schema
-from projections.writer import Seen, Topics, apply_batch, load_offsets
-from schemas.codec import decode_trace, encode
-from schemas.facts import FactAsserted, FactsExtracted
+from somnus.processors.distiller import distill
+from somnus.processors.extraction import TraceExtractor, error_class
+from somnus.projections import api, queries, schema
+from somnus.projections.writer import Seen, Topics, apply_batch, load_offsets
+from somnus.schemas.codec import decode_trace, encode
+from somnus.schemas.facts import FactAsserted, FactsExtracted
 from somnus.agents import load_agents
 from somnus.sample import generate
 from tests.records import Rec
@@ -134,7 +134,7 @@ def test_a_briefing_whose_counts_change_but_not_its_text_is_rewritten(tmp_path, 
 
 def _facts(agent: str, scope: str | None, n: int, at: datetime) -> Rec:
     """A rate-limit fact stated by many calls (count 500: a fact seen once in a hundred sessions would
-    not concern the next one, ``processors.briefing.fact_relevance``)."""
+    not concern the next one, ``somnus.processors.briefing.fact_relevance``)."""
     fx = FactsExtracted(schema_version=1, episode_id=uuid.UUID(int=10_000 + n), agent=agent, observed_at=at,
                         extractor="test/1", facts=[FactAsserted(
                             source="api.example.com", source_type="api", predicate="rate_limit", target="10/s",
@@ -223,7 +223,7 @@ def test_a_budgeted_refresh_renders_an_agents_own_news_before_a_wide_change_back
     _project_with(con, seen, [_facts("scraper", None, 5, at)])
     assert seen.briefings.urgent == snapshot
     # a zero budget renders one chunk: with a chunk of one agent, that is scraper, not the first by name
-    import projections.briefings as pb
+    import somnus.projections.briefings as pb
 
     chunk, pb.REFRESH_CHUNK = pb.REFRESH_CHUNK, 1
     try:
@@ -251,7 +251,7 @@ def test_recent_inputs_fed_batch_by_batch_equal_the_newest_rows_of_the_tables(tm
     ``maxEpisodes``: 4x lessons, 1x episodes, 1x successful episodes), however the batches fell."""
     import msgspec
 
-    from projections.briefings import RecentInputs
+    from somnus.projections.briefings import RecentInputs
 
     fleet = {a: msgspec.structs.replace(s, max_episodes=max_episodes) if a == "researcher" else s
              for a, s in AGENTS.items()}
@@ -314,8 +314,8 @@ def test_no_briefing_line_of_one_agent_comes_from_an_unrelated_agents_data(tmp_p
     global promotion ran over both, neither briefing holds a line from the other's data."""
     import msgspec
 
-    from processors.nac import learn, observations_from_episode
-    from projections.semantic import KIND_PROMOTE, promotion_inputs
+    from somnus.processors.nac import learn, observations_from_episode
+    from somnus.projections.semantic import KIND_PROMOTE, promotion_inputs
     from somnus.importers import openai_chat
 
     topics = Topics("traces", "episodes", "dead-letters", "facts", link_updates="link-updates", semantic="semantic")
@@ -359,7 +359,7 @@ def test_no_briefing_line_of_one_agent_comes_from_an_unrelated_agents_data(tmp_p
 
 def _learnt(raw: list[dict]) -> tuple[list[Rec], list[Rec]]:
     """Episode, fact and NAc link-update records of some events (the worker's output, built here)."""
-    from processors.nac import learn, observations_from_episode
+    from somnus.processors.nac import learn, observations_from_episode
 
     events = sorted((decode_trace(orjson.dumps(e), 1 << 22) for e in raw), key=lambda e: (e.ts, e.agent, e.seq))
     episodes = sorted(distill({}, events).episodes, key=lambda ep: (ep.ended_at, ep.agent))
@@ -379,7 +379,7 @@ def test_knowledge_from_two_agents_data_is_for_readers_covering_both_even_when_i
     yet), the final briefings are the same bytes."""
     import msgspec
 
-    from projections.semantic import KIND_PROMOTE, promotion_inputs
+    from somnus.projections.semantic import KIND_PROMOTE, promotion_inputs
 
     topics = Topics("traces", "episodes", "dead-letters", "facts", link_updates="link-updates", semantic="semantic")
     recs, links = _learnt(_billing_events(30) + _billing_events(30, agent="billing2"))
@@ -427,9 +427,9 @@ def test_a_statistical_pattern_names_its_recorded_source_agents():
     # so the briefing can serve it to readers that cover those agents instead of to nobody.
     from datetime import datetime, timezone
 
-    from processors.layers import MemoryLayers
-    from projections.briefings import knowledge_items
-    from schemas.semantic import MathCategory, MathRecord, PatternConfirmed
+    from somnus.processors.layers import MemoryLayers
+    from somnus.projections.briefings import knowledge_items
+    from somnus.schemas.semantic import MathCategory, MathRecord, PatternConfirmed
 
     m = MemoryLayers("team:ops")
     rec = MathRecord(math_id="m1", name="stat:tool:deploy:success", category=MathCategory.PATTERN, domain="tool_reliability",

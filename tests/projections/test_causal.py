@@ -1,5 +1,5 @@
-"""projections.causal: link updates read off the topic as text and raw JSON, written with DuckDB's casts;
-the SCN's bins counted by DuckDB as ``processors.scn`` counts them (a real DuckDB file, no broker)."""
+"""somnus.projections.causal: link updates read off the topic as text and raw JSON, written with DuckDB's casts;
+the SCN's bins counted by DuckDB as ``somnus.processors.scn`` counts them (a real DuckDB file, no broker)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from projections import schema
-from processors.scn import index_of, marks_of_episode
-from projections.causal import UPDATE_COLUMNS, CausalProjection, UpdateRow, add_temporal_bins
-from schemas.causal import CausalLinkUpdated, LinkLevel, Valence
-from schemas.episodes import CallSeen, EpisodeDistilled
-from schemas.events import Outcome
+from somnus.projections import schema
+from somnus.processors.scn import index_of, marks_of_episode
+from somnus.projections.causal import UPDATE_COLUMNS, CausalProjection, UpdateRow, add_temporal_bins
+from somnus.schemas.causal import CausalLinkUpdated, LinkLevel, Valence
+from somnus.schemas.episodes import CallSeen, EpisodeDistilled
+from somnus.schemas.events import Outcome
 
 
 def test_the_projectors_row_has_every_field_of_the_update_in_the_tables_order():
@@ -84,7 +84,7 @@ def episodes(draw):
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.lists(episodes(), max_size=5), min_size=1, max_size=3))
 def test_temporal_bins_count_what_the_scn_index_counts(tmp_path_factory, batches):
-    # The projector bins marks in SQL; processors.scn (bins_of, in Python) is the definition. Every
+    # The projector bins marks in SQL; somnus.processors.scn (bins_of, in Python) is the definition. Every
     # batch is added to the counts already stored, as the projector's batches are.
     con = duckdb.connect(str(tmp_path_factory.mktemp("scn") / "s.duckdb"))
     schema.init(con)

@@ -20,17 +20,17 @@ import msgspec
 import orjson
 import pytest
 
-from processors.batch import memory_units
-from processors.distiller import distill
-from processors.extraction import TraceExtractor
-from processors.nac import learn, observations_from_episode
-from processors.working_memory import DEFAULT_SETTINGS, encode_state, remember
-from projections import forget, schema
-from projections.forget import KIND_FORGET
-from projections.writer import Seen, apply_batch, load_offsets
-from schemas.codec import Rejection, decode_trace, encode
-from schemas.forget import ForgetRequested, ForgetSubject
-from schemas.memory import KIND_UNITS
+from somnus.processors.batch import memory_units
+from somnus.processors.distiller import distill
+from somnus.processors.extraction import TraceExtractor
+from somnus.processors.nac import learn, observations_from_episode
+from somnus.processors.working_memory import DEFAULT_SETTINGS, encode_state, remember
+from somnus.projections import forget, schema
+from somnus.projections.forget import KIND_FORGET
+from somnus.projections.writer import Seen, apply_batch, load_offsets
+from somnus.schemas.codec import Rejection, decode_trace, encode
+from somnus.schemas.forget import ForgetRequested, ForgetSubject
+from somnus.schemas.memory import KIND_UNITS
 from somnus.agents import AgentSpec
 from tests.projections.test_isolation import T0, TOPICS, marker, session_events
 from tests.records import Rec

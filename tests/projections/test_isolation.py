@@ -10,7 +10,7 @@ private tool's arguments and error) and a shared-class error from ``search`` nam
 ``10.<agent>.<user>.77`` (one error class fleet-wide: its first example is what an entity keeps).
 
 The records are built by the worker's own processors (distiller, memory units, working memory, trace
-extractor, NAc) and applied with ``projections.writer.apply_batch`` to a DuckDB file; promotion runs
+extractor, NAc) and applied with ``somnus.projections.writer.apply_batch`` to a DuckDB file; promotion runs
 on the snapshot the projector would publish (``promotion_inputs``) for the global owner and every
 agent's; briefings are rendered by the projector's cache.
 
@@ -19,7 +19,7 @@ What each principal may see:
 - out of scope: any text of another agent (its private tool, its markers, its hosts). Nothing here
   is promoted to a team or global scope, so every agent's data is its own; only what the semantic
   memory derived (concepts, patterns: ``knowledge-context``) may come from an agent the reader
-  shares a team scope with (``processors.briefing.covers``: the issue's "scope chain covers every
+  shares a team scope with (``somnus.processors.briefing.covers``: the issue's "scope chain covers every
   agent it was derived from"), since a team's patterns are the team's;
 - cross user, for the reads that serve a user (``context`` with ``user_id``; ``recall`` and
   ``episodic-context`` read for no user): another user's markers or hosts. A user-less reader may
@@ -45,18 +45,18 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from processors.batch import memory_units
-from processors.distiller import distill
-from processors.extraction import TraceExtractor
-from processors.nac import learn, observations_from_episode
-from processors.statistics import CallOutcome
-from processors.working_memory import DEFAULT_SETTINGS, encode_state, remember
-from projections import schema
-from projections.api import ReadService
-from projections.semantic import KIND_PROMOTE, PromotionRequested, promotion_inputs
-from projections.writer import Seen, Topics, apply_batch, load_offsets
-from schemas.codec import Rejection, decode_trace, encode
-from schemas.memory import KIND_UNITS
+from somnus.processors.batch import memory_units
+from somnus.processors.distiller import distill
+from somnus.processors.extraction import TraceExtractor
+from somnus.processors.nac import learn, observations_from_episode
+from somnus.processors.statistics import CallOutcome
+from somnus.processors.working_memory import DEFAULT_SETTINGS, encode_state, remember
+from somnus.projections import schema
+from somnus.projections.api import ReadService
+from somnus.projections.semantic import KIND_PROMOTE, PromotionRequested, promotion_inputs
+from somnus.projections.writer import Seen, Topics, apply_batch, load_offsets
+from somnus.schemas.codec import Rejection, decode_trace, encode
+from somnus.schemas.memory import KIND_UNITS
 from somnus.agents import AgentSpec, scope_chain
 from tests.records import Rec
 
@@ -272,7 +272,7 @@ def test_a_pattern_and_its_concept_reach_only_readers_covering_their_agents(tmp_
 def test_the_rendered_briefing_shows_no_other_agents_text(tmp_path):
     """``briefing`` and ``inject`` (the rendered briefing, processors/briefing.py) for a two-agent
     fleet of separate teams: neither briefing names the other's private tool or markers. Promotion
-    for an agent owner reads that agent's data alone (``projections.semantic.promotion_inputs``), and
+    for an agent owner reads that agent's data alone (``somnus.projections.semantic.promotion_inputs``), and
     Key Knowledge checks the provenance of every item, the agent's own memory's too."""
     agents = {"aga": AgentSpec(name="aga"), "agb": AgentSpec(name="agb")}
     fleet = {"agents": agents, "users": 1,

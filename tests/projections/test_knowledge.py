@@ -1,4 +1,4 @@
-"""projections.knowledge: the triple-log fold written by the projector (real DuckDB file, no broker)."""
+"""somnus.projections.knowledge: the triple-log fold written by the projector (real DuckDB file, no broker)."""
 
 from __future__ import annotations
 
@@ -6,13 +6,13 @@ import duckdb
 import orjson
 import pytest
 
-from processors.distiller import distill
-from processors.extraction import TraceExtractor
+from somnus.processors.distiller import distill
+from somnus.processors.extraction import TraceExtractor
 from tests.records import Rec
-from projections import queries, schema
-from projections.knowledge_store import DuckDBBackend, KnowledgeStore
-from projections.writer import Seen, Topics, apply_batch, load_offsets
-from schemas.codec import decode_trace, encode
+from somnus.projections import queries, schema
+from somnus.projections.knowledge_store import DuckDBBackend, KnowledgeStore
+from somnus.projections.writer import Seen, Topics, apply_batch, load_offsets
+from somnus.schemas.codec import decode_trace, encode
 from somnus.agents import AgentSpec
 from somnus.sample import generate
 
@@ -89,7 +89,7 @@ def test_history_names_the_episode_of_every_change(tmp_path, facts_records):
 
 
 def test_the_in_memory_facts_top_answers_like_the_query(tmp_path, facts_records):
-    from projections.knowledge_store import TopFacts
+    from somnus.projections.knowledge_store import TopFacts
 
     con = _project(tmp_path, "p.duckdb", [facts_records[:60], facts_records[60:]])
     agents = {a: AgentSpec(name=a) for (a,) in con.execute("SELECT DISTINCT created_by FROM triples").fetchall()}
@@ -111,7 +111,7 @@ def test_a_stretch_closed_twice_in_one_batch_keeps_its_last_closing(tmp_path):
     import uuid
     from datetime import datetime, timezone
 
-    from schemas.facts import FACTS_SCHEMA_VERSION, FactAsserted, FactsExtracted
+    from somnus.schemas.facts import FACTS_SCHEMA_VERSION, FactAsserted, FactsExtracted
 
     def fx(i, minute, target):
         return FactsExtracted(

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from projections import schema
-from projections.knowledge_store import DuckDBBackend, KnowledgeStore
+from somnus.projections import schema
+from somnus.projections.knowledge_store import DuckDBBackend, KnowledgeStore
 from somnus.agents import AgentSpec, scope_chain
 
 T0 = datetime(2024, 5, 1, tzinfo=timezone.utc)
@@ -144,7 +144,7 @@ def test_facts_are_sorted_by_confidence_and_limited():
 def test_raw_sql_is_read_only():
     store = _store([], {})
     assert store.sql("SELECT 1 AS one") == [{"one": 1}]
-    from projections.queries import NotReadOnly
+    from somnus.projections.queries import NotReadOnly
 
     with pytest.raises(NotReadOnly):
         store.sql("DELETE FROM triples")

@@ -10,7 +10,7 @@ import time
 import duckdb
 import pytest
 
-from projections.projector import connect_when_free
+from somnus.projections.projector import connect_when_free
 
 HOLD = """
 import sys, time, duckdb

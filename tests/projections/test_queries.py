@@ -1,4 +1,4 @@
-"""projections.queries: the stream time of a scope (what a person's command is stamped with)."""
+"""somnus.projections.queries: the stream time of a scope (what a person's command is stamped with)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 import duckdb
 import pytest
 
-from projections import queries, schema
+from somnus.projections import queries, schema
 from somnus.agents import AgentSpec
 
 

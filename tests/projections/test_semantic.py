@@ -10,15 +10,15 @@ from datetime import datetime, timedelta, timezone
 import duckdb
 import msgspec
 
-from processors.promotion import CausalLinkView
-from processors.statistics import CallOutcome
-from projections import queries, schema
-from processors.nac import learn
-from projections.causal import CausalProjection
-from projections.semantic import KIND_PROMOTE, PromotionRequested, SemanticProjection, promotion_inputs
-from schemas.causal import LinkLevel, OutcomeObserved, Valence, outcome_signature, tool_signature
-from projections.writer import Seen, Topics, apply_batch, load_offsets
-from schemas.codec import encode
+from somnus.processors.promotion import CausalLinkView
+from somnus.processors.statistics import CallOutcome
+from somnus.projections import queries, schema
+from somnus.processors.nac import learn
+from somnus.projections.causal import CausalProjection
+from somnus.projections.semantic import KIND_PROMOTE, PromotionRequested, SemanticProjection, promotion_inputs
+from somnus.schemas.causal import LinkLevel, OutcomeObserved, Valence, outcome_signature, tool_signature
+from somnus.projections.writer import Seen, Topics, apply_batch, load_offsets
+from somnus.schemas.codec import encode
 from tests.records import Rec
 
 TOPICS = Topics("traces", "episodes", "dead-letters", "facts", "link-updates", "memory", "working-memory", "semantic")
@@ -115,7 +115,7 @@ def _fleet_observed(i: int, agent: str, tool: str, outcome: str) -> OutcomeObser
 def test_promotion_for_an_agent_or_a_team_reads_only_that_scopes_data(tmp_path):
     """An agent's memory learns from its own calls, a team's from its members'; the global owner's
     reads all, and every link names the agents it was observed for."""
-    from processors.nac import DEFAULT_ALPHA
+    from somnus.processors.nac import DEFAULT_ALPHA
     from somnus.agents import AgentSpec
 
     con = duckdb.connect(str(tmp_path / "p.duckdb"))

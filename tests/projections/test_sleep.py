@@ -9,15 +9,15 @@ import msgspec
 import orjson
 import pytest
 
-from processors.distiller import distill
-from processors.memory import episode_unit
-from processors.sleep import SleepConfig
-from projections import queries, schema
-from projections.sleep import KIND_SLEEP
-from projections.writer import Seen, Topics, apply_batch, load_offsets
-from schemas.codec import decode_trace, encode
-from schemas.lifecycle import SleepRequested
-from schemas.memory import KIND_UNITS
+from somnus.processors.distiller import distill
+from somnus.processors.memory import episode_unit
+from somnus.processors.sleep import SleepConfig
+from somnus.projections import queries, schema
+from somnus.projections.sleep import KIND_SLEEP
+from somnus.projections.writer import Seen, Topics, apply_batch, load_offsets
+from somnus.schemas.codec import decode_trace, encode
+from somnus.schemas.lifecycle import SleepRequested
+from somnus.schemas.memory import KIND_UNITS
 from somnus.sample import generate
 from tests.records import Rec
 
@@ -90,8 +90,8 @@ def test_a_second_request_at_the_same_time_changes_nothing(tmp_path, units):
 
 
 def test_oscillators_follow_each_agents_episodes_only_when_enabled_and_replay_the_same(tmp_path, units):
-    from processors.oscillators import OscillatorConfig
-    from projections import api
+    from somnus.processors.oscillators import OscillatorConfig
+    from somnus.projections import api
 
     recs = _records(units)
     off = duckdb.connect(str(tmp_path / "off.duckdb"))

@@ -1,4 +1,4 @@
-"""projections.sleep: ``memory_columns`` and ``SleepJob.run`` (columns and batches) give what the per-memory,
+"""somnus.projections.sleep: ``memory_columns`` and ``SleepJob.run`` (columns and batches) give what the per-memory,
 per-event versions give: the same columns, lifecycle rows, forgotten events and index afterwards."""
 
 from __future__ import annotations
@@ -13,15 +13,15 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
-from processors.distiller import distill
-from processors.memory import MemoryState, apply, capture, episode_unit, forget
-from processors.sleep import SleepConfig, SleepInputs, plan_sleep
-from projections import schema
-from projections.memory import new_state
-from projections.sleep import LOG_COLUMNS, SleepJob, memory_columns
-from schemas.codec import decode_trace
-from schemas.lifecycle import MemoryCompressed, MemoryPruned, SleepTrigger, encode_lifecycle
-from schemas.memory import MEMORY_SCHEMA_VERSION, ForgetReason, MemoryAccessed
+from somnus.processors.distiller import distill
+from somnus.processors.memory import MemoryState, apply, capture, episode_unit, forget
+from somnus.processors.sleep import SleepConfig, SleepInputs, plan_sleep
+from somnus.projections import schema
+from somnus.projections.memory import new_state
+from somnus.projections.sleep import LOG_COLUMNS, SleepJob, memory_columns
+from somnus.schemas.codec import decode_trace
+from somnus.schemas.lifecycle import MemoryCompressed, MemoryPruned, SleepTrigger, encode_lifecycle
+from somnus.schemas.memory import MEMORY_SCHEMA_VERSION, ForgetReason, MemoryAccessed
 from somnus.sample import generate
 
 

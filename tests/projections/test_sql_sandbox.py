@@ -1,4 +1,4 @@
-"""projections.sql_sandbox: analysts' SQL may read the projections and nothing else, change nothing,
+"""somnus.projections.sql_sandbox: analysts' SQL may read the projections and nothing else, change nothing,
 and run only for its time; the projector's other reads and its writer go on meanwhile."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 import duckdb
 import pytest
 
-from projections import api, queries, schema
-from projections.sql_sandbox import SqlRefused, SqlSandbox, SqlTimeout, statement
+from somnus.projections import api, queries, schema
+from somnus.projections.sql_sandbox import SqlRefused, SqlSandbox, SqlTimeout, statement
 
 LONG = "SELECT sum(hash(i)) FROM range(1000000000000) t(i)"  # hours of work: only the time limit ends it
 
@@ -249,8 +249,8 @@ def test_over_http_a_long_query_leaves_the_other_routes_answering(writer, tmp_pa
     """The projector's app: /sql runs in its own threads, so /summary answers while it runs."""
     from aiohttp.test_utils import TestClient, TestServer
 
-    from projections import auth
-    from projections.projector import make_app
+    from somnus.projections import auth
+    from somnus.projections.projector import make_app
 
     service = api.ReadService(writer.cursor(), {}, sandbox=SqlSandbox(writer, timeout_s=3.0))
     token = auth.ensure_operator_token(tmp_path)

@@ -7,12 +7,12 @@ from datetime import datetime, timedelta, timezone
 import duckdb
 import msgspec
 
-from projections import schema
-from projections.writer import KIND_SERVED, Seen, Topics, apply_batch, load_offsets
-from schemas.briefing import BriefingServed, ServedFact
-from schemas.codec import encode
-from schemas.episodes import episode_id_for
-from schemas.facts import EntityMention, FactAsserted, FactsExtracted
+from somnus.projections import schema
+from somnus.projections.writer import KIND_SERVED, Seen, Topics, apply_batch, load_offsets
+from somnus.schemas.briefing import BriefingServed, ServedFact
+from somnus.schemas.codec import encode
+from somnus.schemas.episodes import episode_id_for
+from somnus.schemas.facts import EntityMention, FactAsserted, FactsExtracted
 from somnus.agents import AgentSpec, LearningRate
 from tests.records import Rec
 

@@ -6,11 +6,11 @@ import duckdb
 import orjson
 import pytest
 
-from processors.distiller import distill
+from somnus.processors.distiller import distill
 from tests.records import Rec
-from projections import queries, schema
-from projections.writer import Seen, Topics, apply_batch, load_offsets
-from schemas.codec import decode_trace, encode
+from somnus.projections import queries, schema
+from somnus.projections.writer import Seen, Topics, apply_batch, load_offsets
+from somnus.schemas.codec import decode_trace, encode
 from somnus.client import bundles
 from somnus.sample import generate
 
@@ -123,14 +123,14 @@ POISON_BY_TOPIC = {
 
 
 def _guarded(con, records, topics=ALL):
-    from projections.writer import apply_guarded
+    from somnus.projections.writer import apply_guarded
 
     return apply_guarded(con, topics, records, load_offsets(con), 1 << 20, Seen(con), 64, 300.0)
 
 
 @pytest.mark.parametrize("topic", sorted(POISON_BY_TOPIC))
 def test_a_poison_record_on_an_internal_topic_is_quarantined_and_later_records_are_projected(tmp_path, topic):
-    from projections.semantic import KIND_INGEST
+    from somnus.projections.semantic import KIND_INGEST
 
     con = _db(tmp_path)
     good = _records(sessions=3)
@@ -154,7 +154,7 @@ def test_a_poison_record_on_an_internal_topic_is_quarantined_and_later_records_a
 
 def test_a_record_its_fold_cannot_apply_is_quarantined_as_poison_and_the_rest_of_the_batch_is_applied(
         tmp_path, monkeypatch):
-    from projections.causal import CausalProjection
+    from somnus.projections.causal import CausalProjection
 
     con = _db(tmp_path)
     real = CausalProjection.write
@@ -173,7 +173,7 @@ def test_a_record_its_fold_cannot_apply_is_quarantined_as_poison_and_the_rest_of
     assert row == ("link-updates", 1, 0, "schema", row[4]) and row[4].startswith("schema: invalid link updates: ")
     # decodable, but the fold raises: found by halves and quarantined as poison
     valid = Rec("link-updates", 1, 1, b'[]' if False else b'[{"cursed": 1}]'.replace(b'1}', b'1, "x": 0}'))
-    monkeypatch.setattr("projections.writer._undecodable", lambda topics, rec, depth: None)
+    monkeypatch.setattr("somnus.projections.writer._undecodable", lambda topics, rec, depth: None)
     more = _records(sessions=2, seed=9)
     more = [Rec(r.topic, r.partition, r.offset + 1000, r.value, r.key) for r in more]
     res = _guarded(con, more[:2] + [valid] + more[2:])

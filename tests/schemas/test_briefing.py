@@ -1,4 +1,4 @@
-"""schemas.briefing: the briefing and swarm records round-trip through JSON and reject bad values."""
+"""somnus.schemas.briefing: the briefing and swarm records round-trip through JSON and reject bad values."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import schemas.briefing
-from schemas.briefing import (
+import somnus.schemas.briefing
+from somnus.schemas.briefing import (
     BRIEFING_SCHEMA_VERSION,
     BriefingGenerated,
     BriefingServed,
@@ -103,4 +103,4 @@ def test_an_unknown_promotion_reason_is_rejected():
 
 
 def test_the_docstring_examples_run():
-    assert doctest.testmod(schemas.briefing).failed == 0
+    assert doctest.testmod(somnus.schemas.briefing).failed == 0

@@ -1,4 +1,4 @@
-"""schemas.causal: signatures (what makes two calls "the same call") and the NAc / SCN records."""
+"""somnus.schemas.causal: signatures (what makes two calls "the same call") and the NAc / SCN records."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from schemas import causal
-from schemas.causal import (
+from somnus.schemas import causal
+from somnus.schemas.causal import (
     MAX_DEPTH,
     MAX_ITEMS,
     MAX_KEYS,

@@ -1,4 +1,4 @@
-"""schemas.codec: bad input becomes a Rejection that names the problem; bundles are validated per element."""
+"""somnus.schemas.codec: bad input becomes a Rejection that names the problem; bundles are validated per element."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas.codec import Rejection, _decode_elements, decode_record, decode_trace, encode, uuid_texts
-from schemas.events import SessionEnded, ToolCalled, UserMessaged
+from somnus.schemas.codec import Rejection, _decode_elements, decode_record, decode_trace, encode, uuid_texts
+from somnus.schemas.events import SessionEnded, ToolCalled, UserMessaged
 
 
 def event(**overrides: Any) -> dict[str, Any]:
@@ -179,16 +179,16 @@ def test_uuid_texts_are_str_of_each(ids):
 def test_codec_doctests():
     import doctest
 
-    import schemas.codec
+    import somnus.schemas.codec
 
-    assert doctest.testmod(schemas.codec).failed == 0
+    assert doctest.testmod(somnus.schemas.codec).failed == 0
 
 
 # ---- hostile bytes: bounded before any parser, and never an exception ------------------------
 
 from hypothesis import HealthCheck, example  # noqa: E402
 
-from schemas.codec import (MAX_DEPTH, MAX_ORIGINAL, check_json, dead_letter_original, decode_bounded,  # noqa: E402
+from somnus.schemas.codec import (MAX_DEPTH, MAX_ORIGINAL, check_json, dead_letter_original, decode_bounded,  # noqa: E402
                            json_shape, poison_reason, record_rejection)
 
 HOSTILE_PIECES = [b"{", b"}", b"[", b"]", b",", b":", b'"', b"\\", b"\\u", b"d800", b"dc00", b"\\ud83d\\ude00",
@@ -295,7 +295,7 @@ def test_poison_names_the_exception_and_a_dead_letter_keeps_at_most_its_share_of
 
 
 def test_a_decoder_that_raises_anything_is_a_poison_rejection(monkeypatch):
-    import schemas.codec as codec
+    import somnus.schemas.codec as codec
 
     class Exploding:
         def decode(self, raw):

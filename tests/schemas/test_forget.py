@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from schemas.forget import ForgetRequested, ForgetSubject
+from somnus.schemas.forget import ForgetRequested, ForgetSubject
 
 requests = st.builds(
     ForgetRequested, request_id=st.text(min_size=1, max_size=200), subject=st.sampled_from(ForgetSubject),

@@ -1,7 +1,7 @@
 """The JSON Schema files are the contract; these tests keep them and the Python types in step, both ways.
 
 - schema -> types: instances generated from ``trace_event.v1.schema.json`` itself all decode.
-- types -> schema: typed events and episodes, encoded by ``schemas.codec.encode``, validate against
+- types -> schema: typed events and episodes, encoded by ``somnus.schemas.codec.encode``, validate against
   their schema (with format checking) and decode back equal, byte for byte.
 - shape: the schema's branches, properties and required lists match the Struct definitions.
 
@@ -27,12 +27,12 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from processors.distiller import distill
-from schemas import codec
-from schemas.codec import decode_episode, decode_trace, encode
-from schemas.episodes import Delegation as EpisodeDelegation
-from schemas.episodes import CallSeen, EpisodeDistilled, ErrorSeen, Lesson, LessonKind, episode_id_for
-from schemas.events import (
+from somnus.processors.distiller import distill
+from somnus.schemas import codec
+from somnus.schemas.codec import decode_episode, decode_trace, encode
+from somnus.schemas.episodes import Delegation as EpisodeDelegation
+from somnus.schemas.episodes import CallSeen, EpisodeDistilled, ErrorSeen, Lesson, LessonKind, episode_id_for
+from somnus.schemas.events import (
     EVENT_TYPES,
     SCHEMA_VERSION,
     AgentMessaged,

@@ -64,7 +64,7 @@ def test_a_broker_killed_and_started_again_keeps_its_port_and_its_records(tmp_pa
     from aiokafka import AIOKafkaConsumer
 
     from somnus.client import publish
-    from streams.topics import ensure_topics_async
+    from somnus.streams.topics import ensure_topics_async
 
     settings = Settings.resolve(env={}, home=tmp_path / "home")
     info = broker.start(settings)

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas.codec import Rejection, decode_record, encode
-from schemas.events import Message, UserMessaged
+from somnus.schemas.codec import Rejection, decode_record, encode
+from somnus.schemas.events import Message, UserMessaged
 from somnus.client import bundles, key_of, to_bytes
 
 _elements = msgspec.json.Decoder(list[msgspec.Raw])

@@ -263,7 +263,7 @@ def test_the_publishing_client_gets_the_security_options(secured_env, monkeypatc
 def test_topic_creation_gets_the_security_options(secured_env, monkeypatch):
     import asyncio
 
-    from streams import topics
+    from somnus.streams import topics
 
     made: list[tuple[str, dict]] = []
     monkeypatch.setattr(topics, "AIOKafkaAdminClient", _recorder(made, "admin"))
@@ -278,7 +278,7 @@ def test_the_projectors_consumer_and_producer_get_the_security_options(secured_e
 
     import duckdb
 
-    from projections import projector
+    from somnus.projections import projector
 
     settings = Settings.resolve(home=tmp_path)
     made: list[tuple[str, dict]] = []
@@ -301,7 +301,7 @@ def test_status_first_record_lookup_and_the_broker_probe_get_the_security_option
     import aiokafka.admin
 
     from somnus import broker, reads
-    from streams import app
+    from somnus.streams import app
 
     made: list[tuple[str, dict]] = []
     consumer = _recorder(made, "consumer")
@@ -325,7 +325,7 @@ def test_the_faust_app_gets_the_same_credentials(secured_env, tmp_path):
     from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
 
     from somnus.config import kafka_options
-    from streams.app import create_app
+    from somnus.streams.app import create_app
 
     settings = Settings.resolve(home=tmp_path)
     app = create_app(settings, "kafka:9092")
@@ -336,7 +336,7 @@ def test_the_faust_app_gets_the_same_credentials(secured_env, tmp_path):
 
 
 def test_plaintext_faust_app_has_no_credentials(tmp_path, monkeypatch):
-    from streams.app import create_app
+    from somnus.streams.app import create_app
 
     for var in SASL_SSL:
         monkeypatch.delenv(var, raising=False)

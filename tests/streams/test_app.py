@@ -1,4 +1,4 @@
-"""streams.app's distiller batch without a broker: no record stops it (a decode boundary, then one record
+"""somnus.streams.app's distiller batch without a broker: no record stops it (a decode boundary, then one record
 at a time when the batch's work raises), a record is one dead letter however many of its events are
 bad, and a partition's stream time survives batches of undecodable records."""
 
@@ -13,12 +13,12 @@ from typing import Any
 import orjson
 import pytest
 
-import streams.app as app_mod
+import somnus.streams.app as app_mod
 from somnus.config import Settings
-from streams.metrics import WorkerCounters
+from somnus.streams.metrics import WorkerCounters
 from faust.types import TP
 
-from streams.ordering import decode_clock, encode_position, position_key
+from somnus.streams.ordering import decode_clock, encode_position, position_key
 
 T0 = datetime(2026, 3, 1, 9, 0, tzinfo=timezone.utc)
 

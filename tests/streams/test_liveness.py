@@ -9,7 +9,7 @@ from typing import Any
 from aiokafka import TopicPartition
 from faust.types import TP
 
-from streams.liveness import PartitionWatchdog, position_known
+from somnus.streams.liveness import PartitionWatchdog, position_known
 
 TRACES = TP("traces", 0)
 OTHER = TP("other", 0)
@@ -154,7 +154,7 @@ def test_the_livelock_check_skips_partitions_without_a_position() -> None:
 def test_commits_are_capped_at_what_the_state_applied():
     from faust.types import TP
 
-    from streams.liveness import cap_offsets
+    from somnus.streams.liveness import cap_offsets
 
     a, b, c = TP("traces", 0), TP("traces", 1), TP("episodes", 0)
     caps = {a: 50, b: 10}
@@ -169,7 +169,7 @@ def test_the_task_dump_walks_each_agents_body_and_names_the_future_it_awaits(cap
     # A stalled agent showed only Faust's `_execute_actor`: the chain stopped at the actor object.
     import types
 
-    from streams.liveness import diagnostics
+    from somnus.streams.liveness import diagnostics
 
     async def agent_body(gate: asyncio.Future) -> None:
         await asyncio.gather(gate)
@@ -230,7 +230,7 @@ class FakeRecoveryApp:
 
 
 def test_a_changelog_fetched_past_but_not_restored_is_sought_back_to_the_restored_offset():
-    from streams.liveness import RecoveryWatchdog
+    from somnus.streams.liveness import RecoveryWatchdog
 
     # the survivor's dump: offsets -1, positions at the end; a second partition restored up to 40
     app = FakeRecoveryApp({WM: -1, SESS: 40}, {WM: 158, SESS: 160}, {WM: 159, SESS: 161})
@@ -245,7 +245,7 @@ def test_a_changelog_fetched_past_but_not_restored_is_sought_back_to_the_restore
 
 
 def test_a_recovery_that_moves_or_has_not_fetched_past_or_has_records_queued_is_left_alone():
-    from streams.liveness import RecoveryWatchdog
+    from somnus.streams.liveness import RecoveryWatchdog
 
     moving = FakeRecoveryApp({WM: 10}, {WM: 158}, {WM: 159})
     dog = RecoveryWatchdog(moving, stall_s=10.0)  # type: ignore[arg-type]

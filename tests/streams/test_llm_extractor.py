@@ -1,4 +1,4 @@
-"""streams.llm_extractor against a local HTTP server that answers in the Messages API's shape (no network)."""
+"""somnus.streams.llm_extractor against a local HTTP server that answers in the Messages API's shape (no network)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from datetime import datetime, timezone
 import pytest
 from aiohttp import web
 
-from processors.extraction import TraceExtractor
-from schemas.episodes import EpisodeDistilled
-from schemas.events import Outcome
-from streams.llm_extractor import TOOL_NAME, AnthropicExtractor, LLMExtractorConfig
+from somnus.processors.extraction import TraceExtractor
+from somnus.schemas.episodes import EpisodeDistilled
+from somnus.schemas.events import Outcome
+from somnus.streams.llm_extractor import TOOL_NAME, AnthropicExtractor, LLMExtractorConfig
 
 KEY = "sk-test-SECRET-123"
 T = datetime(2024, 5, 1, tzinfo=timezone.utc)
@@ -149,7 +149,7 @@ def test_the_key_never_appears_in_errors_or_repr():
 
 def test_the_worker_uses_the_llm_only_when_turned_on_and_keyed(monkeypatch):
     from somnus.config import Settings
-    from streams.app import make_extractor
+    from somnus.streams.app import make_extractor
 
     monkeypatch.delenv("SOMNUS_LLM_API_KEY", raising=False)
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)

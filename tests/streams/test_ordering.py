@@ -1,4 +1,4 @@
-"""The ordering guard: records applied once, in offset order, with no hole (streams.ordering).
+"""The ordering guard: records applied once, in offset order, with no hole (somnus.streams.ordering).
 
 Unit tests of the pure ``admit`` and of the guard's wiring with fake I/O; the end-to-end proof is
 the failover and SIGKILL tests in tests/integration/test_spine.py.
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from faust.types import TP
 from hypothesis import given, settings, strategies as st
 
-from streams.ordering import (OffsetGuard, admit, decode_clock, decode_position, encode_position, position_key,
+from somnus.streams.ordering import (OffsetGuard, admit, decode_clock, decode_position, encode_position, position_key,
                               positions_writer)
 
 A = TP("traces", 0)
@@ -119,7 +119,7 @@ def test_positions_are_written_to_the_table_partition_they_belong_to():
     assert decode_position(table[key]) == 42 and table.key_partitions[key] == 1
     assert encode_position(42) == b"42" and decode_position(None) is None
     assert not key.decode(errors="replace")[0].isalnum()  # cannot be a session key (agent\x1fsession)
-    # with the partition's stream time (processors.retention), in the same record
+    # with the partition's stream time (somnus.processors.retention), in the same record
     positions_writer(table)({B: 43}, {1: 1_700_000_000_123_456, 2: 5})
     assert table[key] == b"43 1700000000123456"
     assert decode_position(table[key]) == 43 and decode_clock(table[key]) == 1_700_000_000_123_456
@@ -193,7 +193,7 @@ def test_the_workers_rewind_to_offset_0_forgets_fausts_read_offset():
     # a hole (a stalled SIGKILL test: committed 0, read offset 1206, end 1207).
     from types import SimpleNamespace
 
-    from streams.app import make_guard
+    from somnus.streams.app import make_guard
 
     tp = TP("traces", 1)
 

@@ -7,8 +7,8 @@ import logging
 import pytest
 
 from somnus.config import Settings
-from streams.app import create_app
-from streams.worker import make_worker
+from somnus.streams.app import create_app
+from somnus.streams.worker import make_worker
 
 
 @pytest.fixture
@@ -36,7 +36,7 @@ def test_worker_main_tunes_the_garbage_collector(monkeypatch, tmp_path):
     import gc
     import sys
 
-    import streams.worker as worker_mod
+    import somnus.streams.worker as worker_mod
     from somnus.procs import GC_THRESHOLD
 
     ran = []

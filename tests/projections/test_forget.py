@@ -20,11 +20,7 @@ import msgspec
 import orjson
 import pytest
 
-from somnus.processors.batch import memory_units
 from somnus.processors.distiller import distill
-from somnus.processors.extraction import TraceExtractor
-from somnus.processors.nac import learn, observations_from_episode
-from somnus.processors.working_memory import DEFAULT_SETTINGS, encode_state, remember
 from somnus.projections import forget, schema
 from somnus.projections.forget import KIND_FORGET
 from somnus.projections.writer import Seen, apply_batch, load_offsets
@@ -32,7 +28,7 @@ from somnus.schemas.codec import Rejection, decode_trace, encode
 from somnus.schemas.forget import ForgetRequested, ForgetSubject
 from somnus.schemas.memory import KIND_UNITS
 from somnus.agents import AgentSpec
-from tests.projections.test_isolation import T0, TOPICS, marker, session_events
+from tests.projections.test_isolation import T0, TOPICS, decode_events, marker, session_events, worker_records
 from tests.records import Rec
 
 AGENTS = {"aga": AgentSpec(name="aga")}
@@ -47,23 +43,10 @@ def sessions(first: int, user: int, n: int) -> list[dict[str, Any]]:
 
 def records(raw: list[dict[str, Any]], base: int = 0) -> list[Rec]:
     """What the worker would publish for these trace events (its own processors), at offsets from ``base``."""
-    decoded = [decode_trace(orjson.dumps(e), 1 << 20) for e in raw]
-    events = [e for e in decoded if not isinstance(e, Rejection)]
-    episodes = distill({}, events).episodes
-    units = memory_units({}, events, episodes, frozenset())
-    working = remember({}, events, DEFAULT_SETTINGS).states
-    facts = TraceExtractor().extract(episodes)
-    obs = [o for n, ep in enumerate(episodes) for o in observations_from_episode(ep, 0, n)]
-    _, updates = learn({}, obs, per_link_rows=False)
-    stamp = int(max(e.ts for e in events).timestamp() * 1000)
+    stamp = int(max(e.ts for e in decode_events(raw)).timestamp() * 1000)
     out = [Rec("traces", 0, base + n, orjson.dumps(e), key=e["session_id"].encode(), timestamp=stamp)
            for n, e in enumerate(raw)]
-    out += [Rec("episodes", 0, base + n, encode(ep)) for n, ep in enumerate(episodes)]
-    out += [Rec("facts", 0, base + n, encode(f)) for n, f in enumerate(facts)]
-    out += [Rec("memory", 0, base + n, encode(units[j:j + 50]), headers=[("somnus-kind", KIND_UNITS)], timestamp=stamp)
-            for n, j in enumerate(range(0, len(units), 50))]
-    out += [Rec("working-memory", 0, base + n, encode_state(wm), key=k.encode()) for n, (k, wm) in enumerate(working.items())]
-    out.append(Rec("link-updates", 0, base, msgspec.json.encode(updates)))
+    out += worker_records(raw, base)
     # a dead letter of the first and of the last session: their original bytes name their user's marker
     out += [Rec("dead-letters", 0, base + n, orjson.dumps(raw[i]) + b"\xff", key=raw[i]["session_id"].encode(),
                 headers=[("somnus-reason", b"invalid: test"), ("somnus-source-topic", b"traces"),

@@ -142,24 +142,39 @@ def project(con: duckdb.DuckDBPyConnection, fleet: dict[str, Any]) -> Seen:
     return project_events(con, fleet["agents"], [e for n, s in enumerate(fleet["sessions"]) for e in session_events(n, *s)])
 
 
-def project_events(con: duckdb.DuckDBPyConnection, agents: dict[str, AgentSpec], raw: list[dict[str, Any]]) -> Seen:
-    """Trace events (JSON objects) through the worker's processors and the projector's write path;
-    then promotion for the global owner and every agent's, and the briefings rendered."""
+
+def decode_events(raw: list[dict[str, Any]]) -> list[Any]:
+    """The trace events the worker accepts (it dead-letters the others)."""
     decoded = [decode_trace(orjson.dumps(e), 1 << 20) for e in raw]
-    events = [e for e in decoded if not isinstance(e, Rejection)]  # the worker dead-letters those
+    return [e for e in decoded if not isinstance(e, Rejection)]
+
+
+def worker_records(raw: list[dict[str, Any]], base: int = 0) -> list[Rec]:
+    """What the worker would publish for these trace events (its own processors), at offsets from ``base``:
+    episodes, facts, memory units, working memory and causal-link updates."""
+    events = decode_events(raw)
     episodes = distill({}, events).episodes
     units = memory_units({}, events, episodes, frozenset())
     working = remember({}, events, DEFAULT_SETTINGS).states
     facts = TraceExtractor().extract(episodes)
     obs = [o for n, ep in enumerate(episodes) for o in observations_from_episode(ep, 0, n)]
     _, updates = learn({}, obs, per_link_rows=False)
-    last = max(e.ts for e in events)
-    records = [Rec("episodes", 0, n, encode(ep)) for n, ep in enumerate(episodes)]
-    records += [Rec("facts", 0, n, encode(f)) for n, f in enumerate(facts)]
-    records += [Rec("memory", 0, n, encode(units[j:j + 50]), headers=[("somnus-kind", KIND_UNITS)],
-                    timestamp=int(last.timestamp() * 1000)) for n, j in enumerate(range(0, len(units), 50))]
-    records += [Rec("working-memory", 0, n, encode_state(wm), key=k.encode()) for n, (k, wm) in enumerate(working.items())]
-    records.append(Rec("link-updates", 0, 0, msgspec.json.encode(updates)))
+    stamp = int(max(e.ts for e in events).timestamp() * 1000)
+    out = [Rec("episodes", 0, base + n, encode(ep)) for n, ep in enumerate(episodes)]
+    out += [Rec("facts", 0, base + n, encode(f)) for n, f in enumerate(facts)]
+    out += [Rec("memory", 0, base + n, encode(units[j:j + 50]), headers=[("somnus-kind", KIND_UNITS)], timestamp=stamp)
+            for n, j in enumerate(range(0, len(units), 50))]
+    out += [Rec("working-memory", 0, base + n, encode_state(wm), key=k.encode())
+            for n, (k, wm) in enumerate(working.items())]
+    out.append(Rec("link-updates", 0, base, msgspec.json.encode(updates)))
+    return out
+
+
+def project_events(con: duckdb.DuckDBPyConnection, agents: dict[str, AgentSpec], raw: list[dict[str, Any]]) -> Seen:
+    """Trace events (JSON objects) through the worker's processors and the projector's write path;
+    then promotion for the global owner and every agent's, and the briefings rendered."""
+    records = worker_records(raw)
+    last = max(e.ts for e in decode_events(raw))
     seen = Seen(con, agents)
     apply_batch(con, TOPICS, records, load_offsets(con), 1 << 20, seen)
     owners = ["global", *(f"agent:{a}" for a in agents)]

@@ -19,7 +19,7 @@ from typing import Any
 import duckdb
 import msgspec
 
-from somnus.processors.injection import briefing_text, inject, neutral_json
+from somnus.processors.briefing.injection import briefing_text, inject, neutral_json
 from somnus.projections import queries
 from somnus.projections.knowledge_store import DuckDBBackend, KnowledgeStore
 from somnus.schemas.briefing import BriefingGenerated, BriefingServed
@@ -77,7 +77,7 @@ def _bool(value: Any, name: str) -> bool:
 
 
 def _synopsis_cache() -> Any:
-    from somnus.processors.synopsis import SynopsisCache
+    from somnus.processors.working.synopsis import SynopsisCache
 
     return SynopsisCache()
 
@@ -134,7 +134,7 @@ class ReadService:
         return _from_row(dict(zip(cols, row))) if row else None
 
     def briefing(self, agent: str) -> dict[str, Any]:
-        """The cached briefing, neutralised as every prompt-facing read is (``somnus.processors.injection``):
+        """The cached briefing, neutralised as every prompt-facing read is (``somnus.processors.briefing.injection``):
         no marker brackets or invisible characters in any field, and a Markdown line that is not a
         title or an item quoted."""
         b = self._briefing(agent)
@@ -191,7 +191,7 @@ class ReadService:
         (evaluations and analysts' looks, which should not change what they measure)."""
         import json
 
-        from somnus.processors.recall import recall
+        from somnus.processors.episodic.recall import recall
 
         if not query:
             raise BadRequest("parameter `query`: the text to recall memories for is required")
@@ -223,7 +223,7 @@ class ReadService:
                          success_only: Any = None, domain_hint: Any = None,
                          min_relevance: Any = None) -> dict[str, Any]:
         """The token-budgeted text of relevant past work (task, relevance, result, lessons, tools)."""
-        from somnus.processors.recall import MIN_RELEVANCE, build_episodic_context
+        from somnus.processors.episodic.recall import MIN_RELEVANCE, build_episodic_context
 
         if not query:
             raise BadRequest("parameter `query`: the text to build the context for is required")
@@ -250,14 +250,14 @@ class ReadService:
         """What the agent knows, as one ranked list (concepts with relationships, confirmed patterns)
         over the owners of its scope chain (its own, its team's, global).
 
-        A record derived from agents' data (``somnus.processors.semantic.record_agents``: the callers of the
+        A record derived from agents' data (``somnus.processors.semantic.concepts.record_agents``: the callers of the
         tools it is about, a pattern's ``source_agents``) is served only when the reader's chain covers
-        every one of those agents (``somnus.processors.briefing.covers``: the reader itself, or an agent it
+        every one of those agents (``somnus.processors.briefing.generator.covers``: the reader itself, or an agent it
         shares a team scope with), and one of unknown provenance not at all: a pattern about another
         team's private tool would name it. Every owner's memory is checked, the agent's own too
         (a memory promoted before promotion read only its owner's scope may hold others' data)."""
-        from somnus.processors.briefing import covers
-        from somnus.processors.semantic import knowledge_context, record_agents
+        from somnus.processors.briefing.generator import covers
+        from somnus.processors.semantic.concepts import knowledge_context, record_agents
         from somnus.agents import scope_chain
 
         n = _int(limit, "limit", 8, hi=100)
@@ -302,7 +302,7 @@ class ReadService:
     def context(self, agent: str, query: Any = None, user_id: Any = None, session_id: Any = None,
                 max_tokens: Any = None) -> dict[str, Any]:
         """One fitted context for a model: the user's synopsis, the session's recent conversation, and
-        the fused best of episodic recall, the knowledge graph and the briefing (processors/context.py).
+        the fused best of episodic recall, the knowledge graph and the briefing (processors/briefing/context.py).
 
         Isolation by construction: every source is read for the reader's scope chain and user before
         anything is ranked. The synopsis is built from the user's memories in the agent's scope chain
@@ -311,10 +311,10 @@ class ReadService:
         asserted its statement (``KnowledgeStore.facts(for_user=True)``); the briefing's lessons are
         read from the ``lessons`` rows of the agent's episodes of the user (or of no user), not from
         the rendered briefing, whose lines no longer say whose they are."""
-        from somnus.processors.context import Tier, get_context
-        from somnus.processors.recall import recall
-        from somnus.processors.working_memory import decode_state
-        from somnus.processors.synopsis import stored_kind
+        from somnus.processors.briefing.context import Tier, get_context
+        from somnus.processors.episodic.recall import recall
+        from somnus.processors.working.session_buffer import decode_state
+        from somnus.processors.working.synopsis import stored_kind
         from somnus.schemas.working_memory import ContextCandidate, UserMemory
         from somnus.agents import scope_chain
 
@@ -398,7 +398,7 @@ class ReadService:
     def rhythms(self, agent: str, hours: Any = None, days: Any = None, top: Any = None) -> list[dict[str, Any]]:
         """What usually happens at these local hours (``hours`` "9" or "8,9,10"; ``days`` "weekdays",
         "weekend" or "0,1": Monday is 0)."""
-        from somnus.processors.scn import WEEKDAYS, WEEKEND, TemporalIndex
+        from somnus.processors.prediction.rhythms import WEEKDAYS, WEEKEND, TemporalIndex
         from somnus.schemas.causal import TemporalBinCounted
 
         try:
@@ -419,7 +419,7 @@ class ReadService:
         coupling eigenvalues and the next predicted recurrence after its last event."""
         from datetime import timedelta
 
-        from somnus.processors.oscillators import (
+        from somnus.processors.prediction.oscillators import (
             NAMES, OscillatorConfig, OscillatorState, coherence, coupling_analysis, locked_rhythms, next_recurrence)
 
         cfg = OscillatorConfig(enabled=True)
@@ -438,7 +438,7 @@ class ReadService:
     # ---- operators ----
     def memory(self, top: Any = None) -> dict[str, Any]:
         """Memory status: graph size, briefing cache, knowledge utilisation, delegation success."""
-        from somnus.processors.swarm import failing_pairs, tally_delegations, utilisation
+        from somnus.processors.knowledge.swarm_metrics import failing_pairs, tally_delegations, utilisation
 
         n = _int(top, "top", 5, hi=1000)
         one = lambda sql: self.con.execute(sql).fetchone()  # noqa: E731

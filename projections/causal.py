@@ -22,8 +22,8 @@ import msgspec
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401 (pa.compute)
 
-from somnus.processors.nac import CausalLinkState, OutcomeLink, predict
-from somnus.processors.scn import marks_of_episode
+from somnus.processors.prediction.causal_links import CausalLinkState, OutcomeLink, predict
+from somnus.processors.prediction.rhythms import marks_of_episode
 from somnus.schemas.causal import LinkLevel, Prediction, Valence, event_signature, tool_signature
 from somnus.schemas.episodes import EpisodeDistilled
 
@@ -137,7 +137,7 @@ _strengths = msgspec.json.Decoder(dict[str, float])
 
 
 _MICROSECOND = timedelta(microseconds=1)
-# The SCN's bins of a local wall-clock time (``somnus.processors.scn.bins_of``), in SQL: one row per mark and
+# The SCN's bins of a local wall-clock time (``somnus.processors.prediction.rhythms.bins_of``), in SQL: one row per mark and
 # bin kind, then counted per cell. ``t`` is the mark's own local time, naive (its offset dropped).
 _BINS_SQL = """
     SELECT agent, kind, bin_kind, bin, count(*) AS count, count(*) FILTER (s) AS successes,
@@ -153,7 +153,7 @@ _BINS_SQL = """
 def add_temporal_bins(con: duckdb.DuckDBPyConnection, episodes: Iterable[EpisodeDistilled]) -> int:
     """Count the marks of new episodes into ``temporal_bins`` (caller's transaction).
 
-    The same counts as ``somnus.processors.scn.index_of(marks).deltas()`` added cell by cell (a property test
+    The same counts as ``somnus.processors.prediction.rhythms.index_of(marks).deltas()`` added cell by cell (a property test
     compares them), binned and counted by DuckDB: in Python that loop was ~6% of the projector."""
     agents: list[str] = []
     kinds: list[str] = []
@@ -215,6 +215,6 @@ def link_states(con: duckdb.DuckDBPyConnection, signatures: Sequence[str]) -> di
 
 def predict_from(con: duckdb.DuckDBPyConnection, tool: str, params: Mapping[str, Any] | None,
                  context: Mapping[str, str] | None = None) -> Prediction:
-    """``somnus.processors.nac.predict`` over the projected link states of the call and of its tool."""
+    """``somnus.processors.prediction.causal_links.predict`` over the projected link states of the call and of its tool."""
     sigs = [tool_signature(tool)] + ([event_signature(tool, params)] if params is not None else [])
     return predict(link_states(con, sigs), tool, params, context)

@@ -17,7 +17,7 @@ import duckdb
 import msgspec
 import pyarrow as pa
 
-from somnus.processors.knowledge import (
+from somnus.processors.knowledge.triples import (
     EntityAlias, EntityVersion, KnowledgeChanges, KnowledgeFold, KnowledgeState, PredicateAdded, Triple)
 from somnus.projections import schema
 from somnus.schemas.facts import FactsExtracted
@@ -137,7 +137,7 @@ def load_state(con: duckdb.DuckDBPyConnection) -> KnowledgeState:
 
     entities = structs("SELECT entity_id, version, name, type, attributes, first_seen, updated_at, episode_id "
                        "FROM entities", EntityVersion)
-    # An alias is its episode's agent's (processors/knowledge.py): the agent comes from knowledge_inputs.
+    # An alias is its episode's agent's (processors/knowledge/triples.py): the agent comes from knowledge_inputs.
     aliases = structs("SELECT a.alias, a.type, a.entity_id, a.jaccard, a.first_seen, a.episode_id, "
                       "(SELECT min(k.agent) FROM knowledge_inputs k WHERE k.episode_id = a.episode_id) AS agent "
                       "FROM entity_aliases a", EntityAlias)

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import duckdb
 import msgspec
 
-from somnus.processors.knowledge import Triple
+from somnus.processors.knowledge.triples import Triple
 from somnus.projections.schema import FACTS_TOP_K
 from somnus.agents import AgentSpec, scope_chain
 

@@ -2,7 +2,7 @@
 
 The worker publishes memory units (episodes, and the messages of conversational sessions) on
 ``memory``; the projector (the only writer) folds them in offset order with
-``somnus.processors.memory.capture``: every decision (stored, merged, linked) and every access (published
+``somnus.processors.episodic.capture.capture``: every decision (stored, merged, linked) and every access (published
 back on ``memory`` by recall) is appended to ``memory_log`` in the transaction of the batch that
 consumed it. The in-memory index that answers recall is rebuilt at start by replaying the log, never
 by deciding again, so a restarted or replayed projector holds the same memory.
@@ -22,10 +22,10 @@ import duckdb
 import msgspec
 import pyarrow as pa
 
-from somnus.processors.memory import MemoryState, apply, capture
-from somnus.processors.memory_index import IndexConfig
-from somnus.processors.oscillators import OscillatorState, observe
-from somnus.processors.sleep import bounded_time
+from somnus.processors.episodic.capture import MemoryState, apply, capture
+from somnus.processors.episodic.index import IndexConfig
+from somnus.processors.prediction.oscillators import OscillatorState, observe
+from somnus.processors.sleep.job import bounded_time
 from somnus.projections.sleep import KIND_SLEEP
 from somnus.schemas.lifecycle import SleepRequested, SleepTrigger
 from somnus.schemas.memory import (

@@ -27,11 +27,11 @@ import duckdb
 import msgspec
 import pyarrow as pa
 
-from somnus.processors.layers import MemoryLayers
-from somnus.processors.nac import DEFAULT_ALPHA, alphas_for, confidence_of
-from somnus.processors.promotion import CausalLinkView, NacPromotionSource, SemanticPromoter, StatisticianPromotionSource
-from somnus.processors.semantic import IngestedConcept, ingest_knowledge
-from somnus.processors.statistics import CallOutcome, Statistician, pattern_events
+from somnus.processors.semantic.layers import MemoryLayers
+from somnus.processors.prediction.causal_links import DEFAULT_ALPHA, alphas_for, confidence_of
+from somnus.processors.semantic.promotion import CausalLinkView, NacPromotionSource, SemanticPromoter, StatisticianPromotionSource
+from somnus.processors.semantic.concepts import IngestedConcept, ingest_knowledge
+from somnus.processors.prediction.patterns import CallOutcome, Statistician, pattern_events
 from somnus.schemas.semantic import (
     CandidateRejected, ConceptCreated, ConceptPromoted, ConceptReinforced, CrossLayerEdgeFormed, PatternConfirmed,
     RelationshipFormed, SemanticEvent, decode_semantic, encode_semantic)
@@ -274,7 +274,7 @@ def scoped_links(con: duckdb.DuckDBPyConnection, members: frozenset[str],
     observations, event_observations, confidence), ordered by tool and outcome signature.
 
     ``causal_links`` is the fleet's; this folds the members' ``causal_link_updates`` (one row per
-    observation, its outcome's link) again with ``somnus.processors.nac``'s rule: per event, in stream
+    observation, its outcome's link) again with ``somnus.processors.prediction.causal_links``'s rule: per event, in stream
     order, every known outcome k moves by ``max(α, 1/n) (λ_k - V_k)``, a new outcome starting at 0,
     α the observing agent's learning rate; confidence from the event's observations."""
     alphas = alphas_for(agents or {})

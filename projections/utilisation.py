@@ -4,11 +4,11 @@ The facts topic carries, in one total order, what the projector needs to judge u
 ``BriefingServed`` records (published when a briefing is injected for a named session) and each
 episode's ``FactsExtracted`` (the entities its session acted on). When the extraction of a session
 that was served a briefing arrives, the served facts about entities it acted on become ``FactUsed``
-(``somnus.processors.swarm.facts_used_in_episode``), and ``somnus.processors.swarm.PromotionFold`` counts them per
+(``somnus.processors.knowledge.swarm_metrics.facts_used_in_episode``), and ``somnus.processors.knowledge.swarm_metrics.PromotionFold`` counts them per
 statement: a statement used by enough teammates (``learningRate``) is promoted to their team, one
 used across enough teams to global. Promotions by hand (``somnus promote``) are on the same topic
 and reset the counters the same way. Every promotion enters the triple log as the statement
-asserted in the wider scope (``somnus.processors.swarm.promoted_facts``), right after what caused it.
+asserted in the wider scope (``somnus.processors.knowledge.swarm_metrics.promoted_facts``), right after what caused it.
 
 Tables: ``briefings_served``, ``fact_uses``, ``promotions`` (append-only), and ``promotion_state``
 (the fold's state per statement, so a restart continues where the committed batch left it).
@@ -23,8 +23,8 @@ import duckdb
 import msgspec
 import pyarrow as pa
 
-from somnus.processors.knowledge import entity_id
-from somnus.processors.swarm import PromotionFold, StatementState, facts_used_in_episode, promoted_facts, statement_key
+from somnus.processors.knowledge.triples import entity_id
+from somnus.processors.knowledge.swarm_metrics import PromotionFold, StatementState, facts_used_in_episode, promoted_facts, statement_key
 from somnus.schemas.briefing import BriefingServed, FactPromoted, FactUsed
 from somnus.schemas.episodes import episode_id_for
 from somnus.schemas.facts import FactsExtracted

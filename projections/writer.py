@@ -33,10 +33,10 @@ import duckdb
 import msgspec
 import pyarrow as pa
 
-from somnus.processors.sleep import SleepConfig
+from somnus.processors.sleep.job import SleepConfig
 from somnus.projections.causal import add_temporal_bins
 from somnus.schemas.briefing import BriefingServed, FactPromoted
-from somnus.processors.retention import is_future, micros, record_cap
+from somnus.processors.sessions.session_retention import is_future, micros, record_cap
 from somnus.schemas.codec import (MAX_DEPTH, Rejection, check_json, dead_letter_original, decode_bounded, decode_record,
                           encode, poison_reason, truncated_note, uuid_texts)
 from somnus.schemas.episodes import EpisodeDistilled

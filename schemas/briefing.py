@@ -5,7 +5,7 @@
 - ``BriefingServed``: a briefing was prepended to the system prompt of one session (key = agent or
   session). It names the facts the session was shown, which is what utilisation is counted against.
 - ``FactUsed``: a session acted on a fact it was shown (a later tool call, message or delegation
-  mentioned one of the fact's entities; ``processors/swarm.py`` defines "mention").
+  mentioned one of the fact's entities; ``processors/knowledge/swarm_metrics.py`` defines "mention").
 - ``FactPromoted``: a statement moved to a wider scope, by utilisation or by hand (``somnus promote``).
 
 Facts are named as the triple log names them: ``source`` / ``target`` are entity ids

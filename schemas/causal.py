@@ -2,7 +2,7 @@
 
 - ``OutcomeObserved``: one tool call with a result, as the NAc sees it (an action and what came of it).
 - ``CausalLinkUpdated``: one Rescorla-Wagner update of one causal link (append-only projection row).
-- ``Prediction`` / ``PredictedOutcome``: what ``somnus.processors.nac.predict`` answers before an agent acts.
+- ``Prediction`` / ``PredictedOutcome``: what ``somnus.processors.prediction.causal_links.predict`` answers before an agent acts.
 - ``ToolCount``: exact calls and errors of a tool (not an estimate).
 - ``TemporalBinCounted``: a delta of the SCN's temporal index, one (agent, kind, bin) cell.
 
@@ -295,7 +295,7 @@ class CausalLinkUpdated(msgspec.Struct, frozen=True, kw_only=True):
     src_offset: int
     index: int
     target: float  # λ: 1.0 when this observation's outcome is this link's, else 0.0
-    alpha: float  # the α applied (after the running-mean start, see somnus.processors.nac)
+    alpha: float  # the α applied (after the running-mean start, see somnus.processors.prediction.causal_links)
     strength_before: float
     strength: float  # V after the update, in [0, 1]
     observations: int  # times this outcome was observed for this event, after the update

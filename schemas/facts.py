@@ -6,7 +6,7 @@ byte, and the fold never depends on how partitions interleave. Every fact carrie
 its episode (``observed_at``); wall-clock time never decides ``valid_from`` / ``valid_to``.
 
 Names here are as the extractor saw them; the knowledge fold normalises them and merges
-near-duplicates (``processors/knowledge.py``).
+near-duplicates (``processors/knowledge/triples.py``).
 
 >>> import msgspec, uuid
 >>> from datetime import datetime, timezone

@@ -6,7 +6,7 @@ conversational traces, one message. It keeps the ids of the trace events it came
 those too (``refs``). Its fields follow an episodic memory record: what was perceived and the
 context, what was decided and done, and the outcome.
 
-The memory log (one partition, folded in offset order by ``processors/memory.py``) holds:
+The memory log (one partition, folded in offset order by ``processors/episodic/capture.py``) holds:
 
 - ``CaptureDecided``: what capture made of one unit: stored as a new memory, or merged into an
   existing one, with the reasons and the prediction error. It carries the unit, so the log alone
@@ -85,7 +85,7 @@ class ForgetReason(str, Enum):
 
 
 class MemoryUnit(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """One candidate memory, as the unit builders (``processors/memory.py``) derive it."""
+    """One candidate memory, as the unit builders (``processors/episodic/capture.py``) derive it."""
 
     memory_id: str
     kind: MemoryKind

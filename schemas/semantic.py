@@ -1,6 +1,6 @@
 """Semantic memory events: what the ATL (concepts), the Angular Gyrus (statistical patterns) and the
 cross-layer graph become. Every state change is one of these, so a fold over them in log order
-(``somnus.processors.layers.MemoryLayers.apply``) rebuilds the same layers: the log is the source of truth,
+(``somnus.processors.semantic.layers.MemoryLayers.apply``) rebuilds the same layers: the log is the source of truth,
 there are no save/load files.
 
 Every event names its ``owner``, the memory it belongs to (``"agent:<name>"``, ``"team:<lead>"`` or

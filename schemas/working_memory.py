@@ -2,14 +2,14 @@
 
 Three groups:
 
-- the **session buffer** (``processors/working_memory.py``): ``BufferedMessage`` (one message of a
+- the **session buffer** (``processors/working/session_buffer.py``): ``BufferedMessage`` (one message of a
   session as the buffer keeps it), ``SessionSummary`` (one summarised batch in the extended
   buffer), ``WorkingMemoryState`` (one session's buffer: a Faust table value, keyed by
-  ``somnus.processors.distiller.session_key``) and the events its fold emits, named in the past tense:
+  ``somnus.processors.sessions.distiller.session_key``) and the events its fold emits, named in the past tense:
   ``MessagesSummarised``, ``SummariesMerged``, ``SummaryEvicted``;
-- the **user synopsis** (``processors/synopsis.py``): ``UserMemory`` (what the builder reads),
+- the **user synopsis** (``processors/working/synopsis.py``): ``UserMemory`` (what the builder reads),
   ``UserIdentity``, ``UserContext``, ``UserSynopsis``;
-- the **assembled context** (``processors/context.py``): ``ContextCandidate`` (what a tier source
+- the **assembled context** (``processors/briefing/context.py``): ``ContextCandidate`` (what a tier source
   returns), ``ContextItem`` and ``AssembledContext`` (what ``get_context`` returns).
 
 Every record that can belong to a user carries ``user_id`` (None: the trace named no user).
@@ -78,7 +78,7 @@ class BufferedMessage(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 class SessionSummary(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """One entry of the extended buffer: a batch of messages (level 0) or of summaries (level 1+)
     compressed into one extractive summary. ``text`` is the body; ``tokens`` counts the rendered
-    line (``somnus.processors.working_memory.summary_line``)."""
+    line (``somnus.processors.working.session_buffer.summary_line``)."""
 
     summary_id: uuid.UUID
     level: NonNegative

@@ -313,7 +313,7 @@ def run_predict(links: int = 1_000_000, outcomes: int = 2, queries: int = 2000, 
 
     from somnus.projections import schema
     from somnus.projections.causal import link_states
-    from somnus.processors.nac import predict
+    from somnus.processors.prediction.causal_links import predict
 
     work = Path(tempfile.mkdtemp(prefix="somnus-bench-predict-"))
     try:
@@ -365,8 +365,8 @@ def run_scn_footprint(memories: int = 10_000, seed: int = 42) -> dict[str, Any]:
     import msgspec
     import pyarrow as pa
 
-    from somnus.processors.distiller import distill
-    from somnus.processors.scn import index_of, marks_of_episode
+    from somnus.processors.sessions.distiller import distill
+    from somnus.processors.prediction.rhythms import index_of, marks_of_episode
     from somnus.projections import schema
     from somnus.schemas.codec import decode_trace
     from somnus.sample import generate
@@ -411,7 +411,7 @@ def _synthetic_index(units: int, agents: int, seed: int) -> tuple[Any, Any, list
 
     import numpy as np
 
-    from somnus.processors.memory_index import IndexConfig, MemoryIndex
+    from somnus.processors.episodic.index import IndexConfig, MemoryIndex
     from somnus.projections.memory import stemmer
     from somnus.schemas.memory import MemoryKind, MemoryUnit
 
@@ -454,7 +454,7 @@ def run_recall(units: int = 100_000, queries: int = 300, agents: int = 50, seed:
     import statistics
     from datetime import datetime, timedelta, timezone
 
-    from somnus.processors.recall import recall
+    from somnus.processors.episodic.recall import recall
 
     index, rng, vocab, people, build_s, rss = _synthetic_index(units, agents, seed)
     texts = _queries(rng, vocab, people, queries)
@@ -480,10 +480,10 @@ def run_context(units: int = 100_000, queries: int = 200, messages: int = 5000, 
     import statistics
     from datetime import datetime, timedelta, timezone
 
-    from somnus.processors.context import Tier, get_context
-    from somnus.processors.recall import recall
-    from somnus.processors.synopsis import SynopsisCache
-    from somnus.processors.working_memory import DEFAULT_SETTINGS, add, message
+    from somnus.processors.briefing.context import Tier, get_context
+    from somnus.processors.episodic.recall import recall
+    from somnus.processors.working.synopsis import SynopsisCache
+    from somnus.processors.working.session_buffer import DEFAULT_SETTINGS, add, message
     from somnus.schemas.working_memory import ContextCandidate, Role, UserMemory, WorkingMemoryState
     from somnus.schemas.memory import MemoryKind
 
@@ -751,9 +751,9 @@ def run_capture(sessions: int = 40_000, batch: int = 200, chunks: int = 5, candi
     import hashlib
     from datetime import datetime, timezone
 
-    from somnus.processors.distiller import distill
-    from somnus.processors.memory import MemoryState, capture, episode_unit
-    from somnus.processors.memory_index import IndexConfig
+    from somnus.processors.sessions.distiller import distill
+    from somnus.processors.episodic.capture import MemoryState, capture, episode_unit
+    from somnus.processors.episodic.index import IndexConfig
     from somnus.projections.memory import stemmer
     from somnus.schemas.codec import decode_trace
     from somnus.sample import generate
@@ -810,7 +810,7 @@ def _sleep_units(units: int, agents: int, seed: int) -> Iterator[Any]:
 def run_sleep(units: int = 1_000_000, agents: int = 1000, seed: int = 7, batch: int = 2000,
               accessed: float = 0.05) -> dict[str, Any]:
     """One deep sleep over ``units`` memory units, as the projector's memory fold runs it: the units are
-    captured by the fold's own rules (``somnus.processors.memory.capture``: decisions, merges, association
+    captured by the fold's own rules (``somnus.processors.episodic.capture.capture``: decisions, merges, association
     edges), ``accessed`` of them recalled in the last day, then ``SleepJob.run`` (plan: protection,
     retention, compression, pruning, maxEpisodes, coverage, dreaming, report; then the prunings and
     compressions applied to the index) and ``SleepJob.write`` (lifecycle_log and sleep_runs rows into
@@ -821,9 +821,9 @@ def run_sleep(units: int = 1_000_000, agents: int = 1000, seed: int = 7, batch: 
     import duckdb
     import numpy as np
 
-    from somnus.processors.memory import MemoryState, apply, capture
-    from somnus.processors.memory_index import IndexConfig
-    from somnus.processors.sleep import SleepConfig
+    from somnus.processors.episodic.capture import MemoryState, apply, capture
+    from somnus.processors.episodic.index import IndexConfig
+    from somnus.processors.sleep.job import SleepConfig
     from somnus.projections import schema
     from somnus.projections.memory import stemmer
     from somnus.projections.sleep import SleepJob

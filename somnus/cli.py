@@ -583,7 +583,7 @@ def promote(source: str = typer.Argument(..., help="Source entity (id such as to
     Each move is stamped with the stream time of the scope it comes from, unless --at is given."""
     from datetime import datetime, timezone
 
-    from somnus.processors.swarm import PromotionError, manual_promotions
+    from somnus.processors.knowledge.swarm_metrics import PromotionError, manual_promotions
     from somnus.projections.writer import KIND_PROMOTION
     from somnus.agents import AgentFileError, load_agents
     from somnus.reads import ReadError, sql as read_sql
@@ -713,7 +713,7 @@ def ingest_knowledge_cmd(file: Path = typer.Argument(..., exists=True, dir_okay=
                          bootstrap: Optional[str] = BootOpt) -> None:
     """Add concepts from a document to semantic memory (DIRECT_INGESTION; deduplicated by name), stamped
     with the owner's stream time unless --at is given."""
-    from somnus.processors.semantic import KnowledgeFileError, parse_knowledge
+    from somnus.processors.semantic.concepts import KnowledgeFileError, parse_knowledge
     from somnus.projections.semantic import KIND_INGEST, KnowledgeIngested
     from somnus.client import publish_records
 
@@ -780,7 +780,7 @@ def sleep(at: Optional[str] = typer.Option(None, "--at", help="Event time of the
             _fail(str(exc))
         rows = list(reversed(got["rows"]))
         if plot:
-            from somnus.processors.sleep import history_figure
+            from somnus.processors.sleep.job import history_figure
             from somnus.schemas.lifecycle import SleepReport
 
             reports = [(datetime.fromisoformat(str(r[1])), msgspec.json.decode(r[3], type=SleepReport)) for r in rows]

@@ -74,21 +74,21 @@ class Settings:
     # Entity extraction by an LLM (streams/llm_extractor.py; its key and model come from SOMNUS_LLM_*).
     # Off by default: the write path is deterministic and offline unless this is turned on.
     llm_extractor: bool = False
-    # Working memory (processors/working_memory.py): -1 = 60% of the model's context, within [16K, 600K].
+    # Working memory (processors/working/session_buffer.py): -1 = 60% of the model's context, within [16K, 600K].
     working_memory_max_tokens: int = -1
     model_context_tokens: int = 200_000
     # Deep sleep (projections/sleep.py): cron, evaluated on stream time (event time), UTC.
     sleep_schedule: str = "0 3 * * *"
-    # Coupled oscillators of the SCN (processors/oscillators.py): optional, off by default.
+    # Coupled oscillators of the SCN (processors/prediction/oscillators.py): optional, off by default.
     oscillators: bool = False
-    # How long the worker remembers a closed session (stream time, per partition: processors/retention.py);
+    # How long the worker remembers a closed session (stream time, per partition: processors/sessions/session_retention.py);
     # 0 keeps every marker forever.
     session_retention_s: float = 7 * 86400.0
     # A session with no event for this long (stream time, per partition) is closed as abandoned: an
-    # episode with outcome failure (processors/retention.py). 0 (the default) leaves it open forever.
+    # episode with outcome failure (processors/sessions/session_retention.py). 0 (the default) leaves it open forever.
     session_idle_s: float = 0.0
     # How far an event's time may be ahead of its record's broker time and still move its partition's
-    # stream time (processors/retention.py): a runtime's clock that runs ahead is bounded. 0: no bound.
+    # stream time (processors/sessions/session_retention.py): a runtime's clock that runs ahead is bounded. 0: no bound.
     max_clock_skew_s: float = 300.0
     # How long a starting worker or projector waits for its broker to answer before it exits (then
     # `somnus up`'s supervisor starts it again after a back-off).

@@ -140,8 +140,8 @@ def evaluate(conversations: Sequence[Conversation], retrieve: Callable[[Question
 def locomo_memory(path: Path, embed: Callable[[Sequence[str]], np.ndarray] | None = None,
                   now: datetime | None = None, stem: Callable[[str], str] | None = None) -> Any:
     """Import ``path``, decode, build message units, capture them all: the memory state and the log."""
-    from somnus.processors.memory import MemoryState, capture, message_units
-    from somnus.processors.memory_index import IndexConfig
+    from somnus.processors.episodic.capture import MemoryState, capture, message_units
+    from somnus.processors.episodic.index import IndexConfig
     from somnus.schemas.codec import Rejection, decode_trace
     from somnus.importers import locomo
 
@@ -161,7 +161,7 @@ def locomo_memory(path: Path, embed: Callable[[Sequence[str]], np.ndarray] | Non
 def evaluate_locomo(path: Path, embed: Callable[[Sequence[str]], np.ndarray] | None = None,
                     config: Any = None, stem: Callable[[str], str] | None = None, k: int = 20) -> dict[str, Any]:
     """recall@k of the fused retrieval on LoCoMo (no LLM, no network)."""
-    from somnus.processors.recall import recall
+    from somnus.processors.episodic.recall import recall
 
     conversations = load_locomo(path)
     state, log, now = locomo_memory(path, embed, stem=stem)
@@ -263,7 +263,7 @@ def minilm_dir() -> Path | None:
 
 def load_minilm(folder: Path | None = None) -> Any:
     """The all-MiniLM-L6-v2 encoder from local files, or None when the package is not installed."""
-    from somnus.processors.embedding import MiniLM
+    from somnus.processors.episodic.embedding import MiniLM
 
     folder = folder or minilm_dir()
     if folder is None:

@@ -20,7 +20,7 @@ Two parts, kept apart:
    - ``chars``: the median and 95th percentile (nearest rank) of the briefings' length against
      ``briefingTokenBudget``.
 
-   An error's class is the knowledge graph's (``somnus.processors.extraction.error_class``: ids, numbers,
+   An error's class is the knowledge graph's (``somnus.processors.knowledge.extraction.error_class``: ids, numbers,
    paths and line numbers become placeholders); names are compared in the graph's form
    (``normalise_name``: case-folded). What a briefing line names is read from its text
    (``line_subjects``), whatever the briefing's exact wording, so the instrument does not change when
@@ -55,8 +55,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from somnus.processors.extraction import error_class
-from somnus.processors.knowledge import normalise_name
+from somnus.processors.knowledge.extraction import error_class
+from somnus.processors.knowledge.triples import normalise_name
 
 FIRST_SESSIONS = 10  # foresight_by_session_index: an agent's first sessions against the rest
 MIN_CUT_PREFIX = 40  # a line cut short ("…") names a class when at least this much of it survived
@@ -556,7 +556,7 @@ def _settle(s: Any, boot: str, timeout_s: float, where: str, wait_idle: Any) -> 
 
 def _briefing_before(db: Path, agents_dir: Path | None, registry: Mapping[str, Any], agent: str, session_id: str,
                      serve: bool, read: Any) -> BriefingSeen:
-    from somnus.processors.briefing import DEFAULT_BUDGET
+    from somnus.processors.briefing.generator import DEFAULT_BUDGET
 
     spec = registry.get(agent)
     budget = spec.briefing_token_budget if spec is not None else DEFAULT_BUDGET

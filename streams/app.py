@@ -24,14 +24,14 @@ from faust.tables.table import Table
 from faust.types import EventT
 import msgspec
 
-from somnus.processors.distiller import SessionState, decode_state, distill, encode_state, session_key
-from somnus.processors.batch import distill_rounds
-from somnus.processors.retention import MarkerHeap, micros, record_cap, sift, stream_times
-from somnus.processors.working_memory import WorkingMemorySettings
-from somnus.processors.working_memory import compact as compact_wm
-from somnus.processors.working_memory import decode_state as decode_wm
-from somnus.processors.working_memory import encode_state as encode_wm
-from somnus.processors.nac import decode_link_state, encode_link_state, learn, observations_from_episode
+from somnus.processors.sessions.distiller import SessionState, decode_state, distill, encode_state, session_key
+from somnus.processors.sessions.batch import distill_rounds
+from somnus.processors.sessions.session_retention import MarkerHeap, micros, record_cap, sift, stream_times
+from somnus.processors.working.session_buffer import WorkingMemorySettings
+from somnus.processors.working.session_buffer import compact as compact_wm
+from somnus.processors.working.session_buffer import decode_state as decode_wm
+from somnus.processors.working.session_buffer import encode_state as encode_wm
+from somnus.processors.prediction.causal_links import decode_link_state, encode_link_state, learn, observations_from_episode
 from somnus.schemas.memory import KIND_UNITS
 from somnus.schemas.causal import OutcomeObserved
 from somnus.schemas.episodes import EpisodeDistilled
@@ -251,7 +251,7 @@ def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker") 
     observations = app.topic(settings.observations_topic, partitions=settings.partitions, key_type=bytes,
                              value_type=bytes, internal=False)
     from somnus.agents import load_agents
-    from somnus.processors.nac import alphas_for
+    from somnus.processors.prediction.causal_links import alphas_for
 
     fleet = load_agents(settings.agents_dir)
     alpha_by_agent = alphas_for(fleet)
@@ -396,7 +396,7 @@ def _plan_batch(app: faust.App, settings: Settings, batch: Sequence[EventT], ses
     valid = []
     coords: list[tuple[Any, int]] = []  # (record, index in it) of each valid event
     parts: list[int] = []  # source partition of each valid event
-    caps: list[int | None] = []  # the latest time each valid event may have (somnus.processors.retention)
+    caps: list[int | None] = []  # the latest time each valid event may have (somnus.processors.sessions.session_retention)
     skew_us = int(settings.max_clock_skew_s * 1_000_000)
     partition_of = plan.partition_of
     offset_of: dict[str, int] = {}  # session key -> offset of its last record in the batch (its end)
@@ -457,7 +457,7 @@ def _plan_batch(app: faust.App, settings: Settings, batch: Sequence[EventT], ses
                          wm_settings)
     plan.duplicates = sifted.duplicates + out.duplicates
     late = list(sifted.late)
-    if out.late_events:  # after an end the distiller met, or out of order (somnus.processors.distiller.seq_verdict)
+    if out.late_events:  # after an end the distiller met, or out of order (somnus.processors.sessions.distiller.seq_verdict)
         where = {id(ev): i for i, ev in enumerate(valid)}
         late += [(where[id(ev)], reason) for ev, reason in out.late_events]
     plan.late = len(late)
@@ -468,7 +468,7 @@ def _plan_batch(app: faust.App, settings: Settings, batch: Sequence[EventT], ses
     if extractor is not None and out.episodes:
         plan.facts = list(extractor.extract(out.episodes))
     # What each call led to, for the NAc; the coordinates of the session's end make a re-distilled
-    # episode's observations recognisable as redeliveries (somnus.processors.nac.learn).
+    # episode's observations recognisable as redeliveries (somnus.processors.prediction.causal_links.learn).
     plan.observations = [o for ep in out.episodes for o in observations_from_episode(
         ep, partition_of[session_key(ep.agent, ep.session_id)], offset_of[session_key(ep.agent, ep.session_id)])]
     plan.units, plan.states, plan.wm_states = out.units, out.states, out.wm_states
@@ -497,7 +497,7 @@ async def _handle_batch(app: faust.App, settings: Settings, batch: Sequence[Even
 
     No record stops the distiller: decoding never raises (``somnus.schemas.codec``), and should the rest of
     the batch's work raise, the batch is handled again one record at a time (where a batch ends never
-    changes a result: ``tests/processors/test_batch.py``), so that only the record that raises on its
+    changes a result: ``tests/processors/sessions/test_batch.py``), so that only the record that raises on its
     own is dead-lettered, as ``poison``, and passed. Errors of the broker are not the records' and are
     raised as before."""
     if app.in_recovery:
@@ -613,7 +613,7 @@ def _session_states(sessions: BatchedTable, closed: bool) -> Any:
 
 
 class MarkerRetention:
-    """Removes the markers of closed sessions once they expire (``somnus.processors.retention``).
+    """Removes the markers of closed sessions once they expire (``somnus.processors.sessions.session_retention``).
 
     It keeps the owned partitions' markers in a heap by expiry, rebuilt from the table after every
     rebalance (Faust restores the table, not this heap)."""
@@ -657,7 +657,7 @@ class MarkerRetention:
 
 class IdleSessions:
     """The owned partitions' open sessions by the time of their latest event, so that a batch whose
-    stream time makes one idle (``somnus.processors.retention.sift``) has its state at hand. Rebuilt from the
+    stream time makes one idle (``somnus.processors.sessions.session_retention.sift``) has its state at hand. Rebuilt from the
     table after every rebalance (Faust restores the table, not this); an entry that is not a session's
     latest any more is skipped by ``sift``."""
 
@@ -759,7 +759,7 @@ async def _handle_observations(app: faust.App, settings: Settings, batch: Sequen
 
 def _learn(links: BatchedTable, partition_of: Mapping[str, int], observed: list[OutcomeObserved],
            alpha_by_agent: dict[str, float]) -> tuple[dict[str, bytes], list[Any]]:
-    """Rescorla-Wagner over ``observed`` from the links' states in the table (``somnus.processors.nac.learn``):
+    """Rescorla-Wagner over ``observed`` from the links' states in the table (``somnus.processors.prediction.causal_links.learn``):
     the new states, encoded as the table will hold them, and the updates."""
     prior = {}
     for sig in partition_of:
@@ -830,7 +830,7 @@ async def first_record_at(bootstrap: str, tp: Any, offset: int) -> int | None:
 
 def make_extractor(settings: Settings) -> Any:
     """The deterministic trace extractor; the LLM one only when a key is configured."""
-    from somnus.processors.extraction import TraceExtractor
+    from somnus.processors.knowledge.extraction import TraceExtractor
 
     trace = TraceExtractor()
     if not settings.llm_extractor:

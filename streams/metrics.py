@@ -10,8 +10,8 @@ class WorkerCounters:
     dead_letters: int = 0
     duplicates: int = 0
     late: int = 0  # events of a session that had ended, or too old to tell (dead letters)
-    forgotten: int = 0  # closed sessions whose marker expired (somnus.processors.retention)
-    abandoned: int = 0  # open sessions closed after the idle time (somnus.processors.retention)
+    forgotten: int = 0  # closed sessions whose marker expired (somnus.processors.sessions.session_retention)
+    abandoned: int = 0  # open sessions closed after the idle time (somnus.processors.sessions.session_retention)
     future: int = 0  # events stamped ahead of their record by more than the clock skew allowed (dead letters)
     poison: int = 0  # records whose distillation raised (dead letters, kind poison)
     facts: int = 0

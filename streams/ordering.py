@@ -44,7 +44,7 @@ def position_key(topic: str, partition: int) -> bytes:
 
 
 def encode_position(offset: int, clock: int | None = None) -> bytes:
-    """A position, and optionally the partition's stream time (µs) at it (``somnus.processors.retention``):
+    """A position, and optionally the partition's stream time (µs) at it (``somnus.processors.sessions.session_retention``):
     written in one record, so a recovered position and its stream time always agree."""
     return str(offset).encode() if clock is None else f"{offset} {clock}".encode()
 

@@ -38,7 +38,7 @@ def topic_specs(settings: Settings) -> dict[str, int]:
 def topic_config(name: str, append_time: bool = False) -> dict[str, str]:
     """A topic's configuration at creation: changelogs compacted, the rest kept for ever. With
     ``append_time`` (the traces topic) records carry the broker's append time, which bounds how far
-    their events' times can move stream time (``somnus.processors.retention``, ``SOMNUS_MAX_CLOCK_SKEW_S``)."""
+    their events' times can move stream time (``somnus.processors.sessions.session_retention``, ``SOMNUS_MAX_CLOCK_SKEW_S``)."""
     if name.endswith("-changelog"):
         return {"cleanup.policy": "compact"}
     config = {"retention.ms": "-1", "retention.bytes": "-1"}

@@ -116,7 +116,7 @@ def test_tau_bench_through_the_pipeline_briefs_the_airline_agent_with_its_own_fa
         pipeline_settings, tau_bench_path):
     """Issue 26: on the real pipeline, the airline briefing names its error classes once each, serves
     its own facts (they were dropped before) and a strategy (it was always empty)."""
-    from somnus.processors.extraction import error_class
+    from somnus.processors.knowledge.extraction import error_class
     from somnus.importers import openai_chat
 
     p = Pipeline(pipeline_settings)

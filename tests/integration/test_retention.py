@@ -1,4 +1,4 @@
-"""Closed sessions forgotten after the retention (somnus.processors.retention), end to end: real broker,
+"""Closed sessions forgotten after the retention (somnus.processors.sessions.session_retention), end to end: real broker,
 Faust worker and projector. Late events go to the dead-letter topic with their reason."""
 
 from __future__ import annotations

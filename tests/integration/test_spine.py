@@ -64,7 +64,7 @@ def _reference(settings, events, tmp_path: Path, bundle_max: int) -> dict[str, s
 def test_sigkill_worker_and_projector_at_random_points(pipeline_settings, tmp_path):
     events = list(generate(sessions=1500, seed=11))  # ~20 hours of stream time on each partition
     # 30 sessions whose runtime died before the end, closed as abandoned after an hour of stream time
-    # without an event; and closed sessions forgotten after an hour (somnus.processors.retention): the markers
+    # without an event; and closed sessions forgotten after an hour (somnus.processors.sessions.session_retention): the markers
     # removed, their working memory with them, and the abandoned episodes must not depend on where
     # the crashes fell.
     ids = sorted({e["session_id"] for e in events})

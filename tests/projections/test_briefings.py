@@ -9,8 +9,8 @@ import duckdb
 import orjson
 import pytest
 
-from somnus.processors.distiller import distill
-from somnus.processors.extraction import TraceExtractor, error_class
+from somnus.processors.sessions.distiller import distill
+from somnus.processors.knowledge.extraction import TraceExtractor, error_class
 from somnus.projections import api, queries, schema
 from somnus.projections.writer import Seen, Topics, apply_batch, load_offsets
 from somnus.schemas.codec import decode_trace, encode
@@ -134,7 +134,7 @@ def test_a_briefing_whose_counts_change_but_not_its_text_is_rewritten(tmp_path, 
 
 def _facts(agent: str, scope: str | None, n: int, at: datetime) -> Rec:
     """A rate-limit fact stated by many calls (count 500: a fact seen once in a hundred sessions would
-    not concern the next one, ``somnus.processors.briefing.fact_relevance``)."""
+    not concern the next one, ``somnus.processors.briefing.generator.fact_relevance``)."""
     fx = FactsExtracted(schema_version=1, episode_id=uuid.UUID(int=10_000 + n), agent=agent, observed_at=at,
                         extractor="test/1", facts=[FactAsserted(
                             source="api.example.com", source_type="api", predicate="rate_limit", target="10/s",
@@ -314,7 +314,7 @@ def test_no_briefing_line_of_one_agent_comes_from_an_unrelated_agents_data(tmp_p
     global promotion ran over both, neither briefing holds a line from the other's data."""
     import msgspec
 
-    from somnus.processors.nac import learn, observations_from_episode
+    from somnus.processors.prediction.causal_links import learn, observations_from_episode
     from somnus.projections.semantic import KIND_PROMOTE, promotion_inputs
     from somnus.importers import openai_chat
 
@@ -359,7 +359,7 @@ def test_no_briefing_line_of_one_agent_comes_from_an_unrelated_agents_data(tmp_p
 
 def _learnt(raw: list[dict]) -> tuple[list[Rec], list[Rec]]:
     """Episode, fact and NAc link-update records of some events (the worker's output, built here)."""
-    from somnus.processors.nac import learn, observations_from_episode
+    from somnus.processors.prediction.causal_links import learn, observations_from_episode
 
     events = sorted((decode_trace(orjson.dumps(e), 1 << 22) for e in raw), key=lambda e: (e.ts, e.agent, e.seq))
     episodes = sorted(distill({}, events).episodes, key=lambda ep: (ep.ended_at, ep.agent))
@@ -427,7 +427,7 @@ def test_a_statistical_pattern_names_its_recorded_source_agents():
     # so the briefing can serve it to readers that cover those agents instead of to nobody.
     from datetime import datetime, timezone
 
-    from somnus.processors.layers import MemoryLayers
+    from somnus.processors.semantic.layers import MemoryLayers
     from somnus.projections.briefings import knowledge_items
     from somnus.schemas.semantic import MathCategory, MathRecord, PatternConfirmed
 

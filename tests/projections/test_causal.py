@@ -1,5 +1,5 @@
 """somnus.projections.causal: link updates read off the topic as text and raw JSON, written with DuckDB's casts;
-the SCN's bins counted by DuckDB as ``somnus.processors.scn`` counts them (a real DuckDB file, no broker)."""
+the SCN's bins counted by DuckDB as ``somnus.processors.prediction.rhythms`` counts them (a real DuckDB file, no broker)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from somnus.projections import schema
-from somnus.processors.scn import index_of, marks_of_episode
+from somnus.processors.prediction.rhythms import index_of, marks_of_episode
 from somnus.projections.causal import UPDATE_COLUMNS, CausalProjection, UpdateRow, add_temporal_bins
 from somnus.schemas.causal import CausalLinkUpdated, LinkLevel, Valence
 from somnus.schemas.episodes import CallSeen, EpisodeDistilled
@@ -90,7 +90,7 @@ def episodes(draw):
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.lists(episodes(), max_size=5), min_size=1, max_size=3))
 def test_temporal_bins_count_what_the_scn_index_counts(tmp_path_factory, batches):
-    # The projector bins marks in SQL; somnus.processors.scn (bins_of, in Python) is the definition. Every
+    # The projector bins marks in SQL; somnus.processors.prediction.rhythms (bins_of, in Python) is the definition. Every
     # batch is added to the counts already stored, as the projector's batches are.
     con = duckdb.connect(str(tmp_path_factory.mktemp("scn") / "s.duckdb"))
     schema.init(con)

@@ -20,7 +20,7 @@ import msgspec
 import orjson
 import pytest
 
-from somnus.processors.distiller import distill
+from somnus.processors.sessions.distiller import distill
 from somnus.projections import forget, schema
 from somnus.projections.forget import KIND_FORGET
 from somnus.projections.writer import Seen, apply_batch, load_offsets

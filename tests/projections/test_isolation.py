@@ -19,7 +19,7 @@ What each principal may see:
 - out of scope: any text of another agent (its private tool, its markers, its hosts). Nothing here
   is promoted to a team or global scope, so every agent's data is its own; only what the semantic
   memory derived (concepts, patterns: ``knowledge-context``) may come from an agent the reader
-  shares a team scope with (``somnus.processors.briefing.covers``: the issue's "scope chain covers every
+  shares a team scope with (``somnus.processors.briefing.generator.covers``: the issue's "scope chain covers every
   agent it was derived from"), since a team's patterns are the team's;
 - cross user, for the reads that serve a user (``context`` with ``user_id``; ``recall`` and
   ``episodic-context`` read for no user): another user's markers or hosts. A user-less reader may
@@ -45,12 +45,12 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from somnus.processors.batch import memory_units
-from somnus.processors.distiller import distill
-from somnus.processors.extraction import TraceExtractor
-from somnus.processors.nac import learn, observations_from_episode
-from somnus.processors.statistics import CallOutcome
-from somnus.processors.working_memory import DEFAULT_SETTINGS, encode_state, remember
+from somnus.processors.sessions.batch import memory_units
+from somnus.processors.sessions.distiller import distill
+from somnus.processors.knowledge.extraction import TraceExtractor
+from somnus.processors.prediction.causal_links import learn, observations_from_episode
+from somnus.processors.prediction.patterns import CallOutcome
+from somnus.processors.working.session_buffer import DEFAULT_SETTINGS, encode_state, remember
 from somnus.projections import schema
 from somnus.projections.api import ReadService
 from somnus.projections.semantic import KIND_PROMOTE, PromotionRequested, promotion_inputs
@@ -285,7 +285,7 @@ def test_a_pattern_and_its_concept_reach_only_readers_covering_their_agents(tmp_
 
 
 def test_the_rendered_briefing_shows_no_other_agents_text(tmp_path):
-    """``briefing`` and ``inject`` (the rendered briefing, processors/briefing.py) for a two-agent
+    """``briefing`` and ``inject`` (the rendered briefing, processors/briefing/generator.py) for a two-agent
     fleet of separate teams: neither briefing names the other's private tool or markers. Promotion
     for an agent owner reads that agent's data alone (``somnus.projections.semantic.promotion_inputs``), and
     Key Knowledge checks the provenance of every item, the agent's own memory's too."""

@@ -6,8 +6,8 @@ import duckdb
 import orjson
 import pytest
 
-from somnus.processors.distiller import distill
-from somnus.processors.extraction import TraceExtractor
+from somnus.processors.sessions.distiller import distill
+from somnus.processors.knowledge.extraction import TraceExtractor
 from tests.records import Rec
 from somnus.projections import queries, schema
 from somnus.projections.knowledge_store import DuckDBBackend, KnowledgeStore

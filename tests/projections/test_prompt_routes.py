@@ -22,11 +22,11 @@ import duckdb
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from somnus.processors.injection import BRIEFING_LABELS, HEADER, QUOTE
+from somnus.processors.briefing.injection import BRIEFING_LABELS, HEADER, QUOTE
 from somnus.projections import schema
 from somnus.projections.api import ReadService
 from somnus.agents import AgentSpec
-from tests.processors.test_injection import BEGIN_RE, END, adversarial, assert_clean, tags
+from tests.processors.briefing.test_injection import BEGIN_RE, END, adversarial, assert_clean, tags
 from tests.projections.test_isolation import project_events
 
 T0 = datetime(2024, 6, 3, 8, tzinfo=timezone.utc)

@@ -10,10 +10,10 @@ from datetime import datetime, timedelta, timezone
 import duckdb
 import msgspec
 
-from somnus.processors.promotion import CausalLinkView
-from somnus.processors.statistics import CallOutcome
+from somnus.processors.semantic.promotion import CausalLinkView
+from somnus.processors.prediction.patterns import CallOutcome
 from somnus.projections import queries, schema
-from somnus.processors.nac import learn
+from somnus.processors.prediction.causal_links import learn
 from somnus.projections.causal import CausalProjection
 from somnus.projections.semantic import KIND_PROMOTE, PromotionRequested, SemanticProjection, promotion_inputs
 from somnus.schemas.causal import LinkLevel, OutcomeObserved, Valence, outcome_signature, tool_signature
@@ -115,7 +115,7 @@ def _fleet_observed(i: int, agent: str, tool: str, outcome: str) -> OutcomeObser
 def test_promotion_for_an_agent_or_a_team_reads_only_that_scopes_data(tmp_path):
     """An agent's memory learns from its own calls, a team's from its members'; the global owner's
     reads all, and every link names the agents it was observed for."""
-    from somnus.processors.nac import DEFAULT_ALPHA
+    from somnus.processors.prediction.causal_links import DEFAULT_ALPHA
     from somnus.agents import AgentSpec
 
     con = duckdb.connect(str(tmp_path / "p.duckdb"))

@@ -9,9 +9,9 @@ import msgspec
 import orjson
 import pytest
 
-from somnus.processors.distiller import distill
-from somnus.processors.memory import episode_unit
-from somnus.processors.sleep import SleepConfig
+from somnus.processors.sessions.distiller import distill
+from somnus.processors.episodic.capture import episode_unit
+from somnus.processors.sleep.job import SleepConfig
 from somnus.projections import queries, schema
 from somnus.projections.sleep import KIND_SLEEP
 from somnus.projections.writer import Seen, Topics, apply_batch, load_offsets
@@ -90,7 +90,7 @@ def test_a_second_request_at_the_same_time_changes_nothing(tmp_path, units):
 
 
 def test_oscillators_follow_each_agents_episodes_only_when_enabled_and_replay_the_same(tmp_path, units):
-    from somnus.processors.oscillators import OscillatorConfig
+    from somnus.processors.prediction.oscillators import OscillatorConfig
     from somnus.projections import api
 
     recs = _records(units)

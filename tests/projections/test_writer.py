@@ -6,7 +6,7 @@ import duckdb
 import orjson
 import pytest
 
-from somnus.processors.distiller import distill
+from somnus.processors.sessions.distiller import distill
 from tests.records import Rec
 from somnus.projections import queries, schema
 from somnus.projections.writer import Seen, Topics, apply_batch, load_offsets

@@ -27,7 +27,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from somnus.processors.distiller import distill
+from somnus.processors.sessions.distiller import distill
 from somnus.schemas import codec
 from somnus.schemas.codec import decode_episode, decode_trace, encode
 from somnus.schemas.episodes import Delegation as EpisodeDelegation

@@ -301,7 +301,7 @@ def test_a_0x_trajectory_is_read_as_the_run_it_records():
 
 
 def test_failed_calls_reduce_to_the_knowledge_graphs_error_classes():
-    from somnus.processors.extraction import error_class
+    from somnus.processors.knowledge.extraction import error_class
 
     errors = [err for _, ok, err in calls_and_results(list(swe_agent(RUN_0X))) if not ok]
     assert [error_class(e) for e in errors] == [

@@ -18,6 +18,6 @@ def test_the_wheel_holds_one_top_level_package(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
     assert top == {"somnus"}
-    for sub in ("schemas/codec.py", "streams/worker.py", "processors/briefing.py", "projections/projector.py",
+    for sub in ("schemas/codec.py", "streams/worker.py", "processors/briefing/generator.py", "projections/projector.py",
                 "schemas/trace_event.v1.schema.json"):
         assert f"somnus/{sub}" in names, sub

@@ -10,9 +10,9 @@ from typing import Any
 import orjson
 import pytest
 
-from somnus.processors.briefing import task_kind
-from somnus.processors.distiller import distill
-from somnus.processors.extraction import TraceExtractor
+from somnus.processors.briefing.generator import task_kind
+from somnus.processors.sessions.distiller import distill
+from somnus.processors.knowledge.extraction import TraceExtractor
 from somnus.schemas.codec import Rejection, decode_trace
 from somnus.schemas.episodes import LessonKind
 from somnus.schemas.events import Outcome
@@ -72,7 +72,7 @@ def test_sessions_are_interleaved_like_a_fleet(fleet):
 
 def test_events_arrive_at_most_the_arrival_skew_out_of_time_order():
     """Sessions mix, but yesterday's events never arrive after today's: a stream's time moves on
-    without leaving a session's events behind (``somnus.processors.retention`` would dead-letter them)."""
+    without leaving a session's events behind (``somnus.processors.sessions.session_retention`` would dead-letter them)."""
     for events in (list(generate(sessions=600, seed=12)), list(generate(events=20_000, seed=3))):
         latest = START
         for e in events:

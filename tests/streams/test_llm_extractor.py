@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 import pytest
 from aiohttp import web
 
-from somnus.processors.extraction import TraceExtractor
+from somnus.processors.knowledge.extraction import TraceExtractor
 from somnus.schemas.episodes import EpisodeDistilled
 from somnus.schemas.events import Outcome
 from somnus.streams.llm_extractor import TOOL_NAME, AnthropicExtractor, LLMExtractorConfig

@@ -119,7 +119,7 @@ def test_positions_are_written_to_the_table_partition_they_belong_to():
     assert decode_position(table[key]) == 42 and table.key_partitions[key] == 1
     assert encode_position(42) == b"42" and decode_position(None) is None
     assert not key.decode(errors="replace")[0].isalnum()  # cannot be a session key (agent\x1fsession)
-    # with the partition's stream time (somnus.processors.retention), in the same record
+    # with the partition's stream time (somnus.processors.sessions.session_retention), in the same record
     positions_writer(table)({B: 43}, {1: 1_700_000_000_123_456, 2: 5})
     assert table[key] == b"43 1700000000123456"
     assert decode_position(table[key]) == 43 and decode_clock(table[key]) == 1_700_000_000_123_456

@@ -1,0 +1,1 @@
+"""What an agent is shown: the briefing generator, the query planner and the one sanitiser."""

@@ -1,0 +1,1 @@
+"""Episodic memory (the hippocampus): memory units, their indexes, recall and the graph."""

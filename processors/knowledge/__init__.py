@@ -1,0 +1,1 @@
+"""Knowledge: entity extraction, the temporal triple log and swarm knowledge metrics."""

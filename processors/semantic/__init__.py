@@ -1,0 +1,1 @@
+"""Semantic memory (the ATL): concepts, the three memory layers and promotion."""

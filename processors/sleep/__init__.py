@@ -1,0 +1,1 @@
+"""Deep sleep: consolidation, pruning and dreaming."""

@@ -1,0 +1,1 @@
+"""Working memory: one session's buffer and summaries, and user synopses."""

@@ -68,13 +68,11 @@ async def connect_when_free(path: Path, timeout_s: float = LOCK_WAIT_S) -> duckd
 class Drain:
     """Takes records off the consumer while a batch is being applied, so it keeps fetching.
 
-    aiokafka fetches a partition again only once the records it holds for that partition were taken,
-    and sends no fetch to a broker while any partition it holds is younger than 0.1 s. Taken only
-    between batches, a partition was fetched once per batch: a record produced after that fetch
-    waited for the next batch to take it, and often the batch after (seen: episodes 0.35-1.1 s old
-    when taken, in batches 0.45 s apart). This task takes records as soon as they arrive, up to
-    ``limit`` held (then it stops taking and the consumer stops fetching: back-pressure), and the
-    projector takes them all at the start of each batch (``take``), in their partitions' order."""
+    aiokafka fetches a partition again only once its held records were taken: taken only between
+    batches, a record waited a batch or two. This task takes records as they arrive, up to ``limit``
+    held (back-pressure), and the projector takes them all at the start of each batch (``take``), in
+    their partitions' order. The story: docs/design/kafka-workarounds.md, "The projector's consumer
+    drained during batches"."""
 
     def __init__(self, consumer: AIOKafkaConsumer, limit: int) -> None:
         self.consumer, self.limit = consumer, limit

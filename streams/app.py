@@ -113,17 +113,11 @@ class BatchedTable(Table):
 class Batcher:
     """Batches of at most ``max_events`` events, flushed at the latest ``within_s`` after the first.
 
-    This does what ``stream.take_events(n, within=...)`` does, without its buffering processor.
-    With faust-streaming 0.15.3, after a rebalance, a task dump once showed that processor blocked,
-    waiting for a "buffer consumed" signal while the buffer was empty; the stream stopped with it.
-    Replacing it did not remove every post-rebalance stall (see the failover test), so that
-    processor was not the whole cause. Events are acked only after their batch was handled, one
-    batch at a time.
-
-    Every event is tagged with the consumer generation it arrived in. Events of an older
-    generation (a rebalance happened since) are neither handled nor acked: after a rebalance Faust
-    seeks every partition back to its committed offset, so they come again, to whichever worker
-    owns them now; acking them here would corrupt Faust's offset bookkeeping for the new owner.
+    What ``stream.take_events(n, within=...)`` does, without its buffering processor, which was
+    once seen blocked after a rebalance. Events are acked only after their batch was handled, one
+    batch at a time. Events of an older consumer generation (a rebalance happened since) are
+    neither handled nor acked: Faust delivers them again to their new owner. The story:
+    docs/design/kafka-workarounds.md, "The worker's own batcher".
 
     ``handle`` returns the events to acknowledge, or None for all of them: a guarded agent
     (``somnus.streams.ordering``) acknowledges neither a hole nor what follows it.

@@ -2,8 +2,9 @@
 explicitly by their entry points (the worker's app, the projector), never on import: a runtime that
 imports ``somnus.client`` to publish gets aiokafka as it is.
 
-Each workaround names the defect, how it was found, and how to tell when it can go; each relies on a
-private attribute that ``tests/streams/test_kafka_compat.py`` checks is still there.
+Each workaround names the defect and how to tell when it can go (how it was found:
+docs/design/kafka-workarounds.md); each relies on a private attribute that
+``tests/streams/test_kafka_compat.py`` checks is still there.
 """
 
 from __future__ import annotations
@@ -14,17 +15,11 @@ from aiokafka.client import AIOKafkaClient
 
 
 def track_topics_sent_to() -> None:
-    """Work around an aiokafka 0.14 defect that hung the worker's offset commits (stress-tested).
+    """Make every client track each topic its producer sends to (aiokafka 0.14). Idempotent.
 
-    A client refreshes metadata for the topics it tracks, or for every topic while it tracks none,
-    and replaces what it knew with the answer. A producer starts tracking a topic on its first send
-    only when it does not know the topic's partitions yet. Faust refreshes metadata after declaring
-    each topic at startup, when nothing is tracked: every topic becomes known, untracked. Once any
-    topic is tracked, the next refresh forgets all the others, and a batch queued for one of them
-    waits for a leader that never comes back into view, until the request timeout (20 minutes in
-    Faust) expires it; ``producer.flush()`` and every offset commit wait with it. Tracking each
-    topic a producer sends to closes that gap (a refresh already in flight is repaired by the next
-    one, which the sender asks for as soon as a leader is unknown). Idempotent.
+    Why: aiokafka refreshes metadata only for tracked topics and forgets the rest, so a batch queued
+    for an untracked topic (Faust's changelogs) waited 20 minutes for a leader, and every offset
+    commit with it. The story: docs/design/kafka-workarounds.md, "The commit that hung".
 
     Relies on ``AIOKafkaClient._wait_on_metadata(topic)`` and ``AIOKafkaClient._topics``. It can go
     when ``tests/integration/test_kafka_metadata.py``'s test without the fix starts to pass (the

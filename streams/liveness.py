@@ -1,53 +1,25 @@
 """Keeping every assigned partition flowing after rebalances (faust-streaming 0.15 + aiokafka 0.14).
 
-Two defects were found behind the "worker stays assigned but its lag never drains" stall, both
-by dumping the consumer's state of a stalled worker (SIGUSR2, below):
+Four defects of those versions stalled or crashed a worker after a rebalance or a failover; each was
+found by dumping a stalled worker's consumer state (SIGUSR2, below). What this module does about them:
 
-1. **A partition with nothing committed is never rewound.** When Faust abandons records it has
-   already fetched (its ``getmany`` stops iterating when the flow is suspended or the generation
-   changes), aiokafka's position has moved past them. Faust repairs that by seeking every
-   partition to its committed offset, but aiokafka's ``seek_to_committed`` skips partitions whose
-   committed offset is missing or 0 (``if offset and offset > 0``). A partition taken over from a
-   worker that died before its first commit therefore kept its position at the end: its records
-   were never delivered (seen: read offset None, position = end, nothing committed).
-   ``RewindingConsumerThread`` seeks such partitions to their beginning, as
-   ``auto_offset_reset=earliest`` means.
-2. **A read offset that runs ahead of the seek.** Faust's fetch loop marks a message as read even
-   when the flow was suspended before the message was delivered; when that happens after the
-   rebalance's seek, the re-fetched messages below it are dropped as "already read", the offsets
-   in between are never acked, and commits stop at the hole for good (seen: committed 251, read
-   offset 553, position 554, nothing acked; another time the commit crawled, one offset a second).
-   Patching Faust's fetch loop would mean copying it, so ``PartitionWatchdog`` detects the symptom
-   instead: an assigned partition with lag whose read offset has not moved for ``stall_s`` while our
-   batchers stayed idle. It rewinds that partition to its committed offset (clearing Faust's ack
-   bookkeeping for it). Redelivered
-   events are harmless: the distiller ignores what it already applied. A rewind to offset 0 must
-   also clear Faust's read offset (its ``seek_wait`` sets it only for an offset > 0) and hand
-   aiokafka its own ``TopicPartition``: until both were done, a partition whose record 0 was lost
-   stayed stalled (committed 0, read offset 1206, end 1207; the check failed with TypeError).
+1. ``RewindingConsumerThread`` seeks a source partition with nothing committed to its beginning
+   (aiokafka's ``seek_to_committed`` skips it, so records Faust had fetched and abandoned were never
+   delivered).
+2. ``PartitionWatchdog`` rewinds a partition with lag whose read offset has not moved for ``stall_s``
+   while the batchers stayed idle (Faust's fetch loop can mark an undelivered message as read, a hole
+   that stops commits for good). A rewind to 0 also clears Faust's read offset and hands aiokafka its
+   own ``TopicPartition``.
+3. ``RewindingConsumerThread`` skips Faust's livelock check for a partition with no position yet
+   (aiokafka asserts there, which killed a survivor taking over).
+4. ``RecoveryWatchdog`` seeks back an active changelog partition whose restore stalled with its
+   records fetched but never handed to recovery.
 
-The watchdog stays quiet while Faust restores tables (``app.in_recovery``): the source partitions
-are paused then on purpose. Records lost outright (never delivered while later ones were) are the
-ordering guard's business (``somnus.streams.ordering``); the commits of this consumer are capped at what
-the guarded state applied, so such a loss at the end of a partition shows as lag and the watchdog
-rewinds it.
-
-A fourth defect stalls a table's recovery for good: a survivor taking over partitions stayed in
-recovery with Faust's offsets of an active changelog partition at -1 while aiokafka's position there
-was already at the end (its SIGUSR2 dump: read offset None, nothing paused, flow active, 920 records
-of the other changelogs buffered). The records were fetched and handed out, but never reached
-recovery's queue, and recovery waits for offsets that will not come again (Faust's own warning, "No
-event received for active tp ... since recovery start", repeats for ever). About 1 failover in 25.
-``RecoveryWatchdog`` detects that: an active changelog partition with records left to restore, whose
-restored offset has not moved for ``stall_s`` while aiokafka's position is past it and recovery's
-queue is empty. It seeks that partition back to the restored offset, as recovery's own seek does;
-recovery skips what it has applied, so the re-read record is harmless.
-
-A third defect crashed the surviving worker when another was SIGKILLed: Faust's livelock detector
-(``verify_event_path``) reads aiokafka's ``position`` of every assigned partition, which *asserts*
-when a just-assigned partition has no position yet (awaiting its offset reset). The survivor died
-with a bare ``AssertionError`` in the middle of taking over. ``RewindingConsumerThread`` skips the
-check for such a partition: with no position there is nothing to verify yet.
+The watchdog stays quiet while Faust restores tables (``app.in_recovery``). Records lost outright
+are the ordering guard's business (``somnus.streams.ordering``); commits are capped at what the
+guarded state applied, so such a loss at the end of a partition shows as lag the watchdog rewinds.
+Redelivered events are harmless: the folds are idempotent. The defects, how each was seen, and the
+tests: docs/design/kafka-workarounds.md.
 """
 
 from __future__ import annotations

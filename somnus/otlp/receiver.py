@@ -59,7 +59,7 @@ class Unavailable(Exception):
 
 # ---- responses ---------------------------------------------------------------------------------
 
-def _varint(n: int) -> bytes:
+def varint(n: int) -> bytes:
     out = bytearray()
     while True:
         byte, n = n & 0x7F, n >> 7
@@ -75,7 +75,7 @@ def rpc_status(code: int, message: str) -> bytes:
     b'\\x08\\x03\\x12\\x03bad'
     """
     text = message.encode()
-    return b"\x08" + _varint(code) + b"\x12" + _varint(len(text)) + text
+    return b"\x08" + varint(code) + b"\x12" + varint(len(text)) + text
 
 
 def error_response(status: int, message: str, proto: bool, retry_after: int | None = None) -> web.Response:
@@ -231,7 +231,8 @@ class Receiver:
                 await self.flush(self.buffer.stale(time.time_ns(), self.trace_timeout_s))
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.max_body + 1)
+        # auto_decompress off: the body is ungzipped here, within max_body (aiohttp's own has no bound)
+        app = web.Application(client_max_size=self.max_body + 1, handler_args={"auto_decompress": False})
         app.router.add_post("/v1/traces", self.handle)
         return app
 

@@ -437,9 +437,9 @@ def status(home: Optional[Path] = HomeOpt, db: Optional[Path] = DbOpt, bootstrap
     console.print(c)
     ps = res["processes"]
     shown = []
-    for role in ("supervisor", "broker", "worker", "projector"):
-        if role == "broker" and ps[role] is None:
-            continue  # not the project's own broker
+    for role in ("supervisor", "broker", "worker", "projector", "otlp"):
+        if role not in ps or role == "broker" and ps[role] is None:
+            continue  # not the project's own broker; the OTLP receiver when SOMNUS_OTLP_PORT=0
         line = f"{role} pid {ps[role]}" if ps[role] else f"{role} not running"
         sup = ps.get("supervised", {}).get(role)
         if sup and sup["restarts"]:

@@ -11,7 +11,7 @@ span nested in another agent's session is a ``delegation`` / ``delegation_result
 session of its own. A trace without an agent span is one session per root span that holds tool or
 chat spans. docs/integrations/otlp.md has the table.
 
-Events are ordered by time within a session (``seq`` 0, 1, ...) and their ids are ``uuid5`` of
+Events are ordered by time within a session (``seq`` from the time: ``SEQ_PER_MICROSECOND``) and their ids are ``uuid5`` of
 (trace id, span id, role): mapping a trace again (an exporter's retry, a restarted receiver, a file
 imported twice) gives the same events, which the pipeline applies once.
 
@@ -24,8 +24,8 @@ imported twice) gives the same events, which the pipeline applies once.
 ...             name="execute_tool refund", start_ns=10**18 + 10**9, end_ns=10**18 + 2 * 10**9,
 ...             attributes={"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "refund",
 ...             "error.type": "TimeoutError"}, status_code=2)
->>> [(e["seq"], e["type"]) for e in trace_events([root, tool])]
-[(0, 'session_start'), (1, 'tool_call'), (2, 'tool_result'), (3, 'session_end')]
+>>> [(e["seq"] - 16 * 10**15, e["type"]) for e in trace_events([root, tool])]
+[(0, 'session_start'), (16000000, 'tool_call'), (32000000, 'tool_result'), (48000000, 'session_end')]
 >>> trace_events([root, tool])[2]["payload"]["error"], trace_events([root, tool])[3]["payload"]["outcome"]
 ('TimeoutError', 'success')
 """
@@ -48,6 +48,10 @@ MAX_TEXT = 2000  # characters of a tool's output or a message kept on an event
 MAX_TASK = 500
 OUTCOME_ATTRIBUTE = "somnus.outcome"  # success | failure | partial, on an agent span: wins over its status
 STATUS_ERROR = 2
+# seq = the event's time in µs x 16 (one more than the previous event's when that is not above it): it
+# grows with time across the traces of one session id, so a later trace of an ended session is a
+# visible `late` dead letter, never a silent duplicate of the first trace's seqs 0, 1, 2...
+SEQ_PER_MICROSECOND = 16
 
 AGENT_OPERATIONS = frozenset({"invoke_agent", "create_agent", "invoke_workflow"})
 CHAT_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
@@ -331,8 +335,9 @@ def _events(s: _SessionBuilder) -> list[dict[str, Any]]:
         "user_id": _first(a, "user.id", "enduser.id", "traceloop.association.properties.user_id"),
         "metadata": {k: v for k, v in metadata.items() if v is not None}})
     s.add(max(span.end_ns, span.start_ns), span, "end", "session_end", {"outcome": result, "reason": why})
-    out = []
-    for seq, (t_ns, _, span_id, role, type_, payload) in enumerate(sorted(s.items, key=lambda x: x[:4])):
+    out, seq = [], -1
+    for t_ns, _, span_id, role, type_, payload in sorted(s.items, key=lambda x: x[:4]):
+        seq = max(seq + 1, t_ns // 1000 * SEQ_PER_MICROSECOND)
         out.append({"event_id": str(uuid.uuid5(OTLP_NAMESPACE, f"{span.trace_id}/{span_id}/{role}")),
                     "schema_version": SCHEMA_VERSION, "ts": _iso(t_ns), "agent": s.agent,
                     "session_id": s.session_id, "seq": seq, "type": type_, "payload": payload})

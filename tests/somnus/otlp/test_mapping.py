@@ -58,7 +58,9 @@ def test_genai_agent_tools_chat_and_delegation():
     assert [e["type"] for e in support] == ["session_start", "user_message", "tool_call", "tool_result", "tool_call",
                                            "tool_result", "delegation", "delegation_result", "agent_message",
                                            "session_end"]
-    assert [e["seq"] for e in support] == list(range(10))
+    seqs = [e["seq"] for e in support]
+    assert seqs[0] == T0 // 1000 * 16 and all(a < b for a, b in zip(seqs, seqs[1:]))
+    assert seqs[6] == seqs[5] + 1  # the delegation starts at the instant the refund ends: one after it
     start = support[0]
     assert start["session_id"] == "conv-7" and start["payload"]["task"] == "refund order 42"
     assert start["payload"]["user_id"] == "u1" and start["payload"]["metadata"]["trace_id"] == "ab" * 16
@@ -193,3 +195,14 @@ def test_openllmetry_workflow_tool_and_llm_spans():
     assert events[3]["payload"] == {"tool": "send_reset_link", "call_id": "0000000000000003",
                                     "args": {"email": "a@b.c"}}
     assert events[4]["payload"]["ok"] is True and events[4]["payload"]["output"] == '"sent"'
+
+
+def test_seqs_grow_across_traces_of_one_conversation():
+    """A second turn with the same conversation id is later in seq: the pipeline sees it as late (a dead
+    letter naming it), never as a silent duplicate of the first turn's seqs."""
+    def turn(trace: str, at: float) -> list[dict[str, Any]]:
+        return trace_events([span("1", "invoke_agent a", at, at + 1, trace=trace, gen_ai__operation__name="invoke_agent",
+                                  gen_ai__agent__name="a", gen_ai__conversation__id="c")])
+    first, second = turn("ab" * 16, 0), turn("cd" * 16, 5)
+    assert {e["session_id"] for e in first + second} == {"c"}
+    assert max(e["seq"] for e in first) < min(e["seq"] for e in second)

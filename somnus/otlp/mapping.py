@@ -322,6 +322,8 @@ def _iso(t_ns: int) -> str:
 
 def _events(s: _SessionBuilder) -> list[dict[str, Any]]:
     span, a = s.span, s.span.attributes
+    if span_kind(span) == TOOL:  # a trace that is one tool call
+        _tool(s, span)
     s.say(span.start_ns, span, messages(span, False) or ([("user", t)] if (t := _io_value(span, False)) else []), "in")
     s.say(span.end_ns, span, messages(span, True) or ([("assistant", t)] if (t := _io_value(span, True)) else []), "out",
           end=True)
@@ -373,6 +375,7 @@ def trace_events(spans: Sequence[Span], fallback_agent: str | None = None) -> li
 
     ``fallback_agent``: the agent of a session whose span names none (before ``service.name``)."""
     by_id = {s.span_id: s for s in spans}
+    by_id |= {v.span_id: v for v in _missing_parents(list(by_id.values()), by_id)}
     spans = sorted(by_id.values(), key=lambda s: (s.start_ns, s.span_id))
     kinds = {s.span_id: span_kind(s) for s in spans}
     builders: dict[str, _SessionBuilder] = {}
@@ -384,6 +387,7 @@ def trace_events(spans: Sequence[Span], fallback_agent: str | None = None) -> li
         owner = _owner(b.span, by_id, builders)
         if owner is not None and builders[owner].agent == b.agent:
             del builders[sid]
+    _distinct_sessions(list(builders.values()))
     for s in spans:
         owner = _owner(s, by_id, builders)
         if owner is None:
@@ -397,6 +401,28 @@ def trace_events(spans: Sequence[Span], fallback_agent: str | None = None) -> li
             b.say(s.start_ns, s, messages(s, False), f"in{s.span_id}:")
             b.say(s.end_ns, s, messages(s, True), f"out{s.span_id}:", end=True)
     return [e for b in builders.values() for e in _events(b)]
+
+
+def _distinct_sessions(builders: Sequence[_SessionBuilder]) -> None:
+    """Two sessions of one agent under one session id in a trace (an agent invoked twice in a workflow,
+    without a conversation id or with the same one): the later ones get ``~<span id>`` appended."""
+    seen: set[tuple[str, str]] = set()
+    for b in sorted(builders, key=lambda b: (b.span.start_ns, b.span.span_id)):
+        if (b.agent, b.session_id) in seen:
+            b.session_id = f"{b.session_id}~{b.span.span_id}"
+        seen.add((b.agent, b.session_id))
+
+
+def _missing_parents(spans: Sequence[Span], by_id: Mapping[str, Span]) -> list[Span]:
+    """A stand-in for each parent that is not among the spans (a root that never arrived, or one in
+    another service): it spans its children's times, so they stay one session, not one each."""
+    orphans: dict[str, list[Span]] = {}
+    for s in spans:
+        if s.parent_span_id and s.parent_span_id not in by_id:
+            orphans.setdefault(s.parent_span_id, []).append(s)
+    return [Span(trace_id=kids[0].trace_id, span_id=parent, name=f"missing parent {parent}",
+                 start_ns=min(k.start_ns for k in kids), end_ns=max(k.end_ns for k in kids),
+                 resource=kids[0].resource) for parent, kids in orphans.items()]
 
 
 def group_by_trace(spans: Iterable[Span]) -> dict[str, list[Span]]:

@@ -41,3 +41,11 @@ def test_shapes_it_cannot_read_are_named(tmp_path: Path, text, message):
     path.write_text(text)
     with pytest.raises(ImportShapeError, match=message):
         list(otel(path))
+
+
+def test_eval_foresight_reads_otel(tmp_path: Path):
+    from somnus.foresight import load_events
+
+    path = tmp_path / "traces.jsonl"
+    path.write_text(json.dumps(otlp_json(sdk_request(2))) + "\n")
+    assert load_events([str(path)], "otel") == list(otel(path))

@@ -140,6 +140,7 @@ def test_a_trace_without_agent_spans_is_one_session_per_root_holding_work():
     assert kinds(valid(trace_events(spans))) == [("shop", "session_start"), ("shop", "tool_call"),
                                                  ("shop", "tool_result"), ("shop", "session_end")]
     assert trace_events([spans[2]]) == []
+    assert [e["type"] for e in trace_events([spans[1]])] == ["session_start", "tool_call", "tool_result", "session_end"]
 
 
 # ---- OpenInference (https://github.com/Arize-ai/openinference, spec/semantic_conventions.md) ----------
@@ -206,3 +207,70 @@ def test_seqs_grow_across_traces_of_one_conversation():
     first, second = turn("ab" * 16, 0), turn("cd" * 16, 5)
     assert {e["session_id"] for e in first + second} == {"c"}
     assert max(e["seq"] for e in first) < min(e["seq"] for e in second)
+
+
+# ---- properties ------------------------------------------------------------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+KIND_ATTRS = {"agent_a": {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "a"},
+              "agent_b": {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "b"},
+              "tool": {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "t"},
+              "chat": {"gen_ai.operation.name": "chat",
+                       "gen_ai.input.messages": json.dumps([{"role": "user", "content": "hi"}])},
+              "other": {}}
+
+
+@st.composite
+def span_trees(draw: Any) -> list[Any]:
+    """A trace of 1-12 spans: each child starts after its parent and ends before it; any kinds; the root
+    sometimes missing."""
+    n = draw(st.integers(1, 12))
+    spans: list[Any] = []
+    for i in range(n):
+        parent = spans[draw(st.integers(0, i - 1))] if i else None
+        lo, hi = ((parent.start_ns - T0) / 1e9, (parent.end_ns - T0) / 1e9) if parent else (0.0, 100.0)
+        a = draw(st.floats(lo, hi, allow_nan=False))
+        b = draw(st.floats(a, hi, allow_nan=False))
+        kind = draw(st.sampled_from(sorted(KIND_ATTRS)))
+        spans.append(span(f"{i + 1:x}", kind, a, b, parent=parent.span_id if parent else "",
+                          status=draw(st.sampled_from([0, 2])), **{k.replace(".", "__"): v
+                                                                   for k, v in KIND_ATTRS[kind].items()}))
+    if n > 1 and draw(st.booleans()):
+        spans = spans[1:]  # the root never arrived
+    return spans
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(span_trees(), st.randoms(use_true_random=False))
+def test_any_trace_maps_to_valid_ordered_events_whatever_the_arrival_order(spans, rnd):
+    events = valid(trace_events(spans))
+    again = spans + [rnd.choice(spans)]
+    rnd.shuffle(again)
+    assert trace_events(again) == events
+    assert len({e["event_id"] for e in events}) == len(events)
+    by_session: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for e in events:
+        by_session.setdefault((e["agent"], e["session_id"]), []).append(e)
+    for evs in by_session.values():
+        seqs = [e["seq"] for e in evs]
+        assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+        assert [e["type"] for e in evs].count("session_start") == [e["type"] for e in evs].count("session_end")
+    tool_spans = [s for s in spans if s.attributes.get("gen_ai.operation.name") == "execute_tool"
+                  and _under_a_session(s, spans)]
+    assert sum(e["type"] == "tool_call" for e in events) == len(tool_spans)
+
+
+def _under_a_session(s: Any, spans: list[Any]) -> bool:
+    """Whether a tool span is mapped: under an agent span, or in a trace without agent spans."""
+    agents = {x.span_id for x in spans if x.attributes.get("gen_ai.operation.name") == "invoke_agent"}
+    if not agents:
+        return True
+    by_id = {x.span_id: x for x in spans}
+    p = by_id.get(s.parent_span_id)
+    while p is not None:
+        if p.span_id in agents:
+            return True
+        p = by_id.get(p.parent_span_id)
+    return False

@@ -187,3 +187,16 @@ def test_tokens(h):
     assert status == 200 and partial.rejected_spans == 1
     assert "agent 'support' is not this token's agent 'billing'" in partial.error_message
     assert {e["agent"] for e in h.broker.events} == {"billing"}
+
+
+def test_a_trace_whose_root_never_comes_is_published_after_the_timeout(h):
+    request = sdk_request(1)
+    spans = request.resource_spans[0].scope_spans[0].spans
+    root = next(s for s in spans if not s.parent_span_id)
+    spans.remove(root)
+    assert run(h.post(request.SerializeToString()))[0] == 200
+    run(h.receiver.tick())
+    assert h.broker.events == []  # within the timeout: still waiting for the root
+    h.receiver.trace_timeout_s = 0.0
+    run(h.receiver.tick())
+    assert {e["type"] for e in h.broker.events} >= {"tool_call", "tool_result"} and h.receiver.buffer.held_spans() == 0

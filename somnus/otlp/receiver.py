@@ -200,7 +200,11 @@ class Receiver:
             why = foreign_agent(span, principal)
             (rejected.append(why) if why else spans.append(span))
         async with self.lock:
-            _, _, late = self.buffer.add(spans, time.time_ns(), None if principal.operator else principal.agent)
+            try:
+                _, _, late = self.buffer.add(spans, time.time_ns(), None if principal.operator else principal.agent)
+            except OSError as exc:  # the journal's disk: nothing was acknowledged, the exporter tries again
+                return error_response(503, f"the spans could not be written to the journal: {exc}", proto,
+                                      RETRY_AFTER_S)
             rejected += late
             try:
                 await self.flush(self.buffer.complete())
@@ -208,11 +212,22 @@ class Receiver:
                 return error_response(503, f"{exc}; the spans are held, send them again", proto, RETRY_AFTER_S)
         return success_response(rejected, proto)
 
+    def events_of(self, trace_ids: list[str]) -> list[dict[str, Any]]:
+        """The events of these traces; a trace the mapping fails on is logged and left out (marked done
+        with the others: held, it would fail again on every request)."""
+        out: list[dict[str, Any]] = []
+        for t in trace_ids:
+            try:
+                out += trace_events(self.buffer.spans(t), self.buffer.owner(t))
+            except Exception:  # noqa: BLE001 - one trace's defect must not stop the others (nor be a 500)
+                log.exception("trace %s could not be mapped; its %d spans are left out", t, len(self.buffer.spans(t)))
+        return out
+
     async def flush(self, trace_ids: list[str]) -> int:
         """Publish these held traces' events and mark them done; how many events (``Unavailable``)."""
         if not trace_ids:
             return 0
-        events = [e for t in trace_ids for e in trace_events(self.buffer.spans(t), self.buffer.owner(t))]
+        events = self.events_of(trace_ids)
         try:
             await asyncio.wait_for(self.publish(events), self.publish_timeout_s)
         except Exception as exc:  # noqa: BLE001 - a timeout or a Kafka error: retryable, nothing is lost

@@ -200,3 +200,19 @@ def test_a_trace_whose_root_never_comes_is_published_after_the_timeout(h):
     h.receiver.trace_timeout_s = 0.0
     run(h.receiver.tick())
     assert {e["type"] for e in h.broker.events} >= {"tool_call", "tool_result"} and h.receiver.buffer.held_spans() == 0
+
+
+def test_a_trace_the_mapping_fails_on_is_logged_and_the_others_published(h, monkeypatch, caplog):
+    import somnus.otlp.receiver as receiver_mod
+
+    real = receiver_mod.trace_events
+
+    def flaky(spans, fallback=None):
+        if any(s.attributes.get("gen_ai.agent.name") == "support" for s in spans):
+            raise RuntimeError("a defect")
+        return real(spans, fallback)
+
+    monkeypatch.setattr(receiver_mod, "trace_events", flaky)
+    assert run(h.post(sdk_request(2).SerializeToString()))[0] == 200
+    assert {e["agent"] for e in h.broker.events} == {"billing"} and h.receiver.buffer.held_spans() == 0
+    assert "could not be mapped" in caplog.text

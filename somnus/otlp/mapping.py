@@ -331,7 +331,9 @@ def _events(s: _SessionBuilder) -> list[dict[str, Any]]:
     result, why = outcome(span)
     metadata = {"source": "otlp", "trace_id": span.trace_id, "span_id": span.span_id,
                 "operation": a.get("gen_ai.operation.name") or span.name,
-                "service": span.resource.get("service.name"), "conversation_id": a.get("gen_ai.conversation.id")}
+                "service": span.resource.get("service.name"), "conversation_id": a.get("gen_ai.conversation.id"),
+                # links (a batch's cause, a previous turn): "trace id/span id" of each, kept for the analyst
+                "links": [f"{k.trace_id}/{k.span_id}" for k in span.links] or None}
     s.add(span.start_ns, span, "start", "session_start", {
         "task": _text(task or a.get("gen_ai.agent.description") or span.name, MAX_TASK),
         "user_id": _first(a, "user.id", "enduser.id", "traceloop.association.properties.user_id"),

@@ -104,6 +104,16 @@ def test_the_session_outcome_comes_from_the_root_span(attrs, status, want):
     assert (end["payload"]["outcome"], end["payload"].get("reason")) == want
 
 
+def test_the_agent_spans_links_are_kept_in_the_session_metadata():
+    from somnus.otlp.spans import SpanLink
+
+    root = span("1", "invoke_agent a", 0, 1, gen_ai__operation__name="invoke_agent", gen_ai__agent__name="a")
+    linked = root.__class__(**{**{f: getattr(root, f) for f in root.__struct_fields__},
+                               "links": [SpanLink("cd" * 16, "00000000000000aa")]})
+    assert trace_events([linked])[0]["payload"]["metadata"]["links"] == ["cd" * 16 + "/00000000000000aa"]
+    assert "links" not in trace_events([root])[0]["payload"]["metadata"]
+
+
 def test_without_a_conversation_id_the_session_is_the_trace_and_the_agent_falls_back():
     root = span("1", "invoke_agent", 0, 1, gen_ai__operation__name="invoke_agent")
     events = trace_events([root])

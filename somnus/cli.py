@@ -16,6 +16,7 @@ from rich.table import Table
 from somnus import broker as broker_mod
 from somnus import procs
 from somnus.config import Settings
+from somnus.otlp.command import otlp_command
 from somnus.schemas.codec import encode as encode_event
 
 app = typer.Typer(help="Somnus: memory for fleets of AI agents (Kafka -> Faust -> DuckDB).", no_args_is_help=True,
@@ -26,6 +27,7 @@ token_app = typer.Typer(help="Bearer tokens for the HTTP reads (SECURITY.md).", 
 app.add_typer(broker_app, name="broker")
 app.add_typer(bench_app, name="bench")
 app.add_typer(token_app, name="token")
+app.command("otlp")(otlp_command)  # somnus/otlp/command.py
 console = Console()
 err = Console(stderr=True)
 
@@ -177,10 +179,10 @@ def up(detach: bool = typer.Option(False, "--detach", "-d", help="Return once st
 def down(home: Optional[Path] = HomeOpt, db: Optional[Path] = DbOpt) -> None:
     """Stop the supervisor, the worker and the projector (the broker keeps running until `somnus broker stop`)."""
     s = _settings(home, db)
-    was = {role: procs.running(s, role) is not None for role in ("worker", "projector")}
+    was = {role: procs.running(s, role) is not None for role in ("worker", "projector", "otlp")}
     if procs.stop(s, "supervisor", timeout_s=90.0):  # it stops its processes: nothing is started again
         console.print("supervisor: stopped")
-    for role in ("worker", "projector"):
+    for role in ("worker", "projector", "otlp"):
         console.print(f"{role}: {'stopped' if procs.stop(s, role) or was[role] else 'not running'}")
 
 
@@ -267,7 +269,7 @@ def publish(file: Path = typer.Argument(..., exists=True, dir_okay=False, help="
 
 @app.command("import")
 def import_(paths: list[str] = typer.Argument(..., help="Files, directories or globs (quoted: 'runs/**/*.traj')."),
-            fmt: str = typer.Option(..., "--format", help="openai-chat | swe-agent | locomo | v1"),
+            fmt: str = typer.Option(..., "--format", help="openai-chat | swe-agent | locomo | otel | v1"),
             agent: Optional[str] = typer.Option(None, "--agent", help="Agent name for the imported sessions."),
             results: Optional[Path] = typer.Option(
                 None, "--results", exists=True, dir_okay=False,
@@ -435,9 +437,9 @@ def status(home: Optional[Path] = HomeOpt, db: Optional[Path] = DbOpt, bootstrap
     console.print(c)
     ps = res["processes"]
     shown = []
-    for role in ("supervisor", "broker", "worker", "projector"):
-        if role == "broker" and ps[role] is None:
-            continue  # not the project's own broker
+    for role in ("supervisor", "broker", "worker", "projector", "otlp"):
+        if role not in ps or role == "broker" and ps[role] is None:
+            continue  # not the project's own broker; the OTLP receiver when SOMNUS_OTLP_PORT=0
         line = f"{role} pid {ps[role]}" if ps[role] else f"{role} not running"
         sup = ps.get("supervised", {}).get(role)
         if sup and sup["restarts"]:

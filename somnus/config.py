@@ -48,6 +48,10 @@ _ENV = {
     "kafka_sasl_username": "KAFKA_SASL_USERNAME",
     "kafka_sasl_password": "KAFKA_SASL_PASSWORD",
     "kafka_ssl_cafile": "KAFKA_SSL_CAFILE",
+    "otlp_host": "SOMNUS_OTLP_HOST",
+    "otlp_port": "SOMNUS_OTLP_PORT",
+    "otlp_max_body": "SOMNUS_OTLP_MAX_BODY",
+    "otlp_trace_timeout_s": "SOMNUS_OTLP_TRACE_TIMEOUT_S",
 }
 
 KAFKA_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
@@ -105,6 +109,11 @@ class Settings:
     kafka_sasl_username: str | None = None
     kafka_sasl_password: str | None = dataclasses.field(default=None, repr=False)
     kafka_ssl_cafile: Path | None = None
+    # The OTLP/HTTP receiver (somnus/otlp/receiver.py) that `somnus up` runs; port 0: not started by `up`.
+    otlp_host: str = "127.0.0.1"
+    otlp_port: int = 4318
+    otlp_max_body: int = 8 << 20  # bytes of a request, compressed and decompressed
+    otlp_trace_timeout_s: float = 300.0  # a trace whose root span never comes is published this long after its last span
 
     @classmethod
     def resolve(cls, env: Mapping[str, str] | None = None, **args: Any) -> Settings:

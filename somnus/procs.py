@@ -12,7 +12,8 @@ from typing import Any
 
 from somnus.config import Settings
 
-MODULES = {"worker": "somnus.streams.worker", "projector": "somnus.projections.projector", "supervisor": "somnus.supervisor"}
+MODULES = {"worker": "somnus.streams.worker", "projector": "somnus.projections.projector", "supervisor": "somnus.supervisor",
+           "otlp": "somnus.otlp.receiver"}
 
 
 # Young-generation collections every 50,000 net allocations instead of CPython's 700. The worker and

@@ -41,6 +41,10 @@ NON_DEFAULT = {
     "kafka_sasl_username": ("somnus", "KAFKA_SASL_USERNAME", "somnus", "somnus"),
     "kafka_sasl_password": ("s3cret", "KAFKA_SASL_PASSWORD", "s3cret", "s3cret"),
     "kafka_ssl_cafile": ("/etc/kafka/ca.pem", "KAFKA_SSL_CAFILE", "/etc/kafka/ca.pem", Path("/etc/kafka/ca.pem")),
+    "otlp_host": ("0.0.0.0", "SOMNUS_OTLP_HOST", "0.0.0.0", "0.0.0.0"),
+    "otlp_port": (0, "SOMNUS_OTLP_PORT", "0", 0),
+    "otlp_max_body": (1024, "SOMNUS_OTLP_MAX_BODY", "1024", 1024),
+    "otlp_trace_timeout_s": (60.0, "SOMNUS_OTLP_TRACE_TIMEOUT_S", "60", 60.0),
 }
 
 

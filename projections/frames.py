@@ -1,0 +1,38 @@
+"""Arrow tables handed to the projector's SQL by an explicit name, never by a Python variable's name.
+
+DuckDB's Python replacement scans (SQL naming a local variable that holds a DataFrame or an Arrow
+table) need ``enable_external_access``, which the projector's database turns off because it also runs
+analysts' SQL (``projections/sql_sandbox.py``). ``registered`` makes the name a view of this
+connection for the statement's duration (``con.register`` / ``unregister``).
+
+>>> import duckdb, pyarrow as pa
+>>> con = duckdb.connect()
+>>> with registered(con, rows=pa.table({"n": [1, 2]})):
+...     con.execute("SELECT sum(n) FROM rows").fetchone()[0]
+3
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import duckdb
+
+
+@contextmanager
+def registered(con: duckdb.DuckDBPyConnection, **frames: Any) -> Iterator[None]:
+    """Each of ``frames`` (name -> Arrow table) readable by SQL on ``con`` under its name, until the block ends."""
+    # DuckDB (2.x) refuses to register while a result of ``execute`` is unread (a ``fetchone()`` leaves
+    # one): run it to its end first, which, unlike ``abort()``, never fails an open transaction.
+    complete = getattr(con, "complete", None)  # DuckDB 1.x has no unread results to finish
+    if complete is not None:
+        complete()
+    for name, frame in frames.items():
+        con.register(name, frame)
+    try:
+        yield
+    finally:
+        for name in frames:
+            con.unregister(name)

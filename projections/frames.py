@@ -14,6 +14,7 @@ connection for the statement's duration (``con.register`` / ``unregister``).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -24,15 +25,28 @@ import duckdb
 @contextmanager
 def registered(con: duckdb.DuckDBPyConnection, **frames: Any) -> Iterator[None]:
     """Each of ``frames`` (name -> Arrow table) readable by SQL on ``con`` under its name, until the block ends."""
-    # DuckDB (2.x) refuses to register while a result of ``execute`` is unread (a ``fetchone()`` leaves
-    # one): run it to its end first, which, unlike ``abort()``, never fails an open transaction.
-    complete = getattr(con, "complete", None)  # DuckDB 1.x has no unread results to finish
-    if complete is not None:
-        complete()
+    _finish(con)
     for name, frame in frames.items():
         con.register(name, frame)
     try:
         yield
-    finally:
-        for name in frames:
-            con.unregister(name)
+    except BaseException:
+        with contextlib.suppress(duckdb.Error):  # the block's own error is the one to raise
+            _unregister(con, frames)
+        raise
+    _unregister(con, frames)
+
+
+def _unregister(con: duckdb.DuckDBPyConnection, frames: dict[str, Any]) -> None:
+    _finish(con)
+    for name in frames:
+        con.unregister(name)
+
+
+def _finish(con: duckdb.DuckDBPyConnection) -> None:
+    """Run an unread result of ``con.execute`` to its end: DuckDB 2.x refuses ``register`` and
+    ``unregister`` while one is left (a ``fetchone()`` leaves one). Unlike ``abort()``, this never
+    fails an open transaction. DuckDB 1.x has no such state."""
+    complete = getattr(con, "complete", None)
+    if complete is not None:
+        complete()

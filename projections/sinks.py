@@ -25,6 +25,7 @@ from somnus.processors.sessions.session_retention import is_future, micros, reco
 from somnus.projections.causal import add_temporal_bins
 from somnus.projections.forget import Purged
 from somnus.projections.frames import registered
+from somnus.projections.knowledge import KnowledgeProjection
 from somnus.projections.read_models import DeadLetterKey, ReadModels
 from somnus.schemas.briefing import BriefingServed, FactPromoted
 from somnus.schemas.codec import (MAX_DEPTH, Rejection, check_json, dead_letter_original, decode_bounded, decode_record,
@@ -392,8 +393,6 @@ class FactsSink(Sink):
         if self.items:
             self.models.utilisation.reload(con)
         if self.facts:  # the fold's state ran ahead of the tables: reload it from what committed
-            from somnus.projections.knowledge import KnowledgeProjection
-
             self.models.knowledge = KnowledgeProjection(con)
 
     def committed(self, con: duckdb.DuckDBPyConnection) -> None:

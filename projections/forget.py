@@ -45,6 +45,7 @@ import msgspec
 import pyarrow as pa
 
 from somnus.schemas.forget import KIND_FORGET, ForgetRequested
+from somnus.projections.frames import registered
 
 log = logging.getLogger("somnus.projector")
 _decoder = msgspec.json.Decoder(ForgetRequested)
@@ -179,9 +180,9 @@ class Forgetting:
             new.append({"request_id": r.request_id, "subject": r.subject.value, "value": r.value,
                         "reason": r.reason, "requested_at": r.at, "src_offset": offset})
         if new:
-            frame = pa.Table.from_pylist(new)  # noqa: F841
-            con.execute("INSERT INTO forgotten SELECT request_id, subject, value, reason, requested_at, src_offset "
-                        "FROM frame")
+            with registered(con, frame=pa.Table.from_pylist(new)):
+                con.execute("INSERT INTO forgotten SELECT request_id, subject, value, reason, requested_at, "
+                            "src_offset FROM frame")
         out = Purged()
         if not self.requests:
             return out
@@ -225,8 +226,8 @@ class Forgetting:
             "UNION SELECT 'episode', episode_id::VARCHAR FROM _fg_e "
             "UNION SELECT 'memory', memory_id FROM _fg_m EXCEPT SELECT kind, id FROM forgotten_keys").fetchall()
         if keys:
-            frame = pa.table({"kind": [k[0] for k in keys], "id": [k[1] for k in keys]})  # noqa: F841
-            con.execute("INSERT INTO forgotten_keys SELECT * FROM frame")
+            with registered(con, frame=pa.table({"kind": [k[0] for k in keys], "id": [k[1] for k in keys]})):
+                con.execute("INSERT INTO forgotten_keys SELECT * FROM frame")
             self.keys |= set(keys)
         if out.committed and (out.total or new):
             con.execute("INSERT OR REPLACE INTO projection_meta VALUES (?, '1')", [SCRUB_PENDING])
@@ -283,8 +284,8 @@ def _closure(con: duckdb.DuckDBPyConnection, users: set[str], agents: set[str], 
     derives from the forgotten subjects, with the closures recorded before."""
     con.execute("CREATE OR REPLACE TEMP TABLE _fg_u (kind VARCHAR, id VARCHAR)")
     rows = [("user", u) for u in users] + [("agent", a) for a in agents] + [("session", s) for s in sessions]
-    frame = pa.table({"kind": [k for k, _ in rows], "id": [i for _, i in rows]})  # noqa: F841
-    con.execute("INSERT INTO _fg_u SELECT kind, id FROM frame")
+    with registered(con, frame=pa.table({"kind": [k for k, _ in rows], "id": [i for _, i in rows]})):
+        con.execute("INSERT INTO _fg_u SELECT kind, id FROM frame")
     u = "(SELECT id FROM _fg_u WHERE kind = 'user')"
     d = "sha256(({}) || chr(31) || ({})) IN (SELECT id FROM forgotten_keys WHERE kind = 'session')"
     a = "(SELECT id FROM _fg_u WHERE kind = 'agent')"
@@ -326,17 +327,15 @@ class _Filtered:
 def _committed_hits(con: duckdb.DuckDBPyConnection) -> bool:
     """Whether any committed row belongs to the closure (read on a second cursor: it sees the last
     commit, not this transaction's own rows)."""
-    s_frame = con.sql("SELECT agent, session_id FROM _fg_s").to_arrow_table()  # noqa: F841 (read by name)
-    e_frame = con.sql("SELECT episode_id::VARCHAR AS e FROM _fg_e").to_arrow_table()  # noqa: F841
-    m_frame = con.sql("SELECT memory_id AS m FROM _fg_m").to_arrow_table()  # noqa: F841
+    frames = {"s_frame": con.sql("SELECT agent, session_id FROM _fg_s").to_arrow_table(),
+              "e_frame": con.sql("SELECT episode_id::VARCHAR AS e FROM _fg_e").to_arrow_table(),
+              "m_frame": con.sql("SELECT memory_id AS m FROM _fg_m").to_arrow_table()}
     cur = con.cursor()
     try:
-        for sql in _COMMITTED_CHECKS:
-            if cur.execute(sql).fetchone()[0]:
-                return True
+        with registered(cur, **frames):
+            return any(cur.execute(sql).fetchone()[0] for sql in _COMMITTED_CHECKS)
     finally:
         cur.close()
-    return False
 
 
 _IN_S = "IN (SELECT (agent, session_id) FROM s_frame)"
@@ -397,8 +396,8 @@ def _purge_dead_letters(con: duckdb.DuckDBPyConnection, quoted: Iterable[bytes],
             doomed.append(rowid)
     if not doomed:
         return 0
-    frame = pa.table({"r": doomed})  # noqa: F841
-    return con.execute("DELETE FROM dead_letters WHERE rowid IN (SELECT r FROM frame)").fetchone()[0]
+    with registered(con, frame=pa.table({"r": doomed})):
+        return con.execute("DELETE FROM dead_letters WHERE rowid IN (SELECT r FROM frame)").fetchone()[0]
 
 
 def scrub(con: duckdb.DuckDBPyConnection, tables: Sequence[str] | None = None) -> bool:

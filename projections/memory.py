@@ -28,6 +28,7 @@ from somnus.processors.prediction.oscillators import OscillatorState, observe
 from somnus.processors.sleep.job import bounded_time
 from somnus.projections.sleep import KIND_SLEEP
 from somnus.schemas.lifecycle import SleepRequested, SleepTrigger
+from somnus.projections.frames import registered
 from somnus.schemas.memory import (
     KIND_ACCESS, CaptureAction, CaptureDecided, MemoryAccessed, MemoryEvent, MemoryLinked, MemoryUnit)
 
@@ -134,8 +135,8 @@ class MemoryProjection:
         if self.rhythms_changed:
             rows = [{"agent": a, "kind": k, "events": self.rhythms[(a, k)].events,
                      "state": msgspec.json.encode(self.rhythms[(a, k)]).decode()} for a, k in sorted(self.rhythms_changed)]
-            frame = pa.Table.from_pylist(rows)  # noqa: F841
-            con.execute("INSERT OR REPLACE INTO oscillators SELECT agent, kind, events, state::JSON FROM frame")
+            with registered(con, frame=pa.Table.from_pylist(rows)):
+                con.execute("INSERT OR REPLACE INTO oscillators SELECT agent, kind, events, state::JSON FROM frame")
             self.rhythms_changed.clear()
         if not events:
             return 0
@@ -185,5 +186,5 @@ class MemoryProjection:
                 ("memories", mem_rows, "*"), ("memory_merges", merge_rows, "*"), ("memory_edges", edge_rows, "*"),
                 ("memory_access", access_rows, "*")):
             if rows:
-                frame = pa.Table.from_pylist(rows)  # noqa: F841
-                con.execute(f"INSERT INTO {table} SELECT {select} FROM frame")
+                with registered(con, frame=pa.Table.from_pylist(rows)):
+                    con.execute(f"INSERT INTO {table} SELECT {select} FROM frame")

@@ -27,10 +27,10 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from somnus.projections import api, auth, queries, schema
 from somnus.projections.briefings import BRIEFING_INTERVAL_S, REFRESH_BUDGET_S
-from somnus.projections.sql_sandbox import SqlSandbox
+from somnus.projections.sql_sandbox import SqlSandbox, harden
 from somnus.schemas.codec import encode
 from somnus.schemas.memory import KIND_ACCESS
-from somnus.projections.writer import KIND_SERVED, BatchResult, Seen, Topics, apply_guarded, load_offsets
+from somnus.projections.writer import KIND_SERVED, BatchResult, ReadModels, Topics, apply_guarded, load_offsets
 from somnus.client import LARGE_RECORDS
 from somnus.streams.kafka_compat import track_topics_sent_to
 from somnus.config import Settings, kafka_options
@@ -63,6 +63,16 @@ async def connect_when_free(path: Path, timeout_s: float = LOCK_WAIT_S) -> duckd
                 log.warning("%s is held by another process; waiting up to %.0f s: %s", path, timeout_s, exc)
                 warned = True
             await asyncio.sleep(0.1)
+
+
+async def open_projections(path: Path, timeout_s: float = LOCK_WAIT_S) -> duckdb.DuckDBPyConnection:
+    """The projector's database, read-write (``connect_when_free``), its tables made, and closed to
+    files, the network and extensions, locked (``sql_sandbox.harden``): the same database runs
+    analysts' SQL, so a query the sandbox's parser check let through still reads no file (issue #25)."""
+    con = await connect_when_free(path, timeout_s)
+    schema.init(con)
+    harden(con)
+    return con
 
 
 class Drain:
@@ -149,8 +159,7 @@ class Projector:
         """Project until stopped; with ``until_end``, stop once the end offsets seen at start are reached."""
         track_topics_sent_to()  # its producer sends to several topics (somnus.streams.kafka_compat)
         self.db_path.parent.mkdir(parents=True, exist_ok=True)
-        con = await connect_when_free(self.db_path)
-        schema.init(con)
+        con = await open_projections(self.db_path)
         consumer = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap, enable_auto_commit=False, group_id=None,
             auto_offset_reset="earliest", fetch_max_bytes=64 << 20, max_partition_fetch_bytes=16 << 20,
@@ -166,15 +175,15 @@ class Projector:
 
             from somnus.processors.prediction.oscillators import OscillatorConfig
 
-            seen = Seen(con, self.agents, SleepConfig(schedule=validate_schedule(self.settings.sleep_schedule),
-                                                      max_clock_skew_s=self.settings.max_clock_skew_s),
-                        OscillatorConfig(enabled=True) if self.settings.oscillators else None)
+            models = ReadModels(con, self.agents, SleepConfig(schedule=validate_schedule(self.settings.sleep_schedule),
+                                                              max_clock_skew_s=self.settings.max_clock_skew_s),
+                                OscillatorConfig(enabled=True) if self.settings.oscillators else None)
             for tp in tps:
                 consumer.seek(tp, stored.get((tp.topic, tp.partition), 0))
             drain = Drain(consumer, self.max_records)
             drain.start()
             if self.serve:
-                runner = await self._start_server(con, seen)
+                runner = await self._start_server(con, models)
                 # A crash between a batch's commit and its promotion requests lost them: request again
                 # what no request has reached (the semantic fold runs each id once).
                 missing = con.execute(
@@ -193,13 +202,13 @@ class Projector:
             while not self._stop.is_set():
                 if until_end and all(stored.get((tp.topic, tp.partition), 0) >= end[tp] for tp in tps):
                     async with lock:
-                        await asyncio.to_thread(seen.briefings.refresh, con)
+                        await asyncio.to_thread(models.briefings.refresh, con)
                     break
                 records = await drain.take(0.2)
                 now = time.monotonic()
                 if not records or now - last_briefings >= BRIEFING_INTERVAL_S:
                     async with lock:  # caught up, or busy for a while: render what is stale (a slice)
-                        made = await asyncio.to_thread(seen.briefings.refresh, con, REFRESH_BUDGET_S)
+                        made = await asyncio.to_thread(models.briefings.refresh, con, REFRESH_BUDGET_S)
                     took = time.monotonic() - now
                     if took > SLOW_S:
                         log.warning("slow briefing refresh: %.2f s, %d changed", took, len(made))
@@ -217,10 +226,10 @@ class Projector:
                     t_batch = time.monotonic()
                     async with lock:
                         res = await asyncio.to_thread(apply_guarded, con, self.topics, part, stored,
-                                                      self.settings.max_event_bytes, seen,
+                                                      self.settings.max_event_bytes, models,
                                                       self.settings.max_json_depth, self.settings.max_clock_skew_s)
-                        if seen.briefings.urgent:  # an agent's own news: its briefing now, not in 0.5 s
-                            await asyncio.to_thread(seen.briefings.refresh, con, REFRESH_BUDGET_S, True)
+                        if models.briefings.urgent:  # an agent's own news: its briefing now, not in 0.5 s
+                            await asyncio.to_thread(models.briefings.refresh, con, REFRESH_BUDGET_S, True)
                     took = time.monotonic() - t_batch
                     if took > SLOW_S:
                         log.warning("slow batch: %.2f s for %d records (%s)", took, len(part), ", ".join(
@@ -293,11 +302,11 @@ class Projector:
             tps.extend(TopicPartition(topic, p) for p in await partitions_of(consumer, topic))
         return tps
 
-    async def _start_server(self, con: duckdb.DuckDBPyConnection, seen: Seen) -> web.AppRunner:
+    async def _start_server(self, con: duckdb.DuckDBPyConnection, models: ReadModels) -> web.AppRunner:
         # Reads use their own cursor (a second connection to the same database: it sees committed
         # data while a batch is being written on ``con`` in the writer thread).
-        service = api.ReadService(con.cursor(), seen.agents, briefings=seen.briefings.current, episodic=seen.memory,
-                                  semantic=seen.semantic, top_facts=seen.top_facts,
+        service = api.ReadService(con.cursor(), models.agents, briefings=models.briefings.current, episodic=models.memory,
+                                  semantic=models.semantic, top_facts=models.top_facts,
                                   sandbox=SqlSandbox.from_settings(con, self.settings))  # analysts' SQL
         producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all", enable_idempotence=True,
                                     linger_ms=5, **LARGE_RECORDS, **kafka_options(self.settings))  # promotion requests
@@ -316,7 +325,7 @@ class Projector:
 
         service.on_served = served
         # A forget drops every cached user synopsis (rebuilt from the purged memories on the next read).
-        seen.forget.on_purged.append(lambda: setattr(service, "synopses", api._synopsis_cache()))
+        models.forget.on_purged.append(lambda: setattr(service, "synopses", api._synopsis_cache()))
 
         def accessed(events: list[Any]) -> None:
             fut = asyncio.ensure_future(producer.send_and_wait(
@@ -334,8 +343,8 @@ class Projector:
         from somnus.projections.briefing_server import BriefingServer
 
         self._briefing_server = BriefingServer(served, home)
-        briefing_port = await self._briefing_server.start(seen.briefings.current.values())
-        seen.briefings.listeners.append(self._briefing_server.publish)
+        briefing_port = await self._briefing_server.start(models.briefings.current.values())
+        models.briefings.listeners.append(self._briefing_server.publish)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)

@@ -37,6 +37,7 @@ from somnus.schemas.semantic import (
     RelationshipFormed, SemanticEvent, decode_semantic, encode_semantic)
 from somnus.schemas.facts import GLOBAL_SCOPE
 from somnus.agents import AgentSpec
+from somnus.projections.frames import registered
 
 KIND_INGEST = b"knowledge-ingested"
 KIND_PROMOTE = b"promotion-requested"
@@ -107,8 +108,8 @@ class SemanticProjection:
                 continue
             events += [(ev, rec.offset) for ev in made]
         if requests:
-            frame = pa.Table.from_pylist(requests)  # noqa: F841
-            con.execute("INSERT INTO semantic_requests SELECT * FROM frame")
+            with registered(con, frame=pa.Table.from_pylist(requests)):
+                con.execute("INSERT INTO semantic_requests SELECT * FROM frame")
         if events:
             self._insert(con, events)
         return len(events), {ev.owner for ev, _ in events}
@@ -163,13 +164,13 @@ class SemanticProjection:
                 ("concept_relationships", rels, "owner, source_id, relation, target_id, weight, metadata::JSON, formed_at"),
                 ("math_patterns", patterns, "*"), ("cross_layer_edges", edges, "*"), ("promotion_audit", audit, "*")):
             if rows:
-                frame = pa.Table.from_pylist(rows)  # noqa: F841
-                con.execute(f"INSERT INTO {table} SELECT {select} FROM frame")
+                with registered(con, frame=pa.Table.from_pylist(rows)):
+                    con.execute(f"INSERT INTO {table} SELECT {select} FROM frame")
         if latest:
-            frame = pa.Table.from_pylist(list(latest.values()))  # noqa: F841
-            con.execute("INSERT OR REPLACE INTO concepts SELECT owner, concept_id, name, category, definition, "
-                        "provenance, reinforcement_count, confidence, properties::JSON, source_episode_ids, "
-                        "updated_at FROM frame")
+            with registered(con, frame=pa.Table.from_pylist(list(latest.values()))):
+                con.execute("INSERT OR REPLACE INTO concepts SELECT owner, concept_id, name, category, definition, "
+                            "provenance, reinforcement_count, confidence, properties::JSON, source_episode_ids, "
+                            "updated_at FROM frame")
 
 
 # Promotion reads the newest PROMOTION_WINDOW_CALLS tool calls, and the candidate links' observations

@@ -23,7 +23,7 @@ import pytest
 from somnus.processors.sessions.distiller import distill
 from somnus.projections import forget, schema
 from somnus.projections.forget import KIND_FORGET
-from somnus.projections.writer import Seen, apply_batch, load_offsets
+from somnus.projections.writer import ReadModels, apply_batch, load_offsets
 from somnus.schemas.codec import Rejection, decode_trace, encode
 from somnus.schemas.forget import ForgetRequested, ForgetSubject
 from somnus.schemas.memory import KIND_UNITS
@@ -62,7 +62,7 @@ def forget_record(offset: int, user: str = FORGOTTEN, subject: ForgetSubject = F
     return Rec("facts", 1, offset, encode(req), key=b"forget", headers=[("somnus-kind", KIND_FORGET)])
 
 
-def apply(con: duckdb.DuckDBPyConnection, seen: Seen, recs: list[Rec]) -> None:
+def apply(con: duckdb.DuckDBPyConnection, seen: ReadModels, recs: list[Rec]) -> None:
     apply_batch(con, TOPICS, recs, load_offsets(con), 1 << 20, seen)
 
 
@@ -100,10 +100,10 @@ def file_hits(path: Path, text: str) -> int:
     return sum(p.read_bytes().count(text.encode()) for p in (path, Path(f"{path}.wal")) if p.exists())
 
 
-def build(path: Path, first_forget: bool = False, forgotten_sessions: int = 3) -> tuple[duckdb.DuckDBPyConnection, Seen]:
+def build(path: Path, first_forget: bool = False, forgotten_sessions: int = 3) -> tuple[duckdb.DuckDBPyConnection, ReadModels]:
     con = duckdb.connect(str(path))
     schema.init(con)
-    seen = Seen(con, AGENTS)
+    seen = ReadModels(con, AGENTS)
     if first_forget:
         apply(con, seen, [forget_record(0)])
     raw = sessions(0, 1, 3) + (sessions(3, 0, forgotten_sessions) if forgotten_sessions else [])

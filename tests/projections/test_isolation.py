@@ -54,7 +54,7 @@ from somnus.processors.working.session_buffer import DEFAULT_SETTINGS, encode_st
 from somnus.projections import schema
 from somnus.projections.api import ReadService
 from somnus.projections.semantic import KIND_PROMOTE, PromotionRequested, promotion_inputs
-from somnus.projections.writer import Seen, Topics, apply_batch, load_offsets
+from somnus.projections.writer import ReadModels, Topics, apply_batch, load_offsets
 from somnus.schemas.codec import Rejection, decode_trace, encode
 from somnus.schemas.memory import KIND_UNITS
 from somnus.agents import AgentSpec, scope_chain
@@ -138,7 +138,7 @@ def session_events(n: int, i: int, u: int | None, day: int, private_fails: bool,
     return evs
 
 
-def project(con: duckdb.DuckDBPyConnection, fleet: dict[str, Any]) -> Seen:
+def project(con: duckdb.DuckDBPyConnection, fleet: dict[str, Any]) -> ReadModels:
     return project_events(con, fleet["agents"], [e for n, s in enumerate(fleet["sessions"]) for e in session_events(n, *s)])
 
 
@@ -170,12 +170,12 @@ def worker_records(raw: list[dict[str, Any]], base: int = 0) -> list[Rec]:
     return out
 
 
-def project_events(con: duckdb.DuckDBPyConnection, agents: dict[str, AgentSpec], raw: list[dict[str, Any]]) -> Seen:
+def project_events(con: duckdb.DuckDBPyConnection, agents: dict[str, AgentSpec], raw: list[dict[str, Any]]) -> ReadModels:
     """Trace events (JSON objects) through the worker's processors and the projector's write path;
     then promotion for the global owner and every agent's, and the briefings rendered."""
     records = worker_records(raw)
     last = max(e.ts for e in decode_events(raw))
-    seen = Seen(con, agents)
+    seen = ReadModels(con, agents)
     apply_batch(con, TOPICS, records, load_offsets(con), 1 << 20, seen)
     owners = ["global", *(f"agent:{a}" for a in agents)]
     promote = [Rec("semantic", 0, n, encode(msgspec.structs.replace(

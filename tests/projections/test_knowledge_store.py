@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from somnus.projections import schema
+from somnus.projections.frames import registered
 from somnus.projections.knowledge_store import DuckDBBackend, KnowledgeStore
 from somnus.agents import AgentSpec, scope_chain
 
@@ -23,10 +24,10 @@ def _store(triples: list[dict], agents: dict[str, AgentSpec]) -> KnowledgeStore:
     con = duckdb.connect()
     schema.init(con)
     if triples:
-        frame = pa.Table.from_pylist(triples)  # noqa: F841
-        con.execute("INSERT INTO triples SELECT triple_id::UUID, source, predicate, target, scope, confidence, count, "
-                    "evidence::UUID, last_evidence::UUID, valid_from, valid_to, superseded_by::UUID, created_by, "
-                    "extractor FROM frame")
+        with registered(con, frame=pa.Table.from_pylist(triples)):
+            con.execute("INSERT INTO triples SELECT triple_id::UUID, source, predicate, target, scope, confidence, "
+                        "count, evidence::UUID, last_evidence::UUID, valid_from, valid_to, superseded_by::UUID, "
+                        "created_by, extractor FROM frame")
         ents = {t["source"] for t in triples} | {t["target"] for t in triples}
         for e in sorted(ents):
             con.execute("INSERT INTO entity_versions VALUES (?, 1, ?, ?, '{}', ?, ?, NULL)",

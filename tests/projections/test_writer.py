@@ -9,7 +9,7 @@ import pytest
 from somnus.processors.sessions.distiller import distill
 from tests.records import Rec
 from somnus.projections import queries, schema
-from somnus.projections.writer import Seen, Topics, apply_batch, load_offsets
+from somnus.projections.writer import ReadModels, Topics, apply_batch, load_offsets
 from somnus.schemas.codec import decode_trace, encode
 from somnus.client import bundles
 from somnus.sample import generate
@@ -36,7 +36,7 @@ def _db(tmp_path, name="p.duckdb"):
 
 def _apply(con, records):
     stored = load_offsets(con)
-    return apply_batch(con, TOPICS, records, stored, 1 << 20, Seen(con))
+    return apply_batch(con, TOPICS, records, stored, 1 << 20, ReadModels(con))
 
 
 def test_a_redelivered_batch_changes_nothing(tmp_path):
@@ -125,7 +125,7 @@ POISON_BY_TOPIC = {
 def _guarded(con, records, topics=ALL):
     from somnus.projections.writer import apply_guarded
 
-    return apply_guarded(con, topics, records, load_offsets(con), 1 << 20, Seen(con), 64, 300.0)
+    return apply_guarded(con, topics, records, load_offsets(con), 1 << 20, ReadModels(con), 64, 300.0)
 
 
 @pytest.mark.parametrize("topic", sorted(POISON_BY_TOPIC))

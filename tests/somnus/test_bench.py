@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from somnus import bench
+from somnus.bench.briefing import _floor_server
 
 
 def test_fact_query_bench_checks_its_three_paths_agree():
@@ -54,7 +55,7 @@ def test_the_briefing_benchs_floor_server_answers_every_request_on_a_kept_connec
 
     ctx = multiprocessing.get_context("spawn")
     ports = ctx.SimpleQueue()
-    proc = ctx.Process(target=bench._floor_server, args=(b'{"markdown": "# x"}', ports), daemon=True)
+    proc = ctx.Process(target=_floor_server, args=(b'{"markdown": "# x"}', ports), daemon=True)
     proc.start()
     try:
         con = http.client.HTTPConnection("127.0.0.1", ports.get(), timeout=10)

@@ -80,7 +80,7 @@ def _record(topic: str, value: bytes, offset: int, partition: int = 0, at: datet
 
 
 def _run(app: Any, settings: Settings, records: list[Any], table: FakeTable, counters: WorkerCounters) -> Any:
-    return asyncio.run(app_mod._handle_batch(app, settings, records, table, counters, 1))
+    return asyncio.run(app_mod.Distiller(app, settings, table, counters).handle_traces(records, 1))
 
 
 def _dead(app: Any, settings: Settings) -> list[dict[str, Any]]:
@@ -175,12 +175,13 @@ def test_a_batch_of_undecodable_records_keeps_its_partitions_stream_time(tmp_pat
 
     guard.admit = admit
     records = [_record(topic, b"{not json", 5 + i) for i in range(1000)]
-    asyncio.run(app_mod._handle_batch(app, settings, records, table, counters, 1, guard=guard))
+    distiller = app_mod.Distiller(app, settings, table, counters, sessions_guard=guard)
+    asyncio.run(distiller.handle_traces(records, 1))
     assert table.writes[-1]["clocks"] == {0: clock}
     assert decode_clock(table[position_key(topic, 0)]) == clock
     # then a late event of a session older than the retention: a dead letter, not a new session
     late = orjson.dumps(_event("old", 3, "agent_message", T0))
-    asyncio.run(app_mod._handle_batch(app, settings, [_record(topic, late, 1005)], table, counters, 1, guard=guard))
+    asyncio.run(distiller.handle_traces([_record(topic, late, 1005)], 1))
     reason = _dead(app, settings)[-1]["headers"]["somnus-reason"].decode()
     assert reason.startswith("late: ") and "may belong to a session already forgotten" in reason
 

@@ -26,6 +26,7 @@ from aiohttp import web
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from somnus.projections import api, auth, queries, schema
+from somnus.projections.endpoint import endpoint_file
 from somnus.projections.briefings import BRIEFING_INTERVAL_S, REFRESH_BUDGET_S
 from somnus.projections.sql_sandbox import SqlSandbox
 from somnus.schemas.codec import encode
@@ -117,10 +118,6 @@ class Drain:
         self._arrived.clear()
         self._room.set()
         return out
-
-
-def endpoint_file(db_path: Path) -> Path:
-    return Path(f"{db_path}.projector.json")
 
 
 class Projector:

@@ -123,7 +123,7 @@ def export_parquet(con: Any, dir: Any, tables: Any = None, since: Any = None) ->
             day = day_column(columns)
             parts = (["agent"] if "agent" in dict(columns) else []) + (["day"] if day else [])
             sql, params = _select(table, columns, day, after)
-            reader = cur.execute(sql, params).fetch_record_batch(BATCH_ROWS)
+            reader = _arrow_reader(cur.sql(sql, params=params or None))
             rows = _write(reader, folder / table, parts, pa, ds, pq)
             listed[table] = {"rows": rows, "partition_by": parts, "day_from": day,
                              "since_applied": after is not None and day is not None}
@@ -145,6 +145,13 @@ def export_parquet(con: Any, dir: Any, tables: Any = None, since: Any = None) ->
     tmp.write_text(json.dumps(manifest, indent=2))
     os.replace(tmp, folder / MANIFEST)  # last: a folder with a manifest is a finished export
     return manifest
+
+
+def _arrow_reader(rel: Any) -> Any:
+    """The relation's rows as an Arrow record batch reader, streamed (DuckDB 2's name, or 1.x's)."""
+    if hasattr(rel, "to_arrow_reader"):
+        return rel.to_arrow_reader(BATCH_ROWS)
+    return rel.fetch_arrow_reader(BATCH_ROWS)
 
 
 def _write(reader: Any, where: Path, parts: list[str], pa: Any, ds: Any, pq: Any) -> int:

@@ -125,6 +125,8 @@ def read(db: Path, handler: str, agent: str | None = None, agents_dir: Path | No
 
 def _read_file(db: Path, route: Any, agent: str | None, agents_dir: Path | None, params: dict[str, Any]) -> Any:
     """``route`` answered on ``db`` opened read-only here (no projector holds it)."""
+    if not db.exists():
+        raise ReadError(f"no database at {db} (run `somnus up` or `somnus replay --to {db}`)")
     import duckdb
 
     from somnus.agents import load_agents

@@ -181,3 +181,24 @@ def bench_scn(memories: int = typer.Option(10_000, "--memories"), as_json: bool 
     from somnus.bench import run_scn_footprint
 
     _emit(run_scn_footprint(memories=memories), as_json)
+
+
+@bench_app.command("cli")
+def bench_cli(runs: int = typer.Option(7, "--runs", help="Runs of each command; the figures are medians."),
+              sessions: int = typer.Option(40, "--sessions", help="Sample sessions projected before measuring."),
+              baseline: Optional[list[str]] = typer.Option(
+                  None, "--baseline", help="NAME=FOLDER: another Somnus package folder (its parent on PYTHONPATH) "
+                                           "measured interleaved with this one (repeatable)."),
+              as_json: bool = typer.Option(False, "--json")) -> None:
+    """Start-to-exit time of `somnus --help`, `sql "select 1"`, `brief`, `recall` and `status` against a
+    stack of its own (started on a temporary home and stopped after)."""
+    from somnus.cli.bench_cli import run_cli_bench
+    from somnus.cli.common import fail, note
+
+    folders: dict[str, Path] = {}
+    for b in baseline or []:
+        name, _, folder = b.partition("=")
+        if not name or not folder or not (Path(folder) / "somnus").is_dir():
+            fail(f"--baseline {b!r}: give NAME=FOLDER, FOLDER holding a somnus package")
+        folders[name] = Path(folder)
+    _emit(run_cli_bench(runs=runs, sessions=sessions, baselines=folders, log=note), as_json)

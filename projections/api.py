@@ -492,6 +492,14 @@ class ReadService:
         except (SqlRefused, SqlTimeout) as exc:
             raise BadRequest(str(exc)) from None
 
+    def kafka_positions(self) -> dict[str, Any]:
+        """End offsets and the worker's committed offsets, asked of Kafka by the running projector
+        (projections/positions.py)."""
+        ask = self.extra.get("kafka_positions")
+        if ask is None:
+            raise NotFound("Kafka positions are answered by a running projector only")
+        return ask()
+
     def export_parquet(self, dir: Any = None, tables: Any = None, since: Any = None) -> dict[str, Any]:
         """Every projection as hive-partitioned Parquet from one committed snapshot (projections/export.py)."""
         from somnus.projections.export import ExportError, export_parquet

@@ -78,6 +78,9 @@ ROUTES: tuple[Route, ...] = (
           (("top", "integer", "how many agents / pairs to list (default 5)"),)),
     Route("GET", "/summary", "summary", "Row counts, projected offsets and dead letters by kind."),
     Route("GET", "/checksum", "checksum", "The content checksum of every projection."),
+    Route("GET", "/kafka-positions", "kafka_positions",
+          "End offsets of the projected topics and the worker group's committed offsets (somnus status).",
+          offloop=True),
     Route("POST", "/export/parquet", "export_parquet",
           "Write projections as hive-partitioned Parquet under a folder, from one committed snapshot, with a "
           "manifest of the source offsets (projections/export.py).",

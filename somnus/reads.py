@@ -9,7 +9,6 @@ one. A file opened directly is guarded by its permissions, not by tokens.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import urllib.error
@@ -160,44 +159,25 @@ def summary(db: Path) -> dict[str, Any]:
     return read(db, "summary")
 
 
-async def _kafka_positions(settings: Settings, bootstrap: str) -> tuple[dict[str, dict[int, int]], dict[str, dict[int, int]]]:
-    from aiokafka import AIOKafkaConsumer, TopicPartition
-    from aiokafka.admin import AIOKafkaAdminClient
+def _positions(settings: Settings, bootstrap: str, db: Path) -> Any:
+    """Kafka's end offsets and the worker's committed offsets: from the running projector (no Kafka
+    client here), else asked of Kafka here (``projections/positions.py``)."""
+    import asyncio
 
-    from somnus.streams.topics import partitions_of
+    from somnus.projections import positions
 
-    from somnus.config import kafka_options
-
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                                **kafka_options(settings))
-    await consumer.start()
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **kafka_options(settings))
-    await admin.start()
-    try:
-        tps = []
-        for topic in (*settings.projected_topics, settings.observations_topic):
-            tps.extend(TopicPartition(topic, p) for p in await partitions_of(consumer, topic))
-        ends: dict[str, dict[int, int]] = {}
-        for tp, off in (await consumer.end_offsets(tps)).items() if tps else []:
-            ends.setdefault(tp.topic, {})[tp.partition] = off
-        committed: dict[str, dict[int, int]] = {}
+    if _endpoint(db) is not None:
         try:
-            group = await admin.list_consumer_group_offsets(settings.app_id)
-        except Exception:
-            group = {}
-        for tp, meta in group.items():
-            if tp.topic in (settings.traces_topic, settings.episodes_topic, settings.observations_topic):
-                committed.setdefault(tp.topic, {})[tp.partition] = meta.offset
-        return ends, committed
-    finally:
-        await admin.close()
-        await consumer.stop()
+            return positions.from_json(read(db, "kafka_positions"))
+        except ReadError:  # a projector older than the route, or not answering it: ask Kafka here
+            pass
+    return asyncio.run(positions.kafka_positions(settings, bootstrap))
 
 
 def status(settings: Settings, bootstrap: str) -> dict[str, Any]:
     """Per-topic projection lag, worker lag, counts and dead letters; ``idle`` when all are caught up."""
-    ends, worker_committed = asyncio.run(_kafka_positions(settings, bootstrap))
     db = Path(settings.db_path)  # type: ignore[arg-type]
+    ends, worker_committed = _positions(settings, bootstrap, db)
     try:
         s = summary(db)
     except ReadError:

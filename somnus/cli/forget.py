@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any, Optional
 
@@ -28,6 +27,8 @@ def forget(user: Optional[str] = typer.Option(None, "--user", help="Forget this 
     (projections/forget.py). With --verify, look for the given texts in the DuckDB file's bytes (and
     WAL) and rows, count the subject's rows, do the same in a replay into a fresh file, and report the
     texts found in the topics as the projector reads them; exit 1 if anything is found. SECURITY.md, "Forget"."""
+    import asyncio
+
     from somnus import memory_requests
     from somnus.projections.forget import file_hits, topic_hits
     from somnus.reads import ReadError, sql as read_sql

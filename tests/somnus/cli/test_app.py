@@ -17,7 +17,7 @@ import somnus.cli  # noqa: F401  (applies the coercion)
 
 cli_app = sys.modules["somnus.cli.app"]
 
-HEAVY = ("pydantic", "duckdb", "polars", "numpy", "faust", "aiokafka", "aiohttp", "pyarrow", "rich")
+HEAVY = ("pydantic", "duckdb", "polars", "numpy", "faust", "aiokafka", "aiohttp", "pyarrow", "rich", "asyncio")
 
 
 def test_the_light_coercion_is_applied_while_typer_builds_pydantic_adapters() -> None:

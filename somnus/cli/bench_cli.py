@@ -46,12 +46,18 @@ def measure(variants: dict[str, tuple[list[str], dict[str, str]]], runs: int,
             commands: dict[str, list[str]] = COMMANDS) -> dict[str, dict[str, Any]]:
     """Per variant (a command prefix and its environment) and command: the median and every run, in ms."""
     times: dict[str, dict[str, list[float]]] = {v: {c: [] for c in commands} for v in variants}
+    floor: list[float] = []
     for _ in range(runs):
+        env = next(iter(variants.values()))[1]
+        floor.append(_time_one([sys.executable, "-c", "pass"], env))  # the interpreter alone, for scale
         for name, args in commands.items():
             for variant, (prefix, env) in variants.items():
                 times[variant][name].append(_time_one([*prefix, *args], env))
-    return {v: {c: {"median_ms": round(statistics.median(ts), 1), "runs_ms": [round(t, 1) for t in ts]}
-                for c, ts in by_cmd.items()} for v, by_cmd in times.items()}
+    got = {v: {c: {"median_ms": round(statistics.median(ts), 1), "runs_ms": [round(t, 1) for t in ts]}
+               for c, ts in by_cmd.items()} for v, by_cmd in times.items()}
+    got["python -c pass"] = {"floor": {"median_ms": round(statistics.median(floor), 1),
+                                       "runs_ms": [round(t, 1) for t in floor]}}
+    return got
 
 
 def run_cli_bench(runs: int = 7, sessions: int = 40, baselines: dict[str, Path] | None = None,
@@ -91,5 +97,6 @@ def run_cli_bench(runs: int = 7, sessions: int = 40, baselines: dict[str, Path] 
     return {"runs": runs, "threshold_ms": THRESHOLD_MS, "commands": {c: " ".join(["somnus", *a]) for c, a in COMMANDS.items()},
             "median_ms": {c: v["median_ms"] for c, v in this.items()},
             "under_threshold": all(v["median_ms"] < THRESHOLD_MS for v in this.values()),
+            "python_floor_ms": got.pop("python -c pass")["floor"]["median_ms"],
             "baselines": {b: {c: v["median_ms"] for c, v in got[b].items()} for b in got if b != "this"},
             "runs_ms": {b: {c: v["runs_ms"] for c, v in by.items()} for b, by in got.items()}}

@@ -21,6 +21,7 @@ import msgspec
 
 from somnus.processors.briefing.injection import briefing_text, inject, neutral_json
 from somnus.projections import queries
+from somnus.projections.routes import EXTRA_ROUTES, ROUTES, Route
 from somnus.projections.knowledge_store import DuckDBBackend, KnowledgeStore
 from somnus.schemas.briefing import BriefingGenerated, BriefingServed
 from somnus.agents import AgentSpec
@@ -491,6 +492,25 @@ class ReadService:
         except (SqlRefused, SqlTimeout) as exc:
             raise BadRequest(str(exc)) from None
 
+    def kafka_positions(self) -> dict[str, Any]:
+        """End offsets and the worker's committed offsets, asked of Kafka by the running projector
+        (projections/positions.py)."""
+        ask = self.extra.get("kafka_positions")
+        if ask is None:
+            raise NotFound("Kafka positions are answered by a running projector only")
+        return ask()
+
+    def export_parquet(self, dir: Any = None, tables: Any = None, since: Any = None) -> dict[str, Any]:
+        """Every projection as hive-partitioned Parquet from one committed snapshot (projections/export.py)."""
+        from somnus.projections.export import ExportError, export_parquet
+
+        if tables is not None and not (isinstance(tables, list) and all(isinstance(t, str) for t in tables)):
+            raise BadRequest("body field `tables`: an array of table names")
+        try:
+            return export_parquet(self.con, dir, tables, since)
+        except ExportError as exc:
+            raise BadRequest(str(exc)) from None
+
     def summary(self) -> dict[str, Any]:
         return queries.summary(self.con)
 
@@ -498,76 +518,6 @@ class ReadService:
         return {"checksum": queries.checksum(self.con), "tables": queries.table_checksums(self.con)}
 
 
-@dataclass(frozen=True)
-class Route:
-    method: str  # GET (query parameters) or POST (JSON body)
-    path: str  # {agent} is the only path parameter
-    handler: str  # the ReadService method
-    summary: str
-    params: tuple[tuple[str, str, str], ...] = ()  # (name, JSON type, description)
-    stateful: bool = False  # reads a fold's in-memory state (memory index, semantic layers, synopses)
-    offloop: bool = False  # may run for long (analysts' SQL): served from its own threads, not the event loop
-
-
-ROUTES: tuple[Route, ...] = (
-    Route("GET", "/agents/{agent}/briefing", "briefing", "The agent's cached briefing (null when it has none)."),
-    Route("POST", "/agents/{agent}/inject", "inject",
-          "The system prompt with the agent's briefing prepended between delimiters (unchanged without one).",
-          (("prompt", "string", "the system prompt"),
-           ("session_id", "string", "the session about to start: recorded, so utilisation can be counted"))),
-    Route("GET", "/agents/{agent}/facts", "facts", "Facts of the agent's scope chain, highest confidence first.",
-          (("as_of", "string", "ISO 8601 time: the facts active then"), ("limit", "integer", "default 50"),
-           ("predicate", "string", "only this predicate"), ("entity", "string", "only facts about this entity id"))),
-    Route("GET", "/agents/{agent}/entities", "entities", "Entities of the agent's scope chain, most mentioned first.",
-          (("type", "string", "only this entity type"), ("limit", "integer", "default 100"))),
-    Route("GET", "/agents/{agent}/history", "history", "Every change to facts about an entity in the scope chain.",
-          (("entity", "string", "an entity id, e.g. tool:book_reservation"),)),
-    Route("POST", "/sql", "sql", "A read-only SELECT over every projection (not scoped), in the SQL sandbox: "
-          "one SELECT or EXPLAIN of one, no files, interrupted after SOMNUS_SQL_TIMEOUT_S.",
-          (("sql", "string", "the query; ? placeholders"), ("params", "array", "values of the placeholders")),
-          offloop=True),
-    Route("GET", "/agents/{agent}/recall", "recall", "Memories of the scope chain that best answer a query.",
-          (("query", "string", "what to recall"), ("k", "integer", "default 10"),
-           ("explain", "boolean", "per-signal scores and ranks"),
-           ("filters", "string", "JSON object of multi-key filters, e.g. {\"tool\": \"x\", \"success\": true}"),
-           ("record", "boolean", "record the hits as accesses (default true)")), stateful=True),
-    Route("GET", "/agents/{agent}/episodic-context", "episodic_context",
-          "Token-budgeted text of relevant past work for a prompt.",
-          (("query", "string", "the task at hand"), ("top_k", "integer", "default 5"),
-           ("token_budget", "integer", "default 2000"),
-           ("success_only", "boolean", "only past work that succeeded (default false)"),
-           ("domain_hint", "string", "the task's domain: past work of that domain counts as relevant"),
-           ("min_relevance", "number", "the relevance gate, in [0, 1] (default 0.05)")), stateful=True),
-    Route("GET", "/agents/{agent}/context", "context",
-          "One fitted context: user synopsis, the session's recent conversation, fused recall/knowledge/briefing.",
-          (("query", "string", "the task or question at hand"), ("user_id", "string", "the user served (isolation)"),
-           ("session_id", "string", "the current session (default: the agent's latest open one)"),
-           ("max_tokens", "integer", "default 4000")), stateful=True),
-    Route("GET", "/agents/{agent}/knowledge-context", "knowledge_context",
-          "What the agent knows: concepts (with relationships) and confirmed patterns of its scope chain, ranked.",
-          (("query", "string", "rank by relevance to this text"), ("limit", "integer", "default 8")), stateful=True),
-    Route("GET", "/stream-time", "stream_time",
-          "The stream time of a scope: the newest event time of the agents writing in it (null: no event yet).",
-          (("scope", "string", "global (default), team:<lead> or agent:<name>"),)),
-    Route("GET", "/promotion-inputs", "promotion_inputs",
-          "A snapshot of the promotion inputs (NAc candidate links, call outcomes) for an owner.",
-          (("owner", "string", "global (default), team:<lead> or agent:<name>"),)),
-    Route("GET", "/predict", "predict", "Likely outcomes of a call before it is made (NAc causal links).",
-          (("tool", "string", "the tool"), ("args", "string", "the call's arguments, a JSON object"),
-           ("agent", "string", "context: the calling agent"), ("hour", "string", "context: local hour, 00-23"))),
-    Route("GET", "/tools", "tools", "Exact calls and errors per tool."),
-    Route("GET", "/agents/{agent}/rhythms", "rhythms", "What usually happens at given local hours (SCN bins).",
-          (("hours", "string", "e.g. 9 or 8,9,10"), ("days", "string", "weekdays, weekend or 0,1,... (Monday 0)"),
-           ("top", "integer", "default 5"))),
-    Route("GET", "/agents/{agent}/oscillators", "oscillators",
-          "The agent's coupled oscillators per pattern (SOMNUS_OSCILLATORS): locks, coherence, next recurrence."),
-    Route("GET", "/memory", "memory", "Memory status: graph size, briefing cache, utilisation, delegation success.",
-          (("top", "integer", "how many agents / pairs to list (default 5)"),)),
-    Route("GET", "/summary", "summary", "Row counts, projected offsets and dead letters by kind."),
-    Route("GET", "/checksum", "checksum", "The content checksum of every projection."),
-)
-
-EXTRA_ROUTES: list[Route] = []  # capabilities add their reads here (see register)
 
 
 def register(route: Route, method: Callable[..., Any]) -> None:

@@ -51,10 +51,10 @@ import orjson
 from aiohttp import web
 
 from somnus.projections import api
+from somnus.projections.endpoint import TOKEN_FILE, token_file  # noqa: F401  (re-exported)
 
 log = logging.getLogger("somnus.auth")
 
-TOKEN_FILE = "token"  # the operator's token, plain text, 0600: what the CLI sends
 STORE_FILE = "tokens.json"  # every token's sha256 and scope, 0600
 MAX_BODY_BYTES = 1 << 20  # a request body larger than this is refused before it is read
 MAX_DEPTH = 32  # a request body nested deeper than this is refused before it is parsed
@@ -118,10 +118,6 @@ def digest(token: str) -> str:
 def new_token() -> str:
     """32 random bytes, URL-safe base64 (43 characters)."""
     return secrets.token_urlsafe(32)
-
-
-def token_file(home: Path) -> Path:
-    return Path(home) / TOKEN_FILE
 
 
 def _write_private(path: Path, data: bytes) -> None:

@@ -37,7 +37,7 @@ import msgspec
 from somnus.schemas.briefing import BriefingGenerated, BriefingServed
 
 log = logging.getLogger("somnus.briefing_server")
-ROUTES = ("briefing", "inject")  # the api handlers this server answers
+from somnus.projections.routes import BRIEFING_SERVER_HANDLERS as ROUTES  # the api handlers it answers
 CHUNK = 500  # briefings per message on the pipe
 _briefings = msgspec.json.Decoder(list[BriefingGenerated])
 _served = msgspec.json.Decoder(BriefingServed)

@@ -25,7 +25,8 @@ import duckdb
 from aiohttp import web
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from somnus.projections import api, auth, queries, schema
+from somnus.projections import api, auth, positions, queries, schema
+from somnus.projections.endpoint import endpoint_file
 from somnus.projections.briefings import BRIEFING_INTERVAL_S, REFRESH_BUDGET_S
 from somnus.projections.sql_sandbox import SqlSandbox, harden
 from somnus.schemas.codec import encode
@@ -125,10 +126,6 @@ class Drain:
         self._arrived.clear()
         self._room.set()
         return out
-
-
-def endpoint_file(db_path: Path) -> Path:
-    return Path(f"{db_path}.projector.json")
 
 
 class Projector:
@@ -335,6 +332,8 @@ class Projector:
                 "could not record memory accesses: %r", f.exception())))
 
         service.on_accessed = accessed
+        # somnus status: Kafka positions asked on this loop, so the CLI needs no Kafka client of its own
+        service.extra["kafka_positions"] = positions.on_loop(self.settings, self.bootstrap, asyncio.get_running_loop())
 
         # Every route needs a token of this home (projections/auth.py); the operator's is made if missing.
         home = Path(self.settings.home)

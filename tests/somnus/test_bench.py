@@ -40,10 +40,10 @@ def test_sleep_bench_runs_a_real_sleep_and_reports_the_store_before_and_after():
 
 
 def test_every_bench_command_has_its_runner():
-    from somnus import cli
+    from somnus.cli.bench import bench_app
 
-    names = {c.name for c in cli.bench_app.registered_commands}
-    assert names == {"e2e", "facts-query", "predict", "scn", "recall", "context", "briefing", "sleep", "capture"}
+    names = {c.name for c in bench_app.registered_commands}
+    assert names == {"e2e", "facts-query", "predict", "scn", "recall", "context", "briefing", "sleep", "capture", "cli"}
     for runner in ("run_e2e", "run_fact_query", "run_predict", "run_scn_footprint", "run_recall", "run_context",
                    "run_briefing", "run_sleep", "run_capture"):
         assert callable(getattr(bench, runner))

@@ -304,7 +304,8 @@ def test_status_first_record_lookup_and_the_broker_probe_get_the_security_option
     import aiokafka
     import aiokafka.admin
 
-    from somnus import broker, reads
+    from somnus import broker
+    from somnus.projections import positions
     from somnus.streams import app
 
     made: list[tuple[str, dict]] = []
@@ -313,7 +314,7 @@ def test_status_first_record_lookup_and_the_broker_probe_get_the_security_option
     monkeypatch.setattr(aiokafka, "AIOKafkaConsumer", consumer)
     monkeypatch.setattr(aiokafka.admin, "AIOKafkaAdminClient", _recorder(made, "admin"))
     with pytest.raises(_Stop):
-        asyncio.run(reads._kafka_positions(Settings.resolve(home=tmp_path), "kafka:9092"))
+        asyncio.run(positions.kafka_positions(Settings.resolve(home=tmp_path), "kafka:9092"))
     monkeypatch.setattr(consumer, "start", _recorder([], "x").start)
     with pytest.raises(_Stop):
         asyncio.run(app.first_record_at("kafka:9092", aiokafka.TopicPartition("t", 0), 0))

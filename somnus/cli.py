@@ -6,6 +6,7 @@ import asyncio
 import json
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
@@ -191,16 +192,20 @@ def token_create(agent: Optional[str] = typer.Option(None, "--agent", help="The 
                  user: Optional[str] = typer.Option(None, "--user", help="Only this user's memories of the agent."),
                  operator: bool = typer.Option(False, "--operator", help="Every route (SQL, whole-store reads)."),
                  label: str = typer.Option("", "--label", help="A note shown by `somnus token list`."),
+                 expires: Optional[str] = typer.Option(None, "--expires",
+                                                       help="Lifetime, e.g. 30d, 12h, 2w: refused (401) after it."),
                  home: Optional[Path] = HomeOpt) -> None:
     """Print a new token (stored hashed in SOMNUS_HOME; shown once): `export SOMNUS_TOKEN=$(somnus token create ...)`."""
-    from somnus.projections.auth import TokenStore
+    from somnus.projections.auth import TokenStore, parse_duration
     from somnus.agents import AgentFileError, load_agents
 
     s = _settings(home)
     if operator and (agent or user):
         _fail("an operator token reads everything: give --operator alone, or --agent [--user]")
     try:
-        token, record = TokenStore(s.home).create(operator=operator, agent=agent, user=user, label=label)
+        until = None if expires is None else datetime.now(timezone.utc) + parse_duration(expires)
+        token, record = TokenStore(s.home).create(operator=operator, agent=agent, user=user, label=label,
+                                                  expires_at=until)
     except ValueError as exc:
         _fail(str(exc))
     try:
@@ -209,7 +214,8 @@ def token_create(agent: Optional[str] = typer.Option(None, "--agent", help="The 
                       "its own scope and global")
     except AgentFileError:
         pass
-    err.print(f"token {record.id} for {record.principal().describe()}")
+    err.print(f"token {record.id} for {record.principal().describe()}"
+              + (f", expires {record.expires_at}" if record.expires_at else ""))
     print(token)
 
 
@@ -224,9 +230,9 @@ def token_list(home: Optional[Path] = HomeOpt, as_json: bool = typer.Option(Fals
     if as_json:
         print(json.dumps([{k: v for k, v in msgspec.to_builtins(r).items() if k != "sha256"} for r in records]))
         return
-    table = Table("id", "reads", "created", "label")
+    table = Table("id", "reads", "created", "expires", "label")
     for r in records:
-        table.add_row(r.id, r.principal().describe(), r.created_at, r.label)
+        table.add_row(r.id, r.principal().describe(), r.created_at, r.expires_at or "never", r.label)
     console.print(table)
 
 

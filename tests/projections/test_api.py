@@ -128,7 +128,8 @@ def test_every_route_answers_the_operator_200_with_its_json_shape(served: Served
             status, got = await call(client, r, served.operator, VALID.get(r.handler))
             assert status == 200, (r.path, got)
             check_shape(r.handler, got)
-        status, got = await call(client, route("recall"), served.operator, {"query": "search upstream", "user_id": "up"})
+        status, got = await call(client, route("recall"), served.operator,
+                                  {"query": "search upstream", "user_id": "up"})
         assert got["hits"] and all(HIT_KEYS <= set(h) for h in got["hits"])
         status, got = await call(client, route("sql"), served.operator, VALID["sql"])
         assert got["columns"] == ["n"] and got["rows"][0][0] > 0
@@ -187,10 +188,12 @@ def test_a_user_bound_token_reads_its_users_items_on_every_route(served: Served)
 
 # Bad input: each gets a 400 (or 404/405) whose message names what is wrong.
 BAD: list[tuple[str, dict[str, Any], str]] = [
-    ("facts", {"limit": "many"}, "limit"), ("facts", {"limit": "0"}, "limit"), ("facts", {"as_of": "yesterday"}, "as_of"),
+    ("facts", {"limit": "many"}, "limit"), ("facts", {"limit": "0"}, "limit"),
+    ("facts", {"as_of": "yesterday"}, "as_of"),
     ("entities", {"limit": "-3"}, "limit"), ("history", {}, "entity"), ("recall", {}, "query"),
     ("recall", {"query": "q", "k": "1001"}, "k"), ("recall", {"query": "q", "filters": "{not json"}, "filters"),
-    ("recall", {"query": "q", "filters": "[1, 2]"}, "filters"), ("recall", {"query": "q", "filters": "[" * 2000}, "nested too deep"),
+    ("recall", {"query": "q", "filters": "[1, 2]"}, "filters"),
+    ("recall", {"query": "q", "filters": "[" * 2000}, "nested too deep"),
     ("episodic_context", {"query": "q", "min_relevance": "2"}, "min_relevance"),
     ("episodic_context", {"query": "q", "success_only": "maybe"}, "success_only"),
     ("context", {}, "query"), ("context", {"query": "q", "max_tokens": "x"}, "max_tokens"),
@@ -198,8 +201,9 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
     ("rhythms", {"top": "0"}, "top"), ("stream_time", {"scope": "team:"}, "scope"),
     ("predict", {}, "tool"), ("predict", {"tool": "t", "args": "[1]"}, "args"),
     ("predict", {"tool": "t", "args": "{"}, "args"), ("memory", {"top": "lots"}, "top"),
-    ("inject", {}, "prompt"), ("inject", {"prompt": 3}, "prompt"), ("inject", {"prompt": "p", "session_id": 4}, "session_id"),
-    ("inject", {"prompt": "p", "user_id": 5}, "user_id"), ("sql", {}, "sql"), ("sql", {"sql": "DELETE FROM episodes"}, ""),
+    ("inject", {}, "prompt"), ("inject", {"prompt": 3}, "prompt"),
+    ("inject", {"prompt": "p", "session_id": 4}, "session_id"), ("inject", {"prompt": "p", "user_id": 5}, "user_id"),
+    ("sql", {}, "sql"), ("sql", {"sql": "DELETE FROM episodes"}, ""),
     ("sql", {"sql": "SELECT 1", "params": "x"}, "params"), ("facts", {"colour": "red"}, "colour"),
 ]
 
@@ -227,7 +231,8 @@ def test_malformed_requests_get_4xx_not_500(served: Served) -> None:
     serve(served, body)
 
 
-VALUES = st.one_of(st.text(max_size=30), st.integers(-10**6, 10**6).map(str), st.sampled_from(["", "[", "{}", "0", "nan"]))
+VALUES = st.one_of(st.text(max_size=30), st.integers(-10**6, 10**6).map(str),
+                   st.sampled_from(["", "[", "{}", "0", "nan"]))
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,

@@ -304,7 +304,8 @@ def test_a_user_bound_token_has_user_id_forced_and_another_users_refused(tmp_pat
                                 headers={"Authorization": f"Bearer {token}"})
         assert resp.status == 403 or (await resp.json())["params"]["user_id"] == "u1"
         for route in api.all_routes():  # every agent route: 200 with the user forced; whole-store ones: 403
-            status, got = await _call(client, route, "support", token, {"prompt": "p"} if route.method == "POST" else {})
+            params = {"prompt": "p"} if route.method == "POST" else {}
+            status, got = await _call(client, route, "support", token, params)
             if auth.whole_store(route):
                 assert status == 403, route.path
             else:

@@ -269,7 +269,8 @@ def test_no_principal_reads_another_agents_or_another_users_text(fleet):
                                        {f"{a}/{v}" for a, v in mine})
                         assert not leak, (agent, user, route, leak)
                     if user is not None:
-                        shown_by_route[route] = shown_by_route.get(route, 0) + (marker(names.index(agent), u) in text)
+                        own = marker(names.index(agent), u) in text
+                        shown_by_route[route] = shown_by_route.get(route, 0) + own
                 i = names.index(agent)
                 facts = text_of(got["facts"])
                 if user is None:

@@ -199,9 +199,10 @@ class KnowledgeStore:
             return self.top.best(chain, limit, min_confidence)
         params.append(limit)
         # The plain "best facts now" query reads facts_top (the best FACTS_TOP_K active facts of each
-        # scope): the best `limit` of the chain are among the best `limit` of each of its scopes.
+        # scope): the best `limit` of the chain are among the best `limit` of each of its scopes. Not
+        # for a user: that scope's best may all be other users', and the filter comes before the cut.
         table = "facts_top" if (self.use_top and as_of is None and predicate is None and entity is None
-                                and limit <= FACTS_TOP_K) else "triples"
+                                and not for_user and limit <= FACTS_TOP_K) else "triples"
         rows = self._rows(f"SELECT {_FACT_COLS} FROM {table} AS f WHERE {' AND '.join(where)} "
                           "ORDER BY confidence DESC, count DESC, triple_id LIMIT ?", params)
         return [_fact(r) for r in rows]

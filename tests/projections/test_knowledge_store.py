@@ -164,3 +164,22 @@ def test_refreshing_only_the_touched_scopes_equals_a_full_refresh():
     schema.refresh_facts_top(con)
     assert sorted(con.execute("SELECT * FROM facts_top").fetchall(), key=str) == partial
     assert store.facts("a", limit=1)[0].triple_id == rows[2]["triple_id"]
+
+
+def test_a_readers_user_filter_comes_before_the_best_facts_cut():
+    """The best FACTS_TOP_K facts of a scope may all be another user's: a reader acting for user u2
+    still gets u2's facts (filtered before ranking), and none of u1's."""
+    agents = {"a": AgentSpec(name="a")}
+    n = schema.FACTS_TOP_K + 5
+    rows = [_triple(i, f"tool:t{i}", "error:e", "agent:a", T0, confidence=0.99) for i in range(n)]
+    rows.append(_triple(n, "tool:mine", "error:e", "agent:a", T0, confidence=0.5))
+    store = _store(rows, agents)
+    con = store.backend.con  # type: ignore[attr-defined]
+    for t in rows:
+        con.execute("INSERT INTO episodes (episode_id, agent, session_id, outcome, user_id) VALUES (?, 'a', ?, "
+                    "'success', ?)", [t["evidence"], t["triple_id"], "u2" if t["source"] == "tool:mine" else "u1"])
+    got = store.facts("a", limit=10, for_user=True, user_id="u2")
+    assert [f.source for f in got] == ["tool:mine"]
+    theirs = {f.source for f in store.facts("a", limit=10, for_user=True, user_id="u1")}
+    assert len(theirs) == 10 and "tool:mine" not in theirs
+    assert store.facts("a", limit=10, for_user=True, user_id=None) == []  # no user-less episode said any

@@ -334,7 +334,10 @@ class ReadService:
         """A snapshot of what promotion reads now (NAc candidate links, call outcomes): ``somnus consolidate``."""
         from somnus.projections.semantic import promotion_inputs
 
-        return _jsonable(promotion_inputs(self.con, owner=str(owner or "global"), agents=self.agents))
+        try:
+            return _jsonable(promotion_inputs(self.con, owner=str(owner or "global"), agents=self.agents))
+        except ValueError as exc:  # an owner that is not global, team:<lead> or agent:<name>
+            raise BadRequest(f"parameter `owner`: {exc}") from None
 
     # ---- context assembly (working memory + every tier) ----
     def context(self, agent: str, query: Any = None, user_id: Any = None, session_id: Any = None,

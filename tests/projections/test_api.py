@@ -199,7 +199,7 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
     ("context", {}, "query"), ("context", {"query": "q", "max_tokens": "x"}, "max_tokens"),
     ("knowledge_context", {"limit": "101"}, "limit"), ("rhythms", {"hours": "nine"}, "hours"),
     ("rhythms", {"top": "0"}, "top"), ("stream_time", {"scope": "team:"}, "scope"),
-    ("predict", {}, "tool"), ("predict", {"tool": "t", "args": "[1]"}, "args"),
+    ("promotion_inputs", {"owner": "0"}, "owner"), ("predict", {}, "tool"), ("predict", {"tool": "t", "args": "[1]"}, "args"),
     ("predict", {"tool": "t", "args": "{"}, "args"), ("memory", {"top": "lots"}, "top"),
     ("inject", {}, "prompt"), ("inject", {"prompt": 3}, "prompt"),
     ("inject", {"prompt": "p", "session_id": 4}, "session_id"), ("inject", {"prompt": "p", "user_id": 5}, "user_id"),

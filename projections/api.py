@@ -6,7 +6,9 @@ DuckDB lets one process hold the file, so while the projector runs every read go
 same ``ReadService`` method. Either way the answer is the same JSON.
 
 Every agent-facing read takes the reading agent and returns only its scope chain
-(``projections/knowledge_store.py``).
+(``projections/knowledge_store.py``), and takes ``user_id``: a reader acting for one user (a
+user-bound token has it forced) gets only what that user's sessions, or user-less ones, gave, and
+nothing of what is derived from several users' sessions without saying whose (``WITHHELD``).
 """
 
 from __future__ import annotations
@@ -100,6 +102,21 @@ def _jsonable(obj: Any) -> Any:
     return msgspec.to_builtins(obj)
 
 
+# What a reader acting for one user (``user_id``; a user-bound token has it forced) is told in place of
+# an answer derived from several users' sessions whose parts carry no user (SECURITY.md, "Reads for one user").
+WITHHELD = ("derived from several users' sessions and not attributable to one: not served to a reader "
+            "acting for one user (SECURITY.md)")
+
+
+def _user(value: Any) -> str | None:
+    """The ``user_id`` parameter: the user the reader acts for (None: no user)."""
+    if value in (None, ""):
+        return None
+    if not isinstance(value, str):
+        raise BadRequest(f"parameter `user_id`: a string, not {type(value).__name__}")
+    return value
+
+
 @dataclass
 class ReadService:
     """The reads, over one connection; ``briefings`` is the projector's in-memory cache when it has one."""
@@ -134,20 +151,27 @@ class ReadService:
         row = cur.fetchone()
         return _from_row(dict(zip(cols, row))) if row else None
 
-    def briefing(self, agent: str) -> dict[str, Any]:
+    def briefing(self, agent: str, user_id: Any = None) -> dict[str, Any]:
         """The cached briefing, neutralised as every prompt-facing read is (``somnus.processors.briefing.injection``):
         no marker brackets or invisible characters in any field, and a Markdown line that is not a
-        title or an item quoted."""
+        title or an item quoted. For a reader acting for a user, none (``WITHHELD``): its lines are
+        rendered from every user's sessions and no longer say whose they are."""
+        if _user(user_id) is not None:
+            return {"agent": agent, "briefing": None, "withheld": WITHHELD}
         b = self._briefing(agent)
         if b is None:
             return {"agent": agent, "briefing": None}
         return {"agent": agent, "briefing": {**neutral_json(_jsonable(b)), "markdown": briefing_text(b.markdown)}}
 
-    def inject(self, agent: str, prompt: Any = None, session_id: Any = None) -> dict[str, Any]:
+    def inject(self, agent: str, prompt: Any = None, session_id: Any = None, user_id: Any = None) -> dict[str, Any]:
+        """``prompt`` with the agent's briefing before it; for a reader acting for a user, unchanged
+        (the briefing is ``WITHHELD``; ``context`` serves that user's own lessons)."""
         if not isinstance(prompt, str):
             raise BadRequest("body field `prompt`: a string (the system prompt) is required")
         if session_id is not None and not isinstance(session_id, str):
             raise BadRequest("body field `session_id`: a string (the session about to start) or absent")
+        if _user(user_id) is not None:
+            return {"agent": agent, "briefing_id": None, "prompt": inject(None, prompt), "withheld": WITHHELD}
         b = self._briefing(agent)
         markdown = b.markdown if b is not None and b.markdown else None
         if markdown and session_id and self.on_served is not None:
@@ -159,18 +183,25 @@ class ReadService:
                 "prompt": inject(markdown, prompt)}
 
     # ---- knowledge ----
+    # With ``user_id``, only what that user's sessions (or user-less ones) gave: a fact whose statement
+    # one of them asserted, an entity such a fact mentions, a change such an episode made.
     def facts(self, agent: str, as_of: Any = None, limit: Any = None, predicate: Any = None,
-              entity: Any = None) -> list[Any]:
+              entity: Any = None, user_id: Any = None) -> list[Any]:
+        user = _user(user_id)
         return _jsonable(self.store.facts(agent, as_of=_time(as_of, "as_of"), limit=_int(limit, "limit", 50),
-                                          predicate=predicate or None, entity=entity or None))
+                                          predicate=predicate or None, entity=entity or None,
+                                          for_user=user is not None, user_id=user))
 
-    def entities(self, agent: str, type: Any = None, limit: Any = None) -> list[Any]:
-        return _jsonable(self.store.entities(agent, type=type or None, limit=_int(limit, "limit", 100)))
+    def entities(self, agent: str, type: Any = None, limit: Any = None, user_id: Any = None) -> list[Any]:
+        user = _user(user_id)
+        return _jsonable(self.store.entities(agent, type=type or None, limit=_int(limit, "limit", 100),
+                                             for_user=user is not None, user_id=user))
 
-    def history(self, agent: str, entity: Any = None) -> list[Any]:
+    def history(self, agent: str, entity: Any = None, user_id: Any = None) -> list[Any]:
         if not entity:
             raise BadRequest("parameter `entity`: an entity id such as `tool:book_reservation` is required")
-        return _jsonable(self.store.history(agent, str(entity)))
+        user = _user(user_id)
+        return _jsonable(self.store.history(agent, str(entity), for_user=user is not None, user_id=user))
 
     # ---- episodic memory (recall) ----
     def _memory(self) -> Any:
@@ -185,8 +216,9 @@ class ReadService:
             self.on_accessed(events)
 
     def recall(self, agent: str, query: Any = None, k: Any = None, explain: Any = None,
-               filters: Any = None, record: Any = None) -> dict[str, Any]:
-        """The memories of the agent's scope chain that best answer ``query`` (fused retrieval).
+               filters: Any = None, record: Any = None, user_id: Any = None) -> dict[str, Any]:
+        """The memories of the agent's scope chain that best answer ``query`` (fused retrieval): those of
+        ``user_id`` and of no user (without ``user_id``: of no user), filtered before ranking.
 
         Each hit is recorded as an access (published on the memory topic) unless ``record`` is false
         (evaluations and analysts' looks, which should not change what they measure)."""
@@ -203,7 +235,7 @@ class ReadService:
         if wanted is not None and not isinstance(wanted, dict):
             raise BadRequest("parameter `filters`: a JSON object such as {\"tool\": \"book_reservation\"}")
         got = recall(self._memory().index, str(query), agent, k=_int(k, "k", 10, hi=1000), filters=wanted,
-                     now=datetime.now(timezone.utc), agents=self.agents)
+                     now=datetime.now(timezone.utc), agents=self.agents, user_id=_user(user_id))
         if str(record).lower() not in ("0", "false", "no"):
             self._accessed(got.accessed)
         show = str(explain).lower() in ("1", "true", "yes") if explain is not None else False
@@ -222,8 +254,9 @@ class ReadService:
 
     def episodic_context(self, agent: str, query: Any = None, top_k: Any = None, token_budget: Any = None,
                          success_only: Any = None, domain_hint: Any = None,
-                         min_relevance: Any = None) -> dict[str, Any]:
-        """The token-budgeted text of relevant past work (task, relevance, result, lessons, tools)."""
+                         min_relevance: Any = None, user_id: Any = None) -> dict[str, Any]:
+        """The token-budgeted text of relevant past work (task, relevance, result, lessons, tools), from
+        the memories of ``user_id`` and of no user, as ``recall``."""
         from somnus.processors.episodic.recall import MIN_RELEVANCE, build_episodic_context
 
         if not query:
@@ -234,7 +267,7 @@ class ReadService:
                                      success_only=_bool(success_only, "success_only"),
                                      domain_hint=str(domain_hint) if domain_hint else None,
                                      min_relevance=_float(min_relevance, "min_relevance", MIN_RELEVANCE),
-                                     agents=self.agents)
+                                     agents=self.agents, user_id=_user(user_id))
         self._accessed(ctx.accessed)
         # the text is neutralised line by line as it is rendered; every other string here too (the echo)
         return {**neutral_json({"agent": agent, "query": query, "entries": len(ctx.entries)}), "text": ctx.text}
@@ -247,7 +280,8 @@ class ReadService:
             self.semantic = SemanticProjection(self.con)
         return self.semantic
 
-    def knowledge_context(self, agent: str, query: Any = None, limit: Any = None) -> list[dict[str, Any]]:
+    def knowledge_context(self, agent: str, query: Any = None, limit: Any = None,
+                          user_id: Any = None) -> list[dict[str, Any]]:
         """What the agent knows, as one ranked list (concepts with relationships, confirmed patterns)
         over the owners of its scope chain (its own, its team's, global).
 
@@ -256,12 +290,16 @@ class ReadService:
         every one of those agents (``somnus.processors.briefing.generator.covers``: the reader itself, or an agent it
         shares a team scope with), and one of unknown provenance not at all: a pattern about another
         team's private tool would name it. Every owner's memory is checked, the agent's own too
-        (a memory promoted before promotion read only its owner's scope may hold others' data)."""
+        (a memory promoted before promotion read only its owner's scope may hold others' data).
+        For a reader acting for a user, nothing (``WITHHELD``): concepts and patterns are counted
+        over every user's sessions and carry no user."""
         from somnus.processors.briefing.generator import covers
         from somnus.processors.semantic.concepts import knowledge_context, record_agents
         from somnus.agents import scope_chain
 
         n = _int(limit, "limit", 8, hi=100)
+        if _user(user_id) is not None:
+            return []
         layers = self._semantic().layers
         chain = scope_chain(dict(self.agents), agent)
         owners = [o for o in chain if o in layers]
@@ -297,7 +335,10 @@ class ReadService:
         """A snapshot of what promotion reads now (NAc candidate links, call outcomes): ``somnus consolidate``."""
         from somnus.projections.semantic import promotion_inputs
 
-        return _jsonable(promotion_inputs(self.con, owner=str(owner or "global"), agents=self.agents))
+        try:
+            return _jsonable(promotion_inputs(self.con, owner=str(owner or "global"), agents=self.agents))
+        except ValueError as exc:  # an owner that is not global, team:<lead> or agent:<name>
+            raise BadRequest(f"parameter `owner`: {exc}") from None
 
     # ---- context assembly (working memory + every tier) ----
     def context(self, agent: str, query: Any = None, user_id: Any = None, session_id: Any = None,
@@ -396,9 +437,11 @@ class ReadService:
         return _rows(self.con.execute("SELECT tool, calls, errors, round(error_rate, 4) AS error_rate "
                                       "FROM tool_outcomes ORDER BY error_rate DESC, tool"))
 
-    def rhythms(self, agent: str, hours: Any = None, days: Any = None, top: Any = None) -> list[dict[str, Any]]:
+    def rhythms(self, agent: str, hours: Any = None, days: Any = None, top: Any = None,
+                user_id: Any = None) -> list[dict[str, Any]]:
         """What usually happens at these local hours (``hours`` "9" or "8,9,10"; ``days`` "weekdays",
-        "weekend" or "0,1": Monday is 0)."""
+        "weekend" or "0,1": Monday is 0). For a reader acting for a user, nothing (``WITHHELD``: the
+        bins count every user's sessions)."""
         from somnus.processors.prediction.rhythms import WEEKDAYS, WEEKEND, TemporalIndex
         from somnus.schemas.causal import TemporalBinCounted
 
@@ -409,20 +452,26 @@ class ReadService:
         except ValueError:
             raise BadRequest("parameters `hours` / `days`: comma-separated integers (days also weekdays|weekend)") \
                 from None
+        top_n = _int(top, "top", 5)
+        if _user(user_id) is not None:
+            return []
         cells = self.con.execute("SELECT agent, kind, bin_kind, bin, count, successes, failures FROM temporal_bins "
                                  "WHERE agent = ? AND bin_kind IN ('hour', 'weekhour')", [agent]).fetchall()
         index = TemporalIndex.from_deltas(TemporalBinCounted(*c) for c in cells)
         return [{**_jsonable(k), "success_rate": k.success_rate}
-                for k in index.usual_at(agent, hs, ds, top=_int(top, "top", 5))]
+                for k in index.usual_at(agent, hs, ds, top=top_n)]
 
-    def oscillators(self, agent: str) -> list[dict[str, Any]]:
+    def oscillators(self, agent: str, user_id: Any = None) -> list[dict[str, Any]]:
         """The agent's coupled oscillators (when enabled): per pattern, events, locked rhythms, coherence,
-        coupling eigenvalues and the next predicted recurrence after its last event."""
+        coupling eigenvalues and the next predicted recurrence after its last event. For a reader
+        acting for a user, nothing (``WITHHELD``: each oscillator folds every user's sessions)."""
         from datetime import timedelta
 
         from somnus.processors.prediction.oscillators import (
             NAMES, OscillatorConfig, OscillatorState, coherence, coupling_analysis, locked_rhythms, next_recurrence)
 
+        if _user(user_id) is not None:
+            return []
         cfg = OscillatorConfig(enabled=True)
         out = []
         for kind, raw in self.con.execute("SELECT kind, state FROM oscillators WHERE agent = ? ORDER BY kind",

@@ -23,7 +23,31 @@ from somnus.processors.briefing.injection import briefing_text, inject, neutral_
 from somnus.projections import queries
 from somnus.projections.knowledge_store import DuckDBBackend, KnowledgeStore
 from somnus.schemas.briefing import BriefingGenerated, BriefingServed
-from somnus.agents import AgentSpec
+from somnus.schemas.agents import AgentSpec
+from somnus.processors.working.synopsis import SynopsisCache
+from somnus.projections.briefings import _from_row
+import json
+from somnus.processors.episodic.recall import recall
+from somnus.processors.episodic.recall import MIN_RELEVANCE, build_episodic_context
+from somnus.processors.briefing.generator import covers
+from somnus.processors.semantic.concepts import knowledge_context, record_agents
+from somnus.schemas.agents import scope_chain
+from somnus.projections.semantic import promotion_inputs
+from somnus.processors.briefing.context import Tier, get_context
+from somnus.processors.working.session_buffer import decode_state
+from somnus.processors.working.synopsis import stored_kind
+from somnus.schemas.working_memory import ContextCandidate, UserMemory
+from somnus.projections.causal import predict_from
+from somnus.processors.prediction.rhythms import WEEKDAYS, WEEKEND, TemporalIndex
+from somnus.schemas.causal import TemporalBinCounted
+from datetime import timedelta
+from somnus.processors.prediction.oscillators import NAMES, OscillatorConfig, OscillatorState, coherence, coupling_analysis, locked_rhythms, next_recurrence
+from somnus.processors.knowledge.swarm_metrics import failing_pairs, tally_delegations, utilisation
+from somnus.projections.writer import decode_served
+from somnus.schemas.briefing import FactUsed
+from somnus.projections.sql_sandbox import SqlRefused, SqlSandbox, SqlTimeout
+from somnus.projections.memory import MemoryProjection
+from somnus.projections.semantic import SemanticProjection
 
 
 class NotFound(LookupError):
@@ -77,8 +101,6 @@ def _bool(value: Any, name: str) -> bool:
 
 
 def _synopsis_cache() -> Any:
-    from somnus.processors.working.synopsis import SynopsisCache
-
     return SynopsisCache()
 
 
@@ -126,7 +148,6 @@ class ReadService:
     def _briefing(self, agent: str) -> BriefingGenerated | None:
         if self.briefings is not None:
             return self.briefings.get(agent)
-        from somnus.projections.briefings import _from_row
 
         cur = self.con.execute("SELECT * FROM briefings WHERE agent = ?", [agent])
         cols = [d[0] for d in cur.description]
@@ -174,7 +195,6 @@ class ReadService:
     # ---- episodic memory (recall) ----
     def _memory(self) -> Any:
         if self.episodic is None:  # no projector: replay the log from the file (read-only)
-            from somnus.projections.memory import MemoryProjection
 
             self.episodic = MemoryProjection(self.con)
         return self.episodic.state
@@ -189,10 +209,6 @@ class ReadService:
 
         Each hit is recorded as an access (published on the memory topic) unless ``record`` is false
         (evaluations and analysts' looks, which should not change what they measure)."""
-        import json
-
-        from somnus.processors.episodic.recall import recall
-
         if not query:
             raise BadRequest("parameter `query`: the text to recall memories for is required")
         try:
@@ -223,8 +239,6 @@ class ReadService:
                          success_only: Any = None, domain_hint: Any = None,
                          min_relevance: Any = None) -> dict[str, Any]:
         """The token-budgeted text of relevant past work (task, relevance, result, lessons, tools)."""
-        from somnus.processors.episodic.recall import MIN_RELEVANCE, build_episodic_context
-
         if not query:
             raise BadRequest("parameter `query`: the text to build the context for is required")
         ctx = build_episodic_context(self._memory().index, str(query), agent, now=datetime.now(timezone.utc),
@@ -241,7 +255,6 @@ class ReadService:
     # ---- semantic memory (concepts, patterns) ----
     def _semantic(self) -> Any:
         if self.semantic is None:  # no projector: replay the log from the file (read-only)
-            from somnus.projections.semantic import SemanticProjection
 
             self.semantic = SemanticProjection(self.con)
         return self.semantic
@@ -256,10 +269,6 @@ class ReadService:
         shares a team scope with), and one of unknown provenance not at all: a pattern about another
         team's private tool would name it. Every owner's memory is checked, the agent's own too
         (a memory promoted before promotion read only its owner's scope may hold others' data)."""
-        from somnus.processors.briefing.generator import covers
-        from somnus.processors.semantic.concepts import knowledge_context, record_agents
-        from somnus.agents import scope_chain
-
         n = _int(limit, "limit", 8, hi=100)
         layers = self._semantic().layers
         chain = scope_chain(dict(self.agents), agent)
@@ -294,8 +303,6 @@ class ReadService:
 
     def promotion_inputs(self, owner: Any = None) -> Any:
         """A snapshot of what promotion reads now (NAc candidate links, call outcomes): ``somnus consolidate``."""
-        from somnus.projections.semantic import promotion_inputs
-
         return _jsonable(promotion_inputs(self.con, owner=str(owner or "global"), agents=self.agents))
 
     # ---- context assembly (working memory + every tier) ----
@@ -311,13 +318,6 @@ class ReadService:
         asserted its statement (``KnowledgeStore.facts(for_user=True)``); the briefing's lessons are
         read from the ``lessons`` rows of the agent's episodes of the user (or of no user), not from
         the rendered briefing, whose lines no longer say whose they are."""
-        from somnus.processors.briefing.context import Tier, get_context
-        from somnus.processors.episodic.recall import recall
-        from somnus.processors.working.session_buffer import decode_state
-        from somnus.processors.working.synopsis import stored_kind
-        from somnus.schemas.working_memory import ContextCandidate, UserMemory
-        from somnus.agents import scope_chain
-
         if not query:
             raise BadRequest("parameter `query`: the text to assemble a context for is required")
         user = str(user_id) if user_id else None
@@ -373,10 +373,6 @@ class ReadService:
     # ---- outcomes and rhythms (NAc, SCN) ----
     def predict(self, tool: Any = None, args: Any = None, agent: Any = None, hour: Any = None) -> dict[str, Any]:
         """Likely outcomes of calling ``tool`` with ``args`` (JSON object; absent: the tool as a whole)."""
-        import json
-
-        from somnus.projections.causal import predict_from
-
         if not tool:
             raise BadRequest("parameter `tool`: the tool about to be called is required")
         params = None
@@ -398,9 +394,6 @@ class ReadService:
     def rhythms(self, agent: str, hours: Any = None, days: Any = None, top: Any = None) -> list[dict[str, Any]]:
         """What usually happens at these local hours (``hours`` "9" or "8,9,10"; ``days`` "weekdays",
         "weekend" or "0,1": Monday is 0)."""
-        from somnus.processors.prediction.rhythms import WEEKDAYS, WEEKEND, TemporalIndex
-        from somnus.schemas.causal import TemporalBinCounted
-
         try:
             hs = [int(h) for h in str(hours).split(",")] if hours not in (None, "") else list(range(24))
             ds = (None if days in (None, "") else list(WEEKDAYS) if days == "weekdays" else list(WEEKEND)
@@ -417,11 +410,6 @@ class ReadService:
     def oscillators(self, agent: str) -> list[dict[str, Any]]:
         """The agent's coupled oscillators (when enabled): per pattern, events, locked rhythms, coherence,
         coupling eigenvalues and the next predicted recurrence after its last event."""
-        from datetime import timedelta
-
-        from somnus.processors.prediction.oscillators import (
-            NAMES, OscillatorConfig, OscillatorState, coherence, coupling_analysis, locked_rhythms, next_recurrence)
-
         cfg = OscillatorConfig(enabled=True)
         out = []
         for kind, raw in self.con.execute("SELECT kind, state FROM oscillators WHERE agent = ? ORDER BY kind",
@@ -438,8 +426,6 @@ class ReadService:
     # ---- operators ----
     def memory(self, top: Any = None) -> dict[str, Any]:
         """Memory status: graph size, briefing cache, knowledge utilisation, delegation success."""
-        from somnus.processors.knowledge.swarm_metrics import failing_pairs, tally_delegations, utilisation
-
         n = _int(top, "top", 5, hi=1000)
         one = lambda sql: self.con.execute(sql).fetchone()  # noqa: E731
         cache = one("SELECT count(*), count(*) FILTER (markdown <> ''), max(generated_at) FROM briefings")
@@ -451,9 +437,6 @@ class ReadService:
         tallies = tally_delegations({}, [(a, b, o) for a, b, o in results])
         pairs = sorted(tallies.values(), key=lambda t: (t.success_rate, -t.results, t.delegator, t.delegatee))
         # Utilisation: the served records and the uses the projector folded from the facts topic.
-        from somnus.projections.writer import decode_served
-        from somnus.schemas.briefing import FactUsed
-
         served_rows = _rows(self.con.execute(
             "SELECT briefing_id, agent, session_id, served_at, facts FROM briefings_served "
             "ORDER BY served_at DESC LIMIT 5000"))
@@ -478,8 +461,6 @@ class ReadService:
     def sql(self, sql: Any = None, params: Any = None) -> dict[str, Any]:
         """One SELECT in the SQL sandbox (projections/sql_sandbox.py): its own cursor, parser-checked,
         interrupted after SOMNUS_SQL_TIMEOUT_S."""
-        from somnus.projections.sql_sandbox import SqlRefused, SqlSandbox, SqlTimeout
-
         if not isinstance(sql, str):
             raise BadRequest("body field `sql`: a SELECT statement is required")
         if params is not None and not isinstance(params, (list, tuple)):

@@ -7,7 +7,7 @@ Python client on this machine. Both are 0600. A token is 32 random bytes, URL-sa
 A principal is what a token stands for:
 
 - **operator**: every route;
-- **agent A**: the routes of ``/agents/A/...`` (they read A's scope chain, ``somnus.agents.scope_chain``);
+- **agent A**: the routes of ``/agents/A/...`` (they read A's scope chain, ``somnus.schemas.agents.scope_chain``);
 - **agent A + user U**: those of A's routes that filter by user (they take ``user_id``), with
   ``user_id`` forced to U; a route that cannot filter by user is refused, as its answer may carry
   other users' memories.

@@ -30,6 +30,8 @@ from somnus.projections.sleep import KIND_SLEEP
 from somnus.schemas.lifecycle import SleepRequested, SleepTrigger
 from somnus.schemas.memory import (
     KIND_ACCESS, CaptureAction, CaptureDecided, MemoryAccessed, MemoryEvent, MemoryLinked, MemoryUnit)
+import functools
+import snowballstemmer
 
 log = logging.getLogger("somnus.projector")
 
@@ -44,10 +46,6 @@ def stemmer() -> Any:
     """The English Snowball stemmer (fixed: the index of a replay must tokenise the same way).
 
     Memoised: it is pure Python (~100 µs a word) and a fleet's vocabulary repeats."""
-    import functools
-
-    import snowballstemmer
-
     return functools.lru_cache(maxsize=1 << 18)(snowballstemmer.stemmer("english").stemWord)
 
 

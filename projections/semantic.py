@@ -36,7 +36,7 @@ from somnus.schemas.semantic import (
     CandidateRejected, ConceptCreated, ConceptPromoted, ConceptReinforced, CrossLayerEdgeFormed, PatternConfirmed,
     RelationshipFormed, SemanticEvent, decode_semantic, encode_semantic)
 from somnus.schemas.facts import GLOBAL_SCOPE
-from somnus.agents import AgentSpec
+from somnus.schemas.agents import AgentSpec
 
 KIND_INGEST = b"knowledge-ingested"
 KIND_PROMOTE = b"promotion-requested"
@@ -182,7 +182,7 @@ PROMOTION_WINDOW_CALLS = 32_768
 
 def scope_agents(owner: str, agents: Mapping[str, AgentSpec] | None = None) -> frozenset[str] | None:
     """The agents whose data belongs to ``owner``'s scope: ``agent:<name>``: that agent; ``team:<lead>``:
-    the declared agents reporting to the lead (``somnus.agents.scope_chain``'s team); ``global``: None
+    the declared agents reporting to the lead (``somnus.schemas.agents.scope_chain``'s team); ``global``: None
     (every agent). A team is only known from the registry: without ``agents`` it has no member.
 
     >>> fleet = {"lead": AgentSpec(name="lead"), "a": AgentSpec(name="a", reports_to="lead")}

@@ -45,6 +45,20 @@ from somnus.schemas.facts import FactsExtracted
 from somnus.projections.forget import Purged
 from somnus.schemas.forget import KIND_FORGET, ForgetRequested
 from somnus.schemas.working_memory import WorkingMemoryState
+from somnus.projections.causal import UpdateRow
+from somnus.projections.semantic import KIND_INGEST, KIND_PROMOTE, KnowledgeIngested, PromotionRequested
+from somnus.projections.sleep import KIND_SLEEP
+from somnus.schemas.lifecycle import SleepRequested
+from somnus.schemas.memory import KIND_ACCESS, MemoryAccessed, MemoryUnit
+from somnus.projections.briefings import BriefingCache
+from somnus.projections.causal import CausalProjection
+from somnus.projections.knowledge import KnowledgeProjection
+from somnus.projections.knowledge_store import TopFacts
+from somnus.projections.memory import MemoryProjection
+from somnus.projections.semantic import SemanticProjection
+from somnus.projections.sleep import SleepJob
+from somnus.projections.utilisation import UtilisationFold
+from somnus.projections.forget import Forgetting
 
 
 log = logging.getLogger("somnus.projector")
@@ -110,14 +124,6 @@ class Seen:
 
     def __init__(self, con: duckdb.DuckDBPyConnection, agents: Mapping[str, Any] | None = None,
                  sleep_config: Any = None, oscillators: Any = None) -> None:
-        from somnus.projections.briefings import BriefingCache
-        from somnus.projections.causal import CausalProjection
-        from somnus.projections.knowledge import KnowledgeProjection
-        from somnus.projections.knowledge_store import TopFacts
-        from somnus.projections.memory import MemoryProjection
-        from somnus.projections.semantic import SemanticProjection
-        from somnus.projections.sleep import SleepJob
-
         self.agents = dict(agents or {})
         self.episodes: set[str] = {str(r[0]) for r in con.execute("SELECT episode_id FROM episodes").fetchall()}
         self.dead_letters: set[tuple[str, int, int, int, str]] = set(con.execute(
@@ -130,10 +136,8 @@ class Seen:
         self.top_facts = TopFacts()
         self.top_facts.refresh(con)
         self.briefings = BriefingCache(con, self.agents, self.top_facts, self.semantic)
-        from somnus.projections.utilisation import UtilisationFold
 
         self.utilisation = UtilisationFold(con)
-        from somnus.projections.forget import Forgetting
 
         self.forget = Forgetting(con)  # forgotten subjects: purged, and kept out (projections/forget.py)
 
@@ -463,12 +467,6 @@ def _merged(a: BatchResult, b: BatchResult) -> BatchResult:
 def _undecodable(topics: Topics, rec: Record, max_depth: int) -> str | None:
     """Why a record folded outside ``apply_batch``'s decoding cannot be decoded with its fold's type
     (memory, semantic, link updates), or None."""
-    from somnus.projections.causal import UpdateRow
-    from somnus.projections.semantic import KIND_INGEST, KIND_PROMOTE, KnowledgeIngested, PromotionRequested
-    from somnus.projections.sleep import KIND_SLEEP
-    from somnus.schemas.lifecycle import SleepRequested
-    from somnus.schemas.memory import KIND_ACCESS, MemoryAccessed, MemoryUnit
-
     kind = _header(rec, "somnus-kind")
     if rec.topic == topics.memory:
         what, t = {KIND_ACCESS: ("memory accesses", list[MemoryAccessed]), KIND_SLEEP: ("sleep request", SleepRequested)

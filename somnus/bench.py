@@ -26,7 +26,8 @@ import orjson
 
 from somnus import broker as broker_mod
 from somnus import procs
-from somnus.config import Settings, kafka_options
+from somnus.config import Settings
+from somnus.streams.connection import kafka_options
 
 
 async def _wait_group_stable(bootstrap: str, group: str, timeout_s: float) -> None:
@@ -252,7 +253,7 @@ def run_fact_query(triples: int = 1_000_000, agents: int = 200, teams: int = 20,
 
     from somnus.projections import schema
     from somnus.projections.knowledge_store import DuckDBBackend, KnowledgeStore, TopFacts
-    from somnus.agents import AgentSpec
+    from somnus.schemas.agents import AgentSpec
 
     work = Path(tempfile.mkdtemp(prefix="somnus-bench-facts-"))
     try:

@@ -194,7 +194,7 @@ def token_create(agent: Optional[str] = typer.Option(None, "--agent", help="The 
                  home: Optional[Path] = HomeOpt) -> None:
     """Print a new token (stored hashed in SOMNUS_HOME; shown once): `export SOMNUS_TOKEN=$(somnus token create ...)`."""
     from somnus.projections.auth import TokenStore
-    from somnus.agents import AgentFileError, load_agents
+    from somnus.schemas.agents import AgentFileError, load_agents
 
     s = _settings(home)
     if operator and (agent or user):
@@ -500,16 +500,16 @@ def inspect(agent: str = typer.Argument(..., help="The agent whose memory to sho
             facts: int = typer.Option(30, "--facts", help="How many facts (highest confidence first)."),
             as_json: bool = typer.Option(False, "--json")) -> None:
     """What an agent knows: recent episodes and lessons, entities and facts in its scope chain."""
-    from somnus.agents import AgentFileError, load_agents
+    from somnus.schemas.agents import AgentFileError, load_agents
     from somnus.reads import ReadError
-    from somnus.projections.knowledge_store import KnowledgeStore
+    from somnus.reads import knowledge_store
 
     s = _settings(home, db)
     try:
         agents = load_agents(s.agents_dir)
     except AgentFileError as exc:
         _fail(str(exc))
-    store = KnowledgeStore.open(Path(s.db_path), agents)  # type: ignore[arg-type]
+    store = knowledge_store(Path(s.db_path), agents)  # type: ignore[arg-type]
     try:
         report = inspect_report(store, agent, episodes, facts)
     except ReadError as exc:
@@ -585,7 +585,7 @@ def promote(source: str = typer.Argument(..., help="Source entity (id such as to
 
     from somnus.processors.knowledge.swarm_metrics import PromotionError, manual_promotions
     from somnus.projections.writer import KIND_PROMOTION
-    from somnus.agents import AgentFileError, load_agents
+    from somnus.schemas.agents import AgentFileError, load_agents
     from somnus.reads import ReadError, sql as read_sql
 
     s = _settings(home, db, bootstrap)
@@ -628,7 +628,8 @@ def forget(user: Optional[str] = typer.Option(None, "--user", help="Forget this 
     texts found in the topics as the projector reads them; exit 1 if anything is found. SECURITY.md, "Forget"."""
     import uuid
 
-    from somnus.projections.forget import file_hits, topic_hits
+    from somnus.projections.forget import file_hits
+    from somnus.streams.topics import topic_hits
     from somnus.schemas.forget import KIND_FORGET, ForgetRequested, ForgetSubject
     from somnus.client import publish_records
     from somnus.reads import ReadError, sql as read_sql

@@ -21,9 +21,19 @@ from typing import Any
 import duckdb
 
 from somnus.projections import queries
-from somnus.projections.projector import endpoint_file
+from somnus.projections.endpoint import endpoint_file
 from somnus.config import Settings
 from somnus.procs import pid_alive
+from somnus.projections.briefing_server import ROUTES
+from somnus.projections.auth import token_file
+from somnus.projections import api
+from somnus.schemas.agents import load_agents
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from somnus.streams.topics import partitions_of
+from somnus.streams.connection import kafka_options
+from somnus.supervisor import processes
+import time
 
 
 class ReadError(RuntimeError):
@@ -42,8 +52,6 @@ def _projector(db: Path) -> dict[str, Any] | None:
 
 def _endpoint(db: Path, handler: str | None = None) -> str | None:
     """The running projector's URL for ``db``: its briefing server's for the reads that one answers."""
-    from somnus.projections.briefing_server import ROUTES
-
     info = _projector(db)
     if info is None:
         return None
@@ -54,8 +62,6 @@ def _endpoint(db: Path, handler: str | None = None) -> str | None:
 def token_for(db: Path, token: str | None = None) -> str | None:
     """The bearer token for reads of ``db``'s projector: ``token``, ``SOMNUS_TOKEN``, the projector's
     operator token file (its ``SOMNUS_HOME``), or this environment's ``SOMNUS_HOME/token``."""
-    from somnus.projections.auth import token_file
-
     if token:
         return token
     if os.environ.get("SOMNUS_TOKEN", "").strip():
@@ -109,9 +115,6 @@ def read(db: Path, handler: str, agent: str | None = None, agents_dir: Path | No
     """Run the read ``handler`` (a route of ``somnus.projections.api``): through the running projector when it
     holds ``db`` (with ``token_for(db, token)``), else on the file opened read-only. Parameters that are
     None are left out."""
-    from somnus.projections import api
-    from somnus.agents import load_agents
-
     route = next((r for r in api.all_routes() if r.handler == handler), None)
     if route is None:
         raise ReadError(f"no read named {handler!r}")
@@ -151,13 +154,6 @@ def summary(db: Path) -> dict[str, Any]:
 
 
 async def _kafka_positions(settings: Settings, bootstrap: str) -> tuple[dict[str, dict[int, int]], dict[str, dict[int, int]]]:
-    from aiokafka import AIOKafkaConsumer, TopicPartition
-    from aiokafka.admin import AIOKafkaAdminClient
-
-    from somnus.streams.topics import partitions_of
-
-    from somnus.config import kafka_options
-
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
                                 **kafka_options(settings))
     await consumer.start()
@@ -209,7 +205,6 @@ def status(settings: Settings, bootstrap: str) -> dict[str, Any]:
         memory = read(db, "memory", agents_dir=settings.agents_dir)
     except ReadError:
         memory = None
-    from somnus.supervisor import processes
 
     return {
         "processes": processes(settings),
@@ -233,8 +228,6 @@ def status(settings: Settings, bootstrap: str) -> dict[str, Any]:
 def wait_idle(settings: Settings, bootstrap: str, timeout_s: float = 600.0, poll_s: float = 0.5,
               stable_polls: int = 2) -> dict[str, Any]:
     """Wait until every topic is projected and the worker has committed everything it consumed."""
-    import time
-
     deadline = time.monotonic() + timeout_s
     res: dict[str, Any] = {}
     streak = 0
@@ -245,3 +238,20 @@ def wait_idle(settings: Settings, bootstrap: str, timeout_s: float = 600.0, poll
             return res
         time.sleep(poll_s)
     raise TimeoutError(f"not idle after {timeout_s}s: {res}")
+
+
+class ReadsBackend:
+    """A ``KnowledgeStore`` backend: through the running projector when it holds the file, else the
+    file opened read-only."""
+
+    def __init__(self, db: Path) -> None:
+        self.db = db
+
+    def query(self, sql_text: str, params: Sequence[Any]) -> tuple[list[str], list[list[Any]]]:
+        res = sql(self.db, sql_text, list(params))
+        return res["columns"], res["rows"]
+
+
+def knowledge_store(db: Path, agents: dict[str, AgentSpec]) -> KnowledgeStore:
+    """What ``agents`` know, read from ``db`` as ``ReadsBackend`` does."""
+    return KnowledgeStore(ReadsBackend(db), agents)

@@ -43,7 +43,7 @@ count toward a scope the statement has already reached.
 >>> import uuid
 >>> from datetime import datetime, timezone
 >>> from somnus.schemas.briefing import FactUsed
->>> from somnus.agents import AgentSpec
+>>> from somnus.schemas.agents import AgentSpec
 >>> fleet = {"lead": AgentSpec(name="lead"), "a": AgentSpec(name="a", reports_to="lead"),
 ...          "b": AgentSpec(name="b", reports_to="lead")}
 >>> def used(agent):
@@ -80,7 +80,7 @@ from somnus.schemas.briefing import (
 )
 from somnus.schemas.events import AgentMessaged, Delegated, DelegationReturned, Outcome, ToolCalled, TraceEvent
 from somnus.schemas.facts import FACTS_SCHEMA_VERSION, GLOBAL_SCOPE, FactAsserted, FactsExtracted, agent_scope, team_scope
-from somnus.agents import AgentSpec, LearningRate
+from somnus.schemas.agents import AgentSpec, LearningRate
 
 MIN_MENTION_CHARS = 3  # word characters an entity name needs before a mention of it can count
 

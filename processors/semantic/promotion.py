@@ -96,6 +96,7 @@ from somnus.schemas.semantic import (
     Provenance,
     SemanticEvent,
 )
+from scipy.stats import binomtest
 
 MIN_CONFIDENCE = 0.6
 MIN_OBSERVATIONS = 3
@@ -463,7 +464,6 @@ def _count_evidence(candidate: PromotionCandidate) -> float | None:
         return None
     if n < 1 or not 0.0 < rate < 1.0 or not 0 <= k <= n:
         return None
-    from scipy.stats import binomtest
 
     return float(binomtest(k, n, rate, alternative="greater").pvalue)
 

@@ -15,7 +15,7 @@ from somnus.projections import api, queries, schema
 from somnus.projections.writer import Seen, Topics, apply_batch, load_offsets
 from somnus.schemas.codec import decode_trace, encode
 from somnus.schemas.facts import FactAsserted, FactsExtracted
-from somnus.agents import load_agents
+from somnus.schemas.agents import load_agents
 from somnus.sample import generate
 from tests.records import Rec
 

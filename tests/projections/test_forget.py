@@ -27,7 +27,7 @@ from somnus.projections.writer import Seen, apply_batch, load_offsets
 from somnus.schemas.codec import Rejection, decode_trace, encode
 from somnus.schemas.forget import ForgetRequested, ForgetSubject
 from somnus.schemas.memory import KIND_UNITS
-from somnus.agents import AgentSpec
+from somnus.schemas.agents import AgentSpec
 from tests.projections.test_isolation import T0, TOPICS, decode_events, marker, session_events, worker_records
 from tests.records import Rec
 

@@ -57,7 +57,7 @@ from somnus.projections.semantic import KIND_PROMOTE, PromotionRequested, promot
 from somnus.projections.writer import Seen, Topics, apply_batch, load_offsets
 from somnus.schemas.codec import Rejection, decode_trace, encode
 from somnus.schemas.memory import KIND_UNITS
-from somnus.agents import AgentSpec, scope_chain
+from somnus.schemas.agents import AgentSpec, scope_chain
 from tests.records import Rec
 
 TOPICS = Topics("traces", "episodes", "dead-letters", "facts", "link-updates", "memory", "working-memory", "semantic")

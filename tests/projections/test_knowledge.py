@@ -13,7 +13,7 @@ from somnus.projections import queries, schema
 from somnus.projections.knowledge_store import DuckDBBackend, KnowledgeStore
 from somnus.projections.writer import Seen, Topics, apply_batch, load_offsets
 from somnus.schemas.codec import decode_trace, encode
-from somnus.agents import AgentSpec
+from somnus.schemas.agents import AgentSpec
 from somnus.sample import generate
 
 TOPICS = Topics("traces", "episodes", "dead-letters", "facts")

@@ -116,7 +116,7 @@ def test_promotion_for_an_agent_or_a_team_reads_only_that_scopes_data(tmp_path):
     """An agent's memory learns from its own calls, a team's from its members'; the global owner's
     reads all, and every link names the agents it was observed for."""
     from somnus.processors.prediction.causal_links import DEFAULT_ALPHA
-    from somnus.agents import AgentSpec
+    from somnus.schemas.agents import AgentSpec
 
     con = duckdb.connect(str(tmp_path / "p.duckdb"))
     schema.init(con)

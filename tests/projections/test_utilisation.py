@@ -13,7 +13,7 @@ from somnus.schemas.briefing import BriefingServed, ServedFact
 from somnus.schemas.codec import encode
 from somnus.schemas.episodes import episode_id_for
 from somnus.schemas.facts import EntityMention, FactAsserted, FactsExtracted
-from somnus.agents import AgentSpec, LearningRate
+from somnus.schemas.agents import AgentSpec, LearningRate
 from tests.records import Rec
 
 TOPICS = Topics("traces", "episodes", "dead-letters", "facts")

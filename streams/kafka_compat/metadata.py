@@ -1,10 +1,5 @@
-"""Workarounds for defects of aiokafka and Faust that Somnus's long-running processes need, applied
-explicitly by their entry points (the worker's app, the projector), never on import: a runtime that
-imports ``somnus.client`` to publish gets aiokafka as it is.
-
-Each workaround names the defect, how it was found, and how to tell when it can go; each relies on a
-private attribute that ``tests/streams/test_kafka_compat.py`` checks is still there.
-"""
+"""aiokafka's cluster metadata: a producer's refresh forgets the topics it sends to
+(``track_topics_sent_to``), and a consumer has no public way to ask for a refresh (``refresh_metadata``)."""
 
 from __future__ import annotations
 
@@ -26,9 +21,14 @@ def track_topics_sent_to() -> None:
     topic a producer sends to closes that gap (a refresh already in flight is repaired by the next
     one, which the sender asks for as soon as a leader is unknown). Idempotent.
 
-    Relies on ``AIOKafkaClient._wait_on_metadata(topic)`` and ``AIOKafkaClient._topics``. It can go
-    when ``tests/integration/test_kafka_metadata.py``'s test without the fix starts to pass (the
-    record is delivered by aiokafka alone).
+    Upstream: no aiokafka issue found for it (searched aio-libs/aiokafka for metadata refreshes that
+    drop untracked topics); the Java client tracks every topic a producer sends to
+    (``KafkaProducer.waitOnMetadata`` adds it, KAFKA-2948), which is what this does.
+
+    Relies on ``AIOKafkaClient._wait_on_metadata(topic)`` and ``AIOKafkaClient._topics``
+    (``tests/streams/kafka_compat/test_metadata.py``). It can go when
+    ``tests/integration/test_kafka_metadata.py``'s test without the fix starts to pass (the record is
+    delivered by aiokafka alone).
     """
     if getattr(AIOKafkaClient._wait_on_metadata, "_somnus_tracks", False):
         return
@@ -41,3 +41,14 @@ def track_topics_sent_to() -> None:
     _wait_on_metadata._somnus_tracks = True  # type: ignore[attr-defined]
     _wait_on_metadata._somnus_original = original  # type: ignore[attr-defined]
     AIOKafkaClient._wait_on_metadata = _wait_on_metadata  # type: ignore[method-assign]
+
+
+async def refresh_metadata(consumer: Any) -> None:
+    """Ask ``consumer``'s client for fresh cluster metadata now (a topic just created is then known).
+
+    ``AIOKafkaConsumer`` has no public call for it: ``partitions_for_topic`` answers from what the
+    client knows, which is refreshed every ``metadata_max_age_ms`` (5 minutes by default). Relies on
+    ``AIOKafkaConsumer._client`` and ``AIOKafkaClient.force_metadata_update`` (public on the client).
+    No upstream issue found. It can go when the consumer offers such a call.
+    """
+    await consumer._client.force_metadata_update()

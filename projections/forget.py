@@ -44,7 +44,7 @@ import duckdb
 import msgspec
 import pyarrow as pa
 
-from somnus.schemas.forget import KIND_FORGET, ForgetRequested
+from somnus.schemas.forget import ForgetRequested
 from pathlib import Path
 from somnus.schemas.memory import KIND_ACCESS
 from somnus.projections.sleep import KIND_SLEEP
@@ -344,7 +344,7 @@ _IN_M = "IN (SELECT m FROM m_frame)"
 _COMMITTED_CHECKS = [
     f"SELECT count(*) FROM events WHERE (agent, session_id) {_IN_S}",
     f"SELECT count(*) FROM working_memory WHERE (agent, session_id) {_IN_S}",
-    f"SELECT count(*) FROM dead_letters WHERE msg_key IN (SELECT session_id::BLOB FROM s_frame)",
+    "SELECT count(*) FROM dead_letters WHERE msg_key IN (SELECT session_id::BLOB FROM s_frame)",
     *(f"SELECT count(*) FROM {t} WHERE {c}::VARCHAR {_IN_E}" for t, c in (
         ("episodes", "episode_id"), ("triples", "evidence"), ("entity_versions", "episode_id"),
         ("entity_aliases", "episode_id"), ("knowledge_inputs", "episode_id"), ("causal_link_updates", "episode_id"))),

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from pathlib import Path
 from typing import Any, Protocol
 
 import duckdb

@@ -26,7 +26,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from somnus.projections import api, auth, schema
 from somnus.projections.endpoint import endpoint_file
-from somnus.projections.http import dumps, make_app
+from somnus.projections.http import make_app
 from somnus.projections.briefings import BRIEFING_INTERVAL_S, REFRESH_BUDGET_S
 from somnus.projections.sql_sandbox import SqlSandbox
 from somnus.schemas.codec import encode

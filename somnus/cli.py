@@ -766,7 +766,7 @@ def sleep(at: Optional[str] = typer.Option(None, "--at", help="Event time of the
           as_json: bool = typer.Option(False, "--json")) -> None:
     """Deep sleep now (hippocampus sleep, then promotion), or --report / --plot the runs so far. "Now" is
     the stream time (each memory is judged by its own scope's), unless --at is given."""
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     import msgspec
 

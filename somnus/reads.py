@@ -15,6 +15,7 @@ import os
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,8 @@ from somnus.procs import pid_alive
 from somnus.projections.briefing_server import ROUTES
 from somnus.projections.auth import token_file
 from somnus.projections import api
-from somnus.schemas.agents import load_agents
+from somnus.projections.knowledge_store import KnowledgeStore
+from somnus.schemas.agents import AgentSpec, load_agents
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from somnus.streams.topics import partitions_of

@@ -24,7 +24,7 @@ from faust.tables.table import Table
 from faust.types import EventT
 import msgspec
 
-from somnus.processors.sessions.distiller import SessionState, decode_state, distill, encode_state, session_key
+from somnus.processors.sessions.distiller import SessionState, decode_state, encode_state, session_key
 from somnus.processors.sessions.batch import distill_rounds
 from somnus.processors.sessions.session_retention import MarkerHeap, micros, record_cap, sift, stream_times
 from somnus.processors.working.session_buffer import WorkingMemorySettings

@@ -479,10 +479,10 @@ def manual_promotions(agents: Mapping[str, AgentSpec], triples: Iterable[Any], s
         return r[k] if isinstance(r, Mapping) else getattr(r, k)
 
     pred = normalise_name(predicate).replace(" ", "_")
-    copies = sorted(((str(get(r, "scope")), str(get(r, "source")), str(get(r, "target")), float(get(r, "confidence")))
+    copies = sorted((str(get(r, "scope")), str(get(r, "source")), str(get(r, "target")), float(get(r, "confidence")))
                      for r in triples
                      if get(r, "valid_to") is None and get(r, "predicate") == pred
-                     and _matches(str(get(r, "source")), source) and _matches(str(get(r, "target")), target)))
+                     and _matches(str(get(r, "source")), source) and _matches(str(get(r, "target")), target))
     if not copies:
         raise PromotionError(f"no active fact {source!r} {predicate!r} {target!r}")
     held = {c[0] for c in copies}

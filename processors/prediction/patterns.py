@@ -155,6 +155,14 @@ def factorize(values: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
     return names, np.fromiter(map(code.__getitem__, values), dtype=np.int64, count=len(values))
 
 
+
+def _daily_series(calls: np.ndarray, succ: np.ndarray, active: np.ndarray, t: int, metric: str) -> np.ndarray:
+    """One agent's daily series of tool ``t``: its calls on active days, or its success rate on days
+    with enough calls (NaN elsewhere)."""
+    if metric == "calls":
+        return np.where(active, calls[t], np.nan)
+    return np.where(calls[t] >= TREND_MIN_CALLS_PER_DAY, succ[t] / np.maximum(calls[t], 1), np.nan)
+
 def _stratified_partial_r(parts: Sequence[tuple[tuple[np.ndarray, np.ndarray, np.ndarray], int, str, int, str]]
                           ) -> tuple[float, int, int] | None:
     """The partial correlation of two daily metrics given each agent's daily episodes, within agents:
@@ -168,13 +176,7 @@ def _stratified_partial_r(parts: Sequence[tuple[tuple[np.ndarray, np.ndarray, np
     params = 0
     for (calls, succ, episodes), ti, ma, tj, mb in parts:
         active = episodes > 0
-
-        def series(t: int, metric: str) -> np.ndarray:
-            if metric == "calls":
-                return np.where(active, calls[t], np.nan)
-            return np.where(calls[t] >= TREND_MIN_CALLS_PER_DAY, succ[t] / np.maximum(calls[t], 1), np.nan)
-
-        x, y = series(ti, ma), series(tj, mb)
+        x, y = _daily_series(calls, succ, active, ti, ma), _daily_series(calls, succ, active, tj, mb)
         days = ~np.isnan(x) & ~np.isnan(y)
         if int(days.sum()) < CORR_MIN_AGENT_DAYS:
             continue

@@ -128,7 +128,6 @@ from somnus.schemas.lifecycle import (
     encode_lifecycle,
 )
 from cronsim import CronSim, CronSimError
-from cronsim import CronSim
 
 DEFAULT_SCHEDULE = "0 3 * * *"
 SCHEDULE_ENV = "SOMNUS_SLEEP_SCHEDULE"

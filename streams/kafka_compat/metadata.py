@@ -40,7 +40,7 @@ def track_topics_sent_to() -> None:
 
     _wait_on_metadata._somnus_tracks = True  # type: ignore[attr-defined]
     _wait_on_metadata._somnus_original = original  # type: ignore[attr-defined]
-    AIOKafkaClient._wait_on_metadata = _wait_on_metadata  # type: ignore[method-assign]
+    AIOKafkaClient._wait_on_metadata = _wait_on_metadata
 
 
 async def refresh_metadata(consumer: Any) -> None:

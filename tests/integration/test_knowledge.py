@@ -6,7 +6,6 @@ import json
 import subprocess
 import sys
 from collections import Counter
-from pathlib import Path
 
 import pytest
 from tests.pipeline import Pipeline

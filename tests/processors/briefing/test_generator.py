@@ -54,7 +54,6 @@ from somnus.processors.briefing.generator import (
     select_knowledge,
     select_lessons,
     select_strategies,
-    strategy_line,
     task_kind,
 )
 from somnus.projections import schema

@@ -47,7 +47,7 @@ import pyarrow as pa
 from somnus.schemas.forget import ForgetRequested
 from pathlib import Path
 from somnus.schemas.memory import KIND_ACCESS
-from somnus.projections.sleep import KIND_SLEEP
+from somnus.schemas.lifecycle import KIND_SLEEP
 from somnus.projections.briefings import RecentInputs
 from somnus.projections.causal import CausalProjection
 from somnus.projections.knowledge import KnowledgeProjection

@@ -31,7 +31,8 @@ from somnus.projections.briefings import BRIEFING_INTERVAL_S, REFRESH_BUDGET_S
 from somnus.projections.sql_sandbox import SqlSandbox
 from somnus.schemas.codec import encode
 from somnus.schemas.memory import KIND_ACCESS
-from somnus.projections.writer import KIND_SERVED, BatchResult, Seen, Topics, apply_guarded, load_offsets
+from somnus.projections.writer import BatchResult, Seen, Topics, apply_guarded, load_offsets
+from somnus.schemas.briefing import KIND_SERVED
 from somnus.streams.connection import LARGE_RECORDS
 from somnus.streams import kafka_compat
 from somnus.streams.kafka_compat import track_topics_sent_to
@@ -43,7 +44,8 @@ import sys
 from somnus.procs import private_files, tune_gc
 from somnus.schemas.agents import load_agents
 import msgspec
-from somnus.projections.semantic import KIND_PROMOTE, promotion_inputs
+from somnus.projections.semantic import promotion_inputs
+from somnus.schemas.semantic import KIND_PROMOTE
 from somnus.projections.briefing_server import BriefingServer
 
 log = logging.getLogger("somnus.projector")

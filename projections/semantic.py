@@ -29,34 +29,19 @@ import pyarrow as pa
 
 from somnus.processors.semantic.layers import MemoryLayers
 from somnus.processors.prediction.causal_links import DEFAULT_ALPHA, alphas_for, confidence_of
-from somnus.processors.semantic.promotion import CausalLinkView, NacPromotionSource, SemanticPromoter, StatisticianPromotionSource
-from somnus.processors.semantic.concepts import IngestedConcept, ingest_knowledge
-from somnus.processors.prediction.patterns import CallOutcome, Statistician, pattern_events
+from somnus.processors.semantic.promotion import NacPromotionSource, SemanticPromoter, StatisticianPromotionSource
+from somnus.schemas.semantic import CausalLinkView
+from somnus.processors.semantic.concepts import ingest_knowledge
+from somnus.processors.prediction.patterns import Statistician, pattern_events
+from somnus.schemas.semantic import CallOutcome
 from somnus.schemas.semantic import (
     CandidateRejected, ConceptCreated, ConceptPromoted, ConceptReinforced, CrossLayerEdgeFormed, PatternConfirmed,
     RelationshipFormed, SemanticEvent, decode_semantic, encode_semantic)
 from somnus.schemas.facts import GLOBAL_SCOPE
 from somnus.schemas.agents import AgentSpec
-
-KIND_INGEST = b"knowledge-ingested"
-KIND_PROMOTE = b"promotion-requested"
+from somnus.schemas.semantic import KIND_INGEST, KIND_PROMOTE, KnowledgeIngested, PromotionRequested
 
 
-class KnowledgeIngested(msgspec.Struct, frozen=True, kw_only=True):
-    owner: str  # "global", "team:<lead>", "agent:<name>"
-    source: str  # the document's name
-    at: datetime
-    concepts: list[IngestedConcept]
-
-
-class PromotionRequested(msgspec.Struct, frozen=True, kw_only=True):
-    owner: str
-    at: datetime  # event time the promotion runs at
-    links: list[CausalLinkView] = []
-    calls: list[CallOutcome] = []
-    # A request that may be published more than once (the projector's request after a scheduled
-    # sleep run: ``sleep:<run_id>``) runs once; None: every copy runs (``somnus consolidate``).
-    request_id: str | None = None
 
 
 _ingest_decoder = msgspec.json.Decoder(KnowledgeIngested)

@@ -49,8 +49,6 @@ from somnus.schemas.memory import ForgetReason
 
 log = logging.getLogger("somnus.projector")
 
-KIND_SLEEP = b"sleep"  # header somnus-kind on the memory topic: a SleepRequested
-
 
 class SleepState(msgspec.Struct):
     clock: SleepClock = SleepClock()

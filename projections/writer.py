@@ -46,8 +46,8 @@ from somnus.projections.forget import Purged
 from somnus.schemas.forget import KIND_FORGET, ForgetRequested
 from somnus.schemas.working_memory import WorkingMemoryState
 from somnus.projections.causal import UpdateRow
-from somnus.projections.semantic import KIND_INGEST, KIND_PROMOTE, KnowledgeIngested, PromotionRequested
-from somnus.projections.sleep import KIND_SLEEP
+from somnus.schemas.semantic import KIND_INGEST, KIND_PROMOTE, KnowledgeIngested, PromotionRequested
+from somnus.schemas.lifecycle import KIND_SLEEP
 from somnus.schemas.lifecycle import SleepRequested
 from somnus.schemas.memory import KIND_ACCESS, MemoryAccessed, MemoryUnit
 from somnus.projections.briefings import BriefingCache
@@ -59,6 +59,7 @@ from somnus.projections.semantic import SemanticProjection
 from somnus.projections.sleep import SleepJob
 from somnus.projections.utilisation import UtilisationFold
 from somnus.projections.forget import Forgetting
+from somnus.schemas.briefing import KIND_PROMOTION, KIND_SERVED
 
 
 log = logging.getLogger("somnus.projector")
@@ -484,11 +485,6 @@ def _undecodable(topics: Topics, rec: Record, max_depth: int) -> str | None:
         return None
     k, _, rest = got.reason.partition(": ")
     return f"{k}: invalid {what}: {rest}"
-
-
-KIND_PROMOTION = b"promotion"  # header somnus-kind on the facts topic: a FactPromoted
-KIND_SERVED = b"briefing-served"  # a BriefingServed
-# (no header: a FactsExtracted)
 
 
 def _header(rec: Record, name: str) -> bytes | None:

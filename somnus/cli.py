@@ -584,7 +584,7 @@ def promote(source: str = typer.Argument(..., help="Source entity (id such as to
     from datetime import datetime, timezone
 
     from somnus.processors.knowledge.swarm_metrics import PromotionError, manual_promotions
-    from somnus.projections.writer import KIND_PROMOTION
+    from somnus.schemas.briefing import KIND_PROMOTION
     from somnus.schemas.agents import AgentFileError, load_agents
     from somnus.reads import ReadError, sql as read_sql
 
@@ -715,7 +715,7 @@ def ingest_knowledge_cmd(file: Path = typer.Argument(..., exists=True, dir_okay=
     """Add concepts from a document to semantic memory (DIRECT_INGESTION; deduplicated by name), stamped
     with the owner's stream time unless --at is given."""
     from somnus.processors.semantic.concepts import KnowledgeFileError, parse_knowledge
-    from somnus.projections.semantic import KIND_INGEST, KnowledgeIngested
+    from somnus.schemas.semantic import KIND_INGEST, KnowledgeIngested
     from somnus.client import publish_records
 
     fmt = "json" if file.suffix.lower() in (".json", ".jsonl") else "markdown"
@@ -739,7 +739,7 @@ def consolidate(owner: str = typer.Option("global", "--owner", help="global, tea
     stamped with the owner's stream time unless --at is given."""
     import msgspec
 
-    from somnus.projections.semantic import KIND_PROMOTE, PromotionRequested
+    from somnus.schemas.semantic import KIND_PROMOTE, PromotionRequested
     from somnus.client import publish_records
     from somnus.reads import ReadError, read
 
@@ -797,8 +797,8 @@ def sleep(at: Optional[str] = typer.Option(None, "--at", help="Event time of the
                 rep = json.loads(r[3])
                 console.print(f"[bold]{r[0]}[/bold] ({r[2]}): {rep['narrative']}", soft_wrap=True)
         return
-    from somnus.projections.semantic import KIND_PROMOTE, PromotionRequested
-    from somnus.projections.sleep import KIND_SLEEP
+    from somnus.schemas.semantic import KIND_PROMOTE, PromotionRequested
+    from somnus.schemas.lifecycle import KIND_SLEEP
     from somnus.schemas.lifecycle import SleepRequested
     from somnus.client import publish_records
 

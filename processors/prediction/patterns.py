@@ -89,6 +89,7 @@ from somnus.schemas.semantic import (
     PatternConfirmed,
     SemanticEvent,
 )
+from somnus.schemas.semantic import CallOutcome
 
 FDR_Q = 0.001  # Benjamini-Hochberg level over all tests of one run
 TREND_MIN_DAYS = 5
@@ -108,15 +109,6 @@ DAY_S = 86400.0
 
 MATH_NAMESPACE = uuid.UUID("5a1e9c3b-2d7f-4e8a-b6c1-0f9d8e7a6b5c")
 
-
-class CallOutcome(msgspec.Struct, frozen=True):
-    """One tool call's outcome: the statistician's (and the NAc adapter's) input row."""
-
-    tool: str
-    ok: bool
-    at: datetime  # event time (the episode's end)
-    episode_id: str
-    agent: str = ""
 
 
 def call_outcomes(episodes: Iterable[EpisodeDistilled]) -> list[CallOutcome]:

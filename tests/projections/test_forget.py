@@ -25,7 +25,7 @@ from somnus.schemas.codec import encode
 from somnus.schemas.forget import ForgetRequested, ForgetSubject
 from somnus.schemas.agents import AgentSpec
 from tests.projections.test_isolation import T0, TOPICS, decode_events, marker, session_events, worker_records
-from tests.records import Rec
+from tests.factories import Rec
 
 AGENTS = {"aga": AgentSpec(name="aga")}
 FORGOTTEN, KEPT = "up", "uq"  # users 0 and 1 of test_isolation's naming

@@ -8,7 +8,7 @@ import pytest
 
 from somnus.processors.sessions.distiller import distill
 from somnus.processors.knowledge.extraction import TraceExtractor
-from tests.records import Rec
+from tests.factories import Rec
 from somnus.projections import queries, schema
 from somnus.projections.knowledge_store import DuckDBBackend, KnowledgeStore
 from somnus.projections.writer import Seen, Topics, apply_batch, load_offsets

@@ -39,6 +39,8 @@ from somnus.streams.kafka_compat import track_topics_sent_to
 from somnus.config import Settings
 from somnus.streams.connection import kafka_options
 from somnus.streams.topics import partitions_of
+from somnus.processors.prediction.oscillators import OscillatorConfig
+from somnus.processors.sleep.job import SleepConfig, validate_schedule
 from somnus.broker import BrokerError, await_broker, bootstrap_for
 import sys
 from somnus.procs import private_files, tune_gc
@@ -170,10 +172,6 @@ class Projector:
             tps = await self._partitions(consumer)
             consumer.assign(tps)
             stored = load_offsets(con)
-            from somnus.processors.sleep.job import SleepConfig, validate_schedule
-
-            from somnus.processors.prediction.oscillators import OscillatorConfig
-
             seen = Seen(con, self.agents, SleepConfig(schedule=validate_schedule(self.settings.sleep_schedule),
                                                       max_clock_skew_s=self.settings.max_clock_skew_s),
                         OscillatorConfig(enabled=True) if self.settings.oscillators else None)

@@ -368,8 +368,6 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
         if semantic_records:
             seen.semantic.reload(con)
         if facts:  # the fold's state ran ahead of the tables: reload it from what committed
-            from somnus.projections.knowledge import KnowledgeProjection
-
             seen.knowledge = KnowledgeProjection(con)
         raise
     seen.episodes |= new_episodes

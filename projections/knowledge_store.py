@@ -127,7 +127,7 @@ class TopFacts:
     def best(self, chain: Sequence[str], limit: int, min_confidence: float) -> list[Fact]:
         lists = [self.by_scope.get(s, []) for s in chain]
         merged = heapq.merge(*lists, key=lambda f: (-f.confidence, -f.count, f.triple_id))
-        out = []
+        out: list[Fact] = []
         for f in merged:
             if f.confidence < min_confidence or len(out) == limit:
                 break

@@ -92,9 +92,9 @@ def _http(url: str, body: dict[str, Any] | None = None, headers: dict[str, str] 
         with urllib.request.urlopen(req, timeout=120) as resp:
             return json.loads(resp.read())
     except urllib.error.HTTPError as exc:
-        body = exc.read()
+        answer = exc.read()
         try:
-            message = json.loads(body).get("error", str(exc))
+            message = json.loads(answer).get("error", str(exc))
         except ValueError:
             message = f"{exc} (the projector's log has the details)"
         if exc.code in (401, 403):
@@ -162,7 +162,7 @@ async def _kafka_positions(settings: Settings, bootstrap: str) -> tuple[dict[str
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **kafka_options(settings))
     await admin.start()
     try:
-        tps = []
+        tps: list[TopicPartition] = []
         for topic in (*settings.projected_topics, settings.observations_topic):
             tps.extend(TopicPartition(topic, p) for p in await partitions_of(consumer, topic))
         ends: dict[str, dict[int, int]] = {}

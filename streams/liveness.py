@@ -274,7 +274,8 @@ def diagnostics(app: faust.App) -> tuple[Callable[[], None], Callable[[], None]]
         except Exception as exc:  # diagnostics only
             print(f"    aiokafka state unavailable: {exc!r}", file=sys.stderr)
         try:  # a rebalance's table recovery: what it reads, and how far it got
-            rec: Any = app.tables.recovery
+            tables: Any = app.tables
+            rec: Any = tables.recovery
             print(f"--- recovery: in_recovery {getattr(app, 'in_recovery', None)!r}, completed "
                   f"{rec.completed.is_set()!r}, active highwaters {dict(rec.active_highwaters)!r}, active offsets "
                   f"{dict(rec.active_offsets)!r}, standby highwaters {dict(rec.standby_highwaters)!r}, "
@@ -288,7 +289,8 @@ def diagnostics(app: faust.App) -> tuple[Callable[[], None], Callable[[], None]]
         # A commit once hung in Faust's producer.flush(), waiting on a batch that never completed
         # (Faust's producer request timeout, which is also aiokafka's batch expiry, is 1,200 s).
         try:
-            producer: Any = app.producer._ensure_producer()
+            faust_producer: Any = app.producer
+            producer: Any = faust_producer._ensure_producer()
             acc, sender = producer._message_accumulator, producer._sender
             now = time.monotonic()
             print(f"--- producer: in flight to nodes {sorted(sender._in_flight)!r}, muted "

@@ -26,7 +26,31 @@ from somnus.projections import queries
 from somnus.projections.routes import EXTRA_ROUTES, ROUTES, Route
 from somnus.projections.knowledge_store import DuckDBBackend, KnowledgeStore
 from somnus.schemas.briefing import BriefingGenerated, BriefingServed
-from somnus.agents import AgentSpec
+from somnus.schemas.agents import AgentSpec
+from somnus.processors.working.synopsis import SynopsisCache
+from somnus.projections.briefings import _from_row
+import json
+from somnus.processors.episodic.recall import recall
+from somnus.processors.episodic.recall import MIN_RELEVANCE, build_episodic_context
+from somnus.processors.briefing.generator import covers
+from somnus.processors.semantic.concepts import knowledge_context, record_agents
+from somnus.schemas.agents import scope_chain
+from somnus.projections.semantic import promotion_inputs
+from somnus.processors.briefing.context import Tier, get_context
+from somnus.processors.working.session_buffer import decode_state
+from somnus.processors.working.synopsis import stored_kind
+from somnus.schemas.working_memory import ContextCandidate, UserMemory
+from somnus.projections.causal import predict_from
+from somnus.processors.prediction.rhythms import WEEKDAYS, WEEKEND, TemporalIndex
+from somnus.schemas.causal import TemporalBinCounted
+from datetime import timedelta
+from somnus.processors.prediction.oscillators import NAMES, OscillatorConfig, OscillatorState, coherence, coupling_analysis, locked_rhythms, next_recurrence
+from somnus.processors.knowledge.swarm_metrics import failing_pairs, tally_delegations, utilisation
+from somnus.projections.writer import decode_served
+from somnus.schemas.briefing import FactUsed
+from somnus.projections.sql_sandbox import SqlRefused, SqlSandbox, SqlTimeout
+from somnus.projections.memory import MemoryProjection
+from somnus.projections.semantic import SemanticProjection
 
 
 class NotFound(LookupError):
@@ -80,8 +104,6 @@ def _bool(value: Any, name: str) -> bool:
 
 
 def _synopsis_cache() -> Any:
-    from somnus.processors.working.synopsis import SynopsisCache
-
     return SynopsisCache()
 
 
@@ -144,7 +166,6 @@ class ReadService:
     def _briefing(self, agent: str) -> BriefingGenerated | None:
         if self.briefings is not None:
             return self.briefings.get(agent)
-        from somnus.projections.briefings import _from_row
 
         cur = self.con.execute("SELECT * FROM briefings WHERE agent = ?", [agent])
         cols = [d[0] for d in cur.description]
@@ -206,7 +227,6 @@ class ReadService:
     # ---- episodic memory (recall) ----
     def _memory(self) -> Any:
         if self.episodic is None:  # no projector: replay the log from the file (read-only)
-            from somnus.projections.memory import MemoryProjection
 
             self.episodic = MemoryProjection(self.con)
         return self.episodic.state
@@ -222,10 +242,6 @@ class ReadService:
 
         Each hit is recorded as an access (published on the memory topic) unless ``record`` is false
         (evaluations and analysts' looks, which should not change what they measure)."""
-        import json
-
-        from somnus.processors.episodic.recall import recall
-
         if not query:
             raise BadRequest("parameter `query`: the text to recall memories for is required")
         try:
@@ -257,7 +273,6 @@ class ReadService:
                          min_relevance: Any = None, user_id: Any = None) -> dict[str, Any]:
         """The token-budgeted text of relevant past work (task, relevance, result, lessons, tools), from
         the memories of ``user_id`` and of no user, as ``recall``."""
-        from somnus.processors.episodic.recall import MIN_RELEVANCE, build_episodic_context
 
         if not query:
             raise BadRequest("parameter `query`: the text to build the context for is required")
@@ -275,7 +290,6 @@ class ReadService:
     # ---- semantic memory (concepts, patterns) ----
     def _semantic(self) -> Any:
         if self.semantic is None:  # no projector: replay the log from the file (read-only)
-            from somnus.projections.semantic import SemanticProjection
 
             self.semantic = SemanticProjection(self.con)
         return self.semantic
@@ -293,9 +307,7 @@ class ReadService:
         (a memory promoted before promotion read only its owner's scope may hold others' data).
         For a reader acting for a user, nothing (``WITHHELD``): concepts and patterns are counted
         over every user's sessions and carry no user."""
-        from somnus.processors.briefing.generator import covers
-        from somnus.processors.semantic.concepts import knowledge_context, record_agents
-        from somnus.agents import scope_chain
+        from somnus.schemas.agents import scope_chain
 
         n = _int(limit, "limit", 8, hi=100)
         if _user(user_id) is not None:
@@ -333,7 +345,6 @@ class ReadService:
 
     def promotion_inputs(self, owner: Any = None) -> Any:
         """A snapshot of what promotion reads now (NAc candidate links, call outcomes): ``somnus consolidate``."""
-        from somnus.projections.semantic import promotion_inputs
 
         try:
             return _jsonable(promotion_inputs(self.con, owner=str(owner or "global"), agents=self.agents))
@@ -353,13 +364,6 @@ class ReadService:
         asserted its statement (``KnowledgeStore.facts(for_user=True)``); the briefing's lessons are
         read from the ``lessons`` rows of the agent's episodes of the user (or of no user), not from
         the rendered briefing, whose lines no longer say whose they are."""
-        from somnus.processors.briefing.context import Tier, get_context
-        from somnus.processors.episodic.recall import recall
-        from somnus.processors.working.session_buffer import decode_state
-        from somnus.processors.working.synopsis import stored_kind
-        from somnus.schemas.working_memory import ContextCandidate, UserMemory
-        from somnus.agents import scope_chain
-
         if not query:
             raise BadRequest("parameter `query`: the text to assemble a context for is required")
         user = str(user_id) if user_id else None
@@ -415,10 +419,6 @@ class ReadService:
     # ---- outcomes and rhythms (NAc, SCN) ----
     def predict(self, tool: Any = None, args: Any = None, agent: Any = None, hour: Any = None) -> dict[str, Any]:
         """Likely outcomes of calling ``tool`` with ``args`` (JSON object; absent: the tool as a whole)."""
-        import json
-
-        from somnus.projections.causal import predict_from
-
         if not tool:
             raise BadRequest("parameter `tool`: the tool about to be called is required")
         params = None
@@ -442,8 +442,6 @@ class ReadService:
         """What usually happens at these local hours (``hours`` "9" or "8,9,10"; ``days`` "weekdays",
         "weekend" or "0,1": Monday is 0). For a reader acting for a user, nothing (``WITHHELD``: the
         bins count every user's sessions)."""
-        from somnus.processors.prediction.rhythms import WEEKDAYS, WEEKEND, TemporalIndex
-        from somnus.schemas.causal import TemporalBinCounted
 
         try:
             hs = [int(h) for h in str(hours).split(",")] if hours not in (None, "") else list(range(24))
@@ -465,10 +463,7 @@ class ReadService:
         """The agent's coupled oscillators (when enabled): per pattern, events, locked rhythms, coherence,
         coupling eigenvalues and the next predicted recurrence after its last event. For a reader
         acting for a user, nothing (``WITHHELD``: each oscillator folds every user's sessions)."""
-        from datetime import timedelta
 
-        from somnus.processors.prediction.oscillators import (
-            NAMES, OscillatorConfig, OscillatorState, coherence, coupling_analysis, locked_rhythms, next_recurrence)
 
         if _user(user_id) is not None:
             return []
@@ -488,8 +483,6 @@ class ReadService:
     # ---- operators ----
     def memory(self, top: Any = None) -> dict[str, Any]:
         """Memory status: graph size, briefing cache, knowledge utilisation, delegation success."""
-        from somnus.processors.knowledge.swarm_metrics import failing_pairs, tally_delegations, utilisation
-
         n = _int(top, "top", 5, hi=1000)
         one = lambda sql: self.con.execute(sql).fetchone()  # noqa: E731
         cache = one("SELECT count(*), count(*) FILTER (markdown <> ''), max(generated_at) FROM briefings")
@@ -501,9 +494,6 @@ class ReadService:
         tallies = tally_delegations({}, [(a, b, o) for a, b, o in results])
         pairs = sorted(tallies.values(), key=lambda t: (t.success_rate, -t.results, t.delegator, t.delegatee))
         # Utilisation: the served records and the uses the projector folded from the facts topic.
-        from somnus.projections.writer import decode_served
-        from somnus.schemas.briefing import FactUsed
-
         served_rows = _rows(self.con.execute(
             "SELECT briefing_id, agent, session_id, served_at, facts FROM briefings_served "
             "ORDER BY served_at DESC LIMIT 5000"))
@@ -528,8 +518,6 @@ class ReadService:
     def sql(self, sql: Any = None, params: Any = None) -> dict[str, Any]:
         """One SELECT in the SQL sandbox (projections/sql_sandbox.py): its own cursor, parser-checked,
         interrupted after SOMNUS_SQL_TIMEOUT_S."""
-        from somnus.projections.sql_sandbox import SqlRefused, SqlSandbox, SqlTimeout
-
         if not isinstance(sql, str):
             raise BadRequest("body field `sql`: a SELECT statement is required")
         if params is not None and not isinstance(params, (list, tuple)):

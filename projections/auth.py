@@ -7,7 +7,7 @@ Python client on this machine. Both are 0600. A token is 32 random bytes, URL-sa
 A principal is what a token stands for:
 
 - **operator**: every route;
-- **agent A**: the routes of ``/agents/A/...`` (they read A's scope chain, ``somnus.agents.scope_chain``);
+- **agent A**: the routes of ``/agents/A/...`` (they read A's scope chain, ``somnus.schemas.agents.scope_chain``);
 - **agent A + user U**: A's routes with ``user_id`` forced to U (another user's id: 403); every
   agent route takes ``user_id`` and answers with U's items and user-less ones only, or nothing of
   what is derived from several users (``somnus.projections.api.WITHHELD``). A route added later

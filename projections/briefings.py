@@ -41,8 +41,10 @@ from somnus.processors.briefing.generator import (
     readers_by_scope,
 )
 from somnus.schemas.briefing import BriefingGenerated
-from somnus.agents import DEFAULT_MAX_EPISODES, AgentSpec, scope_chain
+from somnus.schemas.agents import DEFAULT_MAX_EPISODES, AgentSpec, scope_chain
 from somnus.projections.frames import registered
+from somnus.schemas.semantic import Provenance
+import time
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 BRIEFING_INTERVAL_S = 0.5  # while batches keep coming, stale briefings are rendered at most this often
@@ -105,8 +107,6 @@ class BriefingCache:
         """Render stale briefings and write the changed ones, in one transaction of its own: all of
         them, or with ``budget_s`` chunks of them (urgent agents first) until the budget is spent;
         ``urgent_only``: just the agents with news of their own (the projector, after each batch)."""
-        import time
-
         if self.recent.resolved:  # concepts whose episodes have now arrived: their readers are stale
             readers = readers_by_scope(self.agents)
             known = self.known_agents(con, ())
@@ -300,8 +300,6 @@ def knowledge_items(memory: Any, recent: RecentInputs | None = None) -> list[Kno
     (``recent.episode_agent``; an id not projected yet is awaited), whether it was learned from data
     or ingested. A concept with no definition (a parent
     such as ``unreliable_tool``) says nothing to read and is left out."""
-    from somnus.schemas.semantic import Provenance
-
     owner = memory.owner
     known = recent.episode_agent if recent is not None else {}
 

@@ -44,7 +44,13 @@ import duckdb
 import msgspec
 import pyarrow as pa
 
-from somnus.schemas.forget import KIND_FORGET, ForgetRequested
+from somnus.schemas.forget import ForgetRequested
+from pathlib import Path
+from somnus.schemas.memory import KIND_ACCESS
+from somnus.schemas.lifecycle import KIND_SLEEP
+from somnus.projections.briefings import RecentInputs
+from somnus.projections.causal import CausalProjection
+from somnus.projections.knowledge import KnowledgeProjection
 from somnus.projections.frames import registered
 
 log = logging.getLogger("somnus.projector")
@@ -145,9 +151,6 @@ class Forgetting:
         """A memory-topic record of units without those of forgotten subjects (a copy of ``rec``), so the
         capture fold never takes them: purging them afterwards would mean replaying the whole memory log
         into the fold again. Other records, and units that cannot be read here, are left to the fold."""
-        from somnus.schemas.memory import KIND_ACCESS
-        from somnus.projections.sleep import KIND_SLEEP
-
         if kind in (KIND_ACCESS, KIND_SLEEP) or not rec.value:
             return rec
         try:
@@ -247,10 +250,6 @@ class Forgetting:
                                            [SCRUB_PENDING]).fetchone()[0]:
                 self.pending = not scrub(con)
             return
-        from somnus.projections.briefings import RecentInputs
-        from somnus.projections.causal import CausalProjection
-        from somnus.projections.knowledge import KnowledgeProjection
-
         rows = purged.rows
         seen.episodes -= purged.episodes
         if "dead_letters" in rows:
@@ -344,7 +343,7 @@ _IN_M = "IN (SELECT m FROM m_frame)"
 _COMMITTED_CHECKS = [
     f"SELECT count(*) FROM events WHERE (agent, session_id) {_IN_S}",
     f"SELECT count(*) FROM working_memory WHERE (agent, session_id) {_IN_S}",
-    f"SELECT count(*) FROM dead_letters WHERE msg_key IN (SELECT session_id::BLOB FROM s_frame)",
+    "SELECT count(*) FROM dead_letters WHERE msg_key IN (SELECT session_id::BLOB FROM s_frame)",
     *(f"SELECT count(*) FROM {t} WHERE {c}::VARCHAR {_IN_E}" for t, c in (
         ("episodes", "episode_id"), ("triples", "evidence"), ("entity_versions", "episode_id"),
         ("entity_aliases", "episode_id"), ("knowledge_inputs", "episode_id"), ("causal_link_updates", "episode_id"))),
@@ -530,8 +529,6 @@ def _fill_free_blocks(con: duckdb.DuckDBPyConnection) -> None:
 
 def file_hits(db_path: Any, needles: Sequence[str]) -> dict[str, int]:
     """How often each needle's UTF-8 bytes occur in the DuckDB file and its WAL (raw bytes)."""
-    from pathlib import Path
-
     data = [p.read_bytes() for p in (Path(db_path), Path(f"{db_path}.wal")) if p.exists()]
     return {n: sum(d.count(n.encode()) for d in data) for n in needles}
 
@@ -546,40 +543,4 @@ def rows_with(con: Any, needles: Sequence[str]) -> dict[str, dict[str, int]]:
             c = con.execute(f"SELECT count(*) FROM {t} x WHERE contains(x::VARCHAR, ?)", [n]).fetchone()[0]
             if c:
                 out.setdefault(n, {})[t] = c
-    return out
-
-
-async def topic_hits(bootstrap: str, topics: Sequence[str], needles: Sequence[str], settings: Any = None
-                     ) -> dict[str, dict[str, int]]:
-    """Records of each topic (offset 0 to its end, as the projector reads them) whose key or value
-    holds a needle's bytes: {needle: {topic: records}}."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
-
-    from somnus.config import kafka_options
-    from somnus.streams.topics import partitions_of
-
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
-                                auto_offset_reset="earliest", **kafka_options(settings))
-    await consumer.start()
-    out: dict[str, dict[str, int]] = {}
-    try:
-        tps = [TopicPartition(t, p) for t in topics for p in await partitions_of(consumer, t)]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        end = await consumer.end_offsets(tps)
-        pos = {tp: 0 for tp in tps}
-        raw = [(n, n.encode()) for n in needles]
-        while any(pos[tp] < end[tp] for tp in tps):
-            batch = await consumer.getmany(timeout_ms=1000, max_records=5000)
-            if not batch:
-                continue
-            for tp, recs in batch.items():
-                for r in recs:
-                    pos[tp] = r.offset + 1
-                    body = (r.key or b"") + b"\x00" + (r.value or b"")
-                    for n, b in raw:
-                        if b in body:
-                            out.setdefault(n, {})[tp.topic] = out.get(n, {}).get(tp.topic, 0) + 1
-    finally:
-        await consumer.stop()
     return out

@@ -1,7 +1,7 @@
 """KnowledgeStore: the typed read interface over the knowledge projections, scoped to a reading agent.
 
 Every read takes the reading agent and returns only facts in its scope chain (own agent scope,
-its team, extra ``knowledgeScopes``, global; ``somnus.agents.scope_chain``). Entities are visible
+its team, extra ``knowledgeScopes``, global; ``somnus.schemas.agents.scope_chain``). Entities are visible
 to an agent when a fact in its chain mentions them. Writes do not happen here: facts are published
 to the ``facts`` topic (``KnowledgeStore.assert_facts``) and the projector, the only writer, folds
 them into the log. ``sql`` is the read-only escape hatch for analysts; it is not scoped.
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from pathlib import Path
 from typing import Any, Protocol
 
 import duckdb
@@ -29,7 +28,9 @@ import msgspec
 
 from somnus.processors.knowledge.triples import Triple
 from somnus.projections.schema import FACTS_TOP_K
-from somnus.agents import AgentSpec, scope_chain
+from somnus.schemas.agents import AgentSpec, scope_chain
+import heapq
+from somnus.projections.queries import check_read_only
 
 
 class Backend(Protocol):
@@ -48,19 +49,6 @@ class DuckDBBackend:
             return cols, [list(r) for r in rel.fetchall()]
         finally:
             cur.close()
-
-
-class ReadsBackend:
-    """Through the running projector when it holds the file, else the file opened read-only."""
-
-    def __init__(self, db: Path) -> None:
-        self.db = db
-
-    def query(self, sql: str, params: Sequence[Any]) -> tuple[list[str], list[list[Any]]]:
-        from somnus import reads
-
-        res = reads.sql(self.db, sql, list(params))
-        return res["columns"], res["rows"]
 
 
 Fact = Triple  # a fact as read: one row of the triple log
@@ -137,11 +125,9 @@ class TopFacts:
             self.by_scope.update(fresh)
 
     def best(self, chain: Sequence[str], limit: int, min_confidence: float) -> list[Fact]:
-        import heapq
-
         lists = [self.by_scope.get(s, []) for s in chain]
         merged = heapq.merge(*lists, key=lambda f: (-f.confidence, -f.count, f.triple_id))
-        out = []
+        out: list[Fact] = []
         for f in merged:
             if f.confidence < min_confidence or len(out) == limit:
                 break
@@ -156,10 +142,6 @@ class KnowledgeStore:
         self.agents = agents
         self.use_top = use_top  # False only to measure what facts_top saves (somnus bench facts-query)
         self.top = top  # the projector's in-memory facts_top
-
-    @classmethod
-    def open(cls, db: Path, agents: dict[str, AgentSpec]) -> KnowledgeStore:
-        return cls(ReadsBackend(db), agents)
 
     def scope_chain(self, agent: str) -> list[str]:
         return scope_chain(self.agents, agent)
@@ -284,8 +266,6 @@ class KnowledgeStore:
 
     def sql(self, query: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
         """Read-only raw SQL over every projection (not scoped: an analyst's tool, not an agent's)."""
-        from somnus.projections.queries import check_read_only
-
         check_read_only(query)
         return self._rows(query, params)
 

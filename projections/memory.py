@@ -26,11 +26,13 @@ from somnus.processors.episodic.capture import MemoryState, apply, capture
 from somnus.processors.episodic.index import IndexConfig
 from somnus.processors.prediction.oscillators import OscillatorState, observe
 from somnus.processors.sleep.job import bounded_time
-from somnus.projections.sleep import KIND_SLEEP
+from somnus.schemas.lifecycle import KIND_SLEEP
 from somnus.schemas.lifecycle import SleepRequested, SleepTrigger
 from somnus.projections.frames import registered
 from somnus.schemas.memory import (
     KIND_ACCESS, CaptureAction, CaptureDecided, MemoryAccessed, MemoryEvent, MemoryLinked, MemoryUnit)
+import functools
+import snowballstemmer
 
 log = logging.getLogger("somnus.projector")
 
@@ -45,10 +47,6 @@ def stemmer() -> Any:
     """The English Snowball stemmer (fixed: the index of a replay must tokenise the same way).
 
     Memoised: it is pure Python (~100 µs a word) and a fleet's vocabulary repeats."""
-    import functools
-
-    import snowballstemmer
-
     return functools.lru_cache(maxsize=1 << 18)(snowballstemmer.stemmer("english").stemWord)
 
 

@@ -13,7 +13,12 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from somnus.config import Settings, kafka_options
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+
+from somnus.config import Settings
+from somnus.streams.connection import kafka_options
+from somnus.streams.topics import partitions_of
 
 Positions = tuple[dict[str, dict[int, int]], dict[str, dict[int, int]]]  # (end offsets, worker committed)
 
@@ -21,18 +26,13 @@ Positions = tuple[dict[str, dict[int, int]], dict[str, dict[int, int]]]  # (end 
 async def kafka_positions(settings: Settings, bootstrap: str) -> Positions:
     """The end offsets of the projected topics and observations, and the worker group's committed offsets
     of the topics it consumes (traces, episodes, observations), by topic and partition."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
-    from aiokafka.admin import AIOKafkaAdminClient
-
-    from somnus.streams.topics import partitions_of
-
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
                                 **kafka_options(settings))
     await consumer.start()
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **kafka_options(settings))
     await admin.start()
     try:
-        tps = []
+        tps: list[Any] = []
         for topic in (*settings.projected_topics, settings.observations_topic):
             tps.extend(TopicPartition(topic, p) for p in await partitions_of(consumer, topic))
         ends: dict[str, dict[int, int]] = {}

@@ -17,7 +17,6 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -25,23 +24,34 @@ import duckdb
 from aiohttp import web
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from somnus.projections import api, auth, positions, queries, schema
+from somnus.projections import api, auth, positions, schema
 from somnus.projections.endpoint import endpoint_file
+from somnus.projections.http import make_app
 from somnus.projections.briefings import BRIEFING_INTERVAL_S, REFRESH_BUDGET_S
 from somnus.projections.sql_sandbox import SqlSandbox, harden
 from somnus.schemas.codec import encode
 from somnus.schemas.memory import KIND_ACCESS
-from somnus.projections.writer import KIND_SERVED, BatchResult, ReadModels, Topics, apply_guarded, load_offsets
-from somnus.client import LARGE_RECORDS
+from somnus.projections.writer import BatchResult, ReadModels, Topics, apply_guarded, load_offsets
+from somnus.schemas.briefing import KIND_SERVED
+from somnus.streams.connection import LARGE_RECORDS
+from somnus.streams import kafka_compat
 from somnus.streams.kafka_compat import track_topics_sent_to
-from somnus.config import Settings, kafka_options
+from somnus.config import Settings
+from somnus.streams.connection import kafka_options
 from somnus.streams.topics import partitions_of
+from somnus.broker import BrokerError, await_broker, bootstrap_for
+import sys
+from somnus.procs import private_files, tune_gc
+from somnus.schemas.agents import load_agents
+import msgspec
+from somnus.projections.semantic import promotion_inputs
+from somnus.schemas.semantic import KIND_PROMOTE
+from somnus.projections.briefing_server import BriefingServer
 
 log = logging.getLogger("somnus.projector")
 # A batch or a briefing refresh longer than this is logged, with where its time went.
 SLOW_S = float(os.environ.get("SOMNUS_SLOW_BATCH_S", "1.0"))
 LOCK_WAIT_S = 60.0  # how long a starting projector waits for readers to let go of the file
-OFFLOOP_THREADS = 4  # analysts' queries that run at once (projections/sql_sandbox.py); more wait their turn
 
 
 async def connect_when_free(path: Path, timeout_s: float = LOCK_WAIT_S) -> duckdb.DuckDBPyConnection:
@@ -141,7 +151,6 @@ class Projector:
         self.max_records = max_records
         self.totals = BatchResult()
         self.stage_s: dict[str, float] = {}  # seconds per apply_batch stage (BatchResult.timings), summed
-        from somnus.agents import load_agents
 
         self.agents = load_agents(settings.agents_dir)
         self._stop = asyncio.Event()
@@ -262,9 +271,7 @@ class Projector:
         the requests on the topic are the record."""
         if self._producer is None:
             return
-        import msgspec
 
-        from somnus.projections.semantic import KIND_PROMOTE, promotion_inputs
 
         async with self.write_lock:
             inputs = await asyncio.to_thread(promotion_inputs, con.cursor(), "global")
@@ -339,7 +346,6 @@ class Projector:
         home = Path(self.settings.home)
         auth.ensure_operator_token(home)
         app = make_app(service, api.all_routes(), self.write_lock, tokens=auth.TokenStore(home))
-        from somnus.projections.briefing_server import BriefingServer
 
         self._briefing_server = BriefingServer(served, home)
         briefing_port = await self._briefing_server.start(models.briefings.current.values())
@@ -356,79 +362,13 @@ class Projector:
         return runner
 
 
-def route_handler(service: api.ReadService, route: api.Route, write_lock: asyncio.Lock | None = None,
-                  offloop: Executor | None = None) -> Any:
-    """The aiohttp handler of ``route`` on ``service``: parameters from the query (and a POST's JSON
-    body), errors as 400/404 with the message; reads of a fold's in-memory state take ``write_lock``
-    so they never see a batch half applied; a route that may run long (``Route.offloop``: analysts'
-    SQL) runs in ``offloop``'s threads, so the event loop keeps answering (and the writer's threads
-    are not taken)."""
-    async def handle(request: web.Request) -> web.Response:
-        params: dict[str, Any] = dict(request.query)
-        if route.method == "POST":
-            try:
-                body = await auth.json_body(request)  # bounded in size and depth; read once by the guard
-            except auth.Refused as exc:
-                return exc.response()
-            if not isinstance(body, dict):
-                return web.json_response({"error": "the body must be a JSON object"}, status=400)
-            params.update(body)
-        try:
-            if route.stateful and write_lock is not None:  # not while a batch changes the state
-                async with write_lock:
-                    result = api.call(service, route, request.match_info.get("agent"), params)
-            elif route.offloop:  # its JSON is made there too: a large answer does not hold the loop either
-                text = await asyncio.get_running_loop().run_in_executor(
-                    offloop, lambda: _dumps(api.call(service, route, request.match_info.get("agent"), params)))
-                return web.Response(text=text, content_type="application/json")
-            else:
-                result = api.call(service, route, request.match_info.get("agent"), params)
-        except api.NotFound as exc:
-            return web.json_response({"error": str(exc)}, status=404)
-        except (api.BadRequest, queries.NotReadOnly, duckdb.Error) as exc:
-            return web.json_response({"error": str(exc)}, status=400)
-        except RecursionError:  # a JSON parameter (filters, args) nested too deep for the parser
-            return web.json_response({"error": "a parameter is nested too deep"}, status=400)
-        return web.json_response(result, dumps=_dumps)
-    return handle
-
-
-def make_app(service: api.ReadService, routes: list[api.Route], write_lock: asyncio.Lock | None = None, *,
-             tokens: auth.TokenStore) -> web.Application:
-    """An aiohttp app answering ``routes`` on ``service`` (``route_handler``) and ``GET /openapi.json``,
-    every request checked by ``auth.guard`` against ``tokens`` (the bearer token, Host, content type, body)."""
-    async def openapi(request: web.Request) -> web.Response:
-        return web.json_response(api.openapi())
-
-    app = web.Application(middlewares=[auth.guard(tokens)], client_max_size=auth.MAX_BODY_BYTES)
-    pool = ThreadPoolExecutor(OFFLOOP_THREADS, thread_name_prefix="somnus-sql")
-
-    async def stop_offloop(app: web.Application) -> None:  # a stopping server interrupts analysts' queries
-        if getattr(service, "sandbox", None) is not None:
-            service.sandbox.interrupt()
-        pool.shutdown(wait=False, cancel_futures=True)
-
-    app.on_cleanup.append(stop_offloop)
-    app.add_routes([web.route(r.method, r.path, route_handler(service, r, write_lock, pool)) for r in routes])
-    app.add_routes([web.get("/openapi.json", openapi)])
-    return app
-
-
-def _dumps(obj: Any) -> str:
-    return json.dumps(obj, default=str)
-
-
 def main() -> None:
     """Entry point: ``python -m somnus.projections.projector`` (settings from the environment)."""
-    from somnus.broker import BrokerError, await_broker, bootstrap_for
-
     logging.basicConfig(level=logging.WARNING)
     # The writer thread holds the GIL for long stretches of Python (folds); a shorter switch interval
     # lets the HTTP thread answer reads within a millisecond or two meanwhile.
-    import sys
 
     sys.setswitchinterval(0.001)
-    from somnus.procs import private_files, tune_gc
 
     private_files()  # the DuckDB file, its WAL and the endpoint file: 0600
     tune_gc()
@@ -438,6 +378,7 @@ def main() -> None:
         await_broker(bootstrap, settings.broker_wait_s, log)
     except BrokerError as exc:
         sys.exit(f"somnus projector: {exc}")
+    kafka_compat.apply()  # before any Kafka client is made (somnus.streams.kafka_compat)
     projector = Projector(settings, bootstrap)
     loop = asyncio.new_event_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

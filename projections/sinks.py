@@ -27,7 +27,7 @@ from somnus.projections.forget import Purged
 from somnus.projections.frames import registered
 from somnus.projections.knowledge import KnowledgeProjection
 from somnus.projections.read_models import DeadLetterKey, ReadModels
-from somnus.schemas.briefing import BriefingServed, FactPromoted
+from somnus.schemas.briefing import KIND_PROMOTION, KIND_SERVED, BriefingServed, FactPromoted
 from somnus.schemas.codec import (MAX_DEPTH, Rejection, check_json, dead_letter_original, decode_bounded, decode_record,
                                   encode, poison_reason, truncated_note, uuid_texts)
 from somnus.schemas.episodes import EpisodeDistilled
@@ -36,8 +36,6 @@ from somnus.schemas.facts import FactsExtracted
 from somnus.schemas.forget import KIND_FORGET, ForgetRequested
 from somnus.schemas.working_memory import WorkingMemoryState
 
-KIND_PROMOTION = b"promotion"  # header somnus-kind on the facts topic: a FactPromoted
-KIND_SERVED = b"briefing-served"  # a BriefingServed
 # (no header: a FactsExtracted)
 
 _promotion_decoder = msgspec.json.Decoder(FactPromoted)

@@ -50,8 +50,6 @@ from somnus.projections.frames import registered
 
 log = logging.getLogger("somnus.projector")
 
-KIND_SLEEP = b"sleep"  # header somnus-kind on the memory topic: a SleepRequested
-
 
 class SleepState(msgspec.Struct):
     clock: SleepClock = SleepClock()

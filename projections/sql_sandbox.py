@@ -52,6 +52,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import duckdb
+from somnus.config import Settings
 
 # Table functions a query may call: generators, JSON, and the catalog's own descriptions. The rest
 # read files (read_csv, read_text, glob, parquet_*...), run other SQL (query, query_table), or show
@@ -167,8 +168,6 @@ class SqlSandbox:
     @classmethod
     def from_settings(cls, con: duckdb.DuckDBPyConnection, settings: Any = None) -> SqlSandbox:
         """A sandbox with the limits of ``settings`` (default: resolved from the environment)."""
-        from somnus.config import Settings
-
         s = settings or Settings.resolve()
         return cls(con, timeout_s=s.sql_timeout_s, memory_limit=s.sql_memory_limit, threads=s.sql_threads)
 

@@ -39,7 +39,11 @@ from somnus.projections.sinks import (KIND_PROMOTION, KIND_SERVED, BatchResult, 
                                       ForgetStep, LinkUpdatesSink, MemorySink, Record, SemanticSink, Sink, TracesSink,
                                       WorkingMemorySink, _header, _promotion_decoder, _served_decoder)
 from somnus.schemas.briefing import BriefingServed, FactPromoted
+from somnus.projections.causal import UpdateRow
 from somnus.schemas.codec import MAX_DEPTH, Rejection, decode_bounded, poison_reason, truncated_note
+from somnus.schemas.lifecycle import KIND_SLEEP, SleepRequested
+from somnus.schemas.memory import KIND_ACCESS, MemoryAccessed, MemoryUnit
+from somnus.schemas.semantic import KIND_INGEST, KIND_PROMOTE, KnowledgeIngested, PromotionRequested
 
 __all__ = ["KIND_PROMOTION", "KIND_SERVED", "BatchResult", "ReadModels", "Record", "Topics", "apply_batch",
            "apply_guarded", "decode_promotion", "decode_served", "load_offsets"]
@@ -246,12 +250,6 @@ def _merged(a: BatchResult, b: BatchResult) -> BatchResult:
 def _undecodable(topics: Topics, rec: Record, max_depth: int) -> str | None:
     """Why a record folded outside ``apply_batch``'s decoding cannot be decoded with its fold's type
     (memory, semantic, link updates), or None."""
-    from somnus.projections.causal import UpdateRow
-    from somnus.projections.semantic import KIND_INGEST, KIND_PROMOTE, KnowledgeIngested, PromotionRequested
-    from somnus.projections.sleep import KIND_SLEEP
-    from somnus.schemas.lifecycle import SleepRequested
-    from somnus.schemas.memory import KIND_ACCESS, MemoryAccessed, MemoryUnit
-
     kind = _header(rec, "somnus-kind")
     if rec.topic == topics.memory:
         what, t = {KIND_ACCESS: ("memory accesses", list[MemoryAccessed]), KIND_SLEEP: ("sleep request", SleepRequested)

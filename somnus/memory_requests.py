@@ -24,7 +24,7 @@ def _send(bootstrap: str, topic: str, records: list[tuple[bytes | None, bytes, A
 
 def promote(s: Settings, bootstrap: str, moves: list[Any]) -> None:
     """Publish manual promotions (``processors.knowledge.swarm_metrics.manual_promotions``) to the facts topic."""
-    from somnus.projections.writer import KIND_PROMOTION
+    from somnus.schemas.briefing import KIND_PROMOTION
     from somnus.schemas.codec import encode
 
     _send(bootstrap, s.facts_topic, [(m.source.encode(), encode(m), KIND_PROMOTION) for m in moves])
@@ -42,7 +42,7 @@ def forget(s: Settings, bootstrap: str, kind: str, value: str, reason: str | Non
 
 def ingest_knowledge(s: Settings, bootstrap: str, owner: str, source: str, concepts: list[Any], at: datetime) -> Any:
     """Publish concepts of a document for ``owner``'s semantic memory (DIRECT_INGESTION)."""
-    from somnus.projections.semantic import KIND_INGEST, KnowledgeIngested
+    from somnus.schemas.semantic import KIND_INGEST, KnowledgeIngested
     from somnus.schemas.codec import encode
 
     req = KnowledgeIngested(owner=owner, source=source, at=at, concepts=concepts)
@@ -54,7 +54,7 @@ def consolidate(s: Settings, bootstrap: str, owner: str, inputs: dict[str, Any],
     """Publish a promotion request for ``owner`` from a snapshot of its promotion inputs."""
     import msgspec
 
-    from somnus.projections.semantic import KIND_PROMOTE, PromotionRequested
+    from somnus.schemas.semantic import KIND_PROMOTE, PromotionRequested
     from somnus.schemas.codec import encode
 
     req = msgspec.convert({**inputs, "at": at.isoformat()}, PromotionRequested, strict=False)
@@ -64,7 +64,7 @@ def consolidate(s: Settings, bootstrap: str, owner: str, inputs: dict[str, Any],
 
 def sleep(s: Settings, bootstrap: str, inputs: dict[str, Any], at: datetime, requested_by: str) -> Any:
     """Publish a deep sleep (memory topic: hippocampus sleep), then the global promotion it leads to."""
-    from somnus.projections.sleep import KIND_SLEEP
+    from somnus.schemas.lifecycle import KIND_SLEEP
     from somnus.schemas.codec import encode
     from somnus.schemas.lifecycle import SleepRequested
 

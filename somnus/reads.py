@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -80,9 +82,9 @@ def _http(url: str, body: dict[str, Any] | None = None, headers: dict[str, str] 
         with urllib.request.urlopen(req, timeout=120) as resp:
             return json.loads(resp.read())
     except urllib.error.HTTPError as exc:
-        body = exc.read()
+        answer = exc.read()
         try:
-            message = json.loads(body).get("error", str(exc))
+            message = json.loads(answer).get("error", str(exc))
         except ValueError:
             message = f"{exc} (the projector's log has the details)"
         if exc.code in (401, 403):
@@ -128,7 +130,7 @@ def _read_file(db: Path, route: Any, agent: str | None, agents_dir: Path | None,
         raise ReadError(f"no database at {db} (run `somnus up` or `somnus replay --to {db}`)")
     import duckdb
 
-    from somnus.agents import load_agents
+    from somnus.schemas.agents import load_agents
     from somnus.projections import api, queries
 
     if route.handler == "sql":
@@ -199,6 +201,7 @@ def status(settings: Settings, bootstrap: str) -> dict[str, Any]:
         memory = read(db, "memory", agents_dir=settings.agents_dir)
     except ReadError:
         memory = None
+
     from somnus.supervisor import processes
 
     return {
@@ -223,8 +226,6 @@ def status(settings: Settings, bootstrap: str) -> dict[str, Any]:
 def wait_idle(settings: Settings, bootstrap: str, timeout_s: float = 600.0, poll_s: float = 0.5,
               stable_polls: int = 2) -> dict[str, Any]:
     """Wait until every topic is projected and the worker has committed everything it consumed."""
-    import time
-
     deadline = time.monotonic() + timeout_s
     res: dict[str, Any] = {}
     streak = 0
@@ -257,3 +258,22 @@ def inspect_report(store: Any, agent: str, n_episodes: int, n_facts: int) -> dic
                           "summary": e["summary"]} for e in eps],
             "lessons": lessons, "facts": facts, "entities": entities,
             "briefing": (briefing[0]["markdown"] or None) if briefing else None}
+
+
+class ReadsBackend:
+    """A ``KnowledgeStore`` backend: through the running projector when it holds the file, else the
+    file opened read-only."""
+
+    def __init__(self, db: Path) -> None:
+        self.db = db
+
+    def query(self, sql_text: str, params: Sequence[Any]) -> tuple[list[str], list[list[Any]]]:
+        res = sql(self.db, sql_text, list(params))
+        return res["columns"], res["rows"]
+
+
+def knowledge_store(db: Path, agents: dict[str, Any]) -> Any:
+    """What ``agents`` know (a ``KnowledgeStore``), read from ``db`` as ``ReadsBackend`` does."""
+    from somnus.projections.knowledge_store import KnowledgeStore  # not on the HTTP read path
+
+    return KnowledgeStore(ReadsBackend(db), agents)

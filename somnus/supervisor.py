@@ -33,6 +33,7 @@ from typing import Any
 from somnus import broker as broker_mod
 from somnus import procs
 from somnus.config import Settings
+import argparse
 
 log = logging.getLogger("somnus.supervisor")
 
@@ -242,8 +243,6 @@ def serve(settings: Settings, bootstrap: str, broker: bool, say: Callable[[str],
 
 def main() -> None:
     """Entry point: ``python -m somnus.supervisor [--broker]`` (settings and KAFKA_BOOTSTRAP from the environment)."""
-    import argparse
-
     parser = argparse.ArgumentParser(prog="somnus-supervisor")
     parser.add_argument("--broker", action="store_true", help="Watch the local broker too.")
     args = parser.parse_args()

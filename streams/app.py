@@ -24,7 +24,7 @@ from faust.tables.table import Table
 from faust.types import EventT
 import msgspec
 
-from somnus.processors.sessions.distiller import SessionState, decode_state, distill, encode_state, session_key
+from somnus.processors.sessions.distiller import SessionState, decode_state, encode_state, session_key
 from somnus.processors.sessions.batch import distill_rounds
 from somnus.processors.sessions.session_retention import MarkerHeap, micros, record_cap, sift, stream_times
 from somnus.processors.working.session_buffer import WorkingMemorySettings
@@ -38,12 +38,20 @@ from somnus.schemas.episodes import EpisodeDistilled
 from somnus.schemas.codec import (Rejection, dead_letter_original, decode_bounded, decode_record, encode, poison_reason,
                           record_rejection, truncated_note)
 from somnus.streams.kafka_compat import track_topics_sent_to
-from somnus.config import Settings, kafka_options
-from somnus.streams.liveness import PartitionWatchdog, RecoveryWatchdog, SomnusApp, install_diagnostics, watch
+from somnus.streams.kafka_compat.offsets import chop_gaps_from, clear_read_offset
+from somnus.config import Settings
+from somnus.streams.connection import kafka_options
+from somnus.streams.liveness import PartitionWatchdog, RecoveryWatchdog, install_diagnostics, watch
+from somnus.streams.kafka_compat.consumer import SomnusApp
 from somnus.streams.metrics import WorkerCounters
 from somnus.streams.ordering import (Admitted, OffsetGuard, decode_clock, decode_position, position_key,
                               positions_writer)
 from somnus.streams.topics import signature_partition
+from somnus.schemas.agents import load_agents
+from somnus.processors.prediction.causal_links import alphas_for
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from somnus.processors.knowledge.extraction import TraceExtractor
+from somnus.streams.llm_extractor import AnthropicExtractor, LLMExtractorConfig
 
 log = logging.getLogger("somnus.worker")
 
@@ -296,8 +304,6 @@ class Distiller:
     @classmethod
     def create(cls, settings: Settings, bootstrap: str, worker_name: str = "worker") -> Distiller:
         """The worker's Faust app, its topics and tables, and the distiller's agents on it."""
-        from somnus.agents import load_agents
-        from somnus.processors.prediction.causal_links import alphas_for
 
         track_topics_sent_to()  # before Faust's producer sends anything (see its docstring)
         app = _faust_app(settings, bootstrap, worker_name)
@@ -859,15 +865,14 @@ def make_guard(app: faust.App, bootstrap: str, table: BatchedTable) -> OffsetGua
 
     async def rewind(tp: Any, offset: int) -> None:
         consumer: Any = app.consumer
-        gap = consumer._gap.get(tp)
-        if gap:  # Faust's own "never delivered, count as acked" ranges from here on are wrong
-            gap.chop(offset, 1 << 62)
+        # Faust's own "never delivered, count as acked" ranges from here on are wrong
+        chop_gaps_from(consumer, tp, offset)
         await consumer.seek_wait({tp: offset})
         if not offset:
             # Faust's seek_wait moves the read offset only to an offset > 0, as if 0 meant "none".
             # Left where it was, the fetch loop drops every re-fetched record below it as already
             # read: a hole at offset 0 was never filled (seen: committed 0, read offset 1206).
-            consumer._read_offset[tp] = None
+            clear_read_offset(consumer, tp)
 
     return OffsetGuard(
         position=lambda tp: decode_position(table.get(position_key(tp.topic, tp.partition))),
@@ -878,8 +883,6 @@ def make_guard(app: faust.App, bootstrap: str, table: BatchedTable) -> OffsetGua
 
 async def first_record_at(bootstrap: str, tp: Any, offset: int) -> int | None:
     """The offset of the first record at or after ``offset`` in ``tp`` (None when none comes within 3 s)."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
-
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
                                 auto_offset_reset="earliest", **kafka_options())
     await consumer.start()
@@ -896,12 +899,9 @@ async def first_record_at(bootstrap: str, tp: Any, offset: int) -> int | None:
 
 def make_extractor(settings: Settings) -> Any:
     """The deterministic trace extractor; the LLM one only when a key is configured."""
-    from somnus.processors.knowledge.extraction import TraceExtractor
-
     trace = TraceExtractor()
     if not settings.llm_extractor:
         return trace
-    from somnus.streams.llm_extractor import AnthropicExtractor, LLMExtractorConfig
 
     config = LLMExtractorConfig.from_env(os.environ)
     if not config.enabled:

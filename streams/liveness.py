@@ -30,107 +30,18 @@ import gc
 import logging
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping
+import signal
+from collections.abc import Callable
 from typing import Any
 
 import faust
 from aiokafka import TopicPartition
-from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 
+from somnus.streams.kafka_compat import offsets
+from somnus.streams.kafka_compat.consumer import fetch_position
+
 log = logging.getLogger("somnus.liveness")
-
-
-class RewindingConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
-    """``seek_to_committed`` that also rewinds source partitions with nothing committed, and a
-    livelock check that tolerates partitions with no position yet."""
-
-    def verify_event_path(self, now: float, tp: TP) -> None:
-        if not position_known(self, tp):
-            return None
-        return super().verify_event_path(now, tp)
-
-    async def seek_to_committed(self) -> Mapping[TP, int]:
-        return await self.call_thread(self._seek_to_committed_or_beginning)
-
-    async def _seek_to_committed_or_beginning(self) -> Mapping[TP, int]:
-        consumer = self._ensure_consumer()
-        committed = await consumer.seek_to_committed()
-        changelogs = self.app.tables.changelog_topics
-        never = [tp for tp, offset in committed.items() if not offset and tp.topic not in changelogs]
-        if never:
-            log.info("rewinding partitions with nothing committed to their beginning: %s", never)
-            await consumer.seek_to_beginning(*never)
-        return committed
-
-
-def cap_offsets(offsets: Mapping[TP, int], cap: Callable[[TP], int | None] | None,
-                committed: Mapping[TP, int | None]) -> dict[TP, int]:
-    """``offsets`` to commit, each lowered to its partition's cap; dropped when that is not past
-    what is committed already."""
-    out: dict[TP, int] = {}
-    for tp, offset in offsets.items():
-        limit = cap(tp) if cap is not None else None
-        if limit is not None and offset > limit:
-            offset = limit
-        done = committed.get(tp)
-        if done is None or offset > done:
-            out[tp] = offset
-    return out
-
-
-def position_known(thread: Any, tp: TP) -> bool:
-    """Does aiokafka know the fetch position of ``tp``? False for a partition just assigned and still
-    awaiting its offset reset (aiokafka's ``position`` asserts then), and False when there is no
-    subscription or state for it (mid-rebalance: Faust's check would fail on ``None`` too)."""
-    try:
-        subscription = thread._ensure_consumer()._fetcher._subscriptions.subscription
-        state = subscription.assignment.state_value(TopicPartition(tp.topic, tp.partition))
-    except AttributeError:
-        return False
-    return state is not None and bool(state.has_valid_position)
-
-
-class RewindingConsumer(faust_aiokafka.Consumer):
-    """The consumer of ``RewindingConsumerThread``, whose commits never pass the app's commit cap.
-
-    ``app.somnus_commit_cap(tp)`` is the next offset the agent's state has to apply (see
-    ``somnus.streams.ordering``), or None for a partition without one. Faust's own bookkeeping can count
-    offsets as acknowledged that were never delivered; a commit past them would make the lag of
-    the group lie (0 with a record not applied).
-    """
-
-    def _new_consumer_thread(self) -> RewindingConsumerThread:
-        return RewindingConsumerThread(self, loop=self.loop, beacon=self.beacon)
-
-    def _filter_committable_offsets(self, tps: Any) -> dict[TP, int]:
-        return cap_offsets(super()._filter_committable_offsets(tps), getattr(self.app, "somnus_commit_cap", None),
-                           self._committed_offset)
-
-
-class RewindingTransport(faust_aiokafka.Transport):
-    Consumer = RewindingConsumer
-
-
-class SomnusApp(faust.App):
-    """A Faust app whose consumer rewinds partitions with nothing committed (see module docstring),
-    and that runs its ``early_task``s from its start on."""
-
-    _early_tasks: list[Callable[[], Awaitable[None]]]
-
-    def _new_transport(self) -> Any:
-        return RewindingTransport(self.conf.broker_consumer, self)
-
-    def early_task(self, fun: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
-        """Like ``@app.task``, but started with the app, not after its tables are first restored: Faust
-        starts its tasks only then, so a watchdog of that first recovery has to start earlier."""
-        self.__dict__.setdefault("_early_tasks", []).append(fun)
-        return fun
-
-    async def on_start(self) -> None:
-        await super().on_start()
-        for fun in self.__dict__.get("_early_tasks", ()):
-            self.add_future(fun())
 
 
 class PartitionWatchdog:
@@ -157,7 +68,7 @@ class PartitionWatchdog:
             if tp not in assigned:
                 del self._last[tp]
         for tp in assigned:
-            read, committed = consumer._read_offset.get(tp), consumer._committed_offset.get(tp)
+            read, committed = offsets.read_and_committed(consumer, tp)
             highwater = consumer.highwater(tp)
             behind = committed if committed is not None else 0
             if highwater is None or highwater <= behind:
@@ -178,26 +89,15 @@ class PartitionWatchdog:
         consumer: Any = self.app.consumer
         log.warning("partition %s stalled (committed %s, read offset %s, end %s): rewinding to %s",
                     tp, offset, read, highwater, offset)
-        consumer._acked.pop(tp, None)
-        consumer._acked_index.pop(tp, None)
-        consumer._gap.pop(tp, None)
+        offsets.forget_acks(consumer, tp)
         if offset > 0:
             await consumer.seek_wait({tp: offset})
         else:
             # aiokafka's seek_to_beginning takes only its own TopicPartition (a Faust TP raised
             # TypeError here, every second, and the partition stayed stalled for good)
-            await consumer._thread.seek_to_beginning(TopicPartition(tp.topic, tp.partition))
-            consumer._read_offset.pop(tp, None)
+            await offsets.seek_to_beginning(consumer, tp)
+            offsets.clear_read_offset(consumer, tp)
         self.rewinds += 1
-
-
-def fetch_position(thread: Any, tp: TP) -> int | None:
-    """aiokafka's fetch position of ``tp`` (the next offset it will hand out), or None when unknown
-    (see ``position_known``)."""
-    if not position_known(thread, tp):
-        return None
-    subscription = thread._ensure_consumer()._fetcher._subscriptions.subscription
-    return subscription.assignment.state_value(TopicPartition(tp.topic, tp.partition)).position
 
 
 class RecoveryWatchdog:
@@ -224,7 +124,7 @@ class RecoveryWatchdog:
                 del self._last[tp]
         for tp in active:
             offset, highwater = recovery.active_offsets.get(tp), recovery.active_highwaters.get(tp)
-            position = fetch_position(consumer._thread, tp)
+            position = fetch_position(offsets.consumer_thread(consumer), tp)
             if (offset is None or highwater is None or offset >= highwater or position is None
                     or position <= offset + 1):
                 self._last.pop(tp, None)  # restored, or its next records not fetched yet
@@ -265,8 +165,6 @@ def install_diagnostics(app: faust.App) -> None:
     mode's worker installs its own SIGUSR1 (a stack dump) and SIGUSR2 (pdb, useless without a
     terminal) when it starts, which can be after this: ``somnus.streams.worker.make_worker`` points those
     at these dumps too, so whichever is installed last, these run."""
-    import signal
-
     dump_tasks, dump_consumer = diagnostics(app)
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGUSR1, dump_tasks)
@@ -343,7 +241,8 @@ def diagnostics(app: faust.App) -> tuple[Callable[[], None], Callable[[], None]]
         except Exception as exc:  # diagnostics only
             print(f"    aiokafka state unavailable: {exc!r}", file=sys.stderr)
         try:  # a rebalance's table recovery: what it reads, and how far it got
-            rec: Any = app.tables.recovery
+            tables: Any = app.tables
+            rec: Any = tables.recovery
             print(f"--- recovery: in_recovery {getattr(app, 'in_recovery', None)!r}, completed "
                   f"{rec.completed.is_set()!r}, active highwaters {dict(rec.active_highwaters)!r}, active offsets "
                   f"{dict(rec.active_offsets)!r}, standby highwaters {dict(rec.standby_highwaters)!r}, "
@@ -357,7 +256,8 @@ def diagnostics(app: faust.App) -> tuple[Callable[[], None], Callable[[], None]]
         # A commit once hung in Faust's producer.flush(), waiting on a batch that never completed
         # (Faust's producer request timeout, which is also aiokafka's batch expiry, is 1,200 s).
         try:
-            producer: Any = app.producer._ensure_producer()
+            faust_producer: Any = app.producer
+            producer: Any = faust_producer._ensure_producer()
             acc, sender = producer._message_accumulator, producer._sender
             now = time.monotonic()
             print(f"--- producer: in flight to nodes {sorted(sender._in_flight)!r}, muted "

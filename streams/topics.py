@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Any
 
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
-from somnus.config import Settings, kafka_options
-
-if TYPE_CHECKING:
-    from aiokafka import AIOKafkaConsumer
+from somnus.config import Settings
+from somnus.streams.connection import kafka_options
+from somnus.streams.kafka_compat.metadata import refresh_metadata
 
 
 def topic_specs(settings: Settings) -> dict[str, int]:
@@ -84,7 +85,7 @@ def ensure_topics(settings: Settings, bootstrap: str) -> dict[str, int]:
     return asyncio.run(ensure_topics_async(bootstrap, topic_specs(settings), frozenset({settings.traces_topic})))
 
 
-async def partitions_of(consumer: "AIOKafkaConsumer", topic: str, timeout_s: float = 20.0) -> list[int]:
+async def partitions_of(consumer: AIOKafkaConsumer, topic: str, timeout_s: float = 20.0) -> list[int]:
     """The partition ids of ``topic`` as the consumer's metadata knows them (refreshed until found)."""
     deadline = asyncio.get_running_loop().time() + timeout_s
     while True:
@@ -93,10 +94,41 @@ async def partitions_of(consumer: "AIOKafkaConsumer", topic: str, timeout_s: flo
             return sorted(parts)
         if asyncio.get_running_loop().time() > deadline:
             raise RuntimeError(f"topic {topic} does not exist (run `somnus up` or create it first)")
-        await consumer._client.force_metadata_update()
+        await refresh_metadata(consumer)
         await asyncio.sleep(0.1)
 
 
 def signature_partition(signature: str, partitions: int) -> int:
     """The partition of an event signature (hex digest) on the signature-keyed topics: stable, our own."""
     return int(signature[:8], 16) % partitions
+
+
+async def topic_hits(bootstrap: str, topics: Sequence[str], needles: Sequence[str], settings: Any = None
+                     ) -> dict[str, dict[str, int]]:
+    """Records of each topic (offset 0 to its end, as the projector reads them) whose key or value
+    holds a needle's bytes: {needle: {topic: records}}."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
+                                auto_offset_reset="earliest", **kafka_options(settings))
+    await consumer.start()
+    out: dict[str, dict[str, int]] = {}
+    try:
+        tps = [TopicPartition(t, p) for t in topics for p in await partitions_of(consumer, t)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        end = await consumer.end_offsets(tps)
+        pos = {tp: 0 for tp in tps}
+        raw = [(n, n.encode()) for n in needles]
+        while any(pos[tp] < end[tp] for tp in tps):
+            batch = await consumer.getmany(timeout_ms=1000, max_records=5000)
+            if not batch:
+                continue
+            for tp, recs in batch.items():
+                for r in recs:
+                    pos[tp] = r.offset + 1
+                    body = (r.key or b"") + b"\x00" + (r.value or b"")
+                    for n, b in raw:
+                        if b in body:
+                            out.setdefault(n, {})[tp.topic] = out.get(n, {}).get(tp.topic, 0) + 1
+    finally:
+        await consumer.stop()
+    return out

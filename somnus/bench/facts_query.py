@@ -22,7 +22,7 @@ def run_fact_query(triples: int = 1_000_000, agents: int = 200, teams: int = 20,
 
     from somnus.projections import schema
     from somnus.projections.knowledge_store import DuckDBBackend, KnowledgeStore, TopFacts
-    from somnus.agents import AgentSpec
+    from somnus.schemas.agents import AgentSpec
 
     work = Path(tempfile.mkdtemp(prefix="somnus-bench-facts-"))
     try:

@@ -19,7 +19,8 @@ import orjson
 
 from somnus import broker as broker_mod
 from somnus import procs
-from somnus.config import Settings, kafka_options
+from somnus.config import Settings
+from somnus.streams.connection import kafka_options
 
 
 async def _wait_group_stable(bootstrap: str, group: str, timeout_s: float) -> None:

@@ -10,7 +10,7 @@ import typer
 
 from somnus.cli.app import app
 from somnus.cli.common import CsvOpt, HomeOpt, JsonOpt, KeepBrokerOpt, fail, keep_broker
-from somnus.cli.tables import one_of, show
+from somnus.cli.tables import show
 
 eval_app = typer.Typer(help="Retrieval evaluations through the real pipeline.", no_args_is_help=True)
 app.add_typer(eval_app, name="eval")

@@ -30,7 +30,8 @@ def forget(user: Optional[str] = typer.Option(None, "--user", help="Forget this 
     import asyncio
 
     from somnus import memory_requests
-    from somnus.projections.forget import file_hits, topic_hits
+    from somnus.projections.forget import file_hits
+    from somnus.streams.topics import topic_hits
     from somnus.reads import ReadError, sql as read_sql
 
     named = [(k, v) for k, v in (("user", user), ("agent", agent), ("session", session)) if v]

@@ -8,7 +8,7 @@ from typing import Any, Optional
 import typer
 
 from somnus.cli.app import app
-from somnus.cli.common import AT_HELP, BootOpt, DbOpt, HomeOpt, bootstrap, event_time, fail, note, settings
+from somnus.cli.common import AT_HELP, BootOpt, DbOpt, HomeOpt, bootstrap, event_time, fail, settings
 
 IMPORT_CHUNK = 20_000  # events per acknowledged send of `somnus import`
 

@@ -25,7 +25,7 @@ def promote(source: str = typer.Argument(..., help="Source entity (id such as to
     from datetime import timezone
 
     from somnus import memory_requests
-    from somnus.agents import AgentFileError, load_agents
+    from somnus.schemas.agents import AgentFileError, load_agents
     from somnus.cli.common import sql
     from somnus.processors.knowledge.swarm_metrics import PromotionError, manual_promotions
 

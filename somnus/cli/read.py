@@ -105,15 +105,14 @@ def inspect(agent: str = typer.Argument(..., help="The agent whose memory to sho
             facts: int = typer.Option(30, "--facts", help="How many facts (highest confidence first)."),
             as_json: bool = JsonOpt, as_csv: bool = CsvOpt) -> None:
     """What an agent knows: recent episodes and lessons, entities and facts in its scope chain."""
-    from somnus.agents import AgentFileError, load_agents
-    from somnus.projections.knowledge_store import KnowledgeStore
-    from somnus.reads import ReadError, inspect_report
+    from somnus.schemas.agents import AgentFileError, load_agents
+    from somnus.reads import ReadError, inspect_report, knowledge_store
 
     one_of(as_json, as_csv)
     s = settings(home, db)
     try:
         agents = load_agents(s.agents_dir)
-        report = inspect_report(KnowledgeStore.open(db_of(s), agents), agent, episodes, facts)
+        report = inspect_report(knowledge_store(db_of(s), agents), agent, episodes, facts)
     except (AgentFileError, ReadError) as exc:
         fail(str(exc))
     if as_json:

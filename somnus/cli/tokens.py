@@ -25,7 +25,7 @@ def token_create(agent: Optional[str] = typer.Option(None, "--agent", help="The 
                                                        help="Lifetime, e.g. 30d, 12h, 2w: refused (401) after it."),
                  home: Optional[Path] = HomeOpt) -> None:
     """Print a new token (stored hashed in SOMNUS_HOME; shown once): `export SOMNUS_TOKEN=$(somnus token create ...)`."""
-    from somnus.agents import AgentFileError, load_agents
+    from somnus.schemas.agents import AgentFileError, load_agents
     from datetime import datetime, timezone
 
     from somnus.projections.auth import TokenStore, parse_duration

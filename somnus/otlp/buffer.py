@@ -25,7 +25,7 @@ import logging
 import os
 from collections import OrderedDict
 from pathlib import Path
-from typing import Union
+from typing import Any, Union
 
 import msgspec
 
@@ -60,7 +60,7 @@ class TraceBuffer:
         self.path, self.keep_done, self.compact_bytes = Path(path), keep_done, compact_bytes
         self.held: dict[str, dict[str, Held]] = {}
         self.done: OrderedDict[str, frozenset[str]] = OrderedDict()
-        self._file = None
+        self._file: Any = None
         self._load()
 
     # -- the journal -------------------------------------------------------------------------------

@@ -22,6 +22,8 @@ has arrived, or ``trace_timeout_s`` after its last span when no root comes.
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 import argparse
 import asyncio
 import contextlib
@@ -177,7 +179,7 @@ class Receiver:
     async def handle(self, request: web.Request) -> web.Response:
         proto = request.content_type != JSON
         try:
-            principal = _principal(request, self.tokens)
+            principal = _principal(request, self.tokens, datetime.now(timezone.utc))
             if request.content_type not in (PROTOBUF, JSON):
                 raise Refused(415, f"Content-Type {request.content_type!r} is not supported "
                                    f"({PROTOBUF} or {JSON})")

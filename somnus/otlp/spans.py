@@ -203,7 +203,7 @@ def from_json(doc: Any) -> Decoded:
             ss = _obj(ss, "scopeSpans[]")
             scope = str(_obj(ss.get("scope"), "scope").get("name", ""))
             for s in _list(ss, "spans", "scopeSpans[]"):
-                _add(out, lambda s=s: _json_span(_obj(s, "span"), resource, scope))
+                _add(out, lambda s=s, resource=resource, scope=scope: _json_span(_obj(s, "span"), resource, scope))
     return out
 
 
@@ -263,5 +263,5 @@ def from_proto(raw: bytes) -> Decoded:
         resource = proto_attributes(rs.resource.attributes)
         for ss in rs.scope_spans:
             for s in ss.spans:
-                _add(out, lambda s=s, scope=ss.scope.name: _proto_span(s, resource, scope))
+                _add(out, lambda s=s, resource=resource, scope=ss.scope.name: _proto_span(s, resource, scope))
     return out

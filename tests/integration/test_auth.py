@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from somnus.projections import api, auth
-from somnus.projections.projector import endpoint_file
+from somnus.projections.endpoint import endpoint_file
 from somnus.reads import read
 from tests.pipeline import Pipeline, wait_until
 

@@ -21,7 +21,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from somnus.agents import AgentSpec
+from somnus.schemas.agents import AgentSpec
 from somnus.projections import api, auth, schema
 from somnus.projections.projector import make_app
 from tests.projections.test_isolation import marker, project

@@ -12,15 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import ClientSession
 from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from somnus.projections import api, auth
 from somnus.projections.auth import MAX_BODY_BYTES, MAX_DEPTH, Principal, Refused, TokenStore, authorize
-from somnus.projections.projector import make_app
-from somnus.agents import AgentSpec, scope_chain
+from somnus.projections.http import make_app
+from somnus.schemas.agents import AgentSpec, scope_chain
 
 
 # ---- the token store --------------------------------------------------------------------------------
@@ -421,7 +420,7 @@ def test_over_http_no_principal_reads_out_of_scope_in_any_fleet(tmp_path_factory
 
 def test_reads_send_somnus_token_else_the_projectors_token_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                                                                 ) -> None:
-    from somnus.projections.projector import endpoint_file
+    from somnus.projections.endpoint import endpoint_file
     from somnus import reads
 
     db = tmp_path / "x.duckdb"
@@ -439,7 +438,7 @@ def test_reads_send_somnus_token_else_the_projectors_token_file(tmp_path: Path, 
 
 def test_the_read_client_gets_a_clear_error_for_401_and_403(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """somnus.reads over a guarded server: the operator's file works; a scoped SOMNUS_TOKEN gets a 403 it can read."""
-    from somnus.projections.projector import endpoint_file
+    from somnus.projections.endpoint import endpoint_file
     from somnus import reads
 
     async def run() -> None:

@@ -15,9 +15,9 @@ from somnus.projections import api, queries, schema
 from somnus.projections.writer import ReadModels, Topics, apply_batch, load_offsets
 from somnus.schemas.codec import decode_trace, encode
 from somnus.schemas.facts import FactAsserted, FactsExtracted
-from somnus.agents import load_agents
+from somnus.schemas.agents import load_agents
 from somnus.sample import generate
-from tests.records import Rec
+from tests.factories import Rec
 
 TOPICS = Topics("traces", "episodes", "dead-letters", "facts")
 AGENTS = load_agents()  # the built-in fleet: research-lead <- researcher, scraper; ops-lead <- deployer, support
@@ -315,7 +315,8 @@ def test_no_briefing_line_of_one_agent_comes_from_an_unrelated_agents_data(tmp_p
     import msgspec
 
     from somnus.processors.prediction.causal_links import learn, observations_from_episode
-    from somnus.projections.semantic import KIND_PROMOTE, promotion_inputs
+    from somnus.projections.semantic import promotion_inputs
+    from somnus.schemas.semantic import KIND_PROMOTE
     from somnus.importers import openai_chat
 
     topics = Topics("traces", "episodes", "dead-letters", "facts", link_updates="link-updates", semantic="semantic")
@@ -379,7 +380,8 @@ def test_knowledge_from_two_agents_data_is_for_readers_covering_both_even_when_i
     yet), the final briefings are the same bytes."""
     import msgspec
 
-    from somnus.projections.semantic import KIND_PROMOTE, promotion_inputs
+    from somnus.projections.semantic import promotion_inputs
+    from somnus.schemas.semantic import KIND_PROMOTE
 
     topics = Topics("traces", "episodes", "dead-letters", "facts", link_updates="link-updates", semantic="semantic")
     recs, links = _learnt(_billing_events(30) + _billing_events(30, agent="billing2"))

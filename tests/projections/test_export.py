@@ -12,7 +12,7 @@ import polars as pl
 import pytest
 
 from somnus.projections import schema
-from somnus.projections.export import ExportError, day_column, export_parquet, tables_of
+from somnus.projections.export import ExportError, export_parquet, tables_of
 
 
 def _db(path: Path) -> duckdb.DuckDBPyConnection:

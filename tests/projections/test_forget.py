@@ -16,20 +16,16 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
-import msgspec
 import orjson
-import pytest
 
-from somnus.processors.sessions.distiller import distill
 from somnus.projections import forget, schema
-from somnus.projections.forget import KIND_FORGET
+from somnus.schemas.forget import KIND_FORGET
 from somnus.projections.writer import ReadModels, apply_batch, load_offsets
-from somnus.schemas.codec import Rejection, decode_trace, encode
+from somnus.schemas.codec import encode
 from somnus.schemas.forget import ForgetRequested, ForgetSubject
-from somnus.schemas.memory import KIND_UNITS
-from somnus.agents import AgentSpec
+from somnus.schemas.agents import AgentSpec
 from tests.projections.test_isolation import T0, TOPICS, decode_events, marker, session_events, worker_records
-from tests.records import Rec
+from tests.factories import Rec
 
 AGENTS = {"aga": AgentSpec(name="aga")}
 FORGOTTEN, KEPT = "up", "uq"  # users 0 and 1 of test_isolation's naming

@@ -8,12 +8,12 @@ import pytest
 
 from somnus.processors.sessions.distiller import distill
 from somnus.processors.knowledge.extraction import TraceExtractor
-from tests.records import Rec
+from tests.factories import Rec
 from somnus.projections import queries, schema
 from somnus.projections.knowledge_store import DuckDBBackend, KnowledgeStore
 from somnus.projections.writer import ReadModels, Topics, apply_batch, load_offsets
 from somnus.schemas.codec import decode_trace, encode
-from somnus.agents import AgentSpec
+from somnus.schemas.agents import AgentSpec
 from somnus.sample import generate
 
 TOPICS = Topics("traces", "episodes", "dead-letters", "facts")

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from somnus.projections import schema
 from somnus.projections.frames import registered
 from somnus.projections.knowledge_store import DuckDBBackend, KnowledgeStore
-from somnus.agents import AgentSpec, scope_chain
+from somnus.schemas.agents import AgentSpec, scope_chain
 
 T0 = datetime(2024, 5, 1, tzinfo=timezone.utc)
 

@@ -10,16 +10,17 @@ from datetime import datetime, timedelta, timezone
 import duckdb
 import msgspec
 
-from somnus.processors.semantic.promotion import CausalLinkView
-from somnus.processors.prediction.patterns import CallOutcome
+from somnus.schemas.semantic import CausalLinkView
+from somnus.schemas.semantic import CallOutcome
 from somnus.projections import queries, schema
 from somnus.processors.prediction.causal_links import learn
 from somnus.projections.causal import CausalProjection
-from somnus.projections.semantic import KIND_PROMOTE, PromotionRequested, SemanticProjection, promotion_inputs
+from somnus.projections.semantic import SemanticProjection, promotion_inputs
+from somnus.schemas.semantic import KIND_PROMOTE, PromotionRequested
 from somnus.schemas.causal import LinkLevel, OutcomeObserved, Valence, outcome_signature, tool_signature
 from somnus.projections.writer import ReadModels, Topics, apply_batch, load_offsets
 from somnus.schemas.codec import encode
-from tests.records import Rec
+from tests.factories import Rec
 
 TOPICS = Topics("traces", "episodes", "dead-letters", "facts", "link-updates", "memory", "working-memory", "semantic")
 T0 = datetime(2024, 5, 1, tzinfo=timezone.utc)
@@ -116,7 +117,7 @@ def test_promotion_for_an_agent_or_a_team_reads_only_that_scopes_data(tmp_path):
     """An agent's memory learns from its own calls, a team's from its members'; the global owner's
     reads all, and every link names the agents it was observed for."""
     from somnus.processors.prediction.causal_links import DEFAULT_ALPHA
-    from somnus.agents import AgentSpec
+    from somnus.schemas.agents import AgentSpec
 
     con = duckdb.connect(str(tmp_path / "p.duckdb"))
     schema.init(con)

@@ -276,7 +276,7 @@ def test_over_http_a_long_query_leaves_the_other_routes_answering(writer, tmp_pa
     from aiohttp.test_utils import TestClient, TestServer
 
     from somnus.projections import auth
-    from somnus.projections.projector import make_app
+    from somnus.projections.http import make_app
 
     service = api.ReadService(writer.cursor(), {}, sandbox=SqlSandbox(writer, timeout_s=3.0))
     token = auth.ensure_operator_token(tmp_path)

@@ -8,13 +8,14 @@ import duckdb
 import msgspec
 
 from somnus.projections import schema
-from somnus.projections.writer import KIND_SERVED, ReadModels, Topics, apply_batch, load_offsets
+from somnus.projections.writer import ReadModels, Topics, apply_batch, load_offsets
+from somnus.schemas.briefing import KIND_SERVED
 from somnus.schemas.briefing import BriefingServed, ServedFact
 from somnus.schemas.codec import encode
 from somnus.schemas.episodes import episode_id_for
 from somnus.schemas.facts import EntityMention, FactAsserted, FactsExtracted
-from somnus.agents import AgentSpec, LearningRate
-from tests.records import Rec
+from somnus.schemas.agents import AgentSpec, LearningRate
+from tests.factories import Rec
 
 TOPICS = Topics("traces", "episodes", "dead-letters", "facts")
 T0 = datetime(2024, 6, 3, 9, tzinfo=timezone.utc)

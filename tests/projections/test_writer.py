@@ -7,7 +7,7 @@ import orjson
 import pytest
 
 from somnus.processors.sessions.distiller import distill
-from tests.records import Rec
+from tests.factories import Rec
 from somnus.projections import queries, schema
 from somnus.projections.writer import ReadModels, Topics, apply_batch, load_offsets
 from somnus.schemas.codec import decode_trace, encode
@@ -130,7 +130,7 @@ def _guarded(con, records, topics=ALL):
 
 @pytest.mark.parametrize("topic", sorted(POISON_BY_TOPIC))
 def test_a_poison_record_on_an_internal_topic_is_quarantined_and_later_records_are_projected(tmp_path, topic):
-    from somnus.projections.semantic import KIND_INGEST
+    from somnus.schemas.semantic import KIND_INGEST
 
     con = _db(tmp_path)
     good = _records(sessions=3)

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from somnus.processors.knowledge.extraction import error_class
-from somnus.agents import AgentSpec
+from somnus.schemas.agents import AgentSpec
 from somnus.foresight import (
     BriefingSeen,
     FailedCall,

@@ -25,7 +25,7 @@ import pyarrow as pa
 from somnus.processors.episodic.capture import MemoryState, apply, capture
 from somnus.processors.episodic.index import IndexConfig
 from somnus.processors.prediction.oscillators import OscillatorState, observe
-from somnus.processors.sleep.job import bounded_time
+from somnus.processors.sleep.schedule import bounded_time
 from somnus.projections.sleep import KIND_SLEEP
 from somnus.schemas.lifecycle import SleepRequested, SleepTrigger
 from somnus.schemas.memory import (

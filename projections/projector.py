@@ -164,9 +164,9 @@ class Projector:
             tps = await self._partitions(consumer)
             consumer.assign(tps)
             stored = load_offsets(con)
-            from somnus.processors.sleep.job import SleepConfig, validate_schedule
-
             from somnus.processors.prediction.oscillators import OscillatorConfig
+            from somnus.processors.sleep.config import SleepConfig
+            from somnus.processors.sleep.schedule import validate_schedule
 
             seen = Seen(con, self.agents, SleepConfig(schedule=validate_schedule(self.settings.sleep_schedule),
                                                       max_clock_skew_s=self.settings.max_clock_skew_s),

@@ -2,21 +2,21 @@
 
 The memory topic has one partition, so the episodic memory the fold holds before any record is the
 same live and in a replay. Before it applies a units record, the fold advances the sleep clock to
-the record's event time (``somnus.processors.sleep.job.advance``; cron ``SOMNUS_SLEEP_SCHEDULE``, default
+the record's event time (``somnus.processors.sleep.schedule.advance``; cron ``SOMNUS_SLEEP_SCHEDULE``, default
 ``0 3 * * *``): every fire time passed runs a sleep at that time, over the state before the record.
 The event time is bounded by the record's timestamp plus ``SOMNUS_MAX_CLOCK_SKEW_S``
-(``somnus.processors.sleep.job.bounded_time``): units stamped ahead by a runtime's clock do not run the sleeps
+(``somnus.processors.sleep.schedule.bounded_time``): units stamped ahead by a runtime's clock do not run the sleeps
 of nights to come.
 A ``SleepRequested`` record (``somnus sleep``) runs one at its ``at``. The watermark (the last run's
 time) makes a run at or before it a no-op, so running twice changes nothing.
 
 **A stream time per scope.** The fold also keeps, per memory scope (``agent:<name>``), the newest
 (bounded) event time of its units (``SleepState.scopes``), and a run measures each memory's idle
-time to its scope's stream time, never later than the run (``somnus.processors.sleep.job``: column
+time to its scope's stream time, never later than the run (``somnus.processors.sleep.scoring``: column
 ``stream_time``). So another dataset's newer events never make a scope's memories idle: a dataset
 imported after a newer one is judged by its own time, not the other's.
 
-A run's decisions (``somnus.processors.sleep.job.plan_sleep``: protect, compress, prune, re-score, dream…) are
+A run's decisions (``somnus.processors.sleep.plan.plan_sleep``: protect, compress, prune, re-score, dream…) are
 written to ``lifecycle_log`` and its report to ``sleep_runs`` in the transaction of the batch that
 triggered it (a crash means the batch, run included, is redone identically); compressions and
 prunings are applied to the memory index as ``MemoryForgotten`` events, appended to ``memory_log``
@@ -43,7 +43,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from somnus.processors.episodic.capture import apply_all, forget_all
-from somnus.processors.sleep.job import SleepClock, SleepConfig, SleepInputs, advance, bounded_time, plan_sleep
+from somnus.processors.sleep.config import SleepConfig
+from somnus.processors.sleep.plan import SleepInputs, plan_sleep
+from somnus.processors.sleep.schedule import SleepClock, advance, bounded_time
 from somnus.schemas.lifecycle import MemoryCompressed, MemoryPruned, SleepCompleted, SleepTrigger
 from somnus.schemas.memory import ForgetReason
 

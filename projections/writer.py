@@ -33,7 +33,7 @@ import duckdb
 import msgspec
 import pyarrow as pa
 
-from somnus.processors.sleep.job import SleepConfig
+from somnus.processors.sleep.config import SleepConfig
 from somnus.projections.causal import add_temporal_bins
 from somnus.schemas.briefing import BriefingServed, FactPromoted
 from somnus.processors.sessions.session_retention import is_future, micros, record_cap

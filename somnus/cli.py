@@ -780,7 +780,7 @@ def sleep(at: Optional[str] = typer.Option(None, "--at", help="Event time of the
             _fail(str(exc))
         rows = list(reversed(got["rows"]))
         if plot:
-            from somnus.processors.sleep.job import history_figure
+            from somnus.plots import history_figure
             from somnus.schemas.lifecycle import SleepReport
 
             reports = [(datetime.fromisoformat(str(r[1])), msgspec.json.decode(r[3], type=SleepReport)) for r in rows]

@@ -15,7 +15,8 @@ import pytest
 
 from somnus.processors.sessions.distiller import distill
 from somnus.processors.episodic.capture import MemoryState, apply, capture, episode_unit, forget
-from somnus.processors.sleep.job import SleepConfig, SleepInputs, plan_sleep
+from somnus.processors.sleep.config import SleepConfig
+from somnus.processors.sleep.plan import SleepInputs, plan_sleep
 from somnus.projections import schema
 from somnus.projections.memory import new_state
 from somnus.projections.sleep import LOG_COLUMNS, SleepJob, memory_columns

@@ -44,7 +44,8 @@ import pyarrow.compute as pc
 
 from somnus.processors.episodic.capture import apply_all, forget_all
 from somnus.processors.sleep.config import SleepConfig
-from somnus.processors.sleep.plan import SleepInputs, plan_sleep
+from somnus.processors.sleep.dreaming import signature_vectors
+from somnus.processors.sleep.plan import SleepInputs, fold_observations, plan_sleep
 from somnus.processors.sleep.schedule import SleepClock, advance, bounded_time
 from somnus.schemas.lifecycle import MemoryCompressed, MemoryPruned, SleepCompleted, SleepTrigger
 from somnus.schemas.memory import ForgetReason
@@ -142,6 +143,27 @@ def memory_columns(state: Any, scopes: Mapping[str, datetime] | None = None) -> 
     return frame, edges
 
 
+def dream_inputs(state: Any, frame: pl.DataFrame, edges: pl.DataFrame, since: datetime | None, config: SleepConfig,
+                 **kw: Any) -> SleepInputs:
+    """A run's inputs with what dreaming needs, from the fold's own state: the memories captured since
+    the last run ``since`` as phase A's observations (``fold_observations``), the memories' MinHash
+    signatures as vectors (``signature_vectors``, asked for per agent), and the capture decisions'
+    prediction errors for saturation."""
+    ix = state.index
+
+    def embed(ids: Sequence[str]) -> np.ndarray:
+        rows = np.fromiter(map(ix.pos.__getitem__, ids), dtype=np.int64, count=len(ids))
+        return signature_vectors(ix.signatures.data[rows])
+
+    errors = state.prediction_errors
+    capture_errors = pl.DataFrame({
+        "observed_at": pa.array(np.fromiter((t for t, _ in errors), dtype=np.int64, count=len(errors)),
+                                pa.timestamp("us", "UTC")),
+        "prediction_error": np.fromiter((pe for _, pe in errors), dtype=np.float64, count=len(errors))})
+    return SleepInputs(memories=frame, edges=edges, embed=embed, capture_errors=capture_errors,
+                       observations=fold_observations(frame, since, config.dream_observations_per_agent), **kw)
+
+
 _UNIT_FIELDS = attrgetter("agent", "outcome", "user_interaction", "perception", "summary", "action", "tools",
                           "objects", "domains")
 
@@ -222,8 +244,9 @@ class SleepJob:
 
     def _run(self, memory_state: Any, at: datetime, trigger: SleepTrigger, offset: int) -> list[Any]:
         frame, edges = memory_columns(memory_state, self.state.scopes)
-        plan = plan_sleep(SleepInputs(memories=frame, edges=edges, max_episodes=self.max_episodes,
-                                      fiedler_history=tuple(self.state.fiedler_history)),
+        plan = plan_sleep(dream_inputs(memory_state, frame, edges, self.state.watermark, self.config,
+                                       max_episodes=self.max_episodes,
+                                       fiedler_history=tuple(self.state.fiedler_history)),
                           now=at, trigger=trigger, watermark=self.state.watermark, config=self.config,
                           input_offset=offset)
         if plan is None:

@@ -61,6 +61,9 @@ class SleepConfig:
     # clock runs ahead cannot run a month of sleeps now and then none for a month. 0: no bound.
     max_clock_skew_s: float = 300.0
     fixpoint_iterations: int = 20
+    # Dream phase A routes at most this many of an agent's newest memories captured since the last run
+    # (``plan.fold_observations``): its cost grows with their square.
+    dream_observations_per_agent: int = 128
 
     def policy(self, layer: str) -> LayerPolicy:
         return self.hippocampus if layer == HIPPOCAMPUS else self.semantic

@@ -104,6 +104,9 @@ class SleepInputs:
     observations: pl.DataFrame | None = None  # observation_id, agent, observed_at: new since the last run
     observation_vectors: np.ndarray | None = None  # one row per observation, in its order
     capture_errors: pl.DataFrame | None = None  # observed_at, prediction_error (capture decisions)
+    # Instead of ``vectors``/``observation_vectors``: L2-normalised vectors of memories or observations
+    # by id, asked for one agent at a time (the fold's signatures, ``projections/sleep.py``).
+    embed: Callable[[Sequence[str]], np.ndarray] | None = None
     patterns: frozenset[str] = frozenset()  # ids of patterns already abstracted
     fiedler_history: tuple[float, ...] = ()  # earlier runs' largest-component Fiedler values, oldest first
     max_episodes: Mapping[str, int] = field(default_factory=dict)  # per agent (AgentSpec.max_episodes)
@@ -243,21 +246,14 @@ def plan_sleep(inputs: SleepInputs, *, now: datetime, trigger: SleepTrigger = Sl
     # ---- phase 1: hippocampus ----------------------------------------------------------------
     refreshed = np.zeros(n, dtype=bool)
     extra = np.zeros(n)
-    phase_a = None
-    if (inputs.observations is not None and inputs.observations.height and inputs.vectors is not None
-            and inputs.observation_vectors is not None):
-        vec = np.asarray(inputs.vectors)[c.input_order]
-        pool = np.flatnonzero(c.is_hip)
-        pool_edges = c.degree(~c.compressed) if c.has_graph else c.edge_count
+    vectors = _Vectors(c, inputs, ids)
+    if inputs.observations is not None and inputs.observations.height and vectors.for_observations:
         obs = inputs.observations
         obs_time = obs["observed_at"]
         if isinstance(obs.schema["observed_at"], pl.Datetime) and obs.schema["observed_at"].time_zone is None:
             obs_time = obs_time.dt.replace_time_zone("UTC")
         obs_us = obs_time.dt.epoch("us").to_numpy().astype(np.int64)
-        phase_a = dreaming.dream_phase_a(
-            [ids[r] for r in pool], [agents_of[r] for r in pool], vec[pool], pool_edges[pool],
-            obs["observation_id"].cast(pl.String).to_list(), obs["agent"].cast(pl.String).to_list(), obs_us,
-            np.asarray(inputs.observation_vectors))
+        phase_a = _dream_phase_a(c, inputs.observations, obs_us, vectors, ids)
         obs_time_of = dict(zip(obs["observation_id"].cast(pl.String).to_list(), obs_us.tolist(), strict=True))
         add("clustered", _rows(phase_a.clustered), lambda r, seq: ObservationClustered(
             run_id=run_id, seq=seq, at=now, observation_id=r[0], memory_id=r[1], agent=r[2],
@@ -275,13 +271,15 @@ def plan_sleep(inputs: SleepInputs, *, now: datetime, trigger: SleepTrigger = Sl
             row_of = {mid: i for i, mid in enumerate(ids)}
             for mid, ev in zip(phase_a.refined["memory_id"].to_list(), phase_a.refined["evidence"].to_list(),
                                strict=True):
-                refreshed[row_of[mid]] = True
-                extra[row_of[mid]] += len(ev)
+                # A memory created from an earlier observation of this run has no row yet.
+                if mid in row_of:
+                    refreshed[row_of[mid]] = True
+                    extra[row_of[mid]] += len(ev)
     # Dream phase B's new edges are decided now (emitted in phase 3) so that every retention of this
     # run already counts them: a re-plan on the applied state then finds nothing to change. Only
     # memories that stay uncompressed this run qualify (idle < compress-after), so nothing decided
     # below can invalidate them.
-    connected = _connect(c, inputs, refreshed, watermark, now_us, ids)
+    connected = _connect(c, vectors, refreshed, watermark, now_us, ids)
     if connected.height:
         row_of = {mid: i for i, mid in enumerate(ids)}
         c.add_edges(np.array([row_of[x] for x in connected["a"].to_list()], dtype=np.int64),
@@ -441,14 +439,44 @@ def _external(add: Callable[..., None], phase: Phase | None, view: Callable[[], 
     return sum(1 for ev in produced if isinstance(ev, MemoryPromoted))
 
 
-def _connect(c: Columns, inputs: SleepInputs, refreshed: np.ndarray, watermark: datetime | None, now_us: int,
+def fold_observations(memories: pl.DataFrame, since: datetime | None, per_agent: int) -> pl.DataFrame:
+    """What dream phase A routes when the observations are the fold's own memories: the hippocampus
+    memories created after ``since`` (the last run; None: all), uncompressed, at most the newest
+    ``per_agent`` of each agent. Columns observation_id, agent, observed_at, by agent then time then id.
+
+    >>> from datetime import datetime, timezone
+    >>> t = lambda h: datetime(2024, 5, 1, h, tzinfo=timezone.utc)
+    >>> m = pl.DataFrame({"memory_id": ["m1", "m2", "m3", "m4"], "agent": ["a", "a", "a", "b"],
+    ...                   "layer": ["hippocampus"] * 4, "created_at": [t(1), t(5), t(6), t(7)],
+    ...                   "compressed": [False] * 4})
+    >>> fold_observations(m, t(2), 1)["observation_id"].to_list()
+    ['m3', 'm4']
+    """
+    empty = pl.DataFrame(schema={"observation_id": pl.String, "agent": pl.String, "observed_at": DATETIME_US})
+    if memories.height == 0 or per_agent <= 0:
+        return empty
+    created = pl.col("created_at").dt.convert_time_zone("UTC").dt.cast_time_unit("us")
+    new = memories.filter((pl.col("layer") == HIPPOCAMPUS) & ~pl.col("compressed").fill_null(False))
+    if since is not None:
+        new = new.filter(created > since.astimezone(timezone.utc))
+    return (new.select(pl.col("memory_id").cast(pl.String).alias("observation_id"), pl.col("agent").cast(pl.String),
+                       created.alias("observed_at"))
+            .sort(["agent", "observed_at", "observation_id"], descending=[False, True, True])
+            .group_by("agent", maintain_order=True).head(per_agent)
+            .sort(["agent", "observed_at", "observation_id"]))
+
+
+def _connect(c: Columns, vectors: _Vectors, refreshed: np.ndarray, watermark: datetime | None, now_us: int,
              ids: list[str]) -> pl.DataFrame:
     """Dream phase B's connect step over the recently active memories (accessed or created since the
-    watermark, else in the last day; refreshed by phase A) that stay uncompressed this run."""
+    watermark, else in the last day of their scope's stream time; refreshed by phase A) that stay
+    uncompressed this run."""
     empty = pl.DataFrame(schema={"a": pl.String, "b": pl.String, "agent": pl.String, "weight": pl.Float64})
-    if inputs.vectors is None or c.n == 0:
+    if not vectors.for_memories or c.n == 0:
         return empty
-    since = to_us(watermark) if watermark is not None else now_us - US_PER_DAY
+    # Without a previous run, "recent" is the last day of each memory's own stream time (``at_us``):
+    # another scope's newer events never make a scope's memories less recent.
+    since = to_us(watermark) if watermark is not None else c.at_us - US_PER_DAY
     idle = np.where(refreshed, 0.0, c.idle_days)
     eligible = ~c.compressed & (idle < c.compress_after)
     recent = np.flatnonzero(eligible & (refreshed | (c.access_us > since) | (c.created_us > since)))
@@ -458,14 +486,85 @@ def _connect(c: Columns, inputs: SleepInputs, refreshed: np.ndarray, watermark: 
     in_recent[recent] = True
     both = in_recent[c.gi] & in_recent[c.gj]
     existing = {(ids[a], ids[b]) for a, b in zip(c.gi[both].tolist(), c.gj[both].tolist(), strict=True)}
-    vec = np.asarray(inputs.vectors)[c.input_order]
     agents = c.frame["agent"].to_numpy()
     parts = []
-    for code, _ in enumerate(c.layer_names):  # each layer has its own associative graph
-        rows = recent[c.layer_code[recent] == code]
-        if len(rows) > 1:
-            parts.append(dreaming.connect_recent([ids[r] for r in rows], agents[rows], vec[rows], existing))
+    # Each layer has its own associative graph; an agent's memories connect among themselves only,
+    # so each (layer, agent) is one call (``connect_recent`` does agents in sorted order: the same rows).
+    for code, _ in enumerate(c.layer_names):
+        in_layer = recent[c.layer_code[recent] == code]
+        if len(in_layer) < 2:
+            continue
+        for rows in _by_agent(c, in_layer):
+            if len(rows) > 1:
+                parts.append(dreaming.connect_recent([ids[r] for r in rows], agents[rows], vectors.memories(rows),
+                                                     existing))
     return pl.concat(parts) if parts else empty
+
+
+def _by_agent(c: Columns, rows: np.ndarray) -> list[np.ndarray]:
+    """``rows`` split by agent, agents in sorted order (``c.agent_code`` is the rank of the agent)."""
+    order = rows[np.argsort(c.agent_code[rows], kind="stable")]
+    code = c.agent_code[order]
+    cuts = np.flatnonzero(code[1:] != code[:-1]) + 1
+    return np.split(order, cuts) if len(order) else []
+
+
+class _Vectors:
+    """Memory and observation vectors, by run row: ``SleepInputs.vectors`` / ``observation_vectors``
+    (dense, whole), else ``SleepInputs.embed`` by id, made per agent on demand (a fold of a million
+    memories never holds them all at once)."""
+
+    def __init__(self, c: Columns, inputs: SleepInputs, ids: list[str]) -> None:
+        self.inputs = inputs
+        self.c = c
+        self.ids = ids
+        self._dense: np.ndarray | None = None
+        self.for_memories = inputs.vectors is not None or inputs.embed is not None
+        self.for_observations = (inputs.vectors is not None and inputs.observation_vectors is not None) or (
+            inputs.vectors is None and inputs.embed is not None)
+
+    def memories(self, rows: np.ndarray) -> np.ndarray:
+        if self.inputs.vectors is None:
+            assert self.inputs.embed is not None
+            return _checked(self.inputs.embed([self.ids[r] for r in rows]), len(rows), "memories")
+        if self._dense is None:
+            self._dense = np.asarray(self.inputs.vectors)[self.c.input_order]
+        return self._dense[rows]
+
+    def observations(self, rows: np.ndarray, observation_ids: Sequence[str]) -> np.ndarray:
+        if self.inputs.vectors is None:
+            assert self.inputs.embed is not None
+            return _checked(self.inputs.embed([observation_ids[r] for r in rows]), len(rows), "observations")
+        return np.asarray(self.inputs.observation_vectors)[rows]
+
+
+def _checked(vectors: np.ndarray, n: int, what: str) -> np.ndarray:
+    out = np.asarray(vectors)
+    if out.ndim != 2 or out.shape[0] != n:
+        raise ValueError(f"embed returned {out.shape} for {n} {what}: one row per id needed")
+    return out
+
+
+def _dream_phase_a(c: Columns, observations: pl.DataFrame, obs_us: np.ndarray, vectors: _Vectors,
+                   ids: list[str]) -> dreaming.PhaseA:
+    """Dream phase A, one agent at a time (what ``dreaming.dream_phase_a`` does over all agents at
+    once). An observation that is itself a memory of the fold (the shell feeds the memories captured
+    since the last run) is not in the pool it is routed against: it is what is being routed."""
+    obs_ids = observations["observation_id"].cast(pl.String).to_list()
+    obs_agents = np.asarray(observations["agent"].cast(pl.String).to_list(), dtype=object)
+    pool = c.is_hip & ~c.ids.is_in(obs_ids).to_numpy()
+    pool_edges = c.degree(~c.compressed) if c.has_graph else c.edge_count
+    pool_of = {c.agents[int(c.agent_code[rows[0]])]: rows for rows in _by_agent(c, np.flatnonzero(pool))}
+    no_rows = np.zeros(0, np.int64)
+    parts = []
+    for agent in sorted(set(obs_agents.tolist())):
+        o = np.flatnonzero(obs_agents == agent)
+        p = pool_of.get(agent, no_rows)
+        parts.append(dreaming.dream_phase_a(
+            [ids[r] for r in p], [agent] * len(p), vectors.memories(p) if len(p) else np.zeros((0, 1)),
+            pool_edges[p], [obs_ids[i] for i in o], [agent] * len(o), obs_us[o], vectors.observations(o, obs_ids)))
+    return dreaming.PhaseA(*(pl.concat([getattr(x, name) for x in parts]) for name in dreaming.PhaseA._fields)
+                           )._replace(refined=pl.concat([x.refined for x in parts]).sort("memory_id"))
 
 
 def _reviews(c: Columns, survivors: np.ndarray, now_us: int, extra: np.ndarray) -> tuple[pl.DataFrame, np.ndarray]:
@@ -556,6 +655,7 @@ def apply_run(memories: pl.DataFrame, edges: pl.DataFrame | None, events: Sequen
     """The reference fold of one complete run over memory columns and the edge list (what the
     projector does in SQL). Not the hot path: used by tests and small tools."""
     frame = memory_frame(memories)
+    known = set(frame["memory_id"].to_list())  # an observation that is a memory already (the fold's) stays one
     updates: dict[str, dict[str, Any]] = {}
     removed: set[str] = set()
     unlinked: set[str] = set()
@@ -584,7 +684,7 @@ def apply_run(memories: pl.DataFrame, edges: pl.DataFrame | None, events: Sequen
                 reviewed_access_count=ev.reviewed_access_count, contradicted=False)
         elif isinstance(ev, MemoriesConnected):
             new_edges.append((ev.a, ev.b, ev.weight))
-        elif isinstance(ev, ObservationCreated):
+        elif isinstance(ev, ObservationCreated) and ev.observation_id not in known:
             new_rows.append({"memory_id": ev.observation_id, "agent": ev.agent, "layer": HIPPOCAMPUS,
                              "created_at": ev.observed_at, "last_access": None, "access_count": 0,
                              "importance": 0.5, "outcome": "", "is_user_interaction": False, "edge_count": 0,

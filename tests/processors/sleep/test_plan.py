@@ -11,6 +11,7 @@ import doctest
 import random
 import sys
 import time
+from collections.abc import Sequence
 from datetime import timedelta, timezone
 from typing import Any
 
@@ -33,7 +34,10 @@ from somnus.schemas.lifecycle import (
     PHASE_ORDER,
     MemoryPromoted,
     MemoryPruned,
+    MemoryRefined,
     ObservationClustered,
+    ObservationCreated,
+    ObservationHeld,
     PruneReason,
     ReviewScheduled,
     RunEvent,
@@ -316,3 +320,77 @@ if __name__ == "__main__":
     reps = int(sys.argv[sys.argv.index("--repeat") + 1]) if "--repeat" in sys.argv else 3
     # --no-cap: no maxEpisodes, so the graph stays large (the Fiedler value's worst case here)
     bench(size, reps, SleepConfig(max_episodes=None) if "--no-cap" in sys.argv else SleepConfig())
+
+
+# --- dreaming fed by id (the fold's signatures) ---------------------------------------------------
+
+
+def _dream_rows() -> tuple[list[dict[str, Any]], np.ndarray, pl.DataFrame, np.ndarray]:
+    rows = [mem(f"m{k}", agent="a" if k % 2 else "b", idle=0.5) for k in range(8)]
+    rng = np.random.default_rng(3)
+    vectors = rng.normal(size=(8, 6))
+    vectors[3] = vectors[1] + 0.3 * vectors[3]  # m1 and m3 (agent a) alike: connected
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    # o0 and o1 are near-copies of each other and far from every memory: o0 is created, o1 clusters into it
+    far = -vectors.mean(axis=0)
+    far /= np.linalg.norm(far)
+    obs_vec = np.array([far, far + 0.001 * vectors[0], vectors[3] + 0.01 * vectors[1]])
+    obs_vec /= np.linalg.norm(obs_vec, axis=1, keepdims=True)
+    observations = pl.DataFrame({"observation_id": ["o0", "o1", "o2"], "agent": ["a", "a", "a"],
+                                 "observed_at": [NOW - timedelta(hours=3), NOW - timedelta(hours=2),
+                                                 NOW - timedelta(hours=1)]},
+                                schema={"observation_id": pl.String, "agent": pl.String,
+                                        "observed_at": pl.Datetime("us", "UTC")})
+    return rows, vectors, observations, obs_vec
+
+
+def test_an_observation_clustering_into_one_created_in_the_same_run_is_refined_not_a_crash() -> None:
+    rows, vectors, observations, obs_vec = _dream_rows()
+    plan = run(rows, config=SleepConfig(coverage_bins=()), inputs={
+        "vectors": vectors, "observations": observations, "observation_vectors": obs_vec})
+    clustered = [(e.observation_id, e.memory_id) for e in of(plan, ObservationClustered)]
+    assert ("o1", "o0") in clustered
+    assert "o0" in {e.memory_id for e in of(plan, MemoryRefined)}
+
+
+def test_vectors_by_id_decide_what_the_dense_vectors_decide() -> None:
+    rows, vectors, observations, obs_vec = _dream_rows()
+    by_id = {r["memory_id"]: v for r, v in zip(rows, vectors, strict=True)}
+    by_id.update(zip(observations["observation_id"].to_list(), obs_vec, strict=True))
+    asked: list[list[str]] = []
+
+    def embed(ids: Sequence[str]) -> np.ndarray:
+        asked.append(list(ids))
+        return np.array([by_id[i] for i in ids])
+
+    config = SleepConfig(coverage_bins=())
+    dense = run(rows, config=config, inputs={"vectors": vectors, "observations": observations,
+                                              "observation_vectors": obs_vec})
+    lazy = run(rows, config=config, inputs={"embed": embed, "observations": observations})
+    assert [encode_lifecycle(e) for e in lazy.events()] == [encode_lifecycle(e) for e in dense.events()]
+    assert dense.counts["connected"] > 0 and dense.counts["created"] > 0
+    # asked one agent at a time, never for all memories at once
+    agent_of = {r["memory_id"]: r["agent"] for r in rows}
+    assert asked and all(len({agent_of[i] for i in ids if i in agent_of}) <= 1 for ids in asked)
+
+
+def test_embed_must_return_one_row_per_id() -> None:
+    rows, _, observations, _ = _dream_rows()
+    with pytest.raises(ValueError, match="one row per id"):
+        run(rows, inputs={"embed": lambda ids: np.zeros((1, 6)), "observations": observations})
+
+
+def test_applying_a_run_keeps_an_observation_that_is_already_a_memory_once() -> None:
+    rows, vectors, _, _ = _dream_rows()
+    # the fold's case: the observations are memories captured since the last run
+    observations = pl.DataFrame({"observation_id": ["m1"], "agent": ["a"], "observed_at": [NOW - timedelta(hours=1)]},
+                                schema={"observation_id": pl.String, "agent": pl.String,
+                                        "observed_at": pl.Datetime("us", "UTC")})
+    by_id = {r["memory_id"]: v for r, v in zip(rows, vectors, strict=True)}
+    plan = run(rows, config=SleepConfig(coverage_bins=()), inputs={
+        "embed": lambda ids: np.array([by_id[i] for i in ids]), "observations": observations})
+    routed = of(plan, ObservationCreated) + of(plan, ObservationClustered) + of(plan, ObservationHeld)
+    assert [e.observation_id for e in routed] == ["m1"]
+    assert all(getattr(e, "memory_id", None) != "m1" for e in of(plan, ObservationClustered))  # not into itself
+    after, _ = apply_run(frame(rows), None, list(plan.events()))
+    assert after["memory_id"].to_list().count("m1") == 1

@@ -169,7 +169,8 @@ class Projector:
             from somnus.processors.sleep.schedule import validate_schedule
 
             seen = Seen(con, self.agents, SleepConfig(schedule=validate_schedule(self.settings.sleep_schedule),
-                                                      max_clock_skew_s=self.settings.max_clock_skew_s),
+                                                      max_clock_skew_s=self.settings.max_clock_skew_s,
+                                                      fact_retire_days=self.settings.fact_retire_days),
                         OscillatorConfig(enabled=True) if self.settings.oscillators else None)
             for tp in tps:
                 consumer.seek(tp, stored.get((tp.topic, tp.partition), 0))

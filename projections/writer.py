@@ -288,6 +288,7 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
         _once_per_event_id(con, topics, ev_cols, ev_objs, dup_rows, dead)
     lap("decode")
     con.begin()
+    retired_scopes: set[str] = set()  # scopes whose idle facts sleep retired in this batch
     try:
         if ev_cols["event_id"]:
             ev_cols["event_id"] = uuid_texts(ev_cols["event_id"])
@@ -327,6 +328,13 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
         if memory_records:
             res.memory_events = seen.memory.write(con, memory_records)
             lap("memory")
+            if seen.memory.sleep is not None and seen.memory.sleep.retired_scopes:
+                # Sleep retired idle facts (in this transaction): the knowledge fold reads them back
+                # before this batch's facts are folded, as it would after a restart.
+                from somnus.projections.knowledge import KnowledgeProjection
+
+                retired_scopes = set(seen.memory.sleep.retired_scopes)
+                seen.knowledge = KnowledgeProjection(con)
         if working:
             _write_working_memory(con, working)
             lap("working_memory")
@@ -336,9 +344,10 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
             lap("semantic")
         if fact_items:  # utilisation and promotion, in the topic's order, ahead of the knowledge fold
             facts = seen.utilisation.fold(con, seen.agents, fact_items)
-        scopes: set[str] = set()
+        scopes: set[str] = set(retired_scopes)
         if facts:
-            res.facts, scopes = seen.knowledge.write(con, facts)
+            res.facts, fact_scopes = seen.knowledge.write(con, facts)
+            scopes |= fact_scopes
             lap("knowledge")
         seen.briefings.invalidate(con, {r["agent"] for r in ep_rows}, scopes)
         lap("invalidate")
@@ -362,7 +371,7 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
             seen.memory.reload(con)
         if semantic_records:
             seen.semantic.reload(con)
-        if facts:  # the fold's state ran ahead of the tables: reload it from what committed
+        if facts or retired_scopes:  # the fold's state ran ahead of the tables: reload it from what committed
             from somnus.projections.knowledge import KnowledgeProjection
 
             seen.knowledge = KnowledgeProjection(con)

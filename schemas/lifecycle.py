@@ -71,6 +71,11 @@ class PruneReason(str, Enum):
     OVER_CAPACITY = "over_capacity"  # the agent holds more than maxEpisodes episodes
 
 
+class RetireReason(str, Enum):
+    CLOSED = "closed"  # closed (valid_to) more than the triple retention window ago
+    IDLE = "idle"  # live, but neither reinforced nor retrieved for the fact retirement window (Maximus)
+
+
 class ProtectReason(str, Enum):
     USER_INTERACTION = "user_interaction"
     SUCCESS = "success"
@@ -219,10 +224,14 @@ class MemoryPruned(_Decision, kw_only=True, tag="memory_pruned"):
 
 
 class TripleRetired(_Decision, kw_only=True, tag="triple_retired"):
-    """A closed triple older than the retention window leaves the live projection."""
+    """A triple leaves the live projection: closed longer ago than the retention window (``closed``:
+    ``valid_to`` is when it closed), or live and idle (``idle``: ``valid_to`` is the run's time, when it
+    is retired; ``last_touched`` its last reinforcement or retrieval). Never deleted."""
 
     triple_id: NonEmpty
     valid_to: datetime
+    reason: RetireReason = RetireReason.CLOSED
+    last_touched: datetime | None = None
 
 
 class MemoryPromoted(_Decision, kw_only=True, tag="memory_promoted"):

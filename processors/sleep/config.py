@@ -55,6 +55,9 @@ class SleepConfig:
     coverage_bins: tuple[str, ...] = ("hour", "weekday")
     bin_tz: str = "UTC"  # the zone of the SCN bins
     triple_retention_days: float = 90.0
+    # A live triple neither reinforced nor retrieved for this many days of its scope's stream time is
+    # retired (Maximus's stale-fact pruning; ``SOMNUS_FACT_RETIRE_DAYS``). 0: never.
+    fact_retire_days: float = 90.0
     rescore_epsilon: float = RESCORE_EPSILON
     max_catch_up: int = 7  # a stream that jumps over many fire times runs only the last ones
     # The clock advances at most to a record's timestamp plus this (``bounded_time``): a runtime whose

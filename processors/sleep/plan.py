@@ -58,6 +58,7 @@ from somnus.processors.sleep.scoring import (
     Consolidated,
     compact_memory,
     consolidate,
+    idle_triples,
     memory_frame,
     retire_triples,
 )
@@ -79,6 +80,7 @@ from somnus.schemas.lifecycle import (
     PatternSource,
     ProtectReason,
     PruneReason,
+    RetireReason,
     ReviewScheduled,
     RunEvent,
     SleepCompleted,
@@ -99,7 +101,10 @@ class SleepInputs:
 
     memories: pl.DataFrame
     edges: pl.DataFrame | None = None  # src, dst[, weight]: the associative graph(s)
-    triples: pl.DataFrame | None = None  # triple_id, valid_to: the live triples
+    # triple_id, valid_to[, scope, last_touched]: the triples (with scope and last_touched, the live ones
+    # idle for ``SleepConfig.fact_retire_days`` of their scope's stream time retire: ``idle_triples``)
+    triples: pl.DataFrame | None = None
+    scope_times: Mapping[str, datetime] | None = None  # scope -> its stream time (the shell's, per scope)
     vectors: np.ndarray | None = None  # L2-normalised, one row per memory in the order of ``memories``
     observations: pl.DataFrame | None = None  # observation_id, agent, observed_at: new since the last run
     observation_vectors: np.ndarray | None = None  # one row per observation, in its order
@@ -310,6 +315,11 @@ def plan_sleep(inputs: SleepInputs, *, now: datetime, trigger: SleepTrigger = Sl
         else pl.DataFrame(schema={"triple_id": pl.String, "valid_to": DATETIME_US})
     add("triples_retired", retired.rows(), lambda r, seq: TripleRetired(
         run_id=run_id, seq=seq, at=now, triple_id=r[0], valid_to=r[1]))
+    idle = (idle_triples(inputs.triples, now, config.fact_retire_days, inputs.scope_times)
+            if inputs.triples is not None and {"scope", "last_touched"} <= set(inputs.triples.columns)
+            else pl.DataFrame(schema={"triple_id": pl.String, "last_touched": DATETIME_US}))
+    add("triples_retired", idle.rows(), lambda r, seq: TripleRetired(
+        run_id=run_id, seq=seq, at=now, triple_id=r[0], valid_to=now, reason=RetireReason.IDLE, last_touched=r[1]))
     survivors = ~pruned
     compressed_after = c.compressed | compressed_now
     add("connected", connected.rows(), lambda r, seq: MemoriesConnected(

@@ -47,7 +47,7 @@ The graph is an edge list (src, dst[, weight]) of memory ids.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any, NamedTuple
 
@@ -415,3 +415,43 @@ def retire_triples(triples: pl.DataFrame, now: datetime, retention_days: float =
                            .dt.cast_time_unit("us").alias("valid_to"))
             .filter(pl.col("valid_to").is_not_null() & (pl.col("valid_to") < cutoff)).sort("triple_id"))
 
+
+
+def idle_triples(triples: pl.DataFrame, now: datetime, retire_days: float,
+                 scope_times: Mapping[str, datetime] | None = None) -> pl.DataFrame:
+    """Live triples (``valid_to`` null) whose ``last_touched`` (last reinforcement or retrieval) is more
+    than ``retire_days`` before their scope's stream time (``scope_times``, never later than ``now``;
+    a scope not in it: ``now``): triple_id, last_touched, by triple_id. ``retire_days <= 0``: none.
+
+    >>> from datetime import datetime, timezone
+    >>> t = lambda d: datetime(2024, 1, 1, tzinfo=timezone.utc) + timedelta(days=d)
+    >>> f = pl.DataFrame({"triple_id": ["a", "b", "c"], "scope": ["s", "s", "old"], "valid_to": [None, None, None],
+    ...                   "last_touched": [t(0), t(20), t(0)]})
+    >>> idle_triples(f, t(100), 90.0, {"old": t(50)})["triple_id"].to_list()  # "old" saw nothing for 50 days
+    ['a']
+    """
+    empty = pl.DataFrame(schema={"triple_id": pl.String, "last_touched": DATETIME_US})
+    if triples.height == 0 or retire_days <= 0:
+        return empty
+    now = now.astimezone(timezone.utc)
+    scopes = triples["scope"].cast(pl.String).unique().sort().to_list()
+    at = [min(now, (scope_times or {}).get(s, now).astimezone(timezone.utc)) for s in scopes]
+    clock = pl.DataFrame({"scope": scopes, "__at": at}, schema={"scope": pl.String, "__at": DATETIME_US})
+    touched = _utc(triples, "last_touched")
+    return (triples.select(pl.col("triple_id").cast(pl.String), pl.col("scope").cast(pl.String),
+                           _utc(triples, "valid_to").alias("valid_to"), touched.alias("last_touched"))
+            .join(clock, on="scope", how="left")
+            .filter(pl.col("valid_to").is_null() & pl.col("last_touched").is_not_null()
+                    & (pl.col("last_touched") < pl.col("__at") - pl.duration(microseconds=int(
+                        retire_days * US_PER_DAY))))
+            .select("triple_id", "last_touched").sort("triple_id"))
+
+
+def _utc(frame: pl.DataFrame, name: str) -> pl.Expr:
+    col = pl.col(name)
+    dtype = frame.schema[name]
+    if isinstance(dtype, pl.Datetime) and dtype.time_zone is None:
+        col = col.dt.replace_time_zone("UTC")
+    if not isinstance(dtype, pl.Datetime):
+        return col.cast(DATETIME_US)
+    return col.dt.convert_time_zone("UTC").dt.cast_time_unit("us")

@@ -261,12 +261,12 @@ class Projector:
             return
         import msgspec
 
-        from somnus.projections.semantic import KIND_PROMOTE, promotion_inputs
+        from somnus.projections.semantic import KIND_PROMOTE, SLEEP_REQUEST_PREFIX, promotion_inputs
 
         async with self.write_lock:
             inputs = await asyncio.to_thread(promotion_inputs, con.cursor(), "global")
         for run_id, at in runs:
-            req = msgspec.structs.replace(inputs, at=at, request_id=f"sleep:{run_id}")
+            req = msgspec.structs.replace(inputs, at=at, request_id=SLEEP_REQUEST_PREFIX + run_id)
             try:
                 await self._producer.send_and_wait(self.topics.semantic, encode(req), key=b"global", partition=0,
                                                    headers=[("somnus-kind", KIND_PROMOTE)])

@@ -796,7 +796,8 @@ def sleep(at: Optional[str] = typer.Option(None, "--at", help="Event time of the
                 rep = json.loads(r[3])
                 console.print(f"[bold]{r[0]}[/bold] ({r[2]}): {rep['narrative']}", soft_wrap=True)
         return
-    from somnus.projections.semantic import KIND_PROMOTE, PromotionRequested
+    from somnus.projections.semantic import KIND_PROMOTE, SLEEP_REQUEST_PREFIX, PromotionRequested
+    from somnus.processors.sleep.schedule import run_id_for
     from somnus.projections.sleep import KIND_SLEEP
     from somnus.schemas.lifecycle import SleepRequested
     from somnus.client import publish_records
@@ -816,7 +817,11 @@ def sleep(at: Optional[str] = typer.Option(None, "--at", help="Event time of the
     # 1) hippocampus sleep (memory topic: a fold over one partition), 2) promotion (semantic topic).
     publish_records([(None, encode_event(SleepRequested(at=when, requested_by="somnus sleep")),
                       [("somnus-kind", KIND_SLEEP)])], boot, s.memory_topic, partition=0)
-    promote = msgspec.convert({**inputs, "at": when.isoformat()}, PromotionRequested, strict=False)
+    # Its id names the run (as the projector's after a scheduled run): the semantic fold runs it once,
+    # then consolidates the ATL and Angular Gyrus and adds them to the run's report.
+    request_id = SLEEP_REQUEST_PREFIX + run_id_for(when)
+    promote = msgspec.convert({**inputs, "at": when.isoformat(), "request_id": request_id}, PromotionRequested,
+                              strict=False)
     publish_records([(b"global", encode_event(promote), [("somnus-kind", KIND_PROMOTE)])], boot, s.semantic_topic,
                     partition=0)
     console.print(f"sleep requested at {when.isoformat()} (then promotion: {len(promote.links)} candidate links)",

@@ -66,7 +66,7 @@ class SleepConfig:
     fixpoint_iterations: int = 20
     # Dream phase A routes at most this many of an agent's newest memories captured since the last run
     # (``plan.fold_observations``): its cost grows with their square.
-    dream_observations_per_agent: int = 128
+    dream_observations_per_agent: int = 32
 
     def policy(self, layer: str) -> LayerPolicy:
         return self.hippocampus if layer == HIPPOCAMPUS else self.semantic

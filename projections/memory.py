@@ -25,7 +25,7 @@ import pyarrow as pa
 from somnus.processors.episodic.capture import MemoryState, apply, capture
 from somnus.processors.episodic.index import IndexConfig
 from somnus.processors.prediction.oscillators import OscillatorState, observe
-from somnus.processors.sleep.job import bounded_time
+from somnus.processors.sleep.schedule import bounded_time
 from somnus.schemas.lifecycle import KIND_SLEEP
 from somnus.schemas.lifecycle import SleepRequested, SleepTrigger
 from somnus.projections.frames import registered
@@ -114,7 +114,7 @@ class MemoryProjection:
                 if self.sleep is not None:
                     req = _sleep_decoder.decode(raw)
                     events += [(ev, rec.offset) for ev in self.sleep.run(self.state, req.at, SleepTrigger.ON_DEMAND,
-                                                                          rec.offset)]
+                                                                          rec.offset, con)]
                 continue
             units = _units_decoder.decode(raw)
             if self.sleep is not None and units:  # fire times passed in stream time: sleep first
@@ -122,7 +122,7 @@ class MemoryProjection:
                                       self.sleep.config.max_clock_skew_s)
                 for at in self.sleep.due(latest):
                     events += [(ev, rec.offset) for ev in self.sleep.run(self.state, at, SleepTrigger.SCHEDULE,
-                                                                          rec.offset)]
+                                                                          rec.offset, con)]
                 self.sleep.observe(units, _record_time(rec))  # then the scopes' stream times move on
             _, decided = capture(self.state, units, _ts(rec, units))
             events += [(ev, rec.offset) for ev in decided]

@@ -177,12 +177,13 @@ class Projector:
             tps = await self._partitions(consumer)
             consumer.assign(tps)
             stored = load_offsets(con)
-            from somnus.processors.sleep.job import SleepConfig, validate_schedule
-
             from somnus.processors.prediction.oscillators import OscillatorConfig
+            from somnus.processors.sleep.config import SleepConfig
+            from somnus.processors.sleep.schedule import validate_schedule
 
             models = ReadModels(con, self.agents, SleepConfig(schedule=validate_schedule(self.settings.sleep_schedule),
-                                                              max_clock_skew_s=self.settings.max_clock_skew_s),
+                                                              max_clock_skew_s=self.settings.max_clock_skew_s,
+                                                              fact_retire_days=self.settings.fact_retire_days),
                                 OscillatorConfig(enabled=True) if self.settings.oscillators else None)
             for tp in tps:
                 consumer.seek(tp, stored.get((tp.topic, tp.partition), 0))
@@ -272,11 +273,12 @@ class Projector:
         if self._producer is None:
             return
 
+        from somnus.projections.semantic import SLEEP_REQUEST_PREFIX
 
         async with self.write_lock:
             inputs = await asyncio.to_thread(promotion_inputs, con.cursor(), "global")
         for run_id, at in runs:
-            req = msgspec.structs.replace(inputs, at=at, request_id=f"sleep:{run_id}")
+            req = msgspec.structs.replace(inputs, at=at, request_id=SLEEP_REQUEST_PREFIX + run_id)
             try:
                 await self._producer.send_and_wait(self.topics.semantic, encode(req), key=b"global", partition=0,
                                                    headers=[("somnus-kind", KIND_PROMOTE)])

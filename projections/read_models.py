@@ -12,7 +12,7 @@ from typing import Any
 
 import duckdb
 
-from somnus.processors.sleep.job import SleepConfig
+from somnus.processors.sleep.config import SleepConfig
 from somnus.projections.briefings import BriefingCache
 from somnus.projections.causal import CausalProjection
 from somnus.projections.forget import Forgetting

@@ -36,7 +36,7 @@ from somnus.processors.prediction.patterns import Statistician, pattern_events
 from somnus.schemas.semantic import CallOutcome
 from somnus.schemas.semantic import (
     CandidateRejected, ConceptCreated, ConceptPromoted, ConceptReinforced, CrossLayerEdgeFormed, PatternConfirmed,
-    RelationshipFormed, SemanticEvent, decode_semantic, encode_semantic)
+    RecordRemoved, RelationshipFormed, SemanticEvent, decode_semantic, encode_semantic)
 from somnus.schemas.facts import GLOBAL_SCOPE
 from somnus.schemas.agents import AgentSpec
 from somnus.schemas.semantic import KIND_INGEST, KIND_PROMOTE, KnowledgeIngested, PromotionRequested
@@ -76,6 +76,7 @@ class SemanticProjection:
         Returns how many, and the owners (scopes) whose memory changed."""
         events: list[tuple[SemanticEvent, int]] = []
         requests: list[dict[str, Any]] = []
+        sleeps: list[tuple[str, list[SemanticEvent]]] = []  # (sleep run id, what its consolidation removed)
         for kind, rec in records:
             if kind == KIND_INGEST:
                 req = _ingest_decoder.decode(rec.value)
@@ -89,6 +90,10 @@ class SemanticProjection:
                     requests.append({"request_id": preq.request_id, "owner": preq.owner, "requested_at": preq.at,
                                      "src_offset": rec.offset})
                 made = self.promote(preq)
+                if preq.request_id is not None and preq.request_id.startswith(SLEEP_REQUEST_PREFIX):
+                    consolidated = self.consolidate(preq.at)
+                    made += consolidated
+                    sleeps.append((preq.request_id.removeprefix(SLEEP_REQUEST_PREFIX), consolidated))
             else:
                 continue
             events += [(ev, rec.offset) for ev in made]
@@ -97,7 +102,21 @@ class SemanticProjection:
                 con.execute("INSERT INTO semantic_requests SELECT * FROM frame")
         if events:
             self._insert(con, events)
+        for run_id, removed in sleeps:
+            _report_layers(con, run_id, removed, self.layers)
         return len(events), {ev.owner for ev, _ in events}
+
+    def consolidate(self, at: datetime) -> list[SemanticEvent]:
+        """Deep sleep's phase 3 for the semantic layers, after the run's promotion: ATL and Angular
+        Gyrus consolidation (``MemoryLayers.consolidate``: concepts not reinforced and patterns not
+        re-confirmed for 30 days leave their layer) of every owner, in owner order, applied."""
+        out: list[SemanticEvent] = []
+        for owner in sorted(self.layers):
+            m = self.layers[owner]
+            for ev in m.consolidate(at):
+                m.apply(ev)
+                out.append(ev)
+        return out
 
     def promote(self, req: PromotionRequested) -> list[SemanticEvent]:
         """Statistician, then promoter (NAc links and confirmed patterns as sources), at ``req.at``."""
@@ -110,6 +129,7 @@ class SemanticProjection:
 
     def _insert(self, con: duckdb.DuckDBPyConnection, events: list[tuple[SemanticEvent, int]]) -> None:
         log, concepts, rels, patterns, edges, audit = [], [], [], [], [], []
+        removed: list[dict[str, Any]] = []
         for ev, offset in events:
             log.append({"ord": self.next_ord, "owner": ev.owner, "kind": type(ev).__name__,
                         "body": encode_semantic(ev).decode(), "src_offset": offset})
@@ -143,6 +163,8 @@ class SemanticProjection:
                               "candidate_confidence": ev.candidate_confidence, "promoted": promoted,
                               "concept_id": ev.concept_id if promoted else None,
                               "reason": ev.gate if promoted else ev.reason, "decided_at": ev.at})
+            elif isinstance(ev, RecordRemoved):
+                removed.append({"owner": ev.owner, "layer": ev.layer.value, "record_id": ev.record_id})
         latest = {(r["owner"], r["concept_id"]): r for r in concepts}  # a concept's last state in the batch
         for table, rows, select in (
                 ("semantic_log", log, "ord, owner, kind, body::JSON, src_offset"),
@@ -156,6 +178,43 @@ class SemanticProjection:
                 con.execute("INSERT OR REPLACE INTO concepts SELECT owner, concept_id, name, category, definition, "
                             "provenance, reinforcement_count, confidence, properties::JSON, source_episode_ids, "
                             "updated_at FROM frame")
+        if removed:  # the layers' read models follow the layers (the log keeps what was removed and why)
+            with registered(con, gone=pa.Table.from_pylist(removed)):
+                _delete_removed(con)
+
+
+def _delete_removed(con: duckdb.DuckDBPyConnection) -> None:
+    """Delete what the registered frame ``gone`` names from the layers' read models."""
+    con.execute("DELETE FROM concepts c USING gone g WHERE g.layer = 'atl' AND c.owner = g.owner "
+                "AND c.concept_id = g.record_id")
+    con.execute("DELETE FROM concept_relationships r USING gone g WHERE g.layer = 'atl' "
+                "AND r.owner = g.owner AND (r.source_id = g.record_id OR r.target_id = g.record_id)")
+    con.execute("DELETE FROM math_patterns p USING gone g WHERE g.layer = 'angular_gyrus' "
+                "AND p.owner = g.owner AND p.math_id = g.record_id")
+    con.execute("DELETE FROM cross_layer_edges e USING gone g WHERE e.owner = g.owner AND "
+                "((e.source_layer = g.layer AND e.source_id = g.record_id) "
+                "OR (e.target_layer = g.layer AND e.target_id = g.record_id))")
+
+
+SLEEP_REQUEST_PREFIX = "sleep:"  # + run id: the promotion request of a sleep run (projector, somnus sleep)
+
+
+def _report_layers(con: duckdb.DuckDBPyConnection, run_id: str, removed: Sequence[SemanticEvent],
+                   layers: Mapping[str, MemoryLayers]) -> None:
+    """Add the semantic layers to the sleep run's report (``per_layer``): records after the run and
+    removed by consolidation, summed over owners. The run's row is written by the memory fold
+    before its promotion is requested, so this updates it (no row: a run not in this file)."""
+    per = {name: {"after": 0, "removed": 0} for name in ("atl", "angular_gyrus")}
+    for m in layers.values():
+        per["atl"]["after"] += len(m.atl)
+        per["angular_gyrus"]["after"] += len(m.ag)
+    for ev in removed:
+        if isinstance(ev, RecordRemoved) and ev.layer.value in per:
+            per[ev.layer.value]["removed"] += 1
+    for counts in per.values():
+        counts["before"] = counts["after"] + counts["removed"]
+    patch = msgspec.json.encode({"per_layer": per}).decode()
+    con.execute("UPDATE sleep_runs SET report = json_merge_patch(report, ?::JSON) WHERE run_id = ?", [patch, run_id])
 
 
 # Promotion reads the newest PROMOTION_WINDOW_CALLS tool calls, and the candidate links' observations

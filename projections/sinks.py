@@ -289,6 +289,7 @@ class MemorySink(Sink):
         super().__init__(models, res, dead)
         self.max_depth = max_depth
         self.records: list[tuple[bytes | None, Any]] = []
+        self.retired_scopes: set[str] = set()  # scopes whose idle facts sleep retired in this batch
 
     def add(self, rec: Record, named: bool) -> None:
         if self.dead.rejected(rec, _prescan(rec, self.max_depth), "memory record"):
@@ -300,10 +301,18 @@ class MemorySink(Sink):
         if self.records:
             self.res.memory_events = self.models.memory.write(con, self.records)
             self.res.lap("memory")
+            sleep = self.models.memory.sleep
+            if sleep is not None and sleep.retired_scopes:
+                # Sleep retired idle facts (in this transaction): the knowledge fold reads them back
+                # before this batch's facts are folded, as it would after a restart.
+                self.retired_scopes = set(sleep.retired_scopes)
+                self.models.knowledge = KnowledgeProjection(con)
 
     def rolled_back(self, con: duckdb.DuckDBPyConnection) -> None:
         if self.records:  # the capture fold ran ahead of the tables: replay what committed
             self.models.memory.reload(con)
+        if self.retired_scopes:
+            self.models.knowledge = KnowledgeProjection(con)
 
     def committed(self, con: duckdb.DuckDBPyConnection) -> None:
         if self.records and self.models.memory.sleep is not None:
@@ -361,9 +370,9 @@ class FactsSink(Sink):
     promotion first, then the knowledge fold); its forget requests go to ``ForgetStep``."""
 
     def __init__(self, models: ReadModels, res: BatchResult, dead: DeadLetters, max_depth: int,
-                 forget: ForgetStep) -> None:
+                 forget: ForgetStep, memory: MemorySink) -> None:
         super().__init__(models, res, dead)
-        self.max_depth, self.forget = max_depth, forget
+        self.max_depth, self.forget, self.memory = max_depth, forget, memory
         self.items: list[tuple[str, int, Any]] = []
         self.facts: list[tuple[int, Any]] = []
         self.scopes: set[str] = set()
@@ -383,14 +392,16 @@ class FactsSink(Sink):
     def write(self, con: duckdb.DuckDBPyConnection) -> None:
         if self.items:  # utilisation and promotion, in the topic's order, ahead of the knowledge fold
             self.facts = self.models.utilisation.fold(con, self.models.agents, self.items)
+        self.scopes = set(self.memory.retired_scopes)  # their briefings and top facts change too
         if self.facts:
-            self.res.facts, self.scopes = self.models.knowledge.write(con, self.facts)
+            self.res.facts, fact_scopes = self.models.knowledge.write(con, self.facts)
+            self.scopes |= fact_scopes
             self.res.lap("knowledge")
 
     def rolled_back(self, con: duckdb.DuckDBPyConnection) -> None:
         if self.items:
             self.models.utilisation.reload(con)
-        if self.facts:  # the fold's state ran ahead of the tables: reload it from what committed
+        if self.facts or self.memory.retired_scopes:  # the fold ran ahead of the tables: reload what committed
             self.models.knowledge = KnowledgeProjection(con)
 
     def committed(self, con: duckdb.DuckDBPyConnection) -> None:

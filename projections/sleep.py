@@ -2,21 +2,21 @@
 
 The memory topic has one partition, so the episodic memory the fold holds before any record is the
 same live and in a replay. Before it applies a units record, the fold advances the sleep clock to
-the record's event time (``somnus.processors.sleep.job.advance``; cron ``SOMNUS_SLEEP_SCHEDULE``, default
+the record's event time (``somnus.processors.sleep.schedule.advance``; cron ``SOMNUS_SLEEP_SCHEDULE``, default
 ``0 3 * * *``): every fire time passed runs a sleep at that time, over the state before the record.
 The event time is bounded by the record's timestamp plus ``SOMNUS_MAX_CLOCK_SKEW_S``
-(``somnus.processors.sleep.job.bounded_time``): units stamped ahead by a runtime's clock do not run the sleeps
+(``somnus.processors.sleep.schedule.bounded_time``): units stamped ahead by a runtime's clock do not run the sleeps
 of nights to come.
 A ``SleepRequested`` record (``somnus sleep``) runs one at its ``at``. The watermark (the last run's
 time) makes a run at or before it a no-op, so running twice changes nothing.
 
 **A stream time per scope.** The fold also keeps, per memory scope (``agent:<name>``), the newest
 (bounded) event time of its units (``SleepState.scopes``), and a run measures each memory's idle
-time to its scope's stream time, never later than the run (``somnus.processors.sleep.job``: column
+time to its scope's stream time, never later than the run (``somnus.processors.sleep.scoring``: column
 ``stream_time``). So another dataset's newer events never make a scope's memories idle: a dataset
 imported after a newer one is judged by its own time, not the other's.
 
-A run's decisions (``somnus.processors.sleep.job.plan_sleep``: protect, compress, prune, re-score, dream…) are
+A run's decisions (``somnus.processors.sleep.plan.plan_sleep``: protect, compress, prune, re-score, dream…) are
 written to ``lifecycle_log`` and its report to ``sleep_runs`` in the transaction of the batch that
 triggered it (a crash means the batch, run included, is redone identically); compressions and
 prunings are applied to the memory index as ``MemoryForgotten`` events, appended to ``memory_log``
@@ -43,8 +43,20 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from somnus.processors.episodic.capture import apply_all, forget_all
-from somnus.processors.sleep.job import SleepClock, SleepConfig, SleepInputs, advance, bounded_time, plan_sleep
-from somnus.schemas.lifecycle import MemoryCompressed, MemoryPruned, SleepCompleted, SleepTrigger
+from somnus.processors.sleep.config import SleepConfig
+from somnus.processors.sleep.dreaming import signature_vectors
+from somnus.processors.sleep.plan import SleepInputs, fold_observations, plan_sleep
+from somnus.processors.sleep.schedule import SleepClock, advance, bounded_time
+from somnus.projections.schema import refresh_facts_top
+from somnus.schemas.lifecycle import (
+    MemoryCompressed,
+    MemoryPruned,
+    RetireReason,
+    SleepCompleted,
+    SleepTrigger,
+    TripleRetired,
+    decode_lifecycle,
+)
 from somnus.schemas.memory import ForgetReason
 from somnus.projections.frames import registered
 
@@ -139,6 +151,69 @@ def memory_columns(state: Any, scopes: Mapping[str, datetime] | None = None) -> 
     return frame, edges
 
 
+def dream_inputs(state: Any, frame: pl.DataFrame, edges: pl.DataFrame, since: datetime | None, config: SleepConfig,
+                 **kw: Any) -> SleepInputs:
+    """A run's inputs with what dreaming needs, from the fold's own state: the memories captured since
+    the last run ``since`` as phase A's observations (``fold_observations``), the memories' MinHash
+    signatures as vectors (``signature_vectors``, asked for per agent), and the capture decisions'
+    prediction errors for saturation."""
+    ix = state.index
+
+    def embed(ids: Sequence[str]) -> np.ndarray:
+        rows = np.fromiter(map(ix.pos.__getitem__, ids), dtype=np.int64, count=len(ids))
+        return signature_vectors(ix.signatures.data[rows])
+
+    errors = state.prediction_errors
+    capture_errors = pl.DataFrame({
+        "observed_at": pa.array(np.fromiter((t for t, _ in errors), dtype=np.int64, count=len(errors)),
+                                pa.timestamp("us", "UTC")),
+        "prediction_error": np.fromiter((pe for _, pe in errors), dtype=np.float64, count=len(errors))})
+    return SleepInputs(memories=frame, edges=edges, embed=embed, capture_errors=capture_errors,
+                       observations=fold_observations(frame, since, config.dream_observations_per_agent), **kw)
+
+
+# A live triple's last touch: its assertion, its last change in ``triple_history`` (reinforcements),
+# or its last use by an agent it was served to (``fact_uses``: retrieval).
+LIVE_TRIPLES_SQL = """
+SELECT t.triple_id::VARCHAR AS triple_id, t.scope, t.valid_to,
+       greatest(t.valid_from, coalesce(h.last, t.valid_from), coalesce(u.last, t.valid_from)) AS last_touched
+FROM triples t
+LEFT JOIN (SELECT triple_id::VARCHAR AS triple_id, max(changed_at) AS last FROM triple_history GROUP BY 1) h
+  ON h.triple_id = t.triple_id::VARCHAR
+LEFT JOIN (SELECT triple_id, max(used_at) AS last FROM fact_uses GROUP BY 1) u ON u.triple_id = t.triple_id::VARCHAR
+WHERE t.valid_to IS NULL
+ORDER BY 1
+"""
+
+
+def live_triples(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
+    """The live triples with what fact retirement reads: triple_id, scope, valid_to (null), last_touched."""
+    return pl.from_arrow(con.sql(LIVE_TRIPLES_SQL).to_arrow_table())  # type: ignore[return-value]
+
+
+def retire_facts(con: duckdb.DuckDBPyConnection, retired: Sequence[Mapping[str, Any]]) -> set[str]:
+    """Close the retired triples (``valid_to`` = the run's time) with a ``retired`` row in
+    ``triple_history`` each (nothing is deleted), and refresh ``facts_top`` of their scopes; returns
+    those scopes (the caller reloads the knowledge fold and the in-memory facts_top)."""
+    if not retired:
+        return set()
+    frame = pa.Table.from_pylist([{"triple_id": r["triple_id"], "at": r["at"]} for r in retired])
+    with registered(con, frame=frame):
+        con.execute("CREATE OR REPLACE TEMP TABLE _retired AS SELECT DISTINCT ON (r.triple_id) r.triple_id::UUID "
+                    "AS triple_id, r.at FROM frame r JOIN triples t ON t.triple_id = r.triple_id::UUID "
+                    "WHERE t.valid_to IS NULL ORDER BY r.triple_id, r.at")
+    con.execute("INSERT INTO triple_history SELECT (SELECT coalesce(max(ordinal) + 1, 0) FROM triple_history) "
+                "+ row_number() OVER (ORDER BY r.at, r.triple_id) - 1, r.triple_id, 'retired', "
+                "coalesce(t.last_evidence, t.evidence), r.at, t.count, t.confidence "
+                "FROM _retired r JOIN triples t USING (triple_id)")
+    con.execute("UPDATE triples SET valid_to = r.at FROM _retired r WHERE triples.triple_id = r.triple_id")
+    scopes = {s for (s,) in con.execute(
+        "SELECT DISTINCT t.scope FROM _retired r JOIN triples t USING (triple_id) ORDER BY 1").fetchall()}
+    con.execute("DROP TABLE _retired")
+    refresh_facts_top(con, sorted(scopes))
+    return scopes
+
+
 _UNIT_FIELDS = attrgetter("agent", "outcome", "user_interaction", "perception", "summary", "action", "tools",
                           "objects", "domains")
 
@@ -196,6 +271,8 @@ class SleepJob:
         self.state = load_state(con)
         self.pending_rows: dict[str, list[dict[str, Any]]] = {"sleep_runs": []}
         self.pending_log: list[pa.Table] = []  # lifecycle_log rows (LOG_COLUMNS), a table per run
+        self.pending_retired: list[dict[str, Any]] = []  # idle triples retired by the runs: triple_id, at
+        self.retired_scopes: set[str] = set()  # scopes whose live facts the last ``write`` retired
         # Scheduled runs completed in the batch being written: (run_id, at). After the batch commits
         # the projector requests promotion for each (phase 2; ``take_scheduled``).
         self.scheduled: list[tuple[str, datetime]] = []
@@ -208,19 +285,25 @@ class SleepJob:
         self.state.clock = clock
         return due
 
-    def run(self, memory_state: Any, at: datetime, trigger: SleepTrigger, offset: int) -> list[Any]:
-        """Plan and apply one run at ``at``; returns the MemoryForgotten events it applied."""
+    def run(self, memory_state: Any, at: datetime, trigger: SleepTrigger, offset: int,
+            con: duckdb.DuckDBPyConnection | None = None) -> list[Any]:
+        """Plan and apply one run at ``at``; returns the MemoryForgotten events it applied. With ``con``
+        (the batch's transaction), the live triples are read for fact retirement."""
         with _collector_paused():
-            return self._run(memory_state, at, trigger, offset)
+            return self._run(memory_state, at, trigger, offset, con)
 
     def observe(self, units: Sequence[Any], record_time: datetime | None) -> None:
         """Advance the stream times of the units' scopes (call after the runs the record makes due)."""
         observe_scopes(self.state.scopes, units, record_time, self.config.max_clock_skew_s)
 
-    def _run(self, memory_state: Any, at: datetime, trigger: SleepTrigger, offset: int) -> list[Any]:
+    def _run(self, memory_state: Any, at: datetime, trigger: SleepTrigger, offset: int,
+             con: duckdb.DuckDBPyConnection | None) -> list[Any]:
         frame, edges = memory_columns(memory_state, self.state.scopes)
-        plan = plan_sleep(SleepInputs(memories=frame, edges=edges, max_episodes=self.max_episodes,
-                                      fiedler_history=tuple(self.state.fiedler_history)),
+        triples = live_triples(con) if con is not None and self.config.fact_retire_days > 0 else None
+        plan = plan_sleep(dream_inputs(memory_state, frame, edges, self.state.watermark, self.config,
+                                       max_episodes=self.max_episodes, triples=triples,
+                                       scope_times=dict(self.state.scopes),
+                                       fiedler_history=tuple(self.state.fiedler_history)),
                           now=at, trigger=trigger, watermark=self.state.watermark, config=self.config,
                           input_offset=offset)
         if plan is None:
@@ -239,6 +322,11 @@ class SleepJob:
             events.memory_id.filter(gone).to_pylist(),
             map(_FORGET_REASON.__getitem__, events.kind.filter(gone).to_pylist())), at)
         apply_all(memory_state, forgotten)
+        retired = pc.equal(events.kind, TripleRetired.__name__)
+        for body in events.body.filter(retired).to_pylist():
+            ev = decode_lifecycle(body.encode())
+            if isinstance(ev, TripleRetired) and ev.reason is RetireReason.IDLE:
+                self.pending_retired.append({"triple_id": ev.triple_id, "at": ev.at, "run_id": ev.run_id})
         if pc.any(pc.equal(events.kind, SleepCompleted.__name__)).as_py():
             r = plan.report  # the SleepCompleted event's report, at and watermark are the plan's
             self.pending_rows["sleep_runs"].append({
@@ -260,6 +348,8 @@ class SleepJob:
                 con.execute("INSERT INTO lifecycle_log SELECT run_id, seq, kind, memory_id, decided_at, body::JSON "
                             "FROM log_frame")
         self.pending_log.clear()
+        self.retired_scopes = retire_facts(con, self.pending_retired)
+        self.pending_retired.clear()
         rows = self.pending_rows["sleep_runs"]
         if rows:
             with registered(con, frame=pa.Table.from_pylist(rows)):
@@ -272,6 +362,8 @@ class SleepJob:
         for rows in self.pending_rows.values():
             rows.clear()
         self.pending_log.clear()
+        self.pending_retired.clear()
+        self.retired_scopes = set()
         self.scheduled.clear()
 
     def take_scheduled(self) -> list[tuple[str, datetime]]:

@@ -100,7 +100,7 @@ class BatchSinks:
         memory = MemorySink(models, res, dead, max_depth)
         working = WorkingMemorySink(models, res, dead, max_depth)
         semantic = SemanticSink(models, res, dead, max_depth)
-        facts = FactsSink(models, res, dead, max_depth, forget)
+        facts = FactsSink(models, res, dead, max_depth, forget, memory)
         by_topic: dict[str, Sink] = {topics.traces: traces, topics.episodes: episodes, topics.facts: facts,
                                      topics.semantic: semantic, topics.working_memory: working,
                                      topics.memory: memory, topics.link_updates: links, topics.dead_letters: dead}

@@ -1,6 +1,6 @@
 """The memory lifecycle log: what a sleep run decided, one event per decision (topic ``lifecycle``).
 
-A sleep run (``processors/sleep/job.py``) is a deterministic sequence of decisions. Every event of a
+A sleep run (``processors/sleep/plan.py``) is a deterministic sequence of decisions. Every event of a
 run names the run (``run_id``), its place in it (``seq``: 0, 1, 2 ... with no gaps) and ``at``,
 the run's event time (the cron fire time or the requested time, never the wall clock of the
 machine that emits it). The sequence always has this shape::
@@ -14,7 +14,7 @@ machine that emits it). The sequence always has this shape::
 
 ``(run_id, seq)`` is the idempotence key: a consumer ignores a pair it has seen, and a run whose
 ``SleepCompleted`` it has not seen yet is not applied at all (a crashed run resumes and completes
-the same sequence; see ``somnus.processors.sleep.job.RunAssembler``). ``SleepCompleted.watermark`` is the
+the same sequence; see ``somnus.processors.sleep.plan.RunAssembler``). ``SleepCompleted.watermark`` is the
 event time up to which sleep has run: a run at or before it is never planned again.
 
 The compact form of a compressed memory (``CompactMemory``) uses one-letter keys on the wire so it
@@ -69,6 +69,11 @@ PHASE_ORDER: tuple[SleepPhase, ...] = (SleepPhase.HIPPOCAMPUS, SleepPhase.PROMOT
 class PruneReason(str, Enum):
     STALE = "stale"  # not accessed for the layer's max age and a retention below the keep threshold
     OVER_CAPACITY = "over_capacity"  # the agent holds more than maxEpisodes episodes
+
+
+class RetireReason(str, Enum):
+    CLOSED = "closed"  # closed (valid_to) more than the triple retention window ago
+    IDLE = "idle"  # live, but neither reinforced nor retrieved for the fact retirement window (Maximus)
 
 
 class ProtectReason(str, Enum):
@@ -219,10 +224,14 @@ class MemoryPruned(_Decision, kw_only=True, tag="memory_pruned"):
 
 
 class TripleRetired(_Decision, kw_only=True, tag="triple_retired"):
-    """A closed triple older than the retention window leaves the live projection."""
+    """A triple leaves the live projection: closed longer ago than the retention window (``closed``:
+    ``valid_to`` is when it closed), or live and idle (``idle``: ``valid_to`` is the run's time, when it
+    is retired; ``last_touched`` its last reinforcement or retrieval). Never deleted."""
 
     triple_id: NonEmpty
     valid_to: datetime
+    reason: RetireReason = RetireReason.CLOSED
+    last_touched: datetime | None = None
 
 
 class MemoryPromoted(_Decision, kw_only=True, tag="memory_promoted"):

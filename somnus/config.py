@@ -35,6 +35,7 @@ _ENV = {
     "working_memory_max_tokens": "SOMNUS_WORKING_MEMORY_MAX_TOKENS",
     "model_context_tokens": "SOMNUS_MODEL_CONTEXT_TOKENS",
     "sleep_schedule": "SOMNUS_SLEEP_SCHEDULE",
+    "fact_retire_days": "SOMNUS_FACT_RETIRE_DAYS",
     "oscillators": "SOMNUS_OSCILLATORS",
     "session_retention_s": "SOMNUS_SESSION_RETENTION_S",
     "session_idle_s": "SOMNUS_SESSION_IDLE_S",
@@ -80,6 +81,9 @@ class Settings:
     model_context_tokens: int = 200_000
     # Deep sleep (projections/sleep.py): cron, evaluated on stream time (event time), UTC.
     sleep_schedule: str = "0 3 * * *"
+    # Sleep retires a live fact neither reinforced nor used for this many days of stream time
+    # (processors/sleep/scoring.idle_triples); 0: never.
+    fact_retire_days: float = 90.0
     # Coupled oscillators of the SCN (processors/prediction/oscillators.py): optional, off by default.
     oscillators: bool = False
     # How long the worker remembers a closed session (stream time, per partition: processors/sessions/session_retention.py);

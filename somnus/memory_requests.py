@@ -63,10 +63,20 @@ def consolidate(s: Settings, bootstrap: str, owner: str, inputs: dict[str, Any],
 
 
 def sleep(s: Settings, bootstrap: str, inputs: dict[str, Any], at: datetime, requested_by: str) -> Any:
-    """Publish a deep sleep (memory topic: hippocampus sleep), then the global promotion it leads to."""
-    from somnus.schemas.lifecycle import KIND_SLEEP
+    """Publish a deep sleep (memory topic: hippocampus sleep), then the global promotion it leads to.
+
+    The promotion's id names the run (as the projector's after a scheduled run): the semantic fold
+    runs it once, then consolidates the ATL and Angular Gyrus and adds them to the run's report."""
+    import msgspec
+
+    from somnus.processors.sleep.schedule import run_id_for
+    from somnus.projections.semantic import SLEEP_REQUEST_PREFIX
     from somnus.schemas.codec import encode
-    from somnus.schemas.lifecycle import SleepRequested
+    from somnus.schemas.lifecycle import KIND_SLEEP, SleepRequested
+    from somnus.schemas.semantic import KIND_PROMOTE, PromotionRequested
 
     _send(bootstrap, s.memory_topic, [(None, encode(SleepRequested(at=at, requested_by=requested_by)), KIND_SLEEP)])
-    return consolidate(s, bootstrap, "global", inputs, at)
+    req = msgspec.convert({**inputs, "at": at.isoformat(), "request_id": SLEEP_REQUEST_PREFIX + run_id_for(at)},
+                          PromotionRequested, strict=False)
+    _send(bootstrap, s.semantic_topic, [(b"global", encode(req), KIND_PROMOTE)])
+    return req

@@ -41,9 +41,10 @@ again on the same units in the same order also gives the same decisions. A unit 
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from operator import attrgetter
 from typing import Any
 
@@ -76,6 +77,8 @@ CHECKPOINT_INTERVAL = timedelta(hours=1)
 LONG_TERM_ACCESSES = 3  # a memory recalled this often becomes long-term
 DEFAULT_IMPORTANCE = 0.5
 MAX_TEXT = 2000  # characters of a message kept in its unit
+PE_HISTORY_LIMIT = 100_000  # capture prediction errors the fold keeps (newest), for sleep's saturation
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 # ---- units ------------------------------------------------------------------------------------
 
@@ -214,6 +217,9 @@ class MemoryState:
     last_goal: dict[str, str] = field(default_factory=dict)  # agent -> its latest goal
     last_stored: dict[str, datetime] = field(default_factory=dict)  # agent -> event time of its latest memory
     decided: set[str] = field(default_factory=set)  # unit ids already decided (merged ones too)
+    # Every capture decision's (event time in µs, prediction error), oldest decided first, the last
+    # ``PE_HISTORY_LIMIT``: what sleep's saturation report reads (``processors/sleep/dreaming.py``).
+    prediction_errors: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=PE_HISTORY_LIMIT))
 
     @classmethod
     def empty(cls, config: IndexConfig | None = None, embed: Any = None) -> MemoryState:
@@ -268,6 +274,11 @@ def decide(state: MemoryState, unit: MemoryUnit, now: datetime) -> list[MemoryEv
     return out
 
 
+def _epoch_us(at: datetime) -> int:
+    delta = at - _EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
 def _r(x: float) -> float:
     """Clamped to [0, 1] and rounded for the log (9 places): the persisted number and the applied one
     are the same. (Rounding first then clamping gives the same float, with fewer calls: this runs for
@@ -286,6 +297,7 @@ def apply(state: MemoryState, event: MemoryEvent) -> None:
     if isinstance(event, CaptureDecided):
         u = event.unit
         state.decided.add(u.memory_id)
+        state.prediction_errors.append((_epoch_us(u.occurred_at), event.prediction_error))
         if u.goal:
             state.last_goal[u.agent] = _goal_key(u.goal)
         if event.action is CaptureAction.MERGED:

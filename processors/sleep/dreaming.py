@@ -59,6 +59,8 @@ DENSITY_K = 5  # neighbours that define a memory's local density
 BORDERLINE_MARGIN = 0.05  # PE this close under the threshold is borderline
 MIN_SCHEMA_EDGES = 2  # a match with fewer edges is a sparse schema
 
+SIGNATURE_VALUES = 16  # one-hot width of a signature value (``signature_vectors``)
+
 # --- phase B -------------------------------------------------------------------------------------
 CONNECT_THRESHOLD = 0.5
 CONNECT_LIMIT = 5  # edges among the recently active memories, existing ones included
@@ -83,6 +85,25 @@ STABILITY_MIN = 0.001
 RELEARNING_MIN_DAYS = 0.5
 REVIEW_MIN_DAYS = 1.0
 AGAIN, HARD, GOOD, EASY = 1, 2, 3, 4
+
+
+def signature_vectors(signatures: np.ndarray, values: int = SIGNATURE_VALUES) -> np.ndarray:
+    """L2-normalised vectors of MinHash signatures (one row of ``k`` hash values each): one-hot of each
+    value modulo ``values``, block by block, so the cosine of two rows is the share of blocks that agree,
+    an estimate of the Jaccard similarity of their feature sets (plus ``(1 - J) / values`` of
+    collisions). What dreaming compares when the fold has no sentence embeddings.
+
+    >>> s = np.array([[1, 2, 3, 4], [1, 2, 3, 5], [9, 10, 11, 12]], dtype=np.uint32)
+    >>> v = signature_vectors(s)
+    >>> (v @ v.T).round(2).tolist()
+    [[1.0, 0.75, 0.0], [0.75, 1.0, 0.0], [0.0, 0.0, 1.0]]
+    """
+    sig = np.asarray(signatures)
+    n, k = sig.shape
+    out = np.zeros((n, k * values), dtype=np.float32)
+    cols = np.arange(k) * values + (sig.astype(np.int64) % values)
+    out[np.repeat(np.arange(n), k), cols.ravel()] = 1.0 / np.sqrt(k) if k else 0.0
+    return out
 
 
 def adaptive_threshold(density: np.ndarray, merge_pe: float = MERGE_PE) -> np.ndarray:

@@ -58,7 +58,7 @@ def run_sleep(units: int = 1_000_000, agents: int = 1000, seed: int = 7, batch: 
 
     from somnus.processors.episodic.capture import MemoryState, apply, capture
     from somnus.processors.episodic.index import IndexConfig
-    from somnus.processors.sleep.job import SleepConfig
+    from somnus.processors.sleep.config import SleepConfig
     from somnus.projections import schema
     from somnus.projections.memory import stemmer
     from somnus.projections.sleep import SleepJob

@@ -103,7 +103,7 @@ def _sleep_report(s: object, runs: int, plot: Optional[Path], as_json: bool, rep
                params=[runs])
     rows = list(reversed(got["rows"]))
     if plot:
-        from somnus.processors.sleep.job import history_figure
+        from somnus.plots import history_figure
         from somnus.schemas.lifecycle import SleepReport
 
         reports = [(datetime.fromisoformat(str(r[1])), msgspec.json.decode(r[3], type=SleepReport)) for r in rows]

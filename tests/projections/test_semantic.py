@@ -171,3 +171,58 @@ def test_math_patterns_keep_a_patterns_source_agents_and_old_files_get_the_colum
         assert [json.loads(r) for (r,) in concept.fetchall()] == [["a", "b"]]
         sums.append(queries.table_checksums(con)["math_patterns"])
     assert sums[0] == sums[1]  # the same content, whichever way the file got the column
+
+
+def test_a_sleeps_promotion_is_followed_by_atl_and_angular_gyrus_consolidation(tmp_path):
+    # Issue 29 item 2: hippocampus (the memory fold's run), promotion, then ATL and Angular Gyrus
+    # consolidation (30 days without reinforcement or re-confirmation), then refresh; the run's
+    # report lists the semantic layers with what changed.
+    from somnus.processors.semantic.layers import snapshot
+    from somnus.schemas.semantic import ConceptCreated, Provenance
+
+    con = duckdb.connect(str(tmp_path / "s.duckdb"))
+    schema.init(con)
+    calls = [CallOutcome("pay", ok=k < 10 - 2 * d, at=T0 + timedelta(days=d, hours=k), episode_id=f"e{d}-{k}",
+                         agent="b" if k % 2 else "a") for d in range(6) for k in range(10)]
+    promoted = PromotionRequested(owner="global", at=T0 + timedelta(days=7), calls=calls,  # concepts, patterns
+                                  links=_request(None).links)
+    first = ReadModels(con)
+    apply_batch(con, TOPICS, [_rec(0, promoted)], load_offsets(con), 1 << 20, first)
+    # and a concept nothing hangs on (every promoted one has relationships, which keep it)
+    lone = ConceptCreated(owner="global", concept_id="c-lone", name="lone", definition="", category="tool",
+                          provenance=Provenance.AGENT_INFERENCE, at=promoted.at)
+    first.semantic._owner("global").apply(lone)
+    first.semantic._insert(con, [(lone, 0)])
+    concepts = con.execute("SELECT count(*) FROM concepts").fetchone()[0]
+    patterns = con.execute("SELECT count(*) FROM math_patterns").fetchone()[0]
+    assert concepts and patterns
+    for run, days in (("sleep-young", 10), ("sleep-old", 40)):
+        con.execute("INSERT INTO sleep_runs (run_id, run_at, trigger, report) VALUES (?, ?, 'schedule', ?::JSON)",
+                    [run, promoted.at + timedelta(days=days), '{"per_layer": {"hippocampus": {"before": 5}}}'])
+    seen = ReadModels(con)
+
+    def sleep(offset: int, run: str, days: int) -> None:
+        req = PromotionRequested(owner="global", at=promoted.at + timedelta(days=days), request_id=f"sleep:{run}")
+        apply_batch(con, TOPICS, [_rec(offset, req)], load_offsets(con), 1 << 20, seen)
+
+    def per_layer(run: str) -> dict:
+        return json.loads(con.execute("SELECT report FROM sleep_runs WHERE run_id = ?", [run]).fetchone()[0])[
+            "per_layer"]
+
+    sleep(1, "sleep-young", 10)  # ten days on: nothing is old enough
+    assert con.execute("SELECT count(*) FROM semantic_log WHERE kind = 'RecordRemoved'").fetchone()[0] == 0
+    assert per_layer("sleep-young")["atl"] == {"after": concepts, "removed": 0, "before": concepts}
+    sleep(2, "sleep-old", 40)  # forty days on: what promotion made and nothing reinforced since decays
+    removed = dict(con.execute("SELECT body->>'layer', count(*) FROM semantic_log WHERE kind = 'RecordRemoved' "
+                               "GROUP BY 1").fetchall())
+    assert removed.get("angular_gyrus", 0) == patterns
+    layers = per_layer("sleep-old")
+    assert layers["hippocampus"] == {"before": 5}  # the memory fold's part is kept
+    assert layers["angular_gyrus"] == {"after": 0, "removed": patterns, "before": patterns}
+    assert layers["atl"]["removed"] == removed.get("atl", 0) == 1  # the lone concept
+    assert con.execute("SELECT count(*) FROM concepts WHERE concept_id = 'c-lone'").fetchone()[0] == 0
+    assert layers["atl"]["after"] == con.execute("SELECT count(*) FROM concepts").fetchone()[0]
+    assert con.execute("SELECT count(*) FROM math_patterns").fetchone()[0] == 0
+    # replay: the layers rebuilt from the log are the live ones
+    rebuilt = ReadModels(con).semantic.layers
+    assert {o: snapshot(m) for o, m in rebuilt.items()} == {o: snapshot(m) for o, m in seen.semantic.layers.items()}

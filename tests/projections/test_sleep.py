@@ -11,7 +11,7 @@ import pytest
 
 from somnus.processors.sessions.distiller import distill
 from somnus.processors.episodic.capture import episode_unit
-from somnus.processors.sleep.job import SleepConfig
+from somnus.processors.sleep.config import SleepConfig
 from somnus.projections import queries, schema
 from somnus.schemas.lifecycle import KIND_SLEEP
 from somnus.projections.writer import ReadModels, Topics, apply_batch, load_offsets

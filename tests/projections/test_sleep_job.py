@@ -15,10 +15,11 @@ import pytest
 
 from somnus.processors.sessions.distiller import distill
 from somnus.processors.episodic.capture import MemoryState, apply, capture, episode_unit, forget
-from somnus.processors.sleep.job import SleepConfig, SleepInputs, plan_sleep
+from somnus.processors.sleep.config import SleepConfig
+from somnus.processors.sleep.plan import plan_sleep
 from somnus.projections import schema
 from somnus.projections.memory import new_state
-from somnus.projections.sleep import LOG_COLUMNS, SleepJob, memory_columns
+from somnus.projections.sleep import LOG_COLUMNS, SleepJob, dream_inputs, memory_columns
 from somnus.schemas.codec import decode_trace
 from somnus.schemas.lifecycle import MemoryCompressed, MemoryPruned, SleepTrigger, encode_lifecycle
 from somnus.schemas.memory import MEMORY_SCHEMA_VERSION, ForgetReason, MemoryAccessed
@@ -103,8 +104,9 @@ def test_a_run_writes_and_forgets_what_the_event_by_event_run_does(tmp_path, uni
     forgotten = job.run(state, at, SleepTrigger.ON_DEMAND, offset=3)
     # The reference: plan the same inputs, then every event built, encoded and applied one by one.
     frame, edges = reference_columns(expected_state)
-    plan = plan_sleep(SleepInputs(memories=frame, edges=edges), now=at, trigger=SleepTrigger.ON_DEMAND,
-                      config=SleepConfig(), input_offset=3)
+    # (dreaming fed from the fold's state, as the job does: issue 29)
+    plan = plan_sleep(dream_inputs(expected_state, frame, edges, None, SleepConfig()), now=at,
+                      trigger=SleepTrigger.ON_DEMAND, config=SleepConfig(), input_offset=3)
     rows, expected_forgotten = [], []
     for ev in plan.events():
         rows.append((ev.run_id, ev.seq, type(ev).__name__, getattr(ev, "memory_id", None), ev.at,

@@ -28,6 +28,7 @@ NON_DEFAULT = {
     "working_memory_max_tokens": (32000, "SOMNUS_WORKING_MEMORY_MAX_TOKENS", "32000", 32000),
     "model_context_tokens": (128000, "SOMNUS_MODEL_CONTEXT_TOKENS", "128000", 128000),
     "sleep_schedule": ("0 */6 * * *", "SOMNUS_SLEEP_SCHEDULE", "0 */6 * * *", "0 */6 * * *"),
+    "fact_retire_days": (30.0, "SOMNUS_FACT_RETIRE_DAYS", "30", 30.0),
     "oscillators": (True, "SOMNUS_OSCILLATORS", "true", True),
     "session_retention_s": (3600.0, "SOMNUS_SESSION_RETENTION_S", "3600", 3600.0),
     "session_idle_s": (7200.0, "SOMNUS_SESSION_IDLE_S", "7200", 7200.0),

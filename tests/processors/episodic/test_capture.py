@@ -359,3 +359,16 @@ def test_memory_events_are_validated():
         msgspec.json.decode(good.replace(b'"schema_version":1', b'"schema_version":2'), type=MemoryEvent)
     with pytest.raises(msgspec.ValidationError):
         msgspec.json.decode(good.replace(b'"removed"', b'"vanished"'), type=MemoryEvent)
+
+
+def test_the_fold_keeps_each_decisions_prediction_error_for_sleep_and_replay_rebuilds_them():
+    # merged units keep theirs too (a near-duplicate is evidence the schema was not surprised)
+    units = units_for_replay()
+    state, log = capture(MemoryState(), units, now=T0)
+    decided = decisions_of(log)
+    assert len(state.prediction_errors) == len(decided) == len(units)
+    assert [pe for _, pe in state.prediction_errors] == [d.prediction_error for d in decided]
+    assert [t for t, _ in state.prediction_errors] == [int(d.unit.occurred_at.timestamp() * 1_000_000)
+                                                       for d in decided]
+    assert list(replay(log).prediction_errors) == list(state.prediction_errors)
+    assert state.prediction_errors.maxlen == M.PE_HISTORY_LIMIT == 100_000

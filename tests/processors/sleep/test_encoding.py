@@ -1,4 +1,4 @@
-"""somnus.processors.sleep.job: a plan's events as columns (``SleepPlan.encoded``) are its events (``SleepPlan.events``)
+"""somnus.processors.sleep.encoding: a plan's events as columns (``SleepPlan.encoded``) are its events (``SleepPlan.events``)
 encoded one by one (``encode_lifecycle``), byte for byte, and the JSON texts the columns are made of are
 msgspec's."""
 
@@ -14,8 +14,10 @@ import pyarrow as pa
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from somnus.processors.sleep import job as sleep
-from somnus.processors.sleep.job import SleepConfig, SleepInputs, plan_sleep
+from somnus.processors.sleep import encoding
+from somnus.processors.sleep.config import SleepConfig
+from somnus.processors.sleep.plan import SleepInputs, plan_sleep
+from somnus.processors.sleep.schedule import from_us
 from somnus.schemas.lifecycle import encode_lifecycle
 
 NOW = datetime(2024, 6, 5, 3, 0, tzinfo=timezone.utc)
@@ -34,31 +36,31 @@ def msgspec_text(value: Any) -> str:
                           st.none(), st.booleans())))
 @example([0.1, 1e-7, 1e16, 2.0, -0.0, 5e-324, None])
 def test_json_numbers_are_msgspec_texts(values):
-    assert sleep._json_numbers(values).to_pylist() == [msgspec_text(v) for v in values]
+    assert encoding.json_numbers(values).to_pylist() == [msgspec_text(v) for v in values]
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.integers(-(2**63), 2**63 - 1)))
 def test_json_ints_are_msgspec_texts(values):
-    assert sleep._json_ints(np.array(values, dtype=np.int64)).to_pylist() == [msgspec_text(v) for v in values]
+    assert encoding.json_ints(np.array(values, dtype=np.int64)).to_pylist() == [msgspec_text(v) for v in values]
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.one_of(TEXT, NASTY)), st.booleans())
 def test_json_strings_are_msgspec_texts(values, repeated):
-    got = sleep._json_strings(pa.array(values, pa.string()), repeated=repeated).to_pylist()
+    got = encoding.json_strings(pa.array(values, pa.string()), repeated=repeated).to_pylist()
     assert got == [msgspec_text(v) for v in values]
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.integers(sleep._MIN_SECONDS - 10, sleep._MAX_SECONDS + 10)))
-@example([sleep._MIN_SECONDS, sleep._MAX_SECONDS, 0, -1, 951_782_400])
+@given(st.lists(st.integers(encoding.MIN_SECONDS - 10, encoding.MAX_SECONDS + 10)))
+@example([encoding.MIN_SECONDS, encoding.MAX_SECONDS, 0, -1, 951_782_400])
 def test_json_seconds_are_msgspec_datetimes_or_none_out_of_range(seconds):
-    got = sleep._json_seconds(np.array(seconds, dtype=np.int64))
-    if any(s < sleep._MIN_SECONDS or s > sleep._MAX_SECONDS for s in seconds):
+    got = encoding.json_seconds(np.array(seconds, dtype=np.int64))
+    if any(s < encoding.MIN_SECONDS or s > encoding.MAX_SECONDS for s in seconds):
         assert got is None
     else:
-        assert got.to_pylist() == [msgspec_text(sleep._dt(s * 1_000_000)) for s in seconds]
+        assert got.to_pylist() == [msgspec_text(from_us(s * 1_000_000)) for s in seconds]
 
 
 memory = st.fixed_dictionaries({

@@ -923,6 +923,11 @@ def rhythms(agent: str = typer.Option(..., "--agent"), hours: str = typer.Option
                 f"{agent} around {hours}" + (f" on {days}" if days else ""))
 
 
+from somnus.mcp_server import cli_command as _mcp  # noqa: E402  (docs/integrations/mcp.md)
+
+app.command("mcp")(_mcp())
+
+
 # ---- demo and bench ----------------------------------------------------------------------
 
 @app.command()

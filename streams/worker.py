@@ -13,6 +13,7 @@ from somnus.config import Settings
 from somnus.procs import private_files, tune_gc
 from somnus.streams.app import create_app
 from somnus.streams.liveness import diagnostics
+from somnus.streams.metrics import serve_worker_metrics
 from somnus.streams.topics import ensure_topics
 
 
@@ -45,6 +46,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"somnus worker: {exc}")
     ensure_topics(settings, bootstrap)
     app = create_app(settings, bootstrap, worker_name=args.name)
+    if os.environ.get("SOMNUS_WORKER_METRICS_PORT", "0") != "off":  # docs/integrations/metrics.md
+        serve_worker_metrics(app.somnus_counters, args.name, settings.run_dir,
+                             int(os.environ.get("SOMNUS_WORKER_METRICS_PORT", "0")))
     worker = make_worker(app, args.loglevel)
     sys.argv = [sys.argv[0]]
     worker.execute_from_commandline()

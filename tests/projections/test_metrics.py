@@ -71,3 +71,20 @@ def test_worker_counters_are_read_when_scraped() -> None:
     assert got[("somnus_worker_events_total", (("worker", "worker-2"),))] == 12
     assert got[("somnus_worker_dead_letters_total", (("worker", "worker-2"),))] == 1
     assert got[("somnus_worker_poison_total", (("worker", "worker-2"),))] == 0
+
+
+def test_the_sample_grafana_dashboard_queries_only_metrics_that_are_served() -> None:
+    import re
+
+    m = ProjectorMetrics()
+    m.batch_applied(BatchResult(timings={"decode": 0.1}), 0.1)  # a labelled histogram shows once observed
+    reg = CollectorRegistry()
+    reg.register(ScrapeCollector(m, lag=lambda: {"t": 0}, stale=lambda: 0, dead_letters=lambda: {"poison": 1},
+                                 restarts=lambda: {"worker": 0}))
+    reg.register(worker_collector(WorkerCounters(), "w"))
+    served = {name for name, _ in _samples(exposition(m.registry) + exposition(reg))}
+    dashboard = json.loads((Path(__file__).resolve().parents[2] / "docs" / "integrations"
+                            / "grafana-dashboard.json").read_text())
+    queried = {name for p in dashboard["panels"] for t in p["targets"]
+               for name in re.findall(r"\bsomnus_[a-z_]+", t["expr"])}
+    assert queried and queried <= served, queried - served

@@ -356,7 +356,6 @@ class Projector:
                                                            "token_file": str(auth.token_file(home))}))
         return runner
 
-
     def lag(self) -> dict[str, int]:
         """Records of each projected topic past the stored offsets, by the consumer's last fetched high water."""
         if self._positions is None:

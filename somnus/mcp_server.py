@@ -57,7 +57,9 @@ def note_events(agent: str, note: str, now: datetime, user_id: str | None = None
     if len(note) > MAX_NOTE_CHARS:
         raise ValueError(f"argument `note`: {len(note)} characters, more than {MAX_NOTE_CHARS}")
     sid = session_id or f"note-{uuid.uuid4()}"
-    start: dict[str, Any] = {"task": NOTE_TASK, "metadata": {"source": "mcp", "kind": "note"}}
+    # "mode": "conversation" makes the worker keep the message itself as a memory unit (recallable by its
+    # words; somnus.processors.sessions.batch.memory_units), beside the episode of the session.
+    start: dict[str, Any] = {"task": NOTE_TASK, "metadata": {"source": "mcp", "kind": "note", "mode": "conversation"}}
     if user_id:
         start["user_id"] = user_id
     payloads = [("session_start", start), ("agent_message", {"text": note}),
@@ -138,59 +140,60 @@ def build(memory: Memory) -> Any:
     server = MCPServer("somnus", instructions="Memory for AI agents: recall past work, read briefings and facts, "
                        "predict a call's outcome, and remember notes. Each tool reads one agent's scope.")
 
-    async def call(ctx: Context, handler: str, agent: str | None = None, **params: Any) -> Any:
+    async def call(ctx: Context, handler: str, agent: str | None = None, **params: Any) -> str:
+        """The route's JSON, as one text block (a list would otherwise be one block per item)."""
         try:
-            return await memory.read(ctx, handler, agent, **params)
+            return json.dumps(await memory.read(ctx, handler, agent, **params), default=str)
         except McpRefused as exc:
             raise ToolError(str(exc)) from None
 
     @server.tool(structured_output=False)
-    async def recall(agent: str, query: str, ctx: Context, k: int = 10) -> dict[str, Any]:
+    async def recall(agent: str, query: str, ctx: Context, k: int = 10) -> str:
         """Memories of the agent's scope chain that best answer the query (fused lexical, similarity and graph recall)."""
         return await call(ctx, "recall", agent, query=query, k=k)
 
     @server.tool(structured_output=False)
-    async def briefing(agent: str, ctx: Context) -> dict[str, Any]:
+    async def briefing(agent: str, ctx: Context) -> str:
         """The agent's cached briefing (Markdown: key knowledge, lessons, warnings); null when it has none."""
         return await call(ctx, "briefing", agent)
 
     @server.tool(structured_output=False)
     async def context(agent: str, query: str, ctx: Context, user_id: str | None = None,
-                      session_id: str | None = None, max_tokens: int = 4000) -> dict[str, Any]:
+                      session_id: str | None = None, max_tokens: int = 4000) -> str:
         """One fitted context for a prompt: user synopsis, the session's recent conversation, recall, knowledge, briefing."""
         return await call(ctx, "context", agent, query=query, user_id=user_id, session_id=session_id,
                           max_tokens=max_tokens)
 
     @server.tool(structured_output=False)
     async def predict(tool: str, ctx: Context, args: dict[str, Any] | None = None, agent: str | None = None,
-                      hour: str | None = None) -> dict[str, Any]:
+                      hour: str | None = None) -> str:
         """Likely outcomes of a tool call before it is made (causal links learned from the stream). Operator token."""
         return await call(ctx, "predict", tool=tool, args=json.dumps(args) if args is not None else None,
                           agent=agent, hour=hour)
 
     @server.tool(structured_output=False)
     async def facts(agent: str, ctx: Context, as_of: str | None = None, limit: int = 50, predicate: str | None = None,
-                    entity: str | None = None) -> list[dict[str, Any]]:
+                    entity: str | None = None) -> str:
         """Facts of the agent's scope chain, highest confidence first; as_of (ISO 8601) gives those active then."""
         return await call(ctx, "facts", agent, as_of=as_of, limit=limit, predicate=predicate, entity=entity)
 
     @server.tool(structured_output=False)
     async def episodic_context(agent: str, query: str, ctx: Context, top_k: int = 5, token_budget: int = 2000,
-                               success_only: bool = False) -> dict[str, Any]:
+                               success_only: bool = False) -> str:
         """Token-budgeted text of the agent's relevant past work: task, result, lessons, tools."""
         return await call(ctx, "episodic_context", agent, query=query, top_k=top_k, token_budget=token_budget,
                           success_only="true" if success_only else None)
 
     @server.tool(structured_output=False)
-    async def rhythms(agent: str, ctx: Context, hours: str = "9", days: str | None = None) -> list[dict[str, Any]]:
+    async def rhythms(agent: str, ctx: Context, hours: str = "9", days: str | None = None) -> str:
         """What usually happens for the agent at these local hours ("9" or "8,9,10"; days "weekdays", "weekend", "0,1")."""
         return await call(ctx, "rhythms", agent, hours=hours, days=days)
 
     @server.tool(structured_output=False)
-    async def remember(agent: str, note: str, ctx: Context, user_id: str | None = None) -> dict[str, Any]:
+    async def remember(agent: str, note: str, ctx: Context, user_id: str | None = None) -> str:
         """Write an explicit note to the agent's memory (published through Kafka; recallable once projected)."""
         try:
-            return await memory.remember(ctx, agent, note, user_id)
+            return json.dumps(await memory.remember(ctx, agent, note, user_id))
         except McpRefused as exc:
             raise ToolError(str(exc)) from None
 

@@ -39,7 +39,7 @@ def _ok(result: Any) -> Any:
     return json.loads(_text(result))
 
 
-async def _calls(session: ClientSession, agent: str, operator: bool) -> dict[str, Any]:
+async def _calls(session: ClientSession, agent: str) -> dict[str, Any]:
     """List the tools and call each read once for ``agent``; the results by tool."""
     await session.initialize()
     assert {t.name for t in (await session.list_tools()).tools} == TOOLS
@@ -87,7 +87,7 @@ def test_mcp_tools_over_stdio_and_http_are_scoped_like_the_http_api(pipeline_set
 
         async def over_stdio() -> dict[str, Any]:
             async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
-                got = await _calls(session, "support", operator=False)
+                got = await _calls(session, "support")
                 got["remember"] = await session.call_tool("remember", {"agent": "support", "note": NOTE})
                 return got
 
@@ -117,24 +117,24 @@ def test_mcp_tools_over_stdio_and_http_are_scoped_like_the_http_api(pipeline_set
         wait_until(up, 60, what="the MCP HTTP server")
         assert httpx2.post(url, json={}, headers={"Authorization": "Bearer forged"}).status_code == 401
 
-        async def over_http(token: str, agent: str, operator: bool) -> dict[str, Any]:
+        async def over_http(token: str, agent: str) -> dict[str, Any]:
             async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=120) as http, \
                     streamable_http_client(url, http_client=http) as (read, write), \
                     ClientSession(read, write) as session:
-                got = await _calls(session, agent, operator)
+                got = await _calls(session, agent)
                 got["note_recall"] = await session.call_tool("recall", {"agent": agent, "query": "zebracorn", "k": 3})
                 return got
 
         p.wait_idle()  # the note is projected
-        as_operator = _run(lambda: over_http(operator, "support", True))
+        as_operator = _run(lambda: over_http(operator, "support"))
         for name in ("recall", "briefing", "context", "facts", "episodic_context", "rhythms", "predict", "other"):
             _ok(as_operator[name])
-        as_support = _run(lambda: over_http(support, "support", False))
+        as_support = _run(lambda: over_http(support, "support"))
         hits = _ok(as_support["note_recall"])["hits"]
         assert hits and "zebracorn" in hits[0]["text"] and hits[0]["agent"] == "support"
         assert as_support["other"].is_error and as_support["predict"].is_error
         researcher = auth.TokenStore(home).create(agent="researcher")[0]
-        theirs = _run(lambda: over_http(researcher, "researcher", False))
+        theirs = _run(lambda: over_http(researcher, "researcher"))
         assert _ok(theirs["note_recall"])["hits"] == []  # support's note is not in researcher's scope
     finally:
         if server is not None:

@@ -49,6 +49,11 @@ def test_a_note_is_a_valid_session_of_three_trace_events() -> None:
     assert [type(e).__name__ for e in decoded] == ["SessionStarted", "AgentMessaged", "SessionEnded"]
     assert decoded[0].payload.user_id == "u1" and decoded[1].payload.text == "refunds need a receipt"
     assert [e.seq for e in decoded] == [0, 1, 2] and len({e.session_id for e in decoded}) == 1
+    # The worker keeps the note's text as a memory unit of its own (recall finds it by its words).
+    from somnus.processors.sessions.batch import memory_units
+
+    units = memory_units({}, decoded, [], frozenset())
+    assert [(u.kind.value, u.perception) for u in units] == [("message", "refunds need a receipt")]
 
 
 @pytest.mark.parametrize("note", ["", "   ", "x" * (MAX_NOTE_CHARS + 1)])

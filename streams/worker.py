@@ -46,9 +46,11 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"somnus worker: {exc}")
     ensure_topics(settings, bootstrap)
     app = create_app(settings, bootstrap, worker_name=args.name)
-    if os.environ.get("SOMNUS_WORKER_METRICS_PORT", "0") != "off":  # docs/integrations/metrics.md
-        serve_worker_metrics(app.somnus_counters, args.name, settings.run_dir,
-                             int(os.environ.get("SOMNUS_WORKER_METRICS_PORT", "0")))
+    metrics_port = os.environ.get("SOMNUS_WORKER_METRICS_PORT", "0").strip()  # docs/integrations/metrics.md
+    if metrics_port != "off":
+        if not metrics_port.isdigit() or int(metrics_port) > 65535:
+            sys.exit(f"somnus worker: SOMNUS_WORKER_METRICS_PORT: a port (0: any free one) or off, not {metrics_port!r}")
+        serve_worker_metrics(app.somnus_counters, args.name, settings.run_dir, int(metrics_port))
     worker = make_worker(app, args.loglevel)
     sys.argv = [sys.argv[0]]
     worker.execute_from_commandline()

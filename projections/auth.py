@@ -446,6 +446,7 @@ def guard(store: TokenStore, routes: Callable[[], list[api.Route]] = api.all_rou
             principal = _principal(request, store, datetime.now(timezone.utc))  # checked on every request
             route = _route_of(request, routes)
             if route is None:
+                request[PRINCIPAL] = principal  # a route of its own (/metrics) decides by the principal
                 return await handler(request)
             params: dict[str, Any] = dict(request.query)
             if route.method == "POST":

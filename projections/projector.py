@@ -27,6 +27,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from somnus.projections import api, auth, positions, schema
 from somnus.projections.endpoint import endpoint_file
 from somnus.projections.http import make_app
+from somnus.projections.metrics import CONTENT_TYPE, ProjectorMetrics, ScrapeCollector, exposition, supervisor_restarts
 from somnus.projections.briefings import BRIEFING_INTERVAL_S, REFRESH_BUDGET_S
 from somnus.projections.sql_sandbox import SqlSandbox, harden
 from somnus.schemas.codec import encode
@@ -36,7 +37,7 @@ from somnus.schemas.briefing import KIND_SERVED
 from somnus.streams.connection import LARGE_RECORDS
 from somnus.streams import kafka_compat
 from somnus.streams.kafka_compat import track_topics_sent_to
-from somnus.config import Settings
+from somnus.config import SUPERVISOR_STATE_FILE, Settings
 from somnus.streams.connection import kafka_options
 from somnus.streams.topics import partitions_of
 from somnus.broker import BrokerError, await_broker, bootstrap_for
@@ -157,6 +158,8 @@ class Projector:
         self._producer: AIOKafkaProducer | None = None
         self.write_lock = asyncio.Lock()
         self._briefing_server: Any = None  # somnus.projections.briefing_server.BriefingServer while serving
+        self.metrics = ProjectorMetrics()  # GET /metrics (projections/metrics.py): fed by the loop below
+        self._positions: tuple[Any, dict[tuple[str, int], int]] | None = None  # (consumer, stored) for the lag
 
     def stop(self) -> None:
         self._stop.set()
@@ -189,6 +192,7 @@ class Projector:
                 consumer.seek(tp, stored.get((tp.topic, tp.partition), 0))
             drain = Drain(consumer, self.max_records)
             drain.start()
+            self._positions = (consumer, stored)
             if self.serve:
                 runner = await self._start_server(con, models)
                 # A crash between a batch's commit and its promotion requests lost them: request again
@@ -217,6 +221,7 @@ class Projector:
                     async with lock:  # caught up, or busy for a while: render what is stale (a slice)
                         made = await asyncio.to_thread(models.briefings.refresh, con, REFRESH_BUDGET_S)
                     took = time.monotonic() - now
+                    self.metrics.briefings_refreshed(took, len(made))
                     if took > SLOW_S:
                         log.warning("slow briefing refresh: %.2f s, %d changed", took, len(made))
                     last_briefings = now
@@ -238,6 +243,7 @@ class Projector:
                         if models.briefings.urgent:  # an agent's own news: its briefing now, not in 0.5 s
                             await asyncio.to_thread(models.briefings.refresh, con, REFRESH_BUDGET_S, True)
                     took = time.monotonic() - t_batch
+                    self.metrics.batch_applied(res, took)
                     if took > SLOW_S:
                         log.warning("slow batch: %.2f s for %d records (%s)", took, len(part), ", ".join(
                             f"{k} {v:.2f}" for k, v in sorted(res.timings.items(), key=lambda kv: -kv[1])))
@@ -348,6 +354,7 @@ class Projector:
         home = Path(self.settings.home)
         auth.ensure_operator_token(home)
         app = make_app(service, api.all_routes(), self.write_lock, tokens=auth.TokenStore(home))
+        app.add_routes([web.get("/metrics", self._metrics_route(service.con))])
 
         self._briefing_server = BriefingServer(served, home)
         briefing_port = await self._briefing_server.start(models.briefings.current.values())
@@ -362,6 +369,38 @@ class Projector:
                                                            "briefing_port": briefing_port,
                                                            "token_file": str(auth.token_file(home))}))
         return runner
+
+    def lag(self) -> dict[str, int]:
+        """Records of each projected topic past the stored offsets, by the consumer's last fetched high water."""
+        if self._positions is None:
+            return {}
+        consumer, stored = self._positions
+        out: dict[str, int] = {}
+        for tp in consumer.assignment():
+            high = consumer.highwater(tp)
+            if high is not None:
+                out[tp.topic] = out.get(tp.topic, 0) + max(0, high - stored.get((tp.topic, tp.partition), 0))
+        return out
+
+    def _metrics_route(self, con: duckdb.DuckDBPyConnection) -> Any:
+        """``GET /metrics``: Prometheus text format, for an operator token only (lag and counts describe
+        the whole store; docs/integrations/metrics.md)."""
+        from prometheus_client import CollectorRegistry
+
+        scrape = CollectorRegistry()
+        scrape.register(ScrapeCollector(
+            self.metrics, self.lag,
+            stale=lambda: con.execute("SELECT count(*) FROM briefings_dirty").fetchone()[0],
+            dead_letters=lambda: dict(con.execute("SELECT kind, count(*) FROM dead_letters GROUP BY 1").fetchall()),
+            restarts=lambda: supervisor_restarts(self.settings.run_dir / SUPERVISOR_STATE_FILE)))
+
+        async def handle(request: web.Request) -> web.Response:
+            principal = request.get(auth.PRINCIPAL)
+            if principal is None or not principal.operator:
+                return web.json_response({"error": "GET /metrics needs an operator token"}, status=403)
+            body = exposition(self.metrics.registry) + exposition(scrape)
+            return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+        return handle
 
 
 def main() -> None:

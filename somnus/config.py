@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+SUPERVISOR_STATE_FILE = "supervisor.json"  # in run_dir: what the supervisor runs (somnus status, /metrics)
+
 # Environment variable for each setting; the field's type converts the string.
 _ENV = {
     "home": "SOMNUS_HOME",

@@ -105,10 +105,11 @@ def _open(db: Path) -> Any:
 
 
 def read(db: Path, handler: str, agent: str | None = None, agents_dir: Path | None = None, *,
-         token: str | None = None, **params: Any) -> Any:
+         token: str | None = None, remote_only: bool = False, **params: Any) -> Any:
     """Run the read ``handler`` (a route of ``somnus.projections.api``): through the running projector when it
-    holds ``db`` (with ``token_for(db, token)``), else on the file opened read-only. Parameters that are
-    None are left out."""
+    holds ``db`` (with ``token_for(db, token)``), else on the file opened read-only (unless ``remote_only``:
+    a caller that must be held to a token's scope, such as the MCP server, gets a ReadError). Parameters
+    that are None are left out."""
     route = next((r for r in (*ROUTES, *EXTRA_ROUTES) if r.handler == handler), None)
     if route is None:
         raise ReadError(f"no read named {handler!r}")
@@ -121,6 +122,8 @@ def read(db: Path, handler: str, agent: str | None = None, agents_dir: Path | No
             query = urllib.parse.urlencode({k: str(v) for k, v in params.items()})
             return _http(f"{url}{path}" + (f"?{query}" if query else ""), headers=headers)
         return _http(f"{url}{path}", json.loads(json.dumps(params, default=str)), headers)
+    if remote_only:
+        raise ReadError(f"no projector is running for {db} (start the stack with `somnus up`)")
     return _read_file(db, route, agent, agents_dir, params)
 
 

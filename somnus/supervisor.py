@@ -32,7 +32,7 @@ from typing import Any
 
 from somnus import broker as broker_mod
 from somnus import procs
-from somnus.config import Settings
+from somnus.config import SUPERVISOR_STATE_FILE, Settings
 import argparse
 
 log = logging.getLogger("somnus.supervisor")
@@ -204,7 +204,7 @@ def running(settings: Settings, role: str) -> int | None:
 
 
 def state_file(settings: Settings) -> Path:
-    return settings.run_dir / "supervisor.json"
+    return settings.run_dir / SUPERVISOR_STATE_FILE
 
 
 def processes(settings: Settings) -> dict[str, Any]:

@@ -6,7 +6,7 @@ import argparse
 import logging
 import os
 import sys
-from typing import Any
+from typing import Any, cast
 
 from somnus.broker import BrokerError, await_broker, bootstrap_for
 from somnus.config import Settings
@@ -15,6 +15,7 @@ from somnus.streams import kafka_compat
 from somnus.streams.kafka_compat.signals import route_debug_signals
 from somnus.streams.app import create_app
 from somnus.streams.liveness import diagnostics
+from somnus.streams.metrics import serve_worker_metrics
 from somnus.streams.topics import ensure_topics
 from faust import Worker
 
@@ -47,6 +48,11 @@ def main(argv: list[str] | None = None) -> None:
     kafka_compat.apply()  # before any Kafka client is made (somnus.streams.kafka_compat)
     ensure_topics(settings, bootstrap)
     app = create_app(settings, bootstrap, worker_name=args.name)
+    metrics_port = os.environ.get("SOMNUS_WORKER_METRICS_PORT", "0").strip()  # docs/integrations/metrics.md
+    if metrics_port != "off":
+        if not metrics_port.isdigit() or int(metrics_port) > 65535:
+            sys.exit(f"somnus worker: SOMNUS_WORKER_METRICS_PORT: a port (0: any free one) or off, not {metrics_port!r}")
+        serve_worker_metrics(cast(Any, app).somnus_counters, args.name, settings.run_dir, int(metrics_port))
     worker = make_worker(app, args.loglevel)
     sys.argv = [sys.argv[0]]
     worker.execute_from_commandline()

@@ -24,6 +24,7 @@ COMMANDS = (
     "forget",   # forget [--verify]
     "export",   # export parquet
     "otlp",     # otlp (the OTLP/HTTP receiver)
+    "mcp",      # mcp (the memory as MCP tools)
     "eval",     # eval locomo | foresight
     "bench",    # bench e2e | ... | cli
 )

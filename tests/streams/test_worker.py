@@ -47,6 +47,7 @@ def test_worker_main_tunes_the_garbage_collector(monkeypatch, tmp_path):
 
     before = gc.get_threshold()
     monkeypatch.setenv("SOMNUS_HOME", str(tmp_path))
+    monkeypatch.setenv("SOMNUS_WORKER_METRICS_PORT", "off")  # no metrics endpoint for the fake app
     monkeypatch.setattr(worker_mod, "bootstrap_for", lambda settings, start_if_missing: "127.0.0.1:1")
     monkeypatch.setattr(worker_mod, "await_broker", lambda bootstrap, timeout_s, log: None)
     monkeypatch.setattr(worker_mod, "ensure_topics", lambda settings, bootstrap: None)
@@ -59,3 +60,18 @@ def test_worker_main_tunes_the_garbage_collector(monkeypatch, tmp_path):
     finally:
         gc.set_threshold(*before)
     assert ran == [GC_THRESHOLD]
+
+
+def test_worker_main_refuses_a_metrics_port_that_is_not_one(monkeypatch, tmp_path):
+    import pytest
+
+    import somnus.streams.worker as worker_mod
+
+    monkeypatch.setenv("SOMNUS_HOME", str(tmp_path))
+    monkeypatch.setenv("SOMNUS_WORKER_METRICS_PORT", "nine")
+    monkeypatch.setattr(worker_mod, "bootstrap_for", lambda settings, start_if_missing: "127.0.0.1:1")
+    monkeypatch.setattr(worker_mod, "await_broker", lambda bootstrap, timeout_s, log: None)
+    monkeypatch.setattr(worker_mod, "ensure_topics", lambda settings, bootstrap: None)
+    monkeypatch.setattr(worker_mod, "create_app", lambda settings, bootstrap, worker_name: object())
+    with pytest.raises(SystemExit, match="SOMNUS_WORKER_METRICS_PORT: a port .* not 'nine'"):
+        worker_mod.main([])

@@ -1,0 +1,269 @@
+"""``somnus mcp``: the memory as MCP tools (official ``mcp`` SDK), over stdio or streamable HTTP.
+
+Every read tool is a thin call of the projector's HTTP read API (``somnus.reads.read`` with
+``remote_only``) with the caller's bearer token, so a token sees over MCP exactly what it sees over
+HTTP (``projections/auth.py``): an agent token reads its own agent's scope chain, whole-store reads
+(``predict``) need an operator token. ``remember`` publishes the agent's note to the traces topic
+through Kafka, as a session of three trace events, like every other write.
+
+The token: over stdio, ``SOMNUS_TOKEN`` or the home's operator token (``somnus.reads.token_for``);
+over HTTP, the ``Authorization: Bearer`` header of each MCP request, checked against the projector's
+token store before the request reaches the SDK (401 otherwise). docs/integrations/mcp.md.
+"""
+
+
+import asyncio
+import json
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from somnus.config import Settings
+
+NOTE_TASK = "remember"  # the session_start task of a note; metadata.source says it came over MCP
+MAX_NOTE_CHARS = 20_000
+
+
+class McpRefused(Exception):
+    """A tool call the caller's token may not make (its message is the tool's error)."""
+
+
+def bearer(headers: Any) -> str | None:
+    """The token of an ``Authorization: Bearer`` header (any case), or None.
+
+    >>> bearer({"authorization": "Bearer abc "}), bearer({"Authorization": "Basic x"}), bearer(None)
+    ('abc', None, None)
+    """
+    if not headers:
+        return None
+    value = next((v for k, v in dict(headers).items() if k.lower() == "authorization"), "")
+    scheme, _, token = str(value).partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
+
+
+def note_events(agent: str, note: str, now: datetime, user_id: str | None = None,
+                session_id: str | None = None) -> list[dict[str, Any]]:
+    """An agent's explicit note as v1 trace events: a session of its own that starts, says the note
+    (an agent message) and ends in success.
+
+    >>> evs = note_events("support", "refunds need a receipt", datetime(2026, 1, 1, tzinfo=timezone.utc))
+    >>> [e["type"] for e in evs], evs[1]["payload"]["text"], len({e["session_id"] for e in evs})
+    (['session_start', 'agent_message', 'session_end'], 'refunds need a receipt', 1)
+    """
+    if not note.strip():
+        raise ValueError("argument `note`: the text to remember is required")
+    if len(note) > MAX_NOTE_CHARS:
+        raise ValueError(f"argument `note`: {len(note)} characters, more than {MAX_NOTE_CHARS}")
+    sid = session_id or f"note-{uuid.uuid4()}"
+    # "mode": "conversation" makes the worker keep the message itself as a memory unit (recallable by its
+    # words; somnus.processors.sessions.batch.memory_units), beside the episode of the session.
+    start: dict[str, Any] = {"task": NOTE_TASK, "metadata": {"source": "mcp", "kind": "note", "mode": "conversation"}}
+    if user_id:
+        start["user_id"] = user_id
+    payloads = [("session_start", start), ("agent_message", {"text": note}),
+                ("session_end", {"outcome": "success", "reason": "note"})]
+    return [{"event_id": str(uuid.uuid4()), "schema_version": 1, "ts": now.isoformat(), "agent": agent,
+             "session_id": sid, "seq": i, "type": kind, "payload": payload}
+            for i, (kind, payload) in enumerate(payloads)]
+
+
+class Memory:
+    """What the tools call: the projector's reads with a token, and the publishing of notes."""
+
+    def __init__(self, settings: Settings, token_of: Callable[[Any], str | None],
+                 publish: Callable[[list[dict[str, Any]]], Awaitable[int]] | None = None) -> None:
+        self.settings, self.token_of = settings, token_of
+        self.db = Path(settings.db_path)  # type: ignore[arg-type]
+        self._publish = publish
+
+    async def read(self, ctx: Any, handler: str, agent: str | None = None, **params: Any) -> Any:
+        from somnus.reads import ReadError, read
+
+        token = self.token_of(ctx)
+        if not token:
+            raise McpRefused("no token: set SOMNUS_TOKEN (stdio) or send `Authorization: Bearer <token>` (HTTP)")
+        try:
+            return await asyncio.to_thread(read, self.db, handler, agent, token=token, remote_only=True, **params)
+        except ReadError as exc:
+            raise McpRefused(str(exc)) from None
+
+    def principal(self, token: str) -> Any:
+        """What ``token`` stands for in the projector's token store (None: not a token of it)."""
+        from somnus.projections import auth
+
+        return auth.TokenStore(token_home(self.settings)).principal(token)
+
+    async def remember(self, ctx: Any, agent: str, note: str, user_id: str | None) -> dict[str, Any]:
+        token = self.token_of(ctx)
+        principal = self.principal(token) if token else None
+        if principal is None:
+            raise McpRefused("remember needs a valid token of this Somnus home")
+        if not principal.operator and principal.agent != agent:
+            raise McpRefused(f"this token writes for agent {principal.agent!r} only, not {agent!r}")
+        if principal.user is not None:
+            if user_id not in (None, principal.user):
+                raise McpRefused(f"this token writes for user {principal.user!r} only")
+            user_id = principal.user
+        try:
+            events = note_events(agent, note, datetime.now(timezone.utc), user_id)
+        except ValueError as exc:
+            raise McpRefused(str(exc)) from None
+        sent = await (self._publish or self._to_kafka)(events)
+        return {"agent": agent, "session_id": events[0]["session_id"], "events": sent}
+
+    async def _to_kafka(self, events: list[dict[str, Any]]) -> int:
+        from somnus.broker import BrokerError, bootstrap_for
+        from somnus.client import publish_async
+
+        try:
+            bootstrap = await asyncio.to_thread(bootstrap_for, self.settings, start_if_missing=False)
+        except BrokerError as exc:
+            raise McpRefused(f"no broker to publish to: {exc}") from None
+        return await publish_async(events, bootstrap, self.settings.traces_topic)
+
+
+def token_home(settings: Settings) -> Path:
+    """The home whose token store the running projector checks (its endpoint file names it), else ours."""
+    from somnus.reads import _projector
+
+    info = _projector(Path(settings.db_path)) or {}  # type: ignore[arg-type]
+    return Path(info["token_file"]).parent if info.get("token_file") else Path(settings.home)
+
+
+def build(memory: Memory) -> Any:
+    """The MCPServer with Somnus's tools over ``memory``."""
+    from mcp.server.mcpserver import Context, MCPServer
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    server = MCPServer("somnus", instructions="Memory for AI agents: recall past work, read briefings and facts, "
+                       "predict a call's outcome, and remember notes. Each tool reads one agent's scope.")
+
+    async def call(ctx: Context, handler: str, agent: str | None = None, **params: Any) -> str:
+        """The route's JSON, as one text block (a list would otherwise be one block per item)."""
+        try:
+            return json.dumps(await memory.read(ctx, handler, agent, **params), default=str)
+        except McpRefused as exc:
+            raise ToolError(str(exc)) from None
+
+    @server.tool(structured_output=False)
+    async def recall(agent: str, query: str, ctx: Context, k: int = 10) -> str:
+        """Memories of the agent's scope chain that best answer the query (fused lexical, similarity and graph recall)."""
+        return await call(ctx, "recall", agent, query=query, k=k)
+
+    @server.tool(structured_output=False)
+    async def briefing(agent: str, ctx: Context) -> str:
+        """The agent's cached briefing (Markdown: key knowledge, lessons, warnings); null when it has none."""
+        return await call(ctx, "briefing", agent)
+
+    @server.tool(structured_output=False)
+    async def context(agent: str, query: str, ctx: Context, user_id: str | None = None,
+                      session_id: str | None = None, max_tokens: int = 4000) -> str:
+        """One fitted context for a prompt: user synopsis, the session's recent conversation, recall, knowledge, briefing."""
+        return await call(ctx, "context", agent, query=query, user_id=user_id, session_id=session_id,
+                          max_tokens=max_tokens)
+
+    @server.tool(structured_output=False)
+    async def predict(tool: str, ctx: Context, args: dict[str, Any] | None = None, agent: str | None = None,
+                      hour: str | None = None) -> str:
+        """Likely outcomes of a tool call before it is made (causal links learned from the stream). Operator token."""
+        return await call(ctx, "predict", tool=tool, args=json.dumps(args) if args is not None else None,
+                          agent=agent, hour=hour)
+
+    @server.tool(structured_output=False)
+    async def facts(agent: str, ctx: Context, as_of: str | None = None, limit: int = 50, predicate: str | None = None,
+                    entity: str | None = None) -> str:
+        """Facts of the agent's scope chain, highest confidence first; as_of (ISO 8601) gives those active then."""
+        return await call(ctx, "facts", agent, as_of=as_of, limit=limit, predicate=predicate, entity=entity)
+
+    @server.tool(structured_output=False)
+    async def episodic_context(agent: str, query: str, ctx: Context, top_k: int = 5, token_budget: int = 2000,
+                               success_only: bool = False) -> str:
+        """Token-budgeted text of the agent's relevant past work: task, result, lessons, tools."""
+        return await call(ctx, "episodic_context", agent, query=query, top_k=top_k, token_budget=token_budget,
+                          success_only="true" if success_only else None)
+
+    @server.tool(structured_output=False)
+    async def rhythms(agent: str, ctx: Context, hours: str = "9", days: str | None = None) -> str:
+        """What usually happens for the agent at these local hours ("9" or "8,9,10"; days "weekdays", "weekend", "0,1")."""
+        return await call(ctx, "rhythms", agent, hours=hours, days=days)
+
+    @server.tool(structured_output=False)
+    async def remember(agent: str, note: str, ctx: Context, user_id: str | None = None) -> str:
+        """Write an explicit note to the agent's memory (published through Kafka; recallable once projected)."""
+        try:
+            return json.dumps(await memory.remember(ctx, agent, note, user_id))
+        except McpRefused as exc:
+            raise ToolError(str(exc)) from None
+
+    return server
+
+
+class BearerGuard:
+    """ASGI middleware of the HTTP transport: a request without a valid bearer token of the projector's
+    token store gets 401 before the SDK sees it (503 when no token store can be read)."""
+
+    def __init__(self, app: Any, principal: Callable[[str], Any]) -> None:
+        self.app, self.principal = app, principal
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers", [])}
+            token = bearer(headers)
+            try:
+                ok = token is not None and self.principal(token) is not None
+            except Exception as exc:  # an unreadable store: the server cannot check, so it refuses
+                return await _deny(send, 503, f"the token store cannot be read: {exc}")
+            if not ok:
+                return await _deny(send, 401, "an `Authorization: Bearer <token>` header with a valid Somnus "
+                                              "token is required (`somnus token create --agent A`)")
+        await self.app(scope, receive, send)
+
+
+async def _deny(send: Any, status: int, message: str) -> None:
+    body = json.dumps({"error": message}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if status == 401:
+        headers.append((b"www-authenticate", b'Bearer realm="somnus"'))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def serve(settings: Settings, transport: str, host: str = "127.0.0.1", port: int = 8765,
+          token: str | None = None) -> None:
+    """Run the server until stopped: ``stdio`` (token from ``token``, SOMNUS_TOKEN or the home) or ``http``
+    (streamable HTTP at ``http://host:port/mcp``, the bearer token of each request)."""
+    from somnus.reads import token_for
+
+    if transport == "stdio":
+        fixed = token_for(Path(settings.db_path), token)  # type: ignore[arg-type]
+        build(Memory(settings, lambda ctx: fixed)).run("stdio")
+        return
+    if transport != "http":
+        raise ValueError(f"transport: stdio or http, not {transport!r}")
+    import uvicorn
+
+    memory = Memory(settings, lambda ctx: bearer(ctx.headers))
+    app = build(memory).streamable_http_app(host=host)
+    uvicorn.run(BearerGuard(app, memory.principal), host=host, port=port, log_level="warning")
+
+
+
+def cli_command() -> Callable[..., None]:
+    """The ``somnus mcp`` command (the CLI registers it: ``app.command("mcp")(cli_command())``)."""
+    import typer
+
+    def mcp(transport: str = typer.Option("stdio", "--transport", help="stdio, or http (streamable HTTP at /mcp)."),
+            host: str = typer.Option("127.0.0.1", "--host", help="HTTP: the address to bind."),
+            port: int = typer.Option(8765, "--port", help="HTTP: the port."),
+            home: Path | None = typer.Option(None, "--home", help="State folder (SOMNUS_HOME)."),
+            db: Path | None = typer.Option(None, "--db", help="DuckDB file (SOMNUS_DB).")) -> None:
+        """Serve the memory as MCP tools (recall, briefing, context, predict, facts, episodic context, rhythms,
+        remember) over stdio or streamable HTTP, with the same tokens and scopes as the HTTP API."""
+        try:
+            serve(Settings.resolve(home=home, db_path=db), transport, host, port)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--transport") from None
+
+    return mcp

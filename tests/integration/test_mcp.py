@@ -1,0 +1,142 @@
+"""``somnus mcp`` end to end: the mcp SDK's own client over stdio and streamable HTTP, against a real stack
+(broker, worker, projector), with the same token scoping as the HTTP read API."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import httpx2
+import pytest
+from mcp import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+
+from somnus import procs
+from somnus.projections import auth
+from somnus.projections.projector import endpoint_file
+from somnus.sample import generate
+from tests.pipeline import Pipeline, wait_until
+
+pytestmark = pytest.mark.integration
+
+TOOLS = {"recall", "briefing", "context", "predict", "facts", "episodic_context", "rhythms", "remember"}
+NOTE = "The refund desk moved to building seven zebracorn"  # a word no sample session uses
+
+
+def _text(result: Any) -> str:
+    return " ".join(getattr(c, "text", "") for c in result.content)
+
+
+def _ok(result: Any) -> Any:
+    assert not result.is_error, _text(result)
+    return json.loads(_text(result))
+
+
+async def _calls(session: ClientSession, agent: str) -> dict[str, Any]:
+    """List the tools and call each read once for ``agent``; the results by tool."""
+    await session.initialize()
+    assert {t.name for t in (await session.list_tools()).tools} == TOOLS
+    calls = {
+        "recall": {"agent": agent, "query": "refund desk building", "k": 5},
+        "briefing": {"agent": agent},
+        "context": {"agent": agent, "query": "refund"},
+        "facts": {"agent": agent, "as_of": "2030-01-01T00:00:00Z", "limit": 5},
+        "episodic_context": {"agent": agent, "query": "search the web", "token_budget": 300},
+        "rhythms": {"agent": agent, "hours": "9,10,11"},
+        "predict": {"tool": "web_search", "args": {"query": "x"}},
+    }
+    out = {name: await session.call_tool(name, args) for name, args in calls.items()}
+    out["other"] = await session.call_tool("recall", {"agent": "researcher", "query": "refund desk"})
+    out["remember_other"] = await session.call_tool("remember", {"agent": "researcher", "note": "not mine"})
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(fn: Callable[[], Awaitable[Any]]) -> Any:
+    return anyio.run(fn)
+
+
+def test_mcp_tools_over_stdio_and_http_are_scoped_like_the_http_api(pipeline_settings: Any) -> None:
+    p = Pipeline(pipeline_settings)
+    home = pipeline_settings.home
+    env = procs.child_env(pipeline_settings, p.boot)
+    server: subprocess.Popen | None = None
+    try:
+        p.start_all()
+        p.publish(list(generate(sessions=40, seed=7)))
+        wait_until(lambda: endpoint_file(pipeline_settings.db_path).exists(), 120, what="the projector's endpoint")
+        p.wait_idle()
+        support = auth.TokenStore(home).create(agent="support")[0]
+        operator = auth.token_file(home).read_text().strip()
+
+        # stdio: the token from SOMNUS_TOKEN; `remember` writes a note through Kafka.
+        params = StdioServerParameters(command=sys.executable, args=["-m", "somnus.cli", "mcp"],
+                                       env={**env, "SOMNUS_TOKEN": support})
+
+        async def over_stdio() -> dict[str, Any]:
+            async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+                got = await _calls(session, "support")
+                got["remember"] = await session.call_tool("remember", {"agent": "support", "note": NOTE})
+                return got
+
+        got = _run(over_stdio)
+        for name in ("recall", "briefing", "context", "facts", "episodic_context", "rhythms"):
+            _ok(got[name])
+        assert all(h["agent"] == "support" for h in _ok(got["recall"])["hits"])
+        # The same refusals as the HTTP API: another agent's scope, a whole-store read, another's note.
+        assert got["other"].is_error and "403" in _text(got["other"]) and "'support' only" in _text(got["other"])
+        assert got["predict"].is_error and "operator token" in _text(got["predict"])
+        assert got["remember_other"].is_error and "'support' only" in _text(got["remember_other"])
+        noted = _ok(got["remember"])
+        assert noted["events"] == 3 and noted["session_id"].startswith("note-")
+
+        # streamable HTTP: the bearer token of each request.
+        port = _free_port()
+        server = subprocess.Popen([sys.executable, "-m", "somnus.cli", "mcp", "--transport", "http", "--port",
+                                   str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        url = f"http://127.0.0.1:{port}/mcp"
+
+        def up() -> bool:
+            try:
+                return httpx2.post(url, json={}).status_code == 401  # no token: refused before the SDK
+            except httpx2.TransportError:
+                return False
+
+        wait_until(up, 60, what="the MCP HTTP server")
+        assert httpx2.post(url, json={}, headers={"Authorization": "Bearer forged"}).status_code == 401
+
+        async def over_http(token: str, agent: str) -> dict[str, Any]:
+            async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=120) as http, \
+                    streamable_http_client(url, http_client=http) as (read, write), \
+                    ClientSession(read, write) as session:
+                got = await _calls(session, agent)
+                got["note_recall"] = await session.call_tool("recall", {"agent": agent, "query": "zebracorn", "k": 3})
+                return got
+
+        p.wait_idle()  # the note is projected
+        as_operator = _run(lambda: over_http(operator, "support"))
+        for name in ("recall", "briefing", "context", "facts", "episodic_context", "rhythms", "predict", "other"):
+            _ok(as_operator[name])
+        as_support = _run(lambda: over_http(support, "support"))
+        hits = _ok(as_support["note_recall"])["hits"]
+        assert hits and "zebracorn" in hits[0]["text"] and hits[0]["agent"] == "support"
+        assert as_support["other"].is_error and as_support["predict"].is_error
+        researcher = auth.TokenStore(home).create(agent="researcher")[0]
+        theirs = _run(lambda: over_http(researcher, "researcher"))
+        assert _ok(theirs["note_recall"])["hits"] == []  # support's note is not in researcher's scope
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(timeout=30)
+        p.stop_all()

@@ -1,0 +1,128 @@
+"""The MCP server's own logic, without a broker: notes as trace events, who may remember what, the tools
+listed and called in process through the SDK's client."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp import Client
+
+from somnus.config import Settings
+from somnus.mcp_server import MAX_NOTE_CHARS, BearerGuard, McpRefused, Memory, build, note_events
+from somnus.projections.auth import Principal
+from somnus.schemas.codec import decode_record
+
+NOW = datetime(2026, 11, 26, 12, tzinfo=timezone.utc)
+TOOLS = {"recall", "briefing", "context", "predict", "facts", "episodic_context", "rhythms", "remember"}
+
+
+class FakeMemory(Memory):
+    """Principals from a dict, published events kept, reads answered with their arguments."""
+
+    def __init__(self, principals: dict[str, Principal], token: str | None) -> None:
+        self.published: list[dict[str, Any]] = []
+
+        async def publish(events: list[dict[str, Any]]) -> int:
+            self.published.extend(events)
+            return len(events)
+
+        super().__init__(Settings.resolve(env={}, home=Path("/nonexistent")), lambda ctx: token, publish)
+        self.principals = principals
+
+    def principal(self, token: str) -> Any:
+        return self.principals.get(token)
+
+    async def read(self, ctx: Any, handler: str, agent: str | None = None, **params: Any) -> Any:
+        if self.token_of(ctx) is None:
+            raise McpRefused("no token")
+        return {"handler": handler, "agent": agent, "params": {k: v for k, v in params.items() if v is not None}}
+
+
+def test_a_note_is_a_valid_session_of_three_trace_events() -> None:
+    events = note_events("support", "refunds need a receipt", NOW, user_id="u1")
+    decoded = decode_record(json.dumps(events).encode(), 1 << 20)
+    assert [type(e).__name__ for e in decoded] == ["SessionStarted", "AgentMessaged", "SessionEnded"]
+    assert decoded[0].payload.user_id == "u1" and decoded[1].payload.text == "refunds need a receipt"
+    assert [e.seq for e in decoded] == [0, 1, 2] and len({e.session_id for e in decoded}) == 1
+    # The worker keeps the note's text as a memory unit of its own (recall finds it by its words).
+    from somnus.processors.sessions.batch import memory_units
+
+    units = memory_units({}, decoded, [], frozenset())
+    assert [(u.kind.value, u.perception) for u in units] == [("message", "refunds need a receipt")]
+
+
+@pytest.mark.parametrize("note", ["", "   ", "x" * (MAX_NOTE_CHARS + 1)])
+def test_an_empty_or_oversized_note_is_refused_with_its_reason(note: str) -> None:
+    with pytest.raises(ValueError, match="argument `note`"):
+        note_events("support", note, NOW)
+
+
+@pytest.mark.parametrize(("principal", "agent", "user", "error"), [
+    (Principal(token_id="t", agent="support"), "support", None, None),
+    (Principal(token_id="t", operator=True), "anyone", None, None),
+    (Principal(token_id="t", agent="support"), "billing", None, "'support' only"),
+    (Principal(token_id="t", agent="support", user="u1"), "support", "u2", "user 'u1' only"),
+    (None, "support", None, "valid token"),
+])
+def test_remember_writes_only_for_the_tokens_agent(principal: Principal | None, agent: str, user: str | None,
+                                                    error: str | None) -> None:
+    memory = FakeMemory({"tok": principal} if principal else {}, "tok")
+    if error:
+        with pytest.raises(McpRefused, match=error):
+            anyio.run(memory.remember, None, agent, "a note", user)
+        assert memory.published == []
+    else:
+        got = anyio.run(memory.remember, None, agent, "a note", user)
+        assert got["events"] == 3 and {e["agent"] for e in memory.published} == {agent}
+
+
+def test_a_user_bound_token_stamps_its_user_on_the_note() -> None:
+    memory = FakeMemory({"tok": Principal(token_id="t", agent="support", user="u1")}, "tok")
+    anyio.run(memory.remember, None, "support", "a note", None)
+    assert memory.published[0]["payload"]["user_id"] == "u1"
+
+
+def test_the_sdk_client_lists_every_tool_and_calls_them_in_process() -> None:
+    memory = FakeMemory({"tok": Principal(token_id="t", agent="support")}, "tok")
+
+    async def session() -> tuple[set[str], Any, Any, Any]:
+        async with Client(build(memory)) as client:
+            names = {t.name for t in (await client.list_tools()).tools}
+            facts = await client.call_tool("facts", {"agent": "support", "as_of": "2026-01-01T00:00:00Z"})
+            predict = await client.call_tool("predict", {"tool": "web_search", "args": {"q": 1}})
+            refused = await client.call_tool("remember", {"agent": "billing", "note": "x"})
+            return names, facts, predict, refused
+
+    names, facts, predict, refused = anyio.run(session)
+    assert names == TOOLS
+    got = json.loads(facts.content[0].text)
+    assert got["handler"] == "facts" and got["params"]["as_of"] == "2026-01-01T00:00:00Z"
+    assert json.loads(json.loads(predict.content[0].text)["params"]["args"]) == {"q": 1}
+    assert refused.is_error and "'support' only" in refused.content[0].text
+
+
+def test_the_http_guard_answers_401_without_a_valid_token_and_passes_a_valid_one() -> None:
+    reached: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        reached.append(scope["path"])
+
+    guard = BearerGuard(app, {"good": object()}.get)
+
+    async def call(headers: list[tuple[bytes, bytes]]) -> list[dict[str, Any]]:
+        sent: list[dict[str, Any]] = []
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        await guard({"type": "http", "path": "/mcp", "headers": headers}, None, send)
+        return sent
+
+    for headers in ([], [(b"authorization", b"Bearer bad")], [(b"authorization", b"Basic good")]):
+        assert anyio.run(call, headers)[0]["status"] == 401
+    assert anyio.run(call, [(b"authorization", b"Bearer good")]) == [] and reached == ["/mcp"]

@@ -390,6 +390,17 @@ class ReadService:
         context = {k: str(v) for k, v in (("agent", agent), ("hour", hour)) if v not in (None, "")}
         return _jsonable(predict_from(self.con, str(tool), params, context or None))
 
+    def advise(self, agent: str, task: Any = None) -> dict[str, Any]:
+        """The Maxim bridges for a task about to start (``somnus.processors.prediction.advise``)."""
+        from somnus.processors.prediction.advise import advise
+        from somnus.projections.advice import AdviceCache
+
+        if not task or not str(task).strip():
+            raise BadRequest("parameter `task`: the text of the task about to start is required")
+        cache = self.extra.setdefault("advice", AdviceCache())
+        version = self.extra.get("store_version")  # the projector's offsets (else read from the table)
+        return _jsonable(advise(agent, str(task), cache.inputs_for(self.con, agent, version() if version else None)))
+
     def tools(self) -> list[dict[str, Any]]:
         """Exact calls and errors per tool (counts behind the tool-level links)."""
         return _rows(self.con.execute("SELECT tool, calls, errors, round(error_rate, 4) AS error_rate "
@@ -555,6 +566,9 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/predict", "predict", "Likely outcomes of a call before it is made (NAc causal links).",
           (("tool", "string", "the tool"), ("args", "string", "the call's arguments, a JSON object"),
            ("agent", "string", "context: the calling agent"), ("hour", "string", "context: local hour, 00-23"))),
+    Route("GET", "/agents/{agent}/advise", "advise", "Pre-flight advice for a task: strategies, risks, "
+          "escalation and salient entities of related past episodes, with provenance (docs/concepts/advise.md).",
+          (("task", "string", "the task about to start"),)),
     Route("GET", "/tools", "tools", "Exact calls and errors per tool."),
     Route("GET", "/agents/{agent}/rhythms", "rhythms", "What usually happens at given local hours (SCN bins).",
           (("hours", "string", "e.g. 9 or 8,9,10"), ("days", "string", "weekdays, weekend or 0,1,... (Monday 0)"),

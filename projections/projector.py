@@ -174,7 +174,7 @@ class Projector:
             drain = Drain(consumer, self.max_records)
             drain.start()
             if self.serve:
-                runner = await self._start_server(con, seen)
+                runner = await self._start_server(con, seen, stored)
                 # A crash between a batch's commit and its promotion requests lost them: request again
                 # what no request has reached (the semantic fold runs each id once).
                 missing = con.execute(
@@ -293,7 +293,8 @@ class Projector:
             tps.extend(TopicPartition(topic, p) for p in await partitions_of(consumer, topic))
         return tps
 
-    async def _start_server(self, con: duckdb.DuckDBPyConnection, seen: Seen) -> web.AppRunner:
+    async def _start_server(self, con: duckdb.DuckDBPyConnection, seen: Seen,
+                            stored: dict[tuple[str, int], int] | None = None) -> web.AppRunner:
         # Reads use their own cursor (a second connection to the same database: it sees committed
         # data while a batch is being written on ``con`` in the writer thread).
         service = api.ReadService(con.cursor(), seen.agents, briefings=seen.briefings.current, episodic=seen.memory,
@@ -315,6 +316,8 @@ class Projector:
                 "could not record a served briefing: %r", f.exception())))
 
         service.on_served = served
+        if stored is not None:  # updated after each batch's commit: the store's version for read caches
+            service.extra["store_version"] = lambda: (len(stored), sum(stored.values()))
         # A forget drops every cached user synopsis (rebuilt from the purged memories on the next read).
         seen.forget.on_purged.append(lambda: setattr(service, "synopses", api._synopsis_cache()))
 

@@ -17,6 +17,7 @@ from somnus import broker as broker_mod
 from somnus import procs
 from somnus.config import Settings
 from somnus.otlp.command import otlp_command
+from somnus.advise_command import advise_command, bench_advise_command
 from somnus.schemas.codec import encode as encode_event
 
 app = typer.Typer(help="Somnus: memory for fleets of AI agents (Kafka -> Faust -> DuckDB).", no_args_is_help=True,
@@ -28,6 +29,8 @@ app.add_typer(broker_app, name="broker")
 app.add_typer(bench_app, name="bench")
 app.add_typer(token_app, name="token")
 app.command("otlp")(otlp_command)  # somnus/otlp/command.py
+app.command("advise")(advise_command)  # somnus/advise_command.py
+bench_app.command("advise")(bench_advise_command)  # somnus/advise_command.py
 console = Console()
 err = Console(stderr=True)
 

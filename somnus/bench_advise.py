@@ -47,18 +47,24 @@ def distilled(events: Sequence[dict[str, Any]]) -> list[EpisodeDistilled]:
 
 
 def project(con: duckdb.DuckDBPyConnection, episodes: Sequence[EpisodeDistilled]) -> None:
-    """Project ``episodes`` and the NAc updates they teach into ``con`` (schema created if needed)."""
+    """Project ``episodes``, the NAc updates and the facts they teach into ``con`` (schema created if needed)."""
+    from somnus.processors.knowledge.extraction import TraceExtractor
     from somnus.processors.prediction.causal_links import learn, observations_from_episode
+    from somnus.schemas.codec import encode
     from somnus.projections import schema
     from somnus.projections.writer import Seen, Topics, apply_batch, load_offsets
 
     schema.init(con)
-    topics = Topics(traces="traces", episodes="episodes", dead_letters="dlq", link_updates="link-updates")
+    topics = Topics(traces="traces", episodes="episodes", dead_letters="dlq", link_updates="link-updates",
+                    facts="facts")
     observed = [o for off, ep in enumerate(episodes) for o in observations_from_episode(ep, 0, off)]
     _, updates = learn({}, observed, per_link_rows=False)
     records = [_Rec("episodes", 0, off, ep.session_id.encode(), msgspec.json.encode(ep))
                for off, ep in enumerate(episodes)]
     records.append(_Rec("link-updates", 0, 0, None, msgspec.json.encode(updates)))
+    # the worker's trace extractor: the facts (and so the entities) each episode teaches
+    records += [_Rec("facts", 0, off, str(f.episode_id).encode(), encode(f))
+                for off, f in enumerate(TraceExtractor().extract(list(episodes)))]
     res = apply_batch(con, topics, records, load_offsets(con), 1 << 20, Seen(con))
     if res.dead_letters:
         raise RuntimeError(f"{res.dead_letters} records were dead-lettered while loading")

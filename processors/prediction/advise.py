@@ -18,14 +18,16 @@ episodes; every item below is weighted by similarity, so the same task counts mo
   errors behind it, and the related episodes where it failed.
 - **escalation**: the similarity-weighted failure rate of the related episodes; ask a human when it
   is above ``escalation_threshold`` with at least ``min_support`` related episodes.
-- **salience**: the entities of related successful episodes, by summed similarity.
+- **salience**: the entities of related successful episodes that go with success: weighted success
+  rate among the related episodes naming them above that of all related episodes (an entity in
+  every one, such as the agent itself, tells nothing), scored by summed similarity times that lift.
 
 Every item names its provenance: the episode ids and, where the memory holds them, memory ids.
 
 >>> import uuid
 >>> past = [PastEpisode(episode_id=str(uuid.UUID(int=i)), session_id=f"s{i}", task="book a flight to Paris",
 ...                     success=i != 2, tools=["search_flights", "book_reservation"], failed_tools=[],
-...                     entities=["city:paris"]) for i in range(3)]
+...                     entities=["city:paris"] if i != 2 else ["city:lyon"]) for i in range(3)]
 >>> links = {"book_reservation": ToolRisk(tool="book_reservation", calls=10, errors=4,
 ...                                       outcomes={"ok": 0.6, "error:payment amount does not add up": 0.4},
 ...                                       negative={"error:payment amount does not add up"})}
@@ -130,8 +132,11 @@ class Escalation(msgspec.Struct, frozen=True, kw_only=True):
 
 class Salient(msgspec.Struct, frozen=True, kw_only=True):
     entity: str
-    score: float  # summed similarity of the related successes that mentioned it
+    score: float  # summed similarity of the related successes that mentioned it, times its lift
     successes: int
+    seen_in: int  # related episodes (with an outcome) that mentioned it
+    success_rate: float  # weighted, among those
+    lift: float  # success_rate minus the related episodes' weighted success rate (> 0)
     episode_ids: list[str]
     memory_ids: list[str]
 
@@ -248,15 +253,24 @@ def _escalation(related: Related, config: AdviceConfig) -> Escalation:
 
 
 def _salience(related: Related, config: AdviceConfig) -> list[Salient]:
+    known = [(s, ep) for s, ep in related if ep.success is not None]
+    total = sum(s for s, _ in known)
+    if not total:
+        return []
+    base = sum(s for s, ep in known if ep.success) / total
     found: dict[str, list[tuple[float, PastEpisode]]] = {}
-    for s, ep in related:
-        if ep.success is True:
-            for entity in dict.fromkeys(ep.entities):
-                found.setdefault(entity, []).append((s, ep))
+    for s, ep in known:
+        for entity in dict.fromkeys(ep.entities):
+            found.setdefault(entity, []).append((s, ep))
     out = []
     for entity, members in found.items():
-        episodes, memories = _ids(members, config)
-        out.append(Salient(entity=entity, score=sum(s for s, _ in members), successes=len(members),
-                           episode_ids=episodes, memory_ids=memories))
+        wins = [(s, ep) for s, ep in members if ep.success]
+        rate = sum(s for s, _ in wins) / sum(s for s, _ in members)
+        if not wins or rate - base <= 1e-12:  # in every related episode, or no likelier to succeed: no signal
+            continue
+        episodes, memories = _ids(wins, config)
+        out.append(Salient(entity=entity, score=sum(s for s, _ in wins) * (rate - base), successes=len(wins),
+                           seen_in=len(members), success_rate=rate, lift=rate - base, episode_ids=episodes,
+                           memory_ids=memories))
     out.sort(key=lambda x: (-x.score, x.entity))
     return out[:config.top]

@@ -79,15 +79,18 @@ def test_planning_ranks_strategies_that_succeeded_for_this_and_related_tasks():
     assert got[1].best_similarity == pytest.approx(similarity(words_of(REFUND), words_of("refund a charge")))
 
 
-def test_salience_counts_entities_of_related_successes_only():
+def test_salience_names_entities_that_go_with_success_in_related_episodes():
     inputs = AdviceInputs(episodes=[
-        ep(0, REFUND, True, ["issue_refund"], entities=["tool:issue_refund", "customer:acme"]),
-        ep(1, REFUND, True, ["issue_refund"], entities=["customer:acme"]),
-        ep(2, REFUND, False, ["issue_refund"], entities=["customer:globex"]),
+        ep(0, REFUND, True, ["issue_refund"], entities=["agent:billing", "tool:issue_refund", "customer:acme"]),
+        ep(1, REFUND, True, ["issue_refund"], entities=["agent:billing", "customer:acme"]),
+        ep(2, REFUND, False, ["issue_refund"], entities=["agent:billing", "customer:globex", "tool:issue_refund"]),
         ep(3, SHIP, True, ["create_shipment"], entities=["carrier:ups"])], tools={})
     got = advise("billing", REFUND, inputs).salience
-    assert [(s.entity, s.successes, s.episode_ids) for s in got] == [
-        ("customer:acme", 2, ["e00", "e01"]), ("tool:issue_refund", 1, ["e00"])]
+    # agent:billing is in every related episode (no lift); tool:issue_refund succeeded half the time,
+    # below the related rate 2/3; globex only failed; ups is not related
+    assert [(s.entity, s.successes, s.seen_in, s.episode_ids) for s in got] == [("customer:acme", 2, 2, ["e00", "e01"])]
+    assert got[0].success_rate == 1.0 and got[0].lift == pytest.approx(1 / 3)
+    assert got[0].score == pytest.approx(2 / 3)
 
 
 def test_no_related_past_gives_empty_advice_and_a_blank_task_is_an_error():

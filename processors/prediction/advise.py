@@ -20,7 +20,8 @@ episodes; every item below is weighted by similarity, so the same task counts mo
   is above ``escalation_threshold`` with at least ``min_support`` related episodes.
 - **salience**: the entities of related successful episodes that go with success: weighted success
   rate among the related episodes naming them above that of all related episodes (an entity in
-  every one, such as the agent itself, tells nothing), scored by summed similarity times that lift.
+  every one tells nothing), scored by summed similarity times that lift. The asking agent's own
+  entity (``agent:<name>``, the subject of its facts) is left out.
 
 Every item names its provenance: the episode ids and, where the memory holds them, memory ids.
 
@@ -178,7 +179,7 @@ def advise(agent: str, task: str, inputs: AdviceInputs, config: AdviceConfig = A
     related = [(s, ep) for s, ep in related if s >= config.min_similarity and s > 0.0]
     return Advice(agent=agent, task=task, related=len(related), planning=_planning(related, config),
                   risks=_risks(related, inputs.tools, config), escalation=_escalation(related, config),
-                  salience=_salience(related, config))
+                  salience=_salience(related, config, exclude=f"agent:{agent}"))
 
 
 Related = Sequence[tuple[float, PastEpisode]]
@@ -252,7 +253,7 @@ def _escalation(related: Related, config: AdviceConfig) -> Escalation:
                       memory_ids=memories)
 
 
-def _salience(related: Related, config: AdviceConfig) -> list[Salient]:
+def _salience(related: Related, config: AdviceConfig, exclude: str) -> list[Salient]:
     known = [(s, ep) for s, ep in related if ep.success is not None]
     total = sum(s for s, _ in known)
     if not total:
@@ -261,6 +262,8 @@ def _salience(related: Related, config: AdviceConfig) -> list[Salient]:
     found: dict[str, list[tuple[float, PastEpisode]]] = {}
     for s, ep in known:
         for entity in dict.fromkeys(ep.entities):
+            if entity == exclude:  # the asking agent itself: the subject of its facts, not something to heed
+                continue
             found.setdefault(entity, []).append((s, ep))
     out = []
     for entity, members in found.items():

@@ -49,7 +49,7 @@ def test_tau_bench_both_unreliable_tools_for_a_task_that_needs_both(tau_con):
                  advice_inputs(tau_con, "airline"))
     assert set(FAILING) <= {r.tool for r in got.risks}
     assert all(r.tool in FAILING or r.strength < 0.1 for r in got.risks)  # reliable tools are no risk
-    # salience from the extracted facts: entities of related successes, never the agent itself (in all of them)
+    # salience from the extracted facts: entities of related successes, never the asking agent itself
     assert got.salience and "agent:airline" not in {s.entity for s in got.salience}
     assert all(s.lift > 0 and s.episode_ids for s in got.salience)
 

@@ -86,6 +86,10 @@ def test_salience_names_entities_that_go_with_success_in_related_episodes():
         ep(2, REFUND, False, ["issue_refund"], entities=["agent:billing", "customer:globex", "tool:issue_refund"]),
         ep(3, SHIP, True, ["create_shipment"], entities=["carrier:ups"])], tools={})
     got = advise("billing", REFUND, inputs).salience
+    # the asking agent's own entity is never salient, even where it goes with success
+    lifted = AdviceInputs(episodes=[*inputs.episodes, ep(5, REFUND, False, ["issue_refund"])], tools={})
+    assert "agent:billing" in {s.entity for s in advise("other", REFUND, lifted).salience}
+    assert "agent:billing" not in {s.entity for s in advise("billing", REFUND, lifted).salience}
     # agent:billing is in every related episode (no lift); tool:issue_refund succeeded half the time,
     # below the related rate 2/3; globex only failed; ups is not related
     assert [(s.entity, s.successes, s.seen_in, s.episode_ids) for s in got] == [("customer:acme", 2, 2, ["e00", "e01"])]

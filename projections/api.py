@@ -425,15 +425,25 @@ class ReadService:
         return [{**_jsonable(k), "success_rate": k.success_rate}
                 for k in index.usual_at(agent, hs, ds, top=_int(top, "top", 5))]
 
-    def oscillators(self, agent: str) -> list[dict[str, Any]]:
-        """The agent's coupled oscillators (when enabled): per pattern, events, locked rhythms, coherence,
-        coupling eigenvalues and the next predicted recurrence after its last event."""
+    def oscillators(self, agent: str, anomaly_min: Any = None, limit: Any = None) -> list[dict[str, Any]]:
+        """The agent's coupled oscillators (when enabled): per pattern, events, locked rhythms, coherence
+        r, coupling eigenvalues, the next predicted recurrence after its last event, and its stored
+        anomalies (readings at or above ``anomaly_min``, newest first)."""
         from datetime import timedelta
 
         from somnus.processors.prediction.oscillators import (
             NAMES, OscillatorConfig, OscillatorState, coherence, coupling_analysis, locked_rhythms, next_recurrence)
 
         cfg = OscillatorConfig(enabled=True)
+        floor, top = _float(anomaly_min, "anomaly_min", 0.25), _int(limit, "limit", 10)
+        anomalies: dict[str, list[dict[str, Any]]] = {}
+        for kind, at, memory_id, anomaly, r in self.con.execute(
+                "SELECT kind, occurred_at, memory_id, anomaly, coherence FROM ("
+                "  SELECT *, row_number() OVER (PARTITION BY kind ORDER BY occurred_at DESC, memory_id) AS n "
+                "  FROM oscillator_readings WHERE agent = ? AND anomaly >= ?) WHERE n <= ? ORDER BY kind, n",
+                [agent, floor, top]).fetchall():
+            anomalies.setdefault(kind, []).append({"at": at.isoformat(), "memory_id": memory_id, "anomaly": anomaly,
+                                                   "r": r})
         out = []
         for kind, raw in self.con.execute("SELECT kind, state FROM oscillators WHERE agent = ? ORDER BY kind",
                                           [agent]).fetchall():
@@ -443,7 +453,8 @@ class ReadService:
             out.append({"kind": kind, "events": st.events, "locked": locked_rhythms(st, cfg),
                         "phases": dict(zip(NAMES, st.theta)), "coherence": coherence(st.theta),
                         "coupling": _jsonable(coupling_analysis(st.weights)),
-                        "next_recurrence": nxt.isoformat() if nxt else None})
+                        "next_recurrence": nxt.isoformat() if nxt else None,
+                        "anomalies": anomalies.get(kind, [])})
         return out
 
     # ---- operators ----
@@ -574,7 +585,10 @@ ROUTES: tuple[Route, ...] = (
           (("hours", "string", "e.g. 9 or 8,9,10"), ("days", "string", "weekdays, weekend or 0,1,... (Monday 0)"),
            ("top", "integer", "default 5"))),
     Route("GET", "/agents/{agent}/oscillators", "oscillators",
-          "The agent's coupled oscillators per pattern (SOMNUS_OSCILLATORS): locks, coherence, next recurrence."),
+          "The agent's coupled oscillators per pattern (SOMNUS_OSCILLATORS): locks, coherence r, coupling "
+          "eigenvalues, next recurrence and stored anomalies.",
+          (("anomaly_min", "number", "list readings at or above this anomaly, in [0, 1] (default 0.25)"),
+           ("limit", "integer", "anomalies per pattern, newest first (default 10)"))),
     Route("GET", "/memory", "memory", "Memory status: graph size, briefing cache, utilisation, delegation success.",
           (("top", "integer", "how many agents / pairs to list (default 5)"),)),
     Route("GET", "/summary", "summary", "Row counts, projected offsets and dead letters by kind."),

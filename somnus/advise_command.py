@@ -19,18 +19,26 @@ def advise_command(agent: str = typer.Option(..., "--agent", help="The agent abo
     from rich.console import Console
 
     from somnus.config import Settings
-    from somnus.reads import ReadError, read
 
     s = Settings.resolve(home=home, db_path=db)
-    try:
-        got = read(Path(s.db_path), "advise", agent, agents_dir=s.agents_dir, task=task)
-    except ReadError as exc:
-        Console(stderr=True).print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(1) from None
+    got = read_or_exit(Path(s.db_path), "advise", agent, s.agents_dir, task=task)
     if as_json:
         print(json.dumps(got))
         return
     print_advice(Console(), got)
+
+
+def read_or_exit(db: Path, handler: str, agent: str, agents_dir: Path | None, **params: Any) -> Any:
+    """``somnus.reads.read``, or the error on stderr and exit status 1."""
+    from rich.console import Console
+
+    from somnus.reads import ReadError, read
+
+    try:
+        return read(db, handler, agent, agents_dir=agents_dir, **params)
+    except ReadError as exc:
+        Console(stderr=True).print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
 
 
 def print_advice(console: Any, got: dict[str, Any]) -> None:

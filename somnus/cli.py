@@ -18,6 +18,7 @@ from somnus import procs
 from somnus.config import Settings
 from somnus.otlp.command import otlp_command
 from somnus.advise_command import advise_command, bench_advise_command
+from somnus.rhythms_command import bench_oscillators_command, show_oscillators
 from somnus.schemas.codec import encode as encode_event
 
 app = typer.Typer(help="Somnus: memory for fleets of AI agents (Kafka -> Faust -> DuckDB).", no_args_is_help=True,
@@ -31,6 +32,7 @@ app.add_typer(token_app, name="token")
 app.command("otlp")(otlp_command)  # somnus/otlp/command.py
 app.command("advise")(advise_command)  # somnus/advise_command.py
 bench_app.command("advise")(bench_advise_command)  # somnus/advise_command.py
+bench_app.command("oscillators")(bench_oscillators_command)  # somnus/rhythms_command.py
 console = Console()
 err = Console(stderr=True)
 
@@ -910,11 +912,16 @@ def predict(tool: str = typer.Option(..., "--tool", help="The tool about to be c
 def rhythms(agent: str = typer.Option(..., "--agent"), hours: str = typer.Option("9", "--hours", help="e.g. 8,9,10"),
             days: Optional[str] = typer.Option(None, "--days", help="weekdays, weekend or 0,1,... (Monday 0)"),
             db: Optional[Path] = DbOpt, home: Optional[Path] = HomeOpt,
+            oscillators: bool = typer.Option(False, "--oscillators", help="The coupled oscillators instead: r, "
+                                             "eigenvalues, next recurrence, anomalies (SOMNUS_OSCILLATORS)."),
+            anomaly_min: Optional[float] = typer.Option(None, "--anomaly-min", help="With --oscillators (default 0.25)."),
             as_json: bool = typer.Option(False, "--json")) -> None:
     """What usually happens for an agent at these local hours (SCN temporal bins)."""
     from somnus.reads import ReadError, read
 
     s = _settings(home, db)
+    if oscillators:  # somnus/rhythms_command.py
+        return show_oscillators(agent, Path(s.db_path), s.agents_dir, anomaly_min, as_json)
     try:
         got = read(Path(s.db_path), "rhythms", agent, agents_dir=s.agents_dir, hours=hours, days=days)  # type: ignore[arg-type]
     except ReadError as exc:

@@ -89,3 +89,46 @@ def test_sample_fleet_gives_strategies_and_risks(tmp_path):
     for a in answered:
         for r in a.risks:
             assert 0.1 <= r.strength <= 1.0 and r.calls >= r.errors
+
+
+def test_sample_fleet_risks_are_the_nac_strengths_and_exact_counts(tmp_path):
+    from somnus.processors.prediction.causal_links import learn, observations_from_episode, tool_counts
+    from somnus.schemas.causal import tool_signature
+
+    eps = sample_episodes(150, seed=11)
+    con = duckdb.connect(str(tmp_path / "fleet.duckdb"))
+    project(con, eps)
+    observed = [o for off, ep in enumerate(eps) for o in observations_from_episode(ep, 0, off)]
+    states, _ = learn({}, observed)  # learned here, independently of the projected rows
+    counts = tool_counts(observed)
+    checked = 0
+    for agent in sorted({e.agent for e in eps}):
+        inputs = advice_inputs(con, agent)
+        for task in sorted({e.task for e in eps if e.agent == agent and e.task})[:3]:
+            for r in advise(agent, task, inputs).risks:
+                state = states[tool_signature(r.tool)]
+                want = sum(link.strength for link in state.links.values() if link.valence.value == "negative")
+                assert r.strength == pytest.approx(want, abs=1e-9)
+                assert (r.calls, r.errors) == (counts[r.tool].calls, counts[r.tool].errors)
+                checked += 1
+    con.close()
+    assert checked > 0
+
+
+def test_the_cache_keeps_inputs_until_the_store_version_moves(tmp_path):
+    from somnus.projections.advice import AdviceCache
+
+    eps = sample_episodes(40, seed=5)
+    con = duckdb.connect(str(tmp_path / "c.duckdb"))
+    project(con, eps)
+    agent = eps[0].agent
+    cache = AdviceCache()
+    first = cache.inputs_for(con, agent, version=1)
+    assert cache.inputs_for(con, agent, version=1) is first
+    assert cache.inputs_for(con, agent, version=2) is not first
+    # without a version from the caller, the projected offsets are read: a new batch's offset empties it
+    read = cache.inputs_for(con, agent)
+    assert cache.inputs_for(con, agent) is read
+    con.execute("UPDATE projection_offsets SET next_offset = next_offset + 1 WHERE topic = 'episodes'")
+    assert cache.inputs_for(con, agent) is not read
+    con.close()

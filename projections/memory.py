@@ -141,8 +141,8 @@ class MemoryProjection:
             self.rhythms_changed.clear()
         if self.readings:
             readings = pa.Table.from_pylist(self.readings)  # noqa: F841
-            con.execute("INSERT INTO oscillator_readings SELECT agent, kind, occurred_at, memory_id, anomaly, coherence, "
-                        "distances, src_offset FROM readings")
+            con.execute("INSERT INTO oscillator_readings SELECT agent, kind, occurred_at, memory_id, anomaly, "
+                        "coherence, distances, src_offset FROM readings")
             self.readings.clear()
         if not events:
             return 0

@@ -223,7 +223,8 @@ def _risks(related: Related, tools: Mapping[str, ToolRisk], config: AdviceConfig
         links = tools.get(tool)
         if links is None:
             continue
-        classes = sorted(((o, v) for o, v in links.outcomes.items() if o in links.negative), key=lambda ov: (-ov[1], ov[0]))
+        classes = sorted(((o, v) for o, v in links.outcomes.items() if o in links.negative),
+                         key=lambda ov: (-ov[1], ov[0]))
         strength = sum(v for _, v in classes)
         if strength < config.min_risk:
             continue

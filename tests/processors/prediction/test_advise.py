@@ -32,7 +32,8 @@ def test_words_and_similarity():
 def test_a_planted_high_failure_context_escalates_and_a_healthy_one_does_not():
     failing = [ep(i, REFUND, False, ["lookup_invoice", "issue_refund"], ["issue_refund"], memories=[f"m{i}"])
                for i in range(4)] + [ep(4, REFUND, True, ["lookup_invoice", "issue_refund"])]
-    healthy = [ep(10 + i, SHIP, True, ["create_shipment"]) for i in range(5)] + [ep(20, SHIP, False, ["create_shipment"])]
+    healthy = [ep(10 + i, SHIP, True, ["create_shipment"]) for i in range(5)]
+    healthy.append(ep(20, SHIP, False, ["create_shipment"]))
     inputs = AdviceInputs(episodes=failing + healthy, tools={"issue_refund": PAY, "lookup_invoice": LOOKUP})
     bad = advise("billing", "Refund a duplicate charge on the invoice", inputs)
     assert bad.escalation.escalate and bad.escalation.failures == 4 and bad.escalation.related == 5

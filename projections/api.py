@@ -432,6 +432,17 @@ class ReadService:
         context = {k: str(v) for k, v in (("agent", agent), ("hour", hour)) if v not in (None, "")}
         return _jsonable(predict_from(self.con, str(tool), params, context or None))
 
+    def advise(self, agent: str, task: Any = None) -> dict[str, Any]:
+        """The Maxim bridges for a task about to start (``somnus.processors.prediction.advise``)."""
+        from somnus.processors.prediction.advise import advise
+        from somnus.projections.advice import AdviceCache
+
+        if not task or not str(task).strip():
+            raise BadRequest("parameter `task`: the text of the task about to start is required")
+        cache = self.extra.setdefault("advice", AdviceCache())
+        version = self.extra.get("store_version")  # the projector's offsets (else read from the table)
+        return _jsonable(advise(agent, str(task), cache.inputs_for(self.con, agent, version() if version else None)))
+
     def tools(self) -> list[dict[str, Any]]:
         """Exact calls and errors per tool (counts behind the tool-level links)."""
         return _rows(self.con.execute("SELECT tool, calls, errors, round(error_rate, 4) AS error_rate "
@@ -459,15 +470,24 @@ class ReadService:
         return [{**_jsonable(k), "success_rate": k.success_rate}
                 for k in index.usual_at(agent, hs, ds, top=top_n)]
 
-    def oscillators(self, agent: str, user_id: Any = None) -> list[dict[str, Any]]:
-        """The agent's coupled oscillators (when enabled): per pattern, events, locked rhythms, coherence,
-        coupling eigenvalues and the next predicted recurrence after its last event. For a reader
-        acting for a user, nothing (``WITHHELD``: each oscillator folds every user's sessions)."""
-
-
+    def oscillators(self, agent: str, anomaly_min: Any = None, limit: Any = None,
+                    user_id: Any = None) -> list[dict[str, Any]]:
+        """The agent's coupled oscillators (when enabled): per pattern, events, locked rhythms, coherence
+        r, coupling eigenvalues, the next predicted recurrence after its last event, and its stored
+        anomalies (readings at or above ``anomaly_min``, newest first). For a reader acting for a user,
+        nothing (``WITHHELD``: each oscillator folds every user's sessions)."""
         if _user(user_id) is not None:
             return []
         cfg = OscillatorConfig(enabled=True)
+        floor, top = _float(anomaly_min, "anomaly_min", 0.25), _int(limit, "limit", 10)
+        anomalies: dict[str, list[dict[str, Any]]] = {}
+        for kind, at, memory_id, anomaly, r in self.con.execute(
+                "SELECT kind, occurred_at, memory_id, anomaly, coherence FROM ("
+                "  SELECT *, row_number() OVER (PARTITION BY kind ORDER BY occurred_at DESC, memory_id) AS n "
+                "  FROM oscillator_readings WHERE agent = ? AND anomaly >= ?) WHERE n <= ? ORDER BY kind, n",
+                [agent, floor, top]).fetchall():
+            anomalies.setdefault(kind, []).append({"at": at.isoformat(), "memory_id": memory_id, "anomaly": anomaly,
+                                                   "r": r})
         out = []
         for kind, raw in self.con.execute("SELECT kind, state FROM oscillators WHERE agent = ? ORDER BY kind",
                                           [agent]).fetchall():
@@ -477,7 +497,8 @@ class ReadService:
             out.append({"kind": kind, "events": st.events, "locked": locked_rhythms(st, cfg),
                         "phases": dict(zip(NAMES, st.theta)), "coherence": coherence(st.theta),
                         "coupling": _jsonable(coupling_analysis(st.weights)),
-                        "next_recurrence": nxt.isoformat() if nxt else None})
+                        "next_recurrence": nxt.isoformat() if nxt else None,
+                        "anomalies": anomalies.get(kind, [])})
         return out
 
     # ---- operators ----

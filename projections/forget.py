@@ -376,7 +376,7 @@ _DELETES: list[tuple[str, str]] = [
     ("lifecycle_log", f"memory_id {_M}"),
     ("memory_log", f"body->>'$.unit.memory_id' {_M} OR body->>'$.memory_id' {_M} OR body->>'$.a' {_M} "
                    f"OR body->>'$.b' {_M}"),
-    ("temporal_bins", _A), ("oscillators", _A),
+    ("temporal_bins", _A), ("oscillators", _A), ("oscillator_readings", f"memory_id {_M}"),
 ]
 
 

@@ -78,6 +78,7 @@ class MemoryProjection:
         self.sleep = sleep
         self.oscillators = oscillators  # an OscillatorConfig when enabled (SOMNUS_OSCILLATORS), else None
         self.rhythms: dict[tuple[str, str], Any] = {}  # (agent, kind) -> OscillatorState
+        self.readings: list[dict[str, Any]] = []  # anomaly readings of this batch, for oscillator_readings
         self.rhythms_changed: set[tuple[str, str]] = set()
         self.reload(con)
 
@@ -96,6 +97,7 @@ class MemoryProjection:
         self.rhythms = {(a, k): msgspec.json.decode(st, type=OscillatorState)
                         for a, k, st in con.execute("SELECT agent, kind, state FROM oscillators").fetchall()}
         self.rhythms_changed.clear()
+        self.readings.clear()
         if n:
             log.info("memory index rebuilt from %d logged events (%d memories)", n, len(self.state.index))
 
@@ -136,6 +138,11 @@ class MemoryProjection:
             with registered(con, frame=pa.Table.from_pylist(rows)):
                 con.execute("INSERT OR REPLACE INTO oscillators SELECT agent, kind, events, state::JSON FROM frame")
             self.rhythms_changed.clear()
+        if self.readings:
+            with registered(con, readings=pa.Table.from_pylist(self.readings)):
+                con.execute("INSERT INTO oscillator_readings SELECT agent, kind, occurred_at, memory_id, anomaly, "
+                            "coherence, distances, src_offset FROM readings")
+            self.readings.clear()
         if not events:
             return 0
         self._insert(con, events)
@@ -150,8 +157,13 @@ class MemoryProjection:
                 continue
             for kind in ("session_end", f"session_end:{u.outcome}"):
                 key = (u.agent, kind)
-                state, _ = observe(self.rhythms.get(key), u.occurred_at, self.oscillators, source=(0, offset, i))
+                state, reading = observe(self.rhythms.get(key), u.occurred_at, self.oscillators, source=(0, offset, i))
                 self.rhythms[key] = state
+                if reading is not None and reading.anomaly is not None:  # stored: how on time this event was
+                    self.readings.append({"agent": u.agent, "kind": kind, "occurred_at": u.occurred_at,
+                                          "memory_id": u.memory_id, "anomaly": reading.anomaly,
+                                          "coherence": reading.coherence, "distances": reading.distances,
+                                          "src_offset": offset})
                 self.rhythms_changed.add(key)
 
     def _insert(self, con: duckdb.DuckDBPyConnection, events: list[tuple[MemoryEvent, int]]) -> None:

@@ -194,7 +194,7 @@ class Projector:
             drain.start()
             self._positions = (consumer, stored)
             if self.serve:
-                runner = await self._start_server(con, models)
+                runner = await self._start_server(con, models, stored)
                 # A crash between a batch's commit and its promotion requests lost them: request again
                 # what no request has reached (the semantic fold runs each id once).
                 missing = con.execute(
@@ -314,7 +314,8 @@ class Projector:
             tps.extend(TopicPartition(topic, p) for p in await partitions_of(consumer, topic))
         return tps
 
-    async def _start_server(self, con: duckdb.DuckDBPyConnection, models: ReadModels) -> web.AppRunner:
+    async def _start_server(self, con: duckdb.DuckDBPyConnection, models: ReadModels,
+                            stored: dict[tuple[str, int], int] | None = None) -> web.AppRunner:
         # Reads use their own cursor (a second connection to the same database: it sees committed
         # data while a batch is being written on ``con`` in the writer thread).
         service = api.ReadService(con.cursor(), models.agents, briefings=models.briefings.current, episodic=models.memory,
@@ -336,6 +337,8 @@ class Projector:
                 "could not record a served briefing: %r", f.exception())))
 
         service.on_served = served
+        if stored is not None:  # updated after each batch's commit: the store's version for read caches
+            service.extra["store_version"] = lambda: (len(stored), sum(stored.values()))
         # A forget drops every cached user synopsis (rebuilt from the purged memories on the next read).
         models.forget.on_purged.append(lambda: setattr(service, "synopses", api._synopsis_cache()))
 

@@ -129,6 +129,9 @@ CREATE TABLE IF NOT EXISTS sleep_runs (
 CREATE TABLE IF NOT EXISTS oscillators (
     agent VARCHAR NOT NULL, kind VARCHAR NOT NULL, events BIGINT NOT NULL, state JSON NOT NULL,
     PRIMARY KEY (agent, kind));
+CREATE TABLE IF NOT EXISTS oscillator_readings (
+    agent VARCHAR NOT NULL, kind VARCHAR NOT NULL, occurred_at TIMESTAMPTZ NOT NULL, memory_id VARCHAR NOT NULL,
+    anomaly DOUBLE NOT NULL, coherence DOUBLE NOT NULL, distances DOUBLE[] NOT NULL, src_offset BIGINT);
 CREATE TABLE IF NOT EXISTS sleep_state (id INTEGER PRIMARY KEY, state JSON NOT NULL);
 CREATE TABLE IF NOT EXISTS briefings_dirty (agent VARCHAR NOT NULL PRIMARY KEY);
 CREATE TABLE IF NOT EXISTS promotions (
@@ -233,6 +236,7 @@ CONTENT_COLUMNS: dict[str, list[str]] = {
     "sleep_runs": ["run_id", "run_at", "trigger", "memories_before", "memories_after", "kept", "compressed", "pruned",
                    "protected", "rescored", "bytes_before", "bytes_after", "fiedler", "report"],
     "oscillators": ["agent", "kind", "events", "state"],
+    "oscillator_readings": ["agent", "kind", "occurred_at", "memory_id", "anomaly", "coherence", "distances"],
     "briefings": ["agent", "briefing_id", "generated_at", "budget", "markdown", "chars", "lessons", "facts",
                   "strategies", "dropped_lessons", "dropped_facts", "dropped_strategies"],
 }

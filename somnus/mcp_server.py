@@ -247,23 +247,3 @@ def serve(settings: Settings, transport: str, host: str = "127.0.0.1", port: int
     memory = Memory(settings, lambda ctx: bearer(ctx.headers))
     app = build(memory).streamable_http_app(host=host)
     uvicorn.run(BearerGuard(app, memory.principal), host=host, port=port, log_level="warning")
-
-
-
-def cli_command() -> Callable[..., None]:
-    """The ``somnus mcp`` command (the CLI registers it: ``app.command("mcp")(cli_command())``)."""
-    import typer
-
-    def mcp(transport: str = typer.Option("stdio", "--transport", help="stdio, or http (streamable HTTP at /mcp)."),
-            host: str = typer.Option("127.0.0.1", "--host", help="HTTP: the address to bind."),
-            port: int = typer.Option(8765, "--port", help="HTTP: the port."),
-            home: Path | None = typer.Option(None, "--home", help="State folder (SOMNUS_HOME)."),
-            db: Path | None = typer.Option(None, "--db", help="DuckDB file (SOMNUS_DB).")) -> None:
-        """Serve the memory as MCP tools (recall, briefing, context, predict, facts, episodic context, rhythms,
-        remember) over stdio or streamable HTTP, with the same tokens and scopes as the HTTP API."""
-        try:
-            serve(Settings.resolve(home=home, db_path=db), transport, host, port)
-        except ValueError as exc:
-            raise typer.BadParameter(str(exc), param_hint="--transport") from None
-
-    return mcp

@@ -25,6 +25,7 @@ COMMANDS = (
     "export",   # export parquet
     "otlp",     # otlp (the OTLP/HTTP receiver)
     "mcp",      # mcp (the memory as MCP tools)
+    "advise",   # advise; bench advise | oscillators
     "eval",     # eval locomo | foresight
     "bench",    # bench e2e | ... | cli
 )

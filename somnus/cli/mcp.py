@@ -2,7 +2,26 @@
 
 from __future__ import annotations
 
-from somnus.cli.app import app
-from somnus.mcp_server import cli_command
+from pathlib import Path
+from typing import Optional
 
-app.command("mcp")(cli_command())
+import typer
+
+from somnus.cli.app import app
+
+
+@app.command("mcp")
+def mcp(transport: str = typer.Option("stdio", "--transport", help="stdio, or http (streamable HTTP at /mcp)."),
+        host: str = typer.Option("127.0.0.1", "--host", help="HTTP: the address to bind."),
+        port: int = typer.Option(8765, "--port", help="HTTP: the port."),
+        home: Optional[Path] = typer.Option(None, "--home", help="State folder (SOMNUS_HOME)."),
+        db: Optional[Path] = typer.Option(None, "--db", help="DuckDB file (SOMNUS_DB).")) -> None:
+    """Serve the memory as MCP tools (recall, briefing, context, predict, facts, episodic context, rhythms,
+    remember) over stdio or streamable HTTP, with the same tokens and scopes as the HTTP API."""
+    from somnus.config import Settings
+    from somnus.mcp_server import serve  # the SDK and asyncio: only for this command
+
+    try:
+        serve(Settings.resolve(home=home, db_path=db), transport, host, port)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--transport") from None

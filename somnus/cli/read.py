@@ -205,9 +205,18 @@ def predict(tool: str = typer.Option(..., "--tool", help="The tool about to be c
 def rhythms(agent: str = typer.Option(..., "--agent"), hours: str = typer.Option("9", "--hours", help="e.g. 8,9,10"),
             days: Optional[str] = typer.Option(None, "--days", help="weekdays, weekend or 0,1,... (Monday 0)"),
             db: Optional[Path] = DbOpt, home: Optional[Path] = HomeOpt,
+            oscillators: bool = typer.Option(False, "--oscillators", help="The coupled oscillators instead: r, "
+                                             "eigenvalues, next recurrence, anomalies (SOMNUS_OSCILLATORS)."),
+            anomaly_min: Optional[float] = typer.Option(None, "--anomaly-min", help="With --oscillators (default 0.25)."),
             as_json: bool = JsonOpt, as_csv: bool = CsvOpt) -> None:
     """What usually happens for an agent at these local hours (SCN temporal bins)."""
     one_of(as_json, as_csv)
+    if oscillators:  # somnus/rhythms_command.py
+        from somnus.rhythms_command import show_oscillators
+
+        s = settings(home, db)
+        show_oscillators(agent, Path(s.db_path), s.agents_dir, anomaly_min, as_json)
+        return
     got = read(settings(home, db), "rhythms", agent, hours=hours, days=days)
     if as_json:
         print(json.dumps(got))

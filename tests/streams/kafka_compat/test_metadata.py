@@ -34,7 +34,7 @@ def test_the_worker_app_and_the_projector_apply_it():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["True", "False"]  # idempotent: applied once, over aiokafka's own
     assert "track_topics_sent_to()" in inspect.getsource(somnus.projections.projector.Projector.run)
-    assert "track_topics_sent_to()" in inspect.getsource(somnus.streams.app.create_app)
+    assert "track_topics_sent_to()" in inspect.getsource(somnus.streams.app.Distiller.create)
     # and the entry points apply every process-wide workaround before they make a Kafka client
     assert "kafka_compat.apply()" in inspect.getsource(somnus.projections.projector.main)
     assert "kafka_compat.apply()" in inspect.getsource(somnus.streams.worker.main)

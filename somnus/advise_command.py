@@ -21,7 +21,7 @@ def advise_command(agent: str = typer.Option(..., "--agent", help="The agent abo
     from somnus.config import Settings
 
     s = Settings.resolve(home=home, db_path=db)
-    got = read_or_exit(Path(s.db_path), "advise", agent, s.agents_dir, task=task)
+    got = read_or_exit(Path(s.db_path or s.home / "somnus.duckdb"), "advise", agent, s.agents_dir, task=task)
     if as_json:
         print(json.dumps(got))
         return

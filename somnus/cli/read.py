@@ -215,7 +215,7 @@ def rhythms(agent: str = typer.Option(..., "--agent"), hours: str = typer.Option
         from somnus.rhythms_command import show_oscillators
 
         s = settings(home, db)
-        show_oscillators(agent, Path(s.db_path), s.agents_dir, anomaly_min, as_json)
+        show_oscillators(agent, db_of(s), s.agents_dir, anomaly_min, as_json)
         return
     got = read(settings(home, db), "rhythms", agent, hours=hours, days=days)
     if as_json:

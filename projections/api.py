@@ -432,13 +432,17 @@ class ReadService:
         context = {k: str(v) for k, v in (("agent", agent), ("hour", hour)) if v not in (None, "")}
         return _jsonable(predict_from(self.con, str(tool), params, context or None))
 
-    def advise(self, agent: str, task: Any = None) -> dict[str, Any]:
-        """The Maxim bridges for a task about to start (``somnus.processors.prediction.advise``)."""
+    def advise(self, agent: str, task: Any = None, user_id: Any = None) -> dict[str, Any]:
+        """The Maxim bridges for a task about to start (``somnus.processors.prediction.advise``). For a
+        reader acting for a user, nothing (``WITHHELD``: risks and strategies count every user's sessions)."""
         from somnus.processors.prediction.advise import advise
         from somnus.projections.advice import AdviceCache
 
         if not task or not str(task).strip():
             raise BadRequest("parameter `task`: the text of the task about to start is required")
+        if _user(user_id) is not None:
+            return {"agent": agent, "task": str(task), "related": 0, "planning": [], "risks": [], "escalation": None,
+                    "salience": [], "withheld": WITHHELD}
         cache = self.extra.setdefault("advice", AdviceCache())
         version = self.extra.get("store_version")  # the projector's offsets (else read from the table)
         return _jsonable(advise(agent, str(task), cache.inputs_for(self.con, agent, version() if version else None)))

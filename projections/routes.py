@@ -77,7 +77,8 @@ ROUTES: tuple[Route, ...] = (
            ("agent", "string", "context: the calling agent"), ("hour", "string", "context: local hour, 00-23"))),
     Route("GET", "/agents/{agent}/advise", "advise", "Pre-flight advice for a task: strategies, risks, "
           "escalation and salient entities of related past episodes, with provenance (docs/concepts/advise.md).",
-          (("task", "string", "the task about to start"),)),
+          (("task", "string", "the task about to start"),
+           ("user_id", "string", "a reader acting for this user gets none (SECURITY.md)"))),
     Route("GET", "/tools", "tools", "Exact calls and errors per tool."),
     Route("GET", "/agents/{agent}/rhythms", "rhythms", "What usually happens at given local hours (SCN bins).",
           (("hours", "string", "e.g. 9 or 8,9,10"), ("days", "string", "weekdays, weekend or 0,1,... (Monday 0)"),

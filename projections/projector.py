@@ -34,6 +34,7 @@ from somnus.projections.writer import KIND_SERVED, BatchResult, Seen, Topics, ap
 from somnus.client import LARGE_RECORDS
 from somnus.streams.kafka_compat import track_topics_sent_to
 from somnus.config import Settings, kafka_options
+from somnus.streams.keys import KeyFollower
 from somnus.streams.topics import partitions_of
 
 log = logging.getLogger("somnus.projector")
@@ -160,6 +161,7 @@ class Projector:
         await consumer.start()
         runner = None
         drain: Drain | None = None
+        keys: KeyFollower | None = None
         try:
             tps = await self._partitions(consumer)
             consumer.assign(tps)
@@ -171,6 +173,8 @@ class Projector:
             seen = Seen(con, self.agents, SleepConfig(schedule=validate_schedule(self.settings.sleep_schedule),
                                                       max_clock_skew_s=self.settings.max_clock_skew_s),
                         OscillatorConfig(enabled=True) if self.settings.oscillators else None)
+            keys = await KeyFollower(self.bootstrap, self.settings.keys_topic, self.settings).start()
+            seen.keys = keys.ring  # sealed records open with the keys that remain (somnus.streams.keys)
             for tp in tps:
                 consumer.seek(tp, stored.get((tp.topic, tp.partition), 0))
             drain = Drain(consumer, self.max_records)
@@ -217,6 +221,7 @@ class Projector:
                     if not part:
                         continue
                     t_batch = time.monotonic()
+                    await keys.ensure(r.value for r in part)  # the keys of its sealed records, or gone
                     async with lock:
                         res = await asyncio.to_thread(apply_guarded, con, self.topics, part, stored,
                                                       self.settings.max_event_bytes, seen,
@@ -240,6 +245,8 @@ class Projector:
         finally:
             if drain is not None:
                 await drain.stop()
+            if keys is not None:
+                await keys.stop()
             if self._briefing_server is not None:
                 self._briefing_server.stop()
             if runner is not None:
@@ -286,6 +293,7 @@ class Projector:
         t.skipped_invalid += res.skipped_invalid
         t.duplicate_events += res.duplicate_events
         t.quarantined += res.quarantined
+        t.shredded += res.shredded
 
     async def _partitions(self, consumer: AIOKafkaConsumer) -> list[TopicPartition]:
         tps = []

@@ -44,6 +44,7 @@ from somnus.schemas.events import type_name
 from somnus.schemas.facts import FactsExtracted
 from somnus.projections.forget import Purged
 from somnus.schemas.forget import KIND_FORGET, ForgetRequested
+from somnus.schemas.sealed import FORGOTTEN, open_record
 from somnus.schemas.working_memory import WorkingMemoryState
 
 
@@ -94,6 +95,7 @@ class BatchResult:
     memory_events: int = 0
     semantic_events: int = 0
     skipped_invalid: int = 0  # invalid traces: the worker dead-letters them
+    shredded: int = 0  # sealed records whose data key a forget deleted: skipped (somnus.schemas.sealed)
     scheduled_sleeps: list[tuple[str, Any]] = field(default_factory=list)  # (run_id, at) committed in the batch
     timings: dict[str, float] = field(default_factory=dict)  # seconds per stage (decode, memory, knowledge...)
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)
@@ -136,6 +138,9 @@ class Seen:
         from somnus.projections.forget import Forgetting
 
         self.forget = Forgetting(con)  # forgotten subjects: purged, and kept out (projections/forget.py)
+        from somnus.streams.keys import KeyRing
+
+        self.keys = KeyRing()  # the data keys that open sealed records (the projector follows the key topic)
 
 
 def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterable[Record],
@@ -203,6 +208,14 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
         if rec.offset < stored.get(tp, 0) or rec.offset < res.offsets.get(tp, 0):
             continue  # already projected
         res.offsets[tp] = rec.offset + 1
+        opened = open_record(rec, seen.keys.keys)  # a sealed record: its plaintext (somnus.schemas.sealed)
+        if opened is FORGOTTEN:  # its data key was deleted by a forget: skipped, counted
+            res.shredded += 1
+            continue
+        if isinstance(opened, Rejection):
+            dead(rec, 0, opened.reason)
+            continue
+        rec = opened
         named = seen.forget.mentions(rec)  # a forgotten subject's record: purge before commit
         forgotten = forgotten or named
         why = quarantine.get((rec.topic, rec.partition, rec.offset))
@@ -422,7 +435,8 @@ def apply_guarded(con: duckdb.DuckDBPyConnection, topics: Topics, records: Itera
         log.error("a batch of %d records failed (%r): applying it again without the records that fail",
                   len(records), failed.__cause__)
     for rec in records:
-        reason = _undecodable(topics, rec, max_depth)
+        opened = open_record(rec, seen.keys.keys)
+        reason = _undecodable(topics, opened, max_depth) if not isinstance(opened, (Rejection, type(FORGOTTEN))) else None
         if reason is not None:
             quarantine[(rec.topic, rec.partition, rec.offset)] = reason
     return _halves(records, attempt, quarantine)

@@ -37,7 +37,10 @@ from somnus.schemas.causal import OutcomeObserved
 from somnus.schemas.episodes import EpisodeDistilled
 from somnus.schemas.codec import (Rejection, dead_letter_original, decode_bounded, decode_record, encode, poison_reason,
                           record_rejection, truncated_note)
+from somnus.schemas.sealed import FORGOTTEN
 from somnus.streams.kafka_compat import track_topics_sent_to
+from somnus.streams.keys import KeyFollower
+from somnus.streams.sealing import TableSealing, dead_letter_value, opened_values, sealed, unit_records
 from somnus.config import Settings, kafka_options
 from somnus.streams.liveness import PartitionWatchdog, RecoveryWatchdog, SomnusApp, install_diagnostics, watch
 from somnus.streams.metrics import WorkerCounters
@@ -62,6 +65,10 @@ class BatchedTable(Table):
         super().__init__(*args, **kwargs)
         self.key_partitions: dict[Any, int] = {}
         self.pending_changelog: list[tuple[int, bytes, bytes | None]] = []
+        self.sealing: Any = None  # somnus.streams.sealing.TableSealing: changelog values sealed per session
+
+    def _to_value(self, v: Any) -> Any:  # a value restored from the changelog, opened
+        return self.sealing.open(v) if self.sealing is not None else v
 
     def partition_for_key(self, key: Any) -> int | None:
         partition = self.key_partitions.get(key)
@@ -102,8 +109,9 @@ class BatchedTable(Table):
 
     async def send_changelog_batch(self, producer: Any) -> None:
         topic = self.changelog_topic.get_topic_name()
-        futures = [await producer.send(topic, key=key, value=value, partition=partition, timestamp=None, headers=None)
-                   for partition, key, value in self.pending_changelog]
+        seal = self.sealing.seal if self.sealing is not None else lambda k, v: (v, None)
+        futures = [await producer.send(topic, key=key, value=value, partition=partition, timestamp=None, headers=headers)
+                   for partition, key, raw in self.pending_changelog for value, headers in [seal(key, raw)]]
         self.pending_changelog.clear()
         self.key_partitions.clear()
         if futures:
@@ -248,6 +256,9 @@ def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker") 
     working = app.tables.add(BatchedTable(
         app, name="working_memory", partitions=settings.partitions, key_type=bytes, value_type=bytes,
         beacon=app.tables.beacon, help="per-session working memory: recent messages and summaries"))
+    keys = KeyFollower(bootstrap, settings.keys_topic, settings)  # opens traces, seals outputs (streams/sealing.py)
+    app.somnus_keys = keys  # type: ignore[attr-defined]
+    sessions.sealing = working.sealing = TableSealing(keys)
     observations = app.topic(settings.observations_topic, partitions=settings.partitions, key_type=bytes,
                              value_type=bytes, internal=False)
     from somnus.agents import load_agents
@@ -377,6 +388,7 @@ class BatchPlan:
     late: int = 0
     future: int = 0
     abandoned: int = 0
+    shredded: int = 0  # records whose data key was deleted (forgotten): skipped
 
 
 def _stored_clocks(sessions: BatchedTable, topic: str, partitions: set[int]) -> dict[int, int]:
@@ -400,9 +412,16 @@ def _plan_batch(app: faust.App, settings: Settings, batch: Sequence[EventT], ses
     skew_us = int(settings.max_clock_skew_s * 1_000_000)
     partition_of = plan.partition_of
     offset_of: dict[str, int] = {}  # session key -> offset of its last record in the batch (its end)
+    ring = _keys(app).ring
     for event in batch:
         msg = event.message
-        items = decode_record(msg.value, settings.max_event_bytes, settings.max_json_depth)
+        value = ring.open(msg.value)  # a sealed record's plaintext (somnus.schemas.sealed)
+        if value is FORGOTTEN or isinstance(value, Rejection):  # its key deleted by a forget: skipped
+            plan.shredded += value is FORGOTTEN
+            if isinstance(value, Rejection):
+                plan.dead.append((msg, 0, value))
+            continue
+        items = decode_record(value, settings.max_event_bytes, settings.max_json_depth)
         rejected = record_rejection(items)
         if rejected is not None:  # one dead letter for the record, whatever number of its elements is bad
             index, why = rejected
@@ -504,6 +523,7 @@ async def _handle_batch(app: faust.App, settings: Settings, batch: Sequence[Even
         return []  # the tables are being restored: Faust seeks back to the committed offsets after
     admitted = await guard.admit(batch) if guard is not None else Admitted(handle=list(batch))
     records = admitted.handle
+    await _keys(app).ensure(opened_values(records))  # the data keys of its sealed records (or gone)
     try:
         plan = _plan_batch(app, settings, records, sessions, generation, extractor, not_episodic, working,
                            wm_settings, idle)
@@ -545,13 +565,14 @@ async def _send_plan(app: faust.App, settings: Settings, plan: BatchPlan, sessio
     """Send a batch's outputs, then its states and positions (False: a rebalance came first, nothing of
     the state was written)."""
     pending: list[Any] = []
+    ring = _keys(app).ring
     for msg, index, rejection in plan.dead:
         counters.dead_letters += 1
-        pending.append(await app.producer.send(
-            settings.dead_letter_topic, key=msg.key,
-            value=rejection.original if rejection.original is not None else dead_letter_original(msg.value),
-            partition=None, timestamp=None,
-            headers=dead_letter_headers(rejection, msg.topic, msg.partition, msg.offset, index)))
+        value, headers = dead_letter_value(ring, msg.value, rejection.original,
+                                           dead_letter_headers(rejection, msg.topic, msg.partition, msg.offset, index))
+        pending.append(await app.producer.send(settings.dead_letter_topic, key=msg.key, value=value, partition=None,
+                                               timestamp=None, headers=headers))
+    counters.shredded += plan.shredded
     counters.events += plan.events
     counters.duplicates += plan.duplicates
     counters.late += plan.late
@@ -561,10 +582,11 @@ async def _send_plan(app: faust.App, settings: Settings, plan: BatchPlan, sessio
         _warn_future(settings, plan.future, next(r.reason for _, _, r in plan.dead if r.kind == "future"))
     for ep in plan.episodes:
         counters.episodes += 1
-        pending.append(await app.producer.send(settings.episodes_topic, key=ep.session_id.encode(), value=encode(ep),
-                                               partition=None, timestamp=None, headers=None))
+        value, headers = sealed(ring.key_for(ep.agent, ep.session_id), encode(ep))
+        pending.append(await app.producer.send(settings.episodes_topic, key=ep.session_id.encode(), value=value,
+                                               partition=None, timestamp=None, headers=headers))
     if plan.facts:
-        pending.extend(await _send_facts(app, settings, plan.facts, counters))
+        pending.extend(await _send_facts(app, settings, plan.facts, counters, plan.episodes))
     if plan.observations:
         counters.observations += len(plan.observations)
         pending.extend(await _send_bundles(app, settings.observations_topic, settings.partitions, plan.observations,
@@ -573,8 +595,9 @@ async def _send_plan(app: faust.App, settings: Settings, plan: BatchPlan, sessio
     if units:
         counters.memory_units += len(units)
         pending.extend([await app.producer.send(
-            settings.memory_topic, key=None, value=encode(units[i:i + BUNDLE_ITEMS]), partition=0, timestamp=None,
-            headers=[("somnus-kind", KIND_UNITS)]) for i in range(0, len(units), BUNDLE_ITEMS)])
+            settings.memory_topic, key=None, value=value, partition=0, timestamp=None,
+            headers=[("somnus-kind", KIND_UNITS), *(headers or [])])
+            for value, headers in unit_records(ring, units, BUNDLE_ITEMS)])
     # Episodes and dead letters must be on the broker before the state that says "done" is.
     if pending:
         await asyncio.gather(*pending)
@@ -849,7 +872,11 @@ async def _handle_episodes(app: faust.App, settings: Settings, batch: Sequence[E
     episodes = []
     for event in batch:
         msg = event.message
-        ep = decode_bounded(_episode_decoder, msg.value, settings.max_json_depth)
+        value = _keys(app).ring.open(msg.value)
+        if value is FORGOTTEN:
+            counters.shredded += 1
+            continue
+        ep = value if isinstance(value, Rejection) else decode_bounded(_episode_decoder, value, settings.max_json_depth)
         if isinstance(ep, Rejection):  # our own output; a bad one is a bug, but it must not stop the stream
             await _dead_letter_now(app, settings, counters, msg, _named(ep, "episode", msg.value))
             continue
@@ -857,16 +884,29 @@ async def _handle_episodes(app: faust.App, settings: Settings, batch: Sequence[E
     out = extractor.extract(episodes)
     if inspect.isawaitable(out):
         out = await out
-    pending = await _send_facts(app, settings, out, counters)
+    pending = await _send_facts(app, settings, out, counters, episodes)
     if pending:
         await asyncio.gather(*pending)
 
 
-async def _send_facts(app: faust.App, settings: Settings, extracted: Sequence[Any], counters: WorkerCounters) -> list[Any]:
-    """Queue each episode's FactsExtracted on the one-partition facts topic; returns the send futures."""
+async def _send_facts(app: faust.App, settings: Settings, extracted: Sequence[Any], counters: WorkerCounters,
+                      episodes: Sequence[Any] = ()) -> list[Any]:
+    """Queue each episode's FactsExtracted on the one-partition facts topic (sealed with the key of the
+    episode's session); returns the send futures."""
     counters.facts += sum(len(f.facts) for f in extracted)
-    return [await app.producer.send(settings.facts_topic, key=str(f.episode_id).encode(), value=encode(f),
-                                    partition=0, timestamp=None, headers=None) for f in extracted]
+    ring = _keys(app).ring
+    keys = {ep.episode_id: ring.key_for(ep.agent, ep.session_id) for ep in episodes}
+    return [await app.producer.send(settings.facts_topic, key=str(f.episode_id).encode(), value=value,
+                                    partition=0, timestamp=None, headers=headers)
+            for f in extracted for value, headers in [sealed(keys.get(f.episode_id), encode(f))]]
+
+
+def _keys(app: faust.App) -> KeyFollower:
+    """The worker's data keys (``somnus.streams.keys``); an app made without them has an empty ring."""
+    keys = getattr(app, "somnus_keys", None)
+    if keys is None:
+        keys = app.somnus_keys = KeyFollower("", "")  # type: ignore[attr-defined]  # offline: follows nothing
+    return keys
 
 
 def dead_letter_headers(rejection: Rejection, topic: str, partition: int, offset: int,

@@ -32,6 +32,7 @@ def topic_specs(settings: Settings) -> dict[str, int]:
         settings.memory_topic: 1,
         settings.semantic_topic: 1,
         settings.working_memory_topic: settings.partitions,  # the Faust table's changelog, made here
+        settings.keys_topic: 1,  # the sessions' data keys, compacted (somnus.streams.keys)
     }
 
 
@@ -41,6 +42,10 @@ def topic_config(name: str, append_time: bool = False) -> dict[str, str]:
     their events' times can move stream time (``somnus.processors.sessions.session_retention``, ``SOMNUS_MAX_CLOCK_SKEW_S``)."""
     if name.endswith("-changelog"):
         return {"cleanup.policy": "compact"}
+    if name.endswith("keys"):
+        from somnus.streams.keys import KEY_TOPIC_CONFIG
+
+        return dict(KEY_TOPIC_CONFIG)
     config = {"retention.ms": "-1", "retention.bytes": "-1"}
     if append_time:
         config["message.timestamp.type"] = "LogAppendTime"

@@ -27,7 +27,7 @@ class _Key(msgspec.Struct):
     session_id: Any = None
     agent: Any = None
     type: Any = None
-    payload: msgspec.Raw | None = None
+    payload: msgspec.Raw = msgspec.Raw(b"null")
 
 
 class _Start(msgspec.Struct):
@@ -53,7 +53,7 @@ def _subject(raw: bytes) -> tuple[bytes | None, tuple[str, str] | None, str | No
     key = str(sid).encode() if sid is not None else None
     session = (agent, sid) if isinstance(agent, str) and isinstance(sid, str) else None
     user = None
-    if ev.type == "session_start" and ev.payload is not None:
+    if ev.type == "session_start":
         try:
             u = _start.decode(ev.payload).user_id
         except msgspec.DecodeError:

@@ -40,7 +40,8 @@ from somnus.schemas.codec import (Rejection, dead_letter_original, decode_bounde
 from somnus.schemas.sealed import FORGOTTEN
 from somnus.streams.kafka_compat import track_topics_sent_to
 from somnus.streams.keys import KeyFollower
-from somnus.streams.sealing import TableSealing, dead_letter_value, opened_values, sealed, unit_records
+from somnus.streams.sealing import (TableSealing, dead_letter_value, key_of_record, opened_values, sealed,
+                                    unit_records)
 from somnus.config import Settings, kafka_options
 from somnus.streams.liveness import PartitionWatchdog, RecoveryWatchdog, SomnusApp, install_diagnostics, watch
 from somnus.streams.metrics import WorkerCounters
@@ -589,8 +590,9 @@ async def _send_plan(app: faust.App, settings: Settings, plan: BatchPlan, sessio
         pending.extend(await _send_facts(app, settings, plan.facts, counters, plan.episodes))
     if plan.observations:
         counters.observations += len(plan.observations)
+        keys = {ep.episode_id: ring.key_for(ep.agent, ep.session_id) for ep in plan.episodes}
         pending.extend(await _send_bundles(app, settings.observations_topic, settings.partitions, plan.observations,
-                                           lambda o: o.event_signature))
+                                           lambda o: o.event_signature, lambda o: keys.get(o.episode_id)))
     units = plan.units
     if units:
         counters.memory_units += len(units)
@@ -712,16 +714,16 @@ BUNDLE_ITEMS = 1000  # items per bundle record: well under the producer's reques
 
 
 async def _send_bundles(app: faust.App, topic: str, partitions: int, items: Sequence[Any],
-                        signature_of: Any) -> list[Any]:
-    """Send ``items`` as JSON-array records, grouped by the partition of their signature (order kept,
-    at most ``BUNDLE_ITEMS`` a record); returns the send futures. Faust's cost is per record, so a
-    batch's outcomes travel together."""
-    by_partition: dict[int, list[Any]] = {}
+                        signature_of: Any, key_of: Any = lambda item: None) -> list[Any]:
+    """Send ``items`` as JSON-array records, grouped by the partition of their signature and by their
+    session's data key (``key_of``: sealed with it; order kept, at most ``BUNDLE_ITEMS`` a record);
+    returns the send futures. Faust's cost is per record, so a batch's outcomes travel together."""
+    groups: dict[tuple[int, Any], list[Any]] = {}
     for item in items:
-        by_partition.setdefault(signature_partition(signature_of(item), partitions), []).append(item)
-    return [await app.producer.send(topic, key=None, value=encode(group[i:i + BUNDLE_ITEMS]), partition=partition,
-                                    timestamp=None, headers=None)
-            for partition, group in sorted(by_partition.items()) for i in range(0, len(group), BUNDLE_ITEMS)]
+        groups.setdefault((signature_partition(signature_of(item), partitions), key_of(item)), []).append(item)
+    return [await app.producer.send(topic, key=None, value=value, partition=partition, timestamp=None, headers=headers)
+            for (partition, key), group in sorted(groups.items(), key=lambda g: g[0][0])
+            for i in range(0, len(group), BUNDLE_ITEMS) for value, headers in [sealed(key, encode(group[i:i + BUNDLE_ITEMS]))]]
 
 
 _observations_decoder = msgspec.json.Decoder(list[OutcomeObserved])
@@ -739,14 +741,24 @@ async def _handle_observations(app: faust.App, settings: Settings, batch: Sequen
     batch = admitted.handle
     observed: list[OutcomeObserved] = []
     partition_of: dict[str, int] = {}
+    keys = _keys(app)
+    await keys.ensure(opened_values(batch))
+    key_of_episode: dict[Any, Any] = {}  # the data key of each observation's episode (its record's)
     for event in batch:
         msg = event.message
-        items = decode_bounded(_observations_decoder, msg.value, settings.max_json_depth)
+        value = keys.ring.open(msg.value)
+        if value is FORGOTTEN:
+            counters.shredded += 1
+            continue
+        items = value if isinstance(value, Rejection) else decode_bounded(_observations_decoder, value,
+                                                                            settings.max_json_depth)
         if isinstance(items, Rejection):  # our own output, or not: it must not stop the stream
             await _dead_letter_now(app, settings, counters, msg, _named(items, "observations", msg.value))
             continue
+        record_key = key_of_record(keys.ring, msg.value)
         for item in items:
             partition_of[item.event_signature] = msg.partition
+            key_of_episode[item.episode_id] = record_key
         observed.extend(items)
     try:
         states, updates = _learn(links, partition_of, observed, alpha_by_agent)
@@ -768,7 +780,7 @@ async def _handle_observations(app: faust.App, settings: Settings, batch: Sequen
         states, updates = {}, []
     counters.link_updates += len(updates)
     pending = await _send_bundles(app, settings.link_updates_topic, settings.partitions, updates,
-                                  lambda u: u.event_signature)
+                                  lambda u: u.event_signature, lambda u: key_of_episode.get(u.episode_id))
     if pending:
         await asyncio.gather(*pending)
     if app.consumer_generation_id != generation:

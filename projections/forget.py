@@ -550,19 +550,33 @@ def rows_with(con: Any, needles: Sequence[str]) -> dict[str, dict[str, int]]:
     return out
 
 
-async def topic_hits(bootstrap: str, topics: Sequence[str], needles: Sequence[str], settings: Any = None
-                     ) -> dict[str, dict[str, int]]:
+@dataclass
+class TopicHits:
+    """What ``topic_hits`` found: records holding a needle as the project reads them (sealed records
+    opened with the keys that remain) and in their raw bytes, {needle: {topic: records}}; how many
+    sealed records could not be opened (their key is gone)."""
+
+    opened: dict[str, dict[str, int]] = field(default_factory=dict)
+    raw: dict[str, dict[str, int]] = field(default_factory=dict)  # in the raw values (what sealing covers)
+    keys: dict[str, dict[str, int]] = field(default_factory=dict)  # in the record keys: routing ids, not sealed
+    shredded: dict[str, int] = field(default_factory=dict)
+
+
+async def topic_hits(bootstrap: str, topics: Sequence[str], needles: Sequence[str], settings: Any = None,
+                     ring: Any = None) -> TopicHits:
     """Records of each topic (offset 0 to its end, as the projector reads them) whose key or value
-    holds a needle's bytes: {needle: {topic: records}}."""
+    holds a needle's bytes once opened with ``ring`` (``somnus.streams.keys.KeyRing``; None: as they
+    are; a record whose key is gone is not read), and whose raw value, or whose record key, holds one."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     from somnus.config import kafka_options
+    from somnus.schemas.sealed import FORGOTTEN
     from somnus.streams.topics import partitions_of
 
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
                                 auto_offset_reset="earliest", **kafka_options(settings))
     await consumer.start()
-    out: dict[str, dict[str, int]] = {}
+    out = TopicHits()
     try:
         tps = [TopicPartition(t, p) for t in topics for p in await partitions_of(consumer, t)]
         consumer.assign(tps)
@@ -570,6 +584,12 @@ async def topic_hits(bootstrap: str, topics: Sequence[str], needles: Sequence[st
         end = await consumer.end_offsets(tps)
         pos = {tp: 0 for tp in tps}
         raw = [(n, n.encode()) for n in needles]
+
+        def count(found: dict[str, dict[str, int]], topic: str, body: bytes) -> None:
+            for n, b in raw:
+                if b in body:
+                    found.setdefault(n, {})[topic] = found.get(n, {}).get(topic, 0) + 1
+
         while any(pos[tp] < end[tp] for tp in tps):
             batch = await consumer.getmany(timeout_ms=1000, max_records=5000)
             if not batch:
@@ -577,10 +597,14 @@ async def topic_hits(bootstrap: str, topics: Sequence[str], needles: Sequence[st
             for tp, recs in batch.items():
                 for r in recs:
                     pos[tp] = r.offset + 1
-                    body = (r.key or b"") + b"\x00" + (r.value or b"")
-                    for n, b in raw:
-                        if b in body:
-                            out.setdefault(n, {})[tp.topic] = out.get(n, {}).get(tp.topic, 0) + 1
+                    key = (r.key or b"") + b"\x00"
+                    count(out.raw, tp.topic, r.value or b"")
+                    count(out.keys, tp.topic, r.key or b"")
+                    value = ring.open(r.value) if ring is not None else r.value
+                    if value is FORGOTTEN:
+                        out.shredded[tp.topic] = out.shredded.get(tp.topic, 0) + 1
+                    elif isinstance(value, bytes):
+                        count(out.opened, tp.topic, key + value)
     finally:
         await consumer.stop()
     return out

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from somnus.schemas.codec import Rejection
-from somnus.schemas.sealed import (FORGOTTEN, DataKey, _Forgotten, decode_key, encode_key, open_value,
+from somnus.schemas.sealed import (DataKey, _Forgotten, decode_key, encode_key, open_value,
                                    sealed_key_id)
 
 log = logging.getLogger("somnus.keys")
@@ -121,8 +121,10 @@ class KeyRing:
         return sorted(k for k, dk in self.by_id.items() if dk.user_id == value or (dk.agent, dk.session_id) in sessions)
 
 
-def is_forgotten(opened: Any) -> bool:
-    return opened is FORGOTTEN
+    def select_sessions(self, sessions: Iterable[tuple[str, str]]) -> list[str]:
+        """The key ids of these ``(agent, session_id)``."""
+        wanted = set(sessions)
+        return sorted(k for k, dk in self.by_id.items() if (dk.agent, dk.session_id) in wanted)
 
 
 class KeyFollower:

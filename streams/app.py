@@ -882,6 +882,7 @@ def make_extractor(settings: Settings) -> Any:
 async def _handle_episodes(app: faust.App, settings: Settings, batch: Sequence[EventT], extractor: Any,
                            counters: WorkerCounters) -> None:
     episodes = []
+    await _keys(app).ensure(opened_values(batch))
     for event in batch:
         msg = event.message
         value = _keys(app).ring.open(msg.value)

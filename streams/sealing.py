@@ -19,6 +19,7 @@ from typing import Any
 from somnus.schemas.codec import Rejection, encode
 from somnus.schemas.sealed import FORGOTTEN, HEADER, DataKey, seal, sealed_key_id
 from somnus.streams.keys import KeyFollower, KeyRing
+from somnus.streams.ordering import POSITION_PREFIX
 
 log = logging.getLogger("somnus.worker")
 
@@ -67,6 +68,8 @@ def unit_records(ring: KeyRing, units: Sequence[Any], per_record: int) -> list[t
 
 def session_of_table_key(key: bytes) -> tuple[str, str] | None:
     """``(agent, session_id)`` of a session table key (``agent\\x1fsession_id``), None for another key."""
+    if key.startswith(POSITION_PREFIX):
+        return None
     agent, sep, sid = key.decode(errors="replace").partition("\x1f")
     return (agent, sid) if sep else None
 

@@ -435,8 +435,8 @@ def apply_guarded(con: duckdb.DuckDBPyConnection, topics: Topics, records: Itera
         log.error("a batch of %d records failed (%r): applying it again without the records that fail",
                   len(records), failed.__cause__)
     for rec in records:
-        opened = open_record(rec, seen.keys.keys)
-        reason = _undecodable(topics, opened, max_depth) if not isinstance(opened, (Rejection, type(FORGOTTEN))) else None
+        opened = open_record(rec, seen.keys.keys)  # as apply_batch reads it (skipped or a dead letter there)
+        reason = None if opened is FORGOTTEN or isinstance(opened, Rejection) else _undecodable(topics, opened, max_depth)
         if reason is not None:
             quarantine[(rec.topic, rec.partition, rec.offset)] = reason
     return _halves(records, attempt, quarantine)

@@ -650,7 +650,10 @@ def forget(user: Optional[str] = typer.Option(None, "--user", help="Forget this 
                       soft_wrap=True)
         from somnus.streams.keys import delete_keys, read_keys
 
-        ring = asyncio.run(read_keys(_bootstrap(s), s.keys_topic, s))
+        try:
+            ring = asyncio.run(read_keys(_bootstrap(s), s.keys_topic, s))
+        except RuntimeError as exc:  # no key topic: nothing was sealed (SECURITY.md, plaintext producers)
+            _fail(f"{exc}: no data key to delete; the subject's records in Kafka stay readable")
         doomed = sorted(set(ring.select(kind, value)) | set(ring.select_sessions(projected)))
         n = asyncio.run(delete_keys(_bootstrap(s), s.keys_topic, doomed, s))
         console.print(f"data keys deleted: {n} (the subject's sealed records in Kafka can no longer be opened; "
@@ -698,8 +701,13 @@ def forget(user: Optional[str] = typer.Option(None, "--user", help="Forget this 
                 con.close()
     from somnus.streams.keys import read_keys
 
-    ring = asyncio.run(read_keys(_bootstrap(s), s.keys_topic, s))
-    report(len(ring.select(kind, value)), f"data keys of {kind} {value!r} on {s.keys_topic}")
+    try:
+        ring = asyncio.run(read_keys(_bootstrap(s), s.keys_topic, s))
+    except RuntimeError as exc:  # no key topic: records are read as they are
+        console.print(f"{exc}: no data keys", soft_wrap=True)
+        ring = None
+    else:
+        report(len(ring.select(kind, value)), f"data keys of {kind} {value!r} on {s.keys_topic}")
     got = asyncio.run(topic_hits(_bootstrap(s), [*s.projected_topics, s.observations_topic], needle, s, ring))
     for n in needle:
         report(got.opened.get(n, {}), f"{n!r} in the Kafka topics as the project reads them (sealed records "

@@ -436,7 +436,8 @@ def apply_guarded(con: duckdb.DuckDBPyConnection, topics: Topics, records: Itera
                   len(records), failed.__cause__)
     for rec in records:
         opened = open_record(rec, seen.keys.keys)  # as apply_batch reads it (skipped or a dead letter there)
-        reason = None if opened is FORGOTTEN or isinstance(opened, Rejection) else _undecodable(topics, opened, max_depth)
+        skipped = opened is FORGOTTEN or isinstance(opened, Rejection)
+        reason = None if skipped else _undecodable(topics, opened, max_depth)
         if reason is not None:
             quarantine[(rec.topic, rec.partition, rec.offset)] = reason
     return _halves(records, attempt, quarantine)

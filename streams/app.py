@@ -111,7 +111,8 @@ class BatchedTable(Table):
     async def send_changelog_batch(self, producer: Any) -> None:
         topic = self.changelog_topic.get_topic_name()
         seal = self.sealing.seal if self.sealing is not None else lambda k, v: (v, None)
-        futures = [await producer.send(topic, key=key, value=value, partition=partition, timestamp=None, headers=headers)
+        futures = [await producer.send(topic, key=key, value=value, partition=partition, timestamp=None,
+                                       headers=headers)
                    for partition, key, raw in self.pending_changelog for value, headers in [seal(key, raw)]]
         self.pending_changelog.clear()
         self.key_partitions.clear()
@@ -723,7 +724,8 @@ async def _send_bundles(app: faust.App, topic: str, partitions: int, items: Sequ
         groups.setdefault((signature_partition(signature_of(item), partitions), key_of(item)), []).append(item)
     return [await app.producer.send(topic, key=None, value=value, partition=partition, timestamp=None, headers=headers)
             for (partition, key), group in sorted(groups.items(), key=lambda g: g[0][0])
-            for i in range(0, len(group), BUNDLE_ITEMS) for value, headers in [sealed(key, encode(group[i:i + BUNDLE_ITEMS]))]]
+            for i in range(0, len(group), BUNDLE_ITEMS)
+            for value, headers in [sealed(key, encode(group[i:i + BUNDLE_ITEMS]))]]
 
 
 _observations_decoder = msgspec.json.Decoder(list[OutcomeObserved])

@@ -147,8 +147,12 @@ def test_forget_a_user_verify_and_replay(pipeline_settings, tmp_path):
         assert f"FOUND: '{OTHER}' in the Kafka topics as the project reads them" in kept.stdout, kept.stdout
         assert f"absent: '{OTHER}' in the Kafka topics' raw record values" in kept.stdout, kept.stdout
         view = kafka_view(s, p.boot)  # through the broker: the user's records are sealed under deleted keys
-        assert view[s.traces_topic]["shredded"] > 0 and view[s.episodes_topic]["shredded"] == 3
-        assert view[s.traces_topic]["opened"] > 0 and view[s.episodes_topic]["opened"] == 3  # the other user's
+        # (a restarted worker may send an episode again: at least one per session)
+        assert view[s.traces_topic]["shredded"] > 0 and view[s.episodes_topic]["shredded"] >= 3
+        assert view[s.traces_topic]["opened"] > 0 and view[s.episodes_topic]["opened"] >= 3  # the other user's
+        for topic in (s.traces_topic, s.episodes_topic, s.facts_topic, s.memory_topic, s.working_memory_topic):
+            row = view[topic]
+            assert row["shredded"] > 0 and row["opened"] + row["shredded"] == row["sealed"], (topic, row)
         assert view["ring"].select("user", FORGOTTEN) == [] and len(view["ring"].select("user", KEPT)) == 3
         p.stop_all()
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Somnus developer entry point.
 #   bash run.sh demo   # set everything up (venv, packages, Kafka jars) and run the pipeline on sample data
-#   bash run.sh test   # set everything up and run the whole test suite (unit + integration, real broker)
+#   bash run.sh test   # set everything up, lint, and run the whole test suite (unit + integration, real broker)
+#   bash run.sh lint   # ruff, the import contracts (import-linter) and mypy (tools/lint.sh)
 #   bash run.sh test-unit  # the unit tests alone (no broker), for daily work
 #   bash run.sh setup  # only set up
 set -euo pipefail
@@ -36,21 +37,24 @@ shift || true
 case "$cmd" in
   setup) setup ;;
   demo) setup; exec "$VENV/bin/somnus" demo "$@" ;;
+  lint) setup; VENV="$VENV" exec bash tools/lint.sh ;;
   test)
-    # The whole suite, in two processes: the unit tier, then the integration tier (real broker).
-    # pytest exits 5 when no test was collected: that is a failure here, not a pass.
+    # Lint, then the whole suite, in two processes: the unit tier, then the integration tier (real
+    # broker). pytest exits 5 when no test was collected: that is a failure here, not a pass.
     setup
     set +e
+    VENV="$VENV" bash tools/lint.sh
+    lint=$?
     "$VENV/bin/python" -m pytest -p no:cacheprovider -m "not integration" "$@"
     unit=$?
     "$VENV/bin/python" -m pytest -p no:cacheprovider -m integration "$@"
     integration=$?
     set -e
-    echo "unit tier: exit $unit; integration tier: exit $integration"
-    [ "$unit" -eq 0 ] && [ "$integration" -eq 0 ] ;;
+    echo "lint: exit $lint; unit tier: exit $unit; integration tier: exit $integration"
+    [ "$lint" -eq 0 ] && [ "$unit" -eq 0 ] && [ "$integration" -eq 0 ] ;;
   test-unit)
     # The quick tier for daily work: unit tests only, no broker.
     setup
     exec "$VENV/bin/python" -m pytest -p no:cacheprovider -m "not integration" "$@" ;;
-  *) echo "usage: bash run.sh [setup|demo|test|test-unit] [args...]" >&2; exit 2 ;;
+  *) echo "usage: bash run.sh [setup|demo|lint|test|test-unit] [args...]" >&2; exit 2 ;;
 esac

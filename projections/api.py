@@ -6,7 +6,9 @@ DuckDB lets one process hold the file, so while the projector runs every read go
 same ``ReadService`` method. Either way the answer is the same JSON.
 
 Every agent-facing read takes the reading agent and returns only its scope chain
-(``projections/knowledge_store.py``).
+(``projections/knowledge_store.py``), and takes ``user_id``: a reader acting for one user (a
+user-bound token has it forced) gets only what that user's sessions, or user-less ones, gave, and
+nothing of what is derived from several users' sessions without saying whose (``WITHHELD``).
 """
 
 from __future__ import annotations
@@ -21,9 +23,34 @@ import msgspec
 
 from somnus.processors.briefing.injection import briefing_text, inject, neutral_json
 from somnus.projections import queries
+from somnus.projections.routes import EXTRA_ROUTES, ROUTES, Route
 from somnus.projections.knowledge_store import DuckDBBackend, KnowledgeStore
 from somnus.schemas.briefing import BriefingGenerated, BriefingServed
-from somnus.agents import AgentSpec
+from somnus.schemas.agents import AgentSpec
+from somnus.processors.working.synopsis import SynopsisCache
+from somnus.projections.briefings import _from_row
+import json
+from somnus.processors.episodic.recall import recall
+from somnus.processors.episodic.recall import MIN_RELEVANCE, build_episodic_context
+from somnus.processors.briefing.generator import covers
+from somnus.processors.semantic.concepts import knowledge_context, record_agents
+from somnus.schemas.agents import scope_chain
+from somnus.projections.semantic import promotion_inputs
+from somnus.processors.briefing.context import Tier, get_context
+from somnus.processors.working.session_buffer import decode_state
+from somnus.processors.working.synopsis import stored_kind
+from somnus.schemas.working_memory import ContextCandidate, UserMemory
+from somnus.projections.causal import predict_from
+from somnus.processors.prediction.rhythms import WEEKDAYS, WEEKEND, TemporalIndex
+from somnus.schemas.causal import TemporalBinCounted
+from datetime import timedelta
+from somnus.processors.prediction.oscillators import NAMES, OscillatorConfig, OscillatorState, coherence, coupling_analysis, locked_rhythms, next_recurrence
+from somnus.processors.knowledge.swarm_metrics import failing_pairs, tally_delegations, utilisation
+from somnus.projections.writer import decode_served
+from somnus.schemas.briefing import FactUsed
+from somnus.projections.sql_sandbox import SqlRefused, SqlSandbox, SqlTimeout
+from somnus.projections.memory import MemoryProjection
+from somnus.projections.semantic import SemanticProjection
 
 
 class NotFound(LookupError):
@@ -77,8 +104,6 @@ def _bool(value: Any, name: str) -> bool:
 
 
 def _synopsis_cache() -> Any:
-    from somnus.processors.working.synopsis import SynopsisCache
-
     return SynopsisCache()
 
 
@@ -97,6 +122,21 @@ def _rows(cur: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
 
 def _jsonable(obj: Any) -> Any:
     return msgspec.to_builtins(obj)
+
+
+# What a reader acting for one user (``user_id``; a user-bound token has it forced) is told in place of
+# an answer derived from several users' sessions whose parts carry no user (SECURITY.md, "Reads for one user").
+WITHHELD = ("derived from several users' sessions and not attributable to one: not served to a reader "
+            "acting for one user (SECURITY.md)")
+
+
+def _user(value: Any) -> str | None:
+    """The ``user_id`` parameter: the user the reader acts for (None: no user)."""
+    if value in (None, ""):
+        return None
+    if not isinstance(value, str):
+        raise BadRequest(f"parameter `user_id`: a string, not {type(value).__name__}")
+    return value
 
 
 @dataclass
@@ -126,27 +166,33 @@ class ReadService:
     def _briefing(self, agent: str) -> BriefingGenerated | None:
         if self.briefings is not None:
             return self.briefings.get(agent)
-        from somnus.projections.briefings import _from_row
 
         cur = self.con.execute("SELECT * FROM briefings WHERE agent = ?", [agent])
         cols = [d[0] for d in cur.description]
         row = cur.fetchone()
         return _from_row(dict(zip(cols, row))) if row else None
 
-    def briefing(self, agent: str) -> dict[str, Any]:
+    def briefing(self, agent: str, user_id: Any = None) -> dict[str, Any]:
         """The cached briefing, neutralised as every prompt-facing read is (``somnus.processors.briefing.injection``):
         no marker brackets or invisible characters in any field, and a Markdown line that is not a
-        title or an item quoted."""
+        title or an item quoted. For a reader acting for a user, none (``WITHHELD``): its lines are
+        rendered from every user's sessions and no longer say whose they are."""
+        if _user(user_id) is not None:
+            return {"agent": agent, "briefing": None, "withheld": WITHHELD}
         b = self._briefing(agent)
         if b is None:
             return {"agent": agent, "briefing": None}
         return {"agent": agent, "briefing": {**neutral_json(_jsonable(b)), "markdown": briefing_text(b.markdown)}}
 
-    def inject(self, agent: str, prompt: Any = None, session_id: Any = None) -> dict[str, Any]:
+    def inject(self, agent: str, prompt: Any = None, session_id: Any = None, user_id: Any = None) -> dict[str, Any]:
+        """``prompt`` with the agent's briefing before it; for a reader acting for a user, unchanged
+        (the briefing is ``WITHHELD``; ``context`` serves that user's own lessons)."""
         if not isinstance(prompt, str):
             raise BadRequest("body field `prompt`: a string (the system prompt) is required")
         if session_id is not None and not isinstance(session_id, str):
             raise BadRequest("body field `session_id`: a string (the session about to start) or absent")
+        if _user(user_id) is not None:
+            return {"agent": agent, "briefing_id": None, "prompt": inject(None, prompt), "withheld": WITHHELD}
         b = self._briefing(agent)
         markdown = b.markdown if b is not None and b.markdown else None
         if markdown and session_id and self.on_served is not None:
@@ -158,23 +204,29 @@ class ReadService:
                 "prompt": inject(markdown, prompt)}
 
     # ---- knowledge ----
+    # With ``user_id``, only what that user's sessions (or user-less ones) gave: a fact whose statement
+    # one of them asserted, an entity such a fact mentions, a change such an episode made.
     def facts(self, agent: str, as_of: Any = None, limit: Any = None, predicate: Any = None,
-              entity: Any = None) -> list[Any]:
+              entity: Any = None, user_id: Any = None) -> list[Any]:
+        user = _user(user_id)
         return _jsonable(self.store.facts(agent, as_of=_time(as_of, "as_of"), limit=_int(limit, "limit", 50),
-                                          predicate=predicate or None, entity=entity or None))
+                                          predicate=predicate or None, entity=entity or None,
+                                          for_user=user is not None, user_id=user))
 
-    def entities(self, agent: str, type: Any = None, limit: Any = None) -> list[Any]:
-        return _jsonable(self.store.entities(agent, type=type or None, limit=_int(limit, "limit", 100)))
+    def entities(self, agent: str, type: Any = None, limit: Any = None, user_id: Any = None) -> list[Any]:
+        user = _user(user_id)
+        return _jsonable(self.store.entities(agent, type=type or None, limit=_int(limit, "limit", 100),
+                                             for_user=user is not None, user_id=user))
 
-    def history(self, agent: str, entity: Any = None) -> list[Any]:
+    def history(self, agent: str, entity: Any = None, user_id: Any = None) -> list[Any]:
         if not entity:
             raise BadRequest("parameter `entity`: an entity id such as `tool:book_reservation` is required")
-        return _jsonable(self.store.history(agent, str(entity)))
+        user = _user(user_id)
+        return _jsonable(self.store.history(agent, str(entity), for_user=user is not None, user_id=user))
 
     # ---- episodic memory (recall) ----
     def _memory(self) -> Any:
         if self.episodic is None:  # no projector: replay the log from the file (read-only)
-            from somnus.projections.memory import MemoryProjection
 
             self.episodic = MemoryProjection(self.con)
         return self.episodic.state
@@ -184,15 +236,12 @@ class ReadService:
             self.on_accessed(events)
 
     def recall(self, agent: str, query: Any = None, k: Any = None, explain: Any = None,
-               filters: Any = None, record: Any = None) -> dict[str, Any]:
-        """The memories of the agent's scope chain that best answer ``query`` (fused retrieval).
+               filters: Any = None, record: Any = None, user_id: Any = None) -> dict[str, Any]:
+        """The memories of the agent's scope chain that best answer ``query`` (fused retrieval): those of
+        ``user_id`` and of no user (without ``user_id``: of no user), filtered before ranking.
 
         Each hit is recorded as an access (published on the memory topic) unless ``record`` is false
         (evaluations and analysts' looks, which should not change what they measure)."""
-        import json
-
-        from somnus.processors.episodic.recall import recall
-
         if not query:
             raise BadRequest("parameter `query`: the text to recall memories for is required")
         try:
@@ -202,7 +251,7 @@ class ReadService:
         if wanted is not None and not isinstance(wanted, dict):
             raise BadRequest("parameter `filters`: a JSON object such as {\"tool\": \"book_reservation\"}")
         got = recall(self._memory().index, str(query), agent, k=_int(k, "k", 10, hi=1000), filters=wanted,
-                     now=datetime.now(timezone.utc), agents=self.agents)
+                     now=datetime.now(timezone.utc), agents=self.agents, user_id=_user(user_id))
         if str(record).lower() not in ("0", "false", "no"):
             self._accessed(got.accessed)
         show = str(explain).lower() in ("1", "true", "yes") if explain is not None else False
@@ -221,9 +270,9 @@ class ReadService:
 
     def episodic_context(self, agent: str, query: Any = None, top_k: Any = None, token_budget: Any = None,
                          success_only: Any = None, domain_hint: Any = None,
-                         min_relevance: Any = None) -> dict[str, Any]:
-        """The token-budgeted text of relevant past work (task, relevance, result, lessons, tools)."""
-        from somnus.processors.episodic.recall import MIN_RELEVANCE, build_episodic_context
+                         min_relevance: Any = None, user_id: Any = None) -> dict[str, Any]:
+        """The token-budgeted text of relevant past work (task, relevance, result, lessons, tools), from
+        the memories of ``user_id`` and of no user, as ``recall``."""
 
         if not query:
             raise BadRequest("parameter `query`: the text to build the context for is required")
@@ -233,7 +282,7 @@ class ReadService:
                                      success_only=_bool(success_only, "success_only"),
                                      domain_hint=str(domain_hint) if domain_hint else None,
                                      min_relevance=_float(min_relevance, "min_relevance", MIN_RELEVANCE),
-                                     agents=self.agents)
+                                     agents=self.agents, user_id=_user(user_id))
         self._accessed(ctx.accessed)
         # the text is neutralised line by line as it is rendered; every other string here too (the echo)
         return {**neutral_json({"agent": agent, "query": query, "entries": len(ctx.entries)}), "text": ctx.text}
@@ -241,12 +290,12 @@ class ReadService:
     # ---- semantic memory (concepts, patterns) ----
     def _semantic(self) -> Any:
         if self.semantic is None:  # no projector: replay the log from the file (read-only)
-            from somnus.projections.semantic import SemanticProjection
 
             self.semantic = SemanticProjection(self.con)
         return self.semantic
 
-    def knowledge_context(self, agent: str, query: Any = None, limit: Any = None) -> list[dict[str, Any]]:
+    def knowledge_context(self, agent: str, query: Any = None, limit: Any = None,
+                          user_id: Any = None) -> list[dict[str, Any]]:
         """What the agent knows, as one ranked list (concepts with relationships, confirmed patterns)
         over the owners of its scope chain (its own, its team's, global).
 
@@ -255,12 +304,14 @@ class ReadService:
         every one of those agents (``somnus.processors.briefing.generator.covers``: the reader itself, or an agent it
         shares a team scope with), and one of unknown provenance not at all: a pattern about another
         team's private tool would name it. Every owner's memory is checked, the agent's own too
-        (a memory promoted before promotion read only its owner's scope may hold others' data)."""
-        from somnus.processors.briefing.generator import covers
-        from somnus.processors.semantic.concepts import knowledge_context, record_agents
-        from somnus.agents import scope_chain
+        (a memory promoted before promotion read only its owner's scope may hold others' data).
+        For a reader acting for a user, nothing (``WITHHELD``): concepts and patterns are counted
+        over every user's sessions and carry no user."""
+        from somnus.schemas.agents import scope_chain
 
         n = _int(limit, "limit", 8, hi=100)
+        if _user(user_id) is not None:
+            return []
         layers = self._semantic().layers
         chain = scope_chain(dict(self.agents), agent)
         owners = [o for o in chain if o in layers]
@@ -294,9 +345,11 @@ class ReadService:
 
     def promotion_inputs(self, owner: Any = None) -> Any:
         """A snapshot of what promotion reads now (NAc candidate links, call outcomes): ``somnus consolidate``."""
-        from somnus.projections.semantic import promotion_inputs
 
-        return _jsonable(promotion_inputs(self.con, owner=str(owner or "global"), agents=self.agents))
+        try:
+            return _jsonable(promotion_inputs(self.con, owner=str(owner or "global"), agents=self.agents))
+        except ValueError as exc:  # an owner that is not global, team:<lead> or agent:<name>
+            raise BadRequest(f"parameter `owner`: {exc}") from None
 
     # ---- context assembly (working memory + every tier) ----
     def context(self, agent: str, query: Any = None, user_id: Any = None, session_id: Any = None,
@@ -311,13 +364,6 @@ class ReadService:
         asserted its statement (``KnowledgeStore.facts(for_user=True)``); the briefing's lessons are
         read from the ``lessons`` rows of the agent's episodes of the user (or of no user), not from
         the rendered briefing, whose lines no longer say whose they are."""
-        from somnus.processors.briefing.context import Tier, get_context
-        from somnus.processors.episodic.recall import recall
-        from somnus.processors.working.session_buffer import decode_state
-        from somnus.processors.working.synopsis import stored_kind
-        from somnus.schemas.working_memory import ContextCandidate, UserMemory
-        from somnus.agents import scope_chain
-
         if not query:
             raise BadRequest("parameter `query`: the text to assemble a context for is required")
         user = str(user_id) if user_id else None
@@ -373,10 +419,6 @@ class ReadService:
     # ---- outcomes and rhythms (NAc, SCN) ----
     def predict(self, tool: Any = None, args: Any = None, agent: Any = None, hour: Any = None) -> dict[str, Any]:
         """Likely outcomes of calling ``tool`` with ``args`` (JSON object; absent: the tool as a whole)."""
-        import json
-
-        from somnus.projections.causal import predict_from
-
         if not tool:
             raise BadRequest("parameter `tool`: the tool about to be called is required")
         params = None
@@ -395,11 +437,11 @@ class ReadService:
         return _rows(self.con.execute("SELECT tool, calls, errors, round(error_rate, 4) AS error_rate "
                                       "FROM tool_outcomes ORDER BY error_rate DESC, tool"))
 
-    def rhythms(self, agent: str, hours: Any = None, days: Any = None, top: Any = None) -> list[dict[str, Any]]:
+    def rhythms(self, agent: str, hours: Any = None, days: Any = None, top: Any = None,
+                user_id: Any = None) -> list[dict[str, Any]]:
         """What usually happens at these local hours (``hours`` "9" or "8,9,10"; ``days`` "weekdays",
-        "weekend" or "0,1": Monday is 0)."""
-        from somnus.processors.prediction.rhythms import WEEKDAYS, WEEKEND, TemporalIndex
-        from somnus.schemas.causal import TemporalBinCounted
+        "weekend" or "0,1": Monday is 0). For a reader acting for a user, nothing (``WITHHELD``: the
+        bins count every user's sessions)."""
 
         try:
             hs = [int(h) for h in str(hours).split(",")] if hours not in (None, "") else list(range(24))
@@ -408,20 +450,23 @@ class ReadService:
         except ValueError:
             raise BadRequest("parameters `hours` / `days`: comma-separated integers (days also weekdays|weekend)") \
                 from None
+        top_n = _int(top, "top", 5)
+        if _user(user_id) is not None:
+            return []
         cells = self.con.execute("SELECT agent, kind, bin_kind, bin, count, successes, failures FROM temporal_bins "
                                  "WHERE agent = ? AND bin_kind IN ('hour', 'weekhour')", [agent]).fetchall()
         index = TemporalIndex.from_deltas(TemporalBinCounted(*c) for c in cells)
         return [{**_jsonable(k), "success_rate": k.success_rate}
-                for k in index.usual_at(agent, hs, ds, top=_int(top, "top", 5))]
+                for k in index.usual_at(agent, hs, ds, top=top_n)]
 
-    def oscillators(self, agent: str) -> list[dict[str, Any]]:
+    def oscillators(self, agent: str, user_id: Any = None) -> list[dict[str, Any]]:
         """The agent's coupled oscillators (when enabled): per pattern, events, locked rhythms, coherence,
-        coupling eigenvalues and the next predicted recurrence after its last event."""
-        from datetime import timedelta
+        coupling eigenvalues and the next predicted recurrence after its last event. For a reader
+        acting for a user, nothing (``WITHHELD``: each oscillator folds every user's sessions)."""
 
-        from somnus.processors.prediction.oscillators import (
-            NAMES, OscillatorConfig, OscillatorState, coherence, coupling_analysis, locked_rhythms, next_recurrence)
 
+        if _user(user_id) is not None:
+            return []
         cfg = OscillatorConfig(enabled=True)
         out = []
         for kind, raw in self.con.execute("SELECT kind, state FROM oscillators WHERE agent = ? ORDER BY kind",
@@ -438,8 +483,6 @@ class ReadService:
     # ---- operators ----
     def memory(self, top: Any = None) -> dict[str, Any]:
         """Memory status: graph size, briefing cache, knowledge utilisation, delegation success."""
-        from somnus.processors.knowledge.swarm_metrics import failing_pairs, tally_delegations, utilisation
-
         n = _int(top, "top", 5, hi=1000)
         one = lambda sql: self.con.execute(sql).fetchone()  # noqa: E731
         cache = one("SELECT count(*), count(*) FILTER (markdown <> ''), max(generated_at) FROM briefings")
@@ -451,9 +494,6 @@ class ReadService:
         tallies = tally_delegations({}, [(a, b, o) for a, b, o in results])
         pairs = sorted(tallies.values(), key=lambda t: (t.success_rate, -t.results, t.delegator, t.delegatee))
         # Utilisation: the served records and the uses the projector folded from the facts topic.
-        from somnus.projections.writer import decode_served
-        from somnus.schemas.briefing import FactUsed
-
         served_rows = _rows(self.con.execute(
             "SELECT briefing_id, agent, session_id, served_at, facts FROM briefings_served "
             "ORDER BY served_at DESC LIMIT 5000"))
@@ -478,8 +518,6 @@ class ReadService:
     def sql(self, sql: Any = None, params: Any = None) -> dict[str, Any]:
         """One SELECT in the SQL sandbox (projections/sql_sandbox.py): its own cursor, parser-checked,
         interrupted after SOMNUS_SQL_TIMEOUT_S."""
-        from somnus.projections.sql_sandbox import SqlRefused, SqlSandbox, SqlTimeout
-
         if not isinstance(sql, str):
             raise BadRequest("body field `sql`: a SELECT statement is required")
         if params is not None and not isinstance(params, (list, tuple)):
@@ -491,6 +529,25 @@ class ReadService:
         except (SqlRefused, SqlTimeout) as exc:
             raise BadRequest(str(exc)) from None
 
+    def kafka_positions(self) -> dict[str, Any]:
+        """End offsets and the worker's committed offsets, asked of Kafka by the running projector
+        (projections/positions.py)."""
+        ask = self.extra.get("kafka_positions")
+        if ask is None:
+            raise NotFound("Kafka positions are answered by a running projector only")
+        return ask()
+
+    def export_parquet(self, dir: Any = None, tables: Any = None, since: Any = None) -> dict[str, Any]:
+        """Every projection as hive-partitioned Parquet from one committed snapshot (projections/export.py)."""
+        from somnus.projections.export import ExportError, export_parquet
+
+        if tables is not None and not (isinstance(tables, list) and all(isinstance(t, str) for t in tables)):
+            raise BadRequest("body field `tables`: an array of table names")
+        try:
+            return export_parquet(self.con, dir, tables, since)
+        except ExportError as exc:
+            raise BadRequest(str(exc)) from None
+
     def summary(self) -> dict[str, Any]:
         return queries.summary(self.con)
 
@@ -498,76 +555,6 @@ class ReadService:
         return {"checksum": queries.checksum(self.con), "tables": queries.table_checksums(self.con)}
 
 
-@dataclass(frozen=True)
-class Route:
-    method: str  # GET (query parameters) or POST (JSON body)
-    path: str  # {agent} is the only path parameter
-    handler: str  # the ReadService method
-    summary: str
-    params: tuple[tuple[str, str, str], ...] = ()  # (name, JSON type, description)
-    stateful: bool = False  # reads a fold's in-memory state (memory index, semantic layers, synopses)
-    offloop: bool = False  # may run for long (analysts' SQL): served from its own threads, not the event loop
-
-
-ROUTES: tuple[Route, ...] = (
-    Route("GET", "/agents/{agent}/briefing", "briefing", "The agent's cached briefing (null when it has none)."),
-    Route("POST", "/agents/{agent}/inject", "inject",
-          "The system prompt with the agent's briefing prepended between delimiters (unchanged without one).",
-          (("prompt", "string", "the system prompt"),
-           ("session_id", "string", "the session about to start: recorded, so utilisation can be counted"))),
-    Route("GET", "/agents/{agent}/facts", "facts", "Facts of the agent's scope chain, highest confidence first.",
-          (("as_of", "string", "ISO 8601 time: the facts active then"), ("limit", "integer", "default 50"),
-           ("predicate", "string", "only this predicate"), ("entity", "string", "only facts about this entity id"))),
-    Route("GET", "/agents/{agent}/entities", "entities", "Entities of the agent's scope chain, most mentioned first.",
-          (("type", "string", "only this entity type"), ("limit", "integer", "default 100"))),
-    Route("GET", "/agents/{agent}/history", "history", "Every change to facts about an entity in the scope chain.",
-          (("entity", "string", "an entity id, e.g. tool:book_reservation"),)),
-    Route("POST", "/sql", "sql", "A read-only SELECT over every projection (not scoped), in the SQL sandbox: "
-          "one SELECT or EXPLAIN of one, no files, interrupted after SOMNUS_SQL_TIMEOUT_S.",
-          (("sql", "string", "the query; ? placeholders"), ("params", "array", "values of the placeholders")),
-          offloop=True),
-    Route("GET", "/agents/{agent}/recall", "recall", "Memories of the scope chain that best answer a query.",
-          (("query", "string", "what to recall"), ("k", "integer", "default 10"),
-           ("explain", "boolean", "per-signal scores and ranks"),
-           ("filters", "string", "JSON object of multi-key filters, e.g. {\"tool\": \"x\", \"success\": true}"),
-           ("record", "boolean", "record the hits as accesses (default true)")), stateful=True),
-    Route("GET", "/agents/{agent}/episodic-context", "episodic_context",
-          "Token-budgeted text of relevant past work for a prompt.",
-          (("query", "string", "the task at hand"), ("top_k", "integer", "default 5"),
-           ("token_budget", "integer", "default 2000"),
-           ("success_only", "boolean", "only past work that succeeded (default false)"),
-           ("domain_hint", "string", "the task's domain: past work of that domain counts as relevant"),
-           ("min_relevance", "number", "the relevance gate, in [0, 1] (default 0.05)")), stateful=True),
-    Route("GET", "/agents/{agent}/context", "context",
-          "One fitted context: user synopsis, the session's recent conversation, fused recall/knowledge/briefing.",
-          (("query", "string", "the task or question at hand"), ("user_id", "string", "the user served (isolation)"),
-           ("session_id", "string", "the current session (default: the agent's latest open one)"),
-           ("max_tokens", "integer", "default 4000")), stateful=True),
-    Route("GET", "/agents/{agent}/knowledge-context", "knowledge_context",
-          "What the agent knows: concepts (with relationships) and confirmed patterns of its scope chain, ranked.",
-          (("query", "string", "rank by relevance to this text"), ("limit", "integer", "default 8")), stateful=True),
-    Route("GET", "/stream-time", "stream_time",
-          "The stream time of a scope: the newest event time of the agents writing in it (null: no event yet).",
-          (("scope", "string", "global (default), team:<lead> or agent:<name>"),)),
-    Route("GET", "/promotion-inputs", "promotion_inputs",
-          "A snapshot of the promotion inputs (NAc candidate links, call outcomes) for an owner.",
-          (("owner", "string", "global (default), team:<lead> or agent:<name>"),)),
-    Route("GET", "/predict", "predict", "Likely outcomes of a call before it is made (NAc causal links).",
-          (("tool", "string", "the tool"), ("args", "string", "the call's arguments, a JSON object"),
-           ("agent", "string", "context: the calling agent"), ("hour", "string", "context: local hour, 00-23"))),
-    Route("GET", "/tools", "tools", "Exact calls and errors per tool."),
-    Route("GET", "/agents/{agent}/rhythms", "rhythms", "What usually happens at given local hours (SCN bins).",
-          (("hours", "string", "e.g. 9 or 8,9,10"), ("days", "string", "weekdays, weekend or 0,1,... (Monday 0)"),
-           ("top", "integer", "default 5"))),
-    Route("GET", "/agents/{agent}/oscillators", "oscillators",
-          "The agent's coupled oscillators per pattern (SOMNUS_OSCILLATORS): locks, coherence, next recurrence."),
-    Route("GET", "/memory", "memory", "Memory status: graph size, briefing cache, utilisation, delegation success.",
-          (("top", "integer", "how many agents / pairs to list (default 5)"),)),
-    Route("GET", "/summary", "summary", "Row counts, projected offsets and dead letters by kind."),
-    Route("GET", "/checksum", "checksum", "The content checksum of every projection."),
-)
-
-EXTRA_ROUTES: list[Route] = []  # capabilities add their reads here (see register)
 
 
 def register(route: Route, method: Callable[..., Any]) -> None:

@@ -7,10 +7,14 @@ Python client on this machine. Both are 0600. A token is 32 random bytes, URL-sa
 A principal is what a token stands for:
 
 - **operator**: every route;
-- **agent A**: the routes of ``/agents/A/...`` (they read A's scope chain, ``somnus.agents.scope_chain``);
-- **agent A + user U**: those of A's routes that filter by user (they take ``user_id``), with
-  ``user_id`` forced to U; a route that cannot filter by user is refused, as its answer may carry
-  other users' memories.
+- **agent A**: the routes of ``/agents/A/...`` (they read A's scope chain, ``somnus.schemas.agents.scope_chain``);
+- **agent A + user U**: A's routes with ``user_id`` forced to U (another user's id: 403); every
+  agent route takes ``user_id`` and answers with U's items and user-less ones only, or nothing of
+  what is derived from several users (``somnus.projections.api.WITHHELD``). A route added later
+  without ``user_id`` is refused to such a token, as its answer may carry other users' memories.
+
+A token may expire (``expires_at``, ``somnus token create --expires 30d``): from then on it gets
+401 saying so, on every request.
 
 Routes that read the whole store (every route without ``{agent}``: sql, summary, checksum, memory,
 tools, predict, promotion-inputs) and the handlers in ``OPERATOR_ONLY`` need an operator token.
@@ -18,7 +22,7 @@ tools, predict, promotion-inputs) and the handlers in ``OPERATOR_ONLY`` need an 
 The guard (``guard``) checks, in order: the Host header names the address the server is bound to
 (421: DNS rebinding), an Origin header, if any, is that address too (403), the bearer token (401),
 a POST's content type is JSON (415), its body is within ``MAX_BODY_BYTES`` and ``MAX_DEPTH``
-(400), and the principal may call the route with these parameters (403). SECURITY.md has the
+(400), and the principal may call the route with these parameters (403). An expired token is a 401. SECURITY.md has the
 threat model.
 
 >>> p = Principal(token_id="t", agent="support", user="u1")
@@ -42,7 +46,7 @@ import os
 import re
 import secrets
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -51,10 +55,10 @@ import orjson
 from aiohttp import web
 
 from somnus.projections import api
+from somnus.projections.endpoint import TOKEN_FILE, token_file  # noqa: F401  (re-exported)
 
 log = logging.getLogger("somnus.auth")
 
-TOKEN_FILE = "token"  # the operator's token, plain text, 0600: what the CLI sends
 STORE_FILE = "tokens.json"  # every token's sha256 and scope, 0600
 MAX_BODY_BYTES = 1 << 20  # a request body larger than this is refused before it is read
 MAX_DEPTH = 32  # a request body nested deeper than this is refused before it is parsed
@@ -101,6 +105,18 @@ class TokenRecord(msgspec.Struct, frozen=True):
     user: str | None = None
     created_at: str = ""
     label: str = ""
+    expires_at: str = ""  # ISO 8601 UTC; "" never expires
+
+    def expired(self, now: datetime) -> bool:
+        """Whether the token is past its expiry at ``now``; an unreadable expiry counts as past
+        (refuse rather than guess), a time without a zone as UTC."""
+        if not self.expires_at:
+            return False
+        try:
+            at = datetime.fromisoformat(self.expires_at)
+        except ValueError:
+            return True
+        return (at if at.tzinfo is not None else at.replace(tzinfo=timezone.utc)) <= now
 
     def principal(self) -> Principal:
         return Principal(token_id=self.id, operator=self.operator, agent=self.agent, user=self.user)
@@ -111,6 +127,22 @@ class _Store(msgspec.Struct):
     tokens: list[TokenRecord] = []
 
 
+_DURATION = re.compile(r"\s*(\d{1,6})\s*([smhdw])\s*")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_duration(text: str) -> timedelta:
+    """A token's lifetime: a positive whole number and a unit, s m h d or w.
+
+    >>> parse_duration("30d"), parse_duration("12h")
+    (datetime.timedelta(days=30), datetime.timedelta(seconds=43200))
+    """
+    got = _DURATION.fullmatch(text)
+    if got is None or int(got.group(1)) == 0:
+        raise ValueError(f"--expires {text!r}: a positive whole number and a unit (s, m, h, d, w), e.g. 30d")
+    return timedelta(seconds=int(got.group(1)) * _UNIT_S[got.group(2)])
+
+
 def digest(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
 
@@ -118,10 +150,6 @@ def digest(token: str) -> str:
 def new_token() -> str:
     """32 random bytes, URL-safe base64 (43 characters)."""
     return secrets.token_urlsafe(32)
-
-
-def token_file(home: Path) -> Path:
-    return Path(home) / TOKEN_FILE
 
 
 def _write_private(path: Path, data: bytes) -> None:
@@ -171,11 +199,18 @@ class TokenStore:
             self._by_hash = {r.sha256: r for r in self._load()}
             self._stamp = stamp
 
-    def principal(self, token: str) -> Principal | None:
-        """Who ``token`` is, or None when it was never issued or was revoked."""
+    def record(self, token: str) -> TokenRecord | None:
+        """``token``'s record, or None when it was never issued or was revoked (an expired one too)."""
         self._refresh()
-        record = self._by_hash.get(digest(token))
-        return record.principal() if record is not None else None
+        return self._by_hash.get(digest(token))
+
+    def principal(self, token: str, now: datetime | None = None) -> Principal | None:
+        """Who ``token`` is, or None when it was never issued, was revoked or expired (at ``now``,
+        default the clock)."""
+        record = self.record(token)
+        if record is None or record.expired(now or datetime.now(timezone.utc)):
+            return None
+        return record.principal()
 
     def records(self) -> list[TokenRecord]:
         return self._load()
@@ -195,8 +230,10 @@ class TokenStore:
             os.close(fd)
 
     def add(self, token: str, *, operator: bool = False, agent: str | None = None, user: str | None = None,
-            label: str = "") -> TokenRecord:
-        """Store ``token``'s hash with its scope (idempotent: a token stored already keeps its record)."""
+            label: str = "", expires_at: datetime | None = None) -> TokenRecord:
+        """Store ``token``'s hash with its scope and expiry (idempotent: a token stored already keeps its record)."""
+        if expires_at is not None and expires_at.tzinfo is None:
+            raise ValueError("expires_at: a time with its time zone")
         if not operator and not agent:
             raise ValueError("a token is for the operator or for an agent (--agent)")
         if user is not None and not agent:
@@ -208,15 +245,17 @@ class TokenStore:
                     return r
             record = TokenRecord(id=h[:12], sha256=h, operator=operator, agent=None if operator else agent,
                                  user=None if operator else user,
-                                 created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), label=label)
+                                 created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), label=label,
+                                 expires_at="" if expires_at is None else
+                                 expires_at.astimezone(timezone.utc).isoformat(timespec="seconds"))
             records.append(record)
             return record
 
     def create(self, *, operator: bool = False, agent: str | None = None, user: str | None = None,
-               label: str = "") -> tuple[str, TokenRecord]:
+               label: str = "", expires_at: datetime | None = None) -> tuple[str, TokenRecord]:
         """A new token (returned once, never stored) and its record."""
         token = new_token()
-        return token, self.add(token, operator=operator, agent=agent, user=user, label=label)
+        return token, self.add(token, operator=operator, agent=agent, user=user, label=label, expires_at=expires_at)
 
     def revoke(self, which: str) -> list[TokenRecord]:
         """Remove the tokens whose id starts with ``which`` (at least 6 characters) or that ``which`` is.
@@ -373,15 +412,18 @@ def _check_origin(request: web.Request) -> None:
         raise Refused(403, f"Origin {origin!r} may not call this server")
 
 
-def _principal(request: web.Request, store: TokenStore) -> Principal:
+def _principal(request: web.Request, store: TokenStore, now: datetime) -> Principal:
     scheme, _, token = request.headers.get("Authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise Refused(401, "an `Authorization: Bearer <token>` header is required (the CLI and the client send "
                            "SOMNUS_TOKEN or SOMNUS_HOME/token)")
-    principal = store.principal(token.strip())
-    if principal is None:
+    record = store.record(token.strip())
+    if record is None:
         raise Refused(401, "the token is not valid here (revoked, or from another SOMNUS_HOME)")
-    return principal
+    if record.expired(now):
+        raise Refused(401, f"the token {record.id} expired at {record.expires_at}: make a new one "
+                           "(`somnus token create ... --expires ...`)")
+    return record.principal()
 
 
 def _route_of(request: web.Request, routes: Callable[[], list[api.Route]]) -> api.Route | None:
@@ -401,7 +443,7 @@ def guard(store: TokenStore, routes: Callable[[], list[api.Route]] = api.all_rou
                     ) -> web.StreamResponse:
         try:
             _check_origin(request)
-            principal = _principal(request, store)
+            principal = _principal(request, store, datetime.now(timezone.utc))  # checked on every request
             route = _route_of(request, routes)
             if route is None:
                 return await handler(request)

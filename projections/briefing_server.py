@@ -35,9 +35,12 @@ from typing import Any
 import msgspec
 
 from somnus.schemas.briefing import BriefingGenerated, BriefingServed
+from aiohttp import web
+from somnus.projections import api, auth
+from somnus.projections.http import dumps, make_app, route_handler
+from somnus.projections.routes import BRIEFING_SERVER_HANDLERS as ROUTES  # the api handlers it answers
 
 log = logging.getLogger("somnus.briefing_server")
-ROUTES = ("briefing", "inject")  # the api handlers this server answers
 CHUNK = 500  # briefings per message on the pipe
 _briefings = msgspec.json.Decoder(list[BriefingGenerated])
 _served = msgspec.json.Decoder(BriefingServed)
@@ -55,11 +58,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 async def _serve(updates: Connection, served: Connection, ports: Connection, home: Path) -> None:
-    from aiohttp import web
-
-    from somnus.projections import api, auth
-    from somnus.projections.projector import _dumps, make_app, route_handler
-
     cache: dict[str, BriefingGenerated] = {}
     service = api.ReadService(con=None, agents={}, briefings=cache,  # type: ignore[arg-type]
                               on_served=lambda r: served.send_bytes(msgspec.json.encode(r)))
@@ -68,7 +66,7 @@ async def _serve(updates: Connection, served: Connection, ports: Connection, hom
     bodies: dict[str, bytes] = {}
 
     def encoded(agent: str) -> bytes:
-        return _dumps(service.briefing(agent)).encode()
+        return dumps(service.briefing(agent)).encode()
 
     def body(agent: str) -> bytes:
         got = bodies.get(agent)

@@ -41,7 +41,10 @@ from somnus.processors.briefing.generator import (
     readers_by_scope,
 )
 from somnus.schemas.briefing import BriefingGenerated
-from somnus.agents import DEFAULT_MAX_EPISODES, AgentSpec, scope_chain
+from somnus.schemas.agents import DEFAULT_MAX_EPISODES, AgentSpec, scope_chain
+from somnus.projections.frames import registered
+from somnus.schemas.semantic import Provenance
+import time
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 BRIEFING_INTERVAL_S = 0.5  # while batches keep coming, stale briefings are rendered at most this often
@@ -93,8 +96,8 @@ class BriefingCache:
             return 0
         targets = agents_to_regenerate(self.agents, changes, known=self.known_agents(con, episode_agents))
         if targets:
-            frame = pa.table({"agent": targets})  # noqa: F841
-            con.execute("INSERT OR IGNORE INTO briefings_dirty SELECT agent FROM frame")
+            with registered(con, frame=pa.table({"agent": targets})):
+                con.execute("INSERT OR IGNORE INTO briefings_dirty SELECT agent FROM frame")
             own = episode_agents | {s.removeprefix("agent:") for s in triple_scopes if s.startswith("agent:")}
             self.urgent |= own & set(targets)
         return len(targets)
@@ -104,8 +107,6 @@ class BriefingCache:
         """Render stale briefings and write the changed ones, in one transaction of its own: all of
         them, or with ``budget_s`` chunks of them (urgent agents first) until the budget is spent;
         ``urgent_only``: just the agents with news of their own (the projector, after each batch)."""
-        import time
-
         if self.recent.resolved:  # concepts whose episodes have now arrived: their readers are stale
             readers = readers_by_scope(self.agents)
             known = self.known_agents(con, ())
@@ -114,8 +115,8 @@ class BriefingCache:
                          | {o.removeprefix("agent:") for o in self.recent.resolved if o.startswith("agent:")})
             self.recent.resolved.clear()
             if hit:
-                frame = pa.table({"agent": hit})  # noqa: F841
-                con.execute("INSERT OR IGNORE INTO briefings_dirty SELECT agent FROM frame")
+                with registered(con, frame=pa.table({"agent": hit})):
+                    con.execute("INSERT OR IGNORE INTO briefings_dirty SELECT agent FROM frame")
         if urgent_only and not self.urgent:
             return []
         stale = [a for (a,) in con.execute("SELECT agent FROM briefings_dirty ORDER BY agent").fetchall()]
@@ -139,12 +140,12 @@ class BriefingCache:
                 # and the row must then hold the newest render whatever the batching was (replay = live).
                 new = [b for b in made if self.current.get(b.agent) != b]
                 if new:
-                    frame = pa.Table.from_pylist([_to_row(b) for b in new])  # noqa: F841
-                    con.execute("DELETE FROM briefings WHERE agent IN (SELECT agent FROM frame)")
-                    con.execute(f"INSERT INTO briefings SELECT {', '.join(BRIEFING_COLUMNS[:7])}, facts::JSON, "
-                                f"{', '.join(BRIEFING_COLUMNS[8:])} FROM frame")
-                done = pa.table({"agent": targets})  # noqa: F841
-                con.execute("DELETE FROM briefings_dirty WHERE agent IN (SELECT agent FROM done)")
+                    with registered(con, frame=pa.Table.from_pylist([_to_row(b) for b in new])):
+                        con.execute("DELETE FROM briefings WHERE agent IN (SELECT agent FROM frame)")
+                        con.execute(f"INSERT INTO briefings SELECT {', '.join(BRIEFING_COLUMNS[:7])}, facts::JSON, "
+                                    f"{', '.join(BRIEFING_COLUMNS[8:])} FROM frame")
+                with registered(con, done=pa.table({"agent": targets})):
+                    con.execute("DELETE FROM briefings_dirty WHERE agent IN (SELECT agent FROM done)")
                 changed += new
                 self.urgent.difference_update(targets)
                 if budget_s is not None and time.monotonic() - start >= budget_s:
@@ -299,8 +300,6 @@ def knowledge_items(memory: Any, recent: RecentInputs | None = None) -> list[Kno
     (``recent.episode_agent``; an id not projected yet is awaited), whether it was learned from data
     or ingested. A concept with no definition (a parent
     such as ``unreliable_tool``) says nothing to read and is left out."""
-    from somnus.schemas.semantic import Provenance
-
     owner = memory.owner
     known = recent.episode_agent if recent is not None else {}
 

@@ -26,6 +26,7 @@ from somnus.processors.prediction.causal_links import CausalLinkState, OutcomeLi
 from somnus.processors.prediction.rhythms import marks_of_episode
 from somnus.schemas.causal import LinkLevel, Prediction, Valence, event_signature, tool_signature
 from somnus.schemas.episodes import EpisodeDistilled
+from somnus.projections.frames import registered
 
 
 class UpdateRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -95,26 +96,27 @@ class CausalProjection:
                 last[u.event_signature] = u
         if not rows:
             return 0
-        frame = _updates_frame(rows)  # noqa: F841
-        con.execute(f"INSERT INTO causal_link_updates SELECT {', '.join(UPDATE_COLUMNS[:7])}, episode_id::UUID, "
-                    f"observed_at::TIMESTAMPTZ, {', '.join(UPDATE_COLUMNS[9:-1])}, strengths::JSON FROM frame")
-        # The observed outcome's link as of its latest observation (updates of a link are in order) ...
-        con.execute(
-            "INSERT OR REPLACE INTO causal_links SELECT event_signature, outcome_signature, level, tool, outcome, "
-            "valence, strength, observations, event_observations, confidence, observed_at::TIMESTAMPTZ AS updated_at "
-            "FROM ("
-            "  SELECT *, row_number() OVER (PARTITION BY event_signature, outcome_signature ORDER BY ord DESC) AS rn "
-            "  FROM frame) WHERE rn = 1")
+        with registered(con, frame=_updates_frame(rows)):
+            con.execute(f"INSERT INTO causal_link_updates SELECT {', '.join(UPDATE_COLUMNS[:7])}, episode_id::UUID, "
+                        f"observed_at::TIMESTAMPTZ, {', '.join(UPDATE_COLUMNS[9:-1])}, strengths::JSON FROM frame")
+            # The observed outcome's link as of its latest observation (updates of a link are in order) ...
+            con.execute(
+                "INSERT OR REPLACE INTO causal_links SELECT event_signature, outcome_signature, level, tool, outcome, "
+                "valence, strength, observations, event_observations, confidence, "
+                "observed_at::TIMESTAMPTZ AS updated_at FROM ("
+                "  SELECT *, row_number() OVER (PARTITION BY event_signature, outcome_signature ORDER BY ord DESC) AS rn "
+                "  FROM frame) WHERE rn = 1")
         # ... then every link of each touched event as of the event's latest update.
-        now = pa.Table.from_pylist([  # noqa: F841
+        now = pa.Table.from_pylist([
             {"event_signature": sig, "outcome_signature": osig, "strength": v, "event_observations": u.event_observations,
              "confidence": u.confidence, "updated_at": u.observed_at}
             for sig, u in last.items() for osig, v in _strengths.decode(u.strengths).items()])
         if now.num_rows:
-            con.execute("UPDATE causal_links SET strength = n.strength, event_observations = n.event_observations, "
-                        "confidence = n.confidence, updated_at = n.updated_at::TIMESTAMPTZ FROM now n "
-                        "WHERE causal_links.event_signature = n.event_signature "
-                        "AND causal_links.outcome_signature = n.outcome_signature")
+            with registered(con, now=now):
+                con.execute("UPDATE causal_links SET strength = n.strength, event_observations = n.event_observations, "
+                            "confidence = n.confidence, updated_at = n.updated_at::TIMESTAMPTZ FROM now n "
+                            "WHERE causal_links.event_signature = n.event_signature "
+                            "AND causal_links.outcome_signature = n.outcome_signature")
         return len(rows)
 
     def committed(self) -> None:
@@ -183,11 +185,12 @@ def add_temporal_bins(con: duckdb.DuckDBPyConnection, episodes: Iterable[Episode
         return 0
     utc_us = pa.array(times, pa.timestamp("us", tz="UTC")).cast(pa.int64())
     local = pa.compute.add(utc_us, pa.array(offsets, pa.int64())).cast(pa.timestamp("us"))
-    marks_frame = pa.table({"agent": agents, "kind": kinds, "t": local,  # noqa: F841
+    marks_frame = pa.table({"agent": agents, "kind": kinds, "t": local,
                             "s": pa.array(succ, pa.bool_()), "f": pa.array(fail, pa.bool_())})
-    con.execute(f"INSERT INTO temporal_bins {_BINS_SQL} "
-                "ON CONFLICT (agent, kind, bin_kind, bin) DO UPDATE SET count = count + excluded.count, "
-                "successes = successes + excluded.successes, failures = failures + excluded.failures")
+    with registered(con, marks_frame=marks_frame):
+        con.execute(f"INSERT INTO temporal_bins {_BINS_SQL} "
+                    "ON CONFLICT (agent, kind, bin_kind, bin) DO UPDATE SET count = count + excluded.count, "
+                    "successes = successes + excluded.successes, failures = failures + excluded.failures")
     return len(agents)
 
 

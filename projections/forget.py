@@ -44,7 +44,14 @@ import duckdb
 import msgspec
 import pyarrow as pa
 
-from somnus.schemas.forget import KIND_FORGET, ForgetRequested
+from somnus.schemas.forget import ForgetRequested
+from pathlib import Path
+from somnus.schemas.memory import KIND_ACCESS
+from somnus.schemas.lifecycle import KIND_SLEEP
+from somnus.projections.briefings import RecentInputs
+from somnus.projections.causal import CausalProjection
+from somnus.projections.knowledge import KnowledgeProjection
+from somnus.projections.frames import registered
 
 log = logging.getLogger("somnus.projector")
 _decoder = msgspec.json.Decoder(ForgetRequested)
@@ -144,9 +151,6 @@ class Forgetting:
         """A memory-topic record of units without those of forgotten subjects (a copy of ``rec``), so the
         capture fold never takes them: purging them afterwards would mean replaying the whole memory log
         into the fold again. Other records, and units that cannot be read here, are left to the fold."""
-        from somnus.schemas.memory import KIND_ACCESS
-        from somnus.projections.sleep import KIND_SLEEP
-
         if kind in (KIND_ACCESS, KIND_SLEEP) or not rec.value:
             return rec
         try:
@@ -179,9 +183,9 @@ class Forgetting:
             new.append({"request_id": r.request_id, "subject": r.subject.value, "value": r.value,
                         "reason": r.reason, "requested_at": r.at, "src_offset": offset})
         if new:
-            frame = pa.Table.from_pylist(new)  # noqa: F841
-            con.execute("INSERT INTO forgotten SELECT request_id, subject, value, reason, requested_at, src_offset "
-                        "FROM frame")
+            with registered(con, frame=pa.Table.from_pylist(new)):
+                con.execute("INSERT INTO forgotten SELECT request_id, subject, value, reason, requested_at, "
+                            "src_offset FROM frame")
         out = Purged()
         if not self.requests:
             return out
@@ -225,8 +229,8 @@ class Forgetting:
             "UNION SELECT 'episode', episode_id::VARCHAR FROM _fg_e "
             "UNION SELECT 'memory', memory_id FROM _fg_m EXCEPT SELECT kind, id FROM forgotten_keys").fetchall()
         if keys:
-            frame = pa.table({"kind": [k[0] for k in keys], "id": [k[1] for k in keys]})  # noqa: F841
-            con.execute("INSERT INTO forgotten_keys SELECT * FROM frame")
+            with registered(con, frame=pa.table({"kind": [k[0] for k in keys], "id": [k[1] for k in keys]})):
+                con.execute("INSERT INTO forgotten_keys SELECT * FROM frame")
             self.keys |= set(keys)
         if out.committed and (out.total or new):
             con.execute("INSERT OR REPLACE INTO projection_meta VALUES (?, '1')", [SCRUB_PENDING])
@@ -246,10 +250,6 @@ class Forgetting:
                                            [SCRUB_PENDING]).fetchone()[0]:
                 self.pending = not scrub(con)
             return
-        from somnus.projections.briefings import RecentInputs
-        from somnus.projections.causal import CausalProjection
-        from somnus.projections.knowledge import KnowledgeProjection
-
         rows = purged.rows
         seen.episodes -= purged.episodes
         if "dead_letters" in rows:
@@ -283,8 +283,8 @@ def _closure(con: duckdb.DuckDBPyConnection, users: set[str], agents: set[str], 
     derives from the forgotten subjects, with the closures recorded before."""
     con.execute("CREATE OR REPLACE TEMP TABLE _fg_u (kind VARCHAR, id VARCHAR)")
     rows = [("user", u) for u in users] + [("agent", a) for a in agents] + [("session", s) for s in sessions]
-    frame = pa.table({"kind": [k for k, _ in rows], "id": [i for _, i in rows]})  # noqa: F841
-    con.execute("INSERT INTO _fg_u SELECT kind, id FROM frame")
+    with registered(con, frame=pa.table({"kind": [k for k, _ in rows], "id": [i for _, i in rows]})):
+        con.execute("INSERT INTO _fg_u SELECT kind, id FROM frame")
     u = "(SELECT id FROM _fg_u WHERE kind = 'user')"
     d = "sha256(({}) || chr(31) || ({})) IN (SELECT id FROM forgotten_keys WHERE kind = 'session')"
     a = "(SELECT id FROM _fg_u WHERE kind = 'agent')"
@@ -326,17 +326,15 @@ class _Filtered:
 def _committed_hits(con: duckdb.DuckDBPyConnection) -> bool:
     """Whether any committed row belongs to the closure (read on a second cursor: it sees the last
     commit, not this transaction's own rows)."""
-    s_frame = con.sql("SELECT agent, session_id FROM _fg_s").to_arrow_table()  # noqa: F841 (read by name)
-    e_frame = con.sql("SELECT episode_id::VARCHAR AS e FROM _fg_e").to_arrow_table()  # noqa: F841
-    m_frame = con.sql("SELECT memory_id AS m FROM _fg_m").to_arrow_table()  # noqa: F841
+    frames = {"s_frame": con.sql("SELECT agent, session_id FROM _fg_s").to_arrow_table(),
+              "e_frame": con.sql("SELECT episode_id::VARCHAR AS e FROM _fg_e").to_arrow_table(),
+              "m_frame": con.sql("SELECT memory_id AS m FROM _fg_m").to_arrow_table()}
     cur = con.cursor()
     try:
-        for sql in _COMMITTED_CHECKS:
-            if cur.execute(sql).fetchone()[0]:
-                return True
+        with registered(cur, **frames):
+            return any(cur.execute(sql).fetchone()[0] for sql in _COMMITTED_CHECKS)
     finally:
         cur.close()
-    return False
 
 
 _IN_S = "IN (SELECT (agent, session_id) FROM s_frame)"
@@ -345,7 +343,7 @@ _IN_M = "IN (SELECT m FROM m_frame)"
 _COMMITTED_CHECKS = [
     f"SELECT count(*) FROM events WHERE (agent, session_id) {_IN_S}",
     f"SELECT count(*) FROM working_memory WHERE (agent, session_id) {_IN_S}",
-    f"SELECT count(*) FROM dead_letters WHERE msg_key IN (SELECT session_id::BLOB FROM s_frame)",
+    "SELECT count(*) FROM dead_letters WHERE msg_key IN (SELECT session_id::BLOB FROM s_frame)",
     *(f"SELECT count(*) FROM {t} WHERE {c}::VARCHAR {_IN_E}" for t, c in (
         ("episodes", "episode_id"), ("triples", "evidence"), ("entity_versions", "episode_id"),
         ("entity_aliases", "episode_id"), ("knowledge_inputs", "episode_id"), ("causal_link_updates", "episode_id"))),
@@ -397,8 +395,8 @@ def _purge_dead_letters(con: duckdb.DuckDBPyConnection, quoted: Iterable[bytes],
             doomed.append(rowid)
     if not doomed:
         return 0
-    frame = pa.table({"r": doomed})  # noqa: F841
-    return con.execute("DELETE FROM dead_letters WHERE rowid IN (SELECT r FROM frame)").fetchone()[0]
+    with registered(con, frame=pa.table({"r": doomed})):
+        return con.execute("DELETE FROM dead_letters WHERE rowid IN (SELECT r FROM frame)").fetchone()[0]
 
 
 def scrub(con: duckdb.DuckDBPyConnection, tables: Sequence[str] | None = None) -> bool:
@@ -531,8 +529,6 @@ def _fill_free_blocks(con: duckdb.DuckDBPyConnection) -> None:
 
 def file_hits(db_path: Any, needles: Sequence[str]) -> dict[str, int]:
     """How often each needle's UTF-8 bytes occur in the DuckDB file and its WAL (raw bytes)."""
-    from pathlib import Path
-
     data = [p.read_bytes() for p in (Path(db_path), Path(f"{db_path}.wal")) if p.exists()]
     return {n: sum(d.count(n.encode()) for d in data) for n in needles}
 
@@ -547,64 +543,4 @@ def rows_with(con: Any, needles: Sequence[str]) -> dict[str, dict[str, int]]:
             c = con.execute(f"SELECT count(*) FROM {t} x WHERE contains(x::VARCHAR, ?)", [n]).fetchone()[0]
             if c:
                 out.setdefault(n, {})[t] = c
-    return out
-
-
-@dataclass
-class TopicHits:
-    """What ``topic_hits`` found: records holding a needle as the project reads them (sealed records
-    opened with the keys that remain) and in their raw bytes, {needle: {topic: records}}; how many
-    sealed records could not be opened (their key is gone)."""
-
-    opened: dict[str, dict[str, int]] = field(default_factory=dict)
-    raw: dict[str, dict[str, int]] = field(default_factory=dict)  # in the raw values (what sealing covers)
-    keys: dict[str, dict[str, int]] = field(default_factory=dict)  # in the record keys: routing ids, not sealed
-    shredded: dict[str, int] = field(default_factory=dict)
-
-
-async def topic_hits(bootstrap: str, topics: Sequence[str], needles: Sequence[str], settings: Any = None,
-                     ring: Any = None) -> TopicHits:
-    """Records of each topic (offset 0 to its end, as the projector reads them) whose key or value
-    holds a needle's bytes once opened with ``ring`` (``somnus.streams.keys.KeyRing``; None: as they
-    are; a record whose key is gone is not read), and whose raw value, or whose record key, holds one."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
-
-    from somnus.config import kafka_options
-    from somnus.schemas.sealed import FORGOTTEN
-    from somnus.streams.topics import partitions_of
-
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
-                                auto_offset_reset="earliest", **kafka_options(settings))
-    await consumer.start()
-    out = TopicHits()
-    try:
-        tps = [TopicPartition(t, p) for t in topics for p in await partitions_of(consumer, t)]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        end = await consumer.end_offsets(tps)
-        pos = {tp: 0 for tp in tps}
-        raw = [(n, n.encode()) for n in needles]
-
-        def count(found: dict[str, dict[str, int]], topic: str, body: bytes) -> None:
-            for n, b in raw:
-                if b in body:
-                    found.setdefault(n, {})[topic] = found.get(n, {}).get(topic, 0) + 1
-
-        while any(pos[tp] < end[tp] for tp in tps):
-            batch = await consumer.getmany(timeout_ms=1000, max_records=5000)
-            if not batch:
-                continue
-            for tp, recs in batch.items():
-                for r in recs:
-                    pos[tp] = r.offset + 1
-                    key = (r.key or b"") + b"\x00"
-                    count(out.raw, tp.topic, r.value or b"")
-                    count(out.keys, tp.topic, r.key or b"")
-                    value = ring.open(r.value) if ring is not None else r.value
-                    if value is FORGOTTEN:
-                        out.shredded[tp.topic] = out.shredded.get(tp.topic, 0) + 1
-                    elif isinstance(value, bytes):
-                        count(out.opened, tp.topic, key + value)
-    finally:
-        await consumer.stop()
     return out

@@ -21,6 +21,7 @@ from somnus.processors.knowledge.triples import (
     EntityAlias, EntityVersion, KnowledgeChanges, KnowledgeFold, KnowledgeState, PredicateAdded, Triple)
 from somnus.projections import schema
 from somnus.schemas.facts import FactsExtracted
+from somnus.projections.frames import registered
 
 log = logging.getLogger("somnus.projector")
 
@@ -76,8 +77,8 @@ class KnowledgeProjection:
 def _insert(con: duckdb.DuckDBPyConnection, table: str, rows: list[dict[str, Any]], select: str) -> None:
     if not rows:
         return
-    frame = pa.Table.from_pylist(rows)  # noqa: F841 (read by DuckDB by name)
-    con.execute(f"INSERT INTO {table} SELECT {select} FROM frame")
+    with registered(con, frame=pa.Table.from_pylist(rows)):
+        con.execute(f"INSERT INTO {table} SELECT {select} FROM frame")
 
 
 def write_changes(con: duckdb.DuckDBPyConnection, changes: KnowledgeChanges) -> set[str]:
@@ -94,17 +95,17 @@ def write_changes(con: duckdb.DuckDBPyConnection, changes: KnowledgeChanges) -> 
     # first values; the update below brings it to the last (rows are applied in order, last wins).
     last_reinforced = {r.triple_id: r for r in changes.triples_reinforced}
     if last_reinforced:
-        frame = pa.Table.from_pylist(_rows(list(last_reinforced.values())))  # noqa: F841
-        con.execute("UPDATE triples SET count = f.count, confidence = f.confidence, "
-                    "last_evidence = f.last_evidence::UUID FROM frame f WHERE triples.triple_id = f.triple_id::UUID")
+        with registered(con, frame=pa.Table.from_pylist(_rows(list(last_reinforced.values())))):
+            con.execute("UPDATE triples SET count = f.count, confidence = f.confidence, last_evidence = "
+                        "f.last_evidence::UUID FROM frame f WHERE triples.triple_id = f.triple_id::UUID")
     # A stretch can be closed twice in a batch (by a newer belief, then by a late one that takes over
     # the rest of it): the last closing is the state. An UPDATE with two rows for one triple applies
     # either, so a replay in other batches disagreed with the live projection.
     last_closed = {c.triple_id: c for c in changes.triples_closed}
     if last_closed:
-        frame = pa.Table.from_pylist(_rows(list(last_closed.values())))  # noqa: F841
-        con.execute("UPDATE triples SET valid_to = f.valid_to, superseded_by = f.superseded_by::UUID "
-                    "FROM frame f WHERE triples.triple_id = f.triple_id::UUID")
+        with registered(con, frame=pa.Table.from_pylist(_rows(list(last_closed.values())))):
+            con.execute("UPDATE triples SET valid_to = f.valid_to, superseded_by = f.superseded_by::UUID "
+                        "FROM frame f WHERE triples.triple_id = f.triple_id::UUID")
     _insert(con, "triple_history", _rows(changes.history),
             "ordinal, triple_id::UUID, change, episode_id::UUID, changed_at, count, confidence")
     closed_scopes = set()

@@ -1,7 +1,7 @@
 """KnowledgeStore: the typed read interface over the knowledge projections, scoped to a reading agent.
 
 Every read takes the reading agent and returns only facts in its scope chain (own agent scope,
-its team, extra ``knowledgeScopes``, global; ``somnus.agents.scope_chain``). Entities are visible
+its team, extra ``knowledgeScopes``, global; ``somnus.schemas.agents.scope_chain``). Entities are visible
 to an agent when a fact in its chain mentions them. Writes do not happen here: facts are published
 to the ``facts`` topic (``KnowledgeStore.assert_facts``) and the projector, the only writer, folds
 them into the log. ``sql`` is the read-only escape hatch for analysts; it is not scoped.
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from pathlib import Path
 from typing import Any, Protocol
 
 import duckdb
@@ -29,7 +28,9 @@ import msgspec
 
 from somnus.processors.knowledge.triples import Triple
 from somnus.projections.schema import FACTS_TOP_K
-from somnus.agents import AgentSpec, scope_chain
+from somnus.schemas.agents import AgentSpec, scope_chain
+import heapq
+from somnus.projections.queries import check_read_only
 
 
 class Backend(Protocol):
@@ -48,19 +49,6 @@ class DuckDBBackend:
             return cols, [list(r) for r in rel.fetchall()]
         finally:
             cur.close()
-
-
-class ReadsBackend:
-    """Through the running projector when it holds the file, else the file opened read-only."""
-
-    def __init__(self, db: Path) -> None:
-        self.db = db
-
-    def query(self, sql: str, params: Sequence[Any]) -> tuple[list[str], list[list[Any]]]:
-        from somnus import reads
-
-        res = reads.sql(self.db, sql, list(params))
-        return res["columns"], res["rows"]
 
 
 Fact = Triple  # a fact as read: one row of the triple log
@@ -137,11 +125,9 @@ class TopFacts:
             self.by_scope.update(fresh)
 
     def best(self, chain: Sequence[str], limit: int, min_confidence: float) -> list[Fact]:
-        import heapq
-
         lists = [self.by_scope.get(s, []) for s in chain]
         merged = heapq.merge(*lists, key=lambda f: (-f.confidence, -f.count, f.triple_id))
-        out = []
+        out: list[Fact] = []
         for f in merged:
             if f.confidence < min_confidence or len(out) == limit:
                 break
@@ -156,10 +142,6 @@ class KnowledgeStore:
         self.agents = agents
         self.use_top = use_top  # False only to measure what facts_top saves (somnus bench facts-query)
         self.top = top  # the projector's in-memory facts_top
-
-    @classmethod
-    def open(cls, db: Path, agents: dict[str, AgentSpec]) -> KnowledgeStore:
-        return cls(ReadsBackend(db), agents)
 
     def scope_chain(self, agent: str) -> list[str]:
         return scope_chain(self.agents, agent)
@@ -199,9 +181,10 @@ class KnowledgeStore:
             return self.top.best(chain, limit, min_confidence)
         params.append(limit)
         # The plain "best facts now" query reads facts_top (the best FACTS_TOP_K active facts of each
-        # scope): the best `limit` of the chain are among the best `limit` of each of its scopes.
+        # scope): the best `limit` of the chain are among the best `limit` of each of its scopes. Not
+        # for a user: that scope's best may all be other users', and the filter comes before the cut.
         table = "facts_top" if (self.use_top and as_of is None and predicate is None and entity is None
-                                and limit <= FACTS_TOP_K) else "triples"
+                                and not for_user and limit <= FACTS_TOP_K) else "triples"
         rows = self._rows(f"SELECT {_FACT_COLS} FROM {table} AS f WHERE {' AND '.join(where)} "
                           "ORDER BY confidence DESC, count DESC, triple_id LIMIT ?", params)
         return [_fact(r) for r in rows]
@@ -209,29 +192,38 @@ class KnowledgeStore:
     def as_of(self, agent: str, when: datetime, **kw: Any) -> list[Fact]:
         return self.facts(agent, as_of=when, **kw)
 
-    def entities(self, agent: str, *, type: str | None = None, limit: int = 100) -> list[Entity]:
+    def entities(self, agent: str, *, type: str | None = None, limit: int = 100, for_user: bool = False,
+                 user_id: str | None = None) -> list[Entity]:
         """Entities mentioned by any fact (active or not) in ``agent``'s chain, most mentioned first.
 
         An entity's attributes (an error's first example text, its HTTP status) are shown only when
         every episode that set any of them was an agent's whose own scope is in the chain: they are
-        the first example seen fleet-wide, so another agent's would show its text (``{}`` instead)."""
+        the first example seen fleet-wide, so another agent's would show its text (``{}`` instead).
+
+        ``for_user``: a reader acting for ``user_id`` (None: for no user) reads only entities that a
+        fact it may read (``USER_PROVENANCE``) mentions, with attributes only when every episode that
+        set them was of that user or of no user."""
         chain = self.scope_chain(agent)
         marks = ", ".join("?" * len(chain))
-        params: list[Any] = [*chain, *chain, *chain]
+        mine = f"AND {USER_PROVENANCE}" if for_user else ""
+        other_user = ("OR ep.user_id IS DISTINCT FROM ? AND ep.user_id IS NOT NULL" if for_user else "")
+        users = [user_id] if for_user else []
+        params: list[Any] = [*chain, *users, *chain, *users, *chain, *users]
         type_filter = ""
         if type is not None:
             type_filter = "AND e.type = ?"
             params.append(type)
         params.append(limit)
         rows = self._rows(
-            f"WITH m AS (SELECT source AS id FROM triples WHERE scope IN ({marks}) "
-            f"            UNION ALL SELECT target FROM triples WHERE scope IN ({marks})), "
+            f"WITH m AS (SELECT source AS id FROM triples f WHERE scope IN ({marks}) {mine} "
+            f"            UNION ALL SELECT target FROM triples f WHERE scope IN ({marks}) {mine}), "
             f"v AS (SELECT entity_id, episode_id, attributes::VARCHAR AS now_, "
             f"             lag(attributes::VARCHAR) OVER (PARTITION BY entity_id ORDER BY version) AS before "
             f"      FROM entity_versions WHERE entity_id IN (SELECT id FROM m)), "
             f"foreign_ AS (SELECT DISTINCT v.entity_id FROM v LEFT JOIN knowledge_inputs k USING (episode_id) "
+            f"             LEFT JOIN (SELECT DISTINCT episode_id, user_id FROM episodes) ep USING (episode_id) "
             f"             WHERE v.now_ <> coalesce(v.before, '{{}}') "
-            f"               AND (k.agent IS NULL OR 'agent:' || k.agent NOT IN ({marks}))) "
+            f"               AND (k.agent IS NULL OR 'agent:' || k.agent NOT IN ({marks}) {other_user})) "
             f"SELECT e.entity_id, e.name, e.type, CASE WHEN e.entity_id IN (SELECT entity_id FROM foreign_) "
             f"       THEN '{{}}'::JSON ELSE e.attributes END AS attributes, e.first_seen, count(*) AS facts "
             f"FROM m JOIN entities e ON e.entity_id = m.id WHERE true {type_filter} "
@@ -249,14 +241,24 @@ class KnowledgeStore:
                           f"{closed} ORDER BY valid_from, triple_id LIMIT ?", [*chain, limit])
         return [_fact(r) for r in rows]
 
-    def history(self, agent: str, entity: str) -> list[FactChange]:
-        """Every change to facts about ``entity`` (an entity id) in the chain, oldest first."""
+    def history(self, agent: str, entity: str, *, for_user: bool = False,
+                user_id: str | None = None) -> list[FactChange]:
+        """Every change to facts about ``entity`` (an entity id) in the chain, oldest first.
+
+        ``for_user``: a reader acting for ``user_id`` (None: for no user) reads the changes of facts it
+        may read (``USER_PROVENANCE``) made by an episode of that user or of no user, or by no episode
+        (a promotion's change names the promotion)."""
         chain = self.scope_chain(agent)
+        mine, users = "", []
+        if for_user:
+            mine = (f"AND {USER_PROVENANCE} AND h.episode_id NOT IN (SELECT episode_id FROM episodes "
+                    "WHERE user_id IS NOT NULL AND user_id IS DISTINCT FROM ?)")
+            users = [user_id, user_id]
         rows = self._rows(
             "SELECT h.ordinal, h.triple_id, h.change, h.episode_id, h.changed_at AS at, h.count, h.confidence, "
-            "t.source, t.predicate, t.target, t.scope FROM triple_history h JOIN triples t USING (triple_id) "
-            f"WHERE t.scope IN ({', '.join('?' * len(chain))}) AND (t.source = ? OR t.target = ?) "
-            "ORDER BY h.ordinal", [*chain, entity, entity])
+            "f.source, f.predicate, f.target, f.scope FROM triple_history h JOIN triples f USING (triple_id) "
+            f"WHERE f.scope IN ({', '.join('?' * len(chain))}) AND (f.source = ? OR f.target = ?) {mine} "
+            "ORDER BY h.ordinal", [*chain, entity, entity, *users])
         return [FactChange(ordinal=int(r["ordinal"]), triple_id=str(r["triple_id"]), change=r["change"],
                            episode_id=str(r["episode_id"]), at=_ts(r["at"]), count=int(r["count"]),  # type: ignore[arg-type]
                            confidence=float(r["confidence"]), source=r["source"], predicate=r["predicate"],
@@ -264,8 +266,6 @@ class KnowledgeStore:
 
     def sql(self, query: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
         """Read-only raw SQL over every projection (not scoped: an analyst's tool, not an agent's)."""
-        from somnus.projections.queries import check_read_only
-
         check_read_only(query)
         return self._rows(query, params)
 

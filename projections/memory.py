@@ -26,10 +26,13 @@ from somnus.processors.episodic.capture import MemoryState, apply, capture
 from somnus.processors.episodic.index import IndexConfig
 from somnus.processors.prediction.oscillators import OscillatorState, observe
 from somnus.processors.sleep.job import bounded_time
-from somnus.projections.sleep import KIND_SLEEP
+from somnus.schemas.lifecycle import KIND_SLEEP
 from somnus.schemas.lifecycle import SleepRequested, SleepTrigger
+from somnus.projections.frames import registered
 from somnus.schemas.memory import (
     KIND_ACCESS, CaptureAction, CaptureDecided, MemoryAccessed, MemoryEvent, MemoryLinked, MemoryUnit)
+import functools
+import snowballstemmer
 
 log = logging.getLogger("somnus.projector")
 
@@ -44,10 +47,6 @@ def stemmer() -> Any:
     """The English Snowball stemmer (fixed: the index of a replay must tokenise the same way).
 
     Memoised: it is pure Python (~100 µs a word) and a fleet's vocabulary repeats."""
-    import functools
-
-    import snowballstemmer
-
     return functools.lru_cache(maxsize=1 << 18)(snowballstemmer.stemmer("english").stemWord)
 
 
@@ -134,8 +133,8 @@ class MemoryProjection:
         if self.rhythms_changed:
             rows = [{"agent": a, "kind": k, "events": self.rhythms[(a, k)].events,
                      "state": msgspec.json.encode(self.rhythms[(a, k)]).decode()} for a, k in sorted(self.rhythms_changed)]
-            frame = pa.Table.from_pylist(rows)  # noqa: F841
-            con.execute("INSERT OR REPLACE INTO oscillators SELECT agent, kind, events, state::JSON FROM frame")
+            with registered(con, frame=pa.Table.from_pylist(rows)):
+                con.execute("INSERT OR REPLACE INTO oscillators SELECT agent, kind, events, state::JSON FROM frame")
             self.rhythms_changed.clear()
         if not events:
             return 0
@@ -185,5 +184,5 @@ class MemoryProjection:
                 ("memories", mem_rows, "*"), ("memory_merges", merge_rows, "*"), ("memory_edges", edge_rows, "*"),
                 ("memory_access", access_rows, "*")):
             if rows:
-                frame = pa.Table.from_pylist(rows)  # noqa: F841
-                con.execute(f"INSERT INTO {table} SELECT {select} FROM frame")
+                with registered(con, frame=pa.Table.from_pylist(rows)):
+                    con.execute(f"INSERT INTO {table} SELECT {select} FROM frame")

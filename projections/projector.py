@@ -17,7 +17,6 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -25,23 +24,35 @@ import duckdb
 from aiohttp import web
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from somnus.projections import api, auth, queries, schema
+from somnus.projections import api, auth, positions, schema
+from somnus.projections.endpoint import endpoint_file
+from somnus.projections.http import make_app
 from somnus.projections.briefings import BRIEFING_INTERVAL_S, REFRESH_BUDGET_S
-from somnus.projections.sql_sandbox import SqlSandbox
+from somnus.projections.sql_sandbox import SqlSandbox, harden
 from somnus.schemas.codec import encode
 from somnus.schemas.memory import KIND_ACCESS
-from somnus.projections.writer import KIND_SERVED, BatchResult, Seen, Topics, apply_guarded, load_offsets
-from somnus.client import LARGE_RECORDS
+from somnus.projections.writer import BatchResult, ReadModels, Topics, apply_guarded, load_offsets
+from somnus.schemas.briefing import KIND_SERVED
+from somnus.streams.connection import LARGE_RECORDS
+from somnus.streams import kafka_compat
 from somnus.streams.kafka_compat import track_topics_sent_to
-from somnus.config import Settings, kafka_options
+from somnus.config import Settings
+from somnus.streams.connection import kafka_options
 from somnus.streams.keys import KeyFollower
 from somnus.streams.topics import partitions_of
+from somnus.broker import BrokerError, await_broker, bootstrap_for
+import sys
+from somnus.procs import private_files, tune_gc
+from somnus.schemas.agents import load_agents
+import msgspec
+from somnus.projections.semantic import promotion_inputs
+from somnus.schemas.semantic import KIND_PROMOTE
+from somnus.projections.briefing_server import BriefingServer
 
 log = logging.getLogger("somnus.projector")
 # A batch or a briefing refresh longer than this is logged, with where its time went.
 SLOW_S = float(os.environ.get("SOMNUS_SLOW_BATCH_S", "1.0"))
 LOCK_WAIT_S = 60.0  # how long a starting projector waits for readers to let go of the file
-OFFLOOP_THREADS = 4  # analysts' queries that run at once (projections/sql_sandbox.py); more wait their turn
 
 
 async def connect_when_free(path: Path, timeout_s: float = LOCK_WAIT_S) -> duckdb.DuckDBPyConnection:
@@ -66,16 +77,24 @@ async def connect_when_free(path: Path, timeout_s: float = LOCK_WAIT_S) -> duckd
             await asyncio.sleep(0.1)
 
 
+async def open_projections(path: Path, timeout_s: float = LOCK_WAIT_S) -> duckdb.DuckDBPyConnection:
+    """The projector's database, read-write (``connect_when_free``), its tables made, and closed to
+    files, the network and extensions, locked (``sql_sandbox.harden``): the same database runs
+    analysts' SQL, so a query the sandbox's parser check let through still reads no file (issue #25)."""
+    con = await connect_when_free(path, timeout_s)
+    schema.init(con)
+    harden(con)
+    return con
+
+
 class Drain:
     """Takes records off the consumer while a batch is being applied, so it keeps fetching.
 
-    aiokafka fetches a partition again only once the records it holds for that partition were taken,
-    and sends no fetch to a broker while any partition it holds is younger than 0.1 s. Taken only
-    between batches, a partition was fetched once per batch: a record produced after that fetch
-    waited for the next batch to take it, and often the batch after (seen: episodes 0.35-1.1 s old
-    when taken, in batches 0.45 s apart). This task takes records as soon as they arrive, up to
-    ``limit`` held (then it stops taking and the consumer stops fetching: back-pressure), and the
-    projector takes them all at the start of each batch (``take``), in their partitions' order."""
+    aiokafka fetches a partition again only once its held records were taken: taken only between
+    batches, a record waited a batch or two. This task takes records as they arrive, up to ``limit``
+    held (back-pressure), and the projector takes them all at the start of each batch (``take``), in
+    their partitions' order. The story: docs/design/kafka-workarounds.md, "The projector's consumer
+    drained during batches"."""
 
     def __init__(self, consumer: AIOKafkaConsumer, limit: int) -> None:
         self.consumer, self.limit = consumer, limit
@@ -120,10 +139,6 @@ class Drain:
         return out
 
 
-def endpoint_file(db_path: Path) -> Path:
-    return Path(f"{db_path}.projector.json")
-
-
 class Projector:
     def __init__(self, settings: Settings, bootstrap: str, db_path: Path | None = None,
                  serve: bool = True, max_records: int = 20000) -> None:
@@ -137,7 +152,6 @@ class Projector:
         self.max_records = max_records
         self.totals = BatchResult()
         self.stage_s: dict[str, float] = {}  # seconds per apply_batch stage (BatchResult.timings), summed
-        from somnus.agents import load_agents
 
         self.agents = load_agents(settings.agents_dir)
         self._stop = asyncio.Event()
@@ -152,8 +166,7 @@ class Projector:
         """Project until stopped; with ``until_end``, stop once the end offsets seen at start are reached."""
         track_topics_sent_to()  # its producer sends to several topics (somnus.streams.kafka_compat)
         self.db_path.parent.mkdir(parents=True, exist_ok=True)
-        con = await connect_when_free(self.db_path)
-        schema.init(con)
+        con = await open_projections(self.db_path)
         consumer = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap, enable_auto_commit=False, group_id=None,
             auto_offset_reset="earliest", fetch_max_bytes=64 << 20, max_partition_fetch_bytes=16 << 20,
@@ -170,17 +183,17 @@ class Projector:
 
             from somnus.processors.prediction.oscillators import OscillatorConfig
 
-            seen = Seen(con, self.agents, SleepConfig(schedule=validate_schedule(self.settings.sleep_schedule),
-                                                      max_clock_skew_s=self.settings.max_clock_skew_s),
-                        OscillatorConfig(enabled=True) if self.settings.oscillators else None)
+            models = ReadModels(con, self.agents, SleepConfig(schedule=validate_schedule(self.settings.sleep_schedule),
+                                                              max_clock_skew_s=self.settings.max_clock_skew_s),
+                                OscillatorConfig(enabled=True) if self.settings.oscillators else None)
             keys = await KeyFollower(self.bootstrap, self.settings.keys_topic, self.settings).start()
-            seen.keys = keys.ring  # sealed records open with the keys that remain (somnus.streams.keys)
+            models.keys = keys.ring  # sealed records open with the keys that remain (somnus.streams.keys)
             for tp in tps:
                 consumer.seek(tp, stored.get((tp.topic, tp.partition), 0))
             drain = Drain(consumer, self.max_records)
             drain.start()
             if self.serve:
-                runner = await self._start_server(con, seen)
+                runner = await self._start_server(con, models)
                 # A crash between a batch's commit and its promotion requests lost them: request again
                 # what no request has reached (the semantic fold runs each id once).
                 missing = con.execute(
@@ -199,13 +212,13 @@ class Projector:
             while not self._stop.is_set():
                 if until_end and all(stored.get((tp.topic, tp.partition), 0) >= end[tp] for tp in tps):
                     async with lock:
-                        await asyncio.to_thread(seen.briefings.refresh, con)
+                        await asyncio.to_thread(models.briefings.refresh, con)
                     break
                 records = await drain.take(0.2)
                 now = time.monotonic()
                 if not records or now - last_briefings >= BRIEFING_INTERVAL_S:
                     async with lock:  # caught up, or busy for a while: render what is stale (a slice)
-                        made = await asyncio.to_thread(seen.briefings.refresh, con, REFRESH_BUDGET_S)
+                        made = await asyncio.to_thread(models.briefings.refresh, con, REFRESH_BUDGET_S)
                     took = time.monotonic() - now
                     if took > SLOW_S:
                         log.warning("slow briefing refresh: %.2f s, %d changed", took, len(made))
@@ -224,10 +237,10 @@ class Projector:
                     await keys.ensure(r.value for r in part)  # the keys of its sealed records, or gone
                     async with lock:
                         res = await asyncio.to_thread(apply_guarded, con, self.topics, part, stored,
-                                                      self.settings.max_event_bytes, seen,
+                                                      self.settings.max_event_bytes, models,
                                                       self.settings.max_json_depth, self.settings.max_clock_skew_s)
-                        if seen.briefings.urgent:  # an agent's own news: its briefing now, not in 0.5 s
-                            await asyncio.to_thread(seen.briefings.refresh, con, REFRESH_BUDGET_S, True)
+                        if models.briefings.urgent:  # an agent's own news: its briefing now, not in 0.5 s
+                            await asyncio.to_thread(models.briefings.refresh, con, REFRESH_BUDGET_S, True)
                     took = time.monotonic() - t_batch
                     if took > SLOW_S:
                         log.warning("slow batch: %.2f s for %d records (%s)", took, len(part), ", ".join(
@@ -265,9 +278,7 @@ class Projector:
         the requests on the topic are the record."""
         if self._producer is None:
             return
-        import msgspec
 
-        from somnus.projections.semantic import KIND_PROMOTE, promotion_inputs
 
         async with self.write_lock:
             inputs = await asyncio.to_thread(promotion_inputs, con.cursor(), "global")
@@ -303,11 +314,11 @@ class Projector:
             tps.extend(TopicPartition(topic, p) for p in await partitions_of(consumer, topic))
         return tps
 
-    async def _start_server(self, con: duckdb.DuckDBPyConnection, seen: Seen) -> web.AppRunner:
+    async def _start_server(self, con: duckdb.DuckDBPyConnection, models: ReadModels) -> web.AppRunner:
         # Reads use their own cursor (a second connection to the same database: it sees committed
         # data while a batch is being written on ``con`` in the writer thread).
-        service = api.ReadService(con.cursor(), seen.agents, briefings=seen.briefings.current, episodic=seen.memory,
-                                  semantic=seen.semantic, top_facts=seen.top_facts,
+        service = api.ReadService(con.cursor(), models.agents, briefings=models.briefings.current, episodic=models.memory,
+                                  semantic=models.semantic, top_facts=models.top_facts,
                                   sandbox=SqlSandbox.from_settings(con, self.settings))  # analysts' SQL
         producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all", enable_idempotence=True,
                                     linger_ms=5, **LARGE_RECORDS, **kafka_options(self.settings))  # promotion requests
@@ -326,7 +337,7 @@ class Projector:
 
         service.on_served = served
         # A forget drops every cached user synopsis (rebuilt from the purged memories on the next read).
-        seen.forget.on_purged.append(lambda: setattr(service, "synopses", api._synopsis_cache()))
+        models.forget.on_purged.append(lambda: setattr(service, "synopses", api._synopsis_cache()))
 
         def accessed(events: list[Any]) -> None:
             fut = asyncio.ensure_future(producer.send_and_wait(
@@ -336,16 +347,17 @@ class Projector:
                 "could not record memory accesses: %r", f.exception())))
 
         service.on_accessed = accessed
+        # somnus status: Kafka positions asked on this loop, so the CLI needs no Kafka client of its own
+        service.extra["kafka_positions"] = positions.on_loop(self.settings, self.bootstrap, asyncio.get_running_loop())
 
         # Every route needs a token of this home (projections/auth.py); the operator's is made if missing.
         home = Path(self.settings.home)
         auth.ensure_operator_token(home)
         app = make_app(service, api.all_routes(), self.write_lock, tokens=auth.TokenStore(home))
-        from somnus.projections.briefing_server import BriefingServer
 
         self._briefing_server = BriefingServer(served, home)
-        briefing_port = await self._briefing_server.start(seen.briefings.current.values())
-        seen.briefings.listeners.append(self._briefing_server.publish)
+        briefing_port = await self._briefing_server.start(models.briefings.current.values())
+        models.briefings.listeners.append(self._briefing_server.publish)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -358,79 +370,13 @@ class Projector:
         return runner
 
 
-def route_handler(service: api.ReadService, route: api.Route, write_lock: asyncio.Lock | None = None,
-                  offloop: Executor | None = None) -> Any:
-    """The aiohttp handler of ``route`` on ``service``: parameters from the query (and a POST's JSON
-    body), errors as 400/404 with the message; reads of a fold's in-memory state take ``write_lock``
-    so they never see a batch half applied; a route that may run long (``Route.offloop``: analysts'
-    SQL) runs in ``offloop``'s threads, so the event loop keeps answering (and the writer's threads
-    are not taken)."""
-    async def handle(request: web.Request) -> web.Response:
-        params: dict[str, Any] = dict(request.query)
-        if route.method == "POST":
-            try:
-                body = await auth.json_body(request)  # bounded in size and depth; read once by the guard
-            except auth.Refused as exc:
-                return exc.response()
-            if not isinstance(body, dict):
-                return web.json_response({"error": "the body must be a JSON object"}, status=400)
-            params.update(body)
-        try:
-            if route.stateful and write_lock is not None:  # not while a batch changes the state
-                async with write_lock:
-                    result = api.call(service, route, request.match_info.get("agent"), params)
-            elif route.offloop:  # its JSON is made there too: a large answer does not hold the loop either
-                text = await asyncio.get_running_loop().run_in_executor(
-                    offloop, lambda: _dumps(api.call(service, route, request.match_info.get("agent"), params)))
-                return web.Response(text=text, content_type="application/json")
-            else:
-                result = api.call(service, route, request.match_info.get("agent"), params)
-        except api.NotFound as exc:
-            return web.json_response({"error": str(exc)}, status=404)
-        except (api.BadRequest, queries.NotReadOnly, duckdb.Error) as exc:
-            return web.json_response({"error": str(exc)}, status=400)
-        except RecursionError:  # a JSON parameter (filters, args) nested too deep for the parser
-            return web.json_response({"error": "a parameter is nested too deep"}, status=400)
-        return web.json_response(result, dumps=_dumps)
-    return handle
-
-
-def make_app(service: api.ReadService, routes: list[api.Route], write_lock: asyncio.Lock | None = None, *,
-             tokens: auth.TokenStore) -> web.Application:
-    """An aiohttp app answering ``routes`` on ``service`` (``route_handler``) and ``GET /openapi.json``,
-    every request checked by ``auth.guard`` against ``tokens`` (the bearer token, Host, content type, body)."""
-    async def openapi(request: web.Request) -> web.Response:
-        return web.json_response(api.openapi())
-
-    app = web.Application(middlewares=[auth.guard(tokens)], client_max_size=auth.MAX_BODY_BYTES)
-    pool = ThreadPoolExecutor(OFFLOOP_THREADS, thread_name_prefix="somnus-sql")
-
-    async def stop_offloop(app: web.Application) -> None:  # a stopping server interrupts analysts' queries
-        if getattr(service, "sandbox", None) is not None:
-            service.sandbox.interrupt()
-        pool.shutdown(wait=False, cancel_futures=True)
-
-    app.on_cleanup.append(stop_offloop)
-    app.add_routes([web.route(r.method, r.path, route_handler(service, r, write_lock, pool)) for r in routes])
-    app.add_routes([web.get("/openapi.json", openapi)])
-    return app
-
-
-def _dumps(obj: Any) -> str:
-    return json.dumps(obj, default=str)
-
-
 def main() -> None:
     """Entry point: ``python -m somnus.projections.projector`` (settings from the environment)."""
-    from somnus.broker import BrokerError, await_broker, bootstrap_for
-
     logging.basicConfig(level=logging.WARNING)
     # The writer thread holds the GIL for long stretches of Python (folds); a shorter switch interval
     # lets the HTTP thread answer reads within a millisecond or two meanwhile.
-    import sys
 
     sys.setswitchinterval(0.001)
-    from somnus.procs import private_files, tune_gc
 
     private_files()  # the DuckDB file, its WAL and the endpoint file: 0600
     tune_gc()
@@ -440,6 +386,7 @@ def main() -> None:
         await_broker(bootstrap, settings.broker_wait_s, log)
     except BrokerError as exc:
         sys.exit(f"somnus projector: {exc}")
+    kafka_compat.apply()  # before any Kafka client is made (somnus.streams.kafka_compat)
     projector = Projector(settings, bootstrap)
     loop = asyncio.new_event_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

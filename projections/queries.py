@@ -9,6 +9,8 @@ from typing import Any
 import duckdb
 
 from somnus.projections.schema import CONTENT_COLUMNS
+from somnus.projections.sql_sandbox import SqlRefused, statement
+from somnus.schemas.facts import GLOBAL_SCOPE
 
 
 
@@ -19,8 +21,6 @@ class NotReadOnly(ValueError):
 def check_read_only(sql: str) -> None:
     """One SELECT, or EXPLAIN [ANALYZE] of one, by DuckDB's parser (``sql_sandbox.statement``);
     what it may read is checked when it runs in the sandbox (``projections/sql_sandbox.py``)."""
-    from somnus.projections.sql_sandbox import SqlRefused, statement
-
     try:
         statement(sql)
     except SqlRefused as exc:
@@ -97,8 +97,6 @@ def stream_time(con: duckdb.DuckDBPyConnection, agents: Mapping[str, Any], scope
     that agent; ``team:<lead>``: the agents reporting to ``lead``; ``global``: every agent), None
     when none has an event yet. What a person's command (promote, sleep, consolidate, ingest) is
     stamped with, so a historical import behaves as it did live."""
-    from somnus.schemas.facts import GLOBAL_SCOPE
-
     if scope == GLOBAL_SCOPE:
         members = None
     elif scope.startswith("agent:") and len(scope) > len("agent:"):

@@ -29,34 +29,20 @@ import pyarrow as pa
 
 from somnus.processors.semantic.layers import MemoryLayers
 from somnus.processors.prediction.causal_links import DEFAULT_ALPHA, alphas_for, confidence_of
-from somnus.processors.semantic.promotion import CausalLinkView, NacPromotionSource, SemanticPromoter, StatisticianPromotionSource
-from somnus.processors.semantic.concepts import IngestedConcept, ingest_knowledge
-from somnus.processors.prediction.patterns import CallOutcome, Statistician, pattern_events
+from somnus.processors.semantic.promotion import NacPromotionSource, SemanticPromoter, StatisticianPromotionSource
+from somnus.schemas.semantic import CausalLinkView
+from somnus.processors.semantic.concepts import ingest_knowledge
+from somnus.processors.prediction.patterns import Statistician, pattern_events
+from somnus.schemas.semantic import CallOutcome
 from somnus.schemas.semantic import (
     CandidateRejected, ConceptCreated, ConceptPromoted, ConceptReinforced, CrossLayerEdgeFormed, PatternConfirmed,
     RelationshipFormed, SemanticEvent, decode_semantic, encode_semantic)
 from somnus.schemas.facts import GLOBAL_SCOPE
-from somnus.agents import AgentSpec
-
-KIND_INGEST = b"knowledge-ingested"
-KIND_PROMOTE = b"promotion-requested"
-
-
-class KnowledgeIngested(msgspec.Struct, frozen=True, kw_only=True):
-    owner: str  # "global", "team:<lead>", "agent:<name>"
-    source: str  # the document's name
-    at: datetime
-    concepts: list[IngestedConcept]
+from somnus.schemas.agents import AgentSpec
+from somnus.schemas.semantic import KIND_INGEST, KIND_PROMOTE, KnowledgeIngested, PromotionRequested
+from somnus.projections.frames import registered
 
 
-class PromotionRequested(msgspec.Struct, frozen=True, kw_only=True):
-    owner: str
-    at: datetime  # event time the promotion runs at
-    links: list[CausalLinkView] = []
-    calls: list[CallOutcome] = []
-    # A request that may be published more than once (the projector's request after a scheduled
-    # sleep run: ``sleep:<run_id>``) runs once; None: every copy runs (``somnus consolidate``).
-    request_id: str | None = None
 
 
 _ingest_decoder = msgspec.json.Decoder(KnowledgeIngested)
@@ -107,8 +93,8 @@ class SemanticProjection:
                 continue
             events += [(ev, rec.offset) for ev in made]
         if requests:
-            frame = pa.Table.from_pylist(requests)  # noqa: F841
-            con.execute("INSERT INTO semantic_requests SELECT * FROM frame")
+            with registered(con, frame=pa.Table.from_pylist(requests)):
+                con.execute("INSERT INTO semantic_requests SELECT * FROM frame")
         if events:
             self._insert(con, events)
         return len(events), {ev.owner for ev, _ in events}
@@ -163,13 +149,13 @@ class SemanticProjection:
                 ("concept_relationships", rels, "owner, source_id, relation, target_id, weight, metadata::JSON, formed_at"),
                 ("math_patterns", patterns, "*"), ("cross_layer_edges", edges, "*"), ("promotion_audit", audit, "*")):
             if rows:
-                frame = pa.Table.from_pylist(rows)  # noqa: F841
-                con.execute(f"INSERT INTO {table} SELECT {select} FROM frame")
+                with registered(con, frame=pa.Table.from_pylist(rows)):
+                    con.execute(f"INSERT INTO {table} SELECT {select} FROM frame")
         if latest:
-            frame = pa.Table.from_pylist(list(latest.values()))  # noqa: F841
-            con.execute("INSERT OR REPLACE INTO concepts SELECT owner, concept_id, name, category, definition, "
-                        "provenance, reinforcement_count, confidence, properties::JSON, source_episode_ids, "
-                        "updated_at FROM frame")
+            with registered(con, frame=pa.Table.from_pylist(list(latest.values()))):
+                con.execute("INSERT OR REPLACE INTO concepts SELECT owner, concept_id, name, category, definition, "
+                            "provenance, reinforcement_count, confidence, properties::JSON, source_episode_ids, "
+                            "updated_at FROM frame")
 
 
 # Promotion reads the newest PROMOTION_WINDOW_CALLS tool calls, and the candidate links' observations
@@ -182,7 +168,7 @@ PROMOTION_WINDOW_CALLS = 32_768
 
 def scope_agents(owner: str, agents: Mapping[str, AgentSpec] | None = None) -> frozenset[str] | None:
     """The agents whose data belongs to ``owner``'s scope: ``agent:<name>``: that agent; ``team:<lead>``:
-    the declared agents reporting to the lead (``somnus.agents.scope_chain``'s team); ``global``: None
+    the declared agents reporting to the lead (``somnus.schemas.agents.scope_chain``'s team); ``global``: None
     (every agent). A team is only known from the registry: without ``agents`` it has no member.
 
     >>> fleet = {"lead": AgentSpec(name="lead"), "a": AgentSpec(name="a", reports_to="lead")}

@@ -46,10 +46,9 @@ from somnus.processors.episodic.capture import apply_all, forget_all
 from somnus.processors.sleep.job import SleepClock, SleepConfig, SleepInputs, advance, bounded_time, plan_sleep
 from somnus.schemas.lifecycle import MemoryCompressed, MemoryPruned, SleepCompleted, SleepTrigger
 from somnus.schemas.memory import ForgetReason
+from somnus.projections.frames import registered
 
 log = logging.getLogger("somnus.projector")
-
-KIND_SLEEP = b"sleep"  # header somnus-kind on the memory topic: a SleepRequested
 
 
 class SleepState(msgspec.Struct):
@@ -257,14 +256,14 @@ class SleepJob:
     def write(self, con: duckdb.DuckDBPyConnection) -> None:
         """Write the runs' rows and the clock (caller's transaction)."""
         if self.pending_log:
-            log_frame = pa.concat_tables(self.pending_log)  # noqa: F841
-            con.execute("INSERT INTO lifecycle_log SELECT run_id, seq, kind, memory_id, decided_at, body::JSON "
-                        "FROM log_frame")
+            with registered(con, log_frame=pa.concat_tables(self.pending_log)):
+                con.execute("INSERT INTO lifecycle_log SELECT run_id, seq, kind, memory_id, decided_at, body::JSON "
+                            "FROM log_frame")
         self.pending_log.clear()
         rows = self.pending_rows["sleep_runs"]
         if rows:
-            frame = pa.Table.from_pylist(rows)  # noqa: F841
-            con.execute("INSERT INTO sleep_runs SELECT * EXCLUDE (report), report::JSON FROM frame")
+            with registered(con, frame=pa.Table.from_pylist(rows)):
+                con.execute("INSERT INTO sleep_runs SELECT * EXCLUDE (report), report::JSON FROM frame")
         rows.clear()
         con.execute("INSERT OR REPLACE INTO sleep_state VALUES (1, ?)", [msgspec.json.encode(self.state).decode()])
 

@@ -21,17 +21,14 @@ connection).
 The database is hardened too, as far as DuckDB's settings, which are global to a database (checked
 with ``duckdb_settings()``), leave the projector working:
 
-- everywhere: extensions are neither installed nor loaded on demand, community extensions are
-  refused, and the configuration is locked (``lock_configuration``) so no statement can undo this;
-- a file opened for reads alone (``somnus sql`` with no projector running: read-only) also gets
-  ``enable_external_access = false`` (no file, network or extension access at all), a
-  ``memory_limit`` and a ``threads`` cap.
-
-The projector's own database keeps external access: its writer reads its batches from Arrow tables
-by name (DuckDB's Python replacement scans), which ``enable_external_access = false`` turns off
-(``PythonReplacementScan::Replace`` returns nothing then), and its thread count and memory limit
-are the writer's too. There the syntax-tree allow-list above is what keeps files and the network
-out of reach.
+- everywhere: ``enable_external_access = false`` (no file, network or extension access at all),
+  extensions are neither installed nor loaded on demand, community extensions are refused, and the
+  configuration is locked (``lock_configuration``) so no statement can undo this. The projector's
+  writer hands its batches to SQL with ``con.register`` (``projections/frames.py``), not by a Python
+  variable's name (replacement scans, which external access off turns off), so its own database is
+  closed too (issue #25): a file stays out of reach even of a query the parser check let through;
+- a file opened for reads alone (``somnus sql`` with no projector running: read-only) also gets a
+  ``memory_limit`` and a ``threads`` cap (the projector's are the writer's too).
 
 >>> import duckdb
 >>> con = duckdb.connect()
@@ -55,6 +52,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import duckdb
+from somnus.config import Settings
 
 # Table functions a query may call: generators, JSON, and the catalog's own descriptions. The rest
 # read files (read_csv, read_text, glob, parquet_*...), run other SQL (query, query_table), or show
@@ -170,8 +168,6 @@ class SqlSandbox:
     @classmethod
     def from_settings(cls, con: duckdb.DuckDBPyConnection, settings: Any = None) -> SqlSandbox:
         """A sandbox with the limits of ``settings`` (default: resolved from the environment)."""
-        from somnus.config import Settings
-
         s = settings or Settings.resolve()
         return cls(con, timeout_s=s.sql_timeout_s, memory_limit=s.sql_memory_limit, threads=s.sql_threads)
 
@@ -275,8 +271,9 @@ class SqlSandbox:
 
 
 def harden(con: duckdb.DuckDBPyConnection, memory_limit: str = "1GB", threads: int = 2) -> bool:
-    """Set what can be set on ``con``'s database without breaking its other users, then lock its
-    configuration; True when the database is read-only (opened for reads alone: everything is set).
+    """Close ``con``'s database to files, the network and extensions, then lock its configuration; a
+    read-only database (opened for reads alone) also gets the memory and thread caps, which a writer's
+    database keeps for its writer. True when the database is read-only.
     Nothing is set again on a database already locked."""
     def setting(name: str) -> Any:
         return con.execute("SELECT current_setting(?)", [name]).fetchone()[0]
@@ -286,10 +283,9 @@ def harden(con: duckdb.DuckDBPyConnection, memory_limit: str = "1GB", threads: i
     if str(setting("lock_configuration")).lower() in ("true", "1"):
         return read_only
     statements = ["SET autoinstall_known_extensions = false", "SET autoload_known_extensions = false",
-                  "SET allow_community_extensions = false"]
+                  "SET allow_community_extensions = false", "SET enable_external_access = false"]
     if read_only:
-        statements += ["SET enable_external_access = false", f"SET memory_limit = '{_quoted(memory_limit)}'",
-                       f"SET threads = {int(threads)}"]
+        statements += [f"SET memory_limit = '{_quoted(memory_limit)}'", f"SET threads = {int(threads)}"]
     # Each sandbox cursor sets its own operator memory limit: the one setting left open.
     statements += ["SET allowed_configs = ['operator_memory_limit']", "SET lock_configuration = true"]
     for statement in statements:

@@ -28,6 +28,8 @@ from somnus.processors.knowledge.swarm_metrics import PromotionFold, StatementSt
 from somnus.schemas.briefing import BriefingServed, FactPromoted, FactUsed
 from somnus.schemas.episodes import episode_id_for
 from somnus.schemas.facts import FactsExtracted
+from somnus.projections.frames import registered
+
 
 class UtilisationFold:
     def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
@@ -97,17 +99,18 @@ class UtilisationFold:
         _insert(con, "fact_uses", use_rows)
         _insert(con, "promotions", promo_rows)
         if touched:
-            frame = pa.Table.from_pylist([  # noqa: F841
+            frame = pa.Table.from_pylist([
                 {"statement": k, "state": msgspec.json.encode(self.promotion.states[k]).decode()}
                 for k in sorted(touched) if k in self.promotion.states])
-            con.execute("INSERT OR REPLACE INTO promotion_state SELECT statement, state::JSON FROM frame")
+            with registered(con, frame=frame):
+                con.execute("INSERT OR REPLACE INTO promotion_state SELECT statement, state::JSON FROM frame")
         return out
 
 
 def _insert(con: duckdb.DuckDBPyConnection, table: str, rows: list[dict[str, Any]], select: str = "*") -> None:
     if rows:
-        frame = pa.Table.from_pylist(rows)  # noqa: F841
-        con.execute(f"INSERT INTO {table} SELECT {select} FROM frame")
+        with registered(con, frame=pa.Table.from_pylist(rows)):
+            con.execute(f"INSERT INTO {table} SELECT {select} FROM frame")
 
 
 def _use_row(u: FactUsed, offset: int) -> dict[str, Any]:

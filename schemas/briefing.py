@@ -134,3 +134,8 @@ class FactPromoted(msgspec.Struct, frozen=True, kw_only=True):
     threshold: Annotated[int, Meta(ge=1)] | None = None
     users: list[str] = []
     teams: list[str] = []
+
+KIND_PROMOTION = b"promotion"  # header somnus-kind on the facts topic: a FactPromoted (somnus promote)
+KIND_SERVED = b"briefing-served"  # header somnus-kind on the facts topic: a BriefingServed (the projector)
+
+# (no header on the facts topic: a FactsExtracted)

@@ -340,3 +340,6 @@ def decode_lifecycle(raw: bytes) -> LifecycleEvent:
 def compact_size(compact: CompactMemory) -> int:
     """Bytes of the compact form on the wire (what ``COMPACT_MAX_BYTES`` bounds)."""
     return len(_encoder.encode(compact))
+
+KIND_SLEEP = b"sleep"  # header somnus-kind on the memory topic: a SleepRequested
+

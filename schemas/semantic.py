@@ -221,3 +221,72 @@ def encode_semantic(event: SemanticEvent) -> bytes:
 
 def decode_semantic(raw: bytes) -> SemanticEvent:
     return _decoder.decode(raw)
+
+
+# ---- the semantic topic's operator records (header ``somnus-kind``) --------------------------------
+# The operator's commands published by ``somnus ingest`` / ``somnus consolidate`` and the projector
+# (after a sleep run), read by the projector's semantic fold (``somnus.projections.semantic``).
+
+class IngestedRelationship(msgspec.Struct, frozen=True):
+    relation: str
+    target: str
+
+
+class IngestedConcept(msgspec.Struct, frozen=True, omit_defaults=True):
+    name: str
+    definition: str = ""
+    category: str = "object"
+    properties: dict[str, Any] = {}
+    relationships: list[IngestedRelationship] = []
+
+
+
+class CausalLinkView(msgspec.Struct, frozen=True, kw_only=True):
+    """A plain ``CausalLinkLike`` (for adapters and tests)."""
+
+    event_signature: str
+    tool: str | None
+    outcome: str
+    valence: str
+    strength: float
+    confidence: float
+    observation_count: int
+    observation_times: list[datetime] = []
+    source_episode_ids: list[str] = []
+    event_observations: int | None = None  # observations of the event (all outcomes)
+    base_rate: float | None = None  # share of this outcome's valence among all calls of the fleet
+    source_agents: list[str] = []  # the agents it was observed for (empty: not recorded)
+
+
+
+class CallOutcome(msgspec.Struct, frozen=True):
+    """One tool call's outcome: the statistician's (and the NAc adapter's) input row."""
+
+    tool: str
+    ok: bool
+    at: datetime  # event time (the episode's end)
+    episode_id: str
+    agent: str = ""
+
+
+
+KIND_INGEST = b"knowledge-ingested"  # a KnowledgeIngested
+KIND_PROMOTE = b"promotion-requested"  # a PromotionRequested
+
+
+class KnowledgeIngested(msgspec.Struct, frozen=True, kw_only=True):
+    owner: str  # "global", "team:<lead>", "agent:<name>"
+    source: str  # the document's name
+    at: datetime
+    concepts: list[IngestedConcept]
+
+
+class PromotionRequested(msgspec.Struct, frozen=True, kw_only=True):
+    owner: str
+    at: datetime  # event time the promotion runs at
+    links: list[CausalLinkView] = []
+    calls: list[CallOutcome] = []
+    # A request that may be published more than once (the projector's request after a scheduled
+    # sleep run: ``sleep:<run_id>``) runs once; None: every copy runs (``somnus consolidate``).
+    request_id: str | None = None
+

@@ -21,6 +21,11 @@ import orjson
 from aiokafka import AIOKafkaProducer
 
 from somnus.schemas.codec import encode
+from somnus.streams.connection import LARGE_RECORDS, kafka_options
+from pathlib import Path
+from somnus.config import Settings
+from somnus.reads import read
+import threading
 
 
 class _Key(msgspec.Struct):
@@ -70,15 +75,7 @@ def to_bytes(event: Any) -> bytes:
     return encode(event)
 
 
-# For records that can be large (a promotion request holds up to PROMOTION_WINDOW_CALLS calls, ~7 MB
-# of JSON for the sample fleet): gzip on the wire (~1.4 MB; the broker's limit applies to that), and
-# room in aiokafka's size check, which is made on the uncompressed record.
-LARGE_RECORDS: dict[str, Any] = {"compression_type": "gzip", "max_request_size": 32 << 20}
-
-
 def make_producer(bootstrap: str, **overrides: Any) -> AIOKafkaProducer:
-    from somnus.config import kafka_options
-
     options: dict[str, Any] = dict(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=10,
                                    max_batch_size=1 << 20, max_request_size=8 << 20, compression_type=None,
                                    request_timeout_ms=60000)
@@ -214,8 +211,6 @@ class Publisher:
 
     def __init__(self, bootstrap: str, topic: str, bundle_max: int = 64, timeout_s: float = 120.0,
                  seal: bool | None = None, keys_topic: str | None = None) -> None:
-        import threading
-
         self.topic, self.bundle_max, self.timeout_s = topic, bundle_max, timeout_s
         self.keys = session_keys(topic, seal, keys_topic)  # sealing (publish_async), one key per session
         self._loop = asyncio.new_event_loop()
@@ -261,11 +256,6 @@ def briefing(agent: str, settings: Any = None, token: str | None = None) -> str 
 
     Served by the running projector, or read from the DuckDB file when nothing runs. The projector
     is sent ``token``, else ``SOMNUS_TOKEN``, else the operator's token of its home (SECURITY.md)."""
-    from pathlib import Path
-
-    from somnus.config import Settings
-    from somnus.reads import read
-
     s = settings or Settings.resolve()
     got = read(Path(s.db_path), "briefing", agent, agents_dir=s.agents_dir, token=token)["briefing"]
     return got["markdown"] or None if got else None
@@ -278,11 +268,6 @@ def inject(agent: str, prompt: str, session_id: str | None = None, settings: Any
     Pass the ``session_id`` about to start so the projector records which facts it was shown
     (knowledge utilisation is counted from that record). ``token``: as for ``briefing``; a runtime
     holds the agent's own (``somnus token create --agent A``)."""
-    from pathlib import Path
-
-    from somnus.config import Settings
-    from somnus.reads import read
-
     s = settings or Settings.resolve()
     return read(Path(s.db_path), "inject", agent, agents_dir=s.agents_dir, token=token, prompt=prompt,
                 session_id=session_id)["prompt"]

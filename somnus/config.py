@@ -48,10 +48,11 @@ _ENV = {
     "kafka_sasl_username": "KAFKA_SASL_USERNAME",
     "kafka_sasl_password": "KAFKA_SASL_PASSWORD",
     "kafka_ssl_cafile": "KAFKA_SSL_CAFILE",
+    "otlp_host": "SOMNUS_OTLP_HOST",
+    "otlp_port": "SOMNUS_OTLP_PORT",
+    "otlp_max_body": "SOMNUS_OTLP_MAX_BODY",
+    "otlp_trace_timeout_s": "SOMNUS_OTLP_TRACE_TIMEOUT_S",
 }
-
-KAFKA_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
-KAFKA_SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,11 @@ class Settings:
     kafka_sasl_username: str | None = None
     kafka_sasl_password: str | None = dataclasses.field(default=None, repr=False)
     kafka_ssl_cafile: Path | None = None
+    # The OTLP/HTTP receiver (somnus/otlp/receiver.py) that `somnus up` runs; port 0: not started by `up`.
+    otlp_host: str = "127.0.0.1"
+    otlp_port: int = 4318
+    otlp_max_body: int = 8 << 20  # bytes of a request, compressed and decompressed
+    otlp_trace_timeout_s: float = 300.0  # a trace whose root span never comes is published this long after its last span
 
     @classmethod
     def resolve(cls, env: Mapping[str, str] | None = None, **args: Any) -> Settings:
@@ -192,44 +198,6 @@ class Settings:
             if value is not None:
                 out[var] = str(value)
         return out
-
-
-def kafka_options(settings: Settings | None = None) -> dict[str, Any]:
-    """The keyword arguments every aiokafka client (producer, consumer, admin) gets for the cluster's
-    security settings; none for PLAINTEXT, the default. ``settings`` None: from the environment
-    (``KAFKA_SECURITY_PROTOCOL``, ``KAFKA_SASL_MECHANISM``, ``KAFKA_SASL_USERNAME``,
-    ``KAFKA_SASL_PASSWORD``, ``KAFKA_SSL_CAFILE``). The Faust app's ``broker_credentials`` are made
-    from the same (``somnus.streams.app.broker_credentials``).
-
-    >>> kafka_options(Settings.resolve(env={}))
-    {}
-    >>> opts = kafka_options(Settings.resolve(env={"KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
-    ...     "KAFKA_SASL_MECHANISM": "SCRAM-SHA-512", "KAFKA_SASL_USERNAME": "somnus", "KAFKA_SASL_PASSWORD": "pw"}))
-    >>> sorted(opts.items())
-    [('sasl_mechanism', 'SCRAM-SHA-512'), ('sasl_plain_password', 'pw'), ('sasl_plain_username', 'somnus'), ('security_protocol', 'SASL_PLAINTEXT')]
-    """
-    s = Settings.resolve() if settings is None else settings
-    protocol = s.kafka_security_protocol.strip().upper()
-    if protocol not in KAFKA_PROTOCOLS:
-        raise ValueError(f"KAFKA_SECURITY_PROTOCOL: {s.kafka_security_protocol!r} is not one of {', '.join(KAFKA_PROTOCOLS)}")
-    if protocol == "PLAINTEXT":
-        return {}
-    out: dict[str, Any] = {"security_protocol": protocol}
-    if protocol.endswith("SSL"):
-        from aiokafka.helpers import create_ssl_context
-
-        # The CA file names the cluster's certificate authority; without one the system's CAs are trusted.
-        out["ssl_context"] = create_ssl_context(cafile=str(s.kafka_ssl_cafile) if s.kafka_ssl_cafile else None)
-    if protocol.startswith("SASL"):
-        mechanism = (s.kafka_sasl_mechanism or "PLAIN").strip().upper()
-        if mechanism not in KAFKA_SASL_MECHANISMS:
-            raise ValueError(f"KAFKA_SASL_MECHANISM: {s.kafka_sasl_mechanism!r} is not one of "
-                             f"{', '.join(KAFKA_SASL_MECHANISMS)}")
-        if not s.kafka_sasl_username or s.kafka_sasl_password is None:
-            raise ValueError(f"KAFKA_SECURITY_PROTOCOL={protocol} needs KAFKA_SASL_USERNAME and KAFKA_SASL_PASSWORD")
-        out.update(sasl_mechanism=mechanism, sasl_plain_username=s.kafka_sasl_username,
-                   sasl_plain_password=s.kafka_sasl_password)
-    return out
 
 
 def _convert(kind: Any, value: Any) -> Any:

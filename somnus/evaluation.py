@@ -36,6 +36,17 @@ from typing import Any
 
 import numpy as np
 import orjson
+from somnus.processors.episodic.capture import MemoryState, capture, message_units
+from somnus.processors.episodic.index import IndexConfig
+from somnus.schemas.codec import Rejection, decode_trace
+from somnus.importers import locomo
+from somnus.processors.episodic.recall import recall
+import time
+from somnus.bench import isolated_pipeline
+from somnus.client import publish
+from somnus.reads import read, status
+from somnus.processors.episodic.embedding import MiniLM
+import snowballstemmer
 
 KS = (1, 5, 10, 20)
 CATEGORIES = (1, 2, 3, 4)  # 5 (adversarial) is excluded
@@ -140,11 +151,6 @@ def evaluate(conversations: Sequence[Conversation], retrieve: Callable[[Question
 def locomo_memory(path: Path, embed: Callable[[Sequence[str]], np.ndarray] | None = None,
                   now: datetime | None = None, stem: Callable[[str], str] | None = None) -> Any:
     """Import ``path``, decode, build message units, capture them all: the memory state and the log."""
-    from somnus.processors.episodic.capture import MemoryState, capture, message_units
-    from somnus.processors.episodic.index import IndexConfig
-    from somnus.schemas.codec import Rejection, decode_trace
-    from somnus.importers import locomo
-
     events = []
     for e in locomo(Path(path)):
         ev = decode_trace(orjson.dumps(e), max_bytes=1 << 20)
@@ -161,8 +167,6 @@ def locomo_memory(path: Path, embed: Callable[[Sequence[str]], np.ndarray] | Non
 def evaluate_locomo(path: Path, embed: Callable[[Sequence[str]], np.ndarray] | None = None,
                     config: Any = None, stem: Callable[[str], str] | None = None, k: int = 20) -> dict[str, Any]:
     """recall@k of the fused retrieval on LoCoMo (no LLM, no network)."""
-    from somnus.processors.episodic.recall import recall
-
     conversations = load_locomo(path)
     state, log, now = locomo_memory(path, embed, stem=stem)
 
@@ -192,13 +196,6 @@ def evaluate_locomo_pipeline(path: Path, k: int = 20, home: Path | None = None, 
     scheduled sleep is off by default: it would prune the unaccessed turns older than 7 days of
     stream time, which is retention working as designed, not retrieval. Pass a cron expression to
     measure recall with sleep on (``somnus eval locomo --sleep-schedule '0 3 * * *'``)."""
-    import time
-
-    from somnus.bench import isolated_pipeline
-    from somnus.client import publish
-    from somnus.importers import locomo
-    from somnus.reads import read, status
-
     conversations = load_locomo(path)
     events = list(locomo(Path(path)))
     with isolated_pipeline(home, label="eval", log=log, bootstrap=bootstrap,
@@ -263,8 +260,6 @@ def minilm_dir() -> Path | None:
 
 def load_minilm(folder: Path | None = None) -> Any:
     """The all-MiniLM-L6-v2 encoder from local files, or None when the package is not installed."""
-    from somnus.processors.episodic.embedding import MiniLM
-
     folder = folder or minilm_dir()
     if folder is None:
         return None
@@ -289,8 +284,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         embed = model.encode
     stem = None
     if args.stem:
-        import snowballstemmer  # type: ignore[import-not-found]
-
         stem = snowballstemmer.stemmer("english").stemWord
     t0 = datetime.now(timezone.utc)
     report = evaluate_locomo(args.path, embed, stem=stem)

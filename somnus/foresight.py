@@ -57,6 +57,18 @@ from typing import Any
 
 from somnus.processors.knowledge.extraction import error_class
 from somnus.processors.knowledge.triples import normalise_name
+from somnus.schemas.facts import GLOBAL_SCOPE, team_scope
+from somnus.schemas.agents import scope_chain
+from somnus.importers import FORMATS as IMPORTERS
+from somnus.importers import ImportShapeError, expand_paths, import_files, import_run
+import time
+from somnus import broker as broker_mod
+from somnus.schemas.agents import DEFAULT_DIR, load_agents
+from somnus.bench import isolated_pipeline
+from somnus.client import Publisher
+from somnus.config import Settings
+from somnus.reads import read, wait_idle
+from somnus.processors.briefing.generator import DEFAULT_BUDGET
 
 FIRST_SESSIONS = 10  # foresight_by_session_index: an agent's first sessions against the rest
 MIN_CUT_PREFIX = 40  # a line cut short ("…") names a class when at least this much of it survived
@@ -379,15 +391,12 @@ def peer_agents(agents: Mapping[str, Any], names: Iterable[str]) -> dict[str, fr
     """Agent -> the agents (of ``names``) whose sessions it can learn from: itself, and every agent
     whose team scope (``team:<reportsTo>``) is in its scope chain. ``global`` does not count.
 
-    >>> from somnus.agents import AgentSpec
+    >>> from somnus.schemas.agents import AgentSpec
     >>> fleet = {"lead": AgentSpec(name="lead"), "a": AgentSpec(name="a", reports_to="lead"),
     ...          "b": AgentSpec(name="b", reports_to="lead")}
     >>> {k: sorted(v) for k, v in peer_agents(fleet, ["lead", "a", "b", "x"]).items()}
     {'lead': ['lead'], 'a': ['a', 'b'], 'b': ['a', 'b'], 'x': ['x']}
     """
-    from somnus.schemas.facts import GLOBAL_SCOPE, team_scope
-    from somnus.agents import scope_chain
-
     registry = dict(agents)
     names = list(dict.fromkeys(names))
 
@@ -469,9 +478,6 @@ FORMATS = ("openai-chat", "swe-agent", "otel", "v1")
 def load_events(paths: Sequence[str | Path], fmt: str, agent: str | None = None, results: Path | None = None,
                 start: str | None = None, spacing_s: float | None = None) -> list[dict[str, Any]]:
     """The events of the files, read as ``somnus import`` reads them (``ImportShapeError`` when not)."""
-    from somnus.importers import FORMATS as IMPORTERS
-    from somnus.importers import ImportShapeError, expand_paths, import_files, import_run
-
     if fmt == "otel" and "otel" not in IMPORTERS:
         raise ImportShapeError("--format otel: Somnus has no OpenTelemetry importer yet; "
                                f"formats it can replay: {', '.join(f for f in FORMATS if f in IMPORTERS)}")
@@ -499,15 +505,6 @@ def run_foresight(paths: Sequence[str | Path], fmt: str, *, results: Path | None
     topics and state folder are ``somnus.bench.isolated_pipeline``'s, removed afterwards. ``serve``:
     inject each briefing for its session, as a runtime does, so that serving is recorded (utilisation,
     promotion). ``sessions``: only the first N sessions by start time. ``progress(done, total)``."""
-    import time
-
-    from somnus import broker as broker_mod
-    from somnus.agents import DEFAULT_DIR, load_agents
-    from somnus.bench import isolated_pipeline
-    from somnus.client import Publisher
-    from somnus.config import Settings
-    from somnus.reads import read, wait_idle
-
     events = load_events(paths, fmt, agent=agent, results=results, start=start, spacing_s=spacing_s)
     if sessions is not None:
         events = first_sessions(events, sessions)
@@ -556,8 +553,6 @@ def _settle(s: Any, boot: str, timeout_s: float, where: str, wait_idle: Any) -> 
 
 def _briefing_before(db: Path, agents_dir: Path | None, registry: Mapping[str, Any], agent: str, session_id: str,
                      serve: bool, read: Any) -> BriefingSeen:
-    from somnus.processors.briefing.generator import DEFAULT_BUDGET
-
     spec = registry.get(agent)
     budget = spec.briefing_token_budget if spec is not None else DEFAULT_BUDGET
     got = read(db, "briefing", agent, agents_dir=agents_dir)["briefing"]

@@ -10,6 +10,7 @@
   ``session_<n>_date_time``): one session per conversation session, stamped with its date; each
   turn becomes a message event (speaker A as ``user_message``, speaker B as ``agent_message``)
   whose ``dia_id`` is kept (``message_refs`` in the session's start metadata, and on the payload).
+- ``otel``: OTLP JSON (``somnus.otlp.files``): spans mapped by the GenAI semantic conventions.
 - ``v1``: our own trace events, one JSON object a line (as ``somnus publish`` reads them), passed on.
 
 One import (``import_files``) may read many files, directories and globs (``expand_paths``): its
@@ -662,10 +663,19 @@ class Importer(Protocol):
                  run: ImportRun | None = ...) -> Iterator[dict[str, Any]]: ...
 
 
-FORMATS: dict[str, Importer] = {"openai-chat": openai_chat, "swe-agent": swe_agent, "locomo": locomo, "v1": v1}
+def otel(path: Path, agent: str | None = None, start: datetime = DEFAULT_START,
+         run: ImportRun | None = None) -> Iterator[dict[str, Any]]:
+    """OTLP JSON files (the collector's file exporter): ``somnus.otlp.files.otel``."""
+    from somnus.otlp.files import otel as read_otel
+
+    return read_otel(path, agent=agent, start=start, run=run)
+
+
+FORMATS: dict[str, Importer] = {"openai-chat": openai_chat, "swe-agent": swe_agent, "locomo": locomo, "v1": v1,
+                                "otel": otel}
 # The files a directory contributes to an import of each format.
 EXTENSIONS = {"openai-chat": (".json", ".jsonl"), "swe-agent": (".traj",), "locomo": (".json",),
-              "v1": (".jsonl", ".json")}
+              "v1": (".jsonl", ".json"), "otel": (".json", ".jsonl")}
 
 
 def expand_paths(args: Iterable[str | Path], fmt: str) -> list[Path]:

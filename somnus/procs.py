@@ -11,8 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from somnus.config import Settings
+import gc
 
-MODULES = {"worker": "somnus.streams.worker", "projector": "somnus.projections.projector", "supervisor": "somnus.supervisor"}
+MODULES = {"worker": "somnus.streams.worker", "projector": "somnus.projections.projector", "supervisor": "somnus.supervisor",
+           "otlp": "somnus.otlp.receiver"}
 
 
 # Young-generation collections every 50,000 net allocations instead of CPython's 700. The worker and
@@ -26,8 +28,6 @@ GC_THRESHOLD = (50_000, 20, 100)
 
 def tune_gc() -> None:
     """Set the garbage collector's thresholds for a long-running worker or projector process."""
-    import gc
-
     gc.set_threshold(*GC_THRESHOLD)
 
 

@@ -9,21 +9,23 @@ one. A file opened directly is guarded by its permissions, not by tokens.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import duckdb
-
-from somnus.projections import queries
-from somnus.projections.projector import endpoint_file
 from somnus.config import Settings
 from somnus.procs import pid_alive
+from somnus.projections.endpoint import endpoint_file, token_file
+from somnus.projections.routes import BRIEFING_SERVER_HANDLERS, EXTRA_ROUTES, ROUTES
+
+# Only the standard library on the way to a running projector: DuckDB, the read handlers and the
+# folds are imported when a file is opened here (no projector), so a read command starts at once.
 
 
 class ReadError(RuntimeError):
@@ -42,20 +44,16 @@ def _projector(db: Path) -> dict[str, Any] | None:
 
 def _endpoint(db: Path, handler: str | None = None) -> str | None:
     """The running projector's URL for ``db``: its briefing server's for the reads that one answers."""
-    from somnus.projections.briefing_server import ROUTES
-
     info = _projector(db)
     if info is None:
         return None
-    port = info.get("briefing_port") if handler in ROUTES else None
+    port = info.get("briefing_port") if handler in BRIEFING_SERVER_HANDLERS else None
     return f"http://127.0.0.1:{port or info['port']}"
 
 
 def token_for(db: Path, token: str | None = None) -> str | None:
     """The bearer token for reads of ``db``'s projector: ``token``, ``SOMNUS_TOKEN``, the projector's
     operator token file (its ``SOMNUS_HOME``), or this environment's ``SOMNUS_HOME/token``."""
-    from somnus.projections.auth import token_file
-
     if token:
         return token
     if os.environ.get("SOMNUS_TOKEN", "").strip():
@@ -84,9 +82,9 @@ def _http(url: str, body: dict[str, Any] | None = None, headers: dict[str, str] 
         with urllib.request.urlopen(req, timeout=120) as resp:
             return json.loads(resp.read())
     except urllib.error.HTTPError as exc:
-        body = exc.read()
+        answer = exc.read()
         try:
-            message = json.loads(body).get("error", str(exc))
+            message = json.loads(answer).get("error", str(exc))
         except ValueError:
             message = f"{exc} (the projector's log has the details)"
         if exc.code in (401, 403):
@@ -94,7 +92,9 @@ def _http(url: str, body: dict[str, Any] | None = None, headers: dict[str, str] 
         raise ReadError(message) from None
 
 
-def _open(db: Path) -> duckdb.DuckDBPyConnection:
+def _open(db: Path) -> Any:
+    import duckdb
+
     if not db.exists():
         raise ReadError(f"no database at {db} (run `somnus up` or `somnus replay --to {db}`)")
     try:
@@ -109,10 +109,7 @@ def read(db: Path, handler: str, agent: str | None = None, agents_dir: Path | No
     """Run the read ``handler`` (a route of ``somnus.projections.api``): through the running projector when it
     holds ``db`` (with ``token_for(db, token)``), else on the file opened read-only. Parameters that are
     None are left out."""
-    from somnus.projections import api
-    from somnus.agents import load_agents
-
-    route = next((r for r in api.all_routes() if r.handler == handler), None)
+    route = next((r for r in (*ROUTES, *EXTRA_ROUTES) if r.handler == handler), None)
     if route is None:
         raise ReadError(f"no read named {handler!r}")
     params = {k: v for k, v in params.items() if v is not None}
@@ -124,6 +121,23 @@ def read(db: Path, handler: str, agent: str | None = None, agents_dir: Path | No
             query = urllib.parse.urlencode({k: str(v) for k, v in params.items()})
             return _http(f"{url}{path}" + (f"?{query}" if query else ""), headers=headers)
         return _http(f"{url}{path}", json.loads(json.dumps(params, default=str)), headers)
+    return _read_file(db, route, agent, agents_dir, params)
+
+
+def _read_file(db: Path, route: Any, agent: str | None, agents_dir: Path | None, params: dict[str, Any]) -> Any:
+    """``route`` answered on ``db`` opened read-only here (no projector holds it)."""
+    if not db.exists():
+        raise ReadError(f"no database at {db} (run `somnus up` or `somnus replay --to {db}`)")
+    import duckdb
+
+    from somnus.schemas.agents import load_agents
+    from somnus.projections import api, queries
+
+    if route.handler == "sql":
+        try:
+            queries.check_read_only(params.get("sql", ""))
+        except (queries.NotReadOnly, duckdb.Error) as exc:  # not read-only, or not SQL at all
+            raise ReadError(str(exc)) from None
     con = _open(db)
     try:
         service = api.ReadService(con, load_agents(agents_dir))
@@ -135,10 +149,7 @@ def read(db: Path, handler: str, agent: str | None = None, agents_dir: Path | No
 
 
 def sql(db: Path, query: str, params: list[Any] | None = None) -> dict[str, Any]:
-    try:
-        queries.check_read_only(query)
-    except (queries.NotReadOnly, duckdb.Error) as exc:  # not read-only, or not SQL at all
-        raise ReadError(str(exc)) from None
+    """One read-only SELECT: checked by the projector's SQL sandbox, or here when the file is opened here."""
     return read(db, "sql", sql=query, params=json.loads(json.dumps(params or [], default=str)))
 
 
@@ -150,44 +161,25 @@ def summary(db: Path) -> dict[str, Any]:
     return read(db, "summary")
 
 
-async def _kafka_positions(settings: Settings, bootstrap: str) -> tuple[dict[str, dict[int, int]], dict[str, dict[int, int]]]:
-    from aiokafka import AIOKafkaConsumer, TopicPartition
-    from aiokafka.admin import AIOKafkaAdminClient
+def _positions(settings: Settings, bootstrap: str, db: Path) -> Any:
+    """Kafka's end offsets and the worker's committed offsets: from the running projector (no Kafka
+    client here), else asked of Kafka here (``projections/positions.py``)."""
+    import asyncio
 
-    from somnus.streams.topics import partitions_of
+    from somnus.projections import positions
 
-    from somnus.config import kafka_options
-
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                                **kafka_options(settings))
-    await consumer.start()
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **kafka_options(settings))
-    await admin.start()
-    try:
-        tps = []
-        for topic in (*settings.projected_topics, settings.observations_topic):
-            tps.extend(TopicPartition(topic, p) for p in await partitions_of(consumer, topic))
-        ends: dict[str, dict[int, int]] = {}
-        for tp, off in (await consumer.end_offsets(tps)).items() if tps else []:
-            ends.setdefault(tp.topic, {})[tp.partition] = off
-        committed: dict[str, dict[int, int]] = {}
+    if _endpoint(db) is not None:
         try:
-            group = await admin.list_consumer_group_offsets(settings.app_id)
-        except Exception:
-            group = {}
-        for tp, meta in group.items():
-            if tp.topic in (settings.traces_topic, settings.episodes_topic, settings.observations_topic):
-                committed.setdefault(tp.topic, {})[tp.partition] = meta.offset
-        return ends, committed
-    finally:
-        await admin.close()
-        await consumer.stop()
+            return positions.from_json(read(db, "kafka_positions"))
+        except ReadError:  # a projector older than the route, or not answering it: ask Kafka here
+            pass
+    return asyncio.run(positions.kafka_positions(settings, bootstrap))
 
 
 def status(settings: Settings, bootstrap: str) -> dict[str, Any]:
     """Per-topic projection lag, worker lag, counts and dead letters; ``idle`` when all are caught up."""
-    ends, worker_committed = asyncio.run(_kafka_positions(settings, bootstrap))
     db = Path(settings.db_path)  # type: ignore[arg-type]
+    ends, worker_committed = _positions(settings, bootstrap, db)
     try:
         s = summary(db)
     except ReadError:
@@ -209,6 +201,7 @@ def status(settings: Settings, bootstrap: str) -> dict[str, Any]:
         memory = read(db, "memory", agents_dir=settings.agents_dir)
     except ReadError:
         memory = None
+
     from somnus.supervisor import processes
 
     return {
@@ -233,8 +226,6 @@ def status(settings: Settings, bootstrap: str) -> dict[str, Any]:
 def wait_idle(settings: Settings, bootstrap: str, timeout_s: float = 600.0, poll_s: float = 0.5,
               stable_polls: int = 2) -> dict[str, Any]:
     """Wait until every topic is projected and the worker has committed everything it consumed."""
-    import time
-
     deadline = time.monotonic() + timeout_s
     res: dict[str, Any] = {}
     streak = 0
@@ -245,3 +236,44 @@ def wait_idle(settings: Settings, bootstrap: str, timeout_s: float = 600.0, poll
             return res
         time.sleep(poll_s)
     raise TimeoutError(f"not idle after {timeout_s}s: {res}")
+
+
+def inspect_report(store: Any, agent: str, n_episodes: int, n_facts: int) -> dict[str, Any]:
+    """What an agent knows (``somnus inspect``): recent episodes and their lessons, the facts and entities
+    of its scope chain, its cached briefing; ``store`` a ``KnowledgeStore``."""
+    eps = store.sql("SELECT episode_id, ended_at, outcome, task, summary FROM episodes WHERE agent = ? "
+                    "ORDER BY ended_at DESC, episode_id LIMIT ?", [agent, n_episodes])
+    ids = [str(e["episode_id"]) for e in eps]
+    lessons = store.sql(
+        "SELECT kind, text, learned_at FROM lessons WHERE agent = ? AND episode_id::VARCHAR IN (SELECT unnest(?)) "
+        "ORDER BY learned_at DESC, kind, text", [agent, ids]) if ids else []
+    facts = [{"source": f.source, "predicate": f.predicate, "target": f.target, "scope": f.scope,
+              "confidence": round(f.confidence, 3), "count": f.count, "since": f.valid_from}
+             for f in store.facts(agent, limit=n_facts)]
+    entities = [{"entity": e.entity_id, "name": e.name, "type": e.type, "facts": e.facts}
+                for e in store.entities(agent, limit=n_facts)]
+    briefing = store.sql("SELECT markdown FROM briefings WHERE agent = ?", [agent])
+    return {"agent": agent, "scope_chain": store.scope_chain(agent),
+            "episodes": [{"ended_at": e["ended_at"], "outcome": e["outcome"], "task": (e["task"] or "")[:60],
+                          "summary": e["summary"]} for e in eps],
+            "lessons": lessons, "facts": facts, "entities": entities,
+            "briefing": (briefing[0]["markdown"] or None) if briefing else None}
+
+
+class ReadsBackend:
+    """A ``KnowledgeStore`` backend: through the running projector when it holds the file, else the
+    file opened read-only."""
+
+    def __init__(self, db: Path) -> None:
+        self.db = db
+
+    def query(self, sql_text: str, params: Sequence[Any]) -> tuple[list[str], list[list[Any]]]:
+        res = sql(self.db, sql_text, list(params))
+        return res["columns"], res["rows"]
+
+
+def knowledge_store(db: Path, agents: dict[str, Any]) -> Any:
+    """What ``agents`` know (a ``KnowledgeStore``), read from ``db`` as ``ReadsBackend`` does."""
+    from somnus.projections.knowledge_store import KnowledgeStore  # not on the HTTP read path
+
+    return KnowledgeStore(ReadsBackend(db), agents)

@@ -33,10 +33,19 @@ from typing import Any
 from somnus import broker as broker_mod
 from somnus import procs
 from somnus.config import Settings
+import argparse
 
 log = logging.getLogger("somnus.supervisor")
 
 ROLES = ("projector", "worker")  # the projector first: the worker's outputs wait on the broker meanwhile
+OTLP = "otlp"  # the OTLP/HTTP receiver (somnus/otlp/receiver.py), last: stopped first
+
+
+def roles_for(settings: Settings) -> tuple[str, ...]:
+    """What ``somnus up`` supervises: the projector, the worker, and the OTLP receiver unless its port is 0."""
+    return (*ROLES, OTLP) if settings.otlp_port else ROLES
+
+
 MIN_BACKOFF_S = 1.0
 MAX_BACKOFF_S = 60.0
 STABLE_S = 60.0  # a process that ran this long before it exited is restarted after MIN_BACKOFF_S again
@@ -200,7 +209,7 @@ def state_file(settings: Settings) -> Path:
 
 def processes(settings: Settings) -> dict[str, Any]:
     """What runs (pids, None when not) and, under a supervisor, each process's restarts and last exit."""
-    out: dict[str, Any] = {role: running(settings, role) for role in ("supervisor", "broker", *ROLES)}
+    out: dict[str, Any] = {role: running(settings, role) for role in ("supervisor", "broker", *roles_for(settings))}
     path = state_file(settings)
     if out["supervisor"] is not None and path.exists():
         try:
@@ -215,7 +224,8 @@ def serve(settings: Settings, bootstrap: str, broker: bool, say: Callable[[str],
     """Supervise until SIGTERM or SIGINT (``somnus down``, Ctrl-C): in the foreground of ``somnus up`` or as
     ``python -m somnus.supervisor``. Its pid file is how ``somnus down`` finds it, so that nothing is
     started again behind ``down``'s back; ``started`` is called after the first look (both started)."""
-    sup = Supervisor(settings, bootstrap, say=say, state_file=state_file(settings), broker=broker)
+    sup = Supervisor(settings, bootstrap, roles=roles_for(settings), say=say, state_file=state_file(settings),
+                     broker=broker)
     previous = {sig: signal.signal(sig, sup.stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     settings.run_dir.mkdir(parents=True, exist_ok=True)
     procs.pidfile(settings, "supervisor").write_text(str(os.getpid()))
@@ -233,8 +243,6 @@ def serve(settings: Settings, bootstrap: str, broker: bool, say: Callable[[str],
 
 def main() -> None:
     """Entry point: ``python -m somnus.supervisor [--broker]`` (settings and KAFKA_BOOTSTRAP from the environment)."""
-    import argparse
-
     parser = argparse.ArgumentParser(prog="somnus-supervisor")
     parser.add_argument("--broker", action="store_true", help="Watch the local broker too.")
     args = parser.parse_args()

@@ -24,7 +24,7 @@ from faust.tables.table import Table
 from faust.types import EventT
 import msgspec
 
-from somnus.processors.sessions.distiller import SessionState, decode_state, distill, encode_state, session_key
+from somnus.processors.sessions.distiller import SessionState, decode_state, encode_state, session_key
 from somnus.processors.sessions.batch import distill_rounds
 from somnus.processors.sessions.session_retention import MarkerHeap, micros, record_cap, sift, stream_times
 from somnus.processors.working.session_buffer import WorkingMemorySettings
@@ -35,19 +35,27 @@ from somnus.processors.prediction.causal_links import decode_link_state, encode_
 from somnus.schemas.memory import KIND_UNITS
 from somnus.schemas.causal import OutcomeObserved
 from somnus.schemas.episodes import EpisodeDistilled
-from somnus.schemas.codec import (Rejection, dead_letter_original, decode_bounded, decode_record, encode, poison_reason,
+from somnus.schemas.codec import (Rejection, decode_bounded, decode_record, encode, poison_reason,
                           record_rejection, truncated_note)
 from somnus.schemas.sealed import FORGOTTEN
 from somnus.streams.kafka_compat import track_topics_sent_to
 from somnus.streams.keys import KeyFollower
 from somnus.streams.sealing import (TableSealing, dead_letter_value, key_of_record, opened_values, sealed,
                                     unit_records)
-from somnus.config import Settings, kafka_options
-from somnus.streams.liveness import PartitionWatchdog, RecoveryWatchdog, SomnusApp, install_diagnostics, watch
+from somnus.streams.kafka_compat.offsets import chop_gaps_from, clear_read_offset
+from somnus.config import Settings
+from somnus.streams.connection import kafka_options
+from somnus.streams.liveness import PartitionWatchdog, RecoveryWatchdog, install_diagnostics, watch
+from somnus.streams.kafka_compat.consumer import SomnusApp
 from somnus.streams.metrics import WorkerCounters
 from somnus.streams.ordering import (Admitted, OffsetGuard, decode_clock, decode_position, position_key,
                               positions_writer)
 from somnus.streams.topics import signature_partition
+from somnus.schemas.agents import load_agents
+from somnus.processors.prediction.causal_links import alphas_for
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from somnus.processors.knowledge.extraction import TraceExtractor
+from somnus.streams.llm_extractor import AnthropicExtractor, LLMExtractorConfig
 
 log = logging.getLogger("somnus.worker")
 
@@ -123,17 +131,11 @@ class BatchedTable(Table):
 class Batcher:
     """Batches of at most ``max_events`` events, flushed at the latest ``within_s`` after the first.
 
-    This does what ``stream.take_events(n, within=...)`` does, without its buffering processor.
-    With faust-streaming 0.15.3, after a rebalance, a task dump once showed that processor blocked,
-    waiting for a "buffer consumed" signal while the buffer was empty; the stream stopped with it.
-    Replacing it did not remove every post-rebalance stall (see the failover test), so that
-    processor was not the whole cause. Events are acked only after their batch was handled, one
-    batch at a time.
-
-    Every event is tagged with the consumer generation it arrived in. Events of an older
-    generation (a rebalance happened since) are neither handled nor acked: after a rebalance Faust
-    seeks every partition back to its committed offset, so they come again, to whichever worker
-    owns them now; acking them here would corrupt Faust's offset bookkeeping for the new owner.
+    What ``stream.take_events(n, within=...)`` does, without its buffering processor, which was
+    once seen blocked after a rebalance. Events are acked only after their batch was handled, one
+    batch at a time. Events of an older consumer generation (a rebalance happened since) are
+    neither handled nor acked: Faust delivers them again to their new owner. The story:
+    docs/design/kafka-workarounds.md, "The worker's own batcher".
 
     ``handle`` returns the events to acknowledge, or None for all of them: a guarded agent
     (``somnus.streams.ordering``) acknowledges neither a hole nor what follows it.
@@ -212,10 +214,14 @@ def broker_credentials(options: dict[str, Any]) -> Any:
 
 
 def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker") -> faust.App:
-    track_topics_sent_to()  # before Faust's producer sends anything (see its docstring)
+    """The worker's Faust app with the distiller's agents wired (``Distiller``)."""
+    return Distiller.create(settings, bootstrap, worker_name).app
+
+
+def _faust_app(settings: Settings, bootstrap: str, worker_name: str) -> faust.App:
     datadir = Path(settings.home) / "faust" / worker_name
     datadir.mkdir(parents=True, exist_ok=True)
-    app = SomnusApp(
+    return SomnusApp(
         settings.app_id,
         broker=f"kafka://{bootstrap}",
         store="memory://",
@@ -247,112 +253,383 @@ def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker") 
         consumer_metadata_max_age_ms=METADATA_MAX_AGE_MS,
         broker_credentials=broker_credentials(kafka_options(settings)),  # a secured cluster: KAFKA_SECURITY_*
     )
-    traces = app.topic(settings.traces_topic, partitions=settings.partitions, key_type=bytes, value_type=bytes,
-                       internal=False)
-    sessions = app.tables.add(BatchedTable(
-        app, name="sessions", partitions=settings.partitions, key_type=bytes, value_type=bytes,
-        beacon=app.tables.beacon, help="per-session distiller state (msgspec JSON)"))
-    links = app.tables.add(BatchedTable(
-        app, name="links", partitions=settings.partitions, key_type=bytes, value_type=bytes,
-        beacon=app.tables.beacon, help="NAc causal link state per event signature (msgspec JSON)"))
-    working = app.tables.add(BatchedTable(
-        app, name="working_memory", partitions=settings.partitions, key_type=bytes, value_type=bytes,
-        beacon=app.tables.beacon, help="per-session working memory: recent messages and summaries"))
-    keys = KeyFollower(bootstrap, settings.keys_topic, settings)  # opens traces, seals outputs (streams/sealing.py)
-    app.somnus_keys = keys  # type: ignore[attr-defined]
-    sessions.sealing = working.sealing = TableSealing(keys)
-    observations = app.topic(settings.observations_topic, partitions=settings.partitions, key_type=bytes,
-                             value_type=bytes, internal=False)
-    from somnus.agents import load_agents
-    from somnus.processors.prediction.causal_links import alphas_for
 
-    fleet = load_agents(settings.agents_dir)
-    alpha_by_agent = alphas_for(fleet)
-    not_episodic = frozenset(name for name, spec in fleet.items() if not spec.episodic)
-    wm_settings = WorkingMemorySettings(max_tokens=settings.working_memory_max_tokens,
-                                        model_context_tokens=settings.model_context_tokens)
-    counters = WorkerCounters()
-    app.somnus_counters = counters  # type: ignore[attr-defined]
-    batchers: list[Batcher] = []
-    watched = ({settings.traces_topic, settings.observations_topic}
-               | ({settings.episodes_topic} if settings.llm_extractor else set()))
-    watchdog = PartitionWatchdog(app, watched, idle=lambda: all(b.idle for b in batchers))
-    sessions_guard = make_guard(app, bootstrap, sessions)
-    links_guard = make_guard(app, bootstrap, links)
-    guards = {settings.traces_topic: sessions_guard, settings.observations_topic: links_guard}
-    # Commits never pass what the state has applied (see somnus.streams.ordering).
-    app.somnus_commit_cap = lambda tp: (  # type: ignore[attr-defined]
-        guards[tp.topic].position(tp) if tp.topic in guards else None)
 
-    assignment_file = Path(settings.home) / "run" / f"{worker_name}.assignment.json"
+def _table(app: faust.App, settings: Settings, name: str, help: str) -> BatchedTable:
+    return app.tables.add(BatchedTable(app, name=name, partitions=settings.partitions, key_type=bytes,
+                                       value_type=bytes, beacon=app.tables.beacon, help=help))
 
-    @app.on_rebalance_complete.connect
-    async def record_assignment(sender: Any, **kwargs: Any) -> None:
+
+def _topic(app: faust.App, settings: Settings, name: str) -> Any:
+    return app.topic(name, partitions=settings.partitions, key_type=bytes, value_type=bytes, internal=False)
+
+
+@dataclass
+class DeadLetterSender:
+    """The one way the worker dead-letters: a record, or one event of it (``index``), to the dead-letter
+    topic with where it came from and why; its value is the rejected event's bytes, or the record's
+    (at most ``MAX_ORIGINAL`` of them)."""
+
+    app: Any
+    topic: str
+    counters: WorkerCounters
+    keys: KeyFollower | None = None  # a sealed record's dead letter stays sealed (somnus.streams.sealing)
+
+    async def queue(self, msg: Any, rejection: Rejection, index: int = 0) -> Any:
+        """Queue the dead letter; returns the send future (the caller waits for it before acking)."""
+        self.counters.dead_letters += 1
+        ring = self.keys.ring if self.keys is not None else KeyFollower("", "").ring
+        value, headers = dead_letter_value(ring, msg.value, rejection.original,
+                                           dead_letter_headers(rejection, msg.topic, msg.partition, msg.offset, index))
+        return await self.app.producer.send(self.topic, key=msg.key, value=value, partition=None, timestamp=None,
+                                            headers=headers)
+
+    async def send(self, msg: Any, rejection: Rejection) -> None:
+        """Dead-letter a whole record now (acknowledged by the broker on return)."""
+        await (await self.queue(msg, rejection))
+
+
+class Distiller:
+    """The distiller's Faust wiring: the agents over traces, observations (and episodes, with the LLM
+    extractor), the tables they keep their state in, their ordering guards and the dead-letter sender.
+
+    ``Distiller.create`` makes the worker's app and wires it; a test builds one around fakes (an app
+    with a producer, tables with ``get`` and ``write``) and calls the batch handlers directly.
+    """
+
+    def __init__(self, app: Any, settings: Settings, sessions: Any, counters: WorkerCounters | None = None, *,
+                 links: Any = None, working: Any = None, extractor: Any = None,
+                 not_episodic: frozenset[str] = frozenset(), wm_settings: Any = None,
+                 alpha_by_agent: dict[str, float] | None = None, sessions_guard: OffsetGuard | None = None,
+                 links_guard: OffsetGuard | None = None, markers: MarkerRetention | None = None,
+                 idle: IdleSessions | None = None, keys: KeyFollower | None = None) -> None:
+        self.app, self.settings = app, settings
+        self.sessions, self.links, self.working = sessions, links, working
+        self.counters = counters or WorkerCounters()
+        self.extractor, self.not_episodic, self.wm_settings = extractor, not_episodic, wm_settings
+        self.alpha_by_agent = alpha_by_agent or {}
+        self.sessions_guard, self.links_guard = sessions_guard, links_guard
+        self.markers, self.idle = markers, idle
+        # the data keys: open sealed records, seal outputs (somnus.streams.sealing); none: an offline ring
+        self.keys = keys if keys is not None else KeyFollower("", "")
+        app.somnus_keys = self.keys  # _plan_batch reads it
+        self.dead = DeadLetterSender(app, settings.dead_letter_topic, self.counters, self.keys)
+        self.batchers: list[Batcher] = []
+
+    @classmethod
+    def create(cls, settings: Settings, bootstrap: str, worker_name: str = "worker") -> Distiller:
+        """The worker's Faust app, its topics and tables, and the distiller's agents on it."""
+
+        track_topics_sent_to()  # before Faust's producer sends anything (see its docstring)
+        app = _faust_app(settings, bootstrap, worker_name)
+        sessions = _table(app, settings, "sessions", "per-session distiller state (msgspec JSON)")
+        links = _table(app, settings, "links", "NAc causal link state per event signature (msgspec JSON)")
+        working = _table(app, settings, "working_memory", "per-session working memory: recent messages and summaries")
+        keys = KeyFollower(bootstrap, settings.keys_topic, settings)  # opens traces, seals outputs (streams/sealing.py)
+        sessions.sealing = working.sealing = TableSealing(keys)
+        fleet = load_agents(settings.agents_dir)
+        idle_us = int(settings.session_idle_s * 1_000_000)
+        distiller = cls(
+            app, settings, sessions, WorkerCounters(), links=links, working=working,
+            extractor=make_extractor(settings), not_episodic=frozenset(n for n, s in fleet.items() if not s.episodic),
+            wm_settings=WorkingMemorySettings(max_tokens=settings.working_memory_max_tokens,
+                                              model_context_tokens=settings.model_context_tokens),
+            alpha_by_agent=alphas_for(fleet), sessions_guard=make_guard(app, bootstrap, sessions),
+            links_guard=make_guard(app, bootstrap, links),
+            markers=MarkerRetention(int(settings.session_retention_s * 1_000_000)),
+            idle=IdleSessions(idle_us) if idle_us > 0 else None, keys=keys)
+        distiller.wire(worker_name)
+        return distiller
+
+    @property
+    def guards(self) -> dict[str, OffsetGuard]:
+        """The ordering guard of each guarded source topic (``somnus.streams.ordering``)."""
+        found = {self.settings.traces_topic: self.sessions_guard, self.settings.observations_topic: self.links_guard}
+        return {topic: guard for topic, guard in found.items() if guard is not None}
+
+    @property
+    def inline_extractor(self) -> Any:
+        """The extractor the distiller runs on the episodes it makes, in its own batch (None: the LLM one).
+
+        The deterministic extractor is a pure function of each episode: its facts are sent with the
+        episodes, before the batch is acked. Consuming the episodes topic back through a second Faust
+        stream cost about a third of the worker's throughput (Faust's per-record cost). The LLM
+        extractor waits on the network, so it gets its own agent over the episodes topic."""
+        return None if self.settings.llm_extractor else self.extractor
+
+    def wire(self, worker_name: str) -> None:
+        """Register the agents, the watchdogs and the rebalance hook on the app."""
+        app, settings = self.app, self.settings
+        app.somnus_counters = self.counters
+        watched = ({settings.traces_topic, settings.observations_topic}
+                   | ({settings.episodes_topic} if settings.llm_extractor else set()))
+        watchdog = PartitionWatchdog(app, watched, idle=lambda: all(b.idle for b in self.batchers))
+        guards = self.guards
+        # Commits never pass what the state has applied (see somnus.streams.ordering).
+        app.somnus_commit_cap = lambda tp: guards[tp.topic].position(tp) if tp.topic in guards else None
+        self.assignment_file = Path(settings.home) / "run" / f"{worker_name}.assignment.json"
+        self.worker_name = worker_name
+        app.on_rebalance_complete.connect(self.record_assignment)
+
+        @app.early_task
+        async def keep_partitions_flowing() -> None:
+            """Diagnostics on SIGUSR1/SIGUSR2, and the watchdogs that rewind a stalled partition and a
+            stalled table recovery (from the start: the first recovery can stall too)."""
+            install_diagnostics(app)
+            await watch([watchdog, RecoveryWatchdog(app)])
+
+        self.agent(settings.traces_topic, "distill_sessions", self.handle_traces)
+        self.agent(settings.observations_topic, "learn_links", self.handle_observations)
+        if settings.llm_extractor:
+            self.agent(settings.episodes_topic, "extract_facts", self.handle_episodes)
+
+    def agent(self, topic: str, name: str, handle: Any) -> Any:
+        """An agent over ``topic`` (one at a time) whose body hands ``handle`` batches (``run_batched``)."""
+        async def body(stream: faust.StreamT) -> None:
+            await run_batched(self.app, self.settings, stream, handle, self.batchers)
+
+        body.__name__ = body.__qualname__ = name
+        return self.app.agent(_topic(self.app, self.settings, topic), name=f"{__name__}.{name}", concurrency=1)(body)
+
+    async def record_assignment(self, sender: Any, **kwargs: Any) -> None:
         """Re-activate partitions paused for back-pressure; write which trace partitions we own now.
 
         Faust pauses fetching from a partition whose stream queue is under high pressure and
         resumes it when the queue drains; a rebalance clears the queue without that signal, so
         such a partition would never be fetched again (seen as a worker stalled for good).
         """
+        app = self.app
         changelogs = app.tables.changelog_topics
         for tp in app.consumer.assignment():
             if tp.topic not in changelogs:  # an active changelog stays paused once recovered
                 app.consumer.on_buffer_drop(tp)
-        for guard in guards.values():
+        for guard in self.guards.values():
             guard.forget()
-        owned = sorted(tp.partition for tp in app.consumer.assignment() if tp.topic == settings.traces_topic)
-        assignment_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = assignment_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"worker": worker_name, "pid": os.getpid(), "partitions": owned}))
-        tmp.replace(assignment_file)
+        owned = sorted(tp.partition for tp in app.consumer.assignment() if tp.topic == self.settings.traces_topic)
+        self.assignment_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.assignment_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"worker": self.worker_name, "pid": os.getpid(), "partitions": owned}))
+        tmp.replace(self.assignment_file)
 
-    extractor = make_extractor(settings)
-    # The deterministic extractor is a pure function of each episode: it runs in the distiller's
-    # batch, on the episodes just made, and its facts are sent with them (before the batch is acked).
-    # Consuming the episodes topic back through a second Faust stream cost about a third of the
-    # worker's throughput (Faust's per-record cost). The LLM extractor waits on the network, so it
-    # gets its own agent over the episodes topic and never holds up the distiller.
-    inline_extractor = None if settings.llm_extractor else extractor
-    if settings.llm_extractor:
-        episodes = app.topic(settings.episodes_topic, partitions=settings.partitions, key_type=bytes,
-                             value_type=bytes, internal=False)
+    async def handle_traces(self, batch: Sequence[EventT], generation: int) -> list[EventT]:
+        """One batch of trace records; returns the records to acknowledge (see ``somnus.streams.ordering``).
 
-        @app.agent(episodes, concurrency=1)
-        async def extract_facts(stream: faust.StreamT) -> None:
-            """Episodes -> facts: one FactsExtracted per episode on the single-partition facts topic."""
-            async def handle(batch: Sequence[EventT], generation: int) -> None:
-                await _handle_episodes(app, settings, batch, extractor, counters)  # stateless: ack all
+        No record stops the distiller: decoding never raises (``somnus.schemas.codec``), and should the rest
+        of the batch's work raise, the batch is handled again one record at a time (where a batch ends never
+        changes a result: ``tests/processors/sessions/test_batch.py``), so that only the record that raises
+        on its own is dead-lettered, as ``poison``, and passed. Errors of the broker are not the records'
+        and are raised as before."""
+        if self.app.in_recovery:
+            return []  # the tables are being restored: Faust seeks back to the committed offsets after
+        guard = self.sessions_guard
+        admitted = await guard.admit(batch) if guard is not None else Admitted(handle=list(batch))
+        records = admitted.handle
+        await self.keys.ensure(opened_values(records))  # the data keys of its sealed records (or gone)
+        try:
+            plan = _plan_batch(self.app, self.settings, records, self.sessions, generation, self.inline_extractor,
+                               self.not_episodic, self.working, self.wm_settings, self.idle)
+        except Exception as exc:  # noqa: BLE001 - the poison boundary
+            if self.idle is not None:
+                self.idle.generation = None  # its heap may have lost entries to the failed attempt: rebuilt
+            if len(records) > 1:
+                return await self._one_by_one(self.handle_traces, admitted, generation)
+            if not records:
+                raise
+            self.counters.poison += 1
+            plan = _poison_plan(self.settings, self.sessions, records[0], exc)
+        plan.positions = dict(admitted.positions)
+        if not await self.send_plan(plan, generation):
+            return []
+        await self._after_plan(plan, generation)
+        return admitted.handle + admitted.done
 
-            await run_batched(app, settings, stream, handle, batchers)
+    async def _one_by_one(self, handle: Any, admitted: Admitted, generation: int) -> list[EventT]:
+        """Each admitted record a batch of its own (its position written before the next); [] after a rebalance."""
+        acks = list(admitted.done)
+        for record in admitted.handle:
+            acks += await handle([record], generation)
+            if self.app.consumer_generation_id != generation:
+                return []
+        return acks
 
-    @app.early_task
-    async def keep_partitions_flowing() -> None:
-        """Diagnostics on SIGUSR1/SIGUSR2, and the watchdogs that rewind a stalled partition and a
-        stalled table recovery (from the start: the first recovery can stall too)."""
-        install_diagnostics(app)
-        await watch([watchdog, RecoveryWatchdog(app)])
+    async def _after_plan(self, plan: BatchPlan, generation: int) -> None:
+        """Once the states and positions are on the broker: the open sessions' idle entries, the expired markers."""
+        if self.idle is not None:  # open sessions, touched or looked at, by their latest event (again)
+            for key, st in {**plan.prior, **plan.states}.items():
+                if not st.closed and st.ended_at is not None:
+                    self.idle.push(plan.partition_of[key], micros(st.ended_at), key.encode())
+        if self.markers is not None and int(self.settings.session_retention_s * 1_000_000) > 0:
+            # After the positions: a marker removed is one whose session's records are all below a
+            # position already on the broker, so no redelivery can meet its absence.
+            closed = {key: st for key, st in plan.states.items() if st.closed}
+            await self.markers.prune(self.app, self.settings.traces_topic, self.sessions, self.working, generation,
+                                     closed, plan.clocks, self.counters)
 
-    markers = MarkerRetention(int(settings.session_retention_s * 1_000_000))
-    idle = IdleSessions(int(settings.session_idle_s * 1_000_000)) if settings.session_idle_s > 0 else None
+    async def send_plan(self, plan: BatchPlan, generation: int) -> bool:
+        """Send a batch's outputs, then its states and positions (False: a rebalance came first, nothing of
+        the state was written)."""
+        pending = [await self.dead.queue(msg, rejection, index) for msg, index, rejection in plan.dead]
+        self._count(plan)
+        pending += await self._send_outputs(plan)
+        # Episodes and dead letters must be on the broker before the state that says "done" is.
+        if pending:
+            await asyncio.gather(*pending)
+        # After a rebalance during this batch, its partitions may belong to another worker, which
+        # reprocesses these events from the committed offset: its state must not be overwritten here.
+        if self.app.consumer_generation_id != generation:
+            for table in (self.sessions, self.working):
+                if table is not None:
+                    table.pending_changelog.clear()
+                    table.key_partitions.clear()
+            return False
+        await self._write_states(plan)
+        return True
 
-    @app.agent(traces, concurrency=1)
-    async def distill_sessions(stream: faust.StreamT) -> None:
-        async def handle(batch: Sequence[EventT], generation: int) -> list[EventT]:
-            return await _handle_batch(app, settings, batch, sessions, counters, generation, inline_extractor,
-                                       not_episodic, working, wm_settings, sessions_guard, markers, idle)
+    def _count(self, plan: BatchPlan) -> None:
+        counters = self.counters
+        counters.events += plan.events
+        counters.duplicates += plan.duplicates
+        counters.late += plan.late
+        counters.abandoned += plan.abandoned
+        counters.shredded += plan.shredded
+        if plan.future:
+            counters.future += plan.future
+            _warn_future(self.settings, plan.future, next(r.reason for _, _, r in plan.dead if r.kind == "future"))
 
-        await run_batched(app, settings, stream, handle, batchers)
+    async def _send_outputs(self, plan: BatchPlan) -> list[Any]:
+        """Queue the batch's episodes, facts, observations and memory units; returns the send futures."""
+        app, settings, counters = self.app, self.settings, self.counters
+        ring = self.keys.ring
+        pending = []
+        for ep in plan.episodes:
+            counters.episodes += 1
+            value, headers = sealed(ring.key_for(ep.agent, ep.session_id), encode(ep))
+            pending.append(await app.producer.send(settings.episodes_topic, key=ep.session_id.encode(),
+                                                   value=value, partition=None, timestamp=None, headers=headers))
+        if plan.facts:
+            pending.extend(await self._send_facts(plan.facts, plan.episodes))
+        if plan.observations:
+            counters.observations += len(plan.observations)
+            keys = {ep.episode_id: ring.key_for(ep.agent, ep.session_id) for ep in plan.episodes}
+            pending.extend(await _send_bundles(app, settings.observations_topic, settings.partitions,
+                                               plan.observations, lambda o: o.event_signature,
+                                               lambda o: keys.get(o.episode_id)))
+        units = plan.units
+        if units:
+            counters.memory_units += len(units)
+            pending.extend([await app.producer.send(
+                settings.memory_topic, key=None, value=value, partition=0, timestamp=None,
+                headers=[("somnus-kind", KIND_UNITS), *(headers or [])])
+                for value, headers in unit_records(ring, units, BUNDLE_ITEMS)])
+        return pending
 
-    @app.agent(observations, concurrency=1)
-    async def learn_links(stream: faust.StreamT) -> None:
-        """Call outcomes -> Rescorla-Wagner updates of the causal links (state: the links table)."""
-        async def handle(batch: Sequence[EventT], generation: int) -> list[EventT]:
-            return await _handle_observations(app, settings, batch, links, counters, generation, alpha_by_agent,
-                                              links_guard)
+    async def _write_states(self, plan: BatchPlan) -> None:
+        """Working memory first, then the sessions, then the positions: a recovered position is never
+        ahead of any state the records below it made. A closed session keeps only its marker (compact):
+        the buffer is the in-session tier."""
+        partition_of = plan.partition_of
+        if self.working is not None and plan.wm_states:
+            await self.working.write(self.app.producer, (
+                (key.encode(), partition_of[key], encode_wm(compact_wm(wm) if wm.closed else wm))
+                for key, wm in plan.wm_states.items()))
+        await self.sessions.write(self.app.producer, (
+            (key.encode(), partition_of[key], raw) for key, raw in plan.encoded.items()), plan.positions, plan.clocks)
 
-        await run_batched(app, settings, stream, handle, batchers)
+    async def handle_observations(self, batch: Sequence[EventT], generation: int) -> list[EventT]:
+        """One batch of observation bundles: learn, send every update, then the new link states and the
+        positions; returns the records to acknowledge."""
+        if self.app.in_recovery:
+            return []
+        guard = self.links_guard
+        admitted = await guard.admit(batch) if guard is not None else Admitted(handle=list(batch))
+        batch = admitted.handle
+        observed: list[OutcomeObserved] = []
+        partition_of: dict[str, int] = {}
+        keys = self.keys
+        await keys.ensure(opened_values(batch))
+        key_of_episode: dict[Any, Any] = {}  # the data key of each observation's episode (its record's)
+        for event in batch:
+            msg = event.message
+            value = keys.ring.open(msg.value)
+            if value is FORGOTTEN:
+                self.counters.shredded += 1
+                continue
+            items = value if isinstance(value, Rejection) else decode_bounded(
+                _observations_decoder, value, self.settings.max_json_depth)  # type: ignore[arg-type]
+            if isinstance(items, Rejection):  # our own output, or not: it must not stop the stream
+                await self.dead.send(msg, _named(items, "observations", msg.value))
+                continue
+            record_key = key_of_record(keys.ring, msg.value)
+            for item in items:
+                partition_of[item.event_signature] = msg.partition
+                key_of_episode[item.episode_id] = record_key
+            observed.extend(items)
+        try:
+            states, updates = _learn(self.links, partition_of, observed, self.alpha_by_agent)
+        except Exception as exc:  # noqa: BLE001 - the poison boundary: one record at a time, then the one that raises
+            if len(batch) > 1:
+                return await self._one_by_one(self.handle_observations, admitted, generation)
+            if not batch:
+                raise
+            self.counters.poison += 1
+            msg = batch[0].message
+            await self.dead.send(msg, Rejection(poison_reason(exc, "while learning causal links")
+                                                + truncated_note(msg.value)))
+            states, updates = {}, []
+        return await self._send_links(admitted, states, updates, partition_of, generation, key_of_episode)
 
-    return app
+    async def _send_links(self, admitted: Admitted, states: dict[str, bytes], updates: list[Any],
+                          partition_of: Mapping[str, int], generation: int,
+                          key_of_episode: Mapping[Any, Any] | None = None) -> list[EventT]:
+        """Send the updates (each sealed with its episode's key), then the links' states and positions;
+        returns the records to acknowledge."""
+        self.counters.link_updates += len(updates)
+        key_of = key_of_episode or {}
+        pending = await _send_bundles(self.app, self.settings.link_updates_topic, self.settings.partitions, updates,
+                                      lambda u: u.event_signature, lambda u: key_of.get(u.episode_id))
+        if pending:
+            await asyncio.gather(*pending)
+        if self.app.consumer_generation_id != generation:
+            self.links.pending_changelog.clear()
+            self.links.key_partitions.clear()
+            return []
+        await self.links.write(self.app.producer, ((sig.encode(), partition_of[sig], raw) for sig, raw in states.items()),
+                               admitted.positions)
+        return admitted.handle + admitted.done
+
+    async def handle_episodes(self, batch: Sequence[EventT], generation: int) -> None:
+        """Episodes -> facts (the LLM extractor's agent): one FactsExtracted per episode on the
+        single-partition facts topic. Stateless: every record is acknowledged."""
+        episodes = []
+        await self.keys.ensure(opened_values(batch))
+        for event in batch:
+            msg = event.message
+            value = self.keys.ring.open(msg.value)
+            if value is FORGOTTEN:
+                self.counters.shredded += 1
+                continue
+            ep = value if isinstance(value, Rejection) else decode_bounded(
+                _episode_decoder, value, self.settings.max_json_depth)  # type: ignore[arg-type]
+            if isinstance(ep, Rejection):  # our own output; a bad one is a bug, but it must not stop the stream
+                await self.dead.send(msg, _named(ep, "episode", msg.value))
+                continue
+            episodes.append(ep)
+        out = self.extractor.extract(episodes)
+        if inspect.isawaitable(out):
+            out = await out
+        pending = await self._send_facts(out, episodes)
+        if pending:
+            await asyncio.gather(*pending)
+
+    async def _send_facts(self, extracted: Sequence[Any], episodes: Sequence[Any] = ()) -> list[Any]:
+        """Queue each episode's FactsExtracted on the one-partition facts topic (sealed with the key of the
+        episode's session); returns the send futures."""
+        self.counters.facts += sum(len(f.facts) for f in extracted)
+        ring = self.keys.ring
+        keys = {ep.episode_id: ring.key_for(ep.agent, ep.session_id) for ep in episodes}
+        return [await self.app.producer.send(self.settings.facts_topic, key=str(f.episode_id).encode(),
+                                             value=value, partition=0, timestamp=None, headers=headers)
+                for f in extracted for value, headers in [sealed(keys.get(f.episode_id), encode(f))]]
 
 
 _CLOCK_WARNED = [float("-inf")]  # when the last warning about clocks ahead was logged (monotonic s)
@@ -423,7 +700,7 @@ def _plan_batch(app: faust.App, settings: Settings, batch: Sequence[EventT], ses
             if isinstance(value, Rejection):
                 plan.dead.append((msg, 0, value))
             continue
-        items = decode_record(value, settings.max_event_bytes, settings.max_json_depth)
+        items = decode_record(value, settings.max_event_bytes, settings.max_json_depth)  # type: ignore[arg-type]
         rejected = record_rejection(items)
         if rejected is not None:  # one dead letter for the record, whatever number of its elements is bad
             index, why = rejected
@@ -507,122 +784,6 @@ def _poison_plan(settings: Settings, sessions: BatchedTable, record: EventT, exc
     reason = poison_reason(exc, "while distilling the record") + truncated_note(msg.value)
     return BatchPlan(clocks=_stored_clocks(sessions, settings.traces_topic, {msg.partition}),
                      dead=[(msg, 0, Rejection(reason))])
-
-
-async def _handle_batch(app: faust.App, settings: Settings, batch: Sequence[EventT], sessions: BatchedTable,
-                        counters: WorkerCounters, generation: int, extractor: Any = None,
-                        not_episodic: frozenset[str] = frozenset(), working: BatchedTable | None = None,
-                        wm_settings: Any = None, guard: OffsetGuard | None = None,
-                        markers: MarkerRetention | None = None, idle: IdleSessions | None = None) -> list[EventT]:
-    """One batch of trace records; returns the records to acknowledge (see ``somnus.streams.ordering``).
-
-    No record stops the distiller: decoding never raises (``somnus.schemas.codec``), and should the rest of
-    the batch's work raise, the batch is handled again one record at a time (where a batch ends never
-    changes a result: ``tests/processors/sessions/test_batch.py``), so that only the record that raises on its
-    own is dead-lettered, as ``poison``, and passed. Errors of the broker are not the records' and are
-    raised as before."""
-    if app.in_recovery:
-        return []  # the tables are being restored: Faust seeks back to the committed offsets after
-    admitted = await guard.admit(batch) if guard is not None else Admitted(handle=list(batch))
-    records = admitted.handle
-    await _keys(app).ensure(opened_values(records))  # the data keys of its sealed records (or gone)
-    try:
-        plan = _plan_batch(app, settings, records, sessions, generation, extractor, not_episodic, working,
-                           wm_settings, idle)
-    except Exception as exc:  # noqa: BLE001 - the poison boundary
-        if idle is not None:
-            idle.generation = None  # its heap may have lost entries to the failed attempt: rebuilt from the table
-        if len(records) > 1:
-            acks = list(admitted.done)
-            for record in records:  # one by one, each a batch of its own: its position is written before the next
-                done = await _handle_batch(app, settings, [record], sessions, counters, generation, extractor,
-                                           not_episodic, working, wm_settings, guard, markers, idle)
-                if app.consumer_generation_id != generation:
-                    return []
-                acks += done
-            return acks
-        if not records:
-            raise
-        counters.poison += 1
-        plan = _poison_plan(settings, sessions, records[0], exc)
-    plan.positions = dict(admitted.positions)
-    if not await _send_plan(app, settings, plan, sessions, working, counters, generation):
-        return []
-    if idle is not None:  # open sessions, touched or looked at, by their latest event (again)
-        for key, st in {**plan.prior, **plan.states}.items():
-            if not st.closed and st.ended_at is not None:
-                idle.push(plan.partition_of[key], micros(st.ended_at), key.encode())
-    retention_us = int(settings.session_retention_s * 1_000_000)
-    if markers is not None and retention_us > 0:
-        # After the positions: a marker removed is one whose session's records are all below a
-        # position already on the broker, so no redelivery can meet its absence.
-        closed = {key: st for key, st in plan.states.items() if st.closed}
-        await markers.prune(app, settings.traces_topic, sessions, working, generation, closed, plan.clocks,
-                            counters)
-    return admitted.handle + admitted.done
-
-
-async def _send_plan(app: faust.App, settings: Settings, plan: BatchPlan, sessions: BatchedTable,
-                     working: BatchedTable | None, counters: WorkerCounters, generation: int) -> bool:
-    """Send a batch's outputs, then its states and positions (False: a rebalance came first, nothing of
-    the state was written)."""
-    pending: list[Any] = []
-    ring = _keys(app).ring
-    for msg, index, rejection in plan.dead:
-        counters.dead_letters += 1
-        value, headers = dead_letter_value(ring, msg.value, rejection.original,
-                                           dead_letter_headers(rejection, msg.topic, msg.partition, msg.offset, index))
-        pending.append(await app.producer.send(settings.dead_letter_topic, key=msg.key, value=value, partition=None,
-                                               timestamp=None, headers=headers))
-    counters.shredded += plan.shredded
-    counters.events += plan.events
-    counters.duplicates += plan.duplicates
-    counters.late += plan.late
-    counters.abandoned += plan.abandoned
-    if plan.future:
-        counters.future += plan.future
-        _warn_future(settings, plan.future, next(r.reason for _, _, r in plan.dead if r.kind == "future"))
-    for ep in plan.episodes:
-        counters.episodes += 1
-        value, headers = sealed(ring.key_for(ep.agent, ep.session_id), encode(ep))
-        pending.append(await app.producer.send(settings.episodes_topic, key=ep.session_id.encode(), value=value,
-                                               partition=None, timestamp=None, headers=headers))
-    if plan.facts:
-        pending.extend(await _send_facts(app, settings, plan.facts, counters, plan.episodes))
-    if plan.observations:
-        counters.observations += len(plan.observations)
-        keys = {ep.episode_id: ring.key_for(ep.agent, ep.session_id) for ep in plan.episodes}
-        pending.extend(await _send_bundles(app, settings.observations_topic, settings.partitions, plan.observations,
-                                           lambda o: o.event_signature, lambda o: keys.get(o.episode_id)))
-    units = plan.units
-    if units:
-        counters.memory_units += len(units)
-        pending.extend([await app.producer.send(
-            settings.memory_topic, key=None, value=value, partition=0, timestamp=None,
-            headers=[("somnus-kind", KIND_UNITS), *(headers or [])])
-            for value, headers in unit_records(ring, units, BUNDLE_ITEMS)])
-    # Episodes and dead letters must be on the broker before the state that says "done" is.
-    if pending:
-        await asyncio.gather(*pending)
-    # After a rebalance during this batch, its partitions may belong to another worker, which
-    # reprocesses these events from the committed offset: its state must not be overwritten here.
-    if app.consumer_generation_id != generation:
-        for table in (sessions, working):
-            if table is not None:
-                table.pending_changelog.clear()
-                table.key_partitions.clear()
-        return False
-    # Working memory first, then the sessions, then the positions: a recovered position is never
-    # ahead of any state the records below it made. A closed session keeps only its marker (compact):
-    # the buffer is the in-session tier.
-    partition_of = plan.partition_of
-    if working is not None and plan.wm_states:
-        await working.write(app.producer, (
-            (key.encode(), partition_of[key], encode_wm(compact_wm(wm) if wm.closed else wm))
-            for key, wm in plan.wm_states.items()))
-    await sessions.write(app.producer, ((key.encode(), partition_of[key], raw) for key, raw in plan.encoded.items()),
-                         plan.positions, plan.clocks)
-    return True
 
 
 def _owned(app: faust.App, topic: str) -> frozenset[int]:
@@ -728,70 +889,16 @@ async def _send_bundles(app: faust.App, topic: str, partitions: int, items: Sequ
             for value, headers in [sealed(key, encode(group[i:i + BUNDLE_ITEMS]))]]
 
 
+def _keys(app: Any) -> KeyFollower:
+    """The worker's data keys (``somnus.streams.keys``); an app made without them has an empty ring."""
+    keys = getattr(app, "somnus_keys", None)
+    if keys is None:
+        keys = app.somnus_keys = KeyFollower("", "")  # offline: follows nothing
+    return keys
+
+
 _observations_decoder = msgspec.json.Decoder(list[OutcomeObserved])
 _episode_decoder = msgspec.json.Decoder(EpisodeDistilled)
-
-
-async def _handle_observations(app: faust.App, settings: Settings, batch: Sequence[EventT], links: BatchedTable,
-                               counters: WorkerCounters, generation: int, alpha_by_agent: dict[str, float],
-                               guard: OffsetGuard | None = None) -> list[EventT]:
-    """One batch of observation bundles: learn, send every update, then the new link states and the
-    positions; returns the records to acknowledge."""
-    if app.in_recovery:
-        return []
-    admitted = await guard.admit(batch) if guard is not None else Admitted(handle=list(batch))
-    batch = admitted.handle
-    observed: list[OutcomeObserved] = []
-    partition_of: dict[str, int] = {}
-    keys = _keys(app)
-    await keys.ensure(opened_values(batch))
-    key_of_episode: dict[Any, Any] = {}  # the data key of each observation's episode (its record's)
-    for event in batch:
-        msg = event.message
-        value = keys.ring.open(msg.value)
-        if value is FORGOTTEN:
-            counters.shredded += 1
-            continue
-        items = value if isinstance(value, Rejection) else decode_bounded(_observations_decoder, value,
-                                                                            settings.max_json_depth)
-        if isinstance(items, Rejection):  # our own output, or not: it must not stop the stream
-            await _dead_letter_now(app, settings, counters, msg, _named(items, "observations", msg.value))
-            continue
-        record_key = key_of_record(keys.ring, msg.value)
-        for item in items:
-            partition_of[item.event_signature] = msg.partition
-            key_of_episode[item.episode_id] = record_key
-        observed.extend(items)
-    try:
-        states, updates = _learn(links, partition_of, observed, alpha_by_agent)
-    except Exception as exc:  # noqa: BLE001 - the poison boundary: one record at a time, then the one that raises
-        if len(batch) > 1:
-            acks = list(admitted.done)
-            for record in batch:
-                acks += await _handle_observations(app, settings, [record], links, counters, generation,
-                                                   alpha_by_agent, guard)
-                if app.consumer_generation_id != generation:
-                    return []
-            return acks
-        if not batch:
-            raise
-        counters.poison += 1
-        msg = batch[0].message
-        await _dead_letter_now(app, settings, counters, msg, Rejection(
-            poison_reason(exc, "while learning causal links") + truncated_note(msg.value)))
-        states, updates = {}, []
-    counters.link_updates += len(updates)
-    pending = await _send_bundles(app, settings.link_updates_topic, settings.partitions, updates,
-                                  lambda u: u.event_signature, lambda u: key_of_episode.get(u.episode_id))
-    if pending:
-        await asyncio.gather(*pending)
-    if app.consumer_generation_id != generation:
-        links.pending_changelog.clear()
-        links.key_partitions.clear()
-        return []
-    await links.write(app.producer, ((sig.encode(), partition_of[sig], raw) for sig, raw in states.items()),
-                      admitted.positions)
-    return admitted.handle + admitted.done
 
 
 def _learn(links: BatchedTable, partition_of: Mapping[str, int], observed: list[OutcomeObserved],
@@ -813,15 +920,6 @@ def _named(rejection: Rejection, what: str, value: bytes | None) -> Rejection:
     return Rejection(f"{kind}: invalid {what}: {rest}{truncated_note(value)}")
 
 
-async def _dead_letter_now(app: faust.App, settings: Settings, counters: WorkerCounters, msg: Any,
-                           rejection: Rejection) -> None:
-    """A whole record to the dead-letter topic (its bytes, at most ``MAX_ORIGINAL`` of them), acknowledged."""
-    counters.dead_letters += 1
-    await (await app.producer.send(
-        settings.dead_letter_topic, key=msg.key, value=dead_letter_original(msg.value), partition=None,
-        timestamp=None, headers=dead_letter_headers(rejection, msg.topic, msg.partition, msg.offset, 0)))
-
-
 def make_guard(app: faust.App, bootstrap: str, table: BatchedTable) -> OffsetGuard:
     """The ordering guard of an agent whose state (and positions) live in ``table``."""
     async def earliest(tp: Any) -> int:
@@ -830,15 +928,14 @@ def make_guard(app: faust.App, bootstrap: str, table: BatchedTable) -> OffsetGua
 
     async def rewind(tp: Any, offset: int) -> None:
         consumer: Any = app.consumer
-        gap = consumer._gap.get(tp)
-        if gap:  # Faust's own "never delivered, count as acked" ranges from here on are wrong
-            gap.chop(offset, 1 << 62)
+        # Faust's own "never delivered, count as acked" ranges from here on are wrong
+        chop_gaps_from(consumer, tp, offset)
         await consumer.seek_wait({tp: offset})
         if not offset:
             # Faust's seek_wait moves the read offset only to an offset > 0, as if 0 meant "none".
             # Left where it was, the fetch loop drops every re-fetched record below it as already
             # read: a hole at offset 0 was never filled (seen: committed 0, read offset 1206).
-            consumer._read_offset[tp] = None
+            clear_read_offset(consumer, tp)
 
     return OffsetGuard(
         position=lambda tp: decode_position(table.get(position_key(tp.topic, tp.partition))),
@@ -849,8 +946,6 @@ def make_guard(app: faust.App, bootstrap: str, table: BatchedTable) -> OffsetGua
 
 async def first_record_at(bootstrap: str, tp: Any, offset: int) -> int | None:
     """The offset of the first record at or after ``offset`` in ``tp`` (None when none comes within 3 s)."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
-
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
                                 auto_offset_reset="earliest", **kafka_options())
     await consumer.start()
@@ -867,61 +962,15 @@ async def first_record_at(bootstrap: str, tp: Any, offset: int) -> int | None:
 
 def make_extractor(settings: Settings) -> Any:
     """The deterministic trace extractor; the LLM one only when a key is configured."""
-    from somnus.processors.knowledge.extraction import TraceExtractor
-
     trace = TraceExtractor()
     if not settings.llm_extractor:
         return trace
-    from somnus.streams.llm_extractor import AnthropicExtractor, LLMExtractorConfig
 
     config = LLMExtractorConfig.from_env(os.environ)
     if not config.enabled:
         raise ValueError("SOMNUS_LLM_EXTRACTOR is on but no API key is set "
                          "(SOMNUS_LLM_API_KEY or ANTHROPIC_API_KEY)")
     return AnthropicExtractor(config, fallback=trace)
-
-
-async def _handle_episodes(app: faust.App, settings: Settings, batch: Sequence[EventT], extractor: Any,
-                           counters: WorkerCounters) -> None:
-    episodes = []
-    await _keys(app).ensure(opened_values(batch))
-    for event in batch:
-        msg = event.message
-        value = _keys(app).ring.open(msg.value)
-        if value is FORGOTTEN:
-            counters.shredded += 1
-            continue
-        ep = value if isinstance(value, Rejection) else decode_bounded(_episode_decoder, value, settings.max_json_depth)
-        if isinstance(ep, Rejection):  # our own output; a bad one is a bug, but it must not stop the stream
-            await _dead_letter_now(app, settings, counters, msg, _named(ep, "episode", msg.value))
-            continue
-        episodes.append(ep)
-    out = extractor.extract(episodes)
-    if inspect.isawaitable(out):
-        out = await out
-    pending = await _send_facts(app, settings, out, counters, episodes)
-    if pending:
-        await asyncio.gather(*pending)
-
-
-async def _send_facts(app: faust.App, settings: Settings, extracted: Sequence[Any], counters: WorkerCounters,
-                      episodes: Sequence[Any] = ()) -> list[Any]:
-    """Queue each episode's FactsExtracted on the one-partition facts topic (sealed with the key of the
-    episode's session); returns the send futures."""
-    counters.facts += sum(len(f.facts) for f in extracted)
-    ring = _keys(app).ring
-    keys = {ep.episode_id: ring.key_for(ep.agent, ep.session_id) for ep in episodes}
-    return [await app.producer.send(settings.facts_topic, key=str(f.episode_id).encode(), value=value,
-                                    partition=0, timestamp=None, headers=headers)
-            for f in extracted for value, headers in [sealed(keys.get(f.episode_id), encode(f))]]
-
-
-def _keys(app: faust.App) -> KeyFollower:
-    """The worker's data keys (``somnus.streams.keys``); an app made without them has an empty ring."""
-    keys = getattr(app, "somnus_keys", None)
-    if keys is None:
-        keys = app.somnus_keys = KeyFollower("", "")  # type: ignore[attr-defined]  # offline: follows nothing
-    return keys
 
 
 def dead_letter_headers(rejection: Rejection, topic: str, partition: int, offset: int,

@@ -24,12 +24,9 @@ import asyncio
 import logging
 import threading
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
-from somnus.schemas.codec import Rejection
-from somnus.schemas.sealed import (DataKey, _Forgotten, decode_key, encode_key, open_value,
-                                   sealed_key_id)
+from somnus.schemas.sealed import DataKey, KeyRing, encode_key
 
 log = logging.getLogger("somnus.keys")
 
@@ -51,82 +48,6 @@ def keys_topic_for(traces_topic: str) -> str:
     return f"{traces_topic}.keys"
 
 
-@dataclass
-class KeyRing:
-    """The live data keys as far as the key topic has been read (a fold of its records)."""
-
-    by_id: dict[str, DataKey] = field(default_factory=dict)
-    keys: dict[str, bytes] = field(default_factory=dict)  # key id -> key bytes (what ``open_value`` takes)
-    by_session: dict[tuple[str, str], str] = field(default_factory=dict)  # (agent, session_id) -> latest key id
-    position: int = 0  # the next offset of the key topic's one partition to read
-    deleted: int = 0  # tombstones read
-    invalid: int = 0  # key records that are not DataKeys (skipped)
-
-    def apply(self, key: bytes | None, value: bytes | None) -> None:
-        """Fold one record of the key topic: a DataKey, or a tombstone (None) deleting its key id."""
-        kid = key.decode(errors="replace") if key is not None else None
-        if value is None:
-            if kid is not None:
-                self._drop(kid)
-                self.deleted += 1
-            return
-        try:
-            dk = decode_key(value)
-        except Exception:  # noqa: BLE001 - not ours: a key record that cannot be read is skipped
-            self.invalid += 1
-            return
-        if kid is not None and kid != dk.key_id:
-            self.invalid += 1
-            return
-        self.by_id[dk.key_id] = dk
-        self.keys[dk.key_id] = dk.key
-        self.by_session[(dk.agent, dk.session_id)] = dk.key_id
-
-    def _drop(self, kid: str) -> None:
-        dk = self.by_id.pop(kid, None)
-        self.keys.pop(kid, None)
-        if dk is not None and self.by_session.get((dk.agent, dk.session_id)) == kid:
-            del self.by_session[(dk.agent, dk.session_id)]
-            for other in self.by_id.values():  # another live key of the session, if any
-                if (other.agent, other.session_id) == (dk.agent, dk.session_id):
-                    self.by_session[(dk.agent, dk.session_id)] = other.key_id
-
-    def key_for(self, agent: str, session_id: str) -> DataKey | None:
-        """The key a record of this session is sealed with (None: the session was published in plaintext)."""
-        kid = self.by_session.get((agent, session_id))
-        return self.by_id.get(kid) if kid is not None else None
-
-    def open(self, value: bytes | None) -> bytes | None | _Forgotten | Rejection:
-        return open_value(value, self.keys)
-
-    def missing(self, values: Iterable[bytes | None]) -> bool:
-        """Whether some sealed value names a key this ring does not hold."""
-        for v in values:
-            kid = sealed_key_id(v)
-            if kid is not None and kid not in self.keys:
-                return True
-        return False
-
-    def select(self, subject: str, value: str) -> list[str]:
-        """The key ids ``somnus forget --<subject> <value>`` deletes: a session's by its id, an agent's by
-        agent, a user's by user and every key of a session one of whose keys names the user (a key
-        made before the publisher saw the session's start does not)."""
-        if subject == "session":
-            return sorted(k for k, dk in self.by_id.items() if dk.session_id == value)
-        if subject == "agent":
-            return sorted(k for k, dk in self.by_id.items() if dk.agent == value)
-        if subject != "user":
-            raise ValueError(f"unknown forget subject {subject!r} (user, agent or session)")
-        sessions = {(dk.agent, dk.session_id) for dk in self.by_id.values() if dk.user_id == value}
-        return sorted(k for k, dk in self.by_id.items() if dk.user_id == value or (dk.agent, dk.session_id) in sessions)
-
-
-    def select_sessions(self, sessions: Iterable[tuple[str, str]]) -> list[str]:
-        """The key ids of these ``(agent, session_id)``."""
-        wanted = set(sessions)
-        return sorted(k for k, dk in self.by_id.items() if (dk.agent, dk.session_id) in wanted)
-
-
 class KeyFollower:
     """A ``KeyRing`` kept up to date from the key topic by one consumer of its own (no group)."""
 
@@ -140,7 +61,7 @@ class KeyFollower:
     async def start(self) -> KeyFollower:
         from aiokafka import AIOKafkaConsumer
 
-        from somnus.config import kafka_options
+        from somnus.streams.connection import kafka_options
 
         self._consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False, group_id=None,
                                           auto_offset_reset="earliest", **kafka_options(self.settings))
@@ -230,7 +151,7 @@ async def read_keys(bootstrap: str, topic: str, settings: Any = None, ring: KeyR
     """The key topic read to its end (into ``ring`` from its position, or a new ring)."""
     from aiokafka import AIOKafkaConsumer
 
-    from somnus.config import kafka_options
+    from somnus.streams.connection import kafka_options
 
     ring = ring if ring is not None else KeyRing()
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
@@ -255,12 +176,15 @@ async def publish_keys(producer: Any, topic: str, keys: Iterable[DataKey]) -> in
 
 async def delete_keys(bootstrap: str, topic: str, key_ids: Iterable[str], settings: Any = None) -> int:
     """Tombstones for ``key_ids`` on the key topic, acknowledged; how many were sent."""
-    from somnus.client import make_producer
+    from aiokafka import AIOKafkaProducer
+
+    from somnus.streams.connection import kafka_options
 
     ids = list(key_ids)
     if not ids:
         return 0
-    producer = make_producer(bootstrap)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True,
+                                **kafka_options(settings))
     await producer.start()
     try:
         futures = [await producer.send(topic, None, key=k.encode(), partition=0) for k in ids]

@@ -1,53 +1,25 @@
 """Keeping every assigned partition flowing after rebalances (faust-streaming 0.15 + aiokafka 0.14).
 
-Two defects were found behind the "worker stays assigned but its lag never drains" stall, both
-by dumping the consumer's state of a stalled worker (SIGUSR2, below):
+Four defects of those versions stalled or crashed a worker after a rebalance or a failover; each was
+found by dumping a stalled worker's consumer state (SIGUSR2, below). What this module does about them:
 
-1. **A partition with nothing committed is never rewound.** When Faust abandons records it has
-   already fetched (its ``getmany`` stops iterating when the flow is suspended or the generation
-   changes), aiokafka's position has moved past them. Faust repairs that by seeking every
-   partition to its committed offset, but aiokafka's ``seek_to_committed`` skips partitions whose
-   committed offset is missing or 0 (``if offset and offset > 0``). A partition taken over from a
-   worker that died before its first commit therefore kept its position at the end: its records
-   were never delivered (seen: read offset None, position = end, nothing committed).
-   ``RewindingConsumerThread`` seeks such partitions to their beginning, as
-   ``auto_offset_reset=earliest`` means.
-2. **A read offset that runs ahead of the seek.** Faust's fetch loop marks a message as read even
-   when the flow was suspended before the message was delivered; when that happens after the
-   rebalance's seek, the re-fetched messages below it are dropped as "already read", the offsets
-   in between are never acked, and commits stop at the hole for good (seen: committed 251, read
-   offset 553, position 554, nothing acked; another time the commit crawled, one offset a second).
-   Patching Faust's fetch loop would mean copying it, so ``PartitionWatchdog`` detects the symptom
-   instead: an assigned partition with lag whose read offset has not moved for ``stall_s`` while our
-   batchers stayed idle. It rewinds that partition to its committed offset (clearing Faust's ack
-   bookkeeping for it). Redelivered
-   events are harmless: the distiller ignores what it already applied. A rewind to offset 0 must
-   also clear Faust's read offset (its ``seek_wait`` sets it only for an offset > 0) and hand
-   aiokafka its own ``TopicPartition``: until both were done, a partition whose record 0 was lost
-   stayed stalled (committed 0, read offset 1206, end 1207; the check failed with TypeError).
+1. ``RewindingConsumerThread`` seeks a source partition with nothing committed to its beginning
+   (aiokafka's ``seek_to_committed`` skips it, so records Faust had fetched and abandoned were never
+   delivered).
+2. ``PartitionWatchdog`` rewinds a partition with lag whose read offset has not moved for ``stall_s``
+   while the batchers stayed idle (Faust's fetch loop can mark an undelivered message as read, a hole
+   that stops commits for good). A rewind to 0 also clears Faust's read offset and hands aiokafka its
+   own ``TopicPartition``.
+3. ``RewindingConsumerThread`` skips Faust's livelock check for a partition with no position yet
+   (aiokafka asserts there, which killed a survivor taking over).
+4. ``RecoveryWatchdog`` seeks back an active changelog partition whose restore stalled with its
+   records fetched but never handed to recovery.
 
-The watchdog stays quiet while Faust restores tables (``app.in_recovery``): the source partitions
-are paused then on purpose. Records lost outright (never delivered while later ones were) are the
-ordering guard's business (``somnus.streams.ordering``); the commits of this consumer are capped at what
-the guarded state applied, so such a loss at the end of a partition shows as lag and the watchdog
-rewinds it.
-
-A fourth defect stalls a table's recovery for good: a survivor taking over partitions stayed in
-recovery with Faust's offsets of an active changelog partition at -1 while aiokafka's position there
-was already at the end (its SIGUSR2 dump: read offset None, nothing paused, flow active, 920 records
-of the other changelogs buffered). The records were fetched and handed out, but never reached
-recovery's queue, and recovery waits for offsets that will not come again (Faust's own warning, "No
-event received for active tp ... since recovery start", repeats for ever). About 1 failover in 25.
-``RecoveryWatchdog`` detects that: an active changelog partition with records left to restore, whose
-restored offset has not moved for ``stall_s`` while aiokafka's position is past it and recovery's
-queue is empty. It seeks that partition back to the restored offset, as recovery's own seek does;
-recovery skips what it has applied, so the re-read record is harmless.
-
-A third defect crashed the surviving worker when another was SIGKILLed: Faust's livelock detector
-(``verify_event_path``) reads aiokafka's ``position`` of every assigned partition, which *asserts*
-when a just-assigned partition has no position yet (awaiting its offset reset). The survivor died
-with a bare ``AssertionError`` in the middle of taking over. ``RewindingConsumerThread`` skips the
-check for such a partition: with no position there is nothing to verify yet.
+The watchdog stays quiet while Faust restores tables (``app.in_recovery``). Records lost outright
+are the ordering guard's business (``somnus.streams.ordering``); commits are capped at what the
+guarded state applied, so such a loss at the end of a partition shows as lag the watchdog rewinds.
+Redelivered events are harmless: the folds are idempotent. The defects, how each was seen, and the
+tests: docs/design/kafka-workarounds.md.
 """
 
 from __future__ import annotations
@@ -58,107 +30,18 @@ import gc
 import logging
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping
+import signal
+from collections.abc import Callable
 from typing import Any
 
 import faust
 from aiokafka import TopicPartition
-from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 
+from somnus.streams.kafka_compat import offsets
+from somnus.streams.kafka_compat.consumer import fetch_position
+
 log = logging.getLogger("somnus.liveness")
-
-
-class RewindingConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
-    """``seek_to_committed`` that also rewinds source partitions with nothing committed, and a
-    livelock check that tolerates partitions with no position yet."""
-
-    def verify_event_path(self, now: float, tp: TP) -> None:
-        if not position_known(self, tp):
-            return None
-        return super().verify_event_path(now, tp)
-
-    async def seek_to_committed(self) -> Mapping[TP, int]:
-        return await self.call_thread(self._seek_to_committed_or_beginning)
-
-    async def _seek_to_committed_or_beginning(self) -> Mapping[TP, int]:
-        consumer = self._ensure_consumer()
-        committed = await consumer.seek_to_committed()
-        changelogs = self.app.tables.changelog_topics
-        never = [tp for tp, offset in committed.items() if not offset and tp.topic not in changelogs]
-        if never:
-            log.info("rewinding partitions with nothing committed to their beginning: %s", never)
-            await consumer.seek_to_beginning(*never)
-        return committed
-
-
-def cap_offsets(offsets: Mapping[TP, int], cap: Callable[[TP], int | None] | None,
-                committed: Mapping[TP, int | None]) -> dict[TP, int]:
-    """``offsets`` to commit, each lowered to its partition's cap; dropped when that is not past
-    what is committed already."""
-    out: dict[TP, int] = {}
-    for tp, offset in offsets.items():
-        limit = cap(tp) if cap is not None else None
-        if limit is not None and offset > limit:
-            offset = limit
-        done = committed.get(tp)
-        if done is None or offset > done:
-            out[tp] = offset
-    return out
-
-
-def position_known(thread: Any, tp: TP) -> bool:
-    """Does aiokafka know the fetch position of ``tp``? False for a partition just assigned and still
-    awaiting its offset reset (aiokafka's ``position`` asserts then), and False when there is no
-    subscription or state for it (mid-rebalance: Faust's check would fail on ``None`` too)."""
-    try:
-        subscription = thread._ensure_consumer()._fetcher._subscriptions.subscription
-        state = subscription.assignment.state_value(TopicPartition(tp.topic, tp.partition))
-    except AttributeError:
-        return False
-    return state is not None and bool(state.has_valid_position)
-
-
-class RewindingConsumer(faust_aiokafka.Consumer):
-    """The consumer of ``RewindingConsumerThread``, whose commits never pass the app's commit cap.
-
-    ``app.somnus_commit_cap(tp)`` is the next offset the agent's state has to apply (see
-    ``somnus.streams.ordering``), or None for a partition without one. Faust's own bookkeeping can count
-    offsets as acknowledged that were never delivered; a commit past them would make the lag of
-    the group lie (0 with a record not applied).
-    """
-
-    def _new_consumer_thread(self) -> RewindingConsumerThread:
-        return RewindingConsumerThread(self, loop=self.loop, beacon=self.beacon)
-
-    def _filter_committable_offsets(self, tps: Any) -> dict[TP, int]:
-        return cap_offsets(super()._filter_committable_offsets(tps), getattr(self.app, "somnus_commit_cap", None),
-                           self._committed_offset)
-
-
-class RewindingTransport(faust_aiokafka.Transport):
-    Consumer = RewindingConsumer
-
-
-class SomnusApp(faust.App):
-    """A Faust app whose consumer rewinds partitions with nothing committed (see module docstring),
-    and that runs its ``early_task``s from its start on."""
-
-    _early_tasks: list[Callable[[], Awaitable[None]]]
-
-    def _new_transport(self) -> Any:
-        return RewindingTransport(self.conf.broker_consumer, self)
-
-    def early_task(self, fun: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
-        """Like ``@app.task``, but started with the app, not after its tables are first restored: Faust
-        starts its tasks only then, so a watchdog of that first recovery has to start earlier."""
-        self.__dict__.setdefault("_early_tasks", []).append(fun)
-        return fun
-
-    async def on_start(self) -> None:
-        await super().on_start()
-        for fun in self.__dict__.get("_early_tasks", ()):
-            self.add_future(fun())
 
 
 class PartitionWatchdog:
@@ -185,7 +68,7 @@ class PartitionWatchdog:
             if tp not in assigned:
                 del self._last[tp]
         for tp in assigned:
-            read, committed = consumer._read_offset.get(tp), consumer._committed_offset.get(tp)
+            read, committed = offsets.read_and_committed(consumer, tp)
             highwater = consumer.highwater(tp)
             behind = committed if committed is not None else 0
             if highwater is None or highwater <= behind:
@@ -206,26 +89,15 @@ class PartitionWatchdog:
         consumer: Any = self.app.consumer
         log.warning("partition %s stalled (committed %s, read offset %s, end %s): rewinding to %s",
                     tp, offset, read, highwater, offset)
-        consumer._acked.pop(tp, None)
-        consumer._acked_index.pop(tp, None)
-        consumer._gap.pop(tp, None)
+        offsets.forget_acks(consumer, tp)
         if offset > 0:
             await consumer.seek_wait({tp: offset})
         else:
             # aiokafka's seek_to_beginning takes only its own TopicPartition (a Faust TP raised
             # TypeError here, every second, and the partition stayed stalled for good)
-            await consumer._thread.seek_to_beginning(TopicPartition(tp.topic, tp.partition))
-            consumer._read_offset.pop(tp, None)
+            await offsets.seek_to_beginning(consumer, tp)
+            offsets.clear_read_offset(consumer, tp)
         self.rewinds += 1
-
-
-def fetch_position(thread: Any, tp: TP) -> int | None:
-    """aiokafka's fetch position of ``tp`` (the next offset it will hand out), or None when unknown
-    (see ``position_known``)."""
-    if not position_known(thread, tp):
-        return None
-    subscription = thread._ensure_consumer()._fetcher._subscriptions.subscription
-    return subscription.assignment.state_value(TopicPartition(tp.topic, tp.partition)).position
 
 
 class RecoveryWatchdog:
@@ -252,7 +124,7 @@ class RecoveryWatchdog:
                 del self._last[tp]
         for tp in active:
             offset, highwater = recovery.active_offsets.get(tp), recovery.active_highwaters.get(tp)
-            position = fetch_position(consumer._thread, tp)
+            position = fetch_position(offsets.consumer_thread(consumer), tp)
             if (offset is None or highwater is None or offset >= highwater or position is None
                     or position <= offset + 1):
                 self._last.pop(tp, None)  # restored, or its next records not fetched yet
@@ -293,8 +165,6 @@ def install_diagnostics(app: faust.App) -> None:
     mode's worker installs its own SIGUSR1 (a stack dump) and SIGUSR2 (pdb, useless without a
     terminal) when it starts, which can be after this: ``somnus.streams.worker.make_worker`` points those
     at these dumps too, so whichever is installed last, these run."""
-    import signal
-
     dump_tasks, dump_consumer = diagnostics(app)
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGUSR1, dump_tasks)
@@ -371,7 +241,8 @@ def diagnostics(app: faust.App) -> tuple[Callable[[], None], Callable[[], None]]
         except Exception as exc:  # diagnostics only
             print(f"    aiokafka state unavailable: {exc!r}", file=sys.stderr)
         try:  # a rebalance's table recovery: what it reads, and how far it got
-            rec: Any = app.tables.recovery
+            tables: Any = app.tables
+            rec: Any = tables.recovery
             print(f"--- recovery: in_recovery {getattr(app, 'in_recovery', None)!r}, completed "
                   f"{rec.completed.is_set()!r}, active highwaters {dict(rec.active_highwaters)!r}, active offsets "
                   f"{dict(rec.active_offsets)!r}, standby highwaters {dict(rec.standby_highwaters)!r}, "
@@ -385,7 +256,8 @@ def diagnostics(app: faust.App) -> tuple[Callable[[], None], Callable[[], None]]
         # A commit once hung in Faust's producer.flush(), waiting on a batch that never completed
         # (Faust's producer request timeout, which is also aiokafka's batch expiry, is 1,200 s).
         try:
-            producer: Any = app.producer._ensure_producer()
+            faust_producer: Any = app.producer
+            producer: Any = faust_producer._ensure_producer()
             acc, sender = producer._message_accumulator, producer._sender
             now = time.monotonic()
             print(f"--- producer: in flight to nodes {sorted(sender._in_flight)!r}, muted "

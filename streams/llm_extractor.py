@@ -206,7 +206,7 @@ class AnthropicExtractor:
                     status = resp.status
                     retry_after = resp.headers.get("retry-after")
                     raw = await resp.read()
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, aiohttp.ClientError) as exc:
                 status, retry_after, raw = 0, None, type(exc).__name__.encode()
             if status == 200:
                 return self._parse(raw)

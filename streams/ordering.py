@@ -20,7 +20,7 @@ and a record beyond it reveals a hole: it and everything after it in that partit
 applied nor acknowledged, and ``OffsetGuard`` seeks the partition back to the position. A hole
 that survives a rewind is checked against the broker: offsets that hold no record (a transaction
 marker, compaction, retention) are stepped over; anything else is fetched again. Commits are
-capped at the position (``somnus.streams.liveness.RewindingConsumer``), so the group's lag is what the
+capped at the position (``somnus.streams.kafka_compat.consumer.RewindingConsumer``), so the group's lag is what the
 state has not applied, and a lost last record shows as lag the watchdog rewinds.
 """
 

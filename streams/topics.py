@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
-from somnus.config import Settings, kafka_options
-
-if TYPE_CHECKING:
-    from aiokafka import AIOKafkaConsumer
+from somnus.config import Settings
+from somnus.streams.connection import kafka_options
+from somnus.streams.kafka_compat.metadata import refresh_metadata
 
 
 def topic_specs(settings: Settings) -> dict[str, int]:
@@ -89,7 +91,7 @@ def ensure_topics(settings: Settings, bootstrap: str) -> dict[str, int]:
     return asyncio.run(ensure_topics_async(bootstrap, topic_specs(settings), frozenset({settings.traces_topic})))
 
 
-async def partitions_of(consumer: "AIOKafkaConsumer", topic: str, timeout_s: float = 20.0) -> list[int]:
+async def partitions_of(consumer: AIOKafkaConsumer, topic: str, timeout_s: float = 20.0) -> list[int]:
     """The partition ids of ``topic`` as the consumer's metadata knows them (refreshed until found)."""
     deadline = asyncio.get_running_loop().time() + timeout_s
     while True:
@@ -98,10 +100,66 @@ async def partitions_of(consumer: "AIOKafkaConsumer", topic: str, timeout_s: flo
             return sorted(parts)
         if asyncio.get_running_loop().time() > deadline:
             raise RuntimeError(f"topic {topic} does not exist (run `somnus up` or create it first)")
-        await consumer._client.force_metadata_update()
+        await refresh_metadata(consumer)
         await asyncio.sleep(0.1)
 
 
 def signature_partition(signature: str, partitions: int) -> int:
     """The partition of an event signature (hex digest) on the signature-keyed topics: stable, our own."""
     return int(signature[:8], 16) % partitions
+
+
+@dataclass
+class TopicHits:
+    """What ``topic_hits`` found: records holding a needle as the project reads them (sealed records
+    opened with the keys that remain) and in their raw bytes, {needle: {topic: records}}; how many
+    sealed records could not be opened (their key is gone)."""
+
+    opened: dict[str, dict[str, int]] = field(default_factory=dict)
+    raw: dict[str, dict[str, int]] = field(default_factory=dict)  # in the raw values (what sealing covers)
+    keys: dict[str, dict[str, int]] = field(default_factory=dict)  # in the record keys: routing ids, not sealed
+    shredded: dict[str, int] = field(default_factory=dict)
+
+
+async def topic_hits(bootstrap: str, topics: Sequence[str], needles: Sequence[str], settings: Any = None,
+                     ring: Any = None) -> TopicHits:
+    """Records of each topic (offset 0 to its end, as the projector reads them) whose key or value
+    holds a needle's bytes once opened with ``ring`` (``somnus.streams.keys.KeyRing``; None: as they
+    are; a record whose key is gone is not read), and whose raw value, or whose record key, holds one."""
+    from somnus.schemas.sealed import FORGOTTEN
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
+                                auto_offset_reset="earliest", **kafka_options(settings))
+    await consumer.start()
+    out = TopicHits()
+    try:
+        tps = [TopicPartition(t, p) for t in topics for p in await partitions_of(consumer, t)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        end = await consumer.end_offsets(tps)
+        pos = {tp: 0 for tp in tps}
+        raw = [(n, n.encode()) for n in needles]
+
+        def count(found: dict[str, dict[str, int]], topic: str, body: bytes) -> None:
+            for n, b in raw:
+                if b in body:
+                    found.setdefault(n, {})[topic] = found.get(n, {}).get(topic, 0) + 1
+
+        while any(pos[tp] < end[tp] for tp in tps):
+            batch = await consumer.getmany(timeout_ms=1000, max_records=5000)
+            if not batch:
+                continue
+            for tp, recs in batch.items():
+                for r in recs:
+                    pos[tp] = r.offset + 1
+                    key = (r.key or b"") + b"\x00"
+                    count(out.raw, tp.topic, r.value or b"")
+                    count(out.keys, tp.topic, r.key or b"")
+                    value = ring.open(r.value) if ring is not None else r.value
+                    if value is FORGOTTEN:
+                        out.shredded[tp.topic] = out.shredded.get(tp.topic, 0) + 1
+                    elif isinstance(value, bytes):
+                        count(out.opened, tp.topic, key + value)
+    finally:
+        await consumer.stop()
+    return out

@@ -11,21 +11,22 @@ from typing import Any
 from somnus.broker import BrokerError, await_broker, bootstrap_for
 from somnus.config import Settings
 from somnus.procs import private_files, tune_gc
+from somnus.streams import kafka_compat
+from somnus.streams.kafka_compat.signals import route_debug_signals
 from somnus.streams.app import create_app
 from somnus.streams.liveness import diagnostics
 from somnus.streams.topics import ensure_topics
+from faust import Worker
 
 
 def make_worker(app: Any, loglevel: str) -> Any:
     """A Faust worker without its terminal spinner. The spinner turns every log call into a record
     (it sets the root logger to DEBUG and spins once a record); aiokafka logs each message sent at
     debug, so that was about 5% of the worker's CPU (py-spy) for a log file nobody watches spin."""
-    from faust import Worker
-
     worker = Worker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
     worker.spinner = None
     # mode installs these as its SIGUSR1 / SIGUSR2 handlers (instead of its dump and pdb)
-    worker._on_sigusr1, worker._on_sigusr2 = diagnostics(app)
+    route_debug_signals(worker, *diagnostics(app))
     return worker
 
 
@@ -43,6 +44,7 @@ def main(argv: list[str] | None = None) -> None:
         await_broker(bootstrap, settings.broker_wait_s, logging.getLogger("somnus.worker"))
     except BrokerError as exc:
         sys.exit(f"somnus worker: {exc}")
+    kafka_compat.apply()  # before any Kafka client is made (somnus.streams.kafka_compat)
     ensure_topics(settings, bootstrap)
     app = create_app(settings, bootstrap, worker_name=args.name)
     worker = make_worker(app, args.loglevel)

@@ -11,10 +11,33 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from somnus.config import Settings
 
 DATASETS = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
+
+# Hypothesis: CI (the CI environment variable set, as CI services do) runs every property test with
+# its own example count; a local run caps each at LOCAL_MAX_EXAMPLES, so the unit tier stays quick.
+# HYPOTHESIS_PROFILE=ci locally runs the CI counts.
+LOCAL_MAX_EXAMPLES = 10
+hypothesis_settings.register_profile("ci", hypothesis_settings())
+hypothesis_settings.register_profile("dev", hypothesis_settings(max_examples=LOCAL_MAX_EXAMPLES))
+IN_CI = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if IN_CI else "dev"))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under the dev profile, cap the example count a test sets itself (``@settings(max_examples=N)``),
+    which a profile alone does not override. Hypothesis reads a test's settings from this attribute
+    of its wrapper when the test runs (the same one ``@settings`` sets)."""
+    if hypothesis_settings.default.max_examples > LOCAL_MAX_EXAMPLES:
+        return
+    for item in items:
+        test = getattr(getattr(item, "obj", None), "__func__", getattr(item, "obj", None))
+        own = getattr(test, "_hypothesis_internal_use_settings", None)
+        if own is not None and own.max_examples > LOCAL_MAX_EXAMPLES:
+            test._hypothesis_internal_use_settings = hypothesis_settings(own, max_examples=LOCAL_MAX_EXAMPLES)
 
 
 def _testcontainers_bootstrap() -> tuple[object, str] | None:
@@ -58,7 +81,8 @@ def pipeline_settings(kafka_bootstrap: str, tmp_path: Path) -> Settings:
     base = Settings.resolve(env={}, home=tmp_path / "home")
     return dataclasses.replace(
         base, bootstrap=kafka_bootstrap, db_path=tmp_path / "somnus.duckdb", topic_prefix=f"t{run}.",
-        app_id=f"somnus-test-{run}", partitions=4, session_timeout_s=6.0)
+        app_id=f"somnus-test-{run}", partitions=4, session_timeout_s=6.0,
+        otlp_port=0)  # `somnus up` in a test starts no OTLP receiver on the shared port 4318 unless it asks
 
 
 @pytest.fixture()

@@ -98,7 +98,7 @@ from somnus.processors.episodic.index import STOP_WORDS
 from somnus.processors.prediction.causal_links import ALPHA_BY_LEARNING_RATE, DEFAULT_ALPHA
 from somnus.schemas.briefing import BRIEFING_SCHEMA_VERSION, BriefingGenerated, ServedFact
 from somnus.schemas.facts import GLOBAL_SCOPE, agent_scope
-from somnus.agents import AgentSpec, scope_chain
+from somnus.schemas.agents import AgentSpec, scope_chain
 
 Briefing = BriefingGenerated  # what render_briefing returns; also the cache record
 
@@ -1007,7 +1007,7 @@ def affected_agents(agents: Mapping[str, AgentSpec], change: Change, *, known: I
     agent file (they read their own scope and global). Agents with ``briefingEnabled: false`` have no
     briefing and are never returned. ``readers`` is ``readers_by_scope(agents)``, precomputed per batch.
 
-    >>> from somnus.agents import AgentSpec
+    >>> from somnus.schemas.agents import AgentSpec
     >>> fleet = {"lead": AgentSpec(name="lead"), "a": AgentSpec(name="a", reports_to="lead"),
     ...          "b": AgentSpec(name="b", reports_to="lead"), "x": AgentSpec(name="x", knowledge_scopes=["lead"])}
     >>> sorted(affected_agents(fleet, TripleChanged("team:lead")))

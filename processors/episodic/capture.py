@@ -67,6 +67,7 @@ from somnus.schemas.memory import (
     MemoryUnlinked,
     memory_id_for,
 )
+from somnus.processors.knowledge.extraction import error_class
 
 MERGE_BELOW = 0.15  # PE below this: a near-duplicate, merged into the existing memory
 SURPRISE_ABOVE = 0.5  # PE above this: a surprise, a new memory
@@ -111,8 +112,6 @@ def episode_unit(ep: EpisodeDistilled) -> MemoryUnit:
     texts; people: the user and delegated agents. Salience: 1.0 for a failure, 0.8 when the episode
     recovered from an error, 0.3 otherwise.
     """
-    from somnus.processors.knowledge.extraction import error_class
-
     calls = [c.tool for c in ep.calls] or list(ep.tools)
     hosts = [h for c in ep.calls for h in c.hosts]
     errors = [error_class(e.error) for e in ep.errors]

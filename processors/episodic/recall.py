@@ -49,13 +49,14 @@ import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import date, datetime, timezone
+from datetime import date, datetime
 
 import numpy as np
 
 from somnus.processors.briefing.injection import one_line
 from somnus.processors.episodic.index import SCOPE_BUCKETS, MemoryIndex, fingerprint, ngram_fingerprints, posting_keys, tokenize
 from somnus.schemas.memory import MEMORY_SCHEMA_VERSION, MemoryAccessed, MemoryUnit
+from somnus.schemas.agents import scope_chain
 
 # ---- the associative graph ----------------------------------------------------------------------
 
@@ -344,9 +345,7 @@ class Recall:
 
 
 def allowed_scopes(agent: str, agents: Mapping[str, object] | None = None) -> list[str]:
-    """The scopes ``agent`` reads (``somnus.agents.scope_chain``)."""
-    from somnus.agents import scope_chain
-
+    """The scopes ``agent`` reads (``somnus.schemas.agents.scope_chain``)."""
     return scope_chain(dict(agents or {}), agent)  # type: ignore[arg-type]
 
 

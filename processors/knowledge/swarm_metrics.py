@@ -43,7 +43,7 @@ count toward a scope the statement has already reached.
 >>> import uuid
 >>> from datetime import datetime, timezone
 >>> from somnus.schemas.briefing import FactUsed
->>> from somnus.agents import AgentSpec
+>>> from somnus.schemas.agents import AgentSpec
 >>> fleet = {"lead": AgentSpec(name="lead"), "a": AgentSpec(name="a", reports_to="lead"),
 ...          "b": AgentSpec(name="b", reports_to="lead")}
 >>> def used(agent):
@@ -80,7 +80,7 @@ from somnus.schemas.briefing import (
 )
 from somnus.schemas.events import AgentMessaged, Delegated, DelegationReturned, Outcome, ToolCalled, TraceEvent
 from somnus.schemas.facts import FACTS_SCHEMA_VERSION, GLOBAL_SCOPE, FactAsserted, FactsExtracted, agent_scope, team_scope
-from somnus.agents import AgentSpec, LearningRate
+from somnus.schemas.agents import AgentSpec, LearningRate
 
 MIN_MENTION_CHARS = 3  # word characters an entity name needs before a mention of it can count
 
@@ -479,10 +479,10 @@ def manual_promotions(agents: Mapping[str, AgentSpec], triples: Iterable[Any], s
         return r[k] if isinstance(r, Mapping) else getattr(r, k)
 
     pred = normalise_name(predicate).replace(" ", "_")
-    copies = sorted(((str(get(r, "scope")), str(get(r, "source")), str(get(r, "target")), float(get(r, "confidence")))
+    copies = sorted((str(get(r, "scope")), str(get(r, "source")), str(get(r, "target")), float(get(r, "confidence")))
                      for r in triples
                      if get(r, "valid_to") is None and get(r, "predicate") == pred
-                     and _matches(str(get(r, "source")), source) and _matches(str(get(r, "target")), target)))
+                     and _matches(str(get(r, "source")), source) and _matches(str(get(r, "target")), target))
     if not copies:
         raise PromotionError(f"no active fact {source!r} {predicate!r} {target!r}")
     held = {c[0] for c in copies}

@@ -96,7 +96,7 @@ from somnus.schemas.causal import (
     tool_signature,
 )
 from somnus.schemas.episodes import CallSeen, EpisodeDistilled
-from somnus.agents import AgentSpec, LearningRate
+from somnus.schemas.agents import AgentSpec, LearningRate
 
 __all__ = [
     "ALPHA_BY_LEARNING_RATE", "CONFIDENCE_PRIOR", "DEFAULT_ALPHA", "MAX_CONTEXT_VALUES", "TOOL_FALLBACK_CONFIDENCE",

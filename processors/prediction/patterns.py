@@ -89,6 +89,7 @@ from somnus.schemas.semantic import (
     PatternConfirmed,
     SemanticEvent,
 )
+from somnus.schemas.semantic import CallOutcome
 
 FDR_Q = 0.001  # Benjamini-Hochberg level over all tests of one run
 TREND_MIN_DAYS = 5
@@ -108,15 +109,6 @@ DAY_S = 86400.0
 
 MATH_NAMESPACE = uuid.UUID("5a1e9c3b-2d7f-4e8a-b6c1-0f9d8e7a6b5c")
 
-
-class CallOutcome(msgspec.Struct, frozen=True):
-    """One tool call's outcome: the statistician's (and the NAc adapter's) input row."""
-
-    tool: str
-    ok: bool
-    at: datetime  # event time (the episode's end)
-    episode_id: str
-    agent: str = ""
 
 
 def call_outcomes(episodes: Iterable[EpisodeDistilled]) -> list[CallOutcome]:
@@ -155,6 +147,14 @@ def factorize(values: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
     return names, np.fromiter(map(code.__getitem__, values), dtype=np.int64, count=len(values))
 
 
+
+def _daily_series(calls: np.ndarray, succ: np.ndarray, active: np.ndarray, t: int, metric: str) -> np.ndarray:
+    """One agent's daily series of tool ``t``: its calls on active days, or its success rate on days
+    with enough calls (NaN elsewhere)."""
+    if metric == "calls":
+        return np.where(active, calls[t], np.nan)
+    return np.where(calls[t] >= TREND_MIN_CALLS_PER_DAY, succ[t] / np.maximum(calls[t], 1), np.nan)
+
 def _stratified_partial_r(parts: Sequence[tuple[tuple[np.ndarray, np.ndarray, np.ndarray], int, str, int, str]]
                           ) -> tuple[float, int, int] | None:
     """The partial correlation of two daily metrics given each agent's daily episodes, within agents:
@@ -168,13 +168,7 @@ def _stratified_partial_r(parts: Sequence[tuple[tuple[np.ndarray, np.ndarray, np
     params = 0
     for (calls, succ, episodes), ti, ma, tj, mb in parts:
         active = episodes > 0
-
-        def series(t: int, metric: str) -> np.ndarray:
-            if metric == "calls":
-                return np.where(active, calls[t], np.nan)
-            return np.where(calls[t] >= TREND_MIN_CALLS_PER_DAY, succ[t] / np.maximum(calls[t], 1), np.nan)
-
-        x, y = series(ti, ma), series(tj, mb)
+        x, y = _daily_series(calls, succ, active, ti, ma), _daily_series(calls, succ, active, tj, mb)
         days = ~np.isnan(x) & ~np.isnan(y)
         if int(days.sum()) < CORR_MIN_AGENT_DAYS:
             continue

@@ -44,6 +44,7 @@ from somnus.schemas.semantic import (
     RelationshipTypeRegistered,
     SemanticEvent,
 )
+from somnus.schemas.semantic import IngestedConcept, IngestedRelationship
 
 if TYPE_CHECKING:  # the layers import this module; these names are only for annotations
     from somnus.processors.semantic.layers import MemoryLayers
@@ -351,17 +352,6 @@ def form_relationship(memory: MemoryLayers, source_id: str, relation: str, targe
 
 # ---- ingest-knowledge: concepts straight from a document --------------------------------------
 
-class IngestedRelationship(msgspec.Struct, frozen=True):
-    relation: str
-    target: str
-
-
-class IngestedConcept(msgspec.Struct, frozen=True, omit_defaults=True):
-    name: str
-    definition: str = ""
-    category: str = "object"
-    properties: dict[str, Any] = {}
-    relationships: list[IngestedRelationship] = []
 
 
 class KnowledgeFileError(ValueError):

@@ -96,6 +96,7 @@ from somnus.schemas.semantic import (
     Provenance,
     SemanticEvent,
 )
+from scipy.stats import binomtest
 
 MIN_CONFIDENCE = 0.6
 MIN_OBSERVATIONS = 3
@@ -155,22 +156,6 @@ class CausalLinkLike(Protocol):
     observation_times: Sequence[datetime]  # one per observation ...
     source_episode_ids: Sequence[str]  # ... and, when of the same length, its episode (parallel lists)
 
-
-class CausalLinkView(msgspec.Struct, frozen=True, kw_only=True):
-    """A plain ``CausalLinkLike`` (for adapters and tests)."""
-
-    event_signature: str
-    tool: str | None
-    outcome: str
-    valence: str
-    strength: float
-    confidence: float
-    observation_count: int
-    observation_times: list[datetime] = []
-    source_episode_ids: list[str] = []
-    event_observations: int | None = None  # observations of the event (all outcomes)
-    base_rate: float | None = None  # share of this outcome's valence among all calls of the fleet
-    source_agents: list[str] = []  # the agents it was observed for (empty: not recorded)
 
 
 def episode_times(times: Sequence[datetime], episode_ids: Sequence[str]) -> list[datetime]:
@@ -463,7 +448,6 @@ def _count_evidence(candidate: PromotionCandidate) -> float | None:
         return None
     if n < 1 or not 0.0 < rate < 1.0 or not 0 <= k <= n:
         return None
-    from scipy.stats import binomtest
 
     return float(binomtest(k, n, rate, alternative="greater").pvalue)
 
@@ -548,6 +532,7 @@ class SemanticPromoter:
     """Runs the promotion pipeline for one memory. ``gate=None`` promotes without the IPS gate.
 
     >>> from datetime import datetime, timezone
+    >>> from somnus.schemas.semantic import CausalLinkView
     >>> m = MemoryLayers("agent:robot")
     >>> link = CausalLinkView(event_signature="tool:grasp", tool="grasp", outcome="error", valence="negative",
     ...     strength=0.8, confidence=0.8, observation_count=5, source_episode_ids=["e1", "e2", "e3", "e4", "e5"])

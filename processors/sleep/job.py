@@ -127,6 +127,7 @@ from somnus.schemas.lifecycle import (
     compact_size,
     encode_lifecycle,
 )
+from cronsim import CronSim, CronSimError
 
 DEFAULT_SCHEDULE = "0 3 * * *"
 SCHEDULE_ENV = "SOMNUS_SLEEP_SCHEDULE"
@@ -191,8 +192,6 @@ class SleepConfig:
 
 def validate_schedule(schedule: str) -> str:
     """The expression, if cron can read it (or ``off``); ``ValueError`` naming the problem otherwise."""
-    from cronsim import CronSim, CronSimError  # local: optional until the lead adds cronsim
-
     if schedule.strip().lower() == SCHEDULE_OFF:
         return SCHEDULE_OFF
     try:
@@ -212,8 +211,6 @@ def fire_times(schedule: str, after: datetime, before: datetime, *, tz: str = "U
     >>> [f.isoformat() for f in fire_times("0 3 * * *", t(1, 3), t(3, 4))[0]]
     ['2024-05-02T03:00:00+00:00', '2024-05-03T03:00:00+00:00']
     """
-    from cronsim import CronSim  # local: optional until the lead adds cronsim
-
     _aware(after, "after")
     _aware(before, "before")
     zone = ZoneInfo(tz)

@@ -15,10 +15,10 @@ from typing import Any
 
 import duckdb
 import pytest
-from tests.pipeline import Pipeline, wait_until
+from tests.pipeline import Pipeline
 from tests.projections.test_forget import FORGOTTEN, KEPT, NEEDLE, OTHER, file_hits, kept_checksums, rows_with, sessions
 
-from somnus.projections.projector import endpoint_file
+from somnus.projections.endpoint import endpoint_file
 from somnus.reads import read
 
 pytestmark = pytest.mark.integration

@@ -37,7 +37,7 @@ async def _delivered(bootstrap: str, wait_s: float) -> bool:
         try:
             await asyncio.wait_for(asyncio.shield(first), wait_s)
             return True
-        except asyncio.TimeoutError:
+        except TimeoutError:
             assert producer.client.cluster.leader_for_partition(TopicPartition(known, 0)) is None
             await producer.client.add_topic(known)  # tracked now: the record goes, and stop() can flush
             await asyncio.wait_for(asyncio.shield(first), 30)

@@ -6,14 +6,13 @@ import json
 import subprocess
 import sys
 from collections import Counter
-from pathlib import Path
 
 import pytest
 from tests.pipeline import Pipeline
 from tests.tau_bench import raw_tau_counts, tau_group
 
-from somnus.projections.knowledge_store import KnowledgeStore
-from somnus.agents import AgentSpec
+from somnus.reads import knowledge_store
+from somnus.schemas.agents import AgentSpec
 from somnus.importers import openai_chat
 
 pytestmark = pytest.mark.integration
@@ -27,7 +26,7 @@ def test_tau_bench_errors_become_error_entities_linked_to_their_tools(pipeline_s
         events = list(openai_chat(tau_bench_path, agent="airline"))
         p.publish(events)
         p.wait_idle()
-        store = KnowledgeStore.open(p.s.db_path, {"airline": AgentSpec(name="airline")})  # via the projector
+        store = knowledge_store(p.s.db_path, {"airline": AgentSpec(name="airline")})  # via the projector
         failed = store.facts("airline", predicate="failed_with", limit=10_000)
         entities = {e.entity_id: e for e in store.entities("airline", limit=10_000)}
         got: Counter = Counter()

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import uuid
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 
+from tests.factories import trace_event
 from tests.pipeline import Pipeline
 
 pytestmark = pytest.mark.integration
@@ -21,17 +21,11 @@ SESSIONS = 40
 ENDED = 20  # sessions that end after the restart
 
 
-def _event(sid: str, seq: int, type_: str, at: datetime, payload: dict) -> dict:
-    return {"event_id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"{sid}/{seq}/{type_}")), "schema_version": 1,
-            "ts": at.isoformat(), "agent": "support", "session_id": sid, "seq": seq, "type": type_,
-            "payload": payload}
-
-
 def _session(sid: str, at: datetime) -> list[dict]:
-    return [_event(sid, 0, "session_start", at, {"task": f"answer ticket {sid}"}),
-            _event(sid, 1, "user_message", at + timedelta(seconds=5), {"text": f"my order {sid} is late"}),
-            _event(sid, 2, "agent_message", at + timedelta(seconds=20), {"text": "it ships tomorrow"}),
-            _event(sid, 3, "session_end", at + timedelta(seconds=30), {"outcome": "success"})]
+    return [trace_event(sid, 0, "session_start", at, {"task": f"answer ticket {sid}"}),
+            trace_event(sid, 1, "user_message", at + timedelta(seconds=5), {"text": f"my order {sid} is late"}),
+            trace_event(sid, 2, "agent_message", at + timedelta(seconds=20), {"text": "it ships tomorrow"}),
+            trace_event(sid, 3, "session_end", at + timedelta(seconds=30), {"outcome": "success"})]
 
 
 def test_a_recovery_whose_changelog_records_were_fetched_and_lost_is_sought_back_and_completes(

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import uuid
 from datetime import datetime, timedelta, timezone
 
 import pytest
 
 from somnus.client import bundles, make_producer, to_bytes
+from tests.factories import trace_event
 from tests.pipeline import Pipeline
 
 pytestmark = pytest.mark.integration
@@ -18,16 +18,10 @@ pytestmark = pytest.mark.integration
 T0 = datetime(2026, 2, 2, 9, 0, tzinfo=timezone.utc)
 
 
-def _event(sid: str, seq: int, type_: str, at: datetime, payload: dict, tag: str = "") -> dict:
-    return {"event_id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"{sid}/{seq}/{type_}/{tag}")), "schema_version": 1,
-            "ts": at.isoformat(), "agent": "support", "session_id": sid, "seq": seq, "type": type_,
-            "payload": payload}
-
-
 def _session(sid: str, at: datetime, tag: str = "") -> list[dict]:
-    return [_event(sid, 0, "session_start", at, {"task": f"answer ticket {sid}"}, tag),
-            _event(sid, 1, "user_message", at + timedelta(seconds=5), {"text": "my order is late"}, tag),
-            _event(sid, 2, "session_end", at + timedelta(seconds=30), {"outcome": "success"}, tag)]
+    return [trace_event(sid, 0, "session_start", at, {"task": f"answer ticket {sid}"}, tag=tag),
+            trace_event(sid, 1, "user_message", at + timedelta(seconds=5), {"text": "my order is late"}, tag=tag),
+            trace_event(sid, 2, "session_end", at + timedelta(seconds=30), {"outcome": "success"}, tag=tag)]
 
 
 def test_a_closed_session_is_forgotten_after_the_retention_and_late_events_are_dead_letters(pipeline_settings):
@@ -38,14 +32,14 @@ def test_a_closed_session_is_forgotten_after_the_retention_and_late_events_are_d
         p.publish(_session("a", T0))
         p.wait_idle()
         # within the retention: a republished event is dropped, a new one after the end is late
-        late = _event("a", 3, "agent_message", T0 + timedelta(minutes=2), {"text": "one more thing"})
+        late = trace_event("a", 3, "agent_message", T0 + timedelta(minutes=2), {"text": "one more thing"})
         p.publish([_session("a", T0)[1], late])
         p.wait_idle()
         # three hours of stream time later, a's marker has expired and is removed
         p.publish(_session("b", T0 + timedelta(hours=3)))
         p.wait_idle()
         # an old event of the forgotten session cannot be told from a late one: dead letter
-        stale = _event("a", 4, "agent_message", T0 + timedelta(minutes=3), {"text": "and another"})
+        stale = trace_event("a", 4, "agent_message", T0 + timedelta(minutes=3), {"text": "and another"})
         p.publish([stale])
         p.wait_idle()
         p.stop_all()
@@ -99,7 +93,7 @@ def test_a_session_that_never_ends_is_closed_as_abandoned_after_the_idle_time_al
         p.publish(_session("later", T0 + timedelta(hours=2)))  # stream time moves 2 h on
         p.wait_idle()
         assert p.status()["counts"]["episodes"] == 3  # "gone" was closed with no event of its own
-        late = _event("gone", 2, "agent_message", T0 + timedelta(hours=2, minutes=1), {"text": "back"})
+        late = trace_event("gone", 2, "agent_message", T0 + timedelta(hours=2, minutes=1), {"text": "back"})
         p.publish([late])
         # and with no restart: a session the worker saw open in an earlier batch
         p.publish(_session("gone2", T0 + timedelta(hours=2, minutes=5))[:2])
@@ -148,7 +142,7 @@ def test_a_runtime_whose_clock_runs_ahead_is_dead_lettered_and_neither_expires_m
         p.wait_idle()
         # a runtime 30 days ahead: its event and its record's own timestamp (the broker's append time replaces it)
         ahead = now + timedelta(days=30)
-        _publish_stamped(p, [_event("skewed", 0, "session_start", ahead, {"task": "from the future"})], ahead)
+        _publish_stamped(p, [trace_event("skewed", 0, "session_start", ahead, {"task": "from the future"})], ahead)
         p.publish([done[2]])  # a's end, republished: still a duplicate, as a's marker still counts
         p.wait_idle()
         log = p.log("worker")

@@ -45,7 +45,10 @@ def _sessions(events: list[dict]) -> int:
 
 
 def test_up_restarts_a_killed_worker_and_projector_and_down_stops_everything(pipeline_settings: Settings) -> None:
-    s = pipeline_settings
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        otlp_port = probe.getsockname()[1]
+    s = dataclasses.replace(pipeline_settings, otlp_port=otlp_port)  # the OTLP receiver too
     done = _cli(s, "up", "--detach")
     assert done.returncode == 0, done.stdout + done.stderr
     try:
@@ -73,11 +76,14 @@ def test_up_restarts_a_killed_worker_and_projector_and_down_stops_everything(pip
         for role in ("worker", "projector"):
             assert ps[role] == procs.running(s, role) == ps["supervised"][role]["pid"]
             assert ps["supervised"][role]["restarts"] == 1 and ps["supervised"][role]["last_exit"] == "signal 9"
+        assert ps["otlp"] == procs.running(s, "otlp") == ps["supervised"]["otlp"]["pid"] is not None
+        wait_until(lambda: f"receiver on http://127.0.0.1:{otlp_port}" in (s.run_dir / "otlp.log").read_text(), 60,
+                   what="the OTLP receiver listening")
     finally:
         down = _cli(s, "down")
     assert down.returncode == 0, down.stdout + down.stderr
     assert "supervisor: stopped" in down.stdout
-    for role in ("supervisor", "worker", "projector"):
+    for role in ("supervisor", "worker", "projector", "otlp"):
         assert procs.running(s, role) is None, role
 
 

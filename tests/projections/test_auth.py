@@ -12,15 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import ClientSession
 from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from somnus.projections import api, auth
 from somnus.projections.auth import MAX_BODY_BYTES, MAX_DEPTH, Principal, Refused, TokenStore, authorize
-from somnus.projections.projector import make_app
-from somnus.agents import AgentSpec, scope_chain
+from somnus.projections.http import make_app
+from somnus.schemas.agents import AgentSpec, scope_chain
 
 
 # ---- the token store --------------------------------------------------------------------------------
@@ -119,11 +118,17 @@ def test_a_user_bound_token_reads_that_users_memories_only() -> None:
     with pytest.raises(Refused) as exc:
         authorize(SUPPORT_U1, context, "support", {"user_id": "u2"})
     assert exc.value.status == 403 and "u2" in exc.value.message
-    # A route that cannot filter by user could carry other users' memories: refused.
-    for r in api.ROUTES:
-        if not auth.whole_store(r) and "user_id" not in {p[0] for p in r.params}:
-            with pytest.raises(Refused):
-                authorize(SUPPORT_U1, r, "support", {})
+    # Every agent route filters by user (issue 25: a user token reads that user's items, not a 403) ...
+    for r in api.all_routes():
+        if not auth.whole_store(r):
+            assert "user_id" in {p[0] for p in r.params}, r.path
+            assert authorize(SUPPORT_U1, r, "support", {}) == {"user_id": "u1"}, r.path
+    # ... and one added later that cannot could carry other users' memories: refused.
+    later = api.Route("GET", "/agents/{agent}/later", "later", "a read without user_id", (("q", "string", ""),))
+    with pytest.raises(Refused) as exc:
+        authorize(SUPPORT_U1, later, "support", {})
+    assert exc.value.status == 403 and "does not filter by user" in exc.value.message
+    assert authorize(SUPPORT, later, "support", {}) == {}
 
 
 # A random fleet: agents with reportsTo (teams) and knowledgeScopes, users, and every principal.
@@ -297,9 +302,13 @@ def test_a_user_bound_token_has_user_id_forced_and_another_users_refused(tmp_pat
         resp = await client.get("/agents/support/context?query=q&user_id=u1&user_id=u2",
                                 headers={"Authorization": f"Bearer {token}"})
         assert resp.status == 403 or (await resp.json())["params"]["user_id"] == "u1"
-        for route in api.all_routes():  # routes that cannot filter by user: refused
-            if not auth.whole_store(route) and "user_id" not in {p[0] for p in route.params}:
-                assert (await _call(client, route, "support", token))[0] == 403, route.path
+        for route in api.all_routes():  # every agent route: 200 with the user forced; whole-store ones: 403
+            params = {"prompt": "p"} if route.method == "POST" else {}
+            status, got = await _call(client, route, "support", token, params)
+            if auth.whole_store(route):
+                assert status == 403, route.path
+            else:
+                assert status == 200 and got["params"]["user_id"] == "u1", (route.path, got)
         # An agent token without a user reads any user of its agent; another agent's user-bound token nothing here.
         assert (await _call(client, context, "support", fleet.token("support"), {"user_id": "u2"}))[1]["params"] \
             == {"user_id": "u2"}
@@ -411,7 +420,7 @@ def test_over_http_no_principal_reads_out_of_scope_in_any_fleet(tmp_path_factory
 
 def test_reads_send_somnus_token_else_the_projectors_token_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                                                                 ) -> None:
-    from somnus.projections.projector import endpoint_file
+    from somnus.projections.endpoint import endpoint_file
     from somnus import reads
 
     db = tmp_path / "x.duckdb"
@@ -429,7 +438,7 @@ def test_reads_send_somnus_token_else_the_projectors_token_file(tmp_path: Path, 
 
 def test_the_read_client_gets_a_clear_error_for_401_and_403(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """somnus.reads over a guarded server: the operator's file works; a scoped SOMNUS_TOKEN gets a 403 it can read."""
-    from somnus.projections.projector import endpoint_file
+    from somnus.projections.endpoint import endpoint_file
     from somnus import reads
 
     async def run() -> None:
@@ -481,3 +490,78 @@ def test_the_token_command_creates_lists_and_revokes(tmp_path: Path) -> None:
     assert runner.invoke(app, ["token", "revoke", p.token_id, *home]).exit_code == 0
     assert TokenStore(tmp_path).principal(token) is None
     assert runner.invoke(app, ["token", "revoke", "abc", *home]).exit_code != 0
+
+
+# ---- token expiry ------------------------------------------------------------------------------------
+
+def test_parse_duration_takes_a_positive_number_and_a_unit() -> None:
+    from datetime import timedelta
+
+    assert auth.parse_duration("30d") == timedelta(days=30)
+    assert auth.parse_duration("12h") == timedelta(hours=12)
+    assert auth.parse_duration("2w") == timedelta(weeks=2)
+    assert auth.parse_duration("90s") == timedelta(seconds=90)
+    assert auth.parse_duration("5m") == timedelta(minutes=5)
+    for bad in ("", "30", "d", "0d", "-1d", "1.5d", "30 days", "1y", "9999999d"):
+        with pytest.raises(ValueError, match="--expires"):
+            auth.parse_duration(bad)
+
+
+def test_a_token_expires_at_its_time_and_an_unreadable_expiry_counts_as_past(tmp_path: Path) -> None:
+    from datetime import datetime, timedelta, timezone
+
+    now = datetime(2026, 11, 26, 12, tzinfo=timezone.utc)
+    store = TokenStore(tmp_path)
+    token, record = store.create(agent="support", expires_at=now + timedelta(days=1))
+    assert record.expires_at == "2026-11-27T12:00:00+00:00"
+    assert store.principal(token, now=now) == Principal(token_id=record.id, agent="support")
+    assert store.principal(token, now=now + timedelta(days=1)) is None  # at its expiry: refused
+    forever = store.create(agent="support")[0]
+    assert store.principal(forever, now=now + timedelta(days=10_000)) is not None
+    assert json.loads((tmp_path / auth.STORE_FILE).read_text())["tokens"][0]["sha256"] == auth.digest(token)
+    assert token not in (tmp_path / auth.STORE_FILE).read_text() and _mode(tmp_path / auth.STORE_FILE) == 0o600
+    with pytest.raises(ValueError, match="time zone"):
+        store.create(agent="support", expires_at=datetime(2030, 1, 1))
+    for stored, expired in (("garbage", True), ("2026-11-27T12:00:00", False), ("2026-11-26T11:00:00", True)):
+        assert auth.TokenRecord(id="x", sha256="y", agent="a", expires_at=stored).expired(now) is expired, stored
+
+
+def test_an_expired_token_gets_401_saying_so_on_every_request(tmp_path: Path) -> None:
+    from datetime import datetime, timedelta, timezone
+
+    async def body(fleet: Fleet, client: TestClient) -> None:
+        soon, record = fleet.store.create(agent="support",
+                                          expires_at=datetime.now(timezone.utc) + timedelta(seconds=1))
+        expired, old = fleet.store.create(agent="support",
+                                          expires_at=datetime.now(timezone.utc) - timedelta(seconds=1))
+        context = _route("context")
+        assert (await _call(client, context, "support", soon, {"query": "q"}))[0] == 200
+        for route in api.all_routes():
+            status, got = await _call(client, route, "support", expired)
+            assert status == 401 and f"token {old.id} expired at {old.expires_at}" in got["error"], route.path
+        await asyncio.sleep(1.2)
+        status, got = await _call(client, context, "support", soon, {"query": "q"})
+        assert status == 401 and "expired" in got["error"]  # checked on each request, not at login
+    _serve(tmp_path, body)
+
+
+def test_the_token_command_takes_an_expiry(tmp_path: Path) -> None:
+    from datetime import datetime, timedelta, timezone
+
+    from typer.testing import CliRunner
+
+    from somnus.cli import app
+
+    runner = CliRunner()
+    home = ["--home", str(tmp_path)]
+    before = datetime.now(timezone.utc)
+    made = runner.invoke(app, ["token", "create", "--agent", "support", "--expires", "30d", *home])
+    assert made.exit_code == 0, made.output
+    (record,) = TokenStore(tmp_path).records()
+    at = datetime.fromisoformat(record.expires_at)
+    assert before + timedelta(days=30) - timedelta(seconds=1) <= at <= datetime.now(timezone.utc) + timedelta(days=30)
+    listed = json.loads(runner.invoke(app, ["token", "list", "--json", *home]).stdout)
+    assert listed[0]["expires_at"] == record.expires_at
+    bad = runner.invoke(app, ["token", "create", "--agent", "support", "--expires", "soon", *home])
+    assert bad.exit_code != 0 and "--expires 'soon'" in bad.output
+    assert len(TokenStore(tmp_path).records()) == 1

@@ -13,7 +13,7 @@ import pytest
 from somnus.projections import api
 from somnus.projections.auth import ensure_operator_token
 from somnus.projections.briefing_server import CHUNK, BriefingServer
-from somnus.projections.projector import _dumps
+from somnus.projections.http import dumps
 from somnus.schemas.briefing import BriefingGenerated, ServedFact
 
 AT = datetime(2025, 1, 6, 9, tzinfo=timezone.utc)
@@ -62,7 +62,7 @@ def test_it_answers_as_the_projector_does_and_follows_every_change_and_sends_ser
             # Same bytes as the projector's own route over the same cache.
             mine = api.ReadService(con=None, agents={}, briefings={b.agent: b for b in first})  # type: ignore[arg-type]
             for agent in ("agent-0000", f"agent-{CHUNK * 2 + 6:04d}", "nobody"):
-                want = _dumps(api.call(mine, next(r for r in api.ROUTES if r.handler == "briefing"), agent, {}))
+                want = dumps(api.call(mine, next(r for r in api.ROUTES if r.handler == "briefing"), agent, {}))
                 got = await _eventually(lambda: _http(port, f"/agents/{agent}/briefing"))
                 assert json.loads(got) == json.loads(want)
             # A refresh's changes reach it.

@@ -12,12 +12,12 @@ import pytest
 from somnus.processors.sessions.distiller import distill
 from somnus.processors.knowledge.extraction import TraceExtractor, error_class
 from somnus.projections import api, queries, schema
-from somnus.projections.writer import Seen, Topics, apply_batch, load_offsets
+from somnus.projections.writer import ReadModels, Topics, apply_batch, load_offsets
 from somnus.schemas.codec import decode_trace, encode
 from somnus.schemas.facts import FactAsserted, FactsExtracted
-from somnus.agents import load_agents
+from somnus.schemas.agents import load_agents
 from somnus.sample import generate
-from tests.records import Rec
+from tests.factories import Rec
 
 TOPICS = Topics("traces", "episodes", "dead-letters", "facts")
 AGENTS = load_agents()  # the built-in fleet: research-lead <- researcher, scraper; ops-lead <- deployer, support
@@ -45,11 +45,11 @@ def _db(tmp_path, name):
 
 def _project(con, chunks, restart_each_batch=False, refresh_every=1):
     """Apply the chunks as batches; render stale briefings after every ``refresh_every`` batches and at the end."""
-    seen = Seen(con, AGENTS)
+    seen = ReadModels(con, AGENTS)
     rendered = []
     for i, chunk in enumerate(chunks):
         if restart_each_batch:
-            seen = Seen(con, AGENTS)
+            seen = ReadModels(con, AGENTS)
         apply_batch(con, TOPICS, chunk, load_offsets(con), 1 << 20, seen)
         if (i + 1) % refresh_every == 0:
             rendered.append(seen.briefings.refresh(con))
@@ -256,7 +256,7 @@ def test_recent_inputs_fed_batch_by_batch_equal_the_newest_rows_of_the_tables(tm
     fleet = {a: msgspec.structs.replace(s, max_episodes=max_episodes) if a == "researcher" else s
              for a, s in AGENTS.items()}
     con = _db(tmp_path, "r.duckdb")
-    seen = Seen(con, fleet)
+    seen = ReadModels(con, fleet)
     for i in range(0, len(records), 17):
         apply_batch(con, TOPICS, records[i:i + 17], load_offsets(con), 1 << 20, seen)
     fed, loaded = seen.briefings.recent, RecentInputs(con, fleet)
@@ -315,7 +315,8 @@ def test_no_briefing_line_of_one_agent_comes_from_an_unrelated_agents_data(tmp_p
     import msgspec
 
     from somnus.processors.prediction.causal_links import learn, observations_from_episode
-    from somnus.projections.semantic import KIND_PROMOTE, promotion_inputs
+    from somnus.projections.semantic import promotion_inputs
+    from somnus.schemas.semantic import KIND_PROMOTE
     from somnus.importers import openai_chat
 
     topics = Topics("traces", "episodes", "dead-letters", "facts", link_updates="link-updates", semantic="semantic")
@@ -329,7 +330,7 @@ def test_no_briefing_line_of_one_agent_comes_from_an_unrelated_agents_data(tmp_p
     recs += [Rec("facts", 0, i, encode(f)) for i, f in enumerate(extracted)]
     recs += [Rec("link-updates", 0, i // 500, encode(updates[i:i + 500])) for i in range(0, len(updates), 500)]
     con = _db(tmp_path, "two.duckdb")
-    seen = Seen(con, AGENTS)
+    seen = ReadModels(con, AGENTS)
     apply_batch(con, topics, recs, load_offsets(con), 1 << 24, seen)
     at = max(ep.ended_at for ep in episodes)
     req = msgspec.structs.replace(promotion_inputs(con, "global"), at=at, request_id="test:global")
@@ -379,20 +380,21 @@ def test_knowledge_from_two_agents_data_is_for_readers_covering_both_even_when_i
     yet), the final briefings are the same bytes."""
     import msgspec
 
-    from somnus.projections.semantic import KIND_PROMOTE, promotion_inputs
+    from somnus.projections.semantic import promotion_inputs
+    from somnus.schemas.semantic import KIND_PROMOTE
 
     topics = Topics("traces", "episodes", "dead-letters", "facts", link_updates="link-updates", semantic="semantic")
     recs, links = _learnt(_billing_events(30) + _billing_events(30, agent="billing2"))
     third, _ = _learnt(_billing_events(6, agent="billing3"))
     third = [Rec(r.topic, 1, r.offset, r.value) for r in third]  # its own partition
     source = _db(tmp_path, "source.duckdb")  # where the promotion's inputs are read: billing and billing2 only
-    apply_batch(source, topics, recs + links, load_offsets(source), 1 << 24, Seen(source, AGENTS))
+    apply_batch(source, topics, recs + links, load_offsets(source), 1 << 24, ReadModels(source, AGENTS))
     req = promotion_inputs(source, "global")
     req = msgspec.structs.replace(req, at=max(c.at for c in req.calls), request_id="test:two")
     semantic = Rec("semantic", 0, 0, encode(req), headers=[("somnus-kind", KIND_PROMOTE)])
 
     ref = _db(tmp_path, "ref.duckdb")
-    ref_seen = Seen(ref, AGENTS)
+    ref_seen = ReadModels(ref, AGENTS)
     apply_batch(ref, topics, third + recs + links, load_offsets(ref), 1 << 24, ref_seen)
     apply_batch(ref, topics, [semantic], load_offsets(ref), 1 << 24, ref_seen)
     ref_seen.briefings.refresh(ref)
@@ -407,7 +409,7 @@ def test_knowledge_from_two_agents_data_is_for_readers_covering_both_even_when_i
 
     # billing3 first, then the concept, then the episodes it names, in batches with renders between.
     late = _db(tmp_path, "late.duckdb")
-    late_seen = Seen(late, AGENTS)
+    late_seen = ReadModels(late, AGENTS)
     apply_batch(late, topics, third, load_offsets(late), 1 << 24, late_seen)
     apply_batch(late, topics, [semantic], load_offsets(late), 1 << 24, late_seen)
     late_seen.briefings.refresh(late)

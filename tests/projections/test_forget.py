@@ -18,19 +18,16 @@ from typing import Any
 import duckdb
 import msgspec
 import orjson
-import pytest
 
-from somnus.processors.sessions.distiller import distill
 from somnus.projections import forget, schema
-from somnus.projections.forget import KIND_FORGET
-from somnus.projections.writer import Seen, apply_batch, load_offsets
-from somnus.schemas.codec import Rejection, decode_trace, encode
+from somnus.schemas.forget import KIND_FORGET
+from somnus.projections.writer import ReadModels, apply_batch, load_offsets
+from somnus.schemas.codec import encode
 from somnus.schemas.forget import ForgetRequested, ForgetSubject
-from somnus.schemas.memory import KIND_UNITS
 from somnus.schemas.sealed import encode_key
-from somnus.agents import AgentSpec
+from somnus.schemas.agents import AgentSpec
 from tests.projections.test_isolation import T0, TOPICS, decode_events, marker, session_events, worker_records
-from tests.records import Rec
+from tests.factories import Rec
 
 AGENTS = {"aga": AgentSpec(name="aga")}
 FORGOTTEN, KEPT = "up", "uq"  # users 0 and 1 of test_isolation's naming
@@ -63,7 +60,7 @@ def forget_record(offset: int, user: str = FORGOTTEN, subject: ForgetSubject = F
     return Rec("facts", 1, offset, encode(req), key=b"forget", headers=[("somnus-kind", KIND_FORGET)])
 
 
-def apply(con: duckdb.DuckDBPyConnection, seen: Seen, recs: list[Rec]) -> None:
+def apply(con: duckdb.DuckDBPyConnection, seen: ReadModels, recs: list[Rec]) -> None:
     apply_batch(con, TOPICS, recs, load_offsets(con), 1 << 20, seen)
 
 
@@ -101,10 +98,10 @@ def file_hits(path: Path, text: str) -> int:
     return sum(p.read_bytes().count(text.encode()) for p in (path, Path(f"{path}.wal")) if p.exists())
 
 
-def build(path: Path, first_forget: bool = False, forgotten_sessions: int = 3) -> tuple[duckdb.DuckDBPyConnection, Seen]:
+def build(path: Path, first_forget: bool = False, forgotten_sessions: int = 3) -> tuple[duckdb.DuckDBPyConnection, ReadModels]:
     con = duckdb.connect(str(path))
     schema.init(con)
-    seen = Seen(con, AGENTS)
+    seen = ReadModels(con, AGENTS)
     if first_forget:
         apply(con, seen, [forget_record(0)])
     raw = sessions(0, 1, 3) + (sessions(3, 0, forgotten_sessions) if forgotten_sessions else [])
@@ -307,7 +304,7 @@ def test_sealed_records_project_as_plaintext_and_a_deleted_key_shreds_them(tmp_p
     """With every key, sealed records give the rows plaintext gives; with the forgotten user's keys
     deleted (a replay after ``somnus forget``) its records are skipped and counted, not dead letters,
     its text is in no row and no byte, and the other user's rows keep their checksums."""
-    from somnus.streams.keys import KeyRing
+    from somnus.schemas.sealed import KeyRing
 
     ring = KeyRing()
     raw = sessions(0, 1, 3) + sessions(3, 0, 3)
@@ -317,7 +314,7 @@ def test_sealed_records_project_as_plaintext_and_a_deleted_key_shreds_them(tmp_p
     plain, _ = build(tmp_path / "plain.duckdb")
     con = duckdb.connect(str(tmp_path / "sealed.duckdb"))
     schema.init(con)
-    seen = Seen(con, AGENTS)
+    seen = ReadModels(con, AGENTS)
     seen.keys = ring
     apply(con, seen, recs)
     assert rows_with(con, NEEDLE).keys() >= {"events", "episodes", "memories", "working_memory", "dead_letters"}
@@ -340,7 +337,7 @@ def test_sealed_records_project_as_plaintext_and_a_deleted_key_shreds_them(tmp_p
         path = tmp_path / f"replay-{with_request}.duckdb"
         con = duckdb.connect(str(path))
         schema.init(con)
-        seen = Seen(con, AGENTS)
+        seen = ReadModels(con, AGENTS)
         seen.keys = ring
         res = apply_batch(con, TOPICS, recs + ([forget_record(0)] if with_request else []), {}, 1 << 20, seen)
         assert res.shredded > 0 and res.quarantined == 0
@@ -353,7 +350,7 @@ def test_sealed_records_project_as_plaintext_and_a_deleted_key_shreds_them(tmp_p
 
 
 def test_a_tampered_sealed_record_is_a_dead_letter_not_a_crash(tmp_path):
-    from somnus.streams.keys import KeyRing
+    from somnus.schemas.sealed import KeyRing
 
     ring = KeyRing()
     recs = [r for r in sealed_records(sessions(0, 1, 1), ring) if r.topic == "traces"]
@@ -362,7 +359,7 @@ def test_a_tampered_sealed_record_is_a_dead_letter_not_a_crash(tmp_path):
                   headers=bad.headers, timestamp=bad.timestamp)
     con = duckdb.connect(str(tmp_path / "t.duckdb"))
     schema.init(con)
-    seen = Seen(con, AGENTS)
+    seen = ReadModels(con, AGENTS)
     seen.keys = ring
     res = apply_batch(con, TOPICS, recs, {}, 1 << 20, seen)
     assert res.quarantined == 1 and res.shredded == 0

@@ -21,10 +21,13 @@ What each principal may see:
   memory derived (concepts, patterns: ``knowledge-context``) may come from an agent the reader
   shares a team scope with (``somnus.processors.briefing.generator.covers``: the issue's "scope chain covers every
   agent it was derived from"), since a team's patterns are the team's;
-- cross user, for the reads that serve a user (``context`` with ``user_id``; ``recall`` and
-  ``episodic-context`` read for no user): another user's markers or hosts. A user-less reader may
-  see only user-less sessions' text there. The other routes answer for the agent (an agent token
-  reads all of its users, issue 25 item 3), so they are checked for scope only.
+- cross user: a user-bound principal (agent A + user U: every route read with ``user_id`` = U, as
+  the guard forces it) sees on no route another user's markers or hosts, only U's and user-less
+  sessions'; what is derived from several users (``knowledge-context``, ``rhythms``,
+  ``oscillators``, the briefing) it gets empty (SECURITY.md, "Reads for one user"). An agent
+  principal (no user) reads ``recall``, ``episodic-context`` and ``context`` for no user (user-less
+  sessions' text only); its other routes answer for the agent (an agent token reads all of its
+  users, issue 25 item 3), so they are checked for scope only.
 
 The echo of the query (``query``) is left out of the check; the routes named in the operator list
 (``sql``, ``tools``, ``predict``, ``memory``, ``summary``, ...) are not agent-scoped by design.
@@ -49,16 +52,17 @@ from somnus.processors.sessions.batch import memory_units
 from somnus.processors.sessions.distiller import distill
 from somnus.processors.knowledge.extraction import TraceExtractor
 from somnus.processors.prediction.causal_links import learn, observations_from_episode
-from somnus.processors.prediction.patterns import CallOutcome
+from somnus.schemas.semantic import CallOutcome
 from somnus.processors.working.session_buffer import DEFAULT_SETTINGS, encode_state, remember
 from somnus.projections import schema
 from somnus.projections.api import ReadService
-from somnus.projections.semantic import KIND_PROMOTE, PromotionRequested, promotion_inputs
-from somnus.projections.writer import Seen, Topics, apply_batch, load_offsets
+from somnus.projections.semantic import promotion_inputs
+from somnus.schemas.semantic import KIND_PROMOTE, PromotionRequested
+from somnus.projections.writer import ReadModels, Topics, apply_batch, load_offsets
 from somnus.schemas.codec import Rejection, decode_trace, encode
 from somnus.schemas.memory import KIND_UNITS
-from somnus.agents import AgentSpec, scope_chain
-from tests.records import Rec
+from somnus.schemas.agents import AgentSpec, scope_chain
+from tests.factories import Rec
 
 TOPICS = Topics("traces", "episodes", "dead-letters", "facts", "link-updates", "memory", "working-memory", "semantic")
 T0 = datetime(2024, 6, 3, 8, tzinfo=timezone.utc)
@@ -138,7 +142,7 @@ def session_events(n: int, i: int, u: int | None, day: int, private_fails: bool,
     return evs
 
 
-def project(con: duckdb.DuckDBPyConnection, fleet: dict[str, Any]) -> Seen:
+def project(con: duckdb.DuckDBPyConnection, fleet: dict[str, Any]) -> ReadModels:
     return project_events(con, fleet["agents"], [e for n, s in enumerate(fleet["sessions"]) for e in session_events(n, *s)])
 
 
@@ -170,12 +174,12 @@ def worker_records(raw: list[dict[str, Any]], base: int = 0) -> list[Rec]:
     return out
 
 
-def project_events(con: duckdb.DuckDBPyConnection, agents: dict[str, AgentSpec], raw: list[dict[str, Any]]) -> Seen:
+def project_events(con: duckdb.DuckDBPyConnection, agents: dict[str, AgentSpec], raw: list[dict[str, Any]]) -> ReadModels:
     """Trace events (JSON objects) through the worker's processors and the projector's write path;
     then promotion for the global owner and every agent's, and the briefings rendered."""
     records = worker_records(raw)
     last = max(e.ts for e in decode_events(raw))
-    seen = Seen(con, agents)
+    seen = ReadModels(con, agents)
     apply_batch(con, TOPICS, records, load_offsets(con), 1 << 20, seen)
     owners = ["global", *(f"agent:{a}" for a in agents)]
     promote = [Rec("semantic", 0, n, encode(msgspec.structs.replace(
@@ -187,19 +191,24 @@ def project_events(con: duckdb.DuckDBPyConnection, agents: dict[str, AgentSpec],
 
 
 def reads(svc: ReadService, agent: str, user: str | None, query: str, entities: list[str]) -> dict[str, Any]:
-    """Every agent-facing read route of the service but the rendered briefing's two (``briefing``,
-    ``inject``: see the test of their own below), as (agent, user)."""
+    """Every agent-facing read route of the service, as (agent, user): a user-bound principal reads
+    each with ``user_id`` (the guard forces it); an agent principal without (``context`` with
+    ``user_id`` None). The rendered briefing of an agent principal has a test of its own below."""
+    mine: dict[str, Any] = {"user_id": user} if user is not None else {}
     got: dict[str, Any] = {
-        "facts": svc.facts(agent, limit=500),
-        "entities": svc.entities(agent, limit=500),
-        "history": [svc.history(agent, entity=e) for e in entities],
-        "recall": svc.recall(agent, query=query, k=50, record=False),
-        "episodic_context": svc.episodic_context(agent, query=query, top_k=20, token_budget=100_000),
-        "knowledge_context": svc.knowledge_context(agent, query=query, limit=100),
+        "facts": svc.facts(agent, limit=500, **mine),
+        "entities": svc.entities(agent, limit=500, **mine),
+        "history": [svc.history(agent, entity=e, **mine) for e in entities],
+        "recall": svc.recall(agent, query=query, k=50, record=False, **mine),
+        "episodic_context": svc.episodic_context(agent, query=query, top_k=20, token_budget=100_000, **mine),
+        "knowledge_context": svc.knowledge_context(agent, query=query, limit=100, **mine),
         "context": svc.context(agent, query=query, user_id=user, max_tokens=100_000),
-        "rhythms": svc.rhythms(agent),
-        "oscillators": svc.oscillators(agent),
+        "rhythms": svc.rhythms(agent, **mine),
+        "oscillators": svc.oscillators(agent, **mine),
     }
+    if user is not None:
+        got["briefing"] = svc.briefing(agent, **mine)
+        got["inject"] = svc.inject(agent, prompt="P", **mine)
     for route in ("recall", "episodic_context", "context"):
         got[route].pop("query", None)  # the reader's own query, echoed
     return got
@@ -220,6 +229,8 @@ def team_of(agents: dict[str, AgentSpec], reader: str) -> set[str]:
 
 
 DERIVED_ROUTES = ("knowledge_context",)  # what semantic memory derived: a team's is the team's
+USER_READS = ("context", "recall", "episodic_context")  # the routes an agent principal reads for no user
+WITHHELD_ROUTES = ("knowledge_context", "rhythms", "oscillators")  # derived from several users: [] for one
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -243,6 +254,7 @@ def test_no_principal_reads_another_agents_or_another_users_text(fleet):
                           top_facts=seen.top_facts)
         entities = [e for (e,) in con.execute("SELECT entity_id FROM entities ORDER BY entity_id").fetchall()]
         shown_own = 0
+        shown_by_route: dict[str, int] = {}
         for agent in names:
             for u in users:
                 user = None if u is None else f"u{USER_CODES[u]}"
@@ -251,17 +263,27 @@ def test_no_principal_reads_another_agents_or_another_users_text(fleet):
                     text = text_of(value)
                     allowed = team_of(agents, agent) if route in DERIVED_ROUTES else {agent}
                     assert not foreign(text, by_agent, allowed), (agent, user, route, foreign(text, by_agent, allowed))
-                    if route in ("context", "recall", "episodic_context"):
-                        reader_user = u if route == "context" else None
+                    if route in USER_READS or user is not None:
+                        reader_user = u if route == "context" or user is not None else None
                         mine = {(agent, reader_user), (agent, None)}
                         leak = foreign(text, {f"{a}/{v}": toks for (a, v), toks in by_user.items()},
                                        {f"{a}/{v}" for a, v in mine})
                         assert not leak, (agent, user, route, leak)
+                    if user is not None:
+                        own = marker(names.index(agent), u) in text
+                        shown_by_route[route] = shown_by_route.get(route, 0) + own
                 i = names.index(agent)
                 facts = text_of(got["facts"])
-                assert private_tool(i) in facts, (agent, "its own private tool is in its facts")
+                if user is None:
+                    assert private_tool(i) in facts, (agent, "its own private tool is in its facts")
+                else:  # what is derived from several users is withheld, with the reason
+                    assert all(got[r] == [] for r in WITHHELD_ROUTES), (agent, user)
+                    assert got["briefing"]["briefing"] is None and got["briefing"]["withheld"]
+                    assert got["inject"]["prompt"] == "P" and got["inject"]["briefing_id"] is None
                 shown_own += marker(i, u) in got["context"]["text"]
         assert shown_own > 0  # the reads are not empty: principals do see their own users' text
+        # ... and a user-bound principal finds its own user's text in its memories and its facts
+        assert shown_by_route.get("recall", 0) > 0 and shown_by_route.get("facts", 0) > 0, shown_by_route
 
 
 def test_a_pattern_and_its_concept_reach_only_readers_covering_their_agents(tmp_path):

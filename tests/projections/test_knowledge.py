@@ -8,12 +8,12 @@ import pytest
 
 from somnus.processors.sessions.distiller import distill
 from somnus.processors.knowledge.extraction import TraceExtractor
-from tests.records import Rec
+from tests.factories import Rec
 from somnus.projections import queries, schema
 from somnus.projections.knowledge_store import DuckDBBackend, KnowledgeStore
-from somnus.projections.writer import Seen, Topics, apply_batch, load_offsets
+from somnus.projections.writer import ReadModels, Topics, apply_batch, load_offsets
 from somnus.schemas.codec import decode_trace, encode
-from somnus.agents import AgentSpec
+from somnus.schemas.agents import AgentSpec
 from somnus.sample import generate
 
 TOPICS = Topics("traces", "episodes", "dead-letters", "facts")
@@ -32,10 +32,10 @@ def facts_records() -> list[Rec]:
 def _project(tmp_path, name, chunks, reload_each_batch=True):
     con = duckdb.connect(str(tmp_path / name))
     schema.init(con)
-    seen = Seen(con)
+    seen = ReadModels(con)
     for chunk in chunks:
         if reload_each_batch:
-            seen = Seen(con)  # as a restarted projector: fold state loaded from the tables
+            seen = ReadModels(con)  # as a restarted projector: fold state loaded from the tables
         apply_batch(con, TOPICS, chunk, load_offsets(con), 1 << 20, seen)
     return con
 
@@ -58,7 +58,7 @@ def test_redelivered_and_re_extracted_facts_change_nothing(tmp_path, facts_recor
     before = _sums(con)
     # the same records again (redelivery), and the same episodes re-extracted at new offsets
     again = [Rec("facts", 0, 10_000 + i, r.value) for i, r in enumerate(facts_records[:40])]
-    seen = Seen(con)
+    seen = ReadModels(con)
     apply_batch(con, TOPICS, facts_records + again, {}, 1 << 20, seen)
     assert _sums(con) == before
     assert load_offsets(con)[("facts", 0)] == 10_040

@@ -13,8 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from somnus.projections import schema
+from somnus.projections.frames import registered
 from somnus.projections.knowledge_store import DuckDBBackend, KnowledgeStore
-from somnus.agents import AgentSpec, scope_chain
+from somnus.schemas.agents import AgentSpec, scope_chain
 
 T0 = datetime(2024, 5, 1, tzinfo=timezone.utc)
 
@@ -23,10 +24,10 @@ def _store(triples: list[dict], agents: dict[str, AgentSpec]) -> KnowledgeStore:
     con = duckdb.connect()
     schema.init(con)
     if triples:
-        frame = pa.Table.from_pylist(triples)  # noqa: F841
-        con.execute("INSERT INTO triples SELECT triple_id::UUID, source, predicate, target, scope, confidence, count, "
-                    "evidence::UUID, last_evidence::UUID, valid_from, valid_to, superseded_by::UUID, created_by, "
-                    "extractor FROM frame")
+        with registered(con, frame=pa.Table.from_pylist(triples)):
+            con.execute("INSERT INTO triples SELECT triple_id::UUID, source, predicate, target, scope, confidence, "
+                        "count, evidence::UUID, last_evidence::UUID, valid_from, valid_to, superseded_by::UUID, "
+                        "created_by, extractor FROM frame")
         ents = {t["source"] for t in triples} | {t["target"] for t in triples}
         for e in sorted(ents):
             con.execute("INSERT INTO entity_versions VALUES (?, 1, ?, ?, '{}', ?, ?, NULL)",
@@ -164,3 +165,54 @@ def test_refreshing_only_the_touched_scopes_equals_a_full_refresh():
     schema.refresh_facts_top(con)
     assert sorted(con.execute("SELECT * FROM facts_top").fetchall(), key=str) == partial
     assert store.facts("a", limit=1)[0].triple_id == rows[2]["triple_id"]
+
+
+def test_a_readers_user_filter_comes_before_the_best_facts_cut():
+    """The best FACTS_TOP_K facts of a scope may all be another user's: a reader acting for user u2
+    still gets u2's facts (filtered before ranking), and none of u1's."""
+    agents = {"a": AgentSpec(name="a")}
+    n = schema.FACTS_TOP_K + 5
+    rows = [_triple(i, f"tool:t{i}", "error:e", "agent:a", T0, confidence=0.99) for i in range(n)]
+    rows.append(_triple(n, "tool:mine", "error:e", "agent:a", T0, confidence=0.5))
+    store = _store(rows, agents)
+    con = store.backend.con  # type: ignore[attr-defined]
+    for t in rows:
+        con.execute("INSERT INTO episodes (episode_id, agent, session_id, outcome, user_id) VALUES (?, 'a', ?, "
+                    "'success', ?)", [t["evidence"], t["triple_id"], "u2" if t["source"] == "tool:mine" else "u1"])
+    got = store.facts("a", limit=10, for_user=True, user_id="u2")
+    assert [f.source for f in got] == ["tool:mine"]
+    theirs = {f.source for f in store.facts("a", limit=10, for_user=True, user_id="u1")}
+    assert len(theirs) == 10 and "tool:mine" not in theirs
+    assert store.facts("a", limit=10, for_user=True, user_id=None) == []  # no user-less episode said any
+
+
+def test_history_and_entities_for_a_user_show_only_what_its_episodes_did():
+    """A statement both users' sessions gave: u2 reads it, but not the change u1's episode made, and
+    not the entity attributes u1's episode set (they would show u1's text)."""
+    agents = {"a": AgentSpec(name="a")}
+    shared = _triple(0, "tool:search", "error:upstream", "agent:a", T0)
+    only_u1 = _triple(1, "tool:private", "error:upstream", "agent:a", T0)
+    store = _store([shared, only_u1], agents)
+    con = store.backend.con  # type: ignore[attr-defined]
+    u1, u2 = shared["evidence"], str(uuid.UUID(int=99))
+    con.execute("INSERT INTO triple_history VALUES (9, ?, 'reinforced', ?, ?, 2, 0.95)",
+                [shared["triple_id"], u2, T0 + timedelta(hours=1)])
+    for ep, user in ((u1, "u1"), (u2, "u2"), (only_u1["evidence"], "u1")):
+        con.execute("INSERT INTO episodes (episode_id, agent, session_id, outcome, user_id) VALUES (?, 'a', ?, "
+                    "'success', ?)", [ep, ep, user])
+        con.execute("INSERT INTO knowledge_inputs VALUES (?, 'test', 'a', ?, 1, 1, 0)", [ep, T0])
+    con.execute("INSERT INTO entity_versions VALUES ('error:upstream', 2, 'upstream', 'error', "
+                "'{\"example\": \"503 from 10.0.1.77\"}', ?, ?, ?)", [T0, T0, u1])
+
+    def changes(**kw: object) -> list[str]:
+        return [c.episode_id for c in store.history("a", "tool:search", **kw)]
+
+    assert sorted(changes()) == sorted([u1, u2])  # an agent reader: every change
+    assert changes(for_user=True, user_id="u2") == [u2]
+    assert changes(for_user=True, user_id="u1") == [u1]
+    assert store.history("a", "tool:private", for_user=True, user_id="u2") == []
+    by_user = {u: {e.entity_id: e.attributes for e in store.entities("a", for_user=True, user_id=u)}
+               for u in ("u1", "u2")}
+    assert by_user["u1"]["error:upstream"] == {"example": "503 from 10.0.1.77"}
+    assert by_user["u2"]["error:upstream"] == {} and "tool:private" not in by_user["u2"]
+    assert {e.entity_id: e.attributes for e in store.entities("a")}["error:upstream"] != {}

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from somnus.processors.briefing.injection import BRIEFING_LABELS, HEADER, QUOTE
 from somnus.projections import schema
 from somnus.projections.api import ReadService
-from somnus.agents import AgentSpec
+from somnus.schemas.agents import AgentSpec
 from tests.processors.briefing.test_injection import BEGIN_RE, END, adversarial, assert_clean, tags
 from tests.projections.test_isolation import project_events
 

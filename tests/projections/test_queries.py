@@ -8,7 +8,7 @@ import duckdb
 import pytest
 
 from somnus.projections import queries, schema
-from somnus.agents import AgentSpec
+from somnus.schemas.agents import AgentSpec
 
 
 def test_the_stream_time_of_a_scope_is_the_newest_event_of_its_agents(tmp_path):

@@ -10,16 +10,17 @@ from datetime import datetime, timedelta, timezone
 import duckdb
 import msgspec
 
-from somnus.processors.semantic.promotion import CausalLinkView
-from somnus.processors.prediction.patterns import CallOutcome
+from somnus.schemas.semantic import CausalLinkView
+from somnus.schemas.semantic import CallOutcome
 from somnus.projections import queries, schema
 from somnus.processors.prediction.causal_links import learn
 from somnus.projections.causal import CausalProjection
-from somnus.projections.semantic import KIND_PROMOTE, PromotionRequested, SemanticProjection, promotion_inputs
+from somnus.projections.semantic import SemanticProjection, promotion_inputs
+from somnus.schemas.semantic import KIND_PROMOTE, PromotionRequested
 from somnus.schemas.causal import LinkLevel, OutcomeObserved, Valence, outcome_signature, tool_signature
-from somnus.projections.writer import Seen, Topics, apply_batch, load_offsets
+from somnus.projections.writer import ReadModels, Topics, apply_batch, load_offsets
 from somnus.schemas.codec import encode
-from tests.records import Rec
+from tests.factories import Rec
 
 TOPICS = Topics("traces", "episodes", "dead-letters", "facts", "link-updates", "memory", "working-memory", "semantic")
 T0 = datetime(2024, 5, 1, tzinfo=timezone.utc)
@@ -53,7 +54,7 @@ def test_a_request_with_an_id_runs_once_however_often_it_is_published(tmp_path, 
     monkeypatch.setattr(SemanticProjection, "promote", counted)
     con = duckdb.connect(str(tmp_path / "s.duckdb"))
     schema.init(con)
-    seen = Seen(con)
+    seen = ReadModels(con)
     first = apply_batch(con, TOPICS, [_rec(0, _request("sleep:r1"))], load_offsets(con), 1 << 20, seen)
     assert first.semantic_events > 0
     assert con.execute("SELECT request_id, src_offset FROM semantic_requests").fetchall() == [("sleep:r1", 0)]
@@ -61,7 +62,7 @@ def test_a_request_with_an_id_runs_once_however_often_it_is_published(tmp_path, 
     again = apply_batch(con, TOPICS, [_rec(1, _request("sleep:r1"))], load_offsets(con), 1 << 20, seen)
     assert again.semantic_events == 0
     # ... also after a restart (the ids are reloaded from the table)
-    again = apply_batch(con, TOPICS, [_rec(2, _request("sleep:r1"))], load_offsets(con), 1 << 20, Seen(con))
+    again = apply_batch(con, TOPICS, [_rec(2, _request("sleep:r1"))], load_offsets(con), 1 << 20, ReadModels(con))
     assert again.semantic_events == 0
     after = queries.table_checksums(con)
     for table in SEMANTIC_TABLES:
@@ -69,7 +70,7 @@ def test_a_request_with_an_id_runs_once_however_often_it_is_published(tmp_path, 
     # the copies were skipped, not run again (promotion of the same candidates is idempotent anyway);
     # a request without an id (somnus consolidate) and another id do run
     apply_batch(con, TOPICS, [_rec(3, _request(None)), _rec(4, _request("sleep:r2"))], load_offsets(con), 1 << 20,
-                Seen(con))
+                ReadModels(con))
     assert ran == ["sleep:r1", None, "sleep:r2"]
     assert con.execute("SELECT count(*) FROM semantic_requests").fetchone()[0] == 2
 
@@ -116,7 +117,7 @@ def test_promotion_for_an_agent_or_a_team_reads_only_that_scopes_data(tmp_path):
     """An agent's memory learns from its own calls, a team's from its members'; the global owner's
     reads all, and every link names the agents it was observed for."""
     from somnus.processors.prediction.causal_links import DEFAULT_ALPHA
-    from somnus.agents import AgentSpec
+    from somnus.schemas.agents import AgentSpec
 
     con = duckdb.connect(str(tmp_path / "p.duckdb"))
     schema.init(con)
@@ -163,7 +164,7 @@ def test_math_patterns_keep_a_patterns_source_agents_and_old_files_get_the_colum
         calls = [CallOutcome("pay", ok=k < 10 - 2 * d, at=T0 + timedelta(days=d, hours=k), episode_id=f"e{d}-{k}",
                              agent="b" if k % 2 else "a") for d in range(6) for k in range(10)]
         req = PromotionRequested(owner="global", at=T0 + timedelta(days=7), calls=calls)
-        apply_batch(con, TOPICS, [_rec(0, req)], load_offsets(con), 1 << 20, Seen(con))
+        apply_batch(con, TOPICS, [_rec(0, req)], load_offsets(con), 1 << 20, ReadModels(con))
         rows = con.execute("SELECT name, source_agents FROM math_patterns").fetchall()
         assert ("stat:tool:pay:success", ["a", "b"]) in rows
         concept = con.execute("SELECT properties->'$.source_agents' FROM concepts WHERE name = 'pay_success_declining'")

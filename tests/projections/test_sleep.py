@@ -13,13 +13,13 @@ from somnus.processors.sessions.distiller import distill
 from somnus.processors.episodic.capture import episode_unit
 from somnus.processors.sleep.job import SleepConfig
 from somnus.projections import queries, schema
-from somnus.projections.sleep import KIND_SLEEP
-from somnus.projections.writer import Seen, Topics, apply_batch, load_offsets
+from somnus.schemas.lifecycle import KIND_SLEEP
+from somnus.projections.writer import ReadModels, Topics, apply_batch, load_offsets
 from somnus.schemas.codec import decode_trace, encode
 from somnus.schemas.lifecycle import SleepRequested
 from somnus.schemas.memory import KIND_UNITS
 from somnus.sample import generate
-from tests.records import Rec
+from tests.factories import Rec
 
 TOPICS = Topics("traces", "episodes", "dead-letters", "facts", "link-updates", "memory")
 SLEEP_TABLES = ("lifecycle_log", "sleep_runs", "memory_log", "memories")
@@ -46,10 +46,10 @@ def _records(units, request_at=None, stamped=None):
 def _project(tmp_path, name, chunks, restart_each_batch=False):
     con = duckdb.connect(str(tmp_path / name))
     schema.init(con)
-    seen = Seen(con)
+    seen = ReadModels(con)
     for chunk in chunks:
         if restart_each_batch:
-            seen = Seen(con)
+            seen = ReadModels(con)
         apply_batch(con, TOPICS, chunk, load_offsets(con), 1 << 20, seen)
     return con, seen
 
@@ -96,14 +96,14 @@ def test_oscillators_follow_each_agents_episodes_only_when_enabled_and_replay_th
     recs = _records(units)
     off = duckdb.connect(str(tmp_path / "off.duckdb"))
     schema.init(off)
-    apply_batch(off, TOPICS, recs, {}, 1 << 20, Seen(off))
+    apply_batch(off, TOPICS, recs, {}, 1 << 20, ReadModels(off))
     assert off.execute("SELECT count(*) FROM oscillators").fetchone()[0] == 0  # off by default
 
     def project(name, chunks):
         con = duckdb.connect(str(tmp_path / name))
         schema.init(con)
         for chunk in chunks:
-            apply_batch(con, TOPICS, chunk, load_offsets(con), 1 << 20, Seen(con, oscillators=OscillatorConfig(True)))
+            apply_batch(con, TOPICS, chunk, load_offsets(con), 1 << 20, ReadModels(con, oscillators=OscillatorConfig(True)))
         return con
 
     one = project("one.duckdb", [recs])
@@ -123,7 +123,7 @@ def test_a_batch_reports_the_scheduled_runs_it_committed_for_promotion(tmp_path,
     recs = _records(units, request_at=late)
     con = duckdb.connect(str(tmp_path / "s.duckdb"))
     schema.init(con)
-    seen = Seen(con)
+    seen = ReadModels(con)
     reported = []
     for chunk in (recs[:4], recs[4:]):
         reported += apply_batch(con, TOPICS, chunk, load_offsets(con), 1 << 20, seen).scheduled_sleeps
@@ -143,7 +143,7 @@ def test_units_stamped_ahead_of_their_records_move_the_sleep_clock_only_to_the_r
     def sleep_clock(config):
         con = duckdb.connect(str(tmp_path / f"skew{config.max_clock_skew_s:g}.duckdb"))
         schema.init(con)
-        seen = Seen(con, None, config)
+        seen = ReadModels(con, None, config)
         apply_batch(con, TOPICS, recs, load_offsets(con), 1 << 20, seen)
         runs = con.execute("SELECT count(*) FROM sleep_runs WHERE trigger = 'schedule'").fetchone()[0]
         return seen.memory.sleep.state.clock.last_fired.timestamp(), runs
@@ -170,7 +170,7 @@ def test_another_datasets_newer_events_never_make_a_scopes_memories_idle(tmp_pat
         recs.append(Rec("memory", 0, len(recs), encode(SleepRequested(at=request_at)), headers=[("somnus-kind", KIND_SLEEP)]))
         con = duckdb.connect(str(tmp_path / name))
         schema.init(con)
-        seen = Seen(con, None, off)
+        seen = ReadModels(con, None, off)
         apply_batch(con, TOPICS, recs, {}, 1 << 20, seen)
         decided = con.execute("SELECT kind, memory_id FROM lifecycle_log WHERE kind IN ('MemoryPruned', "
                               "'MemoryCompressed') AND NOT starts_with(memory_id, 'new-') ORDER BY 1, 2").fetchall()

@@ -205,8 +205,10 @@ def test_a_file_opened_for_reads_alone_is_locked_down_entirely(tmp_path):
         con.close()
 
 
-def test_the_writers_database_is_hardened_as_far_as_it_can_be(writer):
+def test_the_writers_database_is_hardened_and_its_writer_registers_its_frames(writer):
     import pyarrow as pa
+
+    from somnus.projections.frames import registered
 
     SqlSandbox(writer, timeout_s=5)
     settings = dict(writer.execute(
@@ -214,12 +216,36 @@ def test_the_writers_database_is_hardened_as_far_as_it_can_be(writer):
         "'autoinstall_known_extensions', 'allow_community_extensions', 'enable_external_access')").fetchall())
     assert settings == {"lock_configuration": "true", "autoload_known_extensions": "false",
                         "autoinstall_known_extensions": "false", "allow_community_extensions": "false",
-                        # kept: the writer reads its batches from Arrow tables by name (replacement scans)
-                        "enable_external_access": "true"}
-    frame = pa.table({"agent": ["x"]})  # noqa: F841 (read by DuckDB by name, as the writer does)
-    writer.execute("INSERT INTO briefings_dirty SELECT agent FROM frame")
+                        "enable_external_access": "false"}
+    frame = pa.table({"agent": ["x"]})
+    with pytest.raises(duckdb.CatalogException):  # a Python variable's name is no table here (replacement scan)
+        writer.execute("INSERT INTO briefings_dirty SELECT agent FROM frame")
+    with registered(writer, frame=frame):  # how the writer hands a batch to SQL
+        writer.execute("INSERT INTO briefings_dirty SELECT agent FROM frame")
     assert writer.execute("SELECT count(*) FROM briefings_dirty").fetchone()[0] == 1
+    assert writer.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = 'frame'").fetchone()[0] == 0
     SqlSandbox(writer, timeout_s=5)  # a second sandbox on a locked database sets nothing again
+
+
+def test_the_projectors_connection_reads_no_file_even_past_the_parser_check(tmp_path):
+    """Issue #25: the projector's own connection (``open_projections``), and any cursor of it such as the
+    sandbox's, refuses ``read_text('/etc/passwd')`` in DuckDB itself: SQL run straight on it, as if the
+    sandbox's syntax-tree check had been bypassed, reads no file, and no statement can turn that back on."""
+    from somnus.projections.projector import open_projections
+
+    con = asyncio.run(open_projections(tmp_path / "somnus.duckdb"))
+    try:
+        for cur in (con, con.cursor()):
+            with pytest.raises(duckdb.PermissionException, match="disabled by configuration"):
+                cur.execute("SELECT content FROM read_text('/etc/passwd')").fetchall()
+            with pytest.raises(duckdb.CatalogException):  # a file name is no table: no file scan is tried
+                cur.execute("SELECT * FROM '/etc/passwd'").fetchall()
+            with pytest.raises(duckdb.Error, match="configuration has been locked"):
+                cur.execute("SET enable_external_access = true")
+        assert con.execute("SELECT current_setting('lock_configuration')").fetchone()[0] is True
+        con.execute("INSERT INTO briefings_dirty VALUES ('still writes')")  # and the writer still writes
+    finally:
+        con.close()
 
 
 def test_somnus_sql_without_a_projector_runs_in_the_sandbox(tmp_path, monkeypatch):
@@ -250,7 +276,7 @@ def test_over_http_a_long_query_leaves_the_other_routes_answering(writer, tmp_pa
     from aiohttp.test_utils import TestClient, TestServer
 
     from somnus.projections import auth
-    from somnus.projections.projector import make_app
+    from somnus.projections.http import make_app
 
     service = api.ReadService(writer.cursor(), {}, sandbox=SqlSandbox(writer, timeout_s=3.0))
     token = auth.ensure_operator_token(tmp_path)

@@ -8,13 +8,14 @@ import duckdb
 import msgspec
 
 from somnus.projections import schema
-from somnus.projections.writer import KIND_SERVED, Seen, Topics, apply_batch, load_offsets
+from somnus.projections.writer import ReadModels, Topics, apply_batch, load_offsets
+from somnus.schemas.briefing import KIND_SERVED
 from somnus.schemas.briefing import BriefingServed, ServedFact
 from somnus.schemas.codec import encode
 from somnus.schemas.episodes import episode_id_for
 from somnus.schemas.facts import EntityMention, FactAsserted, FactsExtracted
-from somnus.agents import AgentSpec, LearningRate
-from tests.records import Rec
+from somnus.schemas.agents import AgentSpec, LearningRate
+from tests.factories import Rec
 
 TOPICS = Topics("traces", "episodes", "dead-letters", "facts")
 T0 = datetime(2024, 6, 3, 9, tzinfo=timezone.utc)
@@ -48,7 +49,7 @@ def _served(con, agent: str, session: str, at: datetime) -> BriefingServed:
 def _run(tmp_path, rate: LearningRate, users: list[str]):
     con = duckdb.connect(str(tmp_path / f"{rate.value}-{len(users)}.duckdb"))
     schema.init(con)
-    seen = Seen(con, _fleet(rate))
+    seen = ReadModels(con, _fleet(rate))
     off = [0]
 
     def send(value: bytes, headers=None) -> None:
@@ -89,7 +90,7 @@ def test_the_fold_continues_after_a_restart_and_a_redelivered_use_counts_once(tm
     state = dict(con.execute("SELECT statement, state FROM promotion_state").fetchall())
     assert len(state) == 1 and msgspec.json.decode(next(iter(state.values())))["tallies"]["team:lead"]["users"] == [
         "a", "b"]
-    seen = Seen(con, _fleet(LearningRate.CONSERVATIVE))  # a restarted projector
+    seen = ReadModels(con, _fleet(LearningRate.CONSERVATIVE))  # a restarted projector
     n = load_offsets(con)[("facts", 0)]
     again = Rec("facts", 0, n, encode(_extracted("b", "b-next", T0 + timedelta(days=2), False)))  # re-emitted
     apply_batch(con, TOPICS, [again], load_offsets(con), 1 << 20, seen)

@@ -7,9 +7,9 @@ import orjson
 import pytest
 
 from somnus.processors.sessions.distiller import distill
-from tests.records import Rec
+from tests.factories import Rec
 from somnus.projections import queries, schema
-from somnus.projections.writer import Seen, Topics, apply_batch, load_offsets
+from somnus.projections.writer import ReadModels, Topics, apply_batch, load_offsets
 from somnus.schemas.codec import decode_trace, encode
 from somnus.client import bundles
 from somnus.sample import generate
@@ -36,7 +36,7 @@ def _db(tmp_path, name="p.duckdb"):
 
 def _apply(con, records):
     stored = load_offsets(con)
-    return apply_batch(con, TOPICS, records, stored, 1 << 20, Seen(con))
+    return apply_batch(con, TOPICS, records, stored, 1 << 20, ReadModels(con))
 
 
 def test_a_redelivered_batch_changes_nothing(tmp_path):
@@ -125,12 +125,12 @@ POISON_BY_TOPIC = {
 def _guarded(con, records, topics=ALL):
     from somnus.projections.writer import apply_guarded
 
-    return apply_guarded(con, topics, records, load_offsets(con), 1 << 20, Seen(con), 64, 300.0)
+    return apply_guarded(con, topics, records, load_offsets(con), 1 << 20, ReadModels(con), 64, 300.0)
 
 
 @pytest.mark.parametrize("topic", sorted(POISON_BY_TOPIC))
 def test_a_poison_record_on_an_internal_topic_is_quarantined_and_later_records_are_projected(tmp_path, topic):
-    from somnus.projections.semantic import KIND_INGEST
+    from somnus.schemas.semantic import KIND_INGEST
 
     con = _db(tmp_path)
     good = _records(sessions=3)
@@ -156,13 +156,13 @@ def test_a_poison_record_on_an_internal_topic_is_quarantined_and_later_records_a
 def test_a_sealed_poison_record_is_judged_by_its_plaintext(tmp_path, topic):
     """Opening sits inside the poison boundary: the same records sealed (``somnus.schemas.sealed``) are
     quarantined for what their plaintext is, on the first pass and on the record-by-record one."""
-    from somnus.projections.semantic import KIND_INGEST
+    from somnus.schemas.semantic import KIND_INGEST
     from somnus.projections.writer import apply_guarded
     from somnus.schemas.sealed import encode_key, new_key, seal
 
     def reasons(sealed: bool) -> list[str]:
         con = _db(tmp_path / str(sealed))
-        seen = Seen(con)
+        seen = ReadModels(con)
         key = new_key("aga", "s1")
         seen.keys.apply(key.key_id.encode(), encode_key(key))
         headers = [("somnus-kind", KIND_INGEST)] if topic == "semantic" else None

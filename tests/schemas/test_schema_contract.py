@@ -518,3 +518,97 @@ def test_schema_version_bounds_are_pinned():
     assert SCHEMA_VERSION == 1
     for branch in TRACE_SCHEMA["oneOf"]:
         assert branch["properties"]["schema_version"] == {"type": "integer", "minimum": 1, "maximum": SCHEMA_VERSION}
+
+
+# ---- the wire contract: every topic and header kind (somnus.schemas.wire) --------------------------
+
+def test_every_topic_somnus_creates_is_in_the_wire_contract():
+    from somnus.config import Settings
+    from somnus.schemas.wire import TOPICS
+    from somnus.streams.topics import topic_specs
+
+    settings = Settings()
+    by_name = {getattr(settings, field): field for field in TOPICS}
+    assert set(by_name) == set(topic_specs(settings)), "a topic without its record types in schemas/wire.py"
+
+
+def test_every_header_kind_is_defined_in_schemas_and_named_once_in_the_wire_contract():
+    import ast
+
+    import somnus.schemas
+    from somnus.schemas.wire import TOPICS
+
+    root = Path(somnus.schemas.__file__).resolve().parents[1]
+    defined: dict[str, bytes] = {}
+    for path in root.rglob("*.py"):
+        if ".venv" in path.parts or "tests" in path.parts or "build" in path.parts:  # build/: setuptools copies
+            continue
+        for node in ast.parse(path.read_text()).body:
+            if (isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
+                    and node.targets[0].id.startswith("KIND_")):
+                assert path.parent.name == "schemas", f"{node.targets[0].id} is defined in {path}, not schemas/"
+                defined[node.targets[0].id] = ast.literal_eval(node.value)
+    listed = [r.kind for records in TOPICS.values() for r in records if r.kind is not None]
+    assert len(listed) == len(set(listed)), "a header kind names two record types"
+    assert sorted(listed) == sorted(defined.values())
+    for records in TOPICS.values():  # within a topic, a kind (or no header) means one type
+        kinds = [r.kind for r in records]
+        assert len(kinds) == len(set(kinds))
+
+
+def test_every_wire_type_is_a_frozen_struct_with_a_decoder():
+    from somnus.schemas.wire import TOPICS
+
+    for records in TOPICS.values():
+        for r in records:
+            members = getattr(r.type, "__args__", (r.type,))  # a tagged union: each of its members
+            for member in members:
+                assert issubclass(member, msgspec.Struct) and member.__struct_config__.frozen, member
+            msgspec.json.Decoder(list[r.type] if r.bundle else r.type)
+
+
+@pytest.mark.parametrize("record", [
+    "ForgetRequested", "SleepRequested", "KnowledgeIngested", "PromotionRequested"])
+def test_the_operators_records_round_trip(record):
+    from somnus.schemas.forget import ForgetRequested, ForgetSubject
+    from somnus.schemas.lifecycle import SleepRequested
+    from somnus.schemas.semantic import (CallOutcome, CausalLinkView, IngestedConcept, IngestedRelationship,
+                                         KnowledgeIngested, PromotionRequested)
+
+    at = datetime(2026, 11, 26, 12, 0, tzinfo=timezone.utc)
+    value = {
+        "ForgetRequested": ForgetRequested(request_id="r1", subject=ForgetSubject.USER, value="u1", at=at),
+        "SleepRequested": SleepRequested(at=at, requested_by="operator"),
+        "KnowledgeIngested": KnowledgeIngested(owner="global", source="doc.md", at=at, concepts=[
+            IngestedConcept(name="refund", definition="money back", properties={"max": 3},
+                            relationships=[IngestedRelationship(relation="needs", target="receipt")])]),
+        "PromotionRequested": PromotionRequested(owner="agent:a", at=at, request_id="sleep:1", links=[
+            CausalLinkView(event_signature="tool:grasp", tool="grasp", outcome="error", valence="negative",
+                           strength=0.8, confidence=0.7, observation_count=5, observation_times=[at])],
+            calls=[CallOutcome("grasp", False, at, "e1", "a")]),
+    }[record]
+    raw = encode(value)
+    assert msgspec.json.decode(raw, type=type(value)) == value
+    assert encode(msgspec.json.decode(raw, type=type(value))) == raw
+
+
+def test_the_key_topic_carries_data_keys_and_sealed_records_open_to_their_wire_type():
+    """The forget branch's records: ``DataKey`` on the key topic round-trips, and a sealed record of a
+    sealed topic opens to bytes that decode as the type the wire contract lists for it."""
+    from somnus.schemas.sealed import DataKey, HEADER, decode_key, encode_key, new_key, open_value, seal, sealed_key_id
+    from somnus.schemas.wire import SEALED_TOPICS, TOPICS, record_type
+
+    assert record_type("keys_topic", None).type is DataKey
+    assert SEALED_TOPICS <= set(TOPICS) and "keys_topic" not in SEALED_TOPICS
+    assert HEADER != "somnus-kind"  # the sealing mark is not a header kind
+    key = new_key("aga", "s1", "u1")
+    assert decode_key(encode_key(key)) == key
+    at = datetime(2026, 11, 26, 12, 0, tzinfo=timezone.utc)
+    from somnus.schemas.forget import ForgetRequested, ForgetSubject
+
+    plain = encode(ForgetRequested(request_id="r1", subject=ForgetSubject.USER, value="u1", at=at))
+    sealed = seal(key, plain)
+    assert sealed_key_id(sealed) == key.key_id and plain not in sealed
+    opened = open_value(sealed, {key.key_id: key.key})
+    assert opened == plain
+    assert msgspec.json.decode(opened, type=record_type("facts_topic", b"forget").type).value == "u1"

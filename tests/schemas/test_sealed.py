@@ -10,7 +10,7 @@ from hypothesis import example, given, strategies as st
 from somnus.schemas.codec import Rejection
 from somnus.schemas.sealed import (FORGOTTEN, MAGIC, DataKey, OpenedRecord, decode_key, encode_key, new_key,
                                    open_record, open_value, seal, sealed_key_id)
-from tests.records import Rec
+from tests.factories import Rec
 
 KEY = new_key("aga", "s-1", "u1")
 

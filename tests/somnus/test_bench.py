@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from somnus import bench
+from somnus.bench.briefing import _floor_server
 
 
 def test_fact_query_bench_checks_its_three_paths_agree():
@@ -39,10 +40,10 @@ def test_sleep_bench_runs_a_real_sleep_and_reports_the_store_before_and_after():
 
 
 def test_every_bench_command_has_its_runner():
-    from somnus import cli
+    from somnus.cli.bench import bench_app
 
-    names = {c.name for c in cli.bench_app.registered_commands}
-    assert names == {"e2e", "facts-query", "predict", "scn", "recall", "context", "briefing", "sleep", "capture"}
+    names = {c.name for c in bench_app.registered_commands}
+    assert names == {"e2e", "facts-query", "predict", "scn", "recall", "context", "briefing", "sleep", "capture", "cli"}
     for runner in ("run_e2e", "run_fact_query", "run_predict", "run_scn_footprint", "run_recall", "run_context",
                    "run_briefing", "run_sleep", "run_capture"):
         assert callable(getattr(bench, runner))
@@ -54,7 +55,7 @@ def test_the_briefing_benchs_floor_server_answers_every_request_on_a_kept_connec
 
     ctx = multiprocessing.get_context("spawn")
     ports = ctx.SimpleQueue()
-    proc = ctx.Process(target=bench._floor_server, args=(b'{"markdown": "# x"}', ports), daemon=True)
+    proc = ctx.Process(target=_floor_server, args=(b'{"markdown": "# x"}', ports), daemon=True)
     proc.start()
     try:
         con = http.client.HTTPConnection("127.0.0.1", ports.get(), timeout=10)

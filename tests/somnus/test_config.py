@@ -41,6 +41,10 @@ NON_DEFAULT = {
     "kafka_sasl_username": ("somnus", "KAFKA_SASL_USERNAME", "somnus", "somnus"),
     "kafka_sasl_password": ("s3cret", "KAFKA_SASL_PASSWORD", "s3cret", "s3cret"),
     "kafka_ssl_cafile": ("/etc/kafka/ca.pem", "KAFKA_SSL_CAFILE", "/etc/kafka/ca.pem", Path("/etc/kafka/ca.pem")),
+    "otlp_host": ("0.0.0.0", "SOMNUS_OTLP_HOST", "0.0.0.0", "0.0.0.0"),
+    "otlp_port": (0, "SOMNUS_OTLP_PORT", "0", 0),
+    "otlp_max_body": (1024, "SOMNUS_OTLP_MAX_BODY", "1024", 1024),
+    "otlp_trace_timeout_s": (60.0, "SOMNUS_OTLP_TRACE_TIMEOUT_S", "60", 60.0),
 }
 
 
@@ -168,7 +172,7 @@ def _cafile() -> str:
 
 
 def test_plaintext_needs_no_options():
-    from somnus.config import kafka_options
+    from somnus.streams.connection import kafka_options
 
     assert kafka_options(Settings.resolve(env={})) == {}
     assert kafka_options(Settings.resolve(env={"KAFKA_SECURITY_PROTOCOL": "plaintext"})) == {}
@@ -177,7 +181,7 @@ def test_plaintext_needs_no_options():
 def test_sasl_ssl_options_carry_the_mechanism_the_user_and_a_context_with_the_ca_file():
     import ssl
 
-    from somnus.config import kafka_options
+    from somnus.streams.connection import kafka_options
 
     opts = kafka_options(Settings.resolve(env={**SASL_SSL, "KAFKA_SSL_CAFILE": _cafile()}))
     assert {k: v for k, v in opts.items() if k != "ssl_context"} == {
@@ -188,7 +192,7 @@ def test_sasl_ssl_options_carry_the_mechanism_the_user_and_a_context_with_the_ca
 
 
 def test_ssl_alone_gives_a_context_and_no_sasl():
-    from somnus.config import kafka_options
+    from somnus.streams.connection import kafka_options
 
     opts = kafka_options(Settings.resolve(env={"KAFKA_SECURITY_PROTOCOL": "SSL", "KAFKA_SSL_CAFILE": _cafile()}))
     assert set(opts) == {"security_protocol", "ssl_context"} and opts["security_protocol"] == "SSL"
@@ -201,7 +205,7 @@ def test_ssl_alone_gives_a_context_and_no_sasl():
     ({"KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT", "KAFKA_SASL_USERNAME": "u"}, "KAFKA_SASL_PASSWORD"),
 ])
 def test_an_incomplete_or_unknown_security_setting_is_an_error_naming_it(env, match):
-    from somnus.config import kafka_options
+    from somnus.streams.connection import kafka_options
 
     with pytest.raises(ValueError, match=match):
         kafka_options(Settings.resolve(env=env))
@@ -300,16 +304,20 @@ def test_status_first_record_lookup_and_the_broker_probe_get_the_security_option
     import aiokafka
     import aiokafka.admin
 
-    from somnus import broker, reads
+    from somnus import broker
+    from somnus.projections import positions
     from somnus.streams import app
 
     made: list[tuple[str, dict]] = []
     consumer = _recorder(made, "consumer")
     consumer.start = lambda self: asyncio.sleep(0)  # type: ignore[method-assign]  (then the admin client)
-    monkeypatch.setattr(aiokafka, "AIOKafkaConsumer", consumer)
-    monkeypatch.setattr(aiokafka.admin, "AIOKafkaAdminClient", _recorder(made, "admin"))
+    # each module holds aiokafka's classes under its own names (imports at the top of the file)
+    for module in (positions, app):
+        monkeypatch.setattr(module, "AIOKafkaConsumer", consumer)
+    for module in (positions, broker):
+        monkeypatch.setattr(module, "AIOKafkaAdminClient", _recorder(made, "admin"))
     with pytest.raises(_Stop):
-        asyncio.run(reads._kafka_positions(Settings.resolve(home=tmp_path), "kafka:9092"))
+        asyncio.run(positions.kafka_positions(Settings.resolve(home=tmp_path), "kafka:9092"))
     monkeypatch.setattr(consumer, "start", _recorder([], "x").start)
     with pytest.raises(_Stop):
         asyncio.run(app.first_record_at("kafka:9092", aiokafka.TopicPartition("t", 0), 0))
@@ -324,7 +332,7 @@ def test_the_faust_app_gets_the_same_credentials(secured_env, tmp_path):
     from faust.auth import SASLCredentials
     from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
 
-    from somnus.config import kafka_options
+    from somnus.streams.connection import kafka_options
     from somnus.streams.app import create_app
 
     settings = Settings.resolve(home=tmp_path)

@@ -25,6 +25,7 @@ from somnus.importers import (
     locomo,
     locomo_date,
     openai_chat,
+    otel,
     swe_agent,
     swe_failure,
     swe_problem_statement,
@@ -540,7 +541,7 @@ def test_v1_events_pass_through_and_the_formats_registry(tmp_path):
     assert list(v1(path)) == [ev] and list(v1(path, agent="b")) == [{**ev, "agent": "b"}]
     with pytest.raises(ImportShapeError, match="event 1"):
         list(v1(write(tmp_path, "bad.jsonl", b"[1]\n")))
-    assert FORMATS == {"openai-chat": openai_chat, "swe-agent": swe_agent, "locomo": locomo, "v1": v1}
+    assert FORMATS == {"openai-chat": openai_chat, "swe-agent": swe_agent, "locomo": locomo, "v1": v1, "otel": otel}
 
 
 def test_somnus_import_takes_files_directories_and_globs_in_one_call(tmp_path):

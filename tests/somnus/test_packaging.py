@@ -19,5 +19,12 @@ def test_the_wheel_holds_one_top_level_package(tmp_path):
     top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
     assert top == {"somnus"}
     for sub in ("schemas/codec.py", "streams/worker.py", "processors/briefing/generator.py", "projections/projector.py",
-                "schemas/trace_event.v1.schema.json"):
+                "schemas/trace_event.v1.schema.json", "schemas/wire.py", "schemas/agents.py",
+                "streams/kafka_compat/consumer.py"):
         assert f"somnus/{sub}" in names, sub
+    # every package of the source folders (pyproject's packages list is written by hand)
+    for folder in ("somnus", "schemas", "streams", "processors", "projections"):
+        for init in (ROOT / folder).rglob("__init__.py"):
+            inside = init.relative_to(ROOT / folder).as_posix()
+            assert (f"somnus/{inside}" if folder == "somnus" else f"somnus/{folder}/{inside}") in names, init
+    assert any(n.startswith("somnus/data/agents/") for n in names)  # schemas.agents.DEFAULT_DIR

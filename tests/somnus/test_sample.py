@@ -16,7 +16,7 @@ from somnus.processors.knowledge.extraction import TraceExtractor
 from somnus.schemas.codec import Rejection, decode_trace
 from somnus.schemas.episodes import LessonKind
 from somnus.schemas.events import Outcome
-from somnus.agents import load_agents, teams
+from somnus.schemas.agents import load_agents, teams
 from somnus.sample import AGENT_TOOLS, ARRIVAL_SKEW, FAULTS, START, TASK_KINDS, TEAMS, TOOL_KIND, TOOL_ORDER, generate
 
 

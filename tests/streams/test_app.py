@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
 
@@ -19,8 +19,8 @@ from somnus.streams.metrics import WorkerCounters
 from faust.types import TP
 
 from somnus.streams.ordering import decode_clock, encode_position, position_key
+from tests.factories import T0, session_bundle, trace_event
 
-T0 = datetime(2026, 3, 1, 9, 0, tzinfo=timezone.utc)
 
 
 class FakeProducer:
@@ -59,19 +59,6 @@ def _settings(tmp_path: Any) -> Settings:
     return dataclasses.replace(Settings.resolve(env={}, home=tmp_path), topic_prefix="t.")
 
 
-def _event(session: str, seq: int, kind: str, at: datetime = T0, **payload: Any) -> dict[str, Any]:
-    body = {"session_start": {"task": "t"}, "session_end": {"outcome": "success"},
-            "agent_message": {"text": "hi"}}.get(kind, {})
-    return {"event_id": f"00000000-0000-4000-8000-{abs(hash((session, seq))) % 10**12:012d}", "schema_version": 1,
-            "ts": at.isoformat(), "agent": "support", "session_id": session, "seq": seq, "type": kind,
-            "payload": {**body, **payload}}
-
-
-def _session(session: str, at: datetime = T0) -> bytes:
-    return orjson.dumps([_event(session, 0, "session_start", at), _event(session, 1, "agent_message", at),
-                         _event(session, 2, "session_end", at)])
-
-
 def _record(topic: str, value: bytes, offset: int, partition: int = 0, at: datetime = T0) -> Any:
     tp = TP(topic, partition)
     msg = SimpleNamespace(topic=topic, partition=partition, offset=offset, key=b"k", value=value,
@@ -80,7 +67,7 @@ def _record(topic: str, value: bytes, offset: int, partition: int = 0, at: datet
 
 
 def _run(app: Any, settings: Settings, records: list[Any], table: FakeTable, counters: WorkerCounters) -> Any:
-    return asyncio.run(app_mod._handle_batch(app, settings, records, table, counters, 1))
+    return asyncio.run(app_mod.Distiller(app, settings, table, counters).handle_traces(records, 1))
 
 
 def _dead(app: Any, settings: Settings) -> list[dict[str, Any]]:
@@ -89,15 +76,15 @@ def _dead(app: Any, settings: Settings) -> list[dict[str, Any]]:
 
 POISON = {
     "deep": b"[" * 100_000 + b"]" * 100_000,
-    "deep args": orjson.dumps(_event("x", 1, "tool_call", tool="t", call_id="c")).replace(
+    "deep args": orjson.dumps(trace_event("x", 1, "tool_call", tool="t", call_id="c")).replace(
         b'"call_id":"c"', b'"call_id":"c","args":{"a":' + b"[" * 900 + b"]" * 900 + b"}"),
-    "invalid utf-8": orjson.dumps(_event("x", 0, "agent_message")).replace(b'"hi"', b'"h\xff\xfei"'),
+    "invalid utf-8": orjson.dumps(trace_event("x", 0, "agent_message")).replace(b'"hi"', b'"h\xff\xfei"'),
     "invalid utf-8 key": b'{"\xff": 1}',
-    "lone surrogate": orjson.dumps(_event("x", 0, "agent_message")).replace(b'"hi"', b'"\\ud800"'),
-    "float seq and deep args": orjson.dumps(_event("x", 1, "tool_call", tool="t", call_id="c")).replace(
+    "lone surrogate": orjson.dumps(trace_event("x", 0, "agent_message")).replace(b'"hi"', b'"\\ud800"'),
+    "float seq and deep args": orjson.dumps(trace_event("x", 1, "tool_call", tool="t", call_id="c")).replace(
         b'"seq":1', b'"seq":1.0').replace(b'"call_id":"c"', b'"call_id":"c","args":{"a":' + b"[" * 900 + b"]" * 900 + b"}"),
-    "huge seq": orjson.dumps(_event("x", 0, "agent_message")).replace(b'"seq":0', b'"seq":' + b"9" * 40),
-    "nan": orjson.dumps(_event("x", 0, "agent_message")).replace(b'"seq":0', b'"seq":NaN'),
+    "huge seq": orjson.dumps(trace_event("x", 0, "agent_message")).replace(b'"seq":0', b'"seq":' + b"9" * 40),
+    "nan": orjson.dumps(trace_event("x", 0, "agent_message")).replace(b'"seq":0', b'"seq":NaN'),
     "scalars bundle": b"[" + b",".join([b"1"] * 2000) + b"]",
 }
 
@@ -105,9 +92,9 @@ POISON = {
 def test_no_record_stops_the_distiller_and_a_record_is_one_dead_letter(tmp_path):
     app, settings, table, counters = _app(), _settings(tmp_path), FakeTable(), WorkerCounters()
     topic = settings.traces_topic
-    records = [_record(topic, _session("good-1"), 0)]
+    records = [_record(topic, session_bundle("good-1"), 0)]
     records += [_record(topic, value, i + 1) for i, value in enumerate(POISON.values())]
-    records.append(_record(topic, _session("good-2"), len(records)))
+    records.append(_record(topic, session_bundle("good-2"), len(records)))
     acks = _run(app, settings, records, table, counters)
     assert len(acks) == len(records)
     dead = _dead(app, settings)
@@ -126,7 +113,7 @@ def test_no_record_stops_the_distiller_and_a_record_is_one_dead_letter(tmp_path)
 
 def test_a_bundle_with_bad_events_is_one_dead_letter_and_its_good_events_are_applied(tmp_path):
     app, settings, table, counters = _app(), _settings(tmp_path), FakeTable(), WorkerCounters()
-    events = orjson.loads(_session("mixed"))
+    events = orjson.loads(session_bundle("mixed"))
     bundle = orjson.dumps([events[0], 42, events[1], {"type": "nope"}, events[2]])
     _run(app, settings, [_record(settings.traces_topic, bundle, 0)], table, counters)
     (dead,) = _dead(app, settings)
@@ -150,7 +137,7 @@ def test_a_record_whose_distillation_raises_is_dead_lettered_as_poison_and_the_o
 
     monkeypatch.setattr(app_mod, "distill_rounds", fragile)
     topic = settings.traces_topic
-    records = [_record(topic, _session(s), i) for i, s in enumerate(["a", "cursed", "b"])]
+    records = [_record(topic, session_bundle(s), i) for i, s in enumerate(["a", "cursed", "b"])]
     acks = _run(app, settings, records, table, counters)
     assert len(acks) == 3
     (dead,) = _dead(app, settings)
@@ -175,12 +162,13 @@ def test_a_batch_of_undecodable_records_keeps_its_partitions_stream_time(tmp_pat
 
     guard.admit = admit
     records = [_record(topic, b"{not json", 5 + i) for i in range(1000)]
-    asyncio.run(app_mod._handle_batch(app, settings, records, table, counters, 1, guard=guard))
+    distiller = app_mod.Distiller(app, settings, table, counters, sessions_guard=guard)
+    asyncio.run(distiller.handle_traces(records, 1))
     assert table.writes[-1]["clocks"] == {0: clock}
     assert decode_clock(table[position_key(topic, 0)]) == clock
     # then a late event of a session older than the retention: a dead letter, not a new session
-    late = orjson.dumps(_event("old", 3, "agent_message", T0))
-    asyncio.run(app_mod._handle_batch(app, settings, [_record(topic, late, 1005)], table, counters, 1, guard=guard))
+    late = orjson.dumps(trace_event("old", 3, "agent_message", T0))
+    asyncio.run(distiller.handle_traces([_record(topic, late, 1005)], 1))
     reason = _dead(app, settings)[-1]["headers"]["somnus-reason"].decode()
     assert reason.startswith("late: ") and "may belong to a session already forgotten" in reason
 
@@ -188,8 +176,8 @@ def test_a_batch_of_undecodable_records_keeps_its_partitions_stream_time(tmp_pat
 @pytest.mark.parametrize("year", [2999, 2027])
 def test_an_event_far_ahead_of_its_records_broker_time_is_a_future_dead_letter(tmp_path, year):
     app, settings, table, counters = _app(), _settings(tmp_path), FakeTable(), WorkerCounters()
-    ahead = orjson.dumps([_event("f", 0, "session_start", T0.replace(year=year)),
-                          _event("f", 1, "session_end", T0.replace(year=year))])
+    ahead = orjson.dumps([trace_event("f", 0, "session_start", T0.replace(year=year)),
+                          trace_event("f", 1, "session_end", T0.replace(year=year))])
     _run(app, settings, [_record(settings.traces_topic, ahead, 0, at=T0)], table, counters)
     dead = _dead(app, settings)
     assert [d["headers"]["somnus-reason"].decode().split(":")[0] for d in dead] == ["future", "future"]

@@ -9,7 +9,8 @@ from typing import Any
 from aiokafka import TopicPartition
 from faust.types import TP
 
-from somnus.streams.liveness import PartitionWatchdog, position_known
+from somnus.streams.liveness import PartitionWatchdog
+from somnus.streams.kafka_compat.consumer import position_known
 
 TRACES = TP("traces", 0)
 OTHER = TP("other", 0)
@@ -154,7 +155,7 @@ def test_the_livelock_check_skips_partitions_without_a_position() -> None:
 def test_commits_are_capped_at_what_the_state_applied():
     from faust.types import TP
 
-    from somnus.streams.liveness import cap_offsets
+    from somnus.streams.kafka_compat.consumer import cap_offsets
 
     a, b, c = TP("traces", 0), TP("traces", 1), TP("episodes", 0)
     caps = {a: 50, b: 10}

@@ -54,11 +54,10 @@ from somnus.processors.briefing.generator import (
     select_knowledge,
     select_lessons,
     select_strategies,
-    strategy_line,
     task_kind,
 )
 from somnus.projections import schema
-from somnus.agents import AgentSpec, LearningRate, load_agents
+from somnus.schemas.agents import AgentSpec, LearningRate, load_agents
 
 NOW = datetime(2024, 5, 16, 12, 0, tzinfo=timezone.utc)
 DAY = timedelta(days=1)
@@ -717,7 +716,7 @@ def test_known_undeclared_agents_read_their_own_scope_and_global():
 
 
 def test_invalidation_agrees_with_the_scope_chain_for_the_built_in_fleet():
-    from somnus.agents import scope_chain
+    from somnus.schemas.agents import scope_chain
 
     fleet = load_agents()
     scopes = {s for a in fleet for s in scope_chain(fleet, a)}

@@ -48,7 +48,7 @@ from somnus.processors.episodic.recall import (
     within_budget,
 )
 from somnus.schemas.memory import MemoryAccessed, MemoryKind, MemoryUnit
-from somnus.agents import AgentSpec
+from somnus.schemas.agents import AgentSpec
 
 T0 = datetime(2024, 5, 15, 9, 0, tzinfo=timezone.utc)
 LEXICAL_ONLY = {"lexical": 1.0}

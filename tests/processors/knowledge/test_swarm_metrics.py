@@ -46,7 +46,7 @@ from somnus.schemas.briefing import BriefingServed, FactPromoted, FactUsed, Prom
 from somnus.schemas.codec import decode_trace
 from somnus.schemas.events import TraceEvent
 from somnus.schemas.facts import FactAsserted, FactsExtracted
-from somnus.agents import AgentSpec, LearningRate
+from somnus.schemas.agents import AgentSpec, LearningRate
 
 T0 = datetime(2024, 5, 1, tzinfo=timezone.utc)
 _ids = count(1)

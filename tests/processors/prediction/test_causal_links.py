@@ -42,7 +42,7 @@ from somnus.schemas.causal import LinkLevel, OutcomeObserved, Valence, event_sig
 from somnus.schemas.codec import Rejection, decode_trace
 from somnus.schemas.episodes import CallSeen, EpisodeDistilled
 from somnus.schemas.events import Outcome
-from somnus.agents import AgentSpec, LearningRate
+from somnus.schemas.agents import AgentSpec, LearningRate
 from somnus.importers import openai_chat
 from tests.tau_bench import raw_tau_counts
 

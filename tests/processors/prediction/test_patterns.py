@@ -18,15 +18,8 @@ from scipy import stats as sps
 
 from somnus.processors.prediction import patterns as ag
 from somnus.processors.semantic.layers import MemoryLayers
-from somnus.processors.prediction.patterns import (
-    COMPUTED_FROM_MAX,
-    CallOutcome,
-    Statistician,
-    call_outcomes,
-    cosinor,
-    f2_survival,
-    pattern_events,
-)
+from somnus.processors.prediction.patterns import COMPUTED_FROM_MAX, Statistician, call_outcomes, cosinor, f2_survival, pattern_events
+from somnus.schemas.semantic import CallOutcome
 from somnus.schemas.codec import encode
 from somnus.schemas.episodes import CallSeen, EpisodeDistilled
 from somnus.schemas.events import Outcome

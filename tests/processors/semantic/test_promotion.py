@@ -20,21 +20,11 @@ from hypothesis import strategies as st
 from somnus.processors.semantic import promotion as pr
 from somnus.processors.sessions.distiller import distill
 from somnus.processors.semantic.layers import MemoryLayers, fold_events, snapshot
-from somnus.processors.semantic.promotion import (
-    CausalLinkView,
-    NacPromotionSource,
-    PromotionCandidate,
-    PromotionSource,
-    SemanticPromoter,
-    StatisticianPromotionSource,
-    cross_layer_activation,
-    dispersion_test,
-    episode_times,
-    ips_gate,
-    rayleigh_test,
-)
+from somnus.processors.semantic.promotion import NacPromotionSource, PromotionCandidate, PromotionSource, SemanticPromoter, StatisticianPromotionSource, cross_layer_activation, dispersion_test, episode_times, ips_gate, rayleigh_test
+from somnus.schemas.semantic import CausalLinkView
 from somnus.processors.semantic.concepts import concept_confidence, find_or_create, knowledge_context
-from somnus.processors.prediction.patterns import CallOutcome, Statistician, call_outcomes, pattern_events
+from somnus.processors.prediction.patterns import Statistician, call_outcomes, pattern_events
+from somnus.schemas.semantic import CallOutcome
 from somnus.schemas.episodes import EpisodeDistilled
 from somnus.schemas.events import TraceEvent
 from somnus.schemas.semantic import (

@@ -374,7 +374,7 @@ def test_compression_conserves_every_message_and_keeps_the_newest_intact(sizes, 
     batch, keep = min(batch, buffer_size), min(keep, buffer_size)
     cfg = WorkingMemorySettings(buffer_size=buffer_size, summary_batch=batch, keep_recent=keep,
                                 summary_multiplier=multiplier, max_tokens=budget)
-    texts = [("Sentence %d about seats. " % i) * (n // 24 + 1) for i, n in enumerate(sizes)]
+    texts = [f"Sentence {i} about seats. " * (n // 24 + 1) for i, n in enumerate(sizes)]
     state, events = fill(empty(), texts, cfg)
     check_invariants(state, cfg)
     # the newest min(keep, n) messages are exactly what was added

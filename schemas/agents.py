@@ -8,13 +8,17 @@ Invalid values get an ``AgentFileError`` naming the file and the field.
 from __future__ import annotations
 
 from enum import Enum
+from importlib.resources import files
 from pathlib import Path
 from typing import Annotated
 
 import msgspec
 import yaml
 
-DEFAULT_DIR = Path(__file__).parent / "data" / "agents"
+from somnus.schemas.facts import GLOBAL_SCOPE, agent_scope, team_scope
+
+# The sample fleet ships as package data of ``somnus`` (pyproject's package-data).
+DEFAULT_DIR = Path(str(files("somnus").joinpath("data", "agents")))
 
 
 DEFAULT_MAX_EPISODES = 50  # maxEpisodes when an agent file does not set it
@@ -116,8 +120,6 @@ def scope_chain(agents: dict[str, AgentSpec], name: str) -> list[str]:
     >>> scope_chain(agents, "lead"), scope_chain(agents, "stranger")
     (['agent:lead', 'global'], ['agent:stranger', 'global'])
     """
-    from somnus.schemas.facts import GLOBAL_SCOPE, agent_scope, team_scope
-
     chain = [agent_scope(name)]
     spec = agents.get(name)
     if spec is not None:

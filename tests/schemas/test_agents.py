@@ -1,4 +1,4 @@
-"""somnus.agents: agents declared in Markdown front matter; teams derived from reportsTo."""
+"""somnus.schemas.agents: agents declared in Markdown front matter; teams derived from reportsTo."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from somnus.agents import (
+from somnus.schemas.agents import (
     DEFAULT_DIR,
     AgentFileError,
     AgentSpec,

@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from somnus import cli
+from somnus.cli import common
 
 
 @pytest.mark.parametrize("text", ["## Relevant memory\n- [episodic] refund order 1042", "## Relevant memory\n- x\n"])
@@ -33,12 +34,12 @@ def test_a_command_is_stamped_with_its_scopes_stream_time_unless_at_is_given(mon
         return {"scope": params["scope"], "at": "2024-05-17T05:10:46+00:00" if params["scope"] != "team:x" else None}
 
     monkeypatch.setattr(somnus.reads, "read", read)
-    s = cli._settings(tmp_path)
+    s = common.settings(tmp_path)
     before = datetime.now(timezone.utc)
-    assert cli._event_time(s, None, "global") >= before and asked == []  # no database yet: no event, the wall clock
+    assert common.event_time(s, None, "global") >= before and asked == []  # no database yet: no event, the wall clock
     s.db_path.write_bytes(b"")  # (read is stubbed: only its existence matters)
-    assert cli._event_time(s, None, "agent:airline") == datetime(2024, 5, 17, 5, 10, 46, tzinfo=timezone.utc)
+    assert common.event_time(s, None, "agent:airline") == datetime(2024, 5, 17, 5, 10, 46, tzinfo=timezone.utc)
     assert asked == [{"handler": "stream_time", "scope": "agent:airline"}]
-    assert cli._event_time(s, "2024-01-02T03:04:05", "global") == datetime(2024, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    assert common.event_time(s, "2024-01-02T03:04:05", "global") == datetime(2024, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
     assert len(asked) == 1  # --at: nothing read
-    assert cli._event_time(s, None, "team:x") >= before  # a scope with no event yet: the wall clock
+    assert common.event_time(s, None, "team:x") >= before  # a scope with no event yet: the wall clock

@@ -1,0 +1,137 @@
+"""Input: ``publish``, ``import``, ``sample`` and ``ingest-knowledge``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from somnus.cli.app import app
+from somnus.cli.common import AT_HELP, BootOpt, DbOpt, HomeOpt, bootstrap, event_time, fail, settings
+
+IMPORT_CHUNK = 20_000  # events per acknowledged send of `somnus import`
+
+
+@app.command()
+def publish(file: Path = typer.Argument(..., exists=True, dir_okay=False, help="JSON lines of v1 trace events."),
+            home: Optional[Path] = HomeOpt, bootstrap_: Optional[str] = BootOpt) -> None:
+    """Publish trace events (one JSON object a line) to the traces topic, keyed by session_id."""
+    from somnus.client import publish as publish_lines
+    from somnus.streams.topics import ensure_topics
+
+    s = settings(home, None, bootstrap_)
+    boot = bootstrap(s)
+    ensure_topics(s, boot)
+    with file.open("rb") as f:
+        n = publish_lines((line.rstrip(b"\n") for line in f if line.strip()), boot, s.traces_topic)
+    print(f"published {n} events to {s.traces_topic}")
+
+
+@app.command("import")
+def import_(paths: list[str] = typer.Argument(..., help="Files, directories or globs (quoted: 'runs/**/*.traj')."),
+            fmt: str = typer.Option(..., "--format", help="openai-chat | swe-agent | locomo | otel | v1"),
+            agent: Optional[str] = typer.Option(None, "--agent", help="Agent name for the imported sessions."),
+            results: Optional[Path] = typer.Option(
+                None, "--results", exists=True, dir_okay=False,
+                help="Outcomes by id: a SWE-bench results.json (resolved/unresolved ids) or a JSON map id -> outcome."),
+            start: Optional[str] = typer.Option(
+                None, "--start", help="ISO time of the first session that carries no time (default 2024-05-15T20:00:00Z)."),
+            spacing: float = typer.Option(600.0, "--spacing", help="Seconds between the starts of such sessions, in file order."),
+            out: Optional[Path] = typer.Option(None, "--out", help="Write v1 events here (JSON lines) instead of publishing."),
+            home: Optional[Path] = HomeOpt, bootstrap_: Optional[str] = BootOpt) -> None:
+    """Turn transcripts of other tools into v1 trace events and publish them with one producer (or write
+    them with --out). Many files, directories and globs in one call, with a progress bar."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    from somnus.importers import FORMATS, ImportShapeError, expand_paths, import_run
+
+    if fmt not in FORMATS:
+        fail(f"unknown --format {fmt!r}; choose one of: {', '.join(FORMATS)}")
+    try:
+        files = expand_paths(paths, fmt)
+        run = import_run(start=start, spacing_s=spacing, results=results)
+    except ImportShapeError as exc:
+        fail(str(exc))
+    s = settings(home, None, bootstrap_)
+    if out is not None:
+        sink: Any = out.open("wb")
+    else:
+        from somnus.client import Publisher
+        from somnus.streams.topics import ensure_topics
+
+        boot = bootstrap(s)
+        ensure_topics(s, boot)
+        sink = Publisher(boot, s.traces_topic)
+    sessions: set[str] = set()
+    pending: list[dict[str, Any]] = []
+    n = 0
+    try:
+        with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                      TimeRemainingColumn(), console=Console(stderr=True), transient=False) as bar:
+            task = bar.add_task(f"importing {fmt}", total=len(files))
+            for path in files:
+                pending += FORMATS[fmt](path, agent=agent, run=run)
+                if len(pending) >= IMPORT_CHUNK:  # one acknowledged send per chunk, not per file
+                    n += _deliver(sink, pending, sessions)
+                bar.advance(task)
+            n += _deliver(sink, pending, sessions)
+    except ImportShapeError as exc:
+        fail(str(exc))
+    finally:
+        sink.close()
+    where = f"wrote {n} events to {out}" if out is not None else f"published {n} events to {s.traces_topic}"
+    print(f"imported {len(sessions)} sessions from {len(files)} files: {where}")
+
+
+def _deliver(sink: Any, events: list[dict[str, Any]], sessions: set[str]) -> int:
+    """Write events to a file (JSON lines) or send them with the open publisher, note their sessions,
+    and empty the list; how many were delivered."""
+    import orjson
+
+    sessions.update(str(e.get("session_id")) for e in events)
+    if hasattr(sink, "send"):
+        n = sink.send(events) if events else 0
+    else:
+        sink.write(b"".join(orjson.dumps(e) + b"\n" for e in events))
+        n = len(events)
+    events.clear()
+    return n
+
+
+@app.command()
+def sample(out: Path = typer.Argument(..., dir_okay=False, help="Where to write the JSON lines."),
+           sessions: int = typer.Option(200, "--sessions"), seed: int = typer.Option(42, "--seed")) -> None:
+    """Write seeded synthetic traces of the built-in fleet (several agents and teams)."""
+    import orjson
+
+    from somnus.sample import generate
+
+    n = 0
+    with out.open("wb") as f:
+        for ev in generate(sessions=sessions, seed=seed):
+            f.write(orjson.dumps(ev) + b"\n")
+            n += 1
+    print(f"wrote {n} events of {sessions} sessions to {out}")
+
+
+@app.command("ingest-knowledge")
+def ingest_knowledge(file: Path = typer.Argument(..., exists=True, dir_okay=False, help="JSON or Markdown."),
+                     owner: str = typer.Option("global", "--owner", help="global, team:<lead> or agent:<name>"),
+                     at: Optional[str] = typer.Option(None, "--at", help=AT_HELP),
+                     db: Optional[Path] = DbOpt, home: Optional[Path] = HomeOpt,
+                     bootstrap_: Optional[str] = BootOpt) -> None:
+    """Add concepts from a document to semantic memory (DIRECT_INGESTION; deduplicated by name), stamped
+    with the owner's stream time unless --at is given."""
+    from somnus import memory_requests
+    from somnus.processors.semantic.concepts import KnowledgeFileError, parse_knowledge
+
+    fmt = "json" if file.suffix.lower() in (".json", ".jsonl") else "markdown"
+    try:
+        concepts = parse_knowledge(file.read_text(encoding="utf-8"), fmt)
+    except KnowledgeFileError as exc:
+        fail(f"{file}: {exc}")
+    s = settings(home, db, bootstrap_)
+    req = memory_requests.ingest_knowledge(s, bootstrap(s), owner, file.name, concepts, event_time(s, at, owner))
+    print(f"published {len(concepts)} concepts from {file.name} for {owner} at {req.at.isoformat()}")

@@ -1,0 +1,72 @@
+"""What a person asks of the memory by hand: promote a fact, forget a subject, ingest knowledge,
+consolidate, sleep. Each is an event published to the topic whose fold applies it (the projector's),
+never a write to the projections: a replay applies it again in the same place of the stream.
+
+The CLI (``somnus promote`` etc.) resolves the event time and calls these; so can a runtime.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from somnus.config import Settings
+
+KIND = "somnus-kind"  # the header that names a record's kind on the facts, memory and semantic topics
+
+
+def _send(bootstrap: str, topic: str, records: list[tuple[bytes | None, bytes, Any]]) -> None:
+    from somnus.client import publish_records
+
+    publish_records([(key, value, [(KIND, kind)]) for key, value, kind in records], bootstrap, topic, partition=0)
+
+
+def promote(s: Settings, bootstrap: str, moves: list[Any]) -> None:
+    """Publish manual promotions (``processors.knowledge.swarm_metrics.manual_promotions``) to the facts topic."""
+    from somnus.schemas.briefing import KIND_PROMOTION
+    from somnus.schemas.codec import encode
+
+    _send(bootstrap, s.facts_topic, [(m.source.encode(), encode(m), KIND_PROMOTION) for m in moves])
+
+
+def forget(s: Settings, bootstrap: str, kind: str, value: str, reason: str | None, at: datetime) -> Any:
+    """Publish a request to forget a user, an agent or a session (``projections/forget.py`` applies it)."""
+    from somnus.schemas.codec import encode
+    from somnus.schemas.forget import KIND_FORGET, ForgetRequested, ForgetSubject
+
+    req = ForgetRequested(request_id=str(uuid.uuid4()), subject=ForgetSubject(kind), value=value, reason=reason, at=at)
+    _send(bootstrap, s.facts_topic, [(b"forget", encode(req), KIND_FORGET)])
+    return req
+
+
+def ingest_knowledge(s: Settings, bootstrap: str, owner: str, source: str, concepts: list[Any], at: datetime) -> Any:
+    """Publish concepts of a document for ``owner``'s semantic memory (DIRECT_INGESTION)."""
+    from somnus.schemas.semantic import KIND_INGEST, KnowledgeIngested
+    from somnus.schemas.codec import encode
+
+    req = KnowledgeIngested(owner=owner, source=source, at=at, concepts=concepts)
+    _send(bootstrap, s.semantic_topic, [(owner.encode(), encode(req), KIND_INGEST)])
+    return req
+
+
+def consolidate(s: Settings, bootstrap: str, owner: str, inputs: dict[str, Any], at: datetime) -> Any:
+    """Publish a promotion request for ``owner`` from a snapshot of its promotion inputs."""
+    import msgspec
+
+    from somnus.schemas.semantic import KIND_PROMOTE, PromotionRequested
+    from somnus.schemas.codec import encode
+
+    req = msgspec.convert({**inputs, "at": at.isoformat()}, PromotionRequested, strict=False)
+    _send(bootstrap, s.semantic_topic, [(owner.encode(), encode(req), KIND_PROMOTE)])
+    return req
+
+
+def sleep(s: Settings, bootstrap: str, inputs: dict[str, Any], at: datetime, requested_by: str) -> Any:
+    """Publish a deep sleep (memory topic: hippocampus sleep), then the global promotion it leads to."""
+    from somnus.schemas.lifecycle import KIND_SLEEP
+    from somnus.schemas.codec import encode
+    from somnus.schemas.lifecycle import SleepRequested
+
+    _send(bootstrap, s.memory_topic, [(None, encode(SleepRequested(at=at, requested_by=requested_by)), KIND_SLEEP)])
+    return consolidate(s, bootstrap, "global", inputs, at)

@@ -1,0 +1,267 @@
+"""OTLP trace data (``ExportTraceServiceRequest``), protobuf or JSON, as plain typed spans.
+
+Both encodings of the OTLP specification become the same ``Span`` structs: ids as lowercase hex,
+times as Unix nanoseconds, attributes as Python values (``AnyValue`` unwrapped; nesting bounded by
+``MAX_VALUE_DEPTH``), resource attributes kept beside each span. A span whose ids are not valid
+(a trace id of 16 bytes, a span id of 8, not all zero) is not returned: it is counted as rejected
+with the reason, for the response's ``partial_success``.
+
+OTLP/JSON differs from the protobuf JSON mapping in two ways (the specification's "JSON Protobuf
+Encoding"): trace and span ids are hex strings (not base64), and enums are integers. 64-bit
+integers may be strings or numbers.
+
+>>> doc = {"resourceSpans": [{"resource": {"attributes": [
+...     {"key": "service.name", "value": {"stringValue": "shop"}}]},
+...   "scopeSpans": [{"spans": [{"traceId": "5b8efff798038103d269b633813fc60c",
+...     "spanId": "eee19b7ec3c1b174", "name": "execute_tool search", "startTimeUnixNano": "1700000000000000000",
+...     "endTimeUnixNano": 1700000001000000000,
+...     "attributes": [{"key": "gen_ai.tool.name", "value": {"stringValue": "search"}}],
+...     "status": {"code": 2, "message": "boom"}}]}]}]}
+>>> got = from_json(doc)
+>>> s = got.spans[0]
+>>> s.name, s.attributes["gen_ai.tool.name"], s.resource["service.name"], s.status_code, got.rejected
+('execute_tool search', 'search', 'shop', 2, [])
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+
+MAX_VALUE_DEPTH = 16  # arrays and key-value lists within one attribute value
+MAX_SPANS = 100_000  # spans in one request
+
+
+class ShapeError(ValueError):
+    """The request is not an ``ExportTraceServiceRequest`` (a message for a 400 response)."""
+
+
+class SpanEvent(msgspec.Struct, frozen=True, omit_defaults=True):
+    name: str
+    time_ns: int = 0
+    attributes: dict[str, Any] = {}
+
+
+class SpanLink(msgspec.Struct, frozen=True, omit_defaults=True):
+    trace_id: str
+    span_id: str
+    attributes: dict[str, Any] = {}
+
+
+class Span(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One span, decoded; ``status_code`` 0 unset, 1 ok, 2 error (OTLP ``Status.StatusCode``)."""
+
+    trace_id: str
+    span_id: str
+    name: str
+    start_ns: int
+    end_ns: int
+    parent_span_id: str = ""
+    kind: int = 0
+    attributes: dict[str, Any] = {}
+    events: list[SpanEvent] = []
+    links: list[SpanLink] = []
+    status_code: int = 0
+    status_message: str = ""
+    resource: dict[str, Any] = {}
+    scope: str = ""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.trace_id, self.span_id
+
+
+class Decoded(msgspec.Struct):
+    """What a request held: its valid spans, and each rejected span's reason."""
+
+    spans: list[Span]
+    rejected: list[str]
+
+
+# ---- ids ---------------------------------------------------------------------------------------
+
+def _hex_id(raw: bytes | str, size: int, what: str) -> str:
+    """A valid id as lowercase hex, else ``ShapeError`` naming it."""
+    if isinstance(raw, str):
+        text = raw.lower()
+        if len(text) != 2 * size or any(c not in "0123456789abcdef" for c in text):
+            raise ShapeError(f"{what} {raw[:64]!r} is not {2 * size} hex digits")
+    else:
+        if len(raw) != size:
+            raise ShapeError(f"{what} has {len(raw)} bytes, not {size}")
+        text = raw.hex()
+    if text == "0" * (2 * size):
+        raise ShapeError(f"{what} is all zeros (invalid)")
+    return text
+
+
+def _parent_id(raw: bytes | str) -> str:
+    return "" if not raw else _hex_id(raw, 8, "parentSpanId")
+
+
+# ---- JSON (OTLP/JSON) --------------------------------------------------------------------------
+
+def _int(value: Any, what: str) -> int:
+    if isinstance(value, bool):
+        raise ShapeError(f"{what}: expected an integer, got {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.lstrip("-").isdigit():
+        return int(value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    raise ShapeError(f"{what}: expected an integer, got {str(value)[:40]!r}")
+
+
+def _list(obj: Mapping[str, Any], key: str, what: str) -> list[Any]:
+    value = obj.get(key, [])
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ShapeError(f"{what}.{key}: expected an array, got {type(value).__name__}")
+    return value
+
+
+def _obj(value: Any, what: str) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ShapeError(f"{what}: expected an object, got {type(value).__name__}")
+    return value
+
+
+def json_value(v: Any, depth: int = 0) -> Any:
+    """An OTLP/JSON ``AnyValue`` as a Python value.
+
+    >>> json_value({"arrayValue": {"values": [{"intValue": "3"}, {"boolValue": True}]}})
+    [3, True]
+    """
+    if depth > MAX_VALUE_DEPTH:
+        raise ShapeError(f"an attribute value nests deeper than {MAX_VALUE_DEPTH} levels")
+    v = _obj(v, "AnyValue")
+    if "stringValue" in v:
+        return str(v["stringValue"])
+    if "boolValue" in v:
+        return bool(v["boolValue"])
+    if "intValue" in v:
+        return _int(v["intValue"], "intValue")
+    if "doubleValue" in v:
+        d = v["doubleValue"]
+        return float(d) if isinstance(d, (int, float, str)) and not isinstance(d, bool) else None
+    if "arrayValue" in v:
+        return [json_value(x, depth + 1) for x in _list(_obj(v["arrayValue"], "arrayValue"), "values", "arrayValue")]
+    if "kvlistValue" in v:
+        return json_attributes(_list(_obj(v["kvlistValue"], "kvlistValue"), "values", "kvlistValue"), depth + 1)
+    if "bytesValue" in v:
+        return base64.b64decode(str(v["bytesValue"])).hex()
+    return None
+
+
+def json_attributes(items: list[Any], depth: int = 0) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for kv in items:
+        kv = _obj(kv, "KeyValue")
+        out[str(kv.get("key", ""))] = json_value(kv.get("value"), depth)
+    return out
+
+
+def _json_span(s: Mapping[str, Any], resource: dict[str, Any], scope: str) -> Span:
+    status = _obj(s.get("status"), "status")
+    return Span(
+        trace_id=_hex_id(str(s.get("traceId", "")), 16, "traceId"),
+        span_id=_hex_id(str(s.get("spanId", "")), 8, "spanId"),
+        parent_span_id=_parent_id(str(s.get("parentSpanId") or "")),
+        name=str(s.get("name", "")),
+        kind=_int(s.get("kind", 0), "kind"),
+        start_ns=_int(s.get("startTimeUnixNano", 0), "startTimeUnixNano"),
+        end_ns=_int(s.get("endTimeUnixNano", 0), "endTimeUnixNano"),
+        attributes=json_attributes(_list(s, "attributes", "span")),
+        events=[SpanEvent(name=str(_obj(e, "event").get("name", "")),
+                          time_ns=_int(e.get("timeUnixNano", 0), "event.timeUnixNano"),
+                          attributes=json_attributes(_list(e, "attributes", "event")))
+                for e in _list(s, "events", "span")],
+        links=[SpanLink(trace_id=_hex_id(str(_obj(k, "link").get("traceId", "")), 16, "link.traceId"),
+                        span_id=_hex_id(str(k.get("spanId", "")), 8, "link.spanId"),
+                        attributes=json_attributes(_list(k, "attributes", "link")))
+               for k in _list(s, "links", "span")],
+        status_code=_int(status.get("code", 0), "status.code"),
+        status_message=str(status.get("message", "") or ""),
+        resource=resource, scope=scope)
+
+
+def from_json(doc: Any) -> Decoded:
+    """The spans of an OTLP/JSON ``ExportTraceServiceRequest`` (parsed JSON); ``ShapeError`` when its
+    structure is wrong, a rejected span (with its reason) when only that span is."""
+    out = Decoded([], [])
+    for rs in _list(_obj(doc, "ExportTraceServiceRequest"), "resourceSpans", "request"):
+        rs = _obj(rs, "resourceSpans[]")
+        resource = json_attributes(_list(_obj(rs.get("resource"), "resource"), "attributes", "resource"))
+        for ss in _list(rs, "scopeSpans", "resourceSpans[]"):
+            ss = _obj(ss, "scopeSpans[]")
+            scope = str(_obj(ss.get("scope"), "scope").get("name", ""))
+            for s in _list(ss, "spans", "scopeSpans[]"):
+                _add(out, lambda s=s, resource=resource, scope=scope: _json_span(_obj(s, "span"), resource, scope))
+    return out
+
+
+def _add(out: Decoded, make: Any) -> None:
+    if len(out.spans) + len(out.rejected) >= MAX_SPANS:
+        raise ShapeError(f"more than {MAX_SPANS} spans in one request")
+    try:
+        out.spans.append(make())
+    except ShapeError as exc:
+        out.rejected.append(str(exc))
+
+
+# ---- protobuf ----------------------------------------------------------------------------------
+
+def proto_value(v: Any, depth: int = 0) -> Any:
+    """An ``opentelemetry.proto.common.v1.AnyValue`` message as a Python value."""
+    if depth > MAX_VALUE_DEPTH:
+        raise ShapeError(f"an attribute value nests deeper than {MAX_VALUE_DEPTH} levels")
+    which = v.WhichOneof("value")
+    if which == "array_value":
+        return [proto_value(x, depth + 1) for x in v.array_value.values]
+    if which == "kvlist_value":
+        return proto_attributes(v.kvlist_value.values, depth + 1)
+    if which == "bytes_value":
+        return v.bytes_value.hex()
+    return getattr(v, which) if which else None
+
+
+def proto_attributes(items: Any, depth: int = 0) -> dict[str, Any]:
+    return {kv.key: proto_value(kv.value, depth) for kv in items}
+
+
+def _proto_span(s: Any, resource: dict[str, Any], scope: str) -> Span:
+    return Span(
+        trace_id=_hex_id(s.trace_id, 16, "trace_id"), span_id=_hex_id(s.span_id, 8, "span_id"),
+        parent_span_id=_parent_id(s.parent_span_id), name=s.name, kind=int(s.kind),
+        start_ns=int(s.start_time_unix_nano), end_ns=int(s.end_time_unix_nano),
+        attributes=proto_attributes(s.attributes),
+        events=[SpanEvent(name=e.name, time_ns=int(e.time_unix_nano), attributes=proto_attributes(e.attributes))
+                for e in s.events],
+        links=[SpanLink(trace_id=_hex_id(k.trace_id, 16, "link.trace_id"), span_id=_hex_id(k.span_id, 8, "link.span_id"),
+                        attributes=proto_attributes(k.attributes)) for k in s.links],
+        status_code=int(s.status.code), status_message=s.status.message, resource=resource, scope=scope)
+
+
+def from_proto(raw: bytes) -> Decoded:
+    """The spans of a protobuf ``ExportTraceServiceRequest``; ``ShapeError`` when it does not parse."""
+    from google.protobuf.message import DecodeError
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    try:
+        request = ExportTraceServiceRequest.FromString(raw)
+    except (DecodeError, RecursionError, ValueError) as exc:
+        raise ShapeError(f"the body is not a protobuf ExportTraceServiceRequest: {exc}") from None
+    out = Decoded([], [])
+    for rs in request.resource_spans:
+        resource = proto_attributes(rs.resource.attributes)
+        for ss in rs.scope_spans:
+            for s in ss.spans:
+                _add(out, lambda s=s, resource=resource, scope=ss.scope.name: _proto_span(s, resource, scope))
+    return out

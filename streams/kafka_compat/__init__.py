@@ -1,0 +1,35 @@
+"""Every workaround Somnus carries for a defect of faust-streaming or aiokafka, in one place.
+
+Nothing here is applied on import: ``somnus.client``, which agent runtimes import to publish,
+leaves aiokafka as it is. The worker (``somnus.streams.worker`` and ``create_app``) and the projector
+(``somnus.projections.projector``) call ``apply()`` for what is process-wide, and the worker's app is
+a ``SomnusApp``, whose consumer carries the rest.
+
+- ``metadata.track_topics_sent_to``: a producer's metadata refresh forgets topics it sends to
+  (process-wide: patches ``AIOKafkaClient._wait_on_metadata``).
+- ``consumer``: ``SomnusApp``, ``RewindingTransport``, ``RewindingConsumer`` and
+  ``RewindingConsumerThread``: partitions committed at 0 never rewound (aio-libs/aiokafka#1003), the
+  livelock check asserting on a partition with no position, commits capped at what the state
+  applied.
+- ``signals``: mode's worker SIGUSR1/SIGUSR2 handlers pointed at the diagnostics dumps.
+- ``offsets``: resetting Faust's consumer bookkeeping (``_acked``, ``_gap``, ``_read_offset``) where
+  Somnus rewinds a partition (the watchdogs of ``somnus.streams.liveness``, the ordering guard).
+
+Each module's docstring names the defect, the upstream issue when there is one, and how to tell
+when the workaround can go. ``tests/streams/kafka_compat/`` fails when a private attribute one of
+them relies on disappears; ``pyproject.toml`` pins faust-streaming and aiokafka to the minor
+versions those tests ran on. Design notes: ``docs/kafka-workarounds.md``.
+"""
+
+from __future__ import annotations
+
+from somnus.streams.kafka_compat.metadata import track_topics_sent_to
+
+
+def apply() -> None:
+    """Apply the process-wide workarounds (today ``track_topics_sent_to``). Idempotent; called by
+    the worker's and the projector's entry points before they make any Kafka client."""
+    track_topics_sent_to()
+
+
+__all__ = ["apply", "track_topics_sent_to"]

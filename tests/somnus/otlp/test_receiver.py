@@ -1,0 +1,218 @@
+"""somnus.otlp.receiver: OTLP/HTTP status codes, partial success, retryable errors, hostile bodies."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (ExportTraceServiceRequest,
+                                                                      ExportTraceServiceResponse)
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from somnus.otlp.buffer import TraceBuffer
+from somnus.otlp.mapping import group_by_trace, trace_events
+from somnus.otlp.receiver import PROTOBUF, Receiver, varint, rpc_status
+from somnus.otlp.spans import from_proto
+from somnus.projections.auth import TokenStore
+from tests.fixtures.otel.genai_agents import emit, otlp_json
+
+
+def sdk_request(sessions: int = 2) -> ExportTraceServiceRequest:
+    """What the SDK's OTLP exporter would send for ``sessions`` sessions of the two agents."""
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "shop-agents"}))
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    emit(provider.get_tracer("t"), sessions)
+    provider.shutdown()
+    return encode_spans(memory.get_finished_spans())
+
+
+class FakeBroker:
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.down = False
+
+    async def __call__(self, events: list[dict[str, Any]]) -> None:
+        if self.down:
+            raise ConnectionError("broker unreachable")
+        self.events += events
+
+
+class Harness:
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        store = TokenStore(home)
+        self.operator, _ = store.create(operator=True)
+        self.agent_token, _ = store.create(agent="billing")
+        self.broker = FakeBroker()
+        self.receiver = Receiver(TraceBuffer(home / "otlp" / "spans.journal"), self.broker, store, max_body=1 << 20)
+
+    async def post(self, body: bytes, content_type: str = PROTOBUF, token: str | None = "operator",
+                   **headers: str) -> tuple[int, dict[str, str], bytes]:
+        if token is not None:
+            headers["Authorization"] = f"Bearer {self.operator if token == 'operator' else token}"
+        async with TestClient(TestServer(self.receiver.app())) as client:
+            resp = await client.post("/v1/traces", data=body, headers={"Content-Type": content_type, **headers})
+            return resp.status, dict(resp.headers), await resp.read()
+
+
+@pytest.fixture()
+def h(tmp_path: Path) -> Harness:
+    return Harness(tmp_path)
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def expected_events(request: ExportTraceServiceRequest) -> list[dict[str, Any]]:
+    return [e for spans in group_by_trace(from_proto(request.SerializeToString()).spans).values()
+            for e in trace_events(spans)]
+
+
+def test_protobuf_spans_are_published_once_and_a_resend_changes_nothing(h):
+    request = sdk_request(2)
+    status, headers, body = run(h.post(request.SerializeToString()))
+    assert status == 200 and headers["Content-Type"] == PROTOBUF
+    assert not ExportTraceServiceResponse.FromString(body).HasField("partial_success")
+    assert h.broker.events == expected_events(request)
+    assert {e["agent"] for e in h.broker.events} == {"support", "billing"}
+    assert run(h.post(request.SerializeToString()))[0] == 200  # the exporter sends it again
+    assert h.broker.events == expected_events(request)
+
+
+def test_json_and_gzip(h):
+    request = sdk_request(2)
+    raw = gzip.compress(json.dumps(otlp_json(request)).encode())
+    status, headers, body = run(h.post(raw, "application/json", **{"Content-Encoding": "gzip"}))
+    assert (status, headers["Content-Type"], json.loads(body)) == (200, "application/json", {})
+    assert h.broker.events == expected_events(request)
+
+
+def test_a_trace_is_published_when_its_root_arrives(h):
+    request = sdk_request(1)
+    spans = list(request.resource_spans[0].scope_spans[0].spans)
+    root = next(s for s in spans if not s.parent_span_id)
+    children = ExportTraceServiceRequest()
+    children.CopyFrom(request)
+    del children.resource_spans[0].scope_spans[0].spans[:]
+    children.resource_spans[0].scope_spans[0].spans.extend([s for s in spans if s is not root])
+    assert run(h.post(children.SerializeToString()))[0] == 200
+    assert h.broker.events == [] and h.receiver.buffer.held_spans() == len(spans) - 1
+    only_root = ExportTraceServiceRequest()
+    only_root.CopyFrom(request)
+    del only_root.resource_spans[0].scope_spans[0].spans[:]
+    only_root.resource_spans[0].scope_spans[0].spans.append(root)
+    assert run(h.post(only_root.SerializeToString()))[0] == 200
+    assert h.broker.events == expected_events(request)
+
+
+def test_a_batch_the_broker_did_not_acknowledge_is_retryable_and_nothing_is_lost_or_doubled(h, tmp_path):
+    request = sdk_request(2)
+    h.broker.down = True
+    status, headers, body = run(h.post(request.SerializeToString()))
+    assert status == 503 and headers["Retry-After"] == "2"
+    assert b"broker unreachable" in body and body.startswith(rpc_status(14, "")[:2])
+    # the receiver is killed and started again: the journal still holds the spans
+    h.receiver.buffer.close()
+    h.receiver.buffer = TraceBuffer(tmp_path / "otlp" / "spans.journal")
+    h.broker.down = False
+    assert run(h.post(request.SerializeToString()))[0] == 200
+    assert h.broker.events == expected_events(request)
+
+
+@pytest.mark.parametrize(("body", "content_type", "headers", "status", "message"), [
+    (b"\xff\xff\xff\xff", PROTOBUF, {}, 400, "not a protobuf ExportTraceServiceRequest"),
+    (b'{"resourceSpans": [', "application/json", {}, 400, "not JSON"),
+    (b'{"resourceSpans": 5}', "application/json", {}, 400, "expected an array"),
+    (b"[" * 5000 + b"]" * 5000, "application/json", {}, 400, "nested 5000 deep"),
+    (b"x" * (2 << 20), PROTOBUF, {}, 400, "at most 1048576"),
+    (gzip.compress(b"\0" * (3 << 20)), PROTOBUF, {"Content-Encoding": "gzip"}, 400, "once decompressed"),
+    (b"not gzip", PROTOBUF, {"Content-Encoding": "gzip"}, 400, "not valid gzip"),
+    (b"{}", "application/json", {"Content-Encoding": "br"}, 415, "Content-Encoding 'br'"),
+    (b"{}", "text/plain", {}, 415, "Content-Type 'text/plain'"),
+])
+def test_hostile_or_unsupported_bodies_get_a_clear_4xx(h, body, content_type, headers, status, message):
+    got, _, text = run(h.post(body, content_type, **headers))
+    assert got == status and message.encode() in text, text[:300]
+    assert h.broker.events == []
+
+
+def nested_resource(request: bytes, depth: int) -> bytes:
+    """``request`` with one more ResourceSpans whose resource has an attribute nested ``depth`` deep (bytes
+    written by hand: the protobuf library refuses to build what it would not parse)."""
+    v = AnyValue(string_value="leaf").SerializeToString()
+    for _ in range(depth):
+        kv = b"\x0a\x01k\x12" + varint(len(v)) + v  # KeyValue{key, value}
+        kvl = b"\x0a" + varint(len(kv)) + kv  # KeyValueList{values}
+        v = b"\x32" + varint(len(kvl)) + kvl  # AnyValue{kvlist_value}
+    kv = b"\x0a\x04deep\x12" + varint(len(v)) + v
+    resource = b"\x0a" + varint(len(kv)) + kv  # Resource{attributes}
+    rs = b"\x0a" + varint(len(resource)) + resource  # ResourceSpans{resource}
+    return request + b"\x0a" + varint(len(rs)) + rs
+
+
+@pytest.mark.parametrize(("depth", "message"), [(20, "nests deeper than 16"), (300, "not a protobuf")])
+def test_deeply_nested_protobuf_values(h, depth, message):
+    status, _, body = run(h.post(nested_resource(sdk_request(1).SerializeToString(), depth)))
+    assert status == 400 and message.encode() in body, body[:200]
+    assert h.broker.events == []
+
+
+def test_invalid_ids_are_rejected_spans(h):
+    doc = otlp_json(sdk_request(1))
+    doc["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["traceId"] = "abc"
+    status, _, body = run(h.post(json.dumps(doc).encode(), "application/json"))
+    assert status == 200
+    assert json.loads(body)["partialSuccess"]["rejectedSpans"] == 1
+    assert "traceId 'abc' is not 32 hex digits" in json.loads(body)["partialSuccess"]["errorMessage"]
+
+
+def test_tokens(h):
+    request = sdk_request(2).SerializeToString()
+    assert run(h.post(request, token=None))[0] == 401
+    assert run(h.post(request, token="not-a-token"))[0] == 401
+    status, _, body = run(h.post(request, token=h.agent_token))  # billing's token: support's spans are refused
+    partial = ExportTraceServiceResponse.FromString(body).partial_success
+    assert status == 200 and partial.rejected_spans == 1
+    assert "agent 'support' is not this token's agent 'billing'" in partial.error_message
+    assert {e["agent"] for e in h.broker.events} == {"billing"}
+
+
+def test_a_trace_whose_root_never_comes_is_published_after_the_timeout(h):
+    request = sdk_request(1)
+    spans = request.resource_spans[0].scope_spans[0].spans
+    root = next(s for s in spans if not s.parent_span_id)
+    spans.remove(root)
+    assert run(h.post(request.SerializeToString()))[0] == 200
+    run(h.receiver.tick())
+    assert h.broker.events == []  # within the timeout: still waiting for the root
+    h.receiver.trace_timeout_s = 0.0
+    run(h.receiver.tick())
+    assert {e["type"] for e in h.broker.events} >= {"tool_call", "tool_result"} and h.receiver.buffer.held_spans() == 0
+
+
+def test_a_trace_the_mapping_fails_on_is_logged_and_the_others_published(h, monkeypatch, caplog):
+    import somnus.otlp.receiver as receiver_mod
+
+    real = receiver_mod.trace_events
+
+    def flaky(spans, fallback=None):
+        if any(s.attributes.get("gen_ai.agent.name") == "support" for s in spans):
+            raise RuntimeError("a defect")
+        return real(spans, fallback)
+
+    monkeypatch.setattr(receiver_mod, "trace_events", flaky)
+    assert run(h.post(sdk_request(2).SerializeToString()))[0] == 200
+    assert {e["agent"] for e in h.broker.events} == {"billing"} and h.receiver.buffer.held_spans() == 0
+    assert "could not be mapped" in caplog.text

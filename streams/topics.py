@@ -124,7 +124,7 @@ class TopicHits:
 async def topic_hits(bootstrap: str, topics: Sequence[str], needles: Sequence[str], settings: Any = None,
                      ring: Any = None) -> TopicHits:
     """Records of each topic (offset 0 to its end, as the projector reads them) whose key or value
-    holds a needle's bytes once opened with ``ring`` (``somnus.streams.keys.KeyRing``; None: as they
+    holds a needle's bytes once opened with ``ring`` (``somnus.schemas.sealed.KeyRing``; None: as they
     are; a record whose key is gone is not read), and whose raw value, or whose record key, holds one."""
     from somnus.schemas.sealed import FORGOTTEN
 

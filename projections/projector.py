@@ -39,6 +39,7 @@ from somnus.streams import kafka_compat
 from somnus.streams.kafka_compat import track_topics_sent_to
 from somnus.config import SUPERVISOR_STATE_FILE, Settings
 from somnus.streams.connection import kafka_options
+from somnus.streams.keys import KeyFollower
 from somnus.streams.topics import partitions_of
 from somnus.broker import BrokerError, await_broker, bootstrap_for
 import sys
@@ -176,6 +177,7 @@ class Projector:
         await consumer.start()
         runner = None
         drain: Drain | None = None
+        keys: KeyFollower | None = None
         try:
             tps = await self._partitions(consumer)
             consumer.assign(tps)
@@ -188,6 +190,8 @@ class Projector:
                                                               max_clock_skew_s=self.settings.max_clock_skew_s,
                                                               fact_retire_days=self.settings.fact_retire_days),
                                 OscillatorConfig(enabled=True) if self.settings.oscillators else None)
+            keys = await KeyFollower(self.bootstrap, self.settings.keys_topic, self.settings).start()
+            models.keys = keys.ring  # sealed records open with the keys that remain (somnus.streams.keys)
             for tp in tps:
                 consumer.seek(tp, stored.get((tp.topic, tp.partition), 0))
             drain = Drain(consumer, self.max_records)
@@ -236,6 +240,7 @@ class Projector:
                     if not part:
                         continue
                     t_batch = time.monotonic()
+                    await keys.ensure(r.value for r in part)  # the keys of its sealed records, or gone
                     async with lock:
                         res = await asyncio.to_thread(apply_guarded, con, self.topics, part, stored,
                                                       self.settings.max_event_bytes, models,
@@ -260,6 +265,8 @@ class Projector:
         finally:
             if drain is not None:
                 await drain.stop()
+            if keys is not None:
+                await keys.stop()
             if self._briefing_server is not None:
                 self._briefing_server.stop()
             if runner is not None:
@@ -305,6 +312,7 @@ class Projector:
         t.skipped_invalid += res.skipped_invalid
         t.duplicate_events += res.duplicate_events
         t.quarantined += res.quarantined
+        t.shredded += res.shredded
 
     async def _partitions(self, consumer: AIOKafkaConsumer) -> list[TopicPartition]:
         tps = []

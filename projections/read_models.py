@@ -22,6 +22,7 @@ from somnus.projections.memory import MemoryProjection
 from somnus.projections.semantic import SemanticProjection
 from somnus.projections.sleep import SleepJob
 from somnus.projections.utilisation import UtilisationFold
+from somnus.schemas.sealed import KeyRing
 
 DeadLetterKey = tuple[str, int, int, int, str]  # source topic, partition, offset, index in the record, kind
 
@@ -32,7 +33,8 @@ class ReadModels:
     - ``episodes``: the episode ids projected (a re-emitted episode is skipped: first one wins);
     - ``dead_letters``: the dead letters' source coordinates and kinds (each is written once);
     - the folds: ``knowledge``, ``causal``, ``memory`` (with the sleep job), ``semantic``,
-      ``utilisation``, ``forget``; the caches read by the API: ``top_facts``, ``briefings``.
+      ``utilisation``, ``forget``; the caches read by the API: ``top_facts``, ``briefings``;
+    - ``keys``: the data keys that open sealed records (``somnus.schemas.sealed.KeyRing``).
     """
 
     def __init__(self, con: duckdb.DuckDBPyConnection, agents: Mapping[str, Any] | None = None,
@@ -51,3 +53,4 @@ class ReadModels:
         self.briefings = BriefingCache(con, self.agents, self.top_facts, self.semantic)
         self.utilisation = UtilisationFold(con)
         self.forget = Forgetting(con)  # forgotten subjects: purged, and kept out (projections/forget.py)
+        self.keys = KeyRing()  # the data keys that open sealed records (the projector follows the key topic)

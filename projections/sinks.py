@@ -70,6 +70,7 @@ class BatchResult:
     memory_events: int = 0
     semantic_events: int = 0
     skipped_invalid: int = 0  # invalid traces: the worker dead-letters them
+    shredded: int = 0  # sealed records whose data key a forget deleted: skipped (somnus.schemas.sealed)
     scheduled_sleeps: list[tuple[str, Any]] = field(default_factory=list)  # (run_id, at) committed in the batch
     timings: dict[str, float] = field(default_factory=dict)  # seconds per stage (decode, memory, knowledge...)
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)

@@ -43,6 +43,7 @@ from somnus.projections.causal import UpdateRow
 from somnus.schemas.codec import MAX_DEPTH, Rejection, decode_bounded, poison_reason, truncated_note
 from somnus.schemas.lifecycle import KIND_SLEEP, SleepRequested
 from somnus.schemas.memory import KIND_ACCESS, MemoryAccessed, MemoryUnit
+from somnus.schemas.sealed import FORGOTTEN, open_record
 from somnus.schemas.semantic import KIND_INGEST, KIND_PROMOTE, KnowledgeIngested, PromotionRequested
 
 __all__ = ["KIND_PROMOTION", "KIND_SERVED", "BatchResult", "ReadModels", "Record", "Topics", "apply_batch",
@@ -147,6 +148,14 @@ def _take(records: Iterable[Record], stored: Mapping[tuple[str, int], int],
         if rec.offset < stored.get(tp, 0) or rec.offset < res.offsets.get(tp, 0):
             continue  # already projected
         res.offsets[tp] = rec.offset + 1
+        opened = open_record(rec, sinks.models.keys.keys)  # a sealed record: its plaintext (somnus.schemas.sealed)
+        if opened is FORGOTTEN:  # its data key was deleted by a forget: skipped, counted
+            res.shredded += 1
+            continue
+        if isinstance(opened, Rejection):
+            sinks.dead.quarantine(rec, 0, opened.reason)
+            continue
+        rec = opened  # type: ignore[assignment]
         named = sinks.forget.mentions(rec)  # a forgotten subject's record: purged before commit
         why = quarantine.get((rec.topic, rec.partition, rec.offset))
         if why is not None:
@@ -209,7 +218,9 @@ def apply_guarded(con: duckdb.DuckDBPyConnection, topics: Topics, records: Itera
         log.error("a batch of %d records failed (%r): applying it again without the records that fail",
                   len(records), failed.__cause__)
     for rec in records:
-        reason = _undecodable(topics, rec, max_depth)
+        opened = open_record(rec, models.keys.keys)  # as apply_batch reads it (skipped or a dead letter there)
+        skipped = opened is FORGOTTEN or isinstance(opened, Rejection)
+        reason = None if skipped else _undecodable(topics, opened, max_depth)  # type: ignore[arg-type]
         if reason is not None:
             quarantine[(rec.topic, rec.partition, rec.offset)] = reason
     return _halves(records, attempt, quarantine)

@@ -5,6 +5,11 @@ are named by their ``Settings`` field (``traces_topic``...). ``tests/schemas/tes
 checks that every topic of ``somnus.streams.topics.topic_specs`` and every ``KIND_*`` constant of the
 schemas is here, and that each type round-trips through ``somnus.schemas.codec``.
 
+Sealed records (``somnus.schemas.sealed``, crypto-shredding for ``somnus forget``): a record of one
+session's text may travel sealed under that session's data key - its value the ``MAGIC``, nonce and
+AES-GCM ciphertext of the value listed here, and a ``somnus-sealed`` header naming the key id. Opened,
+it is the record listed here (``SEALED_TOPICS``). The keys are ``DataKey`` records of the key topic.
+
 >>> [r.type_name for r in TOPICS["facts_topic"]]
 ['FactsExtracted', 'ForgetRequested', 'FactPromoted', 'BriefingServed']
 """
@@ -22,6 +27,7 @@ from somnus.schemas.facts import FactsExtracted
 from somnus.schemas.forget import KIND_FORGET, ForgetRequested
 from somnus.schemas.lifecycle import KIND_SLEEP, SleepRequested
 from somnus.schemas.memory import KIND_ACCESS, KIND_UNITS, MemoryAccessed, MemoryUnit
+from somnus.schemas.sealed import DataKey
 from somnus.schemas.semantic import KIND_INGEST, KIND_PROMOTE, KnowledgeIngested, PromotionRequested
 from somnus.schemas.working_memory import WorkingMemoryState
 
@@ -68,7 +74,14 @@ TOPICS: dict[str, tuple[WireRecord, ...]] = {
     ),
     # the working-memory table's changelog (key: the session; a tombstone when it closes)
     "working_memory_topic": (WireRecord(None, WorkingMemoryState, "the worker's working memory"),),
+    # the sessions' data keys, compacted (key: the key id; a tombstone from `somnus forget` deletes one)
+    "keys_topic": (WireRecord(None, DataKey, "publishers (somnus.client), before their first sealed record"),),
 }
+
+# The topics whose records may be sealed with a session's data key (somnus.streams.sealing): their
+# plaintext is the record listed in TOPICS; the others always travel as they are.
+SEALED_TOPICS = frozenset({"traces_topic", "episodes_topic", "dead_letter_topic", "facts_topic",
+                           "observations_topic", "link_updates_topic", "memory_topic", "working_memory_topic"})
 
 
 def record_type(topic: str, kind: bytes | None) -> WireRecord | None:

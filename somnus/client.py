@@ -30,17 +30,41 @@ import threading
 
 class _Key(msgspec.Struct):
     session_id: Any = None
+    agent: Any = None
+    type: Any = None
+    payload: msgspec.Raw = msgspec.Raw(b"null")
+
+
+class _Start(msgspec.Struct):
+    user_id: Any = None
 
 
 _key_only = msgspec.json.Decoder(_Key)
+_start = msgspec.json.Decoder(_Start)
 
 
 def key_of(raw: bytes) -> bytes | None:
+    return _subject(raw)[0]
+
+
+def _subject(raw: bytes) -> tuple[bytes | None, tuple[str, str] | None, str | None]:
+    """The record key (session id), the session ``(agent, session_id)`` and the user id (a session
+    start's) of one encoded event, each None when it cannot be read."""
     try:
-        sid = _key_only.decode(raw).session_id
+        ev = _key_only.decode(raw)
     except msgspec.DecodeError:
-        return None
-    return str(sid).encode() if sid is not None else None
+        return None, None, None
+    sid, agent = ev.session_id, ev.agent
+    key = str(sid).encode() if sid is not None else None
+    session = (agent, sid) if isinstance(agent, str) and isinstance(sid, str) else None
+    user = None
+    if ev.type == "session_start":
+        try:
+            u = _start.decode(ev.payload).user_id
+        except msgspec.DecodeError:
+            u = None
+        user = u if isinstance(u, str) else None
+    return key, session, user
 
 
 def to_bytes(event: Any) -> bytes:
@@ -67,39 +91,70 @@ def bundles(raws: list[bytes], bundle_max: int) -> list[tuple[bytes | None, byte
     >>> [v for _, v in bundles([b'{"session_id":"a"}', b'{"session_id":"b"}', b'{"session_id":"a"}'], 8)]
     [b'[{"session_id":"a"},{"session_id":"a"}]', b'{"session_id":"b"}']
     """
-    if bundle_max <= 1:
-        return [(key_of(r), r) for r in raws]
-    groups: dict[bytes | None, list[bytes]] = {}
-    out: list[tuple[bytes | None, bytes]] = []
+    return [(key, value) for key, _, _, value in session_bundles(raws, bundle_max)]
+
+
+Session = tuple[str, str]  # (agent, session_id)
+
+
+def session_bundles(raws: list[bytes], bundle_max: int) -> list[tuple[bytes | None, Session | None, str | None,
+                                                                      bytes]]:
+    """``bundles`` with each record's session and its user (when one of the session's events here names
+    it): ``(key, session, user, value)``; a bundle holds one session's events (agent and session id)."""
+    out: list[tuple[bytes | None, Session | None, str | None, bytes]] = []
+    groups: dict[tuple[bytes, Session | None], list[bytes]] = {}
+    users: dict[Session, str] = {}
     for raw in raws:
-        key = key_of(raw)
-        if key is None:
-            out.append((None, raw))
+        key, session, user = _subject(raw)
+        if session is not None and user is not None:
+            users[session] = user
+        if key is None or bundle_max <= 1:
+            out.append((key, session, None, raw))
         else:
-            groups.setdefault(key, []).append(raw)
-    for key, items in groups.items():
+            groups.setdefault((key, session), []).append(raw)
+    for (key, session), items in groups.items():
         for i in range(0, len(items), bundle_max):
             part = items[i:i + bundle_max]
-            out.append((key, part[0] if len(part) == 1 else b"[" + b",".join(part) + b"]"))
-    return out
+            out.append((key, session, None, part[0] if len(part) == 1 else b"[" + b",".join(part) + b"]"))
+    return [(k, s, users.get(s) if s is not None else None, v) for k, s, _, v in out]
+
+
+def sealing_default() -> bool:
+    """Whether publishers seal trace records (``SOMNUS_ENCRYPT``, default on; ``0`` publishes plaintext)."""
+    import os
+
+    return os.environ.get("SOMNUS_ENCRYPT", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def session_keys(topic: str, seal: bool | None, keys_topic: str | None) -> Any:
+    """The publisher's ``SessionKeys`` (None: it publishes plaintext)."""
+    from somnus.streams.keys import SessionKeys, keys_topic_for
+
+    if not (sealing_default() if seal is None else seal):
+        return None
+    return SessionKeys(keys_topic or keys_topic_for(topic))
 
 
 async def publish_async(events: Iterable[Any] | AsyncIterable[Any], bootstrap: str, topic: str,
-                        chunk: int = 20000, bundle_max: int = 64) -> int:
+                        chunk: int = 20000, bundle_max: int = 64, seal: bool | None = None,
+                        keys_topic: str | None = None) -> int:
     """Publish events, keyed by session id, in order per session; returns how many events were acknowledged.
 
     Consecutive events of one session within a chunk travel as one bundle record (see
-    ``somnus.schemas.codec.decode_record``); ``bundle_max=1`` sends one record per event.
+    ``somnus.schemas.codec.decode_record``); ``bundle_max=1`` sends one record per event. Each record is
+    sealed with its session's data key (``somnus.schemas.sealed``; the keys go to ``keys_topic``, by
+    default the one beside ``topic``, first) unless ``seal`` is False (default: ``SOMNUS_ENCRYPT``).
     """
     producer = make_producer(bootstrap)
     await producer.start()
     sent = 0
+    keys = session_keys(topic, seal, keys_topic)
     try:
         buffer: list[bytes] = []
 
         async def drain() -> None:
             nonlocal sent
-            sent += await _send_bundles(producer, topic, buffer, bundle_max)
+            sent += await _send_bundles(producer, topic, buffer, bundle_max, keys)
             buffer.clear()
 
         if isinstance(events, AsyncIterable):
@@ -119,9 +174,26 @@ async def publish_async(events: Iterable[Any] | AsyncIterable[Any], bootstrap: s
     return sent
 
 
-async def _send_bundles(producer: AIOKafkaProducer, topic: str, raws: list[bytes], bundle_max: int) -> int:
-    """Send encoded events as session bundles and wait for every acknowledgement; how many events."""
-    futures = [await producer.send(topic, value, key=key) for key, value in bundles(raws, bundle_max)]
+async def _send_bundles(producer: AIOKafkaProducer, topic: str, raws: list[bytes], bundle_max: int,
+                        keys: Any = None) -> int:
+    """Send encoded events as session bundles and wait for every acknowledgement; how many events. With
+    ``keys`` (``somnus.streams.keys.SessionKeys``) each bundle is sealed with its session's key, sent and
+    acknowledged on the key topic first; a record whose session cannot be read goes as it is."""
+    from somnus.schemas.sealed import seal, sealed_headers
+
+    records = session_bundles(raws, bundle_max)
+    sealing: dict[Any, Any] = {}
+    if keys is not None:
+        users: dict[Any, str | None] = {}
+        for _, session, user, _ in records:
+            if session is not None:
+                users[session] = users.get(session) or user
+        sealing = await keys.for_sessions(producer, users)
+    futures = []
+    for key, session, _, value in records:
+        dk = sealing.get(session) if session is not None else None
+        futures.append(await producer.send(topic, seal(dk, value) if dk is not None else value, key=key,
+                                           headers=sealed_headers(None, dk)))
     await asyncio.gather(*futures)
     return len(raws)
 
@@ -137,8 +209,10 @@ class Publisher:
     call costs a round trip, not a connection. ``send`` blocks until the broker acknowledged every
     event; it may be called from several threads. Use as a context manager, or ``close()``."""
 
-    def __init__(self, bootstrap: str, topic: str, bundle_max: int = 64, timeout_s: float = 120.0) -> None:
+    def __init__(self, bootstrap: str, topic: str, bundle_max: int = 64, timeout_s: float = 120.0,
+                 seal: bool | None = None, keys_topic: str | None = None) -> None:
         self.topic, self.bundle_max, self.timeout_s = topic, bundle_max, timeout_s
+        self.keys = session_keys(topic, seal, keys_topic)  # sealing (publish_async), one key per session
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="somnus-publisher", daemon=True)
         self._thread.start()
@@ -158,7 +232,8 @@ class Publisher:
 
     def send(self, events: Iterable[Any]) -> int:
         """Publish events (dicts, bytes or event structs) keyed by session; how many were acknowledged."""
-        return self._call(_send_bundles(self._producer, self.topic, [to_bytes(e) for e in events], self.bundle_max))
+        return self._call(_send_bundles(self._producer, self.topic, [to_bytes(e) for e in events], self.bundle_max,
+                                        self.keys))
 
     def close(self) -> None:
         try:

@@ -183,6 +183,11 @@ class Settings:
         return f"{self.app_id}-working_memory-changelog"
 
     @property
+    def keys_topic(self) -> str:
+        """The compacted topic of the sessions' data keys (somnus.streams.keys)."""
+        return f"{self.topic_prefix}keys"
+
+    @property
     def projected_topics(self) -> tuple[str, ...]:
         return (self.traces_topic, self.episodes_topic, self.dead_letter_topic, self.facts_topic,
                 self.link_updates_topic, self.memory_topic, self.working_memory_topic, self.semantic_topic)

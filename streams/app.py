@@ -35,9 +35,13 @@ from somnus.processors.prediction.causal_links import decode_link_state, encode_
 from somnus.schemas.memory import KIND_UNITS
 from somnus.schemas.causal import OutcomeObserved
 from somnus.schemas.episodes import EpisodeDistilled
-from somnus.schemas.codec import (Rejection, dead_letter_original, decode_bounded, decode_record, encode, poison_reason,
+from somnus.schemas.codec import (Rejection, decode_bounded, decode_record, encode, poison_reason,
                           record_rejection, truncated_note)
+from somnus.schemas.sealed import FORGOTTEN
 from somnus.streams.kafka_compat import track_topics_sent_to
+from somnus.streams.keys import KeyFollower
+from somnus.streams.sealing import (TableSealing, dead_letter_value, key_of_record, opened_values, sealed,
+                                    unit_records)
 from somnus.streams.kafka_compat.offsets import chop_gaps_from, clear_read_offset
 from somnus.config import Settings
 from somnus.streams.connection import kafka_options
@@ -70,6 +74,10 @@ class BatchedTable(Table):
         super().__init__(*args, **kwargs)
         self.key_partitions: dict[Any, int] = {}
         self.pending_changelog: list[tuple[int, bytes, bytes | None]] = []
+        self.sealing: Any = None  # somnus.streams.sealing.TableSealing: changelog values sealed per session
+
+    def _to_value(self, v: Any) -> Any:  # a value restored from the changelog, opened
+        return self.sealing.open(v) if self.sealing is not None else v
 
     def partition_for_key(self, key: Any) -> int | None:
         partition = self.key_partitions.get(key)
@@ -110,8 +118,10 @@ class BatchedTable(Table):
 
     async def send_changelog_batch(self, producer: Any) -> None:
         topic = self.changelog_topic.get_topic_name()
-        futures = [await producer.send(topic, key=key, value=value, partition=partition, timestamp=None, headers=None)
-                   for partition, key, value in self.pending_changelog]
+        seal = self.sealing.seal if self.sealing is not None else lambda k, v: (v, None)
+        futures = [await producer.send(topic, key=key, value=value, partition=partition, timestamp=None,
+                                       headers=headers)
+                   for partition, key, raw in self.pending_changelog for value, headers in [seal(key, raw)]]
         self.pending_changelog.clear()
         self.key_partitions.clear()
         if futures:
@@ -263,14 +273,16 @@ class DeadLetterSender:
     app: Any
     topic: str
     counters: WorkerCounters
+    keys: KeyFollower | None = None  # a sealed record's dead letter stays sealed (somnus.streams.sealing)
 
     async def queue(self, msg: Any, rejection: Rejection, index: int = 0) -> Any:
         """Queue the dead letter; returns the send future (the caller waits for it before acking)."""
         self.counters.dead_letters += 1
-        value = rejection.original if rejection.original is not None else dead_letter_original(msg.value)
-        return await self.app.producer.send(
-            self.topic, key=msg.key, value=value, partition=None, timestamp=None,
-            headers=dead_letter_headers(rejection, msg.topic, msg.partition, msg.offset, index))
+        ring = self.keys.ring if self.keys is not None else KeyFollower("", "").ring
+        value, headers = dead_letter_value(ring, msg.value, rejection.original,
+                                           dead_letter_headers(rejection, msg.topic, msg.partition, msg.offset, index))
+        return await self.app.producer.send(self.topic, key=msg.key, value=value, partition=None, timestamp=None,
+                                            headers=headers)
 
     async def send(self, msg: Any, rejection: Rejection) -> None:
         """Dead-letter a whole record now (acknowledged by the broker on return)."""
@@ -290,7 +302,7 @@ class Distiller:
                  not_episodic: frozenset[str] = frozenset(), wm_settings: Any = None,
                  alpha_by_agent: dict[str, float] | None = None, sessions_guard: OffsetGuard | None = None,
                  links_guard: OffsetGuard | None = None, markers: MarkerRetention | None = None,
-                 idle: IdleSessions | None = None) -> None:
+                 idle: IdleSessions | None = None, keys: KeyFollower | None = None) -> None:
         self.app, self.settings = app, settings
         self.sessions, self.links, self.working = sessions, links, working
         self.counters = counters or WorkerCounters()
@@ -298,7 +310,10 @@ class Distiller:
         self.alpha_by_agent = alpha_by_agent or {}
         self.sessions_guard, self.links_guard = sessions_guard, links_guard
         self.markers, self.idle = markers, idle
-        self.dead = DeadLetterSender(app, settings.dead_letter_topic, self.counters)
+        # the data keys: open sealed records, seal outputs (somnus.streams.sealing); none: an offline ring
+        self.keys = keys if keys is not None else KeyFollower("", "")
+        app.somnus_keys = self.keys  # _plan_batch reads it
+        self.dead = DeadLetterSender(app, settings.dead_letter_topic, self.counters, self.keys)
         self.batchers: list[Batcher] = []
 
     @classmethod
@@ -310,6 +325,8 @@ class Distiller:
         sessions = _table(app, settings, "sessions", "per-session distiller state (msgspec JSON)")
         links = _table(app, settings, "links", "NAc causal link state per event signature (msgspec JSON)")
         working = _table(app, settings, "working_memory", "per-session working memory: recent messages and summaries")
+        keys = KeyFollower(bootstrap, settings.keys_topic, settings)  # opens traces, seals outputs (streams/sealing.py)
+        sessions.sealing = working.sealing = TableSealing(keys)
         fleet = load_agents(settings.agents_dir)
         idle_us = int(settings.session_idle_s * 1_000_000)
         distiller = cls(
@@ -320,7 +337,7 @@ class Distiller:
             alpha_by_agent=alphas_for(fleet), sessions_guard=make_guard(app, bootstrap, sessions),
             links_guard=make_guard(app, bootstrap, links),
             markers=MarkerRetention(int(settings.session_retention_s * 1_000_000)),
-            idle=IdleSessions(idle_us) if idle_us > 0 else None)
+            idle=IdleSessions(idle_us) if idle_us > 0 else None, keys=keys)
         distiller.wire(worker_name)
         return distiller
 
@@ -407,6 +424,7 @@ class Distiller:
         guard = self.sessions_guard
         admitted = await guard.admit(batch) if guard is not None else Admitted(handle=list(batch))
         records = admitted.handle
+        await self.keys.ensure(opened_values(records))  # the data keys of its sealed records (or gone)
         try:
             plan = _plan_batch(self.app, self.settings, records, self.sessions, generation, self.inline_extractor,
                                self.not_episodic, self.working, self.wm_settings, self.idle)
@@ -473,6 +491,7 @@ class Distiller:
         counters.duplicates += plan.duplicates
         counters.late += plan.late
         counters.abandoned += plan.abandoned
+        counters.shredded += plan.shredded
         if plan.future:
             counters.future += plan.future
             _warn_future(self.settings, plan.future, next(r.reason for _, _, r in plan.dead if r.kind == "future"))
@@ -480,23 +499,28 @@ class Distiller:
     async def _send_outputs(self, plan: BatchPlan) -> list[Any]:
         """Queue the batch's episodes, facts, observations and memory units; returns the send futures."""
         app, settings, counters = self.app, self.settings, self.counters
+        ring = self.keys.ring
         pending = []
         for ep in plan.episodes:
             counters.episodes += 1
+            value, headers = sealed(ring.key_for(ep.agent, ep.session_id), encode(ep))
             pending.append(await app.producer.send(settings.episodes_topic, key=ep.session_id.encode(),
-                                                   value=encode(ep), partition=None, timestamp=None, headers=None))
+                                                   value=value, partition=None, timestamp=None, headers=headers))
         if plan.facts:
-            pending.extend(await self._send_facts(plan.facts))
+            pending.extend(await self._send_facts(plan.facts, plan.episodes))
         if plan.observations:
             counters.observations += len(plan.observations)
+            keys = {ep.episode_id: ring.key_for(ep.agent, ep.session_id) for ep in plan.episodes}
             pending.extend(await _send_bundles(app, settings.observations_topic, settings.partitions,
-                                               plan.observations, lambda o: o.event_signature))
+                                               plan.observations, lambda o: o.event_signature,
+                                               lambda o: keys.get(o.episode_id)))
         units = plan.units
         if units:
             counters.memory_units += len(units)
             pending.extend([await app.producer.send(
-                settings.memory_topic, key=None, value=encode(units[i:i + BUNDLE_ITEMS]), partition=0,
-                timestamp=None, headers=[("somnus-kind", KIND_UNITS)]) for i in range(0, len(units), BUNDLE_ITEMS)])
+                settings.memory_topic, key=None, value=value, partition=0, timestamp=None,
+                headers=[("somnus-kind", KIND_UNITS), *(headers or [])])
+                for value, headers in unit_records(ring, units, BUNDLE_ITEMS)])
         return pending
 
     async def _write_states(self, plan: BatchPlan) -> None:
@@ -521,14 +545,24 @@ class Distiller:
         batch = admitted.handle
         observed: list[OutcomeObserved] = []
         partition_of: dict[str, int] = {}
+        keys = self.keys
+        await keys.ensure(opened_values(batch))
+        key_of_episode: dict[Any, Any] = {}  # the data key of each observation's episode (its record's)
         for event in batch:
             msg = event.message
-            items = decode_bounded(_observations_decoder, msg.value, self.settings.max_json_depth)
+            value = keys.ring.open(msg.value)
+            if value is FORGOTTEN:
+                self.counters.shredded += 1
+                continue
+            items = value if isinstance(value, Rejection) else decode_bounded(
+                _observations_decoder, value, self.settings.max_json_depth)  # type: ignore[arg-type]
             if isinstance(items, Rejection):  # our own output, or not: it must not stop the stream
                 await self.dead.send(msg, _named(items, "observations", msg.value))
                 continue
+            record_key = key_of_record(keys.ring, msg.value)
             for item in items:
                 partition_of[item.event_signature] = msg.partition
+                key_of_episode[item.episode_id] = record_key
             observed.extend(items)
         try:
             states, updates = _learn(self.links, partition_of, observed, self.alpha_by_agent)
@@ -542,14 +576,17 @@ class Distiller:
             await self.dead.send(msg, Rejection(poison_reason(exc, "while learning causal links")
                                                 + truncated_note(msg.value)))
             states, updates = {}, []
-        return await self._send_links(admitted, states, updates, partition_of, generation)
+        return await self._send_links(admitted, states, updates, partition_of, generation, key_of_episode)
 
     async def _send_links(self, admitted: Admitted, states: dict[str, bytes], updates: list[Any],
-                          partition_of: Mapping[str, int], generation: int) -> list[EventT]:
-        """Send the updates, then the links' states and positions; returns the records to acknowledge."""
+                          partition_of: Mapping[str, int], generation: int,
+                          key_of_episode: Mapping[Any, Any] | None = None) -> list[EventT]:
+        """Send the updates (each sealed with its episode's key), then the links' states and positions;
+        returns the records to acknowledge."""
         self.counters.link_updates += len(updates)
+        key_of = key_of_episode or {}
         pending = await _send_bundles(self.app, self.settings.link_updates_topic, self.settings.partitions, updates,
-                                      lambda u: u.event_signature)
+                                      lambda u: u.event_signature, lambda u: key_of.get(u.episode_id))
         if pending:
             await asyncio.gather(*pending)
         if self.app.consumer_generation_id != generation:
@@ -564,9 +601,15 @@ class Distiller:
         """Episodes -> facts (the LLM extractor's agent): one FactsExtracted per episode on the
         single-partition facts topic. Stateless: every record is acknowledged."""
         episodes = []
+        await self.keys.ensure(opened_values(batch))
         for event in batch:
             msg = event.message
-            ep = decode_bounded(_episode_decoder, msg.value, self.settings.max_json_depth)
+            value = self.keys.ring.open(msg.value)
+            if value is FORGOTTEN:
+                self.counters.shredded += 1
+                continue
+            ep = value if isinstance(value, Rejection) else decode_bounded(
+                _episode_decoder, value, self.settings.max_json_depth)  # type: ignore[arg-type]
             if isinstance(ep, Rejection):  # our own output; a bad one is a bug, but it must not stop the stream
                 await self.dead.send(msg, _named(ep, "episode", msg.value))
                 continue
@@ -574,16 +617,19 @@ class Distiller:
         out = self.extractor.extract(episodes)
         if inspect.isawaitable(out):
             out = await out
-        pending = await self._send_facts(out)
+        pending = await self._send_facts(out, episodes)
         if pending:
             await asyncio.gather(*pending)
 
-    async def _send_facts(self, extracted: Sequence[Any]) -> list[Any]:
-        """Queue each episode's FactsExtracted on the one-partition facts topic; returns the send futures."""
+    async def _send_facts(self, extracted: Sequence[Any], episodes: Sequence[Any] = ()) -> list[Any]:
+        """Queue each episode's FactsExtracted on the one-partition facts topic (sealed with the key of the
+        episode's session); returns the send futures."""
         self.counters.facts += sum(len(f.facts) for f in extracted)
+        ring = self.keys.ring
+        keys = {ep.episode_id: ring.key_for(ep.agent, ep.session_id) for ep in episodes}
         return [await self.app.producer.send(self.settings.facts_topic, key=str(f.episode_id).encode(),
-                                             value=encode(f), partition=0, timestamp=None, headers=None)
-                for f in extracted]
+                                             value=value, partition=0, timestamp=None, headers=headers)
+                for f in extracted for value, headers in [sealed(keys.get(f.episode_id), encode(f))]]
 
 
 _CLOCK_WARNED = [float("-inf")]  # when the last warning about clocks ahead was logged (monotonic s)
@@ -621,6 +667,7 @@ class BatchPlan:
     late: int = 0
     future: int = 0
     abandoned: int = 0
+    shredded: int = 0  # records whose data key was deleted (forgotten): skipped
 
 
 def _stored_clocks(sessions: BatchedTable, topic: str, partitions: set[int]) -> dict[int, int]:
@@ -644,9 +691,16 @@ def _plan_batch(app: faust.App, settings: Settings, batch: Sequence[EventT], ses
     skew_us = int(settings.max_clock_skew_s * 1_000_000)
     partition_of = plan.partition_of
     offset_of: dict[str, int] = {}  # session key -> offset of its last record in the batch (its end)
+    ring = _keys(app).ring
     for event in batch:
         msg = event.message
-        items = decode_record(msg.value, settings.max_event_bytes, settings.max_json_depth)
+        value = ring.open(msg.value)  # a sealed record's plaintext (somnus.schemas.sealed)
+        if value is FORGOTTEN or isinstance(value, Rejection):  # its key deleted by a forget: skipped
+            plan.shredded += value is FORGOTTEN
+            if isinstance(value, Rejection):
+                plan.dead.append((msg, 0, value))
+            continue
+        items = decode_record(value, settings.max_event_bytes, settings.max_json_depth)  # type: ignore[arg-type]
         rejected = record_rejection(items)
         if rejected is not None:  # one dead letter for the record, whatever number of its elements is bad
             index, why = rejected
@@ -822,16 +876,25 @@ BUNDLE_ITEMS = 1000  # items per bundle record: well under the producer's reques
 
 
 async def _send_bundles(app: faust.App, topic: str, partitions: int, items: Sequence[Any],
-                        signature_of: Any) -> list[Any]:
-    """Send ``items`` as JSON-array records, grouped by the partition of their signature (order kept,
-    at most ``BUNDLE_ITEMS`` a record); returns the send futures. Faust's cost is per record, so a
-    batch's outcomes travel together."""
-    by_partition: dict[int, list[Any]] = {}
+                        signature_of: Any, key_of: Any = lambda item: None) -> list[Any]:
+    """Send ``items`` as JSON-array records, grouped by the partition of their signature and by their
+    session's data key (``key_of``: sealed with it; order kept, at most ``BUNDLE_ITEMS`` a record);
+    returns the send futures. Faust's cost is per record, so a batch's outcomes travel together."""
+    groups: dict[tuple[int, Any], list[Any]] = {}
     for item in items:
-        by_partition.setdefault(signature_partition(signature_of(item), partitions), []).append(item)
-    return [await app.producer.send(topic, key=None, value=encode(group[i:i + BUNDLE_ITEMS]), partition=partition,
-                                    timestamp=None, headers=None)
-            for partition, group in sorted(by_partition.items()) for i in range(0, len(group), BUNDLE_ITEMS)]
+        groups.setdefault((signature_partition(signature_of(item), partitions), key_of(item)), []).append(item)
+    return [await app.producer.send(topic, key=None, value=value, partition=partition, timestamp=None, headers=headers)
+            for (partition, key), group in sorted(groups.items(), key=lambda g: g[0][0])
+            for i in range(0, len(group), BUNDLE_ITEMS)
+            for value, headers in [sealed(key, encode(group[i:i + BUNDLE_ITEMS]))]]
+
+
+def _keys(app: Any) -> KeyFollower:
+    """The worker's data keys (``somnus.streams.keys``); an app made without them has an empty ring."""
+    keys = getattr(app, "somnus_keys", None)
+    if keys is None:
+        keys = app.somnus_keys = KeyFollower("", "")  # offline: follows nothing
+    return keys
 
 
 _observations_decoder = msgspec.json.Decoder(list[OutcomeObserved])

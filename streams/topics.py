@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -33,6 +34,7 @@ def topic_specs(settings: Settings) -> dict[str, int]:
         settings.memory_topic: 1,
         settings.semantic_topic: 1,
         settings.working_memory_topic: settings.partitions,  # the Faust table's changelog, made here
+        settings.keys_topic: 1,  # the sessions' data keys, compacted (somnus.streams.keys)
     }
 
 
@@ -42,6 +44,10 @@ def topic_config(name: str, append_time: bool = False) -> dict[str, str]:
     their events' times can move stream time (``somnus.processors.sessions.session_retention``, ``SOMNUS_MAX_CLOCK_SKEW_S``)."""
     if name.endswith("-changelog"):
         return {"cleanup.policy": "compact"}
+    if name.endswith("keys"):
+        from somnus.streams.keys import KEY_TOPIC_CONFIG
+
+        return dict(KEY_TOPIC_CONFIG)
     config = {"retention.ms": "-1", "retention.bytes": "-1"}
     if append_time:
         config["message.timestamp.type"] = "LogAppendTime"
@@ -103,14 +109,29 @@ def signature_partition(signature: str, partitions: int) -> int:
     return int(signature[:8], 16) % partitions
 
 
-async def topic_hits(bootstrap: str, topics: Sequence[str], needles: Sequence[str], settings: Any = None
-                     ) -> dict[str, dict[str, int]]:
+@dataclass
+class TopicHits:
+    """What ``topic_hits`` found: records holding a needle as the project reads them (sealed records
+    opened with the keys that remain) and in their raw bytes, {needle: {topic: records}}; how many
+    sealed records could not be opened (their key is gone)."""
+
+    opened: dict[str, dict[str, int]] = field(default_factory=dict)
+    raw: dict[str, dict[str, int]] = field(default_factory=dict)  # in the raw values (what sealing covers)
+    keys: dict[str, dict[str, int]] = field(default_factory=dict)  # in the record keys: routing ids, not sealed
+    shredded: dict[str, int] = field(default_factory=dict)
+
+
+async def topic_hits(bootstrap: str, topics: Sequence[str], needles: Sequence[str], settings: Any = None,
+                     ring: Any = None) -> TopicHits:
     """Records of each topic (offset 0 to its end, as the projector reads them) whose key or value
-    holds a needle's bytes: {needle: {topic: records}}."""
+    holds a needle's bytes once opened with ``ring`` (``somnus.schemas.sealed.KeyRing``; None: as they
+    are; a record whose key is gone is not read), and whose raw value, or whose record key, holds one."""
+    from somnus.schemas.sealed import FORGOTTEN
+
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
                                 auto_offset_reset="earliest", **kafka_options(settings))
     await consumer.start()
-    out: dict[str, dict[str, int]] = {}
+    out = TopicHits()
     try:
         tps = [TopicPartition(t, p) for t in topics for p in await partitions_of(consumer, t)]
         consumer.assign(tps)
@@ -118,6 +139,12 @@ async def topic_hits(bootstrap: str, topics: Sequence[str], needles: Sequence[st
         end = await consumer.end_offsets(tps)
         pos = {tp: 0 for tp in tps}
         raw = [(n, n.encode()) for n in needles]
+
+        def count(found: dict[str, dict[str, int]], topic: str, body: bytes) -> None:
+            for n, b in raw:
+                if b in body:
+                    found.setdefault(n, {})[topic] = found.get(n, {}).get(topic, 0) + 1
+
         while any(pos[tp] < end[tp] for tp in tps):
             batch = await consumer.getmany(timeout_ms=1000, max_records=5000)
             if not batch:
@@ -125,10 +152,14 @@ async def topic_hits(bootstrap: str, topics: Sequence[str], needles: Sequence[st
             for tp, recs in batch.items():
                 for r in recs:
                     pos[tp] = r.offset + 1
-                    body = (r.key or b"") + b"\x00" + (r.value or b"")
-                    for n, b in raw:
-                        if b in body:
-                            out.setdefault(n, {})[tp.topic] = out.get(n, {}).get(tp.topic, 0) + 1
+                    key = (r.key or b"") + b"\x00"
+                    count(out.raw, tp.topic, r.value or b"")
+                    count(out.keys, tp.topic, r.key or b"")
+                    value = ring.open(r.value) if ring is not None else r.value
+                    if value is FORGOTTEN:
+                        out.shredded[tp.topic] = out.shredded.get(tp.topic, 0) + 1
+                    elif isinstance(value, bytes):
+                        count(out.opened, tp.topic, key + value)
     finally:
         await consumer.stop()
     return out

@@ -48,13 +48,18 @@ async def _wait_group_stable(bootstrap: str, group: str, timeout_s: float) -> No
 
 
 async def raw_consume(bootstrap: str, topic: str) -> tuple[int, int, float]:
-    """A plain aiokafka consumer reading the whole topic, decoding every value with orjson.
+    """A plain aiokafka consumer reading the whole topic, decoding every value with orjson (a sealed one
+    opened first, with the keys of the key topic beside it: ``somnus.schemas.sealed``).
 
     Returns (records, events, seconds); a bundle record counts as the events it holds.
     """
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
+    from somnus.schemas.sealed import open_value
+    from somnus.streams.keys import keys_topic_for, read_keys
     from somnus.streams.topics import partitions_of
+
+    keys = (await read_keys(bootstrap, keys_topic_for(topic))).keys
 
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest",
                                 enable_auto_commit=False, fetch_max_bytes=64 << 20,
@@ -71,7 +76,7 @@ async def raw_consume(bootstrap: str, topic: str) -> tuple[int, int, float]:
             batch = await consumer.getmany(timeout_ms=500, max_records=20000)
             for rs in batch.values():
                 for r in rs:
-                    value = orjson.loads(r.value)
+                    value = orjson.loads(open_value(r.value, keys))  # type: ignore[arg-type]
                     events += len(value) if isinstance(value, list) else 1
                 records += len(rs)
         return records, events, time.perf_counter() - t0

@@ -42,8 +42,20 @@ def forget(user: Optional[str] = typer.Option(None, "--user", help="Forget this 
     if not verify:
         scope = f"agent:{value}" if kind == "agent" else "global"
         when = event_time(s, at, scope)
+        # the subject's sessions as projected (before the request removes them): their keys go too
+        projected = _projected_sessions(s, kind, value)
         req = memory_requests.forget(s, bootstrap(s), kind, value, reason, when)
         print(f"forget requested: {kind} {value} at {req.at.isoformat()} (request {req.request_id})")
+        from somnus.streams.keys import delete_keys, read_keys
+
+        try:
+            keyring = asyncio.run(read_keys(bootstrap(s), s.keys_topic, s))
+        except RuntimeError as exc:  # no key topic: nothing was sealed (SECURITY.md, plaintext producers)
+            fail(f"{exc}: no data key to delete; the subject's records in Kafka stay readable")
+        doomed = sorted(set(keyring.select(kind, value)) | set(keyring.select_sessions(projected)))
+        deleted = asyncio.run(delete_keys(bootstrap(s), s.keys_topic, doomed, s))
+        print(f"data keys deleted: {deleted} (the subject's sealed records in Kafka can no longer be opened; "
+              f"{s.keys_topic} compacts them away)")
         return
     if not needle:
         fail("--verify needs at least one --needle: a text of the subject's to look for (the subject's own id "
@@ -85,10 +97,44 @@ def forget(user: Optional[str] = typer.Option(None, "--user", help="Forget this 
                 check(fresh, lambda q, ps: con.execute(q, ps).fetchall())
             finally:
                 con.close()
-    got = asyncio.run(topic_hits(bootstrap(s), list(s.projected_topics), needle, s))
+    from somnus.streams.keys import read_keys
+
+    ring: Any
+    try:
+        ring = asyncio.run(read_keys(bootstrap(s), s.keys_topic, s))
+    except RuntimeError as exc:  # no key topic: records are read as they are
+        print(f"{exc}: no data keys")
+        ring = None
+    else:
+        report(len(ring.select(kind, value)), f"data keys of {kind} {value!r} on {s.keys_topic}")
+    got = asyncio.run(topic_hits(bootstrap(s), [*s.projected_topics, s.observations_topic], needle, s, ring))
     for n in needle:
-        report(got.get(n, {}), f"{n!r} in the Kafka topics (raw records: Somnus neither rewrites nor encrypts them)")
+        report(got.opened.get(n, {}), f"{n!r} in the Kafka topics as the project reads them (sealed records "
+                                      "opened with the keys that remain)")
+        report(got.raw.get(n, {}), f"{n!r} in the Kafka topics' raw record values")
+        if got.keys.get(n):  # routing ids (session ids) are never sealed: SECURITY.md, "Forget"
+            print(f"note: {n!r} is part of record keys (session ids, not sealed; they cannot be opened "
+                  f"to anything): {got.keys[n]}")
+    if got.shredded:
+        print(f"sealed records whose key is gone (unreadable): {got.shredded}")
     raise typer.Exit(1 if failed[0] else 0)
+
+
+def _projected_sessions(s: Any, kind: str, value: str) -> list[tuple[str, str]]:
+    """``(agent, session_id)`` of the subject's sessions in the projections (none when they cannot be read):
+    a user's keys made before its publisher saw the session's start do not name the user."""
+    from somnus.reads import ReadError, sql as read_sql
+
+    column = {"user": "user_id", "agent": "agent", "session": "session_id"}[kind]
+    try:
+        rows = read_sql(Path(s.db_path), f"SELECT DISTINCT agent, session_id FROM episodes WHERE {column} = ? UNION "
+                                         f"SELECT agent, session_id FROM working_memory WHERE {column} = ?",
+                        [value, value])["rows"]
+    except (ReadError, OSError) as exc:
+        print(f"(the projections could not be read for the subject's sessions: {exc}; the keys that "
+              "name the subject are deleted)")
+        return []
+    return [(a, sid) for a, sid in rows]
 
 
 _FORGET_SUBJECT_ROWS = {  # rows that still name the subject (each query takes its value four times)

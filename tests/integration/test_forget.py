@@ -1,12 +1,17 @@
 """Forget against the real broker, worker and projector: two users' sessions, one user forgotten
-(``somnus forget``), checked (``somnus forget --verify``, the file's bytes and rows), then a
-``somnus replay`` into a new file checked again; the other user's rows keep their checksums."""
+(``somnus forget``), checked (``somnus forget --verify``, the file's bytes and rows, the topics as the
+project reads them and their raw bytes), then a ``somnus replay`` into a new file checked again; the
+other user's rows keep their checksums. The trace records and the worker's per-session records are
+sealed (``somnus.schemas.sealed``): the forget deletes the user's data keys, and every topic is read
+back through the broker to show the user's records cannot be opened any more."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pytest
@@ -17,6 +22,51 @@ from somnus.projections.endpoint import endpoint_file
 from somnus.reads import read
 
 pytestmark = pytest.mark.integration
+
+
+def kafka_view(s, boot: str) -> dict[str, Any]:
+    """Every projected topic read back through the broker: per topic, sealed and plaintext records, and
+    how many sealed ones open with the keys on the key topic now; and the raw records holding the
+    needle (of either user)."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    from somnus.schemas.sealed import FORGOTTEN, HEADER, sealed_key_id
+    from somnus.streams.keys import read_keys
+    from somnus.streams.topics import partitions_of
+
+    async def run() -> dict[str, Any]:
+        ring = await read_keys(boot, s.keys_topic)
+        consumer = AIOKafkaConsumer(bootstrap_servers=boot, enable_auto_commit=False, group_id=None,
+                                    auto_offset_reset="earliest")
+        await consumer.start()
+        view: dict[str, Any] = {"ring": ring}
+        try:
+            topics = [*s.projected_topics, s.observations_topic, f"{s.app_id}-sessions-changelog",
+                      f"{s.app_id}-links-changelog"]
+            tps = [TopicPartition(t, p) for t in topics for p in await partitions_of(consumer, t)]
+            consumer.assign(tps)
+            end = await consumer.end_offsets(tps)
+            for tp in tps:
+                consumer.seek(tp, 0)
+            pos = {tp: 0 for tp in tps}
+            while any(pos[tp] < end[tp] for tp in tps):
+                for tp, recs in (await consumer.getmany(timeout_ms=1000)).items():
+                    for r in recs:
+                        pos[tp] = r.offset + 1
+                        row = view.setdefault(tp.topic, {"sealed": 0, "plain": 0, "opened": 0, "shredded": 0,
+                                                         "needle": 0, "marked": 0})
+                        kid = sealed_key_id(r.value)
+                        row["sealed" if kid else "plain"] += 1
+                        row["marked"] += any(k == HEADER and v.decode() == kid for k, v in r.headers or ())
+                        if kid:
+                            got = ring.open(r.value)
+                            row["shredded" if got is FORGOTTEN else "opened"] += isinstance(got, bytes) or got is FORGOTTEN
+                        row["needle"] += NEEDLE.encode() in (r.value or b"") or OTHER.encode() in (r.value or b"")
+        finally:
+            await consumer.stop()
+        return view
+
+    return asyncio.run(run())
 
 
 def somnus(env: dict[str, str], *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -53,6 +103,18 @@ def test_forget_a_user_verify_and_replay(pipeline_settings, tmp_path):
         before, found = snapshot(s.db_path)
         assert {"events", "episodes", "memories", "working_memory"} <= found.keys()
         assert all(not v.startswith("0:") for v in before.values()), before
+        # Kafka holds the text sealed only: every per-session topic's records are sealed and marked, no raw
+        # record holds either user's text, and all open with the keys on the key topic
+        view = kafka_view(s, p.boot)
+        for topic in (s.traces_topic, s.episodes_topic, s.facts_topic, s.memory_topic, s.working_memory_topic,
+                      s.observations_topic, s.link_updates_topic, f"{s.app_id}-sessions-changelog"):
+            row = view[topic]
+            assert row["sealed"] > 0 and row["marked"] == row["sealed"] and row["opened"] == row["sealed"], (topic, row)
+        links = f"{s.app_id}-links-changelog"  # the NAc's aggregate per call signature: not sealed (docs)
+        print("links changelog:", view.get(links))
+        assert all(row["needle"] == 0 for t, row in view.items() if t not in ("ring", links)), view
+        assert view[s.traces_topic]["plain"] == 0, view[s.traces_topic]
+        assert len(view["ring"].select("user", FORGOTTEN)) == 3 and len(view["ring"].select("user", KEPT)) == 3
 
         p.start_all()
         p.wait_until(lambda: endpoint_file(s.db_path).exists(), what="the projector serving")
@@ -60,6 +122,7 @@ def test_forget_a_user_verify_and_replay(pipeline_settings, tmp_path):
         assert NEEDLE in str(context(s))
         run = somnus(env, "forget", "--user", FORGOTTEN, "--reason", "erasure request")
         assert run.returncode == 0, run.stderr
+        assert "data keys deleted: 3" in run.stdout, run.stdout
         p.wait_until(lambda: count(s, f"SELECT count(*) FROM episodes WHERE user_id = '{FORGOTTEN}'") == 0,
                      what="the user's episodes removed")
         p.wait_idle()
@@ -69,12 +132,28 @@ def test_forget_a_user_verify_and_replay(pipeline_settings, tmp_path):
         assert out.count(f"absent: '{NEEDLE}' in the bytes") == 2, out
         assert out.count(f"absent: '{NEEDLE}' in the rows") == 2, out
         assert out.count(f"absent: rows of user '{FORGOTTEN}'") == 2, out
-        # the raw trace records in Kafka still hold the text: reported, and the check fails for it
-        assert f"FOUND: '{NEEDLE}' in the Kafka topics" in out and verify.returncode == 1, out
+        # Kafka: the user's keys are gone, so its records open to nothing; no raw byte holds the text
+        assert f"absent: '{NEEDLE}' in the Kafka topics as the project reads them" in out, out
+        assert f"absent: '{NEEDLE}' in the Kafka topics' raw record values" in out, out
+        # the marker is part of the test's session ids, which are the records' keys (not sealed): noted
+        assert f"note: '{NEEDLE}' is part of record keys" in out, out
+        assert f"absent: data keys of user '{FORGOTTEN}'" in out, out
+        assert verify.returncode == 0, out
         assert NEEDLE not in str(context(s))  # nor from the read API's synopsis cache
         kept = somnus(env, "forget", "--verify", "--no-replay", "--user", KEPT, "--needle", OTHER)
         assert f"FOUND: '{OTHER}' in the rows" in kept.stdout  # the check does find text that is there
         assert f"FOUND: rows of user '{KEPT}'" in kept.stdout and kept.returncode == 1
+        # ... in Kafka too, once opened with the other user's keys (which remain), never in the raw bytes
+        assert f"FOUND: '{OTHER}' in the Kafka topics as the project reads them" in kept.stdout, kept.stdout
+        assert f"absent: '{OTHER}' in the Kafka topics' raw record values" in kept.stdout, kept.stdout
+        view = kafka_view(s, p.boot)  # through the broker: the user's records are sealed under deleted keys
+        # (a restarted worker may send an episode again: at least one per session)
+        assert view[s.traces_topic]["shredded"] > 0 and view[s.episodes_topic]["shredded"] >= 3
+        assert view[s.traces_topic]["opened"] > 0 and view[s.episodes_topic]["opened"] >= 3  # the other user's
+        for topic in (s.traces_topic, s.episodes_topic, s.facts_topic, s.memory_topic, s.working_memory_topic):
+            row = view[topic]
+            assert row["shredded"] > 0 and row["opened"] + row["shredded"] == row["sealed"], (topic, row)
+        assert view["ring"].select("user", FORGOTTEN) == [] and len(view["ring"].select("user", KEPT)) == 3
         p.stop_all()
 
         assert file_hits(s.db_path, NEEDLE) == 0

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import msgspec
 import orjson
 
 from somnus.projections import forget, schema
@@ -23,6 +24,7 @@ from somnus.schemas.forget import KIND_FORGET
 from somnus.projections.writer import ReadModels, apply_batch, load_offsets
 from somnus.schemas.codec import encode
 from somnus.schemas.forget import ForgetRequested, ForgetSubject
+from somnus.schemas.sealed import encode_key
 from somnus.schemas.agents import AgentSpec
 from tests.projections.test_isolation import T0, TOPICS, decode_events, marker, session_events, worker_records
 from tests.factories import Rec
@@ -240,3 +242,126 @@ def test_a_scrub_that_finds_the_file_busy_runs_again_after_a_later_batch(tmp_pat
     apply(con, seen, records(sessions(20, 1, 1), base=2000))  # the kept user's: no purge, but the scrub is due
     assert not seen.forget.pending
     assert file_hits(tmp_path / "busy.duckdb", NEEDLE) == 0
+
+
+# ---- crypto-shredding: sealed records (somnus.schemas.sealed) ---------------------------------------
+
+def sealed_records(raw: list[dict[str, Any]], ring: Any, base: int = 0) -> list[Rec]:
+    """``records`` as the publisher and the worker seal them: each session's under a key of its own (made
+    in ``ring``)."""
+    from somnus.schemas.codec import decode_episode
+    from somnus.schemas.memory import MemoryUnit
+    from somnus.schemas.sealed import encode_key, new_key
+    from somnus.streams.sealing import dead_letter_value, sealed, session_of_table_key, unit_records
+
+    def key(agent: str, sid: str) -> Any:
+        if ring.key_for(agent, sid) is None:
+            k = new_key(agent, sid, None)
+            ring.apply(k.key_id.encode(), encode_key(k))
+        return ring.key_for(agent, sid)
+
+    by_episode = {}
+    out = []
+    for rec in records(raw, base):
+        value, headers = rec.value, rec.headers
+        if rec.topic == "traces":
+            ev = orjson.loads(rec.value)
+            value, headers = sealed(key(ev["agent"], ev["session_id"]), rec.value, headers)
+        elif rec.topic == "episodes":
+            ep = decode_episode(rec.value)
+            by_episode[str(ep.episode_id)] = (ep.agent, ep.session_id)
+            value, headers = sealed(key(ep.agent, ep.session_id), rec.value)
+        elif rec.topic == "facts":
+            value, headers = sealed(key(*by_episode[orjson.loads(rec.value)["episode_id"]]), rec.value)
+        elif rec.topic == "working-memory":
+            value, headers = sealed(key(*session_of_table_key(rec.key)), rec.value)
+        elif rec.topic == "dead-letters":
+            trace = sealed(key("aga", rec.key.decode()), b"{}")[0]  # the dead record's source: its session's
+            value, extra = dead_letter_value(ring, trace, rec.value, None)
+            headers = [*rec.headers, *extra]
+        elif rec.topic == "link-updates":  # one record per session, as the worker sends them
+            groups: dict[Any, list[Any]] = {}
+            for u in orjson.loads(rec.value):
+                groups.setdefault(by_episode[u["episode_id"]], []).append(u)
+            for n, (session, items) in enumerate(groups.items()):
+                v, h = sealed(key(*session), orjson.dumps(items))
+                out.append(Rec("link-updates", 0, rec.offset * 100 + n, v, headers=h))
+            continue
+        elif rec.topic == "memory":
+            units = msgspec.json.decode(rec.value, type=list[MemoryUnit])
+            for u in units:
+                key(u.agent, u.run_id)
+            for n, (v, h) in enumerate(unit_records(ring, units, 50)):
+                out.append(Rec("memory", 0, rec.offset * 100 + n, v, headers=[*rec.headers, *h],
+                               timestamp=rec.timestamp))
+            continue
+        out.append(Rec(rec.topic, rec.partition, rec.offset, value, key=rec.key, headers=headers,
+                       timestamp=rec.timestamp))
+    return out
+
+
+def test_sealed_records_project_as_plaintext_and_a_deleted_key_shreds_them(tmp_path):
+    """With every key, sealed records give the rows plaintext gives; with the forgotten user's keys
+    deleted (a replay after ``somnus forget``) its records are skipped and counted, not dead letters,
+    its text is in no row and no byte, and the other user's rows keep their checksums."""
+    from somnus.schemas.sealed import KeyRing
+
+    ring = KeyRing()
+    raw = sessions(0, 1, 3) + sessions(3, 0, 3)
+    recs = sealed_records(raw, ring)
+    assert not any(NEEDLE.encode() in (r.value or b"") for r in recs)
+
+    plain, _ = build(tmp_path / "plain.duckdb")
+    con = duckdb.connect(str(tmp_path / "sealed.duckdb"))
+    schema.init(con)
+    seen = ReadModels(con, AGENTS)
+    seen.keys = ring
+    apply(con, seen, recs)
+    assert rows_with(con, NEEDLE).keys() >= {"events", "episodes", "memories", "working_memory", "dead_letters"}
+    assert kept_checksums(con) == kept_checksums(plain)
+    assert con.execute("SELECT count(*) FROM dead_letters").fetchone()[0] == \
+        plain.execute("SELECT count(*) FROM dead_letters").fetchone()[0]
+
+    # the forgotten user's keys deleted (``somnus forget --user`` publishes their tombstones)
+    users = {e["session_id"]: e["payload"].get("user_id") for e in raw if e["type"] == "session_start"}
+    for kid, dk in list(ring.by_id.items()):
+        ring.apply(kid.encode(), encode_key(dk.__class__(key_id=kid, agent=dk.agent, session_id=dk.session_id,
+                                                         user_id=users.get(dk.session_id), key=dk.key)))
+    doomed = ring.select("user", FORGOTTEN)
+    assert doomed and len(doomed) < len(ring.by_id)
+    for kid in doomed:
+        ring.apply(kid.encode(), None)
+
+    never, _ = build(tmp_path / "never.duckdb", forgotten_sessions=0)
+    for with_request in (False, True):  # the key's deletion alone, then with the request in the replay too
+        path = tmp_path / f"replay-{with_request}.duckdb"
+        con = duckdb.connect(str(path))
+        schema.init(con)
+        seen = ReadModels(con, AGENTS)
+        seen.keys = ring
+        res = apply_batch(con, TOPICS, recs + ([forget_record(0)] if with_request else []), {}, 1 << 20, seen)
+        assert res.shredded > 0 and res.quarantined == 0
+        assert rows_with(con, NEEDLE) == {}
+        got = kept_checksums(con)
+        assert {k: v for k, v in got.items() if k != "memories"} == \
+            {k: v for k, v in kept_checksums(never).items() if k != "memories"}
+        con.close()
+        assert file_hits(path, NEEDLE) == 0
+
+
+def test_a_tampered_sealed_record_is_a_dead_letter_not_a_crash(tmp_path):
+    from somnus.schemas.sealed import KeyRing
+
+    ring = KeyRing()
+    recs = [r for r in sealed_records(sessions(0, 1, 1), ring) if r.topic == "traces"]
+    bad = recs[0]
+    recs[0] = Rec(bad.topic, bad.partition, bad.offset, bad.value[:-1] + bytes([bad.value[-1] ^ 1]), key=bad.key,
+                  headers=bad.headers, timestamp=bad.timestamp)
+    con = duckdb.connect(str(tmp_path / "t.duckdb"))
+    schema.init(con)
+    seen = ReadModels(con, AGENTS)
+    seen.keys = ring
+    res = apply_batch(con, TOPICS, recs, {}, 1 << 20, seen)
+    assert res.quarantined == 1 and res.shredded == 0
+    (reason,) = con.execute("SELECT reason FROM dead_letters").fetchone()
+    assert reason.startswith("undecodable: a sealed record that fails authentication"), reason

@@ -152,6 +152,31 @@ def test_a_poison_record_on_an_internal_topic_is_quarantined_and_later_records_a
     assert queries.checksum(con) == before
 
 
+@pytest.mark.parametrize("topic", sorted(POISON_BY_TOPIC))
+def test_a_sealed_poison_record_is_judged_by_its_plaintext(tmp_path, topic):
+    """Opening sits inside the poison boundary: the same records sealed (``somnus.schemas.sealed``) are
+    quarantined for what their plaintext is, on the first pass and on the record-by-record one."""
+    from somnus.schemas.semantic import KIND_INGEST
+    from somnus.projections.writer import apply_guarded
+    from somnus.schemas.sealed import encode_key, new_key, seal
+
+    def reasons(sealed: bool) -> list[str]:
+        con = _db(tmp_path / str(sealed))
+        seen = ReadModels(con)
+        key = new_key("aga", "s1")
+        seen.keys.apply(key.key_id.encode(), encode_key(key))
+        headers = [("somnus-kind", KIND_INGEST)] if topic == "semantic" else None
+        poison = [Rec(topic, 7, i, seal(key, v) if sealed else v, b"k", headers)
+                  for i, v in enumerate(POISON_BY_TOPIC[topic])]
+        res = apply_guarded(con, ALL, poison + _records(sessions=3), load_offsets(con), 1 << 20, seen, 64, 300.0)
+        assert res.episodes == 3 and res.quarantined == len(poison) and res.shredded == 0
+        return [r for (r,) in con.execute("SELECT reason FROM dead_letters ORDER BY src_offset").fetchall()]
+
+    (tmp_path / "True").mkdir()
+    (tmp_path / "False").mkdir()
+    assert reasons(True) == reasons(False)
+
+
 def test_a_record_its_fold_cannot_apply_is_quarantined_as_poison_and_the_rest_of_the_batch_is_applied(
         tmp_path, monkeypatch):
     from somnus.projections.causal import CausalProjection

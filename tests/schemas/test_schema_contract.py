@@ -590,3 +590,25 @@ def test_the_operators_records_round_trip(record):
     raw = encode(value)
     assert msgspec.json.decode(raw, type=type(value)) == value
     assert encode(msgspec.json.decode(raw, type=type(value))) == raw
+
+
+def test_the_key_topic_carries_data_keys_and_sealed_records_open_to_their_wire_type():
+    """The forget branch's records: ``DataKey`` on the key topic round-trips, and a sealed record of a
+    sealed topic opens to bytes that decode as the type the wire contract lists for it."""
+    from somnus.schemas.sealed import DataKey, HEADER, decode_key, encode_key, new_key, open_value, seal, sealed_key_id
+    from somnus.schemas.wire import SEALED_TOPICS, TOPICS, record_type
+
+    assert record_type("keys_topic", None).type is DataKey
+    assert SEALED_TOPICS <= set(TOPICS) and "keys_topic" not in SEALED_TOPICS
+    assert HEADER != "somnus-kind"  # the sealing mark is not a header kind
+    key = new_key("aga", "s1", "u1")
+    assert decode_key(encode_key(key)) == key
+    at = datetime(2026, 11, 26, 12, 0, tzinfo=timezone.utc)
+    from somnus.schemas.forget import ForgetRequested, ForgetSubject
+
+    plain = encode(ForgetRequested(request_id="r1", subject=ForgetSubject.USER, value="u1", at=at))
+    sealed = seal(key, plain)
+    assert sealed_key_id(sealed) == key.key_id and plain not in sealed
+    opened = open_value(sealed, {key.key_id: key.key})
+    assert opened == plain
+    assert msgspec.json.decode(opened, type=record_type("facts_topic", b"forget").type).value == "u1"

@@ -1,0 +1,264 @@
+"""Sealed records: a record's value encrypted with its session's data key (crypto-shredding, issue 25 item 6).
+
+Every record that carries one session's text (a trace record, an episode, its facts, its memory units,
+its working memory, a dead letter of its record) is published *sealed*: its value is AES-GCM ciphertext
+under a 256-bit data key that belongs to one session ``(agent, session_id)`` and names its user. The
+keys live on a compacted key topic (``somnus.streams.keys``); ``somnus forget`` publishes a tombstone
+for every key of the subject, and a record whose key is gone *opens* as ``FORGOTTEN``: skipped and
+counted, never a dead letter. docs/design/forget.md says why this and not rewriting topics.
+
+A sealed value is self-describing, so a value without its headers (a Faust table restored from its
+changelog) is still recognised: ``MAGIC``, one byte with the key id's length, the key id (ASCII), a
+12-byte nonce, then the ciphertext and its 16-byte tag. The header ``somnus-sealed`` (the key id) marks
+the record for routing and for readers that do not open it; a value that does not start with
+``MAGIC`` is plaintext (an older client, a third-party producer) and is read as it is. JSON never
+starts with a NUL byte.
+
+>>> import os
+>>> key = DataKey(key_id="k1", agent="aga", session_id="s-1", user_id="u1", key=os.urandom(32))
+>>> sealed = seal(key, b'{"text": "tea"}')
+>>> sealed.startswith(MAGIC), b"tea" in sealed
+(True, False)
+>>> open_value(sealed, {"k1": key.key})
+b'{"text": "tea"}'
+>>> open_value(sealed, {}) is FORGOTTEN
+True
+>>> open_value(b'{"plain": 1}', {})
+b'{"plain": 1}'
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Annotated
+
+import msgspec
+from msgspec import Meta
+
+from somnus.schemas.codec import Rejection, poison_reason
+
+MAGIC = b"\x00somnus-sealed/1\x00"
+HEADER = "somnus-sealed"  # the key id of a sealed record's value
+NONCE_BYTES = 12
+TAG_BYTES = 16
+KEY_BYTES = 32  # AES-256
+MAX_KEY_ID = 64
+
+
+class DataKey(msgspec.Struct, frozen=True, kw_only=True):
+    """One session's data key, as the key topic holds it (keyed by ``key_id``; a tombstone deletes it).
+
+    A publisher makes one per session it publishes for; a session may have several (several publishers,
+    or a user learnt later: the same key again with ``user_id`` set). Forget deletes every key of the
+    subject: ``--session`` by session id, ``--agent`` by agent, ``--user`` by user and every key of a
+    session one of whose keys names the user."""
+
+    key_id: Annotated[str, Meta(min_length=1, max_length=MAX_KEY_ID, pattern="^[0-9A-Za-z_.-]+$")]
+    agent: str
+    session_id: str
+    user_id: str | None = None
+    key: Annotated[bytes, Meta(min_length=KEY_BYTES, max_length=KEY_BYTES)]
+
+
+class _Forgotten:
+    """What a sealed value opens as when its data key is gone (forgotten): skip it, count it."""
+
+    _instance: _Forgotten | None = None
+
+    def __new__(cls) -> _Forgotten:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "FORGOTTEN"
+
+
+FORGOTTEN = _Forgotten()
+
+_key_decoder = msgspec.json.Decoder(DataKey)
+_key_encoder = msgspec.json.Encoder()
+
+
+def new_key(agent: str, session_id: str, user_id: str | None = None) -> DataKey:
+    """A fresh random data key for one session (a random 128-bit id)."""
+    return DataKey(key_id=os.urandom(16).hex(), agent=agent, session_id=session_id, user_id=user_id,
+                   key=os.urandom(KEY_BYTES))
+
+
+def encode_key(key: DataKey) -> bytes:
+    return _key_encoder.encode(key)
+
+
+def decode_key(raw: bytes) -> DataKey:
+    """A key record's value (raises ``msgspec.DecodeError`` when it is not one)."""
+    return _key_decoder.decode(raw)
+
+
+@functools.lru_cache(maxsize=4096)  # a cache, not state: one cipher object per key in use
+def _aead(key: bytes):  # noqa: ANN202 - cryptography's type
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    return AESGCM(key)
+
+
+def seal(key: DataKey, plaintext: bytes) -> bytes:
+    """``plaintext`` sealed under ``key`` (the envelope above; the key id is authenticated with it)."""
+    kid = key.key_id.encode()
+    head = MAGIC + bytes([len(kid)]) + kid
+    nonce = os.urandom(NONCE_BYTES)
+    return head + nonce + _aead(key.key).encrypt(nonce, plaintext, head)
+
+
+def sealed_key_id(value: bytes | None) -> str | None:
+    """The key id a sealed value names (None: a plaintext value, or not a well-formed envelope).
+
+    >>> sealed_key_id(MAGIC + bytes([2]) + b"k9" + bytes(40))
+    'k9'
+    >>> sealed_key_id(b'{"a": 1}') is None
+    True
+    """
+    if not value or not value.startswith(MAGIC) or len(value) <= len(MAGIC):
+        return None
+    n = value[len(MAGIC)]
+    kid = value[len(MAGIC) + 1:len(MAGIC) + 1 + n]
+    if not n or len(kid) != n or not kid.isascii():
+        return None
+    return kid.decode()
+
+
+def open_value(value: bytes | None, keys: Mapping[str, bytes]) -> bytes | None | _Forgotten | Rejection:
+    """A record's value as its plaintext: a plaintext value as it is (None stays None), a sealed one
+    opened with its key from ``keys`` (key id -> key bytes), ``FORGOTTEN`` when its key is not there,
+    or a ``Rejection`` (kind ``undecodable``) when it is not a valid envelope or fails authentication
+    (tampered, or sealed under another key). Never raises."""
+    try:
+        if value is None or not value.startswith(MAGIC):
+            return value
+        kid = sealed_key_id(value)
+        start = len(MAGIC) + 1 + (len(kid) if kid else 0)
+        if kid is None or len(value) < start + NONCE_BYTES + TAG_BYTES:
+            return Rejection("undecodable: a sealed record whose envelope is malformed (truncated or no key id)")
+        key = keys.get(kid)
+        if key is None:
+            return FORGOTTEN
+        from cryptography.exceptions import InvalidTag
+
+        nonce = value[start:start + NONCE_BYTES]
+        try:
+            return _aead(key).decrypt(nonce, value[start + NONCE_BYTES:], value[:start])
+        except InvalidTag:
+            return Rejection(f"undecodable: a sealed record that fails authentication under its key {kid} "
+                             "(altered, or sealed under another key)")
+    except Exception as exc:  # noqa: BLE001 - the boundary: opening a record never raises
+        return Rejection(poison_reason(exc, "while opening a sealed record"))
+
+
+def sealed_headers(headers: list[tuple[str, bytes]] | None, key: DataKey | None) -> list[tuple[str, bytes]] | None:
+    """``headers`` with the ``somnus-sealed`` mark of ``key`` added (unchanged when ``key`` is None)."""
+    if key is None:
+        return headers
+    return [*(headers or []), (HEADER, key.key_id.encode())]
+
+
+class OpenedRecord:
+    """A consumed record with its value opened (every other attribute is the record's own)."""
+
+    __slots__ = ("record", "value")
+
+    def __init__(self, record: object, value: bytes) -> None:
+        self.record, self.value = record, value
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.record, name)
+
+
+def open_record(rec: object, keys: Mapping[str, bytes]) -> object:
+    """``rec`` itself when its value is plaintext, an ``OpenedRecord`` when it was sealed and its key is in
+    ``keys``, else ``FORGOTTEN`` or a ``Rejection`` (``open_value``). Never raises."""
+    value = getattr(rec, "value", None)
+    opened = open_value(value, keys)
+    if opened is value:
+        return rec
+    if isinstance(opened, (_Forgotten, Rejection)):
+        return opened
+    return OpenedRecord(rec, opened)  # type: ignore[arg-type]
+
+
+@dataclass
+class KeyRing:
+    """The live data keys as far as the key topic has been read (a fold of its records)."""
+
+    by_id: dict[str, DataKey] = field(default_factory=dict)
+    keys: dict[str, bytes] = field(default_factory=dict)  # key id -> key bytes (what ``open_value`` takes)
+    by_session: dict[tuple[str, str], str] = field(default_factory=dict)  # (agent, session_id) -> latest key id
+    position: int = 0  # the next offset of the key topic's one partition to read
+    deleted: int = 0  # tombstones read
+    invalid: int = 0  # key records that are not DataKeys (skipped)
+
+    def apply(self, key: bytes | None, value: bytes | None) -> None:
+        """Fold one record of the key topic: a DataKey, or a tombstone (None) deleting its key id."""
+        kid = key.decode(errors="replace") if key is not None else None
+        if value is None:
+            if kid is not None:
+                self._drop(kid)
+                self.deleted += 1
+            return
+        try:
+            dk = decode_key(value)
+        except Exception:  # noqa: BLE001 - not ours: a key record that cannot be read is skipped
+            self.invalid += 1
+            return
+        if kid is not None and kid != dk.key_id:
+            self.invalid += 1
+            return
+        self.by_id[dk.key_id] = dk
+        self.keys[dk.key_id] = dk.key
+        self.by_session[(dk.agent, dk.session_id)] = dk.key_id
+
+    def _drop(self, kid: str) -> None:
+        dk = self.by_id.pop(kid, None)
+        self.keys.pop(kid, None)
+        if dk is not None and self.by_session.get((dk.agent, dk.session_id)) == kid:
+            del self.by_session[(dk.agent, dk.session_id)]
+            for other in self.by_id.values():  # another live key of the session, if any
+                if (other.agent, other.session_id) == (dk.agent, dk.session_id):
+                    self.by_session[(dk.agent, dk.session_id)] = other.key_id
+
+    def key_for(self, agent: str, session_id: str) -> DataKey | None:
+        """The key a record of this session is sealed with (None: the session was published in plaintext)."""
+        kid = self.by_session.get((agent, session_id))
+        return self.by_id.get(kid) if kid is not None else None
+
+    def open(self, value: bytes | None) -> bytes | None | _Forgotten | Rejection:
+        return open_value(value, self.keys)
+
+    def missing(self, values: Iterable[bytes | None]) -> bool:
+        """Whether some sealed value names a key this ring does not hold."""
+        for v in values:
+            kid = sealed_key_id(v)
+            if kid is not None and kid not in self.keys:
+                return True
+        return False
+
+    def select(self, subject: str, value: str) -> list[str]:
+        """The key ids ``somnus forget --<subject> <value>`` deletes: a session's by its id, an agent's by
+        agent, a user's by user and every key of a session one of whose keys names the user (a key
+        made before the publisher saw the session's start does not)."""
+        if subject == "session":
+            return sorted(k for k, dk in self.by_id.items() if dk.session_id == value)
+        if subject == "agent":
+            return sorted(k for k, dk in self.by_id.items() if dk.agent == value)
+        if subject != "user":
+            raise ValueError(f"unknown forget subject {subject!r} (user, agent or session)")
+        sessions = {(dk.agent, dk.session_id) for dk in self.by_id.values() if dk.user_id == value}
+        return sorted(k for k, dk in self.by_id.items() if dk.user_id == value or (dk.agent, dk.session_id) in sessions)
+
+
+    def select_sessions(self, sessions: Iterable[tuple[str, str]]) -> list[str]:
+        """The key ids of these ``(agent, session_id)``."""
+        wanted = set(sessions)
+        return sorted(k for k, dk in self.by_id.items() if (dk.agent, dk.session_id) in wanted)

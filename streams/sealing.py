@@ -1,0 +1,108 @@
+"""What the worker seals: each record it writes with one session's text, under that session's data key.
+
+The worker holds a ``KeyFollower`` (``somnus.streams.keys``): it opens the trace records with it and seals
+its outputs with the key of the session they came from (``KeyRing.key_for``), so one forget deletes the
+trace and everything derived from it at once. A session published in plaintext (no key) gives plaintext
+outputs. Sealed here: episodes, their facts, memory units (one record per session), dead letters of a
+sealed record, and the values of the session and working-memory tables' changelogs. Not sealed: the
+observation and link-update bundles (tool names, outcome classes and signatures of many sessions; no
+message, argument or error text) - docs/design/forget.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from somnus.schemas.codec import Rejection, encode
+from somnus.schemas.sealed import FORGOTTEN, HEADER, DataKey, seal, sealed_key_id
+from somnus.streams.keys import KeyFollower, KeyRing
+from somnus.streams.ordering import POSITION_PREFIX
+
+log = logging.getLogger("somnus.worker")
+
+REFRESH_S = 5.0  # a table restore reads the key topic again at most this often
+Headers = list[tuple[str, bytes]] | None
+
+
+def sealed(key: DataKey | None, value: bytes, headers: Headers = None) -> tuple[bytes, Headers]:
+    """``value`` sealed under ``key`` with the header that marks it (as it is when ``key`` is None)."""
+    if key is None:
+        return value, headers
+    return seal(key, value), [*(headers or []), (HEADER, key.key_id.encode())]
+
+
+def key_of_record(ring: KeyRing, value: bytes | None) -> DataKey | None:
+    """The key a consumed record was sealed with (None: plaintext, or the key is gone)."""
+    kid = sealed_key_id(value)
+    return ring.by_id.get(kid) if kid is not None else None
+
+
+def dead_letter_value(ring: KeyRing, source: bytes | None, original: bytes | None,
+                      headers: Headers) -> tuple[bytes, Headers]:
+    """A dead letter's value and headers: the source record's bytes as they are when ``original`` is
+    None (sealed ones keep their mark), else ``original`` (an element decoded from the opened source)
+    sealed again with the source's key."""
+    from somnus.schemas.codec import dead_letter_original
+
+    kid = sealed_key_id(source)
+    if original is None:
+        return dead_letter_original(source), headers if kid is None else [*(headers or []), (HEADER, kid.encode())]
+    return sealed(key_of_record(ring, source), original, headers)
+
+
+def unit_records(ring: KeyRing, units: Sequence[Any], per_record: int) -> list[tuple[bytes, Headers]]:
+    """Memory units as bundle records of one session each (at most ``per_record`` units), sealed with
+    their session's key; the units of plaintext sessions together as before."""
+    groups: dict[DataKey | None, list[Any]] = {}
+    for u in units:
+        groups.setdefault(ring.key_for(u.agent, u.run_id), []).append(u)
+    out = []
+    for key, items in groups.items():
+        for i in range(0, len(items), per_record):
+            out.append(sealed(key, encode(items[i:i + per_record])))
+    return out
+
+
+def session_of_table_key(key: bytes) -> tuple[str, str] | None:
+    """``(agent, session_id)`` of a session table key (``agent\\x1fsession_id``), None for another key."""
+    if key.startswith(POSITION_PREFIX):
+        return None
+    agent, sep, sid = key.decode(errors="replace").partition("\x1f")
+    return (agent, sid) if sep else None
+
+
+class TableSealing:
+    """Seals a session table's changelog values and opens them again when Faust restores the table."""
+
+    def __init__(self, keys: KeyFollower) -> None:
+        self.keys = keys
+        self.dropped = 0  # restored values whose key is gone (forgotten) or that fail to open
+        self.refreshed_at = float("-inf")  # a restore that meets many forgotten values reads the keys once
+
+    def seal(self, key: Any, value: bytes | None) -> tuple[bytes | None, Headers]:
+        session = session_of_table_key(key) if isinstance(key, bytes) and value is not None else None
+        if session is None:
+            return value, None
+        return sealed(self.keys.ring.key_for(*session), value)  # type: ignore[arg-type]
+
+    def open(self, value: Any) -> Any:
+        if not isinstance(value, bytes) or sealed_key_id(value) is None:
+            return value
+        got = self.keys.ring.open(value)
+        if got is FORGOTTEN and time.monotonic() - self.refreshed_at > REFRESH_S:
+            self.keys.catch_up_blocking()  # a key newer than this process's ring, or gone
+            self.refreshed_at = time.monotonic()
+            got = self.keys.ring.open(value)
+        if got is FORGOTTEN or isinstance(got, Rejection):
+            self.dropped += 1
+            if isinstance(got, Rejection):
+                log.error("a table changelog value could not be opened and is dropped: %s", got.reason)
+            return None
+        return got
+
+
+def opened_values(records: Iterable[Any]) -> list[bytes | None]:
+    return [getattr(getattr(r, "message", r), "value", None) for r in records]

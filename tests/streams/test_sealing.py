@@ -1,0 +1,62 @@
+"""What the worker seals (somnus.streams.sealing): each output under the key of the session it came from."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from somnus.schemas.sealed import HEADER, encode_key, new_key, open_value, seal, sealed_key_id
+from somnus.streams.keys import KeyFollower
+from somnus.streams.ordering import position_key
+from somnus.streams.sealing import TableSealing, dead_letter_value, sealed, session_of_table_key, unit_records
+
+A, B = new_key("aga", "s1", "u1"), new_key("aga", "s2", "u2")
+
+
+def follower(*keys):
+    f = KeyFollower("", "")  # offline: its ring is all it has
+    for k in keys:
+        f.ring.apply(k.key_id.encode(), encode_key(k))
+    return f
+
+
+def test_sealed_marks_the_record_and_plaintext_sessions_stay_plaintext():
+    value, headers = sealed(A, b"{}", [("somnus-kind", b"units")])
+    assert sealed_key_id(value) == A.key_id and headers == [("somnus-kind", b"units"), (HEADER, A.key_id.encode())]
+    assert sealed(None, b"{}") == (b"{}", None)
+
+
+def test_dead_letter_keeps_a_sealed_source_and_seals_an_element_again():
+    ring = follower(A).ring
+    source = seal(A, b'[{"a": 1}, 2]')
+    value, headers = dead_letter_value(ring, source, None, [("somnus-reason", b"schema: x")])
+    assert value == source and (HEADER, A.key_id.encode()) in headers
+    value, headers = dead_letter_value(ring, source, b"2", [])
+    assert open_value(value, ring.keys) == b"2" and headers == [(HEADER, A.key_id.encode())]
+    assert dead_letter_value(ring, b"[2]", b"2", []) == (b"2", [])  # a plaintext source
+
+
+def test_units_are_bundled_per_session_under_its_key(monkeypatch):
+    import msgspec
+
+    import somnus.streams.sealing as sealing
+
+    ring = follower(A, B).ring
+    units = [SimpleNamespace(agent="aga", run_id=s, n=i) for i, s in enumerate(["s1", "s2", "s1", "s3", "s1"])]
+    monkeypatch.setattr(sealing, "encode", lambda items: msgspec.json.encode([[u.run_id, u.n] for u in items]))
+    opened = [(sealed_key_id(v), msgspec.json.decode(open_value(v, ring.keys))) for v, _ in unit_records(ring, units, 2)]
+    assert opened == [(A.key_id, [["s1", 0], ["s1", 2]]), (A.key_id, [["s1", 4]]), (B.key_id, [["s2", 1]]),
+                      (None, [["s3", 3]])]
+
+
+def test_table_changelog_values_sealed_and_opened_on_restore():
+    f = follower(A)
+    tables = TableSealing(f)
+    value, headers = tables.seal(b"aga\x1fs1", b'{"state": 1}')
+    assert sealed_key_id(value) == A.key_id and headers == [(HEADER, A.key_id.encode())]
+    assert tables.open(value) == b'{"state": 1}'
+    assert tables.seal(position_key("traces", 0), b"12") == (b"12", None)  # positions stay plaintext
+    assert session_of_table_key(position_key("traces", 0)) is None
+    assert tables.seal(b"aga\x1fs9", b"{}") == (b"{}", None)  # a plaintext session
+    f.ring.apply(A.key_id.encode(), None)  # forgotten: the restored value is dropped
+    assert tables.open(value) is None and tables.dropped == 1
+    assert tables.open(b'{"plain": 1}') == b'{"plain": 1}' and tables.open(None) is None

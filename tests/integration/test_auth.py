@@ -22,7 +22,8 @@ pytestmark = pytest.mark.integration
 
 # What a GET route needs to answer 200 (the others need nothing).
 QUERIES = {"history": {"entity": "tool:search"}, "recall": {"query": "q", "record": "false"},
-           "episodic_context": {"query": "q"}, "context": {"query": "q"}, "predict": {"tool": "search"}}
+           "episodic_context": {"query": "q"}, "context": {"query": "q"}, "predict": {"tool": "search"},
+           "advise": {"task": "search"}}
 
 
 def _status(port: int, route: api.Route, agent: str, token: str | None, **headers: str) -> tuple[int, Any]:

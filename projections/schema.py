@@ -126,6 +126,9 @@ CREATE TABLE IF NOT EXISTS sleep_runs (
     run_id VARCHAR NOT NULL, run_at TIMESTAMPTZ NOT NULL, trigger VARCHAR NOT NULL, memories_before BIGINT,
     memories_after BIGINT, kept BIGINT, compressed BIGINT, pruned BIGINT, protected BIGINT, rescored BIGINT,
     bytes_before BIGINT, bytes_after BIGINT, fiedler DOUBLE, report JSON);
+CREATE TABLE IF NOT EXISTS sleep_layer_reports (
+    run_id VARCHAR NOT NULL, layer VARCHAR NOT NULL, before BIGINT NOT NULL, after BIGINT NOT NULL,
+    removed BIGINT NOT NULL, PRIMARY KEY (run_id, layer));
 CREATE TABLE IF NOT EXISTS oscillators (
     agent VARCHAR NOT NULL, kind VARCHAR NOT NULL, events BIGINT NOT NULL, state JSON NOT NULL,
     PRIMARY KEY (agent, kind));
@@ -235,6 +238,7 @@ CONTENT_COLUMNS: dict[str, list[str]] = {
     "lifecycle_log": ["run_id", "seq", "kind", "memory_id", "decided_at", "body"],
     "sleep_runs": ["run_id", "run_at", "trigger", "memories_before", "memories_after", "kept", "compressed", "pruned",
                    "protected", "rescored", "bytes_before", "bytes_after", "fiedler", "report"],
+    "sleep_layer_reports": ["run_id", "layer", "before", "after", "removed"],
     "oscillators": ["agent", "kind", "events", "state"],
     "oscillator_readings": ["agent", "kind", "occurred_at", "memory_id", "anomaly", "coherence", "distances"],
     "briefings": ["agent", "briefing_id", "generated_at", "budget", "markdown", "chars", "lessons", "facts",

@@ -201,9 +201,10 @@ SLEEP_REQUEST_PREFIX = "sleep:"  # + run id: the promotion request of a sleep ru
 
 def _report_layers(con: duckdb.DuckDBPyConnection, run_id: str, removed: Sequence[SemanticEvent],
                    layers: Mapping[str, MemoryLayers]) -> None:
-    """Add the semantic layers to the sleep run's report (``per_layer``): records after the run and
-    removed by consolidation, summed over owners. The run's row is written by the memory fold
-    before its promotion is requested, so this updates it (no row: a run not in this file)."""
+    """The semantic layers' part of a sleep run (``sleep_layer_reports``): records after the run and
+    removed by consolidation, summed over owners. A table of its own, not a patch of the run's row in
+    ``sleep_runs``: the memory fold writes that row from another topic, so whether it exists yet
+    depends on how the topics interleave, which a replay does not repeat."""
     per = {name: {"after": 0, "removed": 0} for name in ("atl", "angular_gyrus")}
     for m in layers.values():
         per["atl"]["after"] += len(m.atl)
@@ -211,10 +212,9 @@ def _report_layers(con: duckdb.DuckDBPyConnection, run_id: str, removed: Sequenc
     for ev in removed:
         if isinstance(ev, RecordRemoved) and ev.layer.value in per:
             per[ev.layer.value]["removed"] += 1
-    for counts in per.values():
-        counts["before"] = counts["after"] + counts["removed"]
-    patch = msgspec.json.encode({"per_layer": per}).decode()
-    con.execute("UPDATE sleep_runs SET report = json_merge_patch(report, ?::JSON) WHERE run_id = ?", [patch, run_id])
+    for layer, counts in per.items():
+        con.execute("INSERT OR REPLACE INTO sleep_layer_reports VALUES (?, ?, ?, ?, ?)",
+                    [run_id, layer, counts["after"] + counts["removed"], counts["after"], counts["removed"]])
 
 
 # Promotion reads the newest PROMOTION_WINDOW_CALLS tool calls, and the candidate links' observations

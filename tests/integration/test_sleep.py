@@ -51,8 +51,14 @@ def test_sleep_on_demand_decides_reports_and_replays_the_same(pipeline_settings,
                                         "ORDER BY run_at")["rows"]
         assert len(scheduled) >= 3
         # phase 2 of each scheduled run: the projector's promotion request, run once by the semantic fold
-        wait_until(lambda: read(db, "sql", sql="SELECT request_id FROM semantic_requests ORDER BY requested_at")
-                   ["rows"] == scheduled, timeout_s=60, what="a promotion request per scheduled run")
+        # (the on-demand run's request, from `somnus sleep`, is named for its run too)
+        wait_until(lambda: read(db, "sql", sql="SELECT request_id FROM semantic_requests WHERE request_id IN ("
+                                               "SELECT 'sleep:' || run_id FROM sleep_runs WHERE trigger = 'schedule') "
+                                               "ORDER BY requested_at")["rows"] == scheduled,
+                   timeout_s=60, what="a promotion request per scheduled run")
+        wait_until(lambda: read(db, "sql", sql="SELECT count(*) FROM semantic_requests WHERE request_id IN ("
+                                               "SELECT 'sleep:' || run_id FROM sleep_runs WHERE trigger = 'on_demand')"
+                                ) ["rows"][0][0] == 1, timeout_s=60, what="the on-demand run's promotion request")
         decided = dict(read(db, "sql", sql="SELECT kind, count(*) FROM lifecycle_log GROUP BY 1")["rows"])
         assert decided.get("SleepCompleted") and decided.get("MemoryCompressed", 0) + decided.get("MemoryPruned", 0) > 0
         report = json.loads(subprocess.run(cli + ["sleep", "--report", "--json"], env=env, capture_output=True,

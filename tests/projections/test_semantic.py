@@ -206,8 +206,13 @@ def test_a_sleeps_promotion_is_followed_by_atl_and_angular_gyrus_consolidation(t
         apply_batch(con, TOPICS, [_rec(offset, req)], load_offsets(con), 1 << 20, seen)
 
     def per_layer(run: str) -> dict:
-        return json.loads(con.execute("SELECT report FROM sleep_runs WHERE run_id = ?", [run]).fetchone()[0])[
+        """The run's report, hippocampus from sleep_runs, the semantic layers from sleep_layer_reports."""
+        out = json.loads(con.execute("SELECT report FROM sleep_runs WHERE run_id = ?", [run]).fetchone()[0])[
             "per_layer"]
+        for layer, before, after, removed in con.execute(
+                "SELECT layer, before, after, removed FROM sleep_layer_reports WHERE run_id = ?", [run]).fetchall():
+            out[layer] = {"before": before, "after": after, "removed": removed}
+        return out
 
     sleep(1, "sleep-young", 10)  # ten days on: nothing is old enough
     assert con.execute("SELECT count(*) FROM semantic_log WHERE kind = 'RecordRemoved'").fetchone()[0] == 0

@@ -26,6 +26,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from somnus.projections import api, auth, positions, schema
 from somnus.projections.endpoint import endpoint_file
+from somnus.projections.forget import scrub
 from somnus.projections.http import make_app
 from somnus.projections.metrics import CONTENT_TYPE, ProjectorMetrics, ScrapeCollector, exposition, supervisor_restarts
 from somnus.projections.briefings import BRIEFING_INTERVAL_S, REFRESH_BUDGET_S
@@ -50,6 +51,7 @@ from somnus.projections.semantic import promotion_inputs
 from somnus.schemas.semantic import KIND_PROMOTE
 from somnus.projections.briefing_server import BriefingServer
 
+SCRUB_RETRY_S = 2.0  # while idle, how often a forget's pending scrub is tried again
 log = logging.getLogger("somnus.projector")
 # A batch or a briefing refresh longer than this is logged, with where its time went.
 SLOW_S = float(os.environ.get("SOMNUS_SLOW_BATCH_S", "1.0"))
@@ -210,6 +212,7 @@ class Projector:
             total = sum(end.values()) - sum(stored.get((tp.topic, tp.partition), 0) for tp in tps) if until_end else 0
             done = 0
             last_briefings = 0.0
+            last_scrub = 0.0
             first = {self.topics.episodes, self.topics.facts, self.topics.semantic}  # briefings' inputs
             # Writes run in a thread so the HTTP server stays responsive during a batch; reads that
             # touch the folds' in-memory state take the same lock (see _start_server).
@@ -230,6 +233,11 @@ class Projector:
                         log.warning("slow briefing refresh: %.2f s, %d changed", took, len(made))
                     last_briefings = now
                 if not records:
+                    if models.forget.pending and now - last_scrub >= SCRUB_RETRY_S:
+                        # a forget's scrub found the file busy: try again while nothing else is written
+                        last_scrub = now
+                        async with lock:
+                            models.forget.pending = not await asyncio.to_thread(scrub, con)
                     continue
                 # Briefings' inputs first (episodes and lessons, facts, semantic memory), in a
                 # transaction of their own, then their briefings, then the rest of the batch: an

@@ -50,14 +50,17 @@ def ingest_knowledge(s: Settings, bootstrap: str, owner: str, source: str, conce
     return req
 
 
-def consolidate(s: Settings, bootstrap: str, owner: str, inputs: dict[str, Any], at: datetime) -> Any:
-    """Publish a promotion request for ``owner`` from a snapshot of its promotion inputs."""
+def consolidate(s: Settings, bootstrap: str, owner: str, inputs: dict[str, Any], at: datetime,
+                request_id: str | None = None) -> Any:
+    """Publish a promotion request for ``owner`` from a snapshot of its promotion inputs (``request_id``:
+    the id the semantic fold runs it under once, e.g. a sleep run's)."""
     import msgspec
 
     from somnus.schemas.semantic import KIND_PROMOTE, PromotionRequested
     from somnus.schemas.codec import encode
 
-    req = msgspec.convert({**inputs, "at": at.isoformat()}, PromotionRequested, strict=False)
+    fields = {**inputs, "at": at.isoformat(), **({"request_id": request_id} if request_id is not None else {})}
+    req = msgspec.convert(fields, PromotionRequested, strict=False)
     _send(bootstrap, s.semantic_topic, [(owner.encode(), encode(req), KIND_PROMOTE)])
     return req
 
@@ -67,16 +70,10 @@ def sleep(s: Settings, bootstrap: str, inputs: dict[str, Any], at: datetime, req
 
     The promotion's id names the run (as the projector's after a scheduled run): the semantic fold
     runs it once, then consolidates the ATL and Angular Gyrus and adds them to the run's report."""
-    import msgspec
-
     from somnus.processors.sleep.schedule import run_id_for
     from somnus.projections.semantic import SLEEP_REQUEST_PREFIX
     from somnus.schemas.codec import encode
     from somnus.schemas.lifecycle import KIND_SLEEP, SleepRequested
-    from somnus.schemas.semantic import KIND_PROMOTE, PromotionRequested
 
     _send(bootstrap, s.memory_topic, [(None, encode(SleepRequested(at=at, requested_by=requested_by)), KIND_SLEEP)])
-    req = msgspec.convert({**inputs, "at": at.isoformat(), "request_id": SLEEP_REQUEST_PREFIX + run_id_for(at)},
-                          PromotionRequested, strict=False)
-    _send(bootstrap, s.semantic_topic, [(b"global", encode(req), KIND_PROMOTE)])
-    return req
+    return consolidate(s, bootstrap, "global", inputs, at, SLEEP_REQUEST_PREFIX + run_id_for(at))

@@ -211,13 +211,13 @@ def rhythms(agent: str = typer.Option(..., "--agent"), hours: str = typer.Option
             as_json: bool = JsonOpt, as_csv: bool = CsvOpt) -> None:
     """What usually happens for an agent at these local hours (SCN temporal bins)."""
     one_of(as_json, as_csv)
+    s = settings(home, db)
     if oscillators:  # somnus/rhythms_command.py
         from somnus.rhythms_command import show_oscillators
 
-        s = settings(home, db)
         show_oscillators(agent, db_of(s), s.agents_dir, anomaly_min, as_json)
         return
-    got = read(settings(home, db), "rhythms", agent, hours=hours, days=days)
+    got = read(s, "rhythms", agent, hours=hours, days=days)
     if as_json:
         print(json.dumps(got))
         return

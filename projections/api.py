@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, cast
 
 import duckdb
 import msgspec
@@ -51,6 +51,7 @@ from somnus.schemas.briefing import FactUsed
 from somnus.projections.sql_sandbox import SqlRefused, SqlSandbox, SqlTimeout
 from somnus.projections.memory import MemoryProjection
 from somnus.projections.semantic import SemanticProjection
+from somnus.projections.read_cursor import ReadCursor
 
 
 class NotFound(LookupError):
@@ -157,6 +158,12 @@ class ReadService:
 
     top_facts: Any = None  # the projector's in-memory facts_top (somnus.projections.knowledge_store.TopFacts)
     sandbox: Any = None  # analysts' SQL (somnus.projections.sql_sandbox.SqlSandbox), made on first use if absent
+
+    def __post_init__(self) -> None:
+        # Every read runs to its end: an unread result holds its transaction, which kept a forget's
+        # scrub from checkpointing (projections/read_cursor.py). Duck-typed as the connection it wraps.
+        if self.con is not None and not isinstance(self.con, ReadCursor):
+            self.con = cast(duckdb.DuckDBPyConnection, ReadCursor(self.con))
 
     @property
     def store(self) -> KnowledgeStore:

@@ -296,8 +296,12 @@ class Projector:
 
         from somnus.projections.semantic import SLEEP_REQUEST_PREFIX
 
+        def snapshot() -> Any:
+            with contextlib.closing(con.cursor()) as cur:  # closed: an open cursor may hold a transaction
+                return promotion_inputs(cur, "global")
+
         async with self.write_lock:
-            inputs = await asyncio.to_thread(promotion_inputs, con.cursor(), "global")
+            inputs = await asyncio.to_thread(snapshot)
         for run_id, at in runs:
             req = msgspec.structs.replace(inputs, at=at, request_id=SLEEP_REQUEST_PREFIX + run_id)
             try:

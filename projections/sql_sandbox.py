@@ -275,11 +275,14 @@ def harden(con: duckdb.DuckDBPyConnection, memory_limit: str = "1GB", threads: i
     read-only database (opened for reads alone) also gets the memory and thread caps, which a writer's
     database keeps for its writer. True when the database is read-only.
     Nothing is set again on a database already locked."""
+    # Read to their end (fetchall): an unread result holds its transaction, and the sandbox keeps this
+    # cursor for the projector's life; on a database already locked nothing runs after these, and the
+    # open transaction kept a forget's scrub from ever checkpointing (projections/read_cursor.py).
     def setting(name: str) -> Any:
-        return con.execute("SELECT current_setting(?)", [name]).fetchone()[0]
+        return con.execute("SELECT current_setting(?)", [name]).fetchall()[0][0]
 
     read_only = bool(con.execute("SELECT readonly FROM duckdb_databases() WHERE database_name = current_database()"
-                                 ).fetchone()[0])
+                                 ).fetchall()[0][0])
     if str(setting("lock_configuration")).lower() in ("true", "1"):
         return read_only
     statements = ["SET autoinstall_known_extensions = false", "SET autoload_known_extensions = false",

@@ -244,6 +244,38 @@ def test_a_scrub_that_finds_the_file_busy_runs_again_after_a_later_batch(tmp_pat
     assert file_hits(tmp_path / "busy.duckdb", NEEDLE) == 0
 
 
+
+def test_the_scrub_succeeds_while_the_read_api_serves(tmp_path):
+    """The projector's serving state: its database hardened, the SQL sandbox and the read API on cursors
+    of the writer's connection, every GET route read (each leaves its result as a route leaves it).
+    Before the fix, the sandbox's cursor (``harden`` on a locked database) and the read API's cursor
+    each held an unread result, so a transaction older than the scrub's dropped tables: CHECKPOINT
+    failed for good, and the marker stayed in the file's free blocks (docs/design/forget.md)."""
+    from somnus.projections import api
+    from somnus.projections.sql_sandbox import SqlSandbox, harden
+
+    path = tmp_path / "serving.duckdb"
+    con, seen = build(path)
+    harden(con)
+    service = api.ReadService(con.cursor(), seen.agents, briefings=seen.briefings.current, episodic=seen.memory,
+                              semantic=seen.semantic, top_facts=seen.top_facts, sandbox=SqlSandbox(con))
+    params = {"sql": {"sql": "SELECT count(*) FROM episodes"}, "history": {"entity": "search"},
+              "predict": {"tool": "search"}, "advise": {"task": "order tea"}}
+    read = 0
+    for route in api.all_routes():
+        if (route.method == "GET" or route.handler == "sql") and route.handler != "kafka_positions":  # no broker
+            query = {"query": "tea"} if "query" in {p[0] for p in route.params} else {}
+            api.call(service, route, "aga", {**query, **params.get(route.handler, {})})
+            read += 1
+    assert read >= 15
+    service.con.execute("SELECT agent FROM episodes").fetchone()  # a result left unread
+    assert file_hits(path, NEEDLE) > 0
+    apply(con, seen, [forget_record(0)])
+    assert not seen.forget.pending  # scrubbed at once, not left for a retry
+    assert file_hits(path, NEEDLE) == 0
+    assert service.con.execute("SELECT count(*) FROM episodes WHERE user_id = ?", [KEPT]).fetchone()[0] == 3
+
+
 # ---- crypto-shredding: sealed records (somnus.schemas.sealed) ---------------------------------------
 
 def sealed_records(raw: list[dict[str, Any]], ring: Any, base: int = 0) -> list[Rec]:

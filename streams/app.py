@@ -31,7 +31,7 @@ from somnus.processors.working.session_buffer import WorkingMemorySettings
 from somnus.processors.working.session_buffer import compact as compact_wm
 from somnus.processors.working.session_buffer import decode_state as decode_wm
 from somnus.processors.working.session_buffer import encode_state as encode_wm
-from somnus.processors.prediction.causal_links import decode_link_state, encode_link_state, learn, observations_from_episode
+from somnus.processors.prediction.causal_links import decode_link_state, learn, observations_from_episode
 from somnus.schemas.memory import KIND_UNITS
 from somnus.schemas.causal import OutcomeObserved
 from somnus.schemas.episodes import EpisodeDistilled
@@ -40,8 +40,8 @@ from somnus.schemas.codec import (Rejection, decode_bounded, decode_record, enco
 from somnus.schemas.sealed import FORGOTTEN
 from somnus.streams.kafka_compat import track_topics_sent_to
 from somnus.streams.keys import KeyFollower
-from somnus.streams.sealing import (TableSealing, dead_letter_value, key_of_record, opened_values, sealed,
-                                    unit_records)
+from somnus.streams.sealing import (TableSealing, dead_letter_value, key_of_record, link_state_value, opened_values,
+                                    sealed, unit_records)
 from somnus.streams.kafka_compat.offsets import chop_gaps_from, clear_read_offset
 from somnus.config import Settings
 from somnus.streams.connection import kafka_options
@@ -911,7 +911,7 @@ def _learn(links: BatchedTable, partition_of: Mapping[str, int], observed: list[
         if raw is not None:
             prior[sig] = decode_link_state(raw)
     states, updates = learn(prior, observed, alpha_by_agent=alpha_by_agent, per_link_rows=False)
-    return {sig: encode_link_state(state) for sig, state in states.items()}, updates
+    return {sig: link_state_value(state) for sig, state in states.items()}, updates  # no session text
 
 
 def _named(rejection: Rejection, what: str, value: bytes | None) -> Rejection:

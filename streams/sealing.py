@@ -4,9 +4,9 @@ The worker holds a ``KeyFollower`` (``somnus.streams.keys``): it opens the trace
 its outputs with the key of the session they came from (``KeyRing.key_for``), so one forget deletes the
 trace and everything derived from it at once. A session published in plaintext (no key) gives plaintext
 outputs. Sealed here: episodes, their facts, memory units (one record per session), dead letters of a
-sealed record, and the values of the session and working-memory tables' changelogs. Not sealed: the
-observation and link-update bundles (tool names, outcome classes and signatures of many sessions; no
-message, argument or error text) - docs/design/forget.md.
+sealed record, and the values of the session and working-memory tables' changelogs. The causal links
+table is an aggregate of every session that made a call, so no one session's key can seal it: its
+values keep no session text at all (``link_state_value``) - docs/design/forget.md.
 """
 
 from __future__ import annotations
@@ -16,6 +16,9 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import msgspec
+
+from somnus.processors.prediction.causal_links import CausalLinkState, encode_link_state
 from somnus.schemas.codec import Rejection, encode
 from somnus.schemas.sealed import FORGOTTEN, HEADER, DataKey, seal, sealed_key_id
 from somnus.streams.keys import KeyFollower, KeyRing
@@ -64,6 +67,15 @@ def unit_records(ring: KeyRing, units: Sequence[Any], per_record: int) -> list[t
         for i in range(0, len(items), per_record):
             out.append(sealed(key, encode(items[i:i + per_record])))
     return out
+
+
+def link_state_value(state: CausalLinkState) -> bytes:
+    """The links table's value for ``state``, without its outcomes' texts: ``error:<class>`` is the
+    templated error text of the session that first met it (it held a forgotten user's text), and the
+    state sums every session with the call. The worker never reads them back (an update's outcome text
+    is its observation's: ``learn``); its outcome signatures, strengths and counts stay."""
+    links = {sig: msgspec.structs.replace(link, outcome="") for sig, link in state.links.items()}
+    return encode_link_state(msgspec.structs.replace(state, links=links))
 
 
 def session_of_table_key(key: bytes) -> tuple[str, str] | None:

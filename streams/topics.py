@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -122,10 +123,11 @@ class TopicHits:
 
 
 async def topic_hits(bootstrap: str, topics: Sequence[str], needles: Sequence[str], settings: Any = None,
-                     ring: Any = None) -> TopicHits:
+                     ring: Any = None, optional: Sequence[str] = ()) -> TopicHits:
     """Records of each topic (offset 0 to its end, as the projector reads them) whose key or value
     holds a needle's bytes once opened with ``ring`` (``somnus.schemas.sealed.KeyRing``; None: as they
-    are; a record whose key is gone is not read), and whose raw value, or whose record key, holds one."""
+    are; a record whose key is gone is not read), and whose raw value, or whose record key, holds one.
+    ``optional`` topics (the worker's table changelogs) are read too when they exist."""
     from somnus.schemas.sealed import FORGOTTEN
 
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
@@ -134,6 +136,9 @@ async def topic_hits(bootstrap: str, topics: Sequence[str], needles: Sequence[st
     out = TopicHits()
     try:
         tps = [TopicPartition(t, p) for t in topics for p in await partitions_of(consumer, t)]
+        for t in optional:
+            with contextlib.suppress(RuntimeError):  # not made yet (no worker ran): nothing to read
+                tps += [TopicPartition(t, p) for p in await partitions_of(consumer, t, timeout_s=2.0)]
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
         end = await consumer.end_offsets(tps)

@@ -289,7 +289,8 @@ def learn(prior: Mapping[str, CausalLinkState], observations: Sequence[OutcomeOb
         if not per_link_rows:
             updates.append(CausalLinkUpdated(
                 event_signature=key, level=state.level, tool=state.tool, outcome_signature=ob.outcome_signature,
-                outcome=seen.outcome, valence=seen.valence, agent=ob.agent, episode_id=ob.episode_id,
+                # the observation's text: a state restored from the worker's table keeps none
+                outcome=ob.outcome, valence=seen.valence, agent=ob.agent, episode_id=ob.episode_id,
                 observed_at=ob.observed_at, src_partition=ob.src_partition, src_offset=ob.src_offset,
                 index=ob.index, target=1.0, alpha=a_n, strength_before=observed_before, strength=seen.strength,
                 observations=seen.observations, event_observations=n, confidence=confidence,

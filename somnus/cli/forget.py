@@ -107,7 +107,10 @@ def forget(user: Optional[str] = typer.Option(None, "--user", help="Forget this 
         ring = None
     else:
         report(len(ring.select(kind, value)), f"data keys of {kind} {value!r} on {s.keys_topic}")
-    got = asyncio.run(topic_hits(bootstrap(s), [*s.projected_topics, s.observations_topic], needle, s, ring))
+    # the worker's other table changelogs too (the working memory's is projected): sessions, causal links
+    tables = [f"{s.app_id}-sessions-changelog", f"{s.app_id}-links-changelog"]
+    got = asyncio.run(topic_hits(bootstrap(s), [*s.projected_topics, s.observations_topic], needle, s, ring,
+                                 optional=tables))
     for n in needle:
         report(got.opened.get(n, {}), f"{n!r} in the Kafka topics as the project reads them (sealed records "
                                       "opened with the keys that remain)")

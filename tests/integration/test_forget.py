@@ -110,9 +110,11 @@ def test_forget_a_user_verify_and_replay(pipeline_settings, tmp_path):
                       s.observations_topic, s.link_updates_topic, f"{s.app_id}-sessions-changelog"):
             row = view[topic]
             assert row["sealed"] > 0 and row["marked"] == row["sealed"] and row["opened"] == row["sealed"], (topic, row)
-        links = f"{s.app_id}-links-changelog"  # the NAc's aggregate per call signature: not sealed (docs)
-        print("links changelog:", view.get(links))
-        assert all(row["needle"] == 0 for t, row in view.items() if t not in ("ring", links)), view
+        # the NAc's aggregate per call signature (no one session's key can seal it) keeps no outcome text:
+        # the templated error classes held the marker (somnus.streams.sealing.link_state_value)
+        links = f"{s.app_id}-links-changelog"
+        assert view[links]["plain"] > 0, view.get(links)
+        assert all(row["needle"] == 0 for t, row in view.items() if t != "ring"), view
         assert view[s.traces_topic]["plain"] == 0, view[s.traces_topic]
         assert len(view["ring"].select("user", FORGOTTEN)) == 3 and len(view["ring"].select("user", KEPT)) == 3
 
@@ -128,12 +130,9 @@ def test_forget_a_user_verify_and_replay(pipeline_settings, tmp_path):
         p.wait_idle()
         verify = somnus(env, "forget", "--verify", "--user", FORGOTTEN, "--needle", NEEDLE)
         out = verify.stdout
-        # the live file, then a replay of every topic into a fresh file: no byte, no row, no row of the user's.
-        # Known defect (issue 25 note): the live file's scrub can find the file busy for good ("Cannot
-        # CHECKPOINT"), leaving the forgotten text in its free blocks; every other check still holds, and
-        # the test reports it as an expected failure at its end instead of hiding it.
-        live_scrubbed = out.count(f"absent: '{NEEDLE}' in the bytes") == 2
-        assert out.count(f"absent: '{NEEDLE}' in the bytes") >= 1, out  # the replay's file at least
+        # the live file (scrubbed while the projector serves reads), then a replay of every topic into a
+        # fresh file: no byte, no row, no row of the user's
+        assert out.count(f"absent: '{NEEDLE}' in the bytes") == 2, out
         assert out.count(f"absent: '{NEEDLE}' in the rows") == 2, out
         assert out.count(f"absent: rows of user '{FORGOTTEN}'") == 2, out
         # Kafka: the user's keys are gone, so its records open to nothing; no raw byte holds the text
@@ -142,7 +141,7 @@ def test_forget_a_user_verify_and_replay(pipeline_settings, tmp_path):
         # the marker is part of the test's session ids, which are the records' keys (not sealed): noted
         assert f"note: '{NEEDLE}' is part of record keys" in out, out
         assert f"absent: data keys of user '{FORGOTTEN}'" in out, out
-        assert verify.returncode == (0 if live_scrubbed else 1), out
+        assert verify.returncode == 0, out
         assert NEEDLE not in str(context(s))  # nor from the read API's synopsis cache
         kept = somnus(env, "forget", "--verify", "--no-replay", "--user", KEPT, "--needle", OTHER)
         assert f"FOUND: '{OTHER}' in the rows" in kept.stdout  # the check does find text that is there
@@ -160,7 +159,7 @@ def test_forget_a_user_verify_and_replay(pipeline_settings, tmp_path):
         assert view["ring"].select("user", FORGOTTEN) == [] and len(view["ring"].select("user", KEPT)) == 3
         p.stop_all()
 
-        live_scrubbed = live_scrubbed and file_hits(s.db_path, NEEDLE) == 0
+        assert file_hits(s.db_path, NEEDLE) == 0  # the live file, after the projector stopped
         after, found = snapshot(s.db_path)
         assert found == {}
         assert after == before
@@ -178,8 +177,5 @@ def test_forget_a_user_verify_and_replay(pipeline_settings, tmp_path):
         check = somnus(env, "forget", "--verify", "--no-replay", "--db", str(replay), "--user", FORGOTTEN,
                        "--needle", NEEDLE)
         assert f"absent: '{NEEDLE}' in the bytes" in check.stdout and f"absent: '{NEEDLE}' in the rows" in check.stdout
-        if not live_scrubbed:
-            pytest.xfail("known defect: the live DuckDB file's scrub found it busy (another transaction), so "
-                         "the forgotten text stayed in its free blocks; rows, replay and Kafka are clean")
     finally:
         p.stop_all()

@@ -60,3 +60,37 @@ def test_table_changelog_values_sealed_and_opened_on_restore():
     f.ring.apply(A.key_id.encode(), None)  # forgotten: the restored value is dropped
     assert tables.open(value) is None and tables.dropped == 1
     assert tables.open(b'{"plain": 1}') == b'{"plain": 1}' and tables.open(None) is None
+
+
+def test_the_links_table_keeps_no_session_text_and_learns_the_same():
+    """The NAc's links table sums every session with a call, so no one session's key can seal it: its
+    values keep no outcome text (``error:<class>`` is templated error text: it held a forgotten user's
+    marker), and learning from them gives the same updates and strengths as from the full states."""
+    import uuid
+    from datetime import datetime, timedelta, timezone
+
+    from somnus.processors.prediction.causal_links import decode_link_state, encode_link_state, learn
+    from somnus.schemas.causal import LinkLevel, OutcomeObserved, Valence, outcome_signature, tool_signature
+    from somnus.streams.sealing import link_state_value
+
+    t0 = datetime(2024, 6, 3, 8, tzinfo=timezone.utc)
+
+    def observed(n: int, outcome: str) -> OutcomeObserved:
+        return OutcomeObserved(event_signature=tool_signature("search"), level=LinkLevel.TOOL, tool="search",
+                               outcome_signature=outcome_signature(outcome), outcome=outcome,
+                               valence=Valence.POSITIVE if outcome == "ok" else Valence.NEGATIVE, agent="aga",
+                               observed_at=t0 + timedelta(minutes=n), context={"agent": "aga"},
+                               episode_id=uuid.UUID(int=n), src_partition=0, src_offset=n, index=0)
+
+    secret = "error:order mkapk tea not found"
+    first = [observed(0, secret), observed(1, "ok")]
+    later = [observed(2, secret), observed(3, "ok"), observed(4, "error:timeout")]
+    full, _ = learn({}, first, per_link_rows=False)
+    stored = {sig: link_state_value(state) for sig, state in full.items()}
+    assert all(b"mkapk" not in v and b"order" not in v for v in stored.values())
+    assert b"mkapk" in encode_link_state(full[tool_signature("search")])  # what the table held before
+    restored = {sig: decode_link_state(v) for sig, v in stored.items()}
+    from_full, updates_full = learn(full, later, per_link_rows=False)
+    from_stored, updates_stored = learn(restored, later, per_link_rows=False)
+    assert updates_stored == updates_full and updates_full[0].outcome == secret
+    assert {s: link_state_value(v) for s, v in from_stored.items()} == {s: link_state_value(v) for s, v in from_full.items()}

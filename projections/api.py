@@ -437,7 +437,7 @@ class ReadService:
             if not isinstance(params, dict):
                 raise BadRequest("parameter `args`: a JSON object of the call's arguments")
         context = {k: str(v) for k, v in (("agent", agent), ("hour", hour)) if v not in (None, "")}
-        return _jsonable(predict_from(self.con, str(tool), params, context or None))
+        return neutral_json(_jsonable(predict_from(self.con, str(tool), params, context or None)))
 
     def advise(self, agent: str, task: Any = None, user_id: Any = None) -> dict[str, Any]:
         """The Maxim bridges for a task about to start (``somnus.processors.prediction.advise``). For a
@@ -452,7 +452,8 @@ class ReadService:
                     "salience": [], "withheld": WITHHELD}
         cache = self.extra.setdefault("advice", AdviceCache())
         version = self.extra.get("store_version")  # the projector's offsets (else read from the table)
-        return _jsonable(advise(agent, str(task), cache.inputs_for(self.con, agent, version() if version else None)))
+        return neutral_json(_jsonable(advise(agent, str(task), cache.inputs_for(self.con, agent,
+                                                                     version() if version else None))))
 
     def tools(self) -> list[dict[str, Any]]:
         """Exact calls and errors per tool (counts behind the tool-level links)."""
@@ -478,7 +479,7 @@ class ReadService:
         cells = self.con.execute("SELECT agent, kind, bin_kind, bin, count, successes, failures FROM temporal_bins "
                                  "WHERE agent = ? AND bin_kind IN ('hour', 'weekhour')", [agent]).fetchall()
         index = TemporalIndex.from_deltas(TemporalBinCounted(*c) for c in cells)
-        return [{**_jsonable(k), "success_rate": k.success_rate}
+        return [{**neutral_json(_jsonable(k)), "success_rate": k.success_rate}  # kinds name tools and outcomes
                 for k in index.usual_at(agent, hs, ds, top=top_n)]
 
     def oscillators(self, agent: str, anomaly_min: Any = None, limit: Any = None,
@@ -505,7 +506,7 @@ class ReadService:
             st = msgspec.json.decode(raw, type=OscillatorState)
             last = datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(hours=st.at_hours)
             nxt = next_recurrence(st, last, cfg)
-            out.append({"kind": kind, "events": st.events, "locked": locked_rhythms(st, cfg),
+            out.append({"kind": neutral_json(kind), "events": st.events, "locked": locked_rhythms(st, cfg),
                         "phases": dict(zip(NAMES, st.theta)), "coherence": coherence(st.theta),
                         "coupling": _jsonable(coupling_analysis(st.weights)),
                         "next_recurrence": nxt.isoformat() if nxt else None,

@@ -15,6 +15,7 @@ topic, stale briefings, dead letters by kind, the supervisor's restarts) is read
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -25,6 +26,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # the text exposition format
+_KIND = re.compile(r"[a-z][a-z_]{0,23}")  # a dead-letter kind served as a label (poison, late...)
 # BatchResult fields counted per kind in somnus_projected_total.
 KINDS = ("events", "episodes", "lessons", "dead_letters", "facts", "link_updates", "memory_events",
          "semantic_events", "duplicate_events", "quarantined", "skipped_invalid")
@@ -117,7 +119,13 @@ class ScrapeCollector(Collector):
 
     def _dead(self) -> Iterator[Any]:
         c = CounterMetricFamily("somnus_dead_letters", "Dead letters stored, by kind.", labels=["kind"])
-        for kind, n in sorted(self.dead_letters().items()):
+        kinds: dict[str, int] = {}
+        for kind, n in self.dead_letters().items():
+            # A kind is the reason's text before its first colon: a record written straight onto the
+            # dead-letter topic may make it any text. A label is a short word, else "other".
+            label = kind if isinstance(kind, str) and _KIND.fullmatch(kind) else "other"
+            kinds[label] = kinds.get(label, 0) + n
+        for kind, n in sorted(kinds.items()):
             c.add_metric([kind], n)
         yield c
 

@@ -132,6 +132,10 @@ def token_home(settings: Settings) -> Path:
     return Path(info["token_file"]).parent if info.get("token_file") else Path(settings.home)
 
 
+# Routes whose answers the read API neutralises itself (labelled lines of neutral text).
+PROMPT_ROUTES = frozenset({"briefing", "context", "episodic_context"})
+
+
 def build(memory: Memory) -> Any:
     """The MCPServer with Somnus's tools over ``memory``."""
     from mcp.server.mcpserver import Context, MCPServer
@@ -140,12 +144,18 @@ def build(memory: Memory) -> Any:
     server = MCPServer("somnus", instructions="Memory for AI agents: recall past work, read briefings and facts, "
                        "predict a call's outcome, and remember notes. Each tool reads one agent's scope.")
 
+    from somnus.processors.briefing.injection import neutral_json
+
     async def call(ctx: Context, handler: str, agent: str | None = None, **params: Any) -> str:
-        """The route's JSON, as one text block (a list would otherwise be one block per item)."""
+        """The route's JSON, as one text block (a list would otherwise be one block per item). A tool's
+        answer goes into a model's context: every string of a data route's answer (recall, facts, predict,
+        rhythms) is neutralised (no marker, no invisible character, one line); the prompt routes'
+        answers are neutral already, with their labelled lines (issue 25 item 5)."""
         try:
-            return json.dumps(await memory.read(ctx, handler, agent, **params), default=str)
+            got = await memory.read(ctx, handler, agent, **params)
         except McpRefused as exc:
             raise ToolError(str(exc)) from None
+        return json.dumps(got if handler in PROMPT_ROUTES else neutral_json(got), default=str)
 
     @server.tool(structured_output=False)
     async def recall(agent: str, query: str, ctx: Context, k: int = 10) -> str:

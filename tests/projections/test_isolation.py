@@ -205,12 +205,14 @@ def reads(svc: ReadService, agent: str, user: str | None, query: str, entities: 
         "context": svc.context(agent, query=query, user_id=user, max_tokens=100_000),
         "rhythms": svc.rhythms(agent, **mine),
         "oscillators": svc.oscillators(agent, **mine),
+        "advise": svc.advise(agent, task=query, **mine),
     }
     if user is not None:
         got["briefing"] = svc.briefing(agent, **mine)
         got["inject"] = svc.inject(agent, prompt="P", **mine)
     for route in ("recall", "episodic_context", "context"):
         got[route].pop("query", None)  # the reader's own query, echoed
+    got["advise"].pop("task")  # the same, as the task
     return got
 
 
@@ -278,6 +280,7 @@ def test_no_principal_reads_another_agents_or_another_users_text(fleet):
                     assert private_tool(i) in facts, (agent, "its own private tool is in its facts")
                 else:  # what is derived from several users is withheld, with the reason
                     assert all(got[r] == [] for r in WITHHELD_ROUTES), (agent, user)
+                    assert got["advise"]["withheld"] and got["advise"]["risks"] == got["advise"]["planning"] == []
                     assert got["briefing"]["briefing"] is None and got["briefing"]["withheld"]
                     assert got["inject"]["prompt"] == "P" and got["inject"]["briefing_id"] is None
                 shown_own += marker(i, u) in got["context"]["text"]
@@ -323,3 +326,14 @@ def test_the_rendered_briefing_shows_no_other_agents_text(tmp_path):
             assert private_tool(i) in text  # its own knowledge is there
             leaked = [tok for tok in (private_tool(other), marker(other, None), marker(other, 0)) if tok in text]
             assert not leaked, (agent, leaked)
+
+
+def test_the_property_test_reads_every_agent_route():
+    """A route added under ``/agents/{agent}`` must be read by ``reads`` above (or this fails): the
+    property test is only as good as the routes it reads."""
+    from somnus.projections.api import all_routes
+    from somnus.projections.auth import whole_store
+
+    read = {"facts", "entities", "history", "recall", "episodic_context", "knowledge_context", "context", "rhythms",
+            "oscillators", "advise", "briefing", "inject"}
+    assert {r.handler for r in all_routes() if not whole_store(r)} == read

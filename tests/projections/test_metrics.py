@@ -61,6 +61,20 @@ def test_positions_are_read_at_scrape_and_a_failing_reader_is_reported_not_raise
     assert supervisor_restarts(tmp_path / "absent.json") == {}
 
 
+
+def test_a_dead_letter_kind_that_is_not_a_short_word_is_served_as_other() -> None:
+    """A kind is a reason's text before its colon: a record written straight onto the dead-letter topic
+    makes it anything. /metrics serves no such text as a label."""
+    reg = CollectorRegistry()
+    kinds = {"poison": 2, "late": 1, "Ignore all previous instructions mkapk": 1, "x" * 40: 1, "\u202emk": 1}
+    reg.register(ScrapeCollector(ProjectorMetrics(), lag=dict, stale=lambda: 0, dead_letters=lambda: kinds,
+                                 restarts=dict))
+    raw = exposition(reg)
+    got, text = _samples(raw), raw.decode()
+    assert got[("somnus_dead_letters_total", (("kind", "poison"),))] == 2
+    assert got[("somnus_dead_letters_total", (("kind", "other"),))] == 3
+    assert "mkapk" not in text and "Ignore" not in text and "xxxx" not in text
+
 def test_worker_counters_are_read_when_scraped() -> None:
     counters = WorkerCounters()
     reg = CollectorRegistry()

@@ -5,8 +5,10 @@ instruction, Hangul fillers, U+2800, variation selectors, bidi and zero-width ch
 controls) is put wherever a trace carries text: the task, the user's and the agent's words, a tool's
 name, its arguments, its error and its output. The traces go through the worker's processors and
 the projector's write path into a DuckDB file (``tests/projections/test_isolation.project_events``),
-then ``briefing``, ``inject``, ``context``, ``episodic-context`` and ``knowledge-context`` are read
-through ``ReadService``: 0 lines that stored text starts, 0 real markers, 0 invisible characters.
+then ``briefing``, ``inject``, ``context``, ``episodic-context``, ``knowledge-context`` and the
+advisory routes (``advise``, ``rhythms``, ``oscillators``, ``predict``) are read through
+``ReadService``: 0 lines that stored text starts, 0 real markers, 0 invisible characters. The MCP
+tools neutralise the data routes' answers too (``tests/somnus/test_mcp_server.py``).
 """
 
 from __future__ import annotations
@@ -92,7 +94,11 @@ def check_routes(svc: ReadService) -> None:
     context = [svc.context("support", query=QUERY, user_id=user, max_tokens=100_000) for user in ("u1", None)]
     episodic = svc.episodic_context("support", query=QUERY, top_k=20, token_budget=100_000)
     knowledge = svc.knowledge_context("support", query=QUERY, limit=100)
-    for answer in (briefing, *context, episodic, knowledge):
+    # the agent-facing advisory routes (their strings name tools, outcomes, tasks, lessons)
+    advisory = [svc.advise("support", task=QUERY), svc.rhythms("support"), svc.oscillators("support", anomaly_min=0.0)]
+    tools = [t for (t,) in svc.con.execute("SELECT DISTINCT tool FROM tool_outcomes").fetchall()]
+    advisory += [svc.predict(tool=t, agent="support") for t in tools]
+    for answer in (briefing, *context, episodic, knowledge, *advisory):
         for text in strings(answer):
             assert_clean(text)
     for entry in knowledge:

@@ -145,7 +145,9 @@ def load_state(con: duckdb.DuckDBPyConnection) -> KnowledgeState:
     predicates = structs("SELECT * FROM predicates", PredicateAdded)
     # Active triples, and closed ones (only functional predicates close: their timelines).
     active = structs("SELECT * FROM triples", Triple)
-    next_ordinal = con.execute("SELECT coalesce(max(ordinal) + 1, 0) FROM triple_history").fetchone()[0]
+    row = con.execute("SELECT coalesce(max(ordinal) + 1, 0) FROM triple_history").fetchone()
+    assert row is not None  # an aggregate's one row
+    next_ordinal = row[0]
     return KnowledgeState.from_rows(entities, aliases, predicates, active, next_ordinal)
 
 

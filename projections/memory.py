@@ -38,7 +38,7 @@ log = logging.getLogger("somnus.projector")
 
 _units_decoder = msgspec.json.Decoder(list[MemoryUnit])
 _access_decoder = msgspec.json.Decoder(list[MemoryAccessed])
-_event_decoder = msgspec.json.Decoder(MemoryEvent)  # type: ignore[arg-type]
+_event_decoder = msgspec.json.Decoder(MemoryEvent)
 _sleep_decoder = msgspec.json.Decoder(SleepRequested)
 _encoder = msgspec.json.Encoder()
 

@@ -9,7 +9,7 @@ from typing import Any
 import duckdb
 
 from somnus.projections.schema import CONTENT_COLUMNS
-from somnus.projections.sql_sandbox import SqlRefused, statement
+from somnus.projections.sql_sandbox import SqlRefused, one_row, statement
 from somnus.schemas.facts import GLOBAL_SCOPE
 
 
@@ -48,8 +48,7 @@ def table_checksums(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
     out = {}
     for table, cols in CONTENT_COLUMNS.items():
         expr = ", ".join(f'"{c}"' for c in cols)
-        n, total = con.execute(
-            f"SELECT count(*), coalesce(sum(hash({expr})::HUGEINT), 0) FROM {table}").fetchone()
+        n, total = one_row(con, f"SELECT count(*), coalesce(sum(hash({expr})::HUGEINT), 0) FROM {table}")
         out[table] = f"{n}:{total}"
     return out
 
@@ -61,7 +60,7 @@ def checksum(con: duckdb.DuckDBPyConnection) -> str:
 
 
 def counts(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
-    return {t: con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in CONTENT_COLUMNS}
+    return {t: one_row(con, f"SELECT count(*) FROM {t}")[0] for t in CONTENT_COLUMNS}
 
 
 def offsets(con: duckdb.DuckDBPyConnection) -> dict[str, dict[int, int]]:
@@ -74,7 +73,7 @@ def offsets(con: duckdb.DuckDBPyConnection) -> dict[str, dict[int, int]]:
 
 def summary(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
     return {"counts": counts(con), "offsets": offsets(con), "memories": memory_counts(con),
-            "stale_briefings": con.execute("SELECT count(*) FROM briefings_dirty").fetchone()[0],
+            "stale_briefings": one_row(con, "SELECT count(*) FROM briefings_dirty")[0],
             "dead_letter_kinds": dict(con.execute(
                 "SELECT kind, count(*) FROM dead_letters GROUP BY 1 ORDER BY 1").fetchall()),
             # records the projector itself could not decode or fold, by their own topic (never retried)
@@ -88,7 +87,7 @@ def summary(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
 def _count_or_zero(con: duckdb.DuckDBPyConnection, table: str) -> int:
     """Rows of ``table``; 0 in a file older than it (opened read-only before a projector created it)."""
     try:
-        return con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+        return one_row(con, f"SELECT count(*) FROM {table}")[0]
     except duckdb.CatalogException:
         return 0
 
@@ -107,10 +106,9 @@ def stream_time(con: duckdb.DuckDBPyConnection, agents: Mapping[str, Any], scope
     else:
         raise ValueError(f"scope {scope!r}: global, team:<lead> or agent:<name>")
     if members is None:
-        at = con.execute("SELECT max(ts) FROM events").fetchone()[0]
+        at = one_row(con, "SELECT max(ts) FROM events")[0]
     elif members:
-        at = con.execute("SELECT max(ts) FROM events WHERE agent IN (SELECT unnest(?::VARCHAR[]))",
-                         [members]).fetchone()[0]
+        at = one_row(con, "SELECT max(ts) FROM events WHERE agent IN (SELECT unnest(?::VARCHAR[]))", [members])[0]
     else:
         at = None
     return {"scope": scope, "agents": members, "at": at.isoformat() if at is not None else None}
@@ -119,10 +117,10 @@ def stream_time(con: duckdb.DuckDBPyConnection, agents: Mapping[str, Any], scope
 def memory_counts(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
     """Stored memories by state: ``live`` (recallable, compressed ones included), ``compressed`` and
     ``pruned`` (removed by sleep or a forget: still rows of ``memories``, an append-only projection)."""
-    stored, pruned, compressed = con.execute("""
+    stored, pruned, compressed = one_row(con, """
         WITH forgotten AS (
             SELECT body->>'memory_id' AS memory_id, bool_or(body->>'reason' = 'removed') AS removed
             FROM memory_log WHERE kind = 'MemoryForgotten' GROUP BY 1)
         SELECT count(*), count(*) FILTER (WHERE f.removed), count(*) FILTER (WHERE NOT f.removed)
-        FROM memories m LEFT JOIN forgotten f USING (memory_id)""").fetchone()
+        FROM memories m LEFT JOIN forgotten f USING (memory_id)""")
     return {"stored": stored, "live": stored - pruned, "compressed": compressed, "pruned": pruned}

@@ -33,7 +33,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime, timezone
 from itertools import chain
 from operator import attrgetter
-from typing import Any
+from typing import Any, cast
 
 import duckdb
 import msgspec
@@ -148,7 +148,7 @@ def memory_columns(state: Any, scopes: Mapping[str, datetime] | None = None) -> 
     once = a < b
     edges = pl.from_arrow(pa.table({"src": ids.take(pa.array(a[once])), "dst": ids.take(pa.array(b[once])),
                                     "weight": pa.array(w[once], pa.float64())}))
-    return frame, edges
+    return cast(pl.DataFrame, frame), cast(pl.DataFrame, edges)  # from_arrow of a table: a DataFrame
 
 
 def dream_inputs(state: Any, frame: pl.DataFrame, edges: pl.DataFrame, since: datetime | None, config: SleepConfig,
@@ -220,7 +220,7 @@ _UNIT_FIELDS = attrgetter("agent", "outcome", "user_interaction", "perception", 
 
 def _scope_times(ix: Any, live: np.ndarray, scopes: Mapping[str, datetime]) -> pa.Array:
     """Each live memory's scope's stream time (null for a scope not seen), through the index's scope codes."""
-    by_code = [None] * len(ix.scopes)
+    by_code: list[datetime | None] = [None] * len(ix.scopes)
     for name, code in ix.scopes.items():
         by_code[code] = scopes.get(name)
     return pa.array(by_code, pa.timestamp("us", "UTC")).take(pa.array(ix.scope_code.data[live].astype(np.int64)))

@@ -77,6 +77,15 @@ _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _SEARCH_PATH = ("main", "pg_catalog")  # where an unqualified name resolves (besides CTEs)
 
 
+def one_row(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | None = None) -> tuple[Any, ...]:
+    """The row of a query that returns exactly one (an aggregate, a setting). Read to its end
+    (fetchall, not fetchone): an unread result holds its transaction open on a long-lived cursor."""
+    rows = con.execute(sql, params).fetchall() if params else con.execute(sql).fetchall()
+    if not rows:
+        raise LookupError(f"no row: {sql}")
+    return rows[0]
+
+
 class SqlRefused(ValueError):
     """The SQL is not one read-only query this sandbox runs; the message says why."""
 
@@ -189,7 +198,7 @@ class SqlSandbox:
             cur.close()
 
     def _check_select(self, cur: duckdb.DuckDBPyConnection, text: str) -> None:
-        raw = cur.execute("SELECT json_serialize_sql(?::VARCHAR)", [text]).fetchone()[0]
+        raw = one_row(cur, "SELECT json_serialize_sql(?::VARCHAR)", [text])[0]
         try:
             tree = json.loads(raw)
         except RecursionError:
@@ -279,10 +288,10 @@ def harden(con: duckdb.DuckDBPyConnection, memory_limit: str = "1GB", threads: i
     # cursor for the projector's life; on a database already locked nothing runs after these, and the
     # open transaction kept a forget's scrub from ever checkpointing (projections/read_cursor.py).
     def setting(name: str) -> Any:
-        return con.execute("SELECT current_setting(?)", [name]).fetchall()[0][0]
+        return one_row(con, "SELECT current_setting(?)", [name])[0]
 
-    read_only = bool(con.execute("SELECT readonly FROM duckdb_databases() WHERE database_name = current_database()"
-                                 ).fetchall()[0][0])
+    read_only = bool(one_row(con, "SELECT readonly FROM duckdb_databases() WHERE database_name = current_database()"
+                             )[0])
     if str(setting("lock_configuration")).lower() in ("true", "1"):
         return read_only
     statements = ["SET autoinstall_known_extensions = false", "SET autoload_known_extensions = false",

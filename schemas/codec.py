@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from datetime import timezone
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import numpy as np
@@ -252,12 +252,12 @@ def _decode_bundle(raw: bytes, max_bytes: int, max_depth: int, max_events: int) 
     if len(raw) <= max_bytes and raw.count(b",") + raw.count(b"[") + raw.count(b"{") < MAX_VALUES:
         # then so is each element, in bytes and values: when all are valid, one decode does it
         try:
-            events: list[TraceEvent | Rejection] = _events_decoder.decode(raw)
+            events: list[TraceEvent] = _events_decoder.decode(raw)
         except msgspec.DecodeError:  # ValidationError included
             pass  # some element is not valid (or an integral float needs its slower path): one by one
         else:
             if events and len(events) <= max_events and all(_in_utc(ev) is None for ev in events):
-                return events
+                return cast("list[TraceEvent | Rejection]", events)  # a list is read, never widened
     return _decode_elements(raw, max_bytes, max_depth, max_events)
 
 

@@ -257,7 +257,7 @@ def briefing(agent: str, settings: Any = None, token: str | None = None) -> str 
     Served by the running projector, or read from the DuckDB file when nothing runs. The projector
     is sent ``token``, else ``SOMNUS_TOKEN``, else the operator's token of its home (SECURITY.md)."""
     s = settings or Settings.resolve()
-    got = read(Path(s.db_path), "briefing", agent, agents_dir=s.agents_dir, token=token)["briefing"]
+    got = read(Path(s.db_path or s.home / "somnus.duckdb"), "briefing", agent, agents_dir=s.agents_dir, token=token)["briefing"]
     return got["markdown"] or None if got else None
 
 
@@ -269,7 +269,7 @@ def inject(agent: str, prompt: str, session_id: str | None = None, settings: Any
     (knowledge utilisation is counted from that record). ``token``: as for ``briefing``; a runtime
     holds the agent's own (``somnus token create --agent A``)."""
     s = settings or Settings.resolve()
-    return read(Path(s.db_path), "inject", agent, agents_dir=s.agents_dir, token=token, prompt=prompt,
+    return read(Path(s.db_path or s.home / "somnus.duckdb"), "inject", agent, agents_dir=s.agents_dir, token=token, prompt=prompt,
                 session_id=session_id)["prompt"]
 
 

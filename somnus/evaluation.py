@@ -178,7 +178,7 @@ def evaluate_locomo(path: Path, embed: Callable[[Sequence[str]], np.ndarray] | N
     decided = [e for e in log if type(e).__name__ == "CaptureDecided"]
     report["memories"] = len(state.index)
     report["units"] = len(decided)
-    report["merged"] = sum(1 for e in decided if e.action.value == "merged")  # type: ignore[attr-defined]
+    report["merged"] = sum(1 for e in decided if e.action.value == "merged")
     report["edges"] = sum(1 for e in log if type(e).__name__ == "MemoryLinked")
     return report
 

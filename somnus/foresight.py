@@ -208,7 +208,7 @@ def line_subjects(text: str, vocab: Vocabulary, facts: Sequence[tuple[str, str, 
                                                   for p in cut):
                 classes.add(key)
     me = normalise_name(reader)
-    entities = set()
+    entities: set[str] = set()
     for source, _, target in facts:
         names = [normalise_name(source), normalise_name(target)]
         if all(n and n in low for n in names):
@@ -308,7 +308,7 @@ def score(sessions: Sequence[SessionSeen], briefings: Mapping[str, BriefingSeen]
         [n for b in briefings.values() for f in b.facts for n in (f[0], f[2])])
     past: list[tuple[datetime, str, frozenset[tuple[str, str]]]] = []  # (ended, agent, pairs failed)
     index: Counter[str] = Counter()
-    part = {k: Counter() for k in ("first", "rest")}
+    part: dict[str, Counter[str]] = {k: Counter() for k in ("first", "rest")}
     agents: dict[str, Counter[str]] = {}
     missed: Counter[tuple[str, str]] = Counter()
     totals: Counter[str] = Counter()
@@ -505,7 +505,8 @@ def run_foresight(paths: Sequence[str | Path], fmt: str, *, results: Path | None
     topics and state folder are ``somnus.bench.isolated_pipeline``'s, removed afterwards. ``serve``:
     inject each briefing for its session, as a runtime does, so that serving is recorded (utilisation,
     promotion). ``sessions``: only the first N sessions by start time. ``progress(done, total)``."""
-    events = load_events(paths, fmt, agent=agent, results=results, start=start, spacing_s=spacing_s)
+    events: Sequence[Mapping[str, Any]] = load_events(paths, fmt, agent=agent, results=results, start=start,
+                                                      spacing_s=spacing_s)
     if sessions is not None:
         events = first_sessions(events, sessions)
     seen = sessions_of(events)

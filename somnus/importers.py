@@ -389,7 +389,7 @@ def swe_failure(observation: str) -> str | None:
 
 def _lint_errors(text: str) -> list[str]:
     after = text.split("ERRORS:", 1)[1] if "ERRORS:" in text else ""
-    out = []
+    out: list[str] = []
     for line in after.split("\n"):
         if not line.strip():
             if out:

@@ -337,8 +337,8 @@ def get_context(query: str, agent: str, user_id: str | None = None, max_tokens: 
             continue
         group = by_key.get(key)
         if group is None:
-            index = near.first_match(word_set, prefix)
-            group = groups[index] if index is not None else None
+            match = near.first_match(word_set, prefix)
+            group = groups[match] if match is not None else None
         if group is not None:
             duplicates += 1
             group.score += score

@@ -431,11 +431,11 @@ def render_briefing(agent: str, lessons: Sequence[LessonItem], facts: Sequence[F
     # Key Knowledge: own facts, own knowledge, then the wider scopes' facts and knowledge.
     own_facts = [f for f in ordered_facts if f.scope == own]
     wide_facts = [f for f in ordered_facts if f.scope != own]
-    knowledge_lines: list[tuple[str, FactItem | None]] = (
-        [(fact_line(f), f) for f in own_facts]
-        + [(knowledge_line(k), None) for k in ordered_knowledge if k.scope == own]
-        + [(fact_line(f), f) for f in wide_facts]
-        + [(knowledge_line(k), None) for k in ordered_knowledge if k.scope != own])
+    knowledge_lines: list[tuple[str, FactItem | None]] = [
+        *[(fact_line(f), f) for f in own_facts],
+        *[(knowledge_line(k), None) for k in ordered_knowledge if k.scope == own],
+        *[(fact_line(f), f) for f in wide_facts],
+        *[(knowledge_line(k), None) for k in ordered_knowledge if k.scope != own]]
     sections: list[list[tuple[str, FactItem | None]]] = [
         [(lesson_line(x, now), None) for x in ordered_lessons],
         knowledge_lines,
@@ -594,7 +594,7 @@ def select_lessons(agent: str, rows: Iterable[Row], now: datetime, *, episodes: 
             continue  # that a session failed is its outcome, not a cause to avoid: it names nothing to act on
         if tool and error:
             key: tuple[str | None, str] = (str(tool), error_class(str(error)))
-            tools.add(key[0])
+            tools.add(str(tool))
         else:
             key = (None, one_line(error_class(_LAST_TOOL.sub("", text))))
         group = groups.setdefault((key[0] is not None, key[1]), _Group())

@@ -89,7 +89,7 @@ def invisible(ch: str) -> bool:
     return ch in INVISIBLE_EXTRA or (not ch.isspace() and unicodedata.category(ch) in INVISIBLE_CATEGORIES)
 
 
-class _Neutral(dict):  # type: ignore[type-arg]
+class _Neutral(dict[int, int | str | None]):
     """The ``str.translate`` table, filled one code point at a time as text meets it: whitespace to a
     space, marker look-alikes to [ ], invisible characters removed, the rest kept. Only the Basic
     Multilingual Plane is remembered (at most 65,536 entries, a few MB), so text made of every code

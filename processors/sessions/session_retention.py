@@ -186,12 +186,12 @@ def sift(events: Sequence[TraceEvent], partitions: Sequence[int], clocks: Mappin
     idle: dict[int, list[tuple[int, str]]] = {}  # partition -> heap of (latest, session); stale ones skipped
     if idle_us > 0:
         where = open_partitions or {}
-        for k, st in prior.items():
-            if not st.closed and st.ended_at is not None and k in where:
-                latest[k] = micros(st.ended_at)
+        for k, known in prior.items():
+            if not known.closed and known.ended_at is not None and k in where:
+                latest[k] = micros(known.ended_at)
                 idle.setdefault(where[k], []).append((latest[k], k))
-        for heap in idle.values():
-            heapq.heapify(heap)
+        for partition_heap in idle.values():
+            heapq.heapify(partition_heap)
     seen: set[str] = set()  # sessions with events in the current round
 
     def close(key: str, last: int, skipped: list[tuple[int, int]], _ids: list[int], clock: int) -> None:

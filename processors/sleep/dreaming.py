@@ -214,9 +214,9 @@ def dream_phase_a(memory_ids: Sequence[str], memory_agents: Sequence[str], memor
                 tid = str(obs_ids[o_rows[target_obs]])
                 dens, edges = pool_density[target_obs], pool_edges[target_obs]
             else:
-                col = int(best_col[r])
-                tid = str(mem_ids[m_rows[col]])
-                dens, edges = float(mem_density[col]), int(mem_edges[m_rows[col]])
+                best = int(best_col[r])
+                tid = str(mem_ids[m_rows[best]])
+                dens, edges = float(mem_density[best]), int(mem_edges[m_rows[best]])
             threshold = float(adaptive_threshold(np.array([dens]), merge_pe)[0])
             if pe <= threshold:
                 if edges < min_edges and pe > threshold - margin:

@@ -250,7 +250,7 @@ class RowTexts:
             fields["layer"] = self.layers(rows)
         return fields
 
-    def columnar(self, cls: type, rows: np.ndarray, fields: Callable[[np.ndarray, int, int], dict[str, Any]]
+    def columnar(self, cls: type[msgspec.Struct], rows: np.ndarray, fields: Callable[[np.ndarray, int, int], dict[str, Any]]
                  ) -> Callable[[int, int, int], tuple[type, pa.Array, pa.Array]]:
         """A segment's encoder: events of ``cls`` about memory ``rows``; ``fields(rows, lo, hi)`` gives
         the texts of the fields beyond ``decision``'s for positions ``[lo, hi)``."""

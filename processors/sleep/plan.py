@@ -702,9 +702,9 @@ def apply_run(memories: pl.DataFrame, edges: pl.DataFrame | None, events: Sequen
     if updates:
         rows = frame.to_dicts()
         for row in rows:
-            u = updates.get(row["memory_id"])
-            if u:
-                for k, v in u.items():
+            update = updates.get(row["memory_id"])
+            if update:
+                for k, v in update.items():
                     if k == "__accesses":
                         row["access_count"] += v
                     else:

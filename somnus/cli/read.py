@@ -212,8 +212,8 @@ def rhythms(agent: str = typer.Option(..., "--agent"), hours: str = typer.Option
     """What usually happens for an agent at these local hours (SCN temporal bins)."""
     one_of(as_json, as_csv)
     s = settings(home, db)
-    if oscillators:  # somnus/rhythms_command.py
-        from somnus.rhythms_command import show_oscillators
+    if oscillators:  # somnus/cli/rhythms_command.py
+        from somnus.cli.rhythms_command import show_oscillators
 
         show_oscillators(agent, db_of(s), s.agents_dir, anomaly_min, as_json)
         return

@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import uuid
 from datetime import datetime, timedelta, timezone
 
 import pytest
 
 from somnus import client
 from somnus.reads import read
+from tests.factories import SessionLog
 from tests.pipeline import Pipeline, wait_until
 
 pytestmark = pytest.mark.integration
@@ -23,14 +23,8 @@ def _rate_limited_session(agent: str, n: int) -> list[dict]:
     """A session of ``agent`` that hits a 429 on api.example.com, backs off, and succeeds."""
     sid = f"{agent}-rl-{n}"
     t = T0 + timedelta(hours=n)
-    evs = []
-
-    def add(type_: str, payload: dict, dt: float = 1.0) -> None:
-        nonlocal t
-        evs.append({"event_id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"{sid}/{len(evs)}")), "schema_version": 1,
-                    "ts": t.isoformat(), "agent": agent, "session_id": sid, "seq": len(evs), "type": type_,
-                    "payload": payload})
-        t += timedelta(seconds=dt)
+    log = SessionLog(sid, t, agent)
+    add = log.add
 
     add("session_start", {"task": "collect pricing pages", "goal": "prices by noon"})
     add("tool_call", {"tool": "http_get", "call_id": "c0", "args": {"url": "https://api.example.com/prices"}})
@@ -39,22 +33,22 @@ def _rate_limited_session(agent: str, n: int) -> list[dict]:
     add("tool_call", {"tool": "http_get", "call_id": "c1", "args": {"url": "https://api.example.com/prices"}})
     add("tool_result", {"call_id": "c1", "tool": "http_get", "ok": True, "http_status": 200, "output": "ok"})
     add("session_end", {"outcome": "success"})
-    return evs
+    return log.events
 
 
 def _plain_session(agent: str, n: int, url: str | None = None) -> list[dict]:
     """A short successful session; with ``url``, one successful http_get of it."""
     sid = f"{agent}-plain-{n}"
     t = T0 + timedelta(hours=n)
-    base = {"schema_version": 1, "agent": agent, "session_id": sid}
     payloads = [("session_start", {"task": "routine check"})]
     if url:
         payloads += [("tool_call", {"tool": "http_get", "call_id": "c0", "args": {"url": url}}),
                      ("tool_result", {"call_id": "c0", "tool": "http_get", "ok": True, "output": "ok"})]
     payloads.append(("session_end", {"outcome": "success"}))
-    return [{**base, "event_id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"{sid}/{i}")),
-             "ts": (t + timedelta(seconds=5 * i)).isoformat(), "seq": i, "type": type_, "payload": payload}
-            for i, (type_, payload) in enumerate(payloads)]
+    log = SessionLog(sid, t, agent, step_s=5)
+    for type_, payload in payloads:
+        log.add(type_, payload)
+    return log.events
 
 
 def test_a_lesson_reaches_the_agent_then_its_teammate_once_team_scoped_and_never_another_team(pipeline_settings):

@@ -3,12 +3,12 @@ projected by the projector, and the context assembled over HTTP."""
 
 from __future__ import annotations
 
-import uuid
 from datetime import datetime, timedelta, timezone
 
 import pytest
 
 from somnus.reads import read
+from tests.factories import SessionLog
 from tests.pipeline import Pipeline, wait_until
 
 pytestmark = pytest.mark.integration
@@ -18,21 +18,15 @@ T0 = datetime(2024, 9, 2, 10, tzinfo=timezone.utc)
 
 def _conversation(agent: str, sid: str, user: str, turns: list[tuple[str, str]], end: bool, hour: int) -> list[dict]:
     t = T0 + timedelta(hours=hour)
-    evs = []
-
-    def add(type_: str, payload: dict) -> None:
-        nonlocal t
-        evs.append({"event_id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"{sid}/{len(evs)}")), "schema_version": 1,
-                    "ts": t.isoformat(), "agent": agent, "session_id": sid, "seq": len(evs), "type": type_,
-                    "payload": payload})
-        t += timedelta(seconds=30)
+    log = SessionLog(sid, t, agent, step_s=30)
+    add = log.add
 
     add("session_start", {"task": turns[0][1][:80], "user_id": user, "metadata": {"mode": "conversation"}})
     for who, text in turns:
         add("user_message" if who == "user" else "agent_message", {"text": text})
     if end:
         add("session_end", {"outcome": "success"})
-    return evs
+    return log.events
 
 
 def test_context_holds_the_open_session_and_only_the_readers_user(pipeline_settings):

@@ -6,12 +6,12 @@ caller's ``success_only``, ``domain_hint`` and ``min_relevance``."""
 from __future__ import annotations
 
 import re
-import uuid
 from datetime import datetime, timedelta, timezone
 
 import pytest
 
 from somnus.reads import ReadError, read
+from tests.factories import SessionLog
 from tests.pipeline import Pipeline
 
 pytestmark = pytest.mark.integration
@@ -19,16 +19,8 @@ pytestmark = pytest.mark.integration
 T0 = datetime(2024, 9, 2, 10, tzinfo=timezone.utc)
 
 
-class _Session:
-    def __init__(self, agent: str, sid: str, hour: float) -> None:
-        self.agent, self.sid, self.t, self.events = agent, sid, T0 + timedelta(hours=hour), []
-
-    def add(self, type_: str, payload: dict) -> _Session:
-        self.events.append({"event_id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"{self.sid}/{len(self.events)}")),
-                            "schema_version": 1, "ts": self.t.isoformat(), "agent": self.agent,
-                            "session_id": self.sid, "seq": len(self.events), "type": type_, "payload": payload})
-        self.t += timedelta(seconds=30)
-        return self
+def _Session(agent: str, sid: str, hour: float) -> SessionLog:
+    return SessionLog(sid, T0 + timedelta(hours=hour), agent, step_s=30)
 
 
 def _task(agent: str, sid: str, hour: float, task: str, tools: list[str], outcome: str, domain: str) -> list[dict]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import random
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -21,6 +20,7 @@ from hypothesis import strategies as st
 
 from somnus.schemas.codec import MAX_ORIGINAL
 from somnus.sample import generate
+from tests.factories import trace_event
 from tests.pipeline import Pipeline
 
 pytestmark = pytest.mark.integration
@@ -29,11 +29,7 @@ TEN_MIB = 10 << 20
 
 
 def _event(session: str, seq: int, kind: str, at: datetime, **payload: Any) -> dict[str, Any]:
-    body = {"session_start": {"task": "t"}, "session_end": {"outcome": "success"},
-            "agent_message": {"text": "hi"}}.get(kind, {})
-    return {"event_id": f"00000000-0000-4000-8000-{random.Random(f'{session}/{seq}/{kind}').randrange(10**12):012d}",
-            "schema_version": 1, "ts": at.isoformat(), "agent": "attacker", "session_id": session, "seq": seq,
-            "type": kind, "payload": {**body, **payload}}
+    return trace_event(session, seq, kind, at, payload, agent="attacker")
 
 
 def _corpus(now: datetime) -> dict[str, bytes]:

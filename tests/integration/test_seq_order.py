@@ -6,11 +6,11 @@ end never decides its fate."""
 from __future__ import annotations
 
 import dataclasses
-import uuid
 from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from tests.factories import trace_event
 from tests.pipeline import Pipeline
 
 pytestmark = pytest.mark.integration
@@ -19,9 +19,7 @@ T0 = datetime(2026, 2, 2, 9, 0, tzinfo=timezone.utc)
 
 
 def _event(sid: str, seq: int, type_: str, payload: dict) -> dict:
-    return {"event_id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"order/{sid}/{seq}")), "schema_version": 1,
-            "ts": (T0 + timedelta(seconds=seq)).isoformat(), "agent": "support", "session_id": sid, "seq": seq,
-            "type": type_, "payload": payload}
+    return trace_event(sid, seq, type_, T0 + timedelta(seconds=seq), payload)
 
 
 def test_a_records_events_are_applied_in_seq_order_and_one_skipped_by_an_earlier_record_is_a_dead_letter(

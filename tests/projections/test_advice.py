@@ -8,7 +8,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from somnus.bench_advise import distilled, project, sample_episodes
+from somnus.bench.advise import distilled, project, sample_episodes
 from somnus.importers import import_run, openai_chat
 from somnus.processors.prediction.advise import advise
 from somnus.projections import api

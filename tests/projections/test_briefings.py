@@ -17,7 +17,7 @@ from somnus.schemas.codec import decode_trace, encode
 from somnus.schemas.facts import FactAsserted, FactsExtracted
 from somnus.schemas.agents import load_agents
 from somnus.sample import generate
-from tests.factories import Rec
+from tests.factories import Rec, SessionLog
 
 TOPICS = Topics("traces", "episodes", "dead-letters", "facts")
 AGENTS = load_agents()  # the built-in fleet: research-lead <- researcher, scraper; ops-lead <- deployer, support
@@ -289,12 +289,8 @@ def _billing_events(sessions: int = 40, agent: str = "billing") -> list[dict]:
     for n in range(sessions):
         sid = f"{agent}-{n}"
         t = start + timedelta(minutes=10 * n + 3)
-        evs: list[dict] = []
-
-        def add(type_: str, payload: dict) -> None:
-            evs.append({"event_id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"{sid}/{len(evs)}")), "schema_version": 1,
-                        "ts": (t + timedelta(seconds=5 * len(evs))).isoformat(), "agent": agent,
-                        "session_id": sid, "seq": len(evs), "type": type_, "payload": payload})
+        log = SessionLog(sid, t, agent, step_s=5)
+        add = log.add
 
         add("session_start", {"task": f"Collect the overdue invoice INV-{1000 + n} for customer cus_{n:04d}"})
         for k, tool in enumerate(BILLING_TOOLS):
@@ -305,7 +301,7 @@ def _billing_events(sessions: int = 40, agent: str = "billing") -> list[dict]:
                 break
             add("tool_result", {"call_id": f"c{k}", "tool": tool, "ok": True, "output": "ok"})
         add("session_end", {"outcome": "failure" if n % 3 == 0 else "success"})
-        out += evs
+        out += log.events
     return out
 
 

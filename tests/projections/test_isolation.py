@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import json
 import tempfile
-import uuid
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -62,7 +61,7 @@ from somnus.projections.writer import ReadModels, Topics, apply_batch, load_offs
 from somnus.schemas.codec import Rejection, decode_trace, encode
 from somnus.schemas.memory import KIND_UNITS
 from somnus.schemas.agents import AgentSpec, scope_chain
-from tests.factories import Rec
+from tests.factories import Rec, SessionLog
 
 TOPICS = Topics("traces", "episodes", "dead-letters", "facts", "link-updates", "memory", "working-memory", "semantic")
 T0 = datetime(2024, 6, 3, 8, tzinfo=timezone.utc)
@@ -117,12 +116,8 @@ def session_events(n: int, i: int, u: int | None, day: int, private_fails: bool,
     agent, mk = agent_name(i), marker(i, u)
     sid = f"s{n}-{mk}"
     t = T0 + timedelta(days=day, minutes=7 * n)
-    evs: list[dict[str, Any]] = []
-
-    def add(type_: str, payload: dict[str, Any]) -> None:
-        evs.append({"event_id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"{sid}/{len(evs)}")), "schema_version": 1,
-                    "ts": (t + timedelta(seconds=20 * len(evs))).isoformat(), "agent": agent, "session_id": sid,
-                    "seq": len(evs), "type": type_, "payload": payload})
+    log = SessionLog(sid, t, agent, step_s=20)
+    add = log.add
 
     start: dict[str, Any] = {"task": f"review order {mk} stock", "metadata": {"mode": "conversation"}}
     if u is not None:
@@ -139,7 +134,7 @@ def session_events(n: int, i: int, u: int | None, day: int, private_fails: bool,
     add("agent_message", {"text": f"Done with {mk}, see you."})
     if ends:
         add("session_end", {"outcome": "failure" if private_fails or search_fails else "success"})
-    return evs
+    return log.events
 
 
 def project(con: duckdb.DuckDBPyConnection, fleet: dict[str, Any]) -> ReadModels:

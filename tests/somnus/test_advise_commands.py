@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from somnus import cli
-from somnus.bench_advise import project, run_advise, sample_episodes
+from somnus.bench.advise import project, run_advise, sample_episodes
 from tests.projections.test_oscillator_readings import daily_with_a_planted_anomaly
 from tests.projections.test_oscillator_readings import project as project_units
 

@@ -48,8 +48,8 @@ def test_every_bench_command_has_its_runner():
     for runner in ("run_e2e", "run_fact_query", "run_predict", "run_scn_footprint", "run_recall", "run_context",
                    "run_briefing", "run_sleep", "run_capture"):
         assert callable(getattr(bench, runner))
-    from somnus.bench_advise import run_advise  # benchmarks in their own modules
-    from somnus.bench_oscillators import run_oscillators
+    from somnus.bench.advise import run_advise  # benchmarks in their own modules
+    from somnus.bench.oscillators import run_oscillators
 
     assert callable(run_advise) and callable(run_oscillators)
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Iterator
-from datetime import datetime, timezone
 from typing import Any
 
 import msgspec
@@ -19,8 +18,8 @@ from somnus.schemas.causal import OutcomeObserved
 from somnus.schemas.episodes import EpisodeDistilled
 from somnus.streams.app import Distiller
 from somnus.streams.ordering import decode_position, position_key
+from tests.factories import T0, trace_event
 
-T0 = datetime(2026, 3, 1, 9, 0, tzinfo=timezone.utc).isoformat()
 
 
 class Sent:
@@ -60,9 +59,7 @@ def _session(session: str) -> bytes:
     events = [("session_start", {"task": "refund"}), ("tool_call", {"tool": "lookup", "call_id": "c1"}),
               ("tool_result", {"call_id": "c1", "ok": False, "error": "Error: order 7 not found"}),
               ("session_end", {"outcome": "failure"})]
-    return orjson.dumps([{"event_id": f"00000000-0000-4000-8000-{seq + 1:012d}", "schema_version": 1, "ts": T0,
-                          "agent": "support", "session_id": session, "seq": seq, "type": kind, "payload": payload}
-                         for seq, (kind, payload) in enumerate(events)])
+    return orjson.dumps([trace_event(session, seq, kind, T0, payload) for seq, (kind, payload) in enumerate(events)])
 
 
 def test_the_agents_are_wired_to_their_topics(distiller):

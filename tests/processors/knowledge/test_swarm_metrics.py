@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import doctest
-import json
 import uuid
 from datetime import datetime, timedelta, timezone
 from itertools import count
@@ -43,22 +42,17 @@ from somnus.processors.knowledge.swarm_metrics import (
     utilisation,
 )
 from somnus.schemas.briefing import BriefingServed, FactPromoted, FactUsed, PromotionReason, ServedFact
-from somnus.schemas.codec import decode_trace
 from somnus.schemas.events import TraceEvent
 from somnus.schemas.facts import FactAsserted, FactsExtracted
 from somnus.schemas.agents import AgentSpec, LearningRate
+from tests.factories import decoded_event
 
 T0 = datetime(2024, 5, 1, tzinfo=timezone.utc)
 _ids = count(1)
 
 
 def ev(type_: str, payload: dict[str, Any], seq: int, agent: str = "researcher", session: str = "s1") -> TraceEvent:
-    raw = json.dumps({"event_id": str(uuid.UUID(int=next(_ids))), "schema_version": 1,
-                      "ts": (T0 + timedelta(seconds=seq)).isoformat(), "agent": agent, "session_id": session,
-                      "seq": seq, "type": type_, "payload": payload}).encode()
-    out = decode_trace(raw, 10**6)
-    assert not hasattr(out, "reason"), out
-    return out  # type: ignore[return-value]
+    return decoded_event(session, seq, type_, T0 + timedelta(seconds=seq), payload, agent=agent, tag=str(next(_ids)))
 
 
 def sf(tid: str, source: str, predicate: str, target: str, scope: str = "agent:researcher",

@@ -30,71 +30,14 @@ from somnus.schemas.causal import event_signature
 from somnus.schemas.codec import Rejection, decode_trace, encode
 from somnus.schemas.episodes import EpisodeDistilled, LessonKind, episode_id_for
 from somnus.schemas.events import (
-    AgentMessaged,
-    Delegated,
-    Delegation,
-    DelegationResult,
-    DelegationReturned,
-    Message,
     Outcome,
-    SessionEnd,
-    SessionEnded,
-    SessionStart,
-    SessionStarted,
-    ToolCall,
-    ToolCalled,
-    ToolResult,
-    ToolReturned,
     TraceEvent,
-    UserMessaged,
 )
 from somnus.importers import openai_chat
+from tests.factories import Trace
 
 T0 = datetime(2024, 5, 15, 15, 0, tzinfo=timezone.utc)
 TAU_BENCH = Path(__file__).resolve().parents[4] / "shared" / "datasets" / "tau-bench-airline" / "gpt-4o-airline.json"
-
-
-class Trace:
-    """Builds one session's events with consecutive seqs; ``at`` is seconds since T0."""
-
-    def __init__(self, agent: str = "support", session_id: str = "s1") -> None:
-        self.agent, self.session_id = agent, session_id
-        self.events: list[TraceEvent] = []
-
-    def _add(self, cls: type, payload: Any, at: float) -> Trace:
-        seq = len(self.events)
-        self.events.append(cls(event_id=uuid.uuid5(uuid.NAMESPACE_URL, f"{self.agent}/{self.session_id}/{seq}"),
-                               schema_version=1, ts=T0 + timedelta(seconds=at), agent=self.agent,
-                               session_id=self.session_id, seq=seq, payload=payload))
-        return self
-
-    def start(self, task: str = "refund order 1042", at: float = 0, **kw: Any) -> Trace:
-        return self._add(SessionStarted, SessionStart(task=task, **kw), at)
-
-    def user(self, text: str, at: float) -> Trace:
-        return self._add(UserMessaged, Message(text=text), at)
-
-    def say(self, text: str, at: float) -> Trace:
-        return self._add(AgentMessaged, Message(text=text), at)
-
-    def call(self, tool: str, call_id: str, at: float, args: dict[str, Any] | None = None) -> Trace:
-        return self._add(ToolCalled, ToolCall(tool=tool, call_id=call_id, args=args or {}), at)
-
-    def ok(self, call_id: str, at: float, tool: str | None = None) -> Trace:
-        return self._add(ToolReturned, ToolResult(call_id=call_id, ok=True, tool=tool), at)
-
-    def fail(self, call_id: str, at: float, error: str | None = None, status: int | None = None,
-             tool: str | None = None) -> Trace:
-        return self._add(ToolReturned, ToolResult(call_id=call_id, ok=False, error=error, http_status=status, tool=tool), at)
-
-    def delegate(self, to: str, task: str, at: float) -> Trace:
-        return self._add(Delegated, Delegation(to_agent=to, task=task), at)
-
-    def delegated(self, to: str, outcome: Outcome, at: float, summary: str | None = None) -> Trace:
-        return self._add(DelegationReturned, DelegationResult(to_agent=to, outcome=outcome, summary=summary), at)
-
-    def end(self, outcome: Outcome, at: float, reason: str | None = None) -> Trace:
-        return self._add(SessionEnded, SessionEnd(outcome=outcome, reason=reason), at)
 
 
 def only_episode(events: list[TraceEvent]) -> EpisodeDistilled:

@@ -3,27 +3,18 @@ against the stream time they arrived at, so batch boundaries and restarts never 
 
 from __future__ import annotations
 
-import zlib
 from datetime import datetime, timedelta, timezone
 
-import orjson
 from somnus.processors.sessions.distiller import SessionState, distill, session_key
 from somnus.processors.sessions.session_retention import MarkerHeap, expired, micros, sift, stream_times
-from somnus.schemas.codec import decode_trace
+from tests.factories import decoded_event
 
 HOUR_US = 3600 * 1_000_000
 T0 = datetime(2026, 3, 1, 9, 0, tzinfo=timezone.utc)
 
 
 def _event(session: str, seq: int, kind: str, at: datetime, agent: str = "support") -> object:
-    payload = {"session_start": {"task": "t"}, "session_end": {"outcome": "success"},
-               "agent_message": {"text": "hi"}}[kind]
-    raw = orjson.dumps({"event_id": f"00000000-0000-4000-8000-{zlib.crc32(f'{session}/{seq}/{kind}'.encode()):012d}",
-                        "schema_version": 1, "ts": at.isoformat(), "agent": agent, "session_id": session,
-                        "seq": seq, "type": kind, "payload": payload})
-    ev = decode_trace(raw, 1 << 20)
-    assert not hasattr(ev, "reason"), ev
-    return ev
+    return decoded_event(session, seq, kind, at, agent=agent)
 
 
 def _closed(session: str, last_seq: int, clock: int, partition: int = 0) -> SessionState:

@@ -6,10 +6,8 @@ Run as a module for the benchmark: ``python -m tests.processors.working.test_ses
 from __future__ import annotations
 
 import math
-import uuid
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
 
 import msgspec
 import orjson
@@ -37,21 +35,7 @@ from somnus.processors.working.session_buffer import (
 )
 from somnus.schemas.codec import decode_trace
 from somnus.schemas.events import (
-    AgentMessaged,
-    Delegated,
-    Delegation,
-    Message,
-    Outcome,
-    SessionEnd,
-    SessionEnded,
-    SessionStart,
-    SessionStarted,
-    ToolCall,
-    ToolCalled,
-    ToolResult,
-    ToolReturned,
     TraceEvent,
-    UserMessaged,
 )
 from somnus.schemas.working_memory import (
     BufferedMessage,
@@ -65,9 +49,17 @@ from somnus.schemas.working_memory import (
     summary_id_for,
 )
 from somnus.importers import openai_chat
+from tests import factories
 
 T0 = datetime(2024, 5, 15, 15, 0, tzinfo=timezone.utc)
 TAU_BENCH = Path(__file__).resolve().parents[4] / "shared" / "datasets" / "tau-bench-airline" / "gpt-4o-airline.json"
+
+
+def Trace(agent: str = "support", session_id: str = "s1") -> factories.Trace:
+    """One session's trace events, an event a second; a session starts as a rebooking by user u1."""
+    return factories.Trace(agent, session_id, t0=T0, task="rebook a flight", user_id="u1")
+
+
 _events = msgspec.json.Decoder(list[WorkingMemoryEvent])
 
 
@@ -86,42 +78,6 @@ def fill(state: WorkingMemoryState, texts: list[str], cfg: WorkingMemorySettings
         state, out = add(state, msg(i, text), cfg)
         events += out
     return state, events
-
-
-class Trace:
-    """One session's trace events with consecutive seqs."""
-
-    def __init__(self, agent: str = "support", session_id: str = "s1") -> None:
-        self.agent, self.session_id = agent, session_id
-        self.events: list[TraceEvent] = []
-
-    def _add(self, cls: type, payload: Any) -> Trace:
-        seq = len(self.events)
-        self.events.append(cls(event_id=uuid.uuid5(uuid.NAMESPACE_URL, f"{self.agent}/{self.session_id}/{seq}"),
-                               schema_version=1, ts=T0 + timedelta(seconds=seq), agent=self.agent,
-                               session_id=self.session_id, seq=seq, payload=payload))
-        return self
-
-    def start(self, task: str = "rebook a flight", user_id: str | None = "u1") -> Trace:
-        return self._add(SessionStarted, SessionStart(task=task, user_id=user_id))
-
-    def user(self, text: str) -> Trace:
-        return self._add(UserMessaged, Message(text=text))
-
-    def say(self, text: str) -> Trace:
-        return self._add(AgentMessaged, Message(text=text))
-
-    def call(self, tool: str, call_id: str, **args: Any) -> Trace:
-        return self._add(ToolCalled, ToolCall(tool=tool, call_id=call_id, args=args))
-
-    def result(self, call_id: str, ok: bool, tool: str | None = None, **kw: Any) -> Trace:
-        return self._add(ToolReturned, ToolResult(call_id=call_id, ok=ok, tool=tool, **kw))
-
-    def delegate(self, to: str) -> Trace:
-        return self._add(Delegated, Delegation(to_agent=to, task="help"))
-
-    def end(self) -> Trace:
-        return self._add(SessionEnded, SessionEnd(outcome=Outcome.SUCCESS))
 
 
 def check_invariants(state: WorkingMemoryState, cfg: WorkingMemorySettings) -> None:

@@ -15,7 +15,7 @@ def show_oscillators(agent: str, db: Path, agents_dir: Path | None, anomaly_min:
     stored anomalies (the ``/agents/{agent}/oscillators`` route)."""
     from rich.console import Console
 
-    from somnus.advise_command import read_or_exit
+    from somnus.cli.advise_command import read_or_exit
 
     got = read_or_exit(db, "oscillators", agent, agents_dir, anomaly_min=anomaly_min)
     if as_json:
@@ -37,7 +37,7 @@ def bench_oscillators_command(sessions: int = typer.Option(2000, "--sessions"),
                               repeat: int = typer.Option(3, "--repeat", help="Runs; the figure is their median."),
                               as_json: bool = typer.Option(False, "--json")) -> None:
     """CPU per observed event of the SCN's coupled oscillators (SOMNUS_OSCILLATORS), on the sample fleet."""
-    from somnus.bench_oscillators import run_oscillators
+    from somnus.bench.oscillators import run_oscillators
 
     result: dict[str, Any] = run_oscillators(sessions=sessions, repeat=repeat)
     print(json.dumps(result) if as_json else "\n".join(f"{k}: {v}" for k, v in result.items()))

@@ -12,7 +12,7 @@ from typing import Any
 
 
 def run_oscillators(sessions: int = 2000, seed: int = 42, repeat: int = 3) -> dict[str, Any]:
-    from somnus.bench_advise import sample_episodes
+    from somnus.bench.advise import sample_episodes
     from somnus.processors.prediction.oscillators import OscillatorConfig, observe
 
     eps = sorted(sample_episodes(sessions, seed), key=lambda e: (e.ended_at, str(e.episode_id)))

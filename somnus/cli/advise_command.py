@@ -67,7 +67,7 @@ def bench_advise_command(sessions: int = typer.Option(300, "--sessions", help="S
                              None, "--keep-db", dir_okay=False, help="Also write the loaded store here (new file)."),
                          as_json: bool = typer.Option(False, "--json")) -> None:
     """Latency of advise with a fleet's memory loaded (projected in process, no broker)."""
-    from somnus.bench_advise import distilled, run_advise
+    from somnus.bench.advise import distilled, run_advise
     from somnus.importers import FORMATS, import_run
 
     episodes = None

@@ -50,7 +50,7 @@ def status(home: Optional[Path] = HomeOpt, db: Optional[Path] = DbOpt, bootstrap
 
     one_of(as_json, as_csv)
     s = settings(home, db, bootstrap_)
-    res = run(s, bootstrap(s))
+    res = run(s, lambda: bootstrap(s))  # Kafka's address only when no projector answers (it asks Kafka)
     if as_json:
         print(json.dumps(res))
         return

@@ -312,11 +312,11 @@ def test_status_first_record_lookup_and_the_broker_probe_get_the_security_option
     made: list[tuple[str, dict]] = []
     consumer = _recorder(made, "consumer")
     consumer.start = lambda self: asyncio.sleep(0)  # type: ignore[method-assign]  (then the admin client)
-    # each module holds aiokafka's classes under its own names (imports at the top of the file)
-    for module in (positions, app):
+    # streams.app holds aiokafka's consumer under its own name (imported at the top of the file);
+    # positions and the broker probe import aiokafka's classes when they run (somnus status starts at once)
+    for module in (aiokafka, app):
         monkeypatch.setattr(module, "AIOKafkaConsumer", consumer)
-    for module in (positions, broker):
-        monkeypatch.setattr(module, "AIOKafkaAdminClient", _recorder(made, "admin"))
+    monkeypatch.setattr(aiokafka.admin, "AIOKafkaAdminClient", _recorder(made, "admin"))
     with pytest.raises(_Stop):
         asyncio.run(positions.kafka_positions(Settings.resolve(home=tmp_path), "kafka:9092"))
     monkeypatch.setattr(consumer, "start", _recorder([], "x").start)

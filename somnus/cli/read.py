@@ -87,9 +87,9 @@ def status(home: Optional[Path] = HomeOpt, db: Optional[Path] = DbOpt, bootstrap
 
 def _process_lines(ps: dict[str, Any]) -> list[str]:
     shown = []
-    for role in ("supervisor", "broker", "worker", "projector", "otlp"):
+    for role in ("supervisor", "broker", "worker", "projector", "otlp", "mcp"):
         if role not in ps or role == "broker" and ps[role] is None:
-            continue  # not the project's own broker; the OTLP receiver when SOMNUS_OTLP_PORT=0
+            continue  # not the project's own broker; the OTLP receiver or MCP server when its port is 0
         line = f"{role} pid {ps[role]}" if ps[role] else f"{role} not running"
         sup = ps.get("supervised", {}).get(role)
         if sup and sup["restarts"]:

@@ -46,6 +46,8 @@ NON_DEFAULT = {
     "otlp_port": (0, "SOMNUS_OTLP_PORT", "0", 0),
     "otlp_max_body": (1024, "SOMNUS_OTLP_MAX_BODY", "1024", 1024),
     "otlp_trace_timeout_s": (60.0, "SOMNUS_OTLP_TRACE_TIMEOUT_S", "60", 60.0),
+    "mcp_host": ("0.0.0.0", "SOMNUS_MCP_HOST", "0.0.0.0", "0.0.0.0"),
+    "mcp_port": (0, "SOMNUS_MCP_PORT", "0", 0),
 }
 
 

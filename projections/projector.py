@@ -159,6 +159,7 @@ class Projector:
         self.agents = load_agents(settings.agents_dir)
         self._stop = asyncio.Event()
         self._producer: AIOKafkaProducer | None = None
+        self._kafka_positions: positions.KafkaPositions | None = None  # somnus status (projections/positions.py)
         self.write_lock = asyncio.Lock()
         self._briefing_server: Any = None  # somnus.projections.briefing_server.BriefingServer while serving
         self.metrics = ProjectorMetrics()  # GET /metrics (projections/metrics.py): fed by the loop below
@@ -282,6 +283,8 @@ class Projector:
                 endpoint_file(self.db_path).unlink(missing_ok=True)
             if self._producer is not None:
                 await self._producer.stop()
+            if self._kafka_positions is not None:
+                await self._kafka_positions.close()
             await consumer.stop()
             con.close()
 
@@ -371,7 +374,9 @@ class Projector:
 
         service.on_accessed = accessed
         # somnus status: Kafka positions asked on this loop, so the CLI needs no Kafka client of its own
-        service.extra["kafka_positions"] = positions.on_loop(self.settings, self.bootstrap, asyncio.get_running_loop())
+        self._kafka_positions = positions.KafkaPositions(self.settings, self.bootstrap)  # clients kept open
+        service.extra["kafka_positions"] = positions.on_loop(self.settings, self.bootstrap, asyncio.get_running_loop(),
+                                                             ask=self._kafka_positions)
 
         # Every route needs a token of this home (projections/auth.py); the operator's is made if missing.
         home = Path(self.settings.home)

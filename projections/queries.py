@@ -60,7 +60,9 @@ def checksum(con: duckdb.DuckDBPyConnection) -> str:
 
 
 def counts(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
-    return {t: one_row(con, f"SELECT count(*) FROM {t}")[0] for t in CONTENT_COLUMNS}
+    """Rows of every projection, in one query (one a table took ~70 of ``somnus status``'s ms)."""
+    got = dict(con.execute(" UNION ALL ".join(f"SELECT '{t}', count(*) FROM {t}" for t in CONTENT_COLUMNS)).fetchall())
+    return {t: got[t] for t in CONTENT_COLUMNS}
 
 
 def offsets(con: duckdb.DuckDBPyConnection) -> dict[str, dict[int, int]]:

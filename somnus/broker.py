@@ -23,9 +23,6 @@ from typing import Any
 from somnus.config import Settings
 from somnus import procs
 from somnus.procs import pid_alive
-import asyncio
-from aiokafka.admin import AIOKafkaAdminClient
-from somnus.streams.connection import kafka_options
 
 KAFKA_VERSION = "3.9.1"
 POM = Path(__file__).parent / "data" / "kafka" / "pom.xml"
@@ -228,6 +225,12 @@ num.io.threads=2
 
 def wait_ready(bootstrap: str, timeout_s: float, proc: subprocess.Popen | None = None) -> None:
     """Wait until the broker answers a metadata request."""
+    import asyncio  # with the Kafka client: only here, so `somnus status` and the supervisor start at once
+
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    from somnus.streams.connection import kafka_options
+
     deadline = time.monotonic() + timeout_s
 
     async def probe() -> bool:

@@ -55,6 +55,8 @@ _ENV = {
     "otlp_port": "SOMNUS_OTLP_PORT",
     "otlp_max_body": "SOMNUS_OTLP_MAX_BODY",
     "otlp_trace_timeout_s": "SOMNUS_OTLP_TRACE_TIMEOUT_S",
+    "mcp_host": "SOMNUS_MCP_HOST",
+    "mcp_port": "SOMNUS_MCP_PORT",
 }
 
 
@@ -117,6 +119,10 @@ class Settings:
     otlp_port: int = 4318
     otlp_max_body: int = 8 << 20  # bytes of a request, compressed and decompressed
     otlp_trace_timeout_s: float = 300.0  # a trace whose root span never comes is published this long after its last span
+    # The MCP server over streamable HTTP (somnus/mcp_server.py) that `somnus up` runs at
+    # http://<mcp_host>:<mcp_port>/mcp; port 0: not started by `up` (docs/integrations/mcp.md).
+    mcp_host: str = "127.0.0.1"
+    mcp_port: int = 8765
 
     @classmethod
     def resolve(cls, env: Mapping[str, str] | None = None, **args: Any) -> Settings:

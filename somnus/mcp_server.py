@@ -8,12 +8,15 @@ through Kafka, as a session of three trace events, like every other write.
 
 The token: over stdio, ``SOMNUS_TOKEN`` or the home's operator token (``somnus.reads.token_for``);
 over HTTP, the ``Authorization: Bearer`` header of each MCP request, checked against the projector's
-token store before the request reaches the SDK (401 otherwise). docs/integrations/mcp.md.
+token store before the request reaches the SDK (401 otherwise). ``somnus up`` supervises the HTTP
+server (``python -m somnus.mcp_server``: ``SOMNUS_MCP_HOST``, ``SOMNUS_MCP_PORT``; port 0: not started).
+docs/integrations/mcp.md.
 """
 
 
 import asyncio
 import json
+import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timezone
@@ -22,6 +25,9 @@ from typing import Any
 
 from somnus.config import Settings
 
+log = logging.getLogger("somnus.mcp")
+
+DEFAULT_PORT = 8765  # of the streamable HTTP server when SOMNUS_MCP_PORT is 0 (off under `somnus up`)
 NOTE_TASK = "remember"  # the session_start task of a note; metadata.source says it came over MCP
 MAX_NOTE_CHARS = 20_000
 
@@ -200,6 +206,12 @@ def build(memory: Memory) -> Any:
         return await call(ctx, "rhythms", agent, hours=hours, days=days)
 
     @server.tool(structured_output=False)
+    async def advise(agent: str, task: str, ctx: Context, user_id: str | None = None) -> str:
+        """Before a task: strategies that worked, tools likely to fail, whether to ask a human, and the entities
+        that mattered, from the agent's related past episodes (with their ids). Call it before starting work."""
+        return await call(ctx, "advise", agent, task=task, user_id=user_id)
+
+    @server.tool(structured_output=False)
     async def remember(agent: str, note: str, ctx: Context, user_id: str | None = None) -> str:
         """Write an explicit note to the agent's memory (published through Kafka; recallable once projected)."""
         try:
@@ -240,7 +252,7 @@ async def _deny(send: Any, status: int, message: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def serve(settings: Settings, transport: str, host: str = "127.0.0.1", port: int = 8765,
+def serve(settings: Settings, transport: str, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
           token: str | None = None) -> None:
     """Run the server until stopped: ``stdio`` (token from ``token``, SOMNUS_TOKEN or the home) or ``http``
     (streamable HTTP at ``http://host:port/mcp``, the bearer token of each request)."""
@@ -256,4 +268,18 @@ def serve(settings: Settings, transport: str, host: str = "127.0.0.1", port: int
 
     memory = Memory(settings, lambda ctx: bearer(ctx.headers))
     app = build(memory).streamable_http_app(host=host)
+    log.info("MCP server on http://%s:%d/mcp (streamable HTTP)", host, port)
     uvicorn.run(BearerGuard(app, memory.principal), host=host, port=port, log_level="warning")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m somnus.mcp_server [--host H] [--port P]``: the streamable HTTP server that ``somnus up``
+    supervises (``SOMNUS_MCP_HOST``, ``SOMNUS_MCP_PORT``; settings from the environment)."""
+    from somnus import procs
+
+    settings, host, port = procs.server_process("somnus-mcp", argv)
+    serve(settings, "http", host or settings.mcp_host, port or settings.mcp_port or DEFAULT_PORT)
+
+
+if __name__ == "__main__":
+    main()

@@ -14,7 +14,7 @@ from somnus.config import Settings
 import gc
 
 MODULES = {"worker": "somnus.streams.worker", "projector": "somnus.projections.projector", "supervisor": "somnus.supervisor",
-           "otlp": "somnus.otlp.receiver"}
+           "otlp": "somnus.otlp.receiver", "mcp": "somnus.mcp_server"}
 
 
 # Young-generation collections every 50,000 net allocations instead of CPython's 700. The worker and
@@ -57,6 +57,22 @@ def open_private(path: Path, mode: str = "ab") -> Any:
     """``open(path, mode)``, a new file created 0600 whatever the process's umask."""
     flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if "a" in mode else os.O_TRUNC)
     return os.fdopen(os.open(path, flags, 0o600), mode)
+
+
+def server_process(prog: str, argv: list[str] | None = None) -> tuple[Settings, str | None, int | None]:
+    """The start of a supervised server's process (``python -m <module> [--host H] [--port P]``: the
+    OTLP receiver, the MCP server): its files private, INFO logs to its log, settings from the
+    environment; returns them and the ``--host`` / ``--port`` given (None when not)."""
+    import argparse
+    import logging
+
+    parser = argparse.ArgumentParser(prog=prog)
+    parser.add_argument("--host", default=None)
+    parser.add_argument("--port", type=int, default=None)
+    args = parser.parse_args(argv)
+    private_files()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    return Settings.resolve(), args.host, args.port
 
 
 def pidfile(settings: Settings, name: str) -> Path:

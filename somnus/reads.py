@@ -15,7 +15,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -164,23 +164,25 @@ def summary(db: Path) -> dict[str, Any]:
     return read(db, "summary")
 
 
-def _positions(settings: Settings, bootstrap: str, db: Path) -> Any:
+def _positions(settings: Settings, bootstrap: str | Callable[[], str], db: Path) -> Any:
     """Kafka's end offsets and the worker's committed offsets: from the running projector (no Kafka
-    client here), else asked of Kafka here (``projections/positions.py``)."""
-    import asyncio
-
-    from somnus.projections import positions
+    client here), else asked of Kafka here (``projections/positions.py``); ``bootstrap`` is called
+    only then."""
+    from somnus.projections import positions  # aiokafka is imported only to ask Kafka (below)
 
     if _endpoint(db) is not None:
         try:
             return positions.from_json(read(db, "kafka_positions"))
         except ReadError:  # a projector older than the route, or not answering it: ask Kafka here
             pass
-    return asyncio.run(positions.kafka_positions(settings, bootstrap))
+    import asyncio
+
+    return asyncio.run(positions.kafka_positions(settings, bootstrap if isinstance(bootstrap, str) else bootstrap()))
 
 
-def status(settings: Settings, bootstrap: str) -> dict[str, Any]:
-    """Per-topic projection lag, worker lag, counts and dead letters; ``idle`` when all are caught up."""
+def status(settings: Settings, bootstrap: str | Callable[[], str]) -> dict[str, Any]:
+    """Per-topic projection lag, worker lag, counts and dead letters; ``idle`` when all are caught up.
+    ``bootstrap`` (or a function that gives it) is used only when no projector answers."""
     db = Path(settings.db_path)  # type: ignore[arg-type]
     ends, worker_committed = _positions(settings, bootstrap, db)
     try:

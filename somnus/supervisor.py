@@ -38,12 +38,15 @@ import argparse
 log = logging.getLogger("somnus.supervisor")
 
 ROLES = ("projector", "worker")  # the projector first: the worker's outputs wait on the broker meanwhile
-OTLP = "otlp"  # the OTLP/HTTP receiver (somnus/otlp/receiver.py), last: stopped first
+OTLP = "otlp"  # the OTLP/HTTP receiver (somnus/otlp/receiver.py)
+MCP = "mcp"  # the MCP server over streamable HTTP (somnus/mcp_server.py), last: stopped first
+SERVERS = (OTLP, MCP)  # what ``somnus up`` runs beside the pipeline, each unless its port is 0
 
 
 def roles_for(settings: Settings) -> tuple[str, ...]:
-    """What ``somnus up`` supervises: the projector, the worker, and the OTLP receiver unless its port is 0."""
-    return (*ROLES, OTLP) if settings.otlp_port else ROLES
+    """What ``somnus up`` supervises: the projector, the worker, then the OTLP receiver and the MCP
+    server, each unless its port is 0 (``SOMNUS_OTLP_PORT``, ``SOMNUS_MCP_PORT``)."""
+    return (*ROLES, *(r for r, port in ((OTLP, settings.otlp_port), (MCP, settings.mcp_port)) if port))
 
 
 MIN_BACKOFF_S = 1.0

@@ -82,7 +82,8 @@ def pipeline_settings(kafka_bootstrap: str, tmp_path: Path) -> Settings:
     return dataclasses.replace(
         base, bootstrap=kafka_bootstrap, db_path=tmp_path / "somnus.duckdb", topic_prefix=f"t{run}.",
         app_id=f"somnus-test-{run}", partitions=4, session_timeout_s=6.0,
-        otlp_port=0)  # `somnus up` in a test starts no OTLP receiver on the shared port 4318 unless it asks
+        otlp_port=0, mcp_port=0)  # `somnus up` in a test starts no OTLP receiver (shared port 4318) nor MCP
+    # server (8765) unless it asks
 
 
 @pytest.fixture()

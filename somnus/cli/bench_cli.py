@@ -64,13 +64,17 @@ def run_cli_bench(runs: int = 7, sessions: int = 40, baselines: dict[str, Path] 
                   log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
     """Start a stack on a temporary home, measure ``COMMANDS`` (``measure``), stop the stack; the report."""
     from somnus import broker, procs, reads
+    from somnus.broker import _free_port
     from somnus.client import publish
     from somnus.config import Settings
     from somnus.sample import generate
 
     with tempfile.TemporaryDirectory(prefix="somnus-bench-cli-") as tmp:
         home = Path(tmp)
-        env = {**os.environ, "SOMNUS_HOME": str(home), "COLUMNS": "80"}
+        # The whole stack `somnus up` runs (its OTLP receiver and MCP server too), on free ports, not
+        # on the shared defaults another stack of this machine may hold.
+        env = {**os.environ, "SOMNUS_HOME": str(home), "COLUMNS": "80", "SOMNUS_OTLP_PORT": str(_free_port()),
+               "SOMNUS_MCP_PORT": str(_free_port())}
         for var in ("SOMNUS_DB", "KAFKA_BOOTSTRAP", "SOMNUS_TOKEN", "PYTHONPATH"):
             env.pop(var, None)
         s = Settings.resolve(home=home, env=env)

@@ -50,7 +50,7 @@ def status(home: Optional[Path] = HomeOpt, db: Optional[Path] = DbOpt, bootstrap
 
     one_of(as_json, as_csv)
     s = settings(home, db, bootstrap_)
-    res = run(s, bootstrap(s))
+    res = run(s, lambda: bootstrap(s))  # Kafka's address only when no projector answers (it asks Kafka)
     if as_json:
         print(json.dumps(res))
         return
@@ -87,9 +87,9 @@ def status(home: Optional[Path] = HomeOpt, db: Optional[Path] = DbOpt, bootstrap
 
 def _process_lines(ps: dict[str, Any]) -> list[str]:
     shown = []
-    for role in ("supervisor", "broker", "worker", "projector", "otlp"):
+    for role in ("supervisor", "broker", "worker", "projector", "otlp", "mcp"):
         if role not in ps or role == "broker" and ps[role] is None:
-            continue  # not the project's own broker; the OTLP receiver when SOMNUS_OTLP_PORT=0
+            continue  # not the project's own broker; the OTLP receiver or MCP server when its port is 0
         line = f"{role} pid {ps[role]}" if ps[role] else f"{role} not running"
         sup = ps.get("supervised", {}).get(role)
         if sup and sup["restarts"]:
@@ -208,10 +208,22 @@ def rhythms(agent: str = typer.Option(..., "--agent"), hours: str = typer.Option
             oscillators: bool = typer.Option(False, "--oscillators", help="The coupled oscillators instead: r, "
                                              "eigenvalues, next recurrence, anomalies (SOMNUS_OSCILLATORS)."),
             anomaly_min: Optional[float] = typer.Option(None, "--anomaly-min", help="With --oscillators (default 0.25)."),
+            plot: Optional[Path] = typer.Option(None, "--plot", help="Draw the agent's week here (PNG): weekday x "
+                                                "hour heatmaps of sessions started and their success rate."),
             as_json: bool = JsonOpt, as_csv: bool = CsvOpt) -> None:
-    """What usually happens for an agent at these local hours (SCN temporal bins)."""
+    """What usually happens for an agent at these local hours (SCN temporal bins), or --plot its week."""
     one_of(as_json, as_csv)
     s = settings(home, db)
+    if plot:
+        from somnus.plots import rhythm_figure
+
+        cells = read(s, "sql", sql="SELECT kind, bin, count, successes FROM temporal_bins WHERE agent = ? AND "
+                     "bin_kind = 'weekhour' AND kind IN ('session_start', 'session_end')", params=[agent])["rows"]
+        if not cells:
+            fail(f"{agent} has no session in the temporal index yet: nothing to plot")
+        rhythm_figure(agent, cells).savefig(plot)
+        print(f"wrote {plot}")
+        return
     if oscillators:  # somnus/cli/rhythms_command.py
         from somnus.cli.rhythms_command import show_oscillators
 

@@ -98,14 +98,16 @@ def up(detach: bool = typer.Option(False, "--detach", "-d", help="Return once st
 
 @app.command()
 def down(home: Optional[Path] = HomeOpt, db: Optional[Path] = DbOpt) -> None:
-    """Stop the supervisor, the worker and the projector (the broker keeps running until `somnus broker stop`)."""
+    """Stop the supervisor, the worker, the projector, the OTLP receiver and the MCP server (the broker
+    keeps running until `somnus broker stop`)."""
     from somnus import procs
 
     s = settings(home, db)
-    was = {role: procs.running(s, role) is not None for role in ("worker", "projector", "otlp")}
+    roles = ("worker", "projector", "otlp", "mcp")
+    was = {role: procs.running(s, role) is not None for role in roles}
     if procs.stop(s, "supervisor", timeout_s=90.0):  # it stops its processes: nothing is started again
         print("supervisor: stopped")
-    for role in ("worker", "projector", "otlp"):
+    for role in roles:
         print(f"{role}: {'stopped' if procs.stop(s, role) or was[role] else 'not running'}")
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-import argparse
 import asyncio
 import contextlib
 import logging
@@ -313,15 +312,8 @@ async def serve(home: Path, bootstrap: str, topic: str, host: str, port: int, ma
 def main(argv: list[str] | None = None) -> None:
     """``python -m somnus.otlp.receiver [--host H] [--port P]`` (settings from the environment)."""
     from somnus import procs
-    from somnus.config import Settings
 
-    parser = argparse.ArgumentParser(prog="somnus-otlp")
-    parser.add_argument("--host", default=None)
-    parser.add_argument("--port", type=int, default=None)
-    args = parser.parse_args(argv)
-    procs.private_files()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    run(Settings.resolve(), args.host, args.port)
+    run(*procs.server_process("somnus-otlp", argv))
 
 
 def run(settings: Any, host: str | None = None, port: int | None = None, bootstrap: str | None = None) -> None:

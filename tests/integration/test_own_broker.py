@@ -26,7 +26,9 @@ def test_demo_shows_a_briefing_and_stops_the_broker_it_started(tmp_path):
         assert "## Session Briefing for scraper" in run.stdout
         assert "broker: stopped" in run.stdout
         assert broker.status(settings) is None
-        assert all(procs.running(settings, role) is None for role in ("supervisor", "worker", "projector"))
+        # nor anything `somnus up` started: the OTLP receiver and the MCP server are stopped by `down` too
+        assert all(procs.running(settings, role) is None
+                   for role in ("supervisor", "worker", "projector", "otlp", "mcp"))
     finally:
         broker.stop(settings)
 

@@ -46,6 +46,8 @@ NON_DEFAULT = {
     "otlp_port": (0, "SOMNUS_OTLP_PORT", "0", 0),
     "otlp_max_body": (1024, "SOMNUS_OTLP_MAX_BODY", "1024", 1024),
     "otlp_trace_timeout_s": (60.0, "SOMNUS_OTLP_TRACE_TIMEOUT_S", "60", 60.0),
+    "mcp_host": ("0.0.0.0", "SOMNUS_MCP_HOST", "0.0.0.0", "0.0.0.0"),
+    "mcp_port": (0, "SOMNUS_MCP_PORT", "0", 0),
 }
 
 
@@ -312,11 +314,11 @@ def test_status_first_record_lookup_and_the_broker_probe_get_the_security_option
     made: list[tuple[str, dict]] = []
     consumer = _recorder(made, "consumer")
     consumer.start = lambda self: asyncio.sleep(0)  # type: ignore[method-assign]  (then the admin client)
-    # each module holds aiokafka's classes under its own names (imports at the top of the file)
-    for module in (positions, app):
+    # streams.app holds aiokafka's consumer under its own name (imported at the top of the file);
+    # positions and the broker probe import aiokafka's classes when they run (somnus status starts at once)
+    for module in (aiokafka, app):
         monkeypatch.setattr(module, "AIOKafkaConsumer", consumer)
-    for module in (positions, broker):
-        monkeypatch.setattr(module, "AIOKafkaAdminClient", _recorder(made, "admin"))
+    monkeypatch.setattr(aiokafka.admin, "AIOKafkaAdminClient", _recorder(made, "admin"))
     with pytest.raises(_Stop):
         asyncio.run(positions.kafka_positions(Settings.resolve(home=tmp_path), "kafka:9092"))
     monkeypatch.setattr(consumer, "start", _recorder([], "x").start)

@@ -18,7 +18,7 @@ from somnus.projections.auth import Principal
 from somnus.schemas.codec import decode_record
 
 NOW = datetime(2026, 11, 26, 12, tzinfo=timezone.utc)
-TOOLS = {"recall", "briefing", "context", "predict", "facts", "episodic_context", "rhythms", "remember"}
+TOOLS = {"recall", "briefing", "context", "predict", "facts", "episodic_context", "rhythms", "advise", "remember"}
 
 
 class FakeMemory(Memory):
@@ -96,10 +96,13 @@ def test_the_sdk_client_lists_every_tool_and_calls_them_in_process() -> None:
             facts = await client.call_tool("facts", {"agent": "support", "as_of": "2026-01-01T00:00:00Z"})
             predict = await client.call_tool("predict", {"tool": "web_search", "args": {"q": 1}})
             refused = await client.call_tool("remember", {"agent": "billing", "note": "x"})
-            return names, facts, predict, refused
+            advice = await client.call_tool("advise", {"agent": "support", "task": "refund an order"})
+            return names, facts, predict, refused, advice
 
-    names, facts, predict, refused = anyio.run(session)
+    names, facts, predict, refused, advice = anyio.run(session)
     assert names == TOOLS
+    assert json.loads(advice.content[0].text) == {"handler": "advise", "agent": "support",
+                                                  "params": {"task": "refund an order"}}
     got = json.loads(facts.content[0].text)
     assert got["handler"] == "facts" and got["params"]["as_of"] == "2026-01-01T00:00:00Z"
     assert json.loads(json.loads(predict.content[0].text)["params"]["args"]) == {"q": 1}

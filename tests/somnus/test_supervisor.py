@@ -17,10 +17,12 @@ from somnus.config import Settings
 from somnus.supervisor import MAX_BACKOFF_S, MIN_BACKOFF_S, STABLE_S, Supervisor, backoff_s, roles_for
 
 
-def test_up_supervises_the_otlp_receiver_unless_its_port_is_zero() -> None:
-    assert roles_for(Settings.resolve(env={})) == ("projector", "worker", "otlp")
-    assert roles_for(Settings.resolve(env={"SOMNUS_OTLP_PORT": "0"})) == ("projector", "worker")
-    assert procs.MODULES["otlp"] == "somnus.otlp.receiver"
+def test_up_supervises_the_otlp_receiver_and_the_mcp_server_unless_their_port_is_zero() -> None:
+    assert roles_for(Settings.resolve(env={})) == ("projector", "worker", "otlp", "mcp")
+    assert roles_for(Settings.resolve(env={"SOMNUS_OTLP_PORT": "0"})) == ("projector", "worker", "mcp")
+    assert roles_for(Settings.resolve(env={"SOMNUS_MCP_PORT": "0"})) == ("projector", "worker", "otlp")
+    assert roles_for(Settings.resolve(env={"SOMNUS_OTLP_PORT": "0", "SOMNUS_MCP_PORT": "0"})) == ("projector", "worker")
+    assert procs.MODULES["otlp"] == "somnus.otlp.receiver" and procs.MODULES["mcp"] == "somnus.mcp_server"
 
 
 def test_backoff_doubles_from_one_second_up_to_a_minute() -> None:

@@ -57,16 +57,32 @@ def test_values_and_errors_are_as_typer_gives_them(tmp_path: Path) -> None:
         assert bad.exit_code == 2 and says in bad.output, (args, bad.output)
 
 
-def test_a_read_through_the_projector_imports_nothing_heavy(tmp_path: Path) -> None:
-    """somnus recall, answered over HTTP by a (stub) projector: typer and the standard library only."""
+STUB_ANSWERS = {  # what a (stub) projector answers, by path
+    "/agents/scraper/recall": {"hits": [{"rank": 1, "score": 0.5, "kind": "lesson", "occurred_at":
+                                         "2024-05-17T05:10:00", "refs": ["e1"], "text": "retry after a rate limit"}]},
+    "/kafka-positions": {"ends": {"somnus.traces": {"0": 12}, "somnus.observations": {"0": 3}},
+                         "committed": {"somnus.traces": {"0": 10}, "somnus.observations": {"0": 3}}},
+    "/summary": {"counts": {"episodes": 4, "dead_letters": 1}, "offsets": {"somnus.traces": {"0": 9}},
+                 "dead_letter_kinds": {"schema": 1}, "memories": None, "stale_briefings": 0},
+    "/memory": {"episodes": 4, "graph": {"entities": 2, "active_triples": 1, "triples": 1},
+                "briefings": {"agents": 1, "non_empty": 1, "newest": None}, "last_consolidation": None,
+                "utilisation": [], "delegations": []},
+}
+
+
+def _through_a_stub_projector(tmp_path: Path, argv: list[str]) -> tuple[str, list[str], list[str]]:
+    """Run ``somnus <argv>`` in a fresh interpreter against a stub projector (``STUB_ANSWERS``): its
+    stdout, the heavy modules it imported, and the paths it asked."""
     script = textwrap.dedent(f"""
         import json, os, sys, threading
         from http.server import BaseHTTPRequestHandler, HTTPServer
+        answers, asked = {STUB_ANSWERS!r}, []
 
         class H(BaseHTTPRequestHandler):
             def do_GET(self):
-                body = json.dumps({{"hits": [{{"rank": 1, "score": 0.5, "kind": "lesson", "occurred_at":
-                    "2024-05-17T05:10:00", "refs": ["e1"], "text": "retry after a rate limit"}}]}}).encode()
+                path = self.path.split("?")[0]
+                asked.append(path)
+                body = json.dumps(answers[path]).encode()
                 self.send_response(200); self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body))); self.end_headers(); self.wfile.write(body)
             def log_message(self, *a): pass
@@ -76,17 +92,37 @@ def test_a_read_through_the_projector_imports_nothing_heavy(tmp_path: Path) -> N
         home = {str(tmp_path)!r}
         open(os.path.join(home, "somnus.duckdb.projector.json"), "w").write(json.dumps(
             {{"pid": os.getpid(), "port": srv.server_address[1], "briefing_port": None, "token_file": "/none"}}))
-        sys.argv = ["somnus", "recall", "rate limit", "--agent", "scraper", "--home", home, "--json"]
+        sys.argv = ["somnus", *{argv!r}, "--home", home, "--json"]
         from somnus.cli import main
         try:
             main()
         except SystemExit:
             pass
         print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))
+        print(json.dumps(asked))
     """)
+    # No KAFKA_BOOTSTRAP and no local broker: a command that wanted Kafka would fail here.
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                          env={"PATH": "/usr/bin:/bin", "SOMNUS_HOME": str(tmp_path)})
     assert run.returncode == 0, run.stderr
-    answer, heavy = run.stdout.strip().splitlines()
+    answer, heavy, asked = run.stdout.strip().splitlines()
+    return answer, json.loads(heavy), json.loads(asked)
+
+
+def test_a_read_through_the_projector_imports_nothing_heavy(tmp_path: Path) -> None:
+    """somnus recall, answered over HTTP by a (stub) projector: typer and the standard library only."""
+    answer, heavy, _ = _through_a_stub_projector(tmp_path, ["recall", "rate limit", "--agent", "scraper"])
     assert json.loads(answer)["hits"][0]["text"] == "retry after a rate limit"
-    assert json.loads(heavy) == []
+    assert heavy == []
+
+
+def test_status_through_the_projector_asks_no_kafka_and_imports_nothing_heavy(tmp_path: Path) -> None:
+    """somnus status with a projector running: the lag from the projector's Kafka positions (no Kafka
+    client of its own, no broker address needed), typer and the standard library only."""
+    answer, heavy, asked = _through_a_stub_projector(tmp_path, ["status"])
+    got = json.loads(answer)
+    assert heavy == []
+    assert sorted(asked) == ["/kafka-positions", "/memory", "/summary"]
+    assert got["lag"]["somnus.traces"] == 3 and got["worker_lag"] == {"somnus.traces": 2, "somnus.observations": 0}
+    assert got["counts"] == {"episodes": 4, "dead_letters": 1} and got["dead_letter_kinds"] == {"schema": 1}
+    assert got["projector"] is True and got["idle"] is False and got["memory"]["episodes"] == 4

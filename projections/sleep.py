@@ -68,6 +68,9 @@ class SleepState(msgspec.Struct):
     watermark: datetime | None = None
     fiedler_history: list[float] = []
     scopes: dict[str, datetime] = {}  # memory scope -> its stream time (newest bounded unit time)
+    # agent -> [event time (µs), memory id] of the units captured since the last run, newest kept
+    # (``captured_since``): phase A's observations even when their event time is before that run.
+    captured: dict[str, list[tuple[int, str]]] = {}
 
 
 def observe_scopes(scopes: dict[str, datetime], units: Sequence[Any], record_time: datetime | None,
@@ -93,6 +96,30 @@ def observe_scopes(scopes: dict[str, datetime], units: Sequence[Any], record_tim
         old = scopes.get(scope)
         if old is None or at > old:
             scopes[scope] = at
+
+
+def note_captured(captured: dict[str, list[tuple[int, str]]], units: Sequence[Any], per_agent: int) -> None:
+    """Remember the ``units`` arriving since the last run, the newest ``per_agent`` of each agent (by
+    event time, then id). A record of units often spans days of event time (an import, a batch of
+    sessions), and the run its fire times trigger happens before it is captured, so "created after
+    the last run" by event time would never see most of its units: arrival is what counts.
+
+    >>> from types import SimpleNamespace as U
+    >>> from datetime import datetime, timezone
+    >>> t = lambda d: datetime(2024, 5, d, tzinfo=timezone.utc)
+    >>> got = {}
+    >>> note_captured(got, [U(agent="a", memory_id=m, occurred_at=t(d)) for m, d in (("x", 3), ("y", 1), ("z", 2))], 2)
+    >>> [m for _, m in got["a"]]
+    ['z', 'x']
+    """
+    if per_agent <= 0:
+        return
+    changed: set[str] = set()
+    for u in units:
+        captured.setdefault(u.agent, []).append((int(u.occurred_at.timestamp() * 1_000_000), u.memory_id))
+        changed.add(u.agent)
+    for agent in changed:
+        captured[agent] = sorted(set(map(tuple, captured[agent])))[-per_agent:]  # type: ignore[arg-type]
 
 
 def load_state(con: duckdb.DuckDBPyConnection) -> SleepState:
@@ -152,11 +179,12 @@ def memory_columns(state: Any, scopes: Mapping[str, datetime] | None = None) -> 
 
 
 def dream_inputs(state: Any, frame: pl.DataFrame, edges: pl.DataFrame, since: datetime | None, config: SleepConfig,
-                 **kw: Any) -> SleepInputs:
-    """A run's inputs with what dreaming needs, from the fold's own state: the memories captured since
-    the last run ``since`` as phase A's observations (``fold_observations``), the memories' MinHash
-    signatures as vectors (``signature_vectors``, asked for per agent), and the capture decisions'
-    prediction errors for saturation."""
+                 captured: Sequence[str] = (), **kw: Any) -> SleepInputs:
+    """A run's inputs with what dreaming needs, from the fold's own state: the memories created since
+    the last run ``since``, and those ``captured`` since it whatever their event time, as phase A's
+    observations (``fold_observations``), the memories' MinHash signatures as vectors
+    (``signature_vectors``, asked for per agent), and the capture decisions' prediction errors for
+    saturation."""
     ix = state.index
 
     def embed(ids: Sequence[str]) -> np.ndarray:
@@ -169,7 +197,8 @@ def dream_inputs(state: Any, frame: pl.DataFrame, edges: pl.DataFrame, since: da
                                 pa.timestamp("us", "UTC")),
         "prediction_error": np.fromiter((pe for _, pe in errors), dtype=np.float64, count=len(errors))})
     return SleepInputs(memories=frame, edges=edges, embed=embed, capture_errors=capture_errors,
-                       observations=fold_observations(frame, since, config.dream_observations_per_agent), **kw)
+                       observations=fold_observations(frame, since, config.dream_observations_per_agent,
+                                                      captured=captured), **kw)
 
 
 # A live triple's last touch: its assertion, its last change in ``triple_history`` (reinforcements),
@@ -295,13 +324,15 @@ class SleepJob:
     def observe(self, units: Sequence[Any], record_time: datetime | None) -> None:
         """Advance the stream times of the units' scopes (call after the runs the record makes due)."""
         observe_scopes(self.state.scopes, units, record_time, self.config.max_clock_skew_s)
+        note_captured(self.state.captured, units, self.config.dream_observations_per_agent)
 
     def _run(self, memory_state: Any, at: datetime, trigger: SleepTrigger, offset: int,
              con: duckdb.DuckDBPyConnection | None) -> list[Any]:
         frame, edges = memory_columns(memory_state, self.state.scopes)
         triples = live_triples(con) if con is not None and self.config.fact_retire_days > 0 else None
+        captured = [m for agent in sorted(self.state.captured) for _, m in self.state.captured[agent]]
         plan = plan_sleep(dream_inputs(memory_state, frame, edges, self.state.watermark, self.config,
-                                       max_episodes=self.max_episodes, triples=triples,
+                                       captured=captured, max_episodes=self.max_episodes, triples=triples,
                                        scope_times=dict(self.state.scopes),
                                        fiedler_history=tuple(self.state.fiedler_history)),
                           now=at, trigger=trigger, watermark=self.state.watermark, config=self.config,
@@ -336,6 +367,7 @@ class SleepJob:
                 "bytes_before": r.bytes_before, "bytes_after": r.bytes_after,
                 "fiedler": r.fiedler.largest_component, "report": msgspec.json.encode(r).decode()})
             self.state.watermark = plan.at
+            self.state.captured = {}  # routed by this run's phase A
             if trigger is SleepTrigger.SCHEDULE:
                 self.scheduled.append((plan.run_id, plan.at))
             self.state.fiedler_history = [*self.state.fiedler_history, float(r.fiedler.largest_component)][-50:]

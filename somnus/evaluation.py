@@ -49,6 +49,7 @@ from somnus.processors.episodic.embedding import MiniLM
 import snowballstemmer
 
 KS = (1, 5, 10, 20)
+DREAM_COUNTS = ("clustered", "held", "created", "connected", "compressed", "pruned")  # summed over sleep runs
 CATEGORIES = (1, 2, 3, 4)  # 5 (adversarial) is excluded
 _EVIDENCE = re.compile(r"D:?(\d+):(\d+)")
 
@@ -219,10 +220,13 @@ def evaluate_locomo_pipeline(path: Path, k: int = 20, home: Path | None = None, 
         asked_s = time.perf_counter() - t1
         counts = read(db, "sql", sql="SELECT (SELECT count(*) FROM memories), (SELECT count(*) FROM memory_merges), "
                                      "(SELECT count(*) FROM memory_edges), (SELECT count(*) FROM events)")["rows"][0]
+        dreams = read(db, "sql", sql="SELECT count(*), " + ", ".join(
+            f"coalesce(sum((report->>'{k}')::BIGINT), 0)" for k in DREAM_COUNTS) + " FROM sleep_runs")["rows"][0]
     report.update({"path": "import -> Kafka -> Faust worker -> memory topic -> projector capture -> HTTP recall",
                    "sleep_schedule": sleep_schedule,
                    "events": len(events), "memories": counts[0], "merged": counts[1], "edges": counts[2],
-                   "ingest_s": round(ingest_s, 1), "recall_ms_mean": round(1000 * asked_s / max(report["questions"], 1), 2)})
+                   "ingest_s": round(ingest_s, 1), "recall_ms_mean": round(1000 * asked_s / max(report["questions"], 1), 2),
+                   "sleep": {"runs": dreams[0], **dict(zip(DREAM_COUNTS, dreams[1:]))}})
     return report
 
 

@@ -398,9 +398,11 @@ def recall(index: MemoryIndex, query: str, agent: str, k: int = 10, filters: Map
     tokens = index.tokenize(query)  # = tokenize(query, index.config.stem)
     # Only people of memories the reader may read: the list is returned, and a person known only in
     # another scope or to another user would tell the reader that person exists.
-    people = [p for p in named_people(index, tokens, agent)
+    # Names are matched unstemmed: the index keeps them as written, and a stemmer changes many of
+    # them ("melanie" -> "melani"), which once hid most people from a stemming reader.
+    people = [p for p in named_people(index, tokenize(query), agent)
               if corpus[np.asarray(index.keys.get(("person", p), ()), dtype=np.int64)].any()]
-    name_words = {w for p in people for w in p.split()}
+    name_words = set(index.tokenize(" ".join(people)))  # as the lexical tokens spell them
     lexical_tokens = [t for t in tokens if t not in name_words] or tokens
     hints = time_hints(query)
 

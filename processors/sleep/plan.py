@@ -252,8 +252,10 @@ def plan_sleep(inputs: SleepInputs, *, now: datetime, trigger: SleepTrigger = Sl
     refreshed = np.zeros(n, dtype=bool)
     extra = np.zeros(n)
     vectors = _Vectors(c, inputs, ids)
+    observed = np.zeros(n, dtype=bool)  # memories of the fold that phase A routes: recent for connect
     if inputs.observations is not None and inputs.observations.height and vectors.for_observations:
         obs = inputs.observations
+        observed = c.ids.is_in(obs["observation_id"].cast(pl.String).to_list()).to_numpy()
         obs_time = obs["observed_at"]
         if isinstance(obs.schema["observed_at"], pl.Datetime) and obs.schema["observed_at"].time_zone is None:
             obs_time = obs_time.dt.replace_time_zone("UTC")
@@ -284,7 +286,7 @@ def plan_sleep(inputs: SleepInputs, *, now: datetime, trigger: SleepTrigger = Sl
     # run already counts them: a re-plan on the applied state then finds nothing to change. Only
     # memories that stay uncompressed this run qualify (idle < compress-after), so nothing decided
     # below can invalidate them.
-    connected = _connect(c, vectors, refreshed, watermark, now_us, ids)
+    connected = _connect(c, vectors, refreshed, watermark, now_us, ids, observed)
     if connected.height:
         row_of = {mid: i for i, mid in enumerate(ids)}
         c.add_edges(np.array([row_of[x] for x in connected["a"].to_list()], dtype=np.int64),
@@ -449,10 +451,12 @@ def _external(add: Callable[..., None], phase: Phase | None, view: Callable[[], 
     return sum(1 for ev in produced if isinstance(ev, MemoryPromoted))
 
 
-def fold_observations(memories: pl.DataFrame, since: datetime | None, per_agent: int) -> pl.DataFrame:
+def fold_observations(memories: pl.DataFrame, since: datetime | None, per_agent: int,
+                      captured: Sequence[str] = ()) -> pl.DataFrame:
     """What dream phase A routes when the observations are the fold's own memories: the hippocampus
-    memories created after ``since`` (the last run; None: all), uncompressed, at most the newest
-    ``per_agent`` of each agent. Columns observation_id, agent, observed_at, by agent then time then id.
+    memories created after ``since`` (the last run; None: all), or ``captured`` since it whatever
+    their event time, uncompressed, at most the newest ``per_agent`` of each agent. Columns
+    observation_id, agent, observed_at, by agent then time then id.
 
     >>> from datetime import datetime, timezone
     >>> t = lambda h: datetime(2024, 5, 1, h, tzinfo=timezone.utc)
@@ -468,7 +472,8 @@ def fold_observations(memories: pl.DataFrame, since: datetime | None, per_agent:
     created = pl.col("created_at").dt.convert_time_zone("UTC").dt.cast_time_unit("us")
     new = memories.filter((pl.col("layer") == HIPPOCAMPUS) & ~pl.col("compressed").fill_null(False))
     if since is not None:
-        new = new.filter(created > since.astimezone(timezone.utc))
+        new = new.filter((created > since.astimezone(timezone.utc))
+                         | pl.col("memory_id").cast(pl.String).is_in(list(captured)))
     return (new.select(pl.col("memory_id").cast(pl.String).alias("observation_id"), pl.col("agent").cast(pl.String),
                        created.alias("observed_at"))
             .sort(["agent", "observed_at", "observation_id"], descending=[False, True, True])
@@ -477,10 +482,10 @@ def fold_observations(memories: pl.DataFrame, since: datetime | None, per_agent:
 
 
 def _connect(c: Columns, vectors: _Vectors, refreshed: np.ndarray, watermark: datetime | None, now_us: int,
-             ids: list[str]) -> pl.DataFrame:
+             ids: list[str], observed: np.ndarray | None = None) -> pl.DataFrame:
     """Dream phase B's connect step over the recently active memories (accessed or created since the
-    watermark, else in the last day of their scope's stream time; refreshed by phase A) that stay
-    uncompressed this run."""
+    watermark, else in the last day of their scope's stream time; routed or refreshed by phase A)
+    that stay uncompressed this run."""
     empty = pl.DataFrame(schema={"a": pl.String, "b": pl.String, "agent": pl.String, "weight": pl.Float64})
     if not vectors.for_memories or c.n == 0:
         return empty
@@ -489,7 +494,10 @@ def _connect(c: Columns, vectors: _Vectors, refreshed: np.ndarray, watermark: da
     since = to_us(watermark) if watermark is not None else c.at_us - US_PER_DAY
     idle = np.where(refreshed, 0.0, c.idle_days)
     eligible = ~c.compressed & (idle < c.compress_after)
-    recent = np.flatnonzero(eligible & (refreshed | (c.access_us > since) | (c.created_us > since)))
+    # An observation is recent (it just arrived) but not refreshed: one idle enough to be compressed
+    # this run stays out.
+    seen = refreshed if observed is None else refreshed | observed
+    recent = np.flatnonzero(eligible & (seen | (c.access_us > since) | (c.created_us > since)))
     if len(recent) < 2:
         return empty
     in_recent = np.zeros(c.n, dtype=bool)

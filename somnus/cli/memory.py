@@ -111,12 +111,36 @@ def _sleep_report(s: object, runs: int, plot: Optional[Path], as_json: bool, rep
             fail("no sleep run yet")
         history_figure(reports).savefig(plot)
         print(f"wrote {plot}")
+    layers = _layer_reports(s, [r[0] for r in rows])
     if as_json:
-        print(json.dumps([{"run_id": r[0], "at": str(r[1]), "trigger": r[2], "report": json.loads(r[3])}
-                          for r in rows]))
+        print(json.dumps([{"run_id": r[0], "at": str(r[1]), "trigger": r[2], "report": json.loads(r[3]),
+                           "layers": layers.get(r[0], [])} for r in rows]))
     elif report:
         for r in rows:
-            print(f"{r[0]} ({r[2]}): {json.loads(r[3])['narrative']}")
+            rep = json.loads(r[3])
+            print(f"{r[0]} ({r[2]}): {rep['narrative']}")
+            print("  dreaming: " + ", ".join(f"{k} {rep.get(k, 0)}" for k in _DREAM_PHASES))
+            for name, c in sorted(rep.get("per_layer", {}).items()):
+                print(f"  {name}: {c.get('before', 0)} -> {c.get('after', 0)} "
+                      f"({c.get('compressed', 0)} compressed, {c.get('pruned', 0)} pruned)")
+            for lay in layers.get(r[0], []):
+                print(f"  {lay['layer']}: {lay['before']} -> {lay['after']} ({lay['removed']} removed)")
+
+
+_DREAM_PHASES = ("clustered", "held", "created", "connected", "abstracted")
+
+
+def _layer_reports(s: object, run_ids: list[str]) -> dict[str, list[dict[str, object]]]:
+    """Each run's semantic layers (``sleep_layer_reports``): records before, after, removed. The
+    promotion fold writes them from another topic, so a run may have none yet."""
+    if not run_ids:
+        return {}
+    got = read(s, "sql", sql="SELECT run_id, layer, before, after, removed FROM sleep_layer_reports "  # type: ignore[arg-type]
+                             "WHERE list_contains(?, run_id) ORDER BY run_id, layer", params=[run_ids])
+    out: dict[str, list[dict[str, object]]] = {}
+    for run_id, layer, before, after, removed in got["rows"]:
+        out.setdefault(run_id, []).append({"layer": layer, "before": before, "after": after, "removed": removed})
+    return out
 
 
 @app.command()

@@ -35,6 +35,8 @@ def test_locomo_evidence_recall_through_the_pipeline_meets_the_target(kafka_boot
     assert report["recall@10"] >= 0.70, report
     assert report["recall@1"] <= report["recall@5"] <= report["recall@10"] <= report["recall@20"]
     assert report["memories"] > 2500  # every turn became a memory unit (user interactions are always kept)
+    assert report["sleep"] == {"runs": 0, "clustered": 0, "held": 0, "created": 0, "connected": 0,
+                               "compressed": 0, "pruned": 0}  # sleep is off unless a schedule is given
 
 
 def test_recall_is_scoped_explained_and_recorded_as_accesses(pipeline_settings, locomo_path):

@@ -64,6 +64,15 @@ def test_sleep_on_demand_decides_reports_and_replays_the_same(pipeline_settings,
         report = json.loads(subprocess.run(cli + ["sleep", "--report", "--json"], env=env, capture_output=True,
                                            text=True, timeout=60).stdout)
         assert report[-1]["trigger"] == "on_demand" and report[-1]["report"]["narrative"]
+        # --report joins the semantic layers' part of each run (written by the promotion fold)
+        run_id = report[-1]["run_id"]
+        wait_until(lambda: read(db, "sql", sql="SELECT count(*) FROM sleep_layer_reports WHERE run_id = ?",
+                                params=[run_id])["rows"][0][0] == 2, timeout_s=60, what="the run's layer report")
+        report = json.loads(subprocess.run(cli + ["sleep", "--report", "--json"], env=env, capture_output=True,
+                                           text=True, timeout=60).stdout)
+        assert {x["layer"] for x in report[-1]["layers"]} == {"atl", "angular_gyrus"}
+        text = subprocess.run(cli + ["sleep", "--report"], env=env, capture_output=True, text=True, timeout=60).stdout
+        assert "  atl: " in text and "  angular_gyrus: " in text and "  dreaming: clustered " in text
         png = tmp_path / "sleep.png"
         plot = subprocess.run(cli + ["sleep", "--plot", str(png)], env=env, capture_output=True, text=True,
                               timeout=120)

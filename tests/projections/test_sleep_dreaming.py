@@ -98,3 +98,25 @@ def test_each_dream_phase_works_on_the_sample_fleet_and_replay_decides_the_same(
     a, b = queries.table_checksums(live), queries.table_checksums(replayed)
     for table in ("lifecycle_log", "sleep_runs"):
         assert a[table] == b[table], table
+
+
+def test_phase_a_routes_every_memory_captured_since_the_last_run_whatever_its_event_time(tmp_path, units):
+    # Records that each span days of event time (an import, a batch of sessions): the run their fire
+    # times trigger happens before they are captured, so "created after the last run" by event time
+    # alone left most of their memories unrouted (LoCoMo: 104 of 2,888 in 34 runs). Now every memory
+    # captured before the last run, up to the newest ``dream_observations_per_agent`` of each agent
+    # per run, is routed once, and connect counts it as recent.
+    recs = _records(units, size=60)
+    con = _project(tmp_path, "spans.duckdb", [recs])
+    last_run = con.execute("SELECT max(run_at) FROM sleep_runs").fetchone()[0]
+    before = {r.offset for r in recs if r.timestamp / 1000 <= last_run.timestamp()}
+    captured = [(m, a) for m, a, o in con.execute(
+        "SELECT body->>'memory_id', body->>'agent', src_offset FROM memory_log WHERE kind = 'CaptureDecided' "
+        "AND body->>'action' <> 'merged'").fetchall() if o in before]
+    routed = [m for (m,) in con.execute(
+        "SELECT body->>'observation_id' FROM lifecycle_log WHERE kind IN "
+        "('ObservationClustered', 'ObservationHeld', 'ObservationCreated')").fetchall()]
+    assert len(routed) == len(set(routed))  # once each
+    assert set(routed) <= {m for m, _ in captured} and len(set(routed)) > 0.9 * len(captured)
+    kinds = dict(con.execute("SELECT kind, count(*) FROM lifecycle_log GROUP BY 1").fetchall())
+    assert kinds.get("MemoriesConnected", 0) > 0

@@ -452,6 +452,21 @@ def conversation(texts: list[tuple[str, str]], run: str = "s1", agent: str = "a"
             for i, (who, text) in enumerate(texts)]
 
 
+def test_a_stemming_reader_still_finds_the_people_a_query_names():
+    # The projector stems ("melanie" -> "melani"); names are matched as written, and the name's
+    # stemmed form leaves the lexical query as the unstemmed one does without a stemmer.
+    from somnus.projections.memory import stemmer
+
+    msgs = conversation([("Melanie", "we went camping at the beach"), ("Caroline", "camping sounds fun")])
+    ix = index_of(*msgs, stem=stemmer())
+    assert ix.tokenize("Melanie") == ["melani"]
+    cfg = RecallConfig(context_weight=0, window_weight=0, run_weight=0, time_boost=0, weights=LEXICAL_ONLY)
+    r = recall(ix, "Where has Melanie camped?", "a", now=T0, config=cfg)
+    assert r.people == ["melanie"]
+    got = {h.memory_id: h.signals["lexical"] for h in r.hits}
+    assert got["s1-0"] == pytest.approx(2.0 * got["s1-1"])  # same BM25 for "camp", x 2 for hers
+
+
 def test_context_gives_a_memory_half_its_run_neighbours_bm25():
     assert R.CONTEXT_WEIGHT == 0.5
     msgs = conversation([("ana", "what did you research lately"), ("bo", "adoption agencies mostly"),

@@ -102,6 +102,8 @@ class Sequencer:
         """Hold ``item``, the record at ``offset`` of ``partition`` whose latest event time is ``latest``."""
         if self.since is None:
             self.since = now
+        if offset < self.next_offset.get(partition, offset):
+            self._rewound(partition, offset)
         if partition not in self.clocks:
             self.clocks[partition] = self.start_clock(partition)
         clock = self.clocks[partition]
@@ -111,6 +113,18 @@ class Sequencer:
         self.queues.setdefault(partition, deque()).append((key, now, item))
         self.next_offset[partition] = offset + 1
         self.last_arrival[partition] = now
+
+    def _rewound(self, partition: int, offset: int) -> None:
+        """The partition was sought back to ``offset`` (the ordering guard's rewind to its position):
+        what is held from there on comes again, in order, and its stream time starts again from the
+        last record kept, or from the one stored with the position."""
+        queue = self.queues.get(partition, deque())
+        kept = deque(entry for entry in queue if entry[0][2] < offset)
+        self.queues[partition] = kept
+        if kept:
+            self.clocks[partition] = kept[-1][0][0]
+        else:
+            self.clocks.pop(partition, None)
 
     def ready(self, now: float) -> list[Any]:
         """The items that may be handed on now, in order."""

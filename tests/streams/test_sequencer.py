@@ -79,3 +79,15 @@ def test_the_latest_time_leaves_out_events_later_than_the_cap():
     assert latest_time(raw, cap=first) == first
     assert latest_time(b'{"ts": "2024-05-01T00:00:00Z", "seq": 1}') == first
     assert latest_time(b'[{"ts": 3}]') is None and latest_time(None) is None
+
+
+def test_a_partition_sought_back_drops_what_comes_again_and_restarts_its_stream_time():
+    stored = {0: 5}
+    s = Sequencer(owned=lambda: frozenset({0}), start_clock=lambda p: stored.get(p), high_water=lambda p: None,
+                  quiet_s=2.0, max_hold_s=10.0)
+    for offset, t in enumerate((10, 40, 20)):
+        s.push(0, offset, t, f"a{offset}", now=0.0)
+    s.push(0, 1, 20, "a1 again", now=0.0)  # the guard rewound to offset 1: a1 and a2 come again, in order
+    assert [(key, item) for key, _, item in s.queues[0]] == [((10, 0, 0), "a0"), ((20, 0, 1), "a1 again")]
+    s.push(0, 0, 7, "a0 again", now=0.0)  # back to the start: the stored stream time again
+    assert [(key, item) for key, _, item in s.queues[0]] == [((7, 0, 0), "a0 again")]

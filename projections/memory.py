@@ -68,6 +68,34 @@ def _ts(record: Any, units: Sequence[MemoryUnit]) -> datetime:
     return max((u.occurred_at for u in units), default=datetime(1970, 1, 1, tzinfo=timezone.utc))
 
 
+def at_event_time(decided: Sequence[MemoryEvent]) -> list[MemoryEvent]:
+    """Capture's decisions stamped with the event time of the unit decided (a link with that of the
+    unit whose decision formed it), not with the record's timestamp: that is the worker's wall clock
+    at send, so two live runs of the same input never agreed on ``decided_at`` or ``formed_at``
+    (docs/design/scale-out.md). ``apply`` reads neither, so the state is the same either way.
+
+    >>> from datetime import datetime, timezone
+    >>> from somnus.schemas.memory import MemoryKind
+    >>> t = datetime(2024, 5, 1, tzinfo=timezone.utc)
+    >>> u = MemoryUnit(memory_id="m", kind=MemoryKind.MESSAGE, agent="a", scope="agent:a", run_id="s",
+    ...                position=0, occurred_at=t, perception="hi")
+    >>> ev = CaptureDecided(schema_version=1, unit=u, action=CaptureAction.STORED, memory_id="m", reasons=[],
+    ...                     prediction_error=1.0, decided_at=datetime.now(timezone.utc))
+    >>> at_event_time([ev])[0].decided_at == t
+    True
+    """
+    out: list[MemoryEvent] = []
+    at: datetime | None = None
+    for ev in decided:
+        if isinstance(ev, CaptureDecided):
+            at = ev.unit.occurred_at
+            ev = msgspec.structs.replace(ev, decided_at=at)
+        elif isinstance(ev, MemoryLinked) and at is not None:
+            ev = msgspec.structs.replace(ev, formed_at=at)
+        out.append(ev)
+    return out
+
+
 class MemoryProjection:
     """The capture fold's state (replayed from ``memory_log`` at start) and its writes; deep sleep
     runs inside the fold (``projections/sleep.py``) when ``sleep`` is given."""
@@ -127,7 +155,7 @@ class MemoryProjection:
                                                                           rec.offset, con)]
                 self.sleep.observe(units, _record_time(rec))  # then the scopes' stream times move on
             _, decided = capture(self.state, units, _ts(rec, units))
-            events += [(ev, rec.offset) for ev in decided]
+            events += [(ev, rec.offset) for ev in at_event_time(decided)]
             if self.oscillators is not None:
                 self._observe_rhythms(units, rec.offset)
         if self.sleep is not None:

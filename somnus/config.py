@@ -25,6 +25,7 @@ _ENV = {
     "bootstrap": "KAFKA_BOOTSTRAP",
     "cache": "SOMNUS_CACHE",
     "partitions": "SOMNUS_PARTITIONS",
+    "workers": "SOMNUS_WORKERS",
     "topic_prefix": "SOMNUS_TOPIC_PREFIX",
     "max_event_bytes": "SOMNUS_MAX_EVENT_BYTES",
     "max_json_depth": "SOMNUS_MAX_JSON_DEPTH",
@@ -67,6 +68,8 @@ class Settings:
     bootstrap: str | None = None  # None: the project's own local broker (see somnus.broker)
     cache: Path = Path.home() / ".cache" / "somnus"
     partitions: int = 4
+    # Worker processes `somnus up` runs (one Faust app id: Kafka splits the trace partitions among them).
+    workers: int = 1
     topic_prefix: str = "somnus."
     max_event_bytes: int = 1_048_576
     # JSON nesting a record may have (somnus.schemas.codec.check_json): deeper is a dead letter, never parsed.

@@ -43,10 +43,28 @@ MCP = "mcp"  # the MCP server over streamable HTTP (somnus/mcp_server.py), last:
 SERVERS = (OTLP, MCP)  # what ``somnus up`` runs beside the pipeline, each unless its port is 0
 
 
+def worker_names(workers: int) -> tuple[str, ...]:
+    """The names of ``workers`` worker processes (their pid and log files): the first is ``worker``.
+
+    >>> worker_names(3)
+    ('worker', 'worker-2', 'worker-3')
+    """
+    if workers < 1:
+        raise ValueError(f"SOMNUS_WORKERS (--workers) must be at least 1, got {workers}")
+    return ("worker", *(f"worker-{i}" for i in range(2, workers + 1)))
+
+
+def role_of(name: str) -> str:
+    """The role of a supervised process's name (``worker-2`` is a worker)."""
+    return "worker" if name.startswith("worker") else name
+
+
 def roles_for(settings: Settings) -> tuple[str, ...]:
-    """What ``somnus up`` supervises: the projector, the worker, then the OTLP receiver and the MCP
-    server, each unless its port is 0 (``SOMNUS_OTLP_PORT``, ``SOMNUS_MCP_PORT``)."""
-    return (*ROLES, *(r for r, port in ((OTLP, settings.otlp_port), (MCP, settings.mcp_port)) if port))
+    """What ``somnus up`` supervises: the projector, ``settings.workers`` workers (one Faust app id, so
+    Kafka splits the trace partitions among them), then the OTLP receiver and the MCP server, each
+    unless its port is 0 (``SOMNUS_OTLP_PORT``, ``SOMNUS_MCP_PORT``)."""
+    roles = ("projector", *worker_names(settings.workers))
+    return (*roles, *(r for r, port in ((OTLP, settings.otlp_port), (MCP, settings.mcp_port)) if port))
 
 
 MIN_BACKOFF_S = 1.0
@@ -164,7 +182,7 @@ class Supervisor:
     def _spawn(self, role: str) -> Any:
         if role == "broker":
             return broker_mod.start(self.settings)  # its port and log dir again; waits until it answers
-        return procs.spawn(self.settings, self.bootstrap, role)
+        return procs.spawn(self.settings, self.bootstrap, role_of(role), name=role)
 
     def _start(self, child: Child, now: float) -> None:
         try:

@@ -51,6 +51,8 @@ from somnus.streams.metrics import WorkerCounters
 from somnus.streams.ordering import (Admitted, OffsetGuard, decode_clock, decode_position, position_key,
                               positions_writer)
 from somnus.streams.topics import signature_partition
+from somnus.streams.sequencer import Sequencer, latest_time
+from faust.types import TP
 from somnus.schemas.agents import load_agents
 from somnus.processors.prediction.causal_links import alphas_for
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -142,29 +144,40 @@ class Batcher:
     """
 
     def __init__(self, app: faust.App, stream: faust.StreamT, max_events: int, within_s: float,
-                 handle: Any) -> None:
+                 handle: Any, sequencer: Ordered | None = None) -> None:
         self.app, self.stream = app, stream
         self.max_events, self.within_s, self.handle = max_events, within_s, handle
         self.events: list[tuple[int, EventT]] = []
         self.first_at = 0.0
         self.lock = asyncio.Lock()
         self.dropped_stale = 0
+        self.ordered = sequencer  # events in one order across partitions first (streams/sequencer.py)
 
     @property
     def idle(self) -> bool:
-        """Nothing buffered and no batch being handled."""
-        return not self.events and not self.lock.locked()
+        """Nothing buffered or held and no batch being handled."""
+        return not self.events and not self.lock.locked() and (self.ordered is None or not self.ordered.held)
 
     async def add(self, event: EventT) -> None:
+        if self.ordered is None:
+            await self._add(self.app.consumer_generation_id, event)
+            return
+        for generation, ev in self.ordered.add(self.app.consumer_generation_id, event):
+            await self._add(generation, ev)
+
+    async def _add(self, generation: int, event: EventT) -> None:
         if not self.events:
             self.first_at = asyncio.get_running_loop().time()
-        self.events.append((self.app.consumer_generation_id, event))
+        self.events.append((generation, event))
         if len(self.events) >= self.max_events:
             await self.flush()
 
     async def tick(self) -> None:
         while True:
             await asyncio.sleep(self.within_s / 2)
+            if self.ordered is not None:  # held for a partition that stayed silent: handed on now
+                for generation, ev in self.ordered.ready():
+                    await self._add(generation, ev)
             if self.events and asyncio.get_running_loop().time() - self.first_at >= self.within_s:
                 await self.flush()
 
@@ -184,11 +197,62 @@ class Batcher:
                 await self.stream.ack(event)
 
 
+class Ordered:
+    """A trace agent's ``Sequencer`` (streams/sequencer.py) over Faust events: each event held with the
+    consumer generation it came in, every held event forgotten when the generation changes (a
+    rebalance: Faust delivers them again, to their owner)."""
+
+    QUIET_S = 2.0  # a caught-up partition with nothing new for this long is not waited for
+    MAX_HOLD_S = 10.0  # a partition that is not caught up is waited for at most this long
+
+    def __init__(self, app: Any, topic: str, sessions: Any, time_of: Any) -> None:
+        self.app, self.time_of = app, time_of
+        self.generation: int | None = None
+
+        def high_water(p: int) -> int | None:
+            try:
+                return app.consumer.highwater(TP(topic, p))
+            except Exception:  # noqa: BLE001 - not fetched yet, or no consumer: unknown
+                return None
+
+        def owned() -> frozenset[int]:
+            try:
+                return _owned(app, topic)
+            except Exception:  # noqa: BLE001 - no consumer (an agent's test context): no partition to wait for
+                return frozenset()
+
+        self.sequencer = Sequencer(owned=owned,
+                                   start_clock=lambda p: decode_clock(sessions.get(position_key(topic, p))),
+                                   high_water=high_water, quiet_s=self.QUIET_S, max_hold_s=self.MAX_HOLD_S)
+
+    @property
+    def held(self) -> int:
+        return self.sequencer.held
+
+    def add(self, generation: int, event: EventT) -> list[tuple[int, EventT]]:
+        if generation != self.generation:
+            self.sequencer.clear()
+            self.generation = generation
+        msg = event.message
+        self.sequencer.push(msg.partition, msg.offset, self.time_of(msg), (generation, event), time.monotonic())
+        return self.ready()
+
+    def ready(self) -> list[tuple[int, EventT]]:
+        forced = self.sequencer.forced
+        out = list(self.sequencer.ready(time.monotonic()))
+        if self.sequencer.forced > forced:  # the one timing-dependent decision: said, so a run that took it shows it
+            log.warning("sequencer: %d trace record(s) handed on after waiting %.0f s for a partition that stalled "
+                        "(%d so far): this run's order of derived records may differ from another's",
+                        self.sequencer.forced - forced, self.MAX_HOLD_S, self.sequencer.forced)
+        return out
+
+
 async def run_batched(app: faust.App, settings: Settings, stream: faust.StreamT, handle: Any,
-                      batchers: list[Batcher] | None = None) -> None:
-    """An agent body: events in batches (``Batcher``), acked only after ``handle`` returned."""
+                      batchers: list[Batcher] | None = None, ordered: Ordered | None = None) -> None:
+    """An agent body: events in batches (``Batcher``), acked only after ``handle`` returned; with
+    ``ordered``, in one order across partitions (streams/sequencer.py)."""
     manual = stream.noack()
-    batcher = Batcher(app, manual, settings.batch_size, settings.batch_within_s, handle)
+    batcher = Batcher(app, manual, settings.batch_size, settings.batch_within_s, handle, ordered)
     if batchers is not None:
         batchers.append(batcher)
     ticker = asyncio.ensure_future(batcher.tick())
@@ -378,15 +442,27 @@ class Distiller:
             install_diagnostics(app)
             await watch([watchdog, RecoveryWatchdog(app)])
 
-        self.agent(settings.traces_topic, "distill_sessions", self.handle_traces)
+        self.agent(settings.traces_topic, "distill_sessions", self.handle_traces, self.ordered())
         self.agent(settings.observations_topic, "learn_links", self.handle_observations)
         if settings.llm_extractor:
             self.agent(settings.episodes_topic, "extract_facts", self.handle_episodes)
 
-    def agent(self, topic: str, name: str, handle: Any) -> Any:
+    def ordered(self) -> Ordered:
+        """The traces in one order across partitions, so that the topics the distiller writes get the same
+        order in every run (streams/sequencer.py): by the stream time each record brings its partition to."""
+        settings = self.settings
+        skew_us = int(settings.max_clock_skew_s * 1_000_000)
+
+        def time_of(msg: Any) -> int | None:
+            value = _keys(self.app).ring.open(msg.value)  # a sealed record whose key is not here yet: None
+            return latest_time(value, record_cap(msg.timestamp, skew_us) if skew_us > 0 else None)
+
+        return Ordered(self.app, settings.traces_topic, self.sessions, time_of)
+
+    def agent(self, topic: str, name: str, handle: Any, ordered: Ordered | None = None) -> Any:
         """An agent over ``topic`` (one at a time) whose body hands ``handle`` batches (``run_batched``)."""
         async def body(stream: faust.StreamT) -> None:
-            await run_batched(self.app, self.settings, stream, handle, self.batchers)
+            await run_batched(self.app, self.settings, stream, handle, self.batchers, ordered)
 
         body.__name__ = body.__qualname__ = name
         return self.app.agent(_topic(self.app, self.settings, topic), name=f"{__name__}.{name}", concurrency=1)(body)

@@ -66,15 +66,24 @@ def broker_status(home: Optional[Path] = HomeOpt, as_json: bool = typer.Option(F
 
 @app.command()
 def up(detach: bool = typer.Option(False, "--detach", "-d", help="Return once started (a supervisor keeps them running)."),
-       home: Optional[Path] = HomeOpt, db: Optional[Path] = DbOpt, bootstrap_: Optional[str] = BootOpt) -> None:
-    """Start the broker (unless one is configured), create the topics, and the worker and the projector
-    under a supervisor that starts either again when it exits (somnus/supervisor.py)."""
+       home: Optional[Path] = HomeOpt, db: Optional[Path] = DbOpt, bootstrap_: Optional[str] = BootOpt,
+       workers: Optional[int] = typer.Option(None, "--workers", min=1, help="Worker processes (SOMNUS_WORKERS, "
+                                             "default 1): Kafka splits the trace partitions among them.")) -> None:
+    """Start the broker (unless one is configured), create the topics, and the worker(s) and the projector
+    under a supervisor that starts any of them again when it exits (somnus/supervisor.py)."""
+    import dataclasses
+
     from somnus import procs
     from somnus.projections.auth import ensure_operator_token
     from somnus.streams.topics import ensure_topics
     from somnus.supervisor import serve
 
     s = settings(home, db, bootstrap_)
+    if workers is not None:
+        s = dataclasses.replace(s, workers=workers)  # and to the supervisor it starts: Settings.as_env
+    if s.workers > s.partitions:
+        print(f"somnus up: {s.workers} workers for {s.partitions} trace partitions: "
+              f"{s.workers - s.partitions} will own none (SOMNUS_PARTITIONS)")
     ensure_operator_token(s.home)  # SOMNUS_HOME/token (0600): what the CLI sends to the projector
     boot = bootstrap(s, start=True)
     ensure_topics(s, boot)
@@ -103,7 +112,9 @@ def down(home: Optional[Path] = HomeOpt, db: Optional[Path] = DbOpt) -> None:
     from somnus import procs
 
     s = settings(home, db)
-    roles = ("worker", "projector", "otlp", "mcp")
+    # every worker whose pid file is there, however many `up --workers` started
+    workers = sorted({"worker", *(p.stem for p in s.run_dir.glob("worker-*.pid"))})
+    roles = (*workers, "projector", "otlp", "mcp")
     was = {role: procs.running(s, role) is not None for role in roles}
     if procs.stop(s, "supervisor", timeout_s=90.0):  # it stops its processes: nothing is started again
         print("supervisor: stopped")

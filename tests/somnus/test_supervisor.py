@@ -14,7 +14,8 @@ import pytest
 
 from somnus import procs
 from somnus.config import Settings
-from somnus.supervisor import MAX_BACKOFF_S, MIN_BACKOFF_S, STABLE_S, Supervisor, backoff_s, roles_for
+from somnus.supervisor import (MAX_BACKOFF_S, MIN_BACKOFF_S, STABLE_S, Supervisor, backoff_s, role_of, roles_for,
+                               worker_names)
 
 
 def test_up_supervises_the_otlp_receiver_and_the_mcp_server_unless_their_port_is_zero() -> None:
@@ -23,6 +24,18 @@ def test_up_supervises_the_otlp_receiver_and_the_mcp_server_unless_their_port_is
     assert roles_for(Settings.resolve(env={"SOMNUS_MCP_PORT": "0"})) == ("projector", "worker", "otlp")
     assert roles_for(Settings.resolve(env={"SOMNUS_OTLP_PORT": "0", "SOMNUS_MCP_PORT": "0"})) == ("projector", "worker")
     assert procs.MODULES["otlp"] == "somnus.otlp.receiver" and procs.MODULES["mcp"] == "somnus.mcp_server"
+
+
+def test_up_with_n_workers_supervises_n_named_worker_processes(monkeypatch, tmp_path: Path) -> None:
+    three = Settings.resolve(env={"SOMNUS_WORKERS": "3", "SOMNUS_OTLP_PORT": "0"}, home=tmp_path / "home")
+    assert roles_for(three) == ("projector", "worker", "worker-2", "worker-3")
+    assert [role_of(n) for n in roles_for(three)] == ["projector", "worker", "worker", "worker"]
+    with pytest.raises(ValueError, match="SOMNUS_WORKERS"):
+        worker_names(0)
+    spawned: list[tuple[str, str | None]] = []
+    monkeypatch.setattr(procs, "spawn", lambda settings, boot, role, name=None: spawned.append((role, name)))
+    Supervisor(three, "127.0.0.1:1", roles=roles_for(three))._spawn("worker-3")
+    assert spawned == [("worker", "worker-3")]  # a worker, with its own name: its own log, pid and state folder
 
 
 def test_backoff_doubles_from_one_second_up_to_a_minute() -> None:

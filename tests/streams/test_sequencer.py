@@ -1,0 +1,93 @@
+"""The trace records' one order across partitions (streams/sequencer.py): whatever order the fetches
+deliver the partitions' records in, and wherever the hand-overs fall, the same order comes out."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from somnus.streams.sequencer import Sequencer, latest_time
+
+
+def _sequencer(partitions: int, high: dict[int, int] | None = None, quiet_s: float = 2.0,
+               max_hold_s: float = 10.0) -> Sequencer:
+    return Sequencer(owned=lambda: frozenset(range(partitions)), start_clock=lambda p: None,
+                     high_water=lambda p: (high or {}).get(p), quiet_s=quiet_s, max_hold_s=max_hold_s)
+
+
+# Each partition: the latest event time of each of its records, in offset order (times go back too).
+partition_times = st.lists(st.lists(st.integers(0, 50), min_size=1, max_size=12), min_size=1, max_size=4)
+
+
+@given(partition_times, st.randoms(use_true_random=False), st.integers(1, 6))
+def test_the_order_is_the_same_whatever_the_interleaving_of_the_partitions(times, rng, chunk):
+    def run(rng: random.Random | None) -> list[tuple[int, int]]:
+        high = {p: len(ts) for p, ts in enumerate(times)}
+        s = _sequencer(len(times), high)
+        pending = {p: list(enumerate(ts)) for p, ts in enumerate(times)}
+        out: list[tuple[int, int]] = []
+        now = 0.0
+        while any(pending.values()):
+            p = rng.choice([q for q in pending if pending[q]]) if rng else min(q for q in pending if pending[q])
+            take, pending[p] = pending[p][:chunk], pending[p][chunk:]  # a fetch: a few records of one partition
+            for offset, t in take:
+                s.push(p, offset, t, (p, offset), now)
+            out += s.ready(now)
+            now += 0.01
+        out += s.ready(now + 60.0)  # the end of the input: every partition caught up and quiet
+        assert s.forced == 0 and not s.held
+        return out
+
+    canonical = run(None)
+    assert run(rng) == canonical
+    assert sorted(canonical) == sorted((p, o) for p, ts in enumerate(times) for o in range(len(ts)))
+    for p in range(len(times)):  # a partition's records keep their offset order
+        assert [o for q, o in canonical if q == p] == list(range(len(times[p])))
+
+
+def test_stream_time_orders_the_partitions_and_never_goes_back():
+    s = _sequencer(2, {0: 3, 1: 2})
+    for offset, t in enumerate((10, 30, 20)):  # the third record's events are older: its partition stays at 30
+        s.push(0, offset, t, f"a{offset}", now=0.0)
+    for offset, t in enumerate((15, 25)):
+        s.push(1, offset, t, f"b{offset}", now=0.0)
+    assert s.ready(now=0.0) == ["a0", "b0", "b1"]  # a1 (30) waits: partition 1 may still show a record before it
+    assert s.ready(now=1.0) == []
+    assert s.ready(now=2.0) == ["a1", "a2"]  # partition 1 caught up and quiet for 2 s
+
+
+def test_a_partition_that_is_not_caught_up_is_waited_for_then_passed_and_counted():
+    s = _sequencer(2, {0: 1, 1: 5}, max_hold_s=10.0)  # partition 1 has records on the broker not fetched yet
+    s.push(0, 0, 10, "a0", now=0.0)
+    assert s.ready(now=9.9) == []
+    assert s.ready(now=10.0) == ["a0"] and s.forced == 1
+
+
+def test_a_rebalance_forgets_what_is_held():
+    s = _sequencer(2)
+    s.push(0, 0, 10, "a0", now=0.0)
+    s.clear()
+    assert s.held == 0 and s.ready(now=100.0) == []
+
+
+def test_the_latest_time_leaves_out_events_later_than_the_cap():
+    raw = b'[{"ts": "2024-05-01T00:00:00Z"}, {"ts": "2024-05-02T00:00:00Z"}]'
+    first, second = 1714521600000000, 1714608000000000
+    assert latest_time(raw) == second
+    assert latest_time(raw, cap=first) == first
+    assert latest_time(b'{"ts": "2024-05-01T00:00:00Z", "seq": 1}') == first
+    assert latest_time(b'[{"ts": 3}]') is None and latest_time(None) is None
+
+
+def test_a_partition_sought_back_drops_what_comes_again_and_restarts_its_stream_time():
+    stored = {0: 5}
+    s = Sequencer(owned=lambda: frozenset({0}), start_clock=lambda p: stored.get(p), high_water=lambda p: None,
+                  quiet_s=2.0, max_hold_s=10.0)
+    for offset, t in enumerate((10, 40, 20)):
+        s.push(0, offset, t, f"a{offset}", now=0.0)
+    s.push(0, 1, 20, "a1 again", now=0.0)  # the guard rewound to offset 1: a1 and a2 come again, in order
+    assert [(key, item) for key, _, item in s.queues[0]] == [((10, 0, 0), "a0"), ((20, 0, 1), "a1 again")]
+    s.push(0, 0, 7, "a0 again", now=0.0)  # back to the start: the stored stream time again
+    assert [(key, item) for key, _, item in s.queues[0]] == [((7, 0, 0), "a0 again")]

@@ -119,7 +119,7 @@ def note_captured(captured: dict[str, list[tuple[int, str]]], units: Sequence[An
         captured.setdefault(u.agent, []).append((int(u.occurred_at.timestamp() * 1_000_000), u.memory_id))
         changed.add(u.agent)
     for agent in changed:
-        captured[agent] = sorted(set(map(tuple, captured[agent])))[-per_agent:]  # type: ignore[arg-type]
+        captured[agent] = sorted({(int(at), str(m)) for at, m in captured[agent]})[-per_agent:]
 
 
 def load_state(con: duckdb.DuckDBPyConnection) -> SleepState:

@@ -27,7 +27,8 @@ def test_up_supervises_the_otlp_receiver_and_the_mcp_server_unless_their_port_is
 
 
 def test_up_with_n_workers_supervises_n_named_worker_processes(monkeypatch, tmp_path: Path) -> None:
-    three = Settings.resolve(env={"SOMNUS_WORKERS": "3", "SOMNUS_OTLP_PORT": "0"}, home=tmp_path / "home")
+    three = Settings.resolve(env={"SOMNUS_WORKERS": "3", "SOMNUS_OTLP_PORT": "0", "SOMNUS_MCP_PORT": "0"},
+                             home=tmp_path / "home")
     assert roles_for(three) == ("projector", "worker", "worker-2", "worker-3")
     assert [role_of(n) for n in roles_for(three)] == ["projector", "worker", "worker", "worker"]
     with pytest.raises(ValueError, match="SOMNUS_WORKERS"):

@@ -143,7 +143,7 @@ def demo(sessions: int = typer.Option(300, "--sessions"), seed: int = typer.Opti
 
     s = settings(home)
     own_broker = s.bootstrap is None and broker.status(s) is None  # the demo starts it, so stops it
-    up(detach=True, home=home, db=None, bootstrap_=None)
+    up(detach=True, home=home, db=None, bootstrap_=None, workers=None)
     boot = bootstrap(s)
     n = publish(generate(sessions=sessions, seed=seed), boot, s.traces_topic)
     print(f"published {n} synthetic events of {sessions} sessions; waiting for the projections...")

@@ -454,8 +454,11 @@ class Distiller:
         skew_us = int(settings.max_clock_skew_s * 1_000_000)
 
         def time_of(msg: Any) -> int | None:
-            value = _keys(self.app).ring.open(msg.value)  # a sealed record whose key is not here yet: None
-            return latest_time(value, record_cap(msg.timestamp, skew_us) if skew_us > 0 else None)
+            try:  # the record's stream time only: a record that cannot be read is judged (dead-lettered) later
+                value = _keys(self.app).ring.open(msg.value)  # a sealed record whose key is not here yet: None
+                return latest_time(value, record_cap(msg.timestamp, skew_us) if skew_us > 0 else None)
+            except Exception:
+                return None
 
         return Ordered(self.app, settings.traces_topic, self.sessions, time_of)
 

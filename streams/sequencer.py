@@ -60,11 +60,12 @@ def latest_time(value: Any, cap: int | None = None) -> int | None:
     """
     if not isinstance(value, (bytes, bytearray)):
         return None
-    try:
+    try:  # any record, however hostile (nesting deep enough for RecursionError): the worker's
+        # dead-letter boundary judges it later, here it only moves no stream time
         items: Sequence[_Stamped] = _many.decode(value) if value.lstrip()[:1] == b"[" else [_one.decode(value)]
-    except (msgspec.DecodeError, ValueError):
+        times = [t for t in (micros(it.ts) for it in items if it.ts.tzinfo is not None) if not is_future(t, cap)]
+    except Exception:
         return None
-    times = [t for t in (micros(it.ts) for it in items if it.ts.tzinfo is not None) if not is_future(t, cap)]
     return max(times, default=None)
 
 

@@ -4,7 +4,9 @@ deliver the partitions' records in, and wherever the hand-overs fall, the same o
 from __future__ import annotations
 
 import random
+from datetime import datetime, timezone
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -91,3 +93,16 @@ def test_a_partition_sought_back_drops_what_comes_again_and_restarts_its_stream_
     assert [(key, item) for key, _, item in s.queues[0]] == [((10, 0, 0), "a0"), ((20, 0, 1), "a1 again")]
     s.push(0, 0, 7, "a0 again", now=0.0)  # back to the start: the stored stream time again
     assert [(key, item) for key, _, item in s.queues[0]] == [((7, 0, 0), "a0 again")]
+
+
+@pytest.mark.parametrize("value", [
+    b"[" * 100_000 + b"]" * 100_000,  # RecursionError in msgspec, not a DecodeError
+    b'{"ts": "2024-05-01T00:00:01Z", "x": ' + b"[" * 5_000 + b"]" * 5_000 + b"}",
+    b'{"ts": "\xff\xfe"}',  # invalid UTF-8
+    b'{"ts": "\\ud800"}',  # a lone surrogate
+    b'[{"ts": "9999-12-31T23:59:59Z"}]',
+    b"",
+])
+def test_a_hostile_record_moves_no_stream_time_and_raises_nothing(value: bytes) -> None:
+    got = latest_time(value, cap=int(datetime(2030, 1, 1, tzinfo=timezone.utc).timestamp() * 1_000_000))
+    assert got is None

@@ -76,7 +76,9 @@ class SemanticProjection:
         Returns how many, and the owners (scopes) whose memory changed."""
         events: list[tuple[SemanticEvent, int]] = []
         requests: list[dict[str, Any]] = []
-        sleeps: list[tuple[str, list[SemanticEvent]]] = []  # (sleep run id, what its consolidation removed)
+        # (sleep run id, the layers' sizes right after its consolidation, what that removed): counted at
+        # the request, not at the batch's end, where they would depend on where the batch was cut
+        sleeps: list[tuple[str, dict[str, int], list[SemanticEvent]]] = []
         for kind, rec in records:
             if kind == KIND_INGEST:
                 req = _ingest_decoder.decode(rec.value)
@@ -93,7 +95,8 @@ class SemanticProjection:
                 if preq.request_id is not None and preq.request_id.startswith(SLEEP_REQUEST_PREFIX):
                     consolidated = self.consolidate(preq.at)
                     made += consolidated
-                    sleeps.append((preq.request_id.removeprefix(SLEEP_REQUEST_PREFIX), consolidated))
+                    sleeps.append((preq.request_id.removeprefix(SLEEP_REQUEST_PREFIX), layer_sizes(self.layers),
+                                   consolidated))
             else:
                 continue
             events += [(ev, rec.offset) for ev in made]
@@ -102,8 +105,8 @@ class SemanticProjection:
                 con.execute("INSERT INTO semantic_requests SELECT * FROM frame")
         if events:
             self._insert(con, events)
-        for run_id, removed in sleeps:
-            _report_layers(con, run_id, removed, self.layers)
+        for run_id, sizes, removed in sleeps:
+            _report_layers(con, run_id, sizes, removed)
         return len(events), {ev.owner for ev, _ in events}
 
     def consolidate(self, at: datetime) -> list[SemanticEvent]:
@@ -199,16 +202,19 @@ def _delete_removed(con: duckdb.DuckDBPyConnection) -> None:
 SLEEP_REQUEST_PREFIX = "sleep:"  # + run id: the promotion request of a sleep run (projector, somnus sleep)
 
 
-def _report_layers(con: duckdb.DuckDBPyConnection, run_id: str, removed: Sequence[SemanticEvent],
-                   layers: Mapping[str, MemoryLayers]) -> None:
-    """The semantic layers' part of a sleep run (``sleep_layer_reports``): records after the run and
-    removed by consolidation, summed over owners. A table of its own, not a patch of the run's row in
-    ``sleep_runs``: the memory fold writes that row from another topic, so whether it exists yet
-    depends on how the topics interleave, which a replay does not repeat."""
-    per = {name: {"after": 0, "removed": 0} for name in ("atl", "angular_gyrus")}
-    for m in layers.values():
-        per["atl"]["after"] += len(m.atl)
-        per["angular_gyrus"]["after"] += len(m.ag)
+def layer_sizes(layers: Mapping[str, MemoryLayers]) -> dict[str, int]:
+    """Records in the ATL and the Angular Gyrus, summed over owners."""
+    return {"atl": sum(len(m.atl) for m in layers.values()),
+            "angular_gyrus": sum(len(m.ag) for m in layers.values())}
+
+
+def _report_layers(con: duckdb.DuckDBPyConnection, run_id: str, sizes: Mapping[str, int],
+                   removed: Sequence[SemanticEvent]) -> None:
+    """The semantic layers' part of a sleep run (``sleep_layer_reports``): records right after the run
+    (``sizes``) and removed by consolidation, summed over owners. A table of its own, not a patch of
+    the run's row in ``sleep_runs``: the memory fold writes that row from another topic, so whether it
+    exists yet depends on how the topics interleave, which a replay does not repeat."""
+    per = {name: {"after": sizes[name], "removed": 0} for name in ("atl", "angular_gyrus")}
     for ev in removed:
         if isinstance(ev, RecordRemoved) and ev.layer.value in per:
             per[ev.layer.value]["removed"] += 1

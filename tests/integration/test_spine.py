@@ -254,9 +254,12 @@ def test_replay_checksum_equals_live(pipeline_settings, tmp_path):
                              timeout=300)
         assert run.returncode == 0, run.stderr
         assert "time by stage: " in run.stdout and "decode " in run.stdout  # where the replay's time went
-        out = subprocess.run(cli + ["checksum", "--db", str(replay_db)], env=env, capture_output=True, text=True)
+        out = subprocess.run(cli + ["checksum", "--db", str(replay_db), "--json"], env=env, capture_output=True,
+                             text=True)
         assert out.returncode == 0, out.stderr
-        assert out.stdout.split()[0] == live["checksum"]
+        replayed = json.loads(out.stdout)
+        differ = {t: (live["tables"].get(t), v) for t, v in replayed["tables"].items() if live["tables"].get(t) != v}
+        assert replayed["checksum"] == live["checksum"], differ
         live_cli = subprocess.run(cli + ["checksum"], env=env, capture_output=True, text=True)
         assert live_cli.stdout.split()[0] == live["checksum"]
         assert live["tables"]["dead_letters"].startswith("2:")

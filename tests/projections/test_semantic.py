@@ -231,3 +231,25 @@ def test_a_sleeps_promotion_is_followed_by_atl_and_angular_gyrus_consolidation(t
     # replay: the layers rebuilt from the log are the live ones
     rebuilt = ReadModels(con).semantic.layers
     assert {o: snapshot(m) for o, m in rebuilt.items()} == {o: snapshot(m) for o, m in seen.semantic.layers.items()}
+
+
+def test_a_sleeps_layer_report_does_not_depend_on_where_the_batch_is_cut(tmp_path):
+    # A sleep's request followed by a promotion that adds concepts: one batch or two, the report counts
+    # the layers as the sleep left them (it once counted them at the batch's end: replay != live).
+    calls = [CallOutcome("pay", ok=k < 10 - 2 * d, at=T0 + timedelta(days=d, hours=k), episode_id=f"e{d}-{k}",
+                         agent="b" if k % 2 else "a") for d in range(6) for k in range(10)]
+    records = [_rec(0, PromotionRequested(owner="global", at=T0 + timedelta(days=7), request_id="sleep:run-1")),
+               _rec(1, PromotionRequested(owner="global", at=T0 + timedelta(days=7), calls=calls,
+                                          links=_request(None).links))]
+    reports = []
+    for cut in (2, 1):
+        con = duckdb.connect(str(tmp_path / f"cut{cut}.duckdb"))
+        schema.init(con)
+        seen = ReadModels(con)
+        for part in (records[:cut], records[cut:]):
+            if part:
+                apply_batch(con, TOPICS, part, load_offsets(con), 1 << 20, seen)
+        assert con.execute("SELECT count(*) FROM concepts").fetchone()[0] > 0  # the promotion did add some
+        reports.append(con.execute("SELECT layer, before, after, removed FROM sleep_layer_reports "
+                                   "ORDER BY layer").fetchall())
+    assert reports[0] == reports[1] == [("angular_gyrus", 0, 0, 0), ("atl", 0, 0, 0)]

@@ -122,6 +122,8 @@ def export_parquet(con: Any, dir: Any, tables: Any = None, since: Any = None) ->
             columns = known[table]
             day = day_column(columns)
             parts = (["agent"] if "agent" in dict(columns) else []) + (["day"] if day else [])
+            if not [c for c in dict(columns) if c not in parts]:  # (briefings_dirty: agent alone) a file
+                parts = []  # must keep one column: partitioned, it would have none and no reader opens it
             sql, params = _select(table, columns, day, after)
             reader = _arrow_reader(cur.sql(sql, params=params or None))
             rows = _write(reader, folder / table, parts, pa, ds, pq)

@@ -139,10 +139,10 @@ def pid_alive(pid: int) -> bool:
 
 
 def running(settings: Settings, name: str) -> int | None:
-    path = pidfile(settings, name)
-    if not path.exists():
+    try:  # the process may remove its pid file between a check and the read
+        pid = int(pidfile(settings, name).read_text())
+    except (FileNotFoundError, ValueError):  # gone, or half written
         return None
-    pid = int(path.read_text())
     return pid if pid_alive(pid) else None
 
 

@@ -115,3 +115,17 @@ def test_the_export_is_one_snapshot_while_a_writer_commits(tmp_path: Path) -> No
         assert m["tables"]["events"]["rows"] == 5 + 50 * max(0, upto - 100)
         assert parquet_rows(tmp_path / f"e{i}", "events") == m["tables"]["events"]["rows"]
     assert len(seen) > 1  # the writer did commit during the exports
+
+
+def test_a_table_of_its_partition_column_alone_is_written_whole_and_read_back(tmp_path: Path) -> None:
+    # briefings_dirty holds only `agent`: partitioned by it, its files would have no column, which
+    # DuckDB refuses to read ("Need at least one non-root column")
+    con = _db(tmp_path / "somnus.duckdb")
+    con.execute("INSERT INTO briefings_dirty VALUES ('scraper'), ('deployer')")
+    assert [c for c, _ in tables_of(con)["briefings_dirty"]] == ["agent"]
+    out = tmp_path / "export"
+    manifest = export_parquet(con, str(out), tables=["briefings_dirty"])
+    assert manifest["tables"]["briefings_dirty"]["partition_by"] == []
+    assert parquet_rows(out, "briefings_dirty") == 2
+    assert sorted(pl.read_parquet(out / "briefings_dirty" / "part-0.parquet")["agent"].to_list()) == ["deployer",
+                                                                                                     "scraper"]

@@ -201,7 +201,8 @@ def evaluate_locomo(path: Path, embed: Callable[[Sequence[str]], np.ndarray] | N
 
 def evaluate_locomo_pipeline(path: Path, k: int = 20, home: Path | None = None, log: Any = None,
                              timeout_s: float = 900.0, bootstrap: str | None = None,
-                             sleep_schedule: str = "off", dev: int | None = None) -> dict[str, Any]:
+                             sleep_schedule: str = "off", dev: int | None = None,
+                             without: Sequence[str] = ()) -> dict[str, Any]:
     """recall@k through the system itself: the importer's events are published to a fresh pipeline on
     the local broker (Faust worker -> memory topic -> projector capture fold), and every question is
     asked of the running projector's recall endpoint. ``somnus eval locomo``.
@@ -210,7 +211,8 @@ def evaluate_locomo_pipeline(path: Path, k: int = 20, home: Path | None = None, 
     scheduled sleep is off by default: it would prune the unaccessed turns older than 7 days of
     stream time, which is retention working as designed, not retrieval. Pass a cron expression to
     measure recall with sleep on (``somnus eval locomo --sleep-schedule '0 3 * * *'``). ``dev``: as
-    ``evaluate`` (``somnus eval locomo --dev 3``)."""
+    ``evaluate`` (``somnus eval locomo --dev 3``). ``without``: signals left out of the fusion (an
+    ablation: ``--without graph``)."""
     conversations = load_locomo(path)
     events = list(locomo(Path(path)))
     with isolated_pipeline(home, label="eval", log=log, bootstrap=bootstrap,
@@ -226,7 +228,8 @@ def evaluate_locomo_pipeline(path: Path, k: int = 20, home: Path | None = None, 
         db = Path(s.db_path)  # type: ignore[arg-type]
 
         def retrieve(q: Question) -> list[str]:
-            got = read(db, "recall", f"locomo-{q.sample_id}", query=q.question, k=k, record="false")
+            got = read(db, "recall", f"locomo-{q.sample_id}", query=q.question, k=k, record="false",
+                       without=",".join(without) or None)
             return [ref for h in got["hits"] for ref in h["refs"]]
 
         t1 = time.perf_counter()
@@ -237,7 +240,7 @@ def evaluate_locomo_pipeline(path: Path, k: int = 20, home: Path | None = None, 
         dreams = read(db, "sql", sql="SELECT count(*), " + ", ".join(
             f"coalesce(sum((report->>'{k}')::BIGINT), 0)" for k in DREAM_COUNTS) + " FROM sleep_runs")["rows"][0]
     report.update({"path": "import -> Kafka -> Faust worker -> memory topic -> projector capture -> HTTP recall",
-                   "sleep_schedule": sleep_schedule,
+                   "sleep_schedule": sleep_schedule, "without": list(without),
                    "events": len(events), "memories": counts[0], "merged": counts[1], "edges": counts[2],
                    "ingest_s": round(ingest_s, 1), "recall_ms_mean": round(1000 * asked_s / max(report["questions"], 1), 2),
                    "sleep": {"runs": dreams[0], **dict(zip(DREAM_COUNTS, dreams[1:]))}})

@@ -25,6 +25,8 @@ def eval_locomo(file: Path = typer.Argument(..., exists=True, dir_okay=False, he
                 dev: Optional[int] = typer.Option(
                     None, "--dev", min=0,
                     help="The first N conversations are the development half, the rest held out: both reported."),
+                without: Optional[str] = typer.Option(
+                    None, "--without", help="Signals left out of the fusion, comma-separated (e.g. graph)."),
                 home: Optional[Path] = HomeOpt, as_json: bool = JsonOpt, as_csv: bool = CsvOpt,
                 keep_broker_: bool = KeepBrokerOpt) -> None:
     """Evidence recall@1/5/10/20 at turn level, overall and per category (1-4), via broker, worker and projector."""
@@ -34,7 +36,7 @@ def eval_locomo(file: Path = typer.Argument(..., exists=True, dir_okay=False, he
     from somnus.evaluation import evaluate_locomo_pipeline
 
     report = evaluate_locomo_pipeline(file, k=k, home=home, log=Console(stderr=True), sleep_schedule=sleep_schedule,
-                                       dev=dev)
+                                       dev=dev, without=[x.strip() for x in (without or "").split(",") if x.strip()])
     if as_json:
         print(json.dumps(report))
         return

@@ -30,7 +30,7 @@ from somnus.schemas.agents import AgentSpec
 from somnus.processors.working.synopsis import SynopsisCache
 from somnus.projections.briefings import _from_row
 import json
-from somnus.processors.episodic.recall import recall
+from somnus.processors.episodic.recall import DEFAULT_WEIGHTS, SIGNALS, RecallConfig, recall
 from somnus.processors.episodic.recall import MIN_RELEVANCE, build_episodic_context
 from somnus.processors.briefing.generator import covers
 from somnus.processors.semantic.concepts import knowledge_context, record_agents
@@ -243,14 +243,23 @@ class ReadService:
             self.on_accessed(events)
 
     def recall(self, agent: str, query: Any = None, k: Any = None, explain: Any = None,
-               filters: Any = None, record: Any = None, user_id: Any = None) -> dict[str, Any]:
+               filters: Any = None, record: Any = None, user_id: Any = None, without: Any = None) -> dict[str, Any]:
         """The memories of the agent's scope chain that best answer ``query`` (fused retrieval): those of
         ``user_id`` and of no user (without ``user_id``: of no user), filtered before ranking.
 
         Each hit is recorded as an access (published on the memory topic) unless ``record`` is false
-        (evaluations and analysts' looks, which should not change what they measure)."""
+        (evaluations and analysts' looks, which should not change what they measure). ``without``:
+        signals left out of the fusion, comma-separated (an ablation: ``somnus eval locomo --without
+        graph``)."""
         if not query:
             raise BadRequest("parameter `query`: the text to recall memories for is required")
+        left_out = [x.strip() for x in str(without).split(",") if x.strip()] if without else []
+        unknown = sorted(set(left_out) - set(SIGNALS))
+        if unknown:
+            raise BadRequest(f"parameter `without`: not a signal: {', '.join(unknown)[:80]} "
+                             f"(signals: {', '.join(SIGNALS)})")
+        config = RecallConfig(weights={n: (0.0 if n in left_out else w) for n, w in DEFAULT_WEIGHTS.items()}
+                              ) if left_out else None
         try:
             wanted = json.loads(filters) if isinstance(filters, str) and filters else (filters or None)
         except ValueError:
@@ -258,7 +267,7 @@ class ReadService:
         if wanted is not None and not isinstance(wanted, dict):
             raise BadRequest("parameter `filters`: a JSON object such as {\"tool\": \"book_reservation\"}")
         got = recall(self._memory().index, str(query), agent, k=_int(k, "k", 10, hi=1000), filters=wanted,
-                     now=datetime.now(timezone.utc), agents=self.agents, user_id=_user(user_id))
+                     now=datetime.now(timezone.utc), agents=self.agents, user_id=_user(user_id), config=config)
         if str(record).lower() not in ("0", "false", "no"):
             self._accessed(got.accessed)
         show = str(explain).lower() in ("1", "true", "yes") if explain is not None else False

@@ -126,13 +126,20 @@ def recall_at_k(ranked: Sequence[str], evidence: Sequence[str], k: int) -> float
 
 
 def evaluate(conversations: Sequence[Conversation], retrieve: Callable[[Question], Sequence[str]],
-             ks: Sequence[int] = KS) -> dict[str, Any]:
-    """``{"questions": N, "recall@1": ..., ..., "by_category": {"1": {"questions": n, "recall@1": ...}}}``."""
+             ks: Sequence[int] = KS, dev: int | None = None) -> dict[str, Any]:
+    """``{"questions": N, "recall@1": ..., ..., "by_category": {"1": {"questions": n, "recall@1": ...}}}``.
+
+    ``dev``: the first ``dev`` conversations (in file order) are the development half, on which
+    constants may be chosen, the rest the held-out half; the report then has ``"dev"`` and
+    ``"held_out"``, each a report of its own conversations (questions, recall@k, by_category)."""
     per: dict[int, list[list[float]]] = {c: [] for c in CATEGORIES}
-    for conv in conversations:
+    half: dict[str, dict[int, list[list[float]]]] = {h: {c: [] for c in CATEGORIES} for h in ("dev", "held_out")}
+    for n, conv in enumerate(conversations):
         for q in conv.questions:
             ranked = list(retrieve(q))
-            per[q.category].append([recall_at_k(ranked, q.evidence, k) for k in ks])
+            row = [recall_at_k(ranked, q.evidence, k) for k in ks]
+            per[q.category].append(row)
+            half["dev" if dev is not None and n < dev else "held_out"][q.category].append(row)
     every = [row for rows in per.values() for row in rows]
 
     def summary(rows: list[list[float]]) -> dict[str, Any]:
@@ -144,6 +151,12 @@ def evaluate(conversations: Sequence[Conversation], retrieve: Callable[[Question
     report = summary(every)
     report["dropped"] = sum(c.dropped for c in conversations)
     report["by_category"] = {str(c): summary(per[c]) for c in CATEGORIES}
+    if dev is not None:
+        report["split"] = {"dev": [c.sample_id for c in conversations[:dev]],
+                           "held_out": [c.sample_id for c in conversations[dev:]]}
+        for h, rows in half.items():
+            report[h] = summary([row for r in rows.values() for row in r])
+            report[h]["by_category"] = {str(c): summary(rows[c]) for c in CATEGORIES}
     return report
 
 
@@ -188,7 +201,8 @@ def evaluate_locomo(path: Path, embed: Callable[[Sequence[str]], np.ndarray] | N
 
 def evaluate_locomo_pipeline(path: Path, k: int = 20, home: Path | None = None, log: Any = None,
                              timeout_s: float = 900.0, bootstrap: str | None = None,
-                             sleep_schedule: str = "off") -> dict[str, Any]:
+                             sleep_schedule: str = "off", dev: int | None = None,
+                             without: Sequence[str] = ()) -> dict[str, Any]:
     """recall@k through the system itself: the importer's events are published to a fresh pipeline on
     the local broker (Faust worker -> memory topic -> projector capture fold), and every question is
     asked of the running projector's recall endpoint. ``somnus eval locomo``.
@@ -196,7 +210,9 @@ def evaluate_locomo_pipeline(path: Path, k: int = 20, home: Path | None = None, 
     LoCoMo asks about a whole conversation (months of sessions) after all of it was heard, so
     scheduled sleep is off by default: it would prune the unaccessed turns older than 7 days of
     stream time, which is retention working as designed, not retrieval. Pass a cron expression to
-    measure recall with sleep on (``somnus eval locomo --sleep-schedule '0 3 * * *'``)."""
+    measure recall with sleep on (``somnus eval locomo --sleep-schedule '0 3 * * *'``). ``dev``: as
+    ``evaluate`` (``somnus eval locomo --dev 3``). ``without``: signals left out of the fusion (an
+    ablation: ``--without graph``)."""
     conversations = load_locomo(path)
     events = list(locomo(Path(path)))
     with isolated_pipeline(home, label="eval", log=log, bootstrap=bootstrap,
@@ -212,18 +228,19 @@ def evaluate_locomo_pipeline(path: Path, k: int = 20, home: Path | None = None, 
         db = Path(s.db_path)  # type: ignore[arg-type]
 
         def retrieve(q: Question) -> list[str]:
-            got = read(db, "recall", f"locomo-{q.sample_id}", query=q.question, k=k, record="false")
+            got = read(db, "recall", f"locomo-{q.sample_id}", query=q.question, k=k, record="false",
+                       without=",".join(without) or None)
             return [ref for h in got["hits"] for ref in h["refs"]]
 
         t1 = time.perf_counter()
-        report = evaluate(conversations, retrieve)
+        report = evaluate(conversations, retrieve, dev=dev)
         asked_s = time.perf_counter() - t1
         counts = read(db, "sql", sql="SELECT (SELECT count(*) FROM memories), (SELECT count(*) FROM memory_merges), "
                                      "(SELECT count(*) FROM memory_edges), (SELECT count(*) FROM events)")["rows"][0]
         dreams = read(db, "sql", sql="SELECT count(*), " + ", ".join(
             f"coalesce(sum((report->>'{k}')::BIGINT), 0)" for k in DREAM_COUNTS) + " FROM sleep_runs")["rows"][0]
     report.update({"path": "import -> Kafka -> Faust worker -> memory topic -> projector capture -> HTTP recall",
-                   "sleep_schedule": sleep_schedule,
+                   "sleep_schedule": sleep_schedule, "without": list(without),
                    "events": len(events), "memories": counts[0], "merged": counts[1], "edges": counts[2],
                    "ingest_s": round(ingest_s, 1), "recall_ms_mean": round(1000 * asked_s / max(report["questions"], 1), 2),
                    "sleep": {"runs": dreams[0], **dict(zip(DREAM_COUNTS, dreams[1:]))}})

@@ -22,6 +22,11 @@ def eval_locomo(file: Path = typer.Argument(..., exists=True, dir_okay=False, he
                 sleep_schedule: str = typer.Option(
                     "off", "--sleep-schedule",
                     help="Scheduled sleep during the run (cron on stream time); off: the whole conversation is kept."),
+                dev: Optional[int] = typer.Option(
+                    None, "--dev", min=0,
+                    help="The first N conversations are the development half, the rest held out: both reported."),
+                without: Optional[str] = typer.Option(
+                    None, "--without", help="Signals left out of the fusion, comma-separated (e.g. graph)."),
                 home: Optional[Path] = HomeOpt, as_json: bool = JsonOpt, as_csv: bool = CsvOpt,
                 keep_broker_: bool = KeepBrokerOpt) -> None:
     """Evidence recall@1/5/10/20 at turn level, overall and per category (1-4), via broker, worker and projector."""
@@ -30,12 +35,18 @@ def eval_locomo(file: Path = typer.Argument(..., exists=True, dir_okay=False, he
 
     from somnus.evaluation import evaluate_locomo_pipeline
 
-    report = evaluate_locomo_pipeline(file, k=k, home=home, log=Console(stderr=True), sleep_schedule=sleep_schedule)
+    report = evaluate_locomo_pipeline(file, k=k, home=home, log=Console(stderr=True), sleep_schedule=sleep_schedule,
+                                       dev=dev, without=[x.strip() for x in (without or "").split(",") if x.strip()])
     if as_json:
         print(json.dumps(report))
         return
     rows = [["all", report["questions"], *(report[f"recall@{n}"] for n in (1, 5, 10, 20))]]
     rows += [[c, v["questions"], *(v[f"recall@{n}"] for n in (1, 5, 10, 20))] for c, v in report["by_category"].items()]
+    for h in ("dev", "held_out") if dev is not None else ():
+        part = report[h]
+        rows.append([f"{h}: all", part["questions"], *(part[f"recall@{n}"] for n in (1, 5, 10, 20))])
+        rows += [[f"{h}: {c}", v["questions"], *(v[f"recall@{n}"] for n in (1, 5, 10, 20))]
+                 for c, v in part["by_category"].items()]
     show(["category", "questions", "recall@1", "recall@5", "recall@10", "recall@20"], rows,
          "LoCoMo evidence recall (turn level)", as_csv=as_csv)
 

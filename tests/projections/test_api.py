@@ -148,6 +148,21 @@ def test_every_route_answers_the_operator_200_with_its_json_shape(served: Served
     serve(served, body)
 
 
+def test_recall_without_a_signal_fuses_the_others_alone(served: Served) -> None:
+    """``without``: an ablation (``somnus eval locomo --without graph``); each hit's fused score is the
+    weighted reciprocal ranks of the signals left in."""
+    from somnus.processors.episodic.recall import DEFAULT_WEIGHTS, RRF_K
+
+    async def body(client: TestClient) -> None:
+        params = {"query": "search upstream", "user_id": "up", "explain": "true", "without": "lexical, graph"}
+        status, got = await call(client, route("recall"), served.operator, params)
+        assert status == 200 and got["hits"]
+        for h in got["hits"]:
+            left = sum(DEFAULT_WEIGHTS[n] / (RRF_K + r) for n, r in h["ranks"].items() if n not in ("lexical", "graph"))
+            assert h["score"] == pytest.approx(left, abs=1e-6)
+    serve(served, body)
+
+
 def test_no_token_401_another_agent_403_own_agent_200(served: Served) -> None:
     async def body(client: TestClient) -> None:
         for r in api.all_routes():
@@ -204,6 +219,7 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
     ("entities", {"limit": "-3"}, "limit"), ("history", {}, "entity"), ("recall", {}, "query"),
     ("recall", {"query": "q", "k": "1001"}, "k"), ("recall", {"query": "q", "filters": "{not json"}, "filters"),
     ("recall", {"query": "q", "filters": "[1, 2]"}, "filters"),
+    ("recall", {"query": "q", "without": "graph,gravity"}, "without"),
     ("recall", {"query": "q", "filters": "[" * 2000}, "nested too deep"),
     ("episodic_context", {"query": "q", "min_relevance": "2"}, "min_relevance"),
     ("episodic_context", {"query": "q", "success_only": "maybe"}, "success_only"),

@@ -63,6 +63,18 @@ def test_report_shape_and_numbers():
     json.dumps(report)
 
 
+def test_a_dev_split_reports_each_half_of_the_conversations():
+    two = [*convs(), Conversation("d", ("A", "B"), ["D1:1"], [Question("d", "q4", 1, ["D1:1"])], dropped=0)]
+    ranked = {"q1": ["D1:1", "D1:9", "D1:2"], "q2": ["D1:3"], "q3": ["D1:1"], "q4": ["D1:1"]}
+    report = evaluate(two, lambda q: ranked[q.question], dev=1)
+    assert report["split"] == {"dev": ["c"], "held_out": ["d"]}
+    assert report["dev"]["questions"] == 3 and report["held_out"]["questions"] == 1
+    assert report["dev"]["by_category"]["1"]["recall@1"] == 0.5
+    assert report["held_out"]["by_category"]["1"]["recall@1"] == 1.0
+    assert report["by_category"]["1"]["recall@1"] == 0.75
+    assert "dev" not in evaluate(two, lambda q: ranked[q.question])
+
+
 def test_loading_excludes_adversarial_questions_and_repairs_evidence(tmp_path):
     sample: dict[str, Any] = {"sample_id": "s", "conversation": {
         "speaker_a": "A", "speaker_b": "B", "session_1_date_time": "9:00 am on 2 June, 2023",

@@ -196,23 +196,6 @@ def ngram_fingerprints(tokens: Sequence[str], max_n: int = MAX_N) -> tuple[dict[
     return dict(Counter(words.tolist())), dict(Counter(_gram_array(words)[0].tolist()))
 
 
-_SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+")
-
-
-def question_share(text: str) -> float:
-    """The share of ``text``'s sentences that are questions (end with ``?``): 1 for a memory that only
-    asks, 0 for one that only tells. A question repeats the words of a later question about it, but
-    the answer is in what was told (recall discounts the asking, ``QUESTION_DISCOUNT``).
-
-    >>> question_share("What kind of books do you have?"), question_share("I read a lot. Do you?")
-    (1.0, 0.5)
-    >>> question_share("I play the clarinet!"), question_share("")
-    (0.0, 0.0)
-    """
-    sentences = [x for x in _SENTENCE_BREAK.split(text.strip()) if x]
-    return sum(1 for x in sentences if x.endswith("?")) / len(sentences) if sentences else 0.0
-
-
 def unit_text(unit: MemoryUnit) -> str:
     """The text a memory is found by: what it perceived, its goal, summary and lessons, and its tools."""
     parts = [unit.perception, unit.goal or "", unit.summary, " ".join(unit.lessons), " ".join(unit.tools)]
@@ -723,7 +706,6 @@ class MemoryIndex:
         self.doc_len = _Column(np.float32)  # unigram count: BM25's document length
         self.fp_count = _Column(np.int32)  # distinct fingerprints: fingerprint Jaccard's |D|
         self.importance = _Column(np.float32)
-        self.asks = _Column(np.float32)  # question_share of the memory's text
         self.access_count = _Column(np.int32)
         self.last_access = _Column(np.float64)  # 0: never
         self.long_term = _Column(np.bool_, False)
@@ -735,7 +717,7 @@ class MemoryIndex:
         # One row per memory in each; they grow together and add writes a row in place.
         self._rows = (self.occurred, self.scope_code, self.user_code, self.run_code, self.alive, self.compressed,
                       self.doc_len, self.fp_count, self.importance, self.access_count, self.last_access,
-                      self.long_term, self.prev, self.next, self.signatures, self.live_scope, self.asks)
+                      self.long_term, self.prev, self.next, self.signatures, self.live_scope)
         self.vectors: _Column | None = None
         self.scopes: dict[str, int] = {}
         self._scope_terms: list[np.uint64] = []  # per scope code: what it adds to a band key
@@ -879,7 +861,6 @@ class MemoryIndex:
         self.doc_len.data[i] = n_tokens
         self.fp_count.data[i] = an.fp_count
         self.importance.data[i] = unit.importance
-        self.asks.data[i] = question_share(unit.perception)
         self.signatures.data[i] = an.sig
         self.live += 1
         self.live_len += n_tokens

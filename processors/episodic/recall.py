@@ -27,9 +27,7 @@ mean score of its neighbours``.
   matches the query as a whole (BM25 over runs) is multiplied by up to ``1 + RUN_WEIGHT``; a
   memory of a person the query names (speaker, user, delegate) by ``1 + PERSON_BOOST`` (and the
   name leaves the lexical query: it says whose memory, not what); a memory from a date the query
-  names by up to ``1 + TIME_BOOST``; and a memory that asks rather than tells by
-  ``1 - QUESTION_DISCOUNT`` (0.3) x the share of its sentences that are questions (a question
-  repeats the words of a question about it; the answer is in the turn that tells);
+  names by up to ``1 + TIME_BOOST``;
 - *fingerprint*: Jaccard of the query's and the memory's uni/bi/trigram fingerprints;
 - *lsh*: the MinHash estimate of the situation similarity (LSH candidates and lexical ones);
 - *graph*: spreading activation from the best lexical candidates over the associative graph;
@@ -293,7 +291,6 @@ WINDOW_WEIGHT = 0.5  # weight of the BM25 of the memory read together with its r
 RUN_WEIGHT = 1.0  # lexical x (1 + RUN_WEIGHT x the run's BM25 / the best run's)
 PERSON_BOOST = 1.0  # lexical x 2 for memories of a person the query names
 TIME_BOOST = 1.0  # lexical x (1 + TIME_BOOST x time_match)
-QUESTION_DISCOUNT = 0.3  # lexical x (1 - QUESTION_DISCOUNT x the share of its sentences that ask)
 RRF_K = 10  # lexical leads: a small k keeps its top ranks apart (k = 60 cost 0.06 recall@1 on LoCoMo)
 GRAPH_SEEDS = 10  # the best lexical candidates seed spreading activation
 EMBEDDING_CANDIDATES = 200  # nearest vectors that join the candidates
@@ -313,7 +310,6 @@ class RecallConfig:
     run_weight: float = RUN_WEIGHT
     person_boost: float = PERSON_BOOST
     time_boost: float = TIME_BOOST
-    question_discount: float = QUESTION_DISCOUNT
     rrf_k: int = RRF_K
     weights: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_WEIGHTS))
     graph_seeds: int = GRAPH_SEEDS
@@ -656,10 +652,6 @@ def _lexical(index: MemoryIndex, lexical_tokens: Sequence[str], all_tokens: Sequ
         score *= 1.0 + cfg.person_boost * pm[allc]
     if hints and cfg.time_boost:
         score *= 1.0 + cfg.time_boost * np.asarray(time_match(hints, index.occurred.data[allc]))
-    if cfg.question_discount:
-        # A memory that asks repeats the words of a question about it; the answer is what was told.
-        # Its own BM25 has already flowed to its neighbours (the reply beside it keeps that share).
-        score *= 1.0 - cfg.question_discount * index.asks.data[allc].astype(np.float64)
     pos_ = score > 0
     return allc[pos_].astype(np.int64), score[pos_], *fp
 

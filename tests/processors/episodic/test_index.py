@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from somnus.processors.episodic.index import IndexConfig, MemoryIndex, question_share, tokenize
+from somnus.processors.episodic.index import MemoryIndex, tokenize
 from somnus.schemas.memory import MemoryKind, MemoryUnit
 
 T0 = datetime(2024, 5, 15, 9, 0, tzinfo=timezone.utc)
@@ -228,19 +228,3 @@ def test_remove_many_is_remove_one_by_one(case: Any) -> None:
     dead = set(rows)
     assert len(one) == len(units) - len(dead)
     assert all(dead.isdisjoint((i, *nbrs)) for i, nbrs in one.graph.items())
-
-
-@pytest.mark.parametrize(("text", "share"), [
-    ("What kind of books do you have?", 1.0), ("I read a lot. Do you?", 0.5), ("Wow! Really? Tell me more.", 1 / 3),
-    ("I play the clarinet!", 0.0), ("", 0.0), ("   ", 0.0),
-])
-def test_question_share_is_the_share_of_sentences_that_ask(text, share):
-    assert question_share(text) == pytest.approx(share)
-
-
-def test_the_index_keeps_each_memorys_question_share():
-    ix = MemoryIndex(IndexConfig())
-    for i, text in enumerate(["Do you like books?", "I do."]):
-        ix.add(MemoryUnit(memory_id=f"m{i}", kind=MemoryKind.MESSAGE, agent="a", scope="agent:a", run_id="s",
-                          position=i, occurred_at=datetime(2024, 1, 1, tzinfo=timezone.utc), perception=text))
-    assert ix.asks.view.tolist() == [1.0, 0.0]

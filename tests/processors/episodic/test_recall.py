@@ -52,7 +52,7 @@ from somnus.schemas.agents import AgentSpec
 
 T0 = datetime(2024, 5, 15, 9, 0, tzinfo=timezone.utc)
 LEXICAL_ONLY = {"lexical": 1.0}
-PLAIN_BM25 = RecallConfig(context_weight=0, window_weight=0, run_weight=0, person_boost=0, time_boost=0, question_discount=0,
+PLAIN_BM25 = RecallConfig(context_weight=0, window_weight=0, run_weight=0, person_boost=0, time_boost=0,
                           weights=LEXICAL_ONLY)
 
 
@@ -541,23 +541,6 @@ def test_a_memory_from_a_named_date_is_boosted():
     r = recall(ix, "Which team did he sign with on 21 May, 2023?", "a", now=T0, config=cfg)
     got = {h.memory_id: h.signals["lexical"] for h in r.hits}
     assert ids(r) == ["new", "old"] and got["new"] == pytest.approx(got["old"] * 2.0 / 1.2)  # named day / same year
-
-
-def test_a_memory_that_asks_is_discounted_by_the_share_of_its_questions():
-    assert R.QUESTION_DISCOUNT == 0.3 and RecallConfig().question_discount == 0.3
-    msgs = conversation([("bo", "Which books do you like?"), ("ana", "I like books about whales and the sea."),
-                         ("bo", "Books are great. Any others?")])
-    ix = index_of(*msgs)
-    plain = {h.memory_id: h.signals["lexical"] for h in recall(ix, "books", "a", now=T0, config=PLAIN_BM25).hits}
-    asking = RecallConfig(context_weight=0, window_weight=0, run_weight=0, person_boost=0, time_boost=0,
-                          weights=LEXICAL_ONLY, question_discount=0.3)
-    got = {h.memory_id: h.signals["lexical"] for h in recall(ix, "books", "a", now=T0, config=asking).hits}
-    assert got == pytest.approx({"s1-0": 0.7 * plain["s1-0"], "s1-1": plain["s1-1"], "s1-2": 0.85 * plain["s1-2"]})
-    # With every default: the shorter question outranked the longer answer before; the answer leads now.
-    ix = index_of(*conversation([("bo", "Which books do you like?"),
-                                 ("ana", "I like old books about whales and the sea, and the ships that sail on it.")]))
-    assert ids(recall(ix, "Which books?", "a", now=T0, config=RecallConfig(question_discount=0))) == ["s1-0", "s1-1"]
-    assert ids(recall(ix, "Which books?", "a", now=T0)) == ["s1-1", "s1-0"]
 
 
 def test_fingerprint_signal_is_the_jaccard_of_fingerprint_sets():

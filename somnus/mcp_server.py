@@ -212,6 +212,17 @@ def build(memory: Memory) -> Any:
         return await call(ctx, "advise", agent, task=task, user_id=user_id)
 
     @server.tool(structured_output=False)
+    async def goals(agent: str, ctx: Context, user_id: str | None = None) -> str:
+        """The agent's open goals and their forward prediction error (1: nothing it remembers is near the goal)."""
+        return await call(ctx, "goals", agent, user_id=user_id)
+
+    @server.tool(structured_output=False)
+    async def wander(agent: str, ctx: Context, steps: int = 10, seed: int = 0, user_id: str | None = None) -> str:
+        """A walk over the agent's memories by information gain (under-explored, uncertain, goal-adjacent,
+        stale, random), each step with why it was taken: for exploring what the agent has not looked at."""
+        return await call(ctx, "wander", agent, steps=steps, seed=seed, user_id=user_id)
+
+    @server.tool(structured_output=False)
     async def remember(agent: str, note: str, ctx: Context, user_id: str | None = None) -> str:
         """Write an explicit note to the agent's memory (published through Kafka; recallable once projected)."""
         try:

@@ -47,7 +47,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from somnus.processors.episodic.index import MemoryIndex, unit_text
-from somnus.processors.episodic.recall import Hit, recall, task_similarity
+from somnus.processors.episodic.recall import Hit, Recall, recall, task_similarity
+from somnus.schemas.memory import MEMORY_SCHEMA_VERSION, MemoryAccessed
 
 NEAREST_CANDIDATES = 50  # recall hits of a goal's text compared with it
 GOAL_ADJACENT = 0.25  # belief score from which a memory is goal-adjacent
@@ -134,6 +135,22 @@ def goal_bias(hits: Sequence[Hit], adjacency: Mapping[str, float], pull: float, 
     scored = [(h.score * (1.0 + weight * pull * adjacency.get(h.memory_id, 0.0)), n, h) for n, h in enumerate(hits)]
     scored.sort(key=lambda x: (-x[0], x[1]))
     return [dataclasses.replace(h, rank=r, score=s) for r, (s, _, h) in enumerate(scored, 1)]
+
+
+def goal_recall(index: MemoryIndex, query: str, agent: str, k: int, goals: Sequence[Goal], pull: float, *,
+                now: datetime, agents: Mapping[str, object] | None = None,
+                filters: Mapping[str, object] | None = None, user_id: str | None = None) -> Recall:
+    """``recall``, then ``goal_bias`` towards ``goals`` (the agent's open goals, ``pull`` their highest
+    forward PE). Recall is asked for twice ``k`` so a goal-adjacent memory just below the top ``k`` can
+    rise into it; the accesses are those of the hits returned. No goal, or no pull: ``recall`` itself."""
+    if not goals or pull <= 0:
+        return recall(index, query, agent, k, filters, now=now, agents=agents, user_id=user_id)
+    got = recall(index, query, agent, min(2 * k, 1000), filters, now=now, agents=agents, user_id=user_id)
+    adjacency = goal_adjacency(index, goals, now=now, agents=agents)
+    hits = goal_bias(got.hits, adjacency, pull)[:k]
+    accessed = [MemoryAccessed(schema_version=MEMORY_SCHEMA_VERSION, memory_id=h.memory_id, agent=agent,
+                               query=query[:200], rank=h.rank, score=round(h.score, 9), accessed_at=now) for h in hits]
+    return dataclasses.replace(got, hits=hits, accessed=accessed)
 
 
 # ---- wander ---------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ The open goals are held in memory, reloaded from the table at start and after a 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -20,8 +20,9 @@ import msgspec
 import pyarrow as pa
 
 from somnus.processors.episodic.capture import MemoryState
-from somnus.processors.episodic.goals import Goal, forward_pe
+from somnus.processors.episodic.goals import ForwardPE, Goal, closer, forward_pe
 from somnus.projections.frames import registered
+from somnus.schemas.memory import MemoryUnit
 from somnus.schemas.goals import KIND_GOAL_CLOSED, KIND_GOAL_SET, GoalClosed, GoalSet, GoalStatus
 
 KINDS = (KIND_GOAL_SET, KIND_GOAL_CLOSED)
@@ -31,11 +32,11 @@ _closed_decoder = msgspec.json.Decoder(GoalClosed)
 
 
 class GoalsProjection:
-    """The open goals (goal id -> (goal, forward PE, nearest memory)) and the rows of this batch."""
+    """The open goals (goal id -> (goal, its forward PE)) and the rows of this batch."""
 
     def __init__(self, con: duckdb.DuckDBPyConnection, agents: Mapping[str, Any] | None = None) -> None:
         self.agents = dict(agents or {})
-        self.open: dict[str, tuple[Goal, float, str | None]] = {}
+        self.open: dict[str, tuple[Goal, ForwardPE]] = {}
         self.rows: list[dict[str, Any]] = []
         self.next_ord = 0
         self.reload(con)
@@ -45,7 +46,8 @@ class GoalsProjection:
         self.next_ord = con.execute("SELECT coalesce(max(ord) + 1, 0) FROM goals").fetchone()[0]  # type: ignore[index]
         latest = con.execute("SELECT goal_id, agent, text, user_id, status, forward_pe, nearest_id FROM goals "
                              "QUALIFY row_number() OVER (PARTITION BY goal_id ORDER BY ord DESC) = 1").fetchall()
-        self.open = {g: (Goal(g, a, t, u), pe, near) for g, a, t, u, st, pe, near in latest if st == GoalStatus.OPEN.value}
+        self.open = {g: (Goal(g, a, t, u), ForwardPE(g, pe, near, round(1.0 - pe, 6)))
+                     for g, a, t, u, st, pe, near in latest if st == GoalStatus.OPEN.value}
 
     def fold(self, state: MemoryState, kind: bytes | None, raw: bytes, offset: int) -> None:
         """Apply one goal record (``kind`` one of ``KINDS``) at its place in the memory topic."""
@@ -55,33 +57,35 @@ class GoalsProjection:
                 return
             goal = Goal(req.goal_id, req.agent, req.text, req.user_id)
             got = forward_pe(state.index, goal, now=req.at, agents=self.agents)
-            self.open[goal.goal_id] = (goal, got.forward_pe, got.nearest_id)
-            self._row(goal, GoalStatus.OPEN, got.forward_pe, got.nearest_id, req.at, offset, req.set_by)
+            self.open[goal.goal_id] = (goal, got)
+            self._row(goal, GoalStatus.OPEN, got, req.at, offset, req.set_by)
             return
         done = _closed_decoder.decode(raw)
-        held = self.open.pop(done.goal_id, None)
-        if held is not None and held[0].agent == done.agent:
-            goal, pe, near = held
-            self._row(goal, done.status, pe, near, done.at, offset, "")
-        elif held is not None:  # another agent's goal of that id: it stays open
-            self.open[done.goal_id] = held
+        held = self.open.get(done.goal_id)
+        if held is not None and held[0].agent == done.agent:  # another agent's goal of that id stays open
+            del self.open[done.goal_id]
+            self._row(held[0], done.status, held[1], done.at, offset, "")
 
-    def remeasure(self, state: MemoryState, agents: set[str], now: datetime, offset: int) -> None:
-        """New memories of ``agents`` were captured: measure the open goals again (a row if one moved).
-        Every open goal is measured: a memory in a team or global scope may bring another agent's
-        goal closer."""
-        if not agents:
-            return
-        for goal_id, (goal, pe, near) in sorted(self.open.items()):
-            got = forward_pe(state.index, goal, now=now, agents=self.agents)
-            if got.forward_pe != pe or got.nearest_id != near:
-                self.open[goal_id] = (goal, got.forward_pe, got.nearest_id)
-                self._row(goal, GoalStatus.OPEN, got.forward_pe, got.nearest_id, now, offset, "")
+    def remeasure(self, state: MemoryState, stored: Sequence[MemoryUnit], now: datetime, offset: int) -> None:
+        """New memories were stored: each open goal they bring closer gets a row (``closer``). A goal
+        whose nearest memory is gone (slept away, forgotten) is measured again in full."""
+        ix = state.index
+        for goal_id, (goal, pe) in sorted(self.open.items()):
+            near = pe.nearest_id
+            if near is not None and (near not in ix.pos or not ix.alive.data[ix.pos[near]]):
+                got = forward_pe(ix, goal, now=now, agents=self.agents)
+            elif stored:
+                got = closer(ix, goal, pe, stored, self.agents)
+            else:
+                continue
+            if got != pe:
+                self.open[goal_id] = (goal, got)
+                self._row(goal, GoalStatus.OPEN, got, now, offset, "")
 
-    def _row(self, goal: Goal, status: GoalStatus, pe: float, near: str | None, at: datetime, offset: int,
-             set_by: str) -> None:
+    def _row(self, goal: Goal, status: GoalStatus, pe: ForwardPE, at: datetime, offset: int, set_by: str) -> None:
         self.rows.append({"ord": self.next_ord, "goal_id": goal.goal_id, "agent": goal.agent, "text": goal.text,
-                          "user_id": goal.user_id, "status": status.value, "forward_pe": pe, "nearest_id": near,
+                          "user_id": goal.user_id, "status": status.value, "forward_pe": pe.forward_pe,
+                          "nearest_id": pe.nearest_id,
                           "changed_at": at, "set_by": set_by, "src_offset": offset})
         self.next_ord += 1
 
@@ -97,7 +101,7 @@ class GoalsProjection:
     def pull(self, agent: str, user_id: str | None) -> tuple[list[Goal], float]:
         """The open goals of ``agent`` a reader acting for ``user_id`` may see (its own and user-less
         ones), and their highest forward PE: how hard they pull recall."""
-        mine = [(g, pe) for g, pe, _ in self.open.values() if g.agent == agent and g.user_id in (None, user_id)]
+        mine = [(g, pe.forward_pe) for g, pe in self.open.values() if g.agent == agent and g.user_id in (None, user_id)]
         return [g for g, _ in sorted(mine, key=lambda x: x[0].goal_id)], max((pe for _, pe in mine), default=0.0)
 
 

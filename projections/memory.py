@@ -154,6 +154,7 @@ class MemoryProjection:
                     req = _sleep_decoder.decode(raw)
                     events += [(ev, rec.offset) for ev in self.sleep.run(self.state, req.at, SleepTrigger.ON_DEMAND,
                                                                           rec.offset, con)]
+                    self.goals.remeasure(self.state, [], req.at, rec.offset)  # a nearest memory may be gone
                 continue
             units = _units_decoder.decode(raw)
             if self.sleep is not None and units:  # fire times passed in stream time: sleep first
@@ -165,7 +166,8 @@ class MemoryProjection:
                 self.sleep.observe(units, _record_time(rec))  # then the scopes' stream times move on
             _, decided = capture(self.state, units, _ts(rec, units))
             events += [(ev, rec.offset) for ev in at_event_time(decided)]
-            self.goals.remeasure(self.state, {u.agent for u in units}, _ts(rec, units), rec.offset)
+            stored = [ev.unit for ev in decided if isinstance(ev, CaptureDecided) and ev.action is CaptureAction.STORED]
+            self.goals.remeasure(self.state, stored, _ts(rec, units), rec.offset)
             if self.oscillators is not None:
                 self._observe_rhythms(units, rec.offset)
         if self.sleep is not None:

@@ -47,8 +47,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from somnus.processors.episodic.index import MemoryIndex, unit_text
-from somnus.processors.episodic.recall import Hit, Recall, recall, task_similarity
-from somnus.schemas.memory import MEMORY_SCHEMA_VERSION, MemoryAccessed
+from somnus.processors.episodic.recall import Hit, Recall, allowed_scopes, recall, task_similarity
+from somnus.schemas.memory import MEMORY_SCHEMA_VERSION, MemoryAccessed, MemoryUnit
 
 NEAREST_CANDIDATES = 50  # recall hits of a goal's text compared with it
 GOAL_ADJACENT = 0.25  # belief score from which a memory is goal-adjacent
@@ -107,6 +107,30 @@ def forward_pe(index: MemoryIndex, goal: Goal, *, now: datetime, agents: Mapping
         if score > best:
             best_id, best = memory_id, score
     return ForwardPE(goal.goal_id, round(1.0 - best, 6), best_id, round(best, 6))
+
+
+def closer(index: MemoryIndex, goal: Goal, current: ForwardPE, stored: Sequence[MemoryUnit],
+           agents: Mapping[str, object] | None = None) -> ForwardPE:
+    """``current`` after new memories were stored: the best of them the goal's agent (and user) may read
+    becomes the nearest belief if it scores higher. Exact and cheap (no recall), so the fold can run
+    it for every open goal after every record; the nearest memory is only ever replaced by a closer one.
+
+    >>> from datetime import datetime, timezone
+    >>> from somnus.schemas.memory import MemoryKind
+    >>> u = MemoryUnit(memory_id="m", kind=MemoryKind.EPISODE, agent="a", scope="agent:a", run_id="r",
+    ...                occurred_at=datetime(2024, 5, 1, tzinfo=timezone.utc), perception="refund the order")
+    >>> closer(MemoryIndex(), Goal("g", "a", "refund order"), ForwardPE("g", 1.0, None, 0.0), [u]).nearest_id
+    'm'
+    """
+    scopes = set(allowed_scopes(goal.agent, agents))
+    goal_tokens = set(index.tokenize(goal.text))
+    best = current
+    for u in stored:
+        if u.scope in scopes and u.user_id in (None, goal.user_id):
+            score = round(belief_score(goal_tokens, set(index.tokenize(unit_text(u)))), 6)
+            if score > best.nearest_score:
+                best = ForwardPE(goal.goal_id, round(1.0 - score, 6), u.memory_id, score)
+    return best
 
 
 def goal_adjacency(index: MemoryIndex, goals: Sequence[Goal], *, now: datetime,

@@ -162,3 +162,17 @@ def test_the_wander_route_walks_the_readers_memories_with_reasons(tmp_path):
     assert svc.wander("a", seed="3") == got
     with pytest.raises(NotFound):
         svc.wander("a", start="m4")
+
+
+def test_a_goal_whose_nearest_memory_is_forgotten_is_measured_again(tmp_path):
+    con = duckdb.connect(str(tmp_path / "n.duckdb"))
+    schema.init(con)
+    seen = ReadModels(con)
+    apply_batch(con, TOPICS, stream()[:4], load_offsets(con), 1 << 20, seen)  # m3 brings g1 close
+    forget = Rec("facts", 0, 0, encode(ForgetRequested(request_id="r1", subject=ForgetSubject.SESSION, value="m3",
+                                                      at=T0)), headers=[("somnus-kind", KIND_FORGET)])
+    apply_batch(con, TOPICS, [forget], load_offsets(con), 1 << 20, seen)
+    apply_batch(con, TOPICS, [Rec("memory", 0, 4, encode([unit("m9", "weekly chatter", minutes=9)]),
+                                  headers=[("somnus-kind", KIND_UNITS)])], load_offsets(con), 1 << 20, seen)
+    rows = con.execute("SELECT forward_pe, nearest_id FROM goals ORDER BY ord").fetchall()
+    assert rows[-1] == (1.0, None) and len(rows) == 3

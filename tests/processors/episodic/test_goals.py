@@ -153,3 +153,21 @@ def test_wander_visits_only_the_readers_memories_and_starts_at_the_best_one():
     assert walk[0].memory_id == "z" and walk[0].hop == "start"
     assert "secret" not in {s.memory_id for s in walk}
     assert all(0.0 <= s.serendipity <= G.RANDOM for s in walk)
+
+
+def test_closer_takes_only_a_closer_readable_memory_and_agrees_with_a_full_measure():
+    from somnus.processors.episodic.goals import ForwardPE, closer
+
+    ix = index_of(*UNRELATED)
+    start = forward_pe(ix, GOAL, now=T0)
+    match = unit("m4", "migrated the billing database to postgres")
+    others = [unit("x", "migrate the billing database to postgres", agent="b"),
+              unit("y", "migrate the billing database to postgres", user_id="u2")]
+    assert closer(ix, GOAL, start, others) == start  # another agent's, another user's: never nearer
+    for u in (match, *others):
+        ix.add(u)
+    got = closer(ix, GOAL, start, [match, *others])
+    assert got == forward_pe(ix, GOAL, now=T0) and got.nearest_id == "m4"
+    weaker = unit("m5", "billing notes")
+    assert closer(ix, GOAL, got, [weaker]) == got  # only ever replaced by a closer one
+    assert closer(ix, GOAL, ForwardPE("g1", 1.0, None, 0.0), [weaker]).nearest_id == "m5"

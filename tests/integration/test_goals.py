@@ -4,8 +4,6 @@ over HTTP (`goal list`, `wander`, recall), `goal done`, and a replay that folds 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -19,14 +17,7 @@ pytestmark = pytest.mark.integration
 def test_a_goal_set_by_the_cli_is_measured_read_closed_and_replayed(pipeline_settings, tmp_path):
     p = Pipeline(pipeline_settings)
     db = p.s.db_path
-    env = {**p.s.as_env(), "KAFKA_BOOTSTRAP": p.boot}
-    cli = [sys.executable, "-m", "somnus.cli"]
-
-    def run(*args: str) -> str:
-        got = subprocess.run(cli + list(args), env=env, capture_output=True, text=True, timeout=120)
-        assert got.returncode == 0, got.stderr
-        return got.stdout
-
+    run = p.cli
     try:
         p.start_all()
         p.publish(list(generate(sessions=120, seed=5)))

@@ -63,3 +63,4 @@ def test_goal_list_and_wander_read_a_projected_file(tmp_path: Path) -> None:
     assert sorted(s["memory_id"] for s in steps) == ["m1", "m2", "m3"] and steps[0]["hop"] == "start"
     run = CliRunner().invoke(app, ["wander", "--agent", "a", "--seed", "1", *db])
     assert run.exit_code == 0 and "wander for a (seed 1)" in run.output
+

@@ -19,7 +19,7 @@ from somnus.schemas.codec import decode_record
 
 NOW = datetime(2026, 11, 26, 12, tzinfo=timezone.utc)
 TOOLS = {"recall", "briefing", "context", "predict", "facts", "episodic_context", "rhythms", "advise", "remember",
-         "goals", "wander"}
+         "goals", "wander", "goal_set"}
 
 
 class FakeMemory(Memory):
@@ -80,6 +80,32 @@ def test_remember_writes_only_for_the_tokens_agent(principal: Principal | None, 
     else:
         got = anyio.run(memory.remember, None, agent, "a note", user)
         assert got["events"] == 3 and {e["agent"] for e in memory.published} == {agent}
+
+
+@pytest.mark.parametrize(("principal", "agent", "user", "text", "error"), [
+    (Principal(token_id="t", agent="support"), "support", None, "answer refunds within a day", None),
+    (Principal(token_id="t", agent="support", user="u1"), "support", None, "answer refunds", None),
+    (Principal(token_id="t", agent="support"), "billing", None, "x", "'support' only"),
+    (Principal(token_id="t", agent="support", user="u1"), "support", "u2", "x", "user 'u1' only"),
+    (Principal(token_id="t", agent="support"), "support", None, "  ", "argument `text`"),
+    (None, "support", None, "x", "valid token"),
+])
+def test_goal_set_writes_only_for_the_tokens_agent_and_user(principal: Principal | None, agent: str,
+                                                             user: str | None, text: str, error: str | None) -> None:
+    memory = FakeMemory({"tok": principal} if principal else {}, "tok")
+    goals: list[tuple[Any, ...]] = []
+
+    async def publish_goal(*args: Any) -> None:
+        goals.append(args)
+
+    memory.publish_goal = publish_goal
+    if error:
+        with pytest.raises(McpRefused, match=error):
+            anyio.run(memory.set_goal, None, agent, text, user)
+        assert goals == []
+    else:
+        got = anyio.run(memory.set_goal, None, agent, text, user)
+        assert goals == [(agent, text, principal.user if principal else None, got["goal_id"])]
 
 
 def test_a_user_bound_token_stamps_its_user_on_the_note() -> None:

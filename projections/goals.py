@@ -43,6 +43,11 @@ class GoalsProjection:
 
     def reload(self, con: duckdb.DuckDBPyConnection) -> None:
         self.rows.clear()
+        self.open, self.next_ord = {}, 0
+        try:
+            con.execute("SELECT 1 FROM goals LIMIT 0")
+        except duckdb.CatalogException:  # a file made before goals, opened read-only: it has none
+            return
         self.next_ord = con.execute("SELECT coalesce(max(ord) + 1, 0) FROM goals").fetchone()[0]  # type: ignore[index]
         latest = con.execute("SELECT goal_id, agent, text, user_id, status, forward_pe, nearest_id FROM goals "
                              "QUALIFY row_number() OVER (PARTITION BY goal_id ORDER BY ord DESC) = 1").fetchall()

@@ -176,3 +176,14 @@ def test_a_goal_whose_nearest_memory_is_forgotten_is_measured_again(tmp_path):
                                   headers=[("somnus-kind", KIND_UNITS)])], load_offsets(con), 1 << 20, seen)
     rows = con.execute("SELECT forward_pe, nearest_id FROM goals ORDER BY ord").fetchall()
     assert rows[-1] == (1.0, None) and len(rows) == 3
+
+
+def test_a_file_made_before_goals_reads_as_having_none(tmp_path):
+    from somnus.projections.goals import GoalsProjection
+
+    con = duckdb.connect(str(tmp_path / "old.duckdb"))
+    schema.init(con)
+    con.execute("DROP TABLE goals")
+    con.close()
+    old = duckdb.connect(str(tmp_path / "old.duckdb"), read_only=True)
+    assert GoalsProjection(old).pull("a", None) == ([], 0.0)

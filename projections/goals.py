@@ -20,7 +20,7 @@ import msgspec
 import pyarrow as pa
 
 from somnus.processors.episodic.capture import MemoryState
-from somnus.processors.episodic.goals import ForwardPE, Goal, closer, forward_pe
+from somnus.processors.episodic.goals import ForwardPE, Goal, closer, forward_pe, measured
 from somnus.projections.frames import registered
 from somnus.schemas.memory import MemoryUnit
 from somnus.schemas.goals import KIND_GOAL_CLOSED, KIND_GOAL_SET, GoalClosed, GoalSet, GoalStatus
@@ -51,7 +51,7 @@ class GoalsProjection:
         self.next_ord = con.execute("SELECT coalesce(max(ord) + 1, 0) FROM goals").fetchone()[0]  # type: ignore[index]
         latest = con.execute("SELECT goal_id, agent, text, user_id, status, forward_pe, nearest_id FROM goals "
                              "QUALIFY row_number() OVER (PARTITION BY goal_id ORDER BY ord DESC) = 1").fetchall()
-        self.open = {g: (Goal(g, a, t, u), ForwardPE(g, pe, near, round(1.0 - pe, 6)))
+        self.open = {g: (Goal(g, a, t, u), measured(g, near, 1.0 - pe))
                      for g, a, t, u, st, pe, near in latest if st == GoalStatus.OPEN.value}
 
     def fold(self, state: MemoryState, kind: bytes | None, raw: bytes, offset: int) -> None:

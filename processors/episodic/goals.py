@@ -82,6 +82,17 @@ class ForwardPE:
     nearest_score: float
 
 
+def measured(goal_id: str, nearest_id: str | None, score: float) -> ForwardPE:
+    """A goal's forward PE from its nearest belief score, rounded once (to 6 places): the score is
+    ``1 - forward PE`` exactly, so a fold restarted from the stored forward PE compares the same.
+
+    >>> measured("g", "m", 0.3333333333)
+    ForwardPE(goal_id='g', forward_pe=0.666667, nearest_id='m', nearest_score=0.333333)
+    """
+    pe = round(1.0 - score, 6)
+    return ForwardPE(goal_id, pe, nearest_id if score > 0 else None, round(1.0 - pe, 6))
+
+
 def belief_score(goal_tokens: set[str], memory_tokens: set[str]) -> float:
     """How well a memory's words cover a goal's (``task_similarity``).
 
@@ -106,7 +117,7 @@ def forward_pe(index: MemoryIndex, goal: Goal, *, now: datetime, agents: Mapping
     for memory_id, score in _beliefs(index, goal, now, agents, candidates):
         if score > best:
             best_id, best = memory_id, score
-    return ForwardPE(goal.goal_id, round(1.0 - best, 6), best_id, round(best, 6))
+    return measured(goal.goal_id, best_id, best)
 
 
 def closer(index: MemoryIndex, goal: Goal, current: ForwardPE, stored: Sequence[MemoryUnit],
@@ -127,9 +138,9 @@ def closer(index: MemoryIndex, goal: Goal, current: ForwardPE, stored: Sequence[
     best = current
     for u in stored:
         if u.scope in scopes and u.user_id in (None, goal.user_id):
-            score = round(belief_score(goal_tokens, set(index.tokenize(unit_text(u)))), 6)
-            if score > best.nearest_score:
-                best = ForwardPE(goal.goal_id, round(1.0 - score, 6), u.memory_id, score)
+            got = measured(goal.goal_id, u.memory_id, belief_score(goal_tokens, set(index.tokenize(unit_text(u)))))
+            if got.nearest_score > best.nearest_score:
+                best = got
     return best
 
 

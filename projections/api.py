@@ -30,7 +30,9 @@ from somnus.schemas.agents import AgentSpec
 from somnus.processors.working.synopsis import SynopsisCache
 from somnus.projections.briefings import _from_row
 import json
-from somnus.processors.episodic.recall import DEFAULT_WEIGHTS, SIGNALS, RecallConfig, recall
+from somnus.processors.episodic.recall import recall
+from somnus.processors.episodic.goals import goal_adjacency, goal_recall, wander
+from somnus.projections.goals import goals_of, wander_pool
 from somnus.processors.episodic.recall import MIN_RELEVANCE, build_episodic_context
 from somnus.processors.briefing.generator import covers
 from somnus.processors.semantic.concepts import knowledge_context, record_agents
@@ -238,14 +240,45 @@ class ReadService:
             self.episodic = MemoryProjection(self.con)
         return self.episodic.state
 
+    def _goals(self) -> Any:
+        self._memory()
+        return self.episodic.goals
+
+    def goals(self, agent: str, all: Any = None, user_id: Any = None) -> dict[str, Any]:
+        """The agent's goals (``projections/goals.py``): text neutralised, as every prompt-facing read."""
+        rows = goals_of(self.con, agent, _user(user_id), _bool(all, "all") if all is not None else False)
+        return {"agent": agent, "goals": neutral_json(_jsonable(rows))}
+
+    def wander(self, agent: str, steps: Any = None, seed: Any = None, start: Any = None,
+               user_id: Any = None) -> dict[str, Any]:
+        """A walk over the agent's readable memories by information gain (``processors/episodic/goals.py``).
+        A read: the memories visited are not recorded as accesses."""
+        state, user, now = self._memory(), _user(user_id), datetime.now(timezone.utc)
+        open_goals, _ = self._goals().pull(agent, user)
+        adjacency = goal_adjacency(state.index, open_goals, now=now, agents=self.agents)
+        first = str(start) if start is not None else None
+        nodes, graph = wander_pool(state, agent, scope_chain(dict(self.agents), agent), user, adjacency, now, first)
+        if first is not None and first not in nodes:
+            raise NotFound(f"memory {first[:80]!r}: not one the agent may read")
+        walk = wander(graph, nodes, adjacency, now, _int(seed, "seed", 0, lo=0, hi=2**31),
+                      steps=_int(steps, "steps", 10, hi=100), start=first)
+        out = []
+        for st in walk:
+            u = state.index.units[state.index.pos[st.memory_id]]
+            out.append({**_jsonable(st), "kind": u.kind.value, "occurred_at": u.occurred_at.isoformat(),
+                        "text": _memory_text(u)[:500]})
+        return neutral_json({"agent": agent, "goals": [g.goal_id for g in open_goals], "steps": out})
+
     def _accessed(self, events: list[Any]) -> None:
         if events and self.on_accessed is not None:
             self.on_accessed(events)
 
     def recall(self, agent: str, query: Any = None, k: Any = None, explain: Any = None,
-               filters: Any = None, record: Any = None, user_id: Any = None, without: Any = None) -> dict[str, Any]:
+               filters: Any = None, record: Any = None, goals: Any = None, user_id: Any = None,
+               without: Any = None) -> dict[str, Any]:
         """The memories of the agent's scope chain that best answer ``query`` (fused retrieval): those of
-        ``user_id`` and of no user (without ``user_id``: of no user), filtered before ranking.
+        ``user_id`` and of no user (without ``user_id``: of no user), filtered before ranking. With an
+        open goal of the agent (and ``goals`` not false), re-ranked towards it (``goal_recall``).
 
         Each hit is recorded as an access (published on the memory topic) unless ``record`` is false
         (evaluations and analysts' looks, which should not change what they measure). ``without``:
@@ -266,8 +299,11 @@ class ReadService:
             raise BadRequest(f"parameter `filters`: not JSON: {str(filters)[:80]!r}") from None
         if wanted is not None and not isinstance(wanted, dict):
             raise BadRequest("parameter `filters`: a JSON object such as {\"tool\": \"book_reservation\"}")
-        got = recall(self._memory().index, str(query), agent, k=_int(k, "k", 10, hi=1000), filters=wanted,
-                     now=datetime.now(timezone.utc), agents=self.agents, user_id=_user(user_id), config=config)
+        user = _user(user_id)
+        open_goals, pull = self._goals().pull(agent, user) if goals is None or _bool(goals, "goals") else ([], 0.0)
+        got = goal_recall(self._memory().index, str(query), agent, _int(k, "k", 10, hi=1000), open_goals, pull,
+                          filters=wanted, now=datetime.now(timezone.utc), agents=self.agents, user_id=user,
+                          config=config)
         if str(record).lower() not in ("0", "false", "no"):
             self._accessed(got.accessed)
         show = str(explain).lower() in ("1", "true", "yes") if explain is not None else False

@@ -48,6 +48,7 @@ from somnus.schemas.forget import ForgetRequested
 from pathlib import Path
 from somnus.schemas.memory import KIND_ACCESS
 from somnus.schemas.lifecycle import KIND_SLEEP
+from somnus.schemas.goals import KIND_GOAL_CLOSED, KIND_GOAL_SET
 from somnus.projections.briefings import RecentInputs
 from somnus.projections.causal import CausalProjection
 from somnus.projections.knowledge import KnowledgeProjection
@@ -157,6 +158,10 @@ class Forgetting:
             units = msgspec.json.decode(rec.value)
         except (msgspec.DecodeError, RecursionError):
             return rec
+        if kind in (KIND_GOAL_SET, KIND_GOAL_CLOSED):  # a forgotten agent's or user's goal: an empty record
+            forgotten = isinstance(units, dict) and (units.get("agent") in self.agents
+                                                     or units.get("user_id") in self.users)
+            return _Filtered(rec, b"") if forgotten else rec
         if not isinstance(units, list):
             return rec
         kept = [u for u in units if not (isinstance(u, dict) and self._forgotten_unit(u))]
@@ -255,7 +260,7 @@ class Forgetting:
         if "dead_letters" in rows:
             seen.dead_letters = set(con.execute(
                 "SELECT src_topic, src_partition, src_offset, src_index, kind FROM dead_letters").fetchall())
-        if "memory_log" in rows or "oscillators" in rows:
+        if rows.keys() & {"memory_log", "oscillators", "goals"}:
             seen.memory.reload(con)
         if rows.keys() & {"triples", "triple_history", "entity_versions", "entity_aliases", "knowledge_inputs"}:
             seen.knowledge = KnowledgeProjection(con)
@@ -377,6 +382,7 @@ _DELETES: list[tuple[str, str]] = [
     ("memory_log", f"body->>'$.unit.memory_id' {_M} OR body->>'$.memory_id' {_M} OR body->>'$.a' {_M} "
                    f"OR body->>'$.b' {_M}"),
     ("temporal_bins", _A), ("oscillators", _A), ("oscillator_readings", f"memory_id {_M}"),
+    ("goals", f"{_A} OR user_id IN (SELECT id FROM _fg_u WHERE kind = 'user')"),
 ]
 
 

@@ -29,6 +29,8 @@ from somnus.processors.sleep.schedule import bounded_time
 from somnus.schemas.lifecycle import KIND_SLEEP
 from somnus.schemas.lifecycle import SleepRequested, SleepTrigger
 from somnus.projections.frames import registered
+from somnus.projections.goals import KINDS as GOAL_KINDS
+from somnus.projections.goals import GoalsProjection
 from somnus.schemas.memory import (
     KIND_ACCESS, CaptureAction, CaptureDecided, MemoryAccessed, MemoryEvent, MemoryLinked, MemoryUnit)
 import functools
@@ -100,8 +102,10 @@ class MemoryProjection:
     """The capture fold's state (replayed from ``memory_log`` at start) and its writes; deep sleep
     runs inside the fold (``projections/sleep.py``) when ``sleep`` is given."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, sleep: Any = None, oscillators: Any = None) -> None:
+    def __init__(self, con: duckdb.DuckDBPyConnection, sleep: Any = None, oscillators: Any = None,
+                 agents: Any = None) -> None:
         self.state = new_state()
+        self.goals = GoalsProjection(con, agents)  # goals and their forward PE (projections/goals.py)
         self.next_ord = 0
         self.sleep = sleep
         self.oscillators = oscillators  # an OscillatorConfig when enabled (SOMNUS_OSCILLATORS), else None
@@ -120,6 +124,7 @@ class MemoryProjection:
                 apply(self.state, _event_decoder.decode(body))
                 n += 1
         self.next_ord = n
+        self.goals.reload(con)
         if self.sleep is not None:
             self.sleep.reload(con)
         self.rhythms = {(a, k): msgspec.json.decode(st, type=OscillatorState)
@@ -140,11 +145,16 @@ class MemoryProjection:
                         apply(self.state, ev)
                         events.append((ev, rec.offset))
                 continue
+            if kind in GOAL_KINDS:
+                if rec.value:  # empty: a forgotten subject's goal (projections/forget.py)
+                    self.goals.fold(self.state, kind, raw, rec.offset)
+                continue
             if kind == KIND_SLEEP:
                 if self.sleep is not None:
                     req = _sleep_decoder.decode(raw)
                     events += [(ev, rec.offset) for ev in self.sleep.run(self.state, req.at, SleepTrigger.ON_DEMAND,
                                                                           rec.offset, con)]
+                    self.goals.remeasure(self.state, [], req.at, rec.offset)  # a nearest memory may be gone
                 continue
             units = _units_decoder.decode(raw)
             if self.sleep is not None and units:  # fire times passed in stream time: sleep first
@@ -156,10 +166,13 @@ class MemoryProjection:
                 self.sleep.observe(units, _record_time(rec))  # then the scopes' stream times move on
             _, decided = capture(self.state, units, _ts(rec, units))
             events += [(ev, rec.offset) for ev in at_event_time(decided)]
+            stored = [ev.unit for ev in decided if isinstance(ev, CaptureDecided) and ev.action is CaptureAction.STORED]
+            self.goals.remeasure(self.state, stored, _ts(rec, units), rec.offset)
             if self.oscillators is not None:
                 self._observe_rhythms(units, rec.offset)
         if self.sleep is not None:
             self.sleep.write(con)
+        goal_rows = self.goals.write(con)
         if self.rhythms_changed:
             rows = [{"agent": a, "kind": k, "events": self.rhythms[(a, k)].events,
                      "state": msgspec.json.encode(self.rhythms[(a, k)]).decode()} for a, k in sorted(self.rhythms_changed)]
@@ -172,9 +185,9 @@ class MemoryProjection:
                             "coherence, distances, src_offset FROM readings")
             self.readings.clear()
         if not events:
-            return 0
+            return goal_rows
         self._insert(con, events)
-        return len(events)
+        return len(events) + goal_rows
 
     def _observe_rhythms(self, units: Sequence[MemoryUnit], offset: int) -> None:
         """Coupled oscillators (optional): each episode is an event of the patterns ``session_end`` and

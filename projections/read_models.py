@@ -46,7 +46,7 @@ class ReadModels:
         self.knowledge = KnowledgeProjection(con)
         self.causal = CausalProjection(con)
         self.memory = MemoryProjection(con, SleepJob(con, {a: s.max_episodes for a, s in self.agents.items()},
-                                                     sleep_config or SleepConfig()), oscillators)
+                                                     sleep_config or SleepConfig()), oscillators, self.agents)
         self.semantic = SemanticProjection(con)
         self.top_facts = TopFacts()
         self.top_facts.refresh(con)

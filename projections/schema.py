@@ -92,6 +92,10 @@ CREATE TABLE IF NOT EXISTS memory_edges (
 CREATE TABLE IF NOT EXISTS memory_access (
     memory_id VARCHAR NOT NULL, agent VARCHAR NOT NULL, query VARCHAR, rank INTEGER, score DOUBLE,
     accessed_at TIMESTAMPTZ NOT NULL);
+CREATE TABLE IF NOT EXISTS goals (
+    ord BIGINT NOT NULL, goal_id VARCHAR NOT NULL, agent VARCHAR NOT NULL, text VARCHAR NOT NULL, user_id VARCHAR,
+    status VARCHAR NOT NULL, forward_pe DOUBLE NOT NULL, nearest_id VARCHAR, changed_at TIMESTAMPTZ NOT NULL,
+    set_by VARCHAR NOT NULL, src_offset BIGINT);
 CREATE TABLE IF NOT EXISTS working_memory (
     session_key VARCHAR NOT NULL PRIMARY KEY, agent VARCHAR NOT NULL, session_id VARCHAR NOT NULL, user_id VARCHAR,
     closed BOOLEAN NOT NULL, last_seq BIGINT NOT NULL, tokens BIGINT NOT NULL, state JSON NOT NULL);
@@ -223,6 +227,7 @@ CONTENT_COLUMNS: dict[str, list[str]] = {
     "memory_merges": ["unit_id", "memory_id", "agent", "prediction_error", "decided_at"],
     "memory_edges": ["a", "b", "weight", "shared", "goal", "temporal", "formed_at"],
     "memory_access": ["memory_id", "agent", "query", "rank", "score", "accessed_at"],
+    "goals": ["ord", "goal_id", "agent", "text", "user_id", "status", "forward_pe", "nearest_id", "changed_at", "set_by"],
     "working_memory": ["session_key", "agent", "session_id", "user_id", "closed", "last_seq", "tokens", "state"],
     "semantic_log": ["ord", "owner", "kind", "body"],
     "semantic_requests": ["request_id", "owner", "requested_at", "src_offset"],

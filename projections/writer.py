@@ -41,6 +41,7 @@ from somnus.projections.sinks import (KIND_PROMOTION, KIND_SERVED, BatchResult, 
 from somnus.schemas.briefing import BriefingServed, FactPromoted
 from somnus.projections.causal import UpdateRow
 from somnus.schemas.codec import MAX_DEPTH, Rejection, decode_bounded, poison_reason, truncated_note
+from somnus.schemas.goals import KIND_GOAL_CLOSED, KIND_GOAL_SET, GoalClosed, GoalSet
 from somnus.schemas.lifecycle import KIND_SLEEP, SleepRequested
 from somnus.schemas.memory import KIND_ACCESS, MemoryAccessed, MemoryUnit
 from somnus.schemas.sealed import FORGOTTEN, open_record
@@ -263,7 +264,8 @@ def _undecodable(topics: Topics, rec: Record, max_depth: int) -> str | None:
     (memory, semantic, link updates), or None."""
     kind = _header(rec, "somnus-kind")
     if rec.topic == topics.memory:
-        what, t = {KIND_ACCESS: ("memory accesses", list[MemoryAccessed]), KIND_SLEEP: ("sleep request", SleepRequested)
+        what, t = {KIND_ACCESS: ("memory accesses", list[MemoryAccessed]), KIND_SLEEP: ("sleep request", SleepRequested),
+                   KIND_GOAL_SET: ("goal", GoalSet), KIND_GOAL_CLOSED: ("goal closed", GoalClosed),
                    }.get(kind, ("memory units", list[MemoryUnit]))  # type: ignore[arg-type]
     elif rec.topic == topics.semantic:
         if kind not in (KIND_INGEST, KIND_PROMOTE):

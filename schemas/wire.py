@@ -25,6 +25,7 @@ from somnus.schemas.episodes import EpisodeDistilled
 from somnus.schemas.events import TraceEvent
 from somnus.schemas.facts import FactsExtracted
 from somnus.schemas.forget import KIND_FORGET, ForgetRequested
+from somnus.schemas.goals import KIND_GOAL_CLOSED, KIND_GOAL_SET, GoalClosed, GoalSet
 from somnus.schemas.lifecycle import KIND_SLEEP, SleepRequested
 from somnus.schemas.memory import KIND_ACCESS, KIND_UNITS, MemoryAccessed, MemoryUnit
 from somnus.schemas.sealed import DataKey
@@ -67,6 +68,8 @@ TOPICS: dict[str, tuple[WireRecord, ...]] = {
         WireRecord(KIND_UNITS, MemoryUnit, "the worker (episodic capture)", bundle=True),
         WireRecord(KIND_ACCESS, MemoryAccessed, "the projector (recall)", bundle=True),
         WireRecord(KIND_SLEEP, SleepRequested, "somnus sleep"),
+        WireRecord(KIND_GOAL_SET, GoalSet, "somnus goal set, agent runtimes (somnus.client)"),
+        WireRecord(KIND_GOAL_CLOSED, GoalClosed, "somnus goal done, agent runtimes (somnus.client)"),
     ),
     "semantic_topic": (
         WireRecord(KIND_INGEST, KnowledgeIngested, "somnus ingest"),

@@ -13,6 +13,7 @@ True
 from __future__ import annotations
 
 import asyncio
+from datetime import datetime, timezone
 from collections.abc import AsyncIterable, Iterable
 from typing import Any
 
@@ -288,3 +289,26 @@ def publish_records(records: list[tuple[bytes | None, bytes, list[tuple[str, byt
         return len(records)
 
     return asyncio.run(run())
+
+
+# ---- goals (docs/concepts/goals.md) -------------------------------------------------------------
+
+def set_goal(bootstrap: str, agent: str, text: str, *, user_id: str | None = None, goal_id: str | None = None,
+             at: datetime | None = None, settings: Any = None) -> str:
+    """Publish a goal for ``agent`` (an event on the memory topic; the projector measures its forward
+    prediction error as memories arrive) and return its id. ``at``: its event time, default now."""
+    from somnus import memory_requests
+
+    s = settings or Settings.resolve()
+    when = at or datetime.now(timezone.utc)
+    return str(memory_requests.set_goal(s, bootstrap, agent, text, when, user_id, set_by=agent, goal_id=goal_id).goal_id)
+
+
+def close_goal(bootstrap: str, agent: str, goal_id: str, *, dropped: bool = False, at: datetime | None = None,
+               settings: Any = None) -> None:
+    """Publish the closing of one of ``agent``'s goals: achieved, or abandoned (``dropped``)."""
+    from somnus import memory_requests
+
+    s = settings or Settings.resolve()
+    memory_requests.close_goal(s, bootstrap, agent, goal_id, at or datetime.now(timezone.utc),
+                               "dropped" if dropped else "done")

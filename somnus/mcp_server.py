@@ -83,6 +83,7 @@ class Memory:
         self.settings, self.token_of = settings, token_of
         self.db = Path(settings.db_path)  # type: ignore[arg-type]
         self._publish = publish
+        self.publish_goal: Callable[[str, str, str | None, str], Awaitable[None]] | None = None  # tests: no Kafka
 
     async def read(self, ctx: Any, handler: str, agent: str | None = None, **params: Any) -> Any:
         from somnus.reads import ReadError, read
@@ -101,17 +102,45 @@ class Memory:
 
         return auth.TokenStore(token_home(self.settings)).principal(token)
 
-    async def remember(self, ctx: Any, agent: str, note: str, user_id: str | None) -> dict[str, Any]:
+    def writer(self, ctx: Any, what: str, agent: str, user_id: str | None) -> str | None:
+        """Whether the caller's token may write for ``agent`` (else ``McpRefused``), and the user the
+        write is for: a user-bound token's own."""
         token = self.token_of(ctx)
         principal = self.principal(token) if token else None
         if principal is None:
-            raise McpRefused("remember needs a valid token of this Somnus home")
+            raise McpRefused(f"{what} needs a valid token of this Somnus home")
         if not principal.operator and principal.agent != agent:
             raise McpRefused(f"this token writes for agent {principal.agent!r} only, not {agent!r}")
         if principal.user is not None:
             if user_id not in (None, principal.user):
                 raise McpRefused(f"this token writes for user {principal.user!r} only")
             user_id = principal.user
+        return user_id
+
+    async def set_goal(self, ctx: Any, agent: str, text: str, user_id: str | None) -> dict[str, Any]:
+        """Publish a goal for ``agent`` on the memory topic (docs/concepts/goals.md), stamped now."""
+        from somnus.schemas.goals import MAX_GOAL_TEXT
+
+        user_id = self.writer(ctx, "goal_set", agent, user_id)
+        if not text.strip() or len(text) > MAX_GOAL_TEXT:
+            raise McpRefused(f"argument `text`: a goal is a sentence of 1 to {MAX_GOAL_TEXT} characters")
+        goal_id = f"g-{uuid.uuid4().hex[:12]}"
+        await (self.publish_goal or self._goal_to_kafka)(agent, text.strip(), user_id, goal_id)
+        return {"agent": agent, "goal_id": goal_id}
+
+    async def _goal_to_kafka(self, agent: str, text: str, user_id: str | None, goal_id: str) -> None:
+        from somnus import memory_requests
+        from somnus.broker import BrokerError, bootstrap_for
+
+        try:
+            bootstrap = await asyncio.to_thread(bootstrap_for, self.settings, start_if_missing=False)
+        except BrokerError as exc:
+            raise McpRefused(f"no broker to publish to: {exc}") from None
+        await asyncio.to_thread(memory_requests.set_goal, self.settings, bootstrap, agent, text,
+                                datetime.now(timezone.utc), user_id, "mcp", goal_id)
+
+    async def remember(self, ctx: Any, agent: str, note: str, user_id: str | None) -> dict[str, Any]:
+        user_id = self.writer(ctx, "remember", agent, user_id)
         try:
             events = note_events(agent, note, datetime.now(timezone.utc), user_id)
         except ValueError as exc:
@@ -210,6 +239,26 @@ def build(memory: Memory) -> Any:
         """Before a task: strategies that worked, tools likely to fail, whether to ask a human, and the entities
         that mattered, from the agent's related past episodes (with their ids). Call it before starting work."""
         return await call(ctx, "advise", agent, task=task, user_id=user_id)
+
+    @server.tool(structured_output=False)
+    async def goals(agent: str, ctx: Context, user_id: str | None = None) -> str:
+        """The agent's open goals and their forward prediction error (1: nothing it remembers is near the goal)."""
+        return await call(ctx, "goals", agent, user_id=user_id)
+
+    @server.tool(structured_output=False)
+    async def goal_set(agent: str, text: str, ctx: Context, user_id: str | None = None) -> str:
+        """Set a goal for the agent: a desired future state, in a sentence. Recall then leans towards
+        memories near it, and `goals` says how far the agent's memories are from it (forward PE)."""
+        try:
+            return json.dumps(await memory.set_goal(ctx, agent, text, user_id))
+        except McpRefused as exc:
+            raise ToolError(str(exc)) from None
+
+    @server.tool(structured_output=False)
+    async def wander(agent: str, ctx: Context, steps: int = 10, seed: int = 0, user_id: str | None = None) -> str:
+        """A walk over the agent's memories by information gain (under-explored, uncertain, goal-adjacent,
+        stale, random), each step with why it was taken: for exploring what the agent has not looked at."""
+        return await call(ctx, "wander", agent, steps=steps, seed=seed, user_id=user_id)
 
     @server.tool(structured_output=False)
     async def remember(agent: str, note: str, ctx: Context, user_id: str | None = None) -> str:

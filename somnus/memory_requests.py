@@ -1,5 +1,5 @@
 """What a person asks of the memory by hand: promote a fact, forget a subject, ingest knowledge,
-consolidate, sleep. Each is an event published to the topic whose fold applies it (the projector's),
+consolidate, sleep, set or close a goal. Each is an event published to the topic whose fold applies it (the projector's),
 never a write to the projections: a replay applies it again in the same place of the stream.
 
 The CLI (``somnus promote`` etc.) resolves the event time and calls these; so can a runtime.
@@ -77,3 +77,26 @@ def sleep(s: Settings, bootstrap: str, inputs: dict[str, Any], at: datetime, req
 
     _send(bootstrap, s.memory_topic, [(None, encode(SleepRequested(at=at, requested_by=requested_by)), KIND_SLEEP)])
     return consolidate(s, bootstrap, "global", inputs, at, SLEEP_REQUEST_PREFIX + run_id_for(at))
+
+
+def set_goal(s: Settings, bootstrap: str, agent: str, text: str, at: datetime, user_id: str | None = None,
+             set_by: str = "", goal_id: str | None = None) -> Any:
+    """Publish a goal for ``agent`` on the memory topic (``projections/goals.py`` folds it and measures
+    its forward prediction error); ``goal_id`` defaults to a new one."""
+    from somnus.schemas.codec import encode
+    from somnus.schemas.goals import KIND_GOAL_SET, GoalSet
+
+    req = GoalSet(goal_id=goal_id or f"g-{uuid.uuid4().hex[:12]}", agent=agent, text=text, at=at, user_id=user_id,
+                  set_by=set_by)
+    _send(bootstrap, s.memory_topic, [(agent.encode(), encode(req), KIND_GOAL_SET)])
+    return req
+
+
+def close_goal(s: Settings, bootstrap: str, agent: str, goal_id: str, at: datetime, status: str = "done") -> Any:
+    """Publish the closing of one of ``agent``'s goals (``done``: achieved, ``dropped``: abandoned)."""
+    from somnus.schemas.codec import encode
+    from somnus.schemas.goals import KIND_GOAL_CLOSED, GoalClosed, GoalStatus
+
+    req = GoalClosed(goal_id=goal_id, agent=agent, at=at, status=GoalStatus(status))
+    _send(bootstrap, s.memory_topic, [(agent.encode(), encode(req), KIND_GOAL_CLOSED)])
+    return req

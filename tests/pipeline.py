@@ -36,6 +36,15 @@ class Pipeline:
         self.procs[name] = proc
         return proc
 
+    def cli(self, *args: str, timeout_s: float = 300.0) -> str:
+        """``somnus ARGS`` against this pipeline (its settings and broker); its stdout, or a failure."""
+        import sys
+
+        run = subprocess.run([sys.executable, "-m", "somnus.cli", *args], env={**self.s.as_env(),
+                             "KAFKA_BOOTSTRAP": self.boot}, capture_output=True, text=True, timeout=timeout_s)
+        assert run.returncode == 0, (args, run.stdout, run.stderr)
+        return run.stdout
+
     def start_all(self) -> None:
         self.start("projector")
         self.start("worker")

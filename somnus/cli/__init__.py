@@ -21,6 +21,7 @@ COMMANDS = (
     "ingest",   # publish, import, sample, ingest-knowledge
     "read",     # sql, checksum, status, inspect, brief, recall, context, predict, rhythms
     "memory",   # promote, consolidate, sleep, replay
+    "goals",    # goal set | done | list, wander
     "graph",    # graph [--plot] (the associative memory graph's health)
     "forget",   # forget [--verify]
     "export",   # export parquet

@@ -52,6 +52,7 @@ SHAPES: dict[str, tuple[type, set[str]]] = {
     "memory": (dict, {"episodes", "graph", "briefings", "utilisation", "delegations"}),
     "summary": (dict, {"counts", "offsets"}), "checksum": (dict, {"checksum", "tables"}),
     "advise": (dict, set()), "kafka_positions": (dict, set()), "export_parquet": (dict, set()),
+    "goals": (dict, {"agent", "goals"}), "wander": (dict, {"agent", "goals", "steps"}),
 }
 # Answered only inside a running projector (it asks Kafka on its own loop): 404 here, saying so.
 PROJECTOR_ONLY = {"kafka_positions"}
@@ -232,6 +233,8 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
     ("inject", {"prompt": "p", "session_id": 4}, "session_id"), ("inject", {"prompt": "p", "user_id": 5}, "user_id"),
     ("sql", {}, "sql"), ("sql", {"sql": "DELETE FROM episodes"}, ""),
     ("sql", {"sql": "SELECT 1", "params": "x"}, "params"), ("facts", {"colour": "red"}, "colour"),
+    ("goals", {"all": "maybe"}, "all"), ("wander", {"steps": "101"}, "steps"), ("wander", {"seed": "-1"}, "seed"),
+    ("recall", {"query": "q", "goals": "maybe"}, "goals"),
 ]
 
 

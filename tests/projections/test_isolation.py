@@ -201,6 +201,8 @@ def reads(svc: ReadService, agent: str, user: str | None, query: str, entities: 
         "rhythms": svc.rhythms(agent, **mine),
         "oscillators": svc.oscillators(agent, **mine),
         "advise": svc.advise(agent, task=query, **mine),
+        "goals": svc.goals(agent, all=True, **mine),
+        "wander": svc.wander(agent, steps=100, **mine),
     }
     if user is not None:
         got["briefing"] = svc.briefing(agent, **mine)
@@ -226,7 +228,7 @@ def team_of(agents: dict[str, AgentSpec], reader: str) -> set[str]:
 
 
 DERIVED_ROUTES = ("knowledge_context",)  # what semantic memory derived: a team's is the team's
-USER_READS = ("context", "recall", "episodic_context")  # the routes an agent principal reads for no user
+USER_READS = ("context", "recall", "episodic_context", "wander", "goals")  # the routes an agent principal reads for no user
 WITHHELD_ROUTES = ("knowledge_context", "rhythms", "oscillators")  # derived from several users: [] for one
 
 
@@ -330,5 +332,5 @@ def test_the_property_test_reads_every_agent_route():
     from somnus.projections.auth import whole_store
 
     read = {"facts", "entities", "history", "recall", "episodic_context", "knowledge_context", "context", "rhythms",
-            "oscillators", "advise", "briefing", "inject"}
+            "oscillators", "advise", "briefing", "inject", "goals", "wander"}
     assert {r.handler for r in all_routes() if not whole_store(r)} == read

@@ -568,9 +568,10 @@ def test_every_wire_type_is_a_frozen_struct_with_a_decoder():
 
 
 @pytest.mark.parametrize("record", [
-    "ForgetRequested", "SleepRequested", "KnowledgeIngested", "PromotionRequested"])
+    "ForgetRequested", "SleepRequested", "KnowledgeIngested", "PromotionRequested", "GoalSet", "GoalClosed"])
 def test_the_operators_records_round_trip(record):
     from somnus.schemas.forget import ForgetRequested, ForgetSubject
+    from somnus.schemas.goals import GoalClosed, GoalSet, GoalStatus
     from somnus.schemas.lifecycle import SleepRequested
     from somnus.schemas.semantic import (CallOutcome, CausalLinkView, IngestedConcept, IngestedRelationship,
                                          KnowledgeIngested, PromotionRequested)
@@ -586,6 +587,8 @@ def test_the_operators_records_round_trip(record):
             CausalLinkView(event_signature="tool:grasp", tool="grasp", outcome="error", valence="negative",
                            strength=0.8, confidence=0.7, observation_count=5, observation_times=[at])],
             calls=[CallOutcome("grasp", False, at, "e1", "a")]),
+        "GoalSet": GoalSet(goal_id="g1", agent="a", text="ship the refund flow", at=at, user_id="u1", set_by="cli"),
+        "GoalClosed": GoalClosed(goal_id="g1", agent="a", at=at, status=GoalStatus.DROPPED),
     }[record]
     raw = encode(value)
     assert msgspec.json.decode(raw, type=type(value)) == value

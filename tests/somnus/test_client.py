@@ -131,3 +131,21 @@ def test_to_bytes_accepts_dicts_typed_events_and_raw_bytes():
     assert to_bytes(typed) == ev("a", 0)
     assert to_bytes(bytearray(b"raw")) == b"raw"
     assert msgspec.json.decode(to_bytes({"session_id": "a", "seq": 0})) == {"session_id": "a", "seq": 0}
+
+
+def test_the_client_sets_and_closes_a_goal_at_its_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``set_goal`` / ``close_goal`` publish the goal records on the memory topic (publisher replaced)."""
+    from somnus import memory_requests
+    from somnus.client import close_goal, set_goal
+    from somnus.schemas.goals import KIND_GOAL_SET, GoalClosed, GoalSet
+
+    sent: list[Any] = []
+    monkeypatch.setattr(memory_requests, "_send", lambda bootstrap, topic, records: sent.append((topic, records)))
+
+    at = datetime(2024, 5, 1, tzinfo=timezone.utc)
+    goal_id = set_goal("127.0.0.1:1", "support", "answer every refund within a day", at=at)
+    close_goal("127.0.0.1:1", "support", goal_id, at=at)
+    (_, [(_, value, kind)]), (_, [(_, closed, _)]) = sent
+    goal = msgspec.json.decode(value, type=GoalSet)
+    assert kind == KIND_GOAL_SET and goal.goal_id == goal_id and goal.set_by == "support" and goal.at == at
+    assert msgspec.json.decode(closed, type=GoalClosed) == GoalClosed(goal_id=goal_id, agent="support", at=at)

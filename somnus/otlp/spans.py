@@ -32,7 +32,9 @@ from typing import Any
 import msgspec
 
 MAX_VALUE_DEPTH = 16  # arrays and key-value lists within one attribute value
-MAX_SPANS = 100_000  # spans in one request
+# spans in one request: twice the Collector's default batch (8192). Each span is mapped on the receiver's
+# event loop (about 0.4 ms a trace): 100,000 one-span traces (6.4 MB) held it 43 s and 450 MB
+MAX_SPANS = 16_384
 
 
 class ShapeError(ValueError):
@@ -268,6 +270,8 @@ def from_proto(raw: bytes) -> Decoded:
         request = ExportTraceServiceRequest.FromString(raw)
     except (DecodeError, RecursionError, ValueError) as exc:
         raise ShapeError(f"the body is not a protobuf ExportTraceServiceRequest: {exc}") from None
+    if sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans) > MAX_SPANS:
+        raise ShapeError(f"more than {MAX_SPANS} spans in one request")
     out = Decoded([], [])
     for rs in request.resource_spans:
         resource = proto_attributes(rs.resource.attributes)

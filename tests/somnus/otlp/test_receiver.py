@@ -302,3 +302,19 @@ def test_a_user_bound_token_may_not_send_spans(h):
     status, _, body = run(h.post(sdk_request(1).SerializeToString(), token=token))
     assert status == 403 and b"bound to a user" in body
     assert h.broker.events == [] and h.receiver.buffer.held_spans() == 0
+
+
+def test_a_request_of_too_many_spans_is_refused_before_any_is_mapped(h):
+    # 100,000 one-span traces fitted in the body limit and held the event loop for 43 s
+    from somnus.otlp.spans import MAX_SPANS
+
+    request = ExportTraceServiceRequest()
+    spans = request.resource_spans.add().scope_spans.add().spans
+    for i in range(MAX_SPANS + 1):
+        span = spans.add(trace_id=i.to_bytes(16, "big"), span_id=(i + 1).to_bytes(8, "big"), name="execute_tool t")
+        span.start_time_unix_nano = span.end_time_unix_nano = 1_700_000_000_000_000_000
+    assert MAX_SPANS <= 16_384
+    h.receiver.max_body = 8 << 20  # the default
+    status, _, body = run(h.post(request.SerializeToString()))
+    assert status == 400 and f"more than {MAX_SPANS} spans".encode() in body, body[:200]
+    assert h.broker.events == [] and h.receiver.buffer.held_spans() == 0

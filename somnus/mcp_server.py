@@ -257,7 +257,8 @@ class BearerGuard:
 
     async def _body(self, receive: Any) -> bytes | None:
         """The request's body, read within ``max_body`` (None once it is over)."""
-        chunks, size = [], 0
+        chunks: list[bytes] = []
+        size = 0
         while True:
             message = await receive()
             if message["type"] != "http.request":

@@ -51,6 +51,9 @@ MAX_BODY = 8 << 20  # bytes of a request body, compressed and decompressed (SOMN
 PUBLISH_TIMEOUT_S = 10.0
 RETRY_AFTER_S = 2
 TRACE_TIMEOUT_S = 300.0  # a trace whose root never arrives is published this long after its last span
+# Spans held at once, waiting for their roots: beyond, a request is a 503 (retryable) until traces complete
+# or time out. Without a bound, rootless spans (16,384 a request) filled memory and the journal for 300 s.
+MAX_HELD_SPANS = 250_000
 _GRPC = {400: 3, 401: 16, 403: 7, 413: 8, 415: 3, 503: 14}  # google.rpc.Code of each HTTP status
 
 
@@ -185,6 +188,7 @@ class Receiver:
     max_body: int = MAX_BODY
     trace_timeout_s: float = TRACE_TIMEOUT_S
     publish_timeout_s: float = PUBLISH_TIMEOUT_S
+    max_held: int = MAX_HELD_SPANS
 
     def __post_init__(self) -> None:
         self.lock = asyncio.Lock()
@@ -218,6 +222,9 @@ class Receiver:
             for span in decoded.spans:
                 why = foreign_agent(span, principal) or foreign_trace(span, principal, self.buffer)
                 (rejected.append(why) if why else spans.append(span))
+            if self.buffer.held_spans() + len(spans) > self.max_held:
+                return error_response(503, f"{self.buffer.held_spans()} spans are held waiting for their root spans "
+                                           f"(at most {self.max_held}); send them again later", proto, RETRY_AFTER_S)
             try:
                 _, _, late = self.buffer.add(spans, time.time_ns(), None if principal.operator else principal.agent)
             except OSError as exc:  # the journal's disk: nothing was acknowledged, the exporter tries again

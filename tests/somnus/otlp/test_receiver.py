@@ -318,3 +318,17 @@ def test_a_request_of_too_many_spans_is_refused_before_any_is_mapped(h):
     status, _, body = run(h.post(request.SerializeToString()))
     assert status == 400 and f"more than {MAX_SPANS} spans".encode() in body, body[:200]
     assert h.broker.events == [] and h.receiver.buffer.held_spans() == 0
+
+
+def test_spans_held_without_their_roots_are_bounded(h):
+    # rootless spans were held in memory and the journal for the trace timeout (300 s), without bound
+    h.receiver.max_held = 3
+    children = [one_span(f"{n:032x}", {}, name="execute_tool t", span_id=f"{n + 1:016x}", parent="bbbbbbbbbbbbbbbb")
+                for n in range(1, 5)]
+    assert [run(h.post(c, "application/json"))[0] for c in children[:3]] == [200, 200, 200]
+    status, headers, body = run(h.post(children[3], "application/json"))
+    assert status == 503 and headers["Retry-After"] == "2" and b"at most 3" in body
+    assert h.receiver.buffer.held_spans() == 3
+    h.receiver.trace_timeout_s = 0.0
+    run(h.receiver.tick())  # the held traces time out and are published: room again
+    assert run(h.post(children[3], "application/json"))[0] == 200

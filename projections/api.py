@@ -543,8 +543,9 @@ class ReadService:
                 "  SELECT *, row_number() OVER (PARTITION BY kind ORDER BY occurred_at DESC, memory_id) AS n "
                 "  FROM oscillator_readings WHERE agent = ? AND anomaly >= ?) WHERE n <= ? ORDER BY kind, n",
                 [agent, floor, top]).fetchall():
-            anomalies.setdefault(kind, []).append({"at": at.isoformat(), "memory_id": memory_id, "anomaly": anomaly,
-                                                   "r": r})
+            # a memory id is stored text too (a record on the memory topic chooses it)
+            anomalies.setdefault(kind, []).append({"at": at.isoformat(), "memory_id": neutral_json(memory_id),
+                                                   "anomaly": anomaly, "r": r})
         out = []
         for kind, raw in self.con.execute("SELECT kind, state FROM oscillators WHERE agent = ? ORDER BY kind",
                                           [agent]).fetchall():

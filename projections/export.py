@@ -75,8 +75,17 @@ def _folder(value: Any) -> Path:
     path = Path(value)
     if not path.is_absolute():
         raise ExportError(f"dir {value!r}: give an absolute path (the projector writes it)")
-    if path.exists() and (not path.is_dir() or any(path.iterdir())):
-        raise ExportError(f"dir {value}: exists and is not an empty folder")
+    if path.is_symlink():  # it would write wherever the link points, chosen by whoever made the link
+        raise ExportError(f"dir {value}: is a symbolic link; give the folder itself")
+    if path.exists():
+        if not path.is_dir() or any(path.iterdir()):
+            raise ExportError(f"dir {value}: exists and is not an empty folder")
+        # a folder someone else owns or may write to: they could put a symbolic link in it, after this
+        # check, where a part file is about to be written (and have one of our files overwritten)
+        st = path.stat()
+        if st.st_uid != os.getuid() or st.st_mode & 0o022:
+            raise ExportError(f"dir {value}: is another user's folder, or writable by others; give a folder of "
+                              "this user's, or one that does not exist yet")
     return path
 
 
@@ -116,7 +125,7 @@ def export_parquet(con: Any, dir: Any, tables: Any = None, since: Any = None) ->
         if unknown:
             raise ExportError(f"no projection named {', '.join(map(repr, unknown))} "
                               f"(there are: {', '.join(sorted(known))})")
-        folder.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         listed: dict[str, Any] = {}
         for table in wanted:
             columns = known[table]

@@ -271,12 +271,17 @@ def build(memory: Memory) -> Any:
     return server
 
 
+MAX_BODY_BYTES = 1 << 20  # of an MCP request: a JSON-RPC message; the SDK reads whatever comes, unbounded
+
+
 class BearerGuard:
     """ASGI middleware of the HTTP transport: a request without a valid bearer token of the projector's
-    token store gets 401 before the SDK sees it (503 when no token store can be read)."""
+    token store gets 401 before the SDK sees it (503 when no token store can be read); a body larger
+    than ``max_body`` (declared or as it streams) gets 413 before the SDK reads it (the SDK's
+    ``request.body()`` has no bound: one request could take the process's memory)."""
 
-    def __init__(self, app: Any, principal: Callable[[str], Any]) -> None:
-        self.app, self.principal = app, principal
+    def __init__(self, app: Any, principal: Callable[[str], Any], max_body: int = MAX_BODY_BYTES) -> None:
+        self.app, self.principal, self.max_body = app, principal, max_body
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
@@ -289,7 +294,45 @@ class BearerGuard:
             if not ok:
                 return await _deny(send, 401, "an `Authorization: Bearer <token>` header with a valid Somnus "
                                               "token is required (`somnus token create --agent A`)")
+            declared = headers.get("content-length", headers.get("Content-Length", ""))
+            if declared.strip().isdigit() and int(declared) > self.max_body:
+                return await _deny(send, 413, f"the body is {int(declared)} bytes; at most {self.max_body}")
+            if scope.get("method") in ("POST", "PUT", "PATCH"):
+                body = await self._body(receive)
+                if body is None:
+                    return await _deny(send, 413, f"the body is larger than {self.max_body} bytes")
+                receive = _replay(body, receive)
         await self.app(scope, receive, send)
+
+    async def _body(self, receive: Any) -> bytes | None:
+        """The request's body, read within ``max_body`` (None once it is over)."""
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return b"".join(chunks)  # a disconnect: the app sees an empty body, then the disconnect
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body:
+                return None
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Any) -> Any:
+    """A ``receive`` that gives the body read already, then what the client sends next (a disconnect)."""
+    sent = False
+
+    async def replay() -> Any:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
 
 
 async def _deny(send: Any, status: int, message: str) -> None:

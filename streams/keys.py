@@ -31,10 +31,12 @@ from somnus.schemas.sealed import DataKey, KeyRing, encode_key
 log = logging.getLogger("somnus.keys")
 
 # Compaction soon after a tombstone: segments roll after a second (once a later record arrives),
-# any dirty segment is cleanable, and a tombstone itself is dropped a second after compaction.
+# any dirty segment is cleanable, and a tombstone itself is dropped a second after compaction. The
+# segment files a cleaning replaced (which still hold the deleted key) are deleted from the broker's
+# disk a second later (file.delete.delay.ms; the broker's default is 60 s). Set when the topic is made.
 KEY_TOPIC_CONFIG = {"cleanup.policy": "compact", "segment.ms": "1000", "min.compaction.lag.ms": "0",
                     "max.compaction.lag.ms": "1000", "min.cleanable.dirty.ratio": "0.01",
-                    "delete.retention.ms": "1000", "retention.ms": "-1"}
+                    "delete.retention.ms": "1000", "file.delete.delay.ms": "1000", "retention.ms": "-1"}
 
 
 def keys_topic_for(traces_topic: str) -> str:

@@ -152,6 +152,10 @@ class TraceBuffer:
     def spans(self, trace_id: str) -> list[Span]:
         return [h.span for h in self.held.get(trace_id, {}).values()]
 
+    def owners(self, trace_id: str) -> set[str | None]:
+        """The owners of a held trace's spans (``None``: an operator token); empty when none is held."""
+        return {h.owner for h in self.held.get(trace_id, {}).values()}
+
     def owner(self, trace_id: str) -> str | None:
         return next((h.owner for h in self.held.get(trace_id, {}).values() if h.owner), None)
 

@@ -134,6 +134,21 @@ def agent_name(span: Span, fallback: str | None = None) -> str:
     return str(name or fallback or span.resource.get("service.name") or "otel")
 
 
+def user_id_of(span: Span) -> str | None:
+    """The session's user: a string, or an integer as its digits (``enduser.id`` is often a number; a
+    session_start whose ``user_id`` is not a string is dead-lettered, and its session with it); an
+    array, a map or a float names no user.
+
+    >>> def span(**a): return Span(trace_id="t", span_id="s", name="n", start_ns=0, end_ns=0, attributes=a)
+    >>> user_id_of(span(**{"enduser.id": 42})), user_id_of(span(**{"user.id": {"a": 1}}))
+    ('42', None)
+    """
+    value = _first(span.attributes, "user.id", "enduser.id", "traceloop.association.properties.user_id")
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        return None
+    return str(value)
+
+
 def session_id_of(span: Span) -> str:
     return str(_first(span.attributes, "gen_ai.conversation.id", "session.id",
                       "traceloop.association.properties.session_id") or span.trace_id)
@@ -336,7 +351,7 @@ def _events(s: _SessionBuilder) -> list[dict[str, Any]]:
                 "links": [f"{k.trace_id}/{k.span_id}" for k in span.links] or None}
     s.add(span.start_ns, span, "start", "session_start", {
         "task": _text(task or a.get("gen_ai.agent.description") or span.name, MAX_TASK),
-        "user_id": _first(a, "user.id", "enduser.id", "traceloop.association.properties.user_id"),
+        "user_id": user_id_of(span),
         "metadata": {k: v for k, v in metadata.items() if v is not None}})
     s.add(max(span.end_ns, span.start_ns), span, "end", "session_end", {"outcome": result, "reason": why})
     out, seq = [], -1

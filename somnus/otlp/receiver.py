@@ -39,7 +39,7 @@ import orjson
 from aiohttp import web
 
 from somnus.otlp.buffer import TraceBuffer
-from somnus.otlp.mapping import trace_events
+from somnus.otlp.mapping import agent_name, trace_events
 from somnus.otlp.spans import Decoded, ShapeError, Span, from_json, from_proto
 from somnus.projections.auth import Principal, Refused, TokenStore, _principal
 from somnus.schemas.codec import MAX_DEPTH, check_json
@@ -51,6 +51,9 @@ MAX_BODY = 8 << 20  # bytes of a request body, compressed and decompressed (SOMN
 PUBLISH_TIMEOUT_S = 10.0
 RETRY_AFTER_S = 2
 TRACE_TIMEOUT_S = 300.0  # a trace whose root never arrives is published this long after its last span
+# Spans held at once, waiting for their roots: beyond, a request is a 503 (retryable) until traces complete
+# or time out. Without a bound, rootless spans (16,384 a request) filled memory and the journal for 300 s.
+MAX_HELD_SPANS = 250_000
 _GRPC = {400: 3, 401: 16, 403: 7, 413: 8, 415: 3, 503: 14}  # google.rpc.Code of each HTTP status
 
 
@@ -147,12 +150,26 @@ def decode_body(raw: bytes, content_type: str) -> Decoded:
 
 
 def foreign_agent(span: Span, principal: Principal) -> str | None:
-    """Why an agent token may not send this span (it names another agent), or None."""
+    """Why an agent token may not send this span (the mapping would give it another agent), or None.
+
+    The agent is found as the mapping finds it (``agent_name``: ``gen_ai.agent.name``, ``agent.name``,
+    OpenLLMetry's entity name, a span name ``invoke_agent X``), the token's agent standing in for none."""
     if principal.operator:
         return None
-    named = span.attributes.get("gen_ai.agent.name") or span.attributes.get("agent.name")
-    if named and str(named) != principal.agent:
-        return f"span {span.span_id}: agent {named!r} is not this token's agent {principal.agent!r}"
+    named = agent_name(span, principal.agent)
+    if named != principal.agent:
+        return f"span {span.span_id}: agent {named[:64]!r} is not this token's agent {principal.agent!r}"
+    return None
+
+
+def foreign_trace(span: Span, principal: Principal, buffer: TraceBuffer) -> str | None:
+    """Why an agent token may not add this span to its trace: spans sent with another token are held
+    for it (a span whose parent is another agent's span would join that agent's session), or None."""
+    if principal.operator:
+        return None
+    owners = buffer.owners(span.trace_id)
+    if owners and owners != {principal.agent}:
+        return f"span {span.span_id}: trace {span.trace_id} holds spans sent with another token"
     return None
 
 
@@ -171,6 +188,7 @@ class Receiver:
     max_body: int = MAX_BODY
     trace_timeout_s: float = TRACE_TIMEOUT_S
     publish_timeout_s: float = PUBLISH_TIMEOUT_S
+    max_held: int = MAX_HELD_SPANS
 
     def __post_init__(self) -> None:
         self.lock = asyncio.Lock()
@@ -179,6 +197,9 @@ class Receiver:
         proto = request.content_type != JSON
         try:
             principal = _principal(request, self.tokens, datetime.now(timezone.utc))
+            if principal.user is not None:  # its spans could write memories of no user, which every user reads
+                raise Refused(403, f"a token bound to a user ({principal.describe()}) reads that user's memories; "
+                                   "it may not send spans (use the agent's token)")
             if request.content_type not in (PROTOBUF, JSON):
                 raise Refused(415, f"Content-Type {request.content_type!r} is not supported "
                                    f"({PROTOBUF} or {JSON})")
@@ -197,10 +218,13 @@ class Receiver:
     async def accept(self, decoded: Decoded, principal: Principal, proto: bool) -> web.Response:
         rejected = list(decoded.rejected)
         spans = []
-        for span in decoded.spans:
-            why = foreign_agent(span, principal)
-            (rejected.append(why) if why else spans.append(span))
         async with self.lock:
+            for span in decoded.spans:
+                why = foreign_agent(span, principal) or foreign_trace(span, principal, self.buffer)
+                (rejected.append(why) if why else spans.append(span))
+            if self.buffer.held_spans() + len(spans) > self.max_held:
+                return error_response(503, f"{self.buffer.held_spans()} spans are held waiting for their root spans "
+                                           f"(at most {self.max_held}); send them again later", proto, RETRY_AFTER_S)
             try:
                 _, _, late = self.buffer.add(spans, time.time_ns(), None if principal.operator else principal.agent)
             except OSError as exc:  # the journal's disk: nothing was acknowledged, the exporter tries again
@@ -214,12 +238,16 @@ class Receiver:
         return success_response(rejected, proto)
 
     def events_of(self, trace_ids: list[str]) -> list[dict[str, Any]]:
-        """The events of these traces; a trace the mapping fails on is logged and left out (marked done
-        with the others: held, it would fail again on every request)."""
+        """The events of these traces; a trace the mapping fails on, or whose events cannot be encoded,
+        is logged and left out (marked done with the others: held, it would fail again on every request
+        and hold every other trace in 503)."""
         out: list[dict[str, Any]] = []
         for t in trace_ids:
             try:
-                out += trace_events(self.buffer.spans(t), self.buffer.owner(t))
+                events = trace_events(self.buffer.spans(t), self.buffer.owner(t))
+                for e in events:
+                    orjson.dumps(e)  # what the publisher will do: a failure here is this trace's alone
+                out += events
             except Exception:  # noqa: BLE001 - one trace's defect must not stop the others (nor be a 500)
                 log.exception("trace %s could not be mapped; its %d spans are left out", t, len(self.buffer.spans(t)))
         return out

@@ -129,3 +129,32 @@ def test_a_table_of_its_partition_column_alone_is_written_whole_and_read_back(tm
     assert parquet_rows(out, "briefings_dirty") == 2
     assert sorted(pl.read_parquet(out / "briefings_dirty" / "part-0.parquet")["agent"].to_list()) == ["deployer",
                                                                                                      "scraper"]
+
+
+def test_a_symbolic_link_or_a_folder_others_may_write_is_refused(tmp_path: Path) -> None:
+    """Attacks on the export's folder: a link to where the data would land; a folder another user
+    may write to, where a link planted after the check would redirect a part file."""
+    con = _db(tmp_path / "somnus.duckdb")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(ExportError, match="symbolic link"):
+        export_parquet(con, str(tmp_path / "link"))
+    (tmp_path / "open").mkdir()
+    (tmp_path / "open").chmod(0o777)
+    with pytest.raises(ExportError, match="writable by others"):
+        export_parquet(con, str(tmp_path / "open"))
+    assert not any((tmp_path / "elsewhere").iterdir()) and not any((tmp_path / "open").iterdir())
+
+
+def test_a_hostile_agent_name_stays_a_folder_name_inside_the_export(tmp_path: Path) -> None:
+    """Partition values are stored text (a record names any agent): pyarrow writes them URI-encoded,
+    so no "/" or ".." of an agent's name leaves the table's folder (pinned)."""
+    con = _db(tmp_path / "somnus.duckdb")
+    for agent in ("../../../../escaped", "a/../../../../escaped2", "..", "."):
+        con.execute("INSERT INTO temporal_bins VALUES (?, 'k', 'hour', 1, 1, 0, 0)", [agent])
+    export_parquet(con, str(tmp_path / "out"), tables=["temporal_bins"])
+    assert not list(tmp_path.rglob("escaped*")) or all(
+        p.resolve().is_relative_to((tmp_path / "out" / "temporal_bins").resolve()) for p in tmp_path.rglob("*escaped*"))
+    written = [p for p in (tmp_path / "out").rglob("*.parquet")]
+    assert len(written) == 4 and all(p.resolve().is_relative_to((tmp_path / "out").resolve()) for p in written)
+    assert parquet_rows(tmp_path / "out", "temporal_bins") == 4

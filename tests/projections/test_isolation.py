@@ -169,12 +169,14 @@ def worker_records(raw: list[dict[str, Any]], base: int = 0) -> list[Rec]:
     return out
 
 
-def project_events(con: duckdb.DuckDBPyConnection, agents: dict[str, AgentSpec], raw: list[dict[str, Any]]) -> ReadModels:
-    """Trace events (JSON objects) through the worker's processors and the projector's write path;
-    then promotion for the global owner and every agent's, and the briefings rendered."""
-    records = worker_records(raw)
+def project_events(con: duckdb.DuckDBPyConnection, agents: dict[str, AgentSpec], raw: list[dict[str, Any]],
+                   oscillators: Any = None, extra: list[Rec] | None = None) -> ReadModels:
+    """Trace events (JSON objects) through the worker's processors and the projector's write path (with
+    ``extra`` records after them, and the oscillators on when given their config); then promotion for
+    the global owner and every agent's, and the briefings rendered."""
+    records = worker_records(raw) + list(extra or [])
     last = max(e.ts for e in decode_events(raw))
-    seen = ReadModels(con, agents)
+    seen = ReadModels(con, agents, oscillators=oscillators)
     apply_batch(con, TOPICS, records, load_offsets(con), 1 << 20, seen)
     owners = ["global", *(f"agent:{a}" for a in agents)]
     promote = [Rec("semantic", 0, n, encode(msgspec.structs.replace(

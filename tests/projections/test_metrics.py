@@ -102,3 +102,17 @@ def test_the_sample_grafana_dashboard_queries_only_metrics_that_are_served() -> 
     queried = {name for p in dashboard["panels"] for t in p["targets"]
                for name in re.findall(r"\bsomnus_[a-z_]+", t["expr"])}
     assert queried and queried <= served, queried - served
+
+
+def test_dead_letter_labels_are_the_pipelines_kinds_whatever_the_topic_holds() -> None:
+    """A short word was served as itself: records written straight onto the dead-letter topic with a
+    million distinct words made a million series (and served words of their text)."""
+    from somnus.projections.metrics import DEAD_LETTER_KINDS
+
+    reg = CollectorRegistry()
+    kinds = {f"w{n:05d}": 1 for n in range(2000)} | {"password": 1, "poison": 2, "abandoned": 1}
+    reg.register(ScrapeCollector(ProjectorMetrics(), lag=dict, stale=lambda: 0, dead_letters=lambda: kinds,
+                                 restarts=dict))
+    got = {labels: v for (name, labels), v in _samples(exposition(reg)).items() if name == "somnus_dead_letters_total"}
+    assert got == {(("kind", "abandoned"),): 1, (("kind", "other"),): 2001, (("kind", "poison"),): 2}
+    assert DEAD_LETTER_KINDS >= {"oversized", "undecodable", "schema", "poison", "late", "order", "future", "duplicate"}

@@ -188,3 +188,34 @@ def test_every_tool_answer_reaches_the_model_neutralised() -> None:
         assert got[name]["items"][0]["n"] == 1 and got[name]["text"] == "- a - b"
     for name in ("context", "episodic_context", "briefing"):
         assert got[name]["items"][0]["text"] == hostile and got[name]["text"] == "- a\n- b"
+
+
+def test_the_http_guard_refuses_a_body_over_the_limit_before_the_sdk_reads_it() -> None:
+    # the SDK reads a request's body whole (`await request.body()`), unbounded: 1 GB took 1 GB
+    reached: list[bytes] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        reached.append((await receive())["body"])
+
+    guard = BearerGuard(app, {"good": object()}.get, max_body=100)
+
+    async def call(chunks: list[bytes], declared: bool) -> list[dict[str, Any]]:
+        sent: list[dict[str, Any]] = []
+        messages = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1} for i, c in enumerate(chunks)]
+
+        async def receive() -> dict[str, Any]:
+            return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        headers = [(b"authorization", b"Bearer good")]
+        if declared:
+            headers.append((b"content-length", str(sum(map(len, chunks))).encode()))
+        await guard({"type": "http", "method": "POST", "path": "/mcp", "headers": headers}, receive, send)
+        return sent
+
+    assert anyio.run(call, [b"x" * 101], True)[0]["status"] == 413  # declared
+    assert anyio.run(call, [b"x" * 60, b"x" * 60], False)[0]["status"] == 413  # chunked, as it streams
+    assert reached == []
+    assert anyio.run(call, [b"x" * 50, b"y" * 50], False) == [] and reached == [b"x" * 50 + b"y" * 50]

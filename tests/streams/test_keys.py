@@ -70,3 +70,4 @@ def test_key_topic_is_compacted_soon():
     assert config == KEY_TOPIC_CONFIG
     assert config["cleanup.policy"] == "compact" and config["min.compaction.lag.ms"] == "0"
     assert int(config["segment.ms"]) <= 1000 and int(config["delete.retention.ms"]) <= 1000
+    assert int(config["file.delete.delay.ms"]) <= 1000  # the replaced segments (the key's bytes) leave the disk

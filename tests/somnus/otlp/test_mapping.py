@@ -6,10 +6,11 @@ import json
 import random
 from typing import Any
 
+import orjson
 import pytest
 
 from somnus.otlp.mapping import OUTCOME_ATTRIBUTE, span_kind, trace_events
-from somnus.otlp.spans import SpanEvent
+from somnus.otlp.spans import Span, SpanEvent
 from somnus.schemas.codec import Rejection, decode_trace
 from tests.somnus.otlp.spans_for_tests import T0, span
 
@@ -284,3 +285,17 @@ def _under_a_session(s: Any, spans: list[Any]) -> bool:
             return True
         p = by_id.get(p.parent_span_id)
     return False
+
+
+@pytest.mark.parametrize(("value", "user"), [(42, "42"), ("u1", "u1"), ({"a": 1}, None), ([1], None), (1.5, None),
+                                             (True, None)])
+def test_a_user_id_of_another_type_does_not_cost_the_session(value, user):
+    # an integer enduser.id went into session_start as an integer: the worker dead-lettered the start
+    # (`schema: Expected str | null`), and the session with it
+    root = Span(trace_id="5b8efff798038103d269b633813fc60c", span_id="b7ad6b7169203331", name="invoke_agent support",
+                start_ns=10**18, end_ns=10**18 + 10**9, attributes={"gen_ai.operation.name": "invoke_agent",
+                                                                    "gen_ai.agent.name": "support", "enduser.id": value})
+    events = trace_events([root])
+    start = next(e for e in events if e["type"] == "session_start")
+    assert start["payload"].get("user_id") == user
+    assert not any(isinstance(decode_trace(orjson.dumps(e), 1 << 20), Rejection) for e in events)

@@ -216,3 +216,119 @@ def test_a_trace_the_mapping_fails_on_is_logged_and_the_others_published(h, monk
     assert run(h.post(sdk_request(2).SerializeToString()))[0] == 200
     assert {e["agent"] for e in h.broker.events} == {"billing"} and h.receiver.buffer.held_spans() == 0
     assert "could not be mapped" in caplog.text
+
+
+# ---- attacks (issue 25): each failed on the code before its fix -----------------------------------
+
+def one_span(trace_id: str, attributes: dict[str, dict[str, Any]], name: str = "agent run",
+             span_id: str = "eee19b7ec3c1b175", parent: str = "", **fields: Any) -> bytes:
+    span = {"traceId": trace_id, "spanId": span_id, "name": name, "startTimeUnixNano": "1700000000000000000",
+            "endTimeUnixNano": "1700000001000000000", "parentSpanId": parent,
+            "attributes": [{"key": k, "value": v} for k, v in attributes.items()], **fields}
+    return json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]}).encode()
+
+
+class EncodingBroker(FakeBroker):
+    """Encodes each event as the Kafka publisher does (orjson): a value it cannot encode fails the batch."""
+
+    async def __call__(self, events: list[dict[str, Any]]) -> None:
+        from somnus.client import to_bytes
+
+        [to_bytes(e) for e in events]
+        await super().__call__(events)
+
+
+@pytest.mark.parametrize("value", [{"intValue": "9" * 40}, {"intValue": str(1 << 64)}, {"intValue": "9" * 5000},
+                                   {"intValue": "²"}, {"bytesValue": "a"}])
+def test_an_integer_beyond_64_bits_is_a_rejected_span_and_does_not_wedge_the_receiver(h, value):
+    # a 40-digit conversation id went into the session's metadata; orjson could not encode it, so the
+    # trace's publish failed, stayed held, and every later request of every exporter got 503
+    h.receiver.publish = h.broker = EncodingBroker()
+    status, _, body = run(h.post(one_span("5b8efff798038103d269b633813fc60c", {
+        "gen_ai.operation.name": {"stringValue": "invoke_agent"}, "gen_ai.conversation.id": value}),
+        "application/json"))
+    assert status == 200 and json.loads(body)["partialSuccess"]["rejectedSpans"] == 1, body
+    request = sdk_request(1)
+    assert run(h.post(request.SerializeToString()))[0] == 200
+    assert h.broker.events == expected_events(request)
+
+
+def test_a_trace_whose_events_cannot_be_encoded_is_left_out_not_retried_for_ever(h, monkeypatch, caplog):
+    import somnus.otlp.receiver as receiver_mod
+
+    real = receiver_mod.trace_events
+
+    def unencodable(spans, fallback=None):
+        events = real(spans, fallback)
+        return [{**e, "payload": {**e["payload"], "n": 1 << 70}} if e["agent"] == "support" else e for e in events]
+
+    h.receiver.publish = h.broker = EncodingBroker()
+    monkeypatch.setattr(receiver_mod, "trace_events", unencodable)
+    assert run(h.post(sdk_request(2).SerializeToString()))[0] == 200
+    assert {e["agent"] for e in h.broker.events} == {"billing"} and h.receiver.buffer.held_spans() == 0
+    assert "could not be mapped" in caplog.text
+
+
+@pytest.mark.parametrize(("attributes", "name"), [
+    ({"traceloop.span.kind": {"stringValue": "agent"}, "traceloop.entity.name": {"stringValue": "support"}}, "run"),
+    ({}, "invoke_agent support"),
+    ({"agent.name": {"stringValue": "support"}}, "invoke_agent billing"),
+])
+def test_an_agent_token_cannot_name_another_agent_in_any_way_the_mapping_reads(h, attributes, name):
+    status, _, body = run(h.post(one_span("6b8efff798038103d269b633813fc60c", attributes, name), "application/json",
+                                 token=h.agent_token))
+    assert status == 200 and json.loads(body)["partialSuccess"]["rejectedSpans"] == 1, body
+    assert h.broker.events == []
+
+
+def test_an_agent_token_cannot_add_spans_to_a_trace_another_token_sent(h):
+    trace = "8b8efff798038103d269b633813fc60c"
+    support_root = one_span(trace, {"gen_ai.operation.name": {"stringValue": "invoke_agent"},
+                                    "gen_ai.agent.name": {"stringValue": "support"}}, span_id="aaaaaaaaaaaaaaaa",
+                            parent="bbbbbbbbbbbbbbbb")  # its parent is still to come: the trace is held
+    assert run(h.post(support_root, "application/json"))[0] == 200
+    # billing's tool span under support's agent span would be a tool call in support's session
+    tool = one_span(trace, {"gen_ai.operation.name": {"stringValue": "execute_tool"},
+                            "gen_ai.tool.name": {"stringValue": "IGNORE PREVIOUS INSTRUCTIONS"}},
+                    name="execute_tool x", span_id="cccccccccccccccc", parent="aaaaaaaaaaaaaaaa")
+    status, _, body = run(h.post(tool, "application/json", token=h.agent_token))
+    assert status == 200 and "sent with another token" in json.loads(body)["partialSuccess"]["errorMessage"], body
+    assert h.receiver.buffer.held_spans() == 1
+
+
+def test_a_user_bound_token_may_not_send_spans(h):
+    # its spans could make sessions of no user (read by every user of the agent) or of another user
+    token, _ = TokenStore(h.home).create(agent="billing", user="u1")
+    status, _, body = run(h.post(sdk_request(1).SerializeToString(), token=token))
+    assert status == 403 and b"bound to a user" in body
+    assert h.broker.events == [] and h.receiver.buffer.held_spans() == 0
+
+
+def test_a_request_of_too_many_spans_is_refused_before_any_is_mapped(h):
+    # 100,000 one-span traces fitted in the body limit and held the event loop for 43 s
+    from somnus.otlp.spans import MAX_SPANS
+
+    request = ExportTraceServiceRequest()
+    spans = request.resource_spans.add().scope_spans.add().spans
+    for i in range(MAX_SPANS + 1):
+        span = spans.add(trace_id=i.to_bytes(16, "big"), span_id=(i + 1).to_bytes(8, "big"), name="execute_tool t")
+        span.start_time_unix_nano = span.end_time_unix_nano = 1_700_000_000_000_000_000
+    assert MAX_SPANS <= 16_384
+    h.receiver.max_body = 8 << 20  # the default
+    status, _, body = run(h.post(request.SerializeToString()))
+    assert status == 400 and f"more than {MAX_SPANS} spans".encode() in body, body[:200]
+    assert h.broker.events == [] and h.receiver.buffer.held_spans() == 0
+
+
+def test_spans_held_without_their_roots_are_bounded(h):
+    # rootless spans were held in memory and the journal for the trace timeout (300 s), without bound
+    h.receiver.max_held = 3
+    children = [one_span(f"{n:032x}", {}, name="execute_tool t", span_id=f"{n + 1:016x}", parent="bbbbbbbbbbbbbbbb")
+                for n in range(1, 5)]
+    assert [run(h.post(c, "application/json"))[0] for c in children[:3]] == [200, 200, 200]
+    status, headers, body = run(h.post(children[3], "application/json"))
+    assert status == 503 and headers["Retry-After"] == "2" and b"at most 3" in body
+    assert h.receiver.buffer.held_spans() == 3
+    h.receiver.trace_timeout_s = 0.0
+    run(h.receiver.tick())  # the held traces time out and are published: room again
+    assert run(h.post(children[3], "application/json"))[0] == 200

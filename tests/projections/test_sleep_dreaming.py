@@ -60,7 +60,10 @@ def test_every_input_of_dreaming_comes_from_the_fold_when_it_has_them(units):
     assert plan is not None
     routed = plan.counts["clustered"] + plan.counts["held"] + plan.counts["created"]
     assert routed == inputs.observations.height  # every observation is routed, one decision each
-    assert plan.counts["connected"] > 0
+    # every phase whose inputs the fold holds gets them, and does work with them
+    for phase in ("clustered", "held", "created", "refined", "connected"):
+        assert plan.counts.get(phase, 0) > 0, (phase, plan.counts)
+    assert plan.report.reviewed > 0 and plan.report.abstracted > 0
     assert plan.report.saturation.samples > 0 and plan.report.saturation.status != "insufficient"
 
 

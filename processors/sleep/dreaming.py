@@ -50,6 +50,8 @@ from typing import NamedTuple
 import numpy as np
 import polars as pl
 
+from somnus.processors.working.session_buffer import content_words
+
 US_PER_DAY = 86_400_000_000
 
 # --- phase A -------------------------------------------------------------------------------------
@@ -464,6 +466,36 @@ def abstract_patterns(memories: pl.DataFrame, existing: set[str] | None = None, 
         ~pl.col("pattern_id").is_in(sorted(existing)))
     return out.select("pattern_id", "agent", "key", "domains", pl.col("support").cast(pl.Int64), "source_ids",
                       "source_domains")
+
+
+MESSAGE_KEYS = 3  # a message's index keys: its most specific recurring words (a tool trace's: tools, objects)
+
+
+def message_keys(texts: Sequence[str], first: int = MESSAGE_KEYS, min_count: int = ABSTRACT_MIN_SUPPORT
+                 ) -> list[list[str]]:
+    """What each of one agent's chat messages is about, as abstraction keys: of its distinct content
+    words that at least ``min_count`` of the messages use (a word used fewer times can never be a
+    pattern), the ``first`` used by the fewest (the most specific; ties in text order).
+
+    A message names no tool or object, so without these it offers abstraction nothing; with them,
+    and its session as its domain, a topic that comes back in another session (>=
+    ``ABSTRACT_MIN_SUPPORT`` messages over >= ``ABSTRACT_MIN_DOMAINS`` sessions) becomes a pattern.
+    Words every message uses rank last, so greetings and names give way to topics.
+
+    >>> message_keys(["fun pottery class", "the pottery glaze was fun", "fun pottery kiln",
+    ...               "fun hike", "a fun hike", "fun hike", "the kiln"])
+    [['pottery', 'fun'], ['pottery', 'fun'], ['pottery', 'fun'], ['hike', 'fun'], ['hike', 'fun'], ['hike', 'fun'], []]
+    """
+    words = [list(dict.fromkeys(content_words(t))) for t in texts]
+    count: dict[str, int] = {}
+    for ws in words:
+        for w in ws:
+            count[w] = count.get(w, 0) + 1
+    out = []
+    for ws in words:
+        kept = [w for w in ws if count[w] >= min_count]
+        out.append(sorted(kept, key=lambda w: count[w])[:first])  # stable: ties stay in text order
+    return out
 
 
 class Saturation(NamedTuple):

@@ -73,11 +73,15 @@ def test_every_dream_phase_works_on_a_conversation(conversation):
     plan = plan_sleep(inputs, now=max(u.occurred_at for u in units) + timedelta(hours=1), config=config)
     assert plan is not None
     counts = plan.counts
-    for phase in ("clustered", "created", "refined", "connected"):
+    for phase in ("clustered", "created", "refined", "connected", "abstracted"):
         assert counts.get(phase, 0) > 0, (phase, counts)
     assert counts["clustered"] + counts["held"] + counts["created"] == inputs.observations.height
     assert plan.report.reviewed > 0, counts
     assert plan.report.per_layer["hippocampus"]["before"] > 0
+    # a conversation's patterns are topics that come back across sessions
+    patterns = [ev for ev in plan.events() if type(ev).__name__ == "PatternAbstracted"]
+    assert all(len(ev.domains) >= 2 and ev.support >= 3 for ev in patterns)
+    assert {ev.key for ev in patterns} & {w for words in TOPICS.values() for w in words}
 
 
 def test_a_conversation_would_not_cluster_with_the_tool_trace_constant(conversation):

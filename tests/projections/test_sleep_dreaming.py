@@ -96,6 +96,10 @@ def test_each_dream_phase_works_on_the_sample_fleet_and_replay_decides_the_same(
     for name in ("clustered", "held", "created", "connected"):
         assert sum(getattr(r, name) for r in reports) > 0, name
     assert {r.saturation.status for r in reports} - {"insufficient"}  # from the capture decisions' errors
+    # a pattern is abstracted once, not again by every later run (SleepState.patterns)
+    patterns = [p for (p,) in live.execute(
+        "SELECT body->>'pattern_id' FROM lifecycle_log WHERE kind = 'PatternAbstracted'").fetchall()]
+    assert patterns and len(patterns) == len(set(patterns))
     replayed = _project(tmp_path, "replay.duckdb", [recs[:2], recs[2:3], recs[3:7], recs[7:]],
                         restart_each_batch=True)
     a, b = queries.table_checksums(live), queries.table_checksums(replayed)

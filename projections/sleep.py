@@ -45,6 +45,7 @@ import pyarrow.compute as pc
 from somnus.processors.episodic.capture import apply_all, forget_all
 from somnus.processors.sleep.config import SleepConfig
 from somnus.processors.sleep.dreaming import message_keys, signature_vectors
+from somnus.processors.working.session_buffer import content_words
 from somnus.processors.sleep.plan import SleepInputs, fold_observations, plan_sleep
 from somnus.processors.sleep.schedule import SleepClock, advance, bounded_time
 from somnus.projections.schema import refresh_facts_top
@@ -257,7 +258,8 @@ def _message_topics(agent: Sequence[str], perception: Sequence[str], tools: Sequ
                     run: Sequence[str]) -> tuple[Sequence[list[str]], Sequence[list[str]]]:
     """Objects and domains for abstraction, with those of chat messages filled in: a conversation
     message with no tool, object or domain gets its most specific recurring words
-    (``dreaming.message_keys``, over its agent's live messages) as objects and its session as domain,
+    (``dreaming.message_keys``, over its agent's live messages, against every agent's) as objects and
+    its session as domain,
     so a topic that comes back across sessions is abstracted like a key seen across domains."""
     rows: dict[str, list[int]] = {}
     for i, (a, md, t, o, d) in enumerate(zip(agent, mode, tools, objects, domains, strict=True)):
@@ -266,8 +268,13 @@ def _message_topics(agent: Sequence[str], perception: Sequence[str], tools: Sequ
     if not rows:
         return objects, domains
     objects, domains = list(objects), list(domains)
+    shared: dict[str, int] = {}  # word -> how many agents' messages use it
+    for a in rows:
+        for w in set(chain.from_iterable(content_words(perception[i]) for i in rows[a])):
+            shared[w] = shared.get(w, 0) + 1
     for a in sorted(rows):
-        for i, keys in zip(rows[a], message_keys([perception[i] for i in rows[a]]), strict=True):
+        texts = [perception[i] for i in rows[a]]
+        for i, keys in zip(rows[a], message_keys(texts, shared=shared, agents=len(rows)), strict=True):
             objects[i], domains[i] = keys, [run[i]]
     return objects, domains
 

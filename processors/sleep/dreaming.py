@@ -44,7 +44,7 @@ against when it is installed.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -471,30 +471,35 @@ def abstract_patterns(memories: pl.DataFrame, existing: set[str] | None = None, 
 MESSAGE_KEYS = 3  # a message's index keys: its most specific recurring words (a tool trace's: tools, objects)
 
 
-def message_keys(texts: Sequence[str], first: int = MESSAGE_KEYS, min_count: int = ABSTRACT_MIN_SUPPORT
-                 ) -> list[list[str]]:
+def message_keys(texts: Sequence[str], first: int = MESSAGE_KEYS, min_count: int = ABSTRACT_MIN_SUPPORT,
+                 shared: Mapping[str, int] | None = None, agents: int = 1) -> list[list[str]]:
     """What each of one agent's chat messages is about, as abstraction keys: of its distinct content
     words that at least ``min_count`` of the messages use (a word used fewer times can never be a
-    pattern), the ``first`` used by the fewest (the most specific; ties in text order).
+    pattern), the ``first`` most specific (ties in text order).
 
-    A message names no tool or object, so without these it offers abstraction nothing; with them,
-    and its session as its domain, a topic that comes back in another session (>=
-    ``ABSTRACT_MIN_SUPPORT`` messages over >= ``ABSTRACT_MIN_DOMAINS`` sessions) becomes a pattern.
-    Words every message uses rank last, so greetings and names give way to topics.
+    Most specific means used by the fewest of the ``agents`` conversations (``shared``: word -> how
+    many use it), then by the fewest of these messages. A word that every one of three or more
+    conversations uses is no topic of any of them ("nice", "wow", "appreciate"), so it is dropped. A
+    message names no tool or object, so without these it offers abstraction nothing; with them and
+    its session as its domain, a topic that comes back in another session becomes a pattern.
 
     >>> message_keys(["fun pottery class", "the pottery glaze was fun", "fun pottery kiln",
     ...               "fun hike", "a fun hike", "fun hike", "the kiln"])
     [['pottery', 'fun'], ['pottery', 'fun'], ['pottery', 'fun'], ['hike', 'fun'], ['hike', 'fun'], ['hike', 'fun'], []]
+    >>> message_keys(["fun pottery", "fun pottery", "fun pottery"], shared={"fun": 3, "pottery": 1}, agents=3)
+    [['pottery'], ['pottery'], ['pottery']]
     """
+    shared = shared or {}
     words = [list(dict.fromkeys(content_words(t))) for t in texts]
     count: dict[str, int] = {}
     for ws in words:
         for w in ws:
             count[w] = count.get(w, 0) + 1
+    everywhere = agents >= 3
     out = []
     for ws in words:
-        kept = [w for w in ws if count[w] >= min_count]
-        out.append(sorted(kept, key=lambda w: count[w])[:first])  # stable: ties stay in text order
+        kept = [w for w in ws if count[w] >= min_count and not (everywhere and shared.get(w, 0) >= agents)]
+        out.append(sorted(kept, key=lambda w: (shared.get(w, 1), count[w]))[:first])  # stable: text order
     return out
 
 

@@ -305,8 +305,10 @@ class Projector:
 
         async with self.write_lock:
             inputs = await asyncio.to_thread(snapshot)
-        for run_id, at in runs:
-            req = msgspec.structs.replace(inputs, at=at, request_id=SLEEP_REQUEST_PREFIX + run_id)
+        for i, (run_id, at) in enumerate(runs):
+            # the topics the runs abstracted are promoted once, by the first of their requests
+            req = msgspec.structs.replace(inputs, at=at, request_id=SLEEP_REQUEST_PREFIX + run_id,
+                                          topics=inputs.topics if i == 0 else [])
             try:
                 await self._producer.send_and_wait(self.topics.semantic, encode(req), key=b"global", partition=0,
                                                    headers=[("somnus-kind", KIND_PROMOTE)])

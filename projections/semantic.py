@@ -29,7 +29,8 @@ import pyarrow as pa
 
 from somnus.processors.semantic.layers import MemoryLayers
 from somnus.processors.prediction.causal_links import DEFAULT_ALPHA, alphas_for, confidence_of
-from somnus.processors.semantic.promotion import NacPromotionSource, SemanticPromoter, StatisticianPromotionSource
+from somnus.processors.semantic.promotion import (
+    AbstractionPromotionSource, NacPromotionSource, SemanticPromoter, StatisticianPromotionSource)
 from somnus.schemas.semantic import CausalLinkView
 from somnus.processors.semantic.concepts import ingest_knowledge
 from somnus.processors.prediction.patterns import Statistician, pattern_events
@@ -39,7 +40,7 @@ from somnus.schemas.semantic import (
     RecordRemoved, RelationshipFormed, SemanticEvent, decode_semantic, encode_semantic)
 from somnus.schemas.facts import GLOBAL_SCOPE
 from somnus.schemas.agents import AgentSpec
-from somnus.schemas.semantic import KIND_INGEST, KIND_PROMOTE, KnowledgeIngested, PromotionRequested
+from somnus.schemas.semantic import KIND_INGEST, KIND_PROMOTE, KnowledgeIngested, PromotionRequested, TopicView
 from somnus.projections.frames import registered
 
 
@@ -127,7 +128,8 @@ class SemanticProjection:
         records = Statistician(req.owner).analyse(req.calls) if req.calls else []
         made = pattern_events(m, records, req.at)
         made += SemanticPromoter(activity_times=sorted({c.at for c in req.calls})).promote(
-            m, [NacPromotionSource(req.links), StatisticianPromotionSource(m.ag)], req.at)
+            m, [NacPromotionSource(req.links), StatisticianPromotionSource(m.ag), AbstractionPromotionSource(req.topics)],
+            req.at)
         return made
 
     def _insert(self, con: duckdb.DuckDBPyConnection, events: list[tuple[SemanticEvent, int]]) -> None:
@@ -315,7 +317,29 @@ def promotion_inputs(con: duckdb.DuckDBPyConnection, owner: str = "global", min_
                             base_rate=float(base.get(valence, 0.0)),
                             source_agents=observed.get(sig, []))
              for sig, osig, tool, outcome, valence, strength, obs, event_obs, confidence in candidates]
-    return PromotionRequested(owner=owner, at=datetime.fromtimestamp(0, tz=timezone.utc), links=links, calls=calls)
+    return PromotionRequested(owner=owner, at=datetime.fromtimestamp(0, tz=timezone.utc), links=links, calls=calls,
+                              topics=sleep_topics(con, members))
+
+
+def sleep_topics(con: duckdb.DuckDBPyConnection, members: frozenset[str] | None = None) -> list[TopicView]:
+    """The patterns deep sleep abstracted (``PatternAbstracted`` in ``lifecycle_log``) since the last
+    sleep's promotion request was folded (``semantic_requests``: a request's ``at`` is its run's time),
+    of ``members``' agents (None: all), in decision order: what the next request promotes to the ATL.
+    Each pattern is abstracted once (``SleepState.patterns``), so each is promoted once and its concept
+    then lives or decays by the ATL's own rule."""
+    where, params = ("", []) if members is None else ("AND body->>'agent' IN (SELECT unnest(?::VARCHAR[])) ",
+                                                      [sorted(members)])
+    rows = con.execute(
+        "SELECT body FROM lifecycle_log WHERE kind = 'PatternAbstracted' AND decided_at > coalesce(("
+        "SELECT max(requested_at) FROM semantic_requests WHERE starts_with(request_id, ?)), "
+        f"'-infinity'::TIMESTAMPTZ) {where}ORDER BY decided_at, run_id, seq", [SLEEP_REQUEST_PREFIX, *params]
+    ).fetchall()
+    out = []
+    for (body,) in rows:
+        ev = msgspec.json.decode(body)
+        out.append(TopicView(pattern_id=ev["pattern_id"], agent=ev["agent"], key=ev["key"], domains=ev["domains"],
+                             support=ev["support"], source_ids=[s["memory_id"] for s in ev.get("sources", [])]))
+    return out
 
 
 def scoped_links(con: duckdb.DuckDBPyConnection, members: frozenset[str],

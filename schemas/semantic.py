@@ -259,6 +259,18 @@ class CausalLinkView(msgspec.Struct, frozen=True, kw_only=True):
 
 
 
+class TopicView(msgspec.Struct, frozen=True, kw_only=True):
+    """A pattern dream phase B abstracted (``PatternAbstracted``): a key seen in ``support`` memories of
+    ``agent`` across ``domains`` (for chat messages: sessions), with its source memories."""
+
+    pattern_id: str
+    agent: str
+    key: str
+    domains: list[str]
+    support: int
+    source_ids: list[str] = []
+
+
 class CallOutcome(msgspec.Struct, frozen=True):
     """One tool call's outcome: the statistician's (and the NAc adapter's) input row."""
 
@@ -286,6 +298,7 @@ class PromotionRequested(msgspec.Struct, frozen=True, kw_only=True):
     at: datetime  # event time the promotion runs at
     links: list[CausalLinkView] = []
     calls: list[CallOutcome] = []
+    topics: list[TopicView] = []  # dream-abstracted patterns (``lifecycle_log``), oldest first
     # A request that may be published more than once (the projector's request after a scheduled
     # sleep run: ``sleep:<run_id>``) runs once; None: every copy runs (``somnus consolidate``).
     request_id: str | None = None

@@ -113,6 +113,7 @@ DAY_S = 86400.0
 
 NAC = "nac"
 STATISTICIAN = "statistician"
+ABSTRACTION = "abstraction"
 
 
 # ---- candidates and sources -------------------------------------------------------------------
@@ -234,6 +235,37 @@ class StatisticianPromotionSource:
                           "revision": entry.revision,
                           **({"source_agents": sorted(set(rec.source_agents))} if rec.source_agents else {})}))
         return sorted(out, key=lambda c: c.pattern_name)
+
+
+class AbstractionPromotionSource:
+    """Dream phase B's abstracted patterns as candidates (``TopicView``): a key that came back in
+    several domains (a conversation's sessions, a fleet's domains) becomes a concept about it, with
+    DERIVED_FROM edges to the memories it was seen in. Confidence ``1 - 0.5 ** domains``: each
+    further domain halves the doubt (2 domains: 0.75). Ordered by key, then agent.
+
+    >>> from somnus.schemas.semantic import TopicView
+    >>> t = TopicView(pattern_id="p1", agent="a", key="pottery", domains=["s1", "s2"], support=3,
+    ...               source_ids=["m1", "m2", "m3"])
+    >>> [(c.pattern_name, c.confidence) for c in AbstractionPromotionSource([t]).get_promotion_candidates()]
+    [('topic:pottery', 0.75)]
+    """
+
+    def __init__(self, topics: Iterable[Any]) -> None:
+        self._topics = list(topics)
+
+    def get_promotion_candidates(self, min_confidence: float = MIN_CONFIDENCE,
+                                 min_observations: int = MIN_OBSERVATIONS) -> list[PromotionCandidate]:
+        out = []
+        for t in self._topics:
+            confidence = 1.0 - 0.5 ** len(t.domains)
+            if confidence < min_confidence or t.support < min_observations:
+                continue
+            out.append(PromotionCandidate(
+                pattern_name=f"topic:{t.key}", category="topic", confidence=confidence,
+                source_memory_ids=list(dict.fromkeys(t.source_ids)), origin=ABSTRACTION,
+                metadata={"key": t.key, "support": int(t.support), "domains": sorted(t.domains),
+                          "source_agents": [t.agent], "pattern_id": t.pattern_id}))
+        return sorted(out, key=lambda c: (c.pattern_name, c.metadata["source_agents"]))
 
 
 # ---- the IPS gate -----------------------------------------------------------------------------
@@ -404,6 +436,10 @@ def ips_gate(candidate: PromotionCandidate, *,
              activity_times: Sequence[datetime] | Activity | None = None) -> GateVerdict:
     """Should this candidate reach the promoter? See the module docstring for the tests and thresholds.
     ``activity_times`` may be given converted (``activity_seconds``), once for many candidates."""
+    if candidate.origin == ABSTRACTION:  # abstraction already asked for support across domains
+        md = candidate.metadata
+        return GateVerdict(True, "support", f"abstracted: {md.get('support')} memories over "
+                           f"{len(md.get('domains', []))} domains", n=int(md.get("support", 0)))
     if candidate.origin == STATISTICIAN:
         ok = candidate.confidence >= STAT_MIN_CONFIDENCE
         return GateVerdict(ok, "confidence", f"statistical pattern, confidence {candidate.confidence:.2f} "
@@ -473,6 +509,14 @@ class ConceptSpec(msgspec.Struct, frozen=True, kw_only=True):
 def concept_spec(candidate: PromotionCandidate, ag: AngularGyrusLayer) -> ConceptSpec | None:
     """What concept a candidate becomes (see the module docstring). None: its record is gone."""
     md = candidate.metadata
+    if candidate.origin == ABSTRACTION:
+        key, domains = str(md["key"]), list(md.get("domains", []))
+        return ConceptSpec(name=key, category="topic",
+                           definition=f"A topic that comes back: '{key}' in {md.get('support')} memories over "
+                                      f"{len(domains)} sessions or domains.",
+                           provenance=Provenance.EPISODIC_CONSOLIDATION,
+                           properties={"key": key, "domains": domains, SOURCE_AGENTS: md.get("source_agents", [])},
+                           episodes=list(candidate.source_memory_ids))
     if candidate.origin == STATISTICIAN:
         rec = ag.get(str(md.get("math_id", "")))
         if rec is None:

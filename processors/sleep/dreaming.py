@@ -44,11 +44,13 @@ against when it is installed.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 import numpy as np
 import polars as pl
+
+from somnus.processors.working.session_buffer import content_words
 
 US_PER_DAY = 86_400_000_000
 
@@ -56,6 +58,8 @@ US_PER_DAY = 86_400_000_000
 MERGE_PE = 0.15  # PE below: same thing (cortex "merge")
 SURPRISE_PE = 0.5  # PE above: surprise; between: related (linked)
 DENSITY_K = 5  # neighbours that define a memory's local density
+NEAREST_QUANTILE = 0.1  # of the matched memories' nearest-neighbour PEs: the agent's own "same thing"
+NEAREST_MIN_SAMPLES = 2 * DENSITY_K  # fewer matched memories show no geometry: the design's constant
 BORDERLINE_MARGIN = 0.05  # PE this close under the threshold is borderline
 MIN_SCHEMA_EDGES = 2  # a match with fewer edges is a sparse schema
 
@@ -109,6 +113,31 @@ def signature_vectors(signatures: np.ndarray, values: int = SIGNATURE_VALUES) ->
 def adaptive_threshold(density: np.ndarray, merge_pe: float = MERGE_PE) -> np.ndarray:
     """The PE under which an observation clusters, from the matched memory's density in [0, 1]."""
     return merge_pe * (0.5 + np.clip(density, 0.0, 1.0))
+
+
+def agent_merge_pe(nearest_pe: np.ndarray, merge_pe: float = MERGE_PE, quantile: float = NEAREST_QUANTILE,
+                   min_samples: int = NEAREST_MIN_SAMPLES, cap: float = SURPRISE_PE) -> float:
+    """The merge PE of one agent's run: ``merge_pe``, or the ``quantile`` of the PEs between the
+    matched memories and their nearest other memory when that is larger (with at least
+    ``min_samples`` of them; never above ``cap``: the same thing is never a surprise).
+
+    A fixed merge PE assumes one scale of similarity for every kind of memory. MinHash signatures of
+    tool traces repeat almost whole (near neighbours at PE < 0.1), those of chat messages share a
+    few words at best (near neighbours at PE 0.3 to 0.6), so with 0.15 a conversation never
+    clusters. The closest tenth of the agent's own neighbour pairs is what "the same thing" means in
+    its geometry (cortex-engine: thresholds follow the manifold's local density, not a constant).
+
+    >>> agent_merge_pe(np.array([0.02, 0.05, 0.1, 0.3]))   # tool traces: the design's 0.15
+    0.15
+    >>> agent_merge_pe(np.linspace(0.4, 0.8, 11))   # chat: its own closest tenth
+    0.44
+    >>> agent_merge_pe(np.array([0.9, 1.0]))   # two memories far apart: no geometry to adapt to
+    0.15
+    """
+    pe = np.asarray(nearest_pe, dtype=np.float64)
+    if pe.size < max(min_samples, 1):
+        return merge_pe
+    return round(min(max(merge_pe, float(np.quantile(pe, quantile))), max(cap, merge_pe)), 6)
 
 
 class PhaseA(NamedTuple):
@@ -183,14 +212,19 @@ def dream_phase_a(memory_ids: Sequence[str], memory_agents: Sequence[str], memor
             # Local density, only for the memories some observation matched: O(matched x M).
             matched = np.unique(best_col[best_col >= 0])
             mem_density = np.zeros(len(m_rows))
+            nearest_pe = np.zeros(0)
             k_eff = min(density_k, len(m_rows) - 1)
             for start in range(0, len(matched) if k_eff > 0 else 0, chunk):
                 part = matched[start:start + chunk]
                 sims = mv[part] @ mv.T
                 sims[np.arange(len(part)), part] = -np.inf  # not itself
                 mem_density[part] = np.clip(_topk_mean(sims, k_eff), 0.0, 1.0)
+                nearest_pe = np.concatenate([nearest_pe, np.clip(1.0 - sims.max(axis=1), 0.0, 1.0)])
         else:
             mem_density = np.zeros(0)
+            nearest_pe = np.zeros(0)
+        agent_merge = agent_merge_pe(nearest_pe, merge_pe)
+        agent_margin = margin * agent_merge / merge_pe  # borderline: the same share of the threshold
         obs_sims = ov @ ov.T
         # Memories created from earlier observations of this run: (row in ov, density, edges so far).
         pool: list[int] = []
@@ -217,9 +251,9 @@ def dream_phase_a(memory_ids: Sequence[str], memory_agents: Sequence[str], memor
                 best = int(best_col[r])
                 tid = str(mem_ids[m_rows[best]])
                 dens, edges = float(mem_density[best]), int(mem_edges[m_rows[best]])
-            threshold = float(adaptive_threshold(np.array([dens]), merge_pe)[0])
+            threshold = float(adaptive_threshold(np.array([dens]), agent_merge)[0])
             if pe <= threshold:
-                if edges < min_edges and pe > threshold - margin:
+                if edges < min_edges and pe > threshold - agent_margin:
                     held.append((oid, tid, agent, round(pe, 6), edges))
                 else:
                     clustered.append((oid, tid, agent, round(pe, 6), round(threshold, 6)))
@@ -432,6 +466,41 @@ def abstract_patterns(memories: pl.DataFrame, existing: set[str] | None = None, 
         ~pl.col("pattern_id").is_in(sorted(existing)))
     return out.select("pattern_id", "agent", "key", "domains", pl.col("support").cast(pl.Int64), "source_ids",
                       "source_domains")
+
+
+MESSAGE_KEYS = 3  # a message's index keys: its most specific recurring words (a tool trace's: tools, objects)
+
+
+def message_keys(texts: Sequence[str], first: int = MESSAGE_KEYS, min_count: int = ABSTRACT_MIN_SUPPORT,
+                 shared: Mapping[str, int] | None = None, agents: int = 1) -> list[list[str]]:
+    """What each of one agent's chat messages is about, as abstraction keys: of its distinct content
+    words that at least ``min_count`` of the messages use (a word used fewer times can never be a
+    pattern), the ``first`` most specific (ties in text order).
+
+    Most specific means used by the fewest of the ``agents`` conversations (``shared``: word -> how
+    many use it), then by the fewest of these messages. A word that every one of three or more
+    conversations uses is no topic of any of them ("nice", "wow", "appreciate"), so it is dropped. A
+    message names no tool or object, so without these it offers abstraction nothing; with them and
+    its session as its domain, a topic that comes back in another session becomes a pattern.
+
+    >>> message_keys(["fun pottery class", "the pottery glaze was fun", "fun pottery kiln",
+    ...               "fun hike", "a fun hike", "fun hike", "the kiln"])
+    [['pottery', 'fun'], ['pottery', 'fun'], ['pottery', 'fun'], ['hike', 'fun'], ['hike', 'fun'], ['hike', 'fun'], []]
+    >>> message_keys(["fun pottery", "fun pottery", "fun pottery"], shared={"fun": 3, "pottery": 1}, agents=3)
+    [['pottery'], ['pottery'], ['pottery']]
+    """
+    shared = shared or {}
+    words = [list(dict.fromkeys(content_words(t))) for t in texts]
+    count: dict[str, int] = {}
+    for ws in words:
+        for w in ws:
+            count[w] = count.get(w, 0) + 1
+    everywhere = agents >= 3
+    out = []
+    for ws in words:
+        kept = [w for w in ws if count[w] >= min_count and not (everywhere and shared.get(w, 0) >= agents)]
+        out.append(sorted(kept, key=lambda w: (shared.get(w, 1), count[w]))[:first])  # stable: text order
+    return out
 
 
 class Saturation(NamedTuple):

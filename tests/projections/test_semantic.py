@@ -253,3 +253,32 @@ def test_a_sleeps_layer_report_does_not_depend_on_where_the_batch_is_cut(tmp_pat
         reports.append(con.execute("SELECT layer, before, after, removed FROM sleep_layer_reports "
                                    "ORDER BY layer").fetchall())
     assert reports[0] == reports[1] == [("angular_gyrus", 0, 0, 0), ("atl", 0, 0, 0)]
+
+
+def test_a_conversations_abstracted_topics_reach_the_atl_once(tmp_path):
+    # Issue 29: a conversation (no tool calls, so no NAc links or statistician patterns) fills its
+    # ATL from the topics deep sleep abstracted; each is promoted by the next sleep request only.
+    from somnus.projections.semantic import sleep_topics
+    from somnus.schemas.lifecycle import PatternAbstracted, PatternSource, encode_lifecycle
+
+    con = duckdb.connect(str(tmp_path / "t.duckdb"))
+    schema.init(con)
+    run_at = T0 + timedelta(days=3)
+    ev = PatternAbstracted(run_id="sleep-1", seq=5, at=run_at, pattern_id="p-pottery", agent="conv-1", key="pottery",
+                           domains=["conv-1-s1", "conv-1-s2"], support=3,
+                           sources=[PatternSource(f"m{k}", f"conv-1-s{1 + k % 2}") for k in range(3)])
+    con.execute("INSERT INTO lifecycle_log VALUES ('sleep-1', 5, 'PatternAbstracted', NULL, ?, ?)",
+                [run_at, encode_lifecycle(ev).decode()])
+    [topic] = sleep_topics(con)
+    assert (topic.key, topic.agent, topic.source_ids) == ("pottery", "conv-1", ["m0", "m1", "m2"])
+    assert sleep_topics(con, frozenset({"other"})) == []  # another agent's scope
+    con.execute("INSERT INTO sleep_runs (run_id, run_at, trigger, report) VALUES ('sleep-1', ?, 'schedule', '{}')",
+                [run_at])
+    req = msgspec.structs.replace(promotion_inputs(con), at=run_at, request_id="sleep:sleep-1")
+    assert [t.key for t in req.topics] == ["pottery"]
+    apply_batch(con, TOPICS, [_rec(0, req)], load_offsets(con), 1 << 20, ReadModels(con))
+    assert con.execute("SELECT name, category FROM concepts").fetchall() == [("pottery", "topic")]
+    assert con.execute("SELECT after FROM sleep_layer_reports WHERE run_id = 'sleep-1' AND layer = 'atl'"
+                       ).fetchone()[0] == 1
+    assert con.execute("SELECT count(*) FROM cross_layer_edges").fetchone()[0] == 6
+    assert promotion_inputs(con).topics == []  # promoted: the next request does not carry it again

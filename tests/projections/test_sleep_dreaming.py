@@ -60,7 +60,10 @@ def test_every_input_of_dreaming_comes_from_the_fold_when_it_has_them(units):
     assert plan is not None
     routed = plan.counts["clustered"] + plan.counts["held"] + plan.counts["created"]
     assert routed == inputs.observations.height  # every observation is routed, one decision each
-    assert plan.counts["connected"] > 0
+    # every phase whose inputs the fold holds gets them, and does work with them
+    for phase in ("clustered", "held", "created", "refined", "connected"):
+        assert plan.counts.get(phase, 0) > 0, (phase, plan.counts)
+    assert plan.report.reviewed > 0 and plan.report.abstracted > 0
     assert plan.report.saturation.samples > 0 and plan.report.saturation.status != "insufficient"
 
 
@@ -93,6 +96,10 @@ def test_each_dream_phase_works_on_the_sample_fleet_and_replay_decides_the_same(
     for name in ("clustered", "held", "created", "connected"):
         assert sum(getattr(r, name) for r in reports) > 0, name
     assert {r.saturation.status for r in reports} - {"insufficient"}  # from the capture decisions' errors
+    # a pattern is abstracted once, not again by every later run (SleepState.patterns)
+    patterns = [p for (p,) in live.execute(
+        "SELECT body->>'pattern_id' FROM lifecycle_log WHERE kind = 'PatternAbstracted'").fetchall()]
+    assert patterns and len(patterns) == len(set(patterns))
     replayed = _project(tmp_path, "replay.duckdb", [recs[:2], recs[2:3], recs[3:7], recs[7:]],
                         restart_each_batch=True)
     a, b = queries.table_checksums(live), queries.table_checksums(replayed)

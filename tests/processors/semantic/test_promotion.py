@@ -615,3 +615,27 @@ def test_a_nac_concept_carries_its_links_agents_and_gains_those_of_a_later_reinf
     old = MemoryLayers(OWNER)
     SemanticPromoter(gate=None).promote(old, [NacPromotionSource([link([], ["e1", "e2", "e3"])])], T0)
     assert "source_agents" not in old.atl.get(old.atl.find("pay_unreliable")).properties
+
+
+def test_abstracted_topics_become_concepts_derived_from_their_memories_and_decay():
+    # A conversation has no tool calls: its ATL is fed by dream phase B's abstracted topics.
+    from somnus.processors.semantic.promotion import ABSTRACTION, AbstractionPromotionSource
+    from somnus.schemas.semantic import ConceptPromoted, RecordRemoved, TopicView
+    t0 = datetime(2024, 5, 1, tzinfo=timezone.utc)
+    topics = [TopicView(pattern_id="p1", agent="conv-1", key="pottery", domains=["s1", "s2"], support=3,
+                        source_ids=["m1", "m2", "m3"]),
+              TopicView(pattern_id="p2", agent="conv-1", key="hike", domains=["s1"], support=4, source_ids=["m4"])]
+    cands = AbstractionPromotionSource(topics).get_promotion_candidates()
+    assert [(c.pattern_name, c.confidence, c.origin) for c in cands] == [("topic:pottery", 0.75, ABSTRACTION)]
+    assert ips_gate(cands[0]).passed  # abstraction already asked for support across domains
+    m = MemoryLayers("global")
+    evs = SemanticPromoter().promote(m, [AbstractionPromotionSource(topics)], t0)
+    assert [type(e) for e in evs if isinstance(e, ConceptPromoted)] == [ConceptPromoted]
+    cid = m.atl.find("pottery")
+    concept = m.atl.get(cid)
+    assert concept.category == "topic" and concept.properties["source_agents"] == ["conv-1"]
+    from somnus.schemas.semantic import Layer
+    assert len(m.cross.edges((Layer.ATL, cid))) == 6  # DERIVED_FROM and INSTANCE_OF, 3 memories
+    # one reinforcement per source memory: 3, the ATL's protected count, so it outlives 30 idle days
+    assert concept.reinforcement_count == 3
+    assert not [e for e in m.consolidate(t0 + timedelta(days=31)) if isinstance(e, RecordRemoved)]

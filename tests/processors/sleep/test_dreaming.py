@@ -311,3 +311,32 @@ def test_saturation_window_threshold_and_samples() -> None:
     # an observation 14 days old is in the previous window, not this one
     old = pe_saturation(np.r_[times, now - 14 * DAY, now - 20 * DAY], np.r_[np.full(5, 0.1), 0.9, 0.7], now)
     assert old.samples == 5 and old.previous_mean_pe == pytest.approx(0.8)
+
+
+def test_the_merge_pe_adapts_to_the_agents_own_nearest_neighbours() -> None:
+    from somnus.processors.sleep.dreaming import NEAREST_MIN_SAMPLES, NEAREST_QUANTILE, agent_merge_pe
+    assert (NEAREST_QUANTILE, NEAREST_MIN_SAMPLES) == (0.1, 10)
+    close = np.full(20, 0.05)  # tool traces: near-duplicates everywhere -> the design's 0.15
+    assert agent_merge_pe(close) == 0.15
+    chat = np.linspace(0.3, 0.9, 61)  # chat: the closest tenth of its neighbour pairs, 0.36
+    assert agent_merge_pe(chat) == pytest.approx(0.36)
+    assert agent_merge_pe(chat[:9]) == 0.15  # too few matched memories to read a geometry from
+    assert agent_merge_pe(np.full(20, 0.95)) == 0.5  # never above the surprise PE
+
+
+def test_a_chat_like_agent_clusters_at_its_own_scale() -> None:
+    # 12 memories whose nearest neighbours are all at PE 0.4 (messages sharing a few words), density
+    # 0.6; each observation is at PE 0.3 of one of them: the agent's merge PE is 0.4, the threshold
+    # 0.44, so all cluster (the fixed 0.15 gave 0.165: all created)
+    d, n = 40, 12
+    mem = np.zeros((n, d))
+    mem[:, 0] = math.sqrt(0.6)
+    mem[np.arange(n), 1 + np.arange(n)] = math.sqrt(0.4)
+    obs = mem.copy()
+    obs[np.arange(n), 20 + np.arange(n)] = math.sqrt(1 / 0.49 - 1)
+    obs /= np.linalg.norm(obs, axis=1, keepdims=True)
+    ids = [f"m{k:02d}" for k in range(n)]
+    r = dream_phase_a(ids, ["a"] * n, mem, np.full(n, 5), [f"o{k:02d}" for k in range(n)], ["a"] * n,
+                      np.arange(n), obs)
+    assert r.clustered["memory_id"].to_list() == ids and r.created.height == 0
+    assert r.clustered["threshold"].to_list() == [pytest.approx(0.44)] * n

@@ -30,7 +30,7 @@ from somnus.schemas.agents import AgentSpec
 from somnus.processors.working.synopsis import SynopsisCache
 from somnus.projections.briefings import _from_row
 import json
-from somnus.processors.episodic.recall import recall
+from somnus.processors.episodic.recall import DEFAULT_WEIGHTS, SIGNALS, RecallConfig, recall
 from somnus.processors.episodic.goals import goal_adjacency, goal_recall, wander
 from somnus.projections.goals import goals_of, wander_pool
 from somnus.processors.episodic.recall import MIN_RELEVANCE, build_episodic_context

@@ -137,39 +137,16 @@ class MemoryProjection:
     def write(self, con: duckdb.DuckDBPyConnection, records: Sequence[tuple[bytes | None, Any]]) -> int:
         """Fold ``(kind, record)`` pairs in order and write what they decided (caller's transaction)."""
         events: list[tuple[MemoryEvent, int]] = []
-        for kind, rec in records:
-            raw = rec.value or b"[]"
-            if kind == KIND_ACCESS:
-                for ev in _access_decoder.decode(raw):
-                    if ev.memory_id in self.state.index.pos:
-                        apply(self.state, ev)
-                        events.append((ev, rec.offset))
-                continue
-            if kind in GOAL_KINDS:
-                if rec.value:  # empty: a forgotten subject's goal (projections/forget.py)
-                    self.goals.fold(self.state, kind, raw, rec.offset)
-                continue
-            if kind == KIND_SLEEP:
-                if self.sleep is not None:
-                    req = _sleep_decoder.decode(raw)
-                    events += [(ev, rec.offset) for ev in self.sleep.run(self.state, req.at, SleepTrigger.ON_DEMAND,
-                                                                          rec.offset, con)]
-                    self.goals.remeasure(self.state, [], req.at, rec.offset)  # a nearest memory may be gone
-                continue
-            units = _units_decoder.decode(raw)
-            if self.sleep is not None and units:  # fire times passed in stream time: sleep first
-                latest = bounded_time(max(u.occurred_at for u in units), _record_time(rec),
-                                      self.sleep.config.max_clock_skew_s)
-                for at in self.sleep.due(latest):
-                    events += [(ev, rec.offset) for ev in self.sleep.run(self.state, at, SleepTrigger.SCHEDULE,
-                                                                          rec.offset, con)]
-                self.sleep.observe(units, _record_time(rec))  # then the scopes' stream times move on
-            _, decided = capture(self.state, units, _ts(rec, units))
-            events += [(ev, rec.offset) for ev in at_event_time(decided)]
-            stored = [ev.unit for ev in decided if isinstance(ev, CaptureDecided) and ev.action is CaptureAction.STORED]
-            self.goals.remeasure(self.state, stored, _ts(rec, units), rec.offset)
-            if self.oscillators is not None:
-                self._observe_rhythms(units, rec.offset)
+        # Every unit record of the batch decoded and analysed at once (tokens, fingerprints,
+        # signatures: one vectorised pass, not one per record: a record is one session's units).
+        batch = [(kind, rec, None if kind in (KIND_ACCESS, KIND_SLEEP) or kind in GOAL_KINDS else _units_decoder.decode(rec.value or b"[]"))
+                 for kind, rec in records]
+        index = self.state.index
+        index.prepare([u for _, _, units in batch for u in units or () if u.memory_id not in self.state.decided])
+        try:
+            self._fold(con, batch, events)
+        finally:
+            index.prepare(())
         if self.sleep is not None:
             self.sleep.write(con)
         goal_rows = self.goals.write(con)
@@ -188,6 +165,41 @@ class MemoryProjection:
             return goal_rows
         self._insert(con, events)
         return len(events) + goal_rows
+
+    def _fold(self, con: duckdb.DuckDBPyConnection, batch: Sequence[tuple[bytes | None, Any, Any]],
+              events: list[tuple[MemoryEvent, int]]) -> None:
+        """The batch's records in order: accesses, sleep requests, and units (sleep first when due)."""
+        for kind, rec, units in batch:
+            if kind == KIND_ACCESS:
+                for ev in _access_decoder.decode(rec.value or b"[]"):
+                    if ev.memory_id in self.state.index.pos:
+                        apply(self.state, ev)
+                        events.append((ev, rec.offset))
+                continue
+            if kind in GOAL_KINDS:
+                if rec.value:  # empty: a forgotten subject's goal (projections/forget.py)
+                    self.goals.fold(self.state, kind, rec.value, rec.offset)
+                continue
+            if kind == KIND_SLEEP:
+                if self.sleep is not None:
+                    req = _sleep_decoder.decode(rec.value or b"[]")
+                    events += [(ev, rec.offset) for ev in self.sleep.run(self.state, req.at, SleepTrigger.ON_DEMAND,
+                                                                          rec.offset, con)]
+                    self.goals.remeasure(self.state, [], req.at, rec.offset)  # a nearest memory may be gone
+                continue
+            if self.sleep is not None and units:  # fire times passed in stream time: sleep first
+                latest = bounded_time(max(u.occurred_at for u in units), _record_time(rec),
+                                      self.sleep.config.max_clock_skew_s)
+                for at in self.sleep.due(latest):
+                    events += [(ev, rec.offset) for ev in self.sleep.run(self.state, at, SleepTrigger.SCHEDULE,
+                                                                          rec.offset, con)]
+                self.sleep.observe(units, _record_time(rec))  # then the scopes' stream times move on
+            _, decided = capture(self.state, units, _ts(rec, units))
+            events += [(ev, rec.offset) for ev in at_event_time(decided)]
+            stored = [ev.unit for ev in decided if isinstance(ev, CaptureDecided) and ev.action is CaptureAction.STORED]
+            self.goals.remeasure(self.state, stored, _ts(rec, units), rec.offset)
+            if self.oscillators is not None:
+                self._observe_rhythms(units, rec.offset)
 
     def _observe_rhythms(self, units: Sequence[MemoryUnit], offset: int) -> None:
         """Coupled oscillators (optional): each episode is an event of the patterns ``session_end`` and

@@ -43,11 +43,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from somnus.processors.episodic.capture import apply_all, forget_all
-from somnus.processors.sleep.config import SleepConfig
 from somnus.processors.sleep.dreaming import message_keys, signature_vectors
 from somnus.processors.working.session_buffer import content_words
 from somnus.processors.sleep.plan import SleepInputs, fold_observations, plan_sleep
-from somnus.processors.sleep.schedule import SleepClock, advance, bounded_time
+from somnus.processors.sleep.config import SCHEDULE_OFF, SleepConfig
+from somnus.processors.sleep.schedule import SleepClock, advance, bounded_time, next_fire, require_aware
 from somnus.projections.schema import refresh_facts_top
 from somnus.schemas.lifecycle import (
     MemoryCompressed,
@@ -337,9 +337,20 @@ class SleepJob:
         # Scheduled runs completed in the batch being written: (run_id, at). After the batch commits
         # the projector requests promotion for each (phase 2; ``take_scheduled``).
         self.scheduled: list[tuple[str, datetime]] = []
+        self._next_fire: tuple[datetime | None, datetime | None] = (None, None)  # (after, the fire time next)
 
     def due(self, event_time: datetime) -> list[datetime]:
         """Advance the clock to a record's event time; the fire times passed (runs to do first)."""
+        last = self.state.clock.last_fired
+        if last is not None and self.config.schedule != SCHEDULE_OFF:
+            # Most records come before the next fire time: answered without a cron walk per record
+            # (it took 1.6 % of the projector's samples in `somnus bench e2e`, py-spy).
+            if self._next_fire[0] != last:
+                self._next_fire = (last, next_fire(self.config.schedule, last, tz=self.config.schedule_tz))
+            upcoming = self._next_fire[1]
+            require_aware(event_time, "event_time")
+            if upcoming is not None and event_time <= upcoming:
+                return []
         clock, due, dropped = advance(self.state.clock, event_time, self.config)
         if dropped:
             log.info("sleep: %d fire times skipped (catch-up limit %d)", dropped, self.config.max_catch_up)

@@ -373,10 +373,15 @@ def capture(state: MemoryState, units: Sequence[MemoryUnit], now: datetime
 
     The state is advanced in place and returned (an index of a million memories is not copied). The
     batch's units are analysed ahead, at once (tokens, fingerprints, signatures: ``MemoryIndex.prepare``);
-    the decisions are those of ``decide`` and ``apply`` unit by unit, whatever the batching."""
+    the decisions are those of ``decide`` and ``apply`` unit by unit, whatever the batching. Units a
+    caller prepared ahead (the projector: every record of its batch at once, one vectorised pass
+    instead of one per record) are not analysed again, and stay prepared."""
     out: list[MemoryEvent] = []
     index = state.index
-    index.prepare([u for u in units if u.memory_id not in state.decided])  # the batch's analyses, vectorised
+    fresh = [u for u in units if u.memory_id not in state.decided]
+    ahead = index.prepared(fresh)
+    if not ahead:
+        index.prepare(fresh)  # the batch's analyses, vectorised
     try:
         for u in units:
             events = decide(state, u, now)
@@ -384,7 +389,8 @@ def capture(state: MemoryState, units: Sequence[MemoryUnit], now: datetime
                 apply(state, ev)
             out.extend(events)
     finally:
-        index.prepare(())
+        if not ahead:
+            index.prepare(())
     return state, out
 
 

@@ -772,6 +772,10 @@ class MemoryIndex:
             np.fromiter(counts.values(), dtype=np.float32, count=n), sig, self.scheme.band_base(sig))
         return done
 
+    def prepared(self, units: Sequence[MemoryUnit]) -> bool:
+        """Whether every one of ``units`` is analysed ahead, by a ``prepare`` of a larger batch."""
+        return all((an := self._prepared.get(id(u))) is not None and an.unit is u for u in units)
+
     def prepare(self, units: Sequence[MemoryUnit]) -> None:
         """Analyse ``units`` ahead, vectorised over all of them (capture prepares its batch); ``similar``
         and ``add`` of one of these objects then reuse its analysis. ``prepare(())`` forgets them."""

@@ -68,6 +68,26 @@ def fire_times(schedule: str, after: datetime, before: datetime, *, tz: str = "U
     return out, dropped
 
 
+def next_fire(schedule: str, after: datetime, *, tz: str = "UTC") -> datetime | None:
+    """The first fire time after ``after``, checked against ``fire_times`` itself: no event time up to
+    it makes a run due (``advance`` then returns nothing). None for ``off``, or when unsure.
+
+    >>> from datetime import datetime, timezone
+    >>> next_fire("0 3 * * *", datetime(2024, 5, 1, 3, tzinfo=timezone.utc)).isoformat()
+    '2024-05-02T03:00:00+00:00'
+    """
+    from cronsim import CronSim  # local: optional until the lead adds cronsim
+
+    require_aware(after, "after")
+    if schedule == SCHEDULE_OFF:
+        return None
+    for f in CronSim(schedule, after.astimezone(ZoneInfo(tz))):
+        if f > after:
+            nxt = f.astimezone(timezone.utc)
+            return nxt if fire_times(schedule, after, nxt + timedelta(microseconds=1), tz=tz)[0] == [nxt] else None
+    return None
+
+
 class SleepClock(msgspec.Struct, frozen=True):
     """The schedule's position in stream time: the last fire time handled (None before any event)."""
 

@@ -221,3 +221,24 @@ def test_capture_compares_only_the_newest_candidates():
         picked[bound] = sorted({d.a if d.b == "m12" else d.b for d in links})
     assert picked[4] == ["m10", "m11", "m8", "m9"]
     assert picked[None] == ["m0", "m1", "m2", "m3", "m4"]  # ASSOCIATION_LIMIT 5, ties older first
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(unit_spec, min_size=1, max_size=30), st.integers(1, 5))
+def test_units_prepared_ahead_are_captured_as_when_each_record_prepares_its_own(spec, per_record):
+    """The projector prepares every record of its batch at once (MemoryIndex.prepare); capture then
+    analyses nothing again, and decides what it decides record by record."""
+    units = [MemoryUnit(memory_id=f"m{k}", kind=MemoryKind.EPISODE, agent=agent, scope=f"agent:{agent}",
+                        run_id=f"r{run}", position=position, occurred_at=T0 + timedelta(minutes=7 * k),
+                        perception=" ".join(WORDS[w] for w in words), outcome="failure", success=False)
+             for k, (words, run, position, agent) in enumerate(spec)]
+    records = [units[i:i + per_record] for i in range(0, len(units), per_record)]
+    alone, ahead = MemoryState(), MemoryState()
+    alone_events = [ev for rec in records for ev in capture(alone, rec, T0 + timedelta(days=1))[1]]
+    ahead.index.prepare(units)
+    assert ahead.index.prepared(units) and not ahead.index.prepared([msgspec.structs.replace(units[0])])
+    ahead_events = [ev for rec in records for ev in capture(ahead, rec, T0 + timedelta(days=1))[1]]
+    assert ahead.index.prepared(units)  # left prepared for the caller's next records
+    ahead.index.prepare(())
+    assert msgspec.json.encode(ahead_events) == msgspec.json.encode(alone_events)
+    assert snapshot(ahead) == snapshot(alone)

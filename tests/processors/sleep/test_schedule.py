@@ -18,6 +18,7 @@ from somnus.processors.sleep.schedule import (
     SleepClock,
     advance,
     fire_times,
+    next_fire,
     validate_schedule,
 )
 from tests.processors.sleep.memories import frame, mem
@@ -100,3 +101,18 @@ def test_schedule_off_never_fires_but_the_clock_still_starts() -> None:
     assert (later, due, dropped) == (clock, [], 0)
     # the same span under the default schedule would have fired (so the test can fail)
     assert advance(clock, utc(2024, 9, 1), SleepConfig())[1]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(["0 3 * * *", "*/20 * * * *", "30 2 * * 1", "0 0 1 * *"]),
+       st.sampled_from(["UTC", "America/New_York"]), st.integers(0, 60 * 24 * 40), st.integers(0, 60 * 24 * 40))
+def test_next_fire_bounds_the_event_times_that_make_nothing_due(cron: str, tz: str, start: int, later: int) -> None:
+    """SleepJob.due answers 'nothing due' without a cron walk up to next_fire: what advance says too."""
+    after = utc(2024, 3, 1) + timedelta(minutes=start)
+    upcoming = next_fire(cron, after, tz=tz)
+    assert upcoming is not None and upcoming > after
+    config = SleepConfig(schedule=cron, schedule_tz=tz)
+    event_time = after + timedelta(minutes=later, seconds=7)
+    _, due, _ = advance(SleepClock(after), event_time, config)
+    assert (due == []) == (event_time <= upcoming)
+    assert advance(SleepClock(after), upcoming, config)[1] == []

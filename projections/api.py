@@ -256,10 +256,10 @@ class ReadService:
         state, user, now = self._memory(), _user(user_id), datetime.now(timezone.utc)
         open_goals, _ = self._goals().pull(agent, user)
         adjacency = goal_adjacency(state.index, open_goals, now=now, agents=self.agents)
-        first = str(start) if start is not None else None
+        first = str(start) if start else None  # empty: the default start, as an absent parameter
         nodes, graph = wander_pool(state, agent, scope_chain(dict(self.agents), agent), user, adjacency, now, first)
         if first is not None and first not in nodes:
-            raise NotFound(f"memory {first[:80]!r}: not one the agent may read")
+            raise BadRequest(f"parameter `start`: memory {first[:80]!r} is not one the agent may read")
         walk = wander(graph, nodes, adjacency, now, _int(seed, "seed", 0, lo=0, hi=2**31),
                       steps=_int(steps, "steps", 10, hi=100), start=first)
         out = []

@@ -150,7 +150,7 @@ def test_recall_leans_towards_an_open_goal_and_not_without_one(tmp_path):
 
 
 def test_the_wander_route_walks_the_readers_memories_with_reasons(tmp_path):
-    from somnus.projections.api import NotFound
+    from somnus.projections.api import BadRequest
 
     recs = stream() + [goal_rec(7, "g2", "refund ticket answered")]
     svc = service(tmp_path, recs)
@@ -160,7 +160,7 @@ def test_the_wander_route_walks_the_readers_memories_with_reasons(tmp_path):
     assert got["steps"][0]["memory_id"] == "m1" and "goal_adjacent" in got["steps"][0]["reasons"]
     assert got["steps"][0]["hop"] == "start" and all(s["text"] for s in got["steps"])
     assert svc.wander("a", seed="3") == got
-    with pytest.raises(NotFound):
+    with pytest.raises(BadRequest):
         svc.wander("a", start="m4")
 
 

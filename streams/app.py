@@ -293,7 +293,7 @@ def _faust_app(settings: Settings, bootstrap: str, worker_name: str) -> faust.Ap
         key_serializer="raw",
         value_serializer="raw",
         topic_partitions=settings.partitions,
-        topic_replication_factor=1,
+        topic_replication_factor=settings.replication_factor,
         topic_allow_declare=True,
         stream_wait_empty=False,
         processing_guarantee="at_least_once",

@@ -167,6 +167,10 @@ def test_two_workers_split_the_partitions(pipeline_settings, tmp_path):
 
 
 def test_killing_a_worker_hands_its_partitions_to_the_other(pipeline_settings, tmp_path):
+    """Issue 30: one of two workers SIGKILLed mid-run (and not started again): the group rebalances
+    every trace partition to the survivor, which restores the killed one's tables (open sessions,
+    working memory) from their changelogs; every published session's episode is projected exactly
+    once, and the events, episodes, lessons and working memory equal a one-worker run's."""
     events = list(generate(sessions=1200, seed=5))
     reference = _reference(pipeline_settings, events, tmp_path, bundle_max=8)
     p = Pipeline(pipeline_settings)
@@ -185,8 +189,12 @@ def test_killing_a_worker_hands_its_partitions_to_the_other(pipeline_settings, t
         p.wait_until(one_owner, timeout_s=120, what="the survivor owning every partition")
         p.wait_idle(timeout_s=120)
         got = p.checksum()["tables"]
-        for table in CONTENT_TABLES:
+        for table in (*CONTENT_TABLES, "working_memory"):
             assert got[table] == reference[table], table
+        p.stop_all()
+        sessions = {e["session_id"] for e in events}
+        assert p.query("SELECT count(DISTINCT session_id), count(*) FROM episodes")[0] == (len(sessions), len(sessions))
+        assert {r[0] for r in p.query("SELECT session_id FROM episodes")} == sessions
     finally:
         p.stop_all()
 

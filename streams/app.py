@@ -223,7 +223,8 @@ class Ordered:
 
         self.sequencer = Sequencer(owned=owned,
                                    start_clock=lambda p: decode_clock(sessions.get(position_key(topic, p))),
-                                   high_water=high_water, quiet_s=self.QUIET_S, max_hold_s=self.MAX_HOLD_S)
+                                   high_water=high_water, quiet_s=self.QUIET_S, max_hold_s=self.MAX_HOLD_S,
+                                   start_offset=lambda p: decode_position(sessions.get(position_key(topic, p))) or 0)
 
     @property
     def held(self) -> int:

@@ -26,6 +26,7 @@ _ENV = {
     "cache": "SOMNUS_CACHE",
     "partitions": "SOMNUS_PARTITIONS",
     "workers": "SOMNUS_WORKERS",
+    "replication_factor": "SOMNUS_REPLICATION_FACTOR",
     "topic_prefix": "SOMNUS_TOPIC_PREFIX",
     "max_event_bytes": "SOMNUS_MAX_EVENT_BYTES",
     "max_json_depth": "SOMNUS_MAX_JSON_DEPTH",
@@ -70,6 +71,9 @@ class Settings:
     partitions: int = 4
     # Worker processes `somnus up` runs (one Faust app id: Kafka splits the trace partitions among them).
     workers: int = 1
+    # Replicas of every topic Somnus creates (its own and Faust's changelogs): 1 for the local broker,
+    # 3 on a three-broker cluster (docker-compose.yml, profile `scale`), where one broker may fail.
+    replication_factor: int = 1
     topic_prefix: str = "somnus."
     max_event_bytes: int = 1_048_576
     # JSON nesting a record may have (somnus.schemas.codec.check_json): deeper is a dead letter, never parsed.

@@ -205,8 +205,10 @@ class Ordered:
     QUIET_S = 2.0  # a caught-up partition with nothing new for this long is not waited for
     MAX_HOLD_S = 10.0  # a partition that is not caught up is waited for at most this long
 
-    def __init__(self, app: Any, topic: str, sessions: Any, time_of: Any) -> None:
+    def __init__(self, app: Any, topic: str, sessions: Any, time_of: Any,
+                 counters: WorkerCounters | None = None) -> None:
         self.app, self.time_of = app, time_of
+        self.counters = counters if counters is not None else WorkerCounters()
         self.generation: int | None = None
 
         def high_water(p: int) -> int | None:
@@ -223,7 +225,8 @@ class Ordered:
 
         self.sequencer = Sequencer(owned=owned,
                                    start_clock=lambda p: decode_clock(sessions.get(position_key(topic, p))),
-                                   high_water=high_water, quiet_s=self.QUIET_S, max_hold_s=self.MAX_HOLD_S)
+                                   high_water=high_water, quiet_s=self.QUIET_S, max_hold_s=self.MAX_HOLD_S,
+                                   start_offset=lambda p: decode_position(sessions.get(position_key(topic, p))) or 0)
 
     @property
     def held(self) -> int:
@@ -241,6 +244,7 @@ class Ordered:
         forced = self.sequencer.forced
         out = list(self.sequencer.ready(time.monotonic()))
         if self.sequencer.forced > forced:  # the one timing-dependent decision: said, so a run that took it shows it
+            self.counters.sequencer_forced += self.sequencer.forced - forced
             log.warning("sequencer: %d trace record(s) handed on after waiting %.0f s for a partition that stalled "
                         "(%d so far): this run's order of derived records may differ from another's",
                         self.sequencer.forced - forced, self.MAX_HOLD_S, self.sequencer.forced)
@@ -293,7 +297,7 @@ def _faust_app(settings: Settings, bootstrap: str, worker_name: str) -> faust.Ap
         key_serializer="raw",
         value_serializer="raw",
         topic_partitions=settings.partitions,
-        topic_replication_factor=1,
+        topic_replication_factor=settings.replication_factor,
         topic_allow_declare=True,
         stream_wait_empty=False,
         processing_guarantee="at_least_once",
@@ -460,7 +464,7 @@ class Distiller:
             except Exception:
                 return None
 
-        return Ordered(self.app, settings.traces_topic, self.sessions, time_of)
+        return Ordered(self.app, settings.traces_topic, self.sessions, time_of, self.counters)
 
     def agent(self, topic: str, name: str, handle: Any, ordered: Ordered | None = None) -> Any:
         """An agent over ``topic`` (one at a time) whose body hands ``handle`` batches (``run_batched``)."""

@@ -23,6 +23,9 @@ class WorkerCounters:
     observations: int = 0
     link_updates: int = 0
     memory_units: int = 0
+    # trace records handed on after waiting max_hold_s for a stalled partition (streams/sequencer.py):
+    # the one timing-dependent ordering decision; 0 in a run whose derived records are in the canonical order
+    sequencer_forced: int = 0
 
 
 # ---- Prometheus: each worker serves its counters on 127.0.0.1 (docs/integrations/metrics.md) ----

@@ -56,14 +56,14 @@ def topic_config(name: str, append_time: bool = False) -> dict[str, str]:
 
 
 async def ensure_topics_async(bootstrap: str, specs: dict[str, int],
-                              append_time: frozenset[str] = frozenset()) -> dict[str, int]:
-    """Create missing topics (those in ``append_time`` stamped with the broker's time); raise if an
-    existing one has a different partition count."""
+                              append_time: frozenset[str] = frozenset(), replication_factor: int = 1) -> dict[str, int]:
+    """Create missing topics (those in ``append_time`` stamped with the broker's time) with
+    ``replication_factor`` replicas; raise if an existing one has a different partition count."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=30000, **kafka_options())
     await admin.start()
     try:
         existing = set(await admin.list_topics())
-        missing = [NewTopic(name, num_partitions=n, replication_factor=1,
+        missing = [NewTopic(name, num_partitions=n, replication_factor=replication_factor,
                             topic_configs=topic_config(name, name in append_time))
                    for name, n in specs.items() if name not in existing]
         if missing:
@@ -89,7 +89,8 @@ async def ensure_topics_async(bootstrap: str, specs: dict[str, int],
 
 
 def ensure_topics(settings: Settings, bootstrap: str) -> dict[str, int]:
-    return asyncio.run(ensure_topics_async(bootstrap, topic_specs(settings), frozenset({settings.traces_topic})))
+    return asyncio.run(ensure_topics_async(bootstrap, topic_specs(settings), frozenset({settings.traces_topic}),
+                                           settings.replication_factor))
 
 
 async def partitions_of(consumer: AIOKafkaConsumer, topic: str, timeout_s: float = 20.0) -> list[int]:

@@ -10,6 +10,7 @@ topic in the same run, the ceiling the pipeline is compared to (``ratio``).
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -61,7 +62,10 @@ def run_e2e(events: int, seed: int = 7, partitions: int = 4, bundle: int = 64, h
         # CPU each process used from the start of publishing to idle: where the 2 cores went.
         cpu = {role: round(procs.cpu_seconds(pid) - cpu0[role], 2) for role, pid in pids.items()}
         cpu["publisher"] = round(own_pub, 2)
-        rss = {role: procs.peak_rss_mb(pid) for role, pid in pids.items() if role != "broker"}
+        # Peak resident set of every process (VmHWM): the broker's JVM, and this process, which
+        # published (it holds the encoded input), as well as the worker and the projector.
+        rss = {role: procs.peak_rss_mb(pid) for role, pid in pids.items()}
+        rss["publisher"] = procs.peak_rss_mb(os.getpid())
         facts, triples, links, link_updates, memories = sql(Path(s.db_path), (
             "SELECT (SELECT sum(facts) FROM knowledge_inputs), (SELECT count(*) FROM triples), "
             "(SELECT count(*) FROM causal_links), (SELECT count(*) FROM causal_link_updates), "

@@ -8,6 +8,7 @@ import random
 import subprocess
 import sys
 import time
+import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -16,11 +17,23 @@ import pytest
 from tests.pipeline import Pipeline, wait_until
 
 from somnus.importers import openai_chat
+from somnus.projections.schema import CONTENT_COLUMNS
 from somnus.sample import generate
 
 pytestmark = pytest.mark.integration
 
 CONTENT_TABLES = ("events", "episodes", "lessons")
+# The SIGKILL test compares every table (CONTENT_COLUMNS). These may still differ from the reference,
+# and not because of the kills: four kill-free runs of that test's input (the references of four runs,
+# 2026-11-26) differed from each other in every one of them. Their folds are order-dependent
+# (capture, knowledge, Rescorla-Wagner, sleeps) and the order the worker writes memory units in was
+# not the same in two live runs (first difference at unit 112, then 215, of 1500), nor is where
+# the projector cuts its topics before a sleep or a promotion snapshot (docs/design/scale-out.md,
+# causes 2 and 3). Any other table that differs fails the test.
+DIFFER_UNDER_SIGKILL = frozenset({
+    "memories", "memory_log", "memory_merges", "memory_edges", "lifecycle_log", "sleep_runs", "sleep_layer_reports",
+    "triples", "triple_history", "entity_versions", "causal_links", "causal_link_updates", "concepts",
+    "concept_relationships", "cross_layer_edges", "math_patterns", "promotion_audit", "semantic_log", "briefings"})
 
 
 def test_tau_bench_transcripts_become_200_episodes(pipeline_settings, tau_bench_path):
@@ -76,26 +89,32 @@ def test_sigkill_worker_and_projector_at_random_points(pipeline_settings, tmp_pa
     p = Pipeline(pipeline_settings)
     try:
         p.start_all()
-        chunks = [events[i:i + 1500] for i in range(0, len(events), 1500)]
+        # The whole input first, as in the reference: the sequencer's merge of the trace partitions
+        # releases a quiet partition's records, so an input published in pauses (chunks with sleeps
+        # between) is ordered by when it arrived, and differs from the reference in 18 tables with
+        # no kill at all (measured 2026-11-26). The crashes are the one difference between the runs.
+        p.publish(events, bundle_max=4)
+        wait_until(lambda: p.status()["counts"].get("episodes", 0) > 0, timeout_s=120, what="first episodes")
         kills = Counter()
-        for i, chunk in enumerate(chunks):
-            p.publish(chunk, bundle_max=4)
-            if i % 2 == 0:
-                # let the pipeline get into the middle of something, then kill without warning
-                time.sleep(rng.uniform(0.05, 2.0))
-                victims = rng.choice([("worker",), ("projector",), ("worker", "projector")])
-                for v in victims:
-                    p.kill(v)
-                    kills[v] += 1
-                for v in victims:
-                    p.start(v)
-        assert kills["worker"] >= 2 and kills["projector"] >= 2, kills
+        while kills["worker"] < 2 or kills["projector"] < 2:
+            # let the pipeline get into the middle of something, then kill without warning
+            time.sleep(rng.uniform(0.5, 3.0))
+            victims = rng.choice([("worker",), ("projector",), ("worker", "projector")])
+            for v in victims:
+                p.kill(v)
+                kills[v] += 1
+            for v in victims:
+                p.start(v)
         # Every restart is a rebalance; the pipeline must drain on its own afterwards (no supervisor
         # restarts: see streams/liveness.py for the two stalls this used to hit).
         p.wait_idle(timeout_s=240)
         crashed = p.checksum()["tables"]
-        for table in (*CONTENT_TABLES, "working_memory"):
-            assert crashed[table] == reference[table], (table, crashed[table], reference[table])
+        assert set(crashed) == set(reference) == set(CONTENT_COLUMNS)  # every projection, none left out
+        differing = sorted(t for t in CONTENT_COLUMNS if crashed[t] != reference[t])
+        assert set(differing) <= DIFFER_UNDER_SIGKILL, sorted(set(differing) - DIFFER_UNDER_SIGKILL)
+        if differing:  # named in the test's output, never passed over
+            warnings.warn(f"different from the kill-free run (DIFFER_UNDER_SIGKILL): {', '.join(differing)}",
+                          stacklevel=1)
         p.stop_all()
         n_sessions = len({e["session_id"] for e in events})
         # the working memory of sessions closed over an hour (stream time) before the end was removed
@@ -167,6 +186,10 @@ def test_two_workers_split_the_partitions(pipeline_settings, tmp_path):
 
 
 def test_killing_a_worker_hands_its_partitions_to_the_other(pipeline_settings, tmp_path):
+    """Issue 30: one of two workers SIGKILLed mid-run (and not started again): the group rebalances
+    every trace partition to the survivor, which restores the killed one's tables (open sessions,
+    working memory) from their changelogs; every published session's episode is projected exactly
+    once, and the events, episodes, lessons and working memory equal a one-worker run's."""
     events = list(generate(sessions=1200, seed=5))
     reference = _reference(pipeline_settings, events, tmp_path, bundle_max=8)
     p = Pipeline(pipeline_settings)
@@ -185,8 +208,12 @@ def test_killing_a_worker_hands_its_partitions_to_the_other(pipeline_settings, t
         p.wait_until(one_owner, timeout_s=120, what="the survivor owning every partition")
         p.wait_idle(timeout_s=120)
         got = p.checksum()["tables"]
-        for table in CONTENT_TABLES:
+        for table in (*CONTENT_TABLES, "working_memory"):
             assert got[table] == reference[table], table
+        p.stop_all()
+        sessions = {e["session_id"] for e in events}
+        assert p.query("SELECT count(DISTINCT session_id), count(*) FROM episodes")[0] == (len(sessions), len(sessions))
+        assert {r[0] for r in p.query("SELECT session_id FROM episodes")} == sessions
     finally:
         p.stop_all()
 

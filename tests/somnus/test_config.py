@@ -17,6 +17,7 @@ NON_DEFAULT = {
     "cache": ("/var/cache/s", "SOMNUS_CACHE", "/var/cache/s", Path("/var/cache/s")),
     "partitions": (12, "SOMNUS_PARTITIONS", "12", 12),
     "workers": (3, "SOMNUS_WORKERS", "3", 3),
+    "replication_factor": (3, "SOMNUS_REPLICATION_FACTOR", "3", 3),
     "topic_prefix": ("prod.", "SOMNUS_TOPIC_PREFIX", "prod.", "prod."),
     "max_event_bytes": (2048, "SOMNUS_MAX_EVENT_BYTES", "2048", 2048),
     "max_json_depth": (16, "SOMNUS_MAX_JSON_DEPTH", "16", 16),
@@ -65,6 +66,7 @@ def test_defaults_are_pinned():
     assert (s.partitions, s.topic_prefix, s.max_event_bytes, s.batch_size, s.batch_within_s, s.app_id,
             s.session_timeout_s) == (4, "somnus.", 1_048_576, 500, 0.1, "somnus", 10.0)
     assert s.session_retention_s == 7 * 86400.0 and s.session_idle_s == 0.0 and s.max_clock_skew_s == 300.0
+    assert s.replication_factor == 1  # the local single broker; 3 in the compose `scale` profile
     assert s.max_json_depth == 64
     assert s.workers == 1
     assert (s.sql_timeout_s, s.sql_memory_limit, s.sql_threads) == (10.0, "1GB", 2)

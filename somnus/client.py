@@ -291,6 +291,30 @@ def publish_records(records: list[tuple[bytes | None, bytes, list[tuple[str, byt
     return asyncio.run(run())
 
 
+def publish_sealed(key: bytes | None, value: bytes, headers: list[tuple[str, bytes]], bootstrap: str, topic: str,
+                   keys_topic: str, subject: tuple[str, str], user_id: str | None, partition: int | None = None) -> None:
+    """Publish one record that carries a person's text, sealed (``somnus.schemas.sealed``) under a data key
+    of its own ``subject`` (``(agent, id)``, naming ``user_id``), sent and acknowledged on ``keys_topic``
+    first, so ``somnus forget`` shreds it as it does a session's records. Plaintext when sealing is off
+    (``SOMNUS_ENCRYPT=0``)."""
+    from somnus.schemas.sealed import seal, sealed_headers
+
+    keys = session_keys(topic, None, keys_topic)
+
+    async def run() -> None:
+        producer = make_producer(bootstrap, **LARGE_RECORDS)
+        await producer.start()
+        try:
+            dk = (await keys.for_sessions(producer, {subject: user_id}))[subject] if keys is not None else None
+            sent = await producer.send(topic, seal(dk, value) if dk is not None else value, key=key,
+                                       headers=sealed_headers(headers, dk), partition=partition)
+            await sent
+        finally:
+            await producer.stop()
+
+    asyncio.run(run())
+
+
 # ---- goals (docs/concepts/goals.md) -------------------------------------------------------------
 
 def set_goal(bootstrap: str, agent: str, text: str, *, user_id: str | None = None, goal_id: str | None = None,

@@ -88,7 +88,12 @@ def set_goal(s: Settings, bootstrap: str, agent: str, text: str, at: datetime, u
 
     req = GoalSet(goal_id=goal_id or f"g-{uuid.uuid4().hex[:12]}", agent=agent, text=text, at=at, user_id=user_id,
                   set_by=set_by)
-    _send(bootstrap, s.memory_topic, [(agent.encode(), encode(req), KIND_GOAL_SET)])
+    # its text may be a person's: sealed under a key of the goal's own, which a forget of the agent or
+    # of the user deletes (docs/design/forget.md)
+    from somnus.client import publish_sealed
+
+    publish_sealed(agent.encode(), encode(req), [(KIND, KIND_GOAL_SET)], bootstrap, s.memory_topic,
+                   s.keys_topic, (agent, f"goal:{req.goal_id}"), user_id, partition=0)
     return req
 
 

@@ -18,6 +18,7 @@ import pytest
 from tests.pipeline import Pipeline
 from tests.projections.test_forget import FORGOTTEN, KEPT, NEEDLE, OTHER, file_hits, kept_checksums, rows_with, sessions
 
+from somnus.client import set_goal
 from somnus.projections.endpoint import endpoint_file
 from somnus.reads import read
 
@@ -97,8 +98,12 @@ def test_forget_a_user_verify_and_replay(pipeline_settings, tmp_path):
     try:
         p.start_all()
         p.publish(sessions(0, 1, 3) + sessions(3, 0, 3))  # user uq's three sessions, then user up's
+        # a goal in user up's words: sealed under a key of its own, which the forget deletes too
+        set_goal(p.boot, "aga", f"order the {NEEDLE} tea again", user_id=FORGOTTEN, settings=s)
         p.wait_idle()
         p.wait_until(lambda: count(s, "SELECT count(*) FROM episodes") == 6, what="six episodes")
+        p.wait_until(lambda: count(s, f"SELECT count(*) FROM goals WHERE user_id = '{FORGOTTEN}'") >= 1,
+                     what="the user's goal")
         p.stop_all()
         before, found = snapshot(s.db_path)
         assert {"events", "episodes", "memories", "working_memory"} <= found.keys()
@@ -116,7 +121,7 @@ def test_forget_a_user_verify_and_replay(pipeline_settings, tmp_path):
         assert view[links]["plain"] > 0, view.get(links)
         assert all(row["needle"] == 0 for t, row in view.items() if t != "ring"), view
         assert view[s.traces_topic]["plain"] == 0, view[s.traces_topic]
-        assert len(view["ring"].select("user", FORGOTTEN)) == 3 and len(view["ring"].select("user", KEPT)) == 3
+        assert len(view["ring"].select("user", FORGOTTEN)) == 4 and len(view["ring"].select("user", KEPT)) == 3
 
         p.start_all()
         p.wait_until(lambda: endpoint_file(s.db_path).exists(), what="the projector serving")
@@ -124,7 +129,7 @@ def test_forget_a_user_verify_and_replay(pipeline_settings, tmp_path):
         assert NEEDLE in str(context(s))
         run = somnus(env, "forget", "--user", FORGOTTEN, "--reason", "erasure request")
         assert run.returncode == 0, run.stderr
-        assert "data keys deleted: 3" in run.stdout, run.stdout
+        assert "data keys deleted: 4" in run.stdout, run.stdout  # three sessions' and the goal's
         p.wait_until(lambda: count(s, f"SELECT count(*) FROM episodes WHERE user_id = '{FORGOTTEN}'") == 0,
                      what="the user's episodes removed")
         p.wait_idle()

@@ -139,13 +139,21 @@ def test_the_client_sets_and_closes_a_goal_at_its_time(monkeypatch: pytest.Monke
     from somnus.client import close_goal, set_goal
     from somnus.schemas.goals import KIND_GOAL_SET, GoalClosed, GoalSet
 
+    from somnus import client
+
     sent: list[Any] = []
     monkeypatch.setattr(memory_requests, "_send", lambda bootstrap, topic, records: sent.append((topic, records)))
+    sealed: list[Any] = []
+    monkeypatch.setattr(client, "publish_sealed", lambda *args, **kw: sealed.append((args, kw)))
 
     at = datetime(2024, 5, 1, tzinfo=timezone.utc)
-    goal_id = set_goal("127.0.0.1:1", "support", "answer every refund within a day", at=at)
+    goal_id = set_goal("127.0.0.1:1", "support", "answer every refund within a day", user_id="u1", at=at)
     close_goal("127.0.0.1:1", "support", goal_id, at=at)
-    (_, [(_, value, kind)]), (_, [(_, closed, _)]) = sent
+    [((_, value, headers, _, topic, keys_topic, subject, user), kw)] = sealed
+    [(_, [(_, closed, _)])] = sent
     goal = msgspec.json.decode(value, type=GoalSet)
-    assert kind == KIND_GOAL_SET and goal.goal_id == goal_id and goal.set_by == "support" and goal.at == at
+    assert headers == [(memory_requests.KIND, KIND_GOAL_SET)] and topic.endswith("memory") and keys_topic != topic
+    # the goal's text may be a person's: sealed under a key of the goal's own that names its user
+    assert subject == ("support", f"goal:{goal_id}") and user == "u1" and kw == {"partition": 0}
+    assert goal.goal_id == goal_id and goal.set_by == "support" and goal.at == at and goal.user_id == "u1"
     assert msgspec.json.decode(closed, type=GoalClosed) == GoalClosed(goal_id=goal_id, agent="support", at=at)

@@ -27,7 +27,8 @@ from tests.pipeline import Pipeline, wait_until
 
 pytestmark = pytest.mark.integration
 
-TOOLS = {"recall", "briefing", "context", "predict", "facts", "episodic_context", "rhythms", "advise", "remember"}
+TOOLS = {"recall", "briefing", "context", "predict", "facts", "episodic_context", "rhythms", "advise", "remember",
+         "goals", "goal_set", "wander"}
 NOTE = "The refund desk moved to building seven zebracorn"  # a word no sample session uses
 
 
@@ -53,11 +54,15 @@ async def _calls(session: ClientSession, agent: str) -> dict[str, Any]:
         "rhythms": {"agent": agent, "hours": "9,10,11"},
         "predict": {"tool": "web_search", "args": {"query": "x"}},
         "advise": {"agent": agent, "task": "search the web for a product and summarise the reviews"},
+        "goals": {"agent": agent},
+        "wander": {"agent": agent, "steps": 3, "seed": 1},
     }
     out = {name: await session.call_tool(name, args) for name, args in calls.items()}
     out["other"] = await session.call_tool("recall", {"agent": "researcher", "query": "refund desk"})
     out["remember_other"] = await session.call_tool("remember", {"agent": "researcher", "note": "not mine"})
     out["advise_other"] = await session.call_tool("advise", {"agent": "researcher", "task": "search the web"})
+    out["goals_other"] = await session.call_tool("goals", {"agent": "researcher"})
+    out["goal_set_other"] = await session.call_tool("goal_set", {"agent": "researcher", "text": "not mine"})
     return out
 
 
@@ -105,8 +110,13 @@ def test_mcp_tools_over_stdio_and_http_are_scoped_like_the_http_api(pipeline_set
                 return got
 
         got = _run(over_stdio)
-        for name in ("recall", "briefing", "context", "facts", "episodic_context", "rhythms", "advise"):
+        for name in ("recall", "briefing", "context", "facts", "episodic_context", "rhythms", "advise", "goals",
+                     "wander"):
             _ok(got[name])
+        assert all(step["agent"] == "support" for step in _ok(got["wander"]).get("steps", [])
+                   if "agent" in step)
+        assert got["goals_other"].is_error and "'support' only" in _text(got["goals_other"])
+        assert got["goal_set_other"].is_error and "'support' only" in _text(got["goal_set_other"])
         assert all(h["agent"] == "support" for h in _ok(got["recall"])["hits"])
         advice = _ok(got["advise"])  # the pre-flight read, as GET /agents/support/advise answers it
         assert advice["agent"] == "support" and {"planning", "risks", "escalation", "salience"} <= set(advice)
@@ -142,7 +152,7 @@ def test_mcp_tools_over_stdio_and_http_are_scoped_like_the_http_api(pipeline_set
         p.wait_idle()  # the note is projected
         as_operator = _run(lambda: over_http(operator, "support"))
         for name in ("recall", "briefing", "context", "facts", "episodic_context", "rhythms", "predict", "other",
-                     "advise", "advise_other"):
+                     "advise", "advise_other", "goals", "wander", "goals_other"):
             _ok(as_operator[name])
         assert _ok(as_operator["advise"])["agent"] == "support"
         as_support = _run(lambda: over_http(support, "support"))

@@ -209,9 +209,11 @@ def test_a_sleeps_promotion_is_followed_by_atl_and_angular_gyrus_consolidation(t
         """The run's report, hippocampus from sleep_runs, the semantic layers from sleep_layer_reports."""
         out = json.loads(con.execute("SELECT report FROM sleep_runs WHERE run_id = ?", [run]).fetchone()[0])[
             "per_layer"]
-        for layer, before, after, removed in con.execute(
-                "SELECT layer, before, after, removed FROM sleep_layer_reports WHERE run_id = ?", [run]).fetchall():
+        for layer, before, after, removed, added, reinforced in con.execute(
+                "SELECT layer, before, after, removed, added, reinforced FROM sleep_layer_reports WHERE run_id = ?",
+                [run]).fetchall():
             out[layer] = {"before": before, "after": after, "removed": removed}
+            assert (added, reinforced) == (0, 0)  # these requests carry no inputs: nothing added or reinforced
         return out
 
     sleep(1, "sleep-young", 10)  # ten days on: nothing is old enough
@@ -250,9 +252,9 @@ def test_a_sleeps_layer_report_does_not_depend_on_where_the_batch_is_cut(tmp_pat
             if part:
                 apply_batch(con, TOPICS, part, load_offsets(con), 1 << 20, seen)
         assert con.execute("SELECT count(*) FROM concepts").fetchone()[0] > 0  # the promotion did add some
-        reports.append(con.execute("SELECT layer, before, after, removed FROM sleep_layer_reports "
+        reports.append(con.execute("SELECT layer, before, added, reinforced, removed, after FROM sleep_layer_reports "
                                    "ORDER BY layer").fetchall())
-    assert reports[0] == reports[1] == [("angular_gyrus", 0, 0, 0), ("atl", 0, 0, 0)]
+    assert reports[0] == reports[1] == [("angular_gyrus", 0, 0, 0, 0, 0), ("atl", 0, 0, 0, 0, 0)]
 
 
 def test_a_conversations_abstracted_topics_reach_the_atl_once(tmp_path):
@@ -278,7 +280,37 @@ def test_a_conversations_abstracted_topics_reach_the_atl_once(tmp_path):
     assert [t.key for t in req.topics] == ["pottery"]
     apply_batch(con, TOPICS, [_rec(0, req)], load_offsets(con), 1 << 20, ReadModels(con))
     assert con.execute("SELECT name, category FROM concepts").fetchall() == [("pottery", "topic")]
-    assert con.execute("SELECT after FROM sleep_layer_reports WHERE run_id = 'sleep-1' AND layer = 'atl'"
-                       ).fetchone()[0] == 1
+    # the run's report lists what it added (it once counted records and removals only)
+    assert con.execute("SELECT before, added, reinforced, removed, after FROM sleep_layer_reports "
+                       "WHERE run_id = 'sleep-1' AND layer = 'atl'").fetchone() == (0, 1, 0, 0, 1)
     assert con.execute("SELECT count(*) FROM cross_layer_edges").fetchone()[0] == 6
     assert promotion_inputs(con).topics == []  # promoted: the next request does not carry it again
+
+
+def test_a_sleeps_layer_report_lists_what_it_added_reinforced_and_decayed(tmp_path):
+    # Issue 29: per layer and per run, counted at the run's request. Two sleeps of a conversation: the
+    # first adds topics and their co-occurrence (AG), the second, 31 days later, reinforces one topic by
+    # a new session and decays the rest.
+    from somnus.schemas.semantic import TopicView
+    con = duckdb.connect(str(tmp_path / "t.duckdb"))
+    schema.init(con)
+    seen = ReadModels(con)
+
+    def topic(key: str, sessions: list[str]) -> TopicView:
+        return TopicView(pattern_id=f"p-{key}-{len(sessions)}", agent="c", key=key, domains=sessions,
+                         support=3, source_ids=[f"m-{key}-{s}" for s in sessions])
+
+    first = [topic("pottery", ["s1", "s4"]), topic("kiln", ["s1", "s4"]),
+             topic("rain", [f"s{i}" for i in range(5, 25, 3)])]
+    run1 = PromotionRequested(owner="global", at=T0, request_id="sleep:run-1", topics=first)
+    run2 = PromotionRequested(owner="global", at=T0 + timedelta(days=31), request_id="sleep:run-2",
+                              topics=[topic("pottery", ["s1", "s30"])])
+    apply_batch(con, TOPICS, [_rec(0, run1), _rec(1, run2)], load_offsets(con), 1 << 20, seen)
+    got = {(r, layer): counts for r, layer, *counts in con.execute(
+        "SELECT run_id, layer, before, added, reinforced, removed, after FROM sleep_layer_reports").fetchall()}
+    assert got[("run-1", "atl")] == [0, 3, 0, 0, 3]
+    assert got[("run-1", "angular_gyrus")] == [0, 1, 0, 0, 1]  # kiln+pottery, 2 of 9 sessions shared
+    # run 2: pottery gets session s30 (3 sessions: protected); kiln (2 sessions, idle 31 days) decays,
+    # rain (7 sessions) stays; the association is not re-confirmed by a changed record and decays
+    assert got[("run-2", "atl")] == [3, 0, 1, 1, 2]
+    assert got[("run-2", "angular_gyrus")] == [1, 0, 0, 1, 0]

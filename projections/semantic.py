@@ -361,6 +361,15 @@ def promotion_inputs(con: duckdb.DuckDBPyConnection, owner: str = "global", min_
                               topics=sleep_topics(con, members))
 
 
+def abstracted_by(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str]) -> dict[str, str]:
+    """Pattern id -> the run that abstracted it, for the runs ``run_ids``: each scheduled run's
+    promotion request carries its own topics (``Projector._request_promotion``)."""
+    if not run_ids:
+        return {}
+    return dict(con.execute("SELECT body->>'pattern_id', run_id FROM lifecycle_log WHERE kind = 'PatternAbstracted' "
+                            "AND list_contains(?, run_id)", [list(run_ids)]).fetchall())
+
+
 def sleep_topics(con: duckdb.DuckDBPyConnection, members: frozenset[str] | None = None) -> list[TopicView]:
     """The patterns deep sleep abstracted (``PatternAbstracted`` in ``lifecycle_log``) since the last
     sleep's promotion request was folded (``semantic_requests``: a request's ``at`` is its run's time),

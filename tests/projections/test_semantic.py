@@ -287,6 +287,23 @@ def test_a_conversations_abstracted_topics_reach_the_atl_once(tmp_path):
     assert promotion_inputs(con).topics == []  # promoted: the next request does not carry it again
 
 
+def test_each_scheduled_run_knows_the_topics_it_abstracted(tmp_path):
+    # The projector splits one batch's snapshot: each run's request promotes its own topics, so each
+    # run's layer report shows what it added (all went with the first request before).
+    from somnus.projections.semantic import abstracted_by
+    from somnus.schemas.lifecycle import PatternAbstracted, PatternSource, encode_lifecycle
+
+    con = duckdb.connect(str(tmp_path / "t.duckdb"))
+    schema.init(con)
+    for run, key in (("run-1", "pottery"), ("run-2", "kiln"), ("run-3", "rain")):
+        ev = PatternAbstracted(run_id=run, seq=1, at=T0, pattern_id=f"p-{key}", agent="c", key=key,
+                               domains=["s1", "s2"], support=3, sources=[PatternSource(f"m{k}", "s1") for k in range(3)])
+        con.execute("INSERT INTO lifecycle_log VALUES (?, 1, 'PatternAbstracted', NULL, ?, ?)",
+                    [run, T0, encode_lifecycle(ev).decode()])
+    assert abstracted_by(con, ["run-1", "run-2"]) == {"p-pottery": "run-1", "p-kiln": "run-2"}
+    assert abstracted_by(con, []) == {}
+
+
 def test_a_sleeps_layer_report_lists_what_it_added_reinforced_and_decayed(tmp_path):
     # Issue 29: per layer and per run, counted at the run's request. Two sleeps of a conversation: the
     # first adds topics and their co-occurrence (AG), the second, 31 days later, reinforces one topic by

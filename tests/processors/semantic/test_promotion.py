@@ -620,7 +620,7 @@ def test_a_nac_concept_carries_its_links_agents_and_gains_those_of_a_later_reinf
 def test_abstracted_topics_become_concepts_derived_from_their_memories_and_decay():
     # A conversation has no tool calls: its ATL is fed by dream phase B's abstracted topics.
     from somnus.processors.semantic.promotion import ABSTRACTION, AbstractionPromotionSource
-    from somnus.schemas.semantic import ConceptPromoted, RecordRemoved, TopicView
+    from somnus.schemas.semantic import ConceptPromoted, TopicView
     t0 = datetime(2024, 5, 1, tzinfo=timezone.utc)
     topics = [TopicView(pattern_id="p1", agent="conv-1", key="pottery", domains=["s1", "s2"], support=3,
                         source_ids=["m1", "m2", "m3"]),

@@ -174,6 +174,11 @@ class SemanticProjection:
                               "reason": ev.gate if promoted else ev.reason, "decided_at": ev.at})
             elif isinstance(ev, RecordRemoved):
                 removed.append({"owner": ev.owner, "layer": ev.layer.value, "record_id": ev.record_id})
+                # this batch's rows of it so far go too; a later re-creation in the batch stays
+                concepts, rels, patterns, edges = _without(ev, concepts, rels, patterns, edges)
+        if removed:  # first, so a record removed and made again in one batch (sleeps 30 days apart) stays
+            with registered(con, gone=pa.Table.from_pylist(removed)):
+                _delete_removed(con)
         latest = {(r["owner"], r["concept_id"]): r for r in concepts}  # a concept's last state in the batch
         for table, rows, select in (
                 ("semantic_log", log, "ord, owner, kind, body::JSON, src_offset"),
@@ -187,9 +192,22 @@ class SemanticProjection:
                 con.execute("INSERT OR REPLACE INTO concepts SELECT owner, concept_id, name, category, definition, "
                             "provenance, reinforcement_count, confidence, properties::JSON, source_episode_ids, "
                             "updated_at FROM frame")
-        if removed:  # the layers' read models follow the layers (the log keeps what was removed and why)
-            with registered(con, gone=pa.Table.from_pylist(removed)):
-                _delete_removed(con)
+
+
+Rows = list[dict[str, Any]]
+
+
+def _without(ev: RecordRemoved, concepts: Rows, rels: Rows, patterns: Rows, edges: Rows) -> tuple[Rows, Rows, Rows, Rows]:
+    """The batch's read-model rows without those of the record ``ev`` removes (as ``_delete_removed``)."""
+    o, layer, rid = ev.owner, ev.layer.value, ev.record_id
+    if layer == "atl":
+        concepts = [r for r in concepts if (r["owner"], r["concept_id"]) != (o, rid)]
+        rels = [r for r in rels if r["owner"] != o or rid not in (r["source_id"], r["target_id"])]
+    elif layer == "angular_gyrus":
+        patterns = [r for r in patterns if (r["owner"], r["math_id"]) != (o, rid)]
+    edges = [r for r in edges if r["owner"] != o or (layer, rid) not in ((r["source_layer"], r["source_id"]),
+                                                                          (r["target_layer"], r["target_id"]))]
+    return concepts, rels, patterns, edges
 
 
 def _delete_removed(con: duckdb.DuckDBPyConnection) -> None:

@@ -331,3 +331,36 @@ def test_a_sleeps_layer_report_lists_what_it_added_reinforced_and_decayed(tmp_pa
     # rain (7 sessions) stays; the association is not re-confirmed by a changed record and decays
     assert got[("run-2", "atl")] == [3, 0, 1, 1, 2]
     assert got[("run-2", "angular_gyrus")] == [1, 0, 0, 1, 0]
+    # run 3, in a batch of its own: kiln comes back, and so does the association
+    run3 = PromotionRequested(owner="global", at=T0 + timedelta(days=32), request_id="sleep:run-3",
+                              topics=[topic("kiln", ["s1", "s4", "s30"])])
+    apply_batch(con, TOPICS, [_rec(2, run3)], load_offsets(con), 1 << 20, seen)
+    assert con.execute("SELECT before, added, reinforced, removed, after FROM sleep_layer_reports WHERE run_id = "
+                       "'run-3' ORDER BY layer").fetchall() == [(0, 1, 0, 0, 1), (2, 1, 0, 0, 3)]
+
+
+def test_a_record_removed_and_made_again_in_one_batch_stays_in_the_read_models(tmp_path):
+    # Two sleeps 31 days apart in one batch: a topic decays at the second and comes back at the third.
+    # The read models once deleted the removals after inserting the batch's rows, losing it.
+    from somnus.schemas.semantic import TopicView
+
+    def topic(key: str, sessions: list[str]) -> TopicView:
+        return TopicView(pattern_id=f"p-{key}-{'-'.join(sessions)}", agent="c", key=key, domains=sessions,
+                         support=3, source_ids=[f"m-{key}-{s}" for s in sessions])
+
+    con = duckdb.connect(str(tmp_path / "t.duckdb"))
+    schema.init(con)
+    seen = ReadModels(con)
+    rain = topic("rain", [f"s{i}" for i in range(5, 25, 3)])
+    reqs = [PromotionRequested(owner="global", at=T0 + timedelta(days=d), request_id=f"sleep:run-{i}", topics=ts)
+            for i, (d, ts) in enumerate(((0, [topic("pottery", ["s1", "s4"]), topic("kiln", ["s1", "s4"]), rain]),
+                                         (31, []), (32, [topic("kiln", ["s1", "s4", "s30"]),
+                                                         topic("pottery", ["s1", "s4", "s30"])])))]
+    apply_batch(con, TOPICS, [_rec(i, r) for i, r in enumerate(reqs)], load_offsets(con), 1 << 20, seen)
+    m = seen.semantic.layers["global"]
+    assert sorted(n for (n,) in con.execute("SELECT name FROM concepts").fetchall()) == ["kiln", "pottery", "rain"]
+    assert sorted(c.name for c in m.atl) == ["kiln", "pottery", "rain"]
+    assert {i for (i,) in con.execute("SELECT DISTINCT math_id FROM math_patterns").fetchall()} == {
+        r.math_id for r in m.ag} != set()
+    edges = con.execute("SELECT count(*) FROM cross_layer_edges").fetchone()[0]
+    assert edges == len(m.cross)

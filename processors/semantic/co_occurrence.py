@@ -102,6 +102,7 @@ def _record(owner: str, agent: str, pair: Sequence[str], shared: int, sessions: 
             sets: tuple[frozenset[str], frozenset[str]], p: float) -> MathRecord:
     a, b = pair
     union = len(sets[0] | sets[1])
+    o, qa, qb = (x.replace("'", "''") for x in (owner, a, b))  # SQL string literals in ``query``
     return MathRecord(
         math_id=math_id_for(owner, MathCategory.CORRELATION, f"topic:{agent}:{a}~{b}"),
         name=f"cooc:topic:{a}+{b}", category=MathCategory.CORRELATION, domain=CO_OCCURRENCE_DOMAIN,
@@ -109,7 +110,7 @@ def _record(owner: str, agent: str, pair: Sequence[str], shared: int, sessions: 
         verbal=f"'{a}' and '{b}' come back in the same sessions: {shared} shared of {sessions} "
                f"(p={p:.2g} under independence).",
         query=("SELECT name, properties->'domains' AS sessions FROM concepts "
-               f"WHERE owner = '{owner}' AND category = 'topic' AND name IN ('{a}', '{b}')"),
+               f"WHERE owner = '{o}' AND category = 'topic' AND name IN ('{qa}', '{qb}')"),
         confidence=round(1.0 - p, 6), n_observations=sessions,
         statistics={"shared": float(shared), "sessions": float(sessions), "jaccard": round(shared / union, 6),
                     "p_value": p},

@@ -62,3 +62,14 @@ def test_events_feed_the_angular_gyrus_inform_the_topics_and_run_once():
     assert StatisticianPromotionSource(m.ag).get_promotion_candidates() == []
     # not re-confirmed for 30 days: it leaves the layer like any pattern
     assert [type(e) for e in m.consolidate(T0 + timedelta(days=31)) if e.layer is Layer.ANGULAR_GYRUS] == [RecordRemoved]
+
+
+def test_its_query_reads_the_concepts_even_for_a_key_with_a_quote():
+    import duckdb
+    m = memory({"o'brien": ("c", ["s1", "s4", "s7"]), "kiln": ("c", ["s1", "s4", "s7"]),
+                "x": ("c", [f"s{i}" for i in range(10, 30)])})
+    [rec] = topic_co_occurrences(m, ["kiln"])
+    con = duckdb.connect()
+    con.execute("CREATE TABLE concepts (owner VARCHAR, name VARCHAR, category VARCHAR, properties JSON)")
+    con.execute("""INSERT INTO concepts VALUES ('global', 'o''brien', 'topic', '{"domains": ["s1"]}')""")
+    assert [r[0] for r in con.execute(rec.query).fetchall()] == ["o'brien"]

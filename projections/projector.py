@@ -47,7 +47,7 @@ import sys
 from somnus.procs import private_files, tune_gc
 from somnus.schemas.agents import load_agents
 import msgspec
-from somnus.projections.semantic import promotion_inputs
+from somnus.projections.semantic import abstracted_by, promotion_inputs
 from somnus.schemas.semantic import KIND_PROMOTE
 from somnus.projections.briefing_server import BriefingServer
 
@@ -299,16 +299,17 @@ class Projector:
 
         from somnus.projections.semantic import SLEEP_REQUEST_PREFIX
 
-        def snapshot() -> Any:
+        def snapshot() -> tuple[Any, dict[str, str]]:
             with contextlib.closing(con.cursor()) as cur:  # closed: an open cursor may hold a transaction
-                return promotion_inputs(cur, "global")
+                return promotion_inputs(cur, "global"), abstracted_by(cur, [r for r, _ in runs])
 
         async with self.write_lock:
-            inputs = await asyncio.to_thread(snapshot)
-        for i, (run_id, at) in enumerate(runs):
-            # the topics the runs abstracted are promoted once, by the first of their requests
-            req = msgspec.structs.replace(inputs, at=at, request_id=SLEEP_REQUEST_PREFIX + run_id,
-                                          topics=inputs.topics if i == 0 else [])
+            inputs, by_run = await asyncio.to_thread(snapshot)
+        for run_id, at in runs:
+            # each run's request promotes the topics that run abstracted, so its layer report shows
+            # what it added; the first also takes any other (e.g. a `somnus sleep` run's)
+            topics = [t for t in inputs.topics if by_run.get(t.pattern_id, runs[0][0]) == run_id]
+            req = msgspec.structs.replace(inputs, at=at, request_id=SLEEP_REQUEST_PREFIX + run_id, topics=topics)
             try:
                 await self._producer.send_and_wait(self.topics.semantic, encode(req), key=b"global", partition=0,
                                                    headers=[("somnus-kind", KIND_PROMOTE)])

@@ -132,7 +132,8 @@ CREATE TABLE IF NOT EXISTS sleep_runs (
     bytes_before BIGINT, bytes_after BIGINT, fiedler DOUBLE, report JSON);
 CREATE TABLE IF NOT EXISTS sleep_layer_reports (
     run_id VARCHAR NOT NULL, layer VARCHAR NOT NULL, before BIGINT NOT NULL, after BIGINT NOT NULL,
-    removed BIGINT NOT NULL, PRIMARY KEY (run_id, layer));
+    removed BIGINT NOT NULL, added BIGINT NOT NULL DEFAULT 0, reinforced BIGINT NOT NULL DEFAULT 0,
+    PRIMARY KEY (run_id, layer));
 CREATE TABLE IF NOT EXISTS oscillators (
     agent VARCHAR NOT NULL, kind VARCHAR NOT NULL, events BIGINT NOT NULL, state JSON NOT NULL,
     PRIMARY KEY (agent, kind));
@@ -243,7 +244,7 @@ CONTENT_COLUMNS: dict[str, list[str]] = {
     "lifecycle_log": ["run_id", "seq", "kind", "memory_id", "decided_at", "body"],
     "sleep_runs": ["run_id", "run_at", "trigger", "memories_before", "memories_after", "kept", "compressed", "pruned",
                    "protected", "rescored", "bytes_before", "bytes_after", "fiedler", "report"],
-    "sleep_layer_reports": ["run_id", "layer", "before", "after", "removed"],
+    "sleep_layer_reports": ["run_id", "layer", "before", "after", "removed", "added", "reinforced"],
     "oscillators": ["agent", "kind", "events", "state"],
     "oscillator_readings": ["agent", "kind", "occurred_at", "memory_id", "anomaly", "coherence", "distances"],
     "briefings": ["agent", "briefing_id", "generated_at", "budget", "markdown", "chars", "lessons", "facts",
@@ -273,4 +274,7 @@ def init(con: duckdb.DuckDBPyConnection) -> None:
     # Files made before math_patterns had ``source_agents`` (a pattern's provenance) get it, last, as
     # the DDL has it: their rows keep NULL (not recorded) until a replay rebuilds them.
     con.execute("ALTER TABLE math_patterns ADD COLUMN IF NOT EXISTS source_agents VARCHAR[]")
+    # Files made before a run's layer report counted what it added and reinforced get them (0: not counted).
+    for col in ("added", "reinforced"):
+        con.execute(f"ALTER TABLE sleep_layer_reports ADD COLUMN IF NOT EXISTS {col} BIGINT DEFAULT 0")
     con.execute("INSERT OR IGNORE INTO projection_meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])

@@ -27,6 +27,7 @@ import duckdb
 import msgspec
 import pyarrow as pa
 
+from somnus.processors.semantic.co_occurrence import co_occurrence_events
 from somnus.processors.semantic.layers import MemoryLayers
 from somnus.processors.prediction.causal_links import DEFAULT_ALPHA, alphas_for, confidence_of
 from somnus.processors.semantic.promotion import (
@@ -77,9 +78,9 @@ class SemanticProjection:
         Returns how many, and the owners (scopes) whose memory changed."""
         events: list[tuple[SemanticEvent, int]] = []
         requests: list[dict[str, Any]] = []
-        # (sleep run id, the layers' sizes right after its consolidation, what that removed): counted at
-        # the request, not at the batch's end, where they would depend on where the batch was cut
-        sleeps: list[tuple[str, dict[str, int], list[SemanticEvent]]] = []
+        # (sleep run id, what its promotion and consolidation did to each layer): counted at the
+        # request, not at the batch's end, where they would depend on where the batch was cut
+        sleeps: list[tuple[str, dict[str, dict[str, int]]]] = []
         for kind, rec in records:
             if kind == KIND_INGEST:
                 req = _ingest_decoder.decode(rec.value)
@@ -92,12 +93,14 @@ class SemanticProjection:
                     self.requests.add(preq.request_id)
                     requests.append({"request_id": preq.request_id, "owner": preq.owner, "requested_at": preq.at,
                                      "src_offset": rec.offset})
+                sleep = preq.request_id is not None and preq.request_id.startswith(SLEEP_REQUEST_PREFIX)
+                before = layer_sizes(self.layers) if sleep else {}
+                had = pattern_ids(self.layers) if sleep else set()
                 made = self.promote(preq)
-                if preq.request_id is not None and preq.request_id.startswith(SLEEP_REQUEST_PREFIX):
-                    consolidated = self.consolidate(preq.at)
-                    made += consolidated
-                    sleeps.append((preq.request_id.removeprefix(SLEEP_REQUEST_PREFIX), layer_sizes(self.layers),
-                                   consolidated))
+                if sleep:
+                    made += self.consolidate(preq.at)
+                    sleeps.append((str(preq.request_id).removeprefix(SLEEP_REQUEST_PREFIX),
+                                   layer_changes(before, layer_sizes(self.layers), had, made)))
             else:
                 continue
             events += [(ev, rec.offset) for ev in made]
@@ -106,8 +109,8 @@ class SemanticProjection:
                 con.execute("INSERT INTO semantic_requests SELECT * FROM frame")
         if events:
             self._insert(con, events)
-        for run_id, sizes, removed in sleeps:
-            _report_layers(con, run_id, sizes, removed)
+        for run_id, changes in sleeps:
+            _report_layers(con, run_id, changes)
         return len(events), {ev.owner for ev, _ in events}
 
     def consolidate(self, at: datetime) -> list[SemanticEvent]:
@@ -130,6 +133,7 @@ class SemanticProjection:
         made += SemanticPromoter(activity_times=sorted({c.at for c in req.calls})).promote(
             m, [NacPromotionSource(req.links), StatisticianPromotionSource(m.ag), AbstractionPromotionSource(req.topics)],
             req.at)
+        made += co_occurrence_events(m, [t.key for t in req.topics], req.at)  # the AG from conversations
         return made
 
     def _insert(self, con: duckdb.DuckDBPyConnection, events: list[tuple[SemanticEvent, int]]) -> None:
@@ -170,6 +174,11 @@ class SemanticProjection:
                               "reason": ev.gate if promoted else ev.reason, "decided_at": ev.at})
             elif isinstance(ev, RecordRemoved):
                 removed.append({"owner": ev.owner, "layer": ev.layer.value, "record_id": ev.record_id})
+                # this batch's rows of it so far go too; a later re-creation in the batch stays
+                concepts, rels, patterns, edges = _without(ev, concepts, rels, patterns, edges)
+        if removed:  # first, so a record removed and made again in one batch (sleeps 30 days apart) stays
+            with registered(con, gone=pa.Table.from_pylist(removed)):
+                _delete_removed(con)
         latest = {(r["owner"], r["concept_id"]): r for r in concepts}  # a concept's last state in the batch
         for table, rows, select in (
                 ("semantic_log", log, "ord, owner, kind, body::JSON, src_offset"),
@@ -183,9 +192,22 @@ class SemanticProjection:
                 con.execute("INSERT OR REPLACE INTO concepts SELECT owner, concept_id, name, category, definition, "
                             "provenance, reinforcement_count, confidence, properties::JSON, source_episode_ids, "
                             "updated_at FROM frame")
-        if removed:  # the layers' read models follow the layers (the log keeps what was removed and why)
-            with registered(con, gone=pa.Table.from_pylist(removed)):
-                _delete_removed(con)
+
+
+Rows = list[dict[str, Any]]
+
+
+def _without(ev: RecordRemoved, concepts: Rows, rels: Rows, patterns: Rows, edges: Rows) -> tuple[Rows, Rows, Rows, Rows]:
+    """The batch's read-model rows without those of the record ``ev`` removes (as ``_delete_removed``)."""
+    o, layer, rid = ev.owner, ev.layer.value, ev.record_id
+    if layer == "atl":
+        concepts = [r for r in concepts if (r["owner"], r["concept_id"]) != (o, rid)]
+        rels = [r for r in rels if r["owner"] != o or rid not in (r["source_id"], r["target_id"])]
+    elif layer == "angular_gyrus":
+        patterns = [r for r in patterns if (r["owner"], r["math_id"]) != (o, rid)]
+    edges = [r for r in edges if r["owner"] != o or (layer, rid) not in ((r["source_layer"], r["source_id"]),
+                                                                          (r["target_layer"], r["target_id"]))]
+    return concepts, rels, patterns, edges
 
 
 def _delete_removed(con: duckdb.DuckDBPyConnection) -> None:
@@ -210,19 +232,55 @@ def layer_sizes(layers: Mapping[str, MemoryLayers]) -> dict[str, int]:
             "angular_gyrus": sum(len(m.ag) for m in layers.values())}
 
 
-def _report_layers(con: duckdb.DuckDBPyConnection, run_id: str, sizes: Mapping[str, int],
-                   removed: Sequence[SemanticEvent]) -> None:
-    """The semantic layers' part of a sleep run (``sleep_layer_reports``): records right after the run
-    (``sizes``) and removed by consolidation, summed over owners. A table of its own, not a patch of
-    the run's row in ``sleep_runs``: the memory fold writes that row from another topic, so whether it
-    exists yet depends on how the topics interleave, which a replay does not repeat."""
-    per = {name: {"after": sizes[name], "removed": 0} for name in ("atl", "angular_gyrus")}
-    for ev in removed:
-        if isinstance(ev, RecordRemoved) and ev.layer.value in per:
-            per[ev.layer.value]["removed"] += 1
-    for layer, counts in per.items():
-        con.execute("INSERT OR REPLACE INTO sleep_layer_reports VALUES (?, ?, ?, ?, ?)",
-                    [run_id, layer, counts["after"] + counts["removed"], counts["after"], counts["removed"]])
+def pattern_ids(layers: Mapping[str, MemoryLayers]) -> set[tuple[str, str]]:
+    """(owner, math id) of every Angular Gyrus record: what a re-confirmation finds already there."""
+    return {(owner, r.math_id) for owner, m in layers.items() for r in m.ag}
+
+
+LAYER_COUNTS = ("before", "added", "reinforced", "removed", "after")
+
+
+def layer_changes(before: Mapping[str, int], after: Mapping[str, int], had: set[tuple[str, str]],
+                  events: Sequence[SemanticEvent]) -> dict[str, dict[str, int]]:
+    """Per layer, what one sleep run's promotion and consolidation did: records ``before`` and
+    ``after``, ``added`` (a concept created, a pattern confirmed for the first time), ``reinforced``
+    (an existing concept given new evidence, a pattern re-confirmed: distinct records) and
+    ``removed`` (decayed by consolidation: not reinforced, or not re-confirmed, within the window).
+
+    >>> from datetime import datetime, timezone
+    >>> from somnus.schemas.semantic import Layer, RecordRemoved
+    >>> t = datetime(2024, 5, 1, tzinfo=timezone.utc)
+    >>> gone = RecordRemoved(owner="o", layer=Layer.ATL, record_id="c1", at=t, reason="idle")
+    >>> layer_changes({"atl": 2, "angular_gyrus": 0}, {"atl": 1, "angular_gyrus": 0}, set(), [gone])["atl"]
+    {'before': 2, 'added': 0, 'reinforced': 0, 'removed': 1, 'after': 1}
+    """
+    added: dict[str, set[tuple[str, str]]] = {"atl": set(), "angular_gyrus": set()}
+    reinforced: dict[str, set[tuple[str, str]]] = {"atl": set(), "angular_gyrus": set()}
+    removed = {"atl": 0, "angular_gyrus": 0}
+    for ev in events:
+        if isinstance(ev, ConceptCreated):
+            added["atl"].add((ev.owner, ev.concept_id))
+        elif isinstance(ev, ConceptReinforced):
+            reinforced["atl"].add((ev.owner, ev.concept_id))
+        elif isinstance(ev, PatternConfirmed):
+            key = (ev.owner, ev.record.math_id)
+            (reinforced if key in had else added)["angular_gyrus"].add(key)
+        elif isinstance(ev, RecordRemoved) and ev.layer.value in removed:
+            removed[ev.layer.value] += 1
+    return {layer: {"before": before[layer], "added": len(added[layer]),
+                    "reinforced": len(reinforced[layer] - added[layer]), "removed": removed[layer],
+                    "after": after[layer]} for layer in ("atl", "angular_gyrus")}
+
+
+def _report_layers(con: duckdb.DuckDBPyConnection, run_id: str, changes: Mapping[str, Mapping[str, int]]) -> None:
+    """The semantic layers' part of a sleep run (``sleep_layer_reports``, see ``layer_changes``),
+    summed over owners. A table of its own, not a patch of the run's row in ``sleep_runs``: the
+    memory fold writes that row from another topic, so whether it exists yet depends on how the
+    topics interleave, which a replay does not repeat."""
+    for layer, counts in changes.items():
+        con.execute(f"INSERT OR REPLACE INTO sleep_layer_reports (run_id, layer, {', '.join(LAYER_COUNTS)}) "
+                    f"VALUES (?, ?, {', '.join('?' * len(LAYER_COUNTS))})",
+                    [run_id, layer, *(counts[c] for c in LAYER_COUNTS)])
 
 
 # Promotion reads the newest PROMOTION_WINDOW_CALLS tool calls, and the candidate links' observations
@@ -319,6 +377,15 @@ def promotion_inputs(con: duckdb.DuckDBPyConnection, owner: str = "global", min_
              for sig, osig, tool, outcome, valence, strength, obs, event_obs, confidence in candidates]
     return PromotionRequested(owner=owner, at=datetime.fromtimestamp(0, tz=timezone.utc), links=links, calls=calls,
                               topics=sleep_topics(con, members))
+
+
+def abstracted_by(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str]) -> dict[str, str]:
+    """Pattern id -> the run that abstracted it, for the runs ``run_ids``: each scheduled run's
+    promotion request carries its own topics (``Projector._request_promotion``)."""
+    if not run_ids:
+        return {}
+    return dict(con.execute("SELECT body->>'pattern_id', run_id FROM lifecycle_log WHERE kind = 'PatternAbstracted' "
+                            "AND list_contains(?, run_id)", [list(run_ids)]).fetchall())
 
 
 def sleep_topics(con: duckdb.DuckDBPyConnection, members: frozenset[str] | None = None) -> list[TopicView]:

@@ -45,7 +45,10 @@ goes, so a replay of the log rebuilds the same memory and a second run on the sa
 **Concepts from candidates** (``concept_spec``): a NAc link of a tool with negative valence becomes
 ``<tool>_unreliable`` (IS_A ``unreliable_tool``), positive ``<tool>_reliable`` (IS_A ``reliable_tool``),
 with DERIVED_FROM (concept -> episode) and INSTANCE_OF (episode -> concept) edges to its source
-episodes; provenance EPISODIC_CONSOLIDATION, one reinforcement per new episode. A statistician
+episodes; provenance EPISODIC_CONSOLIDATION, one reinforcement per new episode. An abstracted
+topic becomes the concept ``<key>`` (category ``topic``) with the same edges to its memories, but one
+reinforcement per session it came back in (``session:<id>`` evidence), so a topic of two sessions
+can decay from the ATL. A statistician
 trend becomes ``<tool>_success_declining`` / ``_rising``, a phase lock ``<tool>_success_circadian``
 (PHASE_LOCKED_TO ``circadian_rhythm``), a correlation ``<a>_correlates_with_<b>``; provenance
 AGENT_INFERENCE with a STATISTICALLY_CONFIRMS edge from the pattern. A concept fed by both kinds of
@@ -84,6 +87,7 @@ from somnus.processors.semantic.layers import (
     Node,
     spread,
 )
+from somnus.processors.semantic.co_occurrence import CO_OCCURRENCE_DOMAIN
 from somnus.processors.semantic.concepts import SOURCE_AGENTS, find_or_create, form_relationship
 from somnus.schemas.semantic import (
     CandidateRejected,
@@ -224,6 +228,8 @@ class StatisticianPromotionSource:
                                  min_observations: int = MIN_OBSERVATIONS) -> list[PromotionCandidate]:
         out = []
         for rec in self._ag:
+            if rec.domain == CO_OCCURRENCE_DOMAIN:
+                continue  # an association of two topics is knowledge about concepts already there
             if rec.confidence < min_confidence or rec.n_observations < min_observations:
                 continue
             entry = self._ag.entry(rec.math_id)
@@ -504,6 +510,9 @@ class ConceptSpec(msgspec.Struct, frozen=True, kw_only=True):
     episodes: list[str] = []
     evidence: list[str] = []
     math_id: str | None = None
+    # False: the episodes are edges, not evidence. A topic's evidence is its sessions: its memories
+    # are one abstraction's support, and counting them put every topic at the protected count at once.
+    counts_episodes: bool = True
 
 
 def concept_spec(candidate: PromotionCandidate, ag: AngularGyrusLayer) -> ConceptSpec | None:
@@ -516,7 +525,8 @@ def concept_spec(candidate: PromotionCandidate, ag: AngularGyrusLayer) -> Concep
                                       f"{len(domains)} sessions or domains.",
                            provenance=Provenance.EPISODIC_CONSOLIDATION,
                            properties={"key": key, "domains": domains, SOURCE_AGENTS: md.get("source_agents", [])},
-                           episodes=list(candidate.source_memory_ids))
+                           episodes=list(candidate.source_memory_ids),
+                           evidence=[f"session:{d}" for d in domains], counts_episodes=False)
     if candidate.origin == STATISTICIAN:
         rec = ag.get(str(md.get("math_id", "")))
         if rec is None:
@@ -625,7 +635,8 @@ class SemanticPromoter:
                 props = {**props, SOURCE_AGENTS: sorted(agents)}
         cid, created, out = find_or_create(memory, spec.name, now, definition=spec.definition, category=spec.category,
                                            provenance=spec.provenance, properties=props,
-                                           source_episode_ids=spec.episodes, evidence=spec.evidence)
+                                           source_episode_ids=spec.episodes if spec.counts_episodes else [],
+                                           evidence=spec.evidence)
         changed = bool(out)
         if spec.parent is not None:
             pid, _, evs = find_or_create(memory, spec.parent[0], now, category=spec.parent[1],

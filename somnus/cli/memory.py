@@ -124,22 +124,26 @@ def _sleep_report(s: object, runs: int, plot: Optional[Path], as_json: bool, rep
                 print(f"  {name}: {c.get('before', 0)} -> {c.get('after', 0)} "
                       f"({c.get('compressed', 0)} compressed, {c.get('pruned', 0)} pruned)")
             for lay in layers.get(r[0], []):
-                print(f"  {lay['layer']}: {lay['before']} -> {lay['after']} ({lay['removed']} removed)")
+                print(f"  {lay['layer']}: {lay['before']} -> {lay['after']} (+{lay['added']} added, "
+                      f"{lay['reinforced']} reinforced, {lay['removed']} decayed)")
 
 
 _DREAM_PHASES = ("clustered", "held", "created", "connected", "abstracted")
 
 
 def _layer_reports(s: object, run_ids: list[str]) -> dict[str, list[dict[str, object]]]:
-    """Each run's semantic layers (``sleep_layer_reports``): records before, after, removed. The
-    promotion fold writes them from another topic, so a run may have none yet."""
+    """Each run's semantic layers (``sleep_layer_reports``): records before and after, and what the
+    run added, reinforced and removed (decayed). The promotion fold writes them from another topic,
+    so a run may have none yet."""
     if not run_ids:
         return {}
-    got = read(s, "sql", sql="SELECT run_id, layer, before, after, removed FROM sleep_layer_reports "  # type: ignore[arg-type]
-                             "WHERE list_contains(?, run_id) ORDER BY run_id, layer", params=[run_ids])
+    got = read(s, "sql", sql="SELECT run_id, layer, before, added, reinforced, removed, after "  # type: ignore[arg-type]
+                             "FROM sleep_layer_reports WHERE list_contains(?, run_id) ORDER BY run_id, layer",
+               params=[run_ids])
     out: dict[str, list[dict[str, object]]] = {}
-    for run_id, layer, before, after, removed in got["rows"]:
-        out.setdefault(run_id, []).append({"layer": layer, "before": before, "after": after, "removed": removed})
+    for run_id, layer, *counts in got["rows"]:
+        out.setdefault(run_id, []).append(
+            {"layer": layer, **dict(zip(("before", "added", "reinforced", "removed", "after"), counts))})
     return out
 
 

@@ -209,9 +209,11 @@ def test_a_sleeps_promotion_is_followed_by_atl_and_angular_gyrus_consolidation(t
         """The run's report, hippocampus from sleep_runs, the semantic layers from sleep_layer_reports."""
         out = json.loads(con.execute("SELECT report FROM sleep_runs WHERE run_id = ?", [run]).fetchone()[0])[
             "per_layer"]
-        for layer, before, after, removed in con.execute(
-                "SELECT layer, before, after, removed FROM sleep_layer_reports WHERE run_id = ?", [run]).fetchall():
+        for layer, before, after, removed, added, reinforced in con.execute(
+                "SELECT layer, before, after, removed, added, reinforced FROM sleep_layer_reports WHERE run_id = ?",
+                [run]).fetchall():
             out[layer] = {"before": before, "after": after, "removed": removed}
+            assert (added, reinforced) == (0, 0)  # these requests carry no inputs: nothing added or reinforced
         return out
 
     sleep(1, "sleep-young", 10)  # ten days on: nothing is old enough
@@ -250,9 +252,9 @@ def test_a_sleeps_layer_report_does_not_depend_on_where_the_batch_is_cut(tmp_pat
             if part:
                 apply_batch(con, TOPICS, part, load_offsets(con), 1 << 20, seen)
         assert con.execute("SELECT count(*) FROM concepts").fetchone()[0] > 0  # the promotion did add some
-        reports.append(con.execute("SELECT layer, before, after, removed FROM sleep_layer_reports "
+        reports.append(con.execute("SELECT layer, before, added, reinforced, removed, after FROM sleep_layer_reports "
                                    "ORDER BY layer").fetchall())
-    assert reports[0] == reports[1] == [("angular_gyrus", 0, 0, 0), ("atl", 0, 0, 0)]
+    assert reports[0] == reports[1] == [("angular_gyrus", 0, 0, 0, 0, 0), ("atl", 0, 0, 0, 0, 0)]
 
 
 def test_a_conversations_abstracted_topics_reach_the_atl_once(tmp_path):
@@ -278,7 +280,87 @@ def test_a_conversations_abstracted_topics_reach_the_atl_once(tmp_path):
     assert [t.key for t in req.topics] == ["pottery"]
     apply_batch(con, TOPICS, [_rec(0, req)], load_offsets(con), 1 << 20, ReadModels(con))
     assert con.execute("SELECT name, category FROM concepts").fetchall() == [("pottery", "topic")]
-    assert con.execute("SELECT after FROM sleep_layer_reports WHERE run_id = 'sleep-1' AND layer = 'atl'"
-                       ).fetchone()[0] == 1
+    # the run's report lists what it added (it once counted records and removals only)
+    assert con.execute("SELECT before, added, reinforced, removed, after FROM sleep_layer_reports "
+                       "WHERE run_id = 'sleep-1' AND layer = 'atl'").fetchone() == (0, 1, 0, 0, 1)
     assert con.execute("SELECT count(*) FROM cross_layer_edges").fetchone()[0] == 6
     assert promotion_inputs(con).topics == []  # promoted: the next request does not carry it again
+
+
+def test_each_scheduled_run_knows_the_topics_it_abstracted(tmp_path):
+    # The projector splits one batch's snapshot: each run's request promotes its own topics, so each
+    # run's layer report shows what it added (all went with the first request before).
+    from somnus.projections.semantic import abstracted_by
+    from somnus.schemas.lifecycle import PatternAbstracted, PatternSource, encode_lifecycle
+
+    con = duckdb.connect(str(tmp_path / "t.duckdb"))
+    schema.init(con)
+    for run, key in (("run-1", "pottery"), ("run-2", "kiln"), ("run-3", "rain")):
+        ev = PatternAbstracted(run_id=run, seq=1, at=T0, pattern_id=f"p-{key}", agent="c", key=key,
+                               domains=["s1", "s2"], support=3, sources=[PatternSource(f"m{k}", "s1") for k in range(3)])
+        con.execute("INSERT INTO lifecycle_log VALUES (?, 1, 'PatternAbstracted', NULL, ?, ?)",
+                    [run, T0, encode_lifecycle(ev).decode()])
+    assert abstracted_by(con, ["run-1", "run-2"]) == {"p-pottery": "run-1", "p-kiln": "run-2"}
+    assert abstracted_by(con, []) == {}
+
+
+def test_a_sleeps_layer_report_lists_what_it_added_reinforced_and_decayed(tmp_path):
+    # Issue 29: per layer and per run, counted at the run's request. Two sleeps of a conversation: the
+    # first adds topics and their co-occurrence (AG), the second, 31 days later, reinforces one topic by
+    # a new session and decays the rest.
+    from somnus.schemas.semantic import TopicView
+    con = duckdb.connect(str(tmp_path / "t.duckdb"))
+    schema.init(con)
+    seen = ReadModels(con)
+
+    def topic(key: str, sessions: list[str]) -> TopicView:
+        return TopicView(pattern_id=f"p-{key}-{len(sessions)}", agent="c", key=key, domains=sessions,
+                         support=3, source_ids=[f"m-{key}-{s}" for s in sessions])
+
+    first = [topic("pottery", ["s1", "s4"]), topic("kiln", ["s1", "s4"]),
+             topic("rain", [f"s{i}" for i in range(5, 25, 3)])]
+    run1 = PromotionRequested(owner="global", at=T0, request_id="sleep:run-1", topics=first)
+    run2 = PromotionRequested(owner="global", at=T0 + timedelta(days=31), request_id="sleep:run-2",
+                              topics=[topic("pottery", ["s1", "s30"])])
+    apply_batch(con, TOPICS, [_rec(0, run1), _rec(1, run2)], load_offsets(con), 1 << 20, seen)
+    got = {(r, layer): counts for r, layer, *counts in con.execute(
+        "SELECT run_id, layer, before, added, reinforced, removed, after FROM sleep_layer_reports").fetchall()}
+    assert got[("run-1", "atl")] == [0, 3, 0, 0, 3]
+    assert got[("run-1", "angular_gyrus")] == [0, 1, 0, 0, 1]  # kiln+pottery, 2 of 9 sessions shared
+    # run 2: pottery gets session s30 (3 sessions: protected); kiln (2 sessions, idle 31 days) decays,
+    # rain (7 sessions) stays; the association is not re-confirmed by a changed record and decays
+    assert got[("run-2", "atl")] == [3, 0, 1, 1, 2]
+    assert got[("run-2", "angular_gyrus")] == [1, 0, 0, 1, 0]
+    # run 3, in a batch of its own: kiln comes back, and so does the association
+    run3 = PromotionRequested(owner="global", at=T0 + timedelta(days=32), request_id="sleep:run-3",
+                              topics=[topic("kiln", ["s1", "s4", "s30"])])
+    apply_batch(con, TOPICS, [_rec(2, run3)], load_offsets(con), 1 << 20, seen)
+    assert con.execute("SELECT before, added, reinforced, removed, after FROM sleep_layer_reports WHERE run_id = "
+                       "'run-3' ORDER BY layer").fetchall() == [(0, 1, 0, 0, 1), (2, 1, 0, 0, 3)]
+
+
+def test_a_record_removed_and_made_again_in_one_batch_stays_in_the_read_models(tmp_path):
+    # Two sleeps 31 days apart in one batch: a topic decays at the second and comes back at the third.
+    # The read models once deleted the removals after inserting the batch's rows, losing it.
+    from somnus.schemas.semantic import TopicView
+
+    def topic(key: str, sessions: list[str]) -> TopicView:
+        return TopicView(pattern_id=f"p-{key}-{'-'.join(sessions)}", agent="c", key=key, domains=sessions,
+                         support=3, source_ids=[f"m-{key}-{s}" for s in sessions])
+
+    con = duckdb.connect(str(tmp_path / "t.duckdb"))
+    schema.init(con)
+    seen = ReadModels(con)
+    rain = topic("rain", [f"s{i}" for i in range(5, 25, 3)])
+    reqs = [PromotionRequested(owner="global", at=T0 + timedelta(days=d), request_id=f"sleep:run-{i}", topics=ts)
+            for i, (d, ts) in enumerate(((0, [topic("pottery", ["s1", "s4"]), topic("kiln", ["s1", "s4"]), rain]),
+                                         (31, []), (32, [topic("kiln", ["s1", "s4", "s30"]),
+                                                         topic("pottery", ["s1", "s4", "s30"])])))]
+    apply_batch(con, TOPICS, [_rec(i, r) for i, r in enumerate(reqs)], load_offsets(con), 1 << 20, seen)
+    m = seen.semantic.layers["global"]
+    assert sorted(n for (n,) in con.execute("SELECT name FROM concepts").fetchall()) == ["kiln", "pottery", "rain"]
+    assert sorted(c.name for c in m.atl) == ["kiln", "pottery", "rain"]
+    assert {i for (i,) in con.execute("SELECT DISTINCT math_id FROM math_patterns").fetchall()} == {
+        r.math_id for r in m.ag} != set()
+    edges = con.execute("SELECT count(*) FROM cross_layer_edges").fetchone()[0]
+    assert edges == len(m.cross)

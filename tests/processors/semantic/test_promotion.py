@@ -620,7 +620,7 @@ def test_a_nac_concept_carries_its_links_agents_and_gains_those_of_a_later_reinf
 def test_abstracted_topics_become_concepts_derived_from_their_memories_and_decay():
     # A conversation has no tool calls: its ATL is fed by dream phase B's abstracted topics.
     from somnus.processors.semantic.promotion import ABSTRACTION, AbstractionPromotionSource
-    from somnus.schemas.semantic import ConceptPromoted, RecordRemoved, TopicView
+    from somnus.schemas.semantic import ConceptPromoted, TopicView
     t0 = datetime(2024, 5, 1, tzinfo=timezone.utc)
     topics = [TopicView(pattern_id="p1", agent="conv-1", key="pottery", domains=["s1", "s2"], support=3,
                         source_ids=["m1", "m2", "m3"]),
@@ -636,6 +636,35 @@ def test_abstracted_topics_become_concepts_derived_from_their_memories_and_decay
     assert concept.category == "topic" and concept.properties["source_agents"] == ["conv-1"]
     from somnus.schemas.semantic import Layer
     assert len(m.cross.edges((Layer.ATL, cid))) == 6  # DERIVED_FROM and INSTANCE_OF, 3 memories
-    # one reinforcement per source memory: 3, the ATL's protected count, so it outlives 30 idle days
-    assert concept.reinforcement_count == 3
-    assert not [e for e in m.consolidate(t0 + timedelta(days=31)) if isinstance(e, RecordRemoved)]
+    # one reinforcement per session, not per memory: 2, under the ATL's protected count of 3
+    assert concept.reinforcement_count == 2 and concept.evidence == ["session:s1", "session:s2"]
+    assert not m.consolidate(t0 + timedelta(days=30))  # not idle for more than 30 days yet
+
+
+def test_a_topic_not_reinforced_for_more_than_the_decay_window_leaves_the_atl():
+    # Event time only: the topic's promotion time and the consolidation's time are stream times.
+    from somnus.processors.semantic.layers import ATL_MAX_AGE_DAYS, ATL_PROTECTED_COUNT
+    from somnus.processors.semantic.promotion import AbstractionPromotionSource
+    from somnus.schemas.semantic import RecordRemoved, TopicView
+    assert (ATL_MAX_AGE_DAYS, ATL_PROTECTED_COUNT) == (30, 3)
+    t0 = datetime(2024, 5, 1, tzinfo=timezone.utc)
+    two = TopicView(pattern_id="p1", agent="c", key="pottery", domains=["s1", "s2"], support=5,
+                    source_ids=["m1", "m2", "m3", "m4", "m5"])
+    three = TopicView(pattern_id="p2", agent="c", key="kiln", domains=["s1", "s2", "s3"], support=3,
+                      source_ids=["m6", "m7", "m8"])
+    m = MemoryLayers("global")
+    SemanticPromoter().promote(m, [AbstractionPromotionSource([two, three])], t0)
+    pottery, kiln = m.atl.find("pottery"), m.atl.find("kiln")
+    assert not m.consolidate(t0 + timedelta(days=30))
+    gone = m.consolidate(t0 + timedelta(days=30, seconds=1))
+    assert [(type(e), e.record_id) for e in gone] == [(RecordRemoved, pottery)]  # kiln: 3 sessions, protected
+    m.apply_all(gone)
+    assert m.atl.find("pottery") is None and m.atl.get(kiln) is not None
+    # a later session's abstraction reinforces it, and the window starts again
+    m2 = MemoryLayers("global")
+    SemanticPromoter().promote(m2, [AbstractionPromotionSource([two])], t0)
+    again = TopicView(pattern_id="p3", agent="d", key="pottery", domains=["s2", "s9"], support=3,
+                      source_ids=["m9", "m10", "m11"])
+    SemanticPromoter().promote(m2, [AbstractionPromotionSource([again])], t0 + timedelta(days=20))
+    assert m2.atl.get(m2.atl.find("pottery")).reinforcement_count == 3  # s9 is new evidence
+    assert not m2.consolidate(t0 + timedelta(days=45))

@@ -531,7 +531,7 @@ def test_an_expired_token_gets_401_saying_so_on_every_request(tmp_path: Path) ->
 
     async def body(fleet: Fleet, client: TestClient) -> None:
         soon, record = fleet.store.create(agent="support",
-                                          expires_at=datetime.now(timezone.utc) + timedelta(seconds=1))
+                                          expires_at=datetime.now(timezone.utc) + timedelta(seconds=4))
         expired, old = fleet.store.create(agent="support",
                                           expires_at=datetime.now(timezone.utc) - timedelta(seconds=1))
         context = _route("context")
@@ -539,7 +539,9 @@ def test_an_expired_token_gets_401_saying_so_on_every_request(tmp_path: Path) ->
         for route in api.all_routes():
             status, got = await _call(client, route, "support", expired)
             assert status == 401 and f"token {old.id} expired at {old.expires_at}" in got["error"], route.path
-        await asyncio.sleep(1.2)
+        # until just past its expiry (4 s: the calls above take well over 1 s on a loaded machine)
+        left = datetime.fromisoformat(record.expires_at) - datetime.now(timezone.utc)
+        await asyncio.sleep(max(0.0, left.total_seconds()) + 0.2)
         status, got = await _call(client, context, "support", soon, {"query": "q"})
         assert status == 401 and "expired" in got["error"]  # checked on each request, not at login
     _serve(tmp_path, body)

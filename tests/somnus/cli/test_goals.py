@@ -20,7 +20,16 @@ from somnus.schemas.goals import KIND_GOAL_CLOSED, KIND_GOAL_SET, GoalClosed, Go
 @pytest.fixture
 def sent(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, list[Any]]]:
     out: list[tuple[str, list[Any]]] = []
+    from somnus import client
+
     monkeypatch.setattr(memory_requests, "_send", lambda bootstrap, topic, records: out.append((topic, records)))
+
+    def sealed(key: bytes | None, value: bytes, headers: list[tuple[str, bytes]], bootstrap: str, topic: str,
+               keys_topic: str, subject: tuple[str, str], user_id: str | None, partition: int | None = None) -> None:
+        assert subject[1].startswith("goal:") and keys_topic != topic  # a goal's own data key (forget)
+        out.append((topic, [(key, value, dict(headers)[memory_requests.KIND])]))
+
+    monkeypatch.setattr(client, "publish_sealed", sealed)
     return out
 
 

@@ -53,8 +53,9 @@ case "$cmd" in
     echo "lint: exit $lint; unit tier: exit $unit; integration tier: exit $integration"
     [ "$lint" -eq 0 ] && [ "$unit" -eq 0 ] && [ "$integration" -eq 0 ] ;;
   test-unit)
-    # The quick tier for daily work: unit tests only, no broker.
+    # The quick tier for daily work: unit tests only, no broker, in parallel processes (pytest-xdist;
+    # many tests wait on threads and subprocesses, so more processes than cores). The CI tier stays serial.
     setup
-    exec "$VENV/bin/python" -m pytest -p no:cacheprovider -m "not integration" "$@" ;;
+    exec "$VENV/bin/python" -m pytest -p no:cacheprovider -m "not integration" -n "${SOMNUS_TEST_PROCS:-4}" "$@" ;;
   *) echo "usage: bash run.sh [setup|demo|lint|test|test-unit] [args...]" >&2; exit 2 ;;
 esac

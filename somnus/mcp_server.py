@@ -176,10 +176,23 @@ def build(memory: Memory) -> Any:
     from mcp.server.mcpserver import Context, MCPServer
     from mcp.server.mcpserver.exceptions import ToolError
 
-    server = MCPServer("somnus", instructions="Memory for AI agents: recall past work, read briefings and facts, "
-                       "predict a call's outcome, and remember notes. Each tool reads one agent's scope.")
+    from somnus.processors.briefing.injection import neutral_json, one_line
 
-    from somnus.processors.briefing.injection import neutral_json
+    class NeutralErrors(MCPServer):
+        """A tool's error goes to the model as its answer, and it echoes the caller's arguments (the
+        read API's 400s name the value, a refusal names the agent asked for, the SDK's own argument
+        checks quote the input): each error's text is neutralised like an answer (one line, no
+        marker, no invisible character)."""
+
+        async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+            try:
+                return await super().call_tool(name, arguments, context)
+            except ToolError as exc:
+                exc.args = (one_line(str(exc)),)
+                raise
+
+    server = NeutralErrors("somnus", instructions="Memory for AI agents: recall past work, read briefings and facts, "
+                           "predict a call's outcome, and remember notes. Each tool reads one agent's scope.")
 
     async def call(ctx: Context, handler: str, agent: str | None = None, **params: Any) -> str:
         """The route's JSON, as one text block (a list would otherwise be one block per item). A tool's
@@ -250,7 +263,7 @@ def build(memory: Memory) -> Any:
         """Set a goal for the agent: a desired future state, in a sentence. Recall then leans towards
         memories near it, and `goals` says how far the agent's memories are from it (forward PE)."""
         try:
-            return json.dumps(await memory.set_goal(ctx, agent, text, user_id))
+            return json.dumps(neutral_json(await memory.set_goal(ctx, agent, text, user_id)))
         except McpRefused as exc:
             raise ToolError(str(exc)) from None
 
@@ -264,7 +277,7 @@ def build(memory: Memory) -> Any:
     async def remember(agent: str, note: str, ctx: Context, user_id: str | None = None) -> str:
         """Write an explicit note to the agent's memory (published through Kafka; recallable once projected)."""
         try:
-            return json.dumps(await memory.remember(ctx, agent, note, user_id))
+            return json.dumps(neutral_json(await memory.remember(ctx, agent, note, user_id)))
         except McpRefused as exc:
             raise ToolError(str(exc)) from None
 

@@ -374,7 +374,55 @@ def serve(settings: Settings, transport: str, host: str = "127.0.0.1", port: int
     memory = Memory(settings, lambda ctx: bearer(ctx.headers))
     app = build(memory).streamable_http_app(host=host)
     log.info("MCP server on http://%s:%d/mcp (streamable HTTP)", host, port)
-    uvicorn.run(BearerGuard(app, memory.principal), host=host, port=port, log_level="warning")
+    uvicorn.Server(http_config(BearerGuard(app, memory.principal), host, port)).run()
+
+
+def http_config(app: Any, host: str, port: int) -> Any:
+    """The uvicorn configuration of the HTTP transport: its connections bounded (``bounded_protocol``)."""
+    import uvicorn
+
+    return uvicorn.Config(app, host=host, port=port, log_level="warning", http=bounded_protocol())
+
+
+def bounded_protocol(idle_timeout_s: float | None = None, max_connections: int | None = None) -> type:
+    """uvicorn's HTTP protocol with the read API's connection bounds (``somnus.projections.http``): a
+    connection with no request in progress, from its start or since its last response, is closed after
+    ``idle_timeout_s``, and each one beyond ``max_connections`` closes the oldest. uvicorn keeps a
+    connection that has not sent its headers for ever (its ``timeout_keep_alive`` starts after a
+    response; it has no header timeout) and its ``limit_concurrency`` counts such connections, then
+    answers 503 to everyone else. Relies on the protocol's ``loop``, ``transport``, ``cycle``,
+    ``connections`` and ``on_response_complete`` (uvicorn 0.54; pinned by
+    ``tests/somnus/test_mcp_server.py``)."""
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    from somnus.projections.http import IDLE_TIMEOUT_S, MAX_CONNECTIONS
+
+    idle_s = IDLE_TIMEOUT_S if idle_timeout_s is None else idle_timeout_s
+    most = MAX_CONNECTIONS if max_connections is None else max_connections
+
+    class Bounded(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self.opened_at = self.loop.time()
+            self._arm()
+            open_now = [c for c in self.connections if c.transport is not None and not c.transport.is_closing()]
+            if len(open_now) > most:
+                min(open_now, key=lambda c: getattr(c, "opened_at", 0.0)).transport.close()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm()
+
+        def _arm(self) -> None:
+            self.idle_since = armed = self.loop.time()
+            self.loop.call_later(idle_s, self._close_if_idle, armed)
+
+        def _close_if_idle(self, armed: float) -> None:
+            busy = self.cycle is not None and not self.cycle.response_complete
+            if self.idle_since == armed and not busy and not self.transport.is_closing():
+                self.transport.close()
+
+    return Bounded
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -76,10 +76,12 @@ def import_(paths: list[str] = typer.Argument(..., help="Files, directories or g
                       TimeRemainingColumn(), console=Console(stderr=True), transient=False) as bar:
             task = bar.add_task(f"importing {fmt}", total=len(files))
             for path in files:
+                got: list[dict[str, Any]] = []
                 try:  # a bad file stops only itself: the sessions it gave before the bad item are kept
-                    pending.extend(FORMATS[fmt](path, agent=agent, run=run))
+                    got.extend(FORMATS[fmt](path, agent=agent, run=run))
                 except (ImportShapeError, OSError) as exc:
                     run.problems.append(f"{exc}: the rest of the file is left out")
+                pending += _within(got, s.max_event_bytes, path, run.problems)
                 if len(pending) >= IMPORT_CHUNK:  # one acknowledged send per chunk, not per file
                     n += _deliver(sink, pending, sessions)
                 bar.advance(task)
@@ -92,6 +94,23 @@ def import_(paths: list[str] = typer.Argument(..., help="Files, directories or g
         print(f"error: {problem}", file=sys.stderr)
     if run.problems:
         raise typer.Exit(1)
+
+
+def _within(events: list[dict[str, Any]], max_bytes: int, path: Path, problems: list[str]) -> list[dict[str, Any]]:
+    """The events of at most ``max_bytes`` encoded (``SOMNUS_MAX_EVENT_BYTES``: the worker dead-letters a
+    larger one, and one over the producer's 8 MiB stopped the whole import); each larger one is named
+    in ``problems`` and left out."""
+    import orjson
+
+    kept = []
+    for e in events:
+        size = len(orjson.dumps(e))
+        if size > max_bytes:
+            problems.append(f"{path}: session {e.get('session_id')!r} event {e.get('seq')} ({e.get('type')}) is "
+                            f"{size} bytes, over the pipeline's limit of {max_bytes} (SOMNUS_MAX_EVENT_BYTES): left out")
+        else:
+            kept.append(e)
+    return kept
 
 
 def _deliver(sink: Any, events: list[dict[str, Any]], sessions: set[str]) -> int:

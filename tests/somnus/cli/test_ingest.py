@@ -26,3 +26,17 @@ def test_a_bad_file_or_line_is_reported_and_the_good_ones_are_imported(tmp_path:
     assert "a.json: item 1: no 'messages'" in got.output and "the rest of the file is left out" in got.output
     assert "b.json: line 1 is not JSON (depth limit exceeded" in got.output
     assert "c.jsonl: line 2 is not JSON" in got.output and "Traceback" not in got.output
+
+
+def test_an_event_over_the_pipelines_limit_is_reported_and_left_out(tmp_path: Path) -> None:
+    """A 50 MB message became one 50 MB event: over the producer's 8 MiB, it stopped the import."""
+    item = {"id": "big", "reward": 1.0, "messages": [{"role": "user", "content": "x" * 2_000_000},
+                                                     {"role": "assistant", "content": "ok"}]}
+    (tmp_path / "big.json").write_bytes(orjson.dumps([item]))
+    out = tmp_path / "out.jsonl"
+    got = CliRunner().invoke(app, ["import", "--format", "openai-chat", "--out", str(out), "--home",
+                                   str(tmp_path / "home"), str(tmp_path / "big.json")])
+    assert got.exit_code == 1, got.output
+    assert "session 'big-big' event 1 (user_message) is 2000" in got.output and "left out" in got.output
+    assert [orjson.loads(line)["type"] for line in out.read_bytes().splitlines()] == [
+        "session_start", "agent_message", "session_end"]

@@ -106,6 +106,7 @@ def _iso(t: datetime) -> str:
     return t.isoformat().replace("+00:00", "Z")
 
 
+MAX_BAD_LINES = 20  # of a JSON Lines file reported one by one; the rest are counted
 BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark, which Windows tools write at the start of a file
 
 
@@ -116,8 +117,8 @@ def _load_json_or_jsonl(path: Path, run: ImportRun | None = None) -> Any:
     data = path.read_bytes().removeprefix(BOM)
     try:
         return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        pass
+    except orjson.JSONDecodeError as exc:
+        whole = f"{path}: not JSON ({exc})"  # a document's own error says where it breaks
     items, bad = [], []
     for n, line in enumerate(data.splitlines(), 1):
         if not line.strip():
@@ -126,10 +127,16 @@ def _load_json_or_jsonl(path: Path, run: ImportRun | None = None) -> Any:
             items.append(orjson.loads(line))
         except orjson.JSONDecodeError as exc:
             bad.append(f"{path}: line {n} is not JSON ({exc})")
-    if bad and (run is None or not items):
+            if not items:  # the first line: not JSON Lines (a broken document's lines are no items)
+                break
+    if bad and not items:
+        raise ImportShapeError(whole if b"\n" in data.strip() else bad[0])
+    if bad and run is None:
         raise ImportShapeError(bad[0])
     if run is not None:
-        run.problems.extend(f"{b}: left out" for b in bad)
+        run.problems.extend(f"{b}: left out" for b in bad[:MAX_BAD_LINES])
+        if len(bad) > MAX_BAD_LINES:
+            run.problems.append(f"{path}: {len(bad) - MAX_BAD_LINES} more lines are not JSON: left out")
     return items
 
 

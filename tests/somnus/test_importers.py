@@ -257,8 +257,15 @@ def test_a_json_lines_file_with_a_broken_line_names_the_line_and_keeps_the_other
     assert len({e["session_id"] for e in events}) == 2
     assert run.problems == [f"{path}: line 2 is not JSON (unexpected end of data: line 1 column 15 (char 14)): "
                             "left out"]
-    with pytest.raises(ImportShapeError, match="line 1 is not JSON"):  # no line is JSON: not this format
-        list(openai_chat(write(tmp_path, "none.jsonl", b"{x\n{y\n")))
+    with pytest.raises(ImportShapeError, match="line 1 is not JSON"):  # one line, not JSON
+        list(openai_chat(write(tmp_path, "none.jsonl", b"{x\n")))
+    # a broken document over many lines: its own error (where it breaks), not one problem per line
+    broken = orjson.dumps([orjson.loads(good)] * 3, option=orjson.OPT_INDENT_2)[:-12]
+    with pytest.raises(ImportShapeError, match=r"broken.json: not JSON \(unexpected end of data: line 29 "):
+        list(openai_chat(write(tmp_path, "broken.json", broken), run=ImportRun()))
+    run = ImportRun()  # thousands of bad lines: 20 named, the rest counted
+    list(openai_chat(write(tmp_path, "many.jsonl", good + b"\n" + b"{x\n" * 5000), run=run))
+    assert len(run.problems) == 21 and run.problems[-1].endswith("4980 more lines are not JSON: left out")
 
 
 def test_a_file_with_a_utf8_byte_order_mark_imports(tmp_path):

@@ -38,6 +38,7 @@ from somnus.schemas.briefing import BriefingGenerated, BriefingServed
 from aiohttp import web
 from somnus.projections import api, auth
 from somnus.projections.http import dumps, make_app, route_handler
+from somnus.projections.http import serve as serve_bounded
 from somnus.projections.routes import BRIEFING_SERVER_HANDLERS as ROUTES  # the api handlers it answers
 
 log = logging.getLogger("somnus.briefing_server")
@@ -83,10 +84,7 @@ async def _serve(updates: Connection, served: Connection, ports: Connection, hom
     app = make_app(service, [r for r in api.all_routes() if r.handler in ROUTES and r is not get],
                    tokens=auth.TokenStore(home))
     app.router.add_get(get.path, get_briefing)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
+    runner, port = await serve_bounded(app, "127.0.0.1", 0)
     closed = asyncio.get_running_loop().create_future()
 
     def on_update() -> None:
@@ -105,7 +103,7 @@ async def _serve(updates: Connection, served: Connection, ports: Connection, hom
         bodies.update((b.agent, encoded(b.agent)) for b in got)
 
     asyncio.get_running_loop().add_reader(updates.fileno(), on_update)
-    ports.send(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+    ports.send(port)
     try:
         await closed
     finally:

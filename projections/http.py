@@ -1,6 +1,12 @@
 """The read API over HTTP: one aiohttp handler per ``api.Route``, every request checked by ``auth.guard``.
 
-Served by the projector (every route) and by the briefing server (``briefing`` and ``inject``).
+Served by the projector (every route) and by the briefing server (``briefing`` and ``inject``);
+``serve`` starts them (and the OTLP receiver) with bounded connections: a connection without a
+request in progress, silent or sending its headers byte by byte, is closed after ``IDLE_TIMEOUT_S``,
+and at ``MAX_CONNECTIONS`` the oldest open connection is closed for each new one. Without them one
+local process held every connection it opened for an hour (aiohttp's ``AppRunner`` keeps an idle
+connection 3,630 s) and, with as many connections as the server's file limit, made it refuse every
+client and every file it opens (SECURITY.md, "Tested attacks").
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ from aiohttp import web
 
 from somnus.projections import api, auth, queries
 
+IDLE_TIMEOUT_S = 10.0  # a connection with no request in progress (before its first one too) is closed then
+MAX_CONNECTIONS = 512  # open at once; a new one beyond closes the oldest (well under the process's file limit)
 OFFLOOP_THREADS = 4  # analysts' queries that run at once (projections/sql_sandbox.py); more wait their turn
 
 
@@ -78,3 +86,44 @@ def make_app(service: api.ReadService, routes: list[api.Route], write_lock: asyn
 
 def dumps(obj: Any) -> str:
     return json.dumps(obj, default=str)
+
+
+class BoundedSite(web.TCPSite):
+    """A ``TCPSite`` holding at most ``max_connections``: each connection accepted beyond closes the
+    oldest one still open. A slow client's connections are the oldest, so a client that sends its
+    request when it connects is served while they last; a request in progress on the oldest connection
+    is lost only when ``max_connections`` newer connections arrive before it ends.
+
+    It replaces ``TCPSite.start`` (aiohttp 3.14) to wrap the runner's protocol factory: it relies on
+    ``_host``, ``_port``, ``_backlog``, ``_server`` and ``_bound_port`` (pinned by
+    ``tests/projections/test_http.py``)."""
+
+    def __init__(self, runner: web.BaseRunner, host: str, port: int, max_connections: int = MAX_CONNECTIONS) -> None:
+        super().__init__(runner, host, port)
+        self.max_connections = max_connections
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)
+        server = self._runner.server
+        assert server is not None
+
+        def admit() -> Any:
+            open_now = [h for h in server.connections if h.transport is not None]  # not closing already
+            for oldest in open_now[:max(0, len(open_now) - self.max_connections + 1)]:
+                oldest.force_close()
+            return server()
+
+        self._server = await asyncio.get_running_loop().create_server(admit, self._host, self._port,
+                                                                      backlog=self._backlog)
+        self._bound_port = self._server.sockets[0].getsockname()[1]
+
+
+async def serve(app: web.Application, host: str, port: int, *, idle_timeout_s: float = IDLE_TIMEOUT_S,
+                max_connections: int = MAX_CONNECTIONS) -> tuple[web.AppRunner, int]:
+    """``app`` served on ``host:port`` (0: any free port) with bounded connections (module docstring):
+    the runner (``cleanup()`` stops it) and the bound port."""
+    runner = web.AppRunner(app, access_log=None, keepalive_timeout=idle_timeout_s)
+    await runner.setup()
+    site = BoundedSite(runner, host, port, max_connections)
+    await site.start()
+    return runner, site.port

@@ -28,6 +28,7 @@ from somnus.projections import api, auth, positions, schema
 from somnus.projections.endpoint import endpoint_file
 from somnus.projections.forget import scrub
 from somnus.projections.http import make_app
+from somnus.projections.http import serve as serve_bounded
 from somnus.projections.metrics import CONTENT_TYPE, ProjectorMetrics, ScrapeCollector, exposition, supervisor_restarts
 from somnus.projections.briefings import BRIEFING_INTERVAL_S, REFRESH_BUDGET_S
 from somnus.projections.sql_sandbox import SqlSandbox, harden
@@ -390,11 +391,7 @@ class Projector:
         self._briefing_server = BriefingServer(served, home)
         briefing_port = await self._briefing_server.start(models.briefings.current.values())
         models.briefings.listeners.append(self._briefing_server.publish)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        runner, port = await serve_bounded(app, "127.0.0.1", 0)
         # Where the operator's token is (not the token): somnus.reads sends it, whatever SOMNUS_HOME says.
         endpoint_file(self.db_path).write_text(json.dumps({"pid": os.getpid(), "port": port,
                                                            "briefing_port": briefing_port,

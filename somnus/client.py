@@ -98,10 +98,16 @@ def bundles(raws: list[bytes], bundle_max: int) -> list[tuple[bytes | None, byte
 Session = tuple[str, str]  # (agent, session_id)
 
 
-def session_bundles(raws: list[bytes], bundle_max: int) -> list[tuple[bytes | None, Session | None, str | None,
-                                                                      bytes]]:
+BUNDLE_MAX_BYTES = 1 << 20  # of a bundle's events (the producer's batch size); one larger event travels alone
+
+
+def session_bundles(raws: list[bytes], bundle_max: int, max_bytes: int = BUNDLE_MAX_BYTES,
+                    ) -> list[tuple[bytes | None, Session | None, str | None, bytes]]:
     """``bundles`` with each record's session and its user (when one of the session's events here names
-    it): ``(key, session, user, value)``; a bundle holds one session's events (agent and session id)."""
+    it): ``(key, session, user, value)``; a bundle holds one session's events (agent and session id),
+    at most ``bundle_max`` of them and, unless it is one event, at most ``max_bytes`` of them: 64
+    events of 200 KB made a 13 MB record, which the producer refused (its limit is 8 MiB), failing
+    the whole publish."""
     out: list[tuple[bytes | None, Session | None, str | None, bytes]] = []
     groups: dict[tuple[bytes, Session | None], list[bytes]] = {}
     users: dict[Session, str] = {}
@@ -114,10 +120,28 @@ def session_bundles(raws: list[bytes], bundle_max: int) -> list[tuple[bytes | No
         else:
             groups.setdefault((key, session), []).append(raw)
     for (key, session), items in groups.items():
-        for i in range(0, len(items), bundle_max):
-            part = items[i:i + bundle_max]
+        for part in _parts(items, bundle_max, max_bytes):
             out.append((key, session, None, part[0] if len(part) == 1 else b"[" + b",".join(part) + b"]"))
     return [(k, s, users.get(s) if s is not None else None, v) for k, s, _, v in out]
+
+
+def _parts(items: list[bytes], most: int, max_bytes: int) -> Iterable[list[bytes]]:
+    """``items`` in order, cut into lists of at most ``most`` items and ``max_bytes`` bytes (an item
+    larger than that alone).
+
+    >>> [len(p) for p in _parts([b"x" * 4] * 5, 8, 10)], [len(p) for p in _parts([b"x" * 40, b"x"], 8, 10)]
+    ([2, 2, 1], [1, 1])
+    """
+    part: list[bytes] = []
+    size = 0
+    for item in items:
+        if part and (len(part) >= most or size + len(item) + 1 > max_bytes):
+            yield part
+            part, size = [], 0
+        part.append(item)
+        size += len(item) + 1
+    if part:
+        yield part
 
 
 def sealing_default() -> bool:

@@ -51,13 +51,15 @@ class ImportShapeError(ValueError):
 class ImportRun:
     """What the sessions of one import share: the clock that spaces sessions without times of their
     own (``start`` + n × ``spacing``, in the order they are read), outcomes from a results file (id ->
-    success|failure|partial), and the session ids already used (a repeated id gets ``~2``, ``~3``...)."""
+    success|failure|partial), the session ids already used (a repeated id gets ``~2``, ``~3``...), and
+    the lines of JSON Lines files left out, each with its file, line and reason (``problems``)."""
 
     start: datetime = DEFAULT_START
     spacing: timedelta = DEFAULT_SPACING
     results: Mapping[str, str] = field(default_factory=dict)
     sessions: int = 0
     used: set[str] = field(default_factory=set)
+    problems: list[str] = field(default_factory=list)
 
     def next_start(self) -> datetime:
         t = self.start + self.spacing * self.sessions
@@ -104,20 +106,37 @@ def _iso(t: datetime) -> str:
     return t.isoformat().replace("+00:00", "Z")
 
 
-def _load_json_or_jsonl(path: Path) -> Any:
-    data = path.read_bytes()
+MAX_BAD_LINES = 20  # of a JSON Lines file reported one by one; the rest are counted
+BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark, which Windows tools write at the start of a file
+
+
+def _load_json_or_jsonl(path: Path, run: ImportRun | None = None) -> Any:
+    """The file's JSON document, or its JSON lines (a UTF-8 byte order mark skipped). A line that is
+    not JSON among lines that are is left out and reported in ``run.problems`` (with no ``run``, or
+    when no line is JSON, an ``ImportShapeError``): one bad line does not lose the others."""
+    data = path.read_bytes().removeprefix(BOM)
     try:
         return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        pass
-    items = []
+    except orjson.JSONDecodeError as exc:
+        whole = f"{path}: not JSON ({exc})"  # a document's own error says where it breaks
+    items, bad = [], []
     for n, line in enumerate(data.splitlines(), 1):
         if not line.strip():
             continue
         try:
             items.append(orjson.loads(line))
         except orjson.JSONDecodeError as exc:
-            raise ImportShapeError(f"{path}: line {n} is not JSON ({exc})") from None
+            bad.append(f"{path}: line {n} is not JSON ({exc})")
+            if not items:  # the first line: not JSON Lines (a broken document's lines are no items)
+                break
+    if bad and not items:
+        raise ImportShapeError(whole if b"\n" in data.strip() else bad[0])
+    if bad and run is None:
+        raise ImportShapeError(bad[0])
+    if run is not None:
+        run.problems.extend(f"{b}: left out" for b in bad[:MAX_BAD_LINES])
+        if len(bad) > MAX_BAD_LINES:
+            run.problems.append(f"{path}: {len(bad) - MAX_BAD_LINES} more lines are not JSON: left out")
     return items
 
 
@@ -161,7 +180,7 @@ def openai_chat(path: Path, agent: str | None = None, start: datetime = DEFAULT_
     A results file (``run.results``) names a transcript by its session id or its ``id`` / ``session_id``
     / ``task<n>-trial<m>``, and overrides its own reward."""
     run = _run(run, start)
-    data = _load_json_or_jsonl(path)
+    data = _load_json_or_jsonl(path, run)
     items = data if isinstance(data, list) else [data]
     for i, item in enumerate(items):
         where = f"{path.name}: item {i}"
@@ -425,7 +444,7 @@ def swe_agent(path: Path, agent: str | None = None, start: datetime = DEFAULT_ST
     clock; a step's ``execution_time`` (1.x) is the time its result took.
     """
     run = _run(run, start)
-    data = _load_json_or_jsonl(path)
+    data = _load_json_or_jsonl(path, run)
     items = data if isinstance(data, list) else [data]
     for i, item in enumerate(items):
         where = f"{path.name}: item {i}"
@@ -596,7 +615,7 @@ def locomo(path: Path, agent: str | None = None, start: datetime = DEFAULT_START
     conversation in two files of one import) gets a suffix from ``run``.
     """
     run = _run(run, start)
-    data = _load_json_or_jsonl(path)
+    data = _load_json_or_jsonl(path, run)
     items = data if isinstance(data, list) else [data]
     for i, item in enumerate(items):
         where = f"{path.name}: item {i}"
@@ -651,7 +670,7 @@ def v1(path: Path, agent: str | None = None, start: datetime = DEFAULT_START,
        run: ImportRun | None = None) -> Iterator[dict[str, Any]]:
     """v1 trace events as they are (JSON lines, or a JSON list): they carry their own times and
     sessions. ``agent`` (when given) replaces each event's agent. The pipeline validates them."""
-    data = _load_json_or_jsonl(path)
+    data = _load_json_or_jsonl(path, run)
     for n, event in enumerate(data if isinstance(data, list) else [data], 1):
         if not isinstance(event, dict) or not isinstance(event.get("session_id"), str):
             raise ImportShapeError(f"{path.name}: event {n}: expected a v1 trace event (an object with 'session_id')")
@@ -700,6 +719,8 @@ def expand_paths(args: Iterable[str | Path], fmt: str) -> list[Path]:
                 raise ImportShapeError(f"{arg}: the pattern matches no file")
             for m in map(Path, matches):
                 add_dir(m) if m.is_dir() else out.append(m)
+        elif p.exists():  # a FIFO, a device (/dev/zero), a socket: reading it could block or never end
+            raise ImportShapeError(f"{arg}: not a regular file or a directory")
         else:
             raise ImportShapeError(f"{arg}: no such file or directory")
     return list(dict.fromkeys(out))

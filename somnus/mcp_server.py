@@ -176,10 +176,23 @@ def build(memory: Memory) -> Any:
     from mcp.server.mcpserver import Context, MCPServer
     from mcp.server.mcpserver.exceptions import ToolError
 
-    server = MCPServer("somnus", instructions="Memory for AI agents: recall past work, read briefings and facts, "
-                       "predict a call's outcome, and remember notes. Each tool reads one agent's scope.")
+    from somnus.processors.briefing.injection import neutral_json, one_line
 
-    from somnus.processors.briefing.injection import neutral_json
+    class NeutralErrors(MCPServer):
+        """A tool's error goes to the model as its answer, and it echoes the caller's arguments (the
+        read API's 400s name the value, a refusal names the agent asked for, the SDK's own argument
+        checks quote the input): each error's text is neutralised like an answer (one line, no
+        marker, no invisible character)."""
+
+        async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+            try:
+                return await super().call_tool(name, arguments, context)
+            except ToolError as exc:
+                exc.args = (one_line(str(exc)),)
+                raise
+
+    server = NeutralErrors("somnus", instructions="Memory for AI agents: recall past work, read briefings and facts, "
+                           "predict a call's outcome, and remember notes. Each tool reads one agent's scope.")
 
     async def call(ctx: Context, handler: str, agent: str | None = None, **params: Any) -> str:
         """The route's JSON, as one text block (a list would otherwise be one block per item). A tool's
@@ -250,7 +263,7 @@ def build(memory: Memory) -> Any:
         """Set a goal for the agent: a desired future state, in a sentence. Recall then leans towards
         memories near it, and `goals` says how far the agent's memories are from it (forward PE)."""
         try:
-            return json.dumps(await memory.set_goal(ctx, agent, text, user_id))
+            return json.dumps(neutral_json(await memory.set_goal(ctx, agent, text, user_id)))
         except McpRefused as exc:
             raise ToolError(str(exc)) from None
 
@@ -264,7 +277,7 @@ def build(memory: Memory) -> Any:
     async def remember(agent: str, note: str, ctx: Context, user_id: str | None = None) -> str:
         """Write an explicit note to the agent's memory (published through Kafka; recallable once projected)."""
         try:
-            return json.dumps(await memory.remember(ctx, agent, note, user_id))
+            return json.dumps(neutral_json(await memory.remember(ctx, agent, note, user_id)))
         except McpRefused as exc:
             raise ToolError(str(exc)) from None
 
@@ -361,7 +374,55 @@ def serve(settings: Settings, transport: str, host: str = "127.0.0.1", port: int
     memory = Memory(settings, lambda ctx: bearer(ctx.headers))
     app = build(memory).streamable_http_app(host=host)
     log.info("MCP server on http://%s:%d/mcp (streamable HTTP)", host, port)
-    uvicorn.run(BearerGuard(app, memory.principal), host=host, port=port, log_level="warning")
+    uvicorn.Server(http_config(BearerGuard(app, memory.principal), host, port)).run()
+
+
+def http_config(app: Any, host: str, port: int) -> Any:
+    """The uvicorn configuration of the HTTP transport: its connections bounded (``bounded_protocol``)."""
+    import uvicorn
+
+    return uvicorn.Config(app, host=host, port=port, log_level="warning", http=bounded_protocol())
+
+
+def bounded_protocol(idle_timeout_s: float | None = None, max_connections: int | None = None) -> type:
+    """uvicorn's HTTP protocol with the read API's connection bounds (``somnus.projections.http``): a
+    connection with no request in progress, from its start or since its last response, is closed after
+    ``idle_timeout_s``, and each one beyond ``max_connections`` closes the oldest. uvicorn keeps a
+    connection that has not sent its headers for ever (its ``timeout_keep_alive`` starts after a
+    response; it has no header timeout) and its ``limit_concurrency`` counts such connections, then
+    answers 503 to everyone else. Relies on the protocol's ``loop``, ``transport``, ``cycle``,
+    ``connections`` and ``on_response_complete`` (uvicorn 0.54; pinned by
+    ``tests/somnus/test_mcp_server.py``)."""
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    from somnus.projections.http import IDLE_TIMEOUT_S, MAX_CONNECTIONS
+
+    idle_s = IDLE_TIMEOUT_S if idle_timeout_s is None else idle_timeout_s
+    most = MAX_CONNECTIONS if max_connections is None else max_connections
+
+    class Bounded(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self.opened_at = self.loop.time()
+            self._arm()
+            open_now = [c for c in self.connections if c.transport is not None and not c.transport.is_closing()]
+            if len(open_now) > most:
+                min(open_now, key=lambda c: getattr(c, "opened_at", 0.0)).transport.close()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm()
+
+        def _arm(self) -> None:
+            self.idle_since = armed = self.loop.time()
+            self.loop.call_later(idle_s, self._close_if_idle, armed)
+
+        def _close_if_idle(self, armed: float) -> None:
+            busy = self.cycle is not None and not self.cycle.response_complete
+            if self.idle_since == armed and not busy and not self.transport.is_closing():
+                self.transport.close()
+
+    return Bounded
 
 
 def main(argv: list[str] | None = None) -> None:

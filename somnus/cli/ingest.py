@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any, Optional
 
@@ -41,7 +42,10 @@ def import_(paths: list[str] = typer.Argument(..., help="Files, directories or g
             out: Optional[Path] = typer.Option(None, "--out", help="Write v1 events here (JSON lines) instead of publishing."),
             home: Optional[Path] = HomeOpt, bootstrap_: Optional[str] = BootOpt) -> None:
     """Turn transcripts of other tools into v1 trace events and publish them with one producer (or write
-    them with --out). Many files, directories and globs in one call, with a progress bar."""
+    them with --out). Many files, directories and globs in one call, with a progress bar. A file that
+    is not of the format is reported (its items before the bad one are imported) and the others are
+    imported; so is a bad line of a JSON Lines file (the file's other lines are imported). Exit 1 if
+    anything was left out."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
@@ -72,17 +76,41 @@ def import_(paths: list[str] = typer.Argument(..., help="Files, directories or g
                       TimeRemainingColumn(), console=Console(stderr=True), transient=False) as bar:
             task = bar.add_task(f"importing {fmt}", total=len(files))
             for path in files:
-                pending += FORMATS[fmt](path, agent=agent, run=run)
+                got: list[dict[str, Any]] = []
+                try:  # a bad file stops only itself: the sessions it gave before the bad item are kept
+                    got.extend(FORMATS[fmt](path, agent=agent, run=run))
+                except (ImportShapeError, OSError) as exc:
+                    run.problems.append(f"{exc}: the rest of the file is left out")
+                pending += _within(got, s.max_event_bytes, path, run.problems)
                 if len(pending) >= IMPORT_CHUNK:  # one acknowledged send per chunk, not per file
                     n += _deliver(sink, pending, sessions)
                 bar.advance(task)
             n += _deliver(sink, pending, sessions)
-    except ImportShapeError as exc:
-        fail(str(exc))
     finally:
         sink.close()
     where = f"wrote {n} events to {out}" if out is not None else f"published {n} events to {s.traces_topic}"
     print(f"imported {len(sessions)} sessions from {len(files)} files: {where}")
+    for problem in run.problems:
+        print(f"error: {problem}", file=sys.stderr)
+    if run.problems:
+        raise typer.Exit(1)
+
+
+def _within(events: list[dict[str, Any]], max_bytes: int, path: Path, problems: list[str]) -> list[dict[str, Any]]:
+    """The events of at most ``max_bytes`` encoded (``SOMNUS_MAX_EVENT_BYTES``: the worker dead-letters a
+    larger one, and one over the producer's 8 MiB stopped the whole import); each larger one is named
+    in ``problems`` and left out."""
+    import orjson
+
+    kept = []
+    for e in events:
+        size = len(orjson.dumps(e))
+        if size > max_bytes:
+            problems.append(f"{path}: session {e.get('session_id')!r} event {e.get('seq')} ({e.get('type')}) is "
+                            f"{size} bytes, over the pipeline's limit of {max_bytes} (SOMNUS_MAX_EVENT_BYTES): left out")
+        else:
+            kept.append(e)
+    return kept
 
 
 def _deliver(sink: Any, events: list[dict[str, Any]], sessions: set[str]) -> int:

@@ -24,7 +24,7 @@ from somnus.schemas.codec import MAX_DEPTH, check_json
 
 def _documents(path: Path) -> Iterator[tuple[str, Any]]:
     """``(where, parsed JSON)`` of a file: the whole file as one document, else each line."""
-    data = path.read_bytes()
+    data = path.read_bytes().removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte order mark
     why = check_json(data, None, MAX_DEPTH, None)
     if why is None:
         try:

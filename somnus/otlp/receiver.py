@@ -42,6 +42,7 @@ from somnus.otlp.buffer import TraceBuffer
 from somnus.otlp.mapping import agent_name, trace_events
 from somnus.otlp.spans import Decoded, ShapeError, Span, from_json, from_proto
 from somnus.projections.auth import Principal, Refused, TokenStore, _principal
+from somnus.projections.http import serve as serve_bounded
 from somnus.schemas.codec import MAX_DEPTH, check_json
 
 log = logging.getLogger("somnus.otlp")
@@ -313,11 +314,7 @@ async def serve(home: Path, bootstrap: str, topic: str, host: str, port: int, ma
     """Serve until SIGTERM or SIGINT."""
     publisher = KafkaPublisher(bootstrap, topic)
     receiver = Receiver(TraceBuffer(journal_path(home)), publisher, TokenStore(home), max_body, trace_timeout_s)
-    runner = web.AppRunner(receiver.app(), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    bound = runner.addresses[0][1] if runner.addresses else port
+    runner, bound = await serve_bounded(receiver.app(), host, port)  # idle and slow connections bounded
     log.info("OTLP/HTTP receiver on http://%s:%d/v1/traces (%d spans held)", host, bound,
              receiver.buffer.held_spans())
     if started is not None:

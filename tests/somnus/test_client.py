@@ -8,6 +8,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 import msgspec
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -157,3 +158,14 @@ def test_the_client_sets_and_closes_a_goal_at_its_time(monkeypatch: pytest.Monke
     assert subject == ("support", f"goal:{goal_id}") and user == "u1" and kw == {"partition": 0}
     assert goal.goal_id == goal_id and goal.set_by == "support" and goal.at == at and goal.user_id == "u1"
     assert msgspec.json.decode(closed, type=GoalClosed) == GoalClosed(goal_id=goal_id, agent="support", at=at)
+
+
+def test_a_bundle_stays_within_the_byte_limit_unless_it_is_one_event() -> None:
+    """64 events of 200 KB made one 13 MB record: over the producer's 8 MiB, the publish failed whole."""
+    BUNDLE_MAX_BYTES = 1 << 20  # the producer's batch size (somnus.client.BUNDLE_MAX_BYTES)
+    big = [to_bytes({"session_id": "s", "seq": i, "payload": {"text": "x" * 200_000}}) for i in range(64)]
+    huge = to_bytes({"session_id": "s", "seq": 64, "payload": {"text": "y" * (2 * BUNDLE_MAX_BYTES)}})
+    records = bundles([*big, huge], 64)
+    assert all(len(v) <= BUNDLE_MAX_BYTES for _, v in records[:-1]) and records[-1][1] == huge
+    parsed = [orjson.loads(v) for _, v in records]
+    assert [e["seq"] for p in parsed for e in (p if isinstance(p, list) else [p])] == list(range(65))

@@ -17,6 +17,7 @@ from somnus.importers import (
     FORMATS,
     LOCOMO_TURN_STEP_S,
     MAX_OUTPUT,
+    ImportRun,
     ImportShapeError,
     expand_paths,
     import_files,
@@ -247,10 +248,41 @@ def test_unknown_shapes_name_the_field(tmp_path, data, names):
     assert "bad.json" in str(info.value)
 
 
-def test_a_json_lines_file_with_a_broken_line_names_the_line(tmp_path):
-    path = write(tmp_path, "bad.jsonl", b'{"messages": []}\n{"messages": [\n')
-    with pytest.raises(ImportShapeError, match="line 2 is not JSON"):
-        list(openai_chat(path))
+def test_a_json_lines_file_with_a_broken_line_names_the_line_and_keeps_the_others(tmp_path):
+    """Before, one bad line lost every line of the file (and the import stopped)."""
+    good = orjson.dumps({"id": "g", "reward": 1.0, "messages": [{"role": "user", "content": "hi"}]})
+    path = write(tmp_path, "bad.jsonl", good + b'\n{"messages": [\n' + good + b"\n")
+    run = ImportRun()
+    events = list(openai_chat(path, run=run))
+    assert len({e["session_id"] for e in events}) == 2
+    assert run.problems == [f"{path}: line 2 is not JSON (unexpected end of data: line 1 column 15 (char 14)): "
+                            "left out"]
+    with pytest.raises(ImportShapeError, match="line 1 is not JSON"):  # one line, not JSON
+        list(openai_chat(write(tmp_path, "none.jsonl", b"{x\n")))
+    # a broken document over many lines: its own error (where it breaks), not one problem per line
+    broken = orjson.dumps([orjson.loads(good)] * 3, option=orjson.OPT_INDENT_2)[:-12]
+    with pytest.raises(ImportShapeError, match=r"broken.json: not JSON \(unexpected end of data: line 29 "):
+        list(openai_chat(write(tmp_path, "broken.json", broken), run=ImportRun()))
+    run = ImportRun()  # thousands of bad lines: 20 named, the rest counted
+    list(openai_chat(write(tmp_path, "many.jsonl", good + b"\n" + b"{x\n" * 5000), run=run))
+    assert len(run.problems) == 21 and run.problems[-1].endswith("4980 more lines are not JSON: left out")
+
+
+def test_a_file_with_a_utf8_byte_order_mark_imports(tmp_path):
+    item = {"id": "bom", "reward": 1.0, "messages": [{"role": "user", "content": "hi"}]}
+    for name, data in (("a.json", orjson.dumps([item])), ("b.jsonl", orjson.dumps(item) + b"\n")):
+        path = tmp_path / name
+        path.write_bytes(b"\xef\xbb\xbf" + data)
+        assert_all_decode(list(openai_chat(path)))
+
+
+def test_a_fifo_or_a_device_is_refused_before_it_is_read(tmp_path):
+    import os
+
+    os.mkfifo(tmp_path / "pipe.json")  # reading it would wait for a writer for ever
+    for arg in (tmp_path / "pipe.json", "/dev/zero"):
+        with pytest.raises(ImportShapeError, match="not a regular file or a directory"):
+            expand_paths([arg], "openai-chat")
 
 
 def test_user_content_given_as_content_parts_still_gives_valid_events(tmp_path):

@@ -31,7 +31,7 @@ def publish(file: Path = typer.Argument(..., exists=True, dir_okay=False, help="
 
 @app.command("import")
 def import_(paths: list[str] = typer.Argument(..., help="Files, directories or globs (quoted: 'runs/**/*.traj')."),
-            fmt: str = typer.Option(..., "--format", help="openai-chat | swe-agent | locomo | otel | v1"),
+            fmt: str = typer.Option(..., "--format", help="openai-chat | swe-agent | locomo | toolbench | otel | v1"),
             agent: Optional[str] = typer.Option(None, "--agent", help="Agent name for the imported sessions."),
             results: Optional[Path] = typer.Option(
                 None, "--results", exists=True, dir_okay=False,
@@ -45,7 +45,8 @@ def import_(paths: list[str] = typer.Argument(..., help="Files, directories or g
     them with --out). Many files, directories and globs in one call, with a progress bar. A file that
     is not of the format is reported (its items before the bad one are imported) and the others are
     imported; so is a bad line of a JSON Lines file (the file's other lines are imported). Exit 1 if
-    anything was left out."""
+    anything was left out. A file of the format that holds no trajectory (a ToolBench answer file with
+    valid_data false) is named as skipped and does not change the exit status."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
@@ -89,7 +90,10 @@ def import_(paths: list[str] = typer.Argument(..., help="Files, directories or g
     finally:
         sink.close()
     where = f"wrote {n} events to {out}" if out is not None else f"published {n} events to {s.traces_topic}"
-    print(f"imported {len(sessions)} sessions from {len(files)} files: {where}")
+    skipped = f" ({len(run.skipped)} skipped: no trajectory)" if run.skipped else ""
+    print(f"imported {len(sessions)} sessions from {len(files)} files{skipped}: {where}")
+    for note in run.skipped:
+        print(f"skipped: {note}", file=sys.stderr)
     for problem in run.problems:
         print(f"error: {problem}", file=sys.stderr)
     if run.problems:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections import Counter
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -146,5 +147,46 @@ def test_tau_bench_through_the_pipeline_briefs_the_airline_agent_with_its_own_fa
                  for line in tool_lines]
         assert all(len(n) == 1 for n in named), (tool_lines, named)
         assert len({next(iter(n)) for n in named}) == len(tool_lines)
+    finally:
+        p.stop_all()
+
+
+def test_toolbench_http_errors_become_error_entities_lessons_and_a_briefing(pipeline_settings):
+    """ToolBench's answer files (real HTTP APIs) through the real pipeline: the calls that failed with an
+    HTTP status or a timeout become the agent's error entities and lessons, and its briefing names them."""
+    from somnus.importers import ImportRun, expand_paths, import_files
+    from tests.conftest import DATASETS
+
+    answers = DATASETS / "toolbench-sample" / "answer"
+    if not answers.exists():
+        pytest.skip(f"dataset missing: {answers}")
+    run = ImportRun()
+    events = list(import_files(expand_paths([answers], "toolbench"), "toolbench", agent="toolbench", run=run))
+    assert len(run.skipped) == 2
+    p = Pipeline(pipeline_settings)
+    s = p.s
+    try:
+        p.start_all()
+        p.publish(events)
+        p.wait_idle()
+
+        def briefed() -> bool:
+            got = read(s.db_path, "sql", sql="SELECT count(*) FROM briefings_dirty")
+            return got["rows"] == [[0]] and bool(client.briefing("toolbench", settings=s))
+
+        wait_until(briefed, timeout_s=120, what="the toolbench briefing")
+        outcomes = dict(read(s.db_path, "sql", sql="SELECT outcome, count(*) FROM episodes "
+                                                   "WHERE agent = 'toolbench' GROUP BY 1")["rows"])
+        ends = Counter(e["payload"]["outcome"] for e in events if e["type"] == "session_end")
+        assert outcomes == ends == {"success": 9, "failure": 4}  # 9 give_answer, 4 give_up
+        errors = {e.lower() for (e,) in read(s.db_path, "sql", sql="SELECT DISTINCT name FROM entity_versions "
+                                                                   "WHERE type = 'error'")["rows"]}
+        assert {"http 400: bad request", "http 403: forbidden", "endpoint '<path>' does not exist"} <= errors, errors
+        assert any(e.startswith("timeout error") for e in errors), errors
+        lessons = read(s.db_path, "sql", sql="SELECT tool, error FROM lessons WHERE agent = 'toolbench' "
+                                             "AND error IS NOT NULL")["rows"]
+        assert ["api_tracking_for_pack_send", "HTTP 400: Bad Request"] in [list(r) for r in lessons], lessons
+        md = client.briefing("toolbench", settings=s) or ""
+        assert "api_tracking_for_pack_send" in md and "HTTP 400" in md, md
     finally:
         p.stop_all()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter, defaultdict
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -30,6 +31,9 @@ from somnus.importers import (
     swe_agent,
     swe_failure,
     swe_problem_statement,
+    toolbench,
+    toolbench_failure,
+    toolbench_observation,
     v1,
 )
 
@@ -573,7 +577,8 @@ def test_v1_events_pass_through_and_the_formats_registry(tmp_path):
     assert list(v1(path)) == [ev] and list(v1(path, agent="b")) == [{**ev, "agent": "b"}]
     with pytest.raises(ImportShapeError, match="event 1"):
         list(v1(write(tmp_path, "bad.jsonl", b"[1]\n")))
-    assert FORMATS == {"openai-chat": openai_chat, "swe-agent": swe_agent, "locomo": locomo, "v1": v1, "otel": otel}
+    assert FORMATS == {"openai-chat": openai_chat, "swe-agent": swe_agent, "locomo": locomo, "toolbench": toolbench,
+                       "v1": v1, "otel": otel}
 
 
 def test_somnus_import_takes_files_directories_and_globs_in_one_call(tmp_path):
@@ -691,3 +696,281 @@ def test_locomo_unknown_shapes_name_the_field(tmp_path, conv, names):
         assert name in str(info.value), str(info.value)
     with pytest.raises(ImportShapeError):
         list(locomo(write(tmp_path, "d.json", [{"qa": []}])))
+
+
+# ---- ToolBench (real data) -------------------------------------------------------------------------
+
+TOOLBENCH = TAU_BENCH.parents[1] / "toolbench-sample" / "answer"
+
+
+@pytest.fixture(scope="module")
+def tb() -> tuple[dict[Path, dict[str, Any]], list[dict[str, Any]], ImportRun]:
+    if not TOOLBENCH.exists():
+        pytest.skip(f"dataset missing: {TOOLBENCH}")
+    files = expand_paths([TOOLBENCH], "toolbench")
+    run = ImportRun()
+    events = list(import_files(files, "toolbench", run=run))
+    return {f: json.loads(f.read_bytes()) for f in files}, events, run
+
+
+def raw_trajectory(answer: dict[str, Any]) -> list[dict[str, Any]] | None:
+    steps = answer["answer_generation"].get("train_messages")
+    return steps[-1] if steps else None
+
+
+def raw_failed(content: str) -> bool:
+    """Read from the raw text, not as the importer reads it: the server's error field is not empty, or
+    the response passed on is an HTTP error all the same (a 4xx/5xx status field, an error page, the
+    gateway's "does not exist" or a timeout)."""
+    assert content.startswith('{"error": "')
+    if not content.startswith('{"error": "", '):
+        return True
+    response = content.split('"response": ', 1)[1]
+    return bool(re.search(r"""['"](?:status|statusCode|status_code)['"]: ['"]?[45]\d\d\b""", response)
+                or re.search(r"<title>[^<]*(?:Forbidden|Unauthorized|Not Found|Bad Request|Error)", response)
+                or "does not exist" in response or "timed out" in response)
+
+
+def test_toolbench_gives_a_session_per_trajectory_and_skips_the_files_without_one(tb):
+    raw, events, run = tb
+    assert len(raw) == 15
+    sessions = by_session(events)
+    without = sorted(f.name for f, a in raw.items() if raw_trajectory(a) is None)
+    assert len(without) == 2 and all(not raw_trajectory(raw[f]) and raw[f]["answer_generation"]["valid_data"] is False
+                                     for f in raw if f.name in without)
+    assert len(sessions) == 13 == len(raw) - len(without)
+    assert len(run.skipped) == 2 and run.problems == []
+    assert all("valid_data false" in note and "neither answered nor gave up" in note for note in run.skipped)
+    assert sorted(Path(note.split(": ")[0]).name for note in run.skipped) == without
+    for sid, evs in sessions.items():
+        assert [e["seq"] for e in evs] == list(range(len(evs))), sid
+        assert evs[0]["type"] == "session_start" and evs[-1]["type"] == "session_end", sid
+        times = [datetime.fromisoformat(e["ts"]) for e in evs]
+        assert times == sorted(times) and len(set(times)) == len(times), sid
+    assert_all_decode(events)
+    assert list(import_files(list(raw), "toolbench")) == events  # deterministic
+
+
+def test_toolbench_calls_and_failed_calls_match_each_raw_file(tb):
+    raw, events, _ = tb
+    sessions = by_session(events)
+    stems = Counter(f.stem for f in raw if raw_trajectory(raw[f]))
+    seen: Counter[str] = Counter()
+    totals = Counter()
+    for f, answer in raw.items():
+        messages = raw_trajectory(answer)
+        if messages is None:
+            continue
+        seen[f.stem] += 1
+        sid = f.stem if seen[f.stem] == 1 else f"{f.stem}~{seen[f.stem]}"
+        evs = sessions[sid]
+        assert evs[0]["payload"]["task"] == answer["answer_generation"]["query"].strip()[:500], sid
+        calls = [m["function_call"]["name"] for m in messages if m["role"] == "assistant" and m.get("function_call")]
+        results = [m for m in messages if m["role"] == "function"]
+        failed = [m for m in results if raw_failed(m["content"])]
+        got_calls = [e["payload"]["tool"] for e in evs if e["type"] == "tool_call"]
+        got_results = [e["payload"] for e in evs if e["type"] == "tool_result"]
+        assert calls[-1] == "Finish" and "Finish" not in calls[:-1], sid  # the Finish call is the end, no tool
+        assert got_calls == calls[:-1], sid
+        assert [r["tool"] for r in got_results] == [m["name"] for m in results], sid
+        assert [not r["ok"] for r in got_results] == [raw_failed(m["content"]) for m in results], sid
+        assert [e["type"] for e in evs].count("user_message") == 1, sid  # the query; not the search's prompts
+        totals.update(calls=len(calls) - 1, failed=len(failed))
+    assert max(stems.values()) == 2  # G1 and G2 both have a 10_...: the second gets ~2
+    assert totals == {"calls": 37, "failed": 13}
+
+
+def test_toolbench_http_errors_keep_their_status_and_text(tb):
+    _, events, _ = tb
+    failed = {(e["session_id"], e["payload"]["tool"], e["payload"].get("http_status"), e["payload"]["error"])
+              for e in events if e["type"] == "tool_result" and not e["payload"]["ok"]}
+    assert ("127_ChatGPT_DFS_woFilter_w2", "api_tracking_for_pack_send", 400, "Bad Request") in failed
+    assert ("21_ChatGPT_DFS_woFilter_w2", "dota_2_steam_web", 403, "Forbidden") in failed
+    assert ("21_ChatGPT_DFS_woFilter_w2", "raiderio_call_for_raider_io", 400,
+            "Message error... Invalid request query input") in failed
+    assert any(sid == "10_ChatGPT_DFS_woFilter_w2~2" and err.startswith("Timeout error...") and "Read timed out" in err
+               for sid, _, _, err in failed)
+    assert sum(1 for *_, err in failed if "does not exist" in err) >= 2
+
+
+def test_toolbench_outcomes_come_from_the_finish_type(tb):
+    raw, events, _ = tb
+    ends = [e["payload"] for e in events if e["type"] == "session_end"]
+    types = [a["answer_generation"]["finish_type"] for a in raw.values() if raw_trajectory(a)]
+    assert Counter(p["outcome"] for p in ends) == Counter(
+        {"give_answer": "success", "give_up": "failure"}[t] for t in types)
+    assert {p["reason"] for p in ends} == {"finish_type give_answer", "finish_type give_up"}
+
+
+def tb_answer(messages: list[Any], **gen: Any) -> dict[str, Any]:
+    return {"answer_generation": {"valid_data": True, "query": "weather in Paris?", "finish_type": "give_answer",
+                                  "train_messages": [messages[:3], messages], **gen}, "win": True}
+
+
+TB_MESSAGES: list[dict[str, Any]] = [
+    {"role": "system", "content": "You are AutoGPT..."},
+    {"role": "user", "content": "\nweather in Paris?\nBegin!\n"},
+    {"role": "assistant", "content": None, "function_call": {"name": "now_for_weather", "arguments": "{\"city\": \"Paris\"}"}},
+    {"role": "function", "name": "now_for_weather",
+     "content": "{\"error\": \"\", \"response\": \"{'status': 500, 'message': 'Internal error'}\"}"},
+    {"role": "user", "content": "This is not the first time you try this task...", "valid": False},
+    {"role": "assistant", "content": "Retry with the forecast.", "function_call": {"name": "forecast_for_weather",
+                                                                                  "arguments": "{}"}},
+    {"role": "function", "name": "forecast_for_weather", "content": "{\"error\": \"\", \"response\": \"{'t': 21}\"}"},
+    {"role": "assistant", "content": None, "function_call": {
+        "name": "Finish", "arguments": "{\"return_type\": \"give_answer\", \"final_answer\": \"21 C\"}"}},
+]
+
+
+def test_a_toolbench_answer_file_and_its_sequence_of_events(tmp_path):
+    events = list(toolbench(write(tmp_path, "7_ChatGPT_DFS_woFilter_w2.json", tb_answer(TB_MESSAGES))))
+    assert [e["type"] for e in events] == ["session_start", "user_message", "tool_call", "tool_result",
+                                           "agent_message", "tool_call", "tool_result", "agent_message", "session_end"]
+    start, user, c0, r0, thought, c1, r1, answer, end = (e["payload"] for e in events)
+    assert {e["session_id"] for e in events} == {"7_ChatGPT_DFS_woFilter_w2"} and events[0]["agent"] == "toolbench"
+    assert start == {"task": "weather in Paris?", "metadata": {"source": "toolbench", "finish_type": "give_answer",
+                                                               "win": True}}
+    assert user == {"text": "weather in Paris?"}
+    assert c0 == {"tool": "now_for_weather", "call_id": "call-2", "args": {"city": "Paris"}}
+    assert r0 == {"call_id": "call-2", "tool": "now_for_weather", "ok": False, "error": "Internal error",
+                  "http_status": 500}
+    assert thought == {"text": "Retry with the forecast."}
+    assert r1 == {"call_id": "call-5", "tool": "forecast_for_weather", "ok": True, "output": "{'t': 21}"}
+    assert answer == {"text": "21 C"}
+    assert end == {"outcome": "success", "reason": "finish_type give_answer"}
+    assert_all_decode(events)
+
+
+@pytest.mark.parametrize(("gen", "outcome", "reason"), [
+    ({"finish_type": "give_up"}, "failure", "finish_type give_up"),
+    ({"finish_type": "timeout"}, "partial", "finish_type timeout (neither give_answer nor give_up)"),
+    ({"finish_type": None}, "success", "Finish return_type give_answer"),  # single_chain's files have none
+])
+def test_toolbench_outcomes(tmp_path, gen, outcome, reason):
+    answer = tb_answer(TB_MESSAGES)
+    answer["answer_generation"].update(gen)
+    if gen["finish_type"] is None:
+        del answer["answer_generation"]["finish_type"]
+    end = list(toolbench(write(tmp_path, "a.json", answer)))[-1]["payload"]
+    assert end == {"outcome": outcome, "reason": reason}
+    run = ImportRun(results={"a": "partial"})
+    assert list(toolbench(write(tmp_path, "a.json", answer), run=run))[-1]["payload"]["outcome"] == "partial"
+
+
+@pytest.mark.parametrize(("error", "response", "expected"), [
+    ("", "{'status': '401', 'msg': 'Authentication required'}", ("Authentication required", 401)),
+    ("", '{"statusCode": 503}', ("{\"statusCode\": 503}", 503)),
+    ("", "{'type': 'https://tools.ietf.org/html/rfc7231#section-6.5.1', 'title': 'Bad Request', 'status': 400}",
+     ("Bad Request", 400)),
+    ("", "<html><head><title>502 Bad Gateway</title></head></html>", ("Bad Gateway", 502)),
+    ("", "Too many requests", ("Too many requests", None)),
+    ("", "{'message': 'You have exceeded the MONTHLY quota'}", ("You have exceeded the MONTHLY quota", None)),
+    ("request invalid, data error. status_code=500", "", ("request invalid, data error. status_code=500", 500)),
+    ("No such function name: login", "", ("No such function name: login", None)),
+    ("", "{'meta': {'code': 200, 'type': 'Success'}, 'data': []}", (None, None)),
+    ("", "{'success': False, 'message': 'Tracking information not found'}", (None, None)),
+    ("", "{'status': 'ok', 'code': 404}", (None, None)),  # only a status field is read, and only 4xx/5xx
+    ("", "<html><title>Welcome</title></html>", (None, None)),
+    ("", "{'status': 400" + ", 'x': 1" * 10_000 + "}", (None, None)),  # too long to be an error body: not parsed
+])
+def test_a_toolbench_result_fails_only_when_it_shows_an_error(error, response, expected):
+    assert toolbench_failure(error, response) == expected
+
+
+def test_a_cut_toolbench_observation_still_gives_its_error():
+    cut = '{"error": "Message error...", "response": "{\'result\': [{\'title\': \'Black Sum...'
+    assert toolbench_observation(cut) == ("Message error...", "{'result': [{'title': 'Black Sum...")
+    assert toolbench_observation("plain text") == ("", "plain text")
+    assert toolbench_observation(None) == ("", "")
+
+
+# ToolBench's training data as preprocess/preprocess_toolllama_data.py writes it: one item per step.
+TB_TRAINING = [
+    {"id": "Step 2: Give me a love quote.", "conversations": [
+        {"from": "system", "value": "You are AutoGPT..."},
+        {"from": "user", "value": "\nGive me a love quote.\nBegin!\n"},
+        {"from": "assistant", "value": "\nThought: \nAction: love_quote_for_olato_quotes\nAction Input: {}"}]},
+    {"id": "Step 4: Give me a love quote.", "conversations": [
+        {"from": "system", "value": "You are AutoGPT..."},
+        {"from": "user", "value": "\nGive me a love quote.\nBegin!\n"},
+        {"from": "assistant", "value": "\nThought: \nAction: love_quote_for_olato_quotes\nAction Input: {}"},
+        {"from": "function", "value": "{\"error\": \"Rate limit error...\", \"response\": \"You have exceeded the rate limit\"}"},
+        {"from": "user", "value": "This is not the first time you try this task, all previous trails failed."},
+        {"from": "assistant", "value": "\nThought: I cannot get a quote.\nAction: Finish\nAction Input: "
+                                       "{\"return_type\": \"give_up_and_restart\"}"}]},
+]
+
+
+def test_toolbench_training_conversations_give_one_session_per_query(tmp_path):
+    events = list(toolbench(write(tmp_path, "toolllama.json", TB_TRAINING)))
+    assert [e["type"] for e in events] == ["session_start", "user_message", "tool_call", "tool_result",
+                                           "agent_message", "session_end"]
+    assert {e["session_id"] for e in events} == {"toolllama-0"}
+    start, user, call, result, thought, end = (e["payload"] for e in events)
+    assert start["task"] == "Give me a love quote." and user == {"text": "Give me a love quote."}
+    assert call == {"tool": "love_quote_for_olato_quotes", "call_id": "call-2", "args": {}}
+    assert result["ok"] is False and result["tool"] == "love_quote_for_olato_quotes"
+    assert result["error"] == "Rate limit error... You have exceeded the rate limit"
+    assert thought == {"text": "I cannot get a quote."}
+    assert end == {"outcome": "failure", "reason": "Finish return_type give_up_and_restart"}
+    assert_all_decode(events)
+
+
+@pytest.mark.parametrize(("data", "names"), [
+    ("just text", ["'answer_generation'"]),
+    ({"answer_generation": []}, ["'answer_generation'"]),
+    ({"answer_generation": {"valid_data": "yes"}}, ["answer_generation", "'valid_data'", "'yes'"]),
+    ({"answer_generation": {"query": 5, "train_messages": [[]]}}, ["'query'", "int"]),
+    ({"answer_generation": {"finish_type": 1, "train_messages": [[]]}}, ["'finish_type'"]),
+    ({"answer_generation": {"train_messages": {"a": 1}}}, ["'train_messages'", "list of message lists"]),
+    ({"answer_generation": {"train_messages": [[], "x"]}}, ["'train_messages'"]),
+    ({"answer_generation": {"train_messages": [["oops"]]}}, ["train_messages[0]", "message 0", "'role'"]),
+    ({"answer_generation": {"train_messages": [[{"role": 3}]]}}, ["message 0", "'role'"]),
+    ({"answer_generation": {"train_messages": [[{"role": "tool", "content": "x"}]]}},
+     ["message 0", "unknown role 'tool'"]),
+    ({"answer_generation": {"train_messages": [[{"role": "assistant", "function_call": "f()"}]]}},
+     ["message 0", "'function_call'"]),
+    ({"answer_generation": {"train_messages": [[{"role": "assistant", "function_call": {"name": ["f"]}}]]}},
+     ["message 0", "'function_call'"]),
+    ({"answer_generation": {"train_messages": [[{"role": "function", "name": {}, "content": "x"}]]}},
+     ["message 0", "'name'"]),
+    ([{"id": "Step 1: q", "conversations": "hi"}], ["item 0", "'conversations'"]),
+    ([{"id": "Step 1: q", "conversations": [{"from": "user"}]}], ["item 0", "conversations[0]", "'value'"]),
+    ([{"conversations": []}, 7], ["item 1", "'conversations'"]),
+])
+def test_toolbench_unknown_shapes_name_the_file_and_the_field(tmp_path, data, names):
+    with pytest.raises(ImportShapeError) as info:
+        list(toolbench(write(tmp_path, "bad.json", data)))
+    for name in [*names, "bad.json"]:
+        assert name in str(info.value), str(info.value)
+
+
+def test_toolbench_odd_values_still_give_valid_events(tmp_path):
+    messages = [{"role": "user", "content": ["parts"]},
+                {"role": "assistant", "content": {"x": 1}, "function_call": {"name": "f", "arguments": 5}},
+                {"role": "function", "content": {"error": 404, "response": None}},
+                {"role": "function", "name": "g", "content": "[1, 2"},
+                {"role": "assistant", "function_call": {"name": "Finish", "arguments": "not json"}}]
+    events = list(toolbench(write(tmp_path, "odd.json", {"answer_generation": {"train_messages": [messages]}})))
+    results = [e["payload"] for e in events if e["type"] == "tool_result"]
+    assert [(r["tool"], r["ok"]) for r in results] == [("f", False), ("g", True)]
+    assert events[-1]["payload"] == {"outcome": "partial", "reason": "no finish_type and no Finish call"}
+    assert_all_decode(events)
+    skip = ImportRun()
+    assert list(toolbench(write(tmp_path, "none.json", {"answer_generation": {"valid_data": False, "train_messages": []}}),
+                          run=skip)) == []
+    assert len(skip.skipped) == 1 and "none.json" in skip.skipped[0] and skip.problems == []
+
+
+def test_somnus_import_format_toolbench_takes_the_folder_and_names_what_it_skipped(tmp_path, tb):
+    from typer.testing import CliRunner
+
+    from somnus.cli import app
+
+    out = tmp_path / "events.jsonl"
+    got = CliRunner().invoke(app, ["import", str(TOOLBENCH), "--format", "toolbench", "--out", str(out)])
+    assert got.exit_code == 0, got.output
+    assert [orjson.loads(line) for line in out.read_bytes().splitlines()] == tb[1]
+    text = " ".join(got.output.split())
+    assert "imported 13 sessions from 15 files (2 skipped: no trajectory)" in text
+    assert text.count("skipped: ") == 3 and "69_ChatGPT_DFS_woFilter_w2.json: no trajectory" in text

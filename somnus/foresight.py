@@ -472,15 +472,12 @@ def schedule(events: Sequence[Mapping[str, Any]]) -> tuple[list[tuple[str, list[
 
 # ---- the replay (I/O) ------------------------------------------------------------------------------
 
-FORMATS = ("openai-chat", "swe-agent", "otel", "v1")
+FORMATS = ("openai-chat", "swe-agent", "toolbench", "otel", "v1")  # import's formats with tool calls
 
 
 def load_events(paths: Sequence[str | Path], fmt: str, agent: str | None = None, results: Path | None = None,
                 start: str | None = None, spacing_s: float | None = None) -> list[dict[str, Any]]:
     """The events of the files, read as ``somnus import`` reads them (``ImportShapeError`` when not)."""
-    if fmt == "otel" and "otel" not in IMPORTERS:
-        raise ImportShapeError("--format otel: Somnus has no OpenTelemetry importer yet; "
-                               f"formats it can replay: {', '.join(f for f in FORMATS if f in IMPORTERS)}")
     if fmt not in FORMATS or fmt not in IMPORTERS:
         raise ImportShapeError(f"--format {fmt!r}: choose one of {', '.join(f for f in FORMATS if f in IMPORTERS)}")
     run = import_run(start=start, spacing_s=spacing_s, results=results)

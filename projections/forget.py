@@ -378,7 +378,11 @@ _DELETES: list[tuple[str, str]] = [
     ("briefings_served", f"session_id IN (SELECT session_id FROM _fg_s) AND {_S}"), ("fact_uses", _S),
     ("memories", f"memory_id {_M}"), ("memory_merges", f"memory_id {_M} OR unit_id {_M}"),
     ("memory_edges", f"a {_M} OR b {_M}"), ("memory_access", f"memory_id {_M}"),
-    ("lifecycle_log", f"memory_id {_M}"),
+    # a decision of a sleep run names its memories in its body too (a pattern's sources, a connection's
+    # ends, a created observation's nearest): any string of the body that is a forgotten memory's id
+    ("lifecycle_log", f"memory_id {_M} OR body->>'$.agent' IN (SELECT id FROM _fg_u WHERE kind = 'agent') "
+                      "OR list_has_any(regexp_extract_all(body::VARCHAR, '\"([^\"\\\\]{1,200})\"', 1), "
+                      "(SELECT coalesce(list(memory_id), []) FROM _fg_m))"),
     ("memory_log", f"body->>'$.unit.memory_id' {_M} OR body->>'$.memory_id' {_M} OR body->>'$.a' {_M} "
                    f"OR body->>'$.b' {_M}"),
     ("temporal_bins", _A), ("oscillators", _A), ("oscillator_readings", f"memory_id {_M}"),

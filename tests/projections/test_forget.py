@@ -206,6 +206,29 @@ def test_forget_a_session_and_an_agent(tmp_path):
     assert file_hits(tmp_path / "s.duckdb", OTHER) == 0
 
 
+def test_a_sleep_decision_naming_a_forgotten_memory_in_its_body_goes_with_it(tmp_path):
+    """A pattern abstracted by a sleep run keeps its sources' ids in its body, not in ``memory_id``
+    (``schemas.lifecycle.PatternAbstracted``), and its key is words of their text."""
+    con, seen = build(tmp_path / "l.duckdb")
+    gone, kept = (con.execute("SELECT memory_id FROM memories WHERE user_id = ? ORDER BY memory_id LIMIT 1",
+                              [u]).fetchone()[0] for u in (FORGOTTEN, KEPT))
+
+    def pattern(pid: str, source: str, key: str) -> str:
+        return orjson.dumps({"type": "pattern_abstracted", "run_id": "r1", "pattern_id": pid, "agent": "aga",
+                             "key": key, "domains": ["d"], "support": 2,
+                             "sources": [{"memory_id": source, "domain": "d"}]}).decode()
+
+    for seq, (pid, source, key) in enumerate((("p-gone", gone, NEEDLE), ("p-kept", kept, OTHER))):
+        con.execute("INSERT INTO lifecycle_log VALUES ('r1', ?, 'PatternAbstracted', NULL, ?, ?)",
+                    [seq, T0, pattern(pid, source, key)])
+    apply(con, seen, [forget_record(0)])
+    assert [r for (r,) in con.execute("SELECT body->>'$.pattern_id' FROM lifecycle_log "
+                                      "WHERE kind = 'PatternAbstracted'").fetchall()] == ["p-kept"]
+    assert rows_with(con, NEEDLE) == {}
+    apply(con, seen, [forget_record(1, "aga", ForgetSubject.AGENT)])
+    assert con.execute("SELECT count(*) FROM lifecycle_log WHERE kind = 'PatternAbstracted'").fetchone()[0] == 0
+
+
 def test_a_record_naming_a_forgotten_id_is_noticed_and_others_are_not(tmp_path):
     con, seen = build(tmp_path / "m.duckdb")
     eid = con.execute("SELECT episode_id::VARCHAR FROM episodes WHERE user_id = ? LIMIT 1", [FORGOTTEN]).fetchone()[0]

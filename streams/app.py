@@ -209,8 +209,9 @@ class Ordered:
     MAX_HOLD_S = 10.0  # a partition that is not caught up is waited for at most this long
 
     def __init__(self, app: Any, topic: str, sessions: Any, time_of: Any,
-                 counters: WorkerCounters | None = None, trace_path: Path | None = None) -> None:
-        self.app, self.time_of = app, time_of
+                 counters: WorkerCounters | None = None, trace_path: Path | None = None,
+                 ensure_keys: Any = None) -> None:
+        self.app, self.time_of, self.ensure_keys = app, time_of, ensure_keys
         self.counters = counters if counters is not None else WorkerCounters()
         self.generation: int | None = None
 
@@ -243,6 +244,11 @@ class Ordered:
             self.sequencer.clear()
             self.generation = generation
         msg = event.message
+        if self.ensure_keys is not None:  # a sealed record's time is read with its data key, fetched first if new
+            try:
+                await self.ensure_keys([msg.value])
+            except Exception as exc:  # noqa: BLE001 - no key: the record moves no stream time (judged later)
+                log.warning("sequencer: the data keys of a trace record: %r", exc)
         self.sequencer.push(msg.partition, msg.offset, self.time_of(msg), (generation, event), time.monotonic())
         return await self.ready()
 
@@ -285,10 +291,10 @@ def _sequencer_trace(path: Path | None) -> Any:
     (``SOMNUS_SEQUENCER_TRACE``: a folder; diff two runs' files to find where their orders part)."""
     if path is None:
         return None
-    out = path.open("a", buffering=1 << 16)
+    out = path.open("a", buffering=1)  # line by line: a killed worker keeps what it told
 
-    def handed(partition: int, offset: int, reason: str) -> None:
-        out.write(f"{partition}\t{offset}\t{reason}\n")
+    def handed(key: tuple[int, int, int], reason: str) -> None:
+        out.write(f"{key[1]}\t{key[2]}\t{reason}\t{key[0]}\n")
     return handed
 
 
@@ -507,7 +513,8 @@ class Distiller:
 
         trace_dir = os.environ.get("SOMNUS_SEQUENCER_TRACE", "").strip()  # a diagnostic (docs/design/scale-out.md)
         trace = Path(trace_dir) / f"{settings.app_id}.{self.worker_name}.tsv" if trace_dir else None
-        return Ordered(self.app, settings.traces_topic, self.sessions, time_of, self.counters, trace)
+        return Ordered(self.app, settings.traces_topic, self.sessions, time_of, self.counters, trace,
+                       ensure_keys=lambda values: _keys(self.app).ensure(values))
 
     def agent(self, topic: str, name: str, handle: Any, ordered: Ordered | None = None) -> Any:
         """An agent over ``topic`` (one at a time) whose body hands ``handle`` batches (``run_batched``)."""

@@ -81,14 +81,14 @@ class Sequencer:
     ``high_water(p)``: the broker's end offset of p as last fetched (None: unknown); ``start_offset(p)``:
     the offset p is consumed from (the one stored with its position; 0 for a partition never handled),
     what a partition none of whose records has come yet is caught up at. ``ask_end``: quiet only
-    with the broker's word (``to_ask``, ``end_offset``); ``handed(partition, offset, reason)``: told
-    of every record handed on, and why (``flow``: every other partition has a later record held;
+    with the broker's word (``to_ask``, ``end_offset``); ``handed(key, reason)``: told of every record
+    handed on (its ``(stream time, partition, offset)``), and why (``flow``: every other partition has a later record held;
     ``quiet:1,3``: those partitions were quiet; ``forced``)."""
 
     def __init__(self, owned: Callable[[], frozenset[int]], start_clock: Callable[[int], int | None],
                  high_water: Callable[[int], int | None], quiet_s: float, max_hold_s: float,
                  start_offset: Callable[[int], int] = lambda p: 0, ask_end: bool = False,
-                 handed: Callable[[int, int, str], None] | None = None) -> None:
+                 handed: Callable[[tuple[int, int, int], str], None] | None = None) -> None:
         self.owned, self.start_clock, self.high_water = owned, start_clock, high_water
         self.start_offset, self.ask_end, self.handed = start_offset, ask_end, handed
         self.ends: dict[int, tuple[int, float]] = {}  # the broker's end offset of a partition, and when asked
@@ -122,6 +122,9 @@ class Sequencer:
         self.ends[partition] = (end, asked_at)
         if end > self._seen(partition) >= (self.high_water(partition) or 0):
             self.stale += 1  # the high water said caught up; the broker has more
+            if self.handed is not None:
+                self.handed((-1, partition, self._seen(partition)), f"stale:high water {self.high_water(partition)}, "
+                            f"end {end}")
 
     def push(self, partition: int, offset: int, latest: int | None, item: Any, now: float) -> None:
         """Hold ``item``, the record at ``offset`` of ``partition`` whose latest event time is ``latest``."""
@@ -171,7 +174,7 @@ class Sequencer:
             out.append(item)
             if self.handed is not None:
                 why = "forced" if waiting else f"quiet:{','.join(map(str, sorted(passed)))}" if passed else "flow"
-                self.handed(p, key[2], why)
+                self.handed(key, why)
             if queue:
                 heapq.heapreplace(heads, (queue[0][0], p))
             else:

@@ -226,3 +226,19 @@ def test_records_the_ticker_hands_on_during_a_flush_go_after_those_the_agent_is_
 
     asyncio.run(run())
     assert [n for batch in batches for n in batch] == [1, 2, 3, 4]
+
+
+def test_a_sealed_trace_records_time_is_read_with_its_data_key_fetched_first():
+    """The ring held no key of a new session when the sequencer read its record's time: every sealed
+    record moved no stream time, and the order was partitions one after another, handed on when
+    each fell quiet (every key -1 in two live runs' traces)."""
+    ring: dict[bytes, int] = {}
+
+    async def ensure(values: list[bytes]) -> None:
+        ring.update({v: 40 for v in values})  # the key topic read to its end
+
+    ordered = app_mod.Ordered(SimpleNamespace(), "traces", {}, lambda msg: ring.get(msg.value),
+                              ensure_keys=ensure)
+    event = SimpleNamespace(message=SimpleNamespace(partition=0, offset=0, value=b"sealed"))
+    asyncio.run(ordered.add(1, event))  # type: ignore[arg-type]
+    assert ordered.sequencer.clocks[0] == 40

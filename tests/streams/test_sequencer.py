@@ -166,10 +166,10 @@ def test_a_partition_the_broker_confirms_caught_up_is_passed_and_one_never_answe
 
 
 def test_the_reasons_of_each_hand_over_are_told():
-    told: list[tuple[int, int, str]] = []
+    told: list[tuple[tuple[int, int, int], str]] = []
     s = Sequencer(owned=lambda: frozenset({0, 1}), start_clock=lambda p: None, high_water=lambda p: 1,
-                  quiet_s=2.0, max_hold_s=10.0, handed=lambda p, o, why: told.append((p, o, why)))
+                  quiet_s=2.0, max_hold_s=10.0, handed=lambda key, why: told.append((key, why)))
     s.push(0, 0, 10, "a0", now=0.0)
     s.push(1, 0, 20, "b0", now=0.0)
     assert s.ready(now=2.0) == ["a0", "b0"]
-    assert told == [(0, 0, "flow"), (1, 0, "quiet:0")]
+    assert told == [((10, 0, 0), "flow"), ((20, 1, 0), "quiet:0")]

@@ -29,10 +29,10 @@ CONTENT_TABLES = ("events", "episodes", "lessons")
 # order was partition after partition, handed on by timing. Fixed on branch s13-seq; since then, the
 # reference and the killed run handed the trace records on in the same order in one run, and parted at
 # a forced hand-over (record 1,502 of 3,514) in another; the tables below still differed (18 or 19 of
-# them in three runs): the kills (records sent again, the projector's promotion request made again:
-# `semantic_requests` differed in two runs of three), a forced hand-over, and where the projector cuts
+# them in four runs): the kills (records sent again, the projector's promotion request made again:
+# `semantic_requests` differed in three runs of four), a forced hand-over, and where the projector cuts
 # its topics before a sleep or a promotion snapshot (docs/design/scale-out.md, causes 2 and 3).
-# `entity_versions` was equal in every run whose tables were listed (two with the fix, three before
+# `entity_versions` was equal in every run whose tables were listed (three with the fix, three before
 # it). Any other table that differs fails the test.
 DIFFER_UNDER_SIGKILL = frozenset({
     "memories", "memory_log", "memory_merges", "memory_edges", "lifecycle_log", "sleep_runs", "sleep_layer_reports",

@@ -27,6 +27,7 @@ request on the semantic topic: ``somnus sleep`` publishes both.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import gc
 import logging
 from collections.abc import Iterator, Mapping, Sequence
@@ -275,8 +276,19 @@ def _message_topics(agent: Sequence[str], perception: Sequence[str], tools: Sequ
     for a in sorted(rows):
         texts = [perception[i] for i in rows[a]]
         for i, keys in zip(rows[a], message_keys(texts, shared=shared, agents=len(rows)), strict=True):
-            objects[i], domains[i] = keys, [run[i]]
+            objects[i], domains[i] = keys, [session_domain(a, run[i])]
     return objects, domains
+
+
+def session_domain(agent: str, session_id: str) -> str:
+    """A conversation session as an abstraction domain: an opaque digest, not its id. Domains travel
+    in plaintext on the semantic topic (``TopicView``) and stay in the concepts, where a session id
+    (which may carry a user's words) would outlive a forget; co-occurrence needs only their equality.
+
+    >>> session_domain("aga", "s-1") == session_domain("aga", "s-1") != session_domain("agb", "s-1")
+    True
+    """
+    return "session-" + hashlib.blake2b(f"{agent}\x1f{session_id}".encode(), digest_size=8).hexdigest()
 
 
 def _scope_times(ix: Any, live: np.ndarray, scopes: Mapping[str, datetime]) -> pa.Array:

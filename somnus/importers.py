@@ -719,7 +719,7 @@ def toolbench_observation(content: Any) -> tuple[str, str]:
     >>> toolbench_observation('{"error": "Message error...", "response": "{statusCode: 400, err...')
     ('Message error...', '{statusCode: 400, err...')
     """
-    text = content if isinstance(content, str) else ("" if content is None else orjson.dumps(content).decode())
+    text = _plain(content)
     try:
         obj = orjson.loads(text)
     except orjson.JSONDecodeError:

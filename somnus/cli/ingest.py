@@ -70,7 +70,7 @@ def import_(paths: list[str] = typer.Argument(..., help="Files, directories or g
         ensure_topics(s, boot)
         sink = Publisher(boot, s.traces_topic)
     sessions: set[str] = set()
-    pending: list[dict[str, Any]] = []
+    pending: list[tuple[str, bytes]] = []  # (session id, encoded event)
     n = 0
     try:
         with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
@@ -100,33 +100,33 @@ def import_(paths: list[str] = typer.Argument(..., help="Files, directories or g
         raise typer.Exit(1)
 
 
-def _within(events: list[dict[str, Any]], max_bytes: int, path: Path, problems: list[str]) -> list[dict[str, Any]]:
-    """The events of at most ``max_bytes`` encoded (``SOMNUS_MAX_EVENT_BYTES``: the worker dead-letters a
-    larger one, and one over the producer's 8 MiB stopped the whole import); each larger one is named
-    in ``problems`` and left out."""
+def _within(events: list[dict[str, Any]], max_bytes: int, path: Path,
+            problems: list[str]) -> list[tuple[str, bytes]]:
+    """``(session id, encoded event)`` of the events of at most ``max_bytes`` encoded
+    (``SOMNUS_MAX_EVENT_BYTES``: the worker dead-letters a larger one, and one over the producer's 8 MiB
+    stopped the whole import); each larger one is named in ``problems`` and left out."""
     import orjson
 
     kept = []
     for e in events:
-        size = len(orjson.dumps(e))
-        if size > max_bytes:
+        raw = orjson.dumps(e)
+        if len(raw) > max_bytes:
             problems.append(f"{path}: session {e.get('session_id')!r} event {e.get('seq')} ({e.get('type')}) is "
-                            f"{size} bytes, over the pipeline's limit of {max_bytes} (SOMNUS_MAX_EVENT_BYTES): left out")
+                            f"{len(raw)} bytes, over the pipeline's limit of {max_bytes} (SOMNUS_MAX_EVENT_BYTES): "
+                            "left out")
         else:
-            kept.append(e)
+            kept.append((str(e.get("session_id")), raw))
     return kept
 
 
-def _deliver(sink: Any, events: list[dict[str, Any]], sessions: set[str]) -> int:
-    """Write events to a file (JSON lines) or send them with the open publisher, note their sessions,
-    and empty the list; how many were delivered."""
-    import orjson
-
-    sessions.update(str(e.get("session_id")) for e in events)
+def _deliver(sink: Any, events: list[tuple[str, bytes]], sessions: set[str]) -> int:
+    """Write encoded events to a file (JSON lines) or send them with the open publisher, note their
+    sessions, and empty the list; how many were delivered."""
+    sessions.update(sid for sid, _ in events)
     if hasattr(sink, "send"):
-        n = sink.send(events) if events else 0
+        n = sink.send([raw for _, raw in events]) if events else 0
     else:
-        sink.write(b"".join(orjson.dumps(e) + b"\n" for e in events))
+        sink.write(b"".join(raw + b"\n" for _, raw in events))
         n = len(events)
     events.clear()
     return n

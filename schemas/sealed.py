@@ -262,3 +262,100 @@ class KeyRing:
         """The key ids of these ``(agent, session_id)``."""
         wanted = set(sessions)
         return sorted(k for k, dk in self.by_id.items() if (dk.agent, dk.session_id) in wanted)
+
+
+# ---- shared sealing: a value that any one of its sessions' forgets shreds ----------------------------
+
+SHARED_MAGIC = b"\x00somnus-shared/1\x00"
+MAX_SHARES = 1024  # source sessions of one shared value
+
+
+def seal_shared(keys: Iterable[DataKey | None], plaintext: bytes) -> bytes:
+    """``plaintext`` sealed so that it opens only while *every* one of ``keys`` is live: an aggregate
+    of several sessions' text (a sleep's topic on the semantic topic) that forgetting any one of them
+    must shred (docs/design/forget.md, "Topic keys on the semantic topic").
+
+    A random content key ``K`` seals the plaintext; ``K`` is split into one share per distinct key
+    (N-of-N XOR: every share but the last random, the last ``K`` xor the others), each share sealed
+    under its key. A missing key loses its share, and without it ``K`` is uniformly random to the
+    reader. ``None`` (a session published in plaintext) keeps its share in plaintext.
+
+    >>> import os
+    >>> a, b = (DataKey(key_id=k, agent="aga", session_id=k, key=os.urandom(32)) for k in ("ka", "kb"))
+    >>> v = seal_shared([a, b, a], b'{"key": "pottery"}')
+    >>> open_shared(v, {"ka": a.key, "kb": b.key})
+    b'{"key": "pottery"}'
+    >>> open_shared(v, {"ka": a.key}) is FORGOTTEN, b"pottery" in v
+    (True, False)
+    """
+    distinct: dict[str | None, DataKey | None] = {}
+    for k in keys:
+        distinct.setdefault(k.key_id if k is not None else None, k)
+    if len(distinct) > MAX_SHARES:
+        raise ValueError(f"a shared value has at most {MAX_SHARES} keys, not {len(distinct)}")
+    content = os.urandom(KEY_BYTES)
+    holders = list(distinct.values()) or [None]
+    shares = [os.urandom(KEY_BYTES) for _ in holders[:-1]]
+    last = content
+    for s in shares:
+        last = bytes(x ^ y for x, y in zip(last, s, strict=True))
+    shares.append(last)
+    parts = [seal(k, s) if k is not None else s for k, s in zip(holders, shares, strict=True)]
+    body = seal(DataKey(key_id="content", agent="", session_id="", key=content), plaintext)
+    return (SHARED_MAGIC + len(parts).to_bytes(2, "big")
+            + b"".join(len(p).to_bytes(2, "big") + p for p in parts) + body)
+
+
+def shared_key_ids(value: bytes | None) -> list[str] | None:
+    """The key ids a shared value's shares name (None: not a well-formed shared value)."""
+    parsed = _parse_shared(value)
+    return None if parsed is None else [kid for kid in map(sealed_key_id, parsed[0]) if kid is not None]
+
+
+def _parse_shared(value: bytes | None) -> tuple[list[bytes], bytes] | None:
+    if not value or not value.startswith(SHARED_MAGIC):
+        return None
+    pos = len(SHARED_MAGIC)
+    if len(value) < pos + 2:
+        return None
+    n = int.from_bytes(value[pos:pos + 2], "big")
+    pos += 2
+    if not 1 <= n <= MAX_SHARES:
+        return None
+    parts = []
+    for _ in range(n):
+        if len(value) < pos + 2:
+            return None
+        size = int.from_bytes(value[pos:pos + 2], "big")
+        pos += 2
+        if len(value) < pos + size:
+            return None
+        parts.append(value[pos:pos + size])
+        pos += size
+    return parts, value[pos:]
+
+
+def open_shared(value: bytes | None, keys: Mapping[str, bytes]) -> bytes | None | _Forgotten | Rejection:
+    """A shared value's plaintext (``seal_shared``): ``FORGOTTEN`` when any share's key is gone, a
+    ``Rejection`` when it is malformed or a share or the body fails authentication; any other value
+    is read as ``open_value`` reads it. Never raises."""
+    try:
+        if value is None or not value.startswith(SHARED_MAGIC):
+            return open_value(value, keys)
+        parsed = _parse_shared(value)
+        if parsed is None:
+            return Rejection("undecodable: a shared sealed value whose envelope is malformed (truncated)")
+        parts, body = parsed
+        content = bytes(KEY_BYTES)
+        for part in parts:
+            share = open_value(part, keys) if part.startswith(MAGIC) else part
+            if share is FORGOTTEN or isinstance(share, Rejection):
+                return share
+            if not isinstance(share, bytes) or len(share) != KEY_BYTES:
+                return Rejection("undecodable: a shared sealed value with a share of the wrong size")
+            content = bytes(x ^ y for x, y in zip(content, share, strict=True))
+        if sealed_key_id(body) != "content":  # the body is always sealed: anything else was altered
+            return Rejection("undecodable: a shared sealed value whose body is not sealed (altered)")
+        return open_value(body, {"content": content})
+    except Exception as exc:  # noqa: BLE001 - the boundary: opening a record never raises
+        return Rejection(poison_reason(exc, "while opening a shared sealed record"))

@@ -3,7 +3,7 @@ round to the distiller, working memory and memory units (the worker, ``somnus.st
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,19 +39,24 @@ def distill_rounds(prior: Mapping[str, SessionState], wm_prior: Mapping[str, Any
             if working is not None:
                 working.pop(key, None)
         got = distill(sessions, rnd.events)
+        # Each episode at its place among the round's events: after the event that ended it, or before
+        # the one whose stream time closed it as abandoned. In the order of the input, not of where the
+        # batch was cut: the worker writes them on one-partition topics whose folds depend on it.
+        ended: list[tuple[tuple[int, int], Any]] = [((i, 1), ep) for i, ep in zip(got.ended_at, got.episodes)]
         if rnd.abandon:  # open sessions idle for too long: closed after the round's events
             reason = abandoned_reason(sifted.idle_us)
             for key in rnd.abandon:
                 marker, episode = abandon(got.states.get(key) or sessions[key], reason)
                 got.states[key] = marker
-                got.episodes.append(episode)
+                ended.append(((rnd.abandoned_at[key], 0), episode))
+            ended.sort(key=lambda e: e[0])  # stable: the abandoned at one place in the order they closed
         stamp_closed(got.states, rnd.closing, partition_of)
         refused = {id(ev) for ev, _ in got.late_events}  # dead letters: remembered nowhere
-        out.units += memory_units(sessions, [ev for ev in rnd.events if id(ev) not in refused] if refused
-                                  else rnd.events, got.episodes, not_episodic)
+        out.units += memory_units(sessions, rnd.events, [ep for _, ep in ended], not_episodic, [at for at, _ in ended],
+                                  refused)
         sessions.update(got.states)
         out.states.update(got.states)
-        out.episodes += got.episodes
+        out.episodes += [ep for _, ep in ended]
         out.late_events += got.late_events
         out.duplicates += got.duplicates
         if working is not None:
@@ -65,15 +70,19 @@ def distill_rounds(prior: Mapping[str, SessionState], wm_prior: Mapping[str, Any
 
 
 def memory_units(prior: Mapping[str, SessionState], events: Sequence[Any], episodes: Sequence[Any],
-                 not_episodic: frozenset[str]) -> list[MemoryUnit]:
+                 not_episodic: frozenset[str], places: Sequence[tuple[int, int]] | None = None,
+                 refused: Set[int] = frozenset()) -> list[MemoryUnit]:
     """Memory units of a batch: its episodes, and the messages of conversational sessions (those whose
-    ``session_start`` metadata says ``"mode": "conversation"``), in batch order; none for agents whose
-    file sets ``episodic: false``. A redelivered unit is recognised by its id when it is folded."""
+    ``session_start`` metadata says ``"mode": "conversation"``), in the order of the events that made
+    them; none for agents whose file sets ``episodic: false``, nor for the events whose ``id`` is in
+    ``refused`` (dead letters). ``places``: each episode's place among ``events``, ``(i, 1)`` after
+    event i, ``(i, 0)`` before it (None: after them all). A redelivered unit is recognised by its id
+    when it is folded."""
     starts: dict[str, tuple[dict[str, Any], str | None]] = {
         key: (st.metadata, st.user_id) for key, st in prior.items() if not st.closed}
-    out: list[MemoryUnit] = []
-    for ev in events:
-        if ev.agent in not_episodic:
+    out: list[tuple[tuple[int, int], MemoryUnit]] = []
+    for i, ev in enumerate(events):
+        if ev.agent in not_episodic or id(ev) in refused:
             continue
         key = session_key(ev.agent, ev.session_id)
         if isinstance(ev, SessionStarted):
@@ -83,6 +92,8 @@ def memory_units(prior: Mapping[str, SessionState], events: Sequence[Any], episo
         if meta.get("mode") == "conversation":
             unit = message_unit(ev, metadata=meta, user_id=user)
             if unit is not None:
-                out.append(unit)
-    out += [episode_unit(ep) for ep in episodes if ep.agent not in not_episodic]
-    return out
+                out.append(((i, 1), unit))
+    after = [(len(events), 1)] * len(episodes) if places is None else places
+    out += [(at, episode_unit(ep)) for at, ep in zip(after, episodes) if ep.agent not in not_episodic]
+    out.sort(key=lambda u: u[0])  # stable: an event's message before the episode it ends
+    return [unit for _, unit in out]

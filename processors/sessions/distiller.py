@@ -190,7 +190,8 @@ def session_key(agent: str, session_id: str) -> str:
 @dataclass
 class DistillOutput:
     states: dict[str, SessionState] = field(default_factory=dict)  # new state of every touched session
-    episodes: list[EpisodeDistilled] = field(default_factory=list)
+    episodes: list[EpisodeDistilled] = field(default_factory=list)  # in the order their sessions ended
+    ended_at: list[int] = field(default_factory=list)  # the place in the events of each episode's end
     duplicates: int = 0  # redelivered events (seq already applied)
     late: int = 0  # events for a session that had already ended, or out of order
     late_events: list[tuple[TraceEvent, str]] = field(default_factory=list)  # those, with the dead-letter reason
@@ -200,18 +201,22 @@ def distill(prior: Mapping[str, SessionState], events: Iterable[TraceEvent]) -> 
     """Apply a batch of events to the prior states of their sessions.
 
     ``prior`` is not modified; the states of touched sessions are returned in ``out.states``.
-    Each session's events are applied in the order given (arrival order): the result of a run of
-    events is the same however it is cut into batches.
+    Each session's events are applied in the order given (arrival order), and the episodes come in
+    the order of the events that ended them (not of each session's first event in the batch, which
+    depends on where the batch began): the result of a run of events, episodes' order included, is
+    the same however it is cut into batches.
     """
     out = DistillOutput()
-    by_session: dict[str, list[TraceEvent]] = {}
-    for ev in events:
-        by_session.setdefault(session_key(ev.agent, ev.session_id), []).append(ev)
+    by_session: dict[str, list[tuple[int, TraceEvent]]] = {}
+    for i, ev in enumerate(events):
+        by_session.setdefault(session_key(ev.agent, ev.session_id), []).append((i, ev))
+    ended: list[tuple[int, EpisodeDistilled]] = []
     for key, evs in by_session.items():
         base = prior.get(key)
+        first = evs[0][1]
         state = decode_state(encode_state(base)) if base is not None else SessionState(
-            agent=evs[0].agent, session_id=evs[0].session_id)
-        for ev in evs:
+            agent=first.agent, session_id=first.session_id)
+        for i, ev in evs:
             verdict = event_verdict(state.last_seq, state.skipped, state.recent_ids, ev)
             if verdict == DUPLICATE:
                 out.duplicates += 1
@@ -226,8 +231,10 @@ def distill(prior: Mapping[str, SessionState], events: Iterable[TraceEvent]) -> 
                 continue
             _apply(state, ev)
             if state.closed:
-                out.episodes.append(_episode(state))
+                ended.append((i, _episode(state)))
         out.states[key] = _compact(state) if state.closed else state
+    ended.sort(key=lambda e: e[0])
+    out.ended_at, out.episodes = [i for i, _ in ended], [ep for _, ep in ended]
     return out
 
 

@@ -91,6 +91,9 @@ class Round:
     # Open sessions closed as abandoned after the round's events (idle too long): session -> the index
     # in the input of the event whose stream time closed it (its time is in ``closing``).
     abandon: dict[str, int] = field(default_factory=dict)
+    # Their place among the round's events: how many of them came before it closed (its episode and
+    # memory unit go there, so where a batch is cut does not move them).
+    abandoned_at: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -219,6 +222,7 @@ def sift(events: Sequence[TraceEvent], partitions: Sequence[int], clocks: Mappin
             if k in progress and latest.get(k) == at:  # still open, and this is its latest event
                 close(k, *progress[k], clock)
                 out.rounds[-1].abandon[k] = i
+                out.rounds[-1].abandoned_at[k] = len(out.rounds[-1].events)
                 seen.add(k)
         key = session_key(ev.agent, ev.session_id)
         if key not in progress:

@@ -127,3 +127,49 @@ def test_a_partition_sought_back_drops_what_comes_again_and_restarts_its_stream_
 def test_a_hostile_record_moves_no_stream_time_and_raises_nothing(value: bytes) -> None:
     got = latest_time(value, cap=int(datetime(2030, 1, 1, tzinfo=timezone.utc).timestamp() * 1_000_000))
     assert got is None
+
+
+def _asking(high: dict[int, int], quiet_s: float = 2.0, max_hold_s: float = 10.0) -> Sequencer:
+    return Sequencer(owned=lambda: frozenset({0, 1}), start_clock=lambda p: None, high_water=lambda p: high.get(p),
+                     quiet_s=quiet_s, max_hold_s=max_hold_s, ask_end=True)
+
+
+def test_a_partition_quiet_at_a_stale_high_water_is_waited_for_once_the_broker_says_it_has_more():
+    """The high water the consumer knows is that of the partition's last fetch: while its fetches
+    paused, partition 1 looked caught up and quiet, and the later records of partition 0 went
+    before its own (two live runs parted at unit 74 to 369 of 1500, none of them forced)."""
+    s = _asking({0: 2, 1: 1})
+    s.push(1, 0, 10, "b0", now=0.0)
+    s.push(0, 0, 20, "a0", now=0.0)
+    assert s.ready(now=0.0) == ["b0"]
+    assert s.ready(now=2.0) == [] and s.to_ask == {1}  # quiet by its high water: the broker is asked first
+    s.end_offset(1, 3, asked_at=2.0)  # two records of partition 1 on the broker not fetched yet
+    assert s.stale == 1 and not s.to_ask
+    assert s.ready(now=2.1) == [] and s.ready(now=3.9) == [] and not s.to_ask  # asked once per quiet_s
+    s.push(1, 1, 15, "b1", now=4.0)  # fetched at last: it sorts before a0
+    assert s.ready(now=4.0) == ["b1"]
+    s.push(1, 2, 30, "b2", now=4.0)
+    assert s.ready(now=4.0) == ["a0"] and s.forced == 0
+
+
+def test_a_partition_the_broker_confirms_caught_up_is_passed_and_one_never_answered_is_forced():
+    s = _asking({0: 1, 1: 1})
+    s.push(1, 0, 10, "b0", now=0.0)
+    s.push(0, 0, 20, "a0", now=0.0)
+    assert s.ready(now=2.0) == ["b0"] and s.to_ask == {1}
+    s.end_offset(1, 1, asked_at=2.0)
+    assert s.ready(now=2.0) == ["a0"] and s.stale == 0 and s.forced == 0
+    s.push(0, 1, 30, "a1", now=3.0)
+    assert s.ready(now=4.5) == [] and s.to_ask == {1}  # the answer is older than quiet_s: asked again
+    s.to_ask.clear()  # the broker never answers: liveness is the max hold's
+    assert s.ready(now=12.9) == [] and s.ready(now=13.0) == ["a1"] and s.forced == 1
+
+
+def test_the_reasons_of_each_hand_over_are_told():
+    told: list[tuple[tuple[int, int, int], str]] = []
+    s = Sequencer(owned=lambda: frozenset({0, 1}), start_clock=lambda p: None, high_water=lambda p: 1,
+                  quiet_s=2.0, max_hold_s=10.0, handed=lambda key, why: told.append((key, why)))
+    s.push(0, 0, 10, "a0", now=0.0)
+    s.push(1, 0, 20, "b0", now=0.0)
+    assert s.ready(now=2.0) == ["a0", "b0"]
+    assert told == [((10, 0, 0), "flow"), ((20, 1, 0), "quiet:0")]

@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 
 import msgspec
 import orjson
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -111,8 +112,9 @@ def _run(events: list, parts: list[int], cuts: list[int], retention_us: int, idl
                 if k.decode() in table and table[k.decode()].closed_clock == clock:
                     del table[k.decode()]
                     working.pop(k.decode(), None)
-    # (as sets: within a batch the distiller emits in order of each session's first event there)
-    return {"late": sorted(late), "episodes": sorted(episodes), "units": sorted(units),
+    # in the order emitted: the worker writes them in that order onto one-partition topics whose folds
+    # (capture, knowledge, Rescorla-Wagner) depend on it (docs/design/scale-out.md)
+    return {"late": sorted(late), "episodes": episodes, "units": units,
             "table": {k: encode_state(v) for k, v in sorted(table.items())},
             "working": {k: encode_wm(v) for k, v in sorted(working.items())}, "clocks": clocks, "future": future}
 
@@ -177,3 +179,33 @@ def test_future_events_do_not_depend_on_batch_boundaries(seed, cuts):
     assert not any(orjson.loads(ep)["agent"] == skewed for ep in whole["episodes"])
     free = _run(events, parts, [], 2 * HOUR_US, HOUR_US)  # unbounded, the skewed runtime closes others' sessions
     assert free["future"] == 0 and any(orjson.loads(ep)["agent"] == skewed for ep in free["episodes"])
+
+
+def _trace(session: str, seq: int, kind: str, second: int, **payload: object) -> object:
+    e = {"event_id": f"00000000-0000-4000-8000-{zlib.crc32(f'{session}{seq}'.encode()):012d}", "schema_version": 1,
+         "ts": f"2026-01-05T07:00:{second:02d}Z", "agent": "scraper", "session_id": session, "seq": seq,
+         "type": kind, "payload": payload}
+    return decode_trace(orjson.dumps(e), 1 << 20)
+
+
+def _two_sessions(conversation: bool) -> list:
+    """Session a starts first, session b ends first; with ``conversation``, a message of a comes after b's end."""
+    meta = {"metadata": {"mode": "conversation"}} if conversation else {}
+    return [_trace("a", 0, "session_start", 0, task="t", **meta), _trace("b", 0, "session_start", 1, task="u", **meta),
+            _trace("a", 1, "user_message", 2, text="the first of a"), _trace("b", 1, "session_end", 3, outcome="success"),
+            _trace("a", 2, "user_message", 4, text="the second of a"), _trace("a", 3, "session_end", 5, outcome="success")]
+
+
+@pytest.mark.parametrize("conversation", [False, True])
+def test_a_batch_emits_episodes_and_units_in_the_order_their_events_came(conversation):
+    """Whole, the batch used to give a's episode first (its first event came first); cut after b's end,
+    b's: the one-partition topics the worker writes then had two orders for one input."""
+    events = _two_sessions(conversation)
+    parts = [0] * len(events)
+    whole = _run(events, parts, [], 2 * HOUR_US)
+    assert [orjson.loads(ep)["session_id"] for ep in whole["episodes"]] == ["b", "a"]
+    for cut in range(1, len(events)):
+        assert _run(events, parts, [cut], 2 * HOUR_US) == whole, cut
+    if conversation:  # a's first message, b's episode, a's second message, a's episode
+        assert [(u["run_id"], u["kind"]) for u in map(orjson.loads, whole["units"])] == [
+            ("a", "message"), ("b", "episode"), ("a", "message"), ("a", "episode")]

@@ -37,7 +37,7 @@ from somnus.processors.episodic.recall import MIN_RELEVANCE, build_episodic_cont
 from somnus.processors.briefing.generator import covers
 from somnus.processors.semantic.concepts import knowledge_context, record_agents
 from somnus.schemas.agents import scope_chain
-from somnus.projections.semantic import promotion_inputs
+from somnus.projections.semantic import promotion_inputs, sealed_request
 from somnus.processors.briefing.context import Tier, get_context
 from somnus.processors.working.session_buffer import decode_state
 from somnus.processors.working.synopsis import stored_kind
@@ -157,6 +157,7 @@ class ReadService:
     on_accessed: Callable[[list[Any]], None] | None = None  # publishes MemoryAccessed (recall changes state via the log)
     synopses: Any = field(default_factory=lambda: _synopsis_cache())  # user synopses, refreshed when stale
     semantic: Any = None  # the projector's SemanticProjection (per-owner memory layers)
+    keys: Any = None  # the projector's KeyRing: promotion inputs' topics are sealed with it
 
     top_facts: Any = None  # the projector's in-memory facts_top (somnus.projections.knowledge_store.TopFacts)
     sandbox: Any = None  # analysts' SQL (somnus.projections.sql_sandbox.SqlSandbox), made on first use if absent
@@ -399,7 +400,9 @@ class ReadService:
         """A snapshot of what promotion reads now (NAc candidate links, call outcomes): ``somnus consolidate``."""
 
         try:
-            return _jsonable(promotion_inputs(self.con, owner=str(owner or "global"), agents=self.agents))
+            # published by `somnus consolidate` / `somnus sleep`: its topics sealed as the projector's own
+            return _jsonable(sealed_request(self.con, promotion_inputs(self.con, owner=str(owner or "global"),
+                                                                       agents=self.agents), self.keys))
         except ValueError as exc:  # an owner that is not global, team:<lead> or agent:<name>
             raise BadRequest(f"parameter `owner`: {exc}") from None
 

@@ -24,9 +24,11 @@ How it runs, inside the projector (the only writer):
    not zero what it frees, and its metadata keeps 8-byte prefixes of min/max strings. A crash before
    the scrub ends leaves a mark in ``projection_meta``; the scrub runs at the next start.
 
-What is not removed here is in SECURITY.md ("Forget"): the raw records in Kafka, semantic memory's
-concepts (they name episode ids, not text), predicates (vocabulary), numbers aggregated over
-many sessions (causal link strengths, bins), and anything copied outside Somnus.
+Semantic memory: topic concepts derived from a forgotten memory go, with what names them
+(``_semantic_closure``). What is not removed here is in SECURITY.md ("Forget"): the raw records in
+Kafka (sealed: their keys are deleted), concepts and patterns kept episodes also support (they name
+tools and episode ids, not text), predicates (vocabulary), numbers aggregated over many sessions
+(causal link strengths, bins), and anything copied outside Somnus.
 """
 
 from __future__ import annotations
@@ -197,7 +199,8 @@ class Forgetting:
         _closure(con, self.users, self.agents, self.sessions)
         out.committed = bool(new) or _committed_hits(con)
         out.episodes = {e for (e,) in con.execute("SELECT episode_id::VARCHAR FROM _fg_e").fetchall()}
-        for table, where in _DELETES:
+        _semantic_closure(con)  # before the deletes: it reads the abstracted patterns' sources
+        for table, where in [*_SEMANTIC_DELETES, *_DELETES]:
             n = con.execute(f"DELETE FROM {table} WHERE {where}").fetchone()[0]
             if n:
                 out.rows[table] = out.rows.get(table, 0) + n
@@ -239,7 +242,7 @@ class Forgetting:
             self.keys |= set(keys)
         if out.committed and (out.total or new):
             con.execute("INSERT OR REPLACE INTO projection_meta VALUES (?, '1')", [SCRUB_PENDING])
-        for t in ("_fg_s", "_fg_e", "_fg_m", "_fg_u"):
+        for t in ("_fg_s", "_fg_e", "_fg_m", "_fg_u", "_fg_c", "_fg_p", "_fg_f"):
             con.execute(f"DROP TABLE IF EXISTS {t}")
         self._tokens()
         return out
@@ -266,6 +269,8 @@ class Forgetting:
             seen.knowledge = KnowledgeProjection(con)
         if "causal_link_updates" in rows:
             seen.causal = CausalProjection(con)
+        if rows.keys() & {name for name, _ in _SEMANTIC_DELETES}:
+            seen.semantic.reload(con)
         if rows.keys() & {"fact_uses", "briefings_served"}:
             seen.utilisation.reload(con)
         if "facts_top" in rows:
@@ -317,6 +322,61 @@ def _closure(con: duckdb.DuckDBPyConnection, users: set[str], agents: set[str], 
             UNION ALL SELECT body->>'$.unit.memory_id' FROM memory_log WHERE kind = 'CaptureDecided'
                 AND (body->>'$.unit.agent', body->>'$.unit.run_id') IN (SELECT (agent, session_id) FROM _fg_s)
             UNION ALL SELECT id FROM forgotten_keys WHERE kind = 'memory')""")
+
+
+def _semantic_closure(con: duckdb.DuckDBPyConnection) -> None:
+    """Temp tables of the semantic records derived from forgotten memories and episodes: ``_fg_c``
+    (owner, concept_id): ATL concepts derived from any forgotten memory (a topic: its name is a word of
+    those sessions' text, and its sealed topic opens as nothing in a replay once one source session is
+    forgotten, ``seal_shared``), or whose every DERIVED_FROM source is forgotten (a causal pattern's
+    episodes: its links stay readable, so one kept episode keeps it); ``_fg_p`` (owner, math_id): Angular Gyrus patterns
+    computed only from forgotten episodes, or informing a doomed concept (a co-occurrence names both
+    keys); ``_fg_f`` (owner, id): the strings that name them in ``semantic_log`` bodies and in the
+    promotion audit: their ids, a doomed topic's key, and the names of abstracted topics whose every
+    source is forgotten (a candidate the gate rejected made no concept, but its audit row names the
+    key). Other concepts' names are tool and error vocabulary that kept records share: not matched."""
+    gone = "(SELECT memory_id FROM _fg_m UNION ALL SELECT episode_id::VARCHAR FROM _fg_e)"
+    con.execute(f"""
+        CREATE OR REPLACE TEMP TABLE _fg_c AS SELECT owner, source_id AS concept_id FROM cross_layer_edges
+        WHERE source_layer = 'atl' AND edge_type = 'DERIVED_FROM' GROUP BY ALL
+        HAVING bool_or(target_id IN (SELECT memory_id FROM _fg_m)) OR bool_and(target_id IN {gone})""")
+    con.execute(f"""
+        CREATE OR REPLACE TEMP TABLE _fg_p AS SELECT DISTINCT owner, math_id FROM (
+            SELECT owner, source_id AS math_id FROM cross_layer_edges
+                WHERE source_layer = 'angular_gyrus' AND edge_type = 'COMPUTED_FROM' GROUP BY ALL
+                HAVING bool_and(target_id IN {gone})
+            UNION ALL SELECT owner, source_id FROM cross_layer_edges
+                WHERE source_layer = 'angular_gyrus' AND target_layer = 'atl'
+                AND (owner, target_id) IN (SELECT (owner, concept_id) FROM _fg_c))""")
+    con.execute("""
+        CREATE OR REPLACE TEMP TABLE _fg_f AS SELECT DISTINCT owner, id FROM (
+            SELECT owner, concept_id AS id FROM _fg_c
+            UNION ALL SELECT c.owner, unnest([c.name, 'topic:' || c.name]) FROM concepts c
+                JOIN _fg_c USING (owner, concept_id) WHERE c.category = 'topic'
+            UNION ALL SELECT owner, math_id FROM _fg_p
+            UNION ALL SELECT DISTINCT s.owner, t.name FROM (
+                SELECT 'topic:' || (body->>'$.key') AS name FROM lifecycle_log WHERE kind = 'PatternAbstracted'
+                GROUP BY 1 HAVING bool_and(list_has_all(
+                    (SELECT coalesce(list(memory_id), []) FROM _fg_m),
+                    json_extract_string(body, '$.sources[*].memory_id')))) t
+            JOIN promotion_audit s ON s.pattern_name = t.name)""")
+
+
+# strings of a JSON body (as forget's lifecycle_log rule reads them)
+_STRINGS = "regexp_extract_all({}::VARCHAR, '\"([^\"\\\\]{{1,200}})\"', 1)"
+_IN_C = "(owner, {}) IN (SELECT (owner, concept_id) FROM _fg_c)"
+_IN_P = "(owner, {}) IN (SELECT (owner, math_id) FROM _fg_p)"
+_SEMANTIC_DELETES: list[tuple[str, str]] = [
+    ("concepts", _IN_C.format("concept_id")),
+    ("concept_relationships", f"{_IN_C.format('source_id')} OR {_IN_C.format('target_id')}"),
+    ("math_patterns", _IN_P.format("math_id")),
+    ("cross_layer_edges", " OR ".join(
+        f"({layer}_layer = '{name}' AND {rule.format(layer + '_id')})"
+        for layer in ("source", "target") for name, rule in (("atl", _IN_C), ("angular_gyrus", _IN_P)))),
+    ("promotion_audit", f"{_IN_C.format('concept_id')} OR (owner, pattern_name) IN (SELECT (owner, id) FROM _fg_f)"),
+    ("semantic_log", f"list_has_any({_STRINGS.format('body')}, "
+                     "(SELECT coalesce(list(f.id), []) FROM _fg_f f WHERE f.owner = semantic_log.owner))"),
+]
 
 
 class _Filtered:
@@ -381,7 +441,7 @@ _DELETES: list[tuple[str, str]] = [
     # a decision of a sleep run names its memories in its body too (a pattern's sources, a connection's
     # ends, a created observation's nearest): any string of the body that is a forgotten memory's id
     ("lifecycle_log", f"memory_id {_M} OR body->>'$.agent' IN (SELECT id FROM _fg_u WHERE kind = 'agent') "
-                      "OR list_has_any(regexp_extract_all(body::VARCHAR, '\"([^\"\\\\]{1,200})\"', 1), "
+                      f"OR list_has_any({_STRINGS.format('body')}, "
                       "(SELECT coalesce(list(memory_id), []) FROM _fg_m))"),
     ("memory_log", f"body->>'$.unit.memory_id' {_M} OR body->>'$.memory_id' {_M} OR body->>'$.a' {_M} "
                    f"OR body->>'$.b' {_M}"),

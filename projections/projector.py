@@ -48,8 +48,8 @@ import sys
 from somnus.procs import private_files, tune_gc
 from somnus.schemas.agents import load_agents
 import msgspec
-from somnus.projections.semantic import abstracted_by, promotion_inputs
-from somnus.schemas.semantic import KIND_PROMOTE
+from somnus.projections.semantic import abstracted_by, promotion_inputs, sealed_request
+from somnus.schemas.semantic import KIND_PROMOTE, sealed_topics_of
 from somnus.projections.briefing_server import BriefingServer
 
 SCRUB_RETRY_S = 2.0  # while idle, how often a forget's pending scrub is tried again
@@ -160,6 +160,7 @@ class Projector:
         self.agents = load_agents(settings.agents_dir)
         self._stop = asyncio.Event()
         self._producer: AIOKafkaProducer | None = None
+        self._ring: Any = None  # the key ring (somnus.schemas.sealed.KeyRing) once the key topic is followed
         self._kafka_positions: positions.KafkaPositions | None = None  # somnus status (projections/positions.py)
         self.write_lock = asyncio.Lock()
         self._briefing_server: Any = None  # somnus.projections.briefing_server.BriefingServer while serving
@@ -196,6 +197,7 @@ class Projector:
                                 OscillatorConfig(enabled=True) if self.settings.oscillators else None)
             keys = await KeyFollower(self.bootstrap, self.settings.keys_topic, self.settings).start()
             models.keys = keys.ring  # sealed records open with the keys that remain (somnus.streams.keys)
+            self._ring = keys.ring  # and promotion requests' topics are sealed with them
             for tp in tps:
                 consumer.seek(tp, stored.get((tp.topic, tp.partition), 0))
             drain = Drain(consumer, self.max_records)
@@ -250,7 +252,10 @@ class Projector:
                     if not part:
                         continue
                     t_batch = time.monotonic()
-                    await keys.ensure(r.value for r in part)  # the keys of its sealed records, or gone
+                    # the keys of its sealed records (and of a promotion request's sealed topics), or gone
+                    await keys.ensure([*(r.value for r in part),
+                                       *(v for r in part if r.topic == self.topics.semantic
+                                         for v in sealed_topics_of(r.value))])
                     async with lock:
                         res = await asyncio.to_thread(apply_guarded, con, self.topics, part, stored,
                                                       self.settings.max_event_bytes, models,
@@ -300,17 +305,20 @@ class Projector:
 
         from somnus.projections.semantic import SLEEP_REQUEST_PREFIX
 
-        def snapshot() -> tuple[Any, dict[str, str]]:
+        def snapshot() -> list[Any]:
             with contextlib.closing(con.cursor()) as cur:  # closed: an open cursor may hold a transaction
-                return promotion_inputs(cur, "global"), abstracted_by(cur, [r for r, _ in runs])
+                inputs, by_run = promotion_inputs(cur, "global"), abstracted_by(cur, [r for r, _ in runs])
+                # each run's request promotes the topics that run abstracted, so its layer report shows
+                # what it added; the first also takes any other (e.g. a `somnus sleep` run's). Topics
+                # are sealed under their source sessions' keys (``sealed_request``).
+                return [sealed_request(cur, msgspec.structs.replace(
+                    inputs, at=at, request_id=SLEEP_REQUEST_PREFIX + run_id,
+                    topics=[t for t in inputs.topics if by_run.get(t.pattern_id, runs[0][0]) == run_id]), self._ring)
+                        for run_id, at in runs]
 
         async with self.write_lock:
-            inputs, by_run = await asyncio.to_thread(snapshot)
-        for run_id, at in runs:
-            # each run's request promotes the topics that run abstracted, so its layer report shows
-            # what it added; the first also takes any other (e.g. a `somnus sleep` run's)
-            topics = [t for t in inputs.topics if by_run.get(t.pattern_id, runs[0][0]) == run_id]
-            req = msgspec.structs.replace(inputs, at=at, request_id=SLEEP_REQUEST_PREFIX + run_id, topics=topics)
+            requests = await asyncio.to_thread(snapshot)
+        for (run_id, at), req in zip(runs, requests, strict=True):
             try:
                 await self._producer.send_and_wait(self.topics.semantic, encode(req), key=b"global", partition=0,
                                                    headers=[("somnus-kind", KIND_PROMOTE)])
@@ -346,7 +354,7 @@ class Projector:
         # Reads use their own cursor (a second connection to the same database: it sees committed
         # data while a batch is being written on ``con`` in the writer thread).
         service = api.ReadService(con.cursor(), models.agents, briefings=models.briefings.current, episodic=models.memory,
-                                  semantic=models.semantic, top_facts=models.top_facts,
+                                  semantic=models.semantic, top_facts=models.top_facts, keys=models.keys,
                                   sandbox=SqlSandbox.from_settings(con, self.settings))  # analysts' SQL
         producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all", enable_idempotence=True,
                                     linger_ms=5, **LARGE_RECORDS, **kafka_options(self.settings))  # promotion requests

@@ -19,6 +19,7 @@ from the log at start.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
@@ -42,30 +43,36 @@ from somnus.schemas.semantic import (
 from somnus.schemas.facts import GLOBAL_SCOPE
 from somnus.schemas.agents import AgentSpec
 from somnus.schemas.semantic import KIND_INGEST, KIND_PROMOTE, KnowledgeIngested, PromotionRequested, TopicView
+from somnus.schemas.codec import Rejection
+from somnus.schemas.sealed import FORGOTTEN, KeyRing, open_shared, seal_shared
 from somnus.projections.frames import registered
 
 
 
+log = logging.getLogger(__name__)
 
 _ingest_decoder = msgspec.json.Decoder(KnowledgeIngested)
 _promote_decoder = msgspec.json.Decoder(PromotionRequested)
+_topic_decoder = msgspec.json.Decoder(TopicView)
 
 
 class SemanticProjection:
     def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
         self.layers: dict[str, MemoryLayers] = {}
         self.next_ord = 0
+        self.forgotten_topics = 0  # sealed topics a forget shredded (skipped)
+        self.rejected_topics = 0  # sealed topics that did not open (left out, logged)
         self.requests: set[str] = set()
         self.reload(con)
 
     def reload(self, con: duckdb.DuckDBPyConnection) -> None:
         self.layers = {}
         self.requests = {r for (r,) in con.execute("SELECT request_id FROM semantic_requests").fetchall()}
-        rows = con.execute("SELECT body FROM semantic_log ORDER BY ord").fetchall()
-        for (body,) in rows:
+        rows = con.execute("SELECT body, ord FROM semantic_log ORDER BY ord").fetchall()
+        for body, _ in rows:
             ev = decode_semantic(body.encode() if isinstance(body, str) else body)
             self._owner(ev.owner).apply(ev)
-        self.next_ord = len(rows)
+        self.next_ord = rows[-1][1] + 1 if rows else 0  # a forget leaves gaps: never reuse an ord
 
     def _owner(self, owner: str) -> MemoryLayers:
         m = self.layers.get(owner)
@@ -73,9 +80,11 @@ class SemanticProjection:
             m = self.layers[owner] = MemoryLayers(owner)
         return m
 
-    def write(self, con: duckdb.DuckDBPyConnection, records: Sequence[tuple[bytes | None, Any]]) -> tuple[int, set[str]]:
+    def write(self, con: duckdb.DuckDBPyConnection, records: Sequence[tuple[bytes | None, Any]],
+              keys: Mapping[str, bytes] | None = None) -> tuple[int, set[str]]:
         """Fold ``(kind, record)`` pairs in order; write the events they made (caller's transaction).
-        Returns how many, and the owners (scopes) whose memory changed."""
+        ``keys`` (key id -> data key) open a request's sealed topics. Returns how many events, and the
+        owners (scopes) whose memory changed."""
         events: list[tuple[SemanticEvent, int]] = []
         requests: list[dict[str, Any]] = []
         # (sleep run id, what its promotion and consolidation did to each layer): counted at the
@@ -87,6 +96,8 @@ class SemanticProjection:
                 made = ingest_knowledge(self._owner(req.owner), req.concepts, req.source, req.at)
             elif kind == KIND_PROMOTE:
                 preq = _promote_decoder.decode(rec.value)
+                if preq.sealed_topics:
+                    preq = self.opened(preq, keys)
                 if preq.request_id is not None:
                     if preq.request_id in self.requests:
                         continue  # a copy of a request already run
@@ -112,6 +123,26 @@ class SemanticProjection:
         for run_id, changes in sleeps:
             _report_layers(con, run_id, changes)
         return len(events), {ev.owner for ev, _ in events}
+
+    def opened(self, req: PromotionRequested, keys: Mapping[str, bytes] | None) -> PromotionRequested:
+        """``req`` with its sealed topics opened and appended to its topics. A topic one of whose source
+        sessions was forgotten opens as nothing (``forgotten_topics``); one that does not open (altered)
+        is left out and counted (``rejected_topics``): the rest of the request still runs, as a replay
+        with the same keys would run it."""
+        topics = list(req.topics)
+        for value in req.sealed_topics:
+            got = open_shared(value, keys or {})
+            if got is FORGOTTEN:
+                self.forgotten_topics += 1
+                continue
+            try:
+                if isinstance(got, Rejection) or not isinstance(got, bytes):
+                    raise ValueError(got.reason if isinstance(got, Rejection) else "a topic that is not sealed")
+                topics.append(_topic_decoder.decode(got))
+            except Exception as exc:  # noqa: BLE001 - one bad topic does not stop the request
+                self.rejected_topics += 1
+                log.warning("promotion request %s: a sealed topic left out: %s", req.request_id, exc)
+        return msgspec.structs.replace(req, topics=topics, sealed_topics=[])
 
     def consolidate(self, at: datetime) -> list[SemanticEvent]:
         """Deep sleep's phase 3 for the semantic layers, after the run's promotion: ATL and Angular
@@ -407,6 +438,30 @@ def sleep_topics(con: duckdb.DuckDBPyConnection, members: frozenset[str] | None 
         out.append(TopicView(pattern_id=ev["pattern_id"], agent=ev["agent"], key=ev["key"], domains=ev["domains"],
                              support=ev["support"], source_ids=[s["memory_id"] for s in ev.get("sources", [])]))
     return out
+
+
+def sealed_request(con: duckdb.DuckDBPyConnection, req: PromotionRequested, ring: KeyRing | None) -> PromotionRequested:
+    """``req`` as it is published: its topics sealed (``seal_shared``) under the data keys of the
+    sessions their source memories came from, so that forgetting any of them shreds the topic's key
+    word on the semantic topic (docs/design/forget.md, "Topic keys on the semantic topic"). A source
+    memory of a session published in plaintext adds a plaintext share; when no source has a key (the
+    whole fleet publishes in plaintext, ``SOMNUS_ENCRYPT=0``), the topics stay as they are."""
+    if ring is None or not req.topics:
+        return req
+    ids = sorted({m for t in req.topics for m in t.source_ids})
+    sessions = dict(((m, (a, r)) for m, a, r in con.execute(
+        "SELECT body->>'$.unit.memory_id', body->>'$.unit.agent', body->>'$.unit.run_id' FROM memory_log "
+        "WHERE kind = 'CaptureDecided' AND body->>'$.unit.memory_id' IN (SELECT unnest(?::VARCHAR[])) "
+        "UNION ALL SELECT memory_id, agent, run_id FROM memories WHERE memory_id IN (SELECT unnest(?::VARCHAR[]))",
+        [ids, ids]).fetchall()))
+    sealed, plain = [], []
+    for t in req.topics:
+        keys = [ring.key_for(*sessions[m]) if m in sessions else None for m in t.source_ids]
+        if any(k is not None for k in keys):
+            sealed.append(seal_shared(keys, msgspec.json.encode(t)))
+        else:
+            plain.append(t)
+    return msgspec.structs.replace(req, topics=plain, sealed_topics=[*req.sealed_topics, *sealed])
 
 
 def scoped_links(con: duckdb.DuckDBPyConnection, members: frozenset[str],

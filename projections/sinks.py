@@ -357,7 +357,7 @@ class SemanticSink(Sink):
 
     def write(self, con: duckdb.DuckDBPyConnection) -> None:
         if self.records:
-            self.res.semantic_events, owners = self.models.semantic.write(con, self.records)
+            self.res.semantic_events, owners = self.models.semantic.write(con, self.records, self.models.keys.keys)
             self.models.briefings.invalidate(con, (), owners)  # new knowledge for these scopes' readers
             self.res.lap("semantic")
 

@@ -237,10 +237,10 @@ class KeyRing:
         return open_value(value, self.keys)
 
     def missing(self, values: Iterable[bytes | None]) -> bool:
-        """Whether some sealed value names a key this ring does not hold."""
+        """Whether some sealed value (or a share of a shared one) names a key this ring does not hold."""
         for v in values:
-            kid = sealed_key_id(v)
-            if kid is not None and kid not in self.keys:
+            kids = shared_key_ids(v) if v and v.startswith(SHARED_MAGIC) else [sealed_key_id(v)]
+            if any(kid is not None and kid not in self.keys for kid in kids or ()):
                 return True
         return False
 

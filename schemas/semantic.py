@@ -293,12 +293,39 @@ class KnowledgeIngested(msgspec.Struct, frozen=True, kw_only=True):
     concepts: list[IngestedConcept]
 
 
+class _SealedTopicsOnly(msgspec.Struct):
+    sealed_topics: list[bytes] = []
+
+
+_sealed_topics_decoder = msgspec.json.Decoder(_SealedTopicsOnly)
+
+
+def sealed_topics_of(value: bytes | None) -> list[bytes]:
+    """The sealed topics of a promotion request's JSON (``[]`` for anything else). Never raises.
+
+    >>> sealed_topics_of(b'{"owner": "global", "sealed_topics": ["AHNlYWxlZA=="]}')
+    [b'\\x00sealed']
+    >>> sealed_topics_of(b'[[['), sealed_topics_of(None)
+    ([], [])
+    """
+    if not value or b"sealed_topics" not in value:
+        return []
+    try:
+        return _sealed_topics_decoder.decode(value).sealed_topics
+    except Exception:  # noqa: BLE001 - not a request of ours, or too deep: nothing sealed to name
+        return []
+
+
 class PromotionRequested(msgspec.Struct, frozen=True, kw_only=True):
     owner: str
     at: datetime  # event time the promotion runs at
     links: list[CausalLinkView] = []
     calls: list[CallOutcome] = []
     topics: list[TopicView] = []  # dream-abstracted patterns (``lifecycle_log``), oldest first
+    # The same topics sealed (``somnus.schemas.sealed.seal_shared`` of a TopicView's JSON, under the data
+    # keys of its source memories' sessions): a topic's key is a word of those sessions' text, so it
+    # opens only while none of them is forgotten. The fold reads these after ``topics``.
+    sealed_topics: list[bytes] = []
     # A request that may be published more than once (the projector's request after a scheduled
     # sleep run: ``sleep:<run_id>``) runs once; None: every copy runs (``somnus consolidate``).
     request_id: str | None = None

@@ -129,7 +129,8 @@ async def topic_hits(bootstrap: str, topics: Sequence[str], needles: Sequence[st
     holds a needle's bytes once opened with ``ring`` (``somnus.schemas.sealed.KeyRing``; None: as they
     are; a record whose key is gone is not read), and whose raw value, or whose record key, holds one.
     ``optional`` topics (the worker's table changelogs) are read too when they exist."""
-    from somnus.schemas.sealed import FORGOTTEN
+    from somnus.schemas.sealed import FORGOTTEN, open_shared
+    from somnus.schemas.semantic import sealed_topics_of
 
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
                                 auto_offset_reset="earliest", **kafka_options(settings))
@@ -166,6 +167,10 @@ async def topic_hits(bootstrap: str, topics: Sequence[str], needles: Sequence[st
                         out.shredded[tp.topic] = out.shredded.get(tp.topic, 0) + 1
                     elif isinstance(value, bytes):
                         count(out.opened, tp.topic, key + value)
+                        for shared in sealed_topics_of(value):  # a promotion request's sealed topics
+                            topic = open_shared(shared, ring.keys) if ring is not None else None
+                            if isinstance(topic, bytes):
+                                count(out.opened, tp.topic, topic)
     finally:
         await consumer.stop()
     return out

@@ -32,6 +32,7 @@ def kafka_view(s, boot: str) -> dict[str, Any]:
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     from somnus.schemas.sealed import FORGOTTEN, HEADER, sealed_key_id
+    from somnus.schemas.semantic import sealed_topics_of
     from somnus.streams.keys import read_keys
     from somnus.streams.topics import partitions_of
 
@@ -55,7 +56,8 @@ def kafka_view(s, boot: str) -> dict[str, Any]:
                     for r in recs:
                         pos[tp] = r.offset + 1
                         row = view.setdefault(tp.topic, {"sealed": 0, "plain": 0, "opened": 0, "shredded": 0,
-                                                         "needle": 0, "marked": 0})
+                                                         "needle": 0, "marked": 0, "sealed_topics": 0})
+                        row["sealed_topics"] += len(sealed_topics_of(r.value))  # a sleep's, on the semantic topic
                         kid = sealed_key_id(r.value)
                         row["sealed" if kid else "plain"] += 1
                         row["marked"] += any(k == HEADER and v.decode() == kid for k, v in r.headers or ())
@@ -81,6 +83,14 @@ def count(s, sql: str) -> int:
 
 def context(s) -> dict:
     return read(s.db_path, "context", "aga", query="code word tea order stock", user_id=FORGOTTEN, max_tokens=20000)
+
+
+def topic_concepts(path: Path) -> list[tuple[str, str]]:
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        return con.execute("SELECT owner, name FROM concepts WHERE category = 'topic' ORDER BY ALL").fetchall()
+    finally:
+        con.close()
 
 
 def snapshot(path: Path) -> tuple[dict[str, str], dict[str, int]]:
@@ -122,6 +132,9 @@ def test_forget_a_user_verify_and_replay(pipeline_settings, tmp_path):
         assert all(row["needle"] == 0 for t, row in view.items() if t != "ring"), view
         assert view[s.traces_topic]["plain"] == 0, view[s.traces_topic]
         assert len(view["ring"].select("user", FORGOTTEN)) == 4 and len(view["ring"].select("user", KEPT)) == 3
+        # the sleeps abstracted topics (words of the users' text) and published them sealed
+        topics_before = topic_concepts(s.db_path)
+        assert topics_before and view[s.semantic_topic]["sealed_topics"] >= len(topics_before), view[s.semantic_topic]
 
         p.start_all()
         p.wait_until(lambda: endpoint_file(s.db_path).exists(), what="the projector serving")
@@ -179,6 +192,10 @@ def test_forget_a_user_verify_and_replay(pipeline_settings, tmp_path):
         # replay's reading order decides: the memories are compared by count, the rest exactly.
         assert {k: v for k, v in again.items() if k != "memories"} == {k: v for k, v in before.items() if k != "memories"}
         assert again["memories"].split(":")[0] == before["memories"].split(":")[0]
+        # a topic concept derived from a forgotten memory is gone from the live file as from the replay
+        # (where its sealed topic opened as nothing), and the kept user's own topics stay in both
+        assert topic_concepts(s.db_path) == topic_concepts(replay) != []
+        assert len(topic_concepts(replay)) < len(topics_before)
         check = somnus(env, "forget", "--verify", "--no-replay", "--db", str(replay), "--user", FORGOTTEN,
                        "--needle", NEEDLE)
         assert f"absent: '{NEEDLE}' in the bytes" in check.stdout and f"absent: '{NEEDLE}' in the rows" in check.stdout

@@ -420,3 +420,99 @@ def test_a_tampered_sealed_record_is_a_dead_letter_not_a_crash(tmp_path):
     assert res.quarantined == 1 and res.shredded == 0
     (reason,) = con.execute("SELECT reason FROM dead_letters").fetchone()
     assert reason.startswith("undecodable: a sealed record that fails authentication"), reason
+
+
+# ---- a sleep's topics (docs/design/forget.md, "Topic keys on the semantic topic") -------------------
+
+def topic_request(con: duckdb.DuckDBPyConnection, offset: int, ring: Any = None) -> Rec:
+    """A sleep's promotion request with three abstracted topics: the forgotten user's marker word from
+    three of its memories, the kept user's from three of its, and a word of both users' memories;
+    sealed with ``ring`` when given."""
+    from somnus.projections.semantic import sealed_request
+    from somnus.schemas.semantic import KIND_PROMOTE, PromotionRequested, TopicView
+
+    topics = []
+    mixed = [con.execute("SELECT memory_id FROM memories WHERE user_id = ? ORDER BY memory_id DESC LIMIT 1",
+                         [u]).fetchone()[0] for u in (FORGOTTEN, KEPT)]
+    for user, word in ((FORGOTTEN, NEEDLE), (KEPT, OTHER), (None, "mixedword")):
+        ids = mixed if user is None else [m for (m,) in con.execute(
+            "SELECT memory_id FROM memories WHERE user_id = ? ORDER BY memory_id LIMIT 3", [user]).fetchall()]
+        topics.append(TopicView(pattern_id=f"p-{word}", agent="aga", key=word, domains=["d1", "d2", "d3"],
+                                support=3, source_ids=ids))
+    req = PromotionRequested(owner="global", at=T0 + timedelta(days=4), topics=topics, request_id=f"sleep:r{offset}")
+    req = sealed_request(con, req, ring)
+    return Rec("semantic", 0, offset, encode(req), key=b"global", headers=[("somnus-kind", KIND_PROMOTE)])
+
+
+def session_ring(con: duckdb.DuckDBPyConnection) -> Any:
+    """A key ring with a data key for each session the memories came from."""
+    from somnus.schemas.sealed import KeyRing, new_key
+
+    ring = KeyRing()
+    for agent, run in con.execute("SELECT DISTINCT agent, run_id FROM memories").fetchall():
+        k = new_key(agent, run, None)
+        ring.apply(k.key_id.encode(), encode_key(k))
+    return ring
+
+
+def test_a_topic_concept_of_a_forgotten_users_memories_goes_with_it(tmp_path):
+    """A topic concept (its name is a word of the user's text) derived from the forgotten user's memories
+    leaves every semantic table and the folded layers, also when kept memories share it (as a replay,
+    where its sealed topic no longer opens); the kept user's own topic stays."""
+    con, seen = build(tmp_path / "t.duckdb")
+    apply(con, seen, [topic_request(con, 0)])
+    names = {n for (n,) in con.execute("SELECT name FROM concepts WHERE category = 'topic'").fetchall()}
+    assert names == {NEEDLE, OTHER, "mixedword"}  # all became concepts: the test below is not vacuous
+    assert rows_with(con, NEEDLE).keys() >= {"concepts", "semantic_log", "promotion_audit"}
+    apply(con, seen, [forget_record(0)])
+    assert rows_with(con, NEEDLE) == {}
+    assert {n for (n,) in con.execute("SELECT name FROM concepts WHERE category = 'topic'").fetchall()} == {OTHER}
+    atl = seen.semantic.layers["global"].atl
+    assert atl.find(NEEDLE) is None and atl.find(OTHER) is not None  # the fold was reloaded without it
+    nxt = seen.semantic.next_ord
+    assert nxt == con.execute("SELECT max(ord) + 1 FROM semantic_log").fetchone()[0]  # no ord reused
+    con.execute("CHECKPOINT")
+    assert file_hits(tmp_path / "t.duckdb", NEEDLE) == 0
+
+
+def test_a_sleeps_topics_are_sealed_under_their_sources_keys(tmp_path):
+    """Published, a topic's key word is not in the request's bytes; with every key it folds into a
+    concept; with the forgotten user's keys deleted (a replay after the forget) it opens as nothing,
+    and the kept user's topic still folds."""
+    from somnus.schemas.sealed import KeyRing
+
+    con, seen = build(tmp_path / "s.duckdb")
+    ring = session_ring(con)
+    rec = topic_request(con, 0, ring)
+    assert NEEDLE.encode() not in rec.value and OTHER.encode() not in rec.value
+    assert b"sealed_topics" in rec.value
+    seen.keys = ring
+    apply(con, seen, [rec])
+    assert {n for (n,) in con.execute("SELECT name FROM concepts WHERE category = 'topic'").fetchall()} == {
+        NEEDLE, OTHER, "mixedword"}
+
+    con2, seen2 = build(tmp_path / "r.duckdb")
+    forgotten = [(a, r) for a, r in con.execute("SELECT DISTINCT agent, run_id FROM memories WHERE user_id = ?",
+                                                [FORGOTTEN]).fetchall()]
+    kept = KeyRing()
+    for kid, dk in ring.by_id.items():
+        if (dk.agent, dk.session_id) not in forgotten:
+            kept.apply(kid.encode(), encode_key(dk))
+    seen2.keys = kept
+    apply(con2, seen2, [rec])
+    assert {n for (n,) in con2.execute("SELECT name FROM concepts WHERE category = 'topic'").fetchall()} == {OTHER}
+    assert seen2.semantic.forgotten_topics == 2 and seen2.semantic.rejected_topics == 0
+
+
+def test_an_altered_sealed_topic_is_left_out_and_the_rest_of_the_request_runs(tmp_path):
+    con, seen = build(tmp_path / "x.duckdb")
+    ring = session_ring(con)
+    rec = topic_request(con, 0, ring)
+    req = msgspec.json.decode(rec.value)
+    first = bytearray(msgspec.json.decode(msgspec.json.encode(req["sealed_topics"][0]), type=bytes))
+    first[-1] ^= 1
+    req["sealed_topics"][0] = bytes(first)
+    seen.keys = ring
+    apply(con, seen, [Rec("semantic", 0, 0, msgspec.json.encode(req), key=b"global", headers=rec.headers)])
+    assert seen.semantic.rejected_topics == 1
+    assert con.execute("SELECT count(*) FROM concepts WHERE category = 'topic'").fetchone()[0] == 2

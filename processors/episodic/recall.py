@@ -257,7 +257,7 @@ def time_match(hints: Sequence[TimeHint], when: np.ndarray | datetime) -> np.nda
     [1.0, 0.5]
     """
     scalar = isinstance(when, datetime)
-    ts = np.atleast_1d(np.asarray(when.timestamp() if scalar else when, dtype=np.float64))
+    ts = np.atleast_1d(np.asarray(when.timestamp() if isinstance(when, datetime) else when, dtype=np.float64))
     sec = ts.astype("int64").astype("datetime64[s]")
     days = sec.astype("datetime64[D]")
     months = sec.astype("datetime64[M]")

@@ -252,6 +252,7 @@ def time_match(hints: Sequence[TimeHint], when: np.ndarray | datetime) -> np.nda
     month, 0.2 in a named year, else 0 (the best over all hints). ``when``: a datetime, or an array of
     seconds since the epoch (UTC).
 
+    >>> from datetime import timezone
     >>> hints = time_hints("on 9 November, 2022")
     >>> [time_match(hints, datetime(2022, 11, d, tzinfo=timezone.utc)) for d in (10, 20)]
     [1.0, 0.5]

@@ -50,7 +50,7 @@ from somnus.processors.prediction.oscillators import NAMES, OscillatorConfig, Os
 from somnus.processors.knowledge.swarm_metrics import failing_pairs, tally_delegations, utilisation
 from somnus.projections.writer import decode_served
 from somnus.schemas.briefing import FactUsed
-from somnus.projections.sql_sandbox import SqlRefused, SqlSandbox, SqlTimeout
+from somnus.projections.sql_sandbox import SqlRefused, SqlSandbox, SqlTimeout, one_row
 from somnus.projections.memory import MemoryProjection
 from somnus.projections.semantic import SemanticProjection
 from somnus.projections.read_cursor import ReadCursor
@@ -210,7 +210,7 @@ class ReadService:
             self.on_served(BriefingServed(schema_version=1, briefing_id=b.briefing_id, agent=agent,
                                           session_id=session_id, served_at=datetime.now(timezone.utc),
                                           facts=b.facts))
-        return {"agent": agent, "briefing_id": b.briefing_id if markdown else None,
+        return {"agent": agent, "briefing_id": b.briefing_id if markdown and b is not None else None,
                 "prompt": inject(markdown, prompt)}
 
     # ---- knowledge ----
@@ -566,7 +566,10 @@ class ReadService:
     def memory(self, top: Any = None) -> dict[str, Any]:
         """Memory status: graph size, briefing cache, knowledge utilisation, delegation success."""
         n = _int(top, "top", 5, hi=1000)
-        one = lambda sql: self.con.execute(sql).fetchone()  # noqa: E731
+
+        def one(sql: str) -> tuple[Any, ...]:  # an aggregate's one row
+            return one_row(self.con, sql)
+
         cache = one("SELECT count(*), count(*) FILTER (markdown <> ''), max(generated_at) FROM briefings")
         graph = one("SELECT (SELECT count(*) FROM entities), count(*) FILTER (valid_to IS NULL), count(*) "
                     "FROM triples")

@@ -49,12 +49,20 @@ _FACT_DECODERS: dict[bytes | None, tuple[str, msgspec.json.Decoder]] = {
 
 
 class Record(Protocol):
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    headers: Any
+    """A consumed record, as the sinks read it (read-only: a frozen dataclass or aiokafka's record)."""
+
+    @property
+    def topic(self) -> str: ...
+    @property
+    def partition(self) -> int: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def key(self) -> bytes | None: ...
+    @property
+    def value(self) -> bytes | None: ...
+    @property
+    def headers(self) -> Any: ...
 
 
 @dataclass
@@ -159,7 +167,7 @@ class DeadLetters(Sink):
     def write(self, con: duckdb.DuckDBPyConnection) -> None:
         if self.rows:
             with registered(con, dead_frame=pa.Table.from_pylist(self.rows, schema=_DL_SCHEMA)):
-                self.res.dead_letters = con.execute("INSERT INTO dead_letters SELECT * FROM dead_frame").fetchone()[0]
+                self.res.dead_letters = _inserted(con, "INSERT INTO dead_letters SELECT * FROM dead_frame")
 
     def committed(self, con: duckdb.DuckDBPyConnection) -> None:
         self.models.dead_letters |= self.new
@@ -198,9 +206,9 @@ class TracesSink(Sink):
             self.res.events = len(cols["event_id"])
         if self.dup_rows:
             with registered(con, dup_frame=pa.Table.from_pylist(self.dup_rows)):
-                self.res.duplicate_events = con.execute(
-                    "INSERT INTO duplicate_events SELECT event_id::UUID, agent, session_id, seq, src_partition, "
-                    "src_offset, src_index FROM dup_frame").fetchone()[0]
+                self.res.duplicate_events = _inserted(
+                    con, "INSERT INTO duplicate_events SELECT event_id::UUID, agent, session_id, seq, src_partition, "
+                    "src_offset, src_index FROM dup_frame")
 
 
 class EpisodesSink(Sink):
@@ -238,16 +246,16 @@ class EpisodesSink(Sink):
         if not self.rows:
             return
         with registered(con, episodes_frame=pa.Table.from_pylist(self.rows)):
-            self.res.episodes = con.execute(
-                "INSERT INTO episodes SELECT episode_id::UUID, agent, session_id, task, goal, "
+            self.res.episodes = _inserted(
+                con, "INSERT INTO episodes SELECT episode_id::UUID, agent, session_id, task, goal, "
                 "user_id, summary, outcome, started_at, ended_at, duration_s, event_count, tool_calls, tools, "
                 "errors::JSON, delegations::JSON, first_event_id::UUID, last_event_id::UUID, src_partition, "
-                "src_offset, calls::JSON, calls_dropped, metadata::JSON FROM episodes_frame").fetchone()[0]
+                "src_offset, calls::JSON, calls_dropped, metadata::JSON FROM episodes_frame")
         if self.lesson_rows:
             with registered(con, lessons_frame=pa.Table.from_pylist(self.lesson_rows)):
-                self.res.lessons = con.execute(
-                    "INSERT INTO lessons SELECT episode_id::UUID, agent, session_id, idx, kind, text, tool, error, "
-                    "learned_at FROM lessons_frame").fetchone()[0]
+                self.res.lessons = _inserted(
+                    con, "INSERT INTO lessons SELECT episode_id::UUID, agent, session_id, idx, kind, text, tool, error, "
+                    "learned_at FROM lessons_frame")
         self.res.lap("rows")
         add_temporal_bins(con, self.episodes)
         self.res.lap("scn")
@@ -451,6 +459,13 @@ def _episode_row(ep: Any, eid: str, rec: Record) -> dict[str, Any]:
             "src_partition": rec.partition, "src_offset": rec.offset,
             "calls": encode(ep.calls).decode(), "calls_dropped": ep.calls_dropped,
             "metadata": encode(ep.metadata).decode()}
+
+
+def _inserted(con: duckdb.DuckDBPyConnection, sql: str) -> int:
+    """The number of rows an INSERT wrote: DuckDB answers an INSERT with one row, its count."""
+    row = con.execute(sql).fetchone()
+    assert row is not None, sql
+    return int(row[0])
 
 
 def _header(rec: Record, name: str) -> bytes | None:

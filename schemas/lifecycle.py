@@ -164,7 +164,7 @@ class SleepRequested(msgspec.Struct, frozen=True, kw_only=True, tag="sleep_reque
     requested_by: str = ""
 
 
-class SleepStarted(_Decision, kw_only=True, tag="sleep_started"):
+class SleepStarted(_Decision, frozen=True, kw_only=True, tag="sleep_started"):
     trigger: SleepTrigger
     schedule: str  # the cron expression in force
     previous: datetime | None  # the watermark this run starts from (the last completed run), None at first
@@ -172,18 +172,18 @@ class SleepStarted(_Decision, kw_only=True, tag="sleep_started"):
     config: str  # digest of the policy the run used (a replay with another policy is visible)
 
 
-class SleepPhaseCompleted(_Decision, kw_only=True, tag="sleep_phase_completed"):
+class SleepPhaseCompleted(_Decision, frozen=True, kw_only=True, tag="sleep_phase_completed"):
     phase: SleepPhase
     decisions: Count  # decisions of this phase (this event excluded)
 
 
-class SleepCompleted(_Decision, kw_only=True, tag="sleep_completed"):
+class SleepCompleted(_Decision, frozen=True, kw_only=True, tag="sleep_completed"):
     watermark: datetime  # = at: runs at or before it are done
     decisions: Count  # events of the run, this one included (= seq + 1)
     report: SleepReport
 
 
-class MemoryProtected(_Decision, kw_only=True, tag="memory_protected"):
+class MemoryProtected(_Decision, frozen=True, kw_only=True, tag="memory_protected"):
     """A memory becomes long-term: it is never pruned from now on (the flag is sticky)."""
 
     memory_id: NonEmpty
@@ -192,7 +192,7 @@ class MemoryProtected(_Decision, kw_only=True, tag="memory_protected"):
     reasons: list[ProtectReason]
 
 
-class MemoryRescored(_Decision, kw_only=True, tag="memory_rescored"):
+class MemoryRescored(_Decision, frozen=True, kw_only=True, tag="memory_rescored"):
     memory_id: NonEmpty
     agent: str
     layer: str
@@ -200,7 +200,7 @@ class MemoryRescored(_Decision, kw_only=True, tag="memory_rescored"):
     previous: float | None
 
 
-class MemoryCompressed(_Decision, kw_only=True, tag="memory_compressed"):
+class MemoryCompressed(_Decision, frozen=True, kw_only=True, tag="memory_compressed"):
     """The memory shrinks to ``compact``; its edges are removed (their count is in the snapshot)."""
 
     memory_id: NonEmpty
@@ -212,7 +212,7 @@ class MemoryCompressed(_Decision, kw_only=True, tag="memory_compressed"):
     retention: Unit
 
 
-class MemoryPruned(_Decision, kw_only=True, tag="memory_pruned"):
+class MemoryPruned(_Decision, frozen=True, kw_only=True, tag="memory_pruned"):
     """The memory leaves the live projection with its edges (the memory log keeps its history)."""
 
     memory_id: NonEmpty
@@ -223,7 +223,7 @@ class MemoryPruned(_Decision, kw_only=True, tag="memory_pruned"):
     idle_days: float
 
 
-class TripleRetired(_Decision, kw_only=True, tag="triple_retired"):
+class TripleRetired(_Decision, frozen=True, kw_only=True, tag="triple_retired"):
     """A triple leaves the live projection: closed longer ago than the retention window (``closed``:
     ``valid_to`` is when it closed), or live and idle (``idle``: ``valid_to`` is the run's time, when it
     is retired; ``last_touched`` its last reinforcement or retrieval). Never deleted."""
@@ -234,7 +234,7 @@ class TripleRetired(_Decision, kw_only=True, tag="triple_retired"):
     last_touched: datetime | None = None
 
 
-class MemoryPromoted(_Decision, kw_only=True, tag="memory_promoted"):
+class MemoryPromoted(_Decision, frozen=True, kw_only=True, tag="memory_promoted"):
     """A memory contributed to a concept (the promotion phase; the concept events ride along)."""
 
     memory_id: NonEmpty
@@ -242,11 +242,11 @@ class MemoryPromoted(_Decision, kw_only=True, tag="memory_promoted"):
     concept_id: NonEmpty
 
 
-class BriefingRefreshed(_Decision, kw_only=True, tag="briefing_refreshed"):
+class BriefingRefreshed(_Decision, frozen=True, kw_only=True, tag="briefing_refreshed"):
     agent: NonEmpty
 
 
-class DecisionCarried(_Decision, kw_only=True, tag="decision_carried"):
+class DecisionCarried(_Decision, frozen=True, kw_only=True, tag="decision_carried"):
     """Another layer's event decided during the run (e.g. a concept event), carried verbatim so a
     resumed run re-emits it at the same seq; the projector decodes ``payload`` by ``carried_kind``."""
 
@@ -254,7 +254,7 @@ class DecisionCarried(_Decision, kw_only=True, tag="decision_carried"):
     payload: msgspec.Raw
 
 
-class ObservationClustered(_Decision, kw_only=True, tag="observation_clustered"):
+class ObservationClustered(_Decision, frozen=True, kw_only=True, tag="observation_clustered"):
     observation_id: NonEmpty
     memory_id: NonEmpty  # the memory it joined
     agent: str
@@ -262,7 +262,7 @@ class ObservationClustered(_Decision, kw_only=True, tag="observation_clustered")
     threshold: Unit  # the adaptive threshold it was under
 
 
-class ObservationHeld(_Decision, kw_only=True, tag="observation_held"):
+class ObservationHeld(_Decision, frozen=True, kw_only=True, tag="observation_held"):
     observation_id: NonEmpty
     nearest_id: NonEmpty
     agent: str
@@ -270,7 +270,7 @@ class ObservationHeld(_Decision, kw_only=True, tag="observation_held"):
     nearest_edges: Count
 
 
-class ObservationCreated(_Decision, kw_only=True, tag="observation_created"):
+class ObservationCreated(_Decision, frozen=True, kw_only=True, tag="observation_created"):
     """An unclustered observation becomes a memory; ``linked`` when it is related (PE <= 0.5)."""
 
     observation_id: NonEmpty
@@ -282,21 +282,21 @@ class ObservationCreated(_Decision, kw_only=True, tag="observation_created"):
     linked: bool
 
 
-class MemoryRefined(_Decision, kw_only=True, tag="memory_refined"):
+class MemoryRefined(_Decision, frozen=True, kw_only=True, tag="memory_refined"):
     memory_id: NonEmpty
     agent: str
     evidence: list[str]  # the observations clustered into it, in event-time order
     mean_prediction_error: Unit
 
 
-class MemoriesConnected(_Decision, kw_only=True, tag="memories_connected"):
+class MemoriesConnected(_Decision, frozen=True, kw_only=True, tag="memories_connected"):
     a: NonEmpty  # a < b
     b: NonEmpty
     agent: str
     weight: Unit
 
 
-class ReviewScheduled(_Decision, kw_only=True, tag="review_scheduled"):
+class ReviewScheduled(_Decision, frozen=True, kw_only=True, tag="review_scheduled"):
     """An FSRS review of a due memory: its new stability/difficulty and when it is due again."""
 
     memory_id: NonEmpty
@@ -311,7 +311,7 @@ class ReviewScheduled(_Decision, kw_only=True, tag="review_scheduled"):
     reviewed_access_count: Count
 
 
-class PatternAbstracted(_Decision, kw_only=True, tag="pattern_abstracted"):
+class PatternAbstracted(_Decision, frozen=True, kw_only=True, tag="pattern_abstracted"):
     """A pattern seen across domains, with provenance edges to the memories it came from."""
 
     pattern_id: NonEmpty

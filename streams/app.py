@@ -298,10 +298,11 @@ def _sequencer_trace(path: Path | None) -> Any:
     return handed
 
 
-async def run_batched(app: faust.App, settings: Settings, stream: faust.StreamT, handle: Any,
+async def run_batched(app: faust.App, settings: Settings, stream: faust.Stream, handle: Any,
                       batchers: list[Batcher] | None = None, ordered: Ordered | None = None) -> None:
     """An agent body: events in batches (``Batcher``), acked only after ``handle`` returned; with
-    ``ordered``, in one order across partitions (streams/sequencer.py)."""
+    ``ordered``, in one order across partitions (streams/sequencer.py). ``stream``: the ``faust.Stream``
+    an agent body is given (``noack`` is not on the ``StreamT`` interface)."""
     manual = stream.noack()
     batcher = Batcher(app, manual, settings.batch_size, settings.batch_within_s, handle, ordered)
     if batchers is not None:
@@ -371,8 +372,10 @@ def _faust_app(settings: Settings, bootstrap: str, worker_name: str) -> faust.Ap
 
 
 def _table(app: faust.App, settings: Settings, name: str, help: str) -> BatchedTable:
-    return app.tables.add(BatchedTable(app, name=name, partitions=settings.partitions, key_type=bytes,
-                                       value_type=bytes, beacon=app.tables.beacon, help=help))
+    table = BatchedTable(app, name=name, partitions=settings.partitions, key_type=bytes, value_type=bytes,
+                         beacon=app.tables.beacon, help=help)
+    app.tables.add(table)  # returns the table it was given, typed as any collection
+    return table
 
 
 def _topic(app: faust.App, settings: Settings, name: str) -> Any:
@@ -518,7 +521,7 @@ class Distiller:
 
     def agent(self, topic: str, name: str, handle: Any, ordered: Ordered | None = None) -> Any:
         """An agent over ``topic`` (one at a time) whose body hands ``handle`` batches (``run_batched``)."""
-        async def body(stream: faust.StreamT) -> None:
+        async def body(stream: faust.Stream) -> None:
             await run_batched(self.app, self.settings, stream, handle, self.batchers, ordered)
 
         body.__name__ = body.__qualname__ = name
@@ -863,9 +866,9 @@ def _plan_batch(app: faust.App, settings: Settings, batch: Sequence[EventT], ses
     if idle is not None:  # the open sessions this batch's stream time can make idle, with their states
         idle.refresh(app, topic, sessions, generation)
         for p, clock in stream_times(valid, parts, clocks, caps).items():
-            for key in idle.due(p, clock):
-                k = key.decode()
-                raw = sessions.get(key) if k not in prior else None
+            for idle_key in idle.due(p, clock):
+                k = idle_key.decode()
+                raw = sessions.get(idle_key) if k not in prior else None
                 st = decode_state(raw) if raw is not None else None
                 if st is not None and not st.closed and st.partition == p:
                     prior[k], partition_of[k] = st, p
@@ -961,11 +964,11 @@ class MarkerRetention:
         due: list[tuple[bytes, int]] = []
         for p in touched & owned:
             clock = clocks.get(p, decode_clock(sessions.get(position_key(topic, p))))
-            for closed_clock, key in self.heap.due(p, clock, self.retention_us):
-                raw = sessions.get(key)
-                st = decode_state(raw) if raw is not None else None
-                if st is not None and st.closed and st.closed_clock == closed_clock:
-                    due.append((key, p))  # else: the key is a newer session now (its own entry is pushed)
+            for closed_clock, due_key in self.heap.due(p, clock, self.retention_us):
+                raw = sessions.get(due_key)
+                due_st = decode_state(raw) if raw is not None else None
+                if due_st is not None and due_st.closed and due_st.closed_clock == closed_clock:
+                    due.append((due_key, p))  # else: the key is a newer session now (its own entry is pushed)
         if not due:
             return 0
         if working is not None:  # first: a marker outlives its working memory, so a crash leaves it due

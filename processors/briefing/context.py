@@ -83,7 +83,8 @@ BUFFER_TIER = "buffer"
 class ContextSource(Protocol):
     """A tier's search: the best ``k`` candidates for ``query`` that ``agent`` and ``user_id`` may see."""
 
-    def __call__(self, query: str, agent: str, user_id: str | None, k: int) -> Sequence[ContextCandidate]: ...
+    # positional-only: a tier's search is called positionally, whatever its parameters are named
+    def __call__(self, query: str, agent: str, user_id: str | None, k: int, /) -> Sequence[ContextCandidate]: ...
 
 
 @dataclass(frozen=True)

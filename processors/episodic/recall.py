@@ -252,12 +252,13 @@ def time_match(hints: Sequence[TimeHint], when: np.ndarray | datetime) -> np.nda
     month, 0.2 in a named year, else 0 (the best over all hints). ``when``: a datetime, or an array of
     seconds since the epoch (UTC).
 
+    >>> from datetime import timezone
     >>> hints = time_hints("on 9 November, 2022")
     >>> [time_match(hints, datetime(2022, 11, d, tzinfo=timezone.utc)) for d in (10, 20)]
     [1.0, 0.5]
     """
     scalar = isinstance(when, datetime)
-    ts = np.atleast_1d(np.asarray(when.timestamp() if scalar else when, dtype=np.float64))
+    ts = np.atleast_1d(np.asarray(when.timestamp() if isinstance(when, datetime) else when, dtype=np.float64))
     sec = ts.astype("int64").astype("datetime64[s]")
     days = sec.astype("datetime64[D]")
     months = sec.astype("datetime64[M]")

@@ -177,7 +177,7 @@ def event_from_row(row: Mapping[str, Any]) -> TraceEvent:
     if isinstance(data.get("payload"), (str, bytes)):
         data["payload"] = msgspec.json.decode(data["payload"])
     keep = ("event_id", "schema_version", "ts", "agent", "session_id", "seq", "type", "payload")
-    return msgspec.convert({k: data[k] for k in keep}, TraceEvent, strict=False)  # type: ignore[arg-type]
+    return msgspec.convert({k: data[k] for k in keep}, TraceEvent, strict=False)
 
 
 def facts_used(served: BriefingServed, events: Iterable[TraceEvent]) -> list[FactUsed]:
@@ -188,7 +188,7 @@ def facts_used(served: BriefingServed, events: Iterable[TraceEvent]) -> list[Fac
     me = normalise_name(served.agent)
     names: list[tuple[ServedFact, list[tuple[str, str]]]] = []
     for fact in served.facts:
-        cands = []
+        cands: list[tuple[str, str]] = []
         for name in (fact.source_name, fact.target_name):
             needle = _needle(name)
             if needle is not None and normalise_name(name) != me and all(needle != c for _, c in cands):
@@ -270,8 +270,8 @@ def utilisation(served: Iterable[BriefingServed], used: Iterable[FactUsed]) -> d
     """Per agent, how much of what its briefings showed it acted on (records deduplicated by
     (session, triple)), for ``somnus status``: "top agents by knowledge utilisation"."""
     shown: dict[str, set[tuple[str, str]]] = {}
-    for s in served:
-        shown.setdefault(s.agent, set()).update((s.session_id, f.triple_id) for f in s.facts)
+    for b in served:
+        shown.setdefault(b.agent, set()).update((b.session_id, f.triple_id) for f in b.facts)
     acted: dict[str, set[tuple[str, str]]] = {}
     for u in used:
         acted.setdefault(u.agent, set()).add((u.session_id, u.triple_id))

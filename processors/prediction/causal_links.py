@@ -165,12 +165,15 @@ def observations_from_episode(ep: EpisodeDistilled, src_partition: int, src_offs
             continue
         outcome = outcome_of(call)
         at = call.at or ep.ended_at
-        common = dict(tool=call.tool, outcome_signature=outcome_signature(outcome), outcome=outcome,
-                      valence=valence_of(call), agent=ep.agent, observed_at=at, context=context_of(ep.agent, at),
-                      episode_id=ep.episode_id, src_partition=src_partition, src_offset=src_offset, index=index)
+        tool_level = OutcomeObserved(
+            event_signature=tool_signature(call.tool), level=LinkLevel.TOOL, tool=call.tool,
+            outcome_signature=outcome_signature(outcome), outcome=outcome, valence=valence_of(call),
+            agent=ep.agent, observed_at=at, context=context_of(ep.agent, at), episode_id=ep.episode_id,
+            src_partition=src_partition, src_offset=src_offset, index=index)
         if call.signature is not None:
-            out.append(OutcomeObserved(event_signature=call.signature, level=LinkLevel.CALL, **common))
-        out.append(OutcomeObserved(event_signature=tool_signature(call.tool), level=LinkLevel.TOOL, **common))
+            # the call-level observation: the same fields, keyed by the call's signature
+            out.append(msgspec.structs.replace(tool_level, event_signature=call.signature, level=LinkLevel.CALL))
+        out.append(tool_level)
     return out
 
 

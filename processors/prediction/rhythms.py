@@ -140,22 +140,23 @@ def marks_of_episode(ep: EpisodeDistilled) -> list[TemporalMark]:
 def marks_of_event(ev: TraceEvent) -> list[TemporalMark]:
     """The marks of one raw trace event: its type, and a finer kind naming the tool, agent or outcome."""
     kind = type_name(ev)
-    p = ev.payload
     if isinstance(ev, ToolCalled):
-        return [TemporalMark(ev.agent, kind, ev.ts), TemporalMark(ev.agent, f"{kind}:{p.tool}", ev.ts)]
+        return [TemporalMark(ev.agent, kind, ev.ts), TemporalMark(ev.agent, f"{kind}:{ev.payload.tool}", ev.ts)]
     if isinstance(ev, ToolReturned):
-        out = [TemporalMark(ev.agent, kind, ev.ts, p.ok)]
-        if p.tool:
-            out.append(TemporalMark(ev.agent, f"{kind}:{p.tool}", ev.ts, p.ok))
+        result = ev.payload
+        out = [TemporalMark(ev.agent, kind, ev.ts, result.ok)]
+        if result.tool:
+            out.append(TemporalMark(ev.agent, f"{kind}:{result.tool}", ev.ts, result.ok))
         return out
     if isinstance(ev, Delegated):
-        return [TemporalMark(ev.agent, kind, ev.ts), TemporalMark(ev.agent, f"{kind}:{p.to_agent}", ev.ts)]
+        return [TemporalMark(ev.agent, kind, ev.ts), TemporalMark(ev.agent, f"{kind}:{ev.payload.to_agent}", ev.ts)]
     if isinstance(ev, DelegationReturned):
-        won = p.outcome is Outcome.SUCCESS
-        return [TemporalMark(ev.agent, kind, ev.ts, won), TemporalMark(ev.agent, f"{kind}:{p.to_agent}", ev.ts, won)]
+        won = ev.payload.outcome is Outcome.SUCCESS
+        return [TemporalMark(ev.agent, kind, ev.ts, won),
+                TemporalMark(ev.agent, f"{kind}:{ev.payload.to_agent}", ev.ts, won)]
     if isinstance(ev, SessionEnded):
-        return [TemporalMark(ev.agent, kind, ev.ts, p.outcome is Outcome.SUCCESS),
-                TemporalMark(ev.agent, f"{kind}:{p.outcome.value}", ev.ts)]
+        return [TemporalMark(ev.agent, kind, ev.ts, ev.payload.outcome is Outcome.SUCCESS),
+                TemporalMark(ev.agent, f"{kind}:{ev.payload.outcome.value}", ev.ts)]
     return [TemporalMark(ev.agent, kind, ev.ts)]
 
 

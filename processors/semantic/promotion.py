@@ -334,7 +334,8 @@ def _null_cv_subset(total: int, n: int) -> np.ndarray:
     return cv
 
 
-def dispersion_test(times: Sequence[float], activity: Sequence[float] | None = None) -> tuple[float, float, int]:
+def dispersion_test(times: Sequence[float], activity: Sequence[float] | Activity | None = None,
+                    ) -> tuple[float, float, int]:
     """(CV of the inter-arrival gaps, two-sided p under no temporal structure, number of gaps).
 
     ``times`` are seconds (distinct, any order). Without ``activity`` the null is a Poisson process
@@ -371,7 +372,7 @@ def dispersion_test(times: Sequence[float], activity: Sequence[float] | None = N
     return cv, float(min(1.0, 2.0 * min(p_low, p_high))), m
 
 
-def rayleigh_test(times: Sequence[float], activity: Sequence[float] | None = None) -> tuple[float, float]:
+def rayleigh_test(times: Sequence[float], activity: Sequence[float] | Activity | None = None) -> tuple[float, float]:
     """(statistic, p) for "the hour of day of these times is not uniform" (or, with ``activity``,
     "differs from the activity's"). Without activity: Z = n·R̄², p by Zar (1999, eq. 27.4).
 
@@ -398,7 +399,7 @@ def rayleigh_test(times: Sequence[float], activity: Sequence[float] | None = Non
     return t_stat, float(math.exp(-t_stat / 2.0))
 
 
-def _phase_moments(activity: Sequence[float]) -> tuple[int, np.ndarray, np.ndarray]:
+def _phase_moments(activity: Sequence[float] | np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
     """(count, mean phase vector, covariance) of the activity's hour-of-day phases."""
     ta = 2.0 * np.pi * (np.asarray(activity, dtype=np.float64) % DAY_S) / DAY_S
     va = np.column_stack([np.cos(ta), np.sin(ta)])
@@ -561,23 +562,24 @@ def _stat_spec(rec: MathRecord, revision: int) -> ConceptSpec:
         props[SOURCE_AGENTS] = sorted(set(rec.source_agents))
     if len(rec.subjects) == 1:
         props["tool"] = rec.subjects[0]
-    common = {"definition": rec.verbal, "provenance": Provenance.AGENT_INFERENCE, "evidence": evidence,
-              "math_id": rec.math_id}
+    definition, inferred, math_id = rec.verbal, Provenance.AGENT_INFERENCE, rec.math_id  # common to every kind
     if rec.category is MathCategory.PATTERN:
         tool = rec.subjects[0]
         slope = rec.statistics.get("slope_per_day", 0.0)
         props["slope_per_day"] = slope
         return ConceptSpec(name=f"{tool}_success_{'declining' if slope < 0 else 'rising'}",
                            category="operational_pattern", properties=props, parent=("tool_trend", "operational_pattern"),
-                           **common)
+                           definition=definition, provenance=inferred, evidence=evidence, math_id=math_id)
     if rec.category is MathCategory.PHASE_LOCK:
         tool = rec.subjects[0]
         lock = {"phase_hour": rec.statistics.get("phase_hour", 0.0), "coupling": rec.statistics.get("coupling", 0.0)}
         return ConceptSpec(name=f"{tool}_success_circadian", category="temporal_pattern", properties={**props, **lock},
-                           phase_lock=lock, **common)
+                           phase_lock=lock, definition=definition, provenance=inferred, evidence=evidence,
+                           math_id=math_id)
     a, b = rec.name.removeprefix("stat:corr:").split("~", 1)
     props["r"] = rec.statistics.get("r", 0.0)
-    return ConceptSpec(name=f"{a}_correlates_with_{b}", category="operational_pattern", properties=props, **common)
+    return ConceptSpec(name=f"{a}_correlates_with_{b}", category="operational_pattern", properties=props,
+                       definition=definition, provenance=inferred, evidence=evidence, math_id=math_id)
 
 
 # ---- the promoter -----------------------------------------------------------------------------
@@ -751,8 +753,8 @@ def cross_layer_activation(memory: MemoryLayers, seeds: Iterable[tuple[Layer | s
         best: dict[Node, float] = {}
         for nb, w in memory.layer(node[0]).graph.neighbours(node[1]):
             best[(node[0], nb)] = w
-        for nb, w in memory.cross.neighbours(node):
-            best[nb] = max(best.get(nb, 0.0), w)
+        for other, w in memory.cross.neighbours(node):
+            best[other] = max(best.get(other, 0.0), w)
         return sorted(best.items(), key=lambda x: (x[0][0].value, x[0][1]))
 
     start = [(Layer(layer), rid) for layer, rid in seeds]

@@ -313,15 +313,16 @@ def message_from_event(ev: TraceEvent) -> BufferedMessage | None:
     >>> message_from_event(ev).text
     'get_user({"a":"x","b":1})'
     """
-    p = ev.payload
     if isinstance(ev, UserMessaged):
-        return message(ev.seq, ev.ts, Role.USER, p.text)
+        return message(ev.seq, ev.ts, Role.USER, ev.payload.text)
     if isinstance(ev, AgentMessaged):
-        return message(ev.seq, ev.ts, Role.AGENT, p.text)
+        return message(ev.seq, ev.ts, Role.AGENT, ev.payload.text)
     if isinstance(ev, ToolCalled):
-        args = _args_encoder.encode(p.args).decode()
-        return message(ev.seq, ev.ts, Role.TOOL_CALL, f"{p.tool}({args})", p.tool)
+        call = ev.payload
+        args = _args_encoder.encode(call.args).decode()
+        return message(ev.seq, ev.ts, Role.TOOL_CALL, f"{call.tool}({args})", call.tool)
     if isinstance(ev, ToolReturned):
+        p = ev.payload
         tool = p.tool or "tool"
         if p.ok:
             text = f"{tool}: {p.output}" if p.output else f"{tool}: ok"

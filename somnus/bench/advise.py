@@ -12,7 +12,7 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,16 +34,17 @@ class _Rec:
     headers: Any = ()
 
 
-def distilled(events: Sequence[dict[str, Any]]) -> list[EpisodeDistilled]:
+def distilled(events: Iterable[dict[str, Any]]) -> list[EpisodeDistilled]:
     """Episodes of v1 trace events, as the worker's distiller makes them (rejections raise)."""
     from somnus.processors.sessions.distiller import distill
     from somnus.schemas.codec import Rejection, decode_trace
 
     decoded = [decode_trace(orjson.dumps(e), max_bytes=1 << 20) for e in events]
-    bad = [d for d in decoded if isinstance(d, Rejection)]
-    if bad:
+    good = [d for d in decoded if not isinstance(d, Rejection)]
+    if len(good) < len(decoded):
+        bad = [d for d in decoded if isinstance(d, Rejection)]
         raise ValueError(f"{len(bad)} events rejected, first: {bad[0]}")
-    return list(distill({}, decoded).episodes)  # type: ignore[arg-type]
+    return list(distill({}, good).episodes)
 
 
 def project(con: duckdb.DuckDBPyConnection, episodes: Sequence[EpisodeDistilled]) -> None:

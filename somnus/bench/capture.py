@@ -5,8 +5,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import orjson
-
 
 def run_capture(sessions: int = 40_000, batch: int = 200, chunks: int = 5, candidates: int | None = 256,
                 seed: int = 3) -> dict[str, Any]:
@@ -18,16 +16,13 @@ def run_capture(sessions: int = 40_000, batch: int = 200, chunks: int = 5, candi
     import hashlib
     from datetime import datetime, timezone
 
-    from somnus.processors.sessions.distiller import distill
+    from somnus.bench.advise import distilled
     from somnus.processors.episodic.capture import MemoryState, capture, episode_unit
     from somnus.processors.episodic.index import IndexConfig
     from somnus.projections.memory import stemmer
-    from somnus.schemas.codec import decode_trace
     from somnus.sample import generate
 
-    events = [decode_trace(orjson.dumps(e), 1 << 20) for e in generate(sessions=sessions, seed=seed)]
-    units = [episode_unit(ep) for ep in distill({}, events).episodes]
-    del events
+    units = [episode_unit(ep) for ep in distilled(generate(sessions=sessions, seed=seed))]
     now = datetime(2026, 3, 1, tzinfo=timezone.utc)
     state = MemoryState.empty(IndexConfig(stem=stemmer(), capture_candidates=candidates))
     size = -(-len(units) // chunks)

@@ -20,8 +20,7 @@ def run_context(units: int = 100_000, queries: int = 200, messages: int = 5000, 
     from somnus.processors.episodic.recall import recall
     from somnus.processors.working.synopsis import SynopsisCache
     from somnus.processors.working.session_buffer import DEFAULT_SETTINGS, add, message
-    from somnus.schemas.working_memory import ContextCandidate, Role, UserMemory, WorkingMemoryState
-    from somnus.schemas.memory import MemoryKind
+    from somnus.schemas.working_memory import ContextCandidate, MemoryKind, Role, UserMemory, WorkingMemoryState
 
     index, rng, vocab, people, build_s, _ = _synthetic_index(units, agents, seed)
     t0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
@@ -36,7 +35,7 @@ def run_context(units: int = 100_000, queries: int = 200, messages: int = 5000, 
         add_lat.append((time.perf_counter() - t) * 1000)
     now = t0 + timedelta(days=400)
     synopsis = SynopsisCache().get("u1", now, lambda u: [
-        UserMemory(user_id=u, kind=MemoryKind.MESSAGE, text=texts[j], observed_at=t0 + timedelta(hours=j),
+        UserMemory(user_id=u, kind=MemoryKind.USER_MESSAGE, text=texts[j], observed_at=t0 + timedelta(hours=j),
                    source_id=f"x{j}") for j in range(50)])
     facts = [ContextCandidate(text=f"tool_{j} failed_with error_{j}", score=1 - j / 40, source_id=f"t{j}")
              for j in range(20)]

@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import orjson
 
 
 def run_scn_footprint(memories: int = 10_000, seed: int = 42) -> dict[str, Any]:
@@ -20,14 +19,12 @@ def run_scn_footprint(memories: int = 10_000, seed: int = 42) -> dict[str, Any]:
     import msgspec
     import pyarrow as pa
 
-    from somnus.processors.sessions.distiller import distill
+    from somnus.bench.advise import distilled
     from somnus.processors.prediction.rhythms import index_of, marks_of_episode
     from somnus.projections import schema
-    from somnus.schemas.codec import decode_trace
     from somnus.sample import generate
 
-    events = [decode_trace(orjson.dumps(e), 1 << 20) for e in generate(sessions=memories, seed=seed)]
-    episodes = distill({}, events).episodes
+    episodes = distilled(generate(sessions=memories, seed=seed))
     marks = [m for ep in episodes for m in marks_of_episode(ep)]
     t0 = time.perf_counter()
     deltas = index_of(marks).deltas()

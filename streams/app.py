@@ -160,33 +160,30 @@ class Batcher:
 
     async def add(self, event: EventT) -> None:
         if self.ordered is None:
-            self._append([(self.app.consumer_generation_id, event)])
-        else:
-            self._append(await self.ordered.add(self.app.consumer_generation_id, event))
-        while len(self.events) >= self.max_events:
-            await self.flush(self.max_events)
+            await self._add(self.app.consumer_generation_id, event)
+            return
+        for generation, ev in self.ordered.add(self.app.consumer_generation_id, event):
+            await self._add(generation, ev)
 
-    def _append(self, tagged: Sequence[tuple[int, EventT]]) -> None:
-        """Queue ``tagged`` for the next batch, all at once: the ticker hands on what the sequencer
-        releases too, and events appended one by one around a flush's await let its later records
-        go before the earlier ones still being appended."""
-        if tagged and not self.events:
+    async def _add(self, generation: int, event: EventT) -> None:
+        if not self.events:
             self.first_at = asyncio.get_running_loop().time()
-        self.events.extend(tagged)
+        self.events.append((generation, event))
+        if len(self.events) >= self.max_events:
+            await self.flush()
 
     async def tick(self) -> None:
         while True:
             await asyncio.sleep(self.within_s / 2)
             if self.ordered is not None:  # held for a partition that stayed silent: handed on now
-                self._append(await self.ordered.ready())
+                for generation, ev in self.ordered.ready():
+                    await self._add(generation, ev)
             if self.events and asyncio.get_running_loop().time() - self.first_at >= self.within_s:
                 await self.flush()
 
-    async def flush(self, limit: int | None = None) -> None:
+    async def flush(self) -> None:
         async with self.lock:
-            tagged, self.events = self.events[:limit], self.events[len(self.events) if limit is None else limit:]
-            if self.events:
-                self.first_at = asyncio.get_running_loop().time()
+            tagged, self.events = self.events, []
             generation = self.app.consumer_generation_id
             batch = [event for gen, event in tagged if gen == generation]
             self.dropped_stale += len(tagged) - len(batch)
@@ -209,9 +206,8 @@ class Ordered:
     MAX_HOLD_S = 10.0  # a partition that is not caught up is waited for at most this long
 
     def __init__(self, app: Any, topic: str, sessions: Any, time_of: Any,
-                 counters: WorkerCounters | None = None, trace_path: Path | None = None,
-                 ensure_keys: Any = None) -> None:
-        self.app, self.time_of, self.ensure_keys = app, time_of, ensure_keys
+                 counters: WorkerCounters | None = None) -> None:
+        self.app, self.time_of = app, time_of
         self.counters = counters if counters is not None else WorkerCounters()
         self.generation: int | None = None
 
@@ -227,75 +223,32 @@ class Ordered:
             except Exception:  # noqa: BLE001 - no consumer (an agent's test context): no partition to wait for
                 return frozenset()
 
-        self.topic = topic
-        self.trace = _sequencer_trace(trace_path)
         self.sequencer = Sequencer(owned=owned,
                                    start_clock=lambda p: decode_clock(sessions.get(position_key(topic, p))),
                                    high_water=high_water, quiet_s=self.QUIET_S, max_hold_s=self.MAX_HOLD_S,
-                                   start_offset=lambda p: decode_position(sessions.get(position_key(topic, p))) or 0,
-                                   ask_end=True, handed=self.trace)
+                                   start_offset=lambda p: decode_position(sessions.get(position_key(topic, p))) or 0)
 
     @property
     def held(self) -> int:
         return self.sequencer.held
 
-    async def add(self, generation: int, event: EventT) -> list[tuple[int, EventT]]:
+    def add(self, generation: int, event: EventT) -> list[tuple[int, EventT]]:
         if generation != self.generation:
             self.sequencer.clear()
             self.generation = generation
         msg = event.message
-        if self.ensure_keys is not None:  # a sealed record's time is read with its data key, fetched first if new
-            try:
-                await self.ensure_keys([msg.value])
-            except Exception as exc:  # noqa: BLE001 - no key: the record moves no stream time (judged later)
-                log.warning("sequencer: the data keys of a trace record: %r", exc)
         self.sequencer.push(msg.partition, msg.offset, self.time_of(msg), (generation, event), time.monotonic())
-        return await self.ready()
+        return self.ready()
 
-    async def ready(self) -> list[tuple[int, EventT]]:
-        """What may be handed on now; first, if a partition that looks quiet would be passed, its end
-        offset asked of the broker (its high water is that of its last fetch, stale while fetches pause).
-        Nothing is taken out of the sequencer before that await: two callers (the agent, the ticker)
-        must not hand on parts of one order in two orders."""
-        await self._ask_ends()
-        forced, stale = self.sequencer.forced, self.sequencer.stale
+    def ready(self) -> list[tuple[int, EventT]]:
+        forced = self.sequencer.forced
         out = list(self.sequencer.ready(time.monotonic()))
-        if self.sequencer.stale > stale:
-            self.counters.sequencer_stale_high_water += self.sequencer.stale - stale
         if self.sequencer.forced > forced:  # the one timing-dependent decision: said, so a run that took it shows it
             self.counters.sequencer_forced += self.sequencer.forced - forced
             log.warning("sequencer: %d trace record(s) handed on after waiting %.0f s for a partition that stalled "
                         "(%d so far): this run's order of derived records may differ from another's",
                         self.sequencer.forced - forced, self.MAX_HOLD_S, self.sequencer.forced)
         return out
-
-    async def _ask_ends(self) -> None:
-        """Ask the broker for the end offsets of the partitions the sequencer asks about (``to_ask``)."""
-        if not self.sequencer.to_ask:
-            return
-        asked, at = sorted(self.sequencer.to_ask), time.monotonic()
-        try:
-            ends = await self.app.consumer.highwaters(*(TP(self.topic, p) for p in asked))
-        except Exception as exc:  # noqa: BLE001 - unanswered: the partition stays unconfirmed, so it is waited
-            # for at most MAX_HOLD_S (liveness kept), and asked again on the next hand-over
-            log.warning("sequencer: the broker's end offsets of %s: %r", asked, exc)
-            self.sequencer.to_ask.difference_update(asked)
-            return
-        for tp, end in ends.items():
-            self.sequencer.end_offset(tp.partition, end, at)
-        self.sequencer.to_ask.difference_update(asked)
-
-
-def _sequencer_trace(path: Path | None) -> Any:
-    """A diagnostic: every trace record the sequencer hands on, and why, one line each in ``path``
-    (``SOMNUS_SEQUENCER_TRACE``: a folder; diff two runs' files to find where their orders part)."""
-    if path is None:
-        return None
-    out = path.open("a", buffering=1)  # line by line: a killed worker keeps what it told
-
-    def handed(key: tuple[int, int, int], reason: str) -> None:
-        out.write(f"{key[1]}\t{key[2]}\t{reason}\t{key[0]}\n")
-    return handed
 
 
 async def run_batched(app: faust.App, settings: Settings, stream: faust.Stream, handle: Any,
@@ -514,10 +467,7 @@ class Distiller:
             except Exception:
                 return None
 
-        trace_dir = os.environ.get("SOMNUS_SEQUENCER_TRACE", "").strip()  # a diagnostic (docs/design/scale-out.md)
-        trace = Path(trace_dir) / f"{settings.app_id}.{self.worker_name}.tsv" if trace_dir else None
-        return Ordered(self.app, settings.traces_topic, self.sessions, time_of, self.counters, trace,
-                       ensure_keys=lambda values: _keys(self.app).ensure(values))
+        return Ordered(self.app, settings.traces_topic, self.sessions, time_of, self.counters)
 
     def agent(self, topic: str, name: str, handle: Any, ordered: Ordered | None = None) -> Any:
         """An agent over ``topic`` (one at a time) whose body hands ``handle`` batches (``run_batched``)."""

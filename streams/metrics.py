@@ -26,9 +26,6 @@ class WorkerCounters:
     # trace records handed on after waiting max_hold_s for a stalled partition (streams/sequencer.py):
     # the one timing-dependent ordering decision; 0 in a run whose derived records are in the canonical order
     sequencer_forced: int = 0
-    # partitions whose consumer high water said caught up while the broker's end offset said more
-    # (streams/sequencer.py, ``ask_end``): each one a hand-over that would have passed records over
-    sequencer_stale_high_water: int = 0
 
 
 # ---- Prometheus: each worker serves its counters on 127.0.0.1 (docs/integrations/metrics.md) ----

@@ -11,11 +11,7 @@ order changes nothing (``tests/processors/sessions/test_batch.py``).
 
 A record is handed on once every other partition of the worker has shown a record that sorts
 after it, or is *quiet*: its records so far all taken, the broker's high water reached, and
-nothing new for ``quiet_s``. The high water the consumer knows is that of the partition's last
-fetch, stale while its fetches pause; with ``ask_end``, a partition that looks quiet is taken for
-quiet only once the broker's end offset, asked after it fell silent and at most ``quiet_s`` ago,
-says so too (``to_ask``, answered by ``end_offset``: one ListOffsets a partition per ``quiet_s`` at
-most, and only when a record would be handed on past it). A partition that is not quiet is waited for at most ``max_hold_s``;
+nothing new for ``quiet_s``. A partition that is not quiet is waited for at most ``max_hold_s``;
 handing a record on then (``forced``, counted) is the one timing-dependent decision left, taken
 only when a partition stalls while others flow, as Kafka Streams' ``max.task.idle.ms`` does.
 
@@ -80,20 +76,13 @@ class Sequencer:
     partition p's position (where its running stream time starts after a start or a rebalance);
     ``high_water(p)``: the broker's end offset of p as last fetched (None: unknown); ``start_offset(p)``:
     the offset p is consumed from (the one stored with its position; 0 for a partition never handled),
-    what a partition none of whose records has come yet is caught up at. ``ask_end``: quiet only
-    with the broker's word (``to_ask``, ``end_offset``); ``handed(key, reason)``: told of every record
-    handed on (its ``(stream time, partition, offset)``), and why (``flow``: every other partition has a later record held;
-    ``quiet:1,3``: those partitions were quiet; ``forced``)."""
+    what a partition none of whose records has come yet is caught up at."""
 
     def __init__(self, owned: Callable[[], frozenset[int]], start_clock: Callable[[int], int | None],
                  high_water: Callable[[int], int | None], quiet_s: float, max_hold_s: float,
-                 start_offset: Callable[[int], int] = lambda p: 0, ask_end: bool = False,
-                 handed: Callable[[tuple[int, int, int], str], None] | None = None) -> None:
+                 start_offset: Callable[[int], int] = lambda p: 0) -> None:
         self.owned, self.start_clock, self.high_water = owned, start_clock, high_water
-        self.start_offset, self.ask_end, self.handed = start_offset, ask_end, handed
-        self.ends: dict[int, tuple[int, float]] = {}  # the broker's end offset of a partition, and when asked
-        self.to_ask: set[int] = set()  # partitions whose end offset the broker must be asked for
-        self.stale = 0  # partitions found behind the broker's end offset where the high water said caught up
+        self.start_offset = start_offset
         self.quiet_s, self.max_hold_s = quiet_s, max_hold_s
         self.queues: dict[int, deque[tuple[tuple[int, int, int], float, Any]]] = {}
         self.clocks: dict[int, int | None] = {}  # running stream time of each partition seen
@@ -113,18 +102,6 @@ class Sequencer:
         self.next_offset.clear()
         self.last_arrival.clear()
         self.since = None
-        self.ends.clear()
-        self.to_ask.clear()
-
-    def end_offset(self, partition: int, end: int, asked_at: float) -> None:
-        """The broker's end offset of ``partition``, as asked at ``asked_at`` (before the answer came)."""
-        self.to_ask.discard(partition)
-        self.ends[partition] = (end, asked_at)
-        if end > self._seen(partition) >= (self.high_water(partition) or 0):
-            self.stale += 1  # the high water said caught up; the broker has more
-            if self.handed is not None:
-                self.handed((-1, partition, self._seen(partition)), f"stale:high water {self.high_water(partition)}, "
-                            f"end {end}")
 
     def push(self, partition: int, offset: int, latest: int | None, item: Any, now: float) -> None:
         """Hold ``item``, the record at ``offset`` of ``partition`` whose latest event time is ``latest``."""
@@ -164,27 +141,18 @@ class Sequencer:
             key, p = heads[0]
             queue = self.queues[p]
             _, arrived, item = queue[0]
-            passed = [q for q in owned if q != p and not self.queues.get(q)]
-            waiting = [q for q in passed if not self._quiet(q, now)]
+            waiting = [q for q in owned if q != p and not self.queues.get(q) and not self._quiet(q, now)]
             if waiting:
                 if now - arrived < self.max_hold_s:
                     break
                 self.forced += 1
             queue.popleft()
             out.append(item)
-            if self.handed is not None:
-                why = "forced" if waiting else f"quiet:{','.join(map(str, sorted(passed)))}" if passed else "flow"
-                self.handed(key, why)
             if queue:
                 heapq.heapreplace(heads, (queue[0][0], p))
             else:
                 heapq.heappop(heads)
         return out
-
-    def _seen(self, partition: int) -> int:
-        """The offset after the last record of ``partition`` come, or the one it is consumed from."""
-        seen = self.next_offset.get(partition)
-        return self.start_offset(partition) if seen is None else seen
 
     def _quiet(self, partition: int, now: float) -> bool:
         """Nothing of ``partition`` held, its high water reached, and nothing new for ``quiet_s``.
@@ -193,15 +161,10 @@ class Sequencer:
         after where it is consumed from: taking it for caught up whatever its high water let one
         partition's records go first, all of them, while the consumer had fetched the others but
         not yet handed them to the stream (two live runs differed in 18 tables)."""
-        high, seen = self.high_water(partition), self._seen(partition)
+        high = self.high_water(partition)
+        seen = self.next_offset.get(partition)
+        if seen is None:
+            seen = self.start_offset(partition)
+        caught_up = high is not None and seen >= high
         # a partition not seen since the start is given quiet_s from the first record of any
-        silent_since = self.last_arrival.get(partition, self.since or now)
-        if high is None or seen < high or now - silent_since < self.quiet_s:
-            return False
-        if not self.ask_end:
-            return True
-        asked = self.ends.get(partition)
-        if asked is None or asked[1] < max(silent_since, now - self.quiet_s):
-            self.to_ask.add(partition)  # the high water may be stale: the broker is asked first
-            return False
-        return seen >= asked[0]
+        return caught_up and now - self.last_arrival.get(partition, self.since or now) >= self.quiet_s

@@ -42,11 +42,9 @@ pytestmark = pytest.mark.integration
 # Still different between two live runs with one worker (measured 2026-11-26, 1 of 3 runs of the fleet):
 # the semantic layers fed by a sleep's promotion request, which the projector takes as a snapshot of the
 # causal links *when it publishes it*, however far it has folded them (docs/design/scale-out.md, cause 3).
-# Branch s13-seq (2026-11-26): of seven pairs of live runs of the fleet, six differed in no other table
-# (four in 7 or 8 of these, one in none, one not reported); one also in memory_log, causal_link_updates
-# and triple_history, with the worker's sequencer order the same in both runs: the distiller emitted a
-# batch's episodes and units in an order that depended on where the batch was cut (fixed on s14-seq,
-# docs/design/scale-out.md).
+# A third cause (branch s13-seq, 2026-11-26: 1 of 7 pairs also differed in memory_log, causal_link_updates
+# and triple_history): the distiller emitted a batch's episodes and units in an order that depended on
+# where the batch was cut; fixed (docs/design/scale-out.md, "The distiller's batch order").
 SNAPSHOT_DEPENDENT = frozenset({
     "concepts", "concept_relationships", "cross_layer_edges", "math_patterns", "promotion_audit", "semantic_log",
     "sleep_layer_reports", "briefings"})

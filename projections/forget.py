@@ -55,6 +55,7 @@ from somnus.projections.briefings import RecentInputs
 from somnus.projections.causal import CausalProjection
 from somnus.projections.knowledge import KnowledgeProjection
 from somnus.projections.frames import registered
+from somnus.projections.sql_sandbox import one_row
 
 log = logging.getLogger("somnus.projector")
 _decoder = msgspec.json.Decoder(ForgetRequested)
@@ -108,8 +109,8 @@ class Forgetting:
         self.keys: set[tuple[str, str]] = set()
         self.on_purged: list[Any] = []  # called after a purge committed (the read API drops its caches)
         self.reload(con)
-        self.pending = bool(con.execute("SELECT count(*) FROM projection_meta WHERE key = ?",
-                                        [SCRUB_PENDING]).fetchone()[0])
+        self.pending = bool(one_row(con, "SELECT count(*) FROM projection_meta WHERE key = ?",
+                                    [SCRUB_PENDING])[0])
         if self.pending:
             self.pending = not scrub(con)
 
@@ -201,7 +202,7 @@ class Forgetting:
         out.episodes = {e for (e,) in con.execute("SELECT episode_id::VARCHAR FROM _fg_e").fetchall()}
         _semantic_closure(con)  # before the deletes: it reads the abstracted patterns' sources
         for table, where in [*_SEMANTIC_DELETES, *_DELETES]:
-            n = con.execute(f"DELETE FROM {table} WHERE {where}").fetchone()[0]
+            n = one_row(con, f"DELETE FROM {table} WHERE {where}")[0]
             if n:
                 out.rows[table] = out.rows.get(table, 0) + n
         n = _purge_dead_letters(con, self.quoted, self.raw)
@@ -214,8 +215,8 @@ class Forgetting:
             con.execute("INSERT INTO memory_log SELECT ord, kind, body, src_offset FROM _fg_log")
             con.execute("DROP TABLE _fg_log")
         if out.rows.get("causal_link_updates"):  # links no kept update supports
-            n = con.execute("DELETE FROM causal_links WHERE (event_signature, outcome_signature) NOT IN "
-                            "(SELECT (event_signature, outcome_signature) FROM causal_link_updates)").fetchone()[0]
+            n = one_row(con, "DELETE FROM causal_links WHERE (event_signature, outcome_signature) NOT IN "
+                          "(SELECT (event_signature, outcome_signature) FROM causal_link_updates)")[0]
             if n:
                 out.rows["causal_links"] = n
         # DuckDB writes a transaction's rows to the file before its commit once a table gets a row group's
@@ -225,7 +226,7 @@ class Forgetting:
         if out.committed and (out.total or new):
             # Every briefing is rendered again (a lead's may quote a member's lesson): the rows go now,
             # the cache after the commit; the forgotten text is then in no briefing.
-            n = con.execute("DELETE FROM briefings").fetchone()[0]
+            n = one_row(con, "DELETE FROM briefings")[0]
             if n:
                 out.rows["briefings"] = n
             con.execute("INSERT OR IGNORE INTO briefings_dirty SELECT agent FROM "
@@ -254,8 +255,8 @@ class Forgetting:
         """Reload the in-memory state of the folds whose tables lost rows; then, when committed rows were
         removed, drop the cached briefings and scrub the file."""
         if not purged.total:
-            if self.pending or con.execute("SELECT count(*) FROM projection_meta WHERE key = ?",
-                                           [SCRUB_PENDING]).fetchone()[0]:
+            if self.pending or one_row(con, "SELECT count(*) FROM projection_meta WHERE key = ?",
+                                       [SCRUB_PENDING])[0]:
                 self.pending = not scrub(con)
             return
         rows = purged.rows
@@ -397,7 +398,7 @@ def _committed_hits(con: duckdb.DuckDBPyConnection) -> bool:
     cur = con.cursor()
     try:
         with registered(cur, **frames):
-            return any(cur.execute(sql).fetchone()[0] for sql in _COMMITTED_CHECKS)
+            return any(one_row(cur, sql)[0] for sql in _COMMITTED_CHECKS)
     finally:
         cur.close()
 
@@ -466,7 +467,7 @@ def _purge_dead_letters(con: duckdb.DuckDBPyConnection, quoted: Iterable[bytes],
     if not doomed:
         return 0
     with registered(con, frame=pa.table({"r": doomed})):
-        return con.execute("DELETE FROM dead_letters WHERE rowid IN (SELECT r FROM frame)").fetchone()[0]
+        return one_row(con, "DELETE FROM dead_letters WHERE rowid IN (SELECT r FROM frame)")[0]
 
 
 def scrub(con: duckdb.DuckDBPyConnection, tables: Sequence[str] | None = None) -> bool:
@@ -579,8 +580,8 @@ def _fill_free_blocks(con: duckdb.DuckDBPyConnection) -> None:
     compression shrinks) sized to the free blocks, added until none is free, then dropped."""
     made = 0
     for _ in range(8):
-        free, block = con.execute("SELECT free_blocks, block_size FROM pragma_database_size() "
-                                  "WHERE database_name = current_database()").fetchone()
+        free, block = one_row(con, "SELECT free_blocks, block_size FROM pragma_database_size() "
+                                "WHERE database_name = current_database()")
         if not free:
             break
         con.execute(f"CREATE TABLE main._forget_fill{made} AS SELECT gen_random_uuid() AS x FROM range(?)",

@@ -31,7 +31,7 @@ from somnus.projections.http import make_app
 from somnus.projections.http import serve as serve_bounded
 from somnus.projections.metrics import CONTENT_TYPE, ProjectorMetrics, ScrapeCollector, exposition, supervisor_restarts
 from somnus.projections.briefings import BRIEFING_INTERVAL_S, REFRESH_BUDGET_S
-from somnus.projections.sql_sandbox import SqlSandbox, harden
+from somnus.projections.sql_sandbox import SqlSandbox, harden, one_row
 from somnus.schemas.codec import encode
 from somnus.schemas.memory import KIND_ACCESS
 from somnus.projections.writer import BatchResult, ReadModels, Topics, apply_guarded, load_offsets
@@ -342,7 +342,7 @@ class Projector:
         t.shredded += res.shredded
 
     async def _partitions(self, consumer: AIOKafkaConsumer) -> list[TopicPartition]:
-        tps = []
+        tps: list[TopicPartition] = []
         for topic in (self.topics.traces, self.topics.episodes, self.topics.dead_letters, self.topics.facts,
                       self.topics.link_updates, self.topics.memory, self.topics.working_memory,
                       self.topics.semantic):
@@ -362,14 +362,24 @@ class Projector:
         self._producer = producer
         pending: set[asyncio.Future[Any]] = set()
 
+        def settled(message: str) -> Callable[[asyncio.Future[Any]], None]:
+            """The done callback of a send: dropped from ``pending``; a failure logged with ``message``."""
+            def done(fut: asyncio.Future[Any]) -> None:
+                pending.discard(fut)
+                if fut.exception():
+                    log.error(message, fut.exception())
+            return done
+
+        served_done = settled("could not record a served briefing: %r")
+        accessed_done = settled("could not record memory accesses: %r")
+
         def served(record: Any) -> None:
             # Fire and forget, but never lost silently: a failed send is logged.
             fut = asyncio.ensure_future(producer.send_and_wait(
                 self.topics.facts, encode(record), key=record.agent.encode(), partition=0,
                 headers=[("somnus-kind", KIND_SERVED)]))
             pending.add(fut)
-            fut.add_done_callback(lambda f: (pending.discard(f), f.exception() and log.error(
-                "could not record a served briefing: %r", f.exception())))
+            fut.add_done_callback(served_done)
 
         service.on_served = served
         if stored is not None:  # updated after each batch's commit: the store's version for read caches
@@ -381,8 +391,7 @@ class Projector:
             fut = asyncio.ensure_future(producer.send_and_wait(
                 self.topics.memory, encode(events), partition=0, headers=[("somnus-kind", KIND_ACCESS)]))
             pending.add(fut)
-            fut.add_done_callback(lambda f: (pending.discard(f), f.exception() and log.error(
-                "could not record memory accesses: %r", f.exception())))
+            fut.add_done_callback(accessed_done)
 
         service.on_accessed = accessed
         # somnus status: Kafka positions asked on this loop, so the CLI needs no Kafka client of its own
@@ -426,7 +435,7 @@ class Projector:
         scrape = CollectorRegistry()
         scrape.register(ScrapeCollector(
             self.metrics, self.lag,
-            stale=lambda: con.execute("SELECT count(*) FROM briefings_dirty").fetchone()[0],
+            stale=lambda: one_row(con, "SELECT count(*) FROM briefings_dirty")[0],
             dead_letters=lambda: dict(con.execute("SELECT kind, count(*) FROM dead_letters GROUP BY 1").fetchall()),
             restarts=lambda: supervisor_restarts(self.settings.run_dir / SUPERVISOR_STATE_FILE)))
 

@@ -198,11 +198,13 @@ class SemanticProjection:
                               "edge_type": ev.edge_type.value, "target_layer": ev.target_layer.value,
                               "target_id": ev.target_id, "weight": ev.weight, "formed_at": ev.at})
             elif isinstance(ev, (ConceptPromoted, CandidateRejected)):
-                promoted = isinstance(ev, ConceptPromoted)
+                if isinstance(ev, ConceptPromoted):
+                    promoted, concept_id, reason = True, ev.concept_id, ev.gate
+                else:
+                    promoted, concept_id, reason = False, None, ev.reason
                 audit.append({"owner": ev.owner, "pattern_name": ev.pattern_name, "origin": ev.origin,
                               "candidate_confidence": ev.candidate_confidence, "promoted": promoted,
-                              "concept_id": ev.concept_id if promoted else None,
-                              "reason": ev.gate if promoted else ev.reason, "decided_at": ev.at})
+                              "concept_id": concept_id, "reason": reason, "decided_at": ev.at})
             elif isinstance(ev, RecordRemoved):
                 removed.append({"owner": ev.owner, "layer": ev.layer.value, "record_id": ev.record_id})
                 # this batch's rows of it so far go too; a later re-creation in the batch stays

@@ -149,17 +149,27 @@ class CausalLinkLike(Protocol):
     """The least a NAc causal link must offer to be promoted (processors/prediction/causal_links.py's links, adapted).
 
     nac.py's ``CausalLinkState`` keeps only the first and last time of a link: its observation
-    times and episodes are the ``CausalLinkUpdated`` rows of that link with ``target == 1.0``."""
+    times and episodes are the ``CausalLinkUpdated`` rows of that link with ``target == 1.0``.
+    Read-only (properties), so a frozen struct such as ``CausalLinkView`` offers it too."""
 
-    event_signature: str  # the call's or the tool's signature (somnus.schemas.causal)
-    tool: str | None
-    outcome: str  # "ok", "http:429", "error:<class>"
-    valence: str  # "positive" | "neutral" | "negative" (a str Enum is fine)
-    strength: float  # Rescorla-Wagner V
-    confidence: float
-    observation_count: int
-    observation_times: Sequence[datetime]  # one per observation ...
-    source_episode_ids: Sequence[str]  # ... and, when of the same length, its episode (parallel lists)
+    @property
+    def event_signature(self) -> str: ...  # the call's or the tool's signature (somnus.schemas.causal)
+    @property
+    def tool(self) -> str | None: ...
+    @property
+    def outcome(self) -> str: ...  # "ok", "http:429", "error:<class>"
+    @property
+    def valence(self) -> str: ...  # "positive" | "neutral" | "negative" (a str Enum is fine)
+    @property
+    def strength(self) -> float: ...  # Rescorla-Wagner V
+    @property
+    def confidence(self) -> float: ...
+    @property
+    def observation_count(self) -> int: ...
+    @property
+    def observation_times(self) -> Sequence[datetime]: ...  # one per observation ...
+    @property
+    def source_episode_ids(self) -> Sequence[str]: ...  # ... and, when of the same length, its episode
 
 
 

@@ -262,51 +262,59 @@ def _apply(s: SessionState, ev: TraceEvent) -> None:
     if s.first_event_id is None:
         s.first_event_id = ev.event_id
     s.last_event_id = ev.event_id
-    p = ev.payload
+    # Each payload is read after the isinstance check on the event class, so mypy narrows it.
     if isinstance(ev, SessionStarted):
-        s.task, s.goal, s.user_id = p.task, p.goal, p.user_id
-        s.metadata = dict(p.metadata)
+        start = ev.payload
+        s.task, s.goal, s.user_id = start.task, start.goal, start.user_id
+        s.metadata = dict(start.metadata)
     elif isinstance(ev, UserMessaged):
         s.messages += 1
         if s.first_user_text is None:
-            s.first_user_text = p.text[:MAX_TEXT]
+            s.first_user_text = ev.payload.text[:MAX_TEXT]
     elif isinstance(ev, AgentMessaged):
         s.messages += 1
     elif isinstance(ev, ToolCalled):
+        called = ev.payload
         s.tool_calls += 1
-        s.pending[p.call_id] = PendingCall(tool=p.tool, ts=ev.ts, index=_add_call(s, CallSeen(
-            tool=p.tool, hosts=url_hosts(p.args), at=ev.ts, signature=event_signature(p.tool, p.args))))
-        if p.tool not in s.tools and len(s.tools) < MAX_TOOLS:
-            s.tools.append(p.tool)
+        s.pending[called.call_id] = PendingCall(tool=called.tool, ts=ev.ts, index=_add_call(s, CallSeen(
+            tool=called.tool, hosts=url_hosts(called.args), at=ev.ts,
+            signature=event_signature(called.tool, called.args))))
+        if called.tool not in s.tools and len(s.tools) < MAX_TOOLS:
+            s.tools.append(called.tool)
     elif isinstance(ev, ToolReturned):
-        call = s.pending.pop(p.call_id, None)
-        tool = p.tool or (call.tool if call else "unknown_tool")
-        seen = CallSeen(tool=tool, ok=p.ok, error=None if p.ok else error_text(p.error, p.http_status),
-                        http_status=p.http_status, rate_headers=rate_headers(p.headers), at=ev.ts)
+        result = ev.payload
+        call = s.pending.pop(result.call_id, None)
+        tool = result.tool or (call.tool if call else "unknown_tool")
+        seen = CallSeen(tool=tool, ok=result.ok,
+                        error=None if result.ok else error_text(result.error, result.http_status),
+                        http_status=result.http_status, rate_headers=rate_headers(result.headers), at=ev.ts)
         if call is not None and call.index >= 0:
             made = s.calls[call.index]  # what the call itself told: hosts, time, signature
             s.calls[call.index] = msgspec.structs.replace(seen, hosts=made.hosts, at=made.at, signature=made.signature)
         elif call is None:
             _add_call(s, seen)  # a result whose call we never saw
-        if p.ok:
+        if result.ok:
             _resolve(s, tool, ev.ts)
         else:
-            _record_error(s, tool, error_text(p.error, p.http_status), p.http_status, ev.ts)
+            _record_error(s, tool, error_text(result.error, result.http_status), result.http_status, ev.ts)
     elif isinstance(ev, Delegated):
-        s.delegations.append(Delegation(to_agent=p.to_agent, task=p.task[:MAX_TEXT]))
+        sent = ev.payload
+        s.delegations.append(Delegation(to_agent=sent.to_agent, task=sent.task[:MAX_TEXT]))
     elif isinstance(ev, DelegationReturned):
+        back = ev.payload
         for i in range(len(s.delegations) - 1, -1, -1):
             d = s.delegations[i]
-            if d.to_agent == p.to_agent and d.outcome is None:
-                s.delegations[i] = Delegation(to_agent=d.to_agent, task=d.task, outcome=p.outcome)
+            if d.to_agent == back.to_agent and d.outcome is None:
+                s.delegations[i] = Delegation(to_agent=d.to_agent, task=d.task, outcome=back.outcome)
                 break
         else:
-            s.delegations.append(Delegation(to_agent=p.to_agent, task="", outcome=p.outcome))
-        if p.outcome is Outcome.FAILURE:
-            _add_lesson(s, Lesson(kind=LessonKind.FAILURE, text=f"delegation to {p.to_agent} failed"
-                                  + (f": {p.summary[:MAX_TEXT]}" if p.summary else ""), tool=None))
+            s.delegations.append(Delegation(to_agent=back.to_agent, task="", outcome=back.outcome))
+        if back.outcome is Outcome.FAILURE:
+            _add_lesson(s, Lesson(kind=LessonKind.FAILURE, text=f"delegation to {back.to_agent} failed"
+                                  + (f": {back.summary[:MAX_TEXT]}" if back.summary else ""), tool=None))
     elif isinstance(ev, SessionEnded):
-        _close(s, p.outcome, p.reason)
+        end = ev.payload
+        _close(s, end.outcome, end.reason)
 
 
 def _add_call(s: SessionState, call: CallSeen) -> int:

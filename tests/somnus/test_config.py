@@ -297,7 +297,8 @@ def test_the_projectors_consumer_and_producer_get_the_security_options(secured_e
     monkeypatch.setattr(projector, "AIOKafkaProducer", _recorder(made, "producer"))
     with pytest.raises(_Stop, match="consumer"):
         asyncio.run(projector.Projector(settings, "kafka:9092").run())
-    seen = SimpleNamespace(agents={}, briefings=SimpleNamespace(current={}), memory=None, semantic=None, top_facts=None)
+    seen = SimpleNamespace(agents={}, briefings=SimpleNamespace(current={}), memory=None, semantic=None, top_facts=None,
+                           keys=None)
     with pytest.raises(_Stop, match="producer"):
         asyncio.run(projector.Projector(settings, "kafka:9092")._start_server(duckdb.connect(), seen))
     assert [n for n, _ in made] == ["consumer", "producer"]

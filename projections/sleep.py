@@ -27,9 +27,12 @@ request on the semantic topic: ``somnus sleep`` publishes both.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import hashlib
 import gc
 import logging
+from pathlib import Path
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime, timezone
 from itertools import chain
@@ -330,6 +333,38 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
+@functools.cache
+def _openblas_threads() -> Any:
+    """``openblas_set_num_threads_local`` of the OpenBLAS numpy's wheel loads (``numpy.libs``), or None
+    (another BLAS, an older OpenBLAS, another platform: then nothing is limited)."""
+    for lib in sorted((Path(np.__file__).parent.parent / "numpy.libs").glob("*openblas*.so*")):
+        try:
+            setter = ctypes.CDLL(str(lib)).openblas_set_num_threads_local
+        except (OSError, AttributeError):
+            continue
+        setter.restype, setter.argtypes = ctypes.c_int, [ctypes.c_int]
+        return setter
+    return None
+
+
+@contextlib.contextmanager
+def _blas_single_threaded() -> Iterator[None]:
+    """numpy's matrix products on one BLAS thread for a run, as they were after. Dreaming multiplies
+    small matrices (tens of observations by hundreds of memories, 1,024 wide); on a busy 2-core machine
+    OpenBLAS's threads waiting for each other made each product 10-25x slower than one thread alone
+    (``somnus bench e2e``: phase A took 10.5 s of a run's 100,000 events, 63 ms a call). The products
+    are the same: signature vectors are multiples of 1/8, so every sum is exact in any order."""
+    setter = _openblas_threads()
+    if setter is None:
+        yield
+        return
+    before = setter(1)
+    try:
+        yield
+    finally:
+        setter(before)
+
+
 LOG_COLUMNS = ("run_id", "seq", "kind", "memory_id", "decided_at", "body")
 _TIMESTAMP = pa.timestamp("us", "UTC")
 _FORGET_REASON = {MemoryPruned.__name__: ForgetReason.REMOVED, MemoryCompressed.__name__: ForgetReason.COMPRESSED}
@@ -373,7 +408,7 @@ class SleepJob:
             con: duckdb.DuckDBPyConnection | None = None) -> list[Any]:
         """Plan and apply one run at ``at``; returns the MemoryForgotten events it applied. With ``con``
         (the batch's transaction), the live triples are read for fact retirement."""
-        with _collector_paused():
+        with _collector_paused(), _blas_single_threaded():
             return self._run(memory_state, at, trigger, offset, con)
 
     def observe(self, units: Sequence[Any], record_time: datetime | None) -> None:

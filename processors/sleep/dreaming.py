@@ -263,7 +263,8 @@ def dream_phase_a(memory_ids: Sequence[str], memory_agents: Sequence[str], memor
             linked = pe <= surprise_pe
             created.append((oid, agent, round(pe, 6), tid, pe > surprise_pe, linked))
             pool.append(r)
-            row = np.concatenate([ov[r] @ mem_vec[m_rows].T if len(m_rows) else np.zeros(0),
+            # ``mv`` is this agent's memories (``mem_vec[m_rows]``, copied once, not per observation).
+            row = np.concatenate([ov[r] @ mv.T if len(m_rows) else np.zeros(0),
                                   obs_sims[r, pool[:-1]]])
             pool_density[r] = float(np.clip(_topk_mean(row[None, :], density_k)[0], 0.0, 1.0)) if len(row) else 0.0
             pool_edges[r] = 1 if linked else 0

@@ -36,8 +36,15 @@ _TOOLS_SQL = """
 _SUCCESS = {"success": True, "failure": False}
 
 
-def past_episode(episode_id: str, session_id: str, task: str | None, outcome: str, calls: str | None,
-                 entities: list[str], memory_ids: list[str]) -> PastEpisode:
+def past_episode(
+    episode_id: str,
+    session_id: str,
+    task: str | None,
+    outcome: str,
+    calls: str | None,
+    entities: list[str],
+    memory_ids: list[str],
+) -> PastEpisode:
     tools: dict[str, None] = {}
     failed: dict[str, None] = {}
     for call in _calls.decode(calls) if calls else []:
@@ -47,9 +54,17 @@ def past_episode(episode_id: str, session_id: str, task: str | None, outcome: st
         tools.setdefault(tool)
         if call.get("ok") is False:
             failed.setdefault(tool)
-    return PastEpisode(episode_id=episode_id, session_id=session_id, task=task, success=_SUCCESS.get(outcome),
-                       tools=list(tools), failed_tools=list(failed), entities=list(entities),
-                       memory_ids=list(memory_ids), words=words_of(task))
+    return PastEpisode(
+        episode_id=episode_id,
+        session_id=session_id,
+        task=task,
+        success=_SUCCESS.get(outcome),
+        tools=list(tools),
+        failed_tools=list(failed),
+        entities=list(entities),
+        memory_ids=list(memory_ids),
+        words=words_of(task),
+    )
 
 
 def tool_risks(rows: list[tuple[Any, ...]]) -> dict[str, ToolRisk]:
@@ -60,8 +75,13 @@ def tool_risks(rows: list[tuple[Any, ...]]) -> dict[str, ToolRisk]:
     for tool, links in by_tool.items():
         calls = max(int(r[5]) for r in links)
         ok = sum(int(r[4]) for r in links if r[1] == "ok")
-        out[tool] = ToolRisk(tool=tool, calls=calls, errors=calls - ok, outcomes={r[1]: float(r[3]) for r in links},
-                             negative={r[1] for r in links if r[2] == "negative"})
+        out[tool] = ToolRisk(
+            tool=tool,
+            calls=calls,
+            errors=calls - ok,
+            outcomes={r[1]: float(r[3]) for r in links},
+            negative={r[1] for r in links if r[2] == "negative"},
+        )
     return out
 
 

@@ -46,7 +46,15 @@ from somnus.projections.causal import predict_from
 from somnus.processors.prediction.rhythms import WEEKDAYS, WEEKEND, TemporalIndex
 from somnus.schemas.causal import TemporalBinCounted
 from datetime import timedelta
-from somnus.processors.prediction.oscillators import NAMES, OscillatorConfig, OscillatorState, coherence, coupling_analysis, locked_rhythms, next_recurrence
+from somnus.processors.prediction.oscillators import (
+    NAMES,
+    OscillatorConfig,
+    OscillatorState,
+    coherence,
+    coupling_analysis,
+    locked_rhythms,
+    next_recurrence,
+)
 from somnus.processors.knowledge.swarm_metrics import failing_pairs, tally_delegations, utilisation
 from somnus.projections.writer import decode_served
 from somnus.schemas.briefing import FactUsed
@@ -129,8 +137,10 @@ def _jsonable(obj: Any) -> Any:
 
 # What a reader acting for one user (``user_id``; a user-bound token has it forced) is told in place of
 # an answer derived from several users' sessions whose parts carry no user (SECURITY.md, "Reads for one user").
-WITHHELD = ("derived from several users' sessions and not attributable to one: not served to a reader "
-            "acting for one user (SECURITY.md)")
+WITHHELD = (
+    "derived from several users' sessions and not attributable to one: not served to a reader "
+    "acting for one user (SECURITY.md)"
+)
 
 
 def _user(value: Any) -> str | None:
@@ -154,7 +164,9 @@ class ReadService:
     # publishes it on the facts topic, so utilisation is counted from the log).
     on_served: Callable[[BriefingServed], None] | None = None
     episodic: Any = None  # the projector's MemoryProjection (its state's index answers recall)
-    on_accessed: Callable[[list[Any]], None] | None = None  # publishes MemoryAccessed (recall changes state via the log)
+    on_accessed: Callable[[list[Any]], None] | None = (
+        None  # publishes MemoryAccessed (recall changes state via the log)
+    )
     synopses: Any = field(default_factory=lambda: _synopsis_cache())  # user synopses, refreshed when stale
     semantic: Any = None  # the projector's SemanticProjection (per-owner memory layers)
     keys: Any = None  # the projector's KeyRing: promotion inputs' topics are sealed with it
@@ -207,26 +219,54 @@ class ReadService:
         markdown = b.markdown if b is not None and b.markdown else None
         if markdown and session_id and self.on_served is not None:
             assert b is not None
-            self.on_served(BriefingServed(schema_version=1, briefing_id=b.briefing_id, agent=agent,
-                                          session_id=session_id, served_at=datetime.now(timezone.utc),
-                                          facts=b.facts))
-        return {"agent": agent, "briefing_id": b.briefing_id if markdown and b is not None else None,
-                "prompt": inject(markdown, prompt)}
+            self.on_served(
+                BriefingServed(
+                    schema_version=1,
+                    briefing_id=b.briefing_id,
+                    agent=agent,
+                    session_id=session_id,
+                    served_at=datetime.now(timezone.utc),
+                    facts=b.facts,
+                )
+            )
+        return {
+            "agent": agent,
+            "briefing_id": b.briefing_id if markdown and b is not None else None,
+            "prompt": inject(markdown, prompt),
+        }
 
     # ---- knowledge ----
     # With ``user_id``, only what that user's sessions (or user-less ones) gave: a fact whose statement
     # one of them asserted, an entity such a fact mentions, a change such an episode made.
-    def facts(self, agent: str, as_of: Any = None, limit: Any = None, predicate: Any = None,
-              entity: Any = None, user_id: Any = None) -> list[Any]:
+    def facts(
+        self,
+        agent: str,
+        as_of: Any = None,
+        limit: Any = None,
+        predicate: Any = None,
+        entity: Any = None,
+        user_id: Any = None,
+    ) -> list[Any]:
         user = _user(user_id)
-        return _jsonable(self.store.facts(agent, as_of=_time(as_of, "as_of"), limit=_int(limit, "limit", 50),
-                                          predicate=predicate or None, entity=entity or None,
-                                          for_user=user is not None, user_id=user))
+        return _jsonable(
+            self.store.facts(
+                agent,
+                as_of=_time(as_of, "as_of"),
+                limit=_int(limit, "limit", 50),
+                predicate=predicate or None,
+                entity=entity or None,
+                for_user=user is not None,
+                user_id=user,
+            )
+        )
 
     def entities(self, agent: str, type: Any = None, limit: Any = None, user_id: Any = None) -> list[Any]:
         user = _user(user_id)
-        return _jsonable(self.store.entities(agent, type=type or None, limit=_int(limit, "limit", 100),
-                                             for_user=user is not None, user_id=user))
+        return _jsonable(
+            self.store.entities(
+                agent, type=type or None, limit=_int(limit, "limit", 100), for_user=user is not None, user_id=user
+            )
+        )
 
     def history(self, agent: str, entity: Any = None, user_id: Any = None) -> list[Any]:
         if not entity:
@@ -237,7 +277,6 @@ class ReadService:
     # ---- episodic memory (recall) ----
     def _memory(self) -> Any:
         if self.episodic is None:  # no projector: replay the log from the file (read-only)
-
             self.episodic = MemoryProjection(self.con)
         return self.episodic.state
 
@@ -250,8 +289,9 @@ class ReadService:
         rows = goals_of(self.con, agent, _user(user_id), _bool(all, "all") if all is not None else False)
         return {"agent": agent, "goals": neutral_json(_jsonable(rows))}
 
-    def wander(self, agent: str, steps: Any = None, seed: Any = None, start: Any = None,
-               user_id: Any = None) -> dict[str, Any]:
+    def wander(
+        self, agent: str, steps: Any = None, seed: Any = None, start: Any = None, user_id: Any = None
+    ) -> dict[str, Any]:
         """A walk over the agent's readable memories by information gain (``processors/episodic/goals.py``).
         A read: the memories visited are not recorded as accesses."""
         state, user, now = self._memory(), _user(user_id), datetime.now(timezone.utc)
@@ -261,22 +301,44 @@ class ReadService:
         nodes, graph = wander_pool(state, agent, scope_chain(dict(self.agents), agent), user, adjacency, now, first)
         if first is not None and first not in nodes:
             raise BadRequest(f"parameter `start`: memory {first[:80]!r} is not one the agent may read")
-        walk = wander(graph, nodes, adjacency, now, _int(seed, "seed", 0, lo=0, hi=2**31),
-                      steps=_int(steps, "steps", 10, hi=100), start=first)
+        walk = wander(
+            graph,
+            nodes,
+            adjacency,
+            now,
+            _int(seed, "seed", 0, lo=0, hi=2**31),
+            steps=_int(steps, "steps", 10, hi=100),
+            start=first,
+        )
         out = []
         for st in walk:
             u = state.index.units[state.index.pos[st.memory_id]]
-            out.append({**_jsonable(st), "kind": u.kind.value, "occurred_at": u.occurred_at.isoformat(),
-                        "text": _memory_text(u)[:500]})
+            out.append(
+                {
+                    **_jsonable(st),
+                    "kind": u.kind.value,
+                    "occurred_at": u.occurred_at.isoformat(),
+                    "text": _memory_text(u)[:500],
+                }
+            )
         return neutral_json({"agent": agent, "goals": [g.goal_id for g in open_goals], "steps": out})
 
     def _accessed(self, events: list[Any]) -> None:
         if events and self.on_accessed is not None:
             self.on_accessed(events)
 
-    def recall(self, agent: str, query: Any = None, k: Any = None, explain: Any = None,
-               filters: Any = None, record: Any = None, goals: Any = None, user_id: Any = None,
-               without: Any = None) -> dict[str, Any]:
+    def recall(
+        self,
+        agent: str,
+        query: Any = None,
+        k: Any = None,
+        explain: Any = None,
+        filters: Any = None,
+        record: Any = None,
+        goals: Any = None,
+        user_id: Any = None,
+        without: Any = None,
+    ) -> dict[str, Any]:
         """The memories of the agent's scope chain that best answer ``query`` (fused retrieval): those of
         ``user_id`` and of no user (without ``user_id``: of no user), filtered before ranking. With an
         open goal of the agent (and ``goals`` not false), re-ranked towards it (``goal_recall``).
@@ -290,52 +352,90 @@ class ReadService:
         left_out = [x.strip() for x in str(without).split(",") if x.strip()] if without else []
         unknown = sorted(set(left_out) - set(SIGNALS))
         if unknown:
-            raise BadRequest(f"parameter `without`: not a signal: {', '.join(unknown)[:80]} "
-                             f"(signals: {', '.join(SIGNALS)})")
-        config = RecallConfig(weights={n: (0.0 if n in left_out else w) for n, w in DEFAULT_WEIGHTS.items()}
-                              ) if left_out else None
+            raise BadRequest(
+                f"parameter `without`: not a signal: {', '.join(unknown)[:80]} (signals: {', '.join(SIGNALS)})"
+            )
+        config = (
+            RecallConfig(weights={n: (0.0 if n in left_out else w) for n, w in DEFAULT_WEIGHTS.items()})
+            if left_out
+            else None
+        )
         try:
             wanted = json.loads(filters) if isinstance(filters, str) and filters else (filters or None)
         except ValueError:
             raise BadRequest(f"parameter `filters`: not JSON: {str(filters)[:80]!r}") from None
         if wanted is not None and not isinstance(wanted, dict):
-            raise BadRequest("parameter `filters`: a JSON object such as {\"tool\": \"book_reservation\"}")
+            raise BadRequest('parameter `filters`: a JSON object such as {"tool": "book_reservation"}')
         user = _user(user_id)
         open_goals, pull = self._goals().pull(agent, user) if goals is None or _bool(goals, "goals") else ([], 0.0)
-        got = goal_recall(self._memory().index, str(query), agent, _int(k, "k", 10, hi=1000), open_goals, pull,
-                          filters=wanted, now=datetime.now(timezone.utc), agents=self.agents, user_id=user,
-                          config=config)
+        got = goal_recall(
+            self._memory().index,
+            str(query),
+            agent,
+            _int(k, "k", 10, hi=1000),
+            open_goals,
+            pull,
+            filters=wanted,
+            now=datetime.now(timezone.utc),
+            agents=self.agents,
+            user_id=user,
+            config=config,
+        )
         if str(record).lower() not in ("0", "false", "no"):
             self._accessed(got.accessed)
         show = str(explain).lower() in ("1", "true", "yes") if explain is not None else False
         hits = []
         for h in got.hits:
             u = h.unit
-            hit = {"memory_id": h.memory_id, "rank": h.rank, "score": round(h.score, 6), "kind": u.kind.value,
-                   "agent": u.agent, "run_id": u.run_id, "occurred_at": u.occurred_at.isoformat(), "refs": h.refs,
-                   "speaker": u.speaker, "text": u.perception[:500], "outcome": u.outcome or None,
-                   "source_event_ids": [str(x) for x in u.source_event_ids]}
+            hit = {
+                "memory_id": h.memory_id,
+                "rank": h.rank,
+                "score": round(h.score, 6),
+                "kind": u.kind.value,
+                "agent": u.agent,
+                "run_id": u.run_id,
+                "occurred_at": u.occurred_at.isoformat(),
+                "refs": h.refs,
+                "speaker": u.speaker,
+                "text": u.perception[:500],
+                "outcome": u.outcome or None,
+                "source_event_ids": [str(x) for x in u.source_event_ids],
+            }
             if show:
                 hit["signals"] = {n: round(v, 6) for n, v in h.signals.items()}
                 hit["ranks"] = h.ranks
             hits.append(hit)
         return {"agent": agent, "query": query, "people": got.people, "hits": hits}
 
-    def episodic_context(self, agent: str, query: Any = None, top_k: Any = None, token_budget: Any = None,
-                         success_only: Any = None, domain_hint: Any = None,
-                         min_relevance: Any = None, user_id: Any = None) -> dict[str, Any]:
+    def episodic_context(
+        self,
+        agent: str,
+        query: Any = None,
+        top_k: Any = None,
+        token_budget: Any = None,
+        success_only: Any = None,
+        domain_hint: Any = None,
+        min_relevance: Any = None,
+        user_id: Any = None,
+    ) -> dict[str, Any]:
         """The token-budgeted text of relevant past work (task, relevance, result, lessons, tools), from
         the memories of ``user_id`` and of no user, as ``recall``."""
 
         if not query:
             raise BadRequest("parameter `query`: the text to build the context for is required")
-        ctx = build_episodic_context(self._memory().index, str(query), agent, now=datetime.now(timezone.utc),
-                                     top_k=_int(top_k, "top_k", 5, hi=100),
-                                     token_budget=_int(token_budget, "token_budget", 2000, hi=1_000_000),
-                                     success_only=_bool(success_only, "success_only"),
-                                     domain_hint=str(domain_hint) if domain_hint else None,
-                                     min_relevance=_float(min_relevance, "min_relevance", MIN_RELEVANCE),
-                                     agents=self.agents, user_id=_user(user_id))
+        ctx = build_episodic_context(
+            self._memory().index,
+            str(query),
+            agent,
+            now=datetime.now(timezone.utc),
+            top_k=_int(top_k, "top_k", 5, hi=100),
+            token_budget=_int(token_budget, "token_budget", 2000, hi=1_000_000),
+            success_only=_bool(success_only, "success_only"),
+            domain_hint=str(domain_hint) if domain_hint else None,
+            min_relevance=_float(min_relevance, "min_relevance", MIN_RELEVANCE),
+            agents=self.agents,
+            user_id=_user(user_id),
+        )
         self._accessed(ctx.accessed)
         # the text is neutralised line by line as it is rendered; every other string here too (the echo)
         return {**neutral_json({"agent": agent, "query": query, "entries": len(ctx.entries)}), "text": ctx.text}
@@ -343,12 +443,12 @@ class ReadService:
     # ---- semantic memory (concepts, patterns) ----
     def _semantic(self) -> Any:
         if self.semantic is None:  # no projector: replay the log from the file (read-only)
-
             self.semantic = SemanticProjection(self.con)
         return self.semantic
 
-    def knowledge_context(self, agent: str, query: Any = None, limit: Any = None,
-                          user_id: Any = None) -> list[dict[str, Any]]:
+    def knowledge_context(
+        self, agent: str, query: Any = None, limit: Any = None, user_id: Any = None
+    ) -> list[dict[str, Any]]:
         """What the agent knows, as one ranked list (concepts with relationships, confirmed patterns)
         over the owners of its scope chain (its own, its team's, global).
 
@@ -368,24 +468,33 @@ class ReadService:
         layers = self._semantic().layers
         chain = scope_chain(dict(self.agents), agent)
         owners = [o for o in chain if o in layers]
-        tools = sorted({str(c.properties["tool"]) for o in owners for c in layers[o].atl if "tool" in c.properties}
-                       | {t for o in owners for r in layers[o].ag for t in r.subjects})
+        tools = sorted(
+            {str(c.properties["tool"]) for o in owners for c in layers[o].atl if "tool" in c.properties}
+            | {t for o in owners for r in layers[o].ag for t in r.subjects}
+        )
         callers: dict[str, set[str]] = {}
         if tools:
             for tool, who in self.con.execute(
-                    "SELECT DISTINCT t.tool, e.agent FROM episodes e, unnest(e.tools) AS t(tool) "
-                    "WHERE t.tool IN (SELECT unnest(?::VARCHAR[]))", [tools]).fetchall():
+                "SELECT DISTINCT t.tool, e.agent FROM episodes e, unnest(e.tools) AS t(tool) "
+                "WHERE t.tool IN (SELECT unnest(?::VARCHAR[]))",
+                [tools],
+            ).fetchall():
                 callers.setdefault(tool, set()).add(who)
 
         def readable_in(owner: str) -> Callable[[Any, str], bool]:
             def readable(layer: Any, record_id: str) -> bool:
                 got = record_agents(layers[owner], layer, record_id, callers)
                 return got is not None and all(covers(self.agents, agent, a) for a in got)
+
             return readable
 
-        entries = [(e, owner) for owner in owners
-                   for e in knowledge_context(layers[owner], query=str(query) if query else None, limit=n,
-                                              readable=readable_in(owner))]
+        entries = [
+            (e, owner)
+            for owner in owners
+            for e in knowledge_context(
+                layers[owner], query=str(query) if query else None, limit=n, readable=readable_in(owner)
+            )
+        ]
         entries.sort(key=lambda x: (-x[0].score, x[0].name, x[0].record_id))
         return [{**neutral_json(_jsonable(e)), "owner": owner} for e, owner in entries[:n]]
 
@@ -401,14 +510,18 @@ class ReadService:
 
         try:
             # published by `somnus consolidate` / `somnus sleep`: its topics sealed as the projector's own
-            return _jsonable(sealed_request(self.con, promotion_inputs(self.con, owner=str(owner or "global"),
-                                                                       agents=self.agents), self.keys))
+            return _jsonable(
+                sealed_request(
+                    self.con, promotion_inputs(self.con, owner=str(owner or "global"), agents=self.agents), self.keys
+                )
+            )
         except ValueError as exc:  # an owner that is not global, team:<lead> or agent:<name>
             raise BadRequest(f"parameter `owner`: {exc}") from None
 
     # ---- context assembly (working memory + every tier) ----
-    def context(self, agent: str, query: Any = None, user_id: Any = None, session_id: Any = None,
-                max_tokens: Any = None) -> dict[str, Any]:
+    def context(
+        self, agent: str, query: Any = None, user_id: Any = None, session_id: Any = None, max_tokens: Any = None
+    ) -> dict[str, Any]:
         """One fitted context for a model: the user's synopsis, the session's recent conversation, and
         the fused best of episodic recall, the knowledge graph and the briefing (processors/briefing/context.py).
 
@@ -427,28 +540,46 @@ class ReadService:
         def episodic(q: str, a: str, u: str | None, k: int) -> list[ContextCandidate]:
             got = recall(self._memory().index, q, a, k=k, now=now, agents=self.agents, user_id=u)
             self._accessed(got.accessed)
-            return [ContextCandidate(text=_memory_text(h.unit), score=h.score, source_id=h.memory_id,
-                                     user_id=h.unit.user_id, observed_at=h.unit.occurred_at) for h in got.hits]
+            return [
+                ContextCandidate(
+                    text=_memory_text(h.unit),
+                    score=h.score,
+                    source_id=h.memory_id,
+                    user_id=h.unit.user_id,
+                    observed_at=h.unit.occurred_at,
+                )
+                for h in got.hits
+            ]
 
         def knowledge(q: str, a: str, u: str | None, k: int) -> list[ContextCandidate]:
-            return [ContextCandidate(text=f"{f.source} {f.predicate} {f.target} (confidence {f.confidence:.2f})",
-                                     score=f.confidence, source_id=f.triple_id)
-                    for f in self.store.facts(a, limit=k, for_user=True, user_id=u)]
+            return [
+                ContextCandidate(
+                    text=f"{f.source} {f.predicate} {f.target} (confidence {f.confidence:.2f})",
+                    score=f.confidence,
+                    source_id=f.triple_id,
+                )
+                for f in self.store.facts(a, limit=k, for_user=True, user_id=u)
+            ]
 
         def briefing(q: str, a: str, u: str | None, k: int) -> list[ContextCandidate]:
             rows = self.con.execute(
                 "SELECT l.kind, l.text, l.episode_id::VARCHAR, l.idx, e.user_id FROM lessons l "
                 "JOIN episodes e USING (episode_id) WHERE l.agent = ? AND (e.user_id IS NULL OR e.user_id = ?) "
-                "ORDER BY l.learned_at DESC, l.episode_id, l.idx LIMIT ?", [a, u, 4 * k]).fetchall()
+                "ORDER BY l.learned_at DESC, l.episode_id, l.idx LIMIT ?",
+                [a, u, 4 * k],
+            ).fetchall()
             lines = {f"[{kind}] {text}": (f"lesson:{ep}#{idx}", who) for kind, text, ep, idx, who in rows}
-            return [ContextCandidate(text=ln, score=1.0 / (i + 1), source_id=sid, user_id=who)
-                    for i, (ln, (sid, who)) in enumerate(list(lines.items())[:k])]
+            return [
+                ContextCandidate(text=ln, score=1.0 / (i + 1), source_id=sid, user_id=who)
+                for i, (ln, (sid, who)) in enumerate(list(lines.items())[:k])
+            ]
 
         where, params = "agent = ? AND NOT closed AND user_id IS NOT DISTINCT FROM ?", [agent, user]
         if session_id:
             where, params = "agent = ? AND session_id = ?", [agent, str(session_id)]
-        row = self.con.execute(f"SELECT state FROM working_memory WHERE {where} "
-                               "ORDER BY last_seq DESC LIMIT 1", params).fetchone()
+        row = self.con.execute(
+            f"SELECT state FROM working_memory WHERE {where} ORDER BY last_seq DESC LIMIT 1", params
+        ).fetchone()
         buffer = decode_state(row[0].encode() if isinstance(row[0], str) else row[0]) if row else None
         synopsis = None
         if user is not None:
@@ -458,15 +589,27 @@ class ReadService:
                 rows = self.con.execute(
                     "SELECT memory_id, kind, perception, occurred_at, user_interaction FROM memories WHERE user_id = ? "
                     "AND scope IN (SELECT unnest(?::VARCHAR[])) ORDER BY occurred_at DESC LIMIT 500",
-                    [u, chain]).fetchall()
-                return [UserMemory(user_id=u, kind=stored_kind(k, said), text=t or "", observed_at=at, source_id=m)
-                        for m, k, t, at, said in rows]
+                    [u, chain],
+                ).fetchall()
+                return [
+                    UserMemory(user_id=u, kind=stored_kind(k, said), text=t or "", observed_at=at, source_id=m)
+                    for m, k, t, at, said in rows
+                ]
 
             synopsis = self.synopses.get(user, now, load, view=agent)
-        got = get_context(str(query), agent, user, _int(max_tokens, "max_tokens", 4000, hi=1_000_000),
-                          tiers=[Tier("episodic", episodic), Tier("knowledge", knowledge, weight=0.5),
-                                 Tier("briefing", briefing, weight=0.5)],
-                          buffer=buffer, synopsis=synopsis)
+        got = get_context(
+            str(query),
+            agent,
+            user,
+            _int(max_tokens, "max_tokens", 4000, hi=1_000_000),
+            tiers=[
+                Tier("episodic", episodic),
+                Tier("knowledge", knowledge, weight=0.5),
+                Tier("briefing", briefing, weight=0.5),
+            ],
+            buffer=buffer,
+            synopsis=synopsis,
+        )
         out = _jsonable(got)
         # the text is neutralised line by line as it is assembled; every other string here too (ids, echo)
         return {**neutral_json({**out, "session_id": buffer.session_id if buffer else None}), "text": out["text"]}
@@ -496,42 +639,70 @@ class ReadService:
         if not task or not str(task).strip():
             raise BadRequest("parameter `task`: the text of the task about to start is required")
         if _user(user_id) is not None:
-            return {"agent": agent, "task": str(task), "related": 0, "planning": [], "risks": [], "escalation": None,
-                    "salience": [], "withheld": WITHHELD}
+            return {
+                "agent": agent,
+                "task": str(task),
+                "related": 0,
+                "planning": [],
+                "risks": [],
+                "escalation": None,
+                "salience": [],
+                "withheld": WITHHELD,
+            }
         cache = self.extra.setdefault("advice", AdviceCache())
         version = self.extra.get("store_version")  # the projector's offsets (else read from the table)
-        return neutral_json(_jsonable(advise(agent, str(task), cache.inputs_for(self.con, agent,
-                                                                     version() if version else None))))
+        return neutral_json(
+            _jsonable(advise(agent, str(task), cache.inputs_for(self.con, agent, version() if version else None)))
+        )
 
     def tools(self) -> list[dict[str, Any]]:
         """Exact calls and errors per tool (counts behind the tool-level links)."""
-        return _rows(self.con.execute("SELECT tool, calls, errors, round(error_rate, 4) AS error_rate "
-                                      "FROM tool_outcomes ORDER BY error_rate DESC, tool"))
+        return _rows(
+            self.con.execute(
+                "SELECT tool, calls, errors, round(error_rate, 4) AS error_rate "
+                "FROM tool_outcomes ORDER BY error_rate DESC, tool"
+            )
+        )
 
-    def rhythms(self, agent: str, hours: Any = None, days: Any = None, top: Any = None,
-                user_id: Any = None) -> list[dict[str, Any]]:
+    def rhythms(
+        self, agent: str, hours: Any = None, days: Any = None, top: Any = None, user_id: Any = None
+    ) -> list[dict[str, Any]]:
         """What usually happens at these local hours (``hours`` "9" or "8,9,10"; ``days`` "weekdays",
         "weekend" or "0,1": Monday is 0). For a reader acting for a user, nothing (``WITHHELD``: the
         bins count every user's sessions)."""
 
         try:
             hs = [int(h) for h in str(hours).split(",")] if hours not in (None, "") else list(range(24))
-            ds = (None if days in (None, "") else list(WEEKDAYS) if days == "weekdays" else list(WEEKEND)
-                  if days == "weekend" else [int(d) for d in str(days).split(",")])
+            ds = (
+                None
+                if days in (None, "")
+                else list(WEEKDAYS)
+                if days == "weekdays"
+                else list(WEEKEND)
+                if days == "weekend"
+                else [int(d) for d in str(days).split(",")]
+            )
         except ValueError:
-            raise BadRequest("parameters `hours` / `days`: comma-separated integers (days also weekdays|weekend)") \
-                from None
+            raise BadRequest(
+                "parameters `hours` / `days`: comma-separated integers (days also weekdays|weekend)"
+            ) from None
         top_n = _int(top, "top", 5)
         if _user(user_id) is not None:
             return []
-        cells = self.con.execute("SELECT agent, kind, bin_kind, bin, count, successes, failures FROM temporal_bins "
-                                 "WHERE agent = ? AND bin_kind IN ('hour', 'weekhour')", [agent]).fetchall()
+        cells = self.con.execute(
+            "SELECT agent, kind, bin_kind, bin, count, successes, failures FROM temporal_bins "
+            "WHERE agent = ? AND bin_kind IN ('hour', 'weekhour')",
+            [agent],
+        ).fetchall()
         index = TemporalIndex.from_deltas(TemporalBinCounted(*c) for c in cells)
-        return [{**neutral_json(_jsonable(k)), "success_rate": k.success_rate}  # kinds name tools and outcomes
-                for k in index.usual_at(agent, hs, ds, top=top_n)]
+        return [
+            {**neutral_json(_jsonable(k)), "success_rate": k.success_rate}  # kinds name tools and outcomes
+            for k in index.usual_at(agent, hs, ds, top=top_n)
+        ]
 
-    def oscillators(self, agent: str, anomaly_min: Any = None, limit: Any = None,
-                    user_id: Any = None) -> list[dict[str, Any]]:
+    def oscillators(
+        self, agent: str, anomaly_min: Any = None, limit: Any = None, user_id: Any = None
+    ) -> list[dict[str, Any]]:
         """The agent's coupled oscillators (when enabled): per pattern, events, locked rhythms, coherence
         r, coupling eigenvalues, the next predicted recurrence after its last event, and its stored
         anomalies (readings at or above ``anomaly_min``, newest first). For a reader acting for a user,
@@ -542,24 +713,34 @@ class ReadService:
         floor, top = _float(anomaly_min, "anomaly_min", 0.25), _int(limit, "limit", 10)
         anomalies: dict[str, list[dict[str, Any]]] = {}
         for kind, at, memory_id, anomaly, r in self.con.execute(
-                "SELECT kind, occurred_at, memory_id, anomaly, coherence FROM ("
-                "  SELECT *, row_number() OVER (PARTITION BY kind ORDER BY occurred_at DESC, memory_id) AS n "
-                "  FROM oscillator_readings WHERE agent = ? AND anomaly >= ?) WHERE n <= ? ORDER BY kind, n",
-                [agent, floor, top]).fetchall():
+            "SELECT kind, occurred_at, memory_id, anomaly, coherence FROM ("
+            "  SELECT *, row_number() OVER (PARTITION BY kind ORDER BY occurred_at DESC, memory_id) AS n "
+            "  FROM oscillator_readings WHERE agent = ? AND anomaly >= ?) WHERE n <= ? ORDER BY kind, n",
+            [agent, floor, top],
+        ).fetchall():
             # a memory id is stored text too (a record on the memory topic chooses it)
-            anomalies.setdefault(kind, []).append({"at": at.isoformat(), "memory_id": neutral_json(memory_id),
-                                                   "anomaly": anomaly, "r": r})
+            anomalies.setdefault(kind, []).append(
+                {"at": at.isoformat(), "memory_id": neutral_json(memory_id), "anomaly": anomaly, "r": r}
+            )
         out = []
-        for kind, raw in self.con.execute("SELECT kind, state FROM oscillators WHERE agent = ? ORDER BY kind",
-                                          [agent]).fetchall():
+        for kind, raw in self.con.execute(
+            "SELECT kind, state FROM oscillators WHERE agent = ? ORDER BY kind", [agent]
+        ).fetchall():
             st = msgspec.json.decode(raw, type=OscillatorState)
             last = datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(hours=st.at_hours)
             nxt = next_recurrence(st, last, cfg)
-            out.append({"kind": neutral_json(kind), "events": st.events, "locked": locked_rhythms(st, cfg),
-                        "phases": dict(zip(NAMES, st.theta)), "coherence": coherence(st.theta),
-                        "coupling": _jsonable(coupling_analysis(st.weights)),
-                        "next_recurrence": nxt.isoformat() if nxt else None,
-                        "anomalies": anomalies.get(kind, [])})
+            out.append(
+                {
+                    "kind": neutral_json(kind),
+                    "events": st.events,
+                    "locked": locked_rhythms(st, cfg),
+                    "phases": dict(zip(NAMES, st.theta)),
+                    "coherence": coherence(st.theta),
+                    "coupling": _jsonable(coupling_analysis(st.weights)),
+                    "next_recurrence": nxt.isoformat() if nxt else None,
+                    "anomalies": anomalies.get(kind, []),
+                }
+            )
         return out
 
     # ---- operators ----
@@ -571,22 +752,33 @@ class ReadService:
             return one_row(self.con, sql)
 
         cache = one("SELECT count(*), count(*) FILTER (markdown <> ''), max(generated_at) FROM briefings")
-        graph = one("SELECT (SELECT count(*) FROM entities), count(*) FILTER (valid_to IS NULL), count(*) "
-                    "FROM triples")
+        graph = one("SELECT (SELECT count(*) FROM entities), count(*) FILTER (valid_to IS NULL), count(*) FROM triples")
         results = self.con.execute(
             "SELECT agent, payload->>'to_agent', payload->>'outcome' FROM events WHERE type = 'delegation_result' "
-            "ORDER BY ts, event_id").fetchall()
+            "ORDER BY ts, event_id"
+        ).fetchall()
         tallies = tally_delegations({}, [(a, b, o) for a, b, o in results])
         pairs = sorted(tallies.values(), key=lambda t: (t.success_rate, -t.results, t.delegator, t.delegatee))
         # Utilisation: the served records and the uses the projector folded from the facts topic.
-        served_rows = _rows(self.con.execute(
-            "SELECT briefing_id, agent, session_id, served_at, facts FROM briefings_served "
-            "ORDER BY served_at DESC LIMIT 5000"))
-        served = [decode_served(msgspec.json.encode({**r, "schema_version": 1, "facts": msgspec.json.decode(r["facts"])}))
-                  for r in served_rows]
-        used = [msgspec.convert({**r, "schema_version": 1, "seq": 0}, FactUsed) for r in _rows(self.con.execute(
-            "SELECT agent, session_id, briefing_id, triple_id, source, predicate, target, scope, confidence, entity, "
-            "used_at FROM fact_uses"))]
+        served_rows = _rows(
+            self.con.execute(
+                "SELECT briefing_id, agent, session_id, served_at, facts FROM briefings_served "
+                "ORDER BY served_at DESC LIMIT 5000"
+            )
+        )
+        served = [
+            decode_served(msgspec.json.encode({**r, "schema_version": 1, "facts": msgspec.json.decode(r["facts"])}))
+            for r in served_rows
+        ]
+        used = [
+            msgspec.convert({**r, "schema_version": 1, "seq": 0}, FactUsed)
+            for r in _rows(
+                self.con.execute(
+                    "SELECT agent, session_id, briefing_id, triple_id, source, predicate, target, scope, confidence, entity, "
+                    "used_at FROM fact_uses"
+                )
+            )
+        ]
         util = sorted(utilisation(served, used).values(), key=lambda u: (-u.rate, -u.facts_used, u.agent))
         return {
             "episodes": one("SELECT count(*) FROM episodes")[0],
@@ -594,8 +786,16 @@ class ReadService:
             "briefings": {"agents": cache[0], "non_empty": cache[1], "newest": cache[2]},
             "last_consolidation": one("SELECT max(run_at) FROM sleep_runs")[0],
             "utilisation": [msgspec.to_builtins(u) for u in util[:n]],
-            "delegations": [{"delegator": t.delegator, "delegatee": t.delegatee, "results": t.results,
-                             "success_rate": round(t.success_rate, 3), "failing": t.failing} for t in pairs[:n]],
+            "delegations": [
+                {
+                    "delegator": t.delegator,
+                    "delegatee": t.delegatee,
+                    "results": t.results,
+                    "success_rate": round(t.success_rate, 3),
+                    "failing": t.failing,
+                }
+                for t in pairs[:n]
+            ],
             "failing_delegations": [f"{t.delegator}->{t.delegatee}" for t in failing_pairs(tallies)],
         }
 
@@ -640,8 +840,6 @@ class ReadService:
         return {"checksum": queries.checksum(self.con), "tables": queries.table_checksums(self.con)}
 
 
-
-
 def register(route: Route, method: Callable[..., Any]) -> None:
     """Add a read: ``method(service, agent?, **params)`` becomes ``ReadService.<route.handler>``."""
     setattr(ReadService, route.handler, method)
@@ -666,18 +864,35 @@ def openapi() -> dict[str, Any]:
     """An OpenAPI 3.1 description of every route."""
     paths: dict[str, Any] = {}
     for r in all_routes():
-        op: dict[str, Any] = {"summary": r.summary, "operationId": r.handler,
-                              "responses": {"200": {"description": "JSON"}, "400": {"description": "bad parameter"},
-                                            "404": {"description": "not found"}}}
+        op: dict[str, Any] = {
+            "summary": r.summary,
+            "operationId": r.handler,
+            "responses": {
+                "200": {"description": "JSON"},
+                "400": {"description": "bad parameter"},
+                "404": {"description": "not found"},
+            },
+        }
         parameters = []
         if "{agent}" in r.path:
             parameters.append({"name": "agent", "in": "path", "required": True, "schema": {"type": "string"}})
         if r.method == "GET":
-            parameters += [{"name": n, "in": "query", "required": False, "schema": {"type": t}, "description": d}
-                           for n, t, d in r.params]
+            parameters += [
+                {"name": n, "in": "query", "required": False, "schema": {"type": t}, "description": d}
+                for n, t, d in r.params
+            ]
         elif r.params:
-            op["requestBody"] = {"required": True, "content": {"application/json": {"schema": {
-                "type": "object", "properties": {n: {"type": t, "description": d} for n, t, d in r.params}}}}}
+            op["requestBody"] = {
+                "required": True,
+                "content": {
+                    "application/json": {
+                        "schema": {
+                            "type": "object",
+                            "properties": {n: {"type": t, "description": d} for n, t, d in r.params},
+                        }
+                    }
+                },
+            }
         if parameters:
             op["parameters"] = parameters
         paths.setdefault(r.path, {})[r.method.lower()] = op

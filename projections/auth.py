@@ -229,8 +229,16 @@ class TokenStore:
         finally:
             os.close(fd)
 
-    def add(self, token: str, *, operator: bool = False, agent: str | None = None, user: str | None = None,
-            label: str = "", expires_at: datetime | None = None) -> TokenRecord:
+    def add(
+        self,
+        token: str,
+        *,
+        operator: bool = False,
+        agent: str | None = None,
+        user: str | None = None,
+        label: str = "",
+        expires_at: datetime | None = None,
+    ) -> TokenRecord:
         """Store ``token``'s hash with its scope and expiry (idempotent: a token stored already keeps its record)."""
         if expires_at is not None and expires_at.tzinfo is None:
             raise ValueError("expires_at: a time with its time zone")
@@ -243,16 +251,30 @@ class TokenStore:
             for r in records:
                 if r.sha256 == h:
                     return r
-            record = TokenRecord(id=h[:12], sha256=h, operator=operator, agent=None if operator else agent,
-                                 user=None if operator else user,
-                                 created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), label=label,
-                                 expires_at="" if expires_at is None else
-                                 expires_at.astimezone(timezone.utc).isoformat(timespec="seconds"))
+            record = TokenRecord(
+                id=h[:12],
+                sha256=h,
+                operator=operator,
+                agent=None if operator else agent,
+                user=None if operator else user,
+                created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                label=label,
+                expires_at=""
+                if expires_at is None
+                else expires_at.astimezone(timezone.utc).isoformat(timespec="seconds"),
+            )
             records.append(record)
             return record
 
-    def create(self, *, operator: bool = False, agent: str | None = None, user: str | None = None,
-               label: str = "", expires_at: datetime | None = None) -> tuple[str, TokenRecord]:
+    def create(
+        self,
+        *,
+        operator: bool = False,
+        agent: str | None = None,
+        user: str | None = None,
+        label: str = "",
+        expires_at: datetime | None = None,
+    ) -> tuple[str, TokenRecord]:
         """A new token (returned once, never stored) and its record."""
         token = new_token()
         return token, self.add(token, operator=operator, agent=agent, user=user, label=label, expires_at=expires_at)
@@ -263,7 +285,8 @@ class TokenStore:
         h = digest(which)
         with self._locked() as records:
             gone = [r for r in records if r.sha256 == h] or [
-                r for r in records if len(which) >= 6 and r.id.startswith(which.lower())]
+                r for r in records if len(which) >= 6 and r.id.startswith(which.lower())
+            ]
             if len(gone) > 1:
                 raise ValueError(f"{which!r} names {len(gone)} tokens: give more of the id")
             for r in gone:
@@ -304,21 +327,24 @@ def ensure_operator_token(home: Path) -> str:
 
 # ---- what a principal may call -----------------------------------------------------------------
 
+
 def whole_store(route: api.Route) -> bool:
     """A route that reads every agent's data (or changes the store): operator tokens only."""
     return "{agent}" not in route.path or route.handler in OPERATOR_ONLY
 
 
-def authorize(principal: Principal, route: api.Route, agent: str | None,
-              params: Mapping[str, Any]) -> dict[str, str]:
+def authorize(principal: Principal, route: api.Route, agent: str | None, params: Mapping[str, Any]) -> dict[str, str]:
     """The parameters to force on the request (a user-bound token's ``user_id``), or ``Refused`` (403).
 
     ``agent`` is the path's ``{agent}``; ``params`` the query's and the body's parameters."""
     if principal.operator:
         return {}
     if whole_store(route):
-        raise Refused(403, f"{route.method} {route.path} reads the whole store: it needs an operator token "
-                           f"(this one is for {principal.describe()})")
+        raise Refused(
+            403,
+            f"{route.method} {route.path} reads the whole store: it needs an operator token "
+            f"(this one is for {principal.describe()})",
+        )
     if agent != principal.agent:
         raise Refused(403, f"this token reads agent {principal.agent!r} only, not {agent!r}")
     takes = {p[0] for p in route.params}
@@ -328,8 +354,11 @@ def authorize(principal: Principal, route: api.Route, agent: str | None,
         forced["agent"] = principal.agent  # type: ignore[assignment]
     if principal.user is not None:
         if "user_id" not in takes:
-            raise Refused(403, f"{route.path} does not filter by user, and this token reads only user "
-                               f"{principal.user!r}'s memories (an agent token without --user reads it)")
+            raise Refused(
+                403,
+                f"{route.path} does not filter by user, and this token reads only user "
+                f"{principal.user!r}'s memories (an agent token without --user reads it)",
+            )
         _check(params, "user_id", principal.user)
         forced["user_id"] = principal.user
     return forced
@@ -391,6 +420,7 @@ async def json_body(request: web.Request) -> Any:
 
 # ---- the guard -----------------------------------------------------------------------------------
 
+
 def _bound(request: web.Request) -> tuple[str, int] | None:
     sock = request.transport.get_extra_info("sockname") if request.transport is not None else None
     return (sock[0], sock[1]) if sock else None
@@ -405,8 +435,9 @@ def _check_origin(request: web.Request) -> None:
     allowed = {f"{host}:{port}", f"localhost:{port}"} | ({f"[::1]:{port}"} if host == "::1" else set())
     got = request.headers.get("Host", "")
     if got.lower() not in allowed:
-        raise Refused(421, f"Host {got!r} is not this server ({sorted(allowed)[0]}); requests through another "
-                           "name are refused")
+        raise Refused(
+            421, f"Host {got!r} is not this server ({sorted(allowed)[0]}); requests through another name are refused"
+        )
     origin = request.headers.get("Origin")
     if origin is not None and origin.lower() not in {f"http://{a}" for a in allowed}:
         raise Refused(403, f"Origin {origin!r} may not call this server")
@@ -415,14 +446,20 @@ def _check_origin(request: web.Request) -> None:
 def _principal(request: web.Request, store: TokenStore, now: datetime) -> Principal:
     scheme, _, token = request.headers.get("Authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
-        raise Refused(401, "an `Authorization: Bearer <token>` header is required (the CLI and the client send "
-                           "SOMNUS_TOKEN or SOMNUS_HOME/token)")
+        raise Refused(
+            401,
+            "an `Authorization: Bearer <token>` header is required (the CLI and the client send "
+            "SOMNUS_TOKEN or SOMNUS_HOME/token)",
+        )
     record = store.record(token.strip())
     if record is None:
         raise Refused(401, "the token is not valid here (revoked, or from another SOMNUS_HOME)")
     if record.expired(now):
-        raise Refused(401, f"the token {record.id} expired at {record.expires_at}: make a new one "
-                           "(`somnus token create ... --expires ...`)")
+        raise Refused(
+            401,
+            f"the token {record.id} expired at {record.expires_at}: make a new one "
+            "(`somnus token create ... --expires ...`)",
+        )
     return record.principal()
 
 
@@ -439,8 +476,9 @@ def guard(store: TokenStore, routes: Callable[[], list[api.Route]] = api.all_rou
     know from ``routes`` (``/openapi.json``, a 404) needs a valid token and nothing more."""
 
     @web.middleware
-    async def check(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-                    ) -> web.StreamResponse:
+    async def check(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
         try:
             _check_origin(request)
             principal = _principal(request, store, datetime.now(timezone.utc))  # checked on every request

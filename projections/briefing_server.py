@@ -53,15 +53,20 @@ def main(argv: list[str] | None = None) -> None:
     the cache the projector sends."""
     logging.basicConfig(level=logging.WARNING)
     args = argv or sys.argv[1:]
-    updates, served, ports = (Connection(int(fd), writable=w, readable=not w)
-                              for fd, w in zip(args[:3], (False, True, True)))
+    updates, served, ports = (
+        Connection(int(fd), writable=w, readable=not w) for fd, w in zip(args[:3], (False, True, True))
+    )
     asyncio.run(_serve(updates, served, ports, Path(args[3])))
 
 
 async def _serve(updates: Connection, served: Connection, ports: Connection, home: Path) -> None:
     cache: dict[str, BriefingGenerated] = {}
-    service = api.ReadService(con=None, agents={}, briefings=cache,  # type: ignore[arg-type]
-                              on_served=lambda r: served.send_bytes(msgspec.json.encode(r)))
+    service = api.ReadService(
+        con=None,  # type: ignore[arg-type]
+        agents={},
+        briefings=cache,
+        on_served=lambda r: served.send_bytes(msgspec.json.encode(r)),
+    )
     # GET is answered from bodies encoded when a briefing arrives (the route's own answer, the same
     # bytes); inject goes through the route, as it depends on the request.
     bodies: dict[str, bytes] = {}
@@ -81,8 +86,9 @@ async def _serve(updates: Connection, served: Connection, ports: Connection, hom
             return await by_route(request)
         return web.Response(body=body(request.match_info["agent"]), content_type="application/json")
 
-    app = make_app(service, [r for r in api.all_routes() if r.handler in ROUTES and r is not get],
-                   tokens=auth.TokenStore(home))
+    app = make_app(
+        service, [r for r in api.all_routes() if r.handler in ROUTES and r is not get], tokens=auth.TokenStore(home)
+    )
     app.router.add_get(get.path, get_briefing)
     runner, port = await serve_bounded(app, "127.0.0.1", 0)
     closed = asyncio.get_running_loop().create_future()
@@ -97,7 +103,9 @@ async def _serve(updates: Connection, served: Connection, ports: Connection, hom
         try:
             got = _briefings.decode(raw)
         except Exception as exc:  # noqa: BLE001 - a message that does not decode is skipped, never fatal
-            log.error("a briefing update from the projector did not decode (%d bytes) and is skipped: %r", len(raw), exc)
+            log.error(
+                "a briefing update from the projector did not decode (%d bytes) and is skipped: %r", len(raw), exc
+            )
             return
         cache.update((b.agent, b) for b in got)
         bodies.update((b.agent, encoded(b.agent)) for b in got)
@@ -131,10 +139,18 @@ class BriefingServer:
         srv_r, srv_w = Pipe(duplex=False)
         port_r, port_w = Pipe(duplex=False)
         child = (upd_r, srv_w, port_w)
-        self._proc = subprocess.Popen([sys.executable, "-m", "somnus.projections.briefing_server",
-                                       *(str(c.fileno()) for c in child), str(self.home.resolve())],
-                                      pass_fds=[c.fileno() for c in child],
-                                      cwd=str(Path(__file__).resolve().parent.parent), start_new_session=True)
+        self._proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "somnus.projections.briefing_server",
+                *(str(c.fileno()) for c in child),
+                str(self.home.resolve()),
+            ],
+            pass_fds=[c.fileno() for c in child],
+            cwd=str(Path(__file__).resolve().parent.parent),
+            start_new_session=True,
+        )
         for end in child:  # closed here so that EOF reaches each side when the other goes
             end.close()
         self._updates, self._served = upd_w, srv_r
@@ -146,8 +162,9 @@ class BriefingServer:
             code = self._proc.poll()
             self.stop()
             if isinstance(exc, EOFError):
-                raise RuntimeError(f"the briefing server exited at start (code {code}); its errors are in "
-                                   "the projector's log") from None
+                raise RuntimeError(
+                    f"the briefing server exited at start (code {code}); its errors are in the projector's log"
+                ) from None
             raise
         finally:
             port_r.close()
@@ -161,7 +178,7 @@ class BriefingServer:
             return
         for i in range(0, len(briefings), CHUNK):
             try:
-                self._updates.send_bytes(msgspec.json.encode(briefings[i:i + CHUNK]))
+                self._updates.send_bytes(msgspec.json.encode(briefings[i : i + CHUNK]))
             except OSError as exc:  # the child died: the projector's own server still answers
                 log.error("the briefing server is gone (%r); briefings are served by the projector only", exc)
                 self._updates = None

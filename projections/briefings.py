@@ -52,8 +52,20 @@ REFRESH_BUDGET_S = 0.2  # ... and for about this long each time (a chunk is neve
 REFRESH_CHUNK = 250  # agents rendered per query round
 _briefing_decoder = msgspec.json.Decoder(BriefingGenerated)
 
-BRIEFING_COLUMNS = ("agent", "briefing_id", "generated_at", "budget", "markdown", "chars", "lessons", "facts",
-                    "strategies", "dropped_lessons", "dropped_facts", "dropped_strategies")
+BRIEFING_COLUMNS = (
+    "agent",
+    "briefing_id",
+    "generated_at",
+    "budget",
+    "markdown",
+    "chars",
+    "lessons",
+    "facts",
+    "strategies",
+    "dropped_lessons",
+    "dropped_facts",
+    "dropped_strategies",
+)
 
 
 def _dicts(cur: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
@@ -64,8 +76,9 @@ def _dicts(cur: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
 class BriefingCache:
     """The current briefing of every agent (loaded from ``briefings``), kept in step with the table."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, agents: Mapping[str, AgentSpec], top: Any,
-                 semantic: Any = None) -> None:
+    def __init__(
+        self, con: duckdb.DuckDBPyConnection, agents: Mapping[str, AgentSpec], top: Any, semantic: Any = None
+    ) -> None:
         self.agents = dict(agents)
         self.top = top  # somnus.projections.knowledge_store.TopFacts: facts_top in memory (Key Knowledge's facts)
         self.semantic = semantic  # somnus.projections.semantic.SemanticProjection: its layers feed Key Knowledge
@@ -83,8 +96,9 @@ class BriefingCache:
     def known_agents(self, con: duckdb.DuckDBPyConnection, new_agents: Iterable[str]) -> set[str]:
         return set(self.current) | set(new_agents)
 
-    def invalidate(self, con: duckdb.DuckDBPyConnection, episode_agents: Iterable[str],
-                   triple_scopes: Iterable[str]) -> int:
+    def invalidate(
+        self, con: duckdb.DuckDBPyConnection, episode_agents: Iterable[str], triple_scopes: Iterable[str]
+    ) -> int:
         """Mark the briefings this batch invalidated as stale (``briefings_dirty``, caller's transaction).
 
         Rendering is deferred to ``refresh``: a batch only records which agents changed, so a burst of
@@ -102,17 +116,20 @@ class BriefingCache:
             self.urgent |= own & set(targets)
         return len(targets)
 
-    def refresh(self, con: duckdb.DuckDBPyConnection, budget_s: float | None = None,
-                urgent_only: bool = False) -> list[BriefingGenerated]:
+    def refresh(
+        self, con: duckdb.DuckDBPyConnection, budget_s: float | None = None, urgent_only: bool = False
+    ) -> list[BriefingGenerated]:
         """Render stale briefings and write the changed ones, in one transaction of its own: all of
         them, or with ``budget_s`` chunks of them (urgent agents first) until the budget is spent;
         ``urgent_only``: just the agents with news of their own (the projector, after each batch)."""
         if self.recent.resolved:  # concepts whose episodes have now arrived: their readers are stale
             readers = readers_by_scope(self.agents)
             known = self.known_agents(con, ())
-            hit = sorted({a for owner in self.recent.resolved for a in readers.get(owner, ())}
-                         | ({a for a in known if a not in self.agents} if "global" in self.recent.resolved else set())
-                         | {o.removeprefix("agent:") for o in self.recent.resolved if o.startswith("agent:")})
+            hit = sorted(
+                {a for owner in self.recent.resolved for a in readers.get(owner, ())}
+                | ({a for a in known if a not in self.agents} if "global" in self.recent.resolved else set())
+                | {o.removeprefix("agent:") for o in self.recent.resolved if o.startswith("agent:")}
+            )
             self.recent.resolved.clear()
             if hit:
                 with registered(con, frame=pa.table({"agent": hit})):
@@ -129,7 +146,7 @@ class BriefingCache:
             chunks = [stale]
         else:
             order = [a for a in stale if a in self.urgent] + [a for a in stale if a not in self.urgent]
-            chunks = [order[i:i + REFRESH_CHUNK] for i in range(0, len(order), REFRESH_CHUNK)]
+            chunks = [order[i : i + REFRESH_CHUNK] for i in range(0, len(order), REFRESH_CHUNK)]
         start = time.monotonic()
         changed: list[BriefingGenerated] = []
         con.begin()
@@ -142,8 +159,10 @@ class BriefingCache:
                 if new:
                     with registered(con, frame=pa.Table.from_pylist([_to_row(b) for b in new])):
                         con.execute("DELETE FROM briefings WHERE agent IN (SELECT agent FROM frame)")
-                        con.execute(f"INSERT INTO briefings SELECT {', '.join(BRIEFING_COLUMNS[:7])}, facts::JSON, "
-                                    f"{', '.join(BRIEFING_COLUMNS[8:])} FROM frame")
+                        con.execute(
+                            f"INSERT INTO briefings SELECT {', '.join(BRIEFING_COLUMNS[:7])}, facts::JSON, "
+                            f"{', '.join(BRIEFING_COLUMNS[8:])} FROM frame"
+                        )
                 with registered(con, done=pa.table({"agent": targets})):
                     con.execute("DELETE FROM briefings_dirty WHERE agent IN (SELECT agent FROM done)")
                 changed += new
@@ -160,8 +179,9 @@ class BriefingCache:
         return changed
 
 
-def render_many(agents: Mapping[str, AgentSpec], targets: list[str], recent: RecentInputs, top: Any,
-                semantic: Any = None) -> list[Briefing]:
+def render_many(
+    agents: Mapping[str, AgentSpec], targets: list[str], recent: RecentInputs, top: Any, semantic: Any = None
+) -> list[Briefing]:
     """Briefings of ``targets`` from the in-memory read models kept beside the tables (``recent``: each
     agent's newest lessons and episodes; ``top``: ``facts_top``, ``somnus.projections.knowledge_store.TopFacts``),
     each as of the newest event time of its own inputs; Key Knowledge also reads the semantic memory
@@ -176,8 +196,17 @@ def render_many(agents: Mapping[str, AgentSpec], targets: list[str], recent: Rec
         mine_f = [f for s in chain for f in top.by_scope.get(s, ())]
         times = [r["learned_at"] for r in mine_l] + [r["ended_at"] for r in mine_e] + [f.valid_from for f in mine_f]
         as_of = max((t for t in times if t is not None), default=_EPOCH)
-        out.append(briefing_for(agent, agents, lessons=mine_l, triples=mine_f, episodes=mine_e, now=as_of,
-                                knowledge=_knowledge(semantic, chain, recent, contexts)))
+        out.append(
+            briefing_for(
+                agent,
+                agents,
+                lessons=mine_l,
+                triples=mine_f,
+                episodes=mine_e,
+                now=as_of,
+                knowledge=_knowledge(semantic, chain, recent, contexts),
+            )
+        )
     return out
 
 
@@ -210,24 +239,28 @@ class RecentInputs:
         self.successes: dict[str, list[dict[str, Any]]] = {}  # (strategies need successes, however rare)
         self._success_keys: dict[str, list[tuple[Any, ...]]] = {}
         self.episode_agent: dict[str, str] = dict(
-            con.execute("SELECT episode_id::VARCHAR, agent FROM episodes").fetchall())
+            con.execute("SELECT episode_id::VARCHAR, agent FROM episodes").fetchall()
+        )
         self.awaited: dict[str, set[str]] = {}  # episode id named by a concept, not projected yet -> owners
         self.resolved: set[str] = set()  # owners of concepts whose awaited episodes arrived since
         top = max([*self.limits.values(), DEFAULT_MAX_EPISODES])
         lessons = con.execute(
             "SELECT agent, kind, text, tool, error, learned_at, episode_id::VARCHAR AS episode_id, idx FROM ("
             "  SELECT *, row_number() OVER (PARTITION BY agent ORDER BY learned_at DESC, episode_id, idx) AS rn"
-            f"  FROM lessons) WHERE rn <= {int(top) * 4}")
+            f"  FROM lessons) WHERE rn <= {int(top) * 4}"
+        )
         self.add(lessons=_dicts(lessons))
         episodes = con.execute(
             "SELECT agent, task, outcome, tools, ended_at, episode_id::VARCHAR AS episode_id FROM ("
             "  SELECT *, row_number() OVER (PARTITION BY agent ORDER BY ended_at DESC, episode_id) AS rn"
-            f"  FROM episodes) WHERE rn <= {int(top)}")
+            f"  FROM episodes) WHERE rn <= {int(top)}"
+        )
         self.add(episodes=_dicts(episodes))
         successes = con.execute(
             "SELECT agent, task, outcome, tools, ended_at, episode_id::VARCHAR AS episode_id FROM ("
             "  SELECT *, row_number() OVER (PARTITION BY agent ORDER BY ended_at DESC, episode_id) AS rn"
-            f"  FROM episodes WHERE outcome = 'success') WHERE rn <= {int(top)}")
+            f"  FROM episodes WHERE outcome = 'success') WHERE rn <= {int(top)}"
+        )
         self.add(episodes=_dicts(successes))
 
     def episodes_of(self, agent: str) -> list[dict[str, Any]]:
@@ -252,8 +285,14 @@ class RecentInputs:
             self.episode_agent[eid] = r["agent"]
             if eid in self.awaited:
                 self.resolved |= self.awaited.pop(eid)
-            row = {"agent": r["agent"], "task": r["task"], "outcome": str(r["outcome"]),
-                   "tools": list(r["tools"] or ()), "ended_at": ended, "episode_id": eid}
+            row = {
+                "agent": r["agent"],
+                "task": r["task"],
+                "outcome": str(r["outcome"]),
+                "tools": list(r["tools"] or ()),
+                "ended_at": ended,
+                "episode_id": eid,
+            }
             touched.setdefault(r["agent"], []).append(((_desc_time(ended), eid), row))
             if row["outcome"] == "success":
                 won.setdefault(r["agent"], []).append(((_desc_time(ended), eid), row))
@@ -262,17 +301,29 @@ class RecentInputs:
         touched = {}
         for r in lessons:
             at = _utc(r["learned_at"])
-            row = {"agent": r["agent"], "kind": r["kind"], "text": r["text"], "tool": r.get("tool"),
-                   "error": r.get("error"), "learned_at": at, "episode_id": str(r["episode_id"])}
+            row = {
+                "agent": r["agent"],
+                "kind": r["kind"],
+                "text": r["text"],
+                "tool": r.get("tool"),
+                "error": r.get("error"),
+                "learned_at": at,
+                "episode_id": str(r["episode_id"]),
+            }
             touched.setdefault(r["agent"], []).append(((_desc_time(at), str(r["episode_id"]), r["idx"]), row))
         self._merge(touched, self.lessons, self._lesson_keys, 4)
 
-    def _merge(self, touched: Mapping[str, list[tuple[tuple[Any, ...], dict[str, Any]]]],
-               rows: dict[str, list[dict[str, Any]]], keys: dict[str, list[tuple[Any, ...]]], per: int) -> None:
+    def _merge(
+        self,
+        touched: Mapping[str, list[tuple[tuple[Any, ...], dict[str, Any]]]],
+        rows: dict[str, list[dict[str, Any]]],
+        keys: dict[str, list[tuple[Any, ...]]],
+        per: int,
+    ) -> None:
         for agent, new in touched.items():
             # (a row taken twice, e.g. a success of both windows at load, is kept once)
             both = sorted(dict([*zip(keys.get(agent, ()), rows.get(agent, ())), *new]).items(), key=lambda kr: kr[0])
-            both = both[:self.limit(agent) * per]
+            both = both[: self.limit(agent) * per]
             keys[agent] = [k for k, _ in both]
             rows[agent] = [r for _, r in both]
 
@@ -281,8 +332,9 @@ def _utc(t: datetime) -> datetime:
     return t.astimezone(timezone.utc) if t.tzinfo is not None else t.replace(tzinfo=timezone.utc)
 
 
-def _knowledge(semantic: Any, chain: list[str], recent: RecentInputs,
-               cache: dict[str, list[KnowledgeItem]]) -> list[KnowledgeItem]:
+def _knowledge(
+    semantic: Any, chain: list[str], recent: RecentInputs, cache: dict[str, list[KnowledgeItem]]
+) -> list[KnowledgeItem]:
     """The knowledge items of every memory of a scope chain (``cache``: each owner's, across the
     readers of one render)."""
     if semantic is None:
@@ -321,22 +373,34 @@ def knowledge_items(memory: Any, recent: RecentInputs | None = None) -> list[Kno
         subjects = {str(c.properties["tool"])} if c.properties.get("tool") else set()
         for key in c.evidence:
             if key.startswith("math:"):
-                rec = memory.ag.get(key[len("math:"):].rsplit("@", 1)[0])
+                rec = memory.ag.get(key[len("math:") :].rsplit("@", 1)[0])
                 if rec is not None:
                     subjects.update(rec.subjects)
         outcome = c.properties.get("outcome")
-        classes = (outcome[len("error:"):],) if isinstance(outcome, str) and outcome.startswith("error:") else ()
-        out.append(KnowledgeItem(
-            text=f'"{c.name}" ({c.category}, confidence={c.confidence:.2f}): {c.definition}', scope=owner,
-            score=round(c.confidence, 6), name=c.name, subjects=tuple(sorted(subjects)),
-            agents=agents_of(c.source_episode_ids, c.properties.get("source_agents")),
-            derived=c.provenance is not Provenance.DIRECT_INGESTION,
-            error_classes=classes))
+        classes = (outcome[len("error:") :],) if isinstance(outcome, str) and outcome.startswith("error:") else ()
+        out.append(
+            KnowledgeItem(
+                text=f'"{c.name}" ({c.category}, confidence={c.confidence:.2f}): {c.definition}',
+                scope=owner,
+                score=round(c.confidence, 6),
+                name=c.name,
+                subjects=tuple(sorted(subjects)),
+                agents=agents_of(c.source_episode_ids, c.properties.get("source_agents")),
+                derived=c.provenance is not Provenance.DIRECT_INGESTION,
+                error_classes=classes,
+            )
+        )
     for r in memory.ag:
-        out.append(KnowledgeItem(
-            text=f'"{r.name}" (math:{r.category.value}, confidence={r.confidence:.2f}): {r.verbal}', scope=owner,
-            score=round(r.confidence, 6), name=r.name, subjects=tuple(sorted(r.subjects)),
-            agents=agents_of(r.source_episode_ids, r.source_agents)))
+        out.append(
+            KnowledgeItem(
+                text=f'"{r.name}" (math:{r.category.value}, confidence={r.confidence:.2f}): {r.verbal}',
+                scope=owner,
+                score=round(r.confidence, 6),
+                name=r.name,
+                subjects=tuple(sorted(r.subjects)),
+                agents=agents_of(r.source_episode_ids, r.source_agents),
+            )
+        )
     return out
 
 

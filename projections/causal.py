@@ -59,9 +59,28 @@ class UpdateRow(msgspec.Struct, frozen=True, kw_only=True):
 
 _updates_decoder = msgspec.json.Decoder(list[UpdateRow])
 
-UPDATE_COLUMNS = ("event_signature", "outcome_signature", "level", "tool", "outcome", "valence", "agent", "episode_id",
-                  "observed_at", "src_partition", "src_offset", "idx", "target", "alpha", "strength_before",
-                  "strength", "observations", "event_observations", "confidence", "strengths")
+UPDATE_COLUMNS = (
+    "event_signature",
+    "outcome_signature",
+    "level",
+    "tool",
+    "outcome",
+    "valence",
+    "agent",
+    "episode_id",
+    "observed_at",
+    "src_partition",
+    "src_offset",
+    "idx",
+    "target",
+    "alpha",
+    "strength_before",
+    "strength",
+    "observations",
+    "event_observations",
+    "confidence",
+    "strengths",
+)
 
 
 def decode_updates(raw: bytes) -> list[UpdateRow]:
@@ -73,9 +92,12 @@ class CausalProjection:
 
     def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
         self.marks: dict[tuple[str, int], tuple[int, int]] = {
-            (sig, part): (off, idx) for sig, part, off, idx in con.execute(
+            (sig, part): (off, idx)
+            for sig, part, off, idx in con.execute(
                 "SELECT event_signature, src_partition, max_by(src_offset, (src_offset, idx)), "
-                "max_by(idx, (src_offset, idx)) FROM causal_link_updates GROUP BY 1, 2").fetchall()}
+                "max_by(idx, (src_offset, idx)) FROM causal_link_updates GROUP BY 1, 2"
+            ).fetchall()
+        }
         self.pending: dict[tuple[str, int], tuple[int, int]] = {}
 
     def write(self, con: duckdb.DuckDBPyConnection, bundles: Sequence[bytes]) -> int:
@@ -97,26 +119,41 @@ class CausalProjection:
         if not rows:
             return 0
         with registered(con, frame=_updates_frame(rows)):
-            con.execute(f"INSERT INTO causal_link_updates SELECT {', '.join(UPDATE_COLUMNS[:7])}, episode_id::UUID, "
-                        f"observed_at::TIMESTAMPTZ, {', '.join(UPDATE_COLUMNS[9:-1])}, strengths::JSON FROM frame")
+            con.execute(
+                f"INSERT INTO causal_link_updates SELECT {', '.join(UPDATE_COLUMNS[:7])}, episode_id::UUID, "
+                f"observed_at::TIMESTAMPTZ, {', '.join(UPDATE_COLUMNS[9:-1])}, strengths::JSON FROM frame"
+            )
             # The observed outcome's link as of its latest observation (updates of a link are in order) ...
             con.execute(
                 "INSERT OR REPLACE INTO causal_links SELECT event_signature, outcome_signature, level, tool, outcome, "
                 "valence, strength, observations, event_observations, confidence, "
                 "observed_at::TIMESTAMPTZ AS updated_at FROM ("
                 "  SELECT *, row_number() OVER (PARTITION BY event_signature, outcome_signature ORDER BY ord DESC) AS rn "
-                "  FROM frame) WHERE rn = 1")
+                "  FROM frame) WHERE rn = 1"
+            )
         # ... then every link of each touched event as of the event's latest update.
-        now = pa.Table.from_pylist([
-            {"event_signature": sig, "outcome_signature": osig, "strength": v, "event_observations": u.event_observations,
-             "confidence": u.confidence, "updated_at": u.observed_at}
-            for sig, u in last.items() for osig, v in _strengths.decode(u.strengths).items()])
+        now = pa.Table.from_pylist(
+            [
+                {
+                    "event_signature": sig,
+                    "outcome_signature": osig,
+                    "strength": v,
+                    "event_observations": u.event_observations,
+                    "confidence": u.confidence,
+                    "updated_at": u.observed_at,
+                }
+                for sig, u in last.items()
+                for osig, v in _strengths.decode(u.strengths).items()
+            ]
+        )
         if now.num_rows:
             with registered(con, now=now):
-                con.execute("UPDATE causal_links SET strength = n.strength, event_observations = n.event_observations, "
-                            "confidence = n.confidence, updated_at = n.updated_at::TIMESTAMPTZ FROM now n "
-                            "WHERE causal_links.event_signature = n.event_signature "
-                            "AND causal_links.outcome_signature = n.outcome_signature")
+                con.execute(
+                    "UPDATE causal_links SET strength = n.strength, event_observations = n.event_observations, "
+                    "confidence = n.confidence, updated_at = n.updated_at::TIMESTAMPTZ FROM now n "
+                    "WHERE causal_links.event_signature = n.event_signature "
+                    "AND causal_links.outcome_signature = n.outcome_signature"
+                )
         return len(rows)
 
     def committed(self) -> None:
@@ -185,12 +222,15 @@ def add_temporal_bins(con: duckdb.DuckDBPyConnection, episodes: Iterable[Episode
         return 0
     utc_us = pa.array(times, pa.timestamp("us", tz="UTC")).cast(pa.int64())
     local = pa.compute.add(utc_us, pa.array(offsets, pa.int64())).cast(pa.timestamp("us"))
-    marks_frame = pa.table({"agent": agents, "kind": kinds, "t": local,
-                            "s": pa.array(succ, pa.bool_()), "f": pa.array(fail, pa.bool_())})
+    marks_frame = pa.table(
+        {"agent": agents, "kind": kinds, "t": local, "s": pa.array(succ, pa.bool_()), "f": pa.array(fail, pa.bool_())}
+    )
     with registered(con, marks_frame=marks_frame):
-        con.execute(f"INSERT INTO temporal_bins {_BINS_SQL} "
-                    "ON CONFLICT (agent, kind, bin_kind, bin) DO UPDATE SET count = count + excluded.count, "
-                    "successes = successes + excluded.successes, failures = failures + excluded.failures")
+        con.execute(
+            f"INSERT INTO temporal_bins {_BINS_SQL} "
+            "ON CONFLICT (agent, kind, bin_kind, bin) DO UPDATE SET count = count + excluded.count, "
+            "successes = successes + excluded.successes, failures = failures + excluded.failures"
+        )
     return len(agents)
 
 
@@ -200,24 +240,32 @@ def link_states(con: duckdb.DuckDBPyConnection, signatures: Sequence[str]) -> di
         return {}
     # IN with one placeholder per signature: DuckDB answers it from the causal_links_by_event index
     # (a point lookup); IN (SELECT unnest(?)) would scan the table.
-    cur = con.execute("SELECT event_signature, outcome_signature, level, tool, outcome, valence, strength, "
-                      "observations, event_observations FROM causal_links "
-                      f"WHERE event_signature IN ({', '.join('?' * len(signatures))}) ORDER BY 1, 2",
-                      list(signatures))
+    cur = con.execute(
+        "SELECT event_signature, outcome_signature, level, tool, outcome, valence, strength, "
+        "observations, event_observations FROM causal_links "
+        f"WHERE event_signature IN ({', '.join('?' * len(signatures))}) ORDER BY 1, 2",
+        list(signatures),
+    )
     out: dict[str, CausalLinkState] = {}
     for sig, osig, level, tool, outcome, valence, strength, obs, event_obs in cur.fetchall():
         state = out.get(sig)
         if state is None:
-            state = out[sig] = CausalLinkState(event_signature=sig, level=LinkLevel(level), tool=tool,
-                                               observations=int(event_obs))
-        state.links[osig] = OutcomeLink(outcome=outcome, valence=Valence(valence), strength=float(strength),
-                                        observations=int(obs))
+            state = out[sig] = CausalLinkState(
+                event_signature=sig, level=LinkLevel(level), tool=tool, observations=int(event_obs)
+            )
+        state.links[osig] = OutcomeLink(
+            outcome=outcome, valence=Valence(valence), strength=float(strength), observations=int(obs)
+        )
         state.observations = max(state.observations, int(event_obs))
     return out
 
 
-def predict_from(con: duckdb.DuckDBPyConnection, tool: str, params: Mapping[str, Any] | None,
-                 context: Mapping[str, str] | None = None) -> Prediction:
+def predict_from(
+    con: duckdb.DuckDBPyConnection,
+    tool: str,
+    params: Mapping[str, Any] | None,
+    context: Mapping[str, str] | None = None,
+) -> Prediction:
     """``somnus.processors.prediction.causal_links.predict`` over the projected link states of the call and of its tool."""
     sigs = [tool_signature(tool)] + ([event_signature(tool, params)] if params is not None else [])
     return predict(link_states(con, sigs), tool, params, context)

@@ -30,8 +30,20 @@ from typing import Any
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
 # A table's day comes from the first of these columns it has, else from its first time column.
-DAY_COLUMNS = ("ended_at", "ts", "occurred_at", "at", "learned_at", "observed_at", "run_at", "created_at",
-               "updated_at", "valid_from", "started_at", "served_at")
+DAY_COLUMNS = (
+    "ended_at",
+    "ts",
+    "occurred_at",
+    "at",
+    "learned_at",
+    "observed_at",
+    "run_at",
+    "created_at",
+    "updated_at",
+    "valid_from",
+    "started_at",
+    "served_at",
+)
 TIME_TYPES = ("TIMESTAMP WITH TIME ZONE", "TIMESTAMP", "DATE")
 BATCH_ROWS = 65_536
 
@@ -46,7 +58,8 @@ def tables_of(cur: Any) -> dict[str, list[tuple[str, str]]]:
         "SELECT table_name, column_name, data_type FROM duckdb_columns() WHERE database_name = current_database() "
         "AND schema_name = 'main' AND table_name IN (SELECT table_name FROM duckdb_tables() WHERE NOT temporary "
         "AND database_name = current_database() AND schema_name = 'main') AND NOT starts_with(table_name, '_') "
-        "ORDER BY table_name, column_index").fetchall()
+        "ORDER BY table_name, column_index"
+    ).fetchall()
     out: dict[str, list[tuple[str, str]]] = {}
     for table, column, dtype in rows:
         out.setdefault(table, []).append((column, dtype))
@@ -84,12 +97,16 @@ def _folder(value: Any) -> Path:
         # check, where a part file is about to be written (and have one of our files overwritten)
         st = path.stat()
         if st.st_uid != os.getuid() or st.st_mode & 0o022:
-            raise ExportError(f"dir {value}: is another user's folder, or writable by others; give a folder of "
-                              "this user's, or one that does not exist yet")
+            raise ExportError(
+                f"dir {value}: is another user's folder, or writable by others; give a folder of "
+                "this user's, or one that does not exist yet"
+            )
     return path
 
 
-def _select(table: str, columns: Sequence[tuple[str, str]], day: str | None, since: datetime | None) -> tuple[str, list[Any]]:
+def _select(
+    table: str, columns: Sequence[tuple[str, str]], day: str | None, since: datetime | None
+) -> tuple[str, list[Any]]:
     """The SELECT of one table: its columns, ``day`` (UTC date of the time column), rows since ``since``."""
     cols = ", ".join(f'"{c}"' for c, _ in columns)
     types = dict(columns)
@@ -117,14 +134,16 @@ def export_parquet(con: Any, dir: Any, tables: Any = None, since: Any = None) ->
     cur = con.cursor()
     try:
         cur.execute("BEGIN TRANSACTION")
-        offsets = cur.execute("SELECT topic, kafka_partition, next_offset FROM projection_offsets "
-                              "ORDER BY topic, kafka_partition").fetchall()  # first: this pins the snapshot
+        offsets = cur.execute(
+            "SELECT topic, kafka_partition, next_offset FROM projection_offsets ORDER BY topic, kafka_partition"
+        ).fetchall()  # first: this pins the snapshot
         known = tables_of(cur)
         wanted = sorted(known) if not tables else list(tables)
         unknown = [t for t in wanted if t not in known]
         if unknown:
-            raise ExportError(f"no projection named {', '.join(map(repr, unknown))} "
-                              f"(there are: {', '.join(sorted(known))})")
+            raise ExportError(
+                f"no projection named {', '.join(map(repr, unknown))} (there are: {', '.join(sorted(known))})"
+            )
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         listed: dict[str, Any] = {}
         for table in wanted:
@@ -136,8 +155,12 @@ def export_parquet(con: Any, dir: Any, tables: Any = None, since: Any = None) ->
             sql, params = _select(table, columns, day, after)
             reader = _arrow_reader(cur.sql(sql, params=params or None))
             rows = _write(reader, folder / table, parts, pa, ds, pq)
-            listed[table] = {"rows": rows, "partition_by": parts, "day_from": day,
-                             "since_applied": after is not None and day is not None}
+            listed[table] = {
+                "rows": rows,
+                "partition_by": parts,
+                "day_from": day,
+                "since_applied": after is not None and day is not None,
+            }
         cur.execute("COMMIT")
     except BaseException:
         cur.execute("ROLLBACK")
@@ -176,9 +199,15 @@ def _write(reader: Any, where: Path, parts: list[str], pa: Any, ds: Any, pq: Any
 
     schema = reader.schema
     if parts:
-        ds.write_dataset(batches(), where, schema=schema, format="parquet",
-                         partitioning=ds.partitioning(pa.schema([schema.field(p) for p in parts]), flavor="hive"),
-                         basename_template="part-{i}.parquet", existing_data_behavior="overwrite_or_ignore")
+        ds.write_dataset(
+            batches(),
+            where,
+            schema=schema,
+            format="parquet",
+            partitioning=ds.partitioning(pa.schema([schema.field(p) for p in parts]), flavor="hive"),
+            basename_template="part-{i}.parquet",
+            existing_data_behavior="overwrite_or_ignore",
+        )
     else:
         where.mkdir(parents=True, exist_ok=True)
         with pq.ParquetWriter(where / "part-0.parquet", schema) as writer:

@@ -109,8 +109,7 @@ class Forgetting:
         self.keys: set[tuple[str, str]] = set()
         self.on_purged: list[Any] = []  # called after a purge committed (the read API drops its caches)
         self.reload(con)
-        self.pending = bool(one_row(con, "SELECT count(*) FROM projection_meta WHERE key = ?",
-                                    [SCRUB_PENDING])[0])
+        self.pending = bool(one_row(con, "SELECT count(*) FROM projection_meta WHERE key = ?", [SCRUB_PENDING])[0])
         if self.pending:
             self.pending = not scrub(con)
 
@@ -162,8 +161,9 @@ class Forgetting:
         except (msgspec.DecodeError, RecursionError):
             return rec
         if kind in (KIND_GOAL_SET, KIND_GOAL_CLOSED):  # a forgotten agent's or user's goal: an empty record
-            forgotten = isinstance(units, dict) and (units.get("agent") in self.agents
-                                                     or units.get("user_id") in self.users)
+            forgotten = isinstance(units, dict) and (
+                units.get("agent") in self.agents or units.get("user_id") in self.users
+            )
             return _Filtered(rec, b"") if forgotten else rec
         if not isinstance(units, list):
             return rec
@@ -188,12 +188,22 @@ class Forgetting:
             if r.request_id in self.requests:
                 continue
             self._add(r.request_id, r.subject.value, r.value)
-            new.append({"request_id": r.request_id, "subject": r.subject.value, "value": r.value,
-                        "reason": r.reason, "requested_at": r.at, "src_offset": offset})
+            new.append(
+                {
+                    "request_id": r.request_id,
+                    "subject": r.subject.value,
+                    "value": r.value,
+                    "reason": r.reason,
+                    "requested_at": r.at,
+                    "src_offset": offset,
+                }
+            )
         if new:
             with registered(con, frame=pa.Table.from_pylist(new)):
-                con.execute("INSERT INTO forgotten SELECT request_id, subject, value, reason, requested_at, "
-                            "src_offset FROM frame")
+                con.execute(
+                    "INSERT INTO forgotten SELECT request_id, subject, value, reason, requested_at, "
+                    "src_offset FROM frame"
+                )
         out = Purged()
         if not self.requests:
             return out
@@ -209,14 +219,19 @@ class Forgetting:
         if n:
             out.rows["dead_letters"] = n
         if out.rows.get("memory_log"):  # the fold numbers the log 0..n-1 (projections/memory.py)
-            con.execute("CREATE OR REPLACE TEMP TABLE _fg_log AS SELECT * EXCLUDE (ord), "
-                        "row_number() OVER (ORDER BY ord) - 1 AS ord FROM memory_log")
+            con.execute(
+                "CREATE OR REPLACE TEMP TABLE _fg_log AS SELECT * EXCLUDE (ord), "
+                "row_number() OVER (ORDER BY ord) - 1 AS ord FROM memory_log"
+            )
             con.execute("DELETE FROM memory_log")
             con.execute("INSERT INTO memory_log SELECT ord, kind, body, src_offset FROM _fg_log")
             con.execute("DROP TABLE _fg_log")
         if out.rows.get("causal_link_updates"):  # links no kept update supports
-            n = one_row(con, "DELETE FROM causal_links WHERE (event_signature, outcome_signature) NOT IN "
-                          "(SELECT (event_signature, outcome_signature) FROM causal_link_updates)")[0]
+            n = one_row(
+                con,
+                "DELETE FROM causal_links WHERE (event_signature, outcome_signature) NOT IN "
+                "(SELECT (event_signature, outcome_signature) FROM causal_link_updates)",
+            )[0]
             if n:
                 out.rows["causal_links"] = n
         # DuckDB writes a transaction's rows to the file before its commit once a table gets a row group's
@@ -229,14 +244,17 @@ class Forgetting:
             n = one_row(con, "DELETE FROM briefings")[0]
             if n:
                 out.rows["briefings"] = n
-            con.execute("INSERT OR IGNORE INTO briefings_dirty SELECT agent FROM "
-                        "(SELECT DISTINCT agent FROM episodes UNION SELECT unnest(?::VARCHAR[]))",
-                        [sorted(out.agents)])
+            con.execute(
+                "INSERT OR IGNORE INTO briefings_dirty SELECT agent FROM "
+                "(SELECT DISTINCT agent FROM episodes UNION SELECT unnest(?::VARCHAR[]))",
+                [sorted(out.agents)],
+            )
         keys = con.execute(
             "SELECT 'session', sha256(agent || chr(31) || session_id) FROM _fg_s "
             "UNION SELECT 'session_id', sha256(session_id) FROM _fg_s "
             "UNION SELECT 'episode', episode_id::VARCHAR FROM _fg_e "
-            "UNION SELECT 'memory', memory_id FROM _fg_m EXCEPT SELECT kind, id FROM forgotten_keys").fetchall()
+            "UNION SELECT 'memory', memory_id FROM _fg_m EXCEPT SELECT kind, id FROM forgotten_keys"
+        ).fetchall()
         if keys:
             with registered(con, frame=pa.table({"kind": [k[0] for k in keys], "id": [k[1] for k in keys]})):
                 con.execute("INSERT INTO forgotten_keys SELECT * FROM frame")
@@ -255,15 +273,15 @@ class Forgetting:
         """Reload the in-memory state of the folds whose tables lost rows; then, when committed rows were
         removed, drop the cached briefings and scrub the file."""
         if not purged.total:
-            if self.pending or one_row(con, "SELECT count(*) FROM projection_meta WHERE key = ?",
-                                       [SCRUB_PENDING])[0]:
+            if self.pending or one_row(con, "SELECT count(*) FROM projection_meta WHERE key = ?", [SCRUB_PENDING])[0]:
                 self.pending = not scrub(con)
             return
         rows = purged.rows
         seen.episodes -= purged.episodes
         if "dead_letters" in rows:
-            seen.dead_letters = set(con.execute(
-                "SELECT src_topic, src_partition, src_offset, src_index, kind FROM dead_letters").fetchall())
+            seen.dead_letters = set(
+                con.execute("SELECT src_topic, src_partition, src_offset, src_index, kind FROM dead_letters").fetchall()
+            )
         if rows.keys() & {"memory_log", "oscillators", "goals"}:
             seen.memory.reload(con)
         if rows.keys() & {"triples", "triple_history", "entity_versions", "entity_aliases", "knowledge_inputs"}:
@@ -364,19 +382,27 @@ def _semantic_closure(con: duckdb.DuckDBPyConnection) -> None:
 
 
 # strings of a JSON body (as forget's lifecycle_log rule reads them)
-_STRINGS = "regexp_extract_all({}::VARCHAR, '\"([^\"\\\\]{{1,200}})\"', 1)"
+_STRINGS = 'regexp_extract_all({}::VARCHAR, \'"([^"\\\\]{{1,200}})"\', 1)'
 _IN_C = "(owner, {}) IN (SELECT (owner, concept_id) FROM _fg_c)"
 _IN_P = "(owner, {}) IN (SELECT (owner, math_id) FROM _fg_p)"
 _SEMANTIC_DELETES: list[tuple[str, str]] = [
     ("concepts", _IN_C.format("concept_id")),
     ("concept_relationships", f"{_IN_C.format('source_id')} OR {_IN_C.format('target_id')}"),
     ("math_patterns", _IN_P.format("math_id")),
-    ("cross_layer_edges", " OR ".join(
-        f"({layer}_layer = '{name}' AND {rule.format(layer + '_id')})"
-        for layer in ("source", "target") for name, rule in (("atl", _IN_C), ("angular_gyrus", _IN_P)))),
+    (
+        "cross_layer_edges",
+        " OR ".join(
+            f"({layer}_layer = '{name}' AND {rule.format(layer + '_id')})"
+            for layer in ("source", "target")
+            for name, rule in (("atl", _IN_C), ("angular_gyrus", _IN_P))
+        ),
+    ),
     ("promotion_audit", f"{_IN_C.format('concept_id')} OR (owner, pattern_name) IN (SELECT (owner, id) FROM _fg_f)"),
-    ("semantic_log", f"list_has_any({_STRINGS.format('body')}, "
-                     "(SELECT coalesce(list(f.id), []) FROM _fg_f f WHERE f.owner = semantic_log.owner))"),
+    (
+        "semantic_log",
+        f"list_has_any({_STRINGS.format('body')}, "
+        "(SELECT coalesce(list(f.id), []) FROM _fg_f f WHERE f.owner = semantic_log.owner))",
+    ),
 ]
 
 
@@ -392,9 +418,11 @@ class _Filtered:
 def _committed_hits(con: duckdb.DuckDBPyConnection) -> bool:
     """Whether any committed row belongs to the closure (read on a second cursor: it sees the last
     commit, not this transaction's own rows)."""
-    frames = {"s_frame": con.sql("SELECT agent, session_id FROM _fg_s").to_arrow_table(),
-              "e_frame": con.sql("SELECT episode_id::VARCHAR AS e FROM _fg_e").to_arrow_table(),
-              "m_frame": con.sql("SELECT memory_id AS m FROM _fg_m").to_arrow_table()}
+    frames = {
+        "s_frame": con.sql("SELECT agent, session_id FROM _fg_s").to_arrow_table(),
+        "e_frame": con.sql("SELECT episode_id::VARCHAR AS e FROM _fg_e").to_arrow_table(),
+        "m_frame": con.sql("SELECT memory_id AS m FROM _fg_m").to_arrow_table(),
+    }
     cur = con.cursor()
     try:
         with registered(cur, **frames):
@@ -410,9 +438,17 @@ _COMMITTED_CHECKS = [
     f"SELECT count(*) FROM events WHERE (agent, session_id) {_IN_S}",
     f"SELECT count(*) FROM working_memory WHERE (agent, session_id) {_IN_S}",
     "SELECT count(*) FROM dead_letters WHERE msg_key IN (SELECT session_id::BLOB FROM s_frame)",
-    *(f"SELECT count(*) FROM {t} WHERE {c}::VARCHAR {_IN_E}" for t, c in (
-        ("episodes", "episode_id"), ("triples", "evidence"), ("entity_versions", "episode_id"),
-        ("entity_aliases", "episode_id"), ("knowledge_inputs", "episode_id"), ("causal_link_updates", "episode_id"))),
+    *(
+        f"SELECT count(*) FROM {t} WHERE {c}::VARCHAR {_IN_E}"
+        for t, c in (
+            ("episodes", "episode_id"),
+            ("triples", "evidence"),
+            ("entity_versions", "episode_id"),
+            ("entity_aliases", "episode_id"),
+            ("knowledge_inputs", "episode_id"),
+            ("causal_link_updates", "episode_id"),
+        )
+    ),
     f"SELECT count(*) FROM memories WHERE memory_id {_IN_M}",
     f"SELECT count(*) FROM memory_log WHERE body->>'$.unit.memory_id' {_IN_M} OR body->>'$.memory_id' {_IN_M} "
     f"OR body->>'$.a' {_IN_M} OR body->>'$.b' {_IN_M}",
@@ -425,28 +461,47 @@ _A = "agent IN (SELECT id FROM _fg_u WHERE kind = 'agent')"
 # Triples whose every piece of evidence is forgotten (one kept episode keeps a triple, and its numbers).
 _DOOMED_TRIPLES = (
     "triple_id IN (SELECT triple_id FROM triples WHERE evidence IN (SELECT episode_id FROM _fg_e) "
-    "AND triple_id NOT IN (SELECT triple_id FROM triple_history WHERE episode_id NOT IN (SELECT episode_id FROM _fg_e)))")
+    "AND triple_id NOT IN (SELECT triple_id FROM triple_history WHERE episode_id NOT IN (SELECT episode_id FROM _fg_e)))"
+)
 # Entities all of whose versions came from forgotten episodes.
 _DOOMED_ENTITIES = (
     "entity_id IN (SELECT entity_id FROM entity_versions GROUP BY entity_id "
-    "HAVING bool_and(episode_id IS NOT NULL AND episode_id IN (SELECT episode_id FROM _fg_e)))")
+    "HAVING bool_and(episode_id IS NOT NULL AND episode_id IN (SELECT episode_id FROM _fg_e)))"
+)
 _DELETES: list[tuple[str, str]] = [
-    ("events", _S), ("duplicate_events", _S), ("working_memory",
-                                               f"{_S} OR user_id IN (SELECT id FROM _fg_u WHERE kind = 'user')"),
-    ("lessons", _E), ("episodes", f"{_E} OR {_S}"), ("knowledge_inputs", _E), ("causal_link_updates", _E),
-    ("facts_top", _DOOMED_TRIPLES), ("triples", _DOOMED_TRIPLES),
-    ("triple_history", _E), ("entity_aliases", f"{_E} OR {_DOOMED_ENTITIES}"), ("entity_versions", _DOOMED_ENTITIES),
-    ("briefings_served", f"session_id IN (SELECT session_id FROM _fg_s) AND {_S}"), ("fact_uses", _S),
-    ("memories", f"memory_id {_M}"), ("memory_merges", f"memory_id {_M} OR unit_id {_M}"),
-    ("memory_edges", f"a {_M} OR b {_M}"), ("memory_access", f"memory_id {_M}"),
+    ("events", _S),
+    ("duplicate_events", _S),
+    ("working_memory", f"{_S} OR user_id IN (SELECT id FROM _fg_u WHERE kind = 'user')"),
+    ("lessons", _E),
+    ("episodes", f"{_E} OR {_S}"),
+    ("knowledge_inputs", _E),
+    ("causal_link_updates", _E),
+    ("facts_top", _DOOMED_TRIPLES),
+    ("triples", _DOOMED_TRIPLES),
+    ("triple_history", _E),
+    ("entity_aliases", f"{_E} OR {_DOOMED_ENTITIES}"),
+    ("entity_versions", _DOOMED_ENTITIES),
+    ("briefings_served", f"session_id IN (SELECT session_id FROM _fg_s) AND {_S}"),
+    ("fact_uses", _S),
+    ("memories", f"memory_id {_M}"),
+    ("memory_merges", f"memory_id {_M} OR unit_id {_M}"),
+    ("memory_edges", f"a {_M} OR b {_M}"),
+    ("memory_access", f"memory_id {_M}"),
     # a decision of a sleep run names its memories in its body too (a pattern's sources, a connection's
     # ends, a created observation's nearest): any string of the body that is a forgotten memory's id
-    ("lifecycle_log", f"memory_id {_M} OR body->>'$.agent' IN (SELECT id FROM _fg_u WHERE kind = 'agent') "
-                      f"OR list_has_any({_STRINGS.format('body')}, "
-                      "(SELECT coalesce(list(memory_id), []) FROM _fg_m))"),
-    ("memory_log", f"body->>'$.unit.memory_id' {_M} OR body->>'$.memory_id' {_M} OR body->>'$.a' {_M} "
-                   f"OR body->>'$.b' {_M}"),
-    ("temporal_bins", _A), ("oscillators", _A), ("oscillator_readings", f"memory_id {_M}"),
+    (
+        "lifecycle_log",
+        f"memory_id {_M} OR body->>'$.agent' IN (SELECT id FROM _fg_u WHERE kind = 'agent') "
+        f"OR list_has_any({_STRINGS.format('body')}, "
+        "(SELECT coalesce(list(memory_id), []) FROM _fg_m))",
+    ),
+    (
+        "memory_log",
+        f"body->>'$.unit.memory_id' {_M} OR body->>'$.memory_id' {_M} OR body->>'$.a' {_M} OR body->>'$.b' {_M}",
+    ),
+    ("temporal_bins", _A),
+    ("oscillators", _A),
+    ("oscillator_readings", f"memory_id {_M}"),
     ("goals", f"{_A} OR user_id IN (SELECT id FROM _fg_u WHERE kind = 'user')"),
 ]
 
@@ -458,11 +513,15 @@ def _purge_dead_letters(con: duckdb.DuckDBPyConnection, quoted: Iterable[bytes],
     sessions = {s.encode() for (s,) in con.execute("SELECT session_id FROM _fg_s").fetchall()}
     doomed = []
     for rowid, key, original, reason in con.execute(
-            "SELECT rowid, msg_key, original, reason FROM dead_letters").fetchall():
+        "SELECT rowid, msg_key, original, reason FROM dead_letters"
+    ).fetchall():
         key = bytes(key) if key is not None else None
         body = bytes(original or b"") + (reason or "").encode()
-        if (key is not None and (key in raw or key in sessions)) or any(q in body for q in quoted) or any(
-                b'"' + s + b'"' in body for s in sessions):
+        if (
+            (key is not None and (key in raw or key in sessions))
+            or any(q in body for q in quoted)
+            or any(b'"' + s + b'"' in body for s in sessions)
+        ):
             doomed.append(rowid)
     if not doomed:
         return 0
@@ -482,22 +541,34 @@ def scrub(con: duckdb.DuckDBPyConnection, tables: Sequence[str] | None = None) -
     over them all. The cost is a copy of the whole file, once per purge. Returns False when the file
     stayed busy (``CheckpointBusy``): the mark in ``projection_meta`` stays and the scrub runs again."""
     if tables is None:
-        tables = [t for (t,) in con.execute(
-            "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main' AND NOT temporary "
-            "AND database_name = current_database() ORDER BY table_name").fetchall()]
+        tables = [
+            t
+            for (t,) in con.execute(
+                "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main' AND NOT temporary "
+                "AND database_name = current_database() ORDER BY table_name"
+            ).fetchall()
+        ]
     tables = [t for t in tables if t.isidentifier()]
     con.begin()
     try:
         for t in tables:
             # Made again from its own DDL, not emptied: a table's statistics keep the min and max (the first
             # bytes of a text) of every row it ever held, deleted ones too.
-            ddl = con.execute("SELECT sql FROM duckdb_tables() WHERE schema_name = 'main' AND table_name = ? "
-                              "AND database_name = current_database()", [t]).fetchall()
+            ddl = con.execute(
+                "SELECT sql FROM duckdb_tables() WHERE schema_name = 'main' AND table_name = ? "
+                "AND database_name = current_database()",
+                [t],
+            ).fetchall()
             if not ddl:
                 continue
-            indexes = [r[0] for r in con.execute(
-                "SELECT sql FROM duckdb_indexes() WHERE table_name = ? AND schema_name = 'main' "
-                "AND database_name = current_database() AND sql IS NOT NULL", [t]).fetchall()]
+            indexes = [
+                r[0]
+                for r in con.execute(
+                    "SELECT sql FROM duckdb_indexes() WHERE table_name = ? AND schema_name = 'main' "
+                    "AND database_name = current_database() AND sql IS NOT NULL",
+                    [t],
+                ).fetchall()
+            ]
             con.execute(f"CREATE OR REPLACE TEMP TABLE _fg_keep AS SELECT * FROM main.{t}")
             con.execute(f"DROP TABLE main.{t}")
             con.execute(ddl[0][0])
@@ -514,8 +585,10 @@ def scrub(con: duckdb.DuckDBPyConnection, tables: Sequence[str] | None = None) -
         _fill_free_blocks(con)
         _fill_free_metadata(con)
     except CheckpointBusy:
-        for (t,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE table_name LIKE '\\_forget\\_%' "
-                                "ESCAPE '\\' AND database_name = current_database()").fetchall():
+        for (t,) in con.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE table_name LIKE '\\_forget\\_%' "
+            "ESCAPE '\\' AND database_name = current_database()"
+        ).fetchall():
             con.execute(f"DROP TABLE main.{t}")
         log.warning("forget: the file stayed busy (other transactions), the scrub runs again after a later batch")
         return False
@@ -580,12 +653,15 @@ def _fill_free_blocks(con: duckdb.DuckDBPyConnection) -> None:
     compression shrinks) sized to the free blocks, added until none is free, then dropped."""
     made = 0
     for _ in range(8):
-        free, block = one_row(con, "SELECT free_blocks, block_size FROM pragma_database_size() "
-                                "WHERE database_name = current_database()")
+        free, block = one_row(
+            con, "SELECT free_blocks, block_size FROM pragma_database_size() WHERE database_name = current_database()"
+        )
         if not free:
             break
-        con.execute(f"CREATE TABLE main._forget_fill{made} AS SELECT gen_random_uuid() AS x FROM range(?)",
-                    [free * block // 16 + 1024])
+        con.execute(
+            f"CREATE TABLE main._forget_fill{made} AS SELECT gen_random_uuid() AS x FROM range(?)",
+            [free * block // 16 + 1024],
+        )
         made += 1
         _checkpoint(con)
     for i in range(made):
@@ -594,9 +670,8 @@ def _fill_free_blocks(con: duckdb.DuckDBPyConnection) -> None:
         _checkpoint(con)
 
 
-
-
 # ---- verification (``somnus forget --verify``) -------------------------------------------------------
+
 
 def file_hits(db_path: Any, needles: Sequence[str]) -> dict[str, int]:
     """How often each needle's UTF-8 bytes occur in the DuckDB file and its WAL (raw bytes)."""
@@ -606,8 +681,12 @@ def file_hits(db_path: Any, needles: Sequence[str]) -> dict[str, int]:
 
 def rows_with(con: Any, needles: Sequence[str]) -> dict[str, dict[str, int]]:
     """Rows of every table whose text (every column as VARCHAR, blobs escaped) holds a needle."""
-    tables = [t for (t,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE NOT temporary "
-                                        "AND database_name = current_database()").fetchall()]
+    tables = [
+        t
+        for (t,) in con.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE NOT temporary AND database_name = current_database()"
+        ).fetchall()
+    ]
     out: dict[str, dict[str, int]] = {}
     for n in needles:
         for t in tables:

@@ -49,10 +49,15 @@ class GoalsProjection:
         except duckdb.CatalogException:  # a file made before goals, opened read-only: it has none
             return
         self.next_ord = con.execute("SELECT coalesce(max(ord) + 1, 0) FROM goals").fetchone()[0]  # type: ignore[index]
-        latest = con.execute("SELECT goal_id, agent, text, user_id, status, forward_pe, nearest_id FROM goals "
-                             "QUALIFY row_number() OVER (PARTITION BY goal_id ORDER BY ord DESC) = 1").fetchall()
-        self.open = {g: (Goal(g, a, t, u), measured(g, near, 1.0 - pe))
-                     for g, a, t, u, st, pe, near in latest if st == GoalStatus.OPEN.value}
+        latest = con.execute(
+            "SELECT goal_id, agent, text, user_id, status, forward_pe, nearest_id FROM goals "
+            "QUALIFY row_number() OVER (PARTITION BY goal_id ORDER BY ord DESC) = 1"
+        ).fetchall()
+        self.open = {
+            g: (Goal(g, a, t, u), measured(g, near, 1.0 - pe))
+            for g, a, t, u, st, pe, near in latest
+            if st == GoalStatus.OPEN.value
+        }
 
     def fold(self, state: MemoryState, kind: bytes | None, raw: bytes, offset: int) -> None:
         """Apply one goal record (``kind`` one of ``KINDS``) at its place in the memory topic."""
@@ -88,18 +93,31 @@ class GoalsProjection:
                 self._row(goal, GoalStatus.OPEN, got, now, offset, "")
 
     def _row(self, goal: Goal, status: GoalStatus, pe: ForwardPE, at: datetime, offset: int, set_by: str) -> None:
-        self.rows.append({"ord": self.next_ord, "goal_id": goal.goal_id, "agent": goal.agent, "text": goal.text,
-                          "user_id": goal.user_id, "status": status.value, "forward_pe": pe.forward_pe,
-                          "nearest_id": pe.nearest_id,
-                          "changed_at": at, "set_by": set_by, "src_offset": offset})
+        self.rows.append(
+            {
+                "ord": self.next_ord,
+                "goal_id": goal.goal_id,
+                "agent": goal.agent,
+                "text": goal.text,
+                "user_id": goal.user_id,
+                "status": status.value,
+                "forward_pe": pe.forward_pe,
+                "nearest_id": pe.nearest_id,
+                "changed_at": at,
+                "set_by": set_by,
+                "src_offset": offset,
+            }
+        )
         self.next_ord += 1
 
     def write(self, con: duckdb.DuckDBPyConnection) -> int:
         n = len(self.rows)
         if n:
             with registered(con, frame=pa.Table.from_pylist(self.rows)):
-                con.execute("INSERT INTO goals SELECT ord, goal_id, agent, text, user_id, status, forward_pe, "
-                            "nearest_id, changed_at, set_by, src_offset FROM frame")
+                con.execute(
+                    "INSERT INTO goals SELECT ord, goal_id, agent, text, user_id, status, forward_pe, "
+                    "nearest_id, changed_at, set_by, src_offset FROM frame"
+                )
             self.rows.clear()
         return n
 
@@ -115,8 +133,9 @@ class GoalsProjection:
 WANDER_POOL = 2000  # the newest readable memories wander may visit, besides the goal-adjacent ones
 
 
-def goals_of(con: duckdb.DuckDBPyConnection, agent: str, user_id: str | None, include_closed: bool
-             ) -> list[dict[str, Any]]:
+def goals_of(
+    con: duckdb.DuckDBPyConnection, agent: str, user_id: str | None, include_closed: bool
+) -> list[dict[str, Any]]:
     """The agent's goals (a reader acting for ``user_id`` sees that user's and user-less ones; without
     a user, user-less ones only), newest first: each one's latest state, when it was set, and how its
     forward PE moved (``trend``: the values, oldest first)."""
@@ -124,16 +143,34 @@ def goals_of(con: duckdb.DuckDBPyConnection, agent: str, user_id: str | None, in
         "SELECT goal_id, arg_max(text, ord), arg_max(user_id, ord), arg_max(status, ord), arg_max(forward_pe, ord), "
         "arg_max(nearest_id, ord), min(changed_at), max(changed_at), arg_min(set_by, ord), "
         "list(forward_pe ORDER BY ord) FROM goals WHERE agent = ? AND (user_id IS NULL OR user_id = ?) "
-        "GROUP BY goal_id ORDER BY min(ord) DESC", [agent, user_id]).fetchall()
-    keys = ("goal_id", "text", "user_id", "status", "forward_pe", "nearest_id", "set_at", "changed_at", "set_by",
-            "trend")
+        "GROUP BY goal_id ORDER BY min(ord) DESC",
+        [agent, user_id],
+    ).fetchall()
+    keys = (
+        "goal_id",
+        "text",
+        "user_id",
+        "status",
+        "forward_pe",
+        "nearest_id",
+        "set_at",
+        "changed_at",
+        "set_by",
+        "trend",
+    )
     out = [dict(zip(keys, r)) for r in rows]
     return [g for g in out if include_closed or g["status"] == GoalStatus.OPEN.value]
 
 
-def wander_pool(state: MemoryState, agent: str, scopes: list[str], user_id: str | None,
-                adjacency: Mapping[str, float], now: datetime, start: str | None = None
-                ) -> tuple[dict[str, Any], dict[str, dict[str, float]]]:
+def wander_pool(
+    state: MemoryState,
+    agent: str,
+    scopes: list[str],
+    user_id: str | None,
+    adjacency: Mapping[str, float],
+    now: datetime,
+    start: str | None = None,
+) -> tuple[dict[str, Any], dict[str, dict[str, float]]]:
     """The memories the reader may visit (``WanderNode`` by id) and the graph between them: the newest
     ``WANDER_POOL`` readable ones, the goal-adjacent ones, ``start``, and their neighbours."""
     import numpy as np
@@ -152,8 +189,9 @@ def wander_pool(state: MemoryState, agent: str, scopes: list[str], user_id: str 
     def node(i: int) -> WanderNode:
         seen = max(float(ix.last_access.data[i]), float(ix.occurred.data[i]))
         merged = ix.merged[i]
-        return WanderNode(ix.ids[i], int(ix.access_count.data[i]), merged / (merged + 1),
-                          datetime.fromtimestamp(seen, tz=now.tzinfo))
+        return WanderNode(
+            ix.ids[i], int(ix.access_count.data[i]), merged / (merged + 1), datetime.fromtimestamp(seen, tz=now.tzinfo)
+        )
 
     nodes = {ix.ids[i]: node(i) for i in sorted(rows)}
     graph = {ix.ids[i]: {ix.ids[j]: w for j, w in ix.graph.get(i, {}).items() if j in rows} for i in sorted(rows)}

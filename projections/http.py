@@ -26,13 +26,15 @@ MAX_CONNECTIONS = 512  # open at once; a new one beyond closes the oldest (well 
 OFFLOOP_THREADS = 4  # analysts' queries that run at once (projections/sql_sandbox.py); more wait their turn
 
 
-def route_handler(service: api.ReadService, route: api.Route, write_lock: asyncio.Lock | None = None,
-                  offloop: Executor | None = None) -> Any:
+def route_handler(
+    service: api.ReadService, route: api.Route, write_lock: asyncio.Lock | None = None, offloop: Executor | None = None
+) -> Any:
     """The aiohttp handler of ``route`` on ``service``: parameters from the query (and a POST's JSON
     body), errors as 400/404 with the message; reads of a fold's in-memory state take ``write_lock``
     so they never see a batch half applied; a route that may run long (``Route.offloop``: analysts'
     SQL) runs in ``offloop``'s threads, so the event loop keeps answering (and the writer's threads
     are not taken)."""
+
     async def handle(request: web.Request) -> web.Response:
         params: dict[str, Any] = dict(request.query)
         if route.method == "POST":
@@ -49,7 +51,8 @@ def route_handler(service: api.ReadService, route: api.Route, write_lock: asynci
                     result = api.call(service, route, request.match_info.get("agent"), params)
             elif route.offloop:  # its JSON is made there too: a large answer does not hold the loop either
                 text = await asyncio.get_running_loop().run_in_executor(
-                    offloop, lambda: dumps(api.call(service, route, request.match_info.get("agent"), params)))
+                    offloop, lambda: dumps(api.call(service, route, request.match_info.get("agent"), params))
+                )
                 return web.Response(text=text, content_type="application/json")
             else:
                 result = api.call(service, route, request.match_info.get("agent"), params)
@@ -60,13 +63,20 @@ def route_handler(service: api.ReadService, route: api.Route, write_lock: asynci
         except RecursionError:  # a JSON parameter (filters, args) nested too deep for the parser
             return web.json_response({"error": "a parameter is nested too deep"}, status=400)
         return web.json_response(result, dumps=dumps)
+
     return handle
 
 
-def make_app(service: api.ReadService, routes: list[api.Route], write_lock: asyncio.Lock | None = None, *,
-             tokens: auth.TokenStore) -> web.Application:
+def make_app(
+    service: api.ReadService,
+    routes: list[api.Route],
+    write_lock: asyncio.Lock | None = None,
+    *,
+    tokens: auth.TokenStore,
+) -> web.Application:
     """An aiohttp app answering ``routes`` on ``service`` (``route_handler``) and ``GET /openapi.json``,
     every request checked by ``auth.guard`` against ``tokens`` (the bearer token, Host, content type, body)."""
+
     async def openapi(request: web.Request) -> web.Response:
         return web.json_response(api.openapi())
 
@@ -109,17 +119,24 @@ class BoundedSite(web.TCPSite):
 
         def admit() -> Any:
             open_now = [h for h in server.connections if h.transport is not None]  # not closing already
-            for oldest in open_now[:max(0, len(open_now) - self.max_connections + 1)]:
+            for oldest in open_now[: max(0, len(open_now) - self.max_connections + 1)]:
                 oldest.force_close()
             return server()
 
-        self._server = await asyncio.get_running_loop().create_server(admit, self._host, self._port,
-                                                                      backlog=self._backlog)
+        self._server = await asyncio.get_running_loop().create_server(
+            admit, self._host, self._port, backlog=self._backlog
+        )
         self._bound_port = self._server.sockets[0].getsockname()[1]
 
 
-async def serve(app: web.Application, host: str, port: int, *, idle_timeout_s: float = IDLE_TIMEOUT_S,
-                max_connections: int = MAX_CONNECTIONS) -> tuple[web.AppRunner, int]:
+async def serve(
+    app: web.Application,
+    host: str,
+    port: int,
+    *,
+    idle_timeout_s: float = IDLE_TIMEOUT_S,
+    max_connections: int = MAX_CONNECTIONS,
+) -> tuple[web.AppRunner, int]:
     """``app`` served on ``host:port`` (0: any free port) with bounded connections (module docstring):
     the runner (``cleanup()`` stops it) and the bound port."""
     runner = web.AppRunner(app, access_log=None, keepalive_timeout=idle_timeout_s)

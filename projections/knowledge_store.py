@@ -60,7 +60,8 @@ Fact = Triple  # a fact as read: one row of the triple log
 USER_PROVENANCE = (
     "(f.source, f.predicate, f.target) IN (SELECT s.source, s.predicate, s.target FROM triples s "
     "WHERE s.triple_id IN (SELECT h.triple_id FROM triple_history h WHERE h.episode_id IN "
-    "(SELECT episode_id FROM episodes WHERE user_id IS NULL OR user_id = ?)))")
+    "(SELECT episode_id FROM episodes WHERE user_id IS NULL OR user_id = ?)))"
+)
 
 
 class Entity(msgspec.Struct, frozen=True):
@@ -88,8 +89,10 @@ class FactChange(msgspec.Struct, frozen=True):
     scope: str
 
 
-_FACT_COLS = ("triple_id, source, predicate, target, scope, confidence, count, evidence, last_evidence, "
-              "valid_from, valid_to, superseded_by, created_by, extractor")
+_FACT_COLS = (
+    "triple_id, source, predicate, target, scope, confidence, count, evidence, last_evidence, "
+    "valid_from, valid_to, superseded_by, created_by, extractor"
+)
 
 
 def _ts(v: Any) -> datetime | None:
@@ -112,8 +115,9 @@ class TopFacts:
 
     def refresh(self, con: duckdb.DuckDBPyConnection, scopes: Sequence[str] | None = None) -> None:
         where, params = ("", []) if scopes is None else ("WHERE scope IN (SELECT unnest(?::VARCHAR[]))", [list(scopes)])
-        cur = con.execute(f"SELECT {_FACT_COLS} FROM facts_top {where} "
-                          "ORDER BY scope, confidence DESC, count DESC, triple_id", params)
+        cur = con.execute(
+            f"SELECT {_FACT_COLS} FROM facts_top {where} ORDER BY scope, confidence DESC, count DESC, triple_id", params
+        )
         cols = [d[0] for d in cur.description]
         fresh: dict[str, list[Fact]] = {s: [] for s in (scopes or [])}
         for row in cur.fetchall():
@@ -136,8 +140,9 @@ class TopFacts:
 
 
 class KnowledgeStore:
-    def __init__(self, backend: Backend, agents: dict[str, AgentSpec], use_top: bool = True,
-                 top: TopFacts | None = None) -> None:
+    def __init__(
+        self, backend: Backend, agents: dict[str, AgentSpec], use_top: bool = True, top: TopFacts | None = None
+    ) -> None:
         self.backend = backend
         self.agents = agents
         self.use_top = use_top  # False only to measure what facts_top saves (somnus bench facts-query)
@@ -150,9 +155,18 @@ class KnowledgeStore:
         cols, rows = self.backend.query(sql, params)
         return [dict(zip(cols, r)) for r in rows]
 
-    def facts(self, agent: str, *, as_of: datetime | None = None, limit: int = 50, min_confidence: float = 0.0,
-              predicate: str | None = None, entity: str | None = None, for_user: bool = False,
-              user_id: str | None = None) -> list[Fact]:
+    def facts(
+        self,
+        agent: str,
+        *,
+        as_of: datetime | None = None,
+        limit: int = 50,
+        min_confidence: float = 0.0,
+        predicate: str | None = None,
+        entity: str | None = None,
+        for_user: bool = False,
+        user_id: str | None = None,
+    ) -> list[Fact]:
         """Facts in ``agent``'s scope chain, highest confidence first: active now, or active at ``as_of``.
 
         ``for_user``: a reader acting for ``user_id`` (None: for no user) reads only the facts whose
@@ -176,24 +190,51 @@ class KnowledgeStore:
         if entity is not None:
             where.append("(source = ? OR target = ?)")
             params += [entity, entity]
-        if (self.top is not None and self.use_top and as_of is None and predicate is None and entity is None
-                and not for_user and limit <= FACTS_TOP_K):
+        if (
+            self.top is not None
+            and self.use_top
+            and as_of is None
+            and predicate is None
+            and entity is None
+            and not for_user
+            and limit <= FACTS_TOP_K
+        ):
             return self.top.best(chain, limit, min_confidence)
         params.append(limit)
         # The plain "best facts now" query reads facts_top (the best FACTS_TOP_K active facts of each
         # scope): the best `limit` of the chain are among the best `limit` of each of its scopes. Not
         # for a user: that scope's best may all be other users', and the filter comes before the cut.
-        table = "facts_top" if (self.use_top and as_of is None and predicate is None and entity is None
-                                and not for_user and limit <= FACTS_TOP_K) else "triples"
-        rows = self._rows(f"SELECT {_FACT_COLS} FROM {table} AS f WHERE {' AND '.join(where)} "
-                          "ORDER BY confidence DESC, count DESC, triple_id LIMIT ?", params)
+        table = (
+            "facts_top"
+            if (
+                self.use_top
+                and as_of is None
+                and predicate is None
+                and entity is None
+                and not for_user
+                and limit <= FACTS_TOP_K
+            )
+            else "triples"
+        )
+        rows = self._rows(
+            f"SELECT {_FACT_COLS} FROM {table} AS f WHERE {' AND '.join(where)} "
+            "ORDER BY confidence DESC, count DESC, triple_id LIMIT ?",
+            params,
+        )
         return [_fact(r) for r in rows]
 
     def as_of(self, agent: str, when: datetime, **kw: Any) -> list[Fact]:
         return self.facts(agent, as_of=when, **kw)
 
-    def entities(self, agent: str, *, type: str | None = None, limit: int = 100, for_user: bool = False,
-                 user_id: str | None = None) -> list[Entity]:
+    def entities(
+        self,
+        agent: str,
+        *,
+        type: str | None = None,
+        limit: int = 100,
+        for_user: bool = False,
+        user_id: str | None = None,
+    ) -> list[Entity]:
         """Entities mentioned by any fact (active or not) in ``agent``'s chain, most mentioned first.
 
         An entity's attributes (an error's first example text, its HTTP status) are shown only when
@@ -206,7 +247,7 @@ class KnowledgeStore:
         chain = self.scope_chain(agent)
         marks = ", ".join("?" * len(chain))
         mine = f"AND {USER_PROVENANCE}" if for_user else ""
-        other_user = ("OR ep.user_id IS DISTINCT FROM ? AND ep.user_id IS NOT NULL" if for_user else "")
+        other_user = "OR ep.user_id IS DISTINCT FROM ? AND ep.user_id IS NOT NULL" if for_user else ""
         users = [user_id] if for_user else []
         params: list[Any] = [*chain, *users, *chain, *users, *chain, *users]
         type_filter = ""
@@ -227,22 +268,37 @@ class KnowledgeStore:
             f"SELECT e.entity_id, e.name, e.type, CASE WHEN e.entity_id IN (SELECT entity_id FROM foreign_) "
             f"       THEN '{{}}'::JSON ELSE e.attributes END AS attributes, e.first_seen, count(*) AS facts "
             f"FROM m JOIN entities e ON e.entity_id = m.id WHERE true {type_filter} "
-            f"GROUP BY ALL ORDER BY facts DESC, e.entity_id LIMIT ?", params)
-        return [Entity(entity_id=r["entity_id"], name=r["name"], type=r["type"],
-                       attributes=msgspec.json.decode(r["attributes"]) if isinstance(r["attributes"], str)
-                       else (r["attributes"] or {}),
-                       first_seen=_ts(r["first_seen"]), facts=int(r["facts"])) for r in rows]  # type: ignore[arg-type]
+            f"GROUP BY ALL ORDER BY facts DESC, e.entity_id LIMIT ?",
+            params,
+        )
+        return [
+            Entity(
+                entity_id=r["entity_id"],
+                name=r["name"],
+                type=r["type"],
+                attributes=msgspec.json.decode(r["attributes"])
+                if isinstance(r["attributes"], str)
+                else (r["attributes"] or {}),
+                first_seen=_ts(r["first_seen"]),  # type: ignore[arg-type]
+                facts=int(r["facts"]),
+            )
+            for r in rows
+        ]
 
     def triples(self, agent: str, *, include_closed: bool = True, limit: int = 1000) -> list[Fact]:
         """Every fact in the chain, closed ones too (the log), in order of validity."""
         chain = self.scope_chain(agent)
         closed = "" if include_closed else "AND valid_to IS NULL"
-        rows = self._rows(f"SELECT {_FACT_COLS} FROM triples WHERE scope IN ({', '.join('?' * len(chain))}) "
-                          f"{closed} ORDER BY valid_from, triple_id LIMIT ?", [*chain, limit])
+        rows = self._rows(
+            f"SELECT {_FACT_COLS} FROM triples WHERE scope IN ({', '.join('?' * len(chain))}) "
+            f"{closed} ORDER BY valid_from, triple_id LIMIT ?",
+            [*chain, limit],
+        )
         return [_fact(r) for r in rows]
 
-    def history(self, agent: str, entity: str, *, for_user: bool = False,
-                user_id: str | None = None) -> list[FactChange]:
+    def history(
+        self, agent: str, entity: str, *, for_user: bool = False, user_id: str | None = None
+    ) -> list[FactChange]:
         """Every change to facts about ``entity`` (an entity id) in the chain, oldest first.
 
         ``for_user``: a reader acting for ``user_id`` (None: for no user) reads the changes of facts it
@@ -251,18 +307,34 @@ class KnowledgeStore:
         chain = self.scope_chain(agent)
         mine, users = "", []
         if for_user:
-            mine = (f"AND {USER_PROVENANCE} AND h.episode_id NOT IN (SELECT episode_id FROM episodes "
-                    "WHERE user_id IS NOT NULL AND user_id IS DISTINCT FROM ?)")
+            mine = (
+                f"AND {USER_PROVENANCE} AND h.episode_id NOT IN (SELECT episode_id FROM episodes "
+                "WHERE user_id IS NOT NULL AND user_id IS DISTINCT FROM ?)"
+            )
             users = [user_id, user_id]
         rows = self._rows(
             "SELECT h.ordinal, h.triple_id, h.change, h.episode_id, h.changed_at AS at, h.count, h.confidence, "
             "f.source, f.predicate, f.target, f.scope FROM triple_history h JOIN triples f USING (triple_id) "
             f"WHERE f.scope IN ({', '.join('?' * len(chain))}) AND (f.source = ? OR f.target = ?) {mine} "
-            "ORDER BY h.ordinal", [*chain, entity, entity, *users])
-        return [FactChange(ordinal=int(r["ordinal"]), triple_id=str(r["triple_id"]), change=r["change"],
-                           episode_id=str(r["episode_id"]), at=_ts(r["at"]), count=int(r["count"]),  # type: ignore[arg-type]
-                           confidence=float(r["confidence"]), source=r["source"], predicate=r["predicate"],
-                           target=r["target"], scope=r["scope"]) for r in rows]
+            "ORDER BY h.ordinal",
+            [*chain, entity, entity, *users],
+        )
+        return [
+            FactChange(
+                ordinal=int(r["ordinal"]),
+                triple_id=str(r["triple_id"]),
+                change=r["change"],
+                episode_id=str(r["episode_id"]),
+                at=_ts(r["at"]),  # type: ignore[arg-type]
+                count=int(r["count"]),
+                confidence=float(r["confidence"]),
+                source=r["source"],
+                predicate=r["predicate"],
+                target=r["target"],
+                scope=r["scope"],
+            )
+            for r in rows
+        ]
 
     def sql(self, query: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
         """Read-only raw SQL over every projection (not scoped: an analyst's tool, not an agent's)."""
@@ -271,9 +343,19 @@ class KnowledgeStore:
 
 
 def _fact(r: dict[str, Any]) -> Fact:
-    return Fact(triple_id=str(r["triple_id"]), source=r["source"], predicate=r["predicate"], target=r["target"],
-                scope=r["scope"], confidence=float(r["confidence"]), count=int(r["count"]),
-                evidence=str(r["evidence"]), last_evidence=_s(r["last_evidence"]),
-                valid_from=_ts(r["valid_from"]), valid_to=_ts(r["valid_to"]),  # type: ignore[arg-type]
-                superseded_by=_s(r["superseded_by"]), created_by=r["created_by"], extractor=r["extractor"])
-
+    return Fact(
+        triple_id=str(r["triple_id"]),
+        source=r["source"],
+        predicate=r["predicate"],
+        target=r["target"],
+        scope=r["scope"],
+        confidence=float(r["confidence"]),
+        count=int(r["count"]),
+        evidence=str(r["evidence"]),
+        last_evidence=_s(r["last_evidence"]),
+        valid_from=_ts(r["valid_from"]),  # type: ignore[arg-type]
+        valid_to=_ts(r["valid_to"]),
+        superseded_by=_s(r["superseded_by"]),
+        created_by=r["created_by"],
+        extractor=r["extractor"],
+    )

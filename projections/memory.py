@@ -32,7 +32,14 @@ from somnus.projections.frames import registered
 from somnus.projections.goals import KINDS as GOAL_KINDS
 from somnus.projections.goals import GoalsProjection
 from somnus.schemas.memory import (
-    KIND_ACCESS, CaptureAction, CaptureDecided, MemoryAccessed, MemoryEvent, MemoryLinked, MemoryUnit)
+    KIND_ACCESS,
+    CaptureAction,
+    CaptureDecided,
+    MemoryAccessed,
+    MemoryEvent,
+    MemoryLinked,
+    MemoryUnit,
+)
 import functools
 import snowballstemmer
 
@@ -102,8 +109,9 @@ class MemoryProjection:
     """The capture fold's state (replayed from ``memory_log`` at start) and its writes; deep sleep
     runs inside the fold (``projections/sleep.py``) when ``sleep`` is given."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, sleep: Any = None, oscillators: Any = None,
-                 agents: Any = None) -> None:
+    def __init__(
+        self, con: duckdb.DuckDBPyConnection, sleep: Any = None, oscillators: Any = None, agents: Any = None
+    ) -> None:
         self.state = new_state()
         self.goals = GoalsProjection(con, agents)  # goals and their forward PE (projections/goals.py)
         self.next_ord = 0
@@ -127,8 +135,10 @@ class MemoryProjection:
         self.goals.reload(con)
         if self.sleep is not None:
             self.sleep.reload(con)
-        self.rhythms = {(a, k): msgspec.json.decode(st, type=OscillatorState)
-                        for a, k, st in con.execute("SELECT agent, kind, state FROM oscillators").fetchall()}
+        self.rhythms = {
+            (a, k): msgspec.json.decode(st, type=OscillatorState)
+            for a, k, st in con.execute("SELECT agent, kind, state FROM oscillators").fetchall()
+        }
         self.rhythms_changed.clear()
         self.readings.clear()
         if n:
@@ -139,8 +149,16 @@ class MemoryProjection:
         events: list[tuple[MemoryEvent, int]] = []
         # Every unit record of the batch decoded and analysed at once (tokens, fingerprints,
         # signatures: one vectorised pass, not one per record: a record is one session's units).
-        batch = [(kind, rec, None if kind in (KIND_ACCESS, KIND_SLEEP) or kind in GOAL_KINDS else _units_decoder.decode(rec.value or b"[]"))
-                 for kind, rec in records]
+        batch = [
+            (
+                kind,
+                rec,
+                None
+                if kind in (KIND_ACCESS, KIND_SLEEP) or kind in GOAL_KINDS
+                else _units_decoder.decode(rec.value or b"[]"),
+            )
+            for kind, rec in records
+        ]
         index = self.state.index
         index.prepare([u for _, _, units in batch for u in units or () if u.memory_id not in self.state.decided])
         try:
@@ -151,23 +169,36 @@ class MemoryProjection:
             self.sleep.write(con)
         goal_rows = self.goals.write(con)
         if self.rhythms_changed:
-            rows = [{"agent": a, "kind": k, "events": self.rhythms[(a, k)].events,
-                     "state": msgspec.json.encode(self.rhythms[(a, k)]).decode()} for a, k in sorted(self.rhythms_changed)]
+            rows = [
+                {
+                    "agent": a,
+                    "kind": k,
+                    "events": self.rhythms[(a, k)].events,
+                    "state": msgspec.json.encode(self.rhythms[(a, k)]).decode(),
+                }
+                for a, k in sorted(self.rhythms_changed)
+            ]
             with registered(con, frame=pa.Table.from_pylist(rows)):
                 con.execute("INSERT OR REPLACE INTO oscillators SELECT agent, kind, events, state::JSON FROM frame")
             self.rhythms_changed.clear()
         if self.readings:
             with registered(con, readings=pa.Table.from_pylist(self.readings)):
-                con.execute("INSERT INTO oscillator_readings SELECT agent, kind, occurred_at, memory_id, anomaly, "
-                            "coherence, distances, src_offset FROM readings")
+                con.execute(
+                    "INSERT INTO oscillator_readings SELECT agent, kind, occurred_at, memory_id, anomaly, "
+                    "coherence, distances, src_offset FROM readings"
+                )
             self.readings.clear()
         if not events:
             return goal_rows
         self._insert(con, events)
         return len(events) + goal_rows
 
-    def _fold(self, con: duckdb.DuckDBPyConnection, batch: Sequence[tuple[bytes | None, Any, Any]],
-              events: list[tuple[MemoryEvent, int]]) -> None:
+    def _fold(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        batch: Sequence[tuple[bytes | None, Any, Any]],
+        events: list[tuple[MemoryEvent, int]],
+    ) -> None:
         """The batch's records in order: accesses, sleep requests, and units (sleep first when due)."""
         for kind, rec, units in batch:
             if kind == KIND_ACCESS:
@@ -183,16 +214,21 @@ class MemoryProjection:
             if kind == KIND_SLEEP:
                 if self.sleep is not None:
                     req = _sleep_decoder.decode(rec.value or b"[]")
-                    events += [(ev, rec.offset) for ev in self.sleep.run(self.state, req.at, SleepTrigger.ON_DEMAND,
-                                                                          rec.offset, con)]
+                    events += [
+                        (ev, rec.offset)
+                        for ev in self.sleep.run(self.state, req.at, SleepTrigger.ON_DEMAND, rec.offset, con)
+                    ]
                     self.goals.remeasure(self.state, [], req.at, rec.offset)  # a nearest memory may be gone
                 continue
             if self.sleep is not None and units:  # fire times passed in stream time: sleep first
-                latest = bounded_time(max(u.occurred_at for u in units), _record_time(rec),
-                                      self.sleep.config.max_clock_skew_s)
+                latest = bounded_time(
+                    max(u.occurred_at for u in units), _record_time(rec), self.sleep.config.max_clock_skew_s
+                )
                 for at in self.sleep.due(latest):
-                    events += [(ev, rec.offset) for ev in self.sleep.run(self.state, at, SleepTrigger.SCHEDULE,
-                                                                          rec.offset, con)]
+                    events += [
+                        (ev, rec.offset)
+                        for ev in self.sleep.run(self.state, at, SleepTrigger.SCHEDULE, rec.offset, con)
+                    ]
                 self.sleep.observe(units, _record_time(rec))  # then the scopes' stream times move on
             _, decided = capture(self.state, units, _ts(rec, units))
             events += [(ev, rec.offset) for ev in at_event_time(decided)]
@@ -213,41 +249,97 @@ class MemoryProjection:
                 state, reading = observe(self.rhythms.get(key), u.occurred_at, self.oscillators, source=(0, offset, i))
                 self.rhythms[key] = state
                 if reading is not None and reading.anomaly is not None:  # stored: how on time this event was
-                    self.readings.append({"agent": u.agent, "kind": kind, "occurred_at": u.occurred_at,
-                                          "memory_id": u.memory_id, "anomaly": reading.anomaly,
-                                          "coherence": reading.coherence, "distances": reading.distances,
-                                          "src_offset": offset})
+                    self.readings.append(
+                        {
+                            "agent": u.agent,
+                            "kind": kind,
+                            "occurred_at": u.occurred_at,
+                            "memory_id": u.memory_id,
+                            "anomaly": reading.anomaly,
+                            "coherence": reading.coherence,
+                            "distances": reading.distances,
+                            "src_offset": offset,
+                        }
+                    )
                 self.rhythms_changed.add(key)
 
     def _insert(self, con: duckdb.DuckDBPyConnection, events: list[tuple[MemoryEvent, int]]) -> None:
         log_rows, mem_rows, merge_rows, edge_rows, access_rows = [], [], [], [], []
         for ev, offset in events:
-            log_rows.append({"ord": self.next_ord, "kind": type(ev).__name__, "body": _encoder.encode(ev).decode(),
-                             "src_offset": offset})
+            log_rows.append(
+                {
+                    "ord": self.next_ord,
+                    "kind": type(ev).__name__,
+                    "body": _encoder.encode(ev).decode(),
+                    "src_offset": offset,
+                }
+            )
             self.next_ord += 1
             if isinstance(ev, CaptureDecided):
                 u = ev.unit
                 if ev.action is CaptureAction.STORED:
-                    mem_rows.append({
-                        "memory_id": u.memory_id, "kind": u.kind.value, "agent": u.agent, "scope": u.scope,
-                        "run_id": u.run_id, "position": u.position, "occurred_at": u.occurred_at,
-                        "perception": u.perception, "summary": u.summary, "outcome": u.outcome, "speaker": u.speaker,
-                        "refs": list(u.refs), "source_event_ids": [str(x) for x in u.source_event_ids],
-                        "reasons": list(ev.reasons), "prediction_error": ev.prediction_error,
-                        "user_interaction": u.user_interaction, "decided_at": ev.decided_at, "user_id": u.user_id})
+                    mem_rows.append(
+                        {
+                            "memory_id": u.memory_id,
+                            "kind": u.kind.value,
+                            "agent": u.agent,
+                            "scope": u.scope,
+                            "run_id": u.run_id,
+                            "position": u.position,
+                            "occurred_at": u.occurred_at,
+                            "perception": u.perception,
+                            "summary": u.summary,
+                            "outcome": u.outcome,
+                            "speaker": u.speaker,
+                            "refs": list(u.refs),
+                            "source_event_ids": [str(x) for x in u.source_event_ids],
+                            "reasons": list(ev.reasons),
+                            "prediction_error": ev.prediction_error,
+                            "user_interaction": u.user_interaction,
+                            "decided_at": ev.decided_at,
+                            "user_id": u.user_id,
+                        }
+                    )
                 else:
-                    merge_rows.append({"unit_id": u.memory_id, "memory_id": ev.memory_id, "agent": u.agent,
-                                       "prediction_error": ev.prediction_error, "decided_at": ev.decided_at})
+                    merge_rows.append(
+                        {
+                            "unit_id": u.memory_id,
+                            "memory_id": ev.memory_id,
+                            "agent": u.agent,
+                            "prediction_error": ev.prediction_error,
+                            "decided_at": ev.decided_at,
+                        }
+                    )
             elif isinstance(ev, MemoryLinked):
-                edge_rows.append({"a": ev.a, "b": ev.b, "weight": ev.weight, "shared": ev.shared, "goal": ev.goal,
-                                  "temporal": ev.temporal, "formed_at": ev.formed_at})
+                edge_rows.append(
+                    {
+                        "a": ev.a,
+                        "b": ev.b,
+                        "weight": ev.weight,
+                        "shared": ev.shared,
+                        "goal": ev.goal,
+                        "temporal": ev.temporal,
+                        "formed_at": ev.formed_at,
+                    }
+                )
             elif isinstance(ev, MemoryAccessed):
-                access_rows.append({"memory_id": ev.memory_id, "agent": ev.agent, "query": ev.query, "rank": ev.rank,
-                                    "score": ev.score, "accessed_at": ev.accessed_at})
+                access_rows.append(
+                    {
+                        "memory_id": ev.memory_id,
+                        "agent": ev.agent,
+                        "query": ev.query,
+                        "rank": ev.rank,
+                        "score": ev.score,
+                        "accessed_at": ev.accessed_at,
+                    }
+                )
         for table, rows, select in (
-                ("memory_log", log_rows, "ord, kind, body::JSON, src_offset"),
-                ("memories", mem_rows, "*"), ("memory_merges", merge_rows, "*"), ("memory_edges", edge_rows, "*"),
-                ("memory_access", access_rows, "*")):
+            ("memory_log", log_rows, "ord, kind, body::JSON, src_offset"),
+            ("memories", mem_rows, "*"),
+            ("memory_merges", merge_rows, "*"),
+            ("memory_edges", edge_rows, "*"),
+            ("memory_access", access_rows, "*"),
+        ):
             if rows:
                 with registered(con, frame=pa.Table.from_pylist(rows)):
                     con.execute(f"INSERT INTO {table} SELECT {select} FROM frame")

@@ -26,11 +26,23 @@ from prometheus_client.registry import Collector
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # the text exposition format
 # The dead-letter kinds the pipeline writes (docs/contract.md); any other is served as "other".
-DEAD_LETTER_KINDS = frozenset({"oversized", "undecodable", "schema", "poison", "late", "order", "future",
-                               "duplicate", "abandoned"})
+DEAD_LETTER_KINDS = frozenset(
+    {"oversized", "undecodable", "schema", "poison", "late", "order", "future", "duplicate", "abandoned"}
+)
 # BatchResult fields counted per kind in somnus_projected_total.
-KINDS = ("events", "episodes", "lessons", "dead_letters", "facts", "link_updates", "memory_events",
-         "semantic_events", "duplicate_events", "quarantined", "skipped_invalid")
+KINDS = (
+    "events",
+    "episodes",
+    "lessons",
+    "dead_letters",
+    "facts",
+    "link_updates",
+    "memory_events",
+    "semantic_events",
+    "duplicate_events",
+    "quarantined",
+    "skipped_invalid",
+)
 # Batches take milliseconds to seconds; a briefing refresh is bounded by REFRESH_BUDGET_S (0.25 s) per slice.
 SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -42,14 +54,28 @@ class ProjectorMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
-        self.projected = Counter("somnus_projected", "Records projected, by kind (events, episodes, dead letters...).",
-                                 ["kind"], registry=r)
-        self.batches = Histogram("somnus_projector_batch_seconds", "Seconds to apply one batch (rows and offsets, "
-                                 "one transaction).", buckets=SECONDS, registry=r)
-        self.folds = Histogram("somnus_projector_fold_seconds", "Seconds per batch spent in each fold / stage.",
-                               ["stage"], buckets=SECONDS, registry=r)
-        self.refreshes = Histogram("somnus_briefing_refresh_seconds", "Seconds per briefing refresh (a slice of the "
-                                   "stale briefings).", buckets=SECONDS, registry=r)
+        self.projected = Counter(
+            "somnus_projected", "Records projected, by kind (events, episodes, dead letters...).", ["kind"], registry=r
+        )
+        self.batches = Histogram(
+            "somnus_projector_batch_seconds",
+            "Seconds to apply one batch (rows and offsets, one transaction).",
+            buckets=SECONDS,
+            registry=r,
+        )
+        self.folds = Histogram(
+            "somnus_projector_fold_seconds",
+            "Seconds per batch spent in each fold / stage.",
+            ["stage"],
+            buckets=SECONDS,
+            registry=r,
+        )
+        self.refreshes = Histogram(
+            "somnus_briefing_refresh_seconds",
+            "Seconds per briefing refresh (a slice of the stale briefings).",
+            buckets=SECONDS,
+            registry=r,
+        )
         self.rendered = Counter("somnus_briefings_rendered", "Briefings a refresh changed.", registry=r)
         for kind in KINDS:  # every kind present from the first scrape, at 0
             self.projected.labels(kind)
@@ -89,16 +115,32 @@ class ScrapeCollector(Collector):
     ``dead_letters()`` {kind: rows}, ``restarts()`` {role: restarts}. A reader that fails leaves its
     metric out of this scrape (a scrape never fails for it); ``somnus_scrape_errors`` says which."""
 
-    def __init__(self, metrics: ProjectorMetrics, lag: Callable[[], Mapping[str, int]],
-                 stale: Callable[[], int], dead_letters: Callable[[], Mapping[str, int]],
-                 restarts: Callable[[], Mapping[str, int]]) -> None:
-        self.metrics, self.lag, self.stale, self.dead_letters, self.restarts = metrics, lag, stale, dead_letters, restarts
+    def __init__(
+        self,
+        metrics: ProjectorMetrics,
+        lag: Callable[[], Mapping[str, int]],
+        stale: Callable[[], int],
+        dead_letters: Callable[[], Mapping[str, int]],
+        restarts: Callable[[], Mapping[str, int]],
+    ) -> None:
+        self.metrics, self.lag, self.stale, self.dead_letters, self.restarts = (
+            metrics,
+            lag,
+            stale,
+            dead_letters,
+            restarts,
+        )
 
     def collect(self) -> Iterator[Any]:
-        errors = GaugeMetricFamily("somnus_scrape_errors", "1 when a metric could not be read in this scrape.",
-                                   labels=["metric"])
-        for name, make in (("lag", self._lag), ("briefings", self._briefings), ("dead_letters", self._dead),
-                           ("supervisor", self._restarts)):
+        errors = GaugeMetricFamily(
+            "somnus_scrape_errors", "1 when a metric could not be read in this scrape.", labels=["metric"]
+        )
+        for name, make in (
+            ("lag", self._lag),
+            ("briefings", self._briefings),
+            ("dead_letters", self._dead),
+            ("supervisor", self._restarts),
+        ):
             try:
                 yield from make()
                 errors.add_metric([name], 0)
@@ -115,8 +157,11 @@ class ScrapeCollector(Collector):
     def _briefings(self) -> Iterator[Any]:
         stale = self.stale()
         yield GaugeMetricFamily("somnus_briefings_stale", "Briefings marked stale, not yet rendered.", value=stale)
-        yield GaugeMetricFamily("somnus_briefing_staleness_seconds", "Seconds the briefing cache has been behind "
-                                "(0 when nothing is stale).", value=self.metrics.staleness_s(stale))
+        yield GaugeMetricFamily(
+            "somnus_briefing_staleness_seconds",
+            "Seconds the briefing cache has been behind (0 when nothing is stale).",
+            value=self.metrics.staleness_s(stale),
+        )
 
     def _dead(self) -> Iterator[Any]:
         c = CounterMetricFamily("somnus_dead_letters", "Dead letters stored, by kind.", labels=["kind"])

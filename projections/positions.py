@@ -29,8 +29,9 @@ async def _open(settings: Settings, bootstrap: str) -> tuple[Any, Any]:
 
     from somnus.streams.connection import kafka_options
 
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                                **kafka_options(settings))
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, **kafka_options(settings)
+    )
     await consumer.start()
     try:
         admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **kafka_options(settings))
@@ -120,20 +121,29 @@ class KafkaPositions:
                 pass
 
 
-def on_loop(settings: Settings, bootstrap: str, loop: asyncio.AbstractEventLoop, timeout_s: float = 60.0,
-            ask: Callable[[], Coroutine[Any, Any, Positions]] | None = None) -> Callable[[], dict[str, Any]]:
+def on_loop(
+    settings: Settings,
+    bootstrap: str,
+    loop: asyncio.AbstractEventLoop,
+    timeout_s: float = 60.0,
+    ask: Callable[[], Coroutine[Any, Any, Positions]] | None = None,
+) -> Callable[[], dict[str, Any]]:
     """``ask`` (default: ``kafka_positions`` with clients of its own) run on ``loop`` (the projector's)
     from another thread (a read's), as JSON."""
+
     def positions() -> dict[str, Any]:
         import asyncio
 
         asked = ask() if ask is not None else kafka_positions(settings, bootstrap)
         ends, committed = asyncio.run_coroutine_threadsafe(asked, loop).result(timeout_s)
         return {"ends": ends, "committed": committed}
+
     return positions
 
 
 def from_json(got: dict[str, Any]) -> Positions:
     """``on_loop``'s answer as read back from JSON (partitions are strings there)."""
-    return tuple({t: {int(p): int(o) for p, o in parts.items()} for t, parts in got[k].items()}  # type: ignore[return-value]
-                 for k in ("ends", "committed"))
+    return tuple(
+        {t: {int(p): int(o) for p, o in parts.items()} for t, parts in got[k].items()}  # type: ignore[return-value]
+        for k in ("ends", "committed")
+    )

@@ -144,14 +144,27 @@ class Drain:
 
 
 class Projector:
-    def __init__(self, settings: Settings, bootstrap: str, db_path: Path | None = None,
-                 serve: bool = True, max_records: int = 20000) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        bootstrap: str,
+        db_path: Path | None = None,
+        serve: bool = True,
+        max_records: int = 20000,
+    ) -> None:
         self.settings = settings
         self.bootstrap = bootstrap
         self.db_path = Path(db_path or settings.db_path)  # type: ignore[arg-type]
-        self.topics = Topics(settings.traces_topic, settings.episodes_topic, settings.dead_letter_topic,
-                             settings.facts_topic, settings.link_updates_topic, settings.memory_topic,
-                             settings.working_memory_topic, settings.semantic_topic)
+        self.topics = Topics(
+            settings.traces_topic,
+            settings.episodes_topic,
+            settings.dead_letter_topic,
+            settings.facts_topic,
+            settings.link_updates_topic,
+            settings.memory_topic,
+            settings.working_memory_topic,
+            settings.semantic_topic,
+        )
         self.serve = serve
         self.max_records = max_records
         self.totals = BatchResult()
@@ -176,9 +189,15 @@ class Projector:
         self.db_path.parent.mkdir(parents=True, exist_ok=True)
         con = await open_projections(self.db_path)
         consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap, enable_auto_commit=False, group_id=None,
-            auto_offset_reset="earliest", fetch_max_bytes=64 << 20, max_partition_fetch_bytes=16 << 20,
-            fetch_max_wait_ms=100, **kafka_options(self.settings))
+            bootstrap_servers=self.bootstrap,
+            enable_auto_commit=False,
+            group_id=None,
+            auto_offset_reset="earliest",
+            fetch_max_bytes=64 << 20,
+            max_partition_fetch_bytes=16 << 20,
+            fetch_max_wait_ms=100,
+            **kafka_options(self.settings),
+        )
         await consumer.start()
         runner = None
         drain: Drain | None = None
@@ -191,10 +210,16 @@ class Projector:
             from somnus.processors.sleep.config import SleepConfig
             from somnus.processors.sleep.schedule import validate_schedule
 
-            models = ReadModels(con, self.agents, SleepConfig(schedule=validate_schedule(self.settings.sleep_schedule),
-                                                              max_clock_skew_s=self.settings.max_clock_skew_s,
-                                                              fact_retire_days=self.settings.fact_retire_days),
-                                OscillatorConfig(enabled=True) if self.settings.oscillators else None)
+            models = ReadModels(
+                con,
+                self.agents,
+                SleepConfig(
+                    schedule=validate_schedule(self.settings.sleep_schedule),
+                    max_clock_skew_s=self.settings.max_clock_skew_s,
+                    fact_retire_days=self.settings.fact_retire_days,
+                ),
+                OscillatorConfig(enabled=True) if self.settings.oscillators else None,
+            )
             keys = await KeyFollower(self.bootstrap, self.settings.keys_topic, self.settings).start()
             models.keys = keys.ring  # sealed records open with the keys that remain (somnus.streams.keys)
             self._ring = keys.ring  # and promotion requests' topics are sealed with them
@@ -209,7 +234,8 @@ class Projector:
                 # what no request has reached (the semantic fold runs each id once).
                 missing = con.execute(
                     "SELECT run_id, run_at FROM sleep_runs WHERE trigger = 'schedule' AND 'sleep:' || run_id "
-                    "NOT IN (SELECT request_id FROM semantic_requests) ORDER BY run_at, run_id").fetchall()
+                    "NOT IN (SELECT request_id FROM semantic_requests) ORDER BY run_at, run_id"
+                ).fetchall()
                 if missing:
                     await self._request_promotion(con, missing)
             end = await consumer.end_offsets(tps) if until_end else {}
@@ -253,20 +279,35 @@ class Projector:
                         continue
                     t_batch = time.monotonic()
                     # the keys of its sealed records (and of a promotion request's sealed topics), or gone
-                    await keys.ensure([*(r.value for r in part),
-                                       *(v for r in part if r.topic == self.topics.semantic
-                                         for v in sealed_topics_of(r.value))])
+                    await keys.ensure(
+                        [
+                            *(r.value for r in part),
+                            *(v for r in part if r.topic == self.topics.semantic for v in sealed_topics_of(r.value)),
+                        ]
+                    )
                     async with lock:
-                        res = await asyncio.to_thread(apply_guarded, con, self.topics, part, stored,
-                                                      self.settings.max_event_bytes, models,
-                                                      self.settings.max_json_depth, self.settings.max_clock_skew_s)
+                        res = await asyncio.to_thread(
+                            apply_guarded,
+                            con,
+                            self.topics,
+                            part,
+                            stored,
+                            self.settings.max_event_bytes,
+                            models,
+                            self.settings.max_json_depth,
+                            self.settings.max_clock_skew_s,
+                        )
                         if models.briefings.urgent:  # an agent's own news: its briefing now, not in 0.5 s
                             await asyncio.to_thread(models.briefings.refresh, con, REFRESH_BUDGET_S, True)
                     took = time.monotonic() - t_batch
                     self.metrics.batch_applied(res, took)
                     if took > SLOW_S:
-                        log.warning("slow batch: %.2f s for %d records (%s)", took, len(part), ", ".join(
-                            f"{k} {v:.2f}" for k, v in sorted(res.timings.items(), key=lambda kv: -kv[1])))
+                        log.warning(
+                            "slow batch: %.2f s for %d records (%s)",
+                            took,
+                            len(part),
+                            ", ".join(f"{k} {v:.2f}" for k, v in sorted(res.timings.items(), key=lambda kv: -kv[1])),
+                        )
                     stored.update(res.offsets)
                     for stage, took_s in res.timings.items():  # where the time went, since start
                         self.stage_s[stage] = self.stage_s.get(stage, 0.0) + took_s
@@ -311,17 +352,31 @@ class Projector:
                 # each run's request promotes the topics that run abstracted, so its layer report shows
                 # what it added; the first also takes any other (e.g. a `somnus sleep` run's). Topics
                 # are sealed under their source sessions' keys (``sealed_request``).
-                return [sealed_request(cur, msgspec.structs.replace(
-                    inputs, at=at, request_id=SLEEP_REQUEST_PREFIX + run_id,
-                    topics=[t for t in inputs.topics if by_run.get(t.pattern_id, runs[0][0]) == run_id]), self._ring)
-                        for run_id, at in runs]
+                return [
+                    sealed_request(
+                        cur,
+                        msgspec.structs.replace(
+                            inputs,
+                            at=at,
+                            request_id=SLEEP_REQUEST_PREFIX + run_id,
+                            topics=[t for t in inputs.topics if by_run.get(t.pattern_id, runs[0][0]) == run_id],
+                        ),
+                        self._ring,
+                    )
+                    for run_id, at in runs
+                ]
 
         async with self.write_lock:
             requests = await asyncio.to_thread(snapshot)
         for (run_id, at), req in zip(runs, requests, strict=True):
             try:
-                await self._producer.send_and_wait(self.topics.semantic, encode(req), key=b"global", partition=0,
-                                                   headers=[("somnus-kind", KIND_PROMOTE)])
+                await self._producer.send_and_wait(
+                    self.topics.semantic,
+                    encode(req),
+                    key=b"global",
+                    partition=0,
+                    headers=[("somnus-kind", KIND_PROMOTE)],
+                )
             except Exception as exc:  # logged, not fatal: `somnus consolidate` can request it again
                 log.error("could not request promotion after sleep run %s: %r", run_id, exc)
             else:
@@ -343,31 +398,54 @@ class Projector:
 
     async def _partitions(self, consumer: AIOKafkaConsumer) -> list[TopicPartition]:
         tps: list[TopicPartition] = []
-        for topic in (self.topics.traces, self.topics.episodes, self.topics.dead_letters, self.topics.facts,
-                      self.topics.link_updates, self.topics.memory, self.topics.working_memory,
-                      self.topics.semantic):
+        for topic in (
+            self.topics.traces,
+            self.topics.episodes,
+            self.topics.dead_letters,
+            self.topics.facts,
+            self.topics.link_updates,
+            self.topics.memory,
+            self.topics.working_memory,
+            self.topics.semantic,
+        ):
             tps.extend(TopicPartition(topic, p) for p in await partitions_of(consumer, topic))
         return tps
 
-    async def _start_server(self, con: duckdb.DuckDBPyConnection, models: ReadModels,
-                            stored: dict[tuple[str, int], int] | None = None) -> web.AppRunner:
+    async def _start_server(
+        self, con: duckdb.DuckDBPyConnection, models: ReadModels, stored: dict[tuple[str, int], int] | None = None
+    ) -> web.AppRunner:
         # Reads use their own cursor (a second connection to the same database: it sees committed
         # data while a batch is being written on ``con`` in the writer thread).
-        service = api.ReadService(con.cursor(), models.agents, briefings=models.briefings.current, episodic=models.memory,
-                                  semantic=models.semantic, top_facts=models.top_facts, keys=models.keys,
-                                  sandbox=SqlSandbox.from_settings(con, self.settings))  # analysts' SQL
-        producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all", enable_idempotence=True,
-                                    linger_ms=5, **LARGE_RECORDS, **kafka_options(self.settings))  # promotion requests
+        service = api.ReadService(
+            con.cursor(),
+            models.agents,
+            briefings=models.briefings.current,
+            episodic=models.memory,
+            semantic=models.semantic,
+            top_facts=models.top_facts,
+            keys=models.keys,
+            sandbox=SqlSandbox.from_settings(con, self.settings),
+        )  # analysts' SQL
+        producer = AIOKafkaProducer(
+            bootstrap_servers=self.bootstrap,
+            acks="all",
+            enable_idempotence=True,
+            linger_ms=5,
+            **LARGE_RECORDS,
+            **kafka_options(self.settings),
+        )  # promotion requests
         await producer.start()
         self._producer = producer
         pending: set[asyncio.Future[Any]] = set()
 
         def settled(message: str) -> Callable[[asyncio.Future[Any]], None]:
             """The done callback of a send: dropped from ``pending``; a failure logged with ``message``."""
+
             def done(fut: asyncio.Future[Any]) -> None:
                 pending.discard(fut)
                 if fut.exception():
                     log.error(message, fut.exception())
+
             return done
 
         served_done = settled("could not record a served briefing: %r")
@@ -375,9 +453,15 @@ class Projector:
 
         def served(record: Any) -> None:
             # Fire and forget, but never lost silently: a failed send is logged.
-            fut = asyncio.ensure_future(producer.send_and_wait(
-                self.topics.facts, encode(record), key=record.agent.encode(), partition=0,
-                headers=[("somnus-kind", KIND_SERVED)]))
+            fut = asyncio.ensure_future(
+                producer.send_and_wait(
+                    self.topics.facts,
+                    encode(record),
+                    key=record.agent.encode(),
+                    partition=0,
+                    headers=[("somnus-kind", KIND_SERVED)],
+                )
+            )
             pending.add(fut)
             fut.add_done_callback(served_done)
 
@@ -388,16 +472,20 @@ class Projector:
         models.forget.on_purged.append(lambda: setattr(service, "synopses", api._synopsis_cache()))
 
         def accessed(events: list[Any]) -> None:
-            fut = asyncio.ensure_future(producer.send_and_wait(
-                self.topics.memory, encode(events), partition=0, headers=[("somnus-kind", KIND_ACCESS)]))
+            fut = asyncio.ensure_future(
+                producer.send_and_wait(
+                    self.topics.memory, encode(events), partition=0, headers=[("somnus-kind", KIND_ACCESS)]
+                )
+            )
             pending.add(fut)
             fut.add_done_callback(accessed_done)
 
         service.on_accessed = accessed
         # somnus status: Kafka positions asked on this loop, so the CLI needs no Kafka client of its own
         self._kafka_positions = positions.KafkaPositions(self.settings, self.bootstrap)  # clients kept open
-        service.extra["kafka_positions"] = positions.on_loop(self.settings, self.bootstrap, asyncio.get_running_loop(),
-                                                             ask=self._kafka_positions)
+        service.extra["kafka_positions"] = positions.on_loop(
+            self.settings, self.bootstrap, asyncio.get_running_loop(), ask=self._kafka_positions
+        )
 
         # Every route needs a token of this home (projections/auth.py); the operator's is made if missing.
         home = Path(self.settings.home)
@@ -410,9 +498,16 @@ class Projector:
         models.briefings.listeners.append(self._briefing_server.publish)
         runner, port = await serve_bounded(app, "127.0.0.1", 0)
         # Where the operator's token is (not the token): somnus.reads sends it, whatever SOMNUS_HOME says.
-        endpoint_file(self.db_path).write_text(json.dumps({"pid": os.getpid(), "port": port,
-                                                           "briefing_port": briefing_port,
-                                                           "token_file": str(auth.token_file(home))}))
+        endpoint_file(self.db_path).write_text(
+            json.dumps(
+                {
+                    "pid": os.getpid(),
+                    "port": port,
+                    "briefing_port": briefing_port,
+                    "token_file": str(auth.token_file(home)),
+                }
+            )
+        )
         return runner
 
     def lag(self) -> dict[str, int]:
@@ -433,11 +528,15 @@ class Projector:
         from prometheus_client import CollectorRegistry
 
         scrape = CollectorRegistry()
-        scrape.register(ScrapeCollector(
-            self.metrics, self.lag,
-            stale=lambda: one_row(con, "SELECT count(*) FROM briefings_dirty")[0],
-            dead_letters=lambda: dict(con.execute("SELECT kind, count(*) FROM dead_letters GROUP BY 1").fetchall()),
-            restarts=lambda: supervisor_restarts(self.settings.run_dir / SUPERVISOR_STATE_FILE)))
+        scrape.register(
+            ScrapeCollector(
+                self.metrics,
+                self.lag,
+                stale=lambda: one_row(con, "SELECT count(*) FROM briefings_dirty")[0],
+                dead_letters=lambda: dict(con.execute("SELECT kind, count(*) FROM dead_letters GROUP BY 1").fetchall()),
+                restarts=lambda: supervisor_restarts(self.settings.run_dir / SUPERVISOR_STATE_FILE),
+            )
+        )
 
         async def handle(request: web.Request) -> web.Response:
             principal = request.get(auth.PRINCIPAL)
@@ -445,6 +544,7 @@ class Projector:
                 return web.json_response({"error": "GET /metrics needs an operator token"}, status=403)
             body = exposition(self.metrics.registry) + exposition(scrape)
             return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
         return handle
 
 

@@ -13,7 +13,6 @@ from somnus.projections.sql_sandbox import SqlRefused, one_row, statement
 from somnus.schemas.facts import GLOBAL_SCOPE
 
 
-
 class NotReadOnly(ValueError):
     """The SQL holds a statement that could change the projections."""
 
@@ -68,22 +67,31 @@ def counts(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
 def offsets(con: duckdb.DuckDBPyConnection) -> dict[str, dict[int, int]]:
     out: dict[str, dict[int, int]] = {}
     for topic, part, off in con.execute(
-            "SELECT topic, kafka_partition, next_offset FROM projection_offsets ORDER BY 1, 2").fetchall():
+        "SELECT topic, kafka_partition, next_offset FROM projection_offsets ORDER BY 1, 2"
+    ).fetchall():
         out.setdefault(topic, {})[part] = off
     return out
 
 
 def summary(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
-    return {"counts": counts(con), "offsets": offsets(con), "memories": memory_counts(con),
-            "stale_briefings": one_row(con, "SELECT count(*) FROM briefings_dirty")[0],
-            "dead_letter_kinds": dict(con.execute(
-                "SELECT kind, count(*) FROM dead_letters GROUP BY 1 ORDER BY 1").fetchall()),
-            # records the projector itself could not decode or fold, by their own topic (never retried)
-            "quarantined": dict(con.execute(
+    return {
+        "counts": counts(con),
+        "offsets": offsets(con),
+        "memories": memory_counts(con),
+        "stale_briefings": one_row(con, "SELECT count(*) FROM briefings_dirty")[0],
+        "dead_letter_kinds": dict(
+            con.execute("SELECT kind, count(*) FROM dead_letters GROUP BY 1 ORDER BY 1").fetchall()
+        ),
+        # records the projector itself could not decode or fold, by their own topic (never retried)
+        "quarantined": dict(
+            con.execute(
                 "SELECT src_topic, count(*) FROM dead_letters WHERE dlq_offset IS NULL AND kind <> 'duplicate' "
-                "GROUP BY 1 ORDER BY 1").fetchall()),
-            # trace events whose event_id their session had already projected (applied once)
-            "duplicate_events": _count_or_zero(con, "duplicate_events")}
+                "GROUP BY 1 ORDER BY 1"
+            ).fetchall()
+        ),
+        # trace events whose event_id their session had already projected (applied once)
+        "duplicate_events": _count_or_zero(con, "duplicate_events"),
+    }
 
 
 def _count_or_zero(con: duckdb.DuckDBPyConnection, table: str) -> int:
@@ -92,6 +100,7 @@ def _count_or_zero(con: duckdb.DuckDBPyConnection, table: str) -> int:
         return one_row(con, f"SELECT count(*) FROM {table}")[0]
     except duckdb.CatalogException:
         return 0
+
 
 def stream_time(con: duckdb.DuckDBPyConnection, agents: Mapping[str, Any], scope: str = "global") -> dict[str, Any]:
     """The stream time of a scope: the newest event time of the agents writing in it (``agent:<name>``:
@@ -119,10 +128,13 @@ def stream_time(con: duckdb.DuckDBPyConnection, agents: Mapping[str, Any], scope
 def memory_counts(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
     """Stored memories by state: ``live`` (recallable, compressed ones included), ``compressed`` and
     ``pruned`` (removed by sleep or a forget: still rows of ``memories``, an append-only projection)."""
-    stored, pruned, compressed = one_row(con, """
+    stored, pruned, compressed = one_row(
+        con,
+        """
         WITH forgotten AS (
             SELECT body->>'memory_id' AS memory_id, bool_or(body->>'reason' = 'removed') AS removed
             FROM memory_log WHERE kind = 'MemoryForgotten' GROUP BY 1)
         SELECT count(*), count(*) FILTER (WHERE f.removed), count(*) FILTER (WHERE NOT f.removed)
-        FROM memories m LEFT JOIN forgotten f USING (memory_id)""")
+        FROM memories m LEFT JOIN forgotten f USING (memory_id)""",
+    )
     return {"stored": stored, "live": stored - pruned, "compressed": compressed, "pruned": pruned}

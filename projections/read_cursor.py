@@ -48,12 +48,12 @@ class ReadCursor:
         return self._rows[self._next - 1]
 
     def fetchmany(self, size: int = 1) -> list[Any]:
-        out = self._rows[self._next:self._next + size]
+        out = self._rows[self._next : self._next + size]
         self._next += len(out)
         return out
 
     def fetchall(self) -> list[Any]:
-        out = self._rows[self._next:]
+        out = self._rows[self._next :]
         self._next = len(self._rows)
         return out
 

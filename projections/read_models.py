@@ -37,16 +37,26 @@ class ReadModels:
     - ``keys``: the data keys that open sealed records (``somnus.schemas.sealed.KeyRing``).
     """
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, agents: Mapping[str, Any] | None = None,
-                 sleep_config: Any = None, oscillators: Any = None) -> None:
+    def __init__(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        agents: Mapping[str, Any] | None = None,
+        sleep_config: Any = None,
+        oscillators: Any = None,
+    ) -> None:
         self.agents = dict(agents or {})
         self.episodes: set[str] = {str(r[0]) for r in con.execute("SELECT episode_id FROM episodes").fetchall()}
-        self.dead_letters: set[DeadLetterKey] = set(con.execute(
-            "SELECT src_topic, src_partition, src_offset, src_index, kind FROM dead_letters").fetchall())
+        self.dead_letters: set[DeadLetterKey] = set(
+            con.execute("SELECT src_topic, src_partition, src_offset, src_index, kind FROM dead_letters").fetchall()
+        )
         self.knowledge = KnowledgeProjection(con)
         self.causal = CausalProjection(con)
-        self.memory = MemoryProjection(con, SleepJob(con, {a: s.max_episodes for a, s in self.agents.items()},
-                                                     sleep_config or SleepConfig()), oscillators, self.agents)
+        self.memory = MemoryProjection(
+            con,
+            SleepJob(con, {a: s.max_episodes for a, s in self.agents.items()}, sleep_config or SleepConfig()),
+            oscillators,
+            self.agents,
+        )
         self.semantic = SemanticProjection(con)
         self.top_facts = TopFacts()
         self.top_facts.refresh(con)

@@ -32,21 +32,34 @@ from somnus.processors.semantic.co_occurrence import co_occurrence_events
 from somnus.processors.semantic.layers import MemoryLayers
 from somnus.processors.prediction.causal_links import DEFAULT_ALPHA, alphas_for, confidence_of
 from somnus.processors.semantic.promotion import (
-    AbstractionPromotionSource, NacPromotionSource, SemanticPromoter, StatisticianPromotionSource)
+    AbstractionPromotionSource,
+    NacPromotionSource,
+    SemanticPromoter,
+    StatisticianPromotionSource,
+)
 from somnus.schemas.semantic import CausalLinkView
 from somnus.processors.semantic.concepts import ingest_knowledge
 from somnus.processors.prediction.patterns import Statistician, pattern_events
 from somnus.schemas.semantic import CallOutcome
 from somnus.schemas.semantic import (
-    CandidateRejected, ConceptCreated, ConceptPromoted, ConceptReinforced, CrossLayerEdgeFormed, PatternConfirmed,
-    RecordRemoved, RelationshipFormed, SemanticEvent, decode_semantic, encode_semantic)
+    CandidateRejected,
+    ConceptCreated,
+    ConceptPromoted,
+    ConceptReinforced,
+    CrossLayerEdgeFormed,
+    PatternConfirmed,
+    RecordRemoved,
+    RelationshipFormed,
+    SemanticEvent,
+    decode_semantic,
+    encode_semantic,
+)
 from somnus.schemas.facts import GLOBAL_SCOPE
 from somnus.schemas.agents import AgentSpec
 from somnus.schemas.semantic import KIND_INGEST, KIND_PROMOTE, KnowledgeIngested, PromotionRequested, TopicView
 from somnus.schemas.codec import Rejection
 from somnus.schemas.sealed import FORGOTTEN, KeyRing, open_shared, seal_shared
 from somnus.projections.frames import registered
-
 
 
 log = logging.getLogger(__name__)
@@ -80,8 +93,12 @@ class SemanticProjection:
             m = self.layers[owner] = MemoryLayers(owner)
         return m
 
-    def write(self, con: duckdb.DuckDBPyConnection, records: Sequence[tuple[bytes | None, Any]],
-              keys: Mapping[str, bytes] | None = None) -> tuple[int, set[str]]:
+    def write(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        records: Sequence[tuple[bytes | None, Any]],
+        keys: Mapping[str, bytes] | None = None,
+    ) -> tuple[int, set[str]]:
         """Fold ``(kind, record)`` pairs in order; write the events they made (caller's transaction).
         ``keys`` (key id -> data key) open a request's sealed topics. Returns how many events, and the
         owners (scopes) whose memory changed."""
@@ -102,16 +119,26 @@ class SemanticProjection:
                     if preq.request_id in self.requests:
                         continue  # a copy of a request already run
                     self.requests.add(preq.request_id)
-                    requests.append({"request_id": preq.request_id, "owner": preq.owner, "requested_at": preq.at,
-                                     "src_offset": rec.offset})
+                    requests.append(
+                        {
+                            "request_id": preq.request_id,
+                            "owner": preq.owner,
+                            "requested_at": preq.at,
+                            "src_offset": rec.offset,
+                        }
+                    )
                 sleep = preq.request_id is not None and preq.request_id.startswith(SLEEP_REQUEST_PREFIX)
                 before = layer_sizes(self.layers) if sleep else {}
                 had = pattern_ids(self.layers) if sleep else set()
                 made = self.promote(preq)
                 if sleep:
                     made += self.consolidate(preq.at)
-                    sleeps.append((str(preq.request_id).removeprefix(SLEEP_REQUEST_PREFIX),
-                                   layer_changes(before, layer_sizes(self.layers), had, made)))
+                    sleeps.append(
+                        (
+                            str(preq.request_id).removeprefix(SLEEP_REQUEST_PREFIX),
+                            layer_changes(before, layer_sizes(self.layers), had, made),
+                        )
+                    )
             else:
                 continue
             events += [(ev, rec.offset) for ev in made]
@@ -162,8 +189,10 @@ class SemanticProjection:
         records = Statistician(req.owner).analyse(req.calls) if req.calls else []
         made = pattern_events(m, records, req.at)
         made += SemanticPromoter(activity_times=sorted({c.at for c in req.calls})).promote(
-            m, [NacPromotionSource(req.links), StatisticianPromotionSource(m.ag), AbstractionPromotionSource(req.topics)],
-            req.at)
+            m,
+            [NacPromotionSource(req.links), StatisticianPromotionSource(m.ag), AbstractionPromotionSource(req.topics)],
+            req.at,
+        )
         made += co_occurrence_events(m, [t.key for t in req.topics], req.at)  # the AG from conversations
         return made
 
@@ -171,40 +200,93 @@ class SemanticProjection:
         log, concepts, rels, patterns, edges, audit = [], [], [], [], [], []
         removed: list[dict[str, Any]] = []
         for ev, offset in events:
-            log.append({"ord": self.next_ord, "owner": ev.owner, "kind": type(ev).__name__,
-                        "body": encode_semantic(ev).decode(), "src_offset": offset})
+            log.append(
+                {
+                    "ord": self.next_ord,
+                    "owner": ev.owner,
+                    "kind": type(ev).__name__,
+                    "body": encode_semantic(ev).decode(),
+                    "src_offset": offset,
+                }
+            )
             self.next_ord += 1
             if isinstance(ev, (ConceptCreated, ConceptReinforced)):
                 c = self.layers[ev.owner].atl.get(ev.concept_id)
                 if c is not None:
-                    concepts.append({"owner": ev.owner, "concept_id": c.concept_id, "name": c.name,
-                                     "category": c.category, "definition": c.definition,
-                                     "provenance": c.provenance.value, "reinforcement_count": c.reinforcement_count,
-                                     "confidence": c.confidence,
-                                     "properties": msgspec.json.encode(c.properties).decode(),
-                                     "source_episode_ids": list(c.source_episode_ids), "updated_at": ev.at})
+                    concepts.append(
+                        {
+                            "owner": ev.owner,
+                            "concept_id": c.concept_id,
+                            "name": c.name,
+                            "category": c.category,
+                            "definition": c.definition,
+                            "provenance": c.provenance.value,
+                            "reinforcement_count": c.reinforcement_count,
+                            "confidence": c.confidence,
+                            "properties": msgspec.json.encode(c.properties).decode(),
+                            "source_episode_ids": list(c.source_episode_ids),
+                            "updated_at": ev.at,
+                        }
+                    )
             elif isinstance(ev, RelationshipFormed):
-                rels.append({"owner": ev.owner, "source_id": ev.source_id, "relation": ev.relation,
-                             "target_id": ev.target_id, "weight": ev.weight,
-                             "metadata": msgspec.json.encode(ev.metadata).decode(), "formed_at": ev.at})
+                rels.append(
+                    {
+                        "owner": ev.owner,
+                        "source_id": ev.source_id,
+                        "relation": ev.relation,
+                        "target_id": ev.target_id,
+                        "weight": ev.weight,
+                        "metadata": msgspec.json.encode(ev.metadata).decode(),
+                        "formed_at": ev.at,
+                    }
+                )
             elif isinstance(ev, PatternConfirmed):
                 r = ev.record
-                patterns.append({"owner": ev.owner, "math_id": r.math_id, "name": r.name,
-                                 "category": r.category.value, "domain": r.domain, "summary": r.verbal,
-                                 "query": r.query, "confidence": r.confidence, "observations": r.n_observations,
-                                 "confirmed_at": ev.at, "source_agents": sorted(r.source_agents)})
+                patterns.append(
+                    {
+                        "owner": ev.owner,
+                        "math_id": r.math_id,
+                        "name": r.name,
+                        "category": r.category.value,
+                        "domain": r.domain,
+                        "summary": r.verbal,
+                        "query": r.query,
+                        "confidence": r.confidence,
+                        "observations": r.n_observations,
+                        "confirmed_at": ev.at,
+                        "source_agents": sorted(r.source_agents),
+                    }
+                )
             elif isinstance(ev, CrossLayerEdgeFormed):
-                edges.append({"owner": ev.owner, "source_layer": ev.source_layer.value, "source_id": ev.source_id,
-                              "edge_type": ev.edge_type.value, "target_layer": ev.target_layer.value,
-                              "target_id": ev.target_id, "weight": ev.weight, "formed_at": ev.at})
+                edges.append(
+                    {
+                        "owner": ev.owner,
+                        "source_layer": ev.source_layer.value,
+                        "source_id": ev.source_id,
+                        "edge_type": ev.edge_type.value,
+                        "target_layer": ev.target_layer.value,
+                        "target_id": ev.target_id,
+                        "weight": ev.weight,
+                        "formed_at": ev.at,
+                    }
+                )
             elif isinstance(ev, (ConceptPromoted, CandidateRejected)):
                 if isinstance(ev, ConceptPromoted):
                     promoted, concept_id, reason = True, ev.concept_id, ev.gate
                 else:
                     promoted, concept_id, reason = False, None, ev.reason
-                audit.append({"owner": ev.owner, "pattern_name": ev.pattern_name, "origin": ev.origin,
-                              "candidate_confidence": ev.candidate_confidence, "promoted": promoted,
-                              "concept_id": concept_id, "reason": reason, "decided_at": ev.at})
+                audit.append(
+                    {
+                        "owner": ev.owner,
+                        "pattern_name": ev.pattern_name,
+                        "origin": ev.origin,
+                        "candidate_confidence": ev.candidate_confidence,
+                        "promoted": promoted,
+                        "concept_id": concept_id,
+                        "reason": reason,
+                        "decided_at": ev.at,
+                    }
+                )
             elif isinstance(ev, RecordRemoved):
                 removed.append({"owner": ev.owner, "layer": ev.layer.value, "record_id": ev.record_id})
                 # this batch's rows of it so far go too; a later re-creation in the batch stays
@@ -214,23 +296,30 @@ class SemanticProjection:
                 _delete_removed(con)
         latest = {(r["owner"], r["concept_id"]): r for r in concepts}  # a concept's last state in the batch
         for table, rows, select in (
-                ("semantic_log", log, "ord, owner, kind, body::JSON, src_offset"),
-                ("concept_relationships", rels, "owner, source_id, relation, target_id, weight, metadata::JSON, formed_at"),
-                ("math_patterns", patterns, "*"), ("cross_layer_edges", edges, "*"), ("promotion_audit", audit, "*")):
+            ("semantic_log", log, "ord, owner, kind, body::JSON, src_offset"),
+            ("concept_relationships", rels, "owner, source_id, relation, target_id, weight, metadata::JSON, formed_at"),
+            ("math_patterns", patterns, "*"),
+            ("cross_layer_edges", edges, "*"),
+            ("promotion_audit", audit, "*"),
+        ):
             if rows:
                 with registered(con, frame=pa.Table.from_pylist(rows)):
                     con.execute(f"INSERT INTO {table} SELECT {select} FROM frame")
         if latest:
             with registered(con, frame=pa.Table.from_pylist(list(latest.values()))):
-                con.execute("INSERT OR REPLACE INTO concepts SELECT owner, concept_id, name, category, definition, "
-                            "provenance, reinforcement_count, confidence, properties::JSON, source_episode_ids, "
-                            "updated_at FROM frame")
+                con.execute(
+                    "INSERT OR REPLACE INTO concepts SELECT owner, concept_id, name, category, definition, "
+                    "provenance, reinforcement_count, confidence, properties::JSON, source_episode_ids, "
+                    "updated_at FROM frame"
+                )
 
 
 Rows = list[dict[str, Any]]
 
 
-def _without(ev: RecordRemoved, concepts: Rows, rels: Rows, patterns: Rows, edges: Rows) -> tuple[Rows, Rows, Rows, Rows]:
+def _without(
+    ev: RecordRemoved, concepts: Rows, rels: Rows, patterns: Rows, edges: Rows
+) -> tuple[Rows, Rows, Rows, Rows]:
     """The batch's read-model rows without those of the record ``ev`` removes (as ``_delete_removed``)."""
     o, layer, rid = ev.owner, ev.layer.value, ev.record_id
     if layer == "atl":
@@ -238,22 +327,33 @@ def _without(ev: RecordRemoved, concepts: Rows, rels: Rows, patterns: Rows, edge
         rels = [r for r in rels if r["owner"] != o or rid not in (r["source_id"], r["target_id"])]
     elif layer == "angular_gyrus":
         patterns = [r for r in patterns if (r["owner"], r["math_id"]) != (o, rid)]
-    edges = [r for r in edges if r["owner"] != o or (layer, rid) not in ((r["source_layer"], r["source_id"]),
-                                                                          (r["target_layer"], r["target_id"]))]
+    edges = [
+        r
+        for r in edges
+        if r["owner"] != o
+        or (layer, rid) not in ((r["source_layer"], r["source_id"]), (r["target_layer"], r["target_id"]))
+    ]
     return concepts, rels, patterns, edges
 
 
 def _delete_removed(con: duckdb.DuckDBPyConnection) -> None:
     """Delete what the registered frame ``gone`` names from the layers' read models."""
-    con.execute("DELETE FROM concepts c USING gone g WHERE g.layer = 'atl' AND c.owner = g.owner "
-                "AND c.concept_id = g.record_id")
-    con.execute("DELETE FROM concept_relationships r USING gone g WHERE g.layer = 'atl' "
-                "AND r.owner = g.owner AND (r.source_id = g.record_id OR r.target_id = g.record_id)")
-    con.execute("DELETE FROM math_patterns p USING gone g WHERE g.layer = 'angular_gyrus' "
-                "AND p.owner = g.owner AND p.math_id = g.record_id")
-    con.execute("DELETE FROM cross_layer_edges e USING gone g WHERE e.owner = g.owner AND "
-                "((e.source_layer = g.layer AND e.source_id = g.record_id) "
-                "OR (e.target_layer = g.layer AND e.target_id = g.record_id))")
+    con.execute(
+        "DELETE FROM concepts c USING gone g WHERE g.layer = 'atl' AND c.owner = g.owner AND c.concept_id = g.record_id"
+    )
+    con.execute(
+        "DELETE FROM concept_relationships r USING gone g WHERE g.layer = 'atl' "
+        "AND r.owner = g.owner AND (r.source_id = g.record_id OR r.target_id = g.record_id)"
+    )
+    con.execute(
+        "DELETE FROM math_patterns p USING gone g WHERE g.layer = 'angular_gyrus' "
+        "AND p.owner = g.owner AND p.math_id = g.record_id"
+    )
+    con.execute(
+        "DELETE FROM cross_layer_edges e USING gone g WHERE e.owner = g.owner AND "
+        "((e.source_layer = g.layer AND e.source_id = g.record_id) "
+        "OR (e.target_layer = g.layer AND e.target_id = g.record_id))"
+    )
 
 
 SLEEP_REQUEST_PREFIX = "sleep:"  # + run id: the promotion request of a sleep run (projector, somnus sleep)
@@ -261,8 +361,7 @@ SLEEP_REQUEST_PREFIX = "sleep:"  # + run id: the promotion request of a sleep ru
 
 def layer_sizes(layers: Mapping[str, MemoryLayers]) -> dict[str, int]:
     """Records in the ATL and the Angular Gyrus, summed over owners."""
-    return {"atl": sum(len(m.atl) for m in layers.values()),
-            "angular_gyrus": sum(len(m.ag) for m in layers.values())}
+    return {"atl": sum(len(m.atl) for m in layers.values()), "angular_gyrus": sum(len(m.ag) for m in layers.values())}
 
 
 def pattern_ids(layers: Mapping[str, MemoryLayers]) -> set[tuple[str, str]]:
@@ -273,8 +372,9 @@ def pattern_ids(layers: Mapping[str, MemoryLayers]) -> set[tuple[str, str]]:
 LAYER_COUNTS = ("before", "added", "reinforced", "removed", "after")
 
 
-def layer_changes(before: Mapping[str, int], after: Mapping[str, int], had: set[tuple[str, str]],
-                  events: Sequence[SemanticEvent]) -> dict[str, dict[str, int]]:
+def layer_changes(
+    before: Mapping[str, int], after: Mapping[str, int], had: set[tuple[str, str]], events: Sequence[SemanticEvent]
+) -> dict[str, dict[str, int]]:
     """Per layer, what one sleep run's promotion and consolidation did: records ``before`` and
     ``after``, ``added`` (a concept created, a pattern confirmed for the first time), ``reinforced``
     (an existing concept given new evidence, a pattern re-confirmed: distinct records) and
@@ -300,9 +400,16 @@ def layer_changes(before: Mapping[str, int], after: Mapping[str, int], had: set[
             (reinforced if key in had else added)["angular_gyrus"].add(key)
         elif isinstance(ev, RecordRemoved) and ev.layer.value in removed:
             removed[ev.layer.value] += 1
-    return {layer: {"before": before[layer], "added": len(added[layer]),
-                    "reinforced": len(reinforced[layer] - added[layer]), "removed": removed[layer],
-                    "after": after[layer]} for layer in ("atl", "angular_gyrus")}
+    return {
+        layer: {
+            "before": before[layer],
+            "added": len(added[layer]),
+            "reinforced": len(reinforced[layer] - added[layer]),
+            "removed": removed[layer],
+            "after": after[layer],
+        }
+        for layer in ("atl", "angular_gyrus")
+    }
 
 
 def _report_layers(con: duckdb.DuckDBPyConnection, run_id: str, changes: Mapping[str, Mapping[str, int]]) -> None:
@@ -311,9 +418,11 @@ def _report_layers(con: duckdb.DuckDBPyConnection, run_id: str, changes: Mapping
     memory fold writes that row from another topic, so whether it exists yet depends on how the
     topics interleave, which a replay does not repeat."""
     for layer, counts in changes.items():
-        con.execute(f"INSERT OR REPLACE INTO sleep_layer_reports (run_id, layer, {', '.join(LAYER_COUNTS)}) "
-                    f"VALUES (?, ?, {', '.join('?' * len(LAYER_COUNTS))})",
-                    [run_id, layer, *(counts[c] for c in LAYER_COUNTS)])
+        con.execute(
+            f"INSERT OR REPLACE INTO sleep_layer_reports (run_id, layer, {', '.join(LAYER_COUNTS)}) "
+            f"VALUES (?, ?, {', '.join('?' * len(LAYER_COUNTS))})",
+            [run_id, layer, *(counts[c] for c in LAYER_COUNTS)],
+        )
 
 
 # Promotion reads the newest PROMOTION_WINDOW_CALLS tool calls, and the candidate links' observations
@@ -336,16 +445,21 @@ def scope_agents(owner: str, agents: Mapping[str, AgentSpec] | None = None) -> f
     if owner == GLOBAL_SCOPE:
         return None
     if owner.startswith("agent:"):
-        return frozenset({owner[len("agent:"):]})
+        return frozenset({owner[len("agent:") :]})
     if owner.startswith("team:"):
-        lead = owner[len("team:"):]
+        lead = owner[len("team:") :]
         return frozenset(a for a, spec in (agents or {}).items() if spec.reports_to == lead)
     raise ValueError(f"unknown owner {owner!r}: expected global, team:<lead> or agent:<name>")
 
 
-def promotion_inputs(con: duckdb.DuckDBPyConnection, owner: str = "global", min_observations: int = 3,
-                     min_confidence: float = 0.6, window_calls: int | None = PROMOTION_WINDOW_CALLS,
-                     agents: Mapping[str, AgentSpec] | None = None) -> PromotionRequested:
+def promotion_inputs(
+    con: duckdb.DuckDBPyConnection,
+    owner: str = "global",
+    min_observations: int = 3,
+    min_confidence: float = 0.6,
+    window_calls: int | None = PROMOTION_WINDOW_CALLS,
+    agents: Mapping[str, AgentSpec] | None = None,
+) -> PromotionRequested:
     """A snapshot of what promotion reads, taken from the projections (``at`` is filled by the caller):
     the tool-level NAc links that are candidates, with their observation times, episodes, counts,
     the agents they were observed for and the base rate of their valence; and the tool calls'
@@ -362,32 +476,45 @@ def promotion_inputs(con: duckdb.DuckDBPyConnection, owner: str = "global", min_
     span. Counts, strengths and base rates are the links' totals (over the scope)."""
     members = scope_agents(owner, agents)
     where, params = ("", []) if members is None else ("AND agent IN (SELECT unnest(?::VARCHAR[])) ", [sorted(members)])
-    newest = ("SELECT tool, valence, observed_at, episode_id::VARCHAR, agent FROM causal_link_updates "
-              f"WHERE level = 'tool' {where}ORDER BY observed_at DESC, episode_id DESC, idx DESC")
+    newest = (
+        "SELECT tool, valence, observed_at, episode_id::VARCHAR, agent FROM causal_link_updates "
+        f"WHERE level = 'tool' {where}ORDER BY observed_at DESC, episode_id DESC, idx DESC"
+    )
     if window_calls is None:
         rows = con.execute(newest, params).fetchall()
     else:
         rows = con.execute(newest + " LIMIT ?", [*params, window_calls]).fetchall()
-    calls = [CallOutcome(tool, valence == "positive", at, episode, agent) for tool, valence, at, episode, agent in
-             reversed(rows)]
+    calls = [
+        CallOutcome(tool, valence == "positive", at, episode, agent)
+        for tool, valence, at, episode, agent in reversed(rows)
+    ]
     since = [calls[0].at] if window_calls is not None and calls else []
-    base = dict(con.execute(
-        f"SELECT valence, count(*) / (SELECT count(*) FROM causal_link_updates WHERE level = 'tool' {where}) "
-        f"FROM causal_link_updates WHERE level = 'tool' {where}GROUP BY 1", params * 2).fetchall())
+    base = dict(
+        con.execute(
+            f"SELECT valence, count(*) / (SELECT count(*) FROM causal_link_updates WHERE level = 'tool' {where}) "
+            f"FROM causal_link_updates WHERE level = 'tool' {where}GROUP BY 1",
+            params * 2,
+        ).fetchall()
+    )
     if members is None:
         candidates = con.execute(
             "SELECT event_signature, outcome_signature, tool, outcome, valence, strength, observations, "
             "event_observations, confidence FROM causal_links WHERE level = 'tool' AND observations >= ? "
-            "AND confidence >= ? ORDER BY tool, outcome_signature", [min_observations, min_confidence]).fetchall()
+            "AND confidence >= ? ORDER BY tool, outcome_signature",
+            [min_observations, min_confidence],
+        ).fetchall()
     else:
-        candidates = [c for c in scoped_links(con, members, agents)
-                      if c[6] >= min_observations and c[8] >= min_confidence]
+        candidates = [
+            c for c in scoped_links(con, members, agents) if c[6] >= min_observations and c[8] >= min_confidence
+        ]
     seen: dict[tuple[str, str], list[tuple[datetime, str]]] = {(c[0], c[1]): [] for c in candidates}
     if seen:  # every candidate's observations in the window, in one scan
         for sig, osig, at, episode in con.execute(
-                "SELECT event_signature, outcome_signature, observed_at, episode_id::VARCHAR "
-                f"FROM causal_link_updates WHERE level = 'tool' {where}{'AND observed_at >= ? ' if since else ''}"
-                "ORDER BY event_signature, outcome_signature, observed_at, episode_id", [*params, *since]).fetchall():
+            "SELECT event_signature, outcome_signature, observed_at, episode_id::VARCHAR "
+            f"FROM causal_link_updates WHERE level = 'tool' {where}{'AND observed_at >= ? ' if since else ''}"
+            "ORDER BY event_signature, outcome_signature, observed_at, episode_id",
+            [*params, *since],
+        ).fetchall():
             got = seen.get((sig, osig))
             if got is not None:
                 got.append((at, episode))
@@ -397,19 +524,35 @@ def promotion_inputs(con: duckdb.DuckDBPyConnection, owner: str = "global", min_
     if seen:
         events = sorted({sig for sig, _ in seen})
         for sig, who in con.execute(
-                "SELECT event_signature, list(DISTINCT agent ORDER BY agent) FROM causal_link_updates "
-                f"WHERE level = 'tool' {where}AND event_signature IN (SELECT unnest(?::VARCHAR[])) GROUP BY 1",
-                [*params, events]).fetchall():
+            "SELECT event_signature, list(DISTINCT agent ORDER BY agent) FROM causal_link_updates "
+            f"WHERE level = 'tool' {where}AND event_signature IN (SELECT unnest(?::VARCHAR[])) GROUP BY 1",
+            [*params, events],
+        ).fetchall():
             observed[sig] = list(who)
-    links = [CausalLinkView(event_signature=sig, tool=tool, outcome=outcome, valence=valence, strength=float(strength),
-                            confidence=float(confidence), observation_count=int(obs),
-                            observation_times=[t for t, _ in seen[(sig, osig)]],
-                            source_episode_ids=[e for _, e in seen[(sig, osig)]], event_observations=int(event_obs),
-                            base_rate=float(base.get(valence, 0.0)),
-                            source_agents=observed.get(sig, []))
-             for sig, osig, tool, outcome, valence, strength, obs, event_obs, confidence in candidates]
-    return PromotionRequested(owner=owner, at=datetime.fromtimestamp(0, tz=timezone.utc), links=links, calls=calls,
-                              topics=sleep_topics(con, members))
+    links = [
+        CausalLinkView(
+            event_signature=sig,
+            tool=tool,
+            outcome=outcome,
+            valence=valence,
+            strength=float(strength),
+            confidence=float(confidence),
+            observation_count=int(obs),
+            observation_times=[t for t, _ in seen[(sig, osig)]],
+            source_episode_ids=[e for _, e in seen[(sig, osig)]],
+            event_observations=int(event_obs),
+            base_rate=float(base.get(valence, 0.0)),
+            source_agents=observed.get(sig, []),
+        )
+        for sig, osig, tool, outcome, valence, strength, obs, event_obs, confidence in candidates
+    ]
+    return PromotionRequested(
+        owner=owner,
+        at=datetime.fromtimestamp(0, tz=timezone.utc),
+        links=links,
+        calls=calls,
+        topics=sleep_topics(con, members),
+    )
 
 
 def abstracted_by(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str]) -> dict[str, str]:
@@ -417,8 +560,13 @@ def abstracted_by(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str]) -> dic
     promotion request carries its own topics (``Projector._request_promotion``)."""
     if not run_ids:
         return {}
-    return dict(con.execute("SELECT body->>'pattern_id', run_id FROM lifecycle_log WHERE kind = 'PatternAbstracted' "
-                            "AND list_contains(?, run_id)", [list(run_ids)]).fetchall())
+    return dict(
+        con.execute(
+            "SELECT body->>'pattern_id', run_id FROM lifecycle_log WHERE kind = 'PatternAbstracted' "
+            "AND list_contains(?, run_id)",
+            [list(run_ids)],
+        ).fetchall()
+    )
 
 
 def sleep_topics(con: duckdb.DuckDBPyConnection, members: frozenset[str] | None = None) -> list[TopicView]:
@@ -427,18 +575,28 @@ def sleep_topics(con: duckdb.DuckDBPyConnection, members: frozenset[str] | None 
     of ``members``' agents (None: all), in decision order: what the next request promotes to the ATL.
     Each pattern is abstracted once (``SleepState.patterns``), so each is promoted once and its concept
     then lives or decays by the ATL's own rule."""
-    where, params = ("", []) if members is None else ("AND body->>'agent' IN (SELECT unnest(?::VARCHAR[])) ",
-                                                      [sorted(members)])
+    where, params = (
+        ("", []) if members is None else ("AND body->>'agent' IN (SELECT unnest(?::VARCHAR[])) ", [sorted(members)])
+    )
     rows = con.execute(
         "SELECT body FROM lifecycle_log WHERE kind = 'PatternAbstracted' AND decided_at > coalesce(("
         "SELECT max(requested_at) FROM semantic_requests WHERE starts_with(request_id, ?)), "
-        f"'-infinity'::TIMESTAMPTZ) {where}ORDER BY decided_at, run_id, seq", [SLEEP_REQUEST_PREFIX, *params]
+        f"'-infinity'::TIMESTAMPTZ) {where}ORDER BY decided_at, run_id, seq",
+        [SLEEP_REQUEST_PREFIX, *params],
     ).fetchall()
     out = []
     for (body,) in rows:
         ev = msgspec.json.decode(body)
-        out.append(TopicView(pattern_id=ev["pattern_id"], agent=ev["agent"], key=ev["key"], domains=ev["domains"],
-                             support=ev["support"], source_ids=[s["memory_id"] for s in ev.get("sources", [])]))
+        out.append(
+            TopicView(
+                pattern_id=ev["pattern_id"],
+                agent=ev["agent"],
+                key=ev["key"],
+                domains=ev["domains"],
+                support=ev["support"],
+                source_ids=[s["memory_id"] for s in ev.get("sources", [])],
+            )
+        )
     return out
 
 
@@ -451,11 +609,17 @@ def sealed_request(con: duckdb.DuckDBPyConnection, req: PromotionRequested, ring
     if ring is None or not req.topics:
         return req
     ids = sorted({m for t in req.topics for m in t.source_ids})
-    sessions = dict(((m, (a, r)) for m, a, r in con.execute(
-        "SELECT body->>'$.unit.memory_id', body->>'$.unit.agent', body->>'$.unit.run_id' FROM memory_log "
-        "WHERE kind = 'CaptureDecided' AND body->>'$.unit.memory_id' IN (SELECT unnest(?::VARCHAR[])) "
-        "UNION ALL SELECT memory_id, agent, run_id FROM memories WHERE memory_id IN (SELECT unnest(?::VARCHAR[]))",
-        [ids, ids]).fetchall()))
+    sessions = dict(
+        (
+            (m, (a, r))
+            for m, a, r in con.execute(
+                "SELECT body->>'$.unit.memory_id', body->>'$.unit.agent', body->>'$.unit.run_id' FROM memory_log "
+                "WHERE kind = 'CaptureDecided' AND body->>'$.unit.memory_id' IN (SELECT unnest(?::VARCHAR[])) "
+                "UNION ALL SELECT memory_id, agent, run_id FROM memories WHERE memory_id IN (SELECT unnest(?::VARCHAR[]))",
+                [ids, ids],
+            ).fetchall()
+        )
+    )
     sealed, plain = [], []
     for t in req.topics:
         keys = [ring.key_for(*sessions[m]) if m in sessions else None for m in t.source_ids]
@@ -466,8 +630,9 @@ def sealed_request(con: duckdb.DuckDBPyConnection, req: PromotionRequested, ring
     return msgspec.structs.replace(req, topics=plain, sealed_topics=[*req.sealed_topics, *sealed])
 
 
-def scoped_links(con: duckdb.DuckDBPyConnection, members: frozenset[str],
-                 agents: Mapping[str, AgentSpec] | None = None) -> list[tuple[Any, ...]]:
+def scoped_links(
+    con: duckdb.DuckDBPyConnection, members: frozenset[str], agents: Mapping[str, AgentSpec] | None = None
+) -> list[tuple[Any, ...]]:
     """The tool-level causal links learned from ``members``' observations alone, as rows of
     ``causal_links`` (event_signature, outcome_signature, tool, outcome, valence, strength,
     observations, event_observations, confidence), ordered by tool and outcome signature.
@@ -481,7 +646,8 @@ def scoped_links(con: duckdb.DuckDBPyConnection, members: frozenset[str],
         "SELECT event_signature, outcome_signature, tool, outcome, valence, agent FROM causal_link_updates "
         "WHERE level = 'tool' AND target = 1.0 AND agent IN (SELECT unnest(?::VARCHAR[])) "
         "ORDER BY observed_at, src_partition, src_offset, idx, event_signature, outcome_signature",
-        [sorted(members)]).fetchall()
+        [sorted(members)],
+    ).fetchall()
     events: dict[str, dict[str, list[Any]]] = {}  # event -> outcome signature -> [tool, outcome, valence, V, obs]
     n: dict[str, int] = {}
     for sig, osig, tool, outcome, valence, agent in rows:
@@ -493,6 +659,9 @@ def scoped_links(con: duckdb.DuckDBPyConnection, members: frozenset[str],
         for k, other in links.items():
             target = 1.0 if k == osig else 0.0
             other[3] = min(1.0, max(0.0, other[3] + a_n * (target - other[3])))
-    out = [(sig, osig, tool, outcome, valence, v, obs, n[sig], confidence_of(n[sig]))
-           for sig, links in events.items() for osig, (tool, outcome, valence, v, obs) in links.items()]
+    out = [
+        (sig, osig, tool, outcome, valence, v, obs, n[sig], confidence_of(n[sig]))
+        for sig, links in events.items()
+        for osig, (tool, outcome, valence, v, obs) in links.items()
+    ]
     return sorted(out, key=lambda r: (r[2], r[1]))

@@ -28,8 +28,18 @@ from somnus.projections.frames import registered
 from somnus.projections.knowledge import KnowledgeProjection
 from somnus.projections.read_models import DeadLetterKey, ReadModels
 from somnus.schemas.briefing import KIND_PROMOTION, KIND_SERVED, BriefingServed, FactPromoted
-from somnus.schemas.codec import (MAX_DEPTH, Rejection, check_json, dead_letter_original, decode_bounded, decode_record,
-                                  encode, poison_reason, truncated_note, uuid_texts)
+from somnus.schemas.codec import (
+    MAX_DEPTH,
+    Rejection,
+    check_json,
+    dead_letter_original,
+    decode_bounded,
+    decode_record,
+    encode,
+    poison_reason,
+    truncated_note,
+    uuid_texts,
+)
 from somnus.schemas.episodes import EpisodeDistilled
 from somnus.schemas.events import type_name
 from somnus.schemas.facts import FactsExtracted
@@ -45,7 +55,9 @@ _facts_decoder = msgspec.json.Decoder(FactsExtracted)
 _wm_decoder = msgspec.json.Decoder(WorkingMemoryState)
 _forget_decoder = msgspec.json.Decoder(ForgetRequested)
 _FACT_DECODERS: dict[bytes | None, tuple[str, msgspec.json.Decoder]] = {
-    KIND_PROMOTION: ("promotion", _promotion_decoder), KIND_SERVED: ("served", _served_decoder)}
+    KIND_PROMOTION: ("promotion", _promotion_decoder),
+    KIND_SERVED: ("served", _served_decoder),
+}
 
 
 class Record(Protocol):
@@ -124,14 +136,26 @@ class DeadLetters(Sink):
         self.new: set[DeadLetterKey] = set()
         self.rows: list[dict[str, Any]] = []
 
-    def _row(self, key: DeadLetterKey, reason: str, msg_key: bytes | None, original: bytes | None,
-             dlq: Record | None = None) -> bool:
+    def _row(
+        self, key: DeadLetterKey, reason: str, msg_key: bytes | None, original: bytes | None, dlq: Record | None = None
+    ) -> bool:
         if key in self.models.dead_letters or key in self.new:
             return False
         self.new.add(key)
-        self.rows.append({"src_topic": key[0], "src_partition": key[1], "src_offset": key[2], "src_index": key[3],
-                          "kind": key[4], "reason": reason, "msg_key": msg_key, "original": original,
-                          "dlq_partition": dlq.partition if dlq else None, "dlq_offset": dlq.offset if dlq else None})
+        self.rows.append(
+            {
+                "src_topic": key[0],
+                "src_partition": key[1],
+                "src_offset": key[2],
+                "src_index": key[3],
+                "kind": key[4],
+                "reason": reason,
+                "msg_key": msg_key,
+                "original": original,
+                "dlq_partition": dlq.partition if dlq else None,
+                "dlq_offset": dlq.offset if dlq else None,
+            }
+        )
         return True
 
     def quarantine(self, rec: Record, index: int, reason: str, original: bytes | None = None) -> None:
@@ -156,9 +180,13 @@ class DeadLetters(Sink):
         try:
             h = {k: v for k, v in (rec.headers or [])}
             reason = h.get("somnus-reason", b"unknown: no reason header").decode(errors="replace")
-            source = (h.get("somnus-source-topic", b"").decode(errors="replace"),
-                      int(h.get("somnus-source-partition", b"-1")), int(h.get("somnus-source-offset", b"-1")),
-                      int(h.get("somnus-source-index", b"0")), reason.split(":", 1)[0])
+            source = (
+                h.get("somnus-source-topic", b"").decode(errors="replace"),
+                int(h.get("somnus-source-partition", b"-1")),
+                int(h.get("somnus-source-offset", b"-1")),
+                int(h.get("somnus-source-index", b"0")),
+                reason.split(":", 1)[0],
+            )
         except Exception as exc:  # noqa: BLE001 - headers not ours: a dead letter of a dead letter
             self.quarantine(rec, 0, poison_reason(exc, "reading the dead letter's headers"))
             return
@@ -177,11 +205,29 @@ class TracesSink(Sink):
     """Trace events: one row each, once per ``event_id`` (``_once_per_event_id``); not those stamped
     later than their record's broker time plus the allowed skew (the worker dead-letters them)."""
 
-    COLUMNS = ("event_id", "schema_version", "ts", "agent", "session_id", "seq", "type", "payload",
-               "src_partition", "src_offset", "src_index")
+    COLUMNS = (
+        "event_id",
+        "schema_version",
+        "ts",
+        "agent",
+        "session_id",
+        "seq",
+        "type",
+        "payload",
+        "src_partition",
+        "src_offset",
+        "src_index",
+    )
 
-    def __init__(self, models: ReadModels, res: BatchResult, dead: DeadLetters, max_event_bytes: int,
-                 max_depth: int, skew_us: int) -> None:
+    def __init__(
+        self,
+        models: ReadModels,
+        res: BatchResult,
+        dead: DeadLetters,
+        max_event_bytes: int,
+        max_depth: int,
+        skew_us: int,
+    ) -> None:
         super().__init__(models, res, dead)
         self.max_event_bytes, self.max_depth, self.skew_us = max_event_bytes, max_depth, skew_us
         self.cols: dict[str, list[Any]] = {c: [] for c in self.COLUMNS}
@@ -189,8 +235,9 @@ class TracesSink(Sink):
         self.dup_rows: list[dict[str, Any]] = []
 
     def add(self, rec: Record, named: bool) -> None:
-        self.res.skipped_invalid += _add_events(self.cols, rec, self.max_event_bytes, self.max_depth, self.skew_us,
-                                                self.objs)
+        self.res.skipped_invalid += _add_events(
+            self.cols, rec, self.max_event_bytes, self.max_depth, self.skew_us, self.objs
+        )
 
     def prepare(self, con: duckdb.DuckDBPyConnection) -> None:
         if self.objs:
@@ -201,14 +248,18 @@ class TracesSink(Sink):
         if cols["event_id"]:
             cols["event_id"] = uuid_texts(cols["event_id"])
             with registered(con, events_frame=pa.table(cols)):
-                con.execute("INSERT INTO events SELECT event_id::UUID, schema_version, ts, agent, session_id, seq, "
-                            "type, payload::JSON, src_partition, src_offset, src_index FROM events_frame")
+                con.execute(
+                    "INSERT INTO events SELECT event_id::UUID, schema_version, ts, agent, session_id, seq, "
+                    "type, payload::JSON, src_partition, src_offset, src_index FROM events_frame"
+                )
             self.res.events = len(cols["event_id"])
         if self.dup_rows:
             with registered(con, dup_frame=pa.Table.from_pylist(self.dup_rows)):
                 self.res.duplicate_events = _inserted(
-                    con, "INSERT INTO duplicate_events SELECT event_id::UUID, agent, session_id, seq, src_partition, "
-                    "src_offset, src_index FROM dup_frame")
+                    con,
+                    "INSERT INTO duplicate_events SELECT event_id::UUID, agent, session_id, seq, src_partition, "
+                    "src_offset, src_index FROM dup_frame",
+                )
 
 
 class EpisodesSink(Sink):
@@ -238,24 +289,38 @@ class EpisodesSink(Sink):
         self.episodes.append(ep)
         self.rows.append(_episode_row(ep, eid, rec))
         for i, lesson in enumerate(ep.lessons):
-            self.lesson_rows.append({"episode_id": eid, "agent": ep.agent, "session_id": ep.session_id, "idx": i,
-                                     "kind": lesson.kind.value, "text": lesson.text, "tool": lesson.tool,
-                                     "error": lesson.error, "learned_at": ep.ended_at})
+            self.lesson_rows.append(
+                {
+                    "episode_id": eid,
+                    "agent": ep.agent,
+                    "session_id": ep.session_id,
+                    "idx": i,
+                    "kind": lesson.kind.value,
+                    "text": lesson.text,
+                    "tool": lesson.tool,
+                    "error": lesson.error,
+                    "learned_at": ep.ended_at,
+                }
+            )
 
     def write(self, con: duckdb.DuckDBPyConnection) -> None:
         if not self.rows:
             return
         with registered(con, episodes_frame=pa.Table.from_pylist(self.rows)):
             self.res.episodes = _inserted(
-                con, "INSERT INTO episodes SELECT episode_id::UUID, agent, session_id, task, goal, "
+                con,
+                "INSERT INTO episodes SELECT episode_id::UUID, agent, session_id, task, goal, "
                 "user_id, summary, outcome, started_at, ended_at, duration_s, event_count, tool_calls, tools, "
                 "errors::JSON, delegations::JSON, first_event_id::UUID, last_event_id::UUID, src_partition, "
-                "src_offset, calls::JSON, calls_dropped, metadata::JSON FROM episodes_frame")
+                "src_offset, calls::JSON, calls_dropped, metadata::JSON FROM episodes_frame",
+            )
         if self.lesson_rows:
             with registered(con, lessons_frame=pa.Table.from_pylist(self.lesson_rows)):
                 self.res.lessons = _inserted(
-                    con, "INSERT INTO lessons SELECT episode_id::UUID, agent, session_id, idx, kind, text, tool, error, "
-                    "learned_at FROM lessons_frame")
+                    con,
+                    "INSERT INTO lessons SELECT episode_id::UUID, agent, session_id, idx, kind, text, tool, error, "
+                    "learned_at FROM lessons_frame",
+                )
         self.res.lap("rows")
         add_temporal_bins(con, self.episodes)
         self.res.lap("scn")
@@ -378,8 +443,15 @@ class FactsSink(Sink):
     """The facts topic, in order: facts extracted, briefings served and promotions (utilisation and
     promotion first, then the knowledge fold); its forget requests go to ``ForgetStep``."""
 
-    def __init__(self, models: ReadModels, res: BatchResult, dead: DeadLetters, max_depth: int,
-                 forget: ForgetStep, memory: MemorySink) -> None:
+    def __init__(
+        self,
+        models: ReadModels,
+        res: BatchResult,
+        dead: DeadLetters,
+        max_depth: int,
+        forget: ForgetStep,
+        memory: MemorySink,
+    ) -> None:
         super().__init__(models, res, dead)
         self.max_depth, self.forget, self.memory = max_depth, forget, memory
         self.items: list[tuple[str, int, Any]] = []
@@ -450,15 +522,31 @@ class ForgetStep(Sink):
 
 
 def _episode_row(ep: Any, eid: str, rec: Record) -> dict[str, Any]:
-    return {"episode_id": eid, "agent": ep.agent, "session_id": ep.session_id, "task": ep.task,
-            "goal": ep.goal, "user_id": ep.user_id, "summary": ep.summary, "outcome": ep.outcome.value,
-            "started_at": ep.started_at, "ended_at": ep.ended_at, "duration_s": ep.duration_s,
-            "event_count": ep.event_count, "tool_calls": ep.tool_calls, "tools": ep.tools,
-            "errors": encode(ep.errors).decode(), "delegations": encode(ep.delegations).decode(),
-            "first_event_id": str(ep.first_event_id), "last_event_id": str(ep.last_event_id),
-            "src_partition": rec.partition, "src_offset": rec.offset,
-            "calls": encode(ep.calls).decode(), "calls_dropped": ep.calls_dropped,
-            "metadata": encode(ep.metadata).decode()}
+    return {
+        "episode_id": eid,
+        "agent": ep.agent,
+        "session_id": ep.session_id,
+        "task": ep.task,
+        "goal": ep.goal,
+        "user_id": ep.user_id,
+        "summary": ep.summary,
+        "outcome": ep.outcome.value,
+        "started_at": ep.started_at,
+        "ended_at": ep.ended_at,
+        "duration_s": ep.duration_s,
+        "event_count": ep.event_count,
+        "tool_calls": ep.tool_calls,
+        "tools": ep.tools,
+        "errors": encode(ep.errors).decode(),
+        "delegations": encode(ep.delegations).decode(),
+        "first_event_id": str(ep.first_event_id),
+        "last_event_id": str(ep.last_event_id),
+        "src_partition": rec.partition,
+        "src_offset": rec.offset,
+        "calls": encode(ep.calls).decode(),
+        "calls_dropped": ep.calls_dropped,
+        "metadata": encode(ep.metadata).decode(),
+    }
 
 
 def _inserted(con: duckdb.DuckDBPyConnection, sql: str) -> int:
@@ -477,7 +565,9 @@ def _header(rec: Record, name: str) -> bytes | None:
 
 def _prescan(rec: Record, max_depth: int) -> str | None:
     """Why a record of one of our topics folded elsewhere must not reach its decoder (depth, UTF-8)."""
-    return "undecodable: empty message (no value)" if rec.value is None else check_json(rec.value, None, max_depth, None)
+    return (
+        "undecodable: empty message (no value)" if rec.value is None else check_json(rec.value, None, max_depth, None)
+    )
 
 
 def _write_working_memory(con: duckdb.DuckDBPyConnection, states: dict[bytes, tuple[bytes | None, Any]]) -> None:
@@ -487,19 +577,36 @@ def _write_working_memory(con: duckdb.DuckDBPyConnection, states: dict[bytes, tu
     for key, (raw, st) in states.items():
         if raw is None:
             continue
-        rows.append({"session_key": key.decode(errors="replace"), "agent": st.agent, "session_id": st.session_id,
-                     "user_id": st.user_id, "closed": st.closed, "last_seq": st.last_seq, "tokens": st.tokens,
-                     "state": raw.decode()})
+        rows.append(
+            {
+                "session_key": key.decode(errors="replace"),
+                "agent": st.agent,
+                "session_id": st.session_id,
+                "user_id": st.user_id,
+                "closed": st.closed,
+                "last_seq": st.last_seq,
+                "tokens": st.tokens,
+                "state": raw.decode(),
+            }
+        )
     with registered(con, gone=pa.table({"session_key": [k.decode(errors="replace") for k in states]})):
         con.execute("DELETE FROM working_memory WHERE session_key IN (SELECT session_key FROM gone)")
     if rows:
         with registered(con, frame=pa.Table.from_pylist(rows)):
-            con.execute("INSERT INTO working_memory SELECT session_key, agent, session_id, user_id, closed, last_seq, "
-                        "tokens, state::JSON FROM frame")
+            con.execute(
+                "INSERT INTO working_memory SELECT session_key, agent, session_id, user_id, closed, last_seq, "
+                "tokens, state::JSON FROM frame"
+            )
 
 
-def _add_events(cols: dict[str, list[Any]], rec: Record, max_event_bytes: int, max_depth: int = MAX_DEPTH,
-                skew_us: int = 0, objs: list[tuple[Record, int, Any]] | None = None) -> int:
+def _add_events(
+    cols: dict[str, list[Any]],
+    rec: Record,
+    max_event_bytes: int,
+    max_depth: int = MAX_DEPTH,
+    skew_us: int = 0,
+    objs: list[tuple[Record, int, Any]] | None = None,
+) -> int:
     """Append the valid events of one traces record to the column lists (not those stamped later than
     the record's broker time plus ``skew_us``: the worker dead-letters them, kind ``future``); returns
     how many were invalid."""
@@ -528,8 +635,13 @@ def _add_events(cols: dict[str, list[Any]], rec: Record, max_event_bytes: int, m
     return invalid
 
 
-def _once_per_event_id(con: duckdb.DuckDBPyConnection, cols: dict[str, list[Any]],
-                       objs: list[tuple[Record, int, Any]], dup_rows: list[dict[str, Any]], dead: Any) -> None:
+def _once_per_event_id(
+    con: duckdb.DuckDBPyConnection,
+    cols: dict[str, list[Any]],
+    objs: list[tuple[Record, int, Any]],
+    dup_rows: list[dict[str, Any]],
+    dead: Any,
+) -> None:
     """Keep in ``cols`` the events whose ``event_id`` is new (the first copy in the batch). A copy of an
     id its own session holds is a row of ``dup_rows`` (counted, not projected again); an id another
     session holds is a dead letter (kind ``duplicate``). Which of two sessions on different partitions
@@ -537,9 +649,12 @@ def _once_per_event_id(con: duckdb.DuckDBPyConnection, cols: dict[str, list[Any]
     ids = uuid_texts(cols["event_id"])
     with registered(con, batch_ids=pa.table({"event_id": ids})):
         owner: dict[str, tuple[str, str]] = {
-            str(eid): (agent, sid) for eid, agent, sid in con.execute(
+            str(eid): (agent, sid)
+            for eid, agent, sid in con.execute(
                 "SELECT event_id, agent, session_id FROM events WHERE event_id IN "
-                "(SELECT event_id::UUID FROM batch_ids)").fetchall()}
+                "(SELECT event_id::UUID FROM batch_ids)"
+            ).fetchall()
+        }
     keep: list[int] = []
     for i, (eid, (rec, index, ev)) in enumerate(zip(ids, objs)):
         mine = (ev.agent, ev.session_id)
@@ -548,18 +663,42 @@ def _once_per_event_id(con: duckdb.DuckDBPyConnection, cols: dict[str, list[Any]
             owner[eid] = mine
             keep.append(i)
         elif held == mine:
-            dup_rows.append({"event_id": eid, "agent": ev.agent, "session_id": ev.session_id, "seq": ev.seq,
-                             "src_partition": rec.partition, "src_offset": rec.offset, "src_index": index})
+            dup_rows.append(
+                {
+                    "event_id": eid,
+                    "agent": ev.agent,
+                    "session_id": ev.session_id,
+                    "seq": ev.seq,
+                    "src_partition": rec.partition,
+                    "src_offset": rec.offset,
+                    "src_index": index,
+                }
+            )
         else:
-            dead(rec, index, f"duplicate: event_id {eid} already belongs to session {held[1]!r} of agent "
-                             f"{held[0]!r}; this {type_name(ev)} event of session {ev.session_id!r} of agent "
-                             f"{ev.agent!r} reuses it", encode(ev))
+            dead(
+                rec,
+                index,
+                f"duplicate: event_id {eid} already belongs to session {held[1]!r} of agent "
+                f"{held[0]!r}; this {type_name(ev)} event of session {ev.session_id!r} of agent "
+                f"{ev.agent!r} reuses it",
+                encode(ev),
+            )
     if len(keep) < len(ids):
         for name, col in cols.items():
             cols[name] = [col[i] for i in keep]
 
 
-_DL_SCHEMA = pa.schema([
-    ("src_topic", pa.string()), ("src_partition", pa.int32()), ("src_offset", pa.int64()), ("src_index", pa.int32()),
-    ("kind", pa.string()), ("reason", pa.string()), ("msg_key", pa.binary()), ("original", pa.binary()),
-    ("dlq_partition", pa.int32()), ("dlq_offset", pa.int64())])
+_DL_SCHEMA = pa.schema(
+    [
+        ("src_topic", pa.string()),
+        ("src_partition", pa.int32()),
+        ("src_offset", pa.int64()),
+        ("src_index", pa.int32()),
+        ("kind", pa.string()),
+        ("reason", pa.string()),
+        ("msg_key", pa.binary()),
+        ("original", pa.binary()),
+        ("dlq_partition", pa.int32()),
+        ("dlq_offset", pa.int64()),
+    ]
+)

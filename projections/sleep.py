@@ -82,8 +82,9 @@ class SleepState(msgspec.Struct):
     patterns: list[str] = []
 
 
-def observe_scopes(scopes: dict[str, datetime], units: Sequence[Any], record_time: datetime | None,
-                   skew_s: float) -> None:
+def observe_scopes(
+    scopes: dict[str, datetime], units: Sequence[Any], record_time: datetime | None, skew_s: float
+) -> None:
     """Move each scope's stream time to the newest event time of its ``units`` (bounded by the record's
     time plus ``skew_s``, as the sleep clock is); never backwards.
 
@@ -154,42 +155,62 @@ def memory_columns(state: Any, scopes: Mapping[str, datetime] | None = None) -> 
     m = len(units)
     # One pass over the units (each read once: a million of them are spread over the heap), then by column.
     agent, outcome, user, perception, summary, action, tools, objects, domains, mode, run = (
-        zip(*map(_UNIT_FIELDS, units)) if m else ((),) * 11)
+        zip(*map(_UNIT_FIELDS, units)) if m else ((),) * 11
+    )
     topic_objects, topic_domains = _message_topics(agent, perception, tools, objects, domains, mode, run)
 
     def lengths(texts: Sequence[str]) -> np.ndarray:
         return np.fromiter(map(len, texts), dtype=np.int64, count=m)
 
     # Built through Arrow: a list column from Python lists costs polars a Series per row.
-    frame = pl.from_arrow(pa.table({
-        "memory_id": ids.take(pa.array(live)),
-        "agent": pa.array(agent, pa.string()),
-        "layer": pa.array(["hippocampus"] * len(live), pa.string()),
-        "created_at": pa.array((ix.occurred.data[live] * 1e6).astype(np.int64), pa.timestamp("us", "UTC")),
-        "last_access": pa.array((last * 1e6).astype(np.int64), pa.timestamp("us", "UTC"), mask=~(last > 0)),
-        "access_count": pa.array(ix.access_count.data[live].astype(np.int64)),
-        "importance": pa.array(ix.importance.data[live]),
-        "outcome": pa.array(outcome, pa.string()),
-        "is_user_interaction": pa.array(user, pa.bool_()),
-        "edge_count": pa.array(degree[live]),
-        "size_bytes": pa.array(lengths(perception) + lengths(summary) + lengths(action) + 200),
-        "long_term": pa.array(ix.long_term.data[live]), "compressed": pa.array(ix.compressed.data[live]),
-        "index_keys": _index_keys(tools, topic_objects),
-        "domain": pa.array([d[0] if d else "" for d in topic_domains], pa.string()),
-        **({"stream_time": _scope_times(ix, live, scopes)} if scopes is not None else {}),
-    }))
+    frame = pl.from_arrow(
+        pa.table(
+            {
+                "memory_id": ids.take(pa.array(live)),
+                "agent": pa.array(agent, pa.string()),
+                "layer": pa.array(["hippocampus"] * len(live), pa.string()),
+                "created_at": pa.array((ix.occurred.data[live] * 1e6).astype(np.int64), pa.timestamp("us", "UTC")),
+                "last_access": pa.array((last * 1e6).astype(np.int64), pa.timestamp("us", "UTC"), mask=~(last > 0)),
+                "access_count": pa.array(ix.access_count.data[live].astype(np.int64)),
+                "importance": pa.array(ix.importance.data[live]),
+                "outcome": pa.array(outcome, pa.string()),
+                "is_user_interaction": pa.array(user, pa.bool_()),
+                "edge_count": pa.array(degree[live]),
+                "size_bytes": pa.array(lengths(perception) + lengths(summary) + lengths(action) + 200),
+                "long_term": pa.array(ix.long_term.data[live]),
+                "compressed": pa.array(ix.compressed.data[live]),
+                "index_keys": _index_keys(tools, topic_objects),
+                "domain": pa.array([d[0] if d else "" for d in topic_domains], pa.string()),
+                **({"stream_time": _scope_times(ix, live, scopes)} if scopes is not None else {}),
+            }
+        )
+    )
     # Every edge once (a < b), in the graph's order: its keys, then each one's neighbours.
     a = np.repeat(nodes, degrees)
     b = np.fromiter(chain.from_iterable(graph.values()), dtype=np.int64, count=int(degrees.sum()))
     w = np.fromiter(chain.from_iterable(map(dict.values, graph.values())), dtype=np.float64, count=len(b))
     once = a < b
-    edges = pl.from_arrow(pa.table({"src": ids.take(pa.array(a[once])), "dst": ids.take(pa.array(b[once])),
-                                    "weight": pa.array(w[once], pa.float64())}))
+    edges = pl.from_arrow(
+        pa.table(
+            {
+                "src": ids.take(pa.array(a[once])),
+                "dst": ids.take(pa.array(b[once])),
+                "weight": pa.array(w[once], pa.float64()),
+            }
+        )
+    )
     return cast(pl.DataFrame, frame), cast(pl.DataFrame, edges)  # from_arrow of a table: a DataFrame
 
 
-def dream_inputs(state: Any, frame: pl.DataFrame, edges: pl.DataFrame, since: datetime | None, config: SleepConfig,
-                 captured: Sequence[str] = (), **kw: Any) -> SleepInputs:
+def dream_inputs(
+    state: Any,
+    frame: pl.DataFrame,
+    edges: pl.DataFrame,
+    since: datetime | None,
+    config: SleepConfig,
+    captured: Sequence[str] = (),
+    **kw: Any,
+) -> SleepInputs:
     """A run's inputs with what dreaming needs, from the fold's own state: the memories created since
     the last run ``since``, and those ``captured`` since it whatever their event time, as phase A's
     observations (``fold_observations``), the memories' MinHash signatures as vectors
@@ -202,13 +223,22 @@ def dream_inputs(state: Any, frame: pl.DataFrame, edges: pl.DataFrame, since: da
         return signature_vectors(ix.signatures.data[rows])
 
     errors = state.prediction_errors
-    capture_errors = pl.DataFrame({
-        "observed_at": pa.array(np.fromiter((t for t, _ in errors), dtype=np.int64, count=len(errors)),
-                                pa.timestamp("us", "UTC")),
-        "prediction_error": np.fromiter((pe for _, pe in errors), dtype=np.float64, count=len(errors))})
-    return SleepInputs(memories=frame, edges=edges, embed=embed, capture_errors=capture_errors,
-                       observations=fold_observations(frame, since, config.dream_observations_per_agent,
-                                                      captured=captured), **kw)
+    capture_errors = pl.DataFrame(
+        {
+            "observed_at": pa.array(
+                np.fromiter((t for t, _ in errors), dtype=np.int64, count=len(errors)), pa.timestamp("us", "UTC")
+            ),
+            "prediction_error": np.fromiter((pe for _, pe in errors), dtype=np.float64, count=len(errors)),
+        }
+    )
+    return SleepInputs(
+        memories=frame,
+        edges=edges,
+        embed=embed,
+        capture_errors=capture_errors,
+        observations=fold_observations(frame, since, config.dream_observations_per_agent, captured=captured),
+        **kw,
+    )
 
 
 # A live triple's last touch: its assertion, its last change in ``triple_history`` (reinforcements),
@@ -238,28 +268,53 @@ def retire_facts(con: duckdb.DuckDBPyConnection, retired: Sequence[Mapping[str, 
         return set()
     frame = pa.Table.from_pylist([{"triple_id": r["triple_id"], "at": r["at"]} for r in retired])
     with registered(con, frame=frame):
-        con.execute("CREATE OR REPLACE TEMP TABLE _retired AS SELECT DISTINCT ON (r.triple_id) r.triple_id::UUID "
-                    "AS triple_id, r.at FROM frame r JOIN triples t ON t.triple_id = r.triple_id::UUID "
-                    "WHERE t.valid_to IS NULL ORDER BY r.triple_id, r.at")
-    con.execute("INSERT INTO triple_history SELECT (SELECT coalesce(max(ordinal) + 1, 0) FROM triple_history) "
-                "+ row_number() OVER (ORDER BY r.at, r.triple_id) - 1, r.triple_id, 'retired', "
-                "coalesce(t.last_evidence, t.evidence), r.at, t.count, t.confidence "
-                "FROM _retired r JOIN triples t USING (triple_id)")
+        con.execute(
+            "CREATE OR REPLACE TEMP TABLE _retired AS SELECT DISTINCT ON (r.triple_id) r.triple_id::UUID "
+            "AS triple_id, r.at FROM frame r JOIN triples t ON t.triple_id = r.triple_id::UUID "
+            "WHERE t.valid_to IS NULL ORDER BY r.triple_id, r.at"
+        )
+    con.execute(
+        "INSERT INTO triple_history SELECT (SELECT coalesce(max(ordinal) + 1, 0) FROM triple_history) "
+        "+ row_number() OVER (ORDER BY r.at, r.triple_id) - 1, r.triple_id, 'retired', "
+        "coalesce(t.last_evidence, t.evidence), r.at, t.count, t.confidence "
+        "FROM _retired r JOIN triples t USING (triple_id)"
+    )
     con.execute("UPDATE triples SET valid_to = r.at FROM _retired r WHERE triples.triple_id = r.triple_id")
-    scopes = {s for (s,) in con.execute(
-        "SELECT DISTINCT t.scope FROM _retired r JOIN triples t USING (triple_id) ORDER BY 1").fetchall()}
+    scopes = {
+        s
+        for (s,) in con.execute(
+            "SELECT DISTINCT t.scope FROM _retired r JOIN triples t USING (triple_id) ORDER BY 1"
+        ).fetchall()
+    }
     con.execute("DROP TABLE _retired")
     refresh_facts_top(con, sorted(scopes))
     return scopes
 
 
-_UNIT_FIELDS = attrgetter("agent", "outcome", "user_interaction", "perception", "summary", "action", "tools",
-                          "objects", "domains", "mode", "run_id")
+_UNIT_FIELDS = attrgetter(
+    "agent",
+    "outcome",
+    "user_interaction",
+    "perception",
+    "summary",
+    "action",
+    "tools",
+    "objects",
+    "domains",
+    "mode",
+    "run_id",
+)
 
 
-def _message_topics(agent: Sequence[str], perception: Sequence[str], tools: Sequence[list[str]],
-                    objects: Sequence[list[str]], domains: Sequence[list[str]], mode: Sequence[str],
-                    run: Sequence[str]) -> tuple[Sequence[list[str]], Sequence[list[str]]]:
+def _message_topics(
+    agent: Sequence[str],
+    perception: Sequence[str],
+    tools: Sequence[list[str]],
+    objects: Sequence[list[str]],
+    domains: Sequence[list[str]],
+    mode: Sequence[str],
+    run: Sequence[str],
+) -> tuple[Sequence[list[str]], Sequence[list[str]]]:
     """Objects and domains for abstraction, with those of chat messages filled in: a conversation
     message with no tool, object or domain gets its most specific recurring words
     (``dreaming.message_keys``, over its agent's live messages, against every agent's) as objects and
@@ -404,8 +459,14 @@ class SleepJob:
         self.state.clock = clock
         return due
 
-    def run(self, memory_state: Any, at: datetime, trigger: SleepTrigger, offset: int,
-            con: duckdb.DuckDBPyConnection | None = None) -> list[Any]:
+    def run(
+        self,
+        memory_state: Any,
+        at: datetime,
+        trigger: SleepTrigger,
+        offset: int,
+        con: duckdb.DuckDBPyConnection | None = None,
+    ) -> list[Any]:
         """Plan and apply one run at ``at``; returns the MemoryForgotten events it applied. With ``con``
         (the batch's transaction), the live triples are read for fact retirement."""
         with _collector_paused(), _blas_single_threaded():
@@ -416,33 +477,60 @@ class SleepJob:
         observe_scopes(self.state.scopes, units, record_time, self.config.max_clock_skew_s)
         note_captured(self.state.captured, units, self.config.dream_observations_per_agent)
 
-    def _run(self, memory_state: Any, at: datetime, trigger: SleepTrigger, offset: int,
-             con: duckdb.DuckDBPyConnection | None) -> list[Any]:
+    def _run(
+        self, memory_state: Any, at: datetime, trigger: SleepTrigger, offset: int, con: duckdb.DuckDBPyConnection | None
+    ) -> list[Any]:
         frame, edges = memory_columns(memory_state, self.state.scopes)
         triples = live_triples(con) if con is not None and self.config.fact_retire_days > 0 else None
         captured = [m for agent in sorted(self.state.captured) for _, m in self.state.captured[agent]]
-        plan = plan_sleep(dream_inputs(memory_state, frame, edges, self.state.watermark, self.config,
-                                       captured=captured, max_episodes=self.max_episodes, triples=triples,
-                                       scope_times=dict(self.state.scopes),
-                                       fiedler_history=tuple(self.state.fiedler_history),
-                                       patterns=frozenset(self.state.patterns)),
-                          now=at, trigger=trigger, watermark=self.state.watermark, config=self.config,
-                          input_offset=offset)
+        plan = plan_sleep(
+            dream_inputs(
+                memory_state,
+                frame,
+                edges,
+                self.state.watermark,
+                self.config,
+                captured=captured,
+                max_episodes=self.max_episodes,
+                triples=triples,
+                scope_times=dict(self.state.scopes),
+                fiedler_history=tuple(self.state.fiedler_history),
+                patterns=frozenset(self.state.patterns),
+            ),
+            now=at,
+            trigger=trigger,
+            watermark=self.state.watermark,
+            config=self.config,
+            input_offset=offset,
+        )
         if plan is None:
             return []
         # The run's lifecycle rows, as columns (no event object per decision: a run over a million
         # memories decides millions); every event of a run has its run_id and time.
         events = plan.encoded()
         n = len(events.seq)
-        self.pending_log.append(pa.table({
-            "run_id": pa.repeat(pa.scalar(plan.run_id, pa.string()), n), "seq": events.seq, "kind": events.kind,
-            "memory_id": events.memory_id, "decided_at": pa.repeat(pa.scalar(plan.at, _TIMESTAMP), n),
-            "body": events.body}))
+        self.pending_log.append(
+            pa.table(
+                {
+                    "run_id": pa.repeat(pa.scalar(plan.run_id, pa.string()), n),
+                    "seq": events.seq,
+                    "kind": events.kind,
+                    "memory_id": events.memory_id,
+                    "decided_at": pa.repeat(pa.scalar(plan.at, _TIMESTAMP), n),
+                    "body": events.body,
+                }
+            )
+        )
         # The prunings and compressions, in seq order, applied to the index as MemoryForgotten events.
         gone = pc.is_in(events.kind, value_set=pa.array(list(_FORGET_REASON), pa.string()))
-        forgotten = forget_all(memory_state, zip(
-            events.memory_id.filter(gone).to_pylist(),
-            map(_FORGET_REASON.__getitem__, events.kind.filter(gone).to_pylist())), at)
+        forgotten = forget_all(
+            memory_state,
+            zip(
+                events.memory_id.filter(gone).to_pylist(),
+                map(_FORGET_REASON.__getitem__, events.kind.filter(gone).to_pylist()),
+            ),
+            at,
+        )
         apply_all(memory_state, forgotten)
         retired = pc.equal(events.kind, TripleRetired.__name__)
         for body in events.body.filter(retired).to_pylist():
@@ -451,20 +539,34 @@ class SleepJob:
                 self.pending_retired.append({"triple_id": ev.triple_id, "at": ev.at, "run_id": ev.run_id})
         if pc.any(pc.equal(events.kind, SleepCompleted.__name__)).as_py():
             r = plan.report  # the SleepCompleted event's report, at and watermark are the plan's
-            self.pending_rows["sleep_runs"].append({
-                "run_id": plan.run_id, "run_at": plan.at, "trigger": trigger.value,
-                "memories_before": r.memories_before, "memories_after": r.memories_after, "kept": r.kept,
-                "compressed": r.compressed, "pruned": r.pruned, "protected": r.protected, "rescored": r.rescored,
-                "bytes_before": r.bytes_before, "bytes_after": r.bytes_after,
-                "fiedler": r.fiedler.largest_component, "report": msgspec.json.encode(r).decode()})
+            self.pending_rows["sleep_runs"].append(
+                {
+                    "run_id": plan.run_id,
+                    "run_at": plan.at,
+                    "trigger": trigger.value,
+                    "memories_before": r.memories_before,
+                    "memories_after": r.memories_after,
+                    "kept": r.kept,
+                    "compressed": r.compressed,
+                    "pruned": r.pruned,
+                    "protected": r.protected,
+                    "rescored": r.rescored,
+                    "bytes_before": r.bytes_before,
+                    "bytes_after": r.bytes_after,
+                    "fiedler": r.fiedler.largest_component,
+                    "report": msgspec.json.encode(r).decode(),
+                }
+            )
             self.state.watermark = plan.at
             self.state.captured = {}  # routed by this run's phase A
             if trigger is SleepTrigger.SCHEDULE:
                 self.scheduled.append((plan.run_id, plan.at))
             self.state.fiedler_history = [*self.state.fiedler_history, float(r.fiedler.largest_component)][-50:]
             abstracted = pc.equal(events.kind, PatternAbstracted.__name__)
-            new = [cast(PatternAbstracted, decode_lifecycle(b.encode())).pattern_id
-                   for b in events.body.filter(abstracted).to_pylist()]
+            new = [
+                cast(PatternAbstracted, decode_lifecycle(b.encode())).pattern_id
+                for b in events.body.filter(abstracted).to_pylist()
+            ]
             if new:
                 self.state.patterns = sorted({*self.state.patterns, *new})
         return forgotten
@@ -473,8 +575,10 @@ class SleepJob:
         """Write the runs' rows and the clock (caller's transaction)."""
         if self.pending_log:
             with registered(con, log_frame=pa.concat_tables(self.pending_log)):
-                con.execute("INSERT INTO lifecycle_log SELECT run_id, seq, kind, memory_id, decided_at, body::JSON "
-                            "FROM log_frame")
+                con.execute(
+                    "INSERT INTO lifecycle_log SELECT run_id, seq, kind, memory_id, decided_at, body::JSON "
+                    "FROM log_frame"
+                )
         self.pending_log.clear()
         self.retired_scopes = retire_facts(con, self.pending_retired)
         self.pending_retired.clear()

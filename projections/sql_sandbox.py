@@ -57,20 +57,53 @@ from somnus.config import Settings
 # Table functions a query may call: generators, JSON, and the catalog's own descriptions. The rest
 # read files (read_csv, read_text, glob, parquet_*...), run other SQL (query, query_table), or show
 # or change the engine's state (duckdb_secrets, checkpoint, enable_logging...).
-TABLE_FUNCTIONS = frozenset({
-    "range", "generate_series", "unnest", "json_each", "json_tree",
-    "duckdb_tables", "duckdb_views", "duckdb_columns", "duckdb_schemas", "duckdb_constraints",
-    "duckdb_indexes", "duckdb_types", "duckdb_functions", "duckdb_keywords", "pragma_table_info",
-})
+TABLE_FUNCTIONS = frozenset(
+    {
+        "range",
+        "generate_series",
+        "unnest",
+        "json_each",
+        "json_tree",
+        "duckdb_tables",
+        "duckdb_views",
+        "duckdb_columns",
+        "duckdb_schemas",
+        "duckdb_constraints",
+        "duckdb_indexes",
+        "duckdb_types",
+        "duckdb_functions",
+        "duckdb_keywords",
+        "pragma_table_info",
+    }
+)
 # Scalar functions with an effect beyond their answer. (Pragmas and table functions are not callable
 # in a SELECT's expressions; those with effects are named too, in case a version makes them so.)
-DENIED_FUNCTIONS = frozenset({
-    "nextval", "setval", "setseed", "write_log", "sleep_ms", "pg_sleep",
-    "import_database", "copy_database", "force_checkpoint", "checkpoint", "json_execute_serialized_sql",
-    "enable_profile", "enable_profiling", "disable_profile", "disable_profiling", "enable_logging",
-    "disable_logging", "truncate_duckdb_logs", "enable_checkpoint_on_shutdown", "disable_checkpoint_on_shutdown",
-    "add_parquet_key", "getenv",
-})
+DENIED_FUNCTIONS = frozenset(
+    {
+        "nextval",
+        "setval",
+        "setseed",
+        "write_log",
+        "sleep_ms",
+        "pg_sleep",
+        "import_database",
+        "copy_database",
+        "force_checkpoint",
+        "checkpoint",
+        "json_execute_serialized_sql",
+        "enable_profile",
+        "enable_profiling",
+        "disable_profile",
+        "disable_profiling",
+        "enable_logging",
+        "disable_logging",
+        "truncate_duckdb_logs",
+        "enable_checkpoint_on_shutdown",
+        "disable_checkpoint_on_shutdown",
+        "add_parquet_key",
+        "getenv",
+    }
+)
 # SHOW TABLES / SHOW ALL TABLES / SHOW DATABASES name these instead of a table.
 SHOW_SPECIAL = frozenset({"tables", "__show_tables_expanded", "databases"})
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -97,8 +130,11 @@ class SqlTimeout(TimeoutError):
 def _explained(text: str) -> tuple[str, str]:
     """Split ``EXPLAIN [ANALYZE] <statement>`` into its prefix and the statement explained."""
     found = duckdb.tokenize(text)
-    words = [(off, text[off:(found[i + 1][0] if i + 1 < len(found) else len(text))].strip().upper())
-             for i, (off, kind) in enumerate(found) if "comment" not in str(kind)]
+    words = [
+        (off, text[off : (found[i + 1][0] if i + 1 < len(found) else len(text))].strip().upper())
+        for i, (off, kind) in enumerate(found)
+        if "comment" not in str(kind)
+    ]
     if len(words) < 2 or words[0][1] != "EXPLAIN":
         raise SqlRefused("could not find the statement this EXPLAIN explains")
     rest = 1
@@ -108,7 +144,7 @@ def _explained(text: str) -> tuple[str, str]:
         raise SqlRefused("EXPLAIN with options is not allowed here: use EXPLAIN or EXPLAIN ANALYZE")
     if rest >= len(words):
         raise SqlRefused("EXPLAIN of nothing")
-    return ("EXPLAIN ANALYZE " if rest == 2 else "EXPLAIN "), text[words[rest][0]:]
+    return ("EXPLAIN ANALYZE " if rest == 2 else "EXPLAIN "), text[words[rest][0] :]
 
 
 def statement(sql: str, parse: Callable[[str], list[Any]] = duckdb.extract_statements) -> tuple[str, str]:
@@ -166,8 +202,9 @@ class SqlSandbox:
     ``con`` (cursors are then made under a lock, from any thread).
     """
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, timeout_s: float = 10.0, memory_limit: str = "1GB",
-                 threads: int = 2) -> None:
+    def __init__(
+        self, con: duckdb.DuckDBPyConnection, timeout_s: float = 10.0, memory_limit: str = "1GB", threads: int = 2
+    ) -> None:
         self.timeout_s, self.memory_limit = float(timeout_s), memory_limit
         self._base = con.cursor()
         self._lock = threading.Lock()
@@ -222,16 +259,19 @@ class SqlSandbox:
             elif kind == "TABLE_FUNCTION":
                 name = str((node.get("function") or {}).get("function_name", "")).lower()
                 if name not in TABLE_FUNCTIONS:
-                    raise SqlRefused(f"table function {name}() is not allowed here (it reaches outside the "
-                                     f"projections); allowed: {', '.join(sorted(TABLE_FUNCTIONS))}")
+                    raise SqlRefused(
+                        f"table function {name}() is not allowed here (it reaches outside the "
+                        f"projections); allowed: {', '.join(sorted(TABLE_FUNCTIONS))}"
+                    )
             elif kind == "SHOW_REF" and node.get("table_name"):
                 if str(node["table_name"]).strip('"').lower() not in SHOW_SPECIAL:
                     tables.append(node)
             if node.get("class") == "FUNCTION":
                 name = str(node.get("function_name", "")).lower()
                 if name in DENIED_FUNCTIONS or name.startswith("__internal"):
-                    raise SqlRefused(f"function {name}() is not allowed here (it changes state or reaches "
-                                     "outside the projections)")
+                    raise SqlRefused(
+                        f"function {name}() is not allowed here (it changes state or reaches outside the projections)"
+                    )
         if tables:
             known, catalogs = _catalog(cur)
             for ref in tables:
@@ -260,8 +300,9 @@ class SqlSandbox:
             rows = rel.fetchall()
         except duckdb.InterruptException:
             if timed_out.is_set():
-                raise SqlTimeout(f"the query was interrupted after its time limit of {self.timeout_s:g} s "
-                                 "(SOMNUS_SQL_TIMEOUT_S)") from None
+                raise SqlTimeout(
+                    f"the query was interrupted after its time limit of {self.timeout_s:g} s (SOMNUS_SQL_TIMEOUT_S)"
+                ) from None
             raise
         finally:
             timer.cancel()
@@ -284,18 +325,24 @@ def harden(con: duckdb.DuckDBPyConnection, memory_limit: str = "1GB", threads: i
     read-only database (opened for reads alone) also gets the memory and thread caps, which a writer's
     database keeps for its writer. True when the database is read-only.
     Nothing is set again on a database already locked."""
+
     # Read to their end (fetchall): an unread result holds its transaction, and the sandbox keeps this
     # cursor for the projector's life; on a database already locked nothing runs after these, and the
     # open transaction kept a forget's scrub from ever checkpointing (projections/read_cursor.py).
     def setting(name: str) -> Any:
         return one_row(con, "SELECT current_setting(?)", [name])[0]
 
-    read_only = bool(one_row(con, "SELECT readonly FROM duckdb_databases() WHERE database_name = current_database()"
-                             )[0])
+    read_only = bool(
+        one_row(con, "SELECT readonly FROM duckdb_databases() WHERE database_name = current_database()")[0]
+    )
     if str(setting("lock_configuration")).lower() in ("true", "1"):
         return read_only
-    statements = ["SET autoinstall_known_extensions = false", "SET autoload_known_extensions = false",
-                  "SET allow_community_extensions = false", "SET enable_external_access = false"]
+    statements = [
+        "SET autoinstall_known_extensions = false",
+        "SET autoload_known_extensions = false",
+        "SET allow_community_extensions = false",
+        "SET enable_external_access = false",
+    ]
     if read_only:
         statements += [f"SET memory_limit = '{_quoted(memory_limit)}'", f"SET threads = {int(threads)}"]
     # Each sandbox cursor sets its own operator memory limit: the one setting left open.
@@ -311,8 +358,10 @@ def _quoted(value: str) -> str:
 
 def _catalog(cur: duckdb.DuckDBPyConnection) -> tuple[set[tuple[str, str]], set[str]]:
     """Every (schema, name) of a table or view the database holds, and its catalogs' names (lower case)."""
-    rows = cur.execute("SELECT schema_name, table_name FROM duckdb_tables() UNION ALL "
-                       "SELECT schema_name, view_name FROM duckdb_views()").fetchall()
+    rows = cur.execute(
+        "SELECT schema_name, table_name FROM duckdb_tables() UNION ALL "
+        "SELECT schema_name, view_name FROM duckdb_views()"
+    ).fetchall()
     catalogs = {r[0].lower() for r in cur.execute("SELECT database_name FROM duckdb_databases()").fetchall()}
     return {(s.lower(), n.lower()) for s, n in rows}, catalogs
 
@@ -330,5 +379,7 @@ def _check_table(ref: dict[str, Any], known: set[tuple[str, str]], catalogs: set
     else:
         found = any((s, name) in known for s in _SEARCH_PATH)
     if not found:
-        raise SqlRefused(f"no table or view named {ref.get('table_name')!r} (only the projections' tables and "
-                         "views can be read here, not files)")
+        raise SqlRefused(
+            f"no table or view named {ref.get('table_name')!r} (only the projections' tables and "
+            "views can be read here, not files)"
+        )

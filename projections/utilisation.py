@@ -24,7 +24,13 @@ import msgspec
 import pyarrow as pa
 
 from somnus.processors.knowledge.triples import entity_id
-from somnus.processors.knowledge.swarm_metrics import PromotionFold, StatementState, facts_used_in_episode, promoted_facts, statement_key
+from somnus.processors.knowledge.swarm_metrics import (
+    PromotionFold,
+    StatementState,
+    facts_used_in_episode,
+    promoted_facts,
+    statement_key,
+)
 from somnus.schemas.briefing import BriefingServed, FactPromoted, FactUsed
 from somnus.schemas.episodes import episode_id_for
 from somnus.schemas.facts import FactsExtracted
@@ -38,20 +44,35 @@ class UtilisationFold:
     def reload(self, con: duckdb.DuckDBPyConnection) -> None:
         self.served: dict[str, BriefingServed] = {}
         for bid, agent, sid, at, facts in con.execute(
-                "SELECT briefing_id, agent, session_id, served_at, facts FROM briefings_served ORDER BY src_offset"
+            "SELECT briefing_id, agent, session_id, served_at, facts FROM briefings_served ORDER BY src_offset"
         ).fetchall():
-            served = msgspec.convert({"schema_version": 1, "briefing_id": bid, "agent": agent, "session_id": sid,
-                                      "served_at": at, "facts": msgspec.json.decode(facts)}, BriefingServed)
+            served = msgspec.convert(
+                {
+                    "schema_version": 1,
+                    "briefing_id": bid,
+                    "agent": agent,
+                    "session_id": sid,
+                    "served_at": at,
+                    "facts": msgspec.json.decode(facts),
+                },
+                BriefingServed,
+            )
             self.served[str(episode_id_for(agent, sid))] = served
         self.used: set[tuple[str, str]] = set(con.execute("SELECT session_id, triple_id FROM fact_uses").fetchall())
         self.promotions: set[str] = {str(r[0]) for r in con.execute("SELECT promotion_id FROM promotions").fetchall()}
-        self.served_keys: set[tuple[str, str, str]] = set(con.execute(
-            "SELECT agent, session_id, briefing_id FROM briefings_served").fetchall())
-        self.promotion = PromotionFold({k: msgspec.json.decode(v, type=StatementState) for k, v in
-                                        con.execute("SELECT statement, state FROM promotion_state").fetchall()})
+        self.served_keys: set[tuple[str, str, str]] = set(
+            con.execute("SELECT agent, session_id, briefing_id FROM briefings_served").fetchall()
+        )
+        self.promotion = PromotionFold(
+            {
+                k: msgspec.json.decode(v, type=StatementState)
+                for k, v in con.execute("SELECT statement, state FROM promotion_state").fetchall()
+            }
+        )
 
-    def fold(self, con: duckdb.DuckDBPyConnection, agents: Mapping[str, Any],
-             items: Sequence[tuple[str, int, Any]]) -> list[tuple[int, FactsExtracted]]:
+    def fold(
+        self, con: duckdb.DuckDBPyConnection, agents: Mapping[str, Any], items: Sequence[tuple[str, int, Any]]
+    ) -> list[tuple[int, FactsExtracted]]:
         """Fold facts-topic items (``("facts"|"served"|"promotion", offset, record)``) in order; returns
         what the knowledge fold takes, in order (promotions as facts in their new scope)."""
         out: list[tuple[int, FactsExtracted]] = []
@@ -70,9 +91,16 @@ class UtilisationFold:
                 if key in self.served_keys:
                     continue  # re-published: once
                 self.served_keys.add(key)
-                served_rows.append({"briefing_id": obj.briefing_id, "agent": obj.agent, "session_id": obj.session_id,
-                                    "served_at": obj.served_at, "facts": msgspec.json.encode(obj.facts).decode(),
-                                    "src_offset": offset})
+                served_rows.append(
+                    {
+                        "briefing_id": obj.briefing_id,
+                        "agent": obj.agent,
+                        "session_id": obj.session_id,
+                        "served_at": obj.served_at,
+                        "facts": msgspec.json.encode(obj.facts).decode(),
+                        "src_offset": offset,
+                    }
+                )
                 self.served[str(episode_id_for(obj.agent, obj.session_id))] = obj
             elif kind == "promotion":
                 if str(obj.promotion_id) in self.promotions:
@@ -87,8 +115,11 @@ class UtilisationFold:
                 acted = [entity_id(e.type, e.name) for e in obj.entities]
                 acted += [entity_id(f.source_type, f.source) for f in obj.facts]
                 acted += [entity_id(f.target_type, f.target) for f in obj.facts]
-                used = [u for u in facts_used_in_episode(served, acted, obj.observed_at)
-                        if (u.session_id, u.triple_id) not in self.used]
+                used = [
+                    u
+                    for u in facts_used_in_episode(served, acted, obj.observed_at)
+                    if (u.session_id, u.triple_id) not in self.used
+                ]
                 for u in used:
                     self.used.add((u.session_id, u.triple_id))
                     use_rows.append(_use_row(u, offset))
@@ -99,9 +130,13 @@ class UtilisationFold:
         _insert(con, "fact_uses", use_rows)
         _insert(con, "promotions", promo_rows)
         if touched:
-            frame = pa.Table.from_pylist([
-                {"statement": k, "state": msgspec.json.encode(self.promotion.states[k]).decode()}
-                for k in sorted(touched) if k in self.promotion.states])
+            frame = pa.Table.from_pylist(
+                [
+                    {"statement": k, "state": msgspec.json.encode(self.promotion.states[k]).decode()}
+                    for k in sorted(touched)
+                    if k in self.promotion.states
+                ]
+            )
             with registered(con, frame=frame):
                 con.execute("INSERT OR REPLACE INTO promotion_state SELECT statement, state::JSON FROM frame")
         return out
@@ -114,13 +149,36 @@ def _insert(con: duckdb.DuckDBPyConnection, table: str, rows: list[dict[str, Any
 
 
 def _use_row(u: FactUsed, offset: int) -> dict[str, Any]:
-    return {"agent": u.agent, "session_id": u.session_id, "briefing_id": u.briefing_id, "triple_id": u.triple_id,
-            "source": u.source, "predicate": u.predicate, "target": u.target, "scope": u.scope,
-            "confidence": u.confidence, "entity": u.entity, "used_at": u.used_at, "src_offset": offset}
+    return {
+        "agent": u.agent,
+        "session_id": u.session_id,
+        "briefing_id": u.briefing_id,
+        "triple_id": u.triple_id,
+        "source": u.source,
+        "predicate": u.predicate,
+        "target": u.target,
+        "scope": u.scope,
+        "confidence": u.confidence,
+        "entity": u.entity,
+        "used_at": u.used_at,
+        "src_offset": offset,
+    }
 
 
 def _promotion_row(p: FactPromoted, offset: int) -> dict[str, Any]:
-    return {"promotion_id": str(p.promotion_id), "source": p.source, "predicate": p.predicate, "target": p.target,
-            "from_scope": p.from_scope, "to_scope": p.to_scope, "reason": p.reason.value,
-            "promoted_at": p.promoted_at, "confidence": p.confidence, "learning_rate": p.learning_rate,
-            "threshold": p.threshold, "users": list(p.users), "teams": list(p.teams), "src_offset": offset}
+    return {
+        "promotion_id": str(p.promotion_id),
+        "source": p.source,
+        "predicate": p.predicate,
+        "target": p.target,
+        "from_scope": p.from_scope,
+        "to_scope": p.to_scope,
+        "reason": p.reason.value,
+        "promoted_at": p.promoted_at,
+        "confidence": p.confidence,
+        "learning_rate": p.learning_rate,
+        "threshold": p.threshold,
+        "users": list(p.users),
+        "teams": list(p.teams),
+        "src_offset": offset,
+    }

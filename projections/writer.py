@@ -35,9 +35,25 @@ import pyarrow as pa
 
 from somnus.projections.frames import registered
 from somnus.projections.read_models import ReadModels
-from somnus.projections.sinks import (KIND_PROMOTION, KIND_SERVED, BatchResult, DeadLetters, EpisodesSink, FactsSink,
-                                      ForgetStep, LinkUpdatesSink, MemorySink, Record, SemanticSink, Sink, TracesSink,
-                                      WorkingMemorySink, _header, _promotion_decoder, _served_decoder)
+from somnus.projections.sinks import (
+    KIND_PROMOTION,
+    KIND_SERVED,
+    BatchResult,
+    DeadLetters,
+    EpisodesSink,
+    FactsSink,
+    ForgetStep,
+    LinkUpdatesSink,
+    MemorySink,
+    Record,
+    SemanticSink,
+    Sink,
+    TracesSink,
+    WorkingMemorySink,
+    _header,
+    _promotion_decoder,
+    _served_decoder,
+)
 from somnus.schemas.briefing import BriefingServed, FactPromoted
 from somnus.projections.causal import UpdateRow
 from somnus.schemas.codec import MAX_DEPTH, Rejection, decode_bounded, poison_reason, truncated_note
@@ -47,8 +63,19 @@ from somnus.schemas.memory import KIND_ACCESS, MemoryAccessed, MemoryUnit
 from somnus.schemas.sealed import FORGOTTEN, open_record
 from somnus.schemas.semantic import KIND_INGEST, KIND_PROMOTE, KnowledgeIngested, PromotionRequested
 
-__all__ = ["KIND_PROMOTION", "KIND_SERVED", "BatchResult", "ReadModels", "Record", "Topics", "apply_batch",
-           "apply_guarded", "decode_promotion", "decode_served", "load_offsets"]
+__all__ = [
+    "KIND_PROMOTION",
+    "KIND_SERVED",
+    "BatchResult",
+    "ReadModels",
+    "Record",
+    "Topics",
+    "apply_batch",
+    "apply_guarded",
+    "decode_promotion",
+    "decode_served",
+    "load_offsets",
+]
 
 log = logging.getLogger("somnus.projector")
 
@@ -92,8 +119,9 @@ class BatchSinks:
     order: list[Sink]
 
     @classmethod
-    def make(cls, topics: Topics, models: ReadModels, res: BatchResult, max_event_bytes: int, max_depth: int,
-             skew_us: int) -> BatchSinks:
+    def make(
+        cls, topics: Topics, models: ReadModels, res: BatchResult, max_event_bytes: int, max_depth: int, skew_us: int
+    ) -> BatchSinks:
         dead = DeadLetters(models, res)
         forget = ForgetStep(models, res, dead)
         traces = TracesSink(models, res, dead, max_event_bytes, max_depth, skew_us)
@@ -103,18 +131,39 @@ class BatchSinks:
         working = WorkingMemorySink(models, res, dead, max_depth)
         semantic = SemanticSink(models, res, dead, max_depth)
         facts = FactsSink(models, res, dead, max_depth, forget, memory)
-        by_topic: dict[str, Sink] = {topics.traces: traces, topics.episodes: episodes, topics.facts: facts,
-                                     topics.semantic: semantic, topics.working_memory: working,
-                                     topics.memory: memory, topics.link_updates: links, topics.dead_letters: dead}
+        by_topic: dict[str, Sink] = {
+            topics.traces: traces,
+            topics.episodes: episodes,
+            topics.facts: facts,
+            topics.semantic: semantic,
+            topics.working_memory: working,
+            topics.memory: memory,
+            topics.link_updates: links,
+            topics.dead_letters: dead,
+        }
         by_topic.pop("", None)  # a topic this projector does not read
-        return cls(models, by_topic, dead, episodes, facts, forget,
-                   [traces, episodes, dead, links, memory, working, semantic, facts, forget])
+        return cls(
+            models,
+            by_topic,
+            dead,
+            episodes,
+            facts,
+            forget,
+            [traces, episodes, dead, links, memory, working, semantic, facts, forget],
+        )
 
 
-def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterable[Record],
-                stored: Mapping[tuple[str, int], int], max_event_bytes: int, models: ReadModels,
-                quarantine: Mapping[tuple[str, int, int], str] | None = None, max_depth: int = MAX_DEPTH,
-                max_clock_skew_s: float = 0.0) -> BatchResult:
+def apply_batch(
+    con: duckdb.DuckDBPyConnection,
+    topics: Topics,
+    records: Iterable[Record],
+    stored: Mapping[tuple[str, int], int],
+    max_event_bytes: int,
+    models: ReadModels,
+    quarantine: Mapping[tuple[str, int, int], str] | None = None,
+    max_depth: int = MAX_DEPTH,
+    max_clock_skew_s: float = 0.0,
+) -> BatchResult:
     """Write one batch and its offsets atomically. ``stored`` is the offsets table as last loaded;
     ``models`` are updated once the transaction has committed. A record that cannot be decoded, or whose
     coordinates ``quarantine`` names (with the reason), is a dead letter (see the module's text)."""
@@ -141,8 +190,13 @@ def apply_batch(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterabl
     return res
 
 
-def _take(records: Iterable[Record], stored: Mapping[tuple[str, int], int],
-          quarantine: Mapping[tuple[str, int, int], str], sinks: BatchSinks, res: BatchResult) -> None:
+def _take(
+    records: Iterable[Record],
+    stored: Mapping[tuple[str, int], int],
+    quarantine: Mapping[tuple[str, int, int], str],
+    sinks: BatchSinks,
+    res: BatchResult,
+) -> None:
     """Hand each record past its partition's stored offset to its topic's sink (or to the dead letters)."""
     for rec in records:
         tp = (rec.topic, rec.partition)
@@ -174,8 +228,13 @@ def _write(con: duckdb.DuckDBPyConnection, sinks: BatchSinks, res: BatchResult) 
             sinks.models.briefings.invalidate(con, sinks.episodes.agents, sinks.facts.scopes)
             res.lap("invalidate")
         sink.write(con)
-    offsets = pa.table({"topic": [t for t, _ in res.offsets], "kafka_partition": [p for _, p in res.offsets],
-                        "next_offset": list(res.offsets.values())})
+    offsets = pa.table(
+        {
+            "topic": [t for t, _ in res.offsets],
+            "kafka_partition": [p for _, p in res.offsets],
+            "next_offset": list(res.offsets.values()),
+        }
+    )
     with registered(con, offsets_frame=offsets):
         con.execute("INSERT OR REPLACE INTO projection_offsets SELECT * FROM offsets_frame")
 
@@ -183,13 +242,25 @@ def _write(con: duckdb.DuckDBPyConnection, sinks: BatchSinks, res: BatchResult) 
 # Failures of the machine, not of a record: the batch is not retried record by record, the projector
 # stops (and its supervisor starts it again) as before.
 ENVIRONMENT_ERRORS: tuple[type[BaseException], ...] = (
-    OSError, MemoryError, duckdb.IOException, duckdb.OutOfMemoryException, duckdb.FatalException,
-    duckdb.InternalException)
+    OSError,
+    MemoryError,
+    duckdb.IOException,
+    duckdb.OutOfMemoryException,
+    duckdb.FatalException,
+    duckdb.InternalException,
+)
 
 
-def apply_guarded(con: duckdb.DuckDBPyConnection, topics: Topics, records: Iterable[Record],
-                  stored: Mapping[tuple[str, int], int], max_event_bytes: int, models: ReadModels,
-                  max_depth: int = MAX_DEPTH, max_clock_skew_s: float = 0.0) -> BatchResult:
+def apply_guarded(
+    con: duckdb.DuckDBPyConnection,
+    topics: Topics,
+    records: Iterable[Record],
+    stored: Mapping[tuple[str, int], int],
+    max_event_bytes: int,
+    models: ReadModels,
+    max_depth: int = MAX_DEPTH,
+    max_clock_skew_s: float = 0.0,
+) -> BatchResult:
     """``apply_batch``, and no record stops it: should the batch raise (a record its decoding did not
     catch, a fold that fails on it), it is rolled back and applied again with every record fully decoded
     first (those that fail are quarantined), then in halves down to the one record that raises on its
@@ -201,8 +272,9 @@ def apply_guarded(con: duckdb.DuckDBPyConnection, topics: Topics, records: Itera
 
     def attempt(part: list[Record]) -> BatchResult:
         try:
-            res = apply_batch(con, topics, part, progress, max_event_bytes, models, quarantine, max_depth,
-                              max_clock_skew_s)
+            res = apply_batch(
+                con, topics, part, progress, max_event_bytes, models, quarantine, max_depth, max_clock_skew_s
+            )
         except ENVIRONMENT_ERRORS:
             raise
         except Exception as exc:  # noqa: BLE001 - the poison boundary
@@ -216,8 +288,11 @@ def apply_guarded(con: duckdb.DuckDBPyConnection, topics: Topics, records: Itera
     try:
         return attempt(records)
     except _Failed as failed:
-        log.error("a batch of %d records failed (%r): applying it again without the records that fail",
-                  len(records), failed.__cause__)
+        log.error(
+            "a batch of %d records failed (%r): applying it again without the records that fail",
+            len(records),
+            failed.__cause__,
+        )
     for rec in records:
         opened = open_record(rec, models.keys.keys)  # as apply_batch reads it (skipped or a dead letter there)
         skipped = opened is FORGOTTEN or isinstance(opened, Rejection)
@@ -238,7 +313,9 @@ def _halves(records: list[Record], attempt: Any, quarantine: dict[tuple[str, int
         if len(records) == 1:
             rec, exc = records[0], failed.__cause__
             log.error("record %s/%d@%d is quarantined: %r", rec.topic, rec.partition, rec.offset, exc)
-            quarantine[(rec.topic, rec.partition, rec.offset)] = poison_reason(exc or failed, f"while folding {rec.topic}")
+            quarantine[(rec.topic, rec.partition, rec.offset)] = poison_reason(
+                exc or failed, f"while folding {rec.topic}"
+            )
             return attempt(records)
     mid = len(records) // 2
     return _merged(_halves(records[:mid], attempt, quarantine), _halves(records[mid:], attempt, quarantine))
@@ -264,9 +341,12 @@ def _undecodable(topics: Topics, rec: Record, max_depth: int) -> str | None:
     (memory, semantic, link updates), or None."""
     kind = _header(rec, "somnus-kind")
     if rec.topic == topics.memory:
-        what, t = {KIND_ACCESS: ("memory accesses", list[MemoryAccessed]), KIND_SLEEP: ("sleep request", SleepRequested),
-                   KIND_GOAL_SET: ("goal", GoalSet), KIND_GOAL_CLOSED: ("goal closed", GoalClosed),
-                   }.get(kind, ("memory units", list[MemoryUnit]))  # type: ignore[arg-type]
+        what, t = {
+            KIND_ACCESS: ("memory accesses", list[MemoryAccessed]),
+            KIND_SLEEP: ("sleep request", SleepRequested),
+            KIND_GOAL_SET: ("goal", GoalSet),
+            KIND_GOAL_CLOSED: ("goal closed", GoalClosed),
+        }.get(kind, ("memory units", list[MemoryUnit]))  # type: ignore[arg-type]
     elif rec.topic == topics.semantic:
         if kind not in (KIND_INGEST, KIND_PROMOTE):
             return None
@@ -280,5 +360,3 @@ def _undecodable(topics: Topics, rec: Record, max_depth: int) -> str | None:
         return None
     k, _, rest = got.reason.partition(": ")
     return f"{k}: invalid {what}: {rest}"
-
-

@@ -135,6 +135,7 @@ class FactPromoted(msgspec.Struct, frozen=True, kw_only=True):
     users: list[str] = []
     teams: list[str] = []
 
+
 KIND_PROMOTION = b"promotion"  # header somnus-kind on the facts topic: a FactPromoted (somnus promote)
 KIND_SERVED = b"briefing-served"  # header somnus-kind on the facts topic: a BriefingServed (the projector)
 

@@ -75,8 +75,10 @@ _DIGIT = re.compile(r"\d")
 _DIGITS = re.compile(r"\d+")
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 # keys whose values are identities, whatever they look like ("JG7FMM", "mia_li_3668", "deploy")
-_ID_KEY = re.compile(r"(?:^|_)(?:id|ids|uuid|guid|key|token|name|names|email|user|username|login|"
-                     r"password|secret|phone|address|dob)$")
+_ID_KEY = re.compile(
+    r"(?:^|_)(?:id|ids|uuid|guid|key|token|name|names|email|user|username|login|"
+    r"password|secret|phone|address|dob)$"
+)
 # keys holding a shell command: the program is the action ("helm"), its arguments are not
 _COMMAND_KEYS = frozenset({"cmd", "command", "commands", "shell", "script", "command_line", "commandline"})
 
@@ -251,6 +253,7 @@ def outcome_signature(outcome: str) -> str:
 
 
 # ---- records ----------------------------------------------------------------------------------
+
 
 class OutcomeObserved(msgspec.Struct, frozen=True, kw_only=True):
     """One tool call with a result, from one episode: an action and what came of it.

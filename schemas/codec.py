@@ -60,7 +60,7 @@ def poison_reason(exc: BaseException, where: str = "") -> str:
     'poison: RecursionError while folding facts: maximum recursion depth exceeded'
     """
     text = f"poison: {type(exc).__name__}{' ' + where if where else ''}: {exc}"
-    return text if len(text) <= MAX_REASON else text[:MAX_REASON - 1] + "…"
+    return text if len(text) <= MAX_REASON else text[: MAX_REASON - 1] + "…"
 
 
 # ---- the checks before any parser ------------------------------------------------------------
@@ -101,8 +101,9 @@ def json_shape(raw: bytes) -> tuple[int, int]:
     return max(depth, 0), int(commas.sum()) + int((steps > 0).sum()) + 1
 
 
-def check_json(raw: bytes, max_bytes: int | None = None, max_depth: int = MAX_DEPTH,
-               max_values: int | None = MAX_VALUES) -> str | None:
+def check_json(
+    raw: bytes, max_bytes: int | None = None, max_depth: int = MAX_DEPTH, max_values: int | None = MAX_VALUES
+) -> str | None:
     """Why ``raw`` must not reach a JSON parser (a rejection reason), or None when it may.
 
     ``oversized`` beyond ``max_bytes`` (None: no limit), nested deeper than ``max_depth``, or holding
@@ -219,8 +220,9 @@ _bundle_decoder = msgspec.json.Decoder(list[msgspec.Raw])
 _events_decoder = msgspec.json.Decoder(list[TraceEvent])
 
 
-def decode_record(raw: bytes | None, max_bytes: int, max_depth: int = MAX_DEPTH,
-                  max_events: int = MAX_BUNDLE_EVENTS) -> list[TraceEvent | Rejection]:
+def decode_record(
+    raw: bytes | None, max_bytes: int, max_depth: int = MAX_DEPTH, max_events: int = MAX_BUNDLE_EVENTS
+) -> list[TraceEvent | Rejection]:
     """Decode one Kafka record of the traces topic: one event, or a bundle (JSON array) of events.
     Never raises: whatever a decoder raises is one ``poison`` rejection of the record.
 
@@ -247,8 +249,14 @@ def _decode_bundle(raw: bytes, max_bytes: int, max_depth: int, max_events: int) 
     # values (each element is then held to the limits of an event).
     why = check_json(raw, None, max_depth + 1, 4 * MAX_VALUES)
     if why is not None:
-        return [Rejection(why.replace(f"> limit {max_depth + 1}", f"> limit {max_depth + 1} ({max_depth} for an "
-                                                                   "event, one more for its bundle)"))]
+        return [
+            Rejection(
+                why.replace(
+                    f"> limit {max_depth + 1}",
+                    f"> limit {max_depth + 1} ({max_depth} for an event, one more for its bundle)",
+                )
+            )
+        ]
     if len(raw) <= max_bytes and raw.count(b",") + raw.count(b"[") + raw.count(b"{") < MAX_VALUES:
         # then so is each element, in bytes and values: when all are valid, one decode does it
         try:
@@ -261,8 +269,9 @@ def _decode_bundle(raw: bytes, max_bytes: int, max_depth: int, max_events: int) 
     return _decode_elements(raw, max_bytes, max_depth, max_events)
 
 
-def _decode_elements(raw: bytes, max_bytes: int, max_depth: int = MAX_DEPTH,
-                     max_events: int = MAX_BUNDLE_EVENTS) -> list[TraceEvent | Rejection]:
+def _decode_elements(
+    raw: bytes, max_bytes: int, max_depth: int = MAX_DEPTH, max_events: int = MAX_BUNDLE_EVENTS
+) -> list[TraceEvent | Rejection]:
     """A bundle's elements decoded one by one (what ``decode_record`` returns for any bundle)."""
     try:
         elements = _bundle_decoder.decode(raw)

@@ -40,6 +40,7 @@ class Outcome(str, Enum):
 
 # ---- payloads ---------------------------------------------------------------------------
 
+
 class SessionStart(msgspec.Struct, frozen=True, omit_defaults=True):
     task: str
     goal: str | None = None
@@ -88,6 +89,7 @@ class SessionEnd(msgspec.Struct, frozen=True, omit_defaults=True):
 
 # ---- envelopes (one type per event kind, named in the past tense) -----------------------
 
+
 class _Envelope(msgspec.Struct, frozen=True, tag_field="type", kw_only=True):
     event_id: uuid.UUID
     schema_version: Annotated[int, Meta(ge=1, le=SCHEMA_VERSION)]
@@ -130,14 +132,28 @@ class SessionEnded(_Envelope, frozen=True, tag="session_end"):
 
 
 TraceEvent = Union[
-    SessionStarted, UserMessaged, AgentMessaged, ToolCalled, ToolReturned,
-    Delegated, DelegationReturned, SessionEnded,
+    SessionStarted,
+    UserMessaged,
+    AgentMessaged,
+    ToolCalled,
+    ToolReturned,
+    Delegated,
+    DelegationReturned,
+    SessionEnded,
 ]
 
 EVENT_TYPES: dict[str, type] = {
     cast(str, cls.__struct_config__.tag): cls
-    for cls in (SessionStarted, UserMessaged, AgentMessaged, ToolCalled, ToolReturned,
-                Delegated, DelegationReturned, SessionEnded)
+    for cls in (
+        SessionStarted,
+        UserMessaged,
+        AgentMessaged,
+        ToolCalled,
+        ToolReturned,
+        Delegated,
+        DelegationReturned,
+        SessionEnded,
+    )
 }
 
 

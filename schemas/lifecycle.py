@@ -62,8 +62,12 @@ class SleepPhase(str, Enum):
     REFRESH = "refresh"  # briefings, then the report
 
 
-PHASE_ORDER: tuple[SleepPhase, ...] = (SleepPhase.HIPPOCAMPUS, SleepPhase.PROMOTION,
-                                       SleepPhase.CONSOLIDATION, SleepPhase.REFRESH)
+PHASE_ORDER: tuple[SleepPhase, ...] = (
+    SleepPhase.HIPPOCAMPUS,
+    SleepPhase.PROMOTION,
+    SleepPhase.CONSOLIDATION,
+    SleepPhase.REFRESH,
+)
 
 
 class PruneReason(str, Enum):
@@ -322,15 +326,48 @@ class PatternAbstracted(_Decision, frozen=True, kw_only=True, tag="pattern_abstr
     sources: list[PatternSource]
 
 
-LifecycleEvent = Union[SleepRequested, SleepStarted, SleepPhaseCompleted, SleepCompleted, MemoryProtected,
-                       MemoryRescored, MemoryCompressed, MemoryPruned, TripleRetired, MemoryPromoted,
-                       BriefingRefreshed, DecisionCarried, ObservationClustered, ObservationHeld,
-                       ObservationCreated, MemoryRefined, MemoriesConnected, ReviewScheduled, PatternAbstracted]
+LifecycleEvent = Union[
+    SleepRequested,
+    SleepStarted,
+    SleepPhaseCompleted,
+    SleepCompleted,
+    MemoryProtected,
+    MemoryRescored,
+    MemoryCompressed,
+    MemoryPruned,
+    TripleRetired,
+    MemoryPromoted,
+    BriefingRefreshed,
+    DecisionCarried,
+    ObservationClustered,
+    ObservationHeld,
+    ObservationCreated,
+    MemoryRefined,
+    MemoriesConnected,
+    ReviewScheduled,
+    PatternAbstracted,
+]
 
-RunEvent = Union[SleepStarted, SleepPhaseCompleted, SleepCompleted, MemoryProtected, MemoryRescored,
-                 MemoryCompressed, MemoryPruned, TripleRetired, MemoryPromoted, BriefingRefreshed, DecisionCarried,
-                 ObservationClustered, ObservationHeld, ObservationCreated, MemoryRefined, MemoriesConnected,
-                 ReviewScheduled, PatternAbstracted]
+RunEvent = Union[
+    SleepStarted,
+    SleepPhaseCompleted,
+    SleepCompleted,
+    MemoryProtected,
+    MemoryRescored,
+    MemoryCompressed,
+    MemoryPruned,
+    TripleRetired,
+    MemoryPromoted,
+    BriefingRefreshed,
+    DecisionCarried,
+    ObservationClustered,
+    ObservationHeld,
+    ObservationCreated,
+    MemoryRefined,
+    MemoriesConnected,
+    ReviewScheduled,
+    PatternAbstracted,
+]
 """The events that belong to a run (all but ``SleepRequested``)."""
 
 _encoder = msgspec.json.Encoder()
@@ -350,5 +387,5 @@ def compact_size(compact: CompactMemory) -> int:
     """Bytes of the compact form on the wire (what ``COMPACT_MAX_BYTES`` bounds)."""
     return len(_encoder.encode(compact))
 
-KIND_SLEEP = b"sleep"  # header somnus-kind on the memory topic: a SleepRequested
 
+KIND_SLEEP = b"sleep"  # header somnus-kind on the memory topic: a SleepRequested

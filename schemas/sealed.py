@@ -85,8 +85,9 @@ _key_encoder = msgspec.json.Encoder()
 
 def new_key(agent: str, session_id: str, user_id: str | None = None) -> DataKey:
     """A fresh random data key for one session (a random 128-bit id)."""
-    return DataKey(key_id=os.urandom(16).hex(), agent=agent, session_id=session_id, user_id=user_id,
-                   key=os.urandom(KEY_BYTES))
+    return DataKey(
+        key_id=os.urandom(16).hex(), agent=agent, session_id=session_id, user_id=user_id, key=os.urandom(KEY_BYTES)
+    )
 
 
 def encode_key(key: DataKey) -> bytes:
@@ -124,7 +125,7 @@ def sealed_key_id(value: bytes | None) -> str | None:
     if not value or not value.startswith(MAGIC) or len(value) <= len(MAGIC):
         return None
     n = value[len(MAGIC)]
-    kid = value[len(MAGIC) + 1:len(MAGIC) + 1 + n]
+    kid = value[len(MAGIC) + 1 : len(MAGIC) + 1 + n]
     if not n or len(kid) != n or not kid.isascii():
         return None
     return kid.decode()
@@ -147,12 +148,14 @@ def open_value(value: bytes | None, keys: Mapping[str, bytes]) -> bytes | None |
             return FORGOTTEN
         from cryptography.exceptions import InvalidTag
 
-        nonce = value[start:start + NONCE_BYTES]
+        nonce = value[start : start + NONCE_BYTES]
         try:
-            return _aead(key).decrypt(nonce, value[start + NONCE_BYTES:], value[:start])
+            return _aead(key).decrypt(nonce, value[start + NONCE_BYTES :], value[:start])
         except InvalidTag:
-            return Rejection(f"undecodable: a sealed record that fails authentication under its key {kid} "
-                             "(altered, or sealed under another key)")
+            return Rejection(
+                f"undecodable: a sealed record that fails authentication under its key {kid} "
+                "(altered, or sealed under another key)"
+            )
     except Exception as exc:  # noqa: BLE001 - the boundary: opening a record never raises
         return Rejection(poison_reason(exc, "while opening a sealed record"))
 
@@ -257,7 +260,6 @@ class KeyRing:
         sessions = {(dk.agent, dk.session_id) for dk in self.by_id.values() if dk.user_id == value}
         return sorted(k for k, dk in self.by_id.items() if dk.user_id == value or (dk.agent, dk.session_id) in sessions)
 
-
     def select_sessions(self, sessions: Iterable[tuple[str, str]]) -> list[str]:
         """The key ids of these ``(agent, session_id)``."""
         wanted = set(sessions)
@@ -302,8 +304,7 @@ def seal_shared(keys: Iterable[DataKey | None], plaintext: bytes) -> bytes:
     shares.append(last)
     parts = [seal(k, s) if k is not None else s for k, s in zip(holders, shares, strict=True)]
     body = seal(DataKey(key_id="content", agent="", session_id="", key=content), plaintext)
-    return (SHARED_MAGIC + len(parts).to_bytes(2, "big")
-            + b"".join(len(p).to_bytes(2, "big") + p for p in parts) + body)
+    return SHARED_MAGIC + len(parts).to_bytes(2, "big") + b"".join(len(p).to_bytes(2, "big") + p for p in parts) + body
 
 
 def shared_key_ids(value: bytes | None) -> list[str] | None:
@@ -318,7 +319,7 @@ def _parse_shared(value: bytes | None) -> tuple[list[bytes], bytes] | None:
     pos = len(SHARED_MAGIC)
     if len(value) < pos + 2:
         return None
-    n = int.from_bytes(value[pos:pos + 2], "big")
+    n = int.from_bytes(value[pos : pos + 2], "big")
     pos += 2
     if not 1 <= n <= MAX_SHARES:
         return None
@@ -326,11 +327,11 @@ def _parse_shared(value: bytes | None) -> tuple[list[bytes], bytes] | None:
     for _ in range(n):
         if len(value) < pos + 2:
             return None
-        size = int.from_bytes(value[pos:pos + 2], "big")
+        size = int.from_bytes(value[pos : pos + 2], "big")
         pos += 2
         if len(value) < pos + size:
             return None
-        parts.append(value[pos:pos + size])
+        parts.append(value[pos : pos + size])
         pos += size
     return parts, value[pos:]
 

@@ -94,8 +94,9 @@ class MathRecord(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     source_agents: list[str] = []
 
 
-class ConceptCreated(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="concept_created",
-                     tag_field="kind"):
+class ConceptCreated(
+    msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="concept_created", tag_field="kind"
+):
     owner: NonEmpty
     concept_id: NonEmpty
     name: NonEmpty
@@ -110,8 +111,9 @@ class ConceptCreated(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     embedding_text: str = ""
 
 
-class ConceptReinforced(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="concept_reinforced",
-                        tag_field="kind"):
+class ConceptReinforced(
+    msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="concept_reinforced", tag_field="kind"
+):
     """More evidence for a concept: ``by`` is added to its reinforcement count; ``properties`` are
     merged over the old ones (new values win); a non-empty ``definition`` replaces the old one."""
 
@@ -126,8 +128,9 @@ class ConceptReinforced(msgspec.Struct, frozen=True, kw_only=True, omit_defaults
     definition: str = ""
 
 
-class RelationshipTypeRegistered(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True,
-                                 tag="relationship_type_registered", tag_field="kind"):
+class RelationshipTypeRegistered(
+    msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="relationship_type_registered", tag_field="kind"
+):
     """A relationship type proposed at run time (the built-in ones need no event)."""
 
     owner: NonEmpty
@@ -138,8 +141,9 @@ class RelationshipTypeRegistered(msgspec.Struct, frozen=True, kw_only=True, omit
     description: str = ""
 
 
-class RelationshipFormed(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="relationship_formed",
-                         tag_field="kind"):
+class RelationshipFormed(
+    msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="relationship_formed", tag_field="kind"
+):
     """``source --relation--> target`` between two concepts; forming it again updates weight and metadata.
     For a symmetric relation the fold also holds the reverse edge."""
 
@@ -158,8 +162,7 @@ class PatternConfirmed(msgspec.Struct, frozen=True, kw_only=True, tag="pattern_c
     at: datetime
 
 
-class CrossLayerEdgeFormed(msgspec.Struct, frozen=True, kw_only=True, tag="cross_layer_edge_formed",
-                           tag_field="kind"):
+class CrossLayerEdgeFormed(msgspec.Struct, frozen=True, kw_only=True, tag="cross_layer_edge_formed", tag_field="kind"):
     owner: NonEmpty
     source_layer: Layer
     source_id: NonEmpty
@@ -170,8 +173,9 @@ class CrossLayerEdgeFormed(msgspec.Struct, frozen=True, kw_only=True, tag="cross
     at: datetime
 
 
-class ConceptPromoted(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="concept_promoted",
-                      tag_field="kind"):
+class ConceptPromoted(
+    msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="concept_promoted", tag_field="kind"
+):
     """Audit of one promotion: which candidate became (or reinforced) which concept, and why it passed."""
 
     owner: NonEmpty
@@ -184,8 +188,9 @@ class ConceptPromoted(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=T
     at: datetime
 
 
-class CandidateRejected(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="candidate_rejected",
-                        tag_field="kind"):
+class CandidateRejected(
+    msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="candidate_rejected", tag_field="kind"
+):
     """Audit of a candidate the IPS gate turned away (no state change besides this record)."""
 
     owner: NonEmpty
@@ -196,8 +201,9 @@ class CandidateRejected(msgspec.Struct, frozen=True, kw_only=True, omit_defaults
     at: datetime
 
 
-class RecordRemoved(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="record_removed",
-                    tag_field="kind"):
+class RecordRemoved(
+    msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="record_removed", tag_field="kind"
+):
     """A record left a layer (consolidation or an explicit removal); its edges go with it."""
 
     owner: NonEmpty
@@ -207,8 +213,17 @@ class RecordRemoved(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
     at: datetime
 
 
-SemanticEvent = Union[ConceptCreated, ConceptReinforced, RelationshipTypeRegistered, RelationshipFormed,
-                      PatternConfirmed, CrossLayerEdgeFormed, ConceptPromoted, CandidateRejected, RecordRemoved]
+SemanticEvent = Union[
+    ConceptCreated,
+    ConceptReinforced,
+    RelationshipTypeRegistered,
+    RelationshipFormed,
+    PatternConfirmed,
+    CrossLayerEdgeFormed,
+    ConceptPromoted,
+    CandidateRejected,
+    RecordRemoved,
+]
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(SemanticEvent)
@@ -227,6 +242,7 @@ def decode_semantic(raw: bytes) -> SemanticEvent:
 # The operator's commands published by ``somnus ingest`` / ``somnus consolidate`` and the projector
 # (after a sleep run), read by the projector's semantic fold (``somnus.projections.semantic``).
 
+
 class IngestedRelationship(msgspec.Struct, frozen=True):
     relation: str
     target: str
@@ -238,7 +254,6 @@ class IngestedConcept(msgspec.Struct, frozen=True, omit_defaults=True):
     category: str = "object"
     properties: dict[str, Any] = {}
     relationships: list[IngestedRelationship] = []
-
 
 
 class CausalLinkView(msgspec.Struct, frozen=True, kw_only=True):
@@ -256,7 +271,6 @@ class CausalLinkView(msgspec.Struct, frozen=True, kw_only=True):
     event_observations: int | None = None  # observations of the event (all outcomes)
     base_rate: float | None = None  # share of this outcome's valence among all calls of the fleet
     source_agents: list[str] = []  # the agents it was observed for (empty: not recorded)
-
 
 
 class TopicView(msgspec.Struct, frozen=True, kw_only=True):
@@ -279,7 +293,6 @@ class CallOutcome(msgspec.Struct, frozen=True):
     at: datetime  # event time (the episode's end)
     episode_id: str
     agent: str = ""
-
 
 
 KIND_INGEST = b"knowledge-ingested"  # a KnowledgeIngested
@@ -329,4 +342,3 @@ class PromotionRequested(msgspec.Struct, frozen=True, kw_only=True):
     # A request that may be published more than once (the projector's request after a scheduled
     # sleep run: ``sleep:<run_id>``) runs once; None: every copy runs (``somnus consolidate``).
     request_id: str | None = None
-

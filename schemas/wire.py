@@ -83,8 +83,18 @@ TOPICS: dict[str, tuple[WireRecord, ...]] = {
 
 # The topics whose records may be sealed with a session's data key (somnus.streams.sealing): their
 # plaintext is the record listed in TOPICS; the others always travel as they are.
-SEALED_TOPICS = frozenset({"traces_topic", "episodes_topic", "dead_letter_topic", "facts_topic",
-                           "observations_topic", "link_updates_topic", "memory_topic", "working_memory_topic"})
+SEALED_TOPICS = frozenset(
+    {
+        "traces_topic",
+        "episodes_topic",
+        "dead_letter_topic",
+        "facts_topic",
+        "observations_topic",
+        "link_updates_topic",
+        "memory_topic",
+        "working_memory_topic",
+    }
+)
 
 
 def record_type(topic: str, kind: bytes | None) -> WireRecord | None:

@@ -61,6 +61,7 @@ class Role(str, Enum):
 
 # ---- the session buffer -----------------------------------------------------------------
 
+
 class BufferedMessage(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """One message of a session as the ring buffer keeps it (text capped; ``tokens`` estimated once).
 
@@ -154,6 +155,7 @@ WorkingMemoryEvent = Union[MessagesSummarised, SummariesMerged, SummaryEvicted]
 
 # ---- the user synopsis ------------------------------------------------------------------
 
+
 class MemoryKind(str, Enum):
     """What a ``UserMemory`` is; the synopsis builder reads each kind differently."""
 
@@ -204,6 +206,7 @@ class UserSynopsis(msgspec.Struct, frozen=True, kw_only=True):
 
 
 # ---- the assembled context --------------------------------------------------------------
+
 
 class ContextCandidate(msgspec.Struct, frozen=True, kw_only=True):
     """What a tier source returns for a query: one piece of memory with the source's own score

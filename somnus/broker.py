@@ -66,8 +66,15 @@ def fetch(settings: Settings, quiet: bool = True) -> Path:
     if shutil.which("mvn") is None:
         raise BrokerError("Maven (mvn) is not on PATH: it is needed once to fetch the Kafka jars")
     libs.mkdir(parents=True, exist_ok=True)
-    cmd = ["mvn", "-B", "-f", str(POM), "dependency:copy-dependencies",
-           f"-DoutputDirectory={libs}", f"-Dkafka.version={KAFKA_VERSION}"]
+    cmd = [
+        "mvn",
+        "-B",
+        "-f",
+        str(POM),
+        "dependency:copy-dependencies",
+        f"-DoutputDirectory={libs}",
+        f"-Dkafka.version={KAFKA_VERSION}",
+    ]
     if quiet:
         cmd.insert(1, "-q")
     proc = subprocess.run(cmd, capture_output=quiet, text=True)
@@ -117,9 +124,21 @@ def format_log_dir(java: str, cp: str, state: Path, props: Path, cluster_id: str
     """Format the broker's log dir. The id is passed as ``--cluster-id=ID``: about one id in 32
     starts with '-', which the tool's parser would take for an option after a bare ``-t``."""
     fmt = subprocess.run(
-        [java, "-Xmx256m", f"-Dlog4j.configuration=file:{state / 'log4j.properties'}", "-cp", cp,
-         "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(props)],
-        capture_output=True, text=True)
+        [
+            java,
+            "-Xmx256m",
+            f"-Dlog4j.configuration=file:{state / 'log4j.properties'}",
+            "-cp",
+            cp,
+            "kafka.tools.StorageTool",
+            "format",
+            f"--cluster-id={cluster_id}",
+            "-c",
+            str(props),
+        ],
+        capture_output=True,
+        text=True,
+    )
     if fmt.returncode != 0:
         raise BrokerError(f"formatting the log dir failed: {fmt.stdout}{fmt.stderr}")
 
@@ -154,11 +173,25 @@ def start(settings: Settings, timeout_s: float = 90.0, heap: str = "768m") -> Br
         format_log_dir(java, cp, state, props, new_cluster_id())
     log = procs.open_private(state / "broker.log")
     proc = subprocess.Popen(
-        [java, f"-Xms{heap}", f"-Xmx{heap}", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
-         "-Djava.awt.headless=true", f"-Dlog4j.configuration=file:{state / 'log4j.properties'}",
-         "-cp", cp, "kafka.Kafka", str(props)],
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-        umask=procs.PRIVATE_UMASK)  # its segments and checkpoints 0600, in folders 0700
+        [
+            java,
+            f"-Xms{heap}",
+            f"-Xmx{heap}",
+            "-XX:+UseG1GC",
+            "-XX:MaxGCPauseMillis=20",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j.configuration=file:{state / 'log4j.properties'}",
+            "-cp",
+            cp,
+            "kafka.Kafka",
+            str(props),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        umask=procs.PRIVATE_UMASK,
+    )  # its segments and checkpoints 0600, in folders 0700
     bootstrap = f"127.0.0.1:{ports['broker']}"
     info = BrokerInfo(pid=proc.pid, bootstrap=bootstrap, controller_port=ports["controller"], home=str(settings.home))
     (state / "broker.json").write_text(json.dumps(info.__dict__))
@@ -191,9 +224,11 @@ def _wait_ports_free(ports: dict[str, int], timeout_s: float) -> None:
         if not taken:
             return
         if time.monotonic() > deadline:
-            raise BrokerError(f"the broker's {', '.join(f'{n} port {p}' for n, p in taken.items())} "
-                              f"(kept with its data) is in use by another process: stop that process, or "
-                              f"stop any other broker of this home (`somnus broker stop`)")
+            raise BrokerError(
+                f"the broker's {', '.join(f'{n} port {p}' for n, p in taken.items())} "
+                f"(kept with its data) is in use by another process: stop that process, or "
+                f"stop any other broker of this home (`somnus broker stop`)"
+            )
         time.sleep(0.5)
 
 

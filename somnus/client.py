@@ -77,9 +77,16 @@ def to_bytes(event: Any) -> bytes:
 
 
 def make_producer(bootstrap: str, **overrides: Any) -> AIOKafkaProducer:
-    options: dict[str, Any] = dict(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=10,
-                                   max_batch_size=1 << 20, max_request_size=8 << 20, compression_type=None,
-                                   request_timeout_ms=60000)
+    options: dict[str, Any] = dict(
+        bootstrap_servers=bootstrap,
+        acks="all",
+        enable_idempotence=True,
+        linger_ms=10,
+        max_batch_size=1 << 20,
+        max_request_size=8 << 20,
+        compression_type=None,
+        request_timeout_ms=60000,
+    )
     return AIOKafkaProducer(**(options | kafka_options() | overrides))  # a secured cluster: KAFKA_SECURITY_*
 
 
@@ -101,8 +108,11 @@ Session = tuple[str, str]  # (agent, session_id)
 BUNDLE_MAX_BYTES = 1 << 20  # of a bundle's events (the producer's batch size); one larger event travels alone
 
 
-def session_bundles(raws: list[bytes], bundle_max: int, max_bytes: int = BUNDLE_MAX_BYTES,
-                    ) -> list[tuple[bytes | None, Session | None, str | None, bytes]]:
+def session_bundles(
+    raws: list[bytes],
+    bundle_max: int,
+    max_bytes: int = BUNDLE_MAX_BYTES,
+) -> list[tuple[bytes | None, Session | None, str | None, bytes]]:
     """``bundles`` with each record's session and its user (when one of the session's events here names
     it): ``(key, session, user, value)``; a bundle holds one session's events (agent and session id),
     at most ``bundle_max`` of them and, unless it is one event, at most ``max_bytes`` of them: 64
@@ -160,9 +170,15 @@ def session_keys(topic: str, seal: bool | None, keys_topic: str | None) -> Any:
     return SessionKeys(keys_topic or keys_topic_for(topic))
 
 
-async def publish_async(events: Iterable[Any] | AsyncIterable[Any], bootstrap: str, topic: str,
-                        chunk: int = 20000, bundle_max: int = 64, seal: bool | None = None,
-                        keys_topic: str | None = None) -> int:
+async def publish_async(
+    events: Iterable[Any] | AsyncIterable[Any],
+    bootstrap: str,
+    topic: str,
+    chunk: int = 20000,
+    bundle_max: int = 64,
+    seal: bool | None = None,
+    keys_topic: str | None = None,
+) -> int:
     """Publish events, keyed by session id, in order per session; returns how many events were acknowledged.
 
     Consecutive events of one session within a chunk travel as one bundle record (see
@@ -199,8 +215,9 @@ async def publish_async(events: Iterable[Any] | AsyncIterable[Any], bootstrap: s
     return sent
 
 
-async def _send_bundles(producer: AIOKafkaProducer, topic: str, raws: list[bytes], bundle_max: int,
-                        keys: Any = None) -> int:
+async def _send_bundles(
+    producer: AIOKafkaProducer, topic: str, raws: list[bytes], bundle_max: int, keys: Any = None
+) -> int:
     """Send encoded events as session bundles and wait for every acknowledgement; how many events. With
     ``keys`` (``somnus.streams.keys.SessionKeys``) each bundle is sealed with its session's key, sent and
     acknowledged on the key topic first; a record whose session cannot be read goes as it is."""
@@ -217,8 +234,11 @@ async def _send_bundles(producer: AIOKafkaProducer, topic: str, raws: list[bytes
     futures = []
     for key, session, _, value in records:
         dk = sealing.get(session) if session is not None else None
-        futures.append(await producer.send(topic, seal(dk, value) if dk is not None else value, key=key,
-                                           headers=sealed_headers(None, dk)))
+        futures.append(
+            await producer.send(
+                topic, seal(dk, value) if dk is not None else value, key=key, headers=sealed_headers(None, dk)
+            )
+        )
     await asyncio.gather(*futures)
     return len(raws)
 
@@ -234,8 +254,15 @@ class Publisher:
     call costs a round trip, not a connection. ``send`` blocks until the broker acknowledged every
     event; it may be called from several threads. Use as a context manager, or ``close()``."""
 
-    def __init__(self, bootstrap: str, topic: str, bundle_max: int = 64, timeout_s: float = 120.0,
-                 seal: bool | None = None, keys_topic: str | None = None) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        bundle_max: int = 64,
+        timeout_s: float = 120.0,
+        seal: bool | None = None,
+        keys_topic: str | None = None,
+    ) -> None:
         self.topic, self.bundle_max, self.timeout_s = topic, bundle_max, timeout_s
         self.keys = session_keys(topic, seal, keys_topic)  # sealing (publish_async), one key per session
         self._loop = asyncio.new_event_loop()
@@ -257,8 +284,9 @@ class Publisher:
 
     def send(self, events: Iterable[Any]) -> int:
         """Publish events (dicts, bytes or event structs) keyed by session; how many were acknowledged."""
-        return self._call(_send_bundles(self._producer, self.topic, [to_bytes(e) for e in events], self.bundle_max,
-                                        self.keys))
+        return self._call(
+            _send_bundles(self._producer, self.topic, [to_bytes(e) for e in events], self.bundle_max, self.keys)
+        )
 
     def close(self) -> None:
         try:
@@ -276,37 +304,55 @@ class Publisher:
 
 # ---- reads for runtimes: briefings and prompt injection ----------------------------------
 
+
 def briefing(agent: str, settings: Any = None, token: str | None = None) -> str | None:
     """The agent's cached briefing (Markdown), or None when it has none.
 
     Served by the running projector, or read from the DuckDB file when nothing runs. The projector
     is sent ``token``, else ``SOMNUS_TOKEN``, else the operator's token of its home (SECURITY.md)."""
     s = settings or Settings.resolve()
-    got = read(Path(s.db_path or s.home / "somnus.duckdb"), "briefing", agent, agents_dir=s.agents_dir, token=token)["briefing"]
+    got = read(Path(s.db_path or s.home / "somnus.duckdb"), "briefing", agent, agents_dir=s.agents_dir, token=token)[
+        "briefing"
+    ]
     return got["markdown"] or None if got else None
 
 
-def inject(agent: str, prompt: str, session_id: str | None = None, settings: Any = None,
-           token: str | None = None) -> str:
+def inject(
+    agent: str, prompt: str, session_id: str | None = None, settings: Any = None, token: str | None = None
+) -> str:
     """``prompt`` with the agent's briefing prepended between delimiters (unchanged when it has none).
 
     Pass the ``session_id`` about to start so the projector records which facts it was shown
     (knowledge utilisation is counted from that record). ``token``: as for ``briefing``; a runtime
     holds the agent's own (``somnus token create --agent A``)."""
     s = settings or Settings.resolve()
-    return read(Path(s.db_path or s.home / "somnus.duckdb"), "inject", agent, agents_dir=s.agents_dir, token=token, prompt=prompt,
-                session_id=session_id)["prompt"]
+    return read(
+        Path(s.db_path or s.home / "somnus.duckdb"),
+        "inject",
+        agent,
+        agents_dir=s.agents_dir,
+        token=token,
+        prompt=prompt,
+        session_id=session_id,
+    )["prompt"]
 
 
-def publish_records(records: list[tuple[bytes | None, bytes, list[tuple[str, bytes]]]], bootstrap: str, topic: str,
-                    partition: int | None = None) -> int:
+def publish_records(
+    records: list[tuple[bytes | None, bytes, list[tuple[str, bytes]]]],
+    bootstrap: str,
+    topic: str,
+    partition: int | None = None,
+) -> int:
     """Publish ``(key, value, headers)`` records as they are (operators' events: promotions, ...)."""
+
     async def run() -> int:
         producer = make_producer(bootstrap, **LARGE_RECORDS)  # operators' records: promotions, ...
         await producer.start()
         try:
-            futures = [await producer.send(topic, value, key=key, headers=headers, partition=partition)
-                       for key, value, headers in records]
+            futures = [
+                await producer.send(topic, value, key=key, headers=headers, partition=partition)
+                for key, value, headers in records
+            ]
             await asyncio.gather(*futures)
         finally:
             await producer.stop()
@@ -315,8 +361,17 @@ def publish_records(records: list[tuple[bytes | None, bytes, list[tuple[str, byt
     return asyncio.run(run())
 
 
-def publish_sealed(key: bytes | None, value: bytes, headers: list[tuple[str, bytes]], bootstrap: str, topic: str,
-                   keys_topic: str, subject: tuple[str, str], user_id: str | None, partition: int | None = None) -> None:
+def publish_sealed(
+    key: bytes | None,
+    value: bytes,
+    headers: list[tuple[str, bytes]],
+    bootstrap: str,
+    topic: str,
+    keys_topic: str,
+    subject: tuple[str, str],
+    user_id: str | None,
+    partition: int | None = None,
+) -> None:
     """Publish one record that carries a person's text, sealed (``somnus.schemas.sealed``) under a data key
     of its own ``subject`` (``(agent, id)``, naming ``user_id``), sent and acknowledged on ``keys_topic``
     first, so ``somnus forget`` shreds it as it does a session's records. Plaintext when sealing is off
@@ -330,8 +385,13 @@ def publish_sealed(key: bytes | None, value: bytes, headers: list[tuple[str, byt
         await producer.start()
         try:
             dk = (await keys.for_sessions(producer, {subject: user_id}))[subject] if keys is not None else None
-            sent = await producer.send(topic, seal(dk, value) if dk is not None else value, key=key,
-                                       headers=sealed_headers(headers, dk), partition=partition)
+            sent = await producer.send(
+                topic,
+                seal(dk, value) if dk is not None else value,
+                key=key,
+                headers=sealed_headers(headers, dk),
+                partition=partition,
+            )
             await sent
         finally:
             await producer.stop()
@@ -341,22 +401,35 @@ def publish_sealed(key: bytes | None, value: bytes, headers: list[tuple[str, byt
 
 # ---- goals (docs/concepts/goals.md) -------------------------------------------------------------
 
-def set_goal(bootstrap: str, agent: str, text: str, *, user_id: str | None = None, goal_id: str | None = None,
-             at: datetime | None = None, settings: Any = None) -> str:
+
+def set_goal(
+    bootstrap: str,
+    agent: str,
+    text: str,
+    *,
+    user_id: str | None = None,
+    goal_id: str | None = None,
+    at: datetime | None = None,
+    settings: Any = None,
+) -> str:
     """Publish a goal for ``agent`` (an event on the memory topic; the projector measures its forward
     prediction error as memories arrive) and return its id. ``at``: its event time, default now."""
     from somnus import memory_requests
 
     s = settings or Settings.resolve()
     when = at or datetime.now(timezone.utc)
-    return str(memory_requests.set_goal(s, bootstrap, agent, text, when, user_id, set_by=agent, goal_id=goal_id).goal_id)
+    return str(
+        memory_requests.set_goal(s, bootstrap, agent, text, when, user_id, set_by=agent, goal_id=goal_id).goal_id
+    )
 
 
-def close_goal(bootstrap: str, agent: str, goal_id: str, *, dropped: bool = False, at: datetime | None = None,
-               settings: Any = None) -> None:
+def close_goal(
+    bootstrap: str, agent: str, goal_id: str, *, dropped: bool = False, at: datetime | None = None, settings: Any = None
+) -> None:
     """Publish the closing of one of ``agent``'s goals: achieved, or abandoned (``dropped``)."""
     from somnus import memory_requests
 
     s = settings or Settings.resolve()
-    memory_requests.close_goal(s, bootstrap, agent, goal_id, at or datetime.now(timezone.utc),
-                               "dropped" if dropped else "done")
+    memory_requests.close_goal(
+        s, bootstrap, agent, goal_id, at or datetime.now(timezone.utc), "dropped" if dropped else "done"
+    )

@@ -125,7 +125,9 @@ class Settings:
     otlp_host: str = "127.0.0.1"
     otlp_port: int = 4318
     otlp_max_body: int = 8 << 20  # bytes of a request, compressed and decompressed
-    otlp_trace_timeout_s: float = 300.0  # a trace whose root span never comes is published this long after its last span
+    otlp_trace_timeout_s: float = (
+        300.0  # a trace whose root span never comes is published this long after its last span
+    )
     # The MCP server over streamable HTTP (somnus/mcp_server.py) that `somnus up` runs at
     # http://<mcp_host>:<mcp_port>/mcp; port 0: not started by `up` (docs/integrations/mcp.md).
     mcp_host: str = "127.0.0.1"
@@ -202,8 +204,16 @@ class Settings:
 
     @property
     def projected_topics(self) -> tuple[str, ...]:
-        return (self.traces_topic, self.episodes_topic, self.dead_letter_topic, self.facts_topic,
-                self.link_updates_topic, self.memory_topic, self.working_memory_topic, self.semantic_topic)
+        return (
+            self.traces_topic,
+            self.episodes_topic,
+            self.dead_letter_topic,
+            self.facts_topic,
+            self.link_updates_topic,
+            self.memory_topic,
+            self.working_memory_topic,
+            self.semantic_topic,
+        )
 
     @property
     def run_dir(self) -> Path:

@@ -125,8 +125,12 @@ def recall_at_k(ranked: Sequence[str], evidence: Sequence[str], k: int) -> float
     return len(set(seen) & set(evidence)) / len(set(evidence))
 
 
-def evaluate(conversations: Sequence[Conversation], retrieve: Callable[[Question], Sequence[str]],
-             ks: Sequence[int] = KS, dev: int | None = None) -> dict[str, Any]:
+def evaluate(
+    conversations: Sequence[Conversation],
+    retrieve: Callable[[Question], Sequence[str]],
+    ks: Sequence[int] = KS,
+    dev: int | None = None,
+) -> dict[str, Any]:
     """``{"questions": N, "recall@1": ..., ..., "by_category": {"1": {"questions": n, "recall@1": ...}}}``.
 
     ``dev``: the first ``dev`` conversations (in file order) are the development half, on which
@@ -152,8 +156,10 @@ def evaluate(conversations: Sequence[Conversation], retrieve: Callable[[Question
     report["dropped"] = sum(c.dropped for c in conversations)
     report["by_category"] = {str(c): summary(per[c]) for c in CATEGORIES}
     if dev is not None:
-        report["split"] = {"dev": [c.sample_id for c in conversations[:dev]],
-                           "held_out": [c.sample_id for c in conversations[dev:]]}
+        report["split"] = {
+            "dev": [c.sample_id for c in conversations[:dev]],
+            "held_out": [c.sample_id for c in conversations[dev:]],
+        }
         for h, rows in half.items():
             report[h] = summary([row for r in rows.values() for row in r])
             report[h]["by_category"] = {str(c): summary(rows[c]) for c in CATEGORIES}
@@ -162,8 +168,13 @@ def evaluate(conversations: Sequence[Conversation], retrieve: Callable[[Question
 
 # ---- the pure path ------------------------------------------------------------------------------
 
-def locomo_memory(path: Path, embed: Callable[[Sequence[str]], np.ndarray] | None = None,
-                  now: datetime | None = None, stem: Callable[[str], str] | None = None) -> Any:
+
+def locomo_memory(
+    path: Path,
+    embed: Callable[[Sequence[str]], np.ndarray] | None = None,
+    now: datetime | None = None,
+    stem: Callable[[str], str] | None = None,
+) -> Any:
     """Import ``path``, decode, build message units, capture them all: the memory state and the log."""
     events = []
     for e in locomo(Path(path)):
@@ -178,8 +189,13 @@ def locomo_memory(path: Path, embed: Callable[[Sequence[str]], np.ndarray] | Non
     return state, log, when
 
 
-def evaluate_locomo(path: Path, embed: Callable[[Sequence[str]], np.ndarray] | None = None,
-                    config: Any = None, stem: Callable[[str], str] | None = None, k: int = 20) -> dict[str, Any]:
+def evaluate_locomo(
+    path: Path,
+    embed: Callable[[Sequence[str]], np.ndarray] | None = None,
+    config: Any = None,
+    stem: Callable[[str], str] | None = None,
+    k: int = 20,
+) -> dict[str, Any]:
     """recall@k of the fused retrieval on LoCoMo (no LLM, no network)."""
     conversations = load_locomo(path)
     state, log, now = locomo_memory(path, embed, stem=stem)
@@ -199,10 +215,18 @@ def evaluate_locomo(path: Path, embed: Callable[[Sequence[str]], np.ndarray] | N
 
 # ---- the real path ------------------------------------------------------------------------------
 
-def evaluate_locomo_pipeline(path: Path, k: int = 20, home: Path | None = None, log: Any = None,
-                             timeout_s: float = 900.0, bootstrap: str | None = None,
-                             sleep_schedule: str = "off", dev: int | None = None,
-                             without: Sequence[str] = ()) -> dict[str, Any]:
+
+def evaluate_locomo_pipeline(
+    path: Path,
+    k: int = 20,
+    home: Path | None = None,
+    log: Any = None,
+    timeout_s: float = 900.0,
+    bootstrap: str | None = None,
+    sleep_schedule: str = "off",
+    dev: int | None = None,
+    without: Sequence[str] = (),
+) -> dict[str, Any]:
     """recall@k through the system itself: the importer's events are published to a fresh pipeline on
     the local broker (Faust worker -> memory topic -> projector capture fold), and every question is
     asked of the running projector's recall endpoint. ``somnus eval locomo``.
@@ -215,8 +239,10 @@ def evaluate_locomo_pipeline(path: Path, k: int = 20, home: Path | None = None, 
     ablation: ``--without graph``)."""
     conversations = load_locomo(path)
     events = list(locomo(Path(path)))
-    with isolated_pipeline(home, label="eval", log=log, bootstrap=bootstrap,
-                           sleep_schedule=sleep_schedule) as (s, boot):
+    with isolated_pipeline(home, label="eval", log=log, bootstrap=bootstrap, sleep_schedule=sleep_schedule) as (
+        s,
+        boot,
+    ):
         t0 = time.perf_counter()
         publish(events, boot, s.traces_topic)
         deadline = time.monotonic() + timeout_s
@@ -228,22 +254,47 @@ def evaluate_locomo_pipeline(path: Path, k: int = 20, home: Path | None = None, 
         db = Path(s.db_path)  # type: ignore[arg-type]
 
         def retrieve(q: Question) -> list[str]:
-            got = read(db, "recall", f"locomo-{q.sample_id}", query=q.question, k=k, record="false",
-                       without=",".join(without) or None)
+            got = read(
+                db,
+                "recall",
+                f"locomo-{q.sample_id}",
+                query=q.question,
+                k=k,
+                record="false",
+                without=",".join(without) or None,
+            )
             return [ref for h in got["hits"] for ref in h["refs"]]
 
         t1 = time.perf_counter()
         report = evaluate(conversations, retrieve, dev=dev)
         asked_s = time.perf_counter() - t1
-        counts = read(db, "sql", sql="SELECT (SELECT count(*) FROM memories), (SELECT count(*) FROM memory_merges), "
-                                     "(SELECT count(*) FROM memory_edges), (SELECT count(*) FROM events)")["rows"][0]
-        dreams = read(db, "sql", sql="SELECT count(*), " + ", ".join(
-            f"coalesce(sum((report->>'{k}')::BIGINT), 0)" for k in DREAM_COUNTS) + " FROM sleep_runs")["rows"][0]
-    report.update({"path": "import -> Kafka -> Faust worker -> memory topic -> projector capture -> HTTP recall",
-                   "sleep_schedule": sleep_schedule, "without": list(without),
-                   "events": len(events), "memories": counts[0], "merged": counts[1], "edges": counts[2],
-                   "ingest_s": round(ingest_s, 1), "recall_ms_mean": round(1000 * asked_s / max(report["questions"], 1), 2),
-                   "sleep": {"runs": dreams[0], **dict(zip(DREAM_COUNTS, dreams[1:]))}})
+        counts = read(
+            db,
+            "sql",
+            sql="SELECT (SELECT count(*) FROM memories), (SELECT count(*) FROM memory_merges), "
+            "(SELECT count(*) FROM memory_edges), (SELECT count(*) FROM events)",
+        )["rows"][0]
+        dreams = read(
+            db,
+            "sql",
+            sql="SELECT count(*), "
+            + ", ".join(f"coalesce(sum((report->>'{k}')::BIGINT), 0)" for k in DREAM_COUNTS)
+            + " FROM sleep_runs",
+        )["rows"][0]
+    report.update(
+        {
+            "path": "import -> Kafka -> Faust worker -> memory topic -> projector capture -> HTTP recall",
+            "sleep_schedule": sleep_schedule,
+            "without": list(without),
+            "events": len(events),
+            "memories": counts[0],
+            "merged": counts[1],
+            "edges": counts[2],
+            "ingest_s": round(ingest_s, 1),
+            "recall_ms_mean": round(1000 * asked_s / max(report["questions"], 1), 2),
+            "sleep": {"runs": dreams[0], **dict(zip(DREAM_COUNTS, dreams[1:]))},
+        }
+    )
     return report
 
 
@@ -257,7 +308,7 @@ def read_safetensors(path: Path) -> dict[str, np.ndarray]:
     """Arrays of a ``.safetensors`` file (8-byte header length, JSON header, raw little-endian data)."""
     raw = Path(path).read_bytes()
     (n,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8:8 + n])
+    header = json.loads(raw[8 : 8 + n])
     base = 8 + n
     out: dict[str, np.ndarray] = {}
     for name, spec in header.items():
@@ -265,8 +316,9 @@ def read_safetensors(path: Path) -> dict[str, np.ndarray]:
             continue
         lo, hi = spec["data_offsets"]
         dtype = _SAFETENSORS_DTYPES[spec["dtype"]]
-        out[name] = np.frombuffer(raw[base + lo:base + hi], dtype=np.dtype(dtype).newbyteorder("<")).reshape(
-            spec["shape"])
+        out[name] = np.frombuffer(raw[base + lo : base + hi], dtype=np.dtype(dtype).newbyteorder("<")).reshape(
+            spec["shape"]
+        )
     return out
 
 

@@ -77,6 +77,7 @@ LESSON, FACT, STRATEGY, OTHER = "lesson", "fact", "strategy", "other"
 
 # ---- inputs ------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class FailedCall:
     tool: str
@@ -111,6 +112,7 @@ class BriefingSeen:
 
 
 # ---- reading a briefing ------------------------------------------------------------------------
+
 
 def briefing_sections(markdown: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
     """The bullet lines (``- ...``) of each ``###`` section, in order.
@@ -153,8 +155,12 @@ class Vocabulary:
     def of(cls, tools: Iterable[str], classes: Iterable[str], entities: Iterable[str] = ()) -> Vocabulary:
         t = frozenset(normalise_name(x) for x in tools if x)
         rx = _names_rx(t)
-        return cls(t, frozenset(normalise_name(c) for c in classes if c),
-                   frozenset(normalise_name(e) for e in entities if e) - t, rx)
+        return cls(
+            t,
+            frozenset(normalise_name(c) for c in classes if c),
+            frozenset(normalise_name(e) for e in entities if e) - t,
+            rx,
+        )
 
 
 def _names_rx(names: Iterable[str]) -> re.Pattern[str] | None:
@@ -178,13 +184,14 @@ def _candidates(text: str) -> list[str]:
     for sep in (": ", " with ", " failed_with "):
         i = body.find(sep)
         while i >= 0:
-            out.append(body[i + len(sep):])
+            out.append(body[i + len(sep) :])
             i = body.find(sep, i + 1)
     return out
 
 
-def line_subjects(text: str, vocab: Vocabulary, facts: Sequence[tuple[str, str, str]] = (),
-                  reader: str = "") -> tuple[frozenset[str], frozenset[str], frozenset[str]]:
+def line_subjects(
+    text: str, vocab: Vocabulary, facts: Sequence[tuple[str, str, str]] = (), reader: str = ""
+) -> tuple[frozenset[str], frozenset[str], frozenset[str]]:
     """(tools, error classes, entities) a briefing line names, as keys.
 
     A tool is named when its name stands as a word of the line; an error class when the class of some
@@ -201,11 +208,13 @@ def line_subjects(text: str, vocab: Vocabulary, facts: Sequence[tuple[str, str, 
     classes: set[str] = set()
     if vocab.classes:
         seen = [normalise_name(error_class(c)) for c in _candidates(text) if c.strip()]
-        cut = [normalise_name(error_class(c.rstrip().rstrip("…"))) for c in _candidates(text)
-               if c.rstrip().endswith("…")]
+        cut = [
+            normalise_name(error_class(c.rstrip().rstrip("…"))) for c in _candidates(text) if c.rstrip().endswith("…")
+        ]
         for key in vocab.classes:
-            if any(key in s for s in seen) or any(len(p) >= min(MIN_CUT_PREFIX, len(key)) and key.startswith(p)
-                                                  for p in cut):
+            if any(key in s for s in seen) or any(
+                len(p) >= min(MIN_CUT_PREFIX, len(key)) and key.startswith(p) for p in cut
+            ):
                 classes.add(key)
     me = normalise_name(reader)
     entities: set[str] = set()
@@ -219,6 +228,7 @@ def line_subjects(text: str, vocab: Vocabulary, facts: Sequence[tuple[str, str, 
 
 
 # ---- scoring -----------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Line:
@@ -234,7 +244,7 @@ def read_briefing(b: BriefingSeen, vocab: Vocabulary, reader: str = "") -> list[
     """Every bullet line of a briefing with its kind and subjects (a fact line also with its fact)."""
     shown = [tuple(normalise_name(x) for x in f) for f in b.facts]
     out = []
-    for section, lines in (b.sections if b.sections is not None else briefing_sections(b.markdown)):
+    for section, lines in b.sections if b.sections is not None else briefing_sections(b.markdown):
         kind = line_kind(section)
         for text in lines:
             tools, classes, entities = line_subjects(text, vocab, b.facts, reader)
@@ -247,6 +257,7 @@ def read_briefing(b: BriefingSeen, vocab: Vocabulary, reader: str = "") -> list[
 def duplicates(lines: Sequence[Line]) -> int:
     """Lines sharing a (tool, error class) pair, an error class where one of the two names no tool, or
     a shown fact, with another line."""
+
     def pairs(x: Line) -> set[tuple[str, str]]:
         return {(t, c) for t in x.tools for c in x.classes}
 
@@ -255,8 +266,11 @@ def duplicates(lines: Sequence[Line]) -> int:
         for j, b in enumerate(lines):
             if i == j:
                 continue
-            if (pairs(a) & pairs(b) or (a.fact is not None and a.fact == b.fact)
-                    or ((not a.tools or not b.tools) and a.classes & b.classes)):
+            if (
+                pairs(a) & pairs(b)
+                or (a.fact is not None and a.fact == b.fact)
+                or ((not a.tools or not b.tools) and a.classes & b.classes)
+            ):
                 dup += 1
                 break
     return dup
@@ -276,8 +290,11 @@ def touched(s: SessionSeen, vocab: Vocabulary) -> frozenset[tuple[str, str]]:
 
 
 def subjects(line: Line) -> frozenset[tuple[str, str]]:
-    return frozenset({("tool", t) for t in line.tools} | {("error", c) for c in line.classes}
-                     | {("entity", e) for e in line.entities})
+    return frozenset(
+        {("tool", t) for t in line.tools}
+        | {("error", c) for c in line.classes}
+        | {("entity", e) for e in line.entities}
+    )
 
 
 def median_p95(values: Sequence[int]) -> tuple[float | None, int | None]:
@@ -296,8 +313,13 @@ def _ratio(a: int, b: int) -> float | None:
     return round(a / b, 4) if b else None
 
 
-def score(sessions: Sequence[SessionSeen], briefings: Mapping[str, BriefingSeen],
-          peers: Mapping[str, frozenset[str]], first_n: int = FIRST_SESSIONS, details: bool = False) -> dict[str, Any]:
+def score(
+    sessions: Sequence[SessionSeen],
+    briefings: Mapping[str, BriefingSeen],
+    peers: Mapping[str, frozenset[str]],
+    first_n: int = FIRST_SESSIONS,
+    details: bool = False,
+) -> dict[str, Any]:
     """The foresight report of sessions and the briefing given before each (by session id; a session
     without one had none). ``peers``: agent -> the agents whose earlier sessions it can learn from
     (``peer_agents``; itself when absent). ``details``: also one row per session (``per_session``). Pure."""
@@ -305,7 +327,8 @@ def score(sessions: Sequence[SessionSeen], briefings: Mapping[str, BriefingSeen]
     vocab = Vocabulary.of(
         [t for s in sessions for t in s.tools] + [f.tool for s in sessions for f in s.failures],
         [error_class(f.error) for s in sessions for f in s.failures],
-        [n for b in briefings.values() for f in b.facts for n in (f[0], f[2])])
+        [n for b in briefings.values() for f in b.facts for n in (f[0], f[2])],
+    )
     past: list[tuple[datetime, str, frozenset[tuple[str, str]]]] = []  # (ended, agent, pairs failed)
     index: Counter[str] = Counter()
     part: dict[str, Counter[str]] = {k: Counter() for k in ("first", "rest")}
@@ -357,34 +380,64 @@ def score(sessions: Sequence[SessionSeen], briefings: Mapping[str, BriefingSeen]
             totals["non_empty"] += bool(b.markdown)
         past.append((s.ended_at, s.agent, frozenset(pairs)))
         if details:
-            rows.append({"session_id": s.session_id, "agent": s.agent, "index": index[s.agent] - 1,
-                         "started_at": s.started_at.isoformat(), "ended_at": s.ended_at.isoformat(),
-                         "briefing_as_of": b.generated_at.isoformat() if b is not None and b.generated_at else None,
-                         "chars": len(b.markdown) if b is not None else None, "lines": len(lines),
-                         **{k: totals[k] - before[k] for k in ("failed_calls", "learnable", "foretold", "relevant",
-                                                                "duplicate_lines")}})
+            rows.append(
+                {
+                    "session_id": s.session_id,
+                    "agent": s.agent,
+                    "index": index[s.agent] - 1,
+                    "started_at": s.started_at.isoformat(),
+                    "ended_at": s.ended_at.isoformat(),
+                    "briefing_as_of": b.generated_at.isoformat() if b is not None and b.generated_at else None,
+                    "chars": len(b.markdown) if b is not None else None,
+                    "lines": len(lines),
+                    **{
+                        k: totals[k] - before[k]
+                        for k in ("failed_calls", "learnable", "foretold", "relevant", "duplicate_lines")
+                    },
+                }
+            )
     med, p95 = median_p95(chars)
     return {
-        "sessions": len(sessions), "briefings": len(chars), "briefings_non_empty": totals["non_empty"],
-        "failed_calls": totals["failed_calls"], "learnable": totals["learnable"], "foretold": totals["foretold"],
+        "sessions": len(sessions),
+        "briefings": len(chars),
+        "briefings_non_empty": totals["non_empty"],
+        "failed_calls": totals["failed_calls"],
+        "learnable": totals["learnable"],
+        "foretold": totals["foretold"],
         "foresight": _ratio(totals["foretold"], totals["learnable"]),
-        "foresight_by_session_index": {
-            f"first_{first_n}": _part(part["first"]), "rest": _part(part["rest"])},
+        "foresight_by_session_index": {f"first_{first_n}": _part(part["first"]), "rest": _part(part["rest"])},
         "relevance": _ratio(totals["relevant"], totals["lines"]),
-        "briefing_lines": totals["lines"], "relevant_lines": totals["relevant"],
+        "briefing_lines": totals["lines"],
+        "relevant_lines": totals["relevant"],
         "lines_by_kind": {k: {"lines": v["lines"], "relevant": v["relevant"]} for k, v in sorted(kinds.items())},
         "duplicate_lines": totals["duplicate_lines"],
-        "chars": {"median": med, "p95": p95, "max": max(chars) if chars else None,
-                  "budget": max(budgets) if budgets else None, "over_budget": totals["over_budget"]},
-        "by_agent": {a: {"sessions": c["sessions"], "learnable": c["learnable"], "foretold": c["foretold"],
-                         "foresight": _ratio(c["foretold"], c["learnable"])} for a, c in sorted(agents.items())},
+        "chars": {
+            "median": med,
+            "p95": p95,
+            "max": max(chars) if chars else None,
+            "budget": max(budgets) if budgets else None,
+            "over_budget": totals["over_budget"],
+        },
+        "by_agent": {
+            a: {
+                "sessions": c["sessions"],
+                "learnable": c["learnable"],
+                "foretold": c["foretold"],
+                "foresight": _ratio(c["foretold"], c["learnable"]),
+            }
+            for a, c in sorted(agents.items())
+        },
         "missed": [{"tool": t, "error_class": c, "calls": n} for (t, c), n in missed.most_common(10)],
     } | ({"per_session": rows} if details else {})
 
 
 def _part(c: Counter[str]) -> dict[str, Any]:
-    return {"sessions": c["sessions"], "learnable": c["learnable"], "foretold": c["foretold"],
-            "foresight": _ratio(c["foretold"], c["learnable"])}
+    return {
+        "sessions": c["sessions"],
+        "learnable": c["learnable"],
+        "foretold": c["foretold"],
+        "foresight": _ratio(c["foretold"], c["learnable"]),
+    }
 
 
 def peer_agents(agents: Mapping[str, Any], names: Iterable[str]) -> dict[str, frozenset[str]]:
@@ -413,14 +466,16 @@ def peer_agents(agents: Mapping[str, Any], names: Iterable[str]) -> dict[str, fr
 
 # ---- from events ---------------------------------------------------------------------------------
 
+
 def sessions_of(events: Iterable[Mapping[str, Any]]) -> list[SessionSeen]:
     """Sessions from v1 event dicts (in the order they first appear): times, tools called, failed calls
     (a ``tool_result`` with ``ok`` false: its tool, or the tool of its call, and its error text)."""
     found: dict[str, dict[str, Any]] = {}
     for e in events:
         sid = str(e.get("session_id"))
-        s = found.setdefault(sid, {"agent": e.get("agent"), "times": [], "tools": [], "failures": [], "calls": {},
-                                   "text": []})
+        s = found.setdefault(
+            sid, {"agent": e.get("agent"), "times": [], "tools": [], "failures": [], "calls": {}, "text": []}
+        )
         s["times"].append(_time(e["ts"]))
         p = e.get("payload") or {}
         kind = e.get("type")
@@ -437,16 +492,27 @@ def sessions_of(events: Iterable[Mapping[str, Any]]) -> list[SessionSeen]:
             s["text"].append(str(p.get("task") or ""))
         elif isinstance(p.get("text"), str):
             s["text"].append(p["text"])
-    return [SessionSeen(sid, str(s["agent"]), min(s["times"]), max(s["times"]), tuple(s["tools"]), tuple(s["failures"]),
-                        "\n".join(s["text"])) for sid, s in found.items()]
+    return [
+        SessionSeen(
+            sid,
+            str(s["agent"]),
+            min(s["times"]),
+            max(s["times"]),
+            tuple(s["tools"]),
+            tuple(s["failures"]),
+            "\n".join(s["text"]),
+        )
+        for sid, s in found.items()
+    ]
 
 
 def _time(value: Any) -> datetime:
     return value if isinstance(value, datetime) else datetime.fromisoformat(str(value).replace("Z", "+00:00"))
 
 
-def schedule(events: Sequence[Mapping[str, Any]]) -> tuple[list[tuple[str, list[Mapping[str, Any]]]],
-                                                            list[Mapping[str, Any]]]:
+def schedule(
+    events: Sequence[Mapping[str, Any]],
+) -> tuple[list[tuple[str, list[Mapping[str, Any]]]], list[Mapping[str, Any]]]:
     """The replay's plan: for each session in start order, the events to publish right before its first
     event (every event stamped earlier that was not published yet), and the events left after the last
     start. Events keep their input order among equal times, so a session's own order is kept.
@@ -475,8 +541,14 @@ def schedule(events: Sequence[Mapping[str, Any]]) -> tuple[list[tuple[str, list[
 FORMATS = ("openai-chat", "swe-agent", "toolbench", "otel", "v1")  # import's formats with tool calls
 
 
-def load_events(paths: Sequence[str | Path], fmt: str, agent: str | None = None, results: Path | None = None,
-                start: str | None = None, spacing_s: float | None = None) -> list[dict[str, Any]]:
+def load_events(
+    paths: Sequence[str | Path],
+    fmt: str,
+    agent: str | None = None,
+    results: Path | None = None,
+    start: str | None = None,
+    spacing_s: float | None = None,
+) -> list[dict[str, Any]]:
     """The events of the files, read as ``somnus import`` reads them (``ImportShapeError`` when not)."""
     if fmt not in FORMATS or fmt not in IMPORTERS:
         raise ImportShapeError(f"--format {fmt!r}: choose one of {', '.join(f for f in FORMATS if f in IMPORTERS)}")
@@ -491,19 +563,32 @@ def first_sessions(events: Sequence[Mapping[str, Any]], n: int) -> list[Mapping[
     return [e for e in events if str(e["session_id"]) in keep]
 
 
-def run_foresight(paths: Sequence[str | Path], fmt: str, *, results: Path | None = None, agent: str | None = None,
-                  start: str | None = None, spacing_s: float | None = None, sessions: int | None = None,
-                  home: Path | None = None, bootstrap: str | None = None, serve: bool = True,
-                  timeout_s: float = 600.0, log: Any = None, progress: Any = None,
-                  details: bool = False) -> dict[str, Any]:
+def run_foresight(
+    paths: Sequence[str | Path],
+    fmt: str,
+    *,
+    results: Path | None = None,
+    agent: str | None = None,
+    start: str | None = None,
+    spacing_s: float | None = None,
+    sessions: int | None = None,
+    home: Path | None = None,
+    bootstrap: str | None = None,
+    serve: bool = True,
+    timeout_s: float = 600.0,
+    log: Any = None,
+    progress: Any = None,
+    details: bool = False,
+) -> dict[str, Any]:
     """Replay the files' sessions through a fresh pipeline and score the briefings (``score``).
 
     A local broker that was not running is started and stopped again; the worker, the projector, their
     topics and state folder are ``somnus.bench.isolated_pipeline``'s, removed afterwards. ``serve``:
     inject each briefing for its session, as a runtime does, so that serving is recorded (utilisation,
     promotion). ``sessions``: only the first N sessions by start time. ``progress(done, total)``."""
-    events: Sequence[Mapping[str, Any]] = load_events(paths, fmt, agent=agent, results=results, start=start,
-                                                      spacing_s=spacing_s)
+    events: Sequence[Mapping[str, Any]] = load_events(
+        paths, fmt, agent=agent, results=results, start=start, spacing_s=spacing_s
+    )
     if sessions is not None:
         events = first_sessions(events, sessions)
     seen = sessions_of(events)
@@ -531,10 +616,16 @@ def run_foresight(paths: Sequence[str | Path], fmt: str, *, results: Path | None
         if ours:
             broker_mod.stop(base)
     report = score(seen, briefings, peer_agents(registry, agent_of.values()), details=details)
-    report.update({"format": fmt, "events": len(events), "replay_s": round(time.perf_counter() - t0, 1),
-                   "served": serve,
-                   "path": "import -> Kafka -> Faust worker -> projector; briefing read (and injected) before "
-                           "each session's first event"})
+    report.update(
+        {
+            "format": fmt,
+            "events": len(events),
+            "replay_s": round(time.perf_counter() - t0, 1),
+            "served": serve,
+            "path": "import -> Kafka -> Faust worker -> projector; briefing read (and injected) before "
+            "each session's first event",
+        }
+    )
     return report
 
 
@@ -549,8 +640,9 @@ def _settle(s: Any, boot: str, timeout_s: float, where: str, wait_idle: Any) -> 
         raise TimeoutError(f"{where}: {exc}\n--- worker.log (end) ---\n{tail}") from None
 
 
-def _briefing_before(db: Path, agents_dir: Path | None, registry: Mapping[str, Any], agent: str, session_id: str,
-                     serve: bool, read: Any) -> BriefingSeen:
+def _briefing_before(
+    db: Path, agents_dir: Path | None, registry: Mapping[str, Any], agent: str, session_id: str, serve: bool, read: Any
+) -> BriefingSeen:
     spec = registry.get(agent)
     budget = spec.briefing_token_budget if spec is not None else DEFAULT_BUDGET
     got = read(db, "briefing", agent, agents_dir=agents_dir)["briefing"]
@@ -558,8 +650,11 @@ def _briefing_before(db: Path, agents_dir: Path | None, registry: Mapping[str, A
         return BriefingSeen("", budget)
     if serve:
         read(db, "inject", agent, agents_dir=agents_dir, prompt="", session_id=session_id)
-    facts = tuple((f.get("source_name") or f["source"], f["predicate"], f.get("target_name") or f["target"])
-                  for f in got.get("facts") or [])
+    facts = tuple(
+        (f.get("source_name") or f["source"], f["predicate"], f.get("target_name") or f["target"])
+        for f in got.get("facts") or []
+    )
     as_of = got.get("generated_at")
-    return BriefingSeen(got["markdown"], int(got.get("budget") or budget), facts=facts,
-                        generated_at=_time(as_of) if as_of else None)
+    return BriefingSeen(
+        got["markdown"], int(got.get("budget") or budget), facts=facts, generated_at=_time(as_of) if as_of else None
+    )

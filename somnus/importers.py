@@ -97,16 +97,18 @@ class _Session:
 
     def add(self, type_: str, payload: dict[str, Any], step_s: float = 5.0) -> None:
         seq = len(self.events)
-        self.events.append({
-            "event_id": str(uuid.uuid5(IMPORT_NAMESPACE, f"{self.source}\x1f{self.session_id}\x1f{seq}")),
-            "schema_version": SCHEMA_VERSION,
-            "ts": _iso(self.t),
-            "agent": self.agent,
-            "session_id": self.session_id,
-            "seq": seq,
-            "type": type_,
-            "payload": {k: v for k, v in payload.items() if v is not None},
-        })
+        self.events.append(
+            {
+                "event_id": str(uuid.uuid5(IMPORT_NAMESPACE, f"{self.source}\x1f{self.session_id}\x1f{seq}")),
+                "schema_version": SCHEMA_VERSION,
+                "ts": _iso(self.t),
+                "agent": self.agent,
+                "session_id": self.session_id,
+                "seq": seq,
+                "type": type_,
+                "payload": {k: v for k, v in payload.items() if v is not None},
+            }
+        )
         self.t += timedelta(seconds=step_s)
 
 
@@ -181,8 +183,10 @@ def _given_time(item: Mapping[str, Any], where: str) -> datetime | None:
 
 # ---- OpenAI chat ---------------------------------------------------------------------------------
 
-def openai_chat(path: Path, agent: str | None = None, start: datetime = DEFAULT_START,
-                run: ImportRun | None = None) -> Iterator[dict[str, Any]]:
+
+def openai_chat(
+    path: Path, agent: str | None = None, start: datetime = DEFAULT_START, run: ImportRun | None = None
+) -> Iterator[dict[str, Any]]:
     """Events from OpenAI-style chat transcripts (a list, one object, or JSON lines).
 
     A results file (``run.results``) names a transcript by its session id or its ``id`` / ``session_id``
@@ -202,8 +206,9 @@ def openai_chat(path: Path, agent: str | None = None, start: datetime = DEFAULT_
             ident = f"task{item['task_id']}-trial{item.get('trial', 0)}"
         session_id = run.session_id(f"{path.stem}-{ident if ident is not None else i}")
         began = _given_time(item, where)
-        s = _Session(f"openai-chat:{path.name}", agent or item.get("agent") or "assistant", session_id,
-                     began or run.next_start())
+        s = _Session(
+            f"openai-chat:{path.name}", agent or item.get("agent") or "assistant", session_id, began or run.next_start()
+        )
         first_user = next((m.get("content") for m in messages if isinstance(m, dict) and m.get("role") == "user"), None)
         if first_user is not None and not isinstance(first_user, str):
             first_user = orjson.dumps(first_user).decode()  # content parts, as for every other message
@@ -230,16 +235,26 @@ def openai_chat(path: Path, agent: str | None = None, start: datetime = DEFAULT_
                         raise ImportShapeError(f"{mwhere}: tool_calls[{k}] has no 'function.name'")
                     call_id = call.get("id") or f"call-{j}-{k}"
                     names[call_id] = fn["name"]
-                    s.add("tool_call", {"tool": fn["name"], "call_id": call_id, "args": _args(fn.get("arguments"))}, 1.0)
+                    s.add(
+                        "tool_call", {"tool": fn["name"], "call_id": call_id, "args": _args(fn.get("arguments"))}, 1.0
+                    )
             elif role == "tool":
                 call_id = m.get("tool_call_id")
                 if not call_id:
                     raise ImportShapeError(f"{mwhere}: a 'tool' message needs 'tool_call_id'")
                 text = content or ""
                 failed = text.lstrip().lower().startswith("error")
-                s.add("tool_result", {"call_id": call_id, "tool": m.get("name") or names.get(call_id),
-                                      "ok": not failed, "error": text[:MAX_OUTPUT] if failed else None,
-                                      "output": None if failed else text[:MAX_OUTPUT]}, 2.0)
+                s.add(
+                    "tool_result",
+                    {
+                        "call_id": call_id,
+                        "tool": m.get("name") or names.get(call_id),
+                        "ok": not failed,
+                        "error": text[:MAX_OUTPUT] if failed else None,
+                        "output": None if failed else text[:MAX_OUTPUT],
+                    },
+                    2.0,
+                )
             else:
                 raise ImportShapeError(f"{mwhere}: unknown role {role!r} (expected system, user, assistant or tool)")
         given = _result_for(run, session_id, None if ident is None else str(ident))
@@ -271,10 +286,12 @@ def _args(arguments: Any) -> dict[str, Any]:
 
 # Where the problem statement sits in the first user message of a run that does not store it on its own:
 # 0.x "ISSUE:\n...\n\nINSTRUCTIONS:", 1.x "<pr_description>...</pr_description>", and two common variants.
-_ISSUE_BLOCKS = (re.compile(r"ISSUE:\s*\n(.*?)\n\s*INSTRUCTIONS:", re.S),
-                 re.compile(r"<pr_description>\s*(.*?)\s*</pr_description>", re.S),
-                 re.compile(r"<issue>\s*(.*?)\s*</issue>", re.S),
-                 re.compile(r"<problem_statement>\s*(.*?)\s*</problem_statement>", re.S))
+_ISSUE_BLOCKS = (
+    re.compile(r"ISSUE:\s*\n(.*?)\n\s*INSTRUCTIONS:", re.S),
+    re.compile(r"<pr_description>\s*(.*?)\s*</pr_description>", re.S),
+    re.compile(r"<issue>\s*(.*?)\s*</issue>", re.S),
+    re.compile(r"<problem_statement>\s*(.*?)\s*</problem_statement>", re.S),
+)
 _DEMO_START = "--- DEMONSTRATION ---"
 _DEMO_END = "--- END OF DEMONSTRATION ---"
 _FENCE = re.compile(r"```[^\n]*\n(.*?)```", re.S)
@@ -309,7 +326,12 @@ def swe_problem_statement(item: Mapping[str, Any]) -> str:
         if isinstance(source, dict) and isinstance(source.get("text"), str) and source["text"].strip():
             return source["text"].strip()
     for m in item.get("history") or []:
-        if not isinstance(m, dict) or m.get("role") != "user" or m.get("is_demo") or m.get("message_type") == "demonstration":
+        if (
+            not isinstance(m, dict)
+            or m.get("role") != "user"
+            or m.get("is_demo")
+            or m.get("message_type") == "demonstration"
+        ):
             continue
         content = _text(m.get("content"))
         if _DEMO_START in content or content.lstrip().startswith("Here is a demonstration"):
@@ -362,10 +384,15 @@ _EDIT_REFUSED = re.compile(r"your proposed edit has introduced new syntax error"
 _LINT_LINE = re.compile(r"^-?\s*(?:[A-Z]\d{3}\s+)?(.+)$")  # "- E999 IndentationError: unexpected indent"
 _NOT_FOUND = re.compile(
     r"^(?:[\w./-]*sh:\s*(?:line\s*\d+:\s*)?)?(?:[^\s:'\"]{1,100}:\s*command not found\b|command not found:\s*\S+)"
-    r"|^[\w./-]*sh:\s*\d+:\s*[^\s:'\"]{1,100}:\s*not found\b", re.I)
+    r"|^[\w./-]*sh:\s*\d+:\s*[^\s:'\"]{1,100}:\s*not found\b",
+    re.I,
+)
 _TRACEBACK = re.compile(r"^\s*Traceback \(most recent call last\):")
-_EXIT = re.compile(r"\b(?:exit(?:ed)?\s+(?:with\s+)?(?:code|status)|returned non-zero exit status|exit_code)"
-                   r"\s*[:=]?\s*(-?\d+)", re.I)
+_EXIT = re.compile(
+    r"\b(?:exit(?:ed)?\s+(?:with\s+)?(?:code|status)|returned non-zero exit status|exit_code)"
+    r"\s*[:=]?\s*(-?\d+)",
+    re.I,
+)
 # The tools' own error messages (SWE-agent's open/goto/edit/create/search commands, the 1.x editor),
 # timeouts, and a shell's refusals.
 _TOOL_ERROR = re.compile(
@@ -373,7 +400,9 @@ _TOOL_ERROR = re.compile(
     r"|no replacement was performed\b|invalid `|goto allows only one|more than \d+ (?:files|lines) matched"
     r"|execution timed out|the command .{1,300} was cancelled because it took more than"
     r"|[\w.+-]+: (?:cannot|can't) (?:access|open|stat|remove|create)\b|[\w.+-]+: .{0,300}no such file or directory"
-    r"|python[\d.]*: can't open file)", re.I)
+    r"|python[\d.]*: can't open file)",
+    re.I,
+)
 # Lines of a file view or a search result (numbered source lines) are never read as errors.
 _SOURCE_LINE = re.compile(r"^\s*\d+(?::|\t)|^Line \d+:")
 
@@ -436,11 +465,12 @@ def _traceback(lines: list[str]) -> str:
     if len(text) <= MAX_OUTPUT:
         return text
     head = lines[0].strip()
-    return head + "\n…\n" + text[-(MAX_OUTPUT - len(head) - 3):]
+    return head + "\n…\n" + text[-(MAX_OUTPUT - len(head) - 3) :]
 
 
-def swe_agent(path: Path, agent: str | None = None, start: datetime = DEFAULT_START,
-              run: ImportRun | None = None) -> Iterator[dict[str, Any]]:
+def swe_agent(
+    path: Path, agent: str | None = None, start: datetime = DEFAULT_START, run: ImportRun | None = None
+) -> Iterator[dict[str, Any]]:
     """Events from one SWE-agent ``.traj`` file (0.x or 1.x; or a list of trajectories in one JSON file).
 
     Session: the ``instance_id`` (else the file's name). Task: ``swe_problem_statement``. Each step:
@@ -494,17 +524,30 @@ def _swe_step(s: _Session, step: Any, where: str, j: int) -> None:
     took = step.get("execution_time")
     took_s = float(took) if isinstance(took, (int, float)) and not isinstance(took, bool) and took >= 0 else None
     tool, call_id = swe_tool(command), f"step-{j}"
-    s.add("tool_call", {"tool": tool, "call_id": call_id, "args": {"command": command}},
-          max(took_s, 0.001) if took_s is not None else SWE_OBSERVATION_S)
+    s.add(
+        "tool_call",
+        {"tool": tool, "call_id": call_id, "args": {"command": command}},
+        max(took_s, 0.001) if took_s is not None else SWE_OBSERVATION_S,
+    )
     obs = step.get("observation")
     obs = "" if obs is None else (obs if isinstance(obs, str) else orjson.dumps(obs).decode())
     error = swe_failure(obs)
-    s.add("tool_result", {"call_id": call_id, "tool": tool, "ok": error is None, "error": error,
-                          "output": obs[:MAX_OUTPUT] if error is None else None}, SWE_NEXT_STEP_S)
+    s.add(
+        "tool_result",
+        {
+            "call_id": call_id,
+            "tool": tool,
+            "ok": error is None,
+            "error": error,
+            "output": obs[:MAX_OUTPUT] if error is None else None,
+        },
+        SWE_NEXT_STEP_S,
+    )
 
 
-def _swe_outcome(item: Mapping[str, Any], info: Mapping[str, Any], where: str, run: ImportRun,
-                 idents: Iterable[str]) -> tuple[str, str | None]:
+def _swe_outcome(
+    item: Mapping[str, Any], info: Mapping[str, Any], where: str, run: ImportRun, idents: Iterable[str]
+) -> tuple[str, str | None]:
     status = info.get("exit_status")
     said = f"exit_status {status}" if status is not None else None
     given = _result_for(run, *idents)
@@ -534,11 +577,34 @@ def _swe_outcome(item: Mapping[str, Any], info: Mapping[str, Any], where: str, r
 RESOLVED_KEYS = ("resolved", "resolved_ids")
 # Lists of ids a SWE-bench report holds that were evaluated (or failed to be) and are not resolved
 # unless also listed as resolved.
-UNRESOLVED_KEYS = ("unresolved", "unresolved_ids", "error_ids", "empty_patch_ids", "completed_ids", "submitted_ids",
-                   "no_generation", "generated", "with_logs", "install_fail", "reset_failed", "no_apply", "applied",
-                   "test_errored", "test_timeout")
-IGNORED_KEYS = ("incomplete_ids", "schema_version", "total_instances", "submitted_instances", "completed_instances",
-                "resolved_instances", "unresolved_instances", "empty_patch_instances", "error_instances")
+UNRESOLVED_KEYS = (
+    "unresolved",
+    "unresolved_ids",
+    "error_ids",
+    "empty_patch_ids",
+    "completed_ids",
+    "submitted_ids",
+    "no_generation",
+    "generated",
+    "with_logs",
+    "install_fail",
+    "reset_failed",
+    "no_apply",
+    "applied",
+    "test_errored",
+    "test_timeout",
+)
+IGNORED_KEYS = (
+    "incomplete_ids",
+    "schema_version",
+    "total_instances",
+    "submitted_instances",
+    "completed_instances",
+    "resolved_instances",
+    "unresolved_instances",
+    "empty_patch_instances",
+    "error_instances",
+)
 
 
 def load_results(path: Path) -> dict[str, str]:
@@ -552,8 +618,9 @@ def load_results(path: Path) -> dict[str, str]:
     except orjson.JSONDecodeError as exc:
         raise ImportShapeError(f"{path}: not JSON ({exc})") from None
     if not isinstance(data, dict):
-        raise ImportShapeError(f"{path}: expected an object (a SWE-bench report or a map id -> outcome), "
-                               f"got {type(data).__name__}")
+        raise ImportShapeError(
+            f"{path}: expected an object (a SWE-bench report or a map id -> outcome), got {type(data).__name__}"
+        )
     if any(k in data for k in RESOLVED_KEYS + UNRESOLVED_KEYS):
         return _report_outcomes(path, data)
     return {str(k): _one_outcome(path, str(k), v) for k, v in data.items()}
@@ -565,8 +632,10 @@ def _report_outcomes(path: Path, data: Mapping[str, Any]) -> dict[str, str]:
         if key in IGNORED_KEYS:
             continue
         if key not in RESOLVED_KEYS + UNRESOLVED_KEYS:
-            raise ImportShapeError(f"{path}: field '{key}' is not a list a SWE-bench report has "
-                                   f"(known: {', '.join(RESOLVED_KEYS + UNRESOLVED_KEYS)})")
+            raise ImportShapeError(
+                f"{path}: field '{key}' is not a list a SWE-bench report has "
+                f"(known: {', '.join(RESOLVED_KEYS + UNRESOLVED_KEYS)})"
+            )
         if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
             raise ImportShapeError(f"{path}: field '{key}' must be a list of instance ids")
     for key in UNRESOLVED_KEYS:
@@ -578,8 +647,13 @@ def _report_outcomes(path: Path, data: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
-_RESULT_WORDS = {"success": "success", "failure": "failure", "partial": "partial", "resolved": "success",
-                 "unresolved": "failure"}
+_RESULT_WORDS = {
+    "success": "success",
+    "failure": "failure",
+    "partial": "partial",
+    "resolved": "success",
+    "unresolved": "failure",
+}
 
 
 def _one_outcome(path: Path, ident: str, value: Any) -> str:
@@ -589,14 +663,34 @@ def _one_outcome(path: Path, ident: str, value: Any) -> str:
         return _RESULT_WORDS[value]
     if isinstance(value, dict) and isinstance(value.get("resolved"), bool):
         return "success" if value["resolved"] else "failure"
-    raise ImportShapeError(f"{path}: field '{ident}': expected success|failure|partial, resolved|unresolved, "
-                           f"true|false or an object with a boolean 'resolved', got {value!r}")
+    raise ImportShapeError(
+        f"{path}: field '{ident}': expected success|failure|partial, resolved|unresolved, "
+        f"true|false or an object with a boolean 'resolved', got {value!r}"
+    )
 
 
 LOCOMO_TURN_STEP_S = 30.0  # the dataset dates sessions, not turns: turns are spaced this far apart
 _LOCOMO_DATE = re.compile(r"^\s*(\d{1,2}):(\d{2})\s*([ap]m)\s+on\s+(\d{1,2})\s+([A-Za-z]+),?\s+(\d{4})\s*$", re.I)
-_MONTHS = {m: i for i, m in enumerate(("january", "february", "march", "april", "may", "june", "july", "august",
-                                       "september", "october", "november", "december"), 1)}
+_MONTHS = {
+    m: i
+    for i, m in enumerate(
+        (
+            "january",
+            "february",
+            "march",
+            "april",
+            "may",
+            "june",
+            "july",
+            "august",
+            "september",
+            "october",
+            "november",
+            "december",
+        ),
+        1,
+    )
+}
 
 
 def locomo_date(text: str) -> datetime:
@@ -612,8 +706,9 @@ def locomo_date(text: str) -> datetime:
     return datetime(int(m[6]), _MONTHS[m[5].lower()], int(m[4]), hour, int(m[2]), tzinfo=timezone.utc)
 
 
-def locomo(path: Path, agent: str | None = None, start: datetime = DEFAULT_START,
-           run: ImportRun | None = None) -> Iterator[dict[str, Any]]:
+def locomo(
+    path: Path, agent: str | None = None, start: datetime = DEFAULT_START, run: ImportRun | None = None
+) -> Iterator[dict[str, Any]]:
     """Events from LoCoMo conversations (a list of samples, or one sample).
 
     Agent: ``agent``, else ``locomo-<sample_id>`` (each conversation its own agent, so its own
@@ -653,14 +748,29 @@ def locomo(path: Path, agent: str | None = None, start: datetime = DEFAULT_START
                 if not isinstance(turn, dict) or not isinstance(turn.get("text"), str):
                     raise ImportShapeError(f"{twhere}: a turn needs a 'text' string")
                 if turn.get("speaker") not in speakers.values():
-                    raise ImportShapeError(f"{twhere}: speaker {turn.get('speaker')!r} is neither speaker_a nor speaker_b")
+                    raise ImportShapeError(
+                        f"{twhere}: speaker {turn.get('speaker')!r} is neither speaker_a nor speaker_b"
+                    )
                 if not isinstance(turn.get("dia_id"), str):
                     raise ImportShapeError(f"{twhere}: a turn needs a 'dia_id' string")
                 refs[str(j + 1)] = turn["dia_id"]  # seq 0 is the session start
             first_user = next((t["text"] for t in turns if t["speaker"] == speakers["user"]), "")
-            s.add("session_start", {"task": first_user[:500], "metadata": {
-                "source": "locomo", "mode": "conversation", "conversation": sample, "session": n, "session_date": date_text,
-                "speakers": speakers, "message_refs": refs}}, 1.0)
+            s.add(
+                "session_start",
+                {
+                    "task": first_user[:500],
+                    "metadata": {
+                        "source": "locomo",
+                        "mode": "conversation",
+                        "conversation": sample,
+                        "session": n,
+                        "session_date": date_text,
+                        "speakers": speakers,
+                        "message_refs": refs,
+                    },
+                },
+                1.0,
+            )
             for turn in turns:
                 text = turn["text"]
                 caption = turn.get("blip_caption")
@@ -674,8 +784,10 @@ def locomo(path: Path, agent: str | None = None, start: datetime = DEFAULT_START
 
 # ---- our own v1 events -----------------------------------------------------------------------------
 
-def v1(path: Path, agent: str | None = None, start: datetime = DEFAULT_START,
-       run: ImportRun | None = None) -> Iterator[dict[str, Any]]:
+
+def v1(
+    path: Path, agent: str | None = None, start: datetime = DEFAULT_START, run: ImportRun | None = None
+) -> Iterator[dict[str, Any]]:
     """v1 trace events as they are (JSON lines, or a JSON list): they carry their own times and
     sessions. ``agent`` (when given) replaces each event's agent. The pipeline validates them."""
     data = _load_json_or_jsonl(path, run)
@@ -699,10 +811,14 @@ _TB_GATEWAY = re.compile(
     r"The request to the API has timed out|Gateway \(working\) ---> API \(not working\)|You are not subscribed to this API"
     r"|Too many requests|You have exceeded|you are being rate limited|Access restricted\. Check credits balance"
     r"|an error in the gateway has occurred|Blocked User\. Please contact your API provider"
-    r"|Endpoint '[^']{0,300}' does not exist", re.I)
+    r"|Endpoint '[^']{0,300}' does not exist",
+    re.I,
+)
 _TB_STATUS_KEYS = ("status", "statusCode", "status_code")
 _TB_MESSAGE_KEYS = ("message", "msg", "title", "error", "detail")
-_TB_STATUS_IN_TEXT = re.compile(r"\bstatus_code\s*=\s*(\d{3})\b")  # rapidapi.py: "request invalid, data error. status_code=500"
+_TB_STATUS_IN_TEXT = re.compile(
+    r"\bstatus_code\s*=\s*(\d{3})\b"
+)  # rapidapi.py: "request invalid, data error. status_code=500"
 _HTTP_PHRASES = {s.phrase.lower(): s.value for s in HTTPStatus if s.value >= 400}
 _TB_HTML_TITLE = re.compile(r"<title>\s*(?:(\d{3})\s*)?([^<]{1,80}?)\s*</title>", re.I)
 TOOLBENCH_PARSE_MAX = 20_000  # a response longer than this is not parsed for a status (errors are short)
@@ -733,7 +849,7 @@ def toolbench_observation(content: Any) -> tuple[str, str]:
             error = orjson.loads(f'"{cut.group(1)}"')
         except orjson.JSONDecodeError:
             error = cut.group(1)
-        rest = text[cut.end():]
+        rest = text[cut.end() :]
         return str(error), rest[1:] if rest.startswith('"') else rest
     return "", text
 
@@ -801,8 +917,11 @@ def _tb_status(response: str) -> tuple[int | None, str | None]:
         message = next((obj[k] for k in _TB_MESSAGE_KEYS if isinstance(obj.get(k), str) and obj[k].strip()), None)
         for key in _TB_STATUS_KEYS:
             v = obj.get(key)
-            code = v if isinstance(v, int) and not isinstance(v, bool) else (
-                int(v) if isinstance(v, str) and v.strip().isdigit() else None)
+            code = (
+                v
+                if isinstance(v, int) and not isinstance(v, bool)
+                else (int(v) if isinstance(v, str) and v.strip().isdigit() else None)
+            )
             if code is not None and 400 <= code <= 599:
                 return code, message
         return None, message
@@ -815,8 +934,9 @@ def _tb_status(response: str) -> tuple[int | None, str | None]:
     return None, None
 
 
-def toolbench(path: Path, agent: str | None = None, start: datetime = DEFAULT_START,
-              run: ImportRun | None = None) -> Iterator[dict[str, Any]]:
+def toolbench(
+    path: Path, agent: str | None = None, start: datetime = DEFAULT_START, run: ImportRun | None = None
+) -> Iterator[dict[str, Any]]:
     """Events from one ToolBench answer file (``<query_id>_<model>_<method>.json``, as its inference
     pipeline writes it: toolbench/inference/Algorithms/DFS.py and single_chain.py ``to_json``).
 
@@ -856,8 +976,10 @@ def toolbench(path: Path, agent: str | None = None, start: datetime = DEFAULT_ST
         raise ImportShapeError(f"{where}: field 'finish_type' must be a string, got {finish!r}")
     steps = gen.get("train_messages")
     if not valid or steps is None or steps == []:
-        run.skipped.append(f"{path}: no trajectory (valid_data {str(valid).lower()}, no train_messages): the search "
-                           f"neither answered nor gave up")
+        run.skipped.append(
+            f"{path}: no trajectory (valid_data {str(valid).lower()}, no train_messages): the search "
+            f"neither answered nor gave up"
+        )
         return
     if not isinstance(steps, list) or not all(isinstance(s, list) for s in steps):
         raise ImportShapeError(f"{where}: field 'train_messages' must be a list of message lists")
@@ -866,7 +988,9 @@ def toolbench(path: Path, agent: str | None = None, start: datetime = DEFAULT_ST
     meta = {k: gen[k] for k in ("finish_type", "query_count") if isinstance(gen.get(k), (str, int))}
     if isinstance(data.get("win"), bool):
         meta["win"] = data["win"]
-    s.add("session_start", {"task": _TB_BEGIN.sub("", query).strip()[:500], "metadata": {"source": "toolbench", **meta}})
+    s.add(
+        "session_start", {"task": _TB_BEGIN.sub("", query).strip()[:500], "metadata": {"source": "toolbench", **meta}}
+    )
     said = _toolbench_messages(s, steps[-1], f"{where}: train_messages[{len(steps) - 1}]")
     outcome, reason = _toolbench_outcome(finish, said, run, (session_id, path.stem))
     s.add("session_end", {"outcome": outcome, "reason": reason})
@@ -913,9 +1037,18 @@ def _toolbench_messages(s: _Session, messages: list[Any], where: str) -> str | N
             call_id, tool = pending.pop(0) if pending else (f"call-{j}", name or "unknown")
             error, response = toolbench_observation(content)
             failed, status = toolbench_failure(error, response)
-            s.add("tool_result", {"call_id": call_id, "tool": name or tool, "ok": failed is None, "error": failed,
-                                  "http_status": status,
-                                  "output": response[:MAX_OUTPUT] if failed is None else None}, 2.0)
+            s.add(
+                "tool_result",
+                {
+                    "call_id": call_id,
+                    "tool": name or tool,
+                    "ok": failed is None,
+                    "error": failed,
+                    "http_status": status,
+                    "output": response[:MAX_OUTPUT] if failed is None else None,
+                },
+                2.0,
+            )
         else:
             raise ImportShapeError(f"{mwhere}: unknown role {role!r} (expected system, user, assistant or function)")
     return said
@@ -965,12 +1098,14 @@ def _tb_turn(turn: Any, where: str) -> dict[str, Any]:
     if m is None:
         return {"role": "assistant", "content": value.strip()}
     thought = m.group(1).strip()
-    return {"role": "assistant", "content": thought or None,
-            "function_call": {"name": m.group(2), "arguments": m.group(3).strip()}}
+    return {
+        "role": "assistant",
+        "content": thought or None,
+        "function_call": {"name": m.group(2), "arguments": m.group(3).strip()},
+    }
 
 
-def _toolbench_outcome(finish: str | None, said: str | None, run: ImportRun,
-                       idents: Iterable[str]) -> tuple[str, str]:
+def _toolbench_outcome(finish: str | None, said: str | None, run: ImportRun, idents: Iterable[str]) -> tuple[str, str]:
     given = _result_for(run, *idents)
     if given is not None:
         return given, "per the results file"
@@ -984,23 +1119,37 @@ def _toolbench_outcome(finish: str | None, said: str | None, run: ImportRun,
 
 
 class Importer(Protocol):
-    def __call__(self, path: Path, agent: str | None = ..., start: datetime = ...,
-                 run: ImportRun | None = ...) -> Iterator[dict[str, Any]]: ...
+    def __call__(
+        self, path: Path, agent: str | None = ..., start: datetime = ..., run: ImportRun | None = ...
+    ) -> Iterator[dict[str, Any]]: ...
 
 
-def otel(path: Path, agent: str | None = None, start: datetime = DEFAULT_START,
-         run: ImportRun | None = None) -> Iterator[dict[str, Any]]:
+def otel(
+    path: Path, agent: str | None = None, start: datetime = DEFAULT_START, run: ImportRun | None = None
+) -> Iterator[dict[str, Any]]:
     """OTLP JSON files (the collector's file exporter): ``somnus.otlp.files.otel``."""
     from somnus.otlp.files import otel as read_otel
 
     return read_otel(path, agent=agent, start=start, run=run)
 
 
-FORMATS: dict[str, Importer] = {"openai-chat": openai_chat, "swe-agent": swe_agent, "locomo": locomo,
-                                "toolbench": toolbench, "v1": v1, "otel": otel}
+FORMATS: dict[str, Importer] = {
+    "openai-chat": openai_chat,
+    "swe-agent": swe_agent,
+    "locomo": locomo,
+    "toolbench": toolbench,
+    "v1": v1,
+    "otel": otel,
+}
 # The files a directory contributes to an import of each format.
-EXTENSIONS = {"openai-chat": (".json", ".jsonl"), "swe-agent": (".traj",), "locomo": (".json",),
-              "toolbench": (".json",), "v1": (".jsonl", ".json"), "otel": (".json", ".jsonl")}
+EXTENSIONS = {
+    "openai-chat": (".json", ".jsonl"),
+    "swe-agent": (".traj",),
+    "locomo": (".json",),
+    "toolbench": (".json",),
+    "v1": (".jsonl", ".json"),
+    "otel": (".json", ".jsonl"),
+}
 
 
 def expand_paths(args: Iterable[str | Path], fmt: str) -> list[Path]:
@@ -1032,8 +1181,9 @@ def expand_paths(args: Iterable[str | Path], fmt: str) -> list[Path]:
     return list(dict.fromkeys(out))
 
 
-def import_run(start: str | datetime | None = None, spacing_s: float | None = None,
-               results: Path | None = None) -> ImportRun:
+def import_run(
+    start: str | datetime | None = None, spacing_s: float | None = None, results: Path | None = None
+) -> ImportRun:
     """An ``ImportRun`` from command-line values: ``start`` an ISO time (UTC unless it says otherwise),
     ``spacing_s`` seconds (> 0), ``results`` a results file (``load_results``)."""
     when = DEFAULT_START
@@ -1051,8 +1201,9 @@ def import_run(start: str | datetime | None = None, spacing_s: float | None = No
     return ImportRun(start=when, spacing=spacing, results=load_results(results) if results is not None else {})
 
 
-def import_files(paths: Iterable[Path], fmt: str, agent: str | None = None,
-                 run: ImportRun | None = None) -> Iterator[dict[str, Any]]:
+def import_files(
+    paths: Iterable[Path], fmt: str, agent: str | None = None, run: ImportRun | None = None
+) -> Iterator[dict[str, Any]]:
     """The events of every file, in order, sharing one ``ImportRun`` (clock, results, session ids)."""
     if fmt not in FORMATS:
         raise ImportShapeError(f"unknown format {fmt!r}; choose one of: {', '.join(FORMATS)}")

@@ -13,7 +13,6 @@ server (``python -m somnus.mcp_server``: ``SOMNUS_MCP_HOST``, ``SOMNUS_MCP_PORT`
 docs/integrations/mcp.md.
 """
 
-
 import asyncio
 import json
 import logging
@@ -49,8 +48,9 @@ def bearer(headers: Any) -> str | None:
     return token.strip() or None if scheme.lower() == "bearer" else None
 
 
-def note_events(agent: str, note: str, now: datetime, user_id: str | None = None,
-                session_id: str | None = None) -> list[dict[str, Any]]:
+def note_events(
+    agent: str, note: str, now: datetime, user_id: str | None = None, session_id: str | None = None
+) -> list[dict[str, Any]]:
     """An agent's explicit note as v1 trace events: a session of its own that starts, says the note
     (an agent message) and ends in success.
 
@@ -68,18 +68,35 @@ def note_events(agent: str, note: str, now: datetime, user_id: str | None = None
     start: dict[str, Any] = {"task": NOTE_TASK, "metadata": {"source": "mcp", "kind": "note", "mode": "conversation"}}
     if user_id:
         start["user_id"] = user_id
-    payloads = [("session_start", start), ("agent_message", {"text": note}),
-                ("session_end", {"outcome": "success", "reason": "note"})]
-    return [{"event_id": str(uuid.uuid4()), "schema_version": 1, "ts": now.isoformat(), "agent": agent,
-             "session_id": sid, "seq": i, "type": kind, "payload": payload}
-            for i, (kind, payload) in enumerate(payloads)]
+    payloads = [
+        ("session_start", start),
+        ("agent_message", {"text": note}),
+        ("session_end", {"outcome": "success", "reason": "note"}),
+    ]
+    return [
+        {
+            "event_id": str(uuid.uuid4()),
+            "schema_version": 1,
+            "ts": now.isoformat(),
+            "agent": agent,
+            "session_id": sid,
+            "seq": i,
+            "type": kind,
+            "payload": payload,
+        }
+        for i, (kind, payload) in enumerate(payloads)
+    ]
 
 
 class Memory:
     """What the tools call: the projector's reads with a token, and the publishing of notes."""
 
-    def __init__(self, settings: Settings, token_of: Callable[[Any], str | None],
-                 publish: Callable[[list[dict[str, Any]]], Awaitable[int]] | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        token_of: Callable[[Any], str | None],
+        publish: Callable[[list[dict[str, Any]]], Awaitable[int]] | None = None,
+    ) -> None:
         self.settings, self.token_of = settings, token_of
         self.db = Path(settings.db_path)  # type: ignore[arg-type]
         self._publish = publish
@@ -136,8 +153,17 @@ class Memory:
             bootstrap = await asyncio.to_thread(bootstrap_for, self.settings, start_if_missing=False)
         except BrokerError as exc:
             raise McpRefused(f"no broker to publish to: {exc}") from None
-        await asyncio.to_thread(memory_requests.set_goal, self.settings, bootstrap, agent, text,
-                                datetime.now(timezone.utc), user_id, "mcp", goal_id)
+        await asyncio.to_thread(
+            memory_requests.set_goal,
+            self.settings,
+            bootstrap,
+            agent,
+            text,
+            datetime.now(timezone.utc),
+            user_id,
+            "mcp",
+            goal_id,
+        )
 
     async def remember(self, ctx: Any, agent: str, note: str, user_id: str | None) -> dict[str, Any]:
         user_id = self.writer(ctx, "remember", agent, user_id)
@@ -191,8 +217,11 @@ def build(memory: Memory) -> Any:
                 exc.args = (one_line(str(exc)),)
                 raise
 
-    server = NeutralErrors("somnus", instructions="Memory for AI agents: recall past work, read briefings and facts, "
-                           "predict a call's outcome, and remember notes. Each tool reads one agent's scope.")
+    server = NeutralErrors(
+        "somnus",
+        instructions="Memory for AI agents: recall past work, read briefings and facts, "
+        "predict a call's outcome, and remember notes. Each tool reads one agent's scope.",
+    )
 
     async def call(ctx: Context, handler: str, agent: str | None = None, **params: Any) -> str:
         """The route's JSON, as one text block (a list would otherwise be one block per item). A tool's
@@ -216,31 +245,54 @@ def build(memory: Memory) -> Any:
         return await call(ctx, "briefing", agent)
 
     @server.tool(structured_output=False)
-    async def context(agent: str, query: str, ctx: Context, user_id: str | None = None,
-                      session_id: str | None = None, max_tokens: int = 4000) -> str:
+    async def context(
+        agent: str,
+        query: str,
+        ctx: Context,
+        user_id: str | None = None,
+        session_id: str | None = None,
+        max_tokens: int = 4000,
+    ) -> str:
         """One fitted context for a prompt: user synopsis, the session's recent conversation, recall, knowledge, briefing."""
-        return await call(ctx, "context", agent, query=query, user_id=user_id, session_id=session_id,
-                          max_tokens=max_tokens)
+        return await call(
+            ctx, "context", agent, query=query, user_id=user_id, session_id=session_id, max_tokens=max_tokens
+        )
 
     @server.tool(structured_output=False)
-    async def predict(tool: str, ctx: Context, args: dict[str, Any] | None = None, agent: str | None = None,
-                      hour: str | None = None) -> str:
+    async def predict(
+        tool: str, ctx: Context, args: dict[str, Any] | None = None, agent: str | None = None, hour: str | None = None
+    ) -> str:
         """Likely outcomes of a tool call before it is made (causal links learned from the stream). Operator token."""
-        return await call(ctx, "predict", tool=tool, args=json.dumps(args) if args is not None else None,
-                          agent=agent, hour=hour)
+        return await call(
+            ctx, "predict", tool=tool, args=json.dumps(args) if args is not None else None, agent=agent, hour=hour
+        )
 
     @server.tool(structured_output=False)
-    async def facts(agent: str, ctx: Context, as_of: str | None = None, limit: int = 50, predicate: str | None = None,
-                    entity: str | None = None) -> str:
+    async def facts(
+        agent: str,
+        ctx: Context,
+        as_of: str | None = None,
+        limit: int = 50,
+        predicate: str | None = None,
+        entity: str | None = None,
+    ) -> str:
         """Facts of the agent's scope chain, highest confidence first; as_of (ISO 8601) gives those active then."""
         return await call(ctx, "facts", agent, as_of=as_of, limit=limit, predicate=predicate, entity=entity)
 
     @server.tool(structured_output=False)
-    async def episodic_context(agent: str, query: str, ctx: Context, top_k: int = 5, token_budget: int = 2000,
-                               success_only: bool = False) -> str:
+    async def episodic_context(
+        agent: str, query: str, ctx: Context, top_k: int = 5, token_budget: int = 2000, success_only: bool = False
+    ) -> str:
         """Token-budgeted text of the agent's relevant past work: task, result, lessons, tools."""
-        return await call(ctx, "episodic_context", agent, query=query, top_k=top_k, token_budget=token_budget,
-                          success_only="true" if success_only else None)
+        return await call(
+            ctx,
+            "episodic_context",
+            agent,
+            query=query,
+            top_k=top_k,
+            token_budget=token_budget,
+            success_only="true" if success_only else None,
+        )
 
     @server.tool(structured_output=False)
     async def rhythms(agent: str, ctx: Context, hours: str = "9", days: str | None = None) -> str:
@@ -305,8 +357,12 @@ class BearerGuard:
             except Exception as exc:  # an unreadable store: the server cannot check, so it refuses
                 return await _deny(send, 503, f"the token store cannot be read: {exc}")
             if not ok:
-                return await _deny(send, 401, "an `Authorization: Bearer <token>` header with a valid Somnus "
-                                              "token is required (`somnus token create --agent A`)")
+                return await _deny(
+                    send,
+                    401,
+                    "an `Authorization: Bearer <token>` header with a valid Somnus "
+                    "token is required (`somnus token create --agent A`)",
+                )
             declared = headers.get("content-length", headers.get("Content-Length", ""))
             if declared.strip().isdigit() and int(declared) > self.max_body:
                 return await _deny(send, 413, f"the body is {int(declared)} bytes; at most {self.max_body}")
@@ -357,8 +413,9 @@ async def _deny(send: Any, status: int, message: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def serve(settings: Settings, transport: str, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
-          token: str | None = None) -> None:
+def serve(
+    settings: Settings, transport: str, host: str = "127.0.0.1", port: int = DEFAULT_PORT, token: str | None = None
+) -> None:
     """Run the server until stopped: ``stdio`` (token from ``token``, SOMNUS_TOKEN or the home) or ``http``
     (streamable HTTP at ``http://host:port/mcp``, the bearer token of each request)."""
     from somnus.reads import token_for

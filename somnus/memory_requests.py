@@ -50,8 +50,9 @@ def ingest_knowledge(s: Settings, bootstrap: str, owner: str, source: str, conce
     return req
 
 
-def consolidate(s: Settings, bootstrap: str, owner: str, inputs: dict[str, Any], at: datetime,
-                request_id: str | None = None) -> Any:
+def consolidate(
+    s: Settings, bootstrap: str, owner: str, inputs: dict[str, Any], at: datetime, request_id: str | None = None
+) -> Any:
     """Publish a promotion request for ``owner`` from a snapshot of its promotion inputs (``request_id``:
     the id the semantic fold runs it under once, e.g. a sleep run's)."""
     import msgspec
@@ -79,21 +80,39 @@ def sleep(s: Settings, bootstrap: str, inputs: dict[str, Any], at: datetime, req
     return consolidate(s, bootstrap, "global", inputs, at, SLEEP_REQUEST_PREFIX + run_id_for(at))
 
 
-def set_goal(s: Settings, bootstrap: str, agent: str, text: str, at: datetime, user_id: str | None = None,
-             set_by: str = "", goal_id: str | None = None) -> Any:
+def set_goal(
+    s: Settings,
+    bootstrap: str,
+    agent: str,
+    text: str,
+    at: datetime,
+    user_id: str | None = None,
+    set_by: str = "",
+    goal_id: str | None = None,
+) -> Any:
     """Publish a goal for ``agent`` on the memory topic (``projections/goals.py`` folds it and measures
     its forward prediction error); ``goal_id`` defaults to a new one."""
     from somnus.schemas.codec import encode
     from somnus.schemas.goals import KIND_GOAL_SET, GoalSet
 
-    req = GoalSet(goal_id=goal_id or f"g-{uuid.uuid4().hex[:12]}", agent=agent, text=text, at=at, user_id=user_id,
-                  set_by=set_by)
+    req = GoalSet(
+        goal_id=goal_id or f"g-{uuid.uuid4().hex[:12]}", agent=agent, text=text, at=at, user_id=user_id, set_by=set_by
+    )
     # its text may be a person's: sealed under a key of the goal's own, which a forget of the agent or
     # of the user deletes (docs/design/forget.md)
     from somnus.client import publish_sealed
 
-    publish_sealed(agent.encode(), encode(req), [(KIND, KIND_GOAL_SET)], bootstrap, s.memory_topic,
-                   s.keys_topic, (agent, f"goal:{req.goal_id}"), user_id, partition=0)
+    publish_sealed(
+        agent.encode(),
+        encode(req),
+        [(KIND, KIND_GOAL_SET)],
+        bootstrap,
+        s.memory_topic,
+        s.keys_topic,
+        (agent, f"goal:{req.goal_id}"),
+        user_id,
+        partition=0,
+    )
     return req
 
 

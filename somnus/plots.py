@@ -22,10 +22,12 @@ def history_figure(reports: Sequence[tuple[datetime, SleepReport]]) -> Any:
     times = [t for t, _ in reports]
     fig = Figure(figsize=(9, 6))
     top, bottom = fig.subplots(2, 1, sharex=True)
-    for name, values in (("before", [r.memories_before for _, r in reports]),
-                         ("after", [r.memories_after for _, r in reports]),
-                         ("compressed", [r.compressed for _, r in reports]),
-                         ("pruned", [r.pruned for _, r in reports])):
+    for name, values in (
+        ("before", [r.memories_before for _, r in reports]),
+        ("after", [r.memories_after for _, r in reports]),
+        ("compressed", [r.compressed for _, r in reports]),
+        ("pruned", [r.pruned for _, r in reports]),
+    ):
         top.plot(times, values, marker="o", label=name)
     top.set_ylabel("memories")
     top.legend(loc="best")
@@ -80,8 +82,9 @@ def rhythm_figure(agent: str, cells: Iterable[Sequence[Any]]) -> Any:
     fig = Figure(figsize=(9, 6))
     top, bottom = fig.subplots(2, 1, sharex=True)
     for ax, grid, title, cmap, limits in (
-            (top, started, f"{agent}: sessions started ({int(started.sum())})", "viridis", (0, None)),
-            (bottom, rate, "success rate of sessions ended (blank: none ended)", "RdYlGn", (0, 1))):
+        (top, started, f"{agent}: sessions started ({int(started.sum())})", "viridis", (0, None)),
+        (bottom, rate, "success rate of sessions ended (blank: none ended)", "RdYlGn", (0, 1)),
+    ):
         image = ax.imshow(grid, aspect="auto", cmap=cmap, vmin=limits[0], vmax=limits[1], interpolation="nearest")
         fig.colorbar(image, ax=ax)
         ax.set_yticks(range(7), WEEKDAYS)
@@ -132,9 +135,16 @@ def graph_health(memories: Iterable[Sequence[Any]], edges: Iterable[Sequence[Any
     g = simple_graph(n, i, j, w)
     sizes = np.bincount(connected_components(g), minlength=n) if n else np.zeros(0, np.int64)
     degrees = np.bincount(g.i, minlength=n) + np.bincount(g.j, minlength=n)
-    return GraphHealth(n, result.edges, result.components, result.largest_size, result.value,
-                       result.largest_component, [int(d) for d in degrees],
-                       sorted((int(s) for s in sizes if s > 0), reverse=True))
+    return GraphHealth(
+        n,
+        result.edges,
+        result.components,
+        result.largest_size,
+        result.value,
+        result.largest_component,
+        [int(d) for d in degrees],
+        sorted((int(s) for s in sizes if s > 0), reverse=True),
+    )
 
 
 def graph_figure(health: GraphHealth, history: Sequence[tuple[datetime, float]] = ()) -> Any:
@@ -162,11 +172,17 @@ def graph_figure(health: GraphHealth, history: Sequence[tuple[datetime, float]] 
     components_ax.set_title(f"{health.components} components, largest {health.largest_size}")
     if history:
         times: Any = [t for t, _ in history]  # matplotlib draws datetimes; its stubs take numbers only
-        trend_ax.plot(times, [v for _, v in history], marker="o", color="tab:purple",
-                      label="after each sleep run (its graph then)")
+        trend_ax.plot(
+            times,
+            [v for _, v in history],
+            marker="o",
+            color="tab:purple",
+            label="after each sleep run (its graph then)",
+        )
         trend_ax.tick_params(axis="x", labelrotation=20)  # not autofmt_xdate: it hides the top row's labels
-    trend_ax.axhline(health.fiedler_largest, color="tab:gray", linestyle="--",
-                     label=f"the graph now: {health.fiedler_largest:.4g}")
+    trend_ax.axhline(
+        health.fiedler_largest, color="tab:gray", linestyle="--", label=f"the graph now: {health.fiedler_largest:.4g}"
+    )
     trend_ax.set_ylabel("Fiedler value (largest component)")
     trend_ax.set_xlabel("sleep run")
     trend_ax.legend(loc="best")

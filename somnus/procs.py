@@ -13,8 +13,13 @@ from typing import Any
 from somnus.config import Settings
 import gc
 
-MODULES = {"worker": "somnus.streams.worker", "projector": "somnus.projections.projector", "supervisor": "somnus.supervisor",
-           "otlp": "somnus.otlp.receiver", "mcp": "somnus.mcp_server"}
+MODULES = {
+    "worker": "somnus.streams.worker",
+    "projector": "somnus.projections.projector",
+    "supervisor": "somnus.supervisor",
+    "otlp": "somnus.otlp.receiver",
+    "mcp": "somnus.mcp_server",
+}
 
 
 # Young-generation collections every 50,000 net allocations instead of CPython's 700. The worker and
@@ -87,8 +92,9 @@ def child_env(settings: Settings, bootstrap: str) -> dict[str, str]:
     return env
 
 
-def spawn(settings: Settings, bootstrap: str, role: str, name: str | None = None,
-          extra_args: list[str] | None = None) -> subprocess.Popen:
+def spawn(
+    settings: Settings, bootstrap: str, role: str, name: str | None = None, extra_args: list[str] | None = None
+) -> subprocess.Popen:
     """Start ``role`` (worker|projector|supervisor) in its own session; its log goes to ``<run>/<name>.log``."""
     name = name or role
     private_dir(settings.home)
@@ -97,8 +103,15 @@ def spawn(settings: Settings, bootstrap: str, role: str, name: str | None = None
     args = [sys.executable, "-m", MODULES[role], *(extra_args or [])]
     if role == "worker":
         args += ["--name", name]
-    proc = subprocess.Popen(args, env=child_env(settings, bootstrap), stdout=log, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True, umask=PRIVATE_UMASK)
+    proc = subprocess.Popen(
+        args,
+        env=child_env(settings, bootstrap),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        umask=PRIVATE_UMASK,
+    )
     with open_private(pidfile(settings, name), "w") as f:
         f.write(str(proc.pid))
     return proc

@@ -104,8 +104,16 @@ def _open(db: Path) -> Any:
         raise ReadError(f"{db} is held by another process: {exc}") from None
 
 
-def read(db: Path, handler: str, agent: str | None = None, agents_dir: Path | None = None, *,
-         token: str | None = None, remote_only: bool = False, **params: Any) -> Any:
+def read(
+    db: Path,
+    handler: str,
+    agent: str | None = None,
+    agents_dir: Path | None = None,
+    *,
+    token: str | None = None,
+    remote_only: bool = False,
+    **params: Any,
+) -> Any:
     """Run the read ``handler`` (a route of ``somnus.projections.api``): through the running projector when it
     holds ``db`` (with ``token_for(db, token)``), else on the file opened read-only (unless ``remote_only``:
     a caller that must be held to a token's scope, such as the MCP server, gets a ReadError). Parameters
@@ -198,8 +206,9 @@ def status(settings: Settings, bootstrap: str | Callable[[], str]) -> dict[str, 
     # The worker consumes traces (distiller), observations (NAc), and episodes too when the LLM
     # extractor is on.
     worker_lag = {}
-    for topic in ((settings.traces_topic, settings.observations_topic)
-                  + ((settings.episodes_topic,) if settings.llm_extractor else ())):
+    for topic in (settings.traces_topic, settings.observations_topic) + (
+        (settings.episodes_topic,) if settings.llm_extractor else ()
+    ):
         committed = worker_committed.get(topic, {})
         worker_lag[topic] = sum(max(0, end - committed.get(p, 0)) for p, end in ends.get(topic, {}).items())
     try:
@@ -214,8 +223,11 @@ def status(settings: Settings, bootstrap: str | Callable[[], str]) -> dict[str, 
         "memory": memory,
         "lag": lag,
         "worker_lag": worker_lag,
-        "idle": (all(v == 0 for v in lag.values()) and all(v == 0 for v in worker_lag.values())
-                 and not s.get("stale_briefings")),
+        "idle": (
+            all(v == 0 for v in lag.values())
+            and all(v == 0 for v in worker_lag.values())
+            and not s.get("stale_briefings")
+        ),
         "stale_briefings": s.get("stale_briefings", 0),
         "counts": s["counts"],
         "memories": s.get("memories"),  # stored memories: live, compressed, pruned (``counts`` has the table rows)
@@ -228,8 +240,9 @@ def status(settings: Settings, bootstrap: str | Callable[[], str]) -> dict[str, 
     }
 
 
-def wait_idle(settings: Settings, bootstrap: str, timeout_s: float = 600.0, poll_s: float = 0.5,
-              stable_polls: int = 2) -> dict[str, Any]:
+def wait_idle(
+    settings: Settings, bootstrap: str, timeout_s: float = 600.0, poll_s: float = 0.5, stable_polls: int = 2
+) -> dict[str, Any]:
     """Wait until every topic is projected and the worker has committed everything it consumed."""
     deadline = time.monotonic() + timeout_s
     res: dict[str, Any] = {}
@@ -246,23 +259,55 @@ def wait_idle(settings: Settings, bootstrap: str, timeout_s: float = 600.0, poll
 def inspect_report(store: Any, agent: str, n_episodes: int, n_facts: int) -> dict[str, Any]:
     """What an agent knows (``somnus inspect``): recent episodes and their lessons, the facts and entities
     of its scope chain, its cached briefing; ``store`` a ``KnowledgeStore``."""
-    eps = store.sql("SELECT episode_id, ended_at, outcome, task, summary FROM episodes WHERE agent = ? "
-                    "ORDER BY ended_at DESC, episode_id LIMIT ?", [agent, n_episodes])
+    eps = store.sql(
+        "SELECT episode_id, ended_at, outcome, task, summary FROM episodes WHERE agent = ? "
+        "ORDER BY ended_at DESC, episode_id LIMIT ?",
+        [agent, n_episodes],
+    )
     ids = [str(e["episode_id"]) for e in eps]
-    lessons = store.sql(
-        "SELECT kind, text, learned_at FROM lessons WHERE agent = ? AND episode_id::VARCHAR IN (SELECT unnest(?)) "
-        "ORDER BY learned_at DESC, kind, text", [agent, ids]) if ids else []
-    facts = [{"source": f.source, "predicate": f.predicate, "target": f.target, "scope": f.scope,
-              "confidence": round(f.confidence, 3), "count": f.count, "since": f.valid_from}
-             for f in store.facts(agent, limit=n_facts)]
-    entities = [{"entity": e.entity_id, "name": e.name, "type": e.type, "facts": e.facts}
-                for e in store.entities(agent, limit=n_facts)]
+    lessons = (
+        store.sql(
+            "SELECT kind, text, learned_at FROM lessons WHERE agent = ? AND episode_id::VARCHAR IN (SELECT unnest(?)) "
+            "ORDER BY learned_at DESC, kind, text",
+            [agent, ids],
+        )
+        if ids
+        else []
+    )
+    facts = [
+        {
+            "source": f.source,
+            "predicate": f.predicate,
+            "target": f.target,
+            "scope": f.scope,
+            "confidence": round(f.confidence, 3),
+            "count": f.count,
+            "since": f.valid_from,
+        }
+        for f in store.facts(agent, limit=n_facts)
+    ]
+    entities = [
+        {"entity": e.entity_id, "name": e.name, "type": e.type, "facts": e.facts}
+        for e in store.entities(agent, limit=n_facts)
+    ]
     briefing = store.sql("SELECT markdown FROM briefings WHERE agent = ?", [agent])
-    return {"agent": agent, "scope_chain": store.scope_chain(agent),
-            "episodes": [{"ended_at": e["ended_at"], "outcome": e["outcome"], "task": (e["task"] or "")[:60],
-                          "summary": e["summary"]} for e in eps],
-            "lessons": lessons, "facts": facts, "entities": entities,
-            "briefing": (briefing[0]["markdown"] or None) if briefing else None}
+    return {
+        "agent": agent,
+        "scope_chain": store.scope_chain(agent),
+        "episodes": [
+            {
+                "ended_at": e["ended_at"],
+                "outcome": e["outcome"],
+                "task": (e["task"] or "")[:60],
+                "summary": e["summary"],
+            }
+            for e in eps
+        ],
+        "lessons": lessons,
+        "facts": facts,
+        "entities": entities,
+        "briefing": (briefing[0]["markdown"] or None) if briefing else None,
+    }
 
 
 class ReadsBackend:

@@ -53,19 +53,49 @@ TEAMS: dict[str, list[str]] = {
     "research-lead": ["researcher", "scraper"],
     "ops-lead": ["deployer", "support"],
 }
-AGENT_WEIGHT = {"research-lead": 1.0, "researcher": 2.0, "scraper": 2.0, "ops-lead": 1.0, "deployer": 1.5,
-                "support": 2.5}
+AGENT_WEIGHT = {
+    "research-lead": 1.0,
+    "researcher": 2.0,
+    "scraper": 2.0,
+    "ops-lead": 1.0,
+    "deployer": 1.5,
+    "support": 2.5,
+}
 
 # Every task's tool sequence follows this order, so no two tools depend on each other both ways.
-TOOL_ORDER = ["plan", "read_runbook", "crm_lookup", "web_search", "http_get", "parse_html", "summarize", "shell",
-              "run_tests", "http_post", "send_email"]
-TOOL_KIND = {"plan": "model", "summarize": "model", "web_search": "http", "http_get": "http", "http_post": "http",
-             "crm_lookup": "http", "parse_html": "parser", "shell": "shell", "run_tests": "shell",
-             "read_runbook": "file", "send_email": "smtp"}
+TOOL_ORDER = [
+    "plan",
+    "read_runbook",
+    "crm_lookup",
+    "web_search",
+    "http_get",
+    "parse_html",
+    "summarize",
+    "shell",
+    "run_tests",
+    "http_post",
+    "send_email",
+]
+TOOL_KIND = {
+    "plan": "model",
+    "summarize": "model",
+    "web_search": "http",
+    "http_get": "http",
+    "http_post": "http",
+    "crm_lookup": "http",
+    "parse_html": "parser",
+    "shell": "shell",
+    "run_tests": "shell",
+    "read_runbook": "file",
+    "send_email": "smtp",
+}
 # (error, http_status or None, chance a retry clears it) per kind of tool
 TRANSIENT: dict[str, list[tuple[str, int | None, float]]] = {
-    "http": [("HTTP 502 Bad Gateway", 502, 0.9), ("HTTP 503 Service Unavailable", 503, 0.8),
-             ("ConnectionTimeout: read timed out after 30s", None, 0.7)],
+    "http": [
+        ("HTTP 502 Bad Gateway", 502, 0.9),
+        ("HTTP 503 Service Unavailable", 503, 0.8),
+        ("ConnectionTimeout: read timed out after 30s", None, 0.7),
+    ],
     "shell": [("exit status 1: error: timed out waiting for the condition", None, 0.6)],
     "parser": [("UnicodeDecodeError: 'utf-8' codec can't decode byte 0xe9 in position 1041", None, 0.0)],
     "model": [("ContextLengthError: 131072 tokens exceed the 128000-token limit", None, 0.9)],
@@ -94,38 +124,89 @@ def _s(tool: str, **args: Any) -> Step:
 
 
 TASK_KINDS: list[TaskKind] = [
-    TaskKind("research-lead", "compile the competitor pricing report {n}",
-             (_s("plan", steps=3), _s("web_search", q="competitor pricing 2026"), _s("summarize", max_words=300)),
-             "keep leadership's view of competitor pricing current"),
-    TaskKind("research-lead", "plan the vendor review for quarter {n}",
-             (_s("plan", steps=4), _s("web_search", q="vendor review checklist")), "renew only vendors that earn it"),
-    TaskKind("researcher", "find the pagination rules of the leads api {n}",
-             (_s("web_search", q="instantly api pagination"), _s("http_get", url="https://api.instantly.ai/v1/leads?page=2"),
-              _s("summarize", max_words=120)), "document the APIs the team integrates with"),
-    TaskKind("researcher", "summarise the pricing page of vendor {n}",
-             (_s("http_get", url="https://r.jina.ai/https://example.com/pricing"), _s("summarize", max_words=200)),
-             "track vendor pricing"),
-    TaskKind("scraper", "collect open issues from tracker page {n}",
-             (_s("http_get", url="https://api.github.com/repos/acme/app/issues?page=1"), _s("parse_html", selector="div.issue")),
-             "keep the issue digest current"),
-    TaskKind("scraper", "extract the pricing table of site {n}",
-             (_s("http_get", url="https://www.example.com/pricing"), _s("parse_html", selector="table.pricing")),
-             "track vendor pricing"),
-    TaskKind("ops-lead", "ship release {n} to production",
-             (_s("plan", steps=2), _s("read_runbook", name="deploy")), "ship weekly without downtime"),
-    TaskKind("ops-lead", "triage the failed nightly build {n}",
-             (_s("read_runbook", name="rollback"),), "keep the nightly build green"),
-    TaskKind("deployer", "roll out web release {n}",
-             (_s("shell", cmd="helm upgrade web ./chart"), _s("run_tests", suite="smoke")), "ship weekly without downtime"),
-    TaskKind("deployer", "run the smoke suite after deploy {n}",
-             (_s("shell", cmd="kubectl rollout status deploy/web"), _s("run_tests", suite="smoke")),
-             "ship weekly without downtime"),
-    TaskKind("support", "refund order {n} and tell the customer",
-             (_s("crm_lookup", customer="acme"), _s("http_post", url="https://api.stripe.com/v1/refunds"),
-              _s("send_email", to="billing@acme.test")), "resolve billing requests the same day"),
-    TaskKind("support", "answer the customer escalation {n}",
-             (_s("crm_lookup", customer="globex"), _s("send_email", to="ops@globex.test")),
-             "answer every escalation within four hours"),
+    TaskKind(
+        "research-lead",
+        "compile the competitor pricing report {n}",
+        (_s("plan", steps=3), _s("web_search", q="competitor pricing 2026"), _s("summarize", max_words=300)),
+        "keep leadership's view of competitor pricing current",
+    ),
+    TaskKind(
+        "research-lead",
+        "plan the vendor review for quarter {n}",
+        (_s("plan", steps=4), _s("web_search", q="vendor review checklist")),
+        "renew only vendors that earn it",
+    ),
+    TaskKind(
+        "researcher",
+        "find the pagination rules of the leads api {n}",
+        (
+            _s("web_search", q="instantly api pagination"),
+            _s("http_get", url="https://api.instantly.ai/v1/leads?page=2"),
+            _s("summarize", max_words=120),
+        ),
+        "document the APIs the team integrates with",
+    ),
+    TaskKind(
+        "researcher",
+        "summarise the pricing page of vendor {n}",
+        (_s("http_get", url="https://r.jina.ai/https://example.com/pricing"), _s("summarize", max_words=200)),
+        "track vendor pricing",
+    ),
+    TaskKind(
+        "scraper",
+        "collect open issues from tracker page {n}",
+        (
+            _s("http_get", url="https://api.github.com/repos/acme/app/issues?page=1"),
+            _s("parse_html", selector="div.issue"),
+        ),
+        "keep the issue digest current",
+    ),
+    TaskKind(
+        "scraper",
+        "extract the pricing table of site {n}",
+        (_s("http_get", url="https://www.example.com/pricing"), _s("parse_html", selector="table.pricing")),
+        "track vendor pricing",
+    ),
+    TaskKind(
+        "ops-lead",
+        "ship release {n} to production",
+        (_s("plan", steps=2), _s("read_runbook", name="deploy")),
+        "ship weekly without downtime",
+    ),
+    TaskKind(
+        "ops-lead",
+        "triage the failed nightly build {n}",
+        (_s("read_runbook", name="rollback"),),
+        "keep the nightly build green",
+    ),
+    TaskKind(
+        "deployer",
+        "roll out web release {n}",
+        (_s("shell", cmd="helm upgrade web ./chart"), _s("run_tests", suite="smoke")),
+        "ship weekly without downtime",
+    ),
+    TaskKind(
+        "deployer",
+        "run the smoke suite after deploy {n}",
+        (_s("shell", cmd="kubectl rollout status deploy/web"), _s("run_tests", suite="smoke")),
+        "ship weekly without downtime",
+    ),
+    TaskKind(
+        "support",
+        "refund order {n} and tell the customer",
+        (
+            _s("crm_lookup", customer="acme"),
+            _s("http_post", url="https://api.stripe.com/v1/refunds"),
+            _s("send_email", to="billing@acme.test"),
+        ),
+        "resolve billing requests the same day",
+    ),
+    TaskKind(
+        "support",
+        "answer the customer escalation {n}",
+        (_s("crm_lookup", customer="globex"), _s("send_email", to="ops@globex.test")),
+        "answer every escalation within four hours",
+    ),
 ]
 AGENT_TOOLS: dict[str, list[tuple[str, dict[str, Any]]]] = {}
 TASKS: dict[str, list[str]] = {}
@@ -172,21 +253,74 @@ FAULTS: list[Fault] = [
     Fault("deployer", "shell", "helm", "bash: helm: command not found", None, 3, 12, lambda d, h: 1.0),
     Fault("support", "http_post", "stripe", "HTTP 401 Unauthorized: API key expired", 401, 9, 16, lambda d, h: 1.0),
     # worse in the (UTC) afternoon, when the reader's free tier is busiest
-    Fault("researcher", "http_get", "r.jina.ai", "ConnectionTimeout: r.jina.ai read timed out after 30s", None, 0,
-          10_000, lambda d, h: 0.15 + 0.45 * max(0.0, math.cos(2 * math.pi * (h - 16) / 24)), retry_clears=0.6),
+    Fault(
+        "researcher",
+        "http_get",
+        "r.jina.ai",
+        "ConnectionTimeout: r.jina.ai read timed out after 30s",
+        None,
+        0,
+        10_000,
+        lambda d, h: 0.15 + 0.45 * max(0.0, math.cos(2 * math.pi * (h - 16) / 24)),
+        retry_clears=0.6,
+    ),
     # the model provider both research agents use is overloaded in the US afternoon
-    *(Fault(agent, "summarize", "", "OverloadedError: the model is overloaded, try again later", None, 0, 10_000,
-            lambda d, h: 0.05 + 0.8 * max(0.0, math.cos(2 * math.pi * (h - 17) / 24)), retry_clears=0.3)
-      for agent in ("research-lead", "researcher")),
+    *(
+        Fault(
+            agent,
+            "summarize",
+            "",
+            "OverloadedError: the model is overloaded, try again later",
+            None,
+            0,
+            10_000,
+            lambda d, h: 0.05 + 0.8 * max(0.0, math.cos(2 * math.pi * (h - 17) / 24)),
+            retry_clears=0.3,
+        )
+        for agent in ("research-lead", "researcher")
+    ),
     # the CRM degrades week by week until its migration
-    Fault("support", "crm_lookup", "", "HTTP 504 Gateway Timeout: crm.internal did not answer", 504, 0, 10_000,
-          lambda d, h: min(0.9, 0.035 * d), retry_clears=0.2),
-    Fault("scraper", "http_get", "acme/app/issues", "HTTP 403 Forbidden: token lacks scope repo:read", 403, 0, 10_000,
-          lambda d, h: 0.3),
-    Fault("scraper", "parse_html", "table.pricing", "ValueError: selector 'table.pricing' matched no elements", None,
-          18, 10_000, lambda d, h: 0.85),
-    Fault("ops-lead", "read_runbook", "rollback", "FileNotFoundError: runbooks/rollback.md", None, 0, 10_000,
-          lambda d, h: 1.0),
+    Fault(
+        "support",
+        "crm_lookup",
+        "",
+        "HTTP 504 Gateway Timeout: crm.internal did not answer",
+        504,
+        0,
+        10_000,
+        lambda d, h: min(0.9, 0.035 * d),
+        retry_clears=0.2,
+    ),
+    Fault(
+        "scraper",
+        "http_get",
+        "acme/app/issues",
+        "HTTP 403 Forbidden: token lacks scope repo:read",
+        403,
+        0,
+        10_000,
+        lambda d, h: 0.3,
+    ),
+    Fault(
+        "scraper",
+        "parse_html",
+        "table.pricing",
+        "ValueError: selector 'table.pricing' matched no elements",
+        None,
+        18,
+        10_000,
+        lambda d, h: 0.85,
+    ),
+    Fault(
+        "ops-lead",
+        "read_runbook",
+        "rollback",
+        "FileNotFoundError: runbooks/rollback.md",
+        None,
+        0,
+        10_000,
+        lambda d, h: 1.0,
+    ),
 ]
 
 
@@ -227,10 +361,18 @@ class _Writer:
 
     def add(self, type_: str, payload: dict[str, Any], dt: float | None = None) -> None:
         seq = len(self.events)
-        self.events.append({
-            "event_id": str(uuid.uuid5(SAMPLE_NAMESPACE, f"{self.session_id}/{seq}")),
-            "schema_version": SCHEMA_VERSION, "ts": self.t.isoformat().replace("+00:00", "Z"),
-            "agent": self.agent, "session_id": self.session_id, "seq": seq, "type": type_, "payload": payload})
+        self.events.append(
+            {
+                "event_id": str(uuid.uuid5(SAMPLE_NAMESPACE, f"{self.session_id}/{seq}")),
+                "schema_version": SCHEMA_VERSION,
+                "ts": self.t.isoformat().replace("+00:00", "Z"),
+                "agent": self.agent,
+                "session_id": self.session_id,
+                "seq": seq,
+                "type": type_,
+                "payload": payload,
+            }
+        )
         self.t += timedelta(seconds=dt if dt is not None else self.rng.uniform(0.5, 20))
 
 
@@ -247,12 +389,26 @@ def _rate_limit(host: str | None, day: int) -> RateLimit | None:
 
 def _fault(agent: str, step: Step, day: int) -> Fault | None:
     text = " ".join(str(v) for v in step.args.values())
-    return next((f for f in FAULTS if f.agent == agent and f.tool == step.tool and f.match in text
-                 and f.first_day <= day <= f.last_day), None)
+    return next(
+        (
+            f
+            for f in FAULTS
+            if f.agent == agent and f.tool == step.tool and f.match in text and f.first_day <= day <= f.last_day
+        ),
+        None,
+    )
 
 
-def _result(w: _Writer, call: str, tool: str, ok: bool, error: str | None = None, status: int | None = None,
-            headers: dict[str, str] | None = None, dt: float | None = None) -> None:
+def _result(
+    w: _Writer,
+    call: str,
+    tool: str,
+    ok: bool,
+    error: str | None = None,
+    status: int | None = None,
+    headers: dict[str, str] | None = None,
+    dt: float | None = None,
+) -> None:
     payload: dict[str, Any] = {"call_id": call, "tool": tool, "ok": ok}
     if ok:
         payload.update(output=f"{tool} ok", latency_ms=round(w.rng.uniform(20, 900), 1))
@@ -277,8 +433,16 @@ def _run_step(w: _Writer, step: Step, index: int, day: int) -> bool:
     limit_headers = {"X-RateLimit-Limit": rl.limit, "X-RateLimit-Window": rl.window} if rl else None
     if rl and w.rng.random() < rl.chance:  # rate limited: wait Retry-After and retry; that retry works
         for k in range(w.rng.choice([1, 1, 2])):
-            _result(w, call, step.tool, False, "Too Many Requests", 429,
-                    {**(limit_headers or {}), "Retry-After": str(rl.retry_after)}, dt=float(rl.retry_after))
+            _result(
+                w,
+                call,
+                step.tool,
+                False,
+                "Too Many Requests",
+                429,
+                {**(limit_headers or {}), "Retry-After": str(rl.retry_after)},
+                dt=float(rl.retry_after),
+            )
             call = f"c{index}r{k}"
             w.add("tool_call", {"tool": step.tool, "call_id": call, "args": step.args}, dt=0.1)
         _result(w, call, step.tool, True, status=200, headers=limit_headers)
@@ -312,9 +476,17 @@ def _session(rng: random.Random, index: int, t: datetime, seed: int = 0, day: in
     kind = rng.choice([k for k in TASK_KINDS if k.agent == agent])
     w = _Writer(rng, agent, f"s{seed}-{index:07d}-{agent}", t)  # two seeds never share a session
     task = kind.text.format(n=rng.randint(1000, 9999))
-    w.add("session_start", {"task": task, "goal": kind.goal,
-                            "metadata": {"project": rng.choice(["atlas", "borealis"]),
-                                         "client": rng.choice(["acme", "globex", "initech"])}})
+    w.add(
+        "session_start",
+        {
+            "task": task,
+            "goal": kind.goal,
+            "metadata": {
+                "project": rng.choice(["atlas", "borealis"]),
+                "client": rng.choice(["acme", "globex", "initech"]),
+            },
+        },
+    )
     w.add("user_message", {"text": f"Please {task}."})
     failed = False
     for i, step in enumerate(kind.steps):
@@ -326,8 +498,11 @@ def _session(rng: random.Random, index: int, t: datetime, seed: int = 0, day: in
         sub = rng.choice([k for k in TASK_KINDS if k.agent == to]).text.format(n=rng.randint(1000, 9999))
         w.add("delegation", {"to_agent": to, "task": sub, "delegation_id": f"d{index}"})
         outcome = "success" if rng.random() < 0.8 else "failure"
-        w.add("delegation_result", {"to_agent": to, "outcome": outcome, "delegation_id": f"d{index}"},
-              dt=rng.uniform(30, 600))
+        w.add(
+            "delegation_result",
+            {"to_agent": to, "outcome": outcome, "delegation_id": f"d{index}"},
+            dt=rng.uniform(30, 600),
+        )
         failed = outcome == "failure"
     w.add("agent_message", {"text": "Done." if not failed else "I could not finish this."})
     outcome = "failure" if failed else ("partial" if rng.random() < 0.05 else "success")
@@ -339,8 +514,9 @@ def _ts(event: dict[str, Any]) -> datetime:
     return datetime.fromisoformat(event["ts"].replace("Z", "+00:00"))
 
 
-def generate(sessions: int | None = None, events: int | None = None, seed: int = 42,
-             interleave: int = 8, days: int = DAYS) -> Iterator[dict[str, Any]]:
+def generate(
+    sessions: int | None = None, events: int | None = None, seed: int = 42, interleave: int = 8, days: int = DAYS
+) -> Iterator[dict[str, Any]]:
     """Yield events of ``sessions`` sessions (or until at least ``events`` events), sessions interleaved.
 
     Sessions start over ``days`` days from ``START`` (``session_times``); with ``events``, blocks of

@@ -101,11 +101,20 @@ class Supervisor:
     ``clock`` is monotonic seconds: the unit tests pass their own (they test this wiring, not the
     processes; tests/integration/test_supervisor.py runs the real ones)."""
 
-    def __init__(self, settings: Settings, bootstrap: str, roles: tuple[str, ...] = ROLES,
-                 spawn: Callable[[str], Any] | None = None, clock: Callable[[], float] = time.monotonic,
-                 say: Callable[[str], None] | None = None, stable_s: float = STABLE_S,
-                 low: float = MIN_BACKOFF_S, high: float = MAX_BACKOFF_S, state_file: Path | None = None,
-                 broker: bool = False) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        bootstrap: str,
+        roles: tuple[str, ...] = ROLES,
+        spawn: Callable[[str], Any] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        say: Callable[[str], None] | None = None,
+        stable_s: float = STABLE_S,
+        low: float = MIN_BACKOFF_S,
+        high: float = MAX_BACKOFF_S,
+        state_file: Path | None = None,
+        broker: bool = False,
+    ) -> None:
         self.settings, self.bootstrap = settings, bootstrap
         self.spawn = spawn or self._spawn
         if broker:
@@ -128,8 +137,10 @@ class Supervisor:
 
     def state(self) -> dict[str, Any]:
         """Each process's pid (None while it waits to start again), restarts and last exit."""
-        return {role: {"pid": c.pid, "restarts": c.restarts, "last_exit": c.last_exit,
-                       "last_exit_at": c.last_exit_at} for role, c in self.children.items()}
+        return {
+            role: {"pid": c.pid, "restarts": c.restarts, "last_exit": c.last_exit, "last_exit_at": c.last_exit_at}
+            for role, c in self.children.items()
+        }
 
     def _step(self, now: float) -> None:
         for child in self.children.values():
@@ -150,9 +161,14 @@ class Supervisor:
                 continue
             ran = now - child.started_at
             wait = self._down(child, now, code, 1 if ran >= self.stable_s else child.failures + 1)
-            where = (self.settings.home / "broker" / "broker.log" if child.role == "broker"
-                     else self.settings.run_dir / f"{child.role}.log")
-            self.say(f"{child.role} exited ({code}) after {ran:.1f} s; starting it again in {wait:.0f} s (log: {where})")
+            where = (
+                self.settings.home / "broker" / "broker.log"
+                if child.role == "broker"
+                else self.settings.run_dir / f"{child.role}.log"
+            )
+            self.say(
+                f"{child.role} exited ({code}) after {ran:.1f} s; starting it again in {wait:.0f} s (log: {where})"
+            )
 
     def _down(self, child: Child, now: float, how: str, failures: int) -> float:
         """Record that ``child`` is down (``how``) and when to start it again; returns the wait."""
@@ -175,8 +191,9 @@ class Supervisor:
         with contextlib.suppress(ChildProcessError):  # a broker this supervisor started (broker.start): reap it
             pid, status = os.waitpid(child.pid, os.WNOHANG)
             if pid == child.pid:
-                return f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else \
-                    f"exit code {os.WEXITSTATUS(status)}"
+                return (
+                    f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit code {os.WEXITSTATUS(status)}"
+                )
         return "exit code unknown"
 
     def _spawn(self, role: str) -> Any:
@@ -240,13 +257,19 @@ def processes(settings: Settings) -> dict[str, Any]:
     return out
 
 
-def serve(settings: Settings, bootstrap: str, broker: bool, say: Callable[[str], None] | None = None,
-          started: Callable[[], None] | None = None) -> None:
+def serve(
+    settings: Settings,
+    bootstrap: str,
+    broker: bool,
+    say: Callable[[str], None] | None = None,
+    started: Callable[[], None] | None = None,
+) -> None:
     """Supervise until SIGTERM or SIGINT (``somnus down``, Ctrl-C): in the foreground of ``somnus up`` or as
     ``python -m somnus.supervisor``. Its pid file is how ``somnus down`` finds it, so that nothing is
     started again behind ``down``'s back; ``started`` is called after the first look (both started)."""
-    sup = Supervisor(settings, bootstrap, roles=roles_for(settings), say=say, state_file=state_file(settings),
-                     broker=broker)
+    sup = Supervisor(
+        settings, bootstrap, roles=roles_for(settings), say=say, state_file=state_file(settings), broker=broker
+    )
     previous = {sig: signal.signal(sig, sup.stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     settings.run_dir.mkdir(parents=True, exist_ok=True)
     procs.pidfile(settings, "supervisor").write_text(str(os.getpid()))

@@ -35,21 +35,34 @@ from somnus.processors.prediction.causal_links import decode_link_state, learn, 
 from somnus.schemas.memory import KIND_UNITS
 from somnus.schemas.causal import OutcomeObserved
 from somnus.schemas.episodes import EpisodeDistilled
-from somnus.schemas.codec import (Rejection, decode_bounded, decode_record, encode, poison_reason,
-                          record_rejection, truncated_note)
+from somnus.schemas.codec import (
+    Rejection,
+    decode_bounded,
+    decode_record,
+    encode,
+    poison_reason,
+    record_rejection,
+    truncated_note,
+)
 from somnus.schemas.sealed import FORGOTTEN
 from somnus.streams.kafka_compat import track_topics_sent_to
 from somnus.streams.keys import KeyFollower
-from somnus.streams.sealing import (TableSealing, dead_letter_value, key_of_record, link_state_value, opened_values,
-                                    sealed, unit_records)
+from somnus.streams.sealing import (
+    TableSealing,
+    dead_letter_value,
+    key_of_record,
+    link_state_value,
+    opened_values,
+    sealed,
+    unit_records,
+)
 from somnus.streams.kafka_compat.offsets import chop_gaps_from, clear_read_offset
 from somnus.config import Settings
 from somnus.streams.connection import kafka_options
 from somnus.streams.liveness import PartitionWatchdog, RecoveryWatchdog, install_diagnostics, watch
 from somnus.streams.kafka_compat.consumer import SomnusApp
 from somnus.streams.metrics import WorkerCounters
-from somnus.streams.ordering import (Admitted, OffsetGuard, decode_clock, decode_position, position_key,
-                              positions_writer)
+from somnus.streams.ordering import Admitted, OffsetGuard, decode_clock, decode_position, position_key, positions_writer
 from somnus.streams.topics import signature_partition
 from somnus.streams.sequencer import Sequencer, latest_time
 from faust.types import TP
@@ -95,8 +108,13 @@ class BatchedTable(Table):
         assert partition is not None
         self.pending_changelog.append((partition, key, None))
 
-    async def write(self, producer: Any, items: Any, positions: Mapping[Any, int] | None = None,
-                    clocks: Mapping[int, int] | None = None) -> None:
+    async def write(
+        self,
+        producer: Any,
+        items: Any,
+        positions: Mapping[Any, int] | None = None,
+        clocks: Mapping[int, int] | None = None,
+    ) -> None:
         """Set each ``(key, partition, value)`` of ``items``, then the source positions with their
         partitions' stream times (after the states, on the same changelog partitions: see
         ``somnus.streams.ordering``); send all, wait for acks."""
@@ -121,9 +139,11 @@ class BatchedTable(Table):
     async def send_changelog_batch(self, producer: Any) -> None:
         topic = self.changelog_topic.get_topic_name()
         seal = self.sealing.seal if self.sealing is not None else lambda k, v: (v, None)
-        futures = [await producer.send(topic, key=key, value=value, partition=partition, timestamp=None,
-                                       headers=headers)
-                   for partition, key, raw in self.pending_changelog for value, headers in [seal(key, raw)]]
+        futures = [
+            await producer.send(topic, key=key, value=value, partition=partition, timestamp=None, headers=headers)
+            for partition, key, raw in self.pending_changelog
+            for value, headers in [seal(key, raw)]
+        ]
         self.pending_changelog.clear()
         self.key_partitions.clear()
         if futures:
@@ -143,8 +163,15 @@ class Batcher:
     (``somnus.streams.ordering``) acknowledges neither a hole nor what follows it.
     """
 
-    def __init__(self, app: faust.App, stream: faust.StreamT, max_events: int, within_s: float,
-                 handle: Any, sequencer: Ordered | None = None) -> None:
+    def __init__(
+        self,
+        app: faust.App,
+        stream: faust.StreamT,
+        max_events: int,
+        within_s: float,
+        handle: Any,
+        sequencer: Ordered | None = None,
+    ) -> None:
         self.app, self.stream = app, stream
         self.max_events, self.within_s, self.handle = max_events, within_s, handle
         self.events: list[tuple[int, EventT]] = []
@@ -193,7 +220,7 @@ class Batcher:
             if self.app.consumer_generation_id != generation:
                 self.dropped_stale += len(batch)
                 return  # rebalanced while handling: these will be redelivered; do not ack
-            for event in (batch if acks is None else acks):
+            for event in batch if acks is None else acks:
                 await self.stream.ack(event)
 
 
@@ -205,8 +232,9 @@ class Ordered:
     QUIET_S = 2.0  # a caught-up partition with nothing new for this long is not waited for
     MAX_HOLD_S = 10.0  # a partition that is not caught up is waited for at most this long
 
-    def __init__(self, app: Any, topic: str, sessions: Any, time_of: Any,
-                 counters: WorkerCounters | None = None) -> None:
+    def __init__(
+        self, app: Any, topic: str, sessions: Any, time_of: Any, counters: WorkerCounters | None = None
+    ) -> None:
         self.app, self.time_of = app, time_of
         self.counters = counters if counters is not None else WorkerCounters()
         self.generation: int | None = None
@@ -223,10 +251,14 @@ class Ordered:
             except Exception:  # noqa: BLE001 - no consumer (an agent's test context): no partition to wait for
                 return frozenset()
 
-        self.sequencer = Sequencer(owned=owned,
-                                   start_clock=lambda p: decode_clock(sessions.get(position_key(topic, p))),
-                                   high_water=high_water, quiet_s=self.QUIET_S, max_hold_s=self.MAX_HOLD_S,
-                                   start_offset=lambda p: decode_position(sessions.get(position_key(topic, p))) or 0)
+        self.sequencer = Sequencer(
+            owned=owned,
+            start_clock=lambda p: decode_clock(sessions.get(position_key(topic, p))),
+            high_water=high_water,
+            quiet_s=self.QUIET_S,
+            max_hold_s=self.MAX_HOLD_S,
+            start_offset=lambda p: decode_position(sessions.get(position_key(topic, p))) or 0,
+        )
 
     @property
     def held(self) -> int:
@@ -245,14 +277,24 @@ class Ordered:
         out = list(self.sequencer.ready(time.monotonic()))
         if self.sequencer.forced > forced:  # the one timing-dependent decision: said, so a run that took it shows it
             self.counters.sequencer_forced += self.sequencer.forced - forced
-            log.warning("sequencer: %d trace record(s) handed on after waiting %.0f s for a partition that stalled "
-                        "(%d so far): this run's order of derived records may differ from another's",
-                        self.sequencer.forced - forced, self.MAX_HOLD_S, self.sequencer.forced)
+            log.warning(
+                "sequencer: %d trace record(s) handed on after waiting %.0f s for a partition that stalled "
+                "(%d so far): this run's order of derived records may differ from another's",
+                self.sequencer.forced - forced,
+                self.MAX_HOLD_S,
+                self.sequencer.forced,
+            )
         return out
 
 
-async def run_batched(app: faust.App, settings: Settings, stream: faust.Stream, handle: Any,
-                      batchers: list[Batcher] | None = None, ordered: Ordered | None = None) -> None:
+async def run_batched(
+    app: faust.App,
+    settings: Settings,
+    stream: faust.Stream,
+    handle: Any,
+    batchers: list[Batcher] | None = None,
+    ordered: Ordered | None = None,
+) -> None:
     """An agent body: events in batches (``Batcher``), acked only after ``handle`` returned; with
     ``ordered``, in one order across partitions (streams/sequencer.py). ``stream``: the ``faust.Stream``
     an agent body is given (``noack`` is not on the ``StreamT`` interface)."""
@@ -277,8 +319,12 @@ def broker_credentials(options: dict[str, Any]) -> Any:
     if not options:
         return None
     if "sasl_mechanism" in options:
-        return faust.SASLCredentials(username=options["sasl_plain_username"], password=options["sasl_plain_password"],
-                                     ssl_context=options.get("ssl_context"), mechanism=options["sasl_mechanism"])
+        return faust.SASLCredentials(
+            username=options["sasl_plain_username"],
+            password=options["sasl_plain_password"],
+            ssl_context=options.get("ssl_context"),
+            mechanism=options["sasl_mechanism"],
+        )
     return faust.SSLCredentials(options["ssl_context"])
 
 
@@ -325,8 +371,15 @@ def _faust_app(settings: Settings, bootstrap: str, worker_name: str) -> faust.Ap
 
 
 def _table(app: faust.App, settings: Settings, name: str, help: str) -> BatchedTable:
-    table = BatchedTable(app, name=name, partitions=settings.partitions, key_type=bytes, value_type=bytes,
-                         beacon=app.tables.beacon, help=help)
+    table = BatchedTable(
+        app,
+        name=name,
+        partitions=settings.partitions,
+        key_type=bytes,
+        value_type=bytes,
+        beacon=app.tables.beacon,
+        help=help,
+    )
     app.tables.add(table)  # returns the table it was given, typed as any collection
     return table
 
@@ -350,10 +403,15 @@ class DeadLetterSender:
         """Queue the dead letter; returns the send future (the caller waits for it before acking)."""
         self.counters.dead_letters += 1
         ring = self.keys.ring if self.keys is not None else KeyFollower("", "").ring
-        value, headers = dead_letter_value(ring, msg.value, rejection.original,
-                                           dead_letter_headers(rejection, msg.topic, msg.partition, msg.offset, index))
-        return await self.app.producer.send(self.topic, key=msg.key, value=value, partition=None, timestamp=None,
-                                            headers=headers)
+        value, headers = dead_letter_value(
+            ring,
+            msg.value,
+            rejection.original,
+            dead_letter_headers(rejection, msg.topic, msg.partition, msg.offset, index),
+        )
+        return await self.app.producer.send(
+            self.topic, key=msg.key, value=value, partition=None, timestamp=None, headers=headers
+        )
 
     async def send(self, msg: Any, rejection: Rejection) -> None:
         """Dead-letter a whole record now (acknowledged by the broker on return)."""
@@ -368,12 +426,25 @@ class Distiller:
     with a producer, tables with ``get`` and ``write``) and calls the batch handlers directly.
     """
 
-    def __init__(self, app: Any, settings: Settings, sessions: Any, counters: WorkerCounters | None = None, *,
-                 links: Any = None, working: Any = None, extractor: Any = None,
-                 not_episodic: frozenset[str] = frozenset(), wm_settings: Any = None,
-                 alpha_by_agent: dict[str, float] | None = None, sessions_guard: OffsetGuard | None = None,
-                 links_guard: OffsetGuard | None = None, markers: MarkerRetention | None = None,
-                 idle: IdleSessions | None = None, keys: KeyFollower | None = None) -> None:
+    def __init__(
+        self,
+        app: Any,
+        settings: Settings,
+        sessions: Any,
+        counters: WorkerCounters | None = None,
+        *,
+        links: Any = None,
+        working: Any = None,
+        extractor: Any = None,
+        not_episodic: frozenset[str] = frozenset(),
+        wm_settings: Any = None,
+        alpha_by_agent: dict[str, float] | None = None,
+        sessions_guard: OffsetGuard | None = None,
+        links_guard: OffsetGuard | None = None,
+        markers: MarkerRetention | None = None,
+        idle: IdleSessions | None = None,
+        keys: KeyFollower | None = None,
+    ) -> None:
         self.app, self.settings = app, settings
         self.sessions, self.links, self.working = sessions, links, working
         self.counters = counters or WorkerCounters()
@@ -401,14 +472,24 @@ class Distiller:
         fleet = load_agents(settings.agents_dir)
         idle_us = int(settings.session_idle_s * 1_000_000)
         distiller = cls(
-            app, settings, sessions, WorkerCounters(), links=links, working=working,
-            extractor=make_extractor(settings), not_episodic=frozenset(n for n, s in fleet.items() if not s.episodic),
-            wm_settings=WorkingMemorySettings(max_tokens=settings.working_memory_max_tokens,
-                                              model_context_tokens=settings.model_context_tokens),
-            alpha_by_agent=alphas_for(fleet), sessions_guard=make_guard(app, bootstrap, sessions),
+            app,
+            settings,
+            sessions,
+            WorkerCounters(),
+            links=links,
+            working=working,
+            extractor=make_extractor(settings),
+            not_episodic=frozenset(n for n, s in fleet.items() if not s.episodic),
+            wm_settings=WorkingMemorySettings(
+                max_tokens=settings.working_memory_max_tokens, model_context_tokens=settings.model_context_tokens
+            ),
+            alpha_by_agent=alphas_for(fleet),
+            sessions_guard=make_guard(app, bootstrap, sessions),
             links_guard=make_guard(app, bootstrap, links),
             markers=MarkerRetention(int(settings.session_retention_s * 1_000_000)),
-            idle=IdleSessions(idle_us) if idle_us > 0 else None, keys=keys)
+            idle=IdleSessions(idle_us) if idle_us > 0 else None,
+            keys=keys,
+        )
         distiller.wire(worker_name)
         return distiller
 
@@ -432,8 +513,9 @@ class Distiller:
         """Register the agents, the watchdogs and the rebalance hook on the app."""
         app, settings = self.app, self.settings
         app.somnus_counters = self.counters
-        watched = ({settings.traces_topic, settings.observations_topic}
-                   | ({settings.episodes_topic} if settings.llm_extractor else set()))
+        watched = {settings.traces_topic, settings.observations_topic} | (
+            {settings.episodes_topic} if settings.llm_extractor else set()
+        )
         watchdog = PartitionWatchdog(app, watched, idle=lambda: all(b.idle for b in self.batchers))
         guards = self.guards
         # Commits never pass what the state has applied (see somnus.streams.ordering).
@@ -471,6 +553,7 @@ class Distiller:
 
     def agent(self, topic: str, name: str, handle: Any, ordered: Ordered | None = None) -> Any:
         """An agent over ``topic`` (one at a time) whose body hands ``handle`` batches (``run_batched``)."""
+
         async def body(stream: faust.Stream) -> None:
             await run_batched(self.app, self.settings, stream, handle, self.batchers, ordered)
 
@@ -512,8 +595,18 @@ class Distiller:
         records = admitted.handle
         await self.keys.ensure(opened_values(records))  # the data keys of its sealed records (or gone)
         try:
-            plan = _plan_batch(self.app, self.settings, records, self.sessions, generation, self.inline_extractor,
-                               self.not_episodic, self.working, self.wm_settings, self.idle)
+            plan = _plan_batch(
+                self.app,
+                self.settings,
+                records,
+                self.sessions,
+                generation,
+                self.inline_extractor,
+                self.not_episodic,
+                self.working,
+                self.wm_settings,
+                self.idle,
+            )
         except Exception as exc:  # noqa: BLE001 - the poison boundary
             if self.idle is not None:
                 self.idle.generation = None  # its heap may have lost entries to the failed attempt: rebuilt
@@ -548,8 +641,16 @@ class Distiller:
             # After the positions: a marker removed is one whose session's records are all below a
             # position already on the broker, so no redelivery can meet its absence.
             closed = {key: st for key, st in plan.states.items() if st.closed}
-            await self.markers.prune(self.app, self.settings.traces_topic, self.sessions, self.working, generation,
-                                     closed, plan.clocks, self.counters)
+            await self.markers.prune(
+                self.app,
+                self.settings.traces_topic,
+                self.sessions,
+                self.working,
+                generation,
+                closed,
+                plan.clocks,
+                self.counters,
+            )
 
     async def send_plan(self, plan: BatchPlan, generation: int) -> bool:
         """Send a batch's outputs, then its states and positions (False: a rebalance came first, nothing of
@@ -590,23 +691,47 @@ class Distiller:
         for ep in plan.episodes:
             counters.episodes += 1
             value, headers = sealed(ring.key_for(ep.agent, ep.session_id), encode(ep))
-            pending.append(await app.producer.send(settings.episodes_topic, key=ep.session_id.encode(),
-                                                   value=value, partition=None, timestamp=None, headers=headers))
+            pending.append(
+                await app.producer.send(
+                    settings.episodes_topic,
+                    key=ep.session_id.encode(),
+                    value=value,
+                    partition=None,
+                    timestamp=None,
+                    headers=headers,
+                )
+            )
         if plan.facts:
             pending.extend(await self._send_facts(plan.facts, plan.episodes))
         if plan.observations:
             counters.observations += len(plan.observations)
             keys = {ep.episode_id: ring.key_for(ep.agent, ep.session_id) for ep in plan.episodes}
-            pending.extend(await _send_bundles(app, settings.observations_topic, settings.partitions,
-                                               plan.observations, lambda o: o.event_signature,
-                                               lambda o: keys.get(o.episode_id)))
+            pending.extend(
+                await _send_bundles(
+                    app,
+                    settings.observations_topic,
+                    settings.partitions,
+                    plan.observations,
+                    lambda o: o.event_signature,
+                    lambda o: keys.get(o.episode_id),
+                )
+            )
         units = plan.units
         if units:
             counters.memory_units += len(units)
-            pending.extend([await app.producer.send(
-                settings.memory_topic, key=None, value=value, partition=0, timestamp=None,
-                headers=[("somnus-kind", KIND_UNITS), *(headers or [])])
-                for value, headers in unit_records(ring, units, BUNDLE_ITEMS)])
+            pending.extend(
+                [
+                    await app.producer.send(
+                        settings.memory_topic,
+                        key=None,
+                        value=value,
+                        partition=0,
+                        timestamp=None,
+                        headers=[("somnus-kind", KIND_UNITS), *(headers or [])],
+                    )
+                    for value, headers in unit_records(ring, units, BUNDLE_ITEMS)
+                ]
+            )
         return pending
 
     async def _write_states(self, plan: BatchPlan) -> None:
@@ -615,11 +740,19 @@ class Distiller:
         the buffer is the in-session tier."""
         partition_of = plan.partition_of
         if self.working is not None and plan.wm_states:
-            await self.working.write(self.app.producer, (
-                (key.encode(), partition_of[key], encode_wm(compact_wm(wm) if wm.closed else wm))
-                for key, wm in plan.wm_states.items()))
-        await self.sessions.write(self.app.producer, (
-            (key.encode(), partition_of[key], raw) for key, raw in plan.encoded.items()), plan.positions, plan.clocks)
+            await self.working.write(
+                self.app.producer,
+                (
+                    (key.encode(), partition_of[key], encode_wm(compact_wm(wm) if wm.closed else wm))
+                    for key, wm in plan.wm_states.items()
+                ),
+            )
+        await self.sessions.write(
+            self.app.producer,
+            ((key.encode(), partition_of[key], raw) for key, raw in plan.encoded.items()),
+            plan.positions,
+            plan.clocks,
+        )
 
     async def handle_observations(self, batch: Sequence[EventT], generation: int) -> list[EventT]:
         """One batch of observation bundles: learn, send every update, then the new link states and the
@@ -640,8 +773,11 @@ class Distiller:
             if value is FORGOTTEN:
                 self.counters.shredded += 1
                 continue
-            items = value if isinstance(value, Rejection) else decode_bounded(
-                _observations_decoder, value, self.settings.max_json_depth)  # type: ignore[arg-type]
+            items = (
+                value
+                if isinstance(value, Rejection)
+                else decode_bounded(_observations_decoder, value, self.settings.max_json_depth)  # type: ignore[arg-type]
+            )
             if isinstance(items, Rejection):  # our own output, or not: it must not stop the stream
                 await self.dead.send(msg, _named(items, "observations", msg.value))
                 continue
@@ -659,28 +795,44 @@ class Distiller:
                 raise
             self.counters.poison += 1
             msg = batch[0].message
-            await self.dead.send(msg, Rejection(poison_reason(exc, "while learning causal links")
-                                                + truncated_note(msg.value)))
+            await self.dead.send(
+                msg, Rejection(poison_reason(exc, "while learning causal links") + truncated_note(msg.value))
+            )
             states, updates = {}, []
         return await self._send_links(admitted, states, updates, partition_of, generation, key_of_episode)
 
-    async def _send_links(self, admitted: Admitted, states: dict[str, bytes], updates: list[Any],
-                          partition_of: Mapping[str, int], generation: int,
-                          key_of_episode: Mapping[Any, Any] | None = None) -> list[EventT]:
+    async def _send_links(
+        self,
+        admitted: Admitted,
+        states: dict[str, bytes],
+        updates: list[Any],
+        partition_of: Mapping[str, int],
+        generation: int,
+        key_of_episode: Mapping[Any, Any] | None = None,
+    ) -> list[EventT]:
         """Send the updates (each sealed with its episode's key), then the links' states and positions;
         returns the records to acknowledge."""
         self.counters.link_updates += len(updates)
         key_of = key_of_episode or {}
-        pending = await _send_bundles(self.app, self.settings.link_updates_topic, self.settings.partitions, updates,
-                                      lambda u: u.event_signature, lambda u: key_of.get(u.episode_id))
+        pending = await _send_bundles(
+            self.app,
+            self.settings.link_updates_topic,
+            self.settings.partitions,
+            updates,
+            lambda u: u.event_signature,
+            lambda u: key_of.get(u.episode_id),
+        )
         if pending:
             await asyncio.gather(*pending)
         if self.app.consumer_generation_id != generation:
             self.links.pending_changelog.clear()
             self.links.key_partitions.clear()
             return []
-        await self.links.write(self.app.producer, ((sig.encode(), partition_of[sig], raw) for sig, raw in states.items()),
-                               admitted.positions)
+        await self.links.write(
+            self.app.producer,
+            ((sig.encode(), partition_of[sig], raw) for sig, raw in states.items()),
+            admitted.positions,
+        )
         return admitted.handle + admitted.done
 
     async def handle_episodes(self, batch: Sequence[EventT], generation: int) -> None:
@@ -694,8 +846,11 @@ class Distiller:
             if value is FORGOTTEN:
                 self.counters.shredded += 1
                 continue
-            ep = value if isinstance(value, Rejection) else decode_bounded(
-                _episode_decoder, value, self.settings.max_json_depth)  # type: ignore[arg-type]
+            ep = (
+                value
+                if isinstance(value, Rejection)
+                else decode_bounded(_episode_decoder, value, self.settings.max_json_depth)  # type: ignore[arg-type]
+            )
             if isinstance(ep, Rejection):  # our own output; a bad one is a bug, but it must not stop the stream
                 await self.dead.send(msg, _named(ep, "episode", msg.value))
                 continue
@@ -713,9 +868,18 @@ class Distiller:
         self.counters.facts += sum(len(f.facts) for f in extracted)
         ring = self.keys.ring
         keys = {ep.episode_id: ring.key_for(ep.agent, ep.session_id) for ep in episodes}
-        return [await self.app.producer.send(self.settings.facts_topic, key=str(f.episode_id).encode(),
-                                             value=value, partition=0, timestamp=None, headers=headers)
-                for f in extracted for value, headers in [sealed(keys.get(f.episode_id), encode(f))]]
+        return [
+            await self.app.producer.send(
+                self.settings.facts_topic,
+                key=str(f.episode_id).encode(),
+                value=value,
+                partition=0,
+                timestamp=None,
+                headers=headers,
+            )
+            for f in extracted
+            for value, headers in [sealed(keys.get(f.episode_id), encode(f))]
+        ]
 
 
 _CLOCK_WARNED = [float("-inf")]  # when the last warning about clocks ahead was logged (monotonic s)
@@ -727,9 +891,13 @@ def _warn_future(settings: Settings, n: int, example: str) -> None:
     if now - _CLOCK_WARNED[0] < 60.0:
         return
     _CLOCK_WARNED[0] = now
-    log.warning("%d event(s) stamped more than %g s ahead of their records' broker time were dead-lettered "
-                "(kind future; check the runtime's clock and time zone, SOMNUS_MAX_CLOCK_SKEW_S), e.g. %s",
-                n, settings.max_clock_skew_s, example)
+    log.warning(
+        "%d event(s) stamped more than %g s ahead of their records' broker time were dead-lettered "
+        "(kind future; check the runtime's clock and time zone, SOMNUS_MAX_CLOCK_SKEW_S), e.g. %s",
+        n,
+        settings.max_clock_skew_s,
+        example,
+    )
 
 
 @dataclass
@@ -764,16 +932,27 @@ def _stored_clocks(sessions: BatchedTable, topic: str, partitions: set[int]) -> 
     return {p: c for p in partitions if (c := decode_clock(sessions.get(position_key(topic, p)))) is not None}
 
 
-def _plan_batch(app: faust.App, settings: Settings, batch: Sequence[EventT], sessions: BatchedTable,
-                generation: int, extractor: Any, not_episodic: frozenset[str], working: BatchedTable | None,
-                wm_settings: Any, idle: IdleSessions | None) -> BatchPlan:
+def _plan_batch(
+    app: faust.App,
+    settings: Settings,
+    batch: Sequence[EventT],
+    sessions: BatchedTable,
+    generation: int,
+    extractor: Any,
+    not_episodic: frozenset[str],
+    working: BatchedTable | None,
+    wm_settings: Any,
+    idle: IdleSessions | None,
+) -> BatchPlan:
     """Decode, judge and distill ``batch`` (records admitted by the guard) from the tables' states: every
     output of the batch, nothing sent. It raises only for a record nothing foresaw (``_handle_batch``)."""
     plan = BatchPlan()
     valid = []
     coords: list[tuple[Any, int]] = []  # (record, index in it) of each valid event
     parts: list[int] = []  # source partition of each valid event
-    caps: list[int | None] = []  # the latest time each valid event may have (somnus.processors.sessions.session_retention)
+    caps: list[
+        int | None
+    ] = []  # the latest time each valid event may have (somnus.processors.sessions.session_retention)
     skew_us = int(settings.max_clock_skew_s * 1_000_000)
     partition_of = plan.partition_of
     offset_of: dict[str, int] = {}  # session key -> offset of its last record in the batch (its end)
@@ -823,8 +1002,9 @@ def _plan_batch(app: faust.App, settings: Settings, batch: Sequence[EventT], ses
                 if st is not None and not st.closed and st.partition == p:
                     prior[k], partition_of[k] = st, p
         open_partitions = {k: partition_of[k] for k, st in prior.items() if not st.closed}
-    sifted = sift(valid, parts, clocks, prior, retention_us, idle.idle_us if idle is not None else 0,
-                  open_partitions, caps)
+    sifted = sift(
+        valid, parts, clocks, prior, retention_us, idle.idle_us if idle is not None else 0, open_partitions, caps
+    )
     plan.clocks = sifted.clocks
     plan.future = sifted.future
     for rnd in sifted.rounds:
@@ -837,11 +1017,14 @@ def _plan_batch(app: faust.App, settings: Settings, batch: Sequence[EventT], ses
             raw = working.get(key.encode())
             if raw is not None:
                 wm_prior[key] = decode_wm(raw)
-    out = distill_rounds(prior, wm_prior if working is not None else None, sifted, partition_of, not_episodic,
-                         wm_settings)
+    out = distill_rounds(
+        prior, wm_prior if working is not None else None, sifted, partition_of, not_episodic, wm_settings
+    )
     plan.duplicates = sifted.duplicates + out.duplicates
     late = list(sifted.late)
-    if out.late_events:  # after an end the distiller met, or out of order (somnus.processors.sessions.distiller.seq_verdict)
+    if (
+        out.late_events
+    ):  # after an end the distiller met, or out of order (somnus.processors.sessions.distiller.seq_verdict)
         where = {id(ev): i for i, ev in enumerate(valid)}
         late += [(where[id(ev)], reason) for ev, reason in out.late_events]
     plan.late = len(late)
@@ -853,8 +1036,13 @@ def _plan_batch(app: faust.App, settings: Settings, batch: Sequence[EventT], ses
         plan.facts = list(extractor.extract(out.episodes))
     # What each call led to, for the NAc; the coordinates of the session's end make a re-distilled
     # episode's observations recognisable as redeliveries (somnus.processors.prediction.causal_links.learn).
-    plan.observations = [o for ep in out.episodes for o in observations_from_episode(
-        ep, partition_of[session_key(ep.agent, ep.session_id)], offset_of[session_key(ep.agent, ep.session_id)])]
+    plan.observations = [
+        o
+        for ep in out.episodes
+        for o in observations_from_episode(
+            ep, partition_of[session_key(ep.agent, ep.session_id)], offset_of[session_key(ep.agent, ep.session_id)]
+        )
+    ]
     plan.units, plan.states, plan.wm_states = out.units, out.states, out.wm_states
     # encoded here, inside the boundary: a state that cannot be encoded is its record's poison
     plan.encoded = {key: encode_state(state) for key, state in plan.states.items()}
@@ -865,11 +1053,17 @@ def _poison_plan(settings: Settings, sessions: BatchedTable, record: EventT, exc
     """A record whose distillation raised: one dead letter (kind ``poison``, the exception), its position
     passed, its partition's stream time kept; nothing else."""
     msg = record.message
-    log.error("record %s/%d@%d could not be distilled and is dead-lettered as poison: %r", msg.topic, msg.partition,
-              msg.offset, exc)
+    log.error(
+        "record %s/%d@%d could not be distilled and is dead-lettered as poison: %r",
+        msg.topic,
+        msg.partition,
+        msg.offset,
+        exc,
+    )
     reason = poison_reason(exc, "while distilling the record") + truncated_note(msg.value)
-    return BatchPlan(clocks=_stored_clocks(sessions, settings.traces_topic, {msg.partition}),
-                     dead=[(msg, 0, Rejection(reason))])
+    return BatchPlan(
+        clocks=_stored_clocks(sessions, settings.traces_topic, {msg.partition}), dead=[(msg, 0, Rejection(reason))]
+    )
 
 
 def _owned(app: faust.App, topic: str) -> frozenset[int]:
@@ -897,9 +1091,17 @@ class MarkerRetention:
         self.generation: int | None = None
         self.owned: frozenset[int] = frozenset()
 
-    async def prune(self, app: faust.App, topic: str, sessions: BatchedTable, working: BatchedTable | None,
-                    generation: int, closed: Mapping[str, SessionState], clocks: Mapping[int, int],
-                    counters: WorkerCounters) -> int:
+    async def prune(
+        self,
+        app: faust.App,
+        topic: str,
+        sessions: BatchedTable,
+        working: BatchedTable | None,
+        generation: int,
+        closed: Mapping[str, SessionState],
+        clocks: Mapping[int, int],
+        counters: WorkerCounters,
+    ) -> int:
         owned = _owned(app, topic)
         touched = set(clocks)
         if generation != self.generation or owned != self.owned:
@@ -961,18 +1163,26 @@ class IdleSessions:
 BUNDLE_ITEMS = 1000  # items per bundle record: well under the producer's request size
 
 
-async def _send_bundles(app: faust.App, topic: str, partitions: int, items: Sequence[Any],
-                        signature_of: Any, key_of: Any = lambda item: None) -> list[Any]:
+async def _send_bundles(
+    app: faust.App,
+    topic: str,
+    partitions: int,
+    items: Sequence[Any],
+    signature_of: Any,
+    key_of: Any = lambda item: None,
+) -> list[Any]:
     """Send ``items`` as JSON-array records, grouped by the partition of their signature and by their
     session's data key (``key_of``: sealed with it; order kept, at most ``BUNDLE_ITEMS`` a record);
     returns the send futures. Faust's cost is per record, so a batch's outcomes travel together."""
     groups: dict[tuple[int, Any], list[Any]] = {}
     for item in items:
         groups.setdefault((signature_partition(signature_of(item), partitions), key_of(item)), []).append(item)
-    return [await app.producer.send(topic, key=None, value=value, partition=partition, timestamp=None, headers=headers)
-            for (partition, key), group in sorted(groups.items(), key=lambda g: g[0][0])
-            for i in range(0, len(group), BUNDLE_ITEMS)
-            for value, headers in [sealed(key, encode(group[i:i + BUNDLE_ITEMS]))]]
+    return [
+        await app.producer.send(topic, key=None, value=value, partition=partition, timestamp=None, headers=headers)
+        for (partition, key), group in sorted(groups.items(), key=lambda g: g[0][0])
+        for i in range(0, len(group), BUNDLE_ITEMS)
+        for value, headers in [sealed(key, encode(group[i : i + BUNDLE_ITEMS]))]
+    ]
 
 
 def _keys(app: Any) -> KeyFollower:
@@ -987,8 +1197,12 @@ _observations_decoder = msgspec.json.Decoder(list[OutcomeObserved])
 _episode_decoder = msgspec.json.Decoder(EpisodeDistilled)
 
 
-def _learn(links: BatchedTable, partition_of: Mapping[str, int], observed: list[OutcomeObserved],
-           alpha_by_agent: dict[str, float]) -> tuple[dict[str, bytes], list[Any]]:
+def _learn(
+    links: BatchedTable,
+    partition_of: Mapping[str, int],
+    observed: list[OutcomeObserved],
+    alpha_by_agent: dict[str, float],
+) -> tuple[dict[str, bytes], list[Any]]:
     """Rescorla-Wagner over ``observed`` from the links' states in the table (``somnus.processors.prediction.causal_links.learn``):
     the new states, encoded as the table will hold them, and the updates."""
     prior = {}
@@ -1008,6 +1222,7 @@ def _named(rejection: Rejection, what: str, value: bytes | None) -> Rejection:
 
 def make_guard(app: faust.App, bootstrap: str, table: BatchedTable) -> OffsetGuard:
     """The ordering guard of an agent whose state (and positions) live in ``table``."""
+
     async def earliest(tp: Any) -> int:
         found = await app.consumer.earliest_offsets(tp)
         return int(found.get(tp) or 0)
@@ -1025,15 +1240,18 @@ def make_guard(app: faust.App, bootstrap: str, table: BatchedTable) -> OffsetGua
 
     return OffsetGuard(
         position=lambda tp: decode_position(table.get(position_key(tp.topic, tp.partition))),
-        earliest=earliest, rewind=rewind,
+        earliest=earliest,
+        rewind=rewind,
         first_record_at=lambda tp, offset: first_record_at(bootstrap, tp, offset),
-        clock=time.monotonic)
+        clock=time.monotonic,
+    )
 
 
 async def first_record_at(bootstrap: str, tp: Any, offset: int) -> int | None:
     """The offset of the first record at or after ``offset`` in ``tp`` (None when none comes within 3 s)."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                                auto_offset_reset="earliest", **kafka_options())
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest", **kafka_options()
+    )
     await consumer.start()
     try:
         part = TopicPartition(tp.topic, tp.partition)
@@ -1054,13 +1272,13 @@ def make_extractor(settings: Settings) -> Any:
 
     config = LLMExtractorConfig.from_env(os.environ)
     if not config.enabled:
-        raise ValueError("SOMNUS_LLM_EXTRACTOR is on but no API key is set "
-                         "(SOMNUS_LLM_API_KEY or ANTHROPIC_API_KEY)")
+        raise ValueError("SOMNUS_LLM_EXTRACTOR is on but no API key is set (SOMNUS_LLM_API_KEY or ANTHROPIC_API_KEY)")
     return AnthropicExtractor(config, fallback=trace)
 
 
-def dead_letter_headers(rejection: Rejection, topic: str, partition: int, offset: int,
-                        index: int) -> list[tuple[str, bytes]]:
+def dead_letter_headers(
+    rejection: Rejection, topic: str, partition: int, offset: int, index: int
+) -> list[tuple[str, bytes]]:
     """Where a dead letter came from and why; the value is the original bytes of the rejected event."""
     return [
         ("somnus-reason", rejection.reason.encode()[:4000]),

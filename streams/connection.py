@@ -38,7 +38,9 @@ def kafka_options(settings: Settings | None = None) -> dict[str, Any]:
     s = Settings.resolve() if settings is None else settings
     protocol = s.kafka_security_protocol.strip().upper()
     if protocol not in KAFKA_PROTOCOLS:
-        raise ValueError(f"KAFKA_SECURITY_PROTOCOL: {s.kafka_security_protocol!r} is not one of {', '.join(KAFKA_PROTOCOLS)}")
+        raise ValueError(
+            f"KAFKA_SECURITY_PROTOCOL: {s.kafka_security_protocol!r} is not one of {', '.join(KAFKA_PROTOCOLS)}"
+        )
     if protocol == "PLAINTEXT":
         return {}
     out: dict[str, Any] = {"security_protocol": protocol}
@@ -48,10 +50,14 @@ def kafka_options(settings: Settings | None = None) -> dict[str, Any]:
     if protocol.startswith("SASL"):
         mechanism = (s.kafka_sasl_mechanism or "PLAIN").strip().upper()
         if mechanism not in KAFKA_SASL_MECHANISMS:
-            raise ValueError(f"KAFKA_SASL_MECHANISM: {s.kafka_sasl_mechanism!r} is not one of "
-                             f"{', '.join(KAFKA_SASL_MECHANISMS)}")
+            raise ValueError(
+                f"KAFKA_SASL_MECHANISM: {s.kafka_sasl_mechanism!r} is not one of {', '.join(KAFKA_SASL_MECHANISMS)}"
+            )
         if not s.kafka_sasl_username or s.kafka_sasl_password is None:
             raise ValueError(f"KAFKA_SECURITY_PROTOCOL={protocol} needs KAFKA_SASL_USERNAME and KAFKA_SASL_PASSWORD")
-        out.update(sasl_mechanism=mechanism, sasl_plain_username=s.kafka_sasl_username,
-                   sasl_plain_password=s.kafka_sasl_password)
+        out.update(
+            sasl_mechanism=mechanism,
+            sasl_plain_username=s.kafka_sasl_username,
+            sasl_plain_password=s.kafka_sasl_password,
+        )
     return out

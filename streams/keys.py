@@ -34,9 +34,16 @@ log = logging.getLogger("somnus.keys")
 # any dirty segment is cleanable, and a tombstone itself is dropped a second after compaction. The
 # segment files a cleaning replaced (which still hold the deleted key) are deleted from the broker's
 # disk a second later (file.delete.delay.ms; the broker's default is 60 s). Set when the topic is made.
-KEY_TOPIC_CONFIG = {"cleanup.policy": "compact", "segment.ms": "1000", "min.compaction.lag.ms": "0",
-                    "max.compaction.lag.ms": "1000", "min.cleanable.dirty.ratio": "0.01",
-                    "delete.retention.ms": "1000", "file.delete.delay.ms": "1000", "retention.ms": "-1"}
+KEY_TOPIC_CONFIG = {
+    "cleanup.policy": "compact",
+    "segment.ms": "1000",
+    "min.compaction.lag.ms": "0",
+    "max.compaction.lag.ms": "1000",
+    "min.cleanable.dirty.ratio": "0.01",
+    "delete.retention.ms": "1000",
+    "file.delete.delay.ms": "1000",
+    "retention.ms": "-1",
+}
 
 
 def keys_topic_for(traces_topic: str) -> str:
@@ -46,7 +53,7 @@ def keys_topic_for(traces_topic: str) -> str:
     ('somnus.keys', 't-1-keys', 'mine.keys')
     """
     if traces_topic.endswith("traces"):
-        return traces_topic[:-len("traces")] + "keys"
+        return traces_topic[: -len("traces")] + "keys"
     return f"{traces_topic}.keys"
 
 
@@ -65,8 +72,13 @@ class KeyFollower:
 
         from somnus.streams.connection import kafka_options
 
-        self._consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False, group_id=None,
-                                          auto_offset_reset="earliest", **kafka_options(self.settings))
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap,
+            enable_auto_commit=False,
+            group_id=None,
+            auto_offset_reset="earliest",
+            **kafka_options(self.settings),
+        )
         await self._consumer.start()
         try:
             await self.catch_up()
@@ -156,8 +168,13 @@ async def read_keys(bootstrap: str, topic: str, settings: Any = None, ring: KeyR
     from somnus.streams.connection import kafka_options
 
     ring = ring if ring is not None else KeyRing()
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
-                                auto_offset_reset="earliest", **kafka_options(settings))
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        group_id=None,
+        auto_offset_reset="earliest",
+        **kafka_options(settings),
+    )
     await consumer.start()
     try:
         tp = await _assign(consumer, topic, ring.position)
@@ -185,8 +202,9 @@ async def delete_keys(bootstrap: str, topic: str, key_ids: Iterable[str], settin
     ids = list(key_ids)
     if not ids:
         return 0
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True,
-                                **kafka_options(settings))
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, **kafka_options(settings)
+    )
     await producer.start()
     try:
         futures = [await producer.send(topic, None, key=k.encode(), partition=0) for k in ids]
@@ -206,8 +224,9 @@ class SessionKeys:
         self.topic, self.limit = topic, limit
         self.known: dict[tuple[str, str], DataKey] = {}
 
-    async def for_sessions(self, producer: Any, sessions: Mapping[tuple[str, str], str | None]) -> dict[
-            tuple[str, str], DataKey]:
+    async def for_sessions(
+        self, producer: Any, sessions: Mapping[tuple[str, str], str | None]
+    ) -> dict[tuple[str, str], DataKey]:
         """The key of each ``(agent, session_id)`` of ``sessions`` (-> its user id when known), new or
         changed ones published first."""
         from somnus.schemas.sealed import new_key

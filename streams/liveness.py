@@ -59,8 +59,12 @@ class PartitionWatchdog:
     async def check(self) -> None:
         consumer: Any = self.app.consumer
         now = asyncio.get_running_loop().time()
-        if (self.app.rebalancing or getattr(self.app, "in_recovery", False) or not consumer.flow_active
-                or not self.idle()):
+        if (
+            self.app.rebalancing
+            or getattr(self.app, "in_recovery", False)
+            or not consumer.flow_active
+            or not self.idle()
+        ):
             self._last.clear()  # only a quiet, steady worker can be stalled
             return
         assigned = {tp for tp in consumer.assignment() if tp.topic in self.topics}
@@ -87,8 +91,14 @@ class PartitionWatchdog:
 
     async def rewind(self, tp: TP, offset: int, read: Any, highwater: int) -> None:
         consumer: Any = self.app.consumer
-        log.warning("partition %s stalled (committed %s, read offset %s, end %s): rewinding to %s",
-                    tp, offset, read, highwater, offset)
+        log.warning(
+            "partition %s stalled (committed %s, read offset %s, end %s): rewinding to %s",
+            tp,
+            offset,
+            read,
+            highwater,
+            offset,
+        )
         offsets.forget_acks(consumer, tp)
         if offset > 0:
             await consumer.seek_wait({tp: offset})
@@ -114,8 +124,12 @@ class RecoveryWatchdog:
         consumer: Any = app.consumer
         now = asyncio.get_running_loop().time()
         recovery: Any = app.tables.recovery
-        if (not getattr(app, "in_recovery", False) or recovery.signal_recovery_start.is_set()
-                or not consumer.flow_active or app.tables.changelog_queue.qsize()):
+        if (
+            not getattr(app, "in_recovery", False)
+            or recovery.signal_recovery_start.is_set()
+            or not consumer.flow_active
+            or app.tables.changelog_queue.qsize()
+        ):
             self._last.clear()  # no recovery, another one about to start, or records on their way
             return
         active = set(recovery.active_tps)
@@ -125,8 +139,7 @@ class RecoveryWatchdog:
         for tp in active:
             offset, highwater = recovery.active_offsets.get(tp), recovery.active_highwaters.get(tp)
             position = fetch_position(offsets.consumer_thread(consumer), tp)
-            if (offset is None or highwater is None or offset >= highwater or position is None
-                    or position <= offset + 1):
+            if offset is None or highwater is None or offset >= highwater or position is None or position <= offset + 1:
                 self._last.pop(tp, None)  # restored, or its next records not fetched yet
                 continue
             prev = self._last.get(tp)
@@ -138,8 +151,14 @@ class RecoveryWatchdog:
                 self._last.pop(tp, None)
 
     async def reseek(self, tp: TP, offset: int, position: int, highwater: int) -> None:
-        log.warning("recovery of %s stalled (restored up to offset %s of %s, fetched up to %s): seeking back to %s",
-                    tp, offset, highwater, position - 1, max(offset, 0))
+        log.warning(
+            "recovery of %s stalled (restored up to offset %s of %s, fetched up to %s): seeking back to %s",
+            tp,
+            offset,
+            highwater,
+            position - 1,
+            max(offset, 0),
+        )
         # recovery's own seek (Recovery._seek_offsets): the last restored offset, re-read and skipped;
         # -1 (nothing restored) is 0, where seek_wait also clears Faust's read offset
         await self.app.consumer.seek_wait({tp: max(offset, 0)})
@@ -224,29 +243,45 @@ def diagnostics(app: faust.App) -> tuple[Callable[[], None], Callable[[], None]]
     def dump_consumer() -> None:
         c: Any = app.consumer
         print(f"--- consumer state (generation {app.consumer_generation_id})", file=sys.stderr)
-        for name in ("_active_partitions", "_paused_partitions", "_buffered_partitions", "_read_offset",
-                     "_committed_offset", "_acked", "_gap", "flow_active", "_commit_fut"):
+        for name in (
+            "_active_partitions",
+            "_paused_partitions",
+            "_buffered_partitions",
+            "_read_offset",
+            "_committed_offset",
+            "_acked",
+            "_gap",
+            "flow_active",
+            "_commit_fut",
+        ):
             print(f"    {name} = {getattr(c, name, None)!r}", file=sys.stderr)
         try:
             assignment = c._thread._ensure_consumer()._subscription.subscription.assignment
             for tp, st in assignment._tp_state.items():
-                print(f"    aiokafka {tp}: position={st._position} paused={st.paused} status={st._status}",
-                      file=sys.stderr)
+                print(
+                    f"    aiokafka {tp}: position={st._position} paused={st.paused} status={st._status}",
+                    file=sys.stderr,
+                )
             client = c._thread._ensure_consumer()._client
             dump_client("consumer", client, time.monotonic())
             for topic in sorted({tp.topic for tp in assignment._tp_state}):  # the consumer's metadata
                 parts = client.cluster.partitions_for_topic(topic)
-                leaders = {p: client.cluster.leader_for_partition(TopicPartition(topic, p)) for p in sorted(parts or ())}
+                leaders = {
+                    p: client.cluster.leader_for_partition(TopicPartition(topic, p)) for p in sorted(parts or ())
+                }
                 print(f"    metadata of {topic}: leaders {leaders!r}", file=sys.stderr)
         except Exception as exc:  # diagnostics only
             print(f"    aiokafka state unavailable: {exc!r}", file=sys.stderr)
         try:  # a rebalance's table recovery: what it reads, and how far it got
             tables: Any = app.tables
             rec: Any = tables.recovery
-            print(f"--- recovery: in_recovery {getattr(app, 'in_recovery', None)!r}, completed "
-                  f"{rec.completed.is_set()!r}, active highwaters {dict(rec.active_highwaters)!r}, active offsets "
-                  f"{dict(rec.active_offsets)!r}, standby highwaters {dict(rec.standby_highwaters)!r}, "
-                  f"buffered {sum(len(b) for b in rec.buffers.values())}", file=sys.stderr)
+            print(
+                f"--- recovery: in_recovery {getattr(app, 'in_recovery', None)!r}, completed "
+                f"{rec.completed.is_set()!r}, active highwaters {dict(rec.active_highwaters)!r}, active offsets "
+                f"{dict(rec.active_offsets)!r}, standby highwaters {dict(rec.standby_highwaters)!r}, "
+                f"buffered {sum(len(b) for b in rec.buffers.values())}",
+                file=sys.stderr,
+            )
         except Exception as exc:  # diagnostics only
             print(f"    recovery state unavailable: {exc!r}", file=sys.stderr)
         dump_producer()
@@ -260,20 +295,32 @@ def diagnostics(app: faust.App) -> tuple[Callable[[], None], Callable[[], None]]
             producer: Any = faust_producer._ensure_producer()
             acc, sender = producer._message_accumulator, producer._sender
             now = time.monotonic()
-            print(f"--- producer: in flight to nodes {sorted(sender._in_flight)!r}, muted "
-                  f"{sorted(map(tuple, sender._muted_partitions))!r}", file=sys.stderr)
+            print(
+                f"--- producer: in flight to nodes {sorted(sender._in_flight)!r}, muted "
+                f"{sorted(map(tuple, sender._muted_partitions))!r}",
+                file=sys.stderr,
+            )
             cluster = producer.client.cluster
             for tp, batches in list(acc._batches.items()):
                 for b in batches:
-                    print(f"    queued {tp}: {b.record_count} records, {now - b._ctime:.1f} s old, retries "
-                          f"{b._retry_count}, leader {cluster.leader_for_partition(tp)!r}", file=sys.stderr)
+                    print(
+                        f"    queued {tp}: {b.record_count} records, {now - b._ctime:.1f} s old, retries "
+                        f"{b._retry_count}, leader {cluster.leader_for_partition(tp)!r}",
+                        file=sys.stderr,
+                    )
             for b in list(acc._pending_batches):
-                print(f"    pending {b.tp}: {b.record_count} records, {now - b._ctime:.1f} s old, retries "
-                      f"{b._retry_count}, done {b.future.done()}", file=sys.stderr)
+                print(
+                    f"    pending {b.tp}: {b.record_count} records, {now - b._ctime:.1f} s old, retries "
+                    f"{b._retry_count}, done {b.future.done()}",
+                    file=sys.stderr,
+                )
             for tp in {tp for tp, batches in acc._batches.items() if batches}:
-                print(f"    metadata of {tp.topic}: partitions {cluster.partitions_for_topic(tp.topic)!r}, "
-                      f"available {cluster.available_partitions_for_topic(tp.topic)!r}, "
-                      f"unauthorized/invalid {cluster.unauthorized_topics!r}", file=sys.stderr)
+                print(
+                    f"    metadata of {tp.topic}: partitions {cluster.partitions_for_topic(tp.topic)!r}, "
+                    f"available {cluster.available_partitions_for_topic(tp.topic)!r}, "
+                    f"unauthorized/invalid {cluster.unauthorized_topics!r}",
+                    file=sys.stderr,
+                )
             dump_client("producer", producer.client, now)
         except Exception as exc:  # diagnostics only
             print(f"    producer state unavailable: {exc!r}", file=sys.stderr)
@@ -281,13 +328,19 @@ def diagnostics(app: faust.App) -> tuple[Callable[[], None], Callable[[], None]]
     def dump_client(name: str, client: Any, now: float) -> None:
         """A Kafka client's metadata update and connections: each one's local port (to match with
         ``ss``), and the requests waiting for a response on it."""
-        print(f"--- {name} client: metadata update {client._md_update_fut!r}, waiter "
-              f"{client._md_update_waiter!r}, topics {sorted(client._topics)!r}", file=sys.stderr)
+        print(
+            f"--- {name} client: metadata update {client._md_update_fut!r}, waiter "
+            f"{client._md_update_waiter!r}, topics {sorted(client._topics)!r}",
+            file=sys.stderr,
+        )
         for conn_id, conn in list(client._conns.items()):
             writer = getattr(conn, "_writer", None)
             sock = writer.transport.get_extra_info("sockname") if writer is not None else None
             requests = [(corr, type(req).__name__) for corr, req, _ in list(conn._requests)]
-            print(f"    conn {conn_id!r}: local {sock!r}, connected {conn.connected()}, idle "
-                  f"{now - conn._last_action:.1f} s, awaiting {requests!r}", file=sys.stderr)
+            print(
+                f"    conn {conn_id!r}: local {sock!r}, connected {conn.connected()}, idle "
+                f"{now - conn._last_action:.1f} s, awaiting {requests!r}",
+                file=sys.stderr,
+            )
 
     return dump_tasks, dump_consumer

@@ -42,22 +42,46 @@ fits, and then say whether it is functional (one value at a time, like rate_limi
 Confidence: 0.9-1.0 for what the episode states outright, 0.6-0.7 for inferences. Do not invent
 facts the episode does not support."""
 
-_ENTITY_SCHEMA = {"type": "object", "properties": {
-    "name": {"type": "string", "minLength": 1}, "type": {"type": "string", "minLength": 1},
-    "attributes": {"type": "object"}}, "required": ["name", "type"]}
-_FACT_SCHEMA = {"type": "object", "properties": {
-    "source": {"type": "string", "minLength": 1}, "source_type": {"type": "string", "minLength": 1},
-    "predicate": {"type": "string", "minLength": 1}, "target": {"type": "string", "minLength": 1},
-    "target_type": {"type": "string", "minLength": 1},
-    "confidence": {"type": "number", "minimum": 0, "maximum": 1},
-    "functional": {"type": "boolean"}},
-    "required": ["source", "source_type", "predicate", "target", "target_type", "confidence"]}
-INPUT_SCHEMA = {"type": "object", "properties": {"episodes": {"type": "array", "items": {
-    "type": "object", "properties": {
-        "episode_id": {"type": "string"},
-        "entities": {"type": "array", "items": _ENTITY_SCHEMA},
-        "facts": {"type": "array", "items": _FACT_SCHEMA}},
-    "required": ["episode_id", "entities", "facts"]}}}, "required": ["episodes"]}
+_ENTITY_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "minLength": 1},
+        "type": {"type": "string", "minLength": 1},
+        "attributes": {"type": "object"},
+    },
+    "required": ["name", "type"],
+}
+_FACT_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "source": {"type": "string", "minLength": 1},
+        "source_type": {"type": "string", "minLength": 1},
+        "predicate": {"type": "string", "minLength": 1},
+        "target": {"type": "string", "minLength": 1},
+        "target_type": {"type": "string", "minLength": 1},
+        "confidence": {"type": "number", "minimum": 0, "maximum": 1},
+        "functional": {"type": "boolean"},
+    },
+    "required": ["source", "source_type", "predicate", "target", "target_type", "confidence"],
+}
+INPUT_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "episodes": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "episode_id": {"type": "string"},
+                    "entities": {"type": "array", "items": _ENTITY_SCHEMA},
+                    "facts": {"type": "array", "items": _FACT_SCHEMA},
+                },
+                "required": ["episode_id", "entities", "facts"],
+            },
+        }
+    },
+    "required": ["episodes"],
+}
 
 
 class _Fact(msgspec.Struct):
@@ -102,10 +126,13 @@ class LLMExtractorConfig:
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> LLMExtractorConfig:
         kw: dict[str, Any] = {"api_key": env.get("SOMNUS_LLM_API_KEY") or env.get("ANTHROPIC_API_KEY") or None}
-        for field, var, kind in (("base_url", "SOMNUS_LLM_BASE_URL", str), ("model", "SOMNUS_LLM_MODEL", str),
-                                 ("cost_cap_usd", "SOMNUS_LLM_COST_CAP_USD", float),
-                                 ("concurrency", "SOMNUS_LLM_CONCURRENCY", int),
-                                 ("episodes_per_request", "SOMNUS_LLM_EPISODES_PER_REQUEST", int)):
+        for field, var, kind in (
+            ("base_url", "SOMNUS_LLM_BASE_URL", str),
+            ("model", "SOMNUS_LLM_MODEL", str),
+            ("cost_cap_usd", "SOMNUS_LLM_COST_CAP_USD", float),
+            ("concurrency", "SOMNUS_LLM_CONCURRENCY", int),
+            ("episodes_per_request", "SOMNUS_LLM_EPISODES_PER_REQUEST", int),
+        ):
             if env.get(var):
                 kw[field] = kind(env[var])
         return cls(**kw)
@@ -139,16 +166,18 @@ class AnthropicExtractor:
 
     async def extract(self, episodes: Sequence[EpisodeDistilled]) -> list[FactsExtracted]:
         cfg = self.config
-        chunks = [list(episodes[i:i + cfg.episodes_per_request])
-                  for i in range(0, len(episodes), cfg.episodes_per_request)]
+        chunks = [
+            list(episodes[i : i + cfg.episodes_per_request]) for i in range(0, len(episodes), cfg.episodes_per_request)
+        ]
         gate = asyncio.Semaphore(cfg.concurrency)
         timeout = aiohttp.ClientTimeout(total=cfg.timeout_s)
         async with aiohttp.ClientSession(timeout=timeout) as http:
             results = await asyncio.gather(*(self._chunk(http, gate, c) for c in chunks))
         return [fx for chunk in results for fx in chunk]
 
-    async def _chunk(self, http: aiohttp.ClientSession, gate: asyncio.Semaphore,
-                     episodes: list[EpisodeDistilled]) -> list[FactsExtracted]:
+    async def _chunk(
+        self, http: aiohttp.ClientSession, gate: asyncio.Semaphore, episodes: list[EpisodeDistilled]
+    ) -> list[FactsExtracted]:
         async with gate:
             if self.counters.cost_usd >= self.config.cost_cap_usd:
                 return self._fall_back(episodes, "cost cap reached")
@@ -164,13 +193,28 @@ class AnthropicExtractor:
             if got is None:
                 out.extend(self._fall_back([ep], "no answer for this episode"))
                 continue
-            out.append(FactsExtracted(
-                schema_version=FACTS_SCHEMA_VERSION, episode_id=ep.episode_id, agent=ep.agent,
-                observed_at=ep.ended_at, extractor=self.name, entities=got.entities,
-                facts=[FactAsserted(source=f.source, source_type=f.source_type, predicate=f.predicate,
-                                    target=f.target, target_type=f.target_type,
-                                    confidence=min(1.0, max(0.0, f.confidence)), functional=f.functional)
-                       for f in got.facts]))
+            out.append(
+                FactsExtracted(
+                    schema_version=FACTS_SCHEMA_VERSION,
+                    episode_id=ep.episode_id,
+                    agent=ep.agent,
+                    observed_at=ep.ended_at,
+                    extractor=self.name,
+                    entities=got.entities,
+                    facts=[
+                        FactAsserted(
+                            source=f.source,
+                            source_type=f.source_type,
+                            predicate=f.predicate,
+                            target=f.target,
+                            target_type=f.target_type,
+                            confidence=min(1.0, max(0.0, f.confidence)),
+                            functional=f.functional,
+                        )
+                        for f in got.facts
+                    ],
+                )
+            )
         return out
 
     def _fall_back(self, episodes: list[EpisodeDistilled], why: str) -> list[FactsExtracted]:
@@ -178,26 +222,55 @@ class AnthropicExtractor:
         log.warning("LLM extraction of %d episode(s) fell back: %s", len(episodes), why)
         if self.fallback is not None:
             return list(self.fallback.extract(episodes))
-        return [FactsExtracted(schema_version=FACTS_SCHEMA_VERSION, episode_id=ep.episode_id, agent=ep.agent,
-                               observed_at=ep.ended_at, extractor=self.name) for ep in episodes]
+        return [
+            FactsExtracted(
+                schema_version=FACTS_SCHEMA_VERSION,
+                episode_id=ep.episode_id,
+                agent=ep.agent,
+                observed_at=ep.ended_at,
+                extractor=self.name,
+            )
+            for ep in episodes
+        ]
 
     def _body(self, episodes: list[EpisodeDistilled]) -> dict[str, Any]:
-        items = [{"episode_id": str(ep.episode_id), "agent": ep.agent, "task": ep.task[:MAX_TEXT],
-                  "summary": ep.summary[:MAX_TEXT], "outcome": ep.outcome.value, "tools": ep.tools,
-                  "errors": [msgspec.to_builtins(e) for e in ep.errors[:20]],
-                  "lessons": [lesson.text[:MAX_TEXT] for lesson in ep.lessons[:10]],
-                  "delegations": [msgspec.to_builtins(d) for d in ep.delegations[:10]],
-                  "metadata": ep.metadata} for ep in episodes]
-        return {"model": self.config.model, "max_tokens": self.config.max_tokens, "system": SYSTEM_PROMPT,
-                "tools": [{"name": TOOL_NAME, "description": "Record the entities and facts of each episode.",
-                           "input_schema": INPUT_SCHEMA}],
-                "tool_choice": {"type": "tool", "name": TOOL_NAME},
-                "messages": [{"role": "user", "content": msgspec.json.encode({"episodes": items}).decode()}]}
+        items = [
+            {
+                "episode_id": str(ep.episode_id),
+                "agent": ep.agent,
+                "task": ep.task[:MAX_TEXT],
+                "summary": ep.summary[:MAX_TEXT],
+                "outcome": ep.outcome.value,
+                "tools": ep.tools,
+                "errors": [msgspec.to_builtins(e) for e in ep.errors[:20]],
+                "lessons": [lesson.text[:MAX_TEXT] for lesson in ep.lessons[:10]],
+                "delegations": [msgspec.to_builtins(d) for d in ep.delegations[:10]],
+                "metadata": ep.metadata,
+            }
+            for ep in episodes
+        ]
+        return {
+            "model": self.config.model,
+            "max_tokens": self.config.max_tokens,
+            "system": SYSTEM_PROMPT,
+            "tools": [
+                {
+                    "name": TOOL_NAME,
+                    "description": "Record the entities and facts of each episode.",
+                    "input_schema": INPUT_SCHEMA,
+                }
+            ],
+            "tool_choice": {"type": "tool", "name": TOOL_NAME},
+            "messages": [{"role": "user", "content": msgspec.json.encode({"episodes": items}).decode()}],
+        }
 
     async def _request(self, http: aiohttp.ClientSession, episodes: list[EpisodeDistilled]) -> _Answer:
         cfg = self.config
-        headers = {"x-api-key": cfg.api_key or "", "anthropic-version": ANTHROPIC_VERSION,
-                   "content-type": "application/json"}
+        headers = {
+            "x-api-key": cfg.api_key or "",
+            "anthropic-version": ANTHROPIC_VERSION,
+            "content-type": "application/json",
+        }
         body = self._body(episodes)
         for attempt in range(cfg.max_retries + 1):
             self.counters.requests += 1
@@ -212,7 +285,7 @@ class AnthropicExtractor:
                 return self._parse(raw)
             if status in (0, 429, 500, 502, 503, 504, 529) and attempt < cfg.max_retries:
                 self.counters.retries += 1
-                delay = cfg.backoff_s * 2 ** attempt
+                delay = cfg.backoff_s * 2**attempt
                 if retry_after and retry_after.replace(".", "", 1).isdigit():
                     delay = float(retry_after)
                 await asyncio.sleep(delay)
@@ -224,10 +297,19 @@ class AnthropicExtractor:
         try:
             msg = msgspec.json.decode(raw)
             usage = msg.get("usage") or {}
-            self.counters.cost_usd += (usage.get("input_tokens", 0) * self.config.input_usd_per_mtok
-                                       + usage.get("output_tokens", 0) * self.config.output_usd_per_mtok) / 1e6
+            self.counters.cost_usd += (
+                usage.get("input_tokens", 0) * self.config.input_usd_per_mtok
+                + usage.get("output_tokens", 0) * self.config.output_usd_per_mtok
+            ) / 1e6
             block = next(b for b in msg["content"] if b.get("type") == "tool_use" and b.get("name") == TOOL_NAME)
             return msgspec.convert(block["input"], _Answer)
-        except (msgspec.DecodeError, msgspec.ValidationError, StopIteration, KeyError, TypeError, AttributeError) as exc:
+        except (
+            msgspec.DecodeError,
+            msgspec.ValidationError,
+            StopIteration,
+            KeyError,
+            TypeError,
+            AttributeError,
+        ) as exc:
             self.counters.invalid += 1
             raise RequestFailed(f"invalid answer: {type(exc).__name__}: {str(exc)[:200]}") from None

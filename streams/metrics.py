@@ -30,6 +30,7 @@ class WorkerCounters:
 
 # ---- Prometheus: each worker serves its counters on 127.0.0.1 (docs/integrations/metrics.md) ----
 
+
 def worker_collector(counters: WorkerCounters, worker: str) -> Any:
     """A Prometheus collector reading ``counters`` when scraped: ``somnus_worker_<field>_total{worker}``.
 
@@ -45,8 +46,9 @@ def worker_collector(counters: WorkerCounters, worker: str) -> Any:
     class _Counters(Collector):
         def collect(self) -> Any:
             for f in fields(counters):
-                c = CounterMetricFamily(f"somnus_worker_{f.name}", f"Worker counter {f.name} since the process "
-                                        "started.", labels=["worker"])
+                c = CounterMetricFamily(
+                    f"somnus_worker_{f.name}", f"Worker counter {f.name} since the process started.", labels=["worker"]
+                )
                 c.add_metric([worker], getattr(counters, f.name))
                 yield c
 

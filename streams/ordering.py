@@ -67,8 +67,9 @@ class Admitted:
     holes: dict[TP, int] = field(default_factory=dict)  # partition -> the missing offset (refused from there on)
 
 
-def admit(events: Sequence[EventT], start: Mapping[TP, int], gaps: Mapping[TP, tuple[int, int]] | None = None
-          ) -> Admitted:
+def admit(
+    events: Sequence[EventT], start: Mapping[TP, int], gaps: Mapping[TP, tuple[int, int]] | None = None
+) -> Admitted:
     """Split ``events`` by the next offset to apply of each partition (``start``).
 
     ``gaps`` maps a partition to ``(missing, next)``: offsets ``missing .. next-1`` are known to hold
@@ -114,10 +115,15 @@ class OffsetGuard:
     the hole too.
     """
 
-    def __init__(self, position: Callable[[TP], int | None], earliest: Callable[[TP], Awaitable[int]],
-                 rewind: Callable[[TP, int], Awaitable[None]],
-                 first_record_at: Callable[[TP, int], Awaitable[int | None]], clock: Callable[[], float],
-                 rewind_every_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        position: Callable[[TP], int | None],
+        earliest: Callable[[TP], Awaitable[int]],
+        rewind: Callable[[TP, int], Awaitable[None]],
+        first_record_at: Callable[[TP, int], Awaitable[int | None]],
+        clock: Callable[[], float],
+        rewind_every_s: float = 1.0,
+    ) -> None:
         self.position, self.earliest, self.rewind = position, earliest, rewind
         self.first_record_at, self.clock, self.rewind_every_s = first_record_at, clock, rewind_every_s
         self.rewound: dict[TP, tuple[int, float]] = {}  # partition -> (offset, when) of its last rewind
@@ -152,8 +158,13 @@ class OffsetGuard:
             # Rewound to it before and it still did not come: does the broker hold a record there?
             found = await self.first_record_at(tp, missing)
             if found is not None and found > missing:
-                log.warning("%s: offsets %d..%d hold no record (transaction marker, compaction or retention): "
-                            "stepping over them", tp, missing, found - 1)
+                log.warning(
+                    "%s: offsets %d..%d hold no record (transaction marker, compaction or retention): "
+                    "stepping over them",
+                    tp,
+                    missing,
+                    found - 1,
+                )
                 self.gaps[tp] = (missing, found)
                 self.gaps_stepped += 1
                 self.rewound.pop(tp, None)
@@ -176,6 +187,7 @@ def positions_writer(table: Any) -> Callable[..., None]:
     each with its partition's stream time when ``clocks`` (partition -> µs) has one, else with the one
     stored: a position never forgets its partition's stream time (a batch of records that decoded to
     no event once wrote positions without it, and order checks then changed after bad records)."""
+
     def write(positions: Mapping[TP, int], clocks: Mapping[int, int] | None = None) -> None:
         for tp, offset in positions.items():
             key = position_key(tp.topic, tp.partition)
@@ -184,4 +196,5 @@ def positions_writer(table: Any) -> Callable[..., None]:
                 clock = decode_clock(table.get(key))
             table.key_partitions[key] = tp.partition
             table[key] = encode_position(offset, clock)
+
     return write

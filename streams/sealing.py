@@ -43,8 +43,9 @@ def key_of_record(ring: KeyRing, value: bytes | None) -> DataKey | None:
     return ring.by_id.get(kid) if kid is not None else None
 
 
-def dead_letter_value(ring: KeyRing, source: bytes | None, original: bytes | None,
-                      headers: Headers) -> tuple[bytes, Headers]:
+def dead_letter_value(
+    ring: KeyRing, source: bytes | None, original: bytes | None, headers: Headers
+) -> tuple[bytes, Headers]:
     """A dead letter's value and headers: the source record's bytes as they are when ``original`` is
     None (sealed ones keep their mark), else ``original`` (an element decoded from the opened source)
     sealed again with the source's key."""
@@ -65,7 +66,7 @@ def unit_records(ring: KeyRing, units: Sequence[Any], per_record: int) -> list[t
     out = []
     for key, items in groups.items():
         for i in range(0, len(items), per_record):
-            out.append(sealed(key, encode(items[i:i + per_record])))
+            out.append(sealed(key, encode(items[i : i + per_record])))
     return out
 
 

@@ -78,9 +78,15 @@ class Sequencer:
     the offset p is consumed from (the one stored with its position; 0 for a partition never handled),
     what a partition none of whose records has come yet is caught up at."""
 
-    def __init__(self, owned: Callable[[], frozenset[int]], start_clock: Callable[[int], int | None],
-                 high_water: Callable[[int], int | None], quiet_s: float, max_hold_s: float,
-                 start_offset: Callable[[int], int] = lambda p: 0) -> None:
+    def __init__(
+        self,
+        owned: Callable[[], frozenset[int]],
+        start_clock: Callable[[int], int | None],
+        high_water: Callable[[int], int | None],
+        quiet_s: float,
+        max_hold_s: float,
+        start_offset: Callable[[int], int] = lambda p: 0,
+    ) -> None:
         self.owned, self.start_clock, self.high_water = owned, start_clock, high_water
         self.start_offset = start_offset
         self.quiet_s, self.max_hold_s = quiet_s, max_hold_s

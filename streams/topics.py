@@ -55,17 +55,25 @@ def topic_config(name: str, append_time: bool = False) -> dict[str, str]:
     return config
 
 
-async def ensure_topics_async(bootstrap: str, specs: dict[str, int],
-                              append_time: frozenset[str] = frozenset(), replication_factor: int = 1) -> dict[str, int]:
+async def ensure_topics_async(
+    bootstrap: str, specs: dict[str, int], append_time: frozenset[str] = frozenset(), replication_factor: int = 1
+) -> dict[str, int]:
     """Create missing topics (those in ``append_time`` stamped with the broker's time) with
     ``replication_factor`` replicas; raise if an existing one has a different partition count."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=30000, **kafka_options())
     await admin.start()
     try:
         existing = set(await admin.list_topics())
-        missing = [NewTopic(name, num_partitions=n, replication_factor=replication_factor,
-                            topic_configs=topic_config(name, name in append_time))
-                   for name, n in specs.items() if name not in existing]
+        missing = [
+            NewTopic(
+                name,
+                num_partitions=n,
+                replication_factor=replication_factor,
+                topic_configs=topic_config(name, name in append_time),
+            )
+            for name, n in specs.items()
+            if name not in existing
+        ]
         if missing:
             try:
                 await admin.create_topics(missing)
@@ -82,15 +90,19 @@ async def ensure_topics_async(bootstrap: str, specs: dict[str, int],
             if counts.get(name) != n:
                 raise RuntimeError(
                     f"topic {name} has {counts.get(name)} partitions, expected {n} "
-                    f"(set SOMNUS_PARTITIONS={counts.get(name)} or use a new topic prefix)")
+                    f"(set SOMNUS_PARTITIONS={counts.get(name)} or use a new topic prefix)"
+                )
         return counts
     finally:
         await admin.close()
 
 
 def ensure_topics(settings: Settings, bootstrap: str) -> dict[str, int]:
-    return asyncio.run(ensure_topics_async(bootstrap, topic_specs(settings), frozenset({settings.traces_topic}),
-                                           settings.replication_factor))
+    return asyncio.run(
+        ensure_topics_async(
+            bootstrap, topic_specs(settings), frozenset({settings.traces_topic}), settings.replication_factor
+        )
+    )
 
 
 async def partitions_of(consumer: AIOKafkaConsumer, topic: str, timeout_s: float = 20.0) -> list[int]:
@@ -123,8 +135,14 @@ class TopicHits:
     shredded: dict[str, int] = field(default_factory=dict)
 
 
-async def topic_hits(bootstrap: str, topics: Sequence[str], needles: Sequence[str], settings: Any = None,
-                     ring: Any = None, optional: Sequence[str] = ()) -> TopicHits:
+async def topic_hits(
+    bootstrap: str,
+    topics: Sequence[str],
+    needles: Sequence[str],
+    settings: Any = None,
+    ring: Any = None,
+    optional: Sequence[str] = (),
+) -> TopicHits:
     """Records of each topic (offset 0 to its end, as the projector reads them) whose key or value
     holds a needle's bytes once opened with ``ring`` (``somnus.schemas.sealed.KeyRing``; None: as they
     are; a record whose key is gone is not read), and whose raw value, or whose record key, holds one.
@@ -132,8 +150,13 @@ async def topic_hits(bootstrap: str, topics: Sequence[str], needles: Sequence[st
     from somnus.schemas.sealed import FORGOTTEN, open_shared
     from somnus.schemas.semantic import sealed_topics_of
 
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
-                                auto_offset_reset="earliest", **kafka_options(settings))
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        group_id=None,
+        auto_offset_reset="earliest",
+        **kafka_options(settings),
+    )
     await consumer.start()
     out = TopicHits()
     try:

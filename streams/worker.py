@@ -51,7 +51,9 @@ def main(argv: list[str] | None = None) -> None:
     metrics_port = os.environ.get("SOMNUS_WORKER_METRICS_PORT", "0").strip()  # docs/integrations/metrics.md
     if metrics_port != "off":
         if not metrics_port.isdigit() or int(metrics_port) > 65535:
-            sys.exit(f"somnus worker: SOMNUS_WORKER_METRICS_PORT: a port (0: any free one) or off, not {metrics_port!r}")
+            sys.exit(
+                f"somnus worker: SOMNUS_WORKER_METRICS_PORT: a port (0: any free one) or off, not {metrics_port!r}"
+            )
         serve_worker_metrics(cast(Any, app).somnus_counters, args.name, settings.run_dir, int(metrics_port))
     worker = make_worker(app, args.loglevel)
     sys.argv = [sys.argv[0]]

@@ -80,9 +80,16 @@ def pipeline_settings(kafka_bootstrap: str, tmp_path: Path) -> Settings:
     run = uuid.uuid4().hex[:10]
     base = Settings.resolve(env={}, home=tmp_path / "home")
     return dataclasses.replace(
-        base, bootstrap=kafka_bootstrap, db_path=tmp_path / "somnus.duckdb", topic_prefix=f"t{run}.",
-        app_id=f"somnus-test-{run}", partitions=4, session_timeout_s=6.0,
-        otlp_port=0, mcp_port=0)  # `somnus up` in a test starts no OTLP receiver (shared port 4318) nor MCP
+        base,
+        bootstrap=kafka_bootstrap,
+        db_path=tmp_path / "somnus.duckdb",
+        topic_prefix=f"t{run}.",
+        app_id=f"somnus-test-{run}",
+        partitions=4,
+        session_timeout_s=6.0,
+        otlp_port=0,
+        mcp_port=0,
+    )  # `somnus up` in a test starts no OTLP receiver (shared port 4318) nor MCP
     # server (8765) unless it asks
 
 

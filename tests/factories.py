@@ -42,8 +42,17 @@ DEFAULT_PAYLOADS: dict[str, dict[str, Any]] = {
 }
 
 
-def trace_event(session: str, seq: int, type_: str, at: datetime = T0, payload: dict[str, Any] | None = None, *,
-                agent: str = "support", tag: str = "", **fields: Any) -> dict[str, Any]:
+def trace_event(
+    session: str,
+    seq: int,
+    type_: str,
+    at: datetime = T0,
+    payload: dict[str, Any] | None = None,
+    *,
+    agent: str = "support",
+    tag: str = "",
+    **fields: Any,
+) -> dict[str, Any]:
     """One trace event as JSON (``trace_event.v1.schema.json``): its payload is the type's default,
     updated with ``payload`` and ``fields``. The event id is a function of (session, seq, type, tag),
     so a redelivered event has the same id and a ``tag`` makes another event of the same seq.
@@ -53,9 +62,16 @@ def trace_event(session: str, seq: int, type_: str, at: datetime = T0, payload: 
     ('session_start', {'task': 'book'}, '2026-03-01T09:00:00+00:00')
     """
     name = f"{session}/{seq}/{type_}" + (f"/{tag}" if tag else "")
-    return {"event_id": str(uuid.uuid5(uuid.NAMESPACE_URL, name)), "schema_version": 1, "ts": at.isoformat(),
-            "agent": agent, "session_id": session, "seq": seq, "type": type_,
-            "payload": {**DEFAULT_PAYLOADS.get(type_, {}), **(payload or {}), **fields}}
+    return {
+        "event_id": str(uuid.uuid5(uuid.NAMESPACE_URL, name)),
+        "schema_version": 1,
+        "ts": at.isoformat(),
+        "agent": agent,
+        "session_id": session,
+        "seq": seq,
+        "type": type_,
+        "payload": {**DEFAULT_PAYLOADS.get(type_, {}), **(payload or {}), **fields},
+    }
 
 
 class SessionLog:
@@ -77,8 +93,9 @@ class SessionLog:
         return self
 
 
-def decoded_event(session: str, seq: int, type_: str, at: datetime = T0, payload: dict[str, Any] | None = None,
-                  **fields: Any) -> TraceEvent:
+def decoded_event(
+    session: str, seq: int, type_: str, at: datetime = T0, payload: dict[str, Any] | None = None, **fields: Any
+) -> TraceEvent:
     """``trace_event`` decoded as the worker decodes a record (``decode_trace``): a typed event."""
     out = decode_trace(orjson.dumps(trace_event(session, seq, type_, at, payload, **fields)), 1 << 20)
     assert isinstance(out, TraceEvent), out
@@ -94,17 +111,32 @@ class Trace:
     (['SessionStarted', 'ToolCalled', 'ToolReturned', 'SessionEnded'], datetime.timedelta(seconds=3))
     """
 
-    def __init__(self, agent: str = "support", session_id: str = "s1", *, t0: datetime = TRACE_T0,
-                 task: str = "refund order 1042", user_id: str | None = None) -> None:
+    def __init__(
+        self,
+        agent: str = "support",
+        session_id: str = "s1",
+        *,
+        t0: datetime = TRACE_T0,
+        task: str = "refund order 1042",
+        user_id: str | None = None,
+    ) -> None:
         self.agent, self.session_id, self.t0 = agent, session_id, t0
         self.task, self.user_id = task, user_id
         self.events: list[TraceEvent] = []
 
     def _add(self, cls: type, payload: Any, at: float | None) -> Trace:
         seq = len(self.events)
-        self.events.append(cls(event_id=uuid.uuid5(uuid.NAMESPACE_URL, f"{self.agent}/{self.session_id}/{seq}"),
-                               schema_version=1, ts=self.t0 + timedelta(seconds=seq if at is None else at),
-                               agent=self.agent, session_id=self.session_id, seq=seq, payload=payload))
+        self.events.append(
+            cls(
+                event_id=uuid.uuid5(uuid.NAMESPACE_URL, f"{self.agent}/{self.session_id}/{seq}"),
+                schema_version=1,
+                ts=self.t0 + timedelta(seconds=seq if at is None else at),
+                agent=self.agent,
+                session_id=self.session_id,
+                seq=seq,
+                payload=payload,
+            )
+        )
         return self
 
     def start(self, task: str | None = None, at: float | None = None, **kw: Any) -> Trace:
@@ -117,8 +149,9 @@ class Trace:
     def say(self, text: str, at: float | None = None) -> Trace:
         return self._add(AgentMessaged, Message(text=text), at)
 
-    def call(self, tool: str, call_id: str, at: float | None = None, args: dict[str, Any] | None = None,
-             **more_args: Any) -> Trace:
+    def call(
+        self, tool: str, call_id: str, at: float | None = None, args: dict[str, Any] | None = None, **more_args: Any
+    ) -> Trace:
         return self._add(ToolCalled, ToolCall(tool=tool, call_id=call_id, args={**(args or {}), **more_args}), at)
 
     def result(self, call_id: str, ok: bool, tool: str | None = None, at: float | None = None, **kw: Any) -> Trace:
@@ -127,8 +160,14 @@ class Trace:
     def ok(self, call_id: str, at: float | None = None, tool: str | None = None) -> Trace:
         return self.result(call_id, True, tool, at)
 
-    def fail(self, call_id: str, at: float | None = None, error: str | None = None, status: int | None = None,
-             tool: str | None = None) -> Trace:
+    def fail(
+        self,
+        call_id: str,
+        at: float | None = None,
+        error: str | None = None,
+        status: int | None = None,
+        tool: str | None = None,
+    ) -> Trace:
         return self.result(call_id, False, tool, at, error=error, http_status=status)
 
     def delegate(self, to: str, task: str = "help", at: float | None = None) -> Trace:
@@ -143,9 +182,13 @@ class Trace:
 
 def session_bundle(session: str, at: datetime = T0, agent: str = "support") -> bytes:
     """A whole short session (start, one agent message, end) as one bundle record's value."""
-    return orjson.dumps([trace_event(session, 0, "session_start", at, agent=agent),
-                         trace_event(session, 1, "agent_message", at, agent=agent),
-                         trace_event(session, 2, "session_end", at, agent=agent)])
+    return orjson.dumps(
+        [
+            trace_event(session, 0, "session_start", at, agent=agent),
+            trace_event(session, 1, "agent_message", at, agent=agent),
+            trace_event(session, 2, "session_end", at, agent=agent),
+        ]
+    )
 
 
 @dataclass

@@ -40,8 +40,13 @@ class Pipeline:
         """``somnus ARGS`` against this pipeline (its settings and broker); its stdout, or a failure."""
         import sys
 
-        run = subprocess.run([sys.executable, "-m", "somnus.cli", *args], env={**self.s.as_env(),
-                             "KAFKA_BOOTSTRAP": self.boot}, capture_output=True, text=True, timeout=timeout_s)
+        run = subprocess.run(
+            [sys.executable, "-m", "somnus.cli", *args],
+            env={**self.s.as_env(), "KAFKA_BOOTSTRAP": self.boot},
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
         assert run.returncode == 0, (args, run.stdout, run.stderr)
         return run.stdout
 

@@ -15,11 +15,18 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TOP_LEVEL = ("README.md", "BENCHMARKS.md", "CHANGELOG.md", "SECURITY.md")
-PENDING = frozenset({
-    "docs/integrations/otlp.md", "docs/integrations/mcp.md", "docs/integrations/parquet.md",
-    "docs/integrations/metrics.md", "docs/concepts/advise.md", "docs/concepts/rhythms.md",
-    "docs/concepts/sleep.md", "docs/design/forget.md",
-})
+PENDING = frozenset(
+    {
+        "docs/integrations/otlp.md",
+        "docs/integrations/mcp.md",
+        "docs/integrations/parquet.md",
+        "docs/integrations/metrics.md",
+        "docs/concepts/advise.md",
+        "docs/concepts/rhythms.md",
+        "docs/concepts/sleep.md",
+        "docs/design/forget.md",
+    }
+)
 
 _FENCE = re.compile(r"^\s*(```|~~~)")
 _CODE_SPAN = re.compile(r"`+[^`]*`+")
@@ -105,7 +112,8 @@ def test_a_broken_link_or_anchor_is_reported(tmp_path: Path) -> None:
     (tmp_path / "README.md").write_text(
         "[ok](docs/a.md) [ok](docs/a.md#its-part) [gone](docs/b.md) [bad](docs/a.md#nothing)\n"
         "`[in code](docs/c.md)` [web](https://example.com) [soon](docs/d.md)\n"
-        "```\n[fenced](docs/e.md)\n```\n")
+        "```\n[fenced](docs/e.md)\n```\n"
+    )
     got = broken_links(tmp_path, doc_files(tmp_path), frozenset({"docs/d.md"}))
     assert got == ["README.md: docs/b.md (no such file)", "README.md: docs/a.md#nothing (no heading #nothing)"]
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PROBE = '''
+PROBE = """
 from hypothesis import given, settings, strategies as st
 
 RUNS = []
@@ -24,7 +24,7 @@ def test_default(n):
 
 def test_report():
     print(f"RUNS={len(RUNS)}")
-'''
+"""
 
 
 def _runs(tmp_path: Path, ci: str | None) -> int:
@@ -34,8 +34,14 @@ def _runs(tmp_path: Path, ci: str | None) -> int:
     env = {k: v for k, v in os.environ.items() if k not in ("CI", "HYPOTHESIS_PROFILE")}
     if ci is not None:
         env["CI"] = ci
-    out = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-s", "--rootdir",
-                          str(tmp_path), str(probe)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-s", "--rootdir", str(tmp_path), str(probe)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     return int(next(line for line in out.stdout.splitlines() if "RUNS=" in line).split("RUNS=")[1].split()[0])
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The lint step of CI (bash run.sh lint): ruff, the import contracts, mypy. Each runs; the step fails
-# when any of them does. Tools from $VENV (default .venv).
+# The lint step of CI (bash run.sh lint): ruff (rules and format), the import contracts, mypy.
+# Each runs; the step fails when any of them does. Tools from $VENV (default .venv).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -9,6 +9,8 @@ bin=$(cd "$bin" && pwd)
 status=0
 echo "lint: ruff check" >&2
 "$bin/ruff" check . || status=1
+echo "lint: ruff format --check" >&2
+"$bin/ruff" format --check . || status=1
 tree=$(bash tools/staged_tree.sh)
 trap 'rm -rf "$tree"' EXIT
 echo "lint: import contracts (lint-imports)" >&2

@@ -63,7 +63,14 @@ import msgspec
 from somnus.processors.sessions.distiller import session_key
 from somnus.processors.briefing.injection import one_line
 from somnus.processors.working.synopsis import synopsis_lines
-from somnus.processors.working.session_buffer import CHARS_PER_TOKEN, clip, content_words, estimate_tokens, recent, summary_line
+from somnus.processors.working.session_buffer import (
+    CHARS_PER_TOKEN,
+    clip,
+    content_words,
+    estimate_tokens,
+    recent,
+    summary_line,
+)
 from somnus.schemas.working_memory import (
     AssembledContext,
     BufferedMessage,
@@ -150,7 +157,7 @@ def _jaccard_at_least(a: frozenset[str], b: frozenset[str], threshold: float) ->
 
 def _prefix(words: frozenset[str], threshold: float) -> tuple[str, ...]:
     n = len(words)
-    return tuple(sorted(words, key=hash)[:n - math.ceil(threshold * n - 1e-9) + 1])
+    return tuple(sorted(words, key=hash)[: n - math.ceil(threshold * n - 1e-9) + 1])
 
 
 @functools.lru_cache(maxsize=4096)  # bounded: ~20 MB at worst (long texts)
@@ -228,12 +235,24 @@ def buffer_candidates(buffer: WorkingMemoryState, query: str, skip_newest: int, 
     out = []
     for overlap, _, item in scored[:k]:
         if isinstance(item, BufferedMessage):
-            out.append(ContextCandidate(text=f"{item.role.value}: {item.text}", score=overlap,
-                                        source_id=f"{key}#seq{item.seq}", user_id=buffer.user_id))
+            out.append(
+                ContextCandidate(
+                    text=f"{item.role.value}: {item.text}",
+                    score=overlap,
+                    source_id=f"{key}#seq{item.seq}",
+                    user_id=buffer.user_id,
+                )
+            )
         else:
             assert isinstance(item, SessionSummary)
-            out.append(ContextCandidate(text=summary_line(item), score=overlap,
-                                        source_id=f"{key}#summary:{item.summary_id}", user_id=buffer.user_id))
+            out.append(
+                ContextCandidate(
+                    text=summary_line(item),
+                    score=overlap,
+                    source_id=f"{key}#summary:{item.summary_id}",
+                    user_id=buffer.user_id,
+                )
+            )
     return out
 
 
@@ -246,10 +265,17 @@ class _Group:
         self.score, self.tiers, self.first = score, [tier], first
 
 
-def get_context(query: str, agent: str, user_id: str | None = None, max_tokens: int = 4000, *,
-                tiers: Sequence[Tier] = (), buffer: WorkingMemoryState | None = None,
-                synopsis: UserSynopsis | None = None, settings: PlannerSettings = DEFAULT_PLANNER,
-                ) -> AssembledContext:
+def get_context(
+    query: str,
+    agent: str,
+    user_id: str | None = None,
+    max_tokens: int = 4000,
+    *,
+    tiers: Sequence[Tier] = (),
+    buffer: WorkingMemoryState | None = None,
+    synopsis: UserSynopsis | None = None,
+    settings: PlannerSettings = DEFAULT_PLANNER,
+) -> AssembledContext:
     """The context for ``query``: synopsis, recent conversation, then fused memory, within ``max_tokens``.
 
     ``buffer`` is the working memory of the agent's current session (it must be ``agent``'s);
@@ -299,8 +325,16 @@ def get_context(query: str, agent: str, user_id: str | None = None, max_tokens: 
             if cost > room:
                 break
             room -= cost
-            recent_items.append(ContextItem(tiers=(BUFFER_TIER,), source_id=f"{key}#seq{m.seq}", text=line,
-                                            score=0.0, tokens=cost, user_id=buffer.user_id))
+            recent_items.append(
+                ContextItem(
+                    tiers=(BUFFER_TIER,),
+                    source_id=f"{key}#seq{m.seq}",
+                    text=line,
+                    score=0.0,
+                    tokens=cost,
+                    user_id=buffer.user_id,
+                )
+            )
             words = _words(m.text)  # a recalled copy of the message has no role prefix
             seen_keys.add(" ".join(words))
             seen_sets.append(frozenset(words))
@@ -313,8 +347,14 @@ def get_context(query: str, agent: str, user_id: str | None = None, max_tokens: 
     contributions: list[tuple[float, int, str, ContextCandidate]] = []
     sources: list[tuple[str, float, int, list[ContextCandidate]]] = []
     if buffer is not None:
-        sources.append((BUFFER_TIER, settings.buffer_weight, settings.buffer_k,
-                        buffer_candidates(buffer, query, len(recent_items), settings.buffer_k)))
+        sources.append(
+            (
+                BUFFER_TIER,
+                settings.buffer_weight,
+                settings.buffer_k,
+                buffer_candidates(buffer, query, len(recent_items), settings.buffer_k),
+            )
+        )
     for tier in tiers:
         sources.append((tier.name, tier.weight, tier.k, list(tier.search(query, agent, user_id, tier.k))))
     for index, (name, weight, k, found) in enumerate(sources):
@@ -362,13 +402,32 @@ def get_context(query: str, agent: str, user_id: str | None = None, max_tokens: 
             dropped += 1
             continue
         room -= cost
-        ranked.append(ContextItem(tiers=tuple(g.tiers), source_id=g.first.source_id, text=line, score=g.score,
-                                  tokens=cost, user_id=g.first.user_id))
+        ranked.append(
+            ContextItem(
+                tiers=tuple(g.tiers),
+                source_id=g.first.source_id,
+                text=line,
+                score=g.score,
+                tokens=cost,
+                user_id=g.first.user_id,
+            )
+        )
     if ranked:
         lines += [RANKED_HEADER, *(i.text for i in ranked)]
 
     text = "".join(line + "\n" for line in lines)
-    return AssembledContext(query=query, agent=agent, user_id=user_id, max_tokens=max_tokens,
-                            tokens=estimate_tokens(text), text=text, synopsis=tuple(synopsis_shown),
-                            recent=tuple(recent_items), ranked=tuple(ranked), considered=considered,
-                            filtered=filtered, duplicates=duplicates, dropped=dropped)
+    return AssembledContext(
+        query=query,
+        agent=agent,
+        user_id=user_id,
+        max_tokens=max_tokens,
+        tokens=estimate_tokens(text),
+        text=text,
+        synopsis=tuple(synopsis_shown),
+        recent=tuple(recent_items),
+        ranked=tuple(ranked),
+        considered=considered,
+        filtered=filtered,
+        duplicates=duplicates,
+        dropped=dropped,
+    )

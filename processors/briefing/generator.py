@@ -126,6 +126,7 @@ STRATEGIES_TITLE = "### Active Strategies"
 
 # ---- inputs --------------------------------------------------------------------------------
 
+
 class LessonItem(msgspec.Struct, frozen=True, kw_only=True):
     """One lesson line: a (tool, error class) with its history, or (``tool`` None) a lesson text."""
 
@@ -183,8 +184,9 @@ class BriefingInputs(msgspec.Struct, frozen=True):
 
 # Line breaks of every kind, other control characters, bidi overrides, zero-width characters and
 # lone surrogates: all become one space, so an item is always exactly one visible line.
-_UNSAFE = re.compile("[\\s\x00-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f"
-                     "\ufeff\ufff9-\ufffb\ud800-\udfff]+")
+_UNSAFE = re.compile(
+    "[\\s\x00-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff\ufff9-\ufffb\ud800-\udfff]+"
+)
 
 
 def one_line(text: str, limit: int = MAX_ITEM_CHARS) -> str:
@@ -198,7 +200,7 @@ def one_line(text: str, limit: int = MAX_ITEM_CHARS) -> str:
     text = _UNSAFE.sub(" ", text).strip()
     if len(text) <= limit:
         return text
-    cut = text[:max(limit - 1, 0)]
+    cut = text[: max(limit - 1, 0)]
     space = cut.rfind(" ")
     if text[len(cut)] != " " and space >= limit // 2:
         cut = cut[:space]  # end at a whole word unless that loses more than half the room
@@ -235,10 +237,12 @@ def age_text(then: datetime | None, now: datetime) -> str:
 
 _WORD = re.compile(r"[^\W\d_]+(?:['\u2019][^\W\d_]+)?|\w+")
 # Words that say nothing about what a task is: greetings, politeness, and the verbs of asking.
-FILLER_WORDS = frozenset("""
+FILLER_WORDS = frozenset(
+    """
 hello hey hi dear please pls thanks thank thx ok okay want wants wanted need needs needed help would could
 can may might must shall will like id im ive youre yes no sure also just one get got make made let lets
-""".split())
+""".split()
+)
 
 
 @functools.lru_cache(maxsize=1)
@@ -274,8 +278,13 @@ def _task_words(task: str) -> tuple[tuple[str, str], ...]:
     for w in _WORD.findall(task.casefold()):
         w = w.replace("\u2019", "'")
         bare = w.replace("'", "")
-        if (len(bare) < 2 or any(c.isdigit() or c == "_" for c in w) or bare in STOP_WORDS
-                or bare in FILLER_WORDS or w in STOP_WORDS):
+        if (
+            len(bare) < 2
+            or any(c.isdigit() or c == "_" for c in w)
+            or bare in STOP_WORDS
+            or bare in FILLER_WORDS
+            or w in STOP_WORDS
+        ):
             continue
         out.setdefault(_stem(bare), bare)
     return tuple(out.items())
@@ -320,6 +329,7 @@ def _quoted(name: str) -> str:
 
 # ---- lines ---------------------------------------------------------------------------------
 
+
 def _count(n: int) -> str:
     return "once" if n == 1 else "twice" if n == 2 else f"{n} times"
 
@@ -334,21 +344,32 @@ def lesson_line(lesson: LessonItem, now: datetime) -> str:
         when = last
     else:
         first = age_text(lesson.first_at, now) if lesson.first_at is not None else None
-        when = (f"{_count(lesson.times)}, first {first}, last {last}" if first and first != last
-                else f"{_count(lesson.times)}, last {last}")
+        when = (
+            f"{_count(lesson.times)}, first {first}, last {last}"
+            if first and first != last
+            else f"{_count(lesson.times)}, last {last}"
+        )
     if lesson.tool is None:
         return f"- [{kind}] {one_line(lesson.text)} ({when})"
     text = f"{', '.join(one_line(t, 60) for t in (lesson.tool, *lesson.also))}: {lesson.text}"
     if lesson.resolved and lesson.resolution:
         how = one_line(lesson.resolution, 60)
-        text += (f"; resolved by {how}" if lesson.resolved >= lesson.times
-                 else f"; resolved by {how} {lesson.resolved} of {lesson.times} times")
+        text += (
+            f"; resolved by {how}"
+            if lesson.resolved >= lesson.times
+            else f"; resolved by {how} {lesson.resolved} of {lesson.times} times"
+        )
     return f"- [{kind}] {one_line(text)} ({when})"
 
 
 def fact_line(fact: FactItem) -> str:
-    text = " ".join((_quoted(one_line(entity_name(fact.source), 120)), one_line(fact.predicate, 60),
-                     _quoted(one_line(entity_name(fact.target), 120))))
+    text = " ".join(
+        (
+            _quoted(one_line(entity_name(fact.source), 120)),
+            one_line(fact.predicate, 60),
+            _quoted(one_line(entity_name(fact.target), 120)),
+        )
+    )
     return f"- {one_line(text)} (confidence {fact.confidence:.2f})"
 
 
@@ -366,9 +387,18 @@ def lesson_order(lesson: LessonItem) -> tuple[Any, ...]:
     """Tool errors first, then the most likely to recur, then the most frequent, then the kind
     (failures, recoveries, successes) and the most recent."""
     t = lesson.learned_at
-    return (lesson.tool is None, -round(lesson.recurrence, 9), -lesson.times,
-            LESSON_RANK.get(lesson.kind, len(LESSON_RANK)), t is None, -_aware(t).timestamp() if t else 0.0,
-            lesson.kind, lesson.tool or "", lesson.also, lesson.text)
+    return (
+        lesson.tool is None,
+        -round(lesson.recurrence, 9),
+        -lesson.times,
+        LESSON_RANK.get(lesson.kind, len(LESSON_RANK)),
+        t is None,
+        -_aware(t).timestamp() if t else 0.0,
+        lesson.kind,
+        lesson.tool or "",
+        lesson.also,
+        lesson.text,
+    )
 
 
 def fact_order(fact: FactItem) -> tuple[Any, ...]:
@@ -384,13 +414,18 @@ def strategy_order(s: StrategyItem) -> tuple[Any, ...]:
     return (-s.times, -_aware(s.latest).timestamp(), -len(s.tools), s.task_kind, s.tools)
 
 
-
-
 # ---- rendering -----------------------------------------------------------------------------
 
-def render_briefing(agent: str, lessons: Sequence[LessonItem], facts: Sequence[FactItem],
-                    strategies: Sequence[StrategyItem], budget: int, now: datetime,
-                    knowledge: Sequence[KnowledgeItem | str] = ()) -> Briefing:
+
+def render_briefing(
+    agent: str,
+    lessons: Sequence[LessonItem],
+    facts: Sequence[FactItem],
+    strategies: Sequence[StrategyItem],
+    budget: int,
+    now: datetime,
+    knowledge: Sequence[KnowledgeItem | str] = (),
+) -> Briefing:
     """The briefing of ``agent`` at ``now`` within ``budget`` characters (see the module docstring).
 
     Items are ordered here (any input order gives the same briefing) and cut to the section limits.
@@ -400,7 +435,8 @@ def render_briefing(agent: str, lessons: Sequence[LessonItem], facts: Sequence[F
     own = agent_scope(agent)
     ordered_lessons = [x for x in sorted(lessons, key=lesson_order) if x.tool is not None][:MAX_LESSONS]
     ordered_lessons += [x for x in sorted(lessons, key=lesson_order) if x.tool is None][
-        :min(MAX_OTHER_LESSONS, MAX_LESSONS - len(ordered_lessons))]
+        : min(MAX_OTHER_LESSONS, MAX_LESSONS - len(ordered_lessons))
+    ]
     # An error class is said once: a failed_with fact of a class a lesson line names is left out, and
     # of several failed_with facts of one class only the first (in Key Knowledge's order) is kept.
     said = {normalise_name(x.text) for x in ordered_lessons if x.tool is not None}
@@ -435,7 +471,8 @@ def render_briefing(agent: str, lessons: Sequence[LessonItem], facts: Sequence[F
         *[(fact_line(f), f) for f in own_facts],
         *[(knowledge_line(k), None) for k in ordered_knowledge if k.scope == own],
         *[(fact_line(f), f) for f in wide_facts],
-        *[(knowledge_line(k), None) for k in ordered_knowledge if k.scope != own]]
+        *[(knowledge_line(k), None) for k in ordered_knowledge if k.scope != own],
+    ]
     sections: list[list[tuple[str, FactItem | None]]] = [
         [(lesson_line(x, now), None) for x in ordered_lessons],
         knowledge_lines,
@@ -456,28 +493,48 @@ def render_briefing(agent: str, lessons: Sequence[LessonItem], facts: Sequence[F
     out = [title]
     for i, lines in enumerate(sections):
         if shown[i]:
-            out += ["", titles[i], *(line for line, _ in lines[:shown[i]])]
+            out += ["", titles[i], *(line for line, _ in lines[: shown[i]])]
     markdown = "\n".join(out) + "\n" if sum(shown) else ""
     key = f"{agent}\x1f{markdown}".encode("utf-8", "surrogatepass")
     digest = hashlib.blake2b(key, digest_size=16).hexdigest()
-    served = [ServedFact(triple_id=f.triple_id, source=f.source, predicate=f.predicate, target=f.target,
-                         scope=f.scope, confidence=min(max(f.confidence, 0.0), 1.0),
-                         source_name=entity_name(f.source) or f.source,
-                         target_name=entity_name(f.target) or f.target)
-              for _, f in knowledge_lines[:shown[1]] if f is not None]
+    served = [
+        ServedFact(
+            triple_id=f.triple_id,
+            source=f.source,
+            predicate=f.predicate,
+            target=f.target,
+            scope=f.scope,
+            confidence=min(max(f.confidence, 0.0), 1.0),
+            source_name=entity_name(f.source) or f.source,
+            target_name=entity_name(f.target) or f.target,
+        )
+        for _, f in knowledge_lines[: shown[1]]
+        if f is not None
+    ]
     return BriefingGenerated(
-        schema_version=BRIEFING_SCHEMA_VERSION, briefing_id=digest, agent=agent, generated_at=_aware(now),
-        budget=max(budget, 0), markdown=markdown, chars=len(markdown), lessons=shown[0], facts=served,
-        strategies=shown[2], dropped_lessons=len(lessons) - shown[0],
+        schema_version=BRIEFING_SCHEMA_VERSION,
+        briefing_id=digest,
+        agent=agent,
+        generated_at=_aware(now),
+        budget=max(budget, 0),
+        markdown=markdown,
+        chars=len(markdown),
+        lessons=shown[0],
+        facts=served,
+        strategies=shown[2],
+        dropped_lessons=len(lessons) - shown[0],
         dropped_facts=len(facts) + len(knowledge) - shown[1],
-        dropped_strategies=len(strategies) - shown[2])
+        dropped_strategies=len(strategies) - shown[2],
+    )
 
 
 def _knowledge_items(own: str, knowledge: Iterable[KnowledgeItem | str]) -> list[KnowledgeItem]:
     """Plain strings are lines of the agent's own memory, ranked in the order given."""
     given = list(knowledge)
-    return [KnowledgeItem(text=k, scope=own, score=float(len(given) - i)) if isinstance(k, str) else k
-            for i, k in enumerate(given)]
+    return [
+        KnowledgeItem(text=k, scope=own, score=float(len(given) - i)) if isinstance(k, str) else k
+        for i, k in enumerate(given)
+    ]
 
 
 def priority_order(sizes: list[int]) -> Iterable[int]:
@@ -564,8 +621,9 @@ class _Group:
             self.last = at if self.last is None else max(self.last, at)
 
 
-def select_lessons(agent: str, rows: Iterable[Row], now: datetime, *, episodes: Iterable[Row] = (),
-                   alpha: float = DEFAULT_ALPHA) -> list[LessonItem]:
+def select_lessons(
+    agent: str, rows: Iterable[Row], now: datetime, *, episodes: Iterable[Row] = (), alpha: float = DEFAULT_ALPHA
+) -> list[LessonItem]:
     """The agent's lessons known at ``now``, one item per error class (rows of ``lessons``: agent,
     kind, text, tool, error, learned_at, episode_id), ranked (``lesson_order``).
 
@@ -615,20 +673,35 @@ def select_lessons(agent: str, rows: Iterable[Row], now: datetime, *, episodes: 
     out = []
     for (of_tool, text), g in groups.items():
         tools_by_use = sorted(g.tools, key=lambda t: (-g.tools[t], t))
-        kind = ("recovery" if g.resolved == g.times else "failure") if of_tool else min(
-            g.kind_counts, key=lambda k: (-g.kind_counts[k], k))
+        kind = (
+            ("recovery" if g.resolved == g.times else "failure")
+            if of_tool
+            else min(g.kind_counts, key=lambda k: (-g.kind_counts[k], k))
+        )
         resolution = min(g.resolutions, key=lambda k: (-g.resolutions[k], k)) if g.resolutions else None
         miss = 1.0  # the class recurs when it recurs with any of its tools (noisy-or)
-        for t in (tools_by_use if of_tool else [None]):
+        for t in tools_by_use if of_tool else [None]:
             miss *= 1.0 - odds.get((t, text), 0.0)
-        out.append(LessonItem(kind=kind, text=text, tool=tools_by_use[0] if of_tool else None,
-                              also=tuple(tools_by_use[1:]), learned_at=g.last, first_at=g.first, times=g.times,
-                              resolved=g.resolved, resolution=resolution, recurrence=1.0 - miss))
+        out.append(
+            LessonItem(
+                kind=kind,
+                text=text,
+                tool=tools_by_use[0] if of_tool else None,
+                also=tuple(tools_by_use[1:]),
+                learned_at=g.last,
+                first_at=g.first,
+                times=g.times,
+                resolved=g.resolved,
+                resolution=resolution,
+                recurrence=1.0 - miss,
+            )
+        )
     return sorted(out, key=lesson_order)
 
 
-def recurrence(sessions: Sequence[tuple[str, tuple[datetime, set[str], set[tuple[str | None, str]]]]],
-               alpha: float = DEFAULT_ALPHA) -> dict[tuple[str | None, str], float]:
+def recurrence(
+    sessions: Sequence[tuple[str, tuple[datetime, set[str], set[tuple[str | None, str]]]]], alpha: float = DEFAULT_ALPHA
+) -> dict[tuple[str | None, str], float]:
     """P(next session meets the class) per (tool, class), from the sessions in time order
     ``(id, (time, tools used, classes met))``: P(tool used) x P(class | tool used), each a
     Rescorla-Wagner estimate with the running-mean start (``V += max(α, 1/n)(λ - V)``), as the NAc
@@ -681,8 +754,15 @@ def tool_use(sessions: Iterable[Iterable[str]], alpha: float = DEFAULT_ALPHA) ->
     return use, n
 
 
-def fact_relevance(source: str, target: str, count: int, agent: str, use: Mapping[str, float], sessions: int,
-                   rates: Mapping[str, float] | None = None) -> float:
+def fact_relevance(
+    source: str,
+    target: str,
+    count: int,
+    agent: str,
+    use: Mapping[str, float],
+    sessions: int,
+    rates: Mapping[str, float] | None = None,
+) -> float:
     """How likely the next session touches one of a fact's entities (the reading agent itself aside):
     a tool, P(the agent uses it) (``tool_use``); another entity, how often the agent's own facts
     mention it (``rates``, ``entity_rates``), else the share of its sessions this fact was seen in
@@ -723,8 +803,9 @@ def entity_rates(agent: str, own: Iterable[Row], sessions: int) -> dict[str, flo
     return out
 
 
-def used_entities(agent: str, *, lessons: Iterable[Row] = (), episodes: Iterable[Row] = (),
-                  facts: Iterable[FactItem | Row] = ()) -> tuple[set[str], set[str]]:
+def used_entities(
+    agent: str, *, lessons: Iterable[Row] = (), episodes: Iterable[Row] = (), facts: Iterable[FactItem | Row] = ()
+) -> tuple[set[str], set[str]]:
     """What the agent has used itself: (tool names, entity ids). Tools of its episodes and lessons;
     entities of its own-scope facts (items or rows: sources and targets) and its tools as ``tool:<name>``."""
     tools: set[str] = set()
@@ -750,9 +831,17 @@ def _active(row: Row, now: datetime) -> bool:
     return not ((start is not None and start > now) or (end is not None and end <= now))
 
 
-def select_facts(agent: str, agents: Mapping[str, AgentSpec], rows: Iterable[Row], now: datetime, *,
-                 used: set[str] | None = None, use: Mapping[str, float] | None = None,
-                 sessions: int = 0, rates: Mapping[str, float] | None = None) -> list[FactItem]:
+def select_facts(
+    agent: str,
+    agents: Mapping[str, AgentSpec],
+    rows: Iterable[Row],
+    now: datetime,
+    *,
+    used: set[str] | None = None,
+    use: Mapping[str, float] | None = None,
+    sessions: int = 0,
+    rates: Mapping[str, float] | None = None,
+) -> list[FactItem]:
     """Facts of the agent's scope chain active at ``now`` (rows of ``triples`` / ``facts_top``), one per
     statement (source, predicate, target): its highest confidence, from the widest scope holding it.
 
@@ -775,8 +864,15 @@ def select_facts(agent: str, agents: Mapping[str, AgentSpec], rows: Iterable[Row
         source, predicate, target = str(_get(r, "source")), str(_get(r, "predicate")), str(_get(r, "target"))
         if source == me and predicate in SELF_EVIDENT_PREDICATES:
             continue
-        item = FactItem(triple_id=str(_get(r, "triple_id")), source=source, predicate=predicate, target=target,
-                        scope=scope, confidence=float(_get(r, "confidence")), count=int(_get(r, "count", 1) or 1))
+        item = FactItem(
+            triple_id=str(_get(r, "triple_id")),
+            source=source,
+            predicate=predicate,
+            target=target,
+            scope=scope,
+            confidence=float(_get(r, "confidence")),
+            count=int(_get(r, "count", 1) or 1),
+        )
         key = (source, predicate, target)
         old = best.get(key)
         if old is None:
@@ -785,11 +881,14 @@ def select_facts(agent: str, agents: Mapping[str, AgentSpec], rows: Iterable[Row
         wide = item if (rank[item.scope], item.triple_id) > (rank[old.scope], old.triple_id) else old
         best[key] = msgspec.structs.replace(wide, confidence=max(old.confidence, item.confidence))
     own = agent_scope(agent)
-    out = [f for f in best.values()
-           if used is None or f.scope == own or f.source in used or f.target in used]
+    out = [f for f in best.values() if used is None or f.scope == own or f.source in used or f.target in used]
     if use is not None:
-        out = [msgspec.structs.replace(f, relevance=fact_relevance(f.source, f.target, f.count, agent, use, sessions,
-                                                                   rates)) for f in out]
+        out = [
+            msgspec.structs.replace(
+                f, relevance=fact_relevance(f.source, f.target, f.count, agent, use, sessions, rates)
+            )
+            for f in out
+        ]
         out = [f for f in out if f.predicate == FAILED_WITH or f.relevance >= MIN_FACT_RELEVANCE]
     return sorted(out, key=fact_order)
 
@@ -813,8 +912,9 @@ def covers(agents: Mapping[str, AgentSpec], reader: str, other: str) -> bool:
 _NAME_WORD = re.compile(r"[\w.:/@-]+")
 
 
-def select_knowledge(agent: str, agents: Mapping[str, AgentSpec], items: Iterable[KnowledgeItem], *,
-                     tools: set[str], entities: set[str]) -> list[KnowledgeItem]:
+def select_knowledge(
+    agent: str, agents: Mapping[str, AgentSpec], items: Iterable[KnowledgeItem], *, tools: set[str], entities: set[str]
+) -> list[KnowledgeItem]:
     """The concepts and patterns of the agent's scope chain that concern it.
 
     Every one, of its own memory too, only when every agent it came from (``agents``) is covered by
@@ -891,8 +991,11 @@ def one_polarity(items: Sequence[KnowledgeItem], order: Mapping[str, int]) -> li
     keep: set[int] = set()
     for found in by_tool.values():
         narrowest = min(order.get(k.scope, len(order)) for _, k in found)
-        here = {reliable: k for reliable, k in sorted(found, key=lambda rk: (rk[1].score, rk[1].text))
-                if order.get(k.scope, len(order)) == narrowest}
+        here = {
+            reliable: k
+            for reliable, k in sorted(found, key=lambda rk: (rk[1].score, rk[1].text))
+            if order.get(k.scope, len(order)) == narrowest
+        }
         if len(here) == 1:
             keep.add(id(next(iter(here.values()))))
             continue
@@ -924,8 +1027,11 @@ def select_strategies(agent: str, rows: Iterable[Row], now: datetime) -> list[St
         if len(seen) < MIN_STRATEGY_SUPPORT:
             continue
         seen.sort()
-        out.append(StrategyItem(task_kind=task_kind(task for _, task in seen), tools=tools, times=len(seen),
-                                latest=seen[-1][0]))
+        out.append(
+            StrategyItem(
+                task_kind=task_kind(task for _, task in seen), tools=tools, times=len(seen), latest=seen[-1][0]
+            )
+        )
     return sorted(out, key=strategy_order)
 
 
@@ -934,32 +1040,55 @@ def alpha_of(agents: Mapping[str, AgentSpec], agent: str) -> float:
     return DEFAULT_ALPHA if spec is None else ALPHA_BY_LEARNING_RATE.get(spec.learning_rate, DEFAULT_ALPHA)
 
 
-def select_inputs(agent: str, agents: Mapping[str, AgentSpec], *, lessons: Iterable[Row], triples: Iterable[Row],
-                  episodes: Iterable[Row], now: datetime, knowledge: Iterable[KnowledgeItem] = ()) -> BriefingInputs:
+def select_inputs(
+    agent: str,
+    agents: Mapping[str, AgentSpec],
+    *,
+    lessons: Iterable[Row],
+    triples: Iterable[Row],
+    episodes: Iterable[Row],
+    now: datetime,
+    knowledge: Iterable[KnowledgeItem] = (),
+) -> BriefingInputs:
     """Everything a briefing of ``agent`` at ``now`` needs, from plain rows of the ``lessons``,
     ``triples`` (or ``facts_top``) and ``episodes`` tables (any outcome) and the semantic memory's
     items of its chain. Rows of other agents, of scopes outside the chain, from after ``now``, and
     wider knowledge that does not concern the agent are left out, so the caller may pass a superset."""
     lessons, triples, episodes = list(lessons), list(triples), list(episodes)
-    mine = [e for e in episodes if _get(e, "agent", agent) == agent
-            and (_time(_get(e, "ended_at")) or _aware(now)) <= _aware(now)]
+    mine = [
+        e
+        for e in episodes
+        if _get(e, "agent", agent) == agent and (_time(_get(e, "ended_at")) or _aware(now)) <= _aware(now)
+    ]
     scope = agent_scope(agent)
     own = [t for t in triples if _get(t, "scope") == scope and _active(t, _aware(now))]
-    mine_l = [r for r in lessons if _get(r, "agent") == agent
-              and (_time(_get(r, "learned_at")) or _aware(now)) <= _aware(now)]
+    mine_l = [
+        r for r in lessons if _get(r, "agent") == agent and (_time(_get(r, "learned_at")) or _aware(now)) <= _aware(now)
+    ]
     tools, entities = used_entities(agent, lessons=mine_l, episodes=mine, facts=own)
     alpha = alpha_of(agents, agent)
     ordered = sorted(mine, key=lambda e: (_time(_get(e, "ended_at")) or _aware(now), str(_get(e, "episode_id"))))
     use, n = tool_use((_tools(_get(e, "tools")) for e in ordered), alpha)
-    return BriefingInputs(lessons=select_lessons(agent, lessons, now, episodes=mine, alpha=alpha),
-                          facts=select_facts(agent, agents, triples, now, used=entities, use=use, sessions=n,
-                                             rates=entity_rates(agent, own, n)),
-                          strategies=select_strategies(agent, episodes, now),
-                          knowledge=select_knowledge(agent, agents, knowledge, tools=tools, entities=entities))
+    return BriefingInputs(
+        lessons=select_lessons(agent, lessons, now, episodes=mine, alpha=alpha),
+        facts=select_facts(
+            agent, agents, triples, now, used=entities, use=use, sessions=n, rates=entity_rates(agent, own, n)
+        ),
+        strategies=select_strategies(agent, episodes, now),
+        knowledge=select_knowledge(agent, agents, knowledge, tools=tools, entities=entities),
+    )
 
 
-def briefing_for(agent: str, agents: Mapping[str, AgentSpec], *, lessons: Iterable[Row], triples: Iterable[Row],
-                 episodes: Iterable[Row], now: datetime, knowledge: Iterable[KnowledgeItem | str] = ()) -> Briefing:
+def briefing_for(
+    agent: str,
+    agents: Mapping[str, AgentSpec],
+    *,
+    lessons: Iterable[Row],
+    triples: Iterable[Row],
+    episodes: Iterable[Row],
+    now: datetime,
+    knowledge: Iterable[KnowledgeItem | str] = (),
+) -> Briefing:
     """``select_inputs`` then ``render_briefing`` with the agent's budget (empty when briefings are off).
     Plain strings in ``knowledge`` are lines of the agent's own memory."""
     spec = agents.get(agent)
@@ -971,6 +1100,7 @@ def briefing_for(agent: str, agents: Mapping[str, AgentSpec], *, lessons: Iterab
 
 
 # ---- cache invalidation --------------------------------------------------------------------
+
 
 class EpisodeArrived(msgspec.Struct, frozen=True):
     """A new episode of ``agent`` (its lessons and strategies may change)."""
@@ -997,8 +1127,13 @@ def readers_by_scope(agents: Mapping[str, AgentSpec]) -> dict[str, frozenset[str
     return {k: frozenset(v) for k, v in out.items()}
 
 
-def affected_agents(agents: Mapping[str, AgentSpec], change: Change, *, known: Iterable[str] = (),
-                    readers: Mapping[str, frozenset[str]] | None = None) -> set[str]:
+def affected_agents(
+    agents: Mapping[str, AgentSpec],
+    change: Change,
+    *,
+    known: Iterable[str] = (),
+    readers: Mapping[str, frozenset[str]] | None = None,
+) -> set[str]:
     """The agents whose cached briefing ``change`` invalidates.
 
     A new episode invalidates its own agent's briefing; a triple changed in scope S invalidates every
@@ -1023,14 +1158,15 @@ def affected_agents(agents: Mapping[str, AgentSpec], change: Change, *, known: I
         if change.scope == GLOBAL_SCOPE:
             hit |= {k for k in known if k not in agents}
         elif change.scope.startswith("agent:"):
-            name = change.scope[len("agent:"):]
+            name = change.scope[len("agent:") :]
             if name not in agents and name in (known if isinstance(known, (set, frozenset, dict)) else set(known)):
                 hit.add(name)
     return {a for a in hit if a not in agents or agents[a].briefing_enabled}
 
 
-def agents_to_regenerate(agents: Mapping[str, AgentSpec], changes: Iterable[Change], *,
-                         known: Iterable[str] = ()) -> list[str]:
+def agents_to_regenerate(
+    agents: Mapping[str, AgentSpec], changes: Iterable[Change], *, known: Iterable[str] = ()
+) -> list[str]:
     """The union of ``affected_agents`` over a batch of changes, sorted. Agents not in it are skipped."""
     readers = readers_by_scope(agents)
     known = list(known)
@@ -1043,15 +1179,47 @@ def agents_to_regenerate(agents: Mapping[str, AgentSpec], changes: Iterable[Chan
 def changes_of(episode_agents: Iterable[str], triple_scopes: Iterable[str]) -> list[Change]:
     """Changes from a projector batch: the agents of new episodes and the scopes of changed triples
     (asserted, reinforced or closed), deduplicated, in a stable order."""
-    return ([EpisodeArrived(a) for a in sorted(set(episode_agents))]
-            + [TripleChanged(s) for s in sorted(set(triple_scopes))])
+    return [EpisodeArrived(a) for a in sorted(set(episode_agents))] + [
+        TripleChanged(s) for s in sorted(set(triple_scopes))
+    ]
 
 
 __all__ = [
-    "Briefing", "BriefingInputs", "Change", "EpisodeArrived", "FactItem", "KnowledgeItem", "LessonItem",
-    "StrategyItem", "TripleChanged", "affected_agents", "age_text", "agents_to_regenerate", "alpha_of",
-    "briefing_for", "changes_of", "covers", "entity_name", "error_class", "entity_rates", "fact_relevance", "one_line", "priority_order",
-    "readers_by_scope", "recurrence", "render_briefing", "resolution_of", "select_facts", "select_inputs",
-    "select_knowledge", "select_lessons", "one_polarity", "polarity",
-    "select_strategies", "task_kind", "task_words", "tool_use", "used_entities",
+    "Briefing",
+    "BriefingInputs",
+    "Change",
+    "EpisodeArrived",
+    "FactItem",
+    "KnowledgeItem",
+    "LessonItem",
+    "StrategyItem",
+    "TripleChanged",
+    "affected_agents",
+    "age_text",
+    "agents_to_regenerate",
+    "alpha_of",
+    "briefing_for",
+    "changes_of",
+    "covers",
+    "entity_name",
+    "error_class",
+    "entity_rates",
+    "fact_relevance",
+    "one_line",
+    "priority_order",
+    "readers_by_scope",
+    "recurrence",
+    "render_briefing",
+    "resolution_of",
+    "select_facts",
+    "select_inputs",
+    "select_knowledge",
+    "select_lessons",
+    "one_polarity",
+    "polarity",
+    "select_strategies",
+    "task_kind",
+    "task_words",
+    "tool_use",
+    "used_entities",
 ]

@@ -69,15 +69,52 @@ HEADER = (
 TAG_BYTES = 6  # 12 hex digits of blake2b over the escaped briefing
 
 # Brackets that read as the marker's ⟦ ⟧ (tortoise shells, lenticulars, fullwidth and small forms).
-MARKER_LOOKALIKES = {"⟦": "[", "⟧": "]", "〚": "[", "〛": "]", "⟬": "[", "⟭": "]", "〖": "[", "〗": "]",
-                     "〘": "[", "〙": "]", "〔": "[", "〕": "]", "⦃": "[", "⦄": "]", "［": "[", "］": "]",
-                     "﹝": "[", "﹞": "]", "⁅": "[", "⁆": "]"}
+MARKER_LOOKALIKES = {
+    "⟦": "[",
+    "⟧": "]",
+    "〚": "[",
+    "〛": "]",
+    "⟬": "[",
+    "⟭": "]",
+    "〖": "[",
+    "〗": "]",
+    "〘": "[",
+    "〙": "]",
+    "〔": "[",
+    "〕": "]",
+    "⦃": "[",
+    "⦄": "]",
+    "［": "[",
+    "］": "]",
+    "﹝": "[",
+    "﹞": "]",
+    "⁅": "[",
+    "⁆": "]",
+}
 INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Co", "Cs", "Cn"})
 # Invisible although their category is a letter, a symbol or a mark.
 INVISIBLE_EXTRA = frozenset(
-    [chr(c) for c in (0x115F, 0x1160, 0x3164, 0xFFA0, 0x2800, 0x034F, 0x17B4, 0x17B5, 0x180B, 0x180C, 0x180D,
-                      0x180F, 0xFFFC)]
-    + [chr(c) for c in range(0xFE00, 0xFE10)] + [chr(c) for c in range(0xE0100, 0xE01F0)])
+    [
+        chr(c)
+        for c in (
+            0x115F,
+            0x1160,
+            0x3164,
+            0xFFA0,
+            0x2800,
+            0x034F,
+            0x17B4,
+            0x17B5,
+            0x180B,
+            0x180C,
+            0x180D,
+            0x180F,
+            0xFFFC,
+        )
+    ]
+    + [chr(c) for c in range(0xFE00, 0xFE10)]
+    + [chr(c) for c in range(0xE0100, 0xE01F0)]
+)
 
 
 def invisible(ch: str) -> bool:
@@ -209,5 +246,5 @@ def split_injected(text: str) -> tuple[list[str] | None, str]:
     block, sep, prompt = rest.partition(end)
     if not sep:
         return None, text
-    lines = block.split("\n")[len(HEADER):]
-    return [line[len(QUOTE):] for line in lines], prompt
+    lines = block.split("\n")[len(HEADER) :]
+    return [line[len(QUOTE) :] for line in lines], prompt

@@ -123,19 +123,42 @@ def episode_unit(ep: EpisodeDistilled) -> MemoryUnit:
     failure = ep.outcome is Outcome.FAILURE
     recovered = any(lesson.kind is LessonKind.RECOVERY for lesson in ep.lessons)
     mode = "delegation" if ep.delegations else ("tool_use" if ep.tool_calls else "conversation")
-    context = " ".join(x for x in (ep.goal or "", " ".join(f"{k}={v}" for k, v in sorted(ep.metadata.items())
-                                                            if isinstance(v, (str, int, float)))) if x)
+    context = " ".join(
+        x
+        for x in (
+            ep.goal or "",
+            " ".join(f"{k}={v}" for k, v in sorted(ep.metadata.items()) if isinstance(v, (str, int, float))),
+        )
+        if x
+    )
     return MemoryUnit(
         memory_id=memory_id_for(ep.agent, MemoryKind.EPISODE.value, str(ep.episode_id)),
-        kind=MemoryKind.EPISODE, agent=ep.agent, scope=agent_scope(ep.agent), run_id=ep.session_id, position=0,
-        occurred_at=ep.ended_at, source_event_ids=_unique_ids([ep.first_event_id, ep.last_event_id]),
-        perception=ep.task, context=context,
+        kind=MemoryKind.EPISODE,
+        agent=ep.agent,
+        scope=agent_scope(ep.agent),
+        run_id=ep.session_id,
+        position=0,
+        occurred_at=ep.ended_at,
+        source_event_ids=_unique_ids([ep.first_event_id, ep.last_event_id]),
+        perception=ep.task,
+        context=context,
         decision=(f"delegate to {ep.delegations[0].to_agent}" if ep.delegations else " ".join(_unique(calls))),
-        action=" > ".join(calls), outcome=ep.outcome.value, success=ep.outcome is Outcome.SUCCESS, goal=ep.goal,
-        summary=ep.summary, lessons=[lesson.text for lesson in ep.lessons], tools=_unique(calls),
-        objects=_unique([*hosts, *errors]), people=people, domains=domains, mode=mode,
-        user_interaction=ep.user_id is not None, importance=_importance(ep.metadata),
-        salience=1.0 if failure else (0.8 if recovered else 0.3), user_id=ep.user_id)
+        action=" > ".join(calls),
+        outcome=ep.outcome.value,
+        success=ep.outcome is Outcome.SUCCESS,
+        goal=ep.goal,
+        summary=ep.summary,
+        lessons=[lesson.text for lesson in ep.lessons],
+        tools=_unique(calls),
+        objects=_unique([*hosts, *errors]),
+        people=people,
+        domains=domains,
+        mode=mode,
+        user_interaction=ep.user_id is not None,
+        importance=_importance(ep.metadata),
+        salience=1.0 if failure else (0.8 if recovered else 0.3),
+        user_id=ep.user_id,
+    )
 
 
 def _unique_ids(ids: Sequence[Any]) -> list[Any]:
@@ -146,8 +169,9 @@ def _unique_ids(ids: Sequence[Any]) -> list[Any]:
     return out
 
 
-def message_unit(event: TraceEvent, *, metadata: Mapping[str, Any] | None = None,
-                 user_id: str | None = None) -> MemoryUnit | None:
+def message_unit(
+    event: TraceEvent, *, metadata: Mapping[str, Any] | None = None, user_id: str | None = None
+) -> MemoryUnit | None:
     """The memory unit of one user or agent message (None for other events and empty texts).
 
     ``metadata``: the session's start metadata. An importer may put there ``speakers``
@@ -170,13 +194,24 @@ def message_unit(event: TraceEvent, *, metadata: Mapping[str, Any] | None = None
     when = meta.get("session_date")
     return MemoryUnit(
         memory_id=memory_id_for(event.agent, MemoryKind.MESSAGE.value, str(event.event_id)),
-        kind=MemoryKind.MESSAGE, agent=event.agent, scope=agent_scope(event.agent), run_id=event.session_id,
-        position=event.seq, occurred_at=event.ts, source_event_ids=[event.event_id],
-        refs=[ref] if isinstance(ref, str) else [], perception=text[:MAX_TEXT],
+        kind=MemoryKind.MESSAGE,
+        agent=event.agent,
+        scope=agent_scope(event.agent),
+        run_id=event.session_id,
+        position=event.seq,
+        occurred_at=event.ts,
+        source_event_ids=[event.event_id],
+        refs=[ref] if isinstance(ref, str) else [],
+        perception=text[:MAX_TEXT],
         context=" ".join(x for x in (f"{role} {speaker}", when if isinstance(when, str) else "") if x),
-        people=[speaker.lower()], domains=_unique(d for k in _DOMAIN_KEYS for d in _strings(meta.get(k))),
-        mode="conversation", speaker=speaker, user_interaction=role == "user", importance=_importance(meta),
-        user_id=user_id)
+        people=[speaker.lower()],
+        domains=_unique(d for k in _DOMAIN_KEYS for d in _strings(meta.get(k))),
+        mode="conversation",
+        speaker=speaker,
+        user_interaction=role == "user",
+        importance=_importance(meta),
+        user_id=user_id,
+    )
 
 
 def message_units(events: Iterable[TraceEvent]) -> list[MemoryUnit]:
@@ -189,8 +224,9 @@ def message_units(events: Iterable[TraceEvent]) -> list[MemoryUnit]:
             starts[(ev.agent, ev.session_id)] = ev
             continue
         start = starts.get((ev.agent, ev.session_id))
-        u = message_unit(ev, metadata=start.payload.metadata if start else None,
-                         user_id=start.payload.user_id if start else None)
+        u = message_unit(
+            ev, metadata=start.payload.metadata if start else None, user_id=start.payload.user_id if start else None
+        )
         if u is not None:
             out.append(u)
     return out
@@ -208,6 +244,7 @@ _NEAR_DUPLICATE = CaptureReason.NEAR_DUPLICATE.value
 _RELATED = CaptureReason.RELATED.value
 _SURPRISE = CaptureReason.SURPRISE.value
 _FAILURE_OUTCOME = Outcome.FAILURE.value
+
 
 @dataclass
 class MemoryState:
@@ -244,23 +281,42 @@ def decide(state: MemoryState, unit: MemoryUnit, now: datetime) -> list[MemoryEv
     if last is None or unit.occurred_at - last >= CHECKPOINT_INTERVAL:
         reasons.append(_CHECKPOINT)
     # Best first (ties: older first); the index keeps the unit's analysis for apply's add.
-    cands, sims = state.index.similar_arrays(unit, scopes=[unit.scope], top=ASSOCIATION_LIMIT,
-                                              newest=state.index.config.capture_candidates)
+    cands, sims = state.index.similar_arrays(
+        unit, scopes=[unit.scope], top=ASSOCIATION_LIMIT, newest=state.index.config.capture_candidates
+    )
     best = cands.tolist()
     best_sims = sims.tolist()
     nearest_sim = best_sims[0] if best else 0.0
     pe = 1.0 - nearest_sim
     nearest_id = state.index.ids[best[0]] if best else None
     if not reasons and pe < MERGE_BELOW and nearest_id is not None:
-        return [CaptureDecided(schema_version=MEMORY_SCHEMA_VERSION, unit=unit, action=CaptureAction.MERGED,
-                               memory_id=nearest_id, reasons=[_NEAR_DUPLICATE],
-                               prediction_error=_r(pe), nearest_id=nearest_id, nearest_similarity=_r(nearest_sim),
-                               decided_at=now)]
+        return [
+            CaptureDecided(
+                schema_version=MEMORY_SCHEMA_VERSION,
+                unit=unit,
+                action=CaptureAction.MERGED,
+                memory_id=nearest_id,
+                reasons=[_NEAR_DUPLICATE],
+                prediction_error=_r(pe),
+                nearest_id=nearest_id,
+                nearest_similarity=_r(nearest_sim),
+                decided_at=now,
+            )
+        ]
     novelty = _SURPRISE if pe > SURPRISE_ABOVE else _RELATED if pe >= MERGE_BELOW else _NEAR_DUPLICATE
-    out: list[MemoryEvent] = [CaptureDecided(
-        schema_version=MEMORY_SCHEMA_VERSION, unit=unit, action=CaptureAction.STORED, memory_id=unit.memory_id,
-        reasons=[*reasons, novelty], prediction_error=_r(pe), nearest_id=nearest_id,
-        nearest_similarity=_r(nearest_sim), decided_at=now)]
+    out: list[MemoryEvent] = [
+        CaptureDecided(
+            schema_version=MEMORY_SCHEMA_VERSION,
+            unit=unit,
+            action=CaptureAction.STORED,
+            memory_id=unit.memory_id,
+            reasons=[*reasons, novelty],
+            prediction_error=_r(pe),
+            nearest_id=nearest_id,
+            nearest_similarity=_r(nearest_sim),
+            decided_at=now,
+        )
+    ]
     for j, sim in zip(best, best_sims):
         if sim < ASSOCIATION_THRESHOLD:  # best first: the rest are below too
             break
@@ -268,9 +324,19 @@ def decide(state: MemoryState, unit: MemoryUnit, now: datetime) -> list[MemoryEv
         weight, shared, goal, temporal = edge_parts(unit, other)  # = edge_weight(unit, other)
         a, b = sorted((unit.memory_id, other.memory_id))
         # shared, goal, temporal and sim are in [0, 1] by construction (never -0.0): _r is round there.
-        out.append(MemoryLinked(schema_version=MEMORY_SCHEMA_VERSION, a=a, b=b, weight=_r(weight),
-                                shared=round(shared, 9), goal=round(goal, 9), temporal=round(temporal, 9),
-                                similarity=round(sim, 9), formed_at=now))
+        out.append(
+            MemoryLinked(
+                schema_version=MEMORY_SCHEMA_VERSION,
+                a=a,
+                b=b,
+                weight=_r(weight),
+                shared=round(shared, 9),
+                goal=round(goal, 9),
+                temporal=round(temporal, 9),
+                similarity=round(sim, 9),
+                formed_at=now,
+            )
+        )
     return out
 
 
@@ -367,8 +433,7 @@ def _forget_batch(state: MemoryState, events: Sequence[MemoryForgotten]) -> None
     ix.compressed.data[rows] = True
 
 
-def capture(state: MemoryState, units: Sequence[MemoryUnit], now: datetime
-            ) -> tuple[MemoryState, list[MemoryEvent]]:
+def capture(state: MemoryState, units: Sequence[MemoryUnit], now: datetime) -> tuple[MemoryState, list[MemoryEvent]]:
     """Decide and apply, unit by unit (a unit sees the memories of the units before it).
 
     The state is advanced in place and returned (an index of a million memories is not copied). The
@@ -406,16 +471,19 @@ def forget(state: MemoryState, memory_id: str, reason: ForgetReason, now: dateti
     """The event that removes (or compresses) a memory; apply it to take effect."""
     if memory_id not in state.index.pos:
         return []
-    return [MemoryForgotten(schema_version=MEMORY_SCHEMA_VERSION, memory_id=memory_id, reason=reason,
-                            forgotten_at=now)]
+    return [MemoryForgotten(schema_version=MEMORY_SCHEMA_VERSION, memory_id=memory_id, reason=reason, forgotten_at=now)]
 
 
-def forget_all(state: MemoryState, forgotten: Iterable[tuple[str, ForgetReason]], now: datetime
-               ) -> list[MemoryForgotten]:
+def forget_all(
+    state: MemoryState, forgotten: Iterable[tuple[str, ForgetReason]], now: datetime
+) -> list[MemoryForgotten]:
     """``forget`` of each (memory_id, reason), in order, as one list (apply them with ``apply_all``)."""
     pos = state.index.pos
-    return [MemoryForgotten(schema_version=MEMORY_SCHEMA_VERSION, memory_id=memory_id, reason=reason,
-                            forgotten_at=now) for memory_id, reason in forgotten if memory_id in pos]
+    return [
+        MemoryForgotten(schema_version=MEMORY_SCHEMA_VERSION, memory_id=memory_id, reason=reason, forgotten_at=now)
+        for memory_id, reason in forgotten
+        if memory_id in pos
+    ]
 
 
 def check_consistency(state: MemoryState, now: datetime) -> list[MemoryUnlinked]:
@@ -433,6 +501,7 @@ def check_consistency(state: MemoryState, now: datetime) -> list[MemoryUnlinked]
             seen.add(pair)
             if any(x >= n or not ix.alive.data[x] for x in pair) and max(pair) < n:
                 ida, idb = sorted((ix.ids[pair[0]], ix.ids[pair[1]]))
-                out.append(MemoryUnlinked(schema_version=MEMORY_SCHEMA_VERSION, a=ida, b=idb, reason="orphan",
-                                          unlinked_at=now))
+                out.append(
+                    MemoryUnlinked(schema_version=MEMORY_SCHEMA_VERSION, a=ida, b=idb, reason="orphan", unlinked_at=now)
+                )
     return out

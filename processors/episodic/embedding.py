@@ -36,9 +36,16 @@ def _is_punctuation(ch: str) -> bool:
 
 
 def _is_cjk(cp: int) -> bool:
-    return (0x4E00 <= cp <= 0x9FFF or 0x3400 <= cp <= 0x4DBF or 0x20000 <= cp <= 0x2A6DF
-            or 0x2A700 <= cp <= 0x2B73F or 0x2B740 <= cp <= 0x2B81F or 0x2B820 <= cp <= 0x2CEAF
-            or 0xF900 <= cp <= 0xFAFF or 0x2F800 <= cp <= 0x2FA1F)
+    return (
+        0x4E00 <= cp <= 0x9FFF
+        or 0x3400 <= cp <= 0x4DBF
+        or 0x20000 <= cp <= 0x2A6DF
+        or 0x2A700 <= cp <= 0x2B73F
+        or 0x2B740 <= cp <= 0x2B81F
+        or 0x2B820 <= cp <= 0x2CEAF
+        or 0xF900 <= cp <= 0xFAFF
+        or 0x2F800 <= cp <= 0x2FA1F
+    )
 
 
 class WordPiece:
@@ -139,8 +146,11 @@ class MiniLM:
         self.layers = sum(1 for k in w if k.startswith("encoder.layer.") and k.endswith(".attention.self.query.weight"))
         self.tokenizer = WordPiece(vocab)
         # Transposed once, so each linear layer is one x @ W (no per-call transpose).
-        self.t = {k: v.T.copy() for k, v in w.items() if k.endswith(".weight") and v.ndim == 2
-                  and not k.startswith("embeddings.")}
+        self.t = {
+            k: v.T.copy()
+            for k, v in w.items()
+            if k.endswith(".weight") and v.ndim == 2 and not k.startswith("embeddings.")
+        }
 
     def _linear(self, x: np.ndarray, name: str) -> np.ndarray:
         return x @ self.t[name + ".weight"] + self.w[name + ".bias"]
@@ -148,8 +158,11 @@ class MiniLM:
     def _encode_ids(self, ids: list[int]) -> np.ndarray:
         w = self.w
         n = len(ids)
-        x = (w["embeddings.word_embeddings.weight"][ids] + w["embeddings.position_embeddings.weight"][:n]
-             + w["embeddings.token_type_embeddings.weight"][0])
+        x = (
+            w["embeddings.word_embeddings.weight"][ids]
+            + w["embeddings.position_embeddings.weight"][:n]
+            + w["embeddings.token_type_embeddings.weight"][0]
+        )
         x = _layer_norm(x, w["embeddings.LayerNorm.weight"], w["embeddings.LayerNorm.bias"])
         hidden = x.shape[1]
         dh = hidden // self.heads
@@ -162,11 +175,17 @@ class MiniLM:
             s = np.exp(s - s.max(-1, keepdims=True))
             s /= s.sum(-1, keepdims=True)
             ctx = (s @ v).transpose(1, 0, 2).reshape(n, hidden)
-            x = _layer_norm(self._linear(ctx, p + "attention.output.dense") + x,
-                            w[p + "attention.output.LayerNorm.weight"], w[p + "attention.output.LayerNorm.bias"])
+            x = _layer_norm(
+                self._linear(ctx, p + "attention.output.dense") + x,
+                w[p + "attention.output.LayerNorm.weight"],
+                w[p + "attention.output.LayerNorm.bias"],
+            )
             h = _gelu(self._linear(x, p + "intermediate.dense"))
-            x = _layer_norm(self._linear(h, p + "output.dense") + x,
-                            w[p + "output.LayerNorm.weight"], w[p + "output.LayerNorm.bias"])
+            x = _layer_norm(
+                self._linear(h, p + "output.dense") + x,
+                w[p + "output.LayerNorm.weight"],
+                w[p + "output.LayerNorm.bias"],
+            )
         pooled = x.mean(0)
         return (pooled / max(float(np.linalg.norm(pooled)), 1e-12)).astype(np.float32)
 

@@ -102,16 +102,23 @@ def belief_score(goal_tokens: set[str], memory_tokens: set[str]) -> float:
     return task_similarity(goal_tokens, memory_tokens)
 
 
-def _beliefs(index: MemoryIndex, goal: Goal, now: datetime, agents: Mapping[str, object] | None,
-             candidates: int) -> list[tuple[str, float]]:
+def _beliefs(
+    index: MemoryIndex, goal: Goal, now: datetime, agents: Mapping[str, object] | None, candidates: int
+) -> list[tuple[str, float]]:
     """(memory id, belief score) of the goal text's recall hits, best recall first."""
     hits = recall(index, goal.text, goal.agent, k=candidates, now=now, agents=agents, user_id=goal.user_id).hits
     goal_tokens = set(index.tokenize(goal.text))
     return [(h.memory_id, belief_score(goal_tokens, set(index.tokenize(unit_text(h.unit))))) for h in hits]
 
 
-def forward_pe(index: MemoryIndex, goal: Goal, *, now: datetime, agents: Mapping[str, object] | None = None,
-               candidates: int = NEAREST_CANDIDATES) -> ForwardPE:
+def forward_pe(
+    index: MemoryIndex,
+    goal: Goal,
+    *,
+    now: datetime,
+    agents: Mapping[str, object] | None = None,
+    candidates: int = NEAREST_CANDIDATES,
+) -> ForwardPE:
     """``1 - nearest belief score`` of ``goal`` over the memories its agent (and user) may read."""
     best_id, best = None, 0.0
     for memory_id, score in _beliefs(index, goal, now, agents, candidates):
@@ -120,8 +127,13 @@ def forward_pe(index: MemoryIndex, goal: Goal, *, now: datetime, agents: Mapping
     return measured(goal.goal_id, best_id, best)
 
 
-def closer(index: MemoryIndex, goal: Goal, current: ForwardPE, stored: Sequence[MemoryUnit],
-           agents: Mapping[str, object] | None = None) -> ForwardPE:
+def closer(
+    index: MemoryIndex,
+    goal: Goal,
+    current: ForwardPE,
+    stored: Sequence[MemoryUnit],
+    agents: Mapping[str, object] | None = None,
+) -> ForwardPE:
     """``current`` after new memories were stored: the best of them the goal's agent (and user) may read
     becomes the nearest belief if it scores higher. Exact and cheap (no recall), so the fold can run
     it for every open goal after every record; the nearest memory is only ever replaced by a closer one.
@@ -144,9 +156,14 @@ def closer(index: MemoryIndex, goal: Goal, current: ForwardPE, stored: Sequence[
     return best
 
 
-def goal_adjacency(index: MemoryIndex, goals: Sequence[Goal], *, now: datetime,
-                   agents: Mapping[str, object] | None = None, candidates: int = NEAREST_CANDIDATES
-                   ) -> dict[str, float]:
+def goal_adjacency(
+    index: MemoryIndex,
+    goals: Sequence[Goal],
+    *,
+    now: datetime,
+    agents: Mapping[str, object] | None = None,
+    candidates: int = NEAREST_CANDIDATES,
+) -> dict[str, float]:
     """Memory id -> its best belief score over ``goals`` (memories no goal recalls are absent: 0)."""
     out: dict[str, float] = {}
     for goal in goals:
@@ -156,8 +173,7 @@ def goal_adjacency(index: MemoryIndex, goals: Sequence[Goal], *, now: datetime,
     return out
 
 
-def goal_bias(hits: Sequence[Hit], adjacency: Mapping[str, float], pull: float, weight: float = GOAL_BIAS
-              ) -> list[Hit]:
+def goal_bias(hits: Sequence[Hit], adjacency: Mapping[str, float], pull: float, weight: float = GOAL_BIAS) -> list[Hit]:
     """Recall's hits re-ranked towards goal-adjacent memories: each score x ``1 + weight x pull x
     adjacency`` (``pull``: the open goals' highest forward PE), ranks renumbered; ties keep recall's
     order. A separate step after ``recall``: with no open goal (``pull`` 0) nothing moves.
@@ -172,21 +188,40 @@ def goal_bias(hits: Sequence[Hit], adjacency: Mapping[str, float], pull: float, 
     return [dataclasses.replace(h, rank=r, score=s) for r, (s, _, h) in enumerate(scored, 1)]
 
 
-def goal_recall(index: MemoryIndex, query: str, agent: str, k: int, goals: Sequence[Goal], pull: float, *,
-                now: datetime, agents: Mapping[str, object] | None = None,
-                filters: Mapping[str, object] | None = None, user_id: str | None = None,
-                config: RecallConfig | None = None) -> Recall:
+def goal_recall(
+    index: MemoryIndex,
+    query: str,
+    agent: str,
+    k: int,
+    goals: Sequence[Goal],
+    pull: float,
+    *,
+    now: datetime,
+    agents: Mapping[str, object] | None = None,
+    filters: Mapping[str, object] | None = None,
+    user_id: str | None = None,
+    config: RecallConfig | None = None,
+) -> Recall:
     """``recall``, then ``goal_bias`` towards ``goals`` (the agent's open goals, ``pull`` their highest
     forward PE). Recall is asked for twice ``k`` so a goal-adjacent memory just below the top ``k`` can
     rise into it; the accesses are those of the hits returned. No goal, or no pull: ``recall`` itself."""
     if not goals or pull <= 0:
         return recall(index, query, agent, k, filters, now=now, agents=agents, user_id=user_id, config=config)
-    got = recall(index, query, agent, min(2 * k, 1000), filters, now=now, agents=agents, user_id=user_id,
-                 config=config)
+    got = recall(index, query, agent, min(2 * k, 1000), filters, now=now, agents=agents, user_id=user_id, config=config)
     adjacency = goal_adjacency(index, goals, now=now, agents=agents)
     hits = goal_bias(got.hits, adjacency, pull)[:k]
-    accessed = [MemoryAccessed(schema_version=MEMORY_SCHEMA_VERSION, memory_id=h.memory_id, agent=agent,
-                               query=query[:200], rank=h.rank, score=round(h.score, 9), accessed_at=now) for h in hits]
+    accessed = [
+        MemoryAccessed(
+            schema_version=MEMORY_SCHEMA_VERSION,
+            memory_id=h.memory_id,
+            agent=agent,
+            query=query[:200],
+            rank=h.rank,
+            score=round(h.score, 9),
+            accessed_at=now,
+        )
+        for h in hits
+    ]
     return dataclasses.replace(got, hits=hits, accessed=accessed)
 
 
@@ -231,8 +266,13 @@ def information_gain(node: WanderNode, adjacency: float, now: datetime) -> tuple
     return round(sum(w for _, w in fired), 6), tuple(n for n, _ in fired)
 
 
-def _best(candidates: Sequence[str], memories: Mapping[str, WanderNode], adjacency: Mapping[str, float],
-          now: datetime, rng: random.Random) -> tuple[str, float, tuple[str, ...], float] | None:
+def _best(
+    candidates: Sequence[str],
+    memories: Mapping[str, WanderNode],
+    adjacency: Mapping[str, float],
+    now: datetime,
+    rng: random.Random,
+) -> tuple[str, float, tuple[str, ...], float] | None:
     best: tuple[str, float, tuple[str, ...], float] | None = None
     for m in sorted(candidates):
         base, reasons = information_gain(memories[m], adjacency.get(m, 0.0), now)
@@ -242,9 +282,16 @@ def _best(candidates: Sequence[str], memories: Mapping[str, WanderNode], adjacen
     return best
 
 
-def wander(graph: Mapping[str, Mapping[str, float]], memories: Mapping[str, WanderNode],
-           adjacency: Mapping[str, float], now: datetime, seed: int, *, steps: int = WANDER_STEPS,
-           start: str | None = None) -> list[WanderStep]:
+def wander(
+    graph: Mapping[str, Mapping[str, float]],
+    memories: Mapping[str, WanderNode],
+    adjacency: Mapping[str, float],
+    now: datetime,
+    seed: int,
+    *,
+    steps: int = WANDER_STEPS,
+    start: str | None = None,
+) -> list[WanderStep]:
     """A walk of at most ``steps`` memories over ``graph`` (memory id -> neighbour -> weight), choosing
     each next memory by information gain (the module's table); only memories of ``memories`` are
     visited (the reader's). ``adjacency``: memory id -> goal adjacency (``goal_adjacency``)."""

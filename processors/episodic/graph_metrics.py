@@ -83,7 +83,7 @@ def simple_graph(n: int, i: np.ndarray, j: np.ndarray, w: np.ndarray | None = No
 
 
 def weighted_degrees(g: Graph) -> np.ndarray:
-    return (np.bincount(g.i, weights=g.w, minlength=g.n) + np.bincount(g.j, weights=g.w, minlength=g.n))
+    return np.bincount(g.i, weights=g.w, minlength=g.n) + np.bincount(g.j, weights=g.w, minlength=g.n)
 
 
 def laplacian(g: Graph) -> np.ndarray:
@@ -189,8 +189,9 @@ def _smallest_tridiagonal(alpha: list[float], beta: list[float]) -> tuple[float,
     return theta, y[-1]
 
 
-def fiedler_lanczos(g: Graph, *, rtol: float = LANCZOS_RTOL, max_iter: int | None = None,
-                    check_every: int = 10) -> float:
+def fiedler_lanczos(
+    g: Graph, *, rtol: float = LANCZOS_RTOL, max_iter: int | None = None, check_every: int = 10
+) -> float:
     """lambda_2 of a **connected** graph by Lanczos on the complement of the constant vector."""
     n = g.n
     if n < 2:
@@ -238,8 +239,9 @@ def fiedler_dense(g: Graph) -> float:
     return float(max(np.linalg.eigvalsh(laplacian(g))[1], 0.0))
 
 
-def fiedler_value(n: int, i: np.ndarray, j: np.ndarray, w: np.ndarray | None = None, *,
-                  dense_limit: int = DENSE_LIMIT) -> float:
+def fiedler_value(
+    n: int, i: np.ndarray, j: np.ndarray, w: np.ndarray | None = None, *, dense_limit: int = DENSE_LIMIT
+) -> float:
     """lambda_2 of the graph's Laplacian: 0.0 when it is disconnected (or has fewer than 2 nodes)."""
     g = simple_graph(n, i, j, w)
     if n < 2:
@@ -259,8 +261,15 @@ class Integration(NamedTuple):
     edges: int
 
 
-def integration(n: int, i: np.ndarray, j: np.ndarray, w: np.ndarray | None = None, *,
-                dense_limit: int = DENSE_LIMIT, max_iter: int | None = None) -> Integration:
+def integration(
+    n: int,
+    i: np.ndarray,
+    j: np.ndarray,
+    w: np.ndarray | None = None,
+    *,
+    dense_limit: int = DENSE_LIMIT,
+    max_iter: int | None = None,
+) -> Integration:
     """The Fiedler values of the graph and of its largest component, with component counts.
 
     ``max_iter`` bounds the Lanczos steps on a large component (the value is then an upper bound
@@ -281,8 +290,11 @@ def integration(n: int, i: np.ndarray, j: np.ndarray, w: np.ndarray | None = Non
     biggest = int(np.argmax(sizes))  # the first maximum: the smallest label among the largest
     nodes = np.flatnonzero(labels == biggest)
     sub = induced(g, nodes)
-    lam = 0.0 if len(nodes) < 2 else (fiedler_dense(sub) if len(nodes) <= dense_limit
-                                      else fiedler_lanczos(sub, max_iter=max_iter))
+    lam = (
+        0.0
+        if len(nodes) < 2
+        else (fiedler_dense(sub) if len(nodes) <= dense_limit else fiedler_lanczos(sub, max_iter=max_iter))
+    )
     whole = lam if components == 1 else 0.0
     return Integration(whole, lam, components, len(nodes), n, len(g.i))
 
@@ -292,8 +304,7 @@ class Trend(NamedTuple):
     status: str  # integrating | stable | fragmenting | unknown
 
 
-def fiedler_trend(values: Sequence[float], *, window: int = TREND_WINDOW,
-                  tolerance: float = TREND_TOLERANCE) -> Trend:
+def fiedler_trend(values: Sequence[float], *, window: int = TREND_WINDOW, tolerance: float = TREND_TOLERANCE) -> Trend:
     """Whether the Fiedler value rises (integrating), falls (fragmenting) or holds over recent runs.
 
     Needs 3 values; ``|slope| <= tolerance * mean`` is stable.

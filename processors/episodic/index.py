@@ -68,7 +68,8 @@ from somnus.schemas.memory import MemoryKind, MemoryUnit
 
 # ---- text ---------------------------------------------------------------------------------------
 
-STOP_WORDS = frozenset("""
+STOP_WORDS = frozenset(
+    """
 a about above after again against all am an and any are as at be because been before being below between
 both but by can could did do does doing down during each few for from further had has have having he her
 here hers herself him himself his how i if in into is it its itself just me more most my myself no nor not
@@ -78,7 +79,8 @@ were what when where which while who whom why will with would you your yours you
 im ive id ill youre youve youd youll hes shes were weve wed well theyre theyve theyd theyll isnt arent wasnt
 werent hasnt havent hadnt doesnt dont didnt wont wouldnt shant shouldnt cant cannot couldnt mustnt lets thats
 whos whats heres theres whens wheres whys hows also us oh yeah hey hi wow really got get gonna like
-""".split())
+""".split()
+)
 
 _TOKEN = re.compile(r"[a-z0-9_]+(?:[.:/@][a-z0-9_]+)*")
 _POSSESSIVE = re.compile(r"['\u2019]s\b")
@@ -103,6 +105,7 @@ def tokenize(text: str, stem: Stemmer | None = None) -> list[str]:
 
 def word_normaliser(stem: Stemmer | None = None) -> Callable[[str], str | None]:
     """``tokenize``'s rule for one word (None: a stop word), memoised: a fleet's vocabulary repeats."""
+
     def norm(word: str) -> str | None:
         if word in STOP_WORDS:
             return None
@@ -148,12 +151,12 @@ def _gram_array(words: np.ndarray, owner: np.ndarray | None = None) -> tuple[np.
     for n in range(2, MAX_N + 1):
         if len(words) < n:
             break
-        roll = roll[:-1] * _ROLL + words[n - 1:]  # wraps: arithmetic mod 2^64
+        roll = roll[:-1] * _ROLL + words[n - 1 :]  # wraps: arithmetic mod 2^64
         salted = roll + _GRAM_SALT[n]
         if owner is not None:
-            same = owner[: 1 - n] == owner[n - 1:]
+            same = owner[: 1 - n] == owner[n - 1 :]
             salted = salted[same]
-            owners.append(owner[n - 1:][same])
+            owners.append(owner[n - 1 :][same])
         parts.append(salted)
     if not parts:
         return np.empty(0, dtype=np.uint64), (np.empty(0, dtype=owner.dtype) if owner is not None else None)
@@ -253,6 +256,7 @@ class IndexConfig:
 
 # ---- situation signatures -----------------------------------------------------------------------
 
+
 @functools.lru_cache(maxsize=1 << 18)
 def feature_hash(feature: str) -> int:
     """datasketch's input hash of one feature (``sha1_hash32`` of its UTF-8 bytes) premixed by the
@@ -346,6 +350,7 @@ def signature_scheme(num_perm: int = NUM_PERM, threshold: float = LSH_THRESHOLD)
 
 
 # ---- growable numpy columns -----------------------------------------------------------------
+
 
 class _Column:
     """A numpy array that grows by doubling (append is amortised O(1))."""
@@ -449,8 +454,7 @@ class Postings:
 
     A read sorts the buffer once and keeps that view until the next write."""
 
-    def __init__(self, buffer_postings: int = BUFFER_POSTINGS,
-                 alive: Callable[[], np.ndarray] | None = None) -> None:
+    def __init__(self, buffer_postings: int = BUFFER_POSTINGS, alive: Callable[[], np.ndarray] | None = None) -> None:
         self.buffer_postings = buffer_postings
         self.alive = alive  # liveness per memory index: merges drop the postings of dead memories
         self.segments: list[Segment] = []  # (fps uint64, idx int32, tf f32)
@@ -463,8 +467,9 @@ class Postings:
 
     def add(self, idx: int, counts: dict[int, int]) -> None:
         n = len(counts)
-        self.add_arrays(idx, np.fromiter(counts, dtype=np.uint64, count=n),
-                        np.fromiter(counts.values(), dtype=np.float32, count=n))
+        self.add_arrays(
+            idx, np.fromiter(counts, dtype=np.uint64, count=n), np.fromiter(counts.values(), dtype=np.float32, count=n)
+        )
 
     def add_arrays(self, idx: int, fps: np.ndarray, tf: np.ndarray) -> None:
         """The postings of memory ``idx`` (newer than every memory added before): distinct ``fps``."""
@@ -558,13 +563,16 @@ class BandIndex:
             return
         keys = sorted(self.buffer)
         lengths = [len(self.buffer[k]) for k in keys]  # each list in memory (insertion) order
-        seg = (np.repeat(np.array(keys, dtype=np.uint64), lengths),
-               np.fromiter(chain.from_iterable(self.buffer[k] for k in keys), dtype=np.int32, count=self.buffered))
+        seg = (
+            np.repeat(np.array(keys, dtype=np.uint64), lengths),
+            np.fromiter(chain.from_iterable(self.buffer[k] for k in keys), dtype=np.int32, count=self.buffered),
+        )
         self.buffer, self.buffered = {}, 0
         _push(self.segments, seg, self.alive)
 
-    def members(self, keys: np.ndarray, newest: int | None = None,
-                valid: Callable[[np.ndarray], np.ndarray] | None = None) -> np.ndarray:
+    def members(
+        self, keys: np.ndarray, newest: int | None = None, valid: Callable[[np.ndarray], np.ndarray] | None = None
+    ) -> np.ndarray:
         """Memory indices under ``keys`` (unsorted, with repeats; dead ones until their segment merges).
 
         With ``newest`` and ``valid`` (which memories count), only enough of them to hold the ``newest``
@@ -624,8 +632,10 @@ class BandIndex:
             lens = list(map(len, runs))
             if any(lens):
                 ends = list(accumulate(lens))
-                yield (np.fromiter(chain.from_iterable(runs), dtype=np.int32, count=ends[-1]),
-                       [e - n for e, n in zip(ends, lens)] + ends)
+                yield (
+                    np.fromiter(chain.from_iterable(runs), dtype=np.int32, count=ends[-1]),
+                    [e - n for e, n in zip(ends, lens)] + ends,
+                )
         if self.segments:
             bounds = np.concatenate((keys, keys + _ONE))  # [first, end) of each key: one search per segment
             for seg_keys, seg_idx in reversed(self.segments):
@@ -635,8 +645,9 @@ class BandIndex:
         return sum(len(s[0]) for s in self.segments) + self.buffered
 
 
-def _tails(run: np.ndarray, at: list[int], m: int, newest: int, valid: Callable[[np.ndarray], np.ndarray]
-           ) -> np.ndarray:
+def _tails(
+    run: np.ndarray, at: list[int], m: int, newest: int, valid: Callable[[np.ndarray], np.ndarray]
+) -> np.ndarray:
     """The members of ``run[at[j]:at[m + j]]`` for the m slices, but of each slice (ascending, each
     memory once) only its shortest tail with ``newest`` members ``valid`` accepts (all of it if fewer):
     a tail short of valid members widens by what it lacks until it has them or the whole slice."""
@@ -644,7 +655,7 @@ def _tails(run: np.ndarray, at: list[int], m: int, newest: int, valid: Callable[
     start = [max(a, b - newest) for a, b in zip(first, end)]
     for j in range(m):
         while start[j] > first[j]:
-            short = newest - int(np.count_nonzero(valid(run[start[j]:end[j]])))
+            short = newest - int(np.count_nonzero(valid(run[start[j] : end[j]])))
             if short <= 0:
                 break
             start[j] = max(first[j], start[j] - short)
@@ -654,14 +665,23 @@ def _tails(run: np.ndarray, at: list[int], m: int, newest: int, valid: Callable[
 
 # ---- the index ------------------------------------------------------------------------------
 
+
 class _Analysis:
     """What indexing needs of a unit, computed once: by ``prepare`` (a capture batch, vectorised) or
     by ``similar``, and reused by ``add``."""
 
     __slots__ = ("unit", "doc_len", "fp_count", "fps", "tf", "sig", "band_base")
 
-    def __init__(self, unit: MemoryUnit, doc_len: int, fp_count: int, fps: np.ndarray, tf: np.ndarray,
-                 sig: np.ndarray, band_base: np.ndarray) -> None:
+    def __init__(
+        self,
+        unit: MemoryUnit,
+        doc_len: int,
+        fp_count: int,
+        fps: np.ndarray,
+        tf: np.ndarray,
+        sig: np.ndarray,
+        band_base: np.ndarray,
+    ) -> None:
         self.unit = unit
         self.doc_len = doc_len  # unigram count
         self.fp_count = fp_count  # distinct fingerprints
@@ -684,8 +704,9 @@ class MemoryIndex:
 
     MULTI_KEYS = ("goal", "tool", "object", "person", "success", "mode", "domain", "run", "kind", "agent")
 
-    def __init__(self, config: IndexConfig | None = None, embed: Callable[[Sequence[str]], np.ndarray] | None = None
-                 ) -> None:
+    def __init__(
+        self, config: IndexConfig | None = None, embed: Callable[[Sequence[str]], np.ndarray] | None = None
+    ) -> None:
         self.config = config or IndexConfig()
         self.embed = embed
         self.scheme = signature_scheme(self.config.num_perm, self.config.lsh_threshold)
@@ -715,9 +736,24 @@ class MemoryIndex:
         self.live_scope = _Column(np.int32, -1)  # the scope code while alive, -1 once removed (LSH filter)
         self._row_dtype = np.dtype((np.void, 4 * self.config.num_perm))  # one signature as one item
         # One row per memory in each; they grow together and add writes a row in place.
-        self._rows = (self.occurred, self.scope_code, self.user_code, self.run_code, self.alive, self.compressed,
-                      self.doc_len, self.fp_count, self.importance, self.access_count, self.last_access,
-                      self.long_term, self.prev, self.next, self.signatures, self.live_scope)
+        self._rows = (
+            self.occurred,
+            self.scope_code,
+            self.user_code,
+            self.run_code,
+            self.alive,
+            self.compressed,
+            self.doc_len,
+            self.fp_count,
+            self.importance,
+            self.access_count,
+            self.last_access,
+            self.long_term,
+            self.prev,
+            self.next,
+            self.signatures,
+            self.live_scope,
+        )
         self.vectors: _Column | None = None
         self.scopes: dict[str, int] = {}
         self._scope_terms: list[np.uint64] = []  # per scope code: what it adds to a band key
@@ -765,11 +801,18 @@ class MemoryIndex:
         grams = _gram_array(words)[0]
         counts = Counter((np.concatenate((words, grams)) if len(grams) else words).tolist())
         n = len(counts)
-        sig = self.scheme.signature(np.fromiter(map(feature_hash, set(chain(tokens, _structure(unit)))),
-                                                dtype=np.uint32))
+        sig = self.scheme.signature(
+            np.fromiter(map(feature_hash, set(chain(tokens, _structure(unit)))), dtype=np.uint32)
+        )
         done = self._analysed = _Analysis(
-            unit, len(tokens), n, np.fromiter(counts, dtype=np.uint64, count=n),
-            np.fromiter(counts.values(), dtype=np.float32, count=n), sig, self.scheme.band_base(sig))
+            unit,
+            len(tokens),
+            n,
+            np.fromiter(counts, dtype=np.uint64, count=n),
+            np.fromiter(counts.values(), dtype=np.float32, count=n),
+            sig,
+            self.scheme.band_base(sig),
+        )
         return done
 
     def prepared(self, units: Sequence[MemoryUnit]) -> bool:
@@ -783,7 +826,7 @@ class MemoryIndex:
         if len(units) > _MAX_BATCH:  # the unit's number is kept in a fingerprint's top 16 bits
             for k in range(0, len(units), _MAX_BATCH):
                 chunk = self._prepared
-                self.prepare(units[k:k + _MAX_BATCH])
+                self.prepare(units[k : k + _MAX_BATCH])
                 self._prepared = {**chunk, **self._prepared}
             return
         if not units:
@@ -1077,7 +1120,7 @@ class MemoryIndex:
 
     def user_mask(self, user_id: str | None) -> np.ndarray:
         """Memories a reader acting for ``user_id`` may see: those of no user, and that user's own."""
-        codes = self.user_code.data[:len(self.ids)]
+        codes = self.user_code.data[: len(self.ids)]
         mine = self.users.get(user_id) if user_id is not None else None
         return (codes == 0) | (codes == mine) if mine is not None else codes == 0
 
@@ -1100,8 +1143,9 @@ class MemoryIndex:
         cands, sims = self.similar_arrays(unit, scopes)
         return list(zip(cands.tolist(), sims.tolist()))
 
-    def similar_arrays(self, unit: MemoryUnit, scopes: Iterable[str] | None = None, top: int | None = None,
-                       newest: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def similar_arrays(
+        self, unit: MemoryUnit, scopes: Iterable[str] | None = None, top: int | None = None, newest: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """``similar`` as (memory indices, similarities) arrays, only the first ``top`` if given; the unit's
         analysis is kept for ``add``. With ``newest``, only the ``newest`` most recent LSH candidates (the
         highest indices among the live ones in ``scopes``) are compared, and only they are read: the
@@ -1109,13 +1153,15 @@ class MemoryIndex:
         an = self._analyse(unit)
         return self._similar(an.sig, an.band_base, self._codes(scopes), top, newest)
 
-    def similar_to_signature(self, sig: MinHash | np.ndarray, scopes: Iterable[str] | None = None
-                             ) -> list[tuple[int, float]]:
+    def similar_to_signature(
+        self, sig: MinHash | np.ndarray, scopes: Iterable[str] | None = None
+    ) -> list[tuple[int, float]]:
         cands, sims = self.similar_signature_arrays(_hash_values(sig), scopes)
         return list(zip(cands.tolist(), sims.tolist()))
 
-    def similar_signature_arrays(self, sig: np.ndarray, scopes: Iterable[str] | None = None
-                                 ) -> tuple[np.ndarray, np.ndarray]:
+    def similar_signature_arrays(
+        self, sig: np.ndarray, scopes: Iterable[str] | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """The LSH candidates of hash values ``sig`` (some band of ``rows`` values wholly equal) that are
         live and in ``scopes`` (None: any), with their MinHash Jaccard estimate; best first, ties older
         first: (memory indices int64, similarities float64)."""
@@ -1129,8 +1175,9 @@ class MemoryIndex:
             return [] if code is None else [code]
         return sorted({self.scopes[s] for s in scopes if s in self.scopes})
 
-    def _similar(self, sig: np.ndarray, base: np.ndarray, codes: list[int], top: int | None = None,
-                 newest: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def _similar(
+        self, sig: np.ndarray, base: np.ndarray, codes: list[int], top: int | None = None, newest: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         if not codes:
             return _NO_HITS
         scope_of = self.live_scope.data  # -1 once removed
@@ -1146,6 +1193,7 @@ class MemoryIndex:
 
             def valid(idx: np.ndarray) -> np.ndarray:
                 return np.isin(scope_of[idx], codes)
+
         cands = self.bands.members(keys, newest, valid)
         if not len(cands):
             return _NO_HITS

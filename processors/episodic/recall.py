@@ -54,7 +54,14 @@ from datetime import date, datetime
 import numpy as np
 
 from somnus.processors.briefing.injection import one_line
-from somnus.processors.episodic.index import SCOPE_BUCKETS, MemoryIndex, fingerprint, ngram_fingerprints, posting_keys, tokenize
+from somnus.processors.episodic.index import (
+    SCOPE_BUCKETS,
+    MemoryIndex,
+    fingerprint,
+    ngram_fingerprints,
+    posting_keys,
+    tokenize,
+)
 from somnus.schemas.memory import MEMORY_SCHEMA_VERSION, MemoryAccessed, MemoryUnit
 from somnus.schemas.agents import scope_chain
 
@@ -130,10 +137,15 @@ def edge_weight(a: MemoryUnit, b: MemoryUnit) -> EdgeWeight:
     return EdgeWeight(weight=weight, shared=shared, goal=goal, temporal=temporal)
 
 
-def spread_activation(graph: Mapping[int, Mapping[int, float]], seeds: Mapping[int, float], *,
-                      decay: float = ACTIVATION_DECAY, max_hops: int = MAX_HOPS,
-                      threshold: float = MIN_ACTIVATION,
-                      query_similarity: Callable[[int], float] | None = None) -> dict[int, float]:
+def spread_activation(
+    graph: Mapping[int, Mapping[int, float]],
+    seeds: Mapping[int, float],
+    *,
+    decay: float = ACTIVATION_DECAY,
+    max_hops: int = MAX_HOPS,
+    threshold: float = MIN_ACTIVATION,
+    query_similarity: Callable[[int], float] | None = None,
+) -> dict[int, float]:
     """Breadth-first spreading activation: ``activation x decay x edge weight`` (x the neighbour's
     similarity to the query, when given) per hop, up to ``max_hops``; activations below
     ``threshold`` do not spread. Returns every reached node (seeds included) with its strongest
@@ -185,21 +197,29 @@ IMPORTANCE_EXPLICIT = 0.4
 RECENCY_TAU_DAYS = 7.0  # recency = exp(-days since last access (or capture) / 7)
 
 
-def importance_score(recency: np.ndarray | float, access_count: np.ndarray | float,
-                     explicit: np.ndarray | float) -> np.ndarray | float:
+def importance_score(
+    recency: np.ndarray | float, access_count: np.ndarray | float, explicit: np.ndarray | float
+) -> np.ndarray | float:
     """``0.3 recency + 0.3 ln(access + 1) + 0.4 explicit``.
 
     >>> round(float(importance_score(1.0, 0, 0.5)), 4), round(float(importance_score(0.5, 3, 1.0)), 4)
     (0.5, 0.9659)
     """
-    return (IMPORTANCE_RECENCY * recency + IMPORTANCE_ACCESS * np.log(np.asarray(access_count) + 1.0)
-            + IMPORTANCE_EXPLICIT * explicit)
+    return (
+        IMPORTANCE_RECENCY * recency
+        + IMPORTANCE_ACCESS * np.log(np.asarray(access_count) + 1.0)
+        + IMPORTANCE_EXPLICIT * explicit
+    )
 
 
 # ---- dates named in a query ------------------------------------------------------------------
 
-_MONTHS = {m: i + 1 for i, m in enumerate(
-    "january february march april may june july august september october november december".split())}
+_MONTHS = {
+    m: i + 1
+    for i, m in enumerate(
+        "january february march april may june july august september october november december".split()
+    )
+}
 _MONTHS.update({m[:3]: i for m, i in list(_MONTHS.items())})
 _MONTHS["sept"] = 9
 _M = r"(january|february|march|april|may|june|july|august|september|october|november|december|jan|feb|mar|apr|jun|jul|aug|sept|sep|oct|nov|dec)\.?"
@@ -322,8 +342,14 @@ class RecallConfig:
 # RRF weights per signal, tuned globally on LoCoMo (see the report of issue 5): lexical leads; the
 # other signals only break its ties there (at higher weights they cost recall); the embedding adds
 # what words cannot see (synonyms) at 0.2.
-DEFAULT_WEIGHTS: dict[str, float] = {"lexical": 1.0, "fingerprint": 0.02, "lsh": 0.02, "graph": 0.05,
-                                     "importance": 0.02, "embedding": 0.2}
+DEFAULT_WEIGHTS: dict[str, float] = {
+    "lexical": 1.0,
+    "fingerprint": 0.02,
+    "lsh": 0.02,
+    "graph": 0.05,
+    "importance": 0.02,
+    "embedding": 0.2,
+}
 
 
 @dataclass(frozen=True)
@@ -364,9 +390,19 @@ def named_people(index: MemoryIndex, tokens: Sequence[str], reader: str | None =
     return sorted(out)
 
 
-def recall(index: MemoryIndex, query: str, agent: str, k: int = 10, filters: Mapping[str, object] | None = None,
-           *, now: datetime, agents: Mapping[str, object] | None = None, config: RecallConfig | None = None,
-           query_vector: np.ndarray | None = None, user_id: str | None = None) -> Recall:
+def recall(
+    index: MemoryIndex,
+    query: str,
+    agent: str,
+    k: int = 10,
+    filters: Mapping[str, object] | None = None,
+    *,
+    now: datetime,
+    agents: Mapping[str, object] | None = None,
+    config: RecallConfig | None = None,
+    query_vector: np.ndarray | None = None,
+    user_id: str | None = None,
+) -> Recall:
     """The ``k`` memories of ``agent``'s scope chain that best answer ``query``, with explanations.
 
     ``user_id``: the user the reader acts for. Memories of another user are never read (nor counted
@@ -385,8 +421,9 @@ def recall(index: MemoryIndex, query: str, agent: str, k: int = 10, filters: Map
     if n == 0 or not scope_ok.any():
         return Recall([], [])
     # One pass over the memories' columns (O(N), ~1 ms at 1M) beats gathering two columns per posting.
-    corpus = (index.alive.data[:n] & scope_ok[index.scope_code.data[:n]]
-              & index.user_mask(user_id))  # what the reader may read
+    corpus = (
+        index.alive.data[:n] & scope_ok[index.scope_code.data[:n]] & index.user_mask(user_id)
+    )  # what the reader may read
     key_mask = index.key_mask(dict(filters)) if filters else None
     visible = corpus & key_mask if key_mask is not None else corpus  # ... and what the filters let through
 
@@ -401,15 +438,19 @@ def recall(index: MemoryIndex, query: str, agent: str, k: int = 10, filters: Map
     # another scope or to another user would tell the reader that person exists.
     # Names are matched unstemmed: the index keeps them as written, and a stemmer changes many of
     # them ("melanie" -> "melani"), which once hid most people from a stemming reader.
-    people = [p for p in named_people(index, tokenize(query), agent)
-              if corpus[np.asarray(index.keys.get(("person", p), ()), dtype=np.int64)].any()]
+    people = [
+        p
+        for p in named_people(index, tokenize(query), agent)
+        if corpus[np.asarray(index.keys.get(("person", p), ()), dtype=np.int64)].any()
+    ]
     name_words = set(index.tokenize(" ".join(people)))  # as the lexical tokens spell them
     lexical_tokens = [t for t in tokens if t not in name_words] or tokens
     hints = time_hints(query)
 
     signals: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # name -> (memory indices, scores), unsorted
-    lex_ix, lex_score, fp_ix, fp_score = _lexical(index, lexical_tokens, tokens, in_corpus, readable,
-                                                  np.flatnonzero(scope_ok), cfg, people, hints)
+    lex_ix, lex_score, fp_ix, fp_score = _lexical(
+        index, lexical_tokens, tokens, in_corpus, readable, np.flatnonzero(scope_ok), cfg, people, hints
+    )
     signals["lexical"] = (lex_ix, lex_score)
     signals["fingerprint"] = (fp_ix, fp_score)
     lex_top = _top(lex_ix, lex_score, FUSION_DEPTH)
@@ -491,11 +532,29 @@ def recall(index: MemoryIndex, query: str, agent: str, k: int = 10, filters: Map
             sig[name] = float(place[1]) if place is not None else 0.0
             if place is not None:
                 rk[name] = place[0] + 1
-        hits.append(Hit(memory_id=index.ids[i], rank=r, score=float(fused[j]), signals=sig, ranks=rk,
-                        refs=list(index.refs[i]), unit=index.units[i]))
-    accessed = [MemoryAccessed(schema_version=MEMORY_SCHEMA_VERSION, memory_id=h.memory_id, agent=agent,
-                               query=query[:200], rank=h.rank, score=round(h.score, 9), accessed_at=now)
-                for h in hits]
+        hits.append(
+            Hit(
+                memory_id=index.ids[i],
+                rank=r,
+                score=float(fused[j]),
+                signals=sig,
+                ranks=rk,
+                refs=list(index.refs[i]),
+                unit=index.units[i],
+            )
+        )
+    accessed = [
+        MemoryAccessed(
+            schema_version=MEMORY_SCHEMA_VERSION,
+            memory_id=h.memory_id,
+            agent=agent,
+            query=query[:200],
+            rank=h.rank,
+            score=round(h.score, 9),
+            accessed_at=now,
+        )
+        for h in hits
+    ]
     return Recall(hits, accessed, people, hints)
 
 
@@ -526,11 +585,17 @@ def _top(ix: np.ndarray, score: np.ndarray, m: int) -> np.ndarray:
     return order[:m]
 
 
-def _lexical(index: MemoryIndex, lexical_tokens: Sequence[str], all_tokens: Sequence[str],
-             in_corpus: Callable[[np.ndarray], np.ndarray], readable: Callable[[np.ndarray], np.ndarray],
-             scope_codes: np.ndarray, cfg: RecallConfig,
-             people: Sequence[str], hints: Sequence[TimeHint]
-             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _lexical(
+    index: MemoryIndex,
+    lexical_tokens: Sequence[str],
+    all_tokens: Sequence[str],
+    in_corpus: Callable[[np.ndarray], np.ndarray],
+    readable: Callable[[np.ndarray], np.ndarray],
+    scope_codes: np.ndarray,
+    cfg: RecallConfig,
+    people: Sequence[str],
+    hints: Sequence[TimeHint],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(memories, lexical scores, memories, fingerprint Jaccards); vectorised over postings."""
     uni = np.array(sorted({fingerprint(t) for t in lexical_tokens}), dtype=np.uint64)
     q_uni, q_grams = ngram_fingerprints(list(all_tokens))
@@ -583,8 +648,7 @@ def _lexical(index: MemoryIndex, lexical_tokens: Sequence[str], all_tokens: Sequ
     run_idf = np.log(1.0 + (n_runs - run_df + 0.5) / (run_df + 0.5))
     run_avg = max(live_len / n_runs, 1e-9)
     rl = index.run_len.data[pr_run]
-    run_contrib = run_idf[pr_pos] * run_tf * (cfg.k1 + 1.0) / (
-        run_tf + cfg.k1 * (1.0 - cfg.b + cfg.b * rl / run_avg))
+    run_contrib = run_idf[pr_pos] * run_tf * (cfg.k1 + 1.0) / (run_tf + cfg.k1 * (1.0 - cfg.b + cfg.b * rl / run_avg))
     urun, rinv = np.unique(pr_run, return_inverse=True)
     run_score = np.bincount(rinv, weights=run_contrib)
 
@@ -607,8 +671,9 @@ def _lexical(index: MemoryIndex, lexical_tokens: Sequence[str], all_tokens: Sequ
         pv, nx = index.prev.data[wix].astype(np.int64), index.next.data[wix].astype(np.int64)
         wlen = dlen[wix] + np.where(pv >= 0, dlen[np.maximum(pv, 0)], 0) + np.where(nx >= 0, dlen[np.maximum(nx, 0)], 0)
         wavg = 3.0 * avgdl
-        wcontrib = cfg.window_weight * idf[wpos] * wtf * (cfg.k1 + 1.0) / (
-            wtf + cfg.k1 * (1.0 - cfg.b + cfg.b * wlen / wavg))
+        wcontrib = (
+            cfg.window_weight * idf[wpos] * wtf * (cfg.k1 + 1.0) / (wtf + cfg.k1 * (1.0 - cfg.b + cfg.b * wlen / wavg))
+        )
         ix = np.concatenate([ix, wix])
         pos = np.concatenate([pos, wpos])
         contrib = np.concatenate([contrib, wcontrib])
@@ -701,20 +766,37 @@ def task_similarity(query_tokens: set[str], task_tokens: set[str]) -> float:
     return len(query_tokens & task_tokens) / math.sqrt(len(query_tokens) * len(task_tokens))
 
 
-def relevance(unit: MemoryUnit, fingerprint_jaccard: float, query_tokens: set[str],
-              domain_hint: str | None = None, task: float = 0.0) -> Relevance:
+def relevance(
+    unit: MemoryUnit,
+    fingerprint_jaccard: float,
+    query_tokens: set[str],
+    domain_hint: str | None = None,
+    task: float = 0.0,
+) -> Relevance:
     """Gated fusion: ``0.5 text + 0.2 tool + 0.15 domain + 0.15 entity``. Text: the better of the
     fingerprint Jaccard and the task similarity ``task``; the others are exact matches: a tool,
     domain (the hint, else one the query names) or object/person of the memory in the query."""
     tool = 1.0 if any(t.lower() in query_tokens for t in unit.tools) else 0.0
     doms = {d.lower() for d in unit.domains}
-    domain = 1.0 if ((domain_hint and domain_hint.lower() in doms) or
-                     (not domain_hint and any(set(tokenize(d)) and set(tokenize(d)) <= query_tokens
-                                              for d in doms))) else 0.0
-    entity = 1.0 if any(set(tokenize(e)) and set(tokenize(e)) <= query_tokens
-                        for e in (*unit.objects, *unit.people)) else 0.0
-    score = (RELEVANCE_WEIGHTS["text"] * max(fingerprint_jaccard, task) + RELEVANCE_WEIGHTS["tool"] * tool
-             + RELEVANCE_WEIGHTS["domain"] * domain + RELEVANCE_WEIGHTS["entity"] * entity)
+    domain = (
+        1.0
+        if (
+            (domain_hint and domain_hint.lower() in doms)
+            or (not domain_hint and any(set(tokenize(d)) and set(tokenize(d)) <= query_tokens for d in doms))
+        )
+        else 0.0
+    )
+    entity = (
+        1.0
+        if any(set(tokenize(e)) and set(tokenize(e)) <= query_tokens for e in (*unit.objects, *unit.people))
+        else 0.0
+    )
+    score = (
+        RELEVANCE_WEIGHTS["text"] * max(fingerprint_jaccard, task)
+        + RELEVANCE_WEIGHTS["tool"] * tool
+        + RELEVANCE_WEIGHTS["domain"] * domain
+        + RELEVANCE_WEIGHTS["entity"] * entity
+    )
     return Relevance(score, fingerprint_jaccard, tool, domain, entity, task)
 
 
@@ -724,9 +806,16 @@ class GatedHit:
     relevance: Relevance
 
 
-def gate(hits: Sequence[Hit], query: str, *, min_relevance: float = MIN_RELEVANCE, success_only: bool = False,
-         domain_hint: str | None = None, top_k: int = 5,
-         words: Callable[[str], list[str]] = tokenize) -> list[GatedHit]:
+def gate(
+    hits: Sequence[Hit],
+    query: str,
+    *,
+    min_relevance: float = MIN_RELEVANCE,
+    success_only: bool = False,
+    domain_hint: str | None = None,
+    top_k: int = 5,
+    words: Callable[[str], list[str]] = tokenize,
+) -> list[GatedHit]:
     """Drop hits below ``min_relevance`` (and unsuccessful ones when ``success_only``), sort by
     relevance (ties: recall rank), keep ``top_k``. ``words``: how the task similarity tokenises the
     query and each memory's task (the index's ``tokenize``: stemmed as it stems)."""
@@ -756,7 +845,7 @@ def result_text(outcome: str, summary: str, task: str) -> str:
     """
     rest = summary.strip()
     if outcome and rest.startswith(f"{outcome}:"):
-        rest = rest[len(outcome) + 1:].strip()
+        rest = rest[len(outcome) + 1 :].strip()
     head, sep, tail = rest.partition(" | ")
     if sep and task.strip().startswith(head.removesuffix("...").strip()):
         rest = tail.strip()
@@ -803,19 +892,45 @@ class EpisodicContext:
     accessed: list[MemoryAccessed]  # only the memories that made it into the text
 
 
-def build_episodic_context(index: MemoryIndex, query: str, agent: str, *, now: datetime, top_k: int = 5,
-                           token_budget: int = 2000, min_relevance: float = MIN_RELEVANCE,
-                           success_only: bool = False, domain_hint: str | None = None,
-                           filters: Mapping[str, object] | None = None, agents: Mapping[str, object] | None = None,
-                           config: RecallConfig | None = None, user_id: str | None = None) -> EpisodicContext:
+def build_episodic_context(
+    index: MemoryIndex,
+    query: str,
+    agent: str,
+    *,
+    now: datetime,
+    top_k: int = 5,
+    token_budget: int = 2000,
+    min_relevance: float = MIN_RELEVANCE,
+    success_only: bool = False,
+    domain_hint: str | None = None,
+    filters: Mapping[str, object] | None = None,
+    agents: Mapping[str, object] | None = None,
+    config: RecallConfig | None = None,
+    user_id: str | None = None,
+) -> EpisodicContext:
     """The token-budgeted text of relevant past work for a prompt: task, relevance, result, lessons, tools."""
-    r = recall(index, query, agent, k=max(4 * top_k, 20), filters=filters, now=now, agents=agents, config=config,
-               user_id=user_id)
-    gated = gate(r.hits, query, min_relevance=min_relevance, success_only=success_only, domain_hint=domain_hint,
-                 top_k=top_k, words=index.tokenize)
+    r = recall(
+        index,
+        query,
+        agent,
+        k=max(4 * top_k, 20),
+        filters=filters,
+        now=now,
+        agents=agents,
+        config=config,
+        user_id=user_id,
+    )
+    gated = gate(
+        r.hits,
+        query,
+        min_relevance=min_relevance,
+        success_only=success_only,
+        domain_hint=domain_hint,
+        top_k=top_k,
+        words=index.tokenize,
+    )
     entries = within_budget([render_entry(n, g) for n, g in enumerate(gated, 1)], token_budget)
     kept = gated[: len(entries)]
     ids = {g.hit.memory_id for g in kept}
     accessed = [a for a in r.accessed if a.memory_id in ids]
     return EpisodicContext("\n".join(entries), kept, accessed)
-

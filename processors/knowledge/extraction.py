@@ -130,9 +130,14 @@ class TraceExtractor:
     def extract_one(self, episode: EpisodeDistilled) -> FactsExtracted:
         facts = _facts(episode)[: self.max_facts]
         return FactsExtracted(
-            schema_version=FACTS_SCHEMA_VERSION, episode_id=episode.episode_id, agent=episode.agent,
-            observed_at=episode.ended_at, extractor=self.name,
-            entities=_entities(episode.agent, facts, _error_attributes(episode)), facts=facts)
+            schema_version=FACTS_SCHEMA_VERSION,
+            episode_id=episode.episode_id,
+            agent=episode.agent,
+            observed_at=episode.ended_at,
+            extractor=self.name,
+            entities=_entities(episode.agent, facts, _error_attributes(episode)),
+            facts=facts,
+        )
 
 
 # ---- error classes -----------------------------------------------------------------------------
@@ -143,18 +148,23 @@ _BARE_STATUS = re.compile(r"^([1-5]\d\d)\b\s*(:?)\s*")
 _SHELL_NOT_FOUND = (
     re.compile(r"\bcommand not found:\s*([^\s:'\"]{1,100})", re.I),  # zsh: command not found: helm
     re.compile(r"([^\s:'\"]{1,100}):\s*command not found\b", re.I),  # bash: helm: command not found
-    re.compile(r"^\S{0,100}sh:\s*(?:line\s*)?\d+:\s*([^\s:'\"]{1,100}):\s*not found\b", re.I),  # /bin/sh: 1: helm: not found
+    re.compile(
+        r"^\S{0,100}sh:\s*(?:line\s*)?\d+:\s*([^\s:'\"]{1,100}):\s*not found\b", re.I
+    ),  # /bin/sh: 1: helm: not found
 )
 _TRACEBACK = "traceback (most recent call last)"
 _EXCEPTION = re.compile(
-    r"\b(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Warning|Fault|Failure)\b(?=:|\s*$)")
+    r"\b(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Warning|Fault|Failure)\b(?=:|\s*$)"
+)
 _PLACEHOLDERS = (
     # (bounded repeats where a match may start anywhere: the cost stays linear in the text)
     (re.compile(r"\b[a-z][a-z0-9+.-]{0,15}://[^\s'\"<>)]+", re.I), "<url>"),
     (re.compile(r"\b[\w.+-]{1,64}@[\w-]+(?:\.[\w-]+)+\b"), "<email>"),
     (re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b", re.I), "<id>"),
-    (re.compile(r"\b\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?)?(?![\w])"),
-     "<date>"),
+    (
+        re.compile(r"\b\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?)?(?![\w])"),
+        "<date>",
+    ),
     (re.compile(r"\b\d{1,2}/\d{1,2}/\d{2,4}\b"), "<date>"),
     (re.compile(r"\b\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?\b"), "<time>"),
     (re.compile(r"(?<![\w.<>/])(?:~|\.{1,2})?/[\w.@+-]+(?:/[\w.@+-]*)*"), "<path>"),
@@ -207,7 +217,7 @@ def error_class(text: str) -> str:
                 return _cut(f"command not found: {m.group(1)}")
     if _TRACEBACK in rest.lower():
         found = list(_EXCEPTION.finditer(rest, rest.lower().index(_TRACEBACK) + len(_TRACEBACK)))
-        rest = rest[found[-1].start():] if found else "traceback (exception not shown)"
+        rest = rest[found[-1].start() :] if found else "traceback (exception not shown)"
     for rx, placeholder in _PLACEHOLDERS:
         rest = rx.sub(placeholder, rest)
     rest = _WORD.sub(_template_word, rest).rstrip(" .,;:")
@@ -219,11 +229,11 @@ def error_class(text: str) -> str:
 def _http_status_prefix(text: str) -> tuple[int | None, str]:
     m = _HTTP_PREFIX.match(text)
     if m:
-        return int(m.group(1)), text[m.end():]
+        return int(m.group(1)), text[m.end() :]
     m = _BARE_STATUS.match(text)
     if m:
         status = int(m.group(1))
-        rest = text[m.end():]
+        rest = text[m.end() :]
         try:
             phrase = HTTPStatus(status).phrase
         except ValueError:
@@ -261,7 +271,9 @@ _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 _WINDOW_NAMES = {1: "s", 60: "min", 3600: "h", 86400: "day"}
 _RATE_TEXT = re.compile(
     r"(\d+(?:\.\d+)?)\s*(?:requests?|reqs?|calls?|queries)?\s*(?:/|\bper\b)\s*(\d+(?:\.\d+)?)?\s*"
-    rf"({_UNITS})\b", re.I)
+    rf"({_UNITS})\b",
+    re.I,
+)
 
 
 def _duration_seconds(text: str) -> float | None:
@@ -346,8 +358,10 @@ def _call_rates(call: CallSeen) -> list[tuple[float, str]]:
     """What one call states about its rate limit: (confidence, value), strongest first, each value once."""
     found = [(CONFIDENCE_RATE_HEADER, _rate_from_headers(call.rate_headers))]
     if call.ok is False and is_rate_limit(call.error or "", call.http_status):
-        found += [(CONFIDENCE_RATE_TEXT, _rate_from_text(call.error or "")),
-                  (CONFIDENCE_RATE_RETRY_AFTER, _rate_from_retry_after(call.rate_headers))]
+        found += [
+            (CONFIDENCE_RATE_TEXT, _rate_from_text(call.error or "")),
+            (CONFIDENCE_RATE_RETRY_AFTER, _rate_from_retry_after(call.rate_headers)),
+        ]
     out: dict[str, float] = {}
     for confidence, value in found:
         if value is not None:
@@ -398,8 +412,18 @@ class _Tally:
         self.counts[(source, target)] = self.counts.get((source, target), 0) + n
 
     def facts(self, predicate: str, confidence: float) -> list[FactAsserted]:
-        return [FactAsserted(source=s[0], source_type=s[1], predicate=predicate, target=t[0], target_type=t[1],
-                             confidence=confidence, count=n) for (s, t), n in self.counts.items()]
+        return [
+            FactAsserted(
+                source=s[0],
+                source_type=s[1],
+                predicate=predicate,
+                target=t[0],
+                target_type=t[1],
+                confidence=confidence,
+                count=n,
+            )
+            for (s, t), n in self.counts.items()
+        ]
 
 
 def _facts(episode: EpisodeDistilled) -> list[FactAsserted]:
@@ -444,22 +468,51 @@ def _facts(episode: EpisodeDistilled) -> list[FactAsserted]:
     for source, values in rates.items():
         # functional: one value per source and episode, the strongest statement, the latest among equals
         value, (confidence, n, _) = max(values.items(), key=lambda kv: (kv[1][0], kv[1][2]))
-        out.append(FactAsserted(source=source[0], source_type=source[1], predicate=RATE_LIMIT, target=value,
-                                target_type=RATE_TYPE, confidence=confidence, count=n, functional=True))
-    out += [FactAsserted(source=agent[0], source_type=agent[1], predicate=WORKS_ON, target=p,
-                         target_type=EntityType.PROJECT.value, confidence=CONFIDENCE_WORKS_ON)
-            for p in _metadata_names(episode.metadata, PROJECT_KEYS)]
-    out += [FactAsserted(source=agent[0], source_type=agent[1], predicate=SERVES, target=c,
-                         target_type=EntityType.CLIENT.value, confidence=CONFIDENCE_SERVES)
-            for c in _metadata_names(episode.metadata, CLIENT_KEYS)]
+        out.append(
+            FactAsserted(
+                source=source[0],
+                source_type=source[1],
+                predicate=RATE_LIMIT,
+                target=value,
+                target_type=RATE_TYPE,
+                confidence=confidence,
+                count=n,
+                functional=True,
+            )
+        )
+    out += [
+        FactAsserted(
+            source=agent[0],
+            source_type=agent[1],
+            predicate=WORKS_ON,
+            target=p,
+            target_type=EntityType.PROJECT.value,
+            confidence=CONFIDENCE_WORKS_ON,
+        )
+        for p in _metadata_names(episode.metadata, PROJECT_KEYS)
+    ]
+    out += [
+        FactAsserted(
+            source=agent[0],
+            source_type=agent[1],
+            predicate=SERVES,
+            target=c,
+            target_type=EntityType.CLIENT.value,
+            confidence=CONFIDENCE_SERVES,
+        )
+        for c in _metadata_names(episode.metadata, CLIENT_KEYS)
+    ]
     out += depends.facts(DEPENDS_ON, CONFIDENCE_DEPENDS_ON)
     return out
 
 
 def _error_attributes(episode: EpisodeDistilled) -> dict[str, dict[str, Any]]:
     """Per error class: the first example text seen and the first HTTP status known."""
-    seen = ([(c.error or NO_MESSAGE, c.http_status) for c in episode.calls if c.ok is False] if episode.calls
-            else [(e.error, e.http_status) for e in episode.errors])
+    seen = (
+        [(c.error or NO_MESSAGE, c.http_status) for c in episode.calls if c.ok is False]
+        if episode.calls
+        else [(e.error, e.http_status) for e in episode.errors]
+    )
     attrs: dict[str, dict[str, Any]] = {}
     for text, status in seen:
         a = attrs.setdefault(error_class(text), {"example": text[:MAX_EXAMPLE]})
@@ -468,13 +521,17 @@ def _error_attributes(episode: EpisodeDistilled) -> dict[str, dict[str, Any]]:
     return attrs
 
 
-def _entities(agent: str, facts: Sequence[FactAsserted],
-              error_attrs: Mapping[str, Mapping[str, Any]]) -> list[EntityMention]:
+def _entities(
+    agent: str, facts: Sequence[FactAsserted], error_attrs: Mapping[str, Mapping[str, Any]]
+) -> list[EntityMention]:
     """The agent, then every source and target of the facts, once each, in first-appearance order."""
     nodes: dict[Node, None] = {(_name(agent) or agent, EntityType.AGENT.value): None}
     for f in facts:
         nodes.setdefault((f.source, f.source_type), None)
         nodes.setdefault((f.target, f.target_type), None)
-    return [EntityMention(name=name, type=type_, attributes=dict(error_attrs.get(name, {}))
-                          if type_ == EntityType.ERROR.value else {})
-            for name, type_ in nodes]
+    return [
+        EntityMention(
+            name=name, type=type_, attributes=dict(error_attrs.get(name, {})) if type_ == EntityType.ERROR.value else {}
+        )
+        for name, type_ in nodes
+    ]

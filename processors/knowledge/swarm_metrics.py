@@ -79,7 +79,14 @@ from somnus.schemas.briefing import (
     ServedFact,
 )
 from somnus.schemas.events import AgentMessaged, Delegated, DelegationReturned, Outcome, ToolCalled, TraceEvent
-from somnus.schemas.facts import FACTS_SCHEMA_VERSION, GLOBAL_SCOPE, FactAsserted, FactsExtracted, agent_scope, team_scope
+from somnus.schemas.facts import (
+    FACTS_SCHEMA_VERSION,
+    GLOBAL_SCOPE,
+    FactAsserted,
+    FactsExtracted,
+    agent_scope,
+    team_scope,
+)
 from somnus.schemas.agents import AgentSpec, LearningRate
 
 MIN_MENTION_CHARS = 3  # word characters an entity name needs before a mention of it can count
@@ -214,11 +221,23 @@ def facts_used(served: BriefingServed, events: Iterable[TraceEvent]) -> list[Fac
             if hit is None:
                 rest.append((fact, cands))
                 continue
-            out.append(FactUsed(schema_version=BRIEFING_SCHEMA_VERSION, agent=served.agent,
-                                session_id=served.session_id, briefing_id=served.briefing_id,
-                                triple_id=fact.triple_id, source=fact.source, predicate=fact.predicate,
-                                target=fact.target, scope=fact.scope, confidence=fact.confidence, entity=hit,
-                                seq=seq, used_at=ev.ts))
+            out.append(
+                FactUsed(
+                    schema_version=BRIEFING_SCHEMA_VERSION,
+                    agent=served.agent,
+                    session_id=served.session_id,
+                    briefing_id=served.briefing_id,
+                    triple_id=fact.triple_id,
+                    source=fact.source,
+                    predicate=fact.predicate,
+                    target=fact.target,
+                    scope=fact.scope,
+                    confidence=fact.confidence,
+                    entity=hit,
+                    seq=seq,
+                    used_at=ev.ts,
+                )
+            )
         pending = rest
         if not pending:
             break
@@ -243,18 +262,32 @@ def facts_used_in_episode(served: BriefingServed, acted: Iterable[str], used_at:
     >>> [u.entity for u in facts_used_in_episode(s, ["api:api.x.io", "tool:http_get"], s.served_at)]
     ['api.x.io']
     """
-    ids = {i.split(":", 1)[0] + ":" + normalise_name(i.split(":", 1)[1]) if ":" in i else normalise_name(i)
-           for i in acted}
+    ids = {
+        i.split(":", 1)[0] + ":" + normalise_name(i.split(":", 1)[1]) if ":" in i else normalise_name(i) for i in acted
+    }
     me = f"agent:{normalise_name(served.agent)}"
     out = []
     for fact in served.facts:
         hit = next((e for e in (fact.source, fact.target) if e != me and e in ids), None)
         if hit is None:
             continue
-        out.append(FactUsed(schema_version=BRIEFING_SCHEMA_VERSION, agent=served.agent, session_id=served.session_id,
-                            briefing_id=served.briefing_id, triple_id=fact.triple_id, source=fact.source,
-                            predicate=fact.predicate, target=fact.target, scope=fact.scope,
-                            confidence=fact.confidence, entity=entity_name(hit), seq=0, used_at=used_at))
+        out.append(
+            FactUsed(
+                schema_version=BRIEFING_SCHEMA_VERSION,
+                agent=served.agent,
+                session_id=served.session_id,
+                briefing_id=served.briefing_id,
+                triple_id=fact.triple_id,
+                source=fact.source,
+                predicate=fact.predicate,
+                target=fact.target,
+                scope=fact.scope,
+                confidence=fact.confidence,
+                entity=entity_name(hit),
+                seq=0,
+                used_at=used_at,
+            )
+        )
     return out
 
 
@@ -278,12 +311,18 @@ def utilisation(served: Iterable[BriefingServed], used: Iterable[FactUsed]) -> d
     out = {}
     for agent in sorted(shown.keys() | acted.keys()):
         s, a = shown.get(agent, set()), acted.get(agent, set())
-        out[agent] = Utilisation(agent=agent, sessions=len({x for x, _ in s}), facts_served=len(s),
-                                 facts_used=len(a), rate=len(a & s) / len(s) if s else 0.0)
+        out[agent] = Utilisation(
+            agent=agent,
+            sessions=len({x for x, _ in s}),
+            facts_served=len(s),
+            facts_used=len(a),
+            rate=len(a & s) / len(s) if s else 0.0,
+        )
     return out
 
 
 # ---- delegation success --------------------------------------------------------------------
+
 
 class DelegationTally(msgspec.Struct, frozen=True):
     delegator: str
@@ -307,12 +346,14 @@ class DelegationTally(msgspec.Struct, frozen=True):
 
 def delegation_results(events: Iterable[TraceEvent]) -> list[tuple[str, str, str]]:
     """(delegator, delegatee, outcome) of every ``delegation_result`` event, in input order."""
-    return [(ev.agent, ev.payload.to_agent, ev.payload.outcome.value)
-            for ev in events if isinstance(ev, DelegationReturned)]
+    return [
+        (ev.agent, ev.payload.to_agent, ev.payload.outcome.value) for ev in events if isinstance(ev, DelegationReturned)
+    ]
 
 
-def tally_delegations(prior: Mapping[tuple[str, str], DelegationTally],
-                      results: Iterable[tuple[str, str, str]]) -> dict[tuple[str, str], DelegationTally]:
+def tally_delegations(
+    prior: Mapping[tuple[str, str], DelegationTally], results: Iterable[tuple[str, str, str]]
+) -> dict[tuple[str, str], DelegationTally]:
     """Add (delegator, delegatee, outcome) results to the tallies (a new dict; ``prior`` is not changed).
     Exactly-once is the caller's: feed each ``delegation_result`` event once (e.g. by event id).
 
@@ -332,11 +373,13 @@ def tally_delegations(prior: Mapping[tuple[str, str], DelegationTally],
 
 def failing_pairs(tallies: Mapping[tuple[str, str], DelegationTally]) -> list[DelegationTally]:
     """Failing pairs, worst first (lowest success rate, then most results, then names)."""
-    return sorted((t for t in tallies.values() if t.failing),
-                  key=lambda t: (t.success_rate, -t.results, t.delegator, t.delegatee))
+    return sorted(
+        (t for t in tallies.values() if t.failing), key=lambda t: (t.success_rate, -t.results, t.delegator, t.delegatee)
+    )
 
 
 # ---- scope promotion -----------------------------------------------------------------------
+
 
 class Tally(msgspec.Struct, frozen=True):
     """Uses of one statement toward one target scope since its counters last restarted."""
@@ -371,7 +414,7 @@ def team_of(agents: Mapping[str, AgentSpec], agent: str) -> str:
 def promotion_target(agents: Mapping[str, AgentSpec], scope: str) -> str | None:
     """Where a statement in ``scope`` can move: agent -> its team, team -> global; None otherwise."""
     if scope.startswith("agent:"):
-        spec = agents.get(scope[len("agent:"):])
+        spec = agents.get(scope[len("agent:") :])
         return team_scope(spec.reports_to) if spec is not None and spec.reports_to is not None else None
     if scope.startswith("team:"):
         return GLOBAL_SCOPE
@@ -386,41 +429,61 @@ def learning_rate_of(agents: Mapping[str, AgentSpec], scope: str) -> LearningRat
     return spec.learning_rate if spec is not None else LearningRate.MODERATE
 
 
-def promotion_id(source: str, predicate: str, target: str, from_scope: str, to_scope: str,
-                 reason: PromotionReason, at: datetime) -> uuid.UUID:
-    return uuid.uuid5(PROMOTION_NAMESPACE, "\x1f".join((source, predicate, target, from_scope, to_scope,
-                                                         reason.value, at.isoformat())))
+def promotion_id(
+    source: str, predicate: str, target: str, from_scope: str, to_scope: str, reason: PromotionReason, at: datetime
+) -> uuid.UUID:
+    return uuid.uuid5(
+        PROMOTION_NAMESPACE,
+        "\x1f".join((source, predicate, target, from_scope, to_scope, reason.value, at.isoformat())),
+    )
 
 
 def _union(xs: list[str], x: str) -> list[str]:
     return xs if x in xs else sorted([*xs, x])
 
 
-def count_use(state: StatementState | None, used: FactUsed,
-              agents: Mapping[str, AgentSpec]) -> tuple[StatementState, list[FactPromoted]]:
+def count_use(
+    state: StatementState | None, used: FactUsed, agents: Mapping[str, AgentSpec]
+) -> tuple[StatementState, list[FactPromoted]]:
     """Count one use of a statement; promote it when a threshold is reached (then its tally restarts)."""
     st = state or StatementState()
     to = promotion_target(agents, used.scope)
     if to is None or to in st.promoted:
         return st, []
     cur = st.tallies.get(to, Tally())
-    tally = Tally(users=_union(cur.users, used.agent), teams=_union(cur.teams, team_of(agents, used.agent)),
-                  sources=_union(cur.sources, used.scope), uses=cur.uses + 1,
-                  confidence=max(cur.confidence, used.confidence))
+    tally = Tally(
+        users=_union(cur.users, used.agent),
+        teams=_union(cur.teams, team_of(agents, used.agent)),
+        sources=_union(cur.sources, used.scope),
+        uses=cur.uses + 1,
+        confidence=max(cur.confidence, used.confidence),
+    )
     for source_scope in tally.sources:
         rate = learning_rate_of(agents, source_scope)
         threshold = PROMOTION_THRESHOLDS[rate]
-        need, have = ((threshold.teams, len(tally.teams)) if to == GLOBAL_SCOPE
-                      else (threshold.members, len(tally.users)))
+        need, have = (
+            (threshold.teams, len(tally.teams)) if to == GLOBAL_SCOPE else (threshold.members, len(tally.users))
+        )
         if have >= need:
             reason = PromotionReason.UTILISATION
             event = FactPromoted(
                 schema_version=BRIEFING_SCHEMA_VERSION,
-                promotion_id=promotion_id(used.source, used.predicate, used.target, source_scope, to, reason,
-                                          used.used_at),
-                source=used.source, predicate=used.predicate, target=used.target, from_scope=source_scope,
-                to_scope=to, reason=reason, promoted_at=used.used_at, confidence=tally.confidence,
-                learning_rate=rate.value, threshold=need, users=tally.users, teams=tally.teams)
+                promotion_id=promotion_id(
+                    used.source, used.predicate, used.target, source_scope, to, reason, used.used_at
+                ),
+                source=used.source,
+                predicate=used.predicate,
+                target=used.target,
+                from_scope=source_scope,
+                to_scope=to,
+                reason=reason,
+                promoted_at=used.used_at,
+                confidence=tally.confidence,
+                learning_rate=rate.value,
+                threshold=need,
+                users=tally.users,
+                teams=tally.teams,
+            )
             return apply_promotion(st, event), [event]
     return StatementState(tallies={**st.tallies, to: tally}, promoted=st.promoted), []
 
@@ -429,8 +492,10 @@ def apply_promotion(state: StatementState | None, promoted: FactPromoted) -> Sta
     """The state after a promotion (by utilisation or by hand): the target's tally restarts and the
     statement no longer counts toward that scope."""
     st = state or StatementState()
-    return StatementState(tallies={k: v for k, v in st.tallies.items() if k != promoted.to_scope},
-                          promoted=_union(st.promoted, promoted.to_scope))
+    return StatementState(
+        tallies={k: v for k, v in st.tallies.items() if k != promoted.to_scope},
+        promoted=_union(st.promoted, promoted.to_scope),
+    )
 
 
 class PromotionFold:
@@ -464,8 +529,15 @@ def _matches(entity_id: str, given: str) -> bool:
     return entity_id == given or normalise_name(entity_name(entity_id)) == normalise_name(given)
 
 
-def manual_promotions(agents: Mapping[str, AgentSpec], triples: Iterable[Any], source: str, predicate: str,
-                      target: str, to: str, at: datetime) -> list[FactPromoted]:
+def manual_promotions(
+    agents: Mapping[str, AgentSpec],
+    triples: Iterable[Any],
+    source: str,
+    predicate: str,
+    target: str,
+    to: str,
+    at: datetime,
+) -> list[FactPromoted]:
     """``somnus promote <source> <predicate> <target> --to team|global`` as events.
 
     ``triples`` are active rows of the triple log (dicts or ``Triple``); source and target may be given
@@ -479,10 +551,14 @@ def manual_promotions(agents: Mapping[str, AgentSpec], triples: Iterable[Any], s
         return r[k] if isinstance(r, Mapping) else getattr(r, k)
 
     pred = normalise_name(predicate).replace(" ", "_")
-    copies = sorted((str(get(r, "scope")), str(get(r, "source")), str(get(r, "target")), float(get(r, "confidence")))
-                     for r in triples
-                     if get(r, "valid_to") is None and get(r, "predicate") == pred
-                     and _matches(str(get(r, "source")), source) and _matches(str(get(r, "target")), target))
+    copies = sorted(
+        (str(get(r, "scope")), str(get(r, "source")), str(get(r, "target")), float(get(r, "confidence")))
+        for r in triples
+        if get(r, "valid_to") is None
+        and get(r, "predicate") == pred
+        and _matches(str(get(r, "source")), source)
+        and _matches(str(get(r, "target")), target)
+    )
     if not copies:
         raise PromotionError(f"no active fact {source!r} {predicate!r} {target!r}")
     held = {c[0] for c in copies}
@@ -494,18 +570,30 @@ def manual_promotions(agents: Mapping[str, AgentSpec], triples: Iterable[Any], s
             if dest is not None and dest not in held and dest not in moves:
                 moves[dest] = (scope, s, t, conf)
         if not moves:
-            raise PromotionError(f"{source!r} {predicate!r} {target!r}: no agent-scoped copy of an agent with a team "
-                                 f"that is not already in its team (held in: {', '.join(sorted(held))})")
+            raise PromotionError(
+                f"{source!r} {predicate!r} {target!r}: no agent-scoped copy of an agent with a team "
+                f"that is not already in its team (held in: {', '.join(sorted(held))})"
+            )
     else:
         if GLOBAL_SCOPE in held:
             raise PromotionError(f"{source!r} {predicate!r} {target!r} is already global")
         teams_ = [c for c in copies if c[0].startswith("team:")]
         moves[GLOBAL_SCOPE] = (teams_ or copies)[0]
-    return [FactPromoted(schema_version=BRIEFING_SCHEMA_VERSION,
-                         promotion_id=promotion_id(s, pred, t, scope, dest, reason, at),
-                         source=s, predicate=pred, target=t, from_scope=scope, to_scope=dest, reason=reason,
-                         promoted_at=at, confidence=min(max(conf, 0.0), 1.0))
-            for dest, (scope, s, t, conf) in sorted(moves.items())]
+    return [
+        FactPromoted(
+            schema_version=BRIEFING_SCHEMA_VERSION,
+            promotion_id=promotion_id(s, pred, t, scope, dest, reason, at),
+            source=s,
+            predicate=pred,
+            target=t,
+            from_scope=scope,
+            to_scope=dest,
+            reason=reason,
+            promoted_at=at,
+            confidence=min(max(conf, 0.0), 1.0),
+        )
+        for dest, (scope, s, t, conf) in sorted(moves.items())
+    ]
 
 
 def promoted_facts(promoted: FactPromoted) -> FactsExtracted:
@@ -517,7 +605,20 @@ def promoted_facts(promoted: FactPromoted) -> FactsExtracted:
     ttype, tname = promoted.target.split(":", 1) if ":" in promoted.target else ("concept", promoted.target)
     owner = promoted.from_scope.split(":", 1)[1] if ":" in promoted.from_scope else "somnus"
     return FactsExtracted(
-        schema_version=FACTS_SCHEMA_VERSION, episode_id=promoted.promotion_id, agent=owner or "somnus",
-        observed_at=promoted.promoted_at, extractor=PROMOTION_EXTRACTOR,
-        facts=[FactAsserted(source=sname, source_type=stype, predicate=promoted.predicate, target=tname,
-                            target_type=ttype, confidence=promoted.confidence, scope=promoted.to_scope)])
+        schema_version=FACTS_SCHEMA_VERSION,
+        episode_id=promoted.promotion_id,
+        agent=owner or "somnus",
+        observed_at=promoted.promoted_at,
+        extractor=PROMOTION_EXTRACTOR,
+        facts=[
+            FactAsserted(
+                source=sname,
+                source_type=stype,
+                predicate=promoted.predicate,
+                target=tname,
+                target_type=ttype,
+                confidence=promoted.confidence,
+                scope=promoted.to_scope,
+            )
+        ],
+    )

@@ -66,10 +66,33 @@ MIN_TRUSTED_CHARS = 10  # shorter names are never merged: too little text to tru
 NUM_PERM = 128
 MINHASH_SEED = 1
 
-FUNCTIONAL = frozenset({"rate_limit", "status", "version", "located_in", "owned_by", "assigned_to",
-                        "has_owner", "current_value", "endpoint"})
-MULTI_VALUED = frozenset({"uses", "depends_on", "failed_with", "calls", "delegates_to", "works_on", "serves",
-                          "learned_about", "works_with", "bypasses"})
+FUNCTIONAL = frozenset(
+    {
+        "rate_limit",
+        "status",
+        "version",
+        "located_in",
+        "owned_by",
+        "assigned_to",
+        "has_owner",
+        "current_value",
+        "endpoint",
+    }
+)
+MULTI_VALUED = frozenset(
+    {
+        "uses",
+        "depends_on",
+        "failed_with",
+        "calls",
+        "delegates_to",
+        "works_on",
+        "serves",
+        "learned_about",
+        "works_with",
+        "bypasses",
+    }
+)
 
 TRIPLE_NAMESPACE = uuid.UUID("7d1c9a3e-52b4-4f7e-8f0a-3b6c2d9e1f45")
 
@@ -94,7 +117,7 @@ def entity_id(type_: str, name: str) -> str:
 
 
 def shingles(text: str, k: int = 3) -> set[str]:
-    return {text[i:i + k] for i in range(max(1, len(text) - k + 1))}
+    return {text[i : i + k] for i in range(max(1, len(text) - k + 1))}
 
 
 def jaccard(a: set[str], b: set[str]) -> float:
@@ -129,6 +152,7 @@ def noisy_or(old: float, new: float) -> float:
 
 
 # ---- rows (what the projector writes) -------------------------------------------------------
+
 
 class EntityVersion(msgspec.Struct, frozen=True):
     entity_id: str
@@ -214,11 +238,21 @@ class KnowledgeChanges:
         return {t.scope for t in self.triples_inserted}
 
     def encode(self) -> bytes:
-        return msgspec.json.encode([self.entities, self.aliases, self.predicates, self.triples_inserted,
-                                    self.triples_closed, self.triples_reinforced, self.history])
+        return msgspec.json.encode(
+            [
+                self.entities,
+                self.aliases,
+                self.predicates,
+                self.triples_inserted,
+                self.triples_closed,
+                self.triples_reinforced,
+                self.history,
+            ]
+        )
 
 
 # ---- state --------------------------------------------------------------------------------
+
 
 class KnowledgeState:
     """Entities, aliases, LSH index, predicate registry and the triples the fold can still change:
@@ -239,9 +273,14 @@ class KnowledgeState:
         self.ordinal = 0
 
     @classmethod
-    def from_rows(cls, entities: Iterable[EntityVersion], aliases: Iterable[EntityAlias],
-                  predicates: Iterable[PredicateAdded], triples: Iterable[Triple],
-                  next_ordinal: int) -> KnowledgeState:
+    def from_rows(
+        cls,
+        entities: Iterable[EntityVersion],
+        aliases: Iterable[EntityAlias],
+        predicates: Iterable[PredicateAdded],
+        triples: Iterable[Triple],
+        next_ordinal: int,
+    ) -> KnowledgeState:
         """Rebuild from the projected rows: latest entity versions, aliases, added predicates, and the
         triples the fold can change (active ones, and every triple of a functional predicate)."""
         st = cls()
@@ -307,6 +346,7 @@ def triple_id_for(source: str, predicate: str, target: str, scope: str, valid_fr
 
 # ---- the fold -----------------------------------------------------------------------------
 
+
 class KnowledgeFold:
     def __init__(self, state: KnowledgeState | None = None) -> None:
         self.state = state or KnowledgeState()
@@ -332,8 +372,17 @@ class KnowledgeFold:
         ch.entities.extend(touched)
         return ch
 
-    def _entity(self, name: str, type_: str, attrs: dict[str, Any], at: datetime, ep: str,
-                ch: KnowledgeChanges, touched: list[EntityVersion], agent: str) -> str:
+    def _entity(
+        self,
+        name: str,
+        type_: str,
+        attrs: dict[str, Any],
+        at: datetime,
+        ep: str,
+        ch: KnowledgeChanges,
+        touched: list[EntityVersion],
+        agent: str,
+    ) -> str:
         st = self.state
         t = normalise_name(type_)
         n = normalise_name(name)
@@ -343,13 +392,24 @@ class KnowledgeFold:
             if eid is not None:
                 sim = jaccard(shingles(n), st.shingles[eid])
                 st.agent_aliases[(agent, t, n)] = eid
-                ch.aliases.append(EntityAlias(alias=n, type=t, entity_id=eid, jaccard=round(sim, 6),
-                                              first_seen=at, episode_id=ep, agent=agent))
+                ch.aliases.append(
+                    EntityAlias(
+                        alias=n, type=t, entity_id=eid, jaccard=round(sim, 6), first_seen=at, episode_id=ep, agent=agent
+                    )
+                )
         mine = st.mentions.setdefault(agent, set())
         if eid is None:
             eid = f"{t}:{n}"
-            e = EntityVersion(entity_id=eid, version=1, name=n, type=t, attributes=merge_attributes({}, attrs),
-                              first_seen=at, updated_at=at, episode_id=ep)
+            e = EntityVersion(
+                entity_id=eid,
+                version=1,
+                name=n,
+                type=t,
+                attributes=merge_attributes({}, attrs),
+                first_seen=at,
+                updated_at=at,
+                episode_id=ep,
+            )
             st.entities[eid] = e
             st._index(eid, t, n)
             touched.append(e)
@@ -361,8 +421,9 @@ class KnowledgeFold:
             merged = merge_attributes(cur.attributes, attrs)
             if merged != cur.attributes:
                 # One version row per change, so the rows do not depend on how batches were cut.
-                e = msgspec.structs.replace(cur, attributes=merged, updated_at=max(at, cur.updated_at),
-                                            episode_id=ep, version=cur.version + 1)
+                e = msgspec.structs.replace(
+                    cur, attributes=merged, updated_at=max(at, cur.updated_at), episode_id=ep, version=cur.version + 1
+                )
                 st.entities[eid] = e
                 touched.append(e)
         return eid
@@ -384,16 +445,46 @@ class KnowledgeFold:
                 best = (sim, cand)
         return best[1] if best else None
 
-    def _fact(self, src: str, pred: str, dst: str, scope: str, conf: float, count: int, at: datetime, ep: str,
-              agent: str, extractor: str, ch: KnowledgeChanges) -> None:
+    def _fact(
+        self,
+        src: str,
+        pred: str,
+        dst: str,
+        scope: str,
+        conf: float,
+        count: int,
+        at: datetime,
+        ep: str,
+        agent: str,
+        extractor: str,
+        ch: KnowledgeChanges,
+    ) -> None:
         st = self.state
         if not st.predicates.get(pred, False):
             same = st.by_fact.get((src, pred, dst, scope))
             if same is not None:
                 self._reinforce(same, conf, count, at, ep, ch)
             else:
-                self._insert(Triple(triple_id_for(src, pred, dst, scope, at), src, pred, dst, scope, conf, count,
-                                    ep, None, at, None, None, agent, extractor), ep, ch)
+                self._insert(
+                    Triple(
+                        triple_id_for(src, pred, dst, scope, at),
+                        src,
+                        pred,
+                        dst,
+                        scope,
+                        conf,
+                        count,
+                        ep,
+                        None,
+                        at,
+                        None,
+                        None,
+                        agent,
+                        extractor,
+                    ),
+                    ep,
+                    ch,
+                )
             return
         # Functional: find the stretch of the slot's timeline that covers `at`.
         ids = st.slots.get((src, pred, scope), [])
@@ -415,8 +506,12 @@ class KnowledgeFold:
             self._close(cover, at, tid, ep, ch)
         else:  # before the first stretch (a late fact): it lasts until the first belief began
             end, after = (nxt.valid_from, nxt.triple_id) if nxt is not None else (None, None)
-        self._insert(Triple(tid, src, pred, dst, scope, conf, count, ep, None, at, end, after, agent, extractor),
-                     ep, ch, position=pos)
+        self._insert(
+            Triple(tid, src, pred, dst, scope, conf, count, ep, None, at, end, after, agent, extractor),
+            ep,
+            ch,
+            position=pos,
+        )
 
     def _insert(self, t: Triple, ep: str, ch: KnowledgeChanges, position: int | None = None) -> None:
         self.state._add(t, position)
@@ -430,14 +525,16 @@ class KnowledgeFold:
 
     def _reinforce(self, tid: str, conf: float, count: int, at: datetime, ep: str, ch: KnowledgeChanges) -> None:
         t = self.state.triples[tid]
-        new = msgspec.structs.replace(t, count=t.count + count, confidence=noisy_or(t.confidence, conf),
-                                      last_evidence=ep)
+        new = msgspec.structs.replace(
+            t, count=t.count + count, confidence=noisy_or(t.confidence, conf), last_evidence=ep
+        )
         self.state.triples[tid] = new
         ch.triples_reinforced.append(TripleReinforced(tid, new.count, new.confidence, ep))
         self._history(tid, "reinforced", ep, at, new.count, new.confidence, ch)
 
-    def _history(self, tid: str, change: str, ep: str, at: datetime, count: int, conf: float,
-                 ch: KnowledgeChanges) -> None:
+    def _history(
+        self, tid: str, change: str, ep: str, at: datetime, count: int, conf: float, ch: KnowledgeChanges
+    ) -> None:
         ch.history.append(HistoryRow(self.state.ordinal, tid, change, ep, at, count, conf))
         self.state.ordinal += 1
 
@@ -449,5 +546,7 @@ def _neg(s: str) -> tuple[int, ...]:
 
 def as_of(triples: Iterable[Triple], when: datetime) -> list[Triple]:
     """The triples active at ``when``: valid_from <= when < valid_to (valid_to None = still active)."""
-    return sorted((t for t in triples if t.valid_from <= when and (t.valid_to is None or when < t.valid_to)),
-                  key=lambda t: (t.source, t.predicate, t.scope, t.target))
+    return sorted(
+        (t for t in triples if t.valid_from <= when and (t.valid_to is None or when < t.valid_to)),
+        key=lambda t: (t.source, t.predicate, t.scope, t.target),
+    )

@@ -46,14 +46,28 @@ from collections.abc import Mapping, Sequence
 
 import msgspec
 
-__all__ = ["AdviceConfig", "AdviceInputs", "Advice", "Escalation", "PastEpisode", "Risk", "Salient", "Strategy",
-           "ToolRisk", "advise", "similarity", "words_of"]
+__all__ = [
+    "AdviceConfig",
+    "AdviceInputs",
+    "Advice",
+    "Escalation",
+    "PastEpisode",
+    "Risk",
+    "Salient",
+    "Strategy",
+    "ToolRisk",
+    "advise",
+    "similarity",
+    "words_of",
+]
 
 _WORD = re.compile(r"[a-z][a-z0-9]{2,}")
 # Function words that would relate any two requests ("I want to ... my ..."): not associations.
-_STOP = frozenset("the and for with from that this you your are was were have has had will would can could please "
-                  "want need like just also about into there their them they what when which who how its our "
-                  "not but all any one hello thanks thank".split())
+_STOP = frozenset(
+    "the and for with from that this you your are was were have has had will would can could please "
+    "want need like just also about into there their them they what when which who how its our "
+    "not but all any one hello thanks thank".split()
+)
 
 
 class AdviceConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -173,21 +187,28 @@ def advise(agent: str, task: str, inputs: AdviceInputs, config: AdviceConfig = A
     if not task or not task.strip():
         raise ValueError("a task is required: the text of the task about to start")
     want = words_of(task)
-    related = sorted(((similarity(want, words_of(ep.task) if ep.words is None else ep.words), ep)
-                      for ep in inputs.episodes),
-                     key=lambda pair: (-pair[0], pair[1].episode_id))
+    related = sorted(
+        ((similarity(want, words_of(ep.task) if ep.words is None else ep.words), ep) for ep in inputs.episodes),
+        key=lambda pair: (-pair[0], pair[1].episode_id),
+    )
     related = [(s, ep) for s, ep in related if s >= config.min_similarity and s > 0.0]
-    return Advice(agent=agent, task=task, related=len(related), planning=_planning(related, config),
-                  risks=_risks(related, inputs.tools, config), escalation=_escalation(related, config),
-                  salience=_salience(related, config, exclude=f"agent:{agent}"))
+    return Advice(
+        agent=agent,
+        task=task,
+        related=len(related),
+        planning=_planning(related, config),
+        risks=_risks(related, inputs.tools, config),
+        escalation=_escalation(related, config),
+        salience=_salience(related, config, exclude=f"agent:{agent}"),
+    )
 
 
 Related = Sequence[tuple[float, PastEpisode]]
 
 
 def _ids(related: Related, config: AdviceConfig) -> tuple[list[str], list[str]]:
-    episodes = [ep.episode_id for _, ep in related][:config.provenance]
-    memories = [m for _, ep in related for m in ep.memory_ids][:config.provenance]
+    episodes = [ep.episode_id for _, ep in related][: config.provenance]
+    memories = [m for _, ep in related for m in ep.memory_ids][: config.provenance]
     return episodes, memories
 
 
@@ -203,11 +224,20 @@ def _planning(related: Related, config: AdviceConfig) -> list[Strategy]:
             continue
         known = [ep for _, ep in members if ep.success is not None]
         episodes, memories = _ids(wins, config)
-        out.append(Strategy(tools=list(tools), score=sum(s for s, _ in wins), successes=len(wins),
-                            attempts=len(known), success_rate=len(wins) / len(known),
-                            best_similarity=wins[0][0], episode_ids=episodes, memory_ids=memories))
+        out.append(
+            Strategy(
+                tools=list(tools),
+                score=sum(s for s, _ in wins),
+                successes=len(wins),
+                attempts=len(known),
+                success_rate=len(wins) / len(known),
+                best_similarity=wins[0][0],
+                episode_ids=episodes,
+                memory_ids=memories,
+            )
+        )
     out.sort(key=lambda st: (-st.score, -st.success_rate, st.tools))
-    return out[:config.top]
+    return out[: config.top]
 
 
 def _risks(related: Related, tools: Mapping[str, ToolRisk], config: AdviceConfig) -> list[Risk]:
@@ -223,18 +253,29 @@ def _risks(related: Related, tools: Mapping[str, ToolRisk], config: AdviceConfig
         links = tools.get(tool)
         if links is None:
             continue
-        classes = sorted(((o, v) for o, v in links.outcomes.items() if o in links.negative),
-                         key=lambda ov: (-ov[1], ov[0]))
+        classes = sorted(
+            ((o, v) for o, v in links.outcomes.items() if o in links.negative), key=lambda ov: (-ov[1], ov[0])
+        )
         strength = sum(v for _, v in classes)
         if strength < config.min_risk:
             continue
         episodes, memories = _ids(failed.get(tool, []), config)
-        out.append(Risk(tool=tool, strength=strength, error_classes=classes[:config.top], calls=links.calls,
-                        errors=links.errors, observed_rate=links.errors / links.calls if links.calls else 0.0,
-                        relevance=relevance[tool], failed_in=len(failed.get(tool, [])), episode_ids=episodes,
-                        memory_ids=memories))
+        out.append(
+            Risk(
+                tool=tool,
+                strength=strength,
+                error_classes=classes[: config.top],
+                calls=links.calls,
+                errors=links.errors,
+                observed_rate=links.errors / links.calls if links.calls else 0.0,
+                relevance=relevance[tool],
+                failed_in=len(failed.get(tool, [])),
+                episode_ids=episodes,
+                memory_ids=memories,
+            )
+        )
     out.sort(key=lambda r: (-r.strength, -r.relevance, r.tool))
-    return out[:config.top]
+    return out[: config.top]
 
 
 def _escalation(related: Related, config: AdviceConfig) -> Escalation:
@@ -247,11 +288,20 @@ def _escalation(related: Related, config: AdviceConfig) -> Escalation:
         escalate, reason = False, f"{len(known)} related episodes with an outcome, fewer than {config.min_support}"
     else:
         escalate = rate > config.escalation_threshold
-        reason = (f"{len(fails)} of {len(known)} related episodes failed (weighted rate {rate:.2f} "
-                  f"{'>' if escalate else '<='} {config.escalation_threshold:.2f})")
-    return Escalation(escalate=escalate, failure_rate=rate, threshold=config.escalation_threshold,
-                      related=len(known), failures=len(fails), reason=reason, episode_ids=episodes,
-                      memory_ids=memories)
+        reason = (
+            f"{len(fails)} of {len(known)} related episodes failed (weighted rate {rate:.2f} "
+            f"{'>' if escalate else '<='} {config.escalation_threshold:.2f})"
+        )
+    return Escalation(
+        escalate=escalate,
+        failure_rate=rate,
+        threshold=config.escalation_threshold,
+        related=len(known),
+        failures=len(fails),
+        reason=reason,
+        episode_ids=episodes,
+        memory_ids=memories,
+    )
 
 
 def _salience(related: Related, config: AdviceConfig, exclude: str) -> list[Salient]:
@@ -273,8 +323,17 @@ def _salience(related: Related, config: AdviceConfig, exclude: str) -> list[Sali
         if not wins or rate - base <= 1e-12:  # in every related episode, or no likelier to succeed: no signal
             continue
         episodes, memories = _ids(wins, config)
-        out.append(Salient(entity=entity, score=sum(s for s, _ in wins) * (rate - base), successes=len(wins),
-                           seen_in=len(members), success_rate=rate, lift=rate - base, episode_ids=episodes,
-                           memory_ids=memories))
+        out.append(
+            Salient(
+                entity=entity,
+                score=sum(s for s, _ in wins) * (rate - base),
+                successes=len(wins),
+                seen_in=len(members),
+                success_rate=rate,
+                lift=rate - base,
+                episode_ids=episodes,
+                memory_ids=memories,
+            )
+        )
     out.sort(key=lambda x: (-x.score, x.entity))
-    return out[:config.top]
+    return out[: config.top]

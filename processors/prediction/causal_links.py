@@ -99,10 +99,28 @@ from somnus.schemas.episodes import CallSeen, EpisodeDistilled
 from somnus.schemas.agents import AgentSpec, LearningRate
 
 __all__ = [
-    "ALPHA_BY_LEARNING_RATE", "CONFIDENCE_PRIOR", "DEFAULT_ALPHA", "MAX_CONTEXT_VALUES", "TOOL_FALLBACK_CONFIDENCE",
-    "CausalLinkState", "OutcomeLink", "alphas_for", "confidence_of", "decode_link_state", "encode_link_state",
-    "LinkSnapshot", "event_signature", "learn", "observations_from_episode", "outcome_of", "predict", "snapshots",
-    "tool_counts", "tool_counts_from_states", "tool_signature", "valence_of",
+    "ALPHA_BY_LEARNING_RATE",
+    "CONFIDENCE_PRIOR",
+    "DEFAULT_ALPHA",
+    "MAX_CONTEXT_VALUES",
+    "TOOL_FALLBACK_CONFIDENCE",
+    "CausalLinkState",
+    "OutcomeLink",
+    "alphas_for",
+    "confidence_of",
+    "decode_link_state",
+    "encode_link_state",
+    "LinkSnapshot",
+    "event_signature",
+    "learn",
+    "observations_from_episode",
+    "outcome_of",
+    "predict",
+    "snapshots",
+    "tool_counts",
+    "tool_counts_from_states",
+    "tool_signature",
+    "valence_of",
 ]
 
 ALPHA_BY_LEARNING_RATE: dict[LearningRate, float] = {
@@ -120,6 +138,7 @@ _HTTP_CLASS = re.compile(r"^HTTP ([1-5]\d\d)\b")
 
 
 # ---- observations -----------------------------------------------------------------------------
+
 
 def outcome_of(call: CallSeen) -> str:
     """The readable outcome of a call with a result: ``ok``, ``http:<status>`` or ``error:<class>``.
@@ -166,10 +185,20 @@ def observations_from_episode(ep: EpisodeDistilled, src_partition: int, src_offs
         outcome = outcome_of(call)
         at = call.at or ep.ended_at
         tool_level = OutcomeObserved(
-            event_signature=tool_signature(call.tool), level=LinkLevel.TOOL, tool=call.tool,
-            outcome_signature=outcome_signature(outcome), outcome=outcome, valence=valence_of(call),
-            agent=ep.agent, observed_at=at, context=context_of(ep.agent, at), episode_id=ep.episode_id,
-            src_partition=src_partition, src_offset=src_offset, index=index)
+            event_signature=tool_signature(call.tool),
+            level=LinkLevel.TOOL,
+            tool=call.tool,
+            outcome_signature=outcome_signature(outcome),
+            outcome=outcome,
+            valence=valence_of(call),
+            agent=ep.agent,
+            observed_at=at,
+            context=context_of(ep.agent, at),
+            episode_id=ep.episode_id,
+            src_partition=src_partition,
+            src_offset=src_offset,
+            index=index,
+        )
         if call.signature is not None:
             # the call-level observation: the same fields, keyed by the call's signature
             out.append(msgspec.structs.replace(tool_level, event_signature=call.signature, level=LinkLevel.CALL))
@@ -178,6 +207,7 @@ def observations_from_episode(ep: EpisodeDistilled, src_partition: int, src_offs
 
 
 # ---- state ------------------------------------------------------------------------------------
+
 
 class OutcomeLink(msgspec.Struct, kw_only=True):
     """One causal link: this event -> this outcome."""
@@ -231,10 +261,16 @@ def alphas_for(agents: Mapping[str, AgentSpec]) -> dict[str, float]:
 
 # ---- learning ---------------------------------------------------------------------------------
 
-def learn(prior: Mapping[str, CausalLinkState], observations: Sequence[OutcomeObserved],
-          alpha: float = DEFAULT_ALPHA, *, alpha_by_agent: Mapping[str, float] | None = None,
-          running_mean_start: bool = True,
-          per_link_rows: bool = True) -> tuple[dict[str, CausalLinkState], list[CausalLinkUpdated]]:
+
+def learn(
+    prior: Mapping[str, CausalLinkState],
+    observations: Sequence[OutcomeObserved],
+    alpha: float = DEFAULT_ALPHA,
+    *,
+    alpha_by_agent: Mapping[str, float] | None = None,
+    running_mean_start: bool = True,
+    per_link_rows: bool = True,
+) -> tuple[dict[str, CausalLinkState], list[CausalLinkUpdated]]:
     """Apply observations, in the order given, to the prior states of their event signatures.
 
     Returns the new state of every event signature that changed, and one ``CausalLinkUpdated`` per
@@ -253,8 +289,11 @@ def learn(prior: Mapping[str, CausalLinkState], observations: Sequence[OutcomeOb
         state = work.get(key)
         if state is None:
             base = prior.get(key)
-            state = (decode_link_state(encode_link_state(base)) if base is not None
-                     else CausalLinkState(event_signature=key, level=ob.level, tool=ob.tool))
+            state = (
+                decode_link_state(encode_link_state(base))
+                if base is not None
+                else CausalLinkState(event_signature=key, level=ob.level, tool=ob.tool)
+            )
             work[key] = state
         mark = state.hwm.get(ob.src_partition)
         if mark is not None and (ob.src_offset, ob.index) <= tuple(mark):
@@ -283,21 +322,55 @@ def learn(prior: Mapping[str, CausalLinkState], observations: Sequence[OutcomeOb
             link.strength = min(1.0, max(0.0, before + a_n * (target - before)))
             if not per_link_rows:
                 continue
-            updates.append(CausalLinkUpdated(
-                event_signature=key, level=state.level, tool=state.tool, outcome_signature=sig,
-                outcome=link.outcome, valence=link.valence, agent=ob.agent, episode_id=ob.episode_id,
-                observed_at=ob.observed_at, src_partition=ob.src_partition, src_offset=ob.src_offset,
-                index=ob.index, target=target, alpha=a_n, strength_before=before, strength=link.strength,
-                observations=link.observations, event_observations=n, confidence=confidence))
+            updates.append(
+                CausalLinkUpdated(
+                    event_signature=key,
+                    level=state.level,
+                    tool=state.tool,
+                    outcome_signature=sig,
+                    outcome=link.outcome,
+                    valence=link.valence,
+                    agent=ob.agent,
+                    episode_id=ob.episode_id,
+                    observed_at=ob.observed_at,
+                    src_partition=ob.src_partition,
+                    src_offset=ob.src_offset,
+                    index=ob.index,
+                    target=target,
+                    alpha=a_n,
+                    strength_before=before,
+                    strength=link.strength,
+                    observations=link.observations,
+                    event_observations=n,
+                    confidence=confidence,
+                )
+            )
         if not per_link_rows:
-            updates.append(CausalLinkUpdated(
-                event_signature=key, level=state.level, tool=state.tool, outcome_signature=ob.outcome_signature,
-                # the observation's text: a state restored from the worker's table keeps none
-                outcome=ob.outcome, valence=seen.valence, agent=ob.agent, episode_id=ob.episode_id,
-                observed_at=ob.observed_at, src_partition=ob.src_partition, src_offset=ob.src_offset,
-                index=ob.index, target=1.0, alpha=a_n, strength_before=observed_before, strength=seen.strength,
-                observations=seen.observations, event_observations=n, confidence=confidence,
-                strengths={sig: state.links[sig].strength for sig in sorted(state.links)}))
+            updates.append(
+                CausalLinkUpdated(
+                    event_signature=key,
+                    level=state.level,
+                    tool=state.tool,
+                    outcome_signature=ob.outcome_signature,
+                    # the observation's text: a state restored from the worker's table keeps none
+                    outcome=ob.outcome,
+                    valence=seen.valence,
+                    agent=ob.agent,
+                    episode_id=ob.episode_id,
+                    observed_at=ob.observed_at,
+                    src_partition=ob.src_partition,
+                    src_offset=ob.src_offset,
+                    index=ob.index,
+                    target=1.0,
+                    alpha=a_n,
+                    strength_before=observed_before,
+                    strength=seen.strength,
+                    observations=seen.observations,
+                    event_observations=n,
+                    confidence=confidence,
+                    strengths={sig: state.links[sig].strength for sig in sorted(state.links)},
+                )
+            )
     return {k: work[k] for k in sorted(changed)}, updates
 
 
@@ -319,8 +392,13 @@ def _note_context(link: OutcomeLink, context: Mapping[str, str]) -> None:
 
 # ---- predicting -------------------------------------------------------------------------------
 
-def predict(states: Mapping[str, CausalLinkState], tool: str, params: Mapping[str, Any] | None,
-            context: Mapping[str, str] | None = None) -> Prediction:
+
+def predict(
+    states: Mapping[str, CausalLinkState],
+    tool: str,
+    params: Mapping[str, Any] | None,
+    context: Mapping[str, str] | None = None,
+) -> Prediction:
     """What is likely to happen if ``tool`` is called with ``params``, most likely first.
 
     - this kind of call was seen: ``known`` True, ``basis`` "call";
@@ -342,18 +420,32 @@ def predict(states: Mapping[str, CausalLinkState], tool: str, params: Mapping[st
         if state is None:
             state, fallback = states.get(tool_signature(tool)), True
     if state is None or state.observations == 0:
-        return Prediction(tool=tool, event_signature=sig, known=False, basis="none", observations=0, outcomes=[],
-                          params=template)
+        return Prediction(
+            tool=tool, event_signature=sig, known=False, basis="none", observations=0, outcomes=[], params=template
+        )
     discount = TOOL_FALLBACK_CONFIDENCE if fallback else 1.0
     confidence = confidence_of(state.observations) * discount
-    outcomes = [PredictedOutcome(outcome=link.outcome, valence=link.valence, strength=link.strength,
-                                 confidence=confidence, observations=link.observations,
-                                 in_context=None if context is None else _in_context(link, context))
-                for link in state.links.values()]
+    outcomes = [
+        PredictedOutcome(
+            outcome=link.outcome,
+            valence=link.valence,
+            strength=link.strength,
+            confidence=confidence,
+            observations=link.observations,
+            in_context=None if context is None else _in_context(link, context),
+        )
+        for link in state.links.values()
+    ]
     outcomes.sort(key=lambda o: (-o.strength, o.outcome))
-    return Prediction(tool=tool, event_signature=sig, known=not fallback,
-                      basis="tool" if (fallback or params is None) else "call",
-                      observations=state.observations, outcomes=outcomes, params=template)
+    return Prediction(
+        tool=tool,
+        event_signature=sig,
+        known=not fallback,
+        basis="tool" if (fallback or params is None) else "call",
+        observations=state.observations,
+        outcomes=outcomes,
+        params=template,
+    )
 
 
 def _in_context(link: OutcomeLink, context: Mapping[str, str]) -> bool | None:
@@ -371,6 +463,7 @@ def _in_context(link: OutcomeLink, context: Mapping[str, str]) -> bool | None:
 
 
 # ---- exact counts -----------------------------------------------------------------------------
+
 
 def tool_counts(observations: Iterable[OutcomeObserved]) -> dict[str, ToolCount]:
     """Exact calls (with a result) and errors per tool, from tool-level observations (commutative).
@@ -400,6 +493,7 @@ def tool_counts_from_states(states: Mapping[str, CausalLinkState]) -> dict[str, 
 
 
 # ---- the links as a flat view (promotion, inspection) ------------------------------------------
+
 
 class LinkSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     """One causal link as a flat record: the ``CausalLinkLike`` shape somnus.processors.semantic.promotion reads."""
@@ -437,11 +531,23 @@ def snapshots(states: Mapping[str, CausalLinkState], updates: Iterable[CausalLin
         state = states[key]
         for sig, link in sorted(state.links.items(), key=lambda kv: (-kv[1].strength, kv[0])):
             times, episodes = seen.get((key, sig), ([], []))
-            out.append(LinkSnapshot(
-                event_signature=key, level=state.level, tool=state.tool, outcome_signature=sig, outcome=link.outcome,
-                valence=link.valence.value, strength=link.strength, confidence=confidence_of(state.observations),
-                observation_count=link.observations, event_observations=state.observations, first_at=link.first_at,
-                last_at=link.last_at, context_conditions={k: list(v) for k, v in sorted(link.context.items())},
-                observation_times=list(times), source_episode_ids=list(episodes)))
+            out.append(
+                LinkSnapshot(
+                    event_signature=key,
+                    level=state.level,
+                    tool=state.tool,
+                    outcome_signature=sig,
+                    outcome=link.outcome,
+                    valence=link.valence.value,
+                    strength=link.strength,
+                    confidence=confidence_of(state.observations),
+                    observation_count=link.observations,
+                    event_observations=state.observations,
+                    first_at=link.first_at,
+                    last_at=link.last_at,
+                    context_conditions={k: list(v) for k, v in sorted(link.context.items())},
+                    observation_times=list(times),
+                    source_episode_ids=list(episodes),
+                )
+            )
     return out
-

@@ -129,6 +129,7 @@ class CouplingAnalysis(msgspec.Struct, frozen=True):
 
 # ---- the dynamics -----------------------------------------------------------------------------
 
+
 def kuramoto_rhs(theta: np.ndarray, omega: np.ndarray, weights: np.ndarray, k: float) -> np.ndarray:
     """dθ_i/dt = ω_i + (K/N) Σ_j W_ij sin(θ_j − θ_i).
 
@@ -146,8 +147,9 @@ def rk4_step(theta: np.ndarray, h: float, omega: np.ndarray, weights: np.ndarray
     return theta + (h / 6.0) * (k1 + 2.0 * k2 + 2.0 * k3 + k4)
 
 
-def integrate(theta: np.ndarray, hours: float, omega: np.ndarray, weights: np.ndarray, k: float,
-              step: float = DEFAULT_STEP_HOURS) -> np.ndarray:
+def integrate(
+    theta: np.ndarray, hours: float, omega: np.ndarray, weights: np.ndarray, k: float, step: float = DEFAULT_STEP_HOURS
+) -> np.ndarray:
     """Phases after ``hours`` (negative: backwards), in whole steps then one remainder step.
 
     Phases are not wrapped, so a crossing of 2π stays visible. Cost: |hours| / step RK4 steps of
@@ -195,12 +197,15 @@ def coupling_analysis(weights: np.ndarray | list[list[float]]) -> CouplingAnalys
     lead = lead if lead[np.argmax(np.abs(lead))] >= 0 else -lead
     i, j = np.unravel_index(np.argmax(np.triu(w, 1)), w.shape)
     names = NAMES if w.shape[0] == len(NAMES) else tuple(str(n) for n in range(w.shape[0]))
-    return CouplingAnalysis(eigenvalues=[float(v) for v in values],
-                            dominant={names[n]: float(lead[n]) for n in range(w.shape[0])},
-                            strongest=(names[int(i)], names[int(j)], float(w[i, j])))
+    return CouplingAnalysis(
+        eigenvalues=[float(v) for v in values],
+        dominant={names[n]: float(lead[n]) for n in range(w.shape[0])},
+        strongest=(names[int(i)], names[int(j)], float(w[i, j])),
+    )
 
 
 # ---- patterns ---------------------------------------------------------------------------------
+
 
 def local_hours(ts: datetime, tz: str | tzinfo | None = None) -> float:
     """Wall-clock hours since 1970-01-01 of ``ts`` on the binning clock (see ``somnus.processors.prediction.rhythms``)."""
@@ -214,8 +219,9 @@ def _anomaly(distances: np.ndarray, weights: np.ndarray, lock: float) -> float:
     return float((w * distances).sum() / w.sum())
 
 
-def observe(state: OscillatorState | None, ts: datetime, config: OscillatorConfig,
-            source: tuple[int, int, int] | None = None) -> tuple[OscillatorState, Reading | None]:
+def observe(
+    state: OscillatorState | None, ts: datetime, config: OscillatorConfig, source: tuple[int, int, int] | None = None
+) -> tuple[OscillatorState, Reading | None]:
     """Learn from one event of a pattern: (new state, reading). ``state`` is not modified.
 
     ``source`` = (partition, offset, index) of the event's origin: at or below the state's mark for
@@ -231,14 +237,20 @@ def observe(state: OscillatorState | None, ts: datetime, config: OscillatorConfi
         hwm[source[0]] = (source[1], source[2])
     if state is None:
         zero = [0.0] * n
-        return (OscillatorState(at_hours=t, first_hours=t, theta=zero, weights=[[0.0] * n for _ in range(n)],
-                                events=1, hwm=hwm),
-                Reading(anomaly=None, distances=zero, coherence=1.0))
+        return (
+            OscillatorState(
+                at_hours=t, first_hours=t, theta=zero, weights=[[0.0] * n for _ in range(n)], events=1, hwm=hwm
+            ),
+            Reading(anomaly=None, distances=zero, coherence=1.0),
+        )
     w = np.array(state.weights, dtype=float)
     predicted = integrate(np.array(state.theta), t - state.at_hours, OMEGA, w, config.coupling, config.step_hours)
     distances = circular_distance(predicted, 0.0) / math.pi
-    reading = Reading(anomaly=_anomaly(distances, w, config.lock_threshold),
-                      distances=[float(d) for d in distances], coherence=coherence(predicted))
+    reading = Reading(
+        anomaly=_anomaly(distances, w, config.lock_threshold),
+        distances=[float(d) for d in distances],
+        coherence=coherence(predicted),
+    )
     # Hebbian: similar phases strengthen a link, opposite ones let it fade; a pair is judged only
     # once the history spans the longer period (before, the slow phase has not moved: trivially similar)
     co = np.maximum(0.0, np.cos(predicted[None, :] - predicted[:, None]))
@@ -250,8 +262,17 @@ def observe(state: OscillatorState | None, ts: datetime, config: OscillatorConfi
     eps = np.where(w[0] >= config.lock_threshold, config.entrainment * _PERIODS[0] / _PERIODS, 0.0)
     eps[0] = config.entrainment
     theta = np.mod(predicted - eps * np.sin(predicted), TWO_PI)
-    return (OscillatorState(at_hours=t, first_hours=state.first_hours, theta=[float(x) for x in theta],
-                            weights=w.tolist(), events=state.events + 1, hwm=hwm), reading)
+    return (
+        OscillatorState(
+            at_hours=t,
+            first_hours=state.first_hours,
+            theta=[float(x) for x in theta],
+            weights=w.tolist(),
+            events=state.events + 1,
+            hwm=hwm,
+        ),
+        reading,
+    )
 
 
 _PERIODS = np.array(PERIODS_HOURS)
@@ -274,8 +295,14 @@ def _judged(span_hours: float) -> np.ndarray:
 
 def phases_at(state: OscillatorState, ts: datetime, config: OscillatorConfig) -> np.ndarray:
     """The pattern's phases at ``ts`` (forward or backward simulation), wrapped into (−π, π]."""
-    th = integrate(np.array(state.theta), local_hours(ts, config.tz) - state.at_hours, OMEGA,
-                   np.array(state.weights), config.coupling, config.step_hours)
+    th = integrate(
+        np.array(state.theta),
+        local_hours(ts, config.tz) - state.at_hours,
+        OMEGA,
+        np.array(state.weights),
+        config.coupling,
+        config.step_hours,
+    )
     return wrap(th)
 
 
@@ -290,8 +317,9 @@ def locked_rhythms(state: OscillatorState, config: OscillatorConfig) -> list[str
     return [NAMES[j] for j in range(1, len(NAMES)) if state.weights[0][j] >= config.lock_threshold]
 
 
-def next_recurrence(state: OscillatorState, after: datetime, config: OscillatorConfig,
-                    horizon_hours: float | None = None) -> datetime | None:
+def next_recurrence(
+    state: OscillatorState, after: datetime, config: OscillatorConfig, horizon_hours: float | None = None
+) -> datetime | None:
     """When the pattern next fires after ``after``: the first time the circadian phase crosses 0
     with every locked rhythm within half a day of its own 0. Forward simulation at the fixed step,
     the crossing placed by linear interpolation within the step. None past the horizon (default:
@@ -299,7 +327,11 @@ def next_recurrence(state: OscillatorState, after: datetime, config: OscillatorC
 
     The time is on the binning clock: in ``config.tz`` when set, else at ``after``'s offset."""
     locked = [j for j in range(1, len(NAMES)) if state.weights[0][j] >= config.lock_threshold]
-    horizon = horizon_hours if horizon_hours is not None else 1.5 * max([PERIODS_HOURS[0]] + [PERIODS_HOURS[j] for j in locked])
+    horizon = (
+        horizon_hours
+        if horizon_hours is not None
+        else 1.5 * max([PERIODS_HOURS[0]] + [PERIODS_HOURS[j] for j in locked])
+    )
     w = np.array(state.weights, dtype=float)
     t = local_hours(after, config.tz)
     th = integrate(np.array(state.theta), t - state.at_hours, OMEGA, w, config.coupling, config.step_hours)

@@ -110,12 +110,15 @@ DAY_S = 86400.0
 MATH_NAMESPACE = uuid.UUID("5a1e9c3b-2d7f-4e8a-b6c1-0f9d8e7a6b5c")
 
 
-
 def call_outcomes(episodes: Iterable[EpisodeDistilled]) -> list[CallOutcome]:
     """Every call with a result, in episode order then call order (a call with no result is skipped).
     Its time is the call's own (``CallSeen.at``), else the episode's end."""
-    return [CallOutcome(c.tool, bool(c.ok), c.at or ep.ended_at, str(ep.episode_id), ep.agent)
-            for ep in episodes for c in ep.calls if c.ok is not None]
+    return [
+        CallOutcome(c.tool, bool(c.ok), c.at or ep.ended_at, str(ep.episode_id), ep.agent)
+        for ep in episodes
+        for c in ep.calls
+        if c.ok is not None
+    ]
 
 
 def math_id_for(owner: str, category: MathCategory, metric: str) -> str:
@@ -147,7 +150,6 @@ def factorize(values: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
     return names, np.fromiter(map(code.__getitem__, values), dtype=np.int64, count=len(values))
 
 
-
 def _daily_series(calls: np.ndarray, succ: np.ndarray, active: np.ndarray, t: int, metric: str) -> np.ndarray:
     """One agent's daily series of tool ``t``: its calls on active days, or its success rate on days
     with enough calls (NaN elsewhere)."""
@@ -155,8 +157,10 @@ def _daily_series(calls: np.ndarray, succ: np.ndarray, active: np.ndarray, t: in
         return np.where(active, calls[t], np.nan)
     return np.where(calls[t] >= TREND_MIN_CALLS_PER_DAY, succ[t] / np.maximum(calls[t], 1), np.nan)
 
-def _stratified_partial_r(parts: Sequence[tuple[tuple[np.ndarray, np.ndarray, np.ndarray], int, str, int, str]]
-                          ) -> tuple[float, int, int] | None:
+
+def _stratified_partial_r(
+    parts: Sequence[tuple[tuple[np.ndarray, np.ndarray, np.ndarray], int, str, int, str]],
+) -> tuple[float, int, int] | None:
     """The partial correlation of two daily metrics given each agent's daily episodes, within agents:
     per agent (its calls, successes and episodes per day; tool and metric of x; of y), both series
     are regressed on [1, episodes] over the agent's days where both are defined (on [1] when its
@@ -290,10 +294,12 @@ def _q(s: str) -> str:
 def _calls_sql(agents: Sequence[str]) -> str:
     names = sorted(set(agents))
     where = f"WHERE e.agent IN ({', '.join(_q(a) for a in names)})" if names else ""
-    return ("WITH calls AS (SELECT e.episode_id, coalesce((c.value->>'at')::TIMESTAMPTZ, e.ended_at) AS call_at, "
-            "e.agent, c.value->>'tool' AS tool, "
-            "(c.value->>'ok')::BOOLEAN AS ok FROM episodes e, json_each(e.calls) c "
-            f"{where}) ")
+    return (
+        "WITH calls AS (SELECT e.episode_id, coalesce((c.value->>'at')::TIMESTAMPTZ, e.ended_at) AS call_at, "
+        "e.agent, c.value->>'tool' AS tool, "
+        "(c.value->>'ok')::BOOLEAN AS ok FROM episodes e, json_each(e.calls) c "
+        f"{where}) "
+    )
 
 
 class Statistician:
@@ -347,34 +353,52 @@ class Statistician:
             out.append(_Test(fit.p_value, large, self._trend_record(tb, ti, str(tool), days, rates, fit)))
         return out
 
-    def _trend_record(self, tb: _Table, ti: int, tool: str, days: np.ndarray, rates: np.ndarray,
-                      fit: Line) -> Callable[[float], MathRecord]:
+    def _trend_record(
+        self, tb: _Table, ti: int, tool: str, days: np.ndarray, rates: np.ndarray, fit: Line
+    ) -> Callable[[float], MathRecord]:
         def record(q: float) -> MathRecord:
             r2, slope = fit.r2, fit.slope
             mask = tb.tool == ti
             direction = "declining" if slope < 0 else "rising"
             return MathRecord(
                 math_id=math_id_for(self.owner, MathCategory.PATTERN, f"{tool}.success_rate"),
-                name=f"stat:tool:{tool}:success", category=MathCategory.PATTERN, domain="tool_reliability",
+                name=f"stat:tool:{tool}:success",
+                category=MathCategory.PATTERN,
+                domain="tool_reliability",
                 subjects=[tool],
-                verbal=(f"{tool} showing {direction} success rate (R²={r2:.2f}, slope={slope:+.3f}/day over "
-                        f"{len(days)} days, now {rates[-1]:.0%})."),
-                query=self._trend_sql(tool), confidence=round(min(r2, 1.0), 6), n_observations=int(mask.sum()),
-                statistics={"slope_per_day": round(slope, 6), "intercept_day0": round(float(
-                    fit.intercept + fit.slope * tb.day0), 6), "r2": round(r2, 6), "p_value": _p(fit.p_value),
-                    "q_value": _p(q), "days": float(len(days)), "success_rate": round(float(tb.ok[mask].mean()), 6)},
-                source_episode_ids=tb.latest_episodes(mask), source_agents=tb.agents_of(mask))
+                verbal=(
+                    f"{tool} showing {direction} success rate (R²={r2:.2f}, slope={slope:+.3f}/day over "
+                    f"{len(days)} days, now {rates[-1]:.0%})."
+                ),
+                query=self._trend_sql(tool),
+                confidence=round(min(r2, 1.0), 6),
+                n_observations=int(mask.sum()),
+                statistics={
+                    "slope_per_day": round(slope, 6),
+                    "intercept_day0": round(float(fit.intercept + fit.slope * tb.day0), 6),
+                    "r2": round(r2, 6),
+                    "p_value": _p(fit.p_value),
+                    "q_value": _p(q),
+                    "days": float(len(days)),
+                    "success_rate": round(float(tb.ok[mask].mean()), 6),
+                },
+                source_episode_ids=tb.latest_episodes(mask),
+                source_agents=tb.agents_of(mask),
+            )
+
         return record
 
     def _trend_sql(self, tool: str) -> str:
-        return (self._calls_sql + ", daily AS (SELECT floor(epoch(call_at) / 86400) AS day, avg(ok::INT) AS rate, "
-                f"count(*) AS w FROM calls WHERE tool = {_q(tool)} AND ok IS NOT NULL GROUP BY 1 "
-                f"HAVING count(*) >= {TREND_MIN_CALLS_PER_DAY}), "
-                "c AS (SELECT day - sum(w * day) OVER () / sum(w) OVER () AS x, "
-                "rate - sum(w * rate) OVER () / sum(w) OVER () AS y, w FROM daily) "
-                "SELECT sum(w * x * y) / sum(w * x * x) AS slope_per_day, "
-                "sum(w * x * y) ^ 2 / (sum(w * x * x) * sum(w * y * y)) AS r2, count(*) AS days FROM c  "
-                "-- least squares weighted by the day's calls")
+        return (
+            self._calls_sql + ", daily AS (SELECT floor(epoch(call_at) / 86400) AS day, avg(ok::INT) AS rate, "
+            f"count(*) AS w FROM calls WHERE tool = {_q(tool)} AND ok IS NOT NULL GROUP BY 1 "
+            f"HAVING count(*) >= {TREND_MIN_CALLS_PER_DAY}), "
+            "c AS (SELECT day - sum(w * day) OVER () / sum(w) OVER () AS x, "
+            "rate - sum(w * rate) OVER () / sum(w) OVER () AS y, w FROM daily) "
+            "SELECT sum(w * x * y) / sum(w * x * x) AS slope_per_day, "
+            "sum(w * x * y) ^ 2 / (sum(w * x * x) * sum(w * y * y)) AS r2, count(*) AS days FROM c  "
+            "-- least squares weighted by the day's calls"
+        )
 
     # -- correlation ------------------------------------------------------------------------
     def _used_together(self, tb: _Table) -> dict[tuple[int, int], tuple[int, frozenset[int]]]:
@@ -388,7 +412,7 @@ class Statistician:
         for e, ts in tools_of.items():
             order = sorted(ts)
             for i, ti in enumerate(order):
-                for tj in order[i + 1:]:
+                for tj in order[i + 1 :]:
                     n, agents = pairs.get((ti, tj), (0, set()))
                     agents.add(agent_of[e])
                     pairs[(ti, tj)] = (n + 1, agents)
@@ -409,13 +433,18 @@ class Statistician:
                 if got is None:
                     continue
                 r, n, df = got
-                p = 1.0 if abs(r) < 1e-15 else 2.0 * float(sps.t.sf(abs(r) * math.sqrt(df / max(1e-300, 1.0 - r * r)), df))
+                p = (
+                    1.0
+                    if abs(r) < 1e-15
+                    else 2.0 * float(sps.t.sf(abs(r) * math.sqrt(df / max(1e-300, 1.0 - r * r)), df))
+                )
                 a, b = (str(tb.tools[ti]), ma), (str(tb.tools[tj]), mb)
                 out.append(_Test(p, abs(r) >= CORR_MIN_ABS_R, self._corr_record(tb, a, b, r, p, n, agents)))
         return out
 
-    def _corr_record(self, tb: _Table, a: tuple[str, str], b: tuple[str, str], r: float, p: float, n: int,
-                     agents: frozenset[int]) -> Callable[[float], MathRecord]:
+    def _corr_record(
+        self, tb: _Table, a: tuple[str, str], b: tuple[str, str], r: float, p: float, n: int, agents: frozenset[int]
+    ) -> Callable[[float], MathRecord]:
         def record(q: float) -> MathRecord:
             ma, mb = f"{a[0]}.{a[1]}", f"{b[0]}.{b[1]}"
             tools = np.isin(tb.tool, np.searchsorted(tb.tools, [a[0], b[0]]))
@@ -423,35 +452,51 @@ class Statistician:
             named = [str(x) for x in tb.agents[sorted(agents)] if x]
             return MathRecord(
                 math_id=math_id_for(self.owner, MathCategory.CORRELATION, f"{ma}~{mb}"),
-                name=f"stat:corr:{ma}~{mb}", category=MathCategory.CORRELATION, domain="tool_reliability",
+                name=f"stat:corr:{ma}~{mb}",
+                category=MathCategory.CORRELATION,
+                domain="tool_reliability",
                 subjects=sorted({a[0], b[0]}),
-                verbal=(f"{ma} and {mb} move {'together' if r > 0 else 'in opposite directions'} beyond the "
-                        f"day's activity (partial r={r:+.2f} over {n} days)."),
-                query=self._corr_sql(a, b, named), confidence=round(r * r, 6), n_observations=int(mask.sum()),
+                verbal=(
+                    f"{ma} and {mb} move {'together' if r > 0 else 'in opposite directions'} beyond the "
+                    f"day's activity (partial r={r:+.2f} over {n} days)."
+                ),
+                query=self._corr_sql(a, b, named),
+                confidence=round(r * r, 6),
+                n_observations=int(mask.sum()),
                 statistics={"r": round(r, 6), "p_value": _p(p), "q_value": _p(q), "days": float(n)},
-                source_episode_ids=tb.latest_episodes(mask), source_agents=named)
+                source_episode_ids=tb.latest_episodes(mask),
+                source_agents=named,
+            )
+
         return record
 
     def _corr_sql(self, a: tuple[str, str], b: tuple[str, str], agents: Sequence[str]) -> str:
         def metric(tool: str, m: str) -> str:
             if m == "calls":
                 return f"count(*) FILTER (WHERE tool = {_q(tool)})"
-            return (f"CASE WHEN count(*) FILTER (WHERE tool = {_q(tool)}) >= {TREND_MIN_CALLS_PER_DAY} "
-                    f"THEN avg(ok::INT) FILTER (WHERE tool = {_q(tool)}) END")
+            return (
+                f"CASE WHEN count(*) FILTER (WHERE tool = {_q(tool)}) >= {TREND_MIN_CALLS_PER_DAY} "
+                f"THEN avg(ok::INT) FILTER (WHERE tool = {_q(tool)}) END"
+            )
 
         def resid(v: str, m: str, n: str) -> str:  # v minus its least-squares fit on z within the agent, scaled
-            fit = (f"CASE WHEN var_pop(z) OVER a > 0 THEN {v} - regr_intercept({v}, z) OVER a - regr_slope({v}, z) "
-                   f"OVER a * z ELSE {v} - avg({v}) OVER a END")
+            fit = (
+                f"CASE WHEN var_pop(z) OVER a > 0 THEN {v} - regr_intercept({v}, z) OVER a - regr_slope({v}, z) "
+                f"OVER a * z ELSE {v} - avg({v}) OVER a END"
+            )
             return f"({fit}) / sqrt(z)" if m == "calls" else f"({fit}) * sqrt({n})"
+
         calls = _calls_sql(agents) if agents else self._calls_sql
-        return (calls + ", m AS (SELECT agent, floor(epoch(call_at) / 86400) AS day, "
-                f"{metric(*a)} AS x, {metric(*b)} AS y, count(*) FILTER (WHERE tool = {_q(a[0])}) AS nx, "
-                f"count(*) FILTER (WHERE tool = {_q(b[0])}) AS ny, count(DISTINCT episode_id) AS z FROM calls "
-                "WHERE ok IS NOT NULL GROUP BY 1, 2), d AS (SELECT * FROM m WHERE x IS NOT NULL AND y IS NOT NULL), "
-                f"w AS (SELECT count(*) OVER a AS n, {resid('x', a[1], 'nx')} AS rx, {resid('y', b[1], 'ny')} AS ry "
-                "FROM d WINDOW a AS (PARTITION BY agent)) "
-                f"SELECT corr(rx, ry) AS r, count(*) AS days FROM w WHERE n >= {CORR_MIN_AGENT_DAYS}  "
-                "-- partial r given z (the day's episodes) within each agent, residuals scaled by their spread")
+        return (
+            calls + ", m AS (SELECT agent, floor(epoch(call_at) / 86400) AS day, "
+            f"{metric(*a)} AS x, {metric(*b)} AS y, count(*) FILTER (WHERE tool = {_q(a[0])}) AS nx, "
+            f"count(*) FILTER (WHERE tool = {_q(b[0])}) AS ny, count(DISTINCT episode_id) AS z FROM calls "
+            "WHERE ok IS NOT NULL GROUP BY 1, 2), d AS (SELECT * FROM m WHERE x IS NOT NULL AND y IS NOT NULL), "
+            f"w AS (SELECT count(*) OVER a AS n, {resid('x', a[1], 'nx')} AS rx, {resid('y', b[1], 'ny')} AS ry "
+            "FROM d WINDOW a AS (PARTITION BY agent)) "
+            f"SELECT corr(rx, ry) AS r, count(*) AS days FROM w WHERE n >= {CORR_MIN_AGENT_DAYS}  "
+            "-- partial r given z (the day's episodes) within each agent, residuals scaled by their spread"
+        )
 
     # -- phase locking ----------------------------------------------------------------------
     def _phase_tests(self, tb: _Table) -> list[_Test]:
@@ -482,32 +527,49 @@ class Statistician:
             fit = cosinor(hour, y)
             if fit is None:
                 continue
-            out.append(_Test(fit["p_value"], fit["amplitude"] >= PHASE_MIN_AMPLITUDE,
-                             self._phase_record(tb, str(tool), mask, fit)))
+            out.append(
+                _Test(
+                    fit["p_value"],
+                    fit["amplitude"] >= PHASE_MIN_AMPLITUDE,
+                    self._phase_record(tb, str(tool), mask, fit),
+                )
+            )
         return out
 
-    def _phase_record(self, tb: _Table, tool: str, mask: np.ndarray, fit: dict[str, float]
-                      ) -> Callable[[float], MathRecord]:
+    def _phase_record(
+        self, tb: _Table, tool: str, mask: np.ndarray, fit: dict[str, float]
+    ) -> Callable[[float], MathRecord]:
         def record(q: float) -> MathRecord:
             n = int(fit["n"])
             stats = {k: round(v, 6) if k != "p_value" else _p(v) for k, v in fit.items()}
             return MathRecord(
                 math_id=math_id_for(self.owner, MathCategory.PHASE_LOCK, f"{tool}.success_rate"),
-                name=f"stat:phase:{tool}:success", category=MathCategory.PHASE_LOCK, domain="circadian",
+                name=f"stat:phase:{tool}:success",
+                category=MathCategory.PHASE_LOCK,
+                domain="circadian",
                 subjects=[tool],
-                verbal=(f"{tool} success follows the time of day: best around {fit['phase_hour']:04.1f}h UTC, "
-                        f"swinging ±{fit['amplitude']:.0%} (p={fit['p_value']:.1g}, {n} episodes)."),
-                query=self._phase_sql(tool), confidence=round(min(1.0, fit["r2"]), 6),
-                n_observations=int(mask.sum()), statistics={**stats, "q_value": _p(q)},
-                source_episode_ids=tb.latest_episodes(mask), source_agents=tb.agents_of(mask))
+                verbal=(
+                    f"{tool} success follows the time of day: best around {fit['phase_hour']:04.1f}h UTC, "
+                    f"swinging ±{fit['amplitude']:.0%} (p={fit['p_value']:.1g}, {n} episodes)."
+                ),
+                query=self._phase_sql(tool),
+                confidence=round(min(1.0, fit["r2"]), 6),
+                n_observations=int(mask.sum()),
+                statistics={**stats, "q_value": _p(q)},
+                source_episode_ids=tb.latest_episodes(mask),
+                source_agents=tb.agents_of(mask),
+            )
+
         return record
 
     def _phase_sql(self, tool: str) -> str:
-        return (self._calls_sql + ", per_episode AS (SELECT episode_id, min(call_at) AS first_at, avg(ok::INT) AS ok "
-                f"FROM calls WHERE tool = {_q(tool)} AND ok IS NOT NULL GROUP BY 1) "
-                "SELECT hour(first_at AT TIME ZONE 'UTC') AS hour, count(*) AS episodes, avg(ok) AS success_rate "
-                "FROM per_episode GROUP BY 1 ORDER BY 1  -- the cosinor fit (ok ~ 1 + cos + sin of the hour) "
-                "was made on the episodes")
+        return (
+            self._calls_sql + ", per_episode AS (SELECT episode_id, min(call_at) AS first_at, avg(ok::INT) AS ok "
+            f"FROM calls WHERE tool = {_q(tool)} AND ok IS NOT NULL GROUP BY 1) "
+            "SELECT hour(first_at AT TIME ZONE 'UTC') AS hour, count(*) AS episodes, avg(ok) AS success_rate "
+            "FROM per_episode GROUP BY 1 ORDER BY 1  -- the cosinor fit (ok ~ 1 + cos + sin of the hour) "
+            "was made on the episodes"
+        )
 
 
 def cosinor(hours: np.ndarray, y: np.ndarray) -> dict[str, float] | None:
@@ -531,15 +593,23 @@ def cosinor(hours: np.ndarray, y: np.ndarray) -> dict[str, float] | None:
         return None
     resid = y - x @ coef
     sst = float(((y - y.mean()) ** 2).sum())
-    sse = float((resid ** 2).sum())
+    sse = float((resid**2).sum())
     r2 = 0.0 if sst == 0.0 else max(0.0, 1.0 - sse / sst)
     d2 = n - 3
     f = math.inf if r2 >= 1.0 else (r2 / 2.0) / ((1.0 - r2) / d2)
     p = 0.0 if math.isinf(f) else f2_survival(f, d2)
     amplitude = math.hypot(float(coef[1]), float(coef[2]))
     phase = (math.atan2(float(coef[2]), float(coef[1])) * 24.0 / (2.0 * math.pi)) % 24.0
-    return {"mesor": float(coef[0]), "amplitude": amplitude, "phase_hour": phase, "coupling": amplitude,
-            "r2": r2, "f": f if math.isfinite(f) else 1e300, "p_value": p, "n": float(n)}
+    return {
+        "mesor": float(coef[0]),
+        "amplitude": amplitude,
+        "phase_hour": phase,
+        "coupling": amplitude,
+        "r2": r2,
+        "f": f if math.isfinite(f) else 1e300,
+        "p_value": p,
+        "n": float(n),
+    }
 
 
 def _p(p: float) -> float:
@@ -560,9 +630,17 @@ def pattern_events(memory: MemoryLayers, records: Iterable[MathRecord], now: dat
         for e in rec.source_episode_ids:
             src, dst = (Layer.ANGULAR_GYRUS, rec.math_id), (Layer.HIPPOCAMPUS, e)
             if memory.cross.get(src, CrossEdgeType.COMPUTED_FROM, dst) is None:
-                out.append(CrossLayerEdgeFormed(owner=memory.owner, source_layer=src[0], source_id=src[1],
-                                                edge_type=CrossEdgeType.COMPUTED_FROM, target_layer=dst[0],
-                                                target_id=dst[1], weight=1.0, at=now))
+                out.append(
+                    CrossLayerEdgeFormed(
+                        owner=memory.owner,
+                        source_layer=src[0],
+                        source_id=src[1],
+                        edge_type=CrossEdgeType.COMPUTED_FROM,
+                        target_layer=dst[0],
+                        target_id=dst[1],
+                        weight=1.0,
+                        at=now,
+                    )
+                )
                 memory.apply(out[-1])
     return out
-

@@ -111,6 +111,7 @@ def around(hour: int, width: int = 1) -> list[int]:
 
 # ---- marks ------------------------------------------------------------------------------------
 
+
 class TemporalMark(NamedTuple):
     """Something an agent did at an event time; ``success`` None when there is nothing to judge."""
 
@@ -126,9 +127,11 @@ def marks_of_episode(ep: EpisodeDistilled) -> list[TemporalMark]:
     Calls of episodes distilled before ``CallSeen.at`` existed have no time and are left out
     (their session marks still count)."""
     won = ep.outcome is Outcome.SUCCESS
-    out = [TemporalMark(ep.agent, "session_start", ep.started_at, None),
-           TemporalMark(ep.agent, "session_end", ep.ended_at, won),
-           TemporalMark(ep.agent, f"session_end:{ep.outcome.value}", ep.ended_at, None)]
+    out = [
+        TemporalMark(ep.agent, "session_start", ep.started_at, None),
+        TemporalMark(ep.agent, "session_end", ep.ended_at, won),
+        TemporalMark(ep.agent, f"session_end:{ep.outcome.value}", ep.ended_at, None),
+    ]
     for call in ep.calls:
         if call.at is None:
             continue
@@ -152,11 +155,15 @@ def marks_of_event(ev: TraceEvent) -> list[TemporalMark]:
         return [TemporalMark(ev.agent, kind, ev.ts), TemporalMark(ev.agent, f"{kind}:{ev.payload.to_agent}", ev.ts)]
     if isinstance(ev, DelegationReturned):
         won = ev.payload.outcome is Outcome.SUCCESS
-        return [TemporalMark(ev.agent, kind, ev.ts, won),
-                TemporalMark(ev.agent, f"{kind}:{ev.payload.to_agent}", ev.ts, won)]
+        return [
+            TemporalMark(ev.agent, kind, ev.ts, won),
+            TemporalMark(ev.agent, f"{kind}:{ev.payload.to_agent}", ev.ts, won),
+        ]
     if isinstance(ev, SessionEnded):
-        return [TemporalMark(ev.agent, kind, ev.ts, ev.payload.outcome is Outcome.SUCCESS),
-                TemporalMark(ev.agent, f"{kind}:{ev.payload.outcome.value}", ev.ts)]
+        return [
+            TemporalMark(ev.agent, kind, ev.ts, ev.payload.outcome is Outcome.SUCCESS),
+            TemporalMark(ev.agent, f"{kind}:{ev.payload.outcome.value}", ev.ts),
+        ]
     return [TemporalMark(ev.agent, kind, ev.ts)]
 
 
@@ -193,8 +200,12 @@ class TemporalIndex:
     def __init__(self) -> None:
         self.cells: dict[Cell, list[int]] = {}  # [count, successes, failures]
 
-    def add(self, marks: Iterable[TemporalMark], tz: str | tzinfo | None = None,
-            tz_by_agent: Mapping[str, str] | None = None) -> None:
+    def add(
+        self,
+        marks: Iterable[TemporalMark],
+        tz: str | tzinfo | None = None,
+        tz_by_agent: Mapping[str, str] | None = None,
+    ) -> None:
         """Count marks in their local bins (``tz_by_agent`` overrides ``tz`` for the agents it names)."""
         cells = self.cells
         for agent, kind, at, success in marks:
@@ -243,8 +254,14 @@ class TemporalIndex:
 
     # ---- queries ----
 
-    def usual_at(self, agent: str, hours: Sequence[int], weekdays: Sequence[int] | None = None,
-                 top: int = 5, prefix: str | None = None) -> list[KindAtTime]:
+    def usual_at(
+        self,
+        agent: str,
+        hours: Sequence[int],
+        weekdays: Sequence[int] | None = None,
+        top: int = 5,
+        prefix: str | None = None,
+    ) -> list[KindAtTime]:
         """What usually happens at these local hours (on these weekdays): top kinds by count.
 
         ``usual_at("support", around(9), WEEKDAYS)`` is "what usually happens around 9 AM on
@@ -256,8 +273,9 @@ class TemporalIndex:
             wanted = [("weekhour", d * 24 + h % 24) for d in sorted(set(weekdays)) for h in sorted(set(hours))]
         return self._top(agent, wanted, top, prefix)
 
-    def usual_in(self, agent: str, bin_kind: str, bins: Sequence[int], top: int = 5,
-                 prefix: str | None = None) -> list[KindAtTime]:
+    def usual_in(
+        self, agent: str, bin_kind: str, bins: Sequence[int], top: int = 5, prefix: str | None = None
+    ) -> list[KindAtTime]:
         """Top kinds in any bins of one kind: ``usual_in("a", "month", [11])`` is "what happens in December"."""
         if bin_kind not in BIN_SIZES:
             raise ValueError(f"unknown bin kind {bin_kind!r}; one of {', '.join(BIN_KINDS)}")

@@ -42,8 +42,7 @@ from scipy.stats import hypergeom
 from somnus.processors.prediction.patterns import math_id_for, pattern_events
 from somnus.processors.semantic.concepts import SOURCE_AGENTS
 from somnus.processors.semantic.layers import MemoryLayers
-from somnus.schemas.semantic import (
-    CrossEdgeType, CrossLayerEdgeFormed, Layer, MathCategory, MathRecord, SemanticEvent)
+from somnus.schemas.semantic import CrossEdgeType, CrossLayerEdgeFormed, Layer, MathCategory, MathRecord, SemanticEvent
 
 CO_OCCURRENCE_DOMAIN = "topic_co_occurrence"
 CO_MIN_SHARED = 2  # sessions two topics must share: one shared session is a single conversation turn's worth
@@ -98,23 +97,40 @@ def topic_co_occurrences(memory: MemoryLayers, keys: Iterable[str]) -> list[Math
     return [out[n] for n in sorted(out)]
 
 
-def _record(owner: str, agent: str, pair: Sequence[str], shared: int, sessions: int,
-            sets: tuple[frozenset[str], frozenset[str]], p: float) -> MathRecord:
+def _record(
+    owner: str,
+    agent: str,
+    pair: Sequence[str],
+    shared: int,
+    sessions: int,
+    sets: tuple[frozenset[str], frozenset[str]],
+    p: float,
+) -> MathRecord:
     a, b = pair
     union = len(sets[0] | sets[1])
     o, qa, qb = (x.replace("'", "''") for x in (owner, a, b))  # SQL string literals in ``query``
     return MathRecord(
         math_id=math_id_for(owner, MathCategory.CORRELATION, f"topic:{agent}:{a}~{b}"),
-        name=f"cooc:topic:{a}+{b}", category=MathCategory.CORRELATION, domain=CO_OCCURRENCE_DOMAIN,
+        name=f"cooc:topic:{a}+{b}",
+        category=MathCategory.CORRELATION,
+        domain=CO_OCCURRENCE_DOMAIN,
         subjects=[a, b],
         verbal=f"'{a}' and '{b}' come back in the same sessions: {shared} shared of {sessions} "
-               f"(p={p:.2g} under independence).",
-        query=("SELECT name, properties->'domains' AS sessions FROM concepts "
-               f"WHERE owner = '{o}' AND category = 'topic' AND name IN ('{qa}', '{qb}')"),
-        confidence=round(1.0 - p, 6), n_observations=sessions,
-        statistics={"shared": float(shared), "sessions": float(sessions), "jaccard": round(shared / union, 6),
-                    "p_value": p},
-        source_agents=[agent] if agent else [])
+        f"(p={p:.2g} under independence).",
+        query=(
+            "SELECT name, properties->'domains' AS sessions FROM concepts "
+            f"WHERE owner = '{o}' AND category = 'topic' AND name IN ('{qa}', '{qb}')"
+        ),
+        confidence=round(1.0 - p, 6),
+        n_observations=sessions,
+        statistics={
+            "shared": float(shared),
+            "sessions": float(sessions),
+            "jaccard": round(shared / union, 6),
+            "p_value": p,
+        },
+        source_agents=[agent] if agent else [],
+    )
 
 
 def co_occurrence_events(memory: MemoryLayers, keys: Iterable[str], now: datetime) -> list[SemanticEvent]:
@@ -130,8 +146,17 @@ def co_occurrence_events(memory: MemoryLayers, keys: Iterable[str], now: datetim
             src, dst = (Layer.ANGULAR_GYRUS, rec.math_id), (Layer.ATL, cid)
             if memory.cross.get(src, CrossEdgeType.INFORMS, dst) is not None:
                 continue
-            out.append(CrossLayerEdgeFormed(owner=memory.owner, source_layer=src[0], source_id=src[1],
-                                            edge_type=CrossEdgeType.INFORMS, target_layer=dst[0], target_id=cid,
-                                            weight=rec.confidence, at=now))
+            out.append(
+                CrossLayerEdgeFormed(
+                    owner=memory.owner,
+                    source_layer=src[0],
+                    source_id=src[1],
+                    edge_type=CrossEdgeType.INFORMS,
+                    target_layer=dst[0],
+                    target_id=cid,
+                    weight=rec.confidence,
+                    at=now,
+                )
+            )
             memory.apply(out[-1])
     return out

@@ -108,8 +108,11 @@ def names_match(a: str, b: str) -> bool:
     ka, kb = name_key(a), name_key(b)
     if ka == kb:
         return True
-    return (min(len(ka), len(kb)) >= NAME_MIN_FUZZY_CHARS and _DIGITS.findall(ka) == _DIGITS.findall(kb)
-            and within_edits(ka, kb, NAME_MAX_EDITS))
+    return (
+        min(len(ka), len(kb)) >= NAME_MIN_FUZZY_CHARS
+        and _DIGITS.findall(ka) == _DIGITS.findall(kb)
+        and within_edits(ka, kb, NAME_MAX_EDITS)
+    )
 
 
 def within_edits(a: str, b: str, k: int) -> bool:
@@ -141,6 +144,7 @@ def combine_provenance(old: Provenance, new: Provenance) -> Provenance:
 
 
 # ---- the concept record ----------------------------------------------------------------------
+
 
 @dataclass(slots=True)
 class Concept:
@@ -175,11 +179,22 @@ class Concept:
     def from_event(cls, ev: ConceptCreated) -> Concept:
         eps = list(dict.fromkeys(ev.source_episode_ids))
         evidence = list(dict.fromkeys(ev.evidence))
-        return cls(concept_id=ev.concept_id, name=ev.name, definition=ev.definition, category=ev.category,
-                   properties=dict(ev.properties), provenance=ev.provenance, source_episode_ids=eps,
-                   evidence=evidence, reinforcement_count=ev.reinforcement_count,
-                   embedding_text=ev.embedding_text or embedding_text(ev.name, ev.definition, ev.properties),
-                   created_at=ev.at, updated_at=ev.at, _episodes=set(eps), _evidence=set(evidence))
+        return cls(
+            concept_id=ev.concept_id,
+            name=ev.name,
+            definition=ev.definition,
+            category=ev.category,
+            properties=dict(ev.properties),
+            provenance=ev.provenance,
+            source_episode_ids=eps,
+            evidence=evidence,
+            reinforcement_count=ev.reinforcement_count,
+            embedding_text=ev.embedding_text or embedding_text(ev.name, ev.definition, ev.properties),
+            created_at=ev.at,
+            updated_at=ev.at,
+            _episodes=set(eps),
+            _evidence=set(evidence),
+        )
 
     def reinforce(self, ev: ConceptReinforced) -> bool:
         """Apply more evidence; False when the event brought none the concept did not have.
@@ -218,6 +233,7 @@ def embedding_text(name: str, definition: str, properties: Mapping[str, Any]) ->
 
 # ---- relationship types -----------------------------------------------------------------------
 
+
 class RelationshipType(msgspec.Struct, frozen=True):
     name: str
     symmetric: bool
@@ -225,16 +241,20 @@ class RelationshipType(msgspec.Struct, frozen=True):
     description: str = ""
 
 
-BUILTIN_RELATIONS: dict[str, RelationshipType] = {r.name: r for r in (
-    RelationshipType("IS_A", False, RelationOrigin.BUILTIN, "a kind of: coffee_mug IS_A container"),
-    RelationshipType("HAS_PART", False, RelationOrigin.BUILTIN, "robot_arm HAS_PART gripper"),
-    RelationshipType("CAUSES", False, RelationOrigin.BUILTIN, "grasp_action CAUSES object_held"),
-    RelationshipType("TRENDS_WITH", True, RelationOrigin.BUILTIN, "two trends move the same way"),
-    RelationshipType("CORRELATES_WITH", True, RelationOrigin.BUILTIN, "confirmed by an AG correlation"),
-    RelationshipType("PHASE_LOCKED_TO", False, RelationOrigin.BUILTIN,
-                     "a rate follows a rhythm (metadata: phase_hour, coupling)"),
-    RelationshipType("PREDICTS", False, RelationOrigin.BUILTIN, "morning_activity PREDICTS high_success"),
-)}
+BUILTIN_RELATIONS: dict[str, RelationshipType] = {
+    r.name: r
+    for r in (
+        RelationshipType("IS_A", False, RelationOrigin.BUILTIN, "a kind of: coffee_mug IS_A container"),
+        RelationshipType("HAS_PART", False, RelationOrigin.BUILTIN, "robot_arm HAS_PART gripper"),
+        RelationshipType("CAUSES", False, RelationOrigin.BUILTIN, "grasp_action CAUSES object_held"),
+        RelationshipType("TRENDS_WITH", True, RelationOrigin.BUILTIN, "two trends move the same way"),
+        RelationshipType("CORRELATES_WITH", True, RelationOrigin.BUILTIN, "confirmed by an AG correlation"),
+        RelationshipType(
+            "PHASE_LOCKED_TO", False, RelationOrigin.BUILTIN, "a rate follows a rhythm (metadata: phase_hour, coupling)"
+        ),
+        RelationshipType("PREDICTS", False, RelationOrigin.BUILTIN, "morning_activity PREDICTS high_success"),
+    )
+}
 
 
 def relation_name(name: str) -> str:
@@ -261,13 +281,22 @@ class RelationshipRegistry:
         if name not in self._types:  # a built-in or a first registration is never redefined
             self._types[name] = RelationshipType(name, ev.symmetric, ev.origin, ev.description)
 
-    def propose(self, owner: str, name: str, now: datetime, *, symmetric: bool = False,
-                description: str = "") -> list[SemanticEvent]:
+    def propose(
+        self, owner: str, name: str, now: datetime, *, symmetric: bool = False, description: str = ""
+    ) -> list[SemanticEvent]:
         """The event registering ``name`` as agent-proposed, or nothing when it is already known."""
         if self.get(name) is not None or not relation_name(name):
             return []
-        return [RelationshipTypeRegistered(owner=owner, name=relation_name(name), symmetric=symmetric,
-                                           origin=RelationOrigin.AGENT_PROPOSED, at=now, description=description)]
+        return [
+            RelationshipTypeRegistered(
+                owner=owner,
+                name=relation_name(name),
+                symmetric=symmetric,
+                origin=RelationOrigin.AGENT_PROPOSED,
+                at=now,
+                description=description,
+            )
+        ]
 
     def types(self) -> list[RelationshipType]:
         return [self._types[k] for k in sorted(self._types)]
@@ -275,10 +304,19 @@ class RelationshipRegistry:
 
 # ---- commands: they read the fold and return events --------------------------------------------
 
-def find_or_create(memory: MemoryLayers, name: str, now: datetime, *, definition: str = "",
-                   category: str = "object", provenance: Provenance = Provenance.DIRECT_INGESTION,
-                   properties: Mapping[str, Any] | None = None, source_episode_ids: Sequence[str] = (),
-                   evidence: Sequence[str] = ()) -> tuple[str, bool, list[SemanticEvent]]:
+
+def find_or_create(
+    memory: MemoryLayers,
+    name: str,
+    now: datetime,
+    *,
+    definition: str = "",
+    category: str = "object",
+    provenance: Provenance = Provenance.DIRECT_INGESTION,
+    properties: Mapping[str, Any] | None = None,
+    source_episode_ids: Sequence[str] = (),
+    evidence: Sequence[str] = (),
+) -> tuple[str, bool, list[SemanticEvent]]:
     """(concept id, was_created, events). An existing concept with a matching name (``names_match``)
     is reinforced by the evidence it did not have yet (one count per new episode or evidence key);
     with no new evidence nothing happens, so running a promotion twice changes nothing.
@@ -301,10 +339,19 @@ def find_or_create(memory: MemoryLayers, name: str, now: datetime, *, definition
         eps = list(dict.fromkeys(source_episode_ids))
         ev_keys = list(dict.fromkeys(evidence))
         ev: SemanticEvent = ConceptCreated(
-            owner=memory.owner, concept_id=concept_id_for(memory.owner, name), name=name, definition=definition,
-            category=category, provenance=provenance, at=now, properties=props, source_episode_ids=eps,
-            evidence=ev_keys, reinforcement_count=max(1, len(eps) + len(ev_keys)),
-            embedding_text=embedding_text(name, definition, props))
+            owner=memory.owner,
+            concept_id=concept_id_for(memory.owner, name),
+            name=name,
+            definition=definition,
+            category=category,
+            provenance=provenance,
+            at=now,
+            properties=props,
+            source_episode_ids=eps,
+            evidence=ev_keys,
+            reinforcement_count=max(1, len(eps) + len(ev_keys)),
+            embedding_text=embedding_text(name, definition, props),
+        )
         memory.apply(ev)
         return ev.concept_id, True, [ev]
     c = atl.get(existing)
@@ -314,10 +361,17 @@ def find_or_create(memory: MemoryLayers, name: str, now: datetime, *, definition
     if not new_eps and not new_keys:
         return existing, False, []
     changed = {k: v for k, v in props.items() if c.properties.get(k) != v}
-    ev = ConceptReinforced(owner=memory.owner, concept_id=existing, by=len(new_eps) + len(new_keys),
-                           provenance=combine_provenance(c.provenance, provenance), at=now,
-                           source_episode_ids=new_eps, evidence=new_keys, properties=changed,
-                           definition=definition if definition and definition != c.definition else "")
+    ev = ConceptReinforced(
+        owner=memory.owner,
+        concept_id=existing,
+        by=len(new_eps) + len(new_keys),
+        provenance=combine_provenance(c.provenance, provenance),
+        at=now,
+        source_episode_ids=new_eps,
+        evidence=new_keys,
+        properties=changed,
+        definition=definition if definition and definition != c.definition else "",
+    )
     memory.apply(ev)
     return existing, False, [ev]
 
@@ -328,9 +382,18 @@ def _other_tool(concept: Concept | None, tool: Any) -> bool:
     return concept is not None and tool is not None and concept.properties.get("tool") not in (None, tool)
 
 
-def form_relationship(memory: MemoryLayers, source_id: str, relation: str, target_id: str, now: datetime, *,
-                      weight: float = 1.0, metadata: Mapping[str, Any] | None = None,
-                      symmetric_if_new: bool = False, description: str = "") -> list[SemanticEvent]:
+def form_relationship(
+    memory: MemoryLayers,
+    source_id: str,
+    relation: str,
+    target_id: str,
+    now: datetime,
+    *,
+    weight: float = 1.0,
+    metadata: Mapping[str, Any] | None = None,
+    symmetric_if_new: bool = False,
+    description: str = "",
+) -> list[SemanticEvent]:
     """Events forming ``source --relation--> target``. An unknown relation type is registered as
     agent-proposed first. Forming an identical relationship again returns no events.
 
@@ -344,14 +407,14 @@ def form_relationship(memory: MemoryLayers, source_id: str, relation: str, targe
     current = memory.atl.relationship(source_id, rel, target_id)
     if current is not None and current.weight == weight and current.metadata == meta:
         return out
-    ev = RelationshipFormed(owner=memory.owner, source_id=source_id, relation=rel, target_id=target_id, at=now,
-                            weight=weight, metadata=meta)
+    ev = RelationshipFormed(
+        owner=memory.owner, source_id=source_id, relation=rel, target_id=target_id, at=now, weight=weight, metadata=meta
+    )
     memory.apply(ev)
     return out + [ev]
 
 
 # ---- ingest-knowledge: concepts straight from a document --------------------------------------
-
 
 
 class KnowledgeFileError(ValueError):
@@ -404,14 +467,21 @@ def _parse_json(text: str) -> list[IngestedConcept]:
         for j, r in enumerate(rels):
             if not isinstance(r, dict) or not r.get("target") or not (r.get("type") or r.get("relation")):
                 raise KnowledgeFileError(f"concept {i} ({item['name']}): relationship {j} needs 'type' and 'target'")
-            parsed_rels.append(IngestedRelationship(relation_name(str(r.get("type") or r.get("relation"))),
-                                                    str(r["target"])))
+            parsed_rels.append(
+                IngestedRelationship(relation_name(str(r.get("type") or r.get("relation"))), str(r["target"]))
+            )
         props = item.get("properties") or {}
         if not isinstance(props, dict):
             raise KnowledgeFileError(f"concept {i} ({item['name']}): 'properties' must be an object")
-        out.append(IngestedConcept(name=item["name"].strip(), definition=str(item.get("definition") or "").strip(),
-                                   category=str(item.get("category") or "object"), properties=props,
-                                   relationships=parsed_rels))
+        out.append(
+            IngestedConcept(
+                name=item["name"].strip(),
+                definition=str(item.get("definition") or "").strip(),
+                category=str(item.get("category") or "object"),
+                properties=props,
+                relationships=parsed_rels,
+            )
+        )
     return out
 
 
@@ -421,17 +491,22 @@ def _parse_markdown(text: str) -> list[IngestedConcept]:
 
     def flush() -> None:
         if current is not None:
-            out.append(IngestedConcept(name=current["name"], definition=" ".join(current["text"]).strip(),
-                                       category=current["category"], properties=current["properties"],
-                                       relationships=current["rels"]))
+            out.append(
+                IngestedConcept(
+                    name=current["name"],
+                    definition=" ".join(current["text"]).strip(),
+                    category=current["category"],
+                    properties=current["properties"],
+                    relationships=current["rels"],
+                )
+            )
 
     for n, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
         heading = _MD_HEADING.match(line)
         if heading:
             flush()
-            current = {"name": heading.group(1).strip(), "text": [], "category": "object", "properties": {},
-                       "rels": []}
+            current = {"name": heading.group(1).strip(), "text": [], "category": "object", "properties": {}, "rels": []}
             continue
         if not line:
             continue
@@ -447,8 +522,9 @@ def _parse_markdown(text: str) -> list[IngestedConcept]:
                 current["text"].append(value)
                 continue
             if key.replace(" ", "_").isupper():
-                current["rels"].extend(IngestedRelationship(relation_name(key), t.strip())
-                                       for t in value.split(",") if t.strip())
+                current["rels"].extend(
+                    IngestedRelationship(relation_name(key), t.strip()) for t in value.split(",") if t.strip()
+                )
                 continue
             if line.startswith(("-", "*")):
                 current["properties"][key] = _scalar(value)
@@ -467,31 +543,45 @@ def _scalar(value: str) -> Any:
     return parsed if isinstance(parsed, (int, float, bool, str)) and parsed is not None else value
 
 
-def ingest_knowledge(memory: MemoryLayers, concepts: Iterable[IngestedConcept], source: str,
-                     now: datetime) -> list[SemanticEvent]:
+def ingest_knowledge(
+    memory: MemoryLayers, concepts: Iterable[IngestedConcept], source: str, now: datetime
+) -> list[SemanticEvent]:
     """Events adding ingested concepts (provenance DIRECT_INGESTION) and their relationships; a
     relationship target that is not a concept yet is created as a bare concept. The evidence key is
     ``doc:<source>#<name key>``, so ingesting the same document again changes nothing."""
     out: list[SemanticEvent] = []
     items = list(concepts)
     for c in items:
-        _, _, evs = find_or_create(memory, c.name, now, definition=c.definition, category=c.category,
-                                   provenance=Provenance.DIRECT_INGESTION, properties=c.properties,
-                                   evidence=[f"doc:{source}#{name_key(c.name)}"])
+        _, _, evs = find_or_create(
+            memory,
+            c.name,
+            now,
+            definition=c.definition,
+            category=c.category,
+            provenance=Provenance.DIRECT_INGESTION,
+            properties=c.properties,
+            evidence=[f"doc:{source}#{name_key(c.name)}"],
+        )
         out += evs
     for c in items:
         src = memory.atl.find(c.name)
         assert src is not None
         for r in c.relationships:
-            tgt, _, evs = find_or_create(memory, r.target, now, category="object",
-                                         provenance=Provenance.DIRECT_INGESTION,
-                                         evidence=[f"doc:{source}#{name_key(r.target)}"])
+            tgt, _, evs = find_or_create(
+                memory,
+                r.target,
+                now,
+                category="object",
+                provenance=Provenance.DIRECT_INGESTION,
+                evidence=[f"doc:{source}#{name_key(r.target)}"],
+            )
             out += evs
             out += form_relationship(memory, src, r.relation, tgt, now)
     return out
 
 
 # ---- the knowledge context: what the model sees -------------------------------------------------
+
 
 class KnowledgeEntry(msgspec.Struct, frozen=True):
     layer: Layer
@@ -503,8 +593,13 @@ class KnowledgeEntry(msgspec.Struct, frozen=True):
     text: str  # the line the model reads
 
 
-def knowledge_context(memory: MemoryLayers, *, query: str | None = None, limit: int = KNOWLEDGE_LIMIT,
-                      readable: Callable[[Layer, str], bool] | None = None) -> list[KnowledgeEntry]:
+def knowledge_context(
+    memory: MemoryLayers,
+    *,
+    query: str | None = None,
+    limit: int = KNOWLEDGE_LIMIT,
+    readable: Callable[[Layer, str], bool] | None = None,
+) -> list[KnowledgeEntry]:
     """One ranked "what do I know?" list over ATL concepts (with their relationships) and AG patterns.
 
     Score = confidence x (1 + ``QUERY_BOOST`` x the share of the query's words found in the record's
@@ -520,31 +615,57 @@ def knowledge_context(memory: MemoryLayers, *, query: str | None = None, limit: 
     for c in atl:
         if readable is not None and not readable(Layer.ATL, c.concept_id):
             continue
-        rels = [r for r in atl.relationships(c.concept_id)
-                if readable is None or readable(Layer.ATL, r.target_id)]
+        rels = [r for r in atl.relationships(c.concept_id) if readable is None or readable(Layer.ATL, r.target_id)]
         rel_text = ", ".join(f"{r.relation} {atl.name_of(r.target_id)}" for r in rels[:KNOWLEDGE_RELATIONSHIPS])
         text = f'"{c.name}" ({c.category}, confidence={c.confidence:.2f}): {c.definition or "(no definition)"}'
         if rel_text:
             text += f" Relationships: {rel_text}"
         score = _score(c.confidence, q, f"{c.embedding_text} {rel_text}")
-        scored.append((score, c.reinforcement_count, c.name, KnowledgeEntry(
-            layer=Layer.ATL, record_id=c.concept_id, name=c.name, label=c.category, confidence=c.confidence,
-            score=score, text=text)))
+        scored.append(
+            (
+                score,
+                c.reinforcement_count,
+                c.name,
+                KnowledgeEntry(
+                    layer=Layer.ATL,
+                    record_id=c.concept_id,
+                    name=c.name,
+                    label=c.category,
+                    confidence=c.confidence,
+                    score=score,
+                    text=text,
+                ),
+            )
+        )
     for r in memory.ag:
         if readable is not None and not readable(Layer.ANGULAR_GYRUS, r.math_id):
             continue
         label = f"math:{r.category.value}"
         text = f'"{r.name}" ({label}, confidence={r.confidence:.2f}): {r.verbal}'
         score = _score(r.confidence, q, f"{r.name} {r.verbal} {' '.join(r.subjects)}")
-        scored.append((score, r.n_observations, r.name, KnowledgeEntry(
-            layer=Layer.ANGULAR_GYRUS, record_id=r.math_id, name=r.name, label=label, confidence=r.confidence,
-            score=score, text=text)))
+        scored.append(
+            (
+                score,
+                r.n_observations,
+                r.name,
+                KnowledgeEntry(
+                    layer=Layer.ANGULAR_GYRUS,
+                    record_id=r.math_id,
+                    name=r.name,
+                    label=label,
+                    confidence=r.confidence,
+                    score=score,
+                    text=text,
+                ),
+            )
+        )
     scored.sort(key=lambda x: (-x[0], -x[1], x[2], x[3].record_id))
     return [x[3] for x in scored[:limit]]
 
 
-def record_agents(memory: MemoryLayers, layer: Layer, record_id: str,
-                  callers: Mapping[str, Iterable[str]]) -> set[str] | None:
+def record_agents(
+    memory: MemoryLayers, layer: Layer, record_id: str, callers: Mapping[str, Iterable[str]]
+) -> set[str] | None:
     """The agents whose data a concept or pattern was derived from (None: unknown).
 
     Recorded provenance is used where there is one: a pattern's ``source_agents``, a concept's
@@ -568,6 +689,7 @@ def record_agents(memory: MemoryLayers, layer: Layer, record_id: str,
     >>> sorted(record_agents(m, Layer.ATL, cid, {"ship": ["a", "b"]}))
     ['a']
     """
+
     def pattern(rec: Any) -> set[str]:
         recorded = set(getattr(rec, "source_agents", ()))
         return recorded or {a for t in rec.subjects for a in callers.get(t, ())}
@@ -585,7 +707,7 @@ def record_agents(memory: MemoryLayers, layer: Layer, record_id: str,
         agents |= {str(a) for a in recorded}
     elif tool is not None:
         agents |= set(callers.get(str(tool), ()))
-    maths = [k[len("math:"):].split("@", 1)[0] for k in c.evidence if k.startswith("math:")]
+    maths = [k[len("math:") :].split("@", 1)[0] for k in c.evidence if k.startswith("math:")]
     for math_id in maths:
         rec = memory.ag.get(math_id)
         if rec is None:

@@ -70,6 +70,7 @@ N = TypeVar("N", bound=Hashable)
 
 # ---- the protocol -----------------------------------------------------------------------------
 
+
 @runtime_checkable
 class MemoryLayer(Protocol):
     """What every layer offers (the design's ``MemoryLayer``, minus save/load: the log persists)."""
@@ -85,9 +86,14 @@ class MemoryLayer(Protocol):
 
     def recall(self, limit: int = 10, **filters: Any) -> list[Any]: ...
 
-    def recall_associated(self, seed_ids: Sequence[str], *, decay: float = ACTIVATION_DECAY,
-                          max_depth: int = ACTIVATION_MAX_DEPTH,
-                          threshold: float = ACTIVATION_THRESHOLD) -> list[tuple[str, float]]: ...
+    def recall_associated(
+        self,
+        seed_ids: Sequence[str],
+        *,
+        decay: float = ACTIVATION_DECAY,
+        max_depth: int = ACTIVATION_MAX_DEPTH,
+        threshold: float = ACTIVATION_THRESHOLD,
+    ) -> list[tuple[str, float]]: ...
 
     @property
     def graph(self) -> AssociativeGraph: ...
@@ -106,6 +112,7 @@ class MemoryLayer(Protocol):
 
 
 # ---- graph and spreading activation ------------------------------------------------------------
+
 
 class AssociativeGraph:
     """An undirected weighted graph (a layer's internal associations); the weight of a pair is the
@@ -144,9 +151,15 @@ class AssociativeGraph:
         return sum(len(r) for r in self._adj.values()) // 2
 
 
-def spread(neighbours: Callable[[N], Iterable[tuple[N, float]]], seeds: Iterable[N], *,
-           decay: float = ACTIVATION_DECAY, max_depth: int = ACTIVATION_MAX_DEPTH,
-           threshold: float = ACTIVATION_THRESHOLD, key: Callable[[N], Any] = lambda n: n) -> list[tuple[N, float]]:
+def spread(
+    neighbours: Callable[[N], Iterable[tuple[N, float]]],
+    seeds: Iterable[N],
+    *,
+    decay: float = ACTIVATION_DECAY,
+    max_depth: int = ACTIVATION_MAX_DEPTH,
+    threshold: float = ACTIVATION_THRESHOLD,
+    key: Callable[[N], Any] = lambda n: n,
+) -> list[tuple[N, float]]:
     """Spreading activation from ``seeds`` (activation 1.0 each): a neighbour gets
     ``activation * decay * weight``; each node keeps its best value over paths of at most
     ``max_depth`` hops; values below ``threshold`` do not spread. Seeds are not returned.
@@ -195,10 +208,11 @@ class _Callbacks:
 
 
 def _page(items: Iterable[Any], limit: int) -> list[Any]:
-    return list(items)[:max(0, limit)]
+    return list(items)[: max(0, limit)]
 
 
 # ---- hippocampus ------------------------------------------------------------------------------
+
 
 @dataclass(slots=True, frozen=True)
 class EpisodeRecord:
@@ -214,8 +228,14 @@ class EpisodeRecord:
     @classmethod
     def from_episode(cls, ep: EpisodeDistilled) -> EpisodeRecord:
         failed = sorted({c.tool for c in ep.calls if c.ok is False} | {e.tool for e in ep.errors})
-        return cls(episode_id=str(ep.episode_id), agent=ep.agent, outcome=ep.outcome.value, ended_at=ep.ended_at,
-                   tools=tuple(ep.tools), failed_tools=tuple(failed))
+        return cls(
+            episode_id=str(ep.episode_id),
+            agent=ep.agent,
+            outcome=ep.outcome.value,
+            ended_at=ep.ended_at,
+            tools=tuple(ep.tools),
+            failed_tools=tuple(failed),
+        )
 
 
 class EpisodicLayer(_Callbacks):
@@ -268,8 +288,15 @@ class EpisodicLayer(_Callbacks):
         self._deleted(record_id)
         return True
 
-    def recall(self, limit: int = 10, *, tool: str | None = None, failed_tool: str | None = None,
-               outcome: str | None = None, agent: str | None = None) -> list[EpisodeRecord]:
+    def recall(
+        self,
+        limit: int = 10,
+        *,
+        tool: str | None = None,
+        failed_tool: str | None = None,
+        outcome: str | None = None,
+        agent: str | None = None,
+    ) -> list[EpisodeRecord]:
         """Episodes matching every given filter, newest first."""
         ids: set[str] | None = None
         for index, value in ((self._by_tool, tool), (self._by_failed_tool, failed_tool), (self._by_outcome, outcome)):
@@ -281,9 +308,14 @@ class EpisodicLayer(_Callbacks):
         recs.sort(key=lambda r: (-r.ended_at.timestamp(), r.episode_id))
         return _page(recs, limit)
 
-    def recall_associated(self, seed_ids: Sequence[str], *, decay: float = ACTIVATION_DECAY,
-                          max_depth: int = ACTIVATION_MAX_DEPTH,
-                          threshold: float = ACTIVATION_THRESHOLD) -> list[tuple[str, float]]:
+    def recall_associated(
+        self,
+        seed_ids: Sequence[str],
+        *,
+        decay: float = ACTIVATION_DECAY,
+        max_depth: int = ACTIVATION_MAX_DEPTH,
+        threshold: float = ACTIVATION_THRESHOLD,
+    ) -> list[tuple[str, float]]:
         return spread(self._graph.neighbours, seed_ids, decay=decay, max_depth=max_depth, threshold=threshold)
 
     @property
@@ -294,8 +326,12 @@ class EpisodicLayer(_Callbacks):
         return []
 
     def stats(self) -> dict[str, Any]:
-        return {"layer": self.layer_name, "records": len(self._records), "edges": self._graph.edge_count(),
-                "tools": len(self._by_tool)}
+        return {
+            "layer": self.layer_name,
+            "records": len(self._records),
+            "edges": self._graph.edge_count(),
+            "tools": len(self._by_tool),
+        }
 
     def __len__(self) -> int:
         return len(self._records)
@@ -308,6 +344,7 @@ class EpisodicLayer(_Callbacks):
 
 
 # ---- ATL --------------------------------------------------------------------------------------
+
 
 @dataclass(slots=True, frozen=True)
 class Relationship:
@@ -369,8 +406,9 @@ class ConceptLayer(_Callbacks):
         if self.registry.is_symmetric(ev.relation):
             pairs.append((ev.target_id, ev.source_id))
         for s, t in pairs:
-            self._out.setdefault(s, {})[(ev.relation, t)] = Relationship(s, ev.relation, t, ev.weight,
-                                                                        dict(ev.metadata))
+            self._out.setdefault(s, {})[(ev.relation, t)] = Relationship(
+                s, ev.relation, t, ev.weight, dict(ev.metadata)
+            )
             self._in.setdefault(t, set()).add((s, ev.relation))
         self._reweigh(ev.source_id, ev.target_id)
         return True
@@ -388,9 +426,9 @@ class ConceptLayer(_Callbacks):
         if c is None:
             return False
         self._unindex(c)
-        for (rel, t) in list(self._out.pop(record_id, {})):
+        for rel, t in list(self._out.pop(record_id, {})):
             self._in.get(t, set()).discard((record_id, rel))
-        for (s, rel) in list(self._in.pop(record_id, set())):
+        for s, rel in list(self._in.pop(record_id, set())):
             self._out.get(s, {}).pop((rel, record_id), None)
         self._graph.remove_node(record_id)
         self._deleted(record_id)
@@ -432,8 +470,12 @@ class ConceptLayer(_Callbacks):
         hit = self._by_key.get(key)
         if hit is not None:
             return hit
-        near = sorted(k for n in (len(key) - 1, len(key), len(key) + 1) for k in self._keys_by_len.get(n, ())
-                      if names_match(k, key))
+        near = sorted(
+            k
+            for n in (len(key) - 1, len(key), len(key) + 1)
+            for k in self._keys_by_len.get(n, ())
+            if names_match(k, key)
+        )
         return self._by_key[near[0]] if near else None
 
     def by_category(self, category: str) -> list[str]:
@@ -457,8 +499,15 @@ class ConceptLayer(_Callbacks):
         rels = [r for (rel, _), r in self._out.get(concept_id, {}).items() if relation is None or rel == relation]
         return sorted(rels, key=lambda r: (r.relation, self.name_of(r.target_id), r.target_id))
 
-    def recall(self, limit: int = 10, *, category: str | None = None, properties: Mapping[str, Any] | None = None,
-               min_confidence: float = 0.0, provenance: Provenance | None = None) -> list[Concept]:
+    def recall(
+        self,
+        limit: int = 10,
+        *,
+        category: str | None = None,
+        properties: Mapping[str, Any] | None = None,
+        min_confidence: float = 0.0,
+        provenance: Provenance | None = None,
+    ) -> list[Concept]:
         """Concepts matching every filter, most confident first (then by name)."""
         ids: set[str] | None = None
         if category is not None:
@@ -472,7 +521,7 @@ class ConceptLayer(_Callbacks):
         return _page(out, limit)
 
     def recall_similar(self, text: str, limit: int = 5, min_similarity: float = SIMILAR_MIN) -> list[tuple[str, float]]:
-        """"Do I already know this?": concepts whose embedding text shares words with ``text``,
+        """ "Do I already know this?": concepts whose embedding text shares words with ``text``,
         by token-set Jaccard (>= ``min_similarity``), best first. Only concepts sharing a token are
         scored (inverted index)."""
         q = tokens(text)
@@ -489,17 +538,28 @@ class ConceptLayer(_Callbacks):
         scored.sort(key=lambda x: (-x[1], x[0]))
         return scored[:limit]
 
-    def recall_associated(self, seed_ids: Sequence[str], *, decay: float = ACTIVATION_DECAY,
-                          max_depth: int = ACTIVATION_MAX_DEPTH,
-                          threshold: float = ACTIVATION_THRESHOLD) -> list[tuple[str, float]]:
+    def recall_associated(
+        self,
+        seed_ids: Sequence[str],
+        *,
+        decay: float = ACTIVATION_DECAY,
+        max_depth: int = ACTIVATION_MAX_DEPTH,
+        threshold: float = ACTIVATION_THRESHOLD,
+    ) -> list[tuple[str, float]]:
         return spread(self._graph.neighbours, seed_ids, decay=decay, max_depth=max_depth, threshold=threshold)
 
     @property
     def graph(self) -> AssociativeGraph:
         return self._graph
 
-    def consolidate(self, now: datetime, *, owner: str = "", max_age_days: float = ATL_MAX_AGE_DAYS,
-                    protected_count: int = ATL_PROTECTED_COUNT) -> list[SemanticEvent]:
+    def consolidate(
+        self,
+        now: datetime,
+        *,
+        owner: str = "",
+        max_age_days: float = ATL_MAX_AGE_DAYS,
+        protected_count: int = ATL_PROTECTED_COUNT,
+    ) -> list[SemanticEvent]:
         """Removal events for concepts that never became knowledge: not reinforced for
         ``max_age_days`` and reinforced fewer than ``protected_count`` times. Ingested concepts and
         concepts with relationships are kept (someone stated them, or other knowledge hangs on them)."""
@@ -507,17 +567,31 @@ class ConceptLayer(_Callbacks):
         out: list[SemanticEvent] = []
         for cid in sorted(self._concepts):
             c = self._concepts[cid]
-            if (c.updated_at < cutoff and c.reinforcement_count < protected_count
-                    and c.provenance is not Provenance.DIRECT_INGESTION
-                    and not self._out.get(cid) and not self._in.get(cid)):
-                out.append(RecordRemoved(owner=owner, layer=Layer.ATL, record_id=cid, at=now,
-                                         reason=f"not reinforced since {c.updated_at.isoformat()}"))
+            if (
+                c.updated_at < cutoff
+                and c.reinforcement_count < protected_count
+                and c.provenance is not Provenance.DIRECT_INGESTION
+                and not self._out.get(cid)
+                and not self._in.get(cid)
+            ):
+                out.append(
+                    RecordRemoved(
+                        owner=owner,
+                        layer=Layer.ATL,
+                        record_id=cid,
+                        at=now,
+                        reason=f"not reinforced since {c.updated_at.isoformat()}",
+                    )
+                )
         return out
 
     def stats(self) -> dict[str, Any]:
-        return {"layer": self.layer_name, "records": len(self._concepts),
-                "relationships": sum(len(v) for v in self._out.values()),
-                "categories": {k: len(v) for k, v in sorted(self._by_category.items()) if v}}
+        return {
+            "layer": self.layer_name,
+            "records": len(self._concepts),
+            "relationships": sum(len(v) for v in self._out.values()),
+            "categories": {k: len(v) for k, v in sorted(self._by_category.items()) if v},
+        }
 
     def __len__(self) -> int:
         return len(self._concepts)
@@ -535,6 +609,7 @@ def _prop_value(v: Any) -> str:
 
 
 # ---- Angular Gyrus ----------------------------------------------------------------------------
+
 
 @dataclass(slots=True)
 class MathEntry:
@@ -603,8 +678,9 @@ class AngularGyrusLayer(_Callbacks):
     def by_subject(self, subject: str) -> list[str]:
         return sorted(self._by_subject.get(subject, ()))
 
-    def recall(self, limit: int = 10, *, category: str | None = None, subject: str | None = None,
-               min_confidence: float = 0.0) -> list[MathRecord]:
+    def recall(
+        self, limit: int = 10, *, category: str | None = None, subject: str | None = None, min_confidence: float = 0.0
+    ) -> list[MathRecord]:
         ids: set[str] | None = None
         if category is not None:
             ids = set(self._by_category.get(category, ()))
@@ -616,25 +692,44 @@ class AngularGyrusLayer(_Callbacks):
         recs.sort(key=lambda r: (-r.confidence, r.name, r.math_id))
         return _page(recs, limit)
 
-    def recall_associated(self, seed_ids: Sequence[str], *, decay: float = ACTIVATION_DECAY,
-                          max_depth: int = ACTIVATION_MAX_DEPTH,
-                          threshold: float = ACTIVATION_THRESHOLD) -> list[tuple[str, float]]:
+    def recall_associated(
+        self,
+        seed_ids: Sequence[str],
+        *,
+        decay: float = ACTIVATION_DECAY,
+        max_depth: int = ACTIVATION_MAX_DEPTH,
+        threshold: float = ACTIVATION_THRESHOLD,
+    ) -> list[tuple[str, float]]:
         return spread(self._graph.neighbours, seed_ids, decay=decay, max_depth=max_depth, threshold=threshold)
 
     @property
     def graph(self) -> AssociativeGraph:
         return self._graph
 
-    def consolidate(self, now: datetime, *, owner: str = "", max_age_days: float = AG_MAX_AGE_DAYS) -> list[SemanticEvent]:
+    def consolidate(
+        self, now: datetime, *, owner: str = "", max_age_days: float = AG_MAX_AGE_DAYS
+    ) -> list[SemanticEvent]:
         """Removal events for patterns not re-confirmed within ``max_age_days``: the data moved on."""
         cutoff = now - timedelta(days=max_age_days)
-        return [RecordRemoved(owner=owner, layer=Layer.ANGULAR_GYRUS, record_id=k, at=now,
-                              reason=f"not re-confirmed since {e.last_at.isoformat()}")
-                for k, e in sorted(self._entries.items()) if e.last_at < cutoff]
+        return [
+            RecordRemoved(
+                owner=owner,
+                layer=Layer.ANGULAR_GYRUS,
+                record_id=k,
+                at=now,
+                reason=f"not re-confirmed since {e.last_at.isoformat()}",
+            )
+            for k, e in sorted(self._entries.items())
+            if e.last_at < cutoff
+        ]
 
     def stats(self) -> dict[str, Any]:
-        return {"layer": self.layer_name, "records": len(self._entries), "edges": self._graph.edge_count(),
-                "categories": {k: len(v) for k, v in sorted(self._by_category.items()) if v}}
+        return {
+            "layer": self.layer_name,
+            "records": len(self._entries),
+            "edges": self._graph.edge_count(),
+            "categories": {k: len(v) for k, v in sorted(self._by_category.items()) if v},
+        }
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -687,8 +782,9 @@ class CrossLayerGraph:
     def edges(self, node: Node | None = None, edge_type: CrossEdgeType | None = None) -> list[CrossEdge]:
         keys = self._touching.get(node, set()) if node is not None else self._edges.keys()
         out = [self._edges[k] for k in keys if edge_type is None or k[1] is edge_type]
-        return sorted(out, key=lambda e: (e.source[0].value, e.source[1], e.edge_type.value, e.target[0].value,
-                                          e.target[1]))
+        return sorted(
+            out, key=lambda e: (e.source[0].value, e.source[1], e.edge_type.value, e.target[0].value, e.target[1])
+        )
 
     def neighbours(self, node: Node) -> list[tuple[Node, float]]:
         best: dict[Node, float] = {}
@@ -703,6 +799,7 @@ class CrossLayerGraph:
 
 
 # ---- the fold ---------------------------------------------------------------------------------
+
 
 class MemoryLayers:
     """All layers of one owner's memory, rebuilt by applying events in log order.
@@ -778,8 +875,9 @@ class MemoryLayers:
             self.ag.store(ev.record, ev.at)
             return True
         if isinstance(ev, CrossLayerEdgeFormed):
-            self.cross.add(CrossEdge((ev.source_layer, ev.source_id), ev.edge_type, (ev.target_layer, ev.target_id),
-                                     ev.weight))
+            self.cross.add(
+                CrossEdge((ev.source_layer, ev.source_id), ev.edge_type, (ev.target_layer, ev.target_id), ev.weight)
+            )
             return True
         if isinstance(ev, ConceptPromoted):
             self.promotions += 1
@@ -796,10 +894,18 @@ class MemoryLayers:
         return self.atl.consolidate(now, owner=self.owner) + self.ag.consolidate(now, owner=self.owner)
 
     def stats(self) -> dict[str, Any]:
-        return {"owner": self.owner, "hippocampus": self.hippocampus.stats(), "atl": self.atl.stats(),
-                "angular_gyrus": self.ag.stats(), "cross_layer_edges": len(self.cross), "applied": self.applied,
-                "ignored": self.ignored, "promotions": self.promotions, "rejections": self.rejections,
-                "relationship_types": len(self.registry.types())}
+        return {
+            "owner": self.owner,
+            "hippocampus": self.hippocampus.stats(),
+            "atl": self.atl.stats(),
+            "angular_gyrus": self.ag.stats(),
+            "cross_layer_edges": len(self.cross),
+            "applied": self.applied,
+            "ignored": self.ignored,
+            "promotions": self.promotions,
+            "rejections": self.rejections,
+            "relationship_types": len(self.registry.types()),
+        }
 
 
 def fold_events(events: Iterable[SemanticEvent]) -> dict[str, MemoryLayers]:
@@ -817,15 +923,33 @@ def snapshot(memory: MemoryLayers) -> dict[str, Any]:
     """A canonical, comparable picture of a memory (tests and checksums): records, relationships
     and cross-layer edges in a fixed order."""
     return {
-        "concepts": [(c.concept_id, c.name, c.definition, c.category, sorted(c.properties.items()),
-                      c.provenance.value, list(c.source_episode_ids), list(c.evidence), c.reinforcement_count)
-                     for c in memory.atl],
-        "relationships": [(r.source_id, r.relation, r.target_id, r.weight, sorted(r.metadata.items()))
-                          for c in memory.atl for r in memory.atl.relationships(c.concept_id)],
-        "patterns": [(r.math_id, r.name, r.confidence, memory.ag.entry(r.math_id).revision)  # type: ignore[union-attr]
-                     for r in memory.ag],
-        "cross": [(e.source[0].value, e.source[1], e.edge_type.value, e.target[0].value, e.target[1], e.weight)
-                  for e in memory.cross.edges()],
+        "concepts": [
+            (
+                c.concept_id,
+                c.name,
+                c.definition,
+                c.category,
+                sorted(c.properties.items()),
+                c.provenance.value,
+                list(c.source_episode_ids),
+                list(c.evidence),
+                c.reinforcement_count,
+            )
+            for c in memory.atl
+        ],
+        "relationships": [
+            (r.source_id, r.relation, r.target_id, r.weight, sorted(r.metadata.items()))
+            for c in memory.atl
+            for r in memory.atl.relationships(c.concept_id)
+        ],
+        "patterns": [
+            (r.math_id, r.name, r.confidence, memory.ag.entry(r.math_id).revision)  # type: ignore[union-attr]
+            for r in memory.ag
+        ],
+        "cross": [
+            (e.source[0].value, e.source[1], e.edge_type.value, e.target[0].value, e.target[1], e.weight)
+            for e in memory.cross.edges()
+        ],
         "relationship_types": [(t.name, t.symmetric, t.origin.value) for t in memory.registry.types()],
         "episodes": [r.episode_id for r in memory.hippocampus],
     }

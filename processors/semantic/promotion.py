@@ -122,6 +122,7 @@ ABSTRACTION = "abstraction"
 
 # ---- candidates and sources -------------------------------------------------------------------
 
+
 class PromotionCandidate(msgspec.Struct, frozen=True, kw_only=True):
     """A pattern a source thinks deserves to be a concept.
 
@@ -140,8 +141,9 @@ class PromotionCandidate(msgspec.Struct, frozen=True, kw_only=True):
 
 @runtime_checkable
 class PromotionSource(Protocol):
-    def get_promotion_candidates(self, min_confidence: float = MIN_CONFIDENCE,
-                                 min_observations: int = MIN_OBSERVATIONS) -> list[PromotionCandidate]: ...
+    def get_promotion_candidates(
+        self, min_confidence: float = MIN_CONFIDENCE, min_observations: int = MIN_OBSERVATIONS
+    ) -> list[PromotionCandidate]: ...
 
 
 @runtime_checkable
@@ -172,7 +174,6 @@ class CausalLinkLike(Protocol):
     def source_episode_ids(self) -> Sequence[str]: ...  # ... and, when of the same length, its episode
 
 
-
 def episode_times(times: Sequence[datetime], episode_ids: Sequence[str]) -> list[datetime]:
     """One time per episode (its first observation), when ``times`` and ``episode_ids`` are parallel;
     else the times as given. Retries within one episode are one event for the randomness gate: three
@@ -201,25 +202,43 @@ class NacPromotionSource:
     def __init__(self, links: Iterable[CausalLinkLike]) -> None:
         self._links = list(links)
 
-    def get_promotion_candidates(self, min_confidence: float = MIN_CONFIDENCE,
-                                 min_observations: int = MIN_OBSERVATIONS) -> list[PromotionCandidate]:
+    def get_promotion_candidates(
+        self, min_confidence: float = MIN_CONFIDENCE, min_observations: int = MIN_OBSERVATIONS
+    ) -> list[PromotionCandidate]:
         out = []
         for link in self._links:
             if link.confidence < min_confidence or link.observation_count < min_observations:
                 continue
             outcome, valence = _text(link.outcome), _text(link.valence)
-            out.append(PromotionCandidate(
-                pattern_name=f"{link.tool or link.event_signature} → {outcome}", category="causal_pattern",
-                confidence=float(link.confidence), source_memory_ids=list(dict.fromkeys(link.source_episode_ids)),
-                metadata={"event_signature": link.event_signature, "tool": link.tool, "outcome": outcome,
-                          "valence": valence, "strength": float(link.strength),
-                          "observation_count": int(link.observation_count),
-                          **({"event_observations": int(n_event), "base_rate": float(base)}
-                             if (n_event := getattr(link, "event_observations", None)) is not None
-                             and (base := getattr(link, "base_rate", None)) is not None else {}),
-                          **({"source_agents": sorted(set(agents))}
-                             if (agents := getattr(link, "source_agents", None)) else {})},
-                origin=NAC, observation_times=episode_times(link.observation_times, link.source_episode_ids)))
+            out.append(
+                PromotionCandidate(
+                    pattern_name=f"{link.tool or link.event_signature} → {outcome}",
+                    category="causal_pattern",
+                    confidence=float(link.confidence),
+                    source_memory_ids=list(dict.fromkeys(link.source_episode_ids)),
+                    metadata={
+                        "event_signature": link.event_signature,
+                        "tool": link.tool,
+                        "outcome": outcome,
+                        "valence": valence,
+                        "strength": float(link.strength),
+                        "observation_count": int(link.observation_count),
+                        **(
+                            {"event_observations": int(n_event), "base_rate": float(base)}
+                            if (n_event := getattr(link, "event_observations", None)) is not None
+                            and (base := getattr(link, "base_rate", None)) is not None
+                            else {}
+                        ),
+                        **(
+                            {"source_agents": sorted(set(agents))}
+                            if (agents := getattr(link, "source_agents", None))
+                            else {}
+                        ),
+                    },
+                    origin=NAC,
+                    observation_times=episode_times(link.observation_times, link.source_episode_ids),
+                )
+            )
         return sorted(out, key=lambda c: (c.pattern_name, c.metadata["event_signature"]))
 
 
@@ -234,8 +253,9 @@ class StatisticianPromotionSource:
     def __init__(self, ag: AngularGyrusLayer) -> None:
         self._ag = ag
 
-    def get_promotion_candidates(self, min_confidence: float = MIN_CONFIDENCE,
-                                 min_observations: int = MIN_OBSERVATIONS) -> list[PromotionCandidate]:
+    def get_promotion_candidates(
+        self, min_confidence: float = MIN_CONFIDENCE, min_observations: int = MIN_OBSERVATIONS
+    ) -> list[PromotionCandidate]:
         out = []
         for rec in self._ag:
             if rec.domain == CO_OCCURRENCE_DOMAIN:
@@ -244,12 +264,22 @@ class StatisticianPromotionSource:
                 continue
             entry = self._ag.entry(rec.math_id)
             assert entry is not None
-            out.append(PromotionCandidate(
-                pattern_name=rec.name, category="operational_pattern", confidence=rec.confidence,
-                source_memory_ids=[], origin=STATISTICIAN,
-                metadata={"math_id": rec.math_id, "math_category": rec.category.value, "subjects": list(rec.subjects),
-                          "revision": entry.revision,
-                          **({"source_agents": sorted(set(rec.source_agents))} if rec.source_agents else {})}))
+            out.append(
+                PromotionCandidate(
+                    pattern_name=rec.name,
+                    category="operational_pattern",
+                    confidence=rec.confidence,
+                    source_memory_ids=[],
+                    origin=STATISTICIAN,
+                    metadata={
+                        "math_id": rec.math_id,
+                        "math_category": rec.category.value,
+                        "subjects": list(rec.subjects),
+                        "revision": entry.revision,
+                        **({"source_agents": sorted(set(rec.source_agents))} if rec.source_agents else {}),
+                    },
+                )
+            )
         return sorted(out, key=lambda c: c.pattern_name)
 
 
@@ -269,22 +299,35 @@ class AbstractionPromotionSource:
     def __init__(self, topics: Iterable[Any]) -> None:
         self._topics = list(topics)
 
-    def get_promotion_candidates(self, min_confidence: float = MIN_CONFIDENCE,
-                                 min_observations: int = MIN_OBSERVATIONS) -> list[PromotionCandidate]:
+    def get_promotion_candidates(
+        self, min_confidence: float = MIN_CONFIDENCE, min_observations: int = MIN_OBSERVATIONS
+    ) -> list[PromotionCandidate]:
         out = []
         for t in self._topics:
             confidence = 1.0 - 0.5 ** len(t.domains)
             if confidence < min_confidence or t.support < min_observations:
                 continue
-            out.append(PromotionCandidate(
-                pattern_name=f"topic:{t.key}", category="topic", confidence=confidence,
-                source_memory_ids=list(dict.fromkeys(t.source_ids)), origin=ABSTRACTION,
-                metadata={"key": t.key, "support": int(t.support), "domains": sorted(t.domains),
-                          "source_agents": [t.agent], "pattern_id": t.pattern_id}))
+            out.append(
+                PromotionCandidate(
+                    pattern_name=f"topic:{t.key}",
+                    category="topic",
+                    confidence=confidence,
+                    source_memory_ids=list(dict.fromkeys(t.source_ids)),
+                    origin=ABSTRACTION,
+                    metadata={
+                        "key": t.key,
+                        "support": int(t.support),
+                        "domains": sorted(t.domains),
+                        "source_agents": [t.agent],
+                        "pattern_id": t.pattern_id,
+                    },
+                )
+            )
         return sorted(out, key=lambda c: (c.pattern_name, c.metadata["source_agents"]))
 
 
 # ---- the IPS gate -----------------------------------------------------------------------------
+
 
 class GateVerdict(msgspec.Struct, frozen=True):
     passed: bool
@@ -344,8 +387,10 @@ def _null_cv_subset(total: int, n: int) -> np.ndarray:
     return cv
 
 
-def dispersion_test(times: Sequence[float], activity: Sequence[float] | Activity | None = None,
-                    ) -> tuple[float, float, int]:
+def dispersion_test(
+    times: Sequence[float],
+    activity: Sequence[float] | Activity | None = None,
+) -> tuple[float, float, int]:
     """(CV of the inter-arrival gaps, two-sided p under no temporal structure, number of gaps).
 
     ``times`` are seconds (distinct, any order). Without ``activity`` the null is a Poisson process
@@ -398,7 +443,9 @@ def rayleigh_test(times: Sequence[float], activity: Sequence[float] | Activity |
     if activity is None or not len(activity):
         rbar = float(np.hypot(*v.mean(axis=0)))
         z = n * rbar * rbar
-        p = math.exp(-z) * (1 + (2 * z - z * z) / (4 * n) - (24 * z - 132 * z ** 2 + 76 * z ** 3 - 9 * z ** 4) / (288 * n * n))
+        p = math.exp(-z) * (
+            1 + (2 * z - z * z) / (4 * n) - (24 * z - 132 * z**2 + 76 * z**3 - 9 * z**4) / (288 * n * n)
+        )
         return z, float(min(1.0, max(0.0, p)))
     big_n, centre, cov = activity.phase_moments if isinstance(activity, Activity) else _phase_moments(activity)
     if np.linalg.det(cov) < 1e-12:
@@ -449,29 +496,46 @@ def activity_seconds(activity_times: Sequence[datetime] | Activity | None) -> Ac
     return Activity([t.timestamp() for t in activity_times])
 
 
-def ips_gate(candidate: PromotionCandidate, *,
-             activity_times: Sequence[datetime] | Activity | None = None) -> GateVerdict:
+def ips_gate(
+    candidate: PromotionCandidate, *, activity_times: Sequence[datetime] | Activity | None = None
+) -> GateVerdict:
     """Should this candidate reach the promoter? See the module docstring for the tests and thresholds.
     ``activity_times`` may be given converted (``activity_seconds``), once for many candidates."""
     if candidate.origin == ABSTRACTION:  # abstraction already asked for support across domains
         md = candidate.metadata
-        return GateVerdict(True, "support", f"abstracted: {md.get('support')} memories over "
-                           f"{len(md.get('domains', []))} domains", n=int(md.get("support", 0)))
+        return GateVerdict(
+            True,
+            "support",
+            f"abstracted: {md.get('support')} memories over {len(md.get('domains', []))} domains",
+            n=int(md.get("support", 0)),
+        )
     if candidate.origin == STATISTICIAN:
         ok = candidate.confidence >= STAT_MIN_CONFIDENCE
-        return GateVerdict(ok, "confidence", f"statistical pattern, confidence {candidate.confidence:.2f} "
-                           f"{'>=' if ok else '<'} {STAT_MIN_CONFIDENCE}")
+        return GateVerdict(
+            ok,
+            "confidence",
+            f"statistical pattern, confidence {candidate.confidence:.2f} {'>=' if ok else '<'} {STAT_MIN_CONFIDENCE}",
+        )
     counts = _count_evidence(candidate)
     if counts is not None and counts < GATE_TEST_ALPHA:
         meta = candidate.metadata
-        return GateVerdict(True, "counts", f"{meta['observation_count']} of {meta['event_observations']} "
-                           f"observations vs base rate {meta['base_rate']:.3f}: binomial p={counts:.3g}", counts,
-                           int(meta["event_observations"]))
+        return GateVerdict(
+            True,
+            "counts",
+            f"{meta['observation_count']} of {meta['event_observations']} "
+            f"observations vs base rate {meta['base_rate']:.3f}: binomial p={counts:.3g}",
+            counts,
+            int(meta["event_observations"]),
+        )
     times = sorted({t.timestamp() for t in candidate.observation_times})
     n = len(times)
     if n < GATE_MIN_OBSERVATIONS:
-        return GateVerdict(True, "small_sample", f"{n} distinct observation times < {GATE_MIN_OBSERVATIONS}: "
-                           "too few to judge, let through", n=n)
+        return GateVerdict(
+            True,
+            "small_sample",
+            f"{n} distinct observation times < {GATE_MIN_OBSERVATIONS}: too few to judge, let through",
+            n=n,
+        )
     act = activity_seconds(activity_times)
     cv, p_disp, m = dispersion_test(times, act)
     kind = "regular" if cv < 1.0 else "bursty"
@@ -510,6 +574,7 @@ Gate = Callable[..., GateVerdict]
 
 # ---- from candidate to concept ----------------------------------------------------------------
 
+
 class ConceptSpec(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     category: str
@@ -531,13 +596,17 @@ def concept_spec(candidate: PromotionCandidate, ag: AngularGyrusLayer) -> Concep
     md = candidate.metadata
     if candidate.origin == ABSTRACTION:
         key, domains = str(md["key"]), list(md.get("domains", []))
-        return ConceptSpec(name=key, category="topic",
-                           definition=f"A topic that comes back: '{key}' in {md.get('support')} memories over "
-                                      f"{len(domains)} sessions or domains.",
-                           provenance=Provenance.EPISODIC_CONSOLIDATION,
-                           properties={"key": key, "domains": domains, SOURCE_AGENTS: md.get("source_agents", [])},
-                           episodes=list(candidate.source_memory_ids),
-                           evidence=[f"session:{d}" for d in domains], counts_episodes=False)
+        return ConceptSpec(
+            name=key,
+            category="topic",
+            definition=f"A topic that comes back: '{key}' in {md.get('support')} memories over "
+            f"{len(domains)} sessions or domains.",
+            provenance=Provenance.EPISODIC_CONSOLIDATION,
+            properties={"key": key, "domains": domains, SOURCE_AGENTS: md.get("source_agents", [])},
+            episodes=list(candidate.source_memory_ids),
+            evidence=[f"session:{d}" for d in domains],
+            counts_episodes=False,
+        )
     if candidate.origin == STATISTICIAN:
         rec = ag.get(str(md.get("math_id", "")))
         if rec is None:
@@ -551,18 +620,26 @@ def concept_spec(candidate: PromotionCandidate, ag: AngularGyrusLayer) -> Concep
     if tool and valence in ("negative", "positive"):
         neg = valence == "negative"
         props["tool"] = tool
-        text = (f"Calls to {tool} tend to end in {outcome}" if neg else f"Calls to {tool} tend to succeed ({outcome})")
-        return ConceptSpec(name=f"{tool}_{'unreliable' if neg else 'reliable'}", category="causal_pattern",
-                           definition=f"{text}: seen {n} times (strength V={v:.2f}).",
-                           provenance=Provenance.EPISODIC_CONSOLIDATION, properties=props,
-                           parent=("unreliable_tool" if neg else "reliable_tool", "operational_pattern"),
-                           episodes=list(candidate.source_memory_ids))
+        text = f"Calls to {tool} tend to end in {outcome}" if neg else f"Calls to {tool} tend to succeed ({outcome})"
+        return ConceptSpec(
+            name=f"{tool}_{'unreliable' if neg else 'reliable'}",
+            category="causal_pattern",
+            definition=f"{text}: seen {n} times (strength V={v:.2f}).",
+            provenance=Provenance.EPISODIC_CONSOLIDATION,
+            properties=props,
+            parent=("unreliable_tool" if neg else "reliable_tool", "operational_pattern"),
+            episodes=list(candidate.source_memory_ids),
+        )
     if tool:
         props["tool"] = tool
-    return ConceptSpec(name=candidate.pattern_name, category=candidate.category,
-                       definition=f"{candidate.pattern_name}: seen {n} times (strength V={v:.2f}).",
-                       provenance=Provenance.EPISODIC_CONSOLIDATION, properties=props,
-                       episodes=list(candidate.source_memory_ids))
+    return ConceptSpec(
+        name=candidate.pattern_name,
+        category=candidate.category,
+        definition=f"{candidate.pattern_name}: seen {n} times (strength V={v:.2f}).",
+        provenance=Provenance.EPISODIC_CONSOLIDATION,
+        properties=props,
+        episodes=list(candidate.source_memory_ids),
+    )
 
 
 def _stat_spec(rec: MathRecord, revision: int) -> ConceptSpec:
@@ -577,22 +654,44 @@ def _stat_spec(rec: MathRecord, revision: int) -> ConceptSpec:
         tool = rec.subjects[0]
         slope = rec.statistics.get("slope_per_day", 0.0)
         props["slope_per_day"] = slope
-        return ConceptSpec(name=f"{tool}_success_{'declining' if slope < 0 else 'rising'}",
-                           category="operational_pattern", properties=props, parent=("tool_trend", "operational_pattern"),
-                           definition=definition, provenance=inferred, evidence=evidence, math_id=math_id)
+        return ConceptSpec(
+            name=f"{tool}_success_{'declining' if slope < 0 else 'rising'}",
+            category="operational_pattern",
+            properties=props,
+            parent=("tool_trend", "operational_pattern"),
+            definition=definition,
+            provenance=inferred,
+            evidence=evidence,
+            math_id=math_id,
+        )
     if rec.category is MathCategory.PHASE_LOCK:
         tool = rec.subjects[0]
         lock = {"phase_hour": rec.statistics.get("phase_hour", 0.0), "coupling": rec.statistics.get("coupling", 0.0)}
-        return ConceptSpec(name=f"{tool}_success_circadian", category="temporal_pattern", properties={**props, **lock},
-                           phase_lock=lock, definition=definition, provenance=inferred, evidence=evidence,
-                           math_id=math_id)
+        return ConceptSpec(
+            name=f"{tool}_success_circadian",
+            category="temporal_pattern",
+            properties={**props, **lock},
+            phase_lock=lock,
+            definition=definition,
+            provenance=inferred,
+            evidence=evidence,
+            math_id=math_id,
+        )
     a, b = rec.name.removeprefix("stat:corr:").split("~", 1)
     props["r"] = rec.statistics.get("r", 0.0)
-    return ConceptSpec(name=f"{a}_correlates_with_{b}", category="operational_pattern", properties=props,
-                       definition=definition, provenance=inferred, evidence=evidence, math_id=math_id)
+    return ConceptSpec(
+        name=f"{a}_correlates_with_{b}",
+        category="operational_pattern",
+        properties=props,
+        definition=definition,
+        provenance=inferred,
+        evidence=evidence,
+        math_id=math_id,
+    )
 
 
 # ---- the promoter -----------------------------------------------------------------------------
+
 
 class SemanticPromoter:
     """Runs the promotion pipeline for one memory. ``gate=None`` promotes without the IPS gate.
@@ -608,8 +707,14 @@ class SemanticPromoter:
     (5, 0.724, 10)
     """
 
-    def __init__(self, *, gate: Gate | None = ips_gate, min_confidence: float = MIN_CONFIDENCE,
-                 min_observations: int = MIN_OBSERVATIONS, activity_times: Sequence[datetime] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        gate: Gate | None = ips_gate,
+        min_confidence: float = MIN_CONFIDENCE,
+        min_observations: int = MIN_OBSERVATIONS,
+        activity_times: Sequence[datetime] | None = None,
+    ) -> None:
         self.gate = gate
         self.min_confidence = min_confidence
         self.min_observations = min_observations
@@ -622,11 +727,20 @@ class SemanticPromoter:
         out: list[SemanticEvent] = []
         for source in sources:
             for cand in source.get_promotion_candidates(self.min_confidence, self.min_observations):
-                verdict = (self.gate(cand, activity_times=self.activity_times) if self.gate is not None
-                           else GateVerdict(True, "none", "no gate"))
+                verdict = (
+                    self.gate(cand, activity_times=self.activity_times)
+                    if self.gate is not None
+                    else GateVerdict(True, "none", "no gate")
+                )
                 if not verdict.passed:
-                    ev = CandidateRejected(owner=memory.owner, pattern_name=cand.pattern_name, origin=cand.origin,
-                                           candidate_confidence=_unit(cand.confidence), reason=verdict.reason, at=now)
+                    ev = CandidateRejected(
+                        owner=memory.owner,
+                        pattern_name=cand.pattern_name,
+                        origin=cand.origin,
+                        candidate_confidence=_unit(cand.confidence),
+                        reason=verdict.reason,
+                        at=now,
+                    )
                     memory.apply(ev)
                     out.append(ev)
                     continue
@@ -634,8 +748,9 @@ class SemanticPromoter:
         out += link_patterns(memory, now)
         return out
 
-    def _promote_one(self, memory: MemoryLayers, cand: PromotionCandidate, verdict: GateVerdict,
-                     now: datetime) -> list[SemanticEvent]:
+    def _promote_one(
+        self, memory: MemoryLayers, cand: PromotionCandidate, verdict: GateVerdict, now: datetime
+    ) -> list[SemanticEvent]:
         spec = concept_spec(cand, memory.ag)
         if spec is None:
             return []
@@ -645,30 +760,62 @@ class SemanticPromoter:
             if old is not None and old.properties.get("tool") == props.get("tool"):
                 agents = {*old.properties.get(SOURCE_AGENTS, ()), *props[SOURCE_AGENTS]}
                 props = {**props, SOURCE_AGENTS: sorted(agents)}
-        cid, created, out = find_or_create(memory, spec.name, now, definition=spec.definition, category=spec.category,
-                                           provenance=spec.provenance, properties=props,
-                                           source_episode_ids=spec.episodes if spec.counts_episodes else [],
-                                           evidence=spec.evidence)
+        cid, created, out = find_or_create(
+            memory,
+            spec.name,
+            now,
+            definition=spec.definition,
+            category=spec.category,
+            provenance=spec.provenance,
+            properties=props,
+            source_episode_ids=spec.episodes if spec.counts_episodes else [],
+            evidence=spec.evidence,
+        )
         changed = bool(out)
         if spec.parent is not None:
-            pid, _, evs = find_or_create(memory, spec.parent[0], now, category=spec.parent[1],
-                                         provenance=spec.provenance,
-                                         definition=_PARENT_DEFINITIONS.get(spec.parent[0], ""))
+            pid, _, evs = find_or_create(
+                memory,
+                spec.parent[0],
+                now,
+                category=spec.parent[1],
+                provenance=spec.provenance,
+                definition=_PARENT_DEFINITIONS.get(spec.parent[0], ""),
+            )
             out += evs + form_relationship(memory, cid, "IS_A", pid, now)
         if spec.phase_lock is not None:
             out += _phase_lock(memory, cid, spec.phase_lock, _confidence_of(memory, spec.math_id), now)
         for e in spec.episodes:
-            out += _edge(memory, (Layer.ATL, cid), CrossEdgeType.DERIVED_FROM, (Layer.HIPPOCAMPUS, e),
-                         STRUCTURAL_EDGE_WEIGHT, now)
-            out += _edge(memory, (Layer.HIPPOCAMPUS, e), CrossEdgeType.INSTANCE_OF, (Layer.ATL, cid),
-                         STRUCTURAL_EDGE_WEIGHT, now)
+            out += _edge(
+                memory,
+                (Layer.ATL, cid),
+                CrossEdgeType.DERIVED_FROM,
+                (Layer.HIPPOCAMPUS, e),
+                STRUCTURAL_EDGE_WEIGHT,
+                now,
+            )
+            out += _edge(
+                memory, (Layer.HIPPOCAMPUS, e), CrossEdgeType.INSTANCE_OF, (Layer.ATL, cid), STRUCTURAL_EDGE_WEIGHT, now
+            )
         if spec.math_id is not None:
-            out += _edge(memory, (Layer.ANGULAR_GYRUS, spec.math_id), CrossEdgeType.STATISTICALLY_CONFIRMS,
-                         (Layer.ATL, cid), _confidence_of(memory, spec.math_id), now)
+            out += _edge(
+                memory,
+                (Layer.ANGULAR_GYRUS, spec.math_id),
+                CrossEdgeType.STATISTICALLY_CONFIRMS,
+                (Layer.ATL, cid),
+                _confidence_of(memory, spec.math_id),
+                now,
+            )
         if changed:
-            ev = ConceptPromoted(owner=memory.owner, concept_id=cid, pattern_name=cand.pattern_name, origin=cand.origin,
-                                 candidate_confidence=_unit(cand.confidence), created=created, gate=verdict.reason,
-                                 at=now)
+            ev = ConceptPromoted(
+                owner=memory.owner,
+                concept_id=cid,
+                pattern_name=cand.pattern_name,
+                origin=cand.origin,
+                candidate_confidence=_unit(cand.confidence),
+                created=created,
+                gate=verdict.reason,
+                at=now,
+            )
             memory.apply(ev)
             out.append(ev)
         return out
@@ -691,8 +838,9 @@ def _confidence_of(memory: MemoryLayers, math_id: str | None) -> float:
     return round(rec.confidence, 6) if rec is not None else 0.0
 
 
-def _edge(memory: MemoryLayers, src: Node, kind: CrossEdgeType, dst: Node, weight: float,
-          now: datetime) -> list[SemanticEvent]:
+def _edge(
+    memory: MemoryLayers, src: Node, kind: CrossEdgeType, dst: Node, weight: float, now: datetime
+) -> list[SemanticEvent]:
     """A cross-layer edge event, or nothing when the same edge with the same weight exists."""
     weight = round(_unit(weight), 6)
     cur = memory.cross.get(src, kind, dst)
@@ -700,17 +848,31 @@ def _edge(memory: MemoryLayers, src: Node, kind: CrossEdgeType, dst: Node, weigh
         cur = memory.cross.get(dst, kind, src)  # symmetric: stored once
     if cur is not None and cur.weight == weight:
         return []
-    ev = CrossLayerEdgeFormed(owner=memory.owner, source_layer=src[0], source_id=src[1], edge_type=kind,
-                              target_layer=dst[0], target_id=dst[1], weight=weight, at=now)
+    ev = CrossLayerEdgeFormed(
+        owner=memory.owner,
+        source_layer=src[0],
+        source_id=src[1],
+        edge_type=kind,
+        target_layer=dst[0],
+        target_id=dst[1],
+        weight=weight,
+        at=now,
+    )
     memory.apply(ev)
     return [ev]
 
 
-def _phase_lock(memory: MemoryLayers, cid: str, lock: Mapping[str, float], weight: float,
-                now: datetime) -> list[SemanticEvent]:
-    rid, _, out = find_or_create(memory, "circadian_rhythm", now, category="temporal_pattern",
-                                 provenance=Provenance.AGENT_INFERENCE,
-                                 definition=_PARENT_DEFINITIONS["circadian_rhythm"])
+def _phase_lock(
+    memory: MemoryLayers, cid: str, lock: Mapping[str, float], weight: float, now: datetime
+) -> list[SemanticEvent]:
+    rid, _, out = find_or_create(
+        memory,
+        "circadian_rhythm",
+        now,
+        category="temporal_pattern",
+        provenance=Provenance.AGENT_INFERENCE,
+        definition=_PARENT_DEFINITIONS["circadian_rhythm"],
+    )
     meta = {k: round(float(v), 6) for k, v in sorted(lock.items())}
     return out + form_relationship(memory, cid, "PHASE_LOCKED_TO", rid, now, weight=weight, metadata=meta)
 
@@ -725,27 +887,42 @@ def link_patterns(memory: MemoryLayers, now: datetime) -> list[SemanticEvent]:
         node = (Layer.ANGULAR_GYRUS, rec.math_id)
         confirmed = {e.target[1] for e in memory.cross.edges(node, CrossEdgeType.STATISTICALLY_CONFIRMS)}
         if rec.category is MathCategory.PATTERN:
-            trend_concepts += [(c, math.copysign(1.0, rec.statistics.get("slope_per_day", 0.0)), rec.confidence)
-                               for c in sorted(confirmed)]
+            trend_concepts += [
+                (c, math.copysign(1.0, rec.statistics.get("slope_per_day", 0.0)), rec.confidence)
+                for c in sorted(confirmed)
+            ]
         about = {s: [c for c in atl.by_property("tool", s) if c not in confirmed] for s in rec.subjects}
         targets = sorted({c for cs in about.values() for c in cs})
-        kind = {MathCategory.PATTERN: CrossEdgeType.QUANTIFIES, MathCategory.PHASE_LOCK: CrossEdgeType.TEMPORALLY_CORRELATES,
-                MathCategory.CORRELATION: CrossEdgeType.INFORMS}[rec.category]
+        kind = {
+            MathCategory.PATTERN: CrossEdgeType.QUANTIFIES,
+            MathCategory.PHASE_LOCK: CrossEdgeType.TEMPORALLY_CORRELATES,
+            MathCategory.CORRELATION: CrossEdgeType.INFORMS,
+        }[rec.category]
         for c in targets:
             out += _edge(memory, node, kind, (Layer.ATL, c), rec.confidence, now)
         if rec.category is MathCategory.PHASE_LOCK:
-            lock = {"phase_hour": rec.statistics.get("phase_hour", 0.0), "coupling": rec.statistics.get("coupling", 0.0)}
+            lock = {
+                "phase_hour": rec.statistics.get("phase_hour", 0.0),
+                "coupling": rec.statistics.get("coupling", 0.0),
+            }
             for c in targets:
                 out += _phase_lock(memory, c, lock, rec.confidence, now)
         if rec.category is MathCategory.CORRELATION and len(rec.subjects) == 2:
             a, b = rec.subjects
             for ca in about[a]:
                 for cb in about[b]:
-                    out += form_relationship(memory, ca, "CORRELATES_WITH", cb, now, weight=rec.confidence,
-                                             metadata={"r": rec.statistics.get("r", 0.0)})
+                    out += form_relationship(
+                        memory,
+                        ca,
+                        "CORRELATES_WITH",
+                        cb,
+                        now,
+                        weight=rec.confidence,
+                        metadata={"r": rec.statistics.get("r", 0.0)},
+                    )
     trend_concepts.sort()
     for i, (ca, sa, wa) in enumerate(trend_concepts):
-        for cb, sb, wb in trend_concepts[i + 1:]:
+        for cb, sb, wb in trend_concepts[i + 1 :]:
             if ca != cb and sa == sb:
                 out += form_relationship(memory, ca, "TRENDS_WITH", cb, now, weight=min(wa, wb))
     return out
@@ -753,12 +930,19 @@ def link_patterns(memory: MemoryLayers, now: datetime) -> list[SemanticEvent]:
 
 # ---- cross-layer spreading activation ---------------------------------------------------------
 
-def cross_layer_activation(memory: MemoryLayers, seeds: Iterable[tuple[Layer | str, str]], *,
-                           decay: float = ACTIVATION_DECAY, max_depth: int = ACTIVATION_MAX_DEPTH,
-                           threshold: float = ACTIVATION_THRESHOLD) -> dict[str, list[tuple[str, float]]]:
+
+def cross_layer_activation(
+    memory: MemoryLayers,
+    seeds: Iterable[tuple[Layer | str, str]],
+    *,
+    decay: float = ACTIVATION_DECAY,
+    max_depth: int = ACTIVATION_MAX_DEPTH,
+    threshold: float = ACTIVATION_THRESHOLD,
+) -> dict[str, list[tuple[str, float]]]:
     """Activation spreading from records in any layer, through intra-layer associations and
     cross-layer edges alike (the stronger when both join two records), grouped by layer:
     ``{"hippocampus": [(id, score)], "atl": [...], "angular_gyrus": [...]}``, best first."""
+
     def neighbours(node: Node) -> list[tuple[Node, float]]:
         best: dict[Node, float] = {}
         for nb, w in memory.layer(node[0]).graph.neighbours(node[1]):
@@ -768,8 +952,9 @@ def cross_layer_activation(memory: MemoryLayers, seeds: Iterable[tuple[Layer | s
         return sorted(best.items(), key=lambda x: (x[0][0].value, x[0][1]))
 
     start = [(Layer(layer), rid) for layer, rid in seeds]
-    hits = spread(neighbours, start, decay=decay, max_depth=max_depth, threshold=threshold,
-                  key=lambda n: (n[0].value, n[1]))
+    hits = spread(
+        neighbours, start, decay=decay, max_depth=max_depth, threshold=threshold, key=lambda n: (n[0].value, n[1])
+    )
     out: dict[str, list[tuple[str, float]]] = {layer.value: [] for layer in Layer}
     for (layer, rid), score in hits:
         out[layer.value].append((rid, score))

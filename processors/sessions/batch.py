@@ -27,8 +27,14 @@ class Distilled:
     duplicates: int = 0
 
 
-def distill_rounds(prior: Mapping[str, SessionState], wm_prior: Mapping[str, Any] | None, sifted: Sifted,
-                   partition_of: Mapping[str, int], not_episodic: frozenset[str], wm_settings: Any) -> Distilled:
+def distill_rounds(
+    prior: Mapping[str, SessionState],
+    wm_prior: Mapping[str, Any] | None,
+    sifted: Sifted,
+    partition_of: Mapping[str, int],
+    not_episodic: frozenset[str],
+    wm_settings: Any,
+) -> Distilled:
     """The distiller, working memory and memory units over what ``sift`` admitted, round by round
     (``somnus.processors.sessions.session_retention.Round``), each round starting from the states the one before left."""
     out = Distilled()
@@ -52,8 +58,9 @@ def distill_rounds(prior: Mapping[str, SessionState], wm_prior: Mapping[str, Any
             ended.sort(key=lambda e: e[0])  # stable: the abandoned at one place in the order they closed
         stamp_closed(got.states, rnd.closing, partition_of)
         refused = {id(ev) for ev, _ in got.late_events}  # dead letters: remembered nowhere
-        out.units += memory_units(sessions, rnd.events, [ep for _, ep in ended], not_episodic, [at for at, _ in ended],
-                                  refused)
+        out.units += memory_units(
+            sessions, rnd.events, [ep for _, ep in ended], not_episodic, [at for at, _ in ended], refused
+        )
         sessions.update(got.states)
         out.states.update(got.states)
         out.episodes += [ep for _, ep in ended]
@@ -69,9 +76,14 @@ def distill_rounds(prior: Mapping[str, SessionState], wm_prior: Mapping[str, Any
     return out
 
 
-def memory_units(prior: Mapping[str, SessionState], events: Sequence[Any], episodes: Sequence[Any],
-                 not_episodic: frozenset[str], places: Sequence[tuple[int, int]] | None = None,
-                 refused: Set[int] = frozenset()) -> list[MemoryUnit]:
+def memory_units(
+    prior: Mapping[str, SessionState],
+    events: Sequence[Any],
+    episodes: Sequence[Any],
+    not_episodic: frozenset[str],
+    places: Sequence[tuple[int, int]] | None = None,
+    refused: Set[int] = frozenset(),
+) -> list[MemoryUnit]:
     """Memory units of a batch: its episodes, and the messages of conversational sessions (those whose
     ``session_start`` metadata says ``"mode": "conversation"``), in the order of the events that made
     them; none for agents whose file sets ``episodic: false``, nor for the events whose ``id`` is in
@@ -79,7 +91,8 @@ def memory_units(prior: Mapping[str, SessionState], events: Sequence[Any], episo
     event i, ``(i, 0)`` before it (None: after them all). A redelivered unit is recognised by its id
     when it is folded."""
     starts: dict[str, tuple[dict[str, Any], str | None]] = {
-        key: (st.metadata, st.user_id) for key, st in prior.items() if not st.closed}
+        key: (st.metadata, st.user_id) for key, st in prior.items() if not st.closed
+    }
     out: list[tuple[tuple[int, int], MemoryUnit]] = []
     for i, ev in enumerate(events):
         if ev.agent in not_episodic or id(ev) in refused:

@@ -34,7 +34,15 @@ from urllib.parse import urlsplit
 import msgspec
 
 from somnus.schemas.causal import event_signature
-from somnus.schemas.episodes import CallSeen, Delegation, EpisodeDistilled, ErrorSeen, Lesson, LessonKind, episode_id_for
+from somnus.schemas.episodes import (
+    CallSeen,
+    Delegation,
+    EpisodeDistilled,
+    ErrorSeen,
+    Lesson,
+    LessonKind,
+    episode_id_for,
+)
 from somnus.schemas.events import (
     SCHEMA_VERSION,
     AgentMessaged,
@@ -83,8 +91,7 @@ def id_key(ev: TraceEvent) -> int:
     return (n >> 64) ^ (n & 0xFFFF_FFFF_FFFF_FFFF)
 
 
-def event_verdict(last_seq: int, skipped: Iterable[tuple[int, int]], recent_ids: Iterable[int],
-                  ev: TraceEvent) -> int:
+def event_verdict(last_seq: int, skipped: Iterable[tuple[int, int]], recent_ids: Iterable[int], ev: TraceEvent) -> int:
     """``seq_verdict``, after the id: an event whose id is one of the session's ``RECENT_IDS`` newest is a
     ``DUPLICATE`` whatever its seq (a runtime that sent one event twice under two seqs); it is applied
     once and counted. (The projector, which sees every event, projects each id once, and dead-letters an
@@ -108,15 +115,19 @@ def skip_to(last_seq: int, skipped: list[tuple[int, int]], seq: int) -> list[tup
 
 def out_of_order_reason(ev: TraceEvent, last_seq: int) -> str:
     """The dead-letter reason of an event whose seq was skipped: it came after a higher one."""
-    return (f"order: session {ev.session_id!r} of agent {ev.agent!r} had applied seq {last_seq} when this "
-            f"{type_name(ev)} event with seq {ev.seq}, skipped earlier, arrived; a session's events "
-            "must be published in seq order")
+    return (
+        f"order: session {ev.session_id!r} of agent {ev.agent!r} had applied seq {last_seq} when this "
+        f"{type_name(ev)} event with seq {ev.seq}, skipped earlier, arrived; a session's events "
+        "must be published in seq order"
+    )
 
 
 def ended_reason(ev: TraceEvent, last_seq: int) -> str:
     """The dead-letter reason of an event that came after its session's end."""
-    return (f"late: session {ev.session_id!r} of agent {ev.agent!r} had ended (seq {last_seq}); "
-            f"this {type_name(ev)} event has seq {ev.seq}")
+    return (
+        f"late: session {ev.session_id!r} of agent {ev.agent!r} had ended (seq {last_seq}); "
+        f"this {type_name(ev)} event has seq {ev.seq}"
+    )
 
 
 class PendingCall(msgspec.Struct):
@@ -214,8 +225,11 @@ def distill(prior: Mapping[str, SessionState], events: Iterable[TraceEvent]) -> 
     for key, evs in by_session.items():
         base = prior.get(key)
         first = evs[0][1]
-        state = decode_state(encode_state(base)) if base is not None else SessionState(
-            agent=first.agent, session_id=first.session_id)
+        state = (
+            decode_state(encode_state(base))
+            if base is not None
+            else SessionState(agent=first.agent, session_id=first.session_id)
+        )
         for i, ev in evs:
             verdict = event_verdict(state.last_seq, state.skipped, state.recent_ids, ev)
             if verdict == DUPLICATE:
@@ -276,18 +290,33 @@ def _apply(s: SessionState, ev: TraceEvent) -> None:
     elif isinstance(ev, ToolCalled):
         called = ev.payload
         s.tool_calls += 1
-        s.pending[called.call_id] = PendingCall(tool=called.tool, ts=ev.ts, index=_add_call(s, CallSeen(
-            tool=called.tool, hosts=url_hosts(called.args), at=ev.ts,
-            signature=event_signature(called.tool, called.args))))
+        s.pending[called.call_id] = PendingCall(
+            tool=called.tool,
+            ts=ev.ts,
+            index=_add_call(
+                s,
+                CallSeen(
+                    tool=called.tool,
+                    hosts=url_hosts(called.args),
+                    at=ev.ts,
+                    signature=event_signature(called.tool, called.args),
+                ),
+            ),
+        )
         if called.tool not in s.tools and len(s.tools) < MAX_TOOLS:
             s.tools.append(called.tool)
     elif isinstance(ev, ToolReturned):
         result = ev.payload
         call = s.pending.pop(result.call_id, None)
         tool = result.tool or (call.tool if call else "unknown_tool")
-        seen = CallSeen(tool=tool, ok=result.ok,
-                        error=None if result.ok else error_text(result.error, result.http_status),
-                        http_status=result.http_status, rate_headers=rate_headers(result.headers), at=ev.ts)
+        seen = CallSeen(
+            tool=tool,
+            ok=result.ok,
+            error=None if result.ok else error_text(result.error, result.http_status),
+            http_status=result.http_status,
+            rate_headers=rate_headers(result.headers),
+            at=ev.ts,
+        )
         if call is not None and call.index >= 0:
             made = s.calls[call.index]  # what the call itself told: hosts, time, signature
             s.calls[call.index] = msgspec.structs.replace(seen, hosts=made.hosts, at=made.at, signature=made.signature)
@@ -310,8 +339,15 @@ def _apply(s: SessionState, ev: TraceEvent) -> None:
         else:
             s.delegations.append(Delegation(to_agent=back.to_agent, task="", outcome=back.outcome))
         if back.outcome is Outcome.FAILURE:
-            _add_lesson(s, Lesson(kind=LessonKind.FAILURE, text=f"delegation to {back.to_agent} failed"
-                                  + (f": {back.summary[:MAX_TEXT]}" if back.summary else ""), tool=None))
+            _add_lesson(
+                s,
+                Lesson(
+                    kind=LessonKind.FAILURE,
+                    text=f"delegation to {back.to_agent} failed"
+                    + (f": {back.summary[:MAX_TEXT]}" if back.summary else ""),
+                    tool=None,
+                ),
+            )
     elif isinstance(ev, SessionEnded):
         end = ev.payload
         _close(s, end.outcome, end.reason)
@@ -391,8 +427,9 @@ def _record_error(s: SessionState, tool: str, error: str, status: int | None, ts
     if len(s.errors) >= MAX_ERRORS:
         return
     s.errors.append(ErrorSeen(tool=tool, error=error, http_status=status))
-    s.open_errors[tool] = OpenError(error=error, http_status=status, first_ts=ts, last_ts=ts,
-                                    attempts=1, index=len(s.errors) - 1)
+    s.open_errors[tool] = OpenError(
+        error=error, http_status=status, first_ts=ts, last_ts=ts, attempts=1, index=len(s.errors) - 1
+    )
 
 
 def _resolve(s: SessionState, tool: str, ts: datetime) -> None:
@@ -404,28 +441,42 @@ def _resolve(s: SessionState, tool: str, ts: datetime) -> None:
     waited = (ts - open_.first_ts).total_seconds()
     retries = open_.attempts
     if is_rate_limit(open_.error, open_.http_status) and waited > 0:
-        text = (f"{tool}: rate limit encountered; exponential backoff resolved it "
-                f"({retries} failed attempt{'s' if retries != 1 else ''}, {waited:.0f}s)")
+        text = (
+            f"{tool}: rate limit encountered; exponential backoff resolved it "
+            f"({retries} failed attempt{'s' if retries != 1 else ''}, {waited:.0f}s)"
+        )
     else:
-        text = f"{tool}: '{open_.error}' was resolved by retrying ({retries} failed attempt{'s' if retries != 1 else ''})"
+        text = (
+            f"{tool}: '{open_.error}' was resolved by retrying ({retries} failed attempt{'s' if retries != 1 else ''})"
+        )
     _add_lesson(s, Lesson(kind=LessonKind.RECOVERY, text=text, tool=tool, error=open_.error))
 
 
 def _close(s: SessionState, outcome: Outcome, reason: str | None) -> None:
     s.closed = True
     for tool, open_ in s.open_errors.items():
-        _add_lesson(s, Lesson(kind=LessonKind.FAILURE, tool=tool, error=open_.error,
-                              text=f"{tool} failed with '{open_.error}' and it was never resolved "
-                                   f"({open_.attempts} attempt{'s' if open_.attempts != 1 else ''})"))
+        _add_lesson(
+            s,
+            Lesson(
+                kind=LessonKind.FAILURE,
+                tool=tool,
+                error=open_.error,
+                text=f"{tool} failed with '{open_.error}' and it was never resolved "
+                f"({open_.attempts} attempt{'s' if open_.attempts != 1 else ''})",
+            ),
+        )
     s.open_errors = {}
     if outcome is Outcome.FAILURE and not any(l.kind is LessonKind.FAILURE for l in s.lessons):
         last = f" (last tool: {s.tools[-1]})" if s.tools else ""
         why = f": {reason[:MAX_TEXT]}" if reason else ""
-        _add_lesson(s, Lesson(kind=LessonKind.FAILURE,
-                              text=f"session ended in failure after {s.tool_calls} tool calls{last}{why}"))
+        _add_lesson(
+            s,
+            Lesson(
+                kind=LessonKind.FAILURE, text=f"session ended in failure after {s.tool_calls} tool calls{last}{why}"
+            ),
+        )
     elif outcome is Outcome.SUCCESS and s.tools:
-        _add_lesson(s, Lesson(kind=LessonKind.SUCCESS,
-                              text="succeeded using " + " -> ".join(s.tools[:8])))
+        _add_lesson(s, Lesson(kind=LessonKind.SUCCESS, text="succeeded using " + " -> ".join(s.tools[:8])))
     s.outcome = outcome
 
 
@@ -442,21 +493,50 @@ def _episode(s: SessionState) -> EpisodeDistilled:
     duration = (s.ended_at - s.started_at).total_seconds()
     n_err = len(s.errors)
     unresolved = sum(not e.resolved for e in s.errors)
-    summary = (f"{outcome.value}: {task[:120]}{'...' if len(task) > 120 else ''} | "
-               f"{s.tool_calls} tool calls ({len(s.tools)} tools), {n_err} errors ({unresolved} unresolved), "
-               f"{s.messages} messages, {len(s.delegations)} delegations, {duration:.0f}s")
+    summary = (
+        f"{outcome.value}: {task[:120]}{'...' if len(task) > 120 else ''} | "
+        f"{s.tool_calls} tool calls ({len(s.tools)} tools), {n_err} errors ({unresolved} unresolved), "
+        f"{s.messages} messages, {len(s.delegations)} delegations, {duration:.0f}s"
+    )
     return EpisodeDistilled(
-        episode_id=episode_id_for(s.agent, s.session_id), schema_version=SCHEMA_VERSION,
-        agent=s.agent, session_id=s.session_id, task=task, goal=s.goal, user_id=s.user_id,
-        summary=summary, outcome=outcome, started_at=s.started_at, ended_at=s.ended_at,
-        duration_s=duration, event_count=s.event_count, tool_calls=s.tool_calls, tools=list(s.tools),
-        errors=list(s.errors), lessons=list(s.lessons), delegations=list(s.delegations),
-        first_event_id=s.first_event_id, last_event_id=s.last_event_id,
-        calls=list(s.calls), calls_dropped=s.calls_dropped, metadata=dict(s.metadata))
+        episode_id=episode_id_for(s.agent, s.session_id),
+        schema_version=SCHEMA_VERSION,
+        agent=s.agent,
+        session_id=s.session_id,
+        task=task,
+        goal=s.goal,
+        user_id=s.user_id,
+        summary=summary,
+        outcome=outcome,
+        started_at=s.started_at,
+        ended_at=s.ended_at,
+        duration_s=duration,
+        event_count=s.event_count,
+        tool_calls=s.tool_calls,
+        tools=list(s.tools),
+        errors=list(s.errors),
+        lessons=list(s.lessons),
+        delegations=list(s.delegations),
+        first_event_id=s.first_event_id,
+        last_event_id=s.last_event_id,
+        calls=list(s.calls),
+        calls_dropped=s.calls_dropped,
+        metadata=dict(s.metadata),
+    )
 
 
 def _compact(s: SessionState) -> SessionState:
     """A closed session keeps only what identifies it, so late or redelivered events are ignored."""
-    return SessionState(agent=s.agent, session_id=s.session_id, last_seq=s.last_seq, skipped=s.skipped, closed=True,
-                        outcome=s.outcome, event_count=s.event_count, ended_at=s.ended_at, last_event_id=s.last_event_id,
-                        closed_clock=s.closed_clock, partition=s.partition)
+    return SessionState(
+        agent=s.agent,
+        session_id=s.session_id,
+        last_seq=s.last_seq,
+        skipped=s.skipped,
+        closed=True,
+        outcome=s.outcome,
+        event_count=s.event_count,
+        ended_at=s.ended_at,
+        last_event_id=s.last_event_id,
+        closed_clock=s.closed_clock,
+        partition=s.partition,
+    )

@@ -114,8 +114,12 @@ class Sifted:
 
 def expired(marker: SessionState, clock: int | None, retention_us: int) -> bool:
     """Whether a closed session's marker no longer counts at stream time ``clock``."""
-    return (retention_us > 0 and clock is not None and marker.closed_clock is not None
-            and clock > marker.closed_clock + retention_us)
+    return (
+        retention_us > 0
+        and clock is not None
+        and marker.closed_clock is not None
+        and clock > marker.closed_clock + retention_us
+    )
 
 
 def record_cap(timestamp_s: float | None, skew_us: int) -> int | None:
@@ -135,13 +139,19 @@ def is_future(ts: int, cap: int | None) -> bool:
 def future_reason(ev: TraceEvent, cap: int) -> str:
     """The dead-letter reason of an event stamped too far ahead of its record (``is_future``)."""
     bound = datetime.fromtimestamp(cap / _US_PER_S, tz=timezone.utc)
-    return (f"future: this {type_name(ev)} event of session {ev.session_id!r} of agent {ev.agent!r} is stamped "
-            f"{ev.ts.isoformat()}, later than its record's broker time plus the clock skew allowed "
-            f"(SOMNUS_MAX_CLOCK_SKEW_S): {bound.isoformat()}")
+    return (
+        f"future: this {type_name(ev)} event of session {ev.session_id!r} of agent {ev.agent!r} is stamped "
+        f"{ev.ts.isoformat()}, later than its record's broker time plus the clock skew allowed "
+        f"(SOMNUS_MAX_CLOCK_SKEW_S): {bound.isoformat()}"
+    )
 
 
-def stream_times(events: Sequence[TraceEvent], partitions: Sequence[int], clocks: Mapping[int, int],
-                 caps: Sequence[int | None] | None = None) -> dict[int, int]:
+def stream_times(
+    events: Sequence[TraceEvent],
+    partitions: Sequence[int],
+    clocks: Mapping[int, int],
+    caps: Sequence[int | None] | None = None,
+) -> dict[int, int]:
     """Each partition's stream time after ``events`` (``partitions[i]`` is the partition of ``events[i]``),
     from ``clocks`` before them: what ``sift`` leaves in ``Sifted.clocks`` (``future`` events move nothing)."""
     out = dict(clocks)
@@ -159,9 +169,16 @@ def abandoned_reason(idle_us: int) -> str:
     return f"abandoned: no event for {idle_us / _US_PER_S:g} s of stream time"
 
 
-def sift(events: Sequence[TraceEvent], partitions: Sequence[int], clocks: Mapping[int, int],
-         prior: Mapping[str, SessionState], retention_us: int, idle_us: int = 0,
-         open_partitions: Mapping[str, int] | None = None, caps: Sequence[int | None] | None = None) -> Sifted:
+def sift(
+    events: Sequence[TraceEvent],
+    partitions: Sequence[int],
+    clocks: Mapping[int, int],
+    prior: Mapping[str, SessionState],
+    retention_us: int,
+    idle_us: int = 0,
+    open_partitions: Mapping[str, int] | None = None,
+    caps: Sequence[int | None] | None = None,
+) -> Sifted:
     """Decide, event by event in arrival order, what the distiller applies (see the module's text).
 
     ``partitions[i]`` is the source partition of ``events[i]``; ``clocks`` the stream time of each
@@ -184,7 +201,8 @@ def sift(events: Sequence[TraceEvent], partitions: Sequence[int], clocks: Mappin
     # Open sessions: the seqs applied so far (last, skipped ranges), advanced as the distiller will,
     # so a session that ends in the batch gets the marker it will have in a later one.
     progress: dict[str, tuple[int, list[tuple[int, int]], list[int]]] = {
-        k: (st.last_seq, st.skipped, st.recent_ids) for k, st in prior.items() if not st.closed}
+        k: (st.last_seq, st.skipped, st.recent_ids) for k, st in prior.items() if not st.closed
+    }
     latest: dict[str, int] = {}  # open session -> event time of its latest applied event (µs)
     idle: dict[int, list[tuple[int, str]]] = {}  # partition -> heap of (latest, session); stale ones skipped
     if idle_us > 0:
@@ -202,8 +220,9 @@ def sift(events: Sequence[TraceEvent], partitions: Sequence[int], clocks: Mappin
         del progress[key]
         latest.pop(key, None)
         agent, session_id = key.split("\x1f", 1)  # somnus.processors.sessions.distiller.session_key
-        marker[key] = SessionState(agent=agent, session_id=session_id, last_seq=last, skipped=skipped, closed=True,
-                                   closed_clock=clock)
+        marker[key] = SessionState(
+            agent=agent, session_id=session_id, last_seq=last, skipped=skipped, closed=True, closed_clock=clock
+        )
         out.rounds[-1].closing[key] = clock
 
     for i, (ev, p) in enumerate(zip(events, partitions)):
@@ -232,14 +251,25 @@ def sift(events: Sequence[TraceEvent], partitions: Sequence[int], clocks: Mappin
                 if verdict == DUPLICATE:
                     out.duplicates += 1
                 else:
-                    out.late.append((i, out_of_order_reason(ev, st.last_seq) if verdict == OUT_OF_ORDER
-                                     else ended_reason(ev, st.last_seq)))
+                    out.late.append(
+                        (
+                            i,
+                            out_of_order_reason(ev, st.last_seq)
+                            if verdict == OUT_OF_ORDER
+                            else ended_reason(ev, st.last_seq),
+                        )
+                    )
                 continue
             if retention_us > 0 and w is not None and ts < w - retention_us and not isinstance(ev, SessionStarted):
-                out.late.append((i, f"late: session {ev.session_id!r} of agent {ev.agent!r} is not open and this "
-                                    f"{type_name(ev)} event is older than the partition's stream time by more than "
-                                    f"the retention ({retention_us / _US_PER_S:.0f} s): it may belong to a "
-                                    "session already forgotten"))
+                out.late.append(
+                    (
+                        i,
+                        f"late: session {ev.session_id!r} of agent {ev.agent!r} is not open and this "
+                        f"{type_name(ev)} event is older than the partition's stream time by more than "
+                        f"the retention ({retention_us / _US_PER_S:.0f} s): it may belong to a "
+                        "session already forgotten",
+                    )
+                )
                 continue
             if st is not None:  # an expired marker: a new session with that id
                 if key in seen:
@@ -262,8 +292,9 @@ def sift(events: Sequence[TraceEvent], partitions: Sequence[int], clocks: Mappin
     return out
 
 
-def stamp_closed(states: Mapping[str, SessionState], closing: Mapping[str, int],
-                 partition_of: Mapping[str, int]) -> None:
+def stamp_closed(
+    states: Mapping[str, SessionState], closing: Mapping[str, int], partition_of: Mapping[str, int]
+) -> None:
     """Give each session its source partition, and each that closed in a round its marker's stream time
     (the worker finds the markers that expire, and the open sessions that go idle, by partition)."""
     for key, st in states.items():

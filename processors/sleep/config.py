@@ -74,4 +74,3 @@ class SleepConfig:
     def digest(self) -> str:
         blob = json.dumps(dataclasses.asdict(self), sort_keys=True, default=str).encode()
         return hashlib.blake2b(blob, digest_size=8).hexdigest()
-

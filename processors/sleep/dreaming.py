@@ -78,8 +78,27 @@ SATURATION_MIN_SAMPLES = 5
 
 # --- FSRS-6 (py-fsrs 6.x DEFAULT_PARAMETERS) ----------------------------------------------------
 FSRS6_PARAMETERS: tuple[float, ...] = (
-    0.212, 1.2931, 2.3065, 8.2956, 6.4133, 0.8334, 3.0194, 0.001, 1.8722, 0.1666, 0.796,
-    1.4835, 0.0614, 0.2629, 1.6483, 0.6014, 1.8729, 0.5425, 0.0912, 0.0658, 0.1542,
+    0.212,
+    1.2931,
+    2.3065,
+    8.2956,
+    6.4133,
+    0.8334,
+    3.0194,
+    0.001,
+    1.8722,
+    0.1666,
+    0.796,
+    1.4835,
+    0.0614,
+    0.2629,
+    1.6483,
+    0.6014,
+    1.8729,
+    0.5425,
+    0.0912,
+    0.0658,
+    0.1542,
 )
 DESIRED_RETENTION = 0.9
 MAX_INTERVAL_DAYS = 36_500
@@ -115,8 +134,13 @@ def adaptive_threshold(density: np.ndarray, merge_pe: float = MERGE_PE) -> np.nd
     return merge_pe * (0.5 + np.clip(density, 0.0, 1.0))
 
 
-def agent_merge_pe(nearest_pe: np.ndarray, merge_pe: float = MERGE_PE, quantile: float = NEAREST_QUANTILE,
-                   min_samples: int = NEAREST_MIN_SAMPLES, cap: float = SURPRISE_PE) -> float:
+def agent_merge_pe(
+    nearest_pe: np.ndarray,
+    merge_pe: float = MERGE_PE,
+    quantile: float = NEAREST_QUANTILE,
+    min_samples: int = NEAREST_MIN_SAMPLES,
+    cap: float = SURPRISE_PE,
+) -> float:
     """The merge PE of one agent's run: ``merge_pe``, or the ``quantile`` of the PEs between the
     matched memories and their nearest other memory when that is larger (with at least
     ``min_samples`` of them; never above ``cap``: the same thing is never a surprise).
@@ -163,12 +187,23 @@ def _best(sims: np.ndarray, ids_rank: np.ndarray) -> np.ndarray:
     return np.argmin(masked, axis=1)
 
 
-def dream_phase_a(memory_ids: Sequence[str], memory_agents: Sequence[str], memory_vectors: np.ndarray,
-                  memory_edges: np.ndarray, observation_ids: Sequence[str], observation_agents: Sequence[str],
-                  observation_times: np.ndarray, observation_vectors: np.ndarray, *,
-                  merge_pe: float = MERGE_PE, surprise_pe: float = SURPRISE_PE, density_k: int = DENSITY_K,
-                  margin: float = BORDERLINE_MARGIN, min_edges: int = MIN_SCHEMA_EDGES,
-                  chunk: int = 4096) -> PhaseA:
+def dream_phase_a(
+    memory_ids: Sequence[str],
+    memory_agents: Sequence[str],
+    memory_vectors: np.ndarray,
+    memory_edges: np.ndarray,
+    observation_ids: Sequence[str],
+    observation_agents: Sequence[str],
+    observation_times: np.ndarray,
+    observation_vectors: np.ndarray,
+    *,
+    merge_pe: float = MERGE_PE,
+    surprise_pe: float = SURPRISE_PE,
+    density_k: int = DENSITY_K,
+    margin: float = BORDERLINE_MARGIN,
+    min_edges: int = MIN_SCHEMA_EDGES,
+    chunk: int = 4096,
+) -> PhaseA:
     """Cluster, hold or create each observation (see the module doc). Vectors are L2-normalised rows.
 
     Cost per agent: O(K x M x d) for K observations against M memories (one matrix product in
@@ -200,13 +235,14 @@ def dream_phase_a(memory_ids: Sequence[str], memory_agents: Sequence[str], memor
         if len(m_rows):
             mv = mem_vec[m_rows]
             for start in range(0, len(m_rows), chunk):
-                sims = ov @ mv[start:start + chunk].T
-                col = _best(sims, m_rank[start:start + chunk])
+                sims = ov @ mv[start : start + chunk].T
+                col = _best(sims, m_rank[start : start + chunk])
                 val = sims[np.arange(k), col]
                 col = col + start
                 # Strictly better, or equal with a smaller id: the same winner whatever the chunking.
-                better = (val > best_sim) | ((val == best_sim) & (best_col >= 0)
-                                             & (m_rank[col] < m_rank[np.maximum(best_col, 0)]))
+                better = (val > best_sim) | (
+                    (val == best_sim) & (best_col >= 0) & (m_rank[col] < m_rank[np.maximum(best_col, 0)])
+                )
                 best_sim = np.where(better, val, best_sim)
                 best_col = np.where(better, col, best_col)
             # Local density, only for the memories some observation matched: O(matched x M).
@@ -215,7 +251,7 @@ def dream_phase_a(memory_ids: Sequence[str], memory_agents: Sequence[str], memor
             nearest_pe = np.zeros(0)
             k_eff = min(density_k, len(m_rows) - 1)
             for start in range(0, len(matched) if k_eff > 0 else 0, chunk):
-                part = matched[start:start + chunk]
+                part = matched[start : start + chunk]
                 sims = mv[part] @ mv.T
                 sims[np.arange(len(part)), part] = -np.inf  # not itself
                 mem_density[part] = np.clip(_topk_mean(sims, k_eff), 0.0, 1.0)
@@ -264,32 +300,72 @@ def dream_phase_a(memory_ids: Sequence[str], memory_agents: Sequence[str], memor
             created.append((oid, agent, round(pe, 6), tid, pe > surprise_pe, linked))
             pool.append(r)
             # ``mv`` is this agent's memories (``mem_vec[m_rows]``, copied once, not per observation).
-            row = np.concatenate([ov[r] @ mv.T if len(m_rows) else np.zeros(0),
-                                  obs_sims[r, pool[:-1]]])
+            row = np.concatenate([ov[r] @ mv.T if len(m_rows) else np.zeros(0), obs_sims[r, pool[:-1]]])
             pool_density[r] = float(np.clip(_topk_mean(row[None, :], density_k)[0], 0.0, 1.0)) if len(row) else 0.0
             pool_edges[r] = 1 if linked else 0
             if linked and target_obs >= 0:
                 pool_edges[target_obs] += 1
-    refined = [(mid, evidence_agent[mid], [o for o, _ in ev], round(float(np.mean([p for _, p in ev])), 6))
-               for mid, ev in sorted(evidence.items())]
+    refined = [
+        (mid, evidence_agent[mid], [o for o, _ in ev], round(float(np.mean([p for _, p in ev])), 6))
+        for mid, ev in sorted(evidence.items())
+    ]
     return PhaseA(
-        clustered=pl.DataFrame(clustered, schema={"observation_id": pl.String, "memory_id": pl.String,
-                                                  "agent": pl.String, "prediction_error": pl.Float64,
-                                                  "threshold": pl.Float64}, orient="row"),
-        held=pl.DataFrame(held, schema={"observation_id": pl.String, "nearest_id": pl.String, "agent": pl.String,
-                                        "prediction_error": pl.Float64, "nearest_edges": pl.Int64}, orient="row"),
-        created=pl.DataFrame(created, schema={"observation_id": pl.String, "agent": pl.String,
-                                              "prediction_error": pl.Float64, "nearest_id": pl.String,
-                                              "surprise": pl.Boolean, "linked": pl.Boolean}, orient="row"),
-        refined=pl.DataFrame(refined, schema={"memory_id": pl.String, "agent": pl.String,
-                                              "evidence": pl.List(pl.String), "mean_prediction_error": pl.Float64},
-                             orient="row"),
+        clustered=pl.DataFrame(
+            clustered,
+            schema={
+                "observation_id": pl.String,
+                "memory_id": pl.String,
+                "agent": pl.String,
+                "prediction_error": pl.Float64,
+                "threshold": pl.Float64,
+            },
+            orient="row",
+        ),
+        held=pl.DataFrame(
+            held,
+            schema={
+                "observation_id": pl.String,
+                "nearest_id": pl.String,
+                "agent": pl.String,
+                "prediction_error": pl.Float64,
+                "nearest_edges": pl.Int64,
+            },
+            orient="row",
+        ),
+        created=pl.DataFrame(
+            created,
+            schema={
+                "observation_id": pl.String,
+                "agent": pl.String,
+                "prediction_error": pl.Float64,
+                "nearest_id": pl.String,
+                "surprise": pl.Boolean,
+                "linked": pl.Boolean,
+            },
+            orient="row",
+        ),
+        refined=pl.DataFrame(
+            refined,
+            schema={
+                "memory_id": pl.String,
+                "agent": pl.String,
+                "evidence": pl.List(pl.String),
+                "mean_prediction_error": pl.Float64,
+            },
+            orient="row",
+        ),
     )
 
 
-def connect_recent(ids: Sequence[str], agents: Sequence[str], vectors: np.ndarray,
-                   existing: set[tuple[str, str]] | None = None, *, threshold: float = CONNECT_THRESHOLD,
-                   limit: int = CONNECT_LIMIT) -> pl.DataFrame:
+def connect_recent(
+    ids: Sequence[str],
+    agents: Sequence[str],
+    vectors: np.ndarray,
+    existing: set[tuple[str, str]] | None = None,
+    *,
+    threshold: float = CONNECT_THRESHOLD,
+    limit: int = CONNECT_LIMIT,
+) -> pl.DataFrame:
     """New edges among recently active memories: a, b (a < b), agent, weight (= similarity).
 
     Strongest pairs first (ties by ids); a pair is skipped once either end has ``limit`` edges
@@ -328,8 +404,9 @@ def connect_recent(ids: Sequence[str], agents: Sequence[str], vectors: np.ndarra
             count[x] += 1
             count[y] += 1
             out.append((ia, ib, agent, round(float(min(sim, 1.0)), 6)))
-    return pl.DataFrame(out, schema={"a": pl.String, "b": pl.String, "agent": pl.String, "weight": pl.Float64},
-                        orient="row")
+    return pl.DataFrame(
+        out, schema={"a": pl.String, "b": pl.String, "agent": pl.String, "weight": pl.Float64}, orient="row"
+    )
 
 
 # --- FSRS-6, vectorised ---------------------------------------------------------------------------
@@ -367,17 +444,19 @@ def next_difficulty(difficulty: np.ndarray, rating: np.ndarray) -> np.ndarray:
     return np.clip(_W[7] * _initial_difficulty_raw(EASY) + (1.0 - _W[7]) * damped, 1.0, 10.0)
 
 
-def next_recall_stability(difficulty: np.ndarray, stability: np.ndarray, r: np.ndarray,
-                          rating: np.ndarray) -> np.ndarray:
+def next_recall_stability(
+    difficulty: np.ndarray, stability: np.ndarray, r: np.ndarray, rating: np.ndarray
+) -> np.ndarray:
     hard = np.where(rating == HARD, _W[15], 1.0)
     easy = np.where(rating == EASY, _W[16], 1.0)
-    return stability * (1.0 + np.exp(_W[8]) * (11.0 - difficulty) * stability ** -_W[9]
-                        * (np.exp((1.0 - r) * _W[10]) - 1.0) * hard * easy)
+    return stability * (
+        1.0
+        + np.exp(_W[8]) * (11.0 - difficulty) * stability ** -_W[9] * (np.exp((1.0 - r) * _W[10]) - 1.0) * hard * easy
+    )
 
 
 def next_forget_stability(difficulty: np.ndarray, stability: np.ndarray, r: np.ndarray) -> np.ndarray:
-    long_term = (_W[11] * difficulty ** -_W[12] * ((stability + 1.0) ** _W[13] - 1.0)
-                 * np.exp((1.0 - r) * _W[14]))
+    long_term = _W[11] * difficulty ** -_W[12] * ((stability + 1.0) ** _W[13] - 1.0) * np.exp((1.0 - r) * _W[14])
     return np.minimum(long_term, stability / np.exp(_W[17] * _W[18]))
 
 
@@ -409,9 +488,17 @@ class Reviews(NamedTuple):
     interval_days: np.ndarray
 
 
-def review(stability: np.ndarray, difficulty: np.ndarray, last_review_us: np.ndarray, last_rating: np.ndarray,
-           new_accesses: np.ndarray, contradicted: np.ndarray, now_us: int, *,
-           factor: float = DUE_FACTOR) -> Reviews:
+def review(
+    stability: np.ndarray,
+    difficulty: np.ndarray,
+    last_review_us: np.ndarray,
+    last_rating: np.ndarray,
+    new_accesses: np.ndarray,
+    contradicted: np.ndarray,
+    now_us: int,
+    *,
+    factor: float = DUE_FACTOR,
+) -> Reviews:
     """FSRS-6 review of the due memories. ``stability``/``difficulty`` NaN and ``last_review_us``
     of a never-reviewed memory are ignored (it gets its first review: initial S and D)."""
     stability = np.asarray(stability, dtype=np.float64)
@@ -427,10 +514,14 @@ def review(stability: np.ndarray, difficulty: np.ndarray, last_review_us: np.nda
     d_safe = np.where(first, 5.0, d)
     r = np.where(first, 1.0, retrievability(e, s_safe))
     min_days = np.where(np.asarray(last_rating)[rows] == AGAIN, RELEARNING_MIN_DAYS, REVIEW_MIN_DAYS)
-    long_term = np.where(g == AGAIN, next_forget_stability(d_safe, s_safe, r),
-                         next_recall_stability(d_safe, s_safe, r, g))
-    new_s = np.where(first, initial_stability(g),
-                     np.where(e < min_days, short_term_stability(s_safe, g), np.maximum(long_term, STABILITY_MIN)))
+    long_term = np.where(
+        g == AGAIN, next_forget_stability(d_safe, s_safe, r), next_recall_stability(d_safe, s_safe, r, g)
+    )
+    new_s = np.where(
+        first,
+        initial_stability(g),
+        np.where(e < min_days, short_term_stability(s_safe, g), np.maximum(long_term, STABILITY_MIN)),
+    )
     new_d = np.where(first, initial_difficulty(g), next_difficulty(d_safe, g))
     return Reviews(rows, g, e, np.clip(r, 0.0, 1.0), new_s, new_d, next_interval(new_s))
 
@@ -440,9 +531,14 @@ def pattern_id_for(agent: str, key: str) -> str:
     return "pattern-" + hashlib.blake2b(f"{agent}\x1f{key}".encode(), digest_size=8).hexdigest()
 
 
-def abstract_patterns(memories: pl.DataFrame, existing: set[str] | None = None, *,
-                      min_support: int = ABSTRACT_MIN_SUPPORT, min_domains: int = ABSTRACT_MIN_DOMAINS,
-                      max_sources: int = ABSTRACT_MAX_SOURCES) -> pl.DataFrame:
+def abstract_patterns(
+    memories: pl.DataFrame,
+    existing: set[str] | None = None,
+    *,
+    min_support: int = ABSTRACT_MIN_SUPPORT,
+    min_domains: int = ABSTRACT_MIN_DOMAINS,
+    max_sources: int = ABSTRACT_MAX_SOURCES,
+) -> pl.DataFrame:
     """Cross-domain patterns from columns memory_id, agent, domain, index_keys: pattern_id, agent,
     key, domains, support, source_ids, source_domains (the provenance edges, at most ``max_sources``,
     smallest ids first).
@@ -453,27 +549,48 @@ def abstract_patterns(memories: pl.DataFrame, existing: set[str] | None = None, 
     [('timeout', ['db', 'web'], 3)]
     """
     existing = existing or set()
-    frame = memories.select(pl.col("memory_id").cast(pl.String), pl.col("agent").cast(pl.String),
-                            pl.col("domain").cast(pl.String), pl.col("index_keys").alias("key"))
-    long = (frame.filter(pl.col("domain") != "").explode("key").drop_nulls("key")
-            .unique(["agent", "key", "memory_id"]).sort(["agent", "key", "memory_id"]))
-    grouped = (long.group_by(["agent", "key"], maintain_order=True)
-               .agg(pl.col("domain").unique().sort().alias("domains"), pl.len().alias("support"),
-                    pl.col("memory_id").head(max_sources).alias("source_ids"),
-                    pl.col("domain").head(max_sources).alias("source_domains"))
-               .filter((pl.col("support") >= min_support) & (pl.col("domains").list.len() >= min_domains)))
+    frame = memories.select(
+        pl.col("memory_id").cast(pl.String),
+        pl.col("agent").cast(pl.String),
+        pl.col("domain").cast(pl.String),
+        pl.col("index_keys").alias("key"),
+    )
+    long = (
+        frame.filter(pl.col("domain") != "")
+        .explode("key")
+        .drop_nulls("key")
+        .unique(["agent", "key", "memory_id"])
+        .sort(["agent", "key", "memory_id"])
+    )
+    grouped = (
+        long.group_by(["agent", "key"], maintain_order=True)
+        .agg(
+            pl.col("domain").unique().sort().alias("domains"),
+            pl.len().alias("support"),
+            pl.col("memory_id").head(max_sources).alias("source_ids"),
+            pl.col("domain").head(max_sources).alias("source_domains"),
+        )
+        .filter((pl.col("support") >= min_support) & (pl.col("domains").list.len() >= min_domains))
+    )
     ids = [pattern_id_for(a, k) for a, k in zip(grouped["agent"].to_list(), grouped["key"].to_list(), strict=True)]
     out = grouped.with_columns(pl.Series("pattern_id", ids, dtype=pl.String)).filter(
-        ~pl.col("pattern_id").is_in(sorted(existing)))
-    return out.select("pattern_id", "agent", "key", "domains", pl.col("support").cast(pl.Int64), "source_ids",
-                      "source_domains")
+        ~pl.col("pattern_id").is_in(sorted(existing))
+    )
+    return out.select(
+        "pattern_id", "agent", "key", "domains", pl.col("support").cast(pl.Int64), "source_ids", "source_domains"
+    )
 
 
 MESSAGE_KEYS = 3  # a message's index keys: its most specific recurring words (a tool trace's: tools, objects)
 
 
-def message_keys(texts: Sequence[str], first: int = MESSAGE_KEYS, min_count: int = ABSTRACT_MIN_SUPPORT,
-                 shared: Mapping[str, int] | None = None, agents: int = 1) -> list[list[str]]:
+def message_keys(
+    texts: Sequence[str],
+    first: int = MESSAGE_KEYS,
+    min_count: int = ABSTRACT_MIN_SUPPORT,
+    shared: Mapping[str, int] | None = None,
+    agents: int = 1,
+) -> list[list[str]]:
     """What each of one agent's chat messages is about, as abstraction keys: of its distinct content
     words that at least ``min_count`` of the messages use (a word used fewer times can never be a
     pattern), the ``first`` most specific (ties in text order).
@@ -512,9 +629,15 @@ class Saturation(NamedTuple):
     status: str  # saturated | healthy | insufficient
 
 
-def pe_saturation(times_us: np.ndarray, prediction_errors: np.ndarray, now_us: int, *,
-                  window_days: float = SATURATION_WINDOW_DAYS, threshold: float = SATURATION_THRESHOLD,
-                  min_samples: int = SATURATION_MIN_SAMPLES) -> Saturation:
+def pe_saturation(
+    times_us: np.ndarray,
+    prediction_errors: np.ndarray,
+    now_us: int,
+    *,
+    window_days: float = SATURATION_WINDOW_DAYS,
+    threshold: float = SATURATION_THRESHOLD,
+    min_samples: int = SATURATION_MIN_SAMPLES,
+) -> Saturation:
     """Mean PE of the observations in ``(now - window, now]`` (and of the window before, for the
     trend); saturated when the mean is under ``threshold`` with at least ``min_samples``.
 

@@ -111,10 +111,14 @@ def json_seconds(seconds: np.ndarray) -> pa.Array | None:
     of_day = s - day.astype("datetime64[s]").astype(np.int64)
     out = np.empty((len(s), len(_SECONDS_TEMPLATE)), dtype=np.uint8)
     out[:] = np.frombuffer(_SECONDS_TEMPLATE, dtype=np.uint8)
-    for at, value, width in ((1, t.astype("datetime64[Y]").astype(np.int64) + 1970, 4),
-                             (6, month.astype(np.int64) % 12 + 1, 2),
-                             (9, (day - month.astype("datetime64[D]")).astype(np.int64) + 1, 2),
-                             (12, of_day // 3600, 2), (15, of_day // 60 % 60, 2), (18, of_day % 60, 2)):
+    for at, value, width in (
+        (1, t.astype("datetime64[Y]").astype(np.int64) + 1970, 4),
+        (6, month.astype(np.int64) % 12 + 1, 2),
+        (9, (day - month.astype("datetime64[D]")).astype(np.int64) + 1, 2),
+        (12, of_day // 3600, 2),
+        (15, of_day // 60 % 60, 2),
+        (18, of_day % 60, 2),
+    ):
         for k in range(width):
             out[:, at + width - 1 - k] = 48 + value // 10**k % 10
     offsets = np.arange(0, out.size + 1, out.shape[1], dtype=np.int32)
@@ -156,8 +160,12 @@ class Segment:
     optionally how to encode rows ``[lo, hi)`` at once from ``seq`` on: ``(event type, memory ids,
     JSON bodies)``, what building and encoding each event gives."""
 
-    def __init__(self, rows: Sequence[Any], build: Callable[[Any, int], RunEvent],
-                 encode: Callable[[int, int, int], tuple[type, pa.Array, pa.Array]] | None = None) -> None:
+    def __init__(
+        self,
+        rows: Sequence[Any],
+        build: Callable[[Any, int], RunEvent],
+        encode: Callable[[int, int, int], tuple[type, pa.Array, pa.Array]] | None = None,
+    ) -> None:
         self.rows = rows
         self.build = build
         self.encode = encode
@@ -177,13 +185,11 @@ class EncodedEvents(NamedTuple):
     body: pa.ChunkedArray  # string: the event's canonical JSON
 
 
-
 class Compacts:
     """The compact forms of one pass: built per event (``get``) or all at once as JSON texts
     (``texts``, for ``SleepPlan.encoded``); their sizes for the report."""
 
-    def __init__(self, rows: list[int], build: Callable[[int], CompactMemory], columns: Callable[[], pa.Array]
-                 ) -> None:
+    def __init__(self, rows: list[int], build: Callable[[int], CompactMemory], columns: Callable[[], pa.Array]) -> None:
         self.rows = rows
         self.build = build
         self.columns = columns
@@ -244,16 +250,22 @@ class RowTexts:
     def decision(self, rows: np.ndarray, seq: int, *, layer: bool = True) -> dict[str, str | pa.Array]:
         """The fields every decision about memory ``rows`` has (from ``seq`` on)."""
         fields: dict[str, str | pa.Array] = {
-            "run_id": self.run_id, "seq": json_ints(np.arange(seq, seq + len(rows))), "at": self.at,
-            "memory_id": self.id_texts.take(pa.array(rows)), "agent": self.agents(rows)}
+            "run_id": self.run_id,
+            "seq": json_ints(np.arange(seq, seq + len(rows))),
+            "at": self.at,
+            "memory_id": self.id_texts.take(pa.array(rows)),
+            "agent": self.agents(rows),
+        }
         if layer:
             fields["layer"] = self.layers(rows)
         return fields
 
-    def columnar(self, cls: type[msgspec.Struct], rows: np.ndarray, fields: Callable[[np.ndarray, int, int], dict[str, Any]]
-                 ) -> Callable[[int, int, int], tuple[type, pa.Array, pa.Array]]:
+    def columnar(
+        self, cls: type[msgspec.Struct], rows: np.ndarray, fields: Callable[[np.ndarray, int, int], dict[str, Any]]
+    ) -> Callable[[int, int, int], tuple[type, pa.Array, pa.Array]]:
         """A segment's encoder: events of ``cls`` about memory ``rows``; ``fields(rows, lo, hi)`` gives
         the texts of the fields beyond ``decision``'s for positions ``[lo, hi)``."""
+
         def encode(lo: int, hi: int, seq: int) -> tuple[type, pa.Array, pa.Array]:
             part = rows[lo:hi]
             texts = {**self.decision(part, seq, layer="layer" in cls.__struct_fields__), **fields(part, lo, hi)}
@@ -265,8 +277,14 @@ class RowTexts:
 _COMPACT_WIRE = dict(zip(CompactMemory.__struct_fields__, CompactMemory.__struct_encode_fields__, strict=True))
 
 
-def compact_texts(c: Columns, rows: np.ndarray, access_us: np.ndarray, snapshot: np.ndarray, id_texts: pa.Array,
-                   build: Callable[[int], CompactMemory]) -> pa.Array:
+def compact_texts(
+    c: Columns,
+    rows: np.ndarray,
+    access_us: np.ndarray,
+    snapshot: np.ndarray,
+    id_texts: pa.Array,
+    build: Callable[[int], CompactMemory],
+) -> pa.Array:
     """``encode(compact_memory(...))`` of each of ``rows`` (the arguments ``_decision_segments`` passes),
     column by column: fields in declared order, defaults omitted, keys while they fit. ``build(row)``
     makes the rare ones another way (an id too long for the bound: its digest)."""
@@ -281,18 +299,28 @@ def compact_texts(c: Columns, rows: np.ndarray, access_us: np.ndarray, snapshot:
     if created is None or access is None or flat.null_count:  # what compact_memory would fail on, as it does
         return pa.array([json_text(build(int(r))) for r in rows], pa.string())
     outcomes, which = np.unique(c.outcome[rows], return_inverse=True)
-    outcome = pa.array([f",{wire['outcome']}:{json_text(o[:16])}" if o[:16] else "" for o in outcomes.tolist()],
-                       pa.string()).take(pa.array(which.ravel()))
+    outcome = pa.array(
+        [f",{wire['outcome']}:{json_text(o[:16])}" if o[:16] else "" for o in outcomes.tolist()], pa.string()
+    ).take(pa.array(which.ravel()))
 
     def count(name: str, values: np.ndarray) -> pa.Array:  # a count, omitted when 0 (its default)
         values = np.maximum(values, 0)
-        return pc.if_else(pa.array(values > 0), pc.binary_join_element_wise(
-            f",{wire[name]}:", json_ints(values), ""), "")
+        return pc.if_else(
+            pa.array(values > 0), pc.binary_join_element_wise(f",{wire[name]}:", json_ints(values), ""), ""
+        )
 
     base = pc.binary_join_element_wise(
-        "{" + wire["memory_id"] + ":", id_texts.take(pa.array(rows)), f",{wire['created_at']}:", created,
-        f",{wire['last_access']}:", access, outcome, count("access_count", c.access_count[rows].astype(np.int64)),
-        count("edge_count", snapshot[rows].astype(np.int64)), "")
+        "{" + wire["memory_id"] + ":",
+        id_texts.take(pa.array(rows)),
+        f",{wire['created_at']}:",
+        created,
+        f",{wire['last_access']}:",
+        access,
+        outcome,
+        count("access_count", c.access_count[rows].astype(np.int64)),
+        count("edge_count", snapshot[rows].astype(np.int64)),
+        "",
+    )
     size = pc.binary_length(base).to_numpy().astype(np.int64) + 1  # with its closing brace
     # Keys: cut to 40 characters, each costs its text (and a comma after the first); kept while the
     # running cost stays within what the bound leaves (costs are positive: the kept ones are a prefix).
@@ -312,8 +340,7 @@ def compact_texts(c: Columns, rows: np.ndarray, access_us: np.ndarray, snapshot:
     n_kept = np.bincount(owner[kept], minlength=m)
     offsets = np.concatenate(([0], np.cumsum(n_kept))).astype(np.int32)
     joined = pc.binary_join(pa.ListArray.from_arrays(pa.array(offsets), key_texts.filter(pa.array(kept))), ",")
-    key_part = pc.if_else(pa.array(n_kept > 0), pc.binary_join_element_wise(
-        f",{wire['keys']}:[", joined, "]", ""), "")
+    key_part = pc.if_else(pa.array(n_kept > 0), pc.binary_join_element_wise(f",{wire['keys']}:[", joined, "]", ""), "")
     texts = pc.binary_join_element_wise(base, key_part, "}", "")
     long = size > COMPACT_MAX_BYTES  # the id is replaced by its digest: built one by one
     if long.any():
@@ -342,4 +369,3 @@ class FrameRows(Sequence[tuple[Any, ...]]):
 
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
         return iter(self._all())
-

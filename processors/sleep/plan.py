@@ -127,8 +127,9 @@ class SleepView:
     pruned: tuple[str, ...]  # ids pruned in phase 1
 
     def promoted(self, memory_id: str, agent: str, concept_id: str) -> MemoryPromoted:
-        return MemoryPromoted(run_id=self.run_id, seq=0, at=self.at, memory_id=memory_id, agent=agent,
-                              concept_id=concept_id)
+        return MemoryPromoted(
+            run_id=self.run_id, seq=0, at=self.at, memory_id=memory_id, agent=agent, concept_id=concept_id
+        )
 
     def briefing(self, agent: str) -> BriefingRefreshed:
         return BriefingRefreshed(run_id=self.run_id, seq=0, at=self.at, agent=agent)
@@ -140,12 +141,17 @@ class SleepView:
 Phase = Callable[[SleepView], Sequence[RunEvent]]
 
 
-
 class SleepPlan:
     """The decisions of one run, in order; events are built lazily from columns."""
 
-    def __init__(self, run_id: str, at: datetime, segments: list[Segment], report: Callable[[], SleepReport],
-                 counts: dict[str, int]) -> None:
+    def __init__(
+        self,
+        run_id: str,
+        at: datetime,
+        segments: list[Segment],
+        report: Callable[[], SleepReport],
+        counts: dict[str, int],
+    ) -> None:
         self.run_id = run_id
         self.at = at
         self.segments = segments
@@ -201,20 +207,29 @@ class SleepPlan:
             seq += size
         total = len(self)
         empty = pa.array([], pa.string())
-        return EncodedEvents(pa.array(np.arange(min(start, total), total, dtype=np.int64)),
-                             pa.concat_arrays(kinds) if kinds else empty,
-                             pa.concat_arrays(memory_ids) if memory_ids else empty,
-                             pa.chunked_array(bodies, pa.string()))
+        return EncodedEvents(
+            pa.array(np.arange(min(start, total), total, dtype=np.int64)),
+            pa.concat_arrays(kinds) if kinds else empty,
+            pa.concat_arrays(memory_ids) if memory_ids else empty,
+            pa.chunked_array(bodies, pa.string()),
+        )
 
 
 def _rows(frame: pl.DataFrame) -> list[tuple[Any, ...]]:
     return frame.rows()
 
 
-def plan_sleep(inputs: SleepInputs, *, now: datetime, trigger: SleepTrigger = SleepTrigger.SCHEDULE,
-               watermark: datetime | None = None, config: SleepConfig = SleepConfig(),
-               promotion: Phase | None = None, refresh: Phase | None = None,
-               input_offset: int | None = None) -> SleepPlan | None:
+def plan_sleep(
+    inputs: SleepInputs,
+    *,
+    now: datetime,
+    trigger: SleepTrigger = SleepTrigger.SCHEDULE,
+    watermark: datetime | None = None,
+    config: SleepConfig = SleepConfig(),
+    promotion: Phase | None = None,
+    refresh: Phase | None = None,
+    input_offset: int | None = None,
+) -> SleepPlan | None:
     """Plan the run at ``now`` (event time). None when ``now <= watermark``: that run is done."""
     require_aware(now, "now")
     now = now.astimezone(timezone.utc)
@@ -231,22 +246,40 @@ def plan_sleep(inputs: SleepInputs, *, now: datetime, trigger: SleepTrigger = Sl
     counts: dict[str, int] = {}
     texts = RowTexts(c, run_id, now)
 
-    def add(kind: str, rows: Sequence[Any], build: Callable[[Any, int], RunEvent],
-            encode: Callable[[int, int, int], tuple[type, pa.Array, pa.Array]] | None = None) -> None:
+    def add(
+        kind: str,
+        rows: Sequence[Any],
+        build: Callable[[Any, int], RunEvent],
+        encode: Callable[[int, int, int], tuple[type, pa.Array, pa.Array]] | None = None,
+    ) -> None:
         counts[kind] = counts.get(kind, 0) + len(rows)
         if len(rows):
             segments.append(Segment(rows, build, encode))
 
-    add("started", [None], lambda _r, seq: SleepStarted(
-        run_id=run_id, seq=seq, at=now, trigger=trigger, schedule=config.schedule, previous=watermark,
-        input_offset=input_offset, config=config.digest()))
+    add(
+        "started",
+        [None],
+        lambda _r, seq: SleepStarted(
+            run_id=run_id,
+            seq=seq,
+            at=now,
+            trigger=trigger,
+            schedule=config.schedule,
+            previous=watermark,
+            input_offset=input_offset,
+            config=config.digest(),
+        ),
+    )
     phase_sizes: list[int] = []
 
     def close_phase(phase: SleepPhase) -> None:
         decided = sum(len(s) for s in segments) - 1 - sum(phase_sizes) - len(phase_sizes)
         phase_sizes.append(decided)
-        add("phase_completed", [decided], lambda d, seq: SleepPhaseCompleted(
-            run_id=run_id, seq=seq, at=now, phase=phase, decisions=d))
+        add(
+            "phase_completed",
+            [decided],
+            lambda d, seq: SleepPhaseCompleted(run_id=run_id, seq=seq, at=now, phase=phase, decisions=d),
+        )
 
     # ---- phase 1: hippocampus ----------------------------------------------------------------
     refreshed = np.zeros(n, dtype=bool)
@@ -262,22 +295,68 @@ def plan_sleep(inputs: SleepInputs, *, now: datetime, trigger: SleepTrigger = Sl
         obs_us = obs_time.dt.epoch("us").to_numpy().astype(np.int64)
         phase_a = _dream_phase_a(c, inputs.observations, obs_us, vectors, ids)
         obs_time_of = dict(zip(obs["observation_id"].cast(pl.String).to_list(), obs_us.tolist(), strict=True))
-        add("clustered", _rows(phase_a.clustered), lambda r, seq: ObservationClustered(
-            run_id=run_id, seq=seq, at=now, observation_id=r[0], memory_id=r[1], agent=r[2],
-            prediction_error=r[3], threshold=r[4]))
-        add("held", _rows(phase_a.held), lambda r, seq: ObservationHeld(
-            run_id=run_id, seq=seq, at=now, observation_id=r[0], nearest_id=r[1], agent=r[2],
-            prediction_error=r[3], nearest_edges=r[4]))
-        add("created", _rows(phase_a.created), lambda r, seq: ObservationCreated(
-            run_id=run_id, seq=seq, at=now, observation_id=r[0], agent=r[1], observed_at=from_us(obs_time_of[r[0]]),
-            prediction_error=r[2], nearest_id=r[3], surprise=r[4], linked=r[5]))
-        add("refined", _rows(phase_a.refined), lambda r, seq: MemoryRefined(
-            run_id=run_id, seq=seq, at=now, memory_id=r[0], agent=r[1], evidence=list(r[2]),
-            mean_prediction_error=r[3]))
+        add(
+            "clustered",
+            _rows(phase_a.clustered),
+            lambda r, seq: ObservationClustered(
+                run_id=run_id,
+                seq=seq,
+                at=now,
+                observation_id=r[0],
+                memory_id=r[1],
+                agent=r[2],
+                prediction_error=r[3],
+                threshold=r[4],
+            ),
+        )
+        add(
+            "held",
+            _rows(phase_a.held),
+            lambda r, seq: ObservationHeld(
+                run_id=run_id,
+                seq=seq,
+                at=now,
+                observation_id=r[0],
+                nearest_id=r[1],
+                agent=r[2],
+                prediction_error=r[3],
+                nearest_edges=r[4],
+            ),
+        )
+        add(
+            "created",
+            _rows(phase_a.created),
+            lambda r, seq: ObservationCreated(
+                run_id=run_id,
+                seq=seq,
+                at=now,
+                observation_id=r[0],
+                agent=r[1],
+                observed_at=from_us(obs_time_of[r[0]]),
+                prediction_error=r[2],
+                nearest_id=r[3],
+                surprise=r[4],
+                linked=r[5],
+            ),
+        )
+        add(
+            "refined",
+            _rows(phase_a.refined),
+            lambda r, seq: MemoryRefined(
+                run_id=run_id,
+                seq=seq,
+                at=now,
+                memory_id=r[0],
+                agent=r[1],
+                evidence=list(r[2]),
+                mean_prediction_error=r[3],
+            ),
+        )
         if phase_a.refined.height:
             row_of = {mid: i for i, mid in enumerate(ids)}
-            for mid, ev in zip(phase_a.refined["memory_id"].to_list(), phase_a.refined["evidence"].to_list(),
-                               strict=True):
+            for mid, ev in zip(
+                phase_a.refined["memory_id"].to_list(), phase_a.refined["evidence"].to_list(), strict=True
+            ):
                 # A memory created from an earlier observation of this run has no row yet.
                 if mid in row_of:
                     refreshed[row_of[mid]] = True
@@ -289,11 +368,15 @@ def plan_sleep(inputs: SleepInputs, *, now: datetime, trigger: SleepTrigger = Sl
     connected = _connect(c, vectors, refreshed, watermark, now_us, ids, observed)
     if connected.height:
         row_of = {mid: i for i, mid in enumerate(ids)}
-        c.add_edges(np.array([row_of[x] for x in connected["a"].to_list()], dtype=np.int64),
-                    np.array([row_of[x] for x in connected["b"].to_list()], dtype=np.int64),
-                    connected["weight"].to_numpy())
-    caps = np.array([inputs.max_episodes.get(a, config.max_episodes if config.max_episodes is not None else -1)
-                     for a in c.agents], dtype=np.int64)
+        c.add_edges(
+            np.array([row_of[x] for x in connected["a"].to_list()], dtype=np.int64),
+            np.array([row_of[x] for x in connected["b"].to_list()], dtype=np.int64),
+            connected["weight"].to_numpy(),
+        )
+    caps = np.array(
+        [inputs.max_episodes.get(a, config.max_episodes if config.max_episodes is not None else -1) for a in c.agents],
+        dtype=np.int64,
+    )
     caps = np.where(caps < 0, -1, caps)
     hip = consolidate(c, c.is_hip, config, refreshed=refreshed, extra_accesses=extra, caps=caps)
     pruned = hip.pruned.copy()
@@ -302,41 +385,90 @@ def plan_sleep(inputs: SleepInputs, *, now: datetime, trigger: SleepTrigger = Sl
     close_phase(SleepPhase.HIPPOCAMPUS)
 
     # ---- phase 2: promotion -------------------------------------------------------------------
-    promoted = _external(add, promotion, lambda: _view(c, run_id, now, pruned, c.compressed | compressed_now, ids),
-                         run_id, now, "promoted")
+    promoted = _external(
+        add,
+        promotion,
+        lambda: _view(c, run_id, now, pruned, c.compressed | compressed_now, ids),
+        run_id,
+        now,
+        "promoted",
+    )
     close_phase(SleepPhase.PROMOTION)
 
     # ---- phase 3: consolidation of ATL + Angular Gyrus, triples, dream phase B ----------------
     semantic_rows = ~c.is_hip
-    sem = consolidate(c, semantic_rows, config, pruned_before=pruned,
-                      compressed_before=c.compressed | compressed_now)
+    sem = consolidate(c, semantic_rows, config, pruned_before=pruned, compressed_before=c.compressed | compressed_now)
     compacts.append(_decision_segments(add, c, sem, run_id, now, ids, agents_of, layer_of, None, texts))
     pruned |= sem.pruned
     compressed_now |= sem.compress
-    retired = retire_triples(inputs.triples, now, config.triple_retention_days) if inputs.triples is not None \
+    retired = (
+        retire_triples(inputs.triples, now, config.triple_retention_days)
+        if inputs.triples is not None
         else pl.DataFrame(schema={"triple_id": pl.String, "valid_to": DATETIME_US})
-    add("triples_retired", retired.rows(), lambda r, seq: TripleRetired(
-        run_id=run_id, seq=seq, at=now, triple_id=r[0], valid_to=r[1]))
-    idle = (idle_triples(inputs.triples, now, config.fact_retire_days, inputs.scope_times)
-            if inputs.triples is not None and {"scope", "last_touched"} <= set(inputs.triples.columns)
-            else pl.DataFrame(schema={"triple_id": pl.String, "last_touched": DATETIME_US}))
-    add("triples_retired", idle.rows(), lambda r, seq: TripleRetired(
-        run_id=run_id, seq=seq, at=now, triple_id=r[0], valid_to=now, reason=RetireReason.IDLE, last_touched=r[1]))
+    )
+    add(
+        "triples_retired",
+        retired.rows(),
+        lambda r, seq: TripleRetired(run_id=run_id, seq=seq, at=now, triple_id=r[0], valid_to=r[1]),
+    )
+    idle = (
+        idle_triples(inputs.triples, now, config.fact_retire_days, inputs.scope_times)
+        if inputs.triples is not None and {"scope", "last_touched"} <= set(inputs.triples.columns)
+        else pl.DataFrame(schema={"triple_id": pl.String, "last_touched": DATETIME_US})
+    )
+    add(
+        "triples_retired",
+        idle.rows(),
+        lambda r, seq: TripleRetired(
+            run_id=run_id, seq=seq, at=now, triple_id=r[0], valid_to=now, reason=RetireReason.IDLE, last_touched=r[1]
+        ),
+    )
     survivors = ~pruned
     compressed_after = c.compressed | compressed_now
-    add("connected", connected.rows(), lambda r, seq: MemoriesConnected(
-        run_id=run_id, seq=seq, at=now, a=r[0], b=r[1], agent=r[2], weight=r[3]))
+    add(
+        "connected",
+        connected.rows(),
+        lambda r, seq: MemoriesConnected(run_id=run_id, seq=seq, at=now, a=r[0], b=r[1], agent=r[2], weight=r[3]),
+    )
     reviews, reviewed_rows = _reviews(c, survivors, now_us, extra)
-    add("reviewed", FrameRows(reviews), lambda r, seq: ReviewScheduled(
-        run_id=run_id, seq=seq, at=now, memory_id=r[0], agent=r[1], rating=r[2], elapsed_days=r[3],
-        retrievability=r[4], stability=r[5], difficulty=r[6], interval_days=r[7],
-        due_at=from_us(now_us + r[7] * US_PER_DAY), reviewed_access_count=r[8]),
-        texts.columnar(ReviewScheduled, reviewed_rows,
-                       lambda rows, lo, hi: _review_fields(reviews.slice(lo, hi - lo), now_us)))
+    add(
+        "reviewed",
+        FrameRows(reviews),
+        lambda r, seq: ReviewScheduled(
+            run_id=run_id,
+            seq=seq,
+            at=now,
+            memory_id=r[0],
+            agent=r[1],
+            rating=r[2],
+            elapsed_days=r[3],
+            retrievability=r[4],
+            stability=r[5],
+            difficulty=r[6],
+            interval_days=r[7],
+            due_at=from_us(now_us + r[7] * US_PER_DAY),
+            reviewed_access_count=r[8],
+        ),
+        texts.columnar(
+            ReviewScheduled, reviewed_rows, lambda rows, lo, hi: _review_fields(reviews.slice(lo, hi - lo), now_us)
+        ),
+    )
     patterns = _abstract(c, inputs, survivors)
-    add("abstracted", patterns.rows(), lambda r, seq: PatternAbstracted(
-        run_id=run_id, seq=seq, at=now, pattern_id=r[0], agent=r[1], key=r[2], domains=list(r[3]), support=r[4],
-        sources=[PatternSource(m, d) for m, d in zip(r[5], r[6], strict=True)]))
+    add(
+        "abstracted",
+        patterns.rows(),
+        lambda r, seq: PatternAbstracted(
+            run_id=run_id,
+            seq=seq,
+            at=now,
+            pattern_id=r[0],
+            agent=r[1],
+            key=r[2],
+            domains=list(r[3]),
+            support=r[4],
+            sources=[PatternSource(m, d) for m, d in zip(r[5], r[6], strict=True)],
+        ),
+    )
     close_phase(SleepPhase.CONSOLIDATION)
 
     # ---- phase 4: refresh (briefings) and the report -----------------------------------------
@@ -347,20 +479,42 @@ def plan_sleep(inputs: SleepInputs, *, now: datetime, trigger: SleepTrigger = Sl
     def report() -> SleepReport:
         if not built:
             compact_bytes = sum(compact.total() for compact in compacts)
-            built.append(build_report(c, inputs.fiedler_history, inputs.capture_errors, now_us, pruned,
-                                      compressed_now, compact_bytes, counts, promoted))
+            built.append(
+                build_report(
+                    c,
+                    inputs.fiedler_history,
+                    inputs.capture_errors,
+                    now_us,
+                    pruned,
+                    compressed_now,
+                    compact_bytes,
+                    counts,
+                    promoted,
+                )
+            )
         return built[0]
 
     total = sum(len(s) for s in segments) + 1
-    add("completed", [None], lambda _r, seq: SleepCompleted(
-        run_id=run_id, seq=seq, at=now, watermark=now, decisions=total, report=report()))
+    add(
+        "completed",
+        [None],
+        lambda _r, seq: SleepCompleted(run_id=run_id, seq=seq, at=now, watermark=now, decisions=total, report=report()),
+    )
     return SleepPlan(run_id, now, segments, report, counts)
 
 
-
-def _decision_segments(add: Callable[..., None], c: Columns, d: Consolidated, run_id: str, now: datetime,
-                       ids: list[str], agents_of: list[str], layer_of: list[str],
-                       refreshed: np.ndarray | None, texts: RowTexts) -> Compacts:
+def _decision_segments(
+    add: Callable[..., None],
+    c: Columns,
+    d: Consolidated,
+    run_id: str,
+    now: datetime,
+    ids: list[str],
+    agents_of: list[str],
+    layer_of: list[str],
+    refreshed: np.ndarray | None,
+    texts: RowTexts,
+) -> Compacts:
     """Protected, compressed, pruned, rescored: each kind ordered by (agent, memory_id)."""
 
     def ordered(mask: np.ndarray) -> np.ndarray:
@@ -376,14 +530,35 @@ def _decision_segments(add: Callable[..., None], c: Columns, d: Consolidated, ru
         return reasons
 
     # The reasons' texts by (user interaction, success): [], [user], [success], [user, success].
-    reason_texts = pa.array([json_text([r for r, on in ((ProtectReason.USER_INTERACTION, u),
-                                                        (ProtectReason.SUCCESS, s)) if on])
-                             for s in (False, True) for u in (False, True)], pa.string())
+    reason_texts = pa.array(
+        [
+            json_text([r for r, on in ((ProtectReason.USER_INTERACTION, u), (ProtectReason.SUCCESS, s)) if on])
+            for s in (False, True)
+            for u in (False, True)
+        ],
+        pa.string(),
+    )
     protected = ordered(d.protect)
-    add("protected", protected.tolist(), lambda r, seq: MemoryProtected(
-        run_id=run_id, seq=seq, at=now, memory_id=ids[r], agent=agents_of[r], layer=layer_of[r],
-        reasons=protect_reasons(r)), texts.columnar(MemoryProtected, protected, lambda rows, lo, hi: {
-            "reasons": reason_texts.take(pa.array(c.user[rows].astype(np.int64) + 2 * c.success[rows]))}))
+    add(
+        "protected",
+        protected.tolist(),
+        lambda r, seq: MemoryProtected(
+            run_id=run_id,
+            seq=seq,
+            at=now,
+            memory_id=ids[r],
+            agent=agents_of[r],
+            layer=layer_of[r],
+            reasons=protect_reasons(r),
+        ),
+        texts.columnar(
+            MemoryProtected,
+            protected,
+            lambda rows, lo, hi: {
+                "reasons": reason_texts.take(pa.array(c.user[rows].astype(np.int64) + 2 * c.success[rows]))
+            },
+        ),
+    )
     access_us = c.access_us if refreshed is None else np.where(refreshed, c.now_us, c.access_us)
     compressed = ordered(d.compress)
     compressed_rows = compressed.tolist()
@@ -392,54 +567,111 @@ def _decision_segments(add: Callable[..., None], c: Columns, d: Consolidated, ru
     def compact_of(r: int) -> CompactMemory:
         if not keys:  # the index keys of every compressed row, on first use
             keys.update(zip(compressed_rows, c.frame["index_keys"].gather(compressed_rows).to_list(), strict=True))
-        return compact_memory(ids[r], int(c.created_us[r]), int(access_us[r]), str(c.outcome[r]),
-                              int(c.access_count[r]), int(d.snapshot[r]), keys[r] or [])
+        return compact_memory(
+            ids[r],
+            int(c.created_us[r]),
+            int(access_us[r]),
+            str(c.outcome[r]),
+            int(c.access_count[r]),
+            int(d.snapshot[r]),
+            keys[r] or [],
+        )
 
-    compacts = Compacts(compressed_rows, compact_of, lambda: compact_texts(
-        c, compressed, access_us, d.snapshot, texts.id_texts, compact_of))
+    compacts = Compacts(
+        compressed_rows,
+        compact_of,
+        lambda: compact_texts(c, compressed, access_us, d.snapshot, texts.id_texts, compact_of),
+    )
 
     def compressed_event(r: int, seq: int) -> MemoryCompressed:
         compact = compacts.get(r)
-        return MemoryCompressed(run_id=run_id, seq=seq, at=now, memory_id=ids[r], agent=agents_of[r],
-                                layer=layer_of[r], compact=compact, bytes_before=int(c.size_bytes[r]),
-                                bytes_after=compact_size(compact), retention=float(d.retention[r]))
+        return MemoryCompressed(
+            run_id=run_id,
+            seq=seq,
+            at=now,
+            memory_id=ids[r],
+            agent=agents_of[r],
+            layer=layer_of[r],
+            compact=compact,
+            bytes_before=int(c.size_bytes[r]),
+            bytes_after=compact_size(compact),
+            retention=float(d.retention[r]),
+        )
 
     def compressed_fields(rows: np.ndarray, lo: int, hi: int) -> dict[str, Any]:
         compact = compacts.texts()[lo:hi]
-        return {"compact": compact, "bytes_before": json_ints(c.size_bytes[rows]),
-                "bytes_after": json_ints(pc.binary_length(compact).to_numpy()),
-                "retention": json_numbers(d.retention[rows].tolist())}
+        return {
+            "compact": compact,
+            "bytes_before": json_ints(c.size_bytes[rows]),
+            "bytes_after": json_ints(pc.binary_length(compact).to_numpy()),
+            "retention": json_numbers(d.retention[rows].tolist()),
+        }
 
-    add("compressed", compressed_rows, compressed_event,
-        texts.columnar(MemoryCompressed, compressed, compressed_fields))
+    add(
+        "compressed", compressed_rows, compressed_event, texts.columnar(MemoryCompressed, compressed, compressed_fields)
+    )
     prune_reasons = pa.array([json_text(PruneReason.STALE), json_text(PruneReason.OVER_CAPACITY)], pa.string())
     pruned = ordered(d.pruned)
-    add("pruned", pruned.tolist(), lambda r, seq: MemoryPruned(
-        run_id=run_id, seq=seq, at=now, memory_id=ids[r], agent=agents_of[r], layer=layer_of[r],
-        reason=PruneReason.STALE if d.reason[r] == 1 else PruneReason.OVER_CAPACITY,
-        retention=float(d.prune_retention[r]), idle_days=round(float(c.idle_days[r]), 6)),
-        texts.columnar(MemoryPruned, pruned, lambda rows, lo, hi: {
-            "reason": prune_reasons.take(pa.array((d.reason[rows] != 1).astype(np.int64))),
-            "retention": json_numbers(d.prune_retention[rows].tolist()),
-            "idle_days": json_numbers([round(x, 6) for x in c.idle_days[rows].tolist()])}))
+    add(
+        "pruned",
+        pruned.tolist(),
+        lambda r, seq: MemoryPruned(
+            run_id=run_id,
+            seq=seq,
+            at=now,
+            memory_id=ids[r],
+            agent=agents_of[r],
+            layer=layer_of[r],
+            reason=PruneReason.STALE if d.reason[r] == 1 else PruneReason.OVER_CAPACITY,
+            retention=float(d.prune_retention[r]),
+            idle_days=round(float(c.idle_days[r]), 6),
+        ),
+        texts.columnar(
+            MemoryPruned,
+            pruned,
+            lambda rows, lo, hi: {
+                "reason": prune_reasons.take(pa.array((d.reason[rows] != 1).astype(np.int64))),
+                "retention": json_numbers(d.prune_retention[rows].tolist()),
+                "idle_days": json_numbers([round(x, 6) for x in c.idle_days[rows].tolist()]),
+            },
+        ),
+    )
     rescored = ordered(d.rescore)
-    add("rescored", rescored.tolist(), lambda r, seq: MemoryRescored(
-        run_id=run_id, seq=seq, at=now, memory_id=ids[r], agent=agents_of[r], layer=layer_of[r],
-        retention=float(d.retention[r]), previous=None if np.isnan(c.stored[r]) else float(c.stored[r])),
-        texts.columnar(MemoryRescored, rescored, lambda rows, lo, hi: {
-            "retention": json_numbers(d.retention[rows].tolist()),
-            "previous": json_numbers([None if x != x else x for x in c.stored[rows].tolist()])}))
+    add(
+        "rescored",
+        rescored.tolist(),
+        lambda r, seq: MemoryRescored(
+            run_id=run_id,
+            seq=seq,
+            at=now,
+            memory_id=ids[r],
+            agent=agents_of[r],
+            layer=layer_of[r],
+            retention=float(d.retention[r]),
+            previous=None if np.isnan(c.stored[r]) else float(c.stored[r]),
+        ),
+        texts.columnar(
+            MemoryRescored,
+            rescored,
+            lambda rows, lo, hi: {
+                "retention": json_numbers(d.retention[rows].tolist()),
+                "previous": json_numbers([None if x != x else x for x in c.stored[rows].tolist()]),
+            },
+        ),
+    )
     return compacts
 
 
-def _view(c: Columns, run_id: str, now: datetime, pruned: np.ndarray, compressed: np.ndarray,
-          ids: list[str]) -> SleepView:
+def _view(
+    c: Columns, run_id: str, now: datetime, pruned: np.ndarray, compressed: np.ndarray, ids: list[str]
+) -> SleepView:
     frame = c.frame.with_columns(pl.Series("compressed", compressed)).filter(pl.Series(~pruned))
     return SleepView(run_id, now, frame, tuple(ids[r] for r in np.flatnonzero(pruned)))
 
 
-def _external(add: Callable[..., None], phase: Phase | None, view: Callable[[], SleepView], run_id: str,
-              now: datetime, kind: str) -> int:
+def _external(
+    add: Callable[..., None], phase: Phase | None, view: Callable[[], SleepView], run_id: str, now: datetime, kind: str
+) -> int:
     if phase is None:
         add(kind, [], lambda r, seq: r)
         return 0
@@ -451,8 +683,9 @@ def _external(add: Callable[..., None], phase: Phase | None, view: Callable[[], 
     return sum(1 for ev in produced if isinstance(ev, MemoryPromoted))
 
 
-def fold_observations(memories: pl.DataFrame, since: datetime | None, per_agent: int,
-                      captured: Sequence[str] = ()) -> pl.DataFrame:
+def fold_observations(
+    memories: pl.DataFrame, since: datetime | None, per_agent: int, captured: Sequence[str] = ()
+) -> pl.DataFrame:
     """What dream phase A routes when the observations are the fold's own memories: the hippocampus
     memories created after ``since`` (the last run; None: all), or ``captured`` since it whatever
     their event time, uncompressed, at most the newest ``per_agent`` of each agent. Columns
@@ -472,17 +705,31 @@ def fold_observations(memories: pl.DataFrame, since: datetime | None, per_agent:
     created = pl.col("created_at").dt.convert_time_zone("UTC").dt.cast_time_unit("us")
     new = memories.filter((pl.col("layer") == HIPPOCAMPUS) & ~pl.col("compressed").fill_null(False))
     if since is not None:
-        new = new.filter((created > since.astimezone(timezone.utc))
-                         | pl.col("memory_id").cast(pl.String).is_in(list(captured)))
-    return (new.select(pl.col("memory_id").cast(pl.String).alias("observation_id"), pl.col("agent").cast(pl.String),
-                       created.alias("observed_at"))
-            .sort(["agent", "observed_at", "observation_id"], descending=[False, True, True])
-            .group_by("agent", maintain_order=True).head(per_agent)
-            .sort(["agent", "observed_at", "observation_id"]))
+        new = new.filter(
+            (created > since.astimezone(timezone.utc)) | pl.col("memory_id").cast(pl.String).is_in(list(captured))
+        )
+    return (
+        new.select(
+            pl.col("memory_id").cast(pl.String).alias("observation_id"),
+            pl.col("agent").cast(pl.String),
+            created.alias("observed_at"),
+        )
+        .sort(["agent", "observed_at", "observation_id"], descending=[False, True, True])
+        .group_by("agent", maintain_order=True)
+        .head(per_agent)
+        .sort(["agent", "observed_at", "observation_id"])
+    )
 
 
-def _connect(c: Columns, vectors: _Vectors, refreshed: np.ndarray, watermark: datetime | None, now_us: int,
-             ids: list[str], observed: np.ndarray | None = None) -> pl.DataFrame:
+def _connect(
+    c: Columns,
+    vectors: _Vectors,
+    refreshed: np.ndarray,
+    watermark: datetime | None,
+    now_us: int,
+    ids: list[str],
+    observed: np.ndarray | None = None,
+) -> pl.DataFrame:
     """Dream phase B's connect step over the recently active memories (accessed or created since the
     watermark, else in the last day of their scope's stream time; routed or refreshed by phase A)
     that stay uncompressed this run."""
@@ -514,8 +761,9 @@ def _connect(c: Columns, vectors: _Vectors, refreshed: np.ndarray, watermark: da
             continue
         for rows in _by_agent(c, in_layer):
             if len(rows) > 1:
-                parts.append(dreaming.connect_recent([ids[r] for r in rows], agents[rows], vectors.memories(rows),
-                                                     existing))
+                parts.append(
+                    dreaming.connect_recent([ids[r] for r in rows], agents[rows], vectors.memories(rows), existing)
+                )
     return pl.concat(parts) if parts else empty
 
 
@@ -539,7 +787,8 @@ class _Vectors:
         self._dense: np.ndarray | None = None
         self.for_memories = inputs.vectors is not None or inputs.embed is not None
         self.for_observations = (inputs.vectors is not None and inputs.observation_vectors is not None) or (
-            inputs.vectors is None and inputs.embed is not None)
+            inputs.vectors is None and inputs.embed is not None
+        )
 
     def memories(self, rows: np.ndarray) -> np.ndarray:
         if self.inputs.vectors is None:
@@ -563,8 +812,9 @@ def _checked(vectors: np.ndarray, n: int, what: str) -> np.ndarray:
     return out
 
 
-def _dream_phase_a(c: Columns, observations: pl.DataFrame, obs_us: np.ndarray, vectors: _Vectors,
-                   ids: list[str]) -> dreaming.PhaseA:
+def _dream_phase_a(
+    c: Columns, observations: pl.DataFrame, obs_us: np.ndarray, vectors: _Vectors, ids: list[str]
+) -> dreaming.PhaseA:
     """Dream phase A, one agent at a time (what ``dreaming.dream_phase_a`` does over all agents at
     once). An observation that is itself a memory of the fold (the shell feeds the memories captured
     since the last run) is not in the pool it is routed against: it is what is being routed."""
@@ -578,11 +828,21 @@ def _dream_phase_a(c: Columns, observations: pl.DataFrame, obs_us: np.ndarray, v
     for agent in sorted(set(obs_agents.tolist())):
         o = np.flatnonzero(obs_agents == agent)
         p = pool_of.get(agent, no_rows)
-        parts.append(dreaming.dream_phase_a(
-            [ids[r] for r in p], [agent] * len(p), vectors.memories(p) if len(p) else np.zeros((0, 1)),
-            pool_edges[p], [obs_ids[i] for i in o], [agent] * len(o), obs_us[o], vectors.observations(o, obs_ids)))
-    return dreaming.PhaseA(*(pl.concat([getattr(x, name) for x in parts]) for name in dreaming.PhaseA._fields)
-                           )._replace(refined=pl.concat([x.refined for x in parts]).sort("memory_id"))
+        parts.append(
+            dreaming.dream_phase_a(
+                [ids[r] for r in p],
+                [agent] * len(p),
+                vectors.memories(p) if len(p) else np.zeros((0, 1)),
+                pool_edges[p],
+                [obs_ids[i] for i in o],
+                [agent] * len(o),
+                obs_us[o],
+                vectors.observations(o, obs_ids),
+            )
+        )
+    return dreaming.PhaseA(
+        *(pl.concat([getattr(x, name) for x in parts]) for name in dreaming.PhaseA._fields)
+    )._replace(refined=pl.concat([x.refined for x in parts]).sort("memory_id"))
 
 
 def _reviews(c: Columns, survivors: np.ndarray, now_us: int, extra: np.ndarray) -> tuple[pl.DataFrame, np.ndarray]:
@@ -594,26 +854,51 @@ def _reviews(c: Columns, survivors: np.ndarray, now_us: int, extra: np.ndarray) 
     accesses = (c.access_count + extra).astype(np.int64)
     new_accesses = accesses - f["reviewed_access_count"].to_numpy().astype(np.int64)
     rows = np.flatnonzero(survivors)
-    r = dreaming.review(stability[rows], difficulty[rows], last_review[rows], f["last_rating"].to_numpy()[rows],
-                        new_accesses[rows], f["contradicted"].to_numpy().astype(bool)[rows], now_us)
+    r = dreaming.review(
+        stability[rows],
+        difficulty[rows],
+        last_review[rows],
+        f["last_rating"].to_numpy()[rows],
+        new_accesses[rows],
+        f["contradicted"].to_numpy().astype(bool)[rows],
+        now_us,
+    )
     picked = rows[r.rows]
     order = np.lexsort((picked, c.agent_code[picked]))
     at = picked[order]
-    return pl.DataFrame({
-        "memory_id": c.ids.gather(at), "agent": f["agent"].gather(at), "rating": r.rating[order],
-        "elapsed_days": np.round(r.elapsed_days[order], 6), "retrievability": np.round(r.retrievability[order], 6),
-        "stability": np.round(r.stability[order], 6), "difficulty": np.round(r.difficulty[order], 6),
-        "interval_days": r.interval_days[order], "reviewed_access_count": accesses[at]}), at
+    return pl.DataFrame(
+        {
+            "memory_id": c.ids.gather(at),
+            "agent": f["agent"].gather(at),
+            "rating": r.rating[order],
+            "elapsed_days": np.round(r.elapsed_days[order], 6),
+            "retrievability": np.round(r.retrievability[order], 6),
+            "stability": np.round(r.stability[order], 6),
+            "difficulty": np.round(r.difficulty[order], 6),
+            "interval_days": r.interval_days[order],
+            "reviewed_access_count": accesses[at],
+        }
+    ), at
 
 
 def _review_fields(reviews: pl.DataFrame, now_us: int) -> dict[str, Any]:
     """The texts of the ``ReviewScheduled`` fields a review row holds (``decision`` has the rest)."""
     fields: dict[str, Any] = {}
-    for name in ("rating", "elapsed_days", "retrievability", "stability", "difficulty", "interval_days",
-                 "reviewed_access_count"):
+    for name in (
+        "rating",
+        "elapsed_days",
+        "retrievability",
+        "stability",
+        "difficulty",
+        "interval_days",
+        "reviewed_access_count",
+    ):
         column = reviews[name]
-        fields[name] = (json_ints(column.to_numpy()) if column.dtype.is_integer() and not column.null_count()
-                        else json_numbers(column.to_list()))
+        fields[name] = (
+            json_ints(column.to_numpy())
+            if column.dtype.is_integer() and not column.null_count()
+            else json_numbers(column.to_list())
+        )
     intervals = reviews["interval_days"]
     distinct = intervals.unique().sort()  # a few: due dates made once each
     due = pa.array([json_text(from_us(now_us + days * US_PER_DAY)) for days in distinct.to_list()], pa.string())
@@ -621,11 +906,9 @@ def _review_fields(reviews: pl.DataFrame, now_us: int) -> dict[str, Any]:
     return fields
 
 
-
 def _abstract(c: Columns, inputs: SleepInputs, survivors: np.ndarray) -> pl.DataFrame:
     f = c.frame.filter(pl.Series(survivors)).filter((pl.col("domain") != "") & (pl.col("index_keys").list.len() > 0))
     return dreaming.abstract_patterns(f, set(inputs.patterns))
-
 
 
 # --- consuming a run: resume and apply -----------------------------------------------------------
@@ -668,8 +951,9 @@ class RunAssembler:
         return seq
 
 
-def apply_run(memories: pl.DataFrame, edges: pl.DataFrame | None, events: Sequence[RunEvent]
-              ) -> tuple[pl.DataFrame, pl.DataFrame | None]:
+def apply_run(
+    memories: pl.DataFrame, edges: pl.DataFrame | None, events: Sequence[RunEvent]
+) -> tuple[pl.DataFrame, pl.DataFrame | None]:
     """The reference fold of one complete run over memory columns and the edge list (what the
     projector does in SQL). Not the hot path: used by tests and small tools."""
     frame = memory_frame(memories)
@@ -685,8 +969,12 @@ def apply_run(memories: pl.DataFrame, edges: pl.DataFrame | None, events: Sequen
             unlinked.add(ev.memory_id)
         elif isinstance(ev, MemoryCompressed):
             updates.setdefault(ev.memory_id, {}).update(
-                compressed=True, size_bytes=ev.bytes_after, edge_count=ev.compact.edge_count,
-                retention=ev.retention, index_keys=list(ev.compact.keys))
+                compressed=True,
+                size_bytes=ev.bytes_after,
+                edge_count=ev.compact.edge_count,
+                retention=ev.retention,
+                index_keys=list(ev.compact.keys),
+            )
             unlinked.add(ev.memory_id)
         elif isinstance(ev, MemoryProtected):
             updates.setdefault(ev.memory_id, {})["long_term"] = True
@@ -698,15 +986,32 @@ def apply_run(memories: pl.DataFrame, edges: pl.DataFrame | None, events: Sequen
             u["__accesses"] = u.get("__accesses", 0) + len(ev.evidence)
         elif isinstance(ev, ReviewScheduled):
             updates.setdefault(ev.memory_id, {}).update(
-                stability=ev.stability, difficulty=ev.difficulty, last_review=ev.at, last_rating=ev.rating,
-                reviewed_access_count=ev.reviewed_access_count, contradicted=False)
+                stability=ev.stability,
+                difficulty=ev.difficulty,
+                last_review=ev.at,
+                last_rating=ev.rating,
+                reviewed_access_count=ev.reviewed_access_count,
+                contradicted=False,
+            )
         elif isinstance(ev, MemoriesConnected):
             new_edges.append((ev.a, ev.b, ev.weight))
         elif isinstance(ev, ObservationCreated) and ev.observation_id not in known:
-            new_rows.append({"memory_id": ev.observation_id, "agent": ev.agent, "layer": HIPPOCAMPUS,
-                             "created_at": ev.observed_at, "last_access": None, "access_count": 0,
-                             "importance": 0.5, "outcome": "", "is_user_interaction": False, "edge_count": 0,
-                             "size_bytes": 0, "long_term": False})
+            new_rows.append(
+                {
+                    "memory_id": ev.observation_id,
+                    "agent": ev.agent,
+                    "layer": HIPPOCAMPUS,
+                    "created_at": ev.observed_at,
+                    "last_access": None,
+                    "access_count": 0,
+                    "importance": 0.5,
+                    "outcome": "",
+                    "is_user_interaction": False,
+                    "edge_count": 0,
+                    "size_bytes": 0,
+                    "long_term": False,
+                }
+            )
     if updates:
         rows = frame.to_dicts()
         for row in rows:
@@ -731,4 +1036,3 @@ def apply_run(memories: pl.DataFrame, edges: pl.DataFrame | None, events: Sequen
             e = pl.concat([e, pl.DataFrame(new_edges, schema=e.schema, orient="row")])
         edges = e
     return frame.sort("memory_id"), edges
-

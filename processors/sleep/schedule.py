@@ -35,8 +35,9 @@ def validate_schedule(schedule: str) -> str:
     return schedule
 
 
-def fire_times(schedule: str, after: datetime, before: datetime, *, tz: str = "UTC",
-               limit: int | None = None) -> tuple[list[datetime], int]:
+def fire_times(
+    schedule: str, after: datetime, before: datetime, *, tz: str = "UTC", limit: int | None = None
+) -> tuple[list[datetime], int]:
     """Cron fire times ``f`` with ``after < f < before`` (UTC, ascending) and how many older ones were
     dropped by ``limit`` (only the last ``limit`` are kept: a catch-up after a long gap stays short).
 
@@ -107,8 +108,9 @@ def bounded_time(event_time: datetime, record_time: datetime | None, skew_s: flo
     return min(event_time, record_time + timedelta(seconds=skew_s))
 
 
-def advance(clock: SleepClock, event_time: datetime, config: SleepConfig = SleepConfig()
-            ) -> tuple[SleepClock, list[datetime], int]:
+def advance(
+    clock: SleepClock, event_time: datetime, config: SleepConfig = SleepConfig()
+) -> tuple[SleepClock, list[datetime], int]:
     """Call before applying a record with ``event_time``: the runs due first (ascending), the new
     clock, and how many fire times were skipped by ``max_catch_up``. The first record starts the
     clock (no runs for the time before the stream began).
@@ -126,8 +128,9 @@ def advance(clock: SleepClock, event_time: datetime, config: SleepConfig = Sleep
         return SleepClock(event_time.astimezone(timezone.utc)), [], 0
     if config.schedule == SCHEDULE_OFF:
         return clock, [], 0
-    due, dropped = fire_times(config.schedule, clock.last_fired, event_time, tz=config.schedule_tz,
-                              limit=config.max_catch_up)
+    due, dropped = fire_times(
+        config.schedule, clock.last_fired, event_time, tz=config.schedule_tz, limit=config.max_catch_up
+    )
     if not due:
         return clock, [], dropped
     return SleepClock(due[-1]), due, dropped
@@ -152,4 +155,3 @@ def run_id_for(at: datetime) -> str:
     """One run per event time: ``sleep-20240515T030000Z`` (microseconds when there are any)."""
     at = at.astimezone(timezone.utc)
     return "sleep-" + (at.strftime("%Y%m%dT%H%M%S") + (f".{at.microsecond:06d}" if at.microsecond else "") + "Z")
-

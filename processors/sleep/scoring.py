@@ -113,8 +113,11 @@ def memory_frame(frame: pl.DataFrame) -> pl.DataFrame:
     exprs = []
     for name, (dtype, _, default) in MEMORY_COLUMNS.items():
         if name not in frame.columns:
-            exprs.append(pl.lit(default, dtype=dtype).alias(name) if default is not None or name in NULLABLE
-                         else pl.lit(None, dtype=dtype).alias(name))
+            exprs.append(
+                pl.lit(default, dtype=dtype).alias(name)
+                if default is not None or name in NULLABLE
+                else pl.lit(None, dtype=dtype).alias(name)
+            )
             continue
         col = pl.col(name)
         if dtype == DATETIME_US:
@@ -130,8 +133,19 @@ def memory_frame(frame: pl.DataFrame) -> pl.DataFrame:
     out = frame.select(exprs)
     if out["memory_id"].n_unique() != out.height:
         raise ValueError("memory_id must be unique")
-    for name in ("memory_id", "agent", "layer", "created_at", "access_count", "importance", "outcome",
-                 "is_user_interaction", "edge_count", "size_bytes", "long_term"):
+    for name in (
+        "memory_id",
+        "agent",
+        "layer",
+        "created_at",
+        "access_count",
+        "importance",
+        "outcome",
+        "is_user_interaction",
+        "edge_count",
+        "size_bytes",
+        "long_term",
+    ):
         if out[name].null_count():
             raise ValueError(f"memory column {name!r} has nulls")
     return out
@@ -178,8 +192,9 @@ class Columns:
         self.size_bytes = f["size_bytes"].to_numpy().astype(np.int64)
         self.stored = f["retention"].fill_null(np.nan).to_numpy().astype(np.float64)
         self.max_age = np.where(self.is_hip, config.hippocampus.max_age_days, config.semantic.max_age_days)
-        self.compress_after = np.where(self.is_hip, config.hippocampus.compress_after_days,
-                                       config.semantic.compress_after_days)
+        self.compress_after = np.where(
+            self.is_hip, config.hippocampus.compress_after_days, config.semantic.compress_after_days
+        )
         local = f["created_at"].dt.convert_time_zone(config.bin_tz)
         hour = local.dt.hour().to_numpy().astype(np.int64)
         weekday = local.dt.weekday().to_numpy().astype(np.int64) - 1  # Monday 0, as the SCN counts
@@ -216,7 +231,7 @@ class Columns:
     def degree(self, mask: np.ndarray) -> np.ndarray:
         """Edges of each node whose both ends are in ``mask``."""
         live = mask[self.gi] & mask[self.gj]
-        return (np.bincount(self.gi[live], minlength=self.n) + np.bincount(self.gj[live], minlength=self.n))
+        return np.bincount(self.gi[live], minlength=self.n) + np.bincount(self.gj[live], minlength=self.n)
 
 
 def _categories(values: pl.Series) -> tuple[np.ndarray, list[str], np.ndarray]:
@@ -234,8 +249,14 @@ def _categories(values: pl.Series) -> tuple[np.ndarray, list[str], np.ndarray]:
     return sorted_names[codes], names, codes
 
 
-def retention_scores(access_count: np.ndarray, idle_days: np.ndarray, edges: np.ndarray, importance: np.ndarray,
-                     outcome_value: np.ndarray, max_age_days: np.ndarray | float) -> np.ndarray:
+def retention_scores(
+    access_count: np.ndarray,
+    idle_days: np.ndarray,
+    edges: np.ndarray,
+    importance: np.ndarray,
+    outcome_value: np.ndarray,
+    max_age_days: np.ndarray | float,
+) -> np.ndarray:
     """The retention score (module doc), vectorised, rounded to 6 places.
 
     >>> import numpy as np
@@ -248,8 +269,13 @@ def retention_scores(access_count: np.ndarray, idle_days: np.ndarray, edges: np.
     access = np.minimum(1.0, np.log1p(np.asarray(access_count, dtype=np.float64)) / np.log1p(ACCESS_SATURATION))
     recency = 0.5 ** (np.asarray(idle_days, dtype=np.float64) / max_age_days)
     graph = np.minimum(1.0, np.log1p(np.asarray(edges, dtype=np.float64)) / np.log1p(EDGE_SATURATION))
-    score = (w["access"] * access + w["recency"] * recency + w["graph"] * graph
-             + w["importance"] * np.clip(importance, 0.0, 1.0) + w["outcome"] * outcome_value)
+    score = (
+        w["access"] * access
+        + w["recency"] * recency
+        + w["graph"] * graph
+        + w["importance"] * np.clip(importance, 0.0, 1.0)
+        + w["outcome"] * outcome_value
+    )
     return np.round(np.clip(score, 0.0, 1.0), 6)
 
 
@@ -291,8 +317,9 @@ def _coverage_rescue(c: Columns, alive: np.ndarray, cand: np.ndarray, retention:
     return rescued
 
 
-def _over_capacity(c: Columns, members: np.ndarray, protected: np.ndarray, retention: np.ndarray,
-                   caps: np.ndarray) -> np.ndarray:
+def _over_capacity(
+    c: Columns, members: np.ndarray, protected: np.ndarray, retention: np.ndarray, caps: np.ndarray
+) -> np.ndarray:
     """Episodes pruned so each agent keeps at most its cap (protected ones are never chosen;
     the best memory of each SCN bin goes last)."""
     counts = np.bincount(c.agent_code[members], minlength=len(c.agents))
@@ -314,9 +341,17 @@ def _over_capacity(c: Columns, members: np.ndarray, protected: np.ndarray, reten
     return out
 
 
-def consolidate(c: Columns, active: np.ndarray, config: SleepConfig, *, pruned_before: np.ndarray | None = None,
-                compressed_before: np.ndarray | None = None, refreshed: np.ndarray | None = None,
-                extra_accesses: np.ndarray | None = None, caps: np.ndarray | None = None) -> Consolidated:
+def consolidate(
+    c: Columns,
+    active: np.ndarray,
+    config: SleepConfig,
+    *,
+    pruned_before: np.ndarray | None = None,
+    compressed_before: np.ndarray | None = None,
+    refreshed: np.ndarray | None = None,
+    extra_accesses: np.ndarray | None = None,
+    caps: np.ndarray | None = None,
+) -> Consolidated:
     """Protect, score, compress and prune the ``active`` rows, iterated to a fixpoint (module doc).
 
     ``pruned_before``/``compressed_before``: the state after earlier phases of the run;
@@ -364,14 +399,32 @@ def consolidate(c: Columns, active: np.ndarray, config: SleepConfig, *, pruned_b
         pruned |= new
     survivors = active & ~gone & ~pruned
     protect = survivors & (c.user | c.success) & ~c.long_term
-    rescore = survivors & (np.isnan(c.stored) | (np.abs(np.nan_to_num(c.stored, nan=0.0) - retention)
-                                                  >= config.rescore_epsilon - 1e-12))
-    return Consolidated(pruned, reason, prune_retention, compress & survivors, snapshot, retention, protect,
-                        rescore, iterations, converged)
+    rescore = survivors & (
+        np.isnan(c.stored) | (np.abs(np.nan_to_num(c.stored, nan=0.0) - retention) >= config.rescore_epsilon - 1e-12)
+    )
+    return Consolidated(
+        pruned,
+        reason,
+        prune_retention,
+        compress & survivors,
+        snapshot,
+        retention,
+        protect,
+        rescore,
+        iterations,
+        converged,
+    )
 
 
-def compact_memory(memory_id: str, created_us: int, access_us: int, outcome: str, access_count: int,
-                   edge_count: int, keys: Sequence[str]) -> CompactMemory:
+def compact_memory(
+    memory_id: str,
+    created_us: int,
+    access_us: int,
+    outcome: str,
+    access_count: int,
+    edge_count: int,
+    keys: Sequence[str],
+) -> CompactMemory:
     """The compact form: whole-second times, and as many index keys (each cut to 40 characters)
     as fit in ``COMPACT_MAX_BYTES``.
 
@@ -380,9 +433,14 @@ def compact_memory(memory_id: str, created_us: int, access_us: int, outcome: str
     >>> compact_size(c) <= 200, len(c.keys)
     (True, 1)
     """
-    base = CompactMemory(memory_id=memory_id, created_at=from_us(created_us // 1_000_000 * 1_000_000),
-                         last_access=from_us(access_us // 1_000_000 * 1_000_000), outcome=outcome[:16],
-                         access_count=max(int(access_count), 0), edge_count=max(int(edge_count), 0))
+    base = CompactMemory(
+        memory_id=memory_id,
+        created_at=from_us(created_us // 1_000_000 * 1_000_000),
+        last_access=from_us(access_us // 1_000_000 * 1_000_000),
+        outcome=outcome[:16],
+        access_count=max(int(access_count), 0),
+        edge_count=max(int(edge_count), 0),
+    )
     size = compact_size(base)
     if size > COMPACT_MAX_BYTES:  # an id too long for the bound: keep a digest of it instead
         digest = "b2:" + hashlib.blake2b(memory_id.encode(), digest_size=16).hexdigest()
@@ -411,14 +469,19 @@ def retire_triples(triples: pl.DataFrame, now: datetime, retention_days: float =
     if isinstance(triples.schema["valid_to"], pl.Datetime) and triples.schema["valid_to"].time_zone is None:
         valid_to = valid_to.dt.replace_time_zone("UTC")
     cutoff = now.astimezone(timezone.utc) - timedelta(days=retention_days)
-    return (triples.select(pl.col("triple_id").cast(pl.String), valid_to.dt.convert_time_zone("UTC")
-                           .dt.cast_time_unit("us").alias("valid_to"))
-            .filter(pl.col("valid_to").is_not_null() & (pl.col("valid_to") < cutoff)).sort("triple_id"))
+    return (
+        triples.select(
+            pl.col("triple_id").cast(pl.String),
+            valid_to.dt.convert_time_zone("UTC").dt.cast_time_unit("us").alias("valid_to"),
+        )
+        .filter(pl.col("valid_to").is_not_null() & (pl.col("valid_to") < cutoff))
+        .sort("triple_id")
+    )
 
 
-
-def idle_triples(triples: pl.DataFrame, now: datetime, retire_days: float,
-                 scope_times: Mapping[str, datetime] | None = None) -> pl.DataFrame:
+def idle_triples(
+    triples: pl.DataFrame, now: datetime, retire_days: float, scope_times: Mapping[str, datetime] | None = None
+) -> pl.DataFrame:
     """Live triples (``valid_to`` null) whose ``last_touched`` (last reinforcement or retrieval) is more
     than ``retire_days`` before their scope's stream time (``scope_times``, never later than ``now``;
     a scope not in it: ``now``): triple_id, last_touched, by triple_id. ``retire_days <= 0``: none.
@@ -438,13 +501,22 @@ def idle_triples(triples: pl.DataFrame, now: datetime, retire_days: float,
     at = [min(now, (scope_times or {}).get(s, now).astimezone(timezone.utc)) for s in scopes]
     clock = pl.DataFrame({"scope": scopes, "__at": at}, schema={"scope": pl.String, "__at": DATETIME_US})
     touched = _utc(triples, "last_touched")
-    return (triples.select(pl.col("triple_id").cast(pl.String), pl.col("scope").cast(pl.String),
-                           _utc(triples, "valid_to").alias("valid_to"), touched.alias("last_touched"))
-            .join(clock, on="scope", how="left")
-            .filter(pl.col("valid_to").is_null() & pl.col("last_touched").is_not_null()
-                    & (pl.col("last_touched") < pl.col("__at") - pl.duration(microseconds=int(
-                        retire_days * US_PER_DAY))))
-            .select("triple_id", "last_touched").sort("triple_id"))
+    return (
+        triples.select(
+            pl.col("triple_id").cast(pl.String),
+            pl.col("scope").cast(pl.String),
+            _utc(triples, "valid_to").alias("valid_to"),
+            touched.alias("last_touched"),
+        )
+        .join(clock, on="scope", how="left")
+        .filter(
+            pl.col("valid_to").is_null()
+            & pl.col("last_touched").is_not_null()
+            & (pl.col("last_touched") < pl.col("__at") - pl.duration(microseconds=int(retire_days * US_PER_DAY)))
+        )
+        .select("triple_id", "last_touched")
+        .sort("triple_id")
+    )
 
 
 def _utc(frame: pl.DataFrame, name: str) -> pl.Expr:

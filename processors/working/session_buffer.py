@@ -105,6 +105,7 @@ ELLIPSIS = "…"
 
 # ---- settings ---------------------------------------------------------------------------
 
+
 def resolve_max_tokens(max_tokens: int, model_context_tokens: int) -> int:
     """The working-memory token budget; -1: 60% of the model's context, clamped to [16K, 600K].
 
@@ -159,6 +160,7 @@ DEFAULT_SETTINGS = WorkingMemorySettings()
 
 # ---- tokens and text --------------------------------------------------------------------
 
+
 def estimate_tokens(text: str) -> int:
     """``ceil(len(text) / 4)``: cheap, pinned, subadditive.
 
@@ -185,7 +187,8 @@ def clip(text: str, max_chars: int) -> str:
     return cut.rstrip() + ELLIPSIS
 
 
-STOP_WORDS = frozenset("""
+STOP_WORDS = frozenset(
+    """
 a about above after again against all also am an and any are aren as at be because been before being
 below between both but by can cannot could couldn did didn do does doesn doing don down during each
 few for from further had hadn has hasn have haven having he her here hers herself him himself his how
@@ -195,7 +198,8 @@ the their theirs them themselves then there these they this those through to too
 was wasn we were weren what when where which while who whom why will with won would wouldn yes you
 your yours yourself yourselves ok okay sure hi hello hey would like could also just get got one
 need want prefer name
-""".split())
+""".split()
+)
 
 _WORD = re.compile(r"\w{3,}")
 _SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+|\n+")
@@ -211,6 +215,7 @@ def content_words(text: str) -> list[str]:
 
 
 # ---- the summariser ---------------------------------------------------------------------
+
 
 class Summariser(Protocol):
     """``(label, text)`` pairs, oldest first (label: a role, or "" for a summary) -> a summary body
@@ -231,7 +236,7 @@ def extractive_summary(parts: Sequence[tuple[str, str]], max_chars: int = MAX_SU
     counts: dict[str, int] = {}
     for i, (label, text) in enumerate(parts):
         # Only the head is split: a summary has ~60 characters per message, the head is plenty.
-        head = text[:MAX_SENTENCES_PER_MESSAGE * MAX_SENTENCE_CHARS].strip()
+        head = text[: MAX_SENTENCES_PER_MESSAGE * MAX_SENTENCE_CHARS].strip()
         for raw in _SENTENCE_BREAK.split(head, MAX_SENTENCES_PER_MESSAGE)[:MAX_SENTENCES_PER_MESSAGE]:
             raw = " ".join(raw.split())
             if not raw:
@@ -298,8 +303,9 @@ _args_encoder = msgspec.json.Encoder(order="sorted")
 def message(seq: int, ts: datetime, role: Role, text: str, tool: str | None = None) -> BufferedMessage:
     """A buffered message: text clipped to ``MAX_MESSAGE_CHARS``, tokens estimated once."""
     text = clip(text, MAX_MESSAGE_CHARS)
-    return BufferedMessage(seq=seq, ts=ts, role=role, text=text, tool=tool,
-                           tokens=estimate_tokens(text) + MESSAGE_OVERHEAD_TOKENS)
+    return BufferedMessage(
+        seq=seq, ts=ts, role=role, text=text, tool=tool, tokens=estimate_tokens(text) + MESSAGE_OVERHEAD_TOKENS
+    )
 
 
 def message_from_event(ev: TraceEvent) -> BufferedMessage | None:
@@ -348,19 +354,42 @@ def _tools_of(names: Iterable[str | None]) -> tuple[str, ...]:
     return tuple(n for n in dict.fromkeys(names) if n)[:MAX_SUMMARY_TOOLS]
 
 
-def _summary(state: WorkingMemoryState, level: int, first_seq: int, last_seq: int, first_ts: datetime,
-             last_ts: datetime, messages: int, tools: tuple[str, ...], body: str) -> SessionSummary:
-    s = SessionSummary(summary_id=summary_id_for(state.agent, state.session_id, level, first_seq, last_seq),
-                       level=level, first_seq=first_seq, last_seq=last_seq, first_ts=first_ts, last_ts=last_ts,
-                       messages=messages, tools=tools, text=body, tokens=0)
+def _summary(
+    state: WorkingMemoryState,
+    level: int,
+    first_seq: int,
+    last_seq: int,
+    first_ts: datetime,
+    last_ts: datetime,
+    messages: int,
+    tools: tuple[str, ...],
+    body: str,
+) -> SessionSummary:
+    s = SessionSummary(
+        summary_id=summary_id_for(state.agent, state.session_id, level, first_seq, last_seq),
+        level=level,
+        first_seq=first_seq,
+        last_seq=last_seq,
+        first_ts=first_ts,
+        last_ts=last_ts,
+        messages=messages,
+        tools=tools,
+        text=body,
+        tokens=0,
+    )
     return msgspec.structs.replace(s, tokens=estimate_tokens(summary_line(s)) + MESSAGE_OVERHEAD_TOKENS)
 
 
 # ---- the fold ---------------------------------------------------------------------------
 
-def add(state: WorkingMemoryState, msg: BufferedMessage, settings: WorkingMemorySettings = DEFAULT_SETTINGS,
-        summariser: Summariser = extractive_summary, at: datetime | None = None,
-        ) -> tuple[WorkingMemoryState, list[WorkingMemoryEvent]]:
+
+def add(
+    state: WorkingMemoryState,
+    msg: BufferedMessage,
+    settings: WorkingMemorySettings = DEFAULT_SETTINGS,
+    summariser: Summariser = extractive_summary,
+    at: datetime | None = None,
+) -> tuple[WorkingMemoryState, list[WorkingMemoryEvent]]:
     """Append one message; summarise on overflow; evict past capacity; compress to the token budget.
 
     A message whose ``seq`` is not above ``state.last_seq`` (a redelivery), or any message after the
@@ -371,8 +400,9 @@ def add(state: WorkingMemoryState, msg: BufferedMessage, settings: WorkingMemory
         return state, []
     at = msg.ts if at is None else at
     events: list[WorkingMemoryEvent] = []
-    state = msgspec.structs.replace(state, last_seq=msg.seq, messages=state.messages + (msg,),
-                                    message_tokens=state.message_tokens + msg.tokens)
+    state = msgspec.structs.replace(
+        state, last_seq=msg.seq, messages=state.messages + (msg,), message_tokens=state.message_tokens + msg.tokens
+    )
     if len(state.messages) > settings.buffer_size:
         # never into the newest keep_recent (keep_recent <= buffer_size, so at least one goes)
         n = min(settings.summary_batch, len(state.messages) - settings.keep_recent)
@@ -382,34 +412,70 @@ def add(state: WorkingMemoryState, msg: BufferedMessage, settings: WorkingMemory
     return state, events
 
 
-def _summarise_oldest(state: WorkingMemoryState, n: int, reason: CompressionReason, settings: WorkingMemorySettings,
-                      summariser: Summariser, at: datetime, events: list[WorkingMemoryEvent]) -> WorkingMemoryState:
+def _summarise_oldest(
+    state: WorkingMemoryState,
+    n: int,
+    reason: CompressionReason,
+    settings: WorkingMemorySettings,
+    summariser: Summariser,
+    at: datetime,
+    events: list[WorkingMemoryEvent],
+) -> WorkingMemoryState:
     batch, rest = state.messages[:n], state.messages[n:]
     body = summariser([(message_label(m), m.text) for m in batch], MAX_SUMMARY_CHARS)
-    summary = _summary(state, 0, batch[0].seq, batch[-1].seq, batch[0].ts, batch[-1].ts, len(batch),
-                       _tools_of(m.tool for m in batch), clip(body, MAX_SUMMARY_CHARS))
+    summary = _summary(
+        state,
+        0,
+        batch[0].seq,
+        batch[-1].seq,
+        batch[0].ts,
+        batch[-1].ts,
+        len(batch),
+        _tools_of(m.tool for m in batch),
+        clip(body, MAX_SUMMARY_CHARS),
+    )
     state = msgspec.structs.replace(
-        state, messages=rest, message_tokens=state.message_tokens - sum(m.tokens for m in batch),
-        summaries=state.summaries + (summary,), summary_tokens=state.summary_tokens + summary.tokens,
-        summarised=state.summarised + len(batch))
-    events.append(MessagesSummarised(agent=state.agent, session_id=state.session_id, user_id=state.user_id,
-                                     at=at, reason=reason, summary=summary))
+        state,
+        messages=rest,
+        message_tokens=state.message_tokens - sum(m.tokens for m in batch),
+        summaries=state.summaries + (summary,),
+        summary_tokens=state.summary_tokens + summary.tokens,
+        summarised=state.summarised + len(batch),
+    )
+    events.append(
+        MessagesSummarised(
+            agent=state.agent, session_id=state.session_id, user_id=state.user_id, at=at, reason=reason, summary=summary
+        )
+    )
     while len(state.summaries) > settings.summary_capacity:
         state = _evict_oldest(state, CompressionReason.CAPACITY, at, events)
     return state
 
 
-def _evict_oldest(state: WorkingMemoryState, reason: CompressionReason, at: datetime,
-                  events: list[WorkingMemoryEvent]) -> WorkingMemoryState:
+def _evict_oldest(
+    state: WorkingMemoryState, reason: CompressionReason, at: datetime, events: list[WorkingMemoryEvent]
+) -> WorkingMemoryState:
     gone = state.summaries[0]
-    events.append(SummaryEvicted(agent=state.agent, session_id=state.session_id, user_id=state.user_id,
-                                 at=at, reason=reason, summary=gone))
-    return msgspec.structs.replace(state, summaries=state.summaries[1:],
-                                   summary_tokens=state.summary_tokens - gone.tokens, evicted=state.evicted + 1)
+    events.append(
+        SummaryEvicted(
+            agent=state.agent, session_id=state.session_id, user_id=state.user_id, at=at, reason=reason, summary=gone
+        )
+    )
+    return msgspec.structs.replace(
+        state,
+        summaries=state.summaries[1:],
+        summary_tokens=state.summary_tokens - gone.tokens,
+        evicted=state.evicted + 1,
+    )
 
 
-def _compress(state: WorkingMemoryState, settings: WorkingMemorySettings, summariser: Summariser, at: datetime,
-              events: list[WorkingMemoryEvent]) -> WorkingMemoryState:
+def _compress(
+    state: WorkingMemoryState,
+    settings: WorkingMemorySettings,
+    summariser: Summariser,
+    at: datetime,
+    events: list[WorkingMemoryEvent],
+) -> WorkingMemoryState:
     budget = settings.token_budget
     reason = CompressionReason.TOKEN_BUDGET
     # 1. the oldest messages, a batch at a time, never the newest keep_recent
@@ -418,25 +484,47 @@ def _compress(state: WorkingMemoryState, settings: WorkingMemorySettings, summar
         state = _summarise_oldest(state, n, reason, settings, summariser, at, events)
     # 2. the oldest summaries, merged a batch at a time into one of a higher level
     while state.tokens > budget and len(state.summaries) >= 2:
-        group = state.summaries[:settings.summary_batch]
+        group = state.summaries[: settings.summary_batch]
         body = summariser([("", s.text) for s in group], MAX_SUMMARY_CHARS)
-        merged = _summary(state, max(s.level for s in group) + 1, group[0].first_seq, group[-1].last_seq,
-                          group[0].first_ts, group[-1].last_ts, sum(s.messages for s in group),
-                          _tools_of(t for s in group for t in s.tools), clip(body, MAX_SUMMARY_CHARS))
+        merged = _summary(
+            state,
+            max(s.level for s in group) + 1,
+            group[0].first_seq,
+            group[-1].last_seq,
+            group[0].first_ts,
+            group[-1].last_ts,
+            sum(s.messages for s in group),
+            _tools_of(t for s in group for t in s.tools),
+            clip(body, MAX_SUMMARY_CHARS),
+        )
         state = msgspec.structs.replace(
-            state, summaries=(merged,) + state.summaries[len(group):],
-            summary_tokens=state.summary_tokens - sum(s.tokens for s in group) + merged.tokens)
-        events.append(SummariesMerged(agent=state.agent, session_id=state.session_id, user_id=state.user_id,
-                                      at=at, reason=reason, merged=tuple(s.summary_id for s in group),
-                                      summary=merged))
+            state,
+            summaries=(merged,) + state.summaries[len(group) :],
+            summary_tokens=state.summary_tokens - sum(s.tokens for s in group) + merged.tokens,
+        )
+        events.append(
+            SummariesMerged(
+                agent=state.agent,
+                session_id=state.session_id,
+                user_id=state.user_id,
+                at=at,
+                reason=reason,
+                merged=tuple(s.summary_id for s in group),
+                summary=merged,
+            )
+        )
     # 3. the oldest summaries, dropped; what is left over budget is the newest messages, kept whole
     while state.tokens > budget and state.summaries:
         state = _evict_oldest(state, reason, at, events)
     return state
 
 
-def apply(state: WorkingMemoryState, ev: TraceEvent, settings: WorkingMemorySettings = DEFAULT_SETTINGS,
-          summariser: Summariser = extractive_summary) -> tuple[WorkingMemoryState, list[WorkingMemoryEvent]]:
+def apply(
+    state: WorkingMemoryState,
+    ev: TraceEvent,
+    settings: WorkingMemorySettings = DEFAULT_SETTINGS,
+    summariser: Summariser = extractive_summary,
+) -> tuple[WorkingMemoryState, list[WorkingMemoryEvent]]:
     """Apply one trace event of the state's session (idempotent: see ``add``)."""
     if state.closed or ev.seq <= state.last_seq:
         return state, []
@@ -444,8 +532,9 @@ def apply(state: WorkingMemoryState, ev: TraceEvent, settings: WorkingMemorySett
     if msg is not None:
         return add(state, msg, settings, summariser)
     if isinstance(ev, SessionStarted):
-        return msgspec.structs.replace(state, last_seq=ev.seq, user_id=ev.payload.user_id,
-                                       task=clip(ev.payload.task, MAX_TASK_CHARS) or None), []
+        return msgspec.structs.replace(
+            state, last_seq=ev.seq, user_id=ev.payload.user_id, task=clip(ev.payload.task, MAX_TASK_CHARS) or None
+        ), []
     if isinstance(ev, SessionEnded):
         return msgspec.structs.replace(state, last_seq=ev.seq, closed=True), []
     return msgspec.structs.replace(state, last_seq=ev.seq), []  # delegations: not messages
@@ -459,9 +548,12 @@ class WorkingMemoryOutput:
     late: int = 0  # events after the session ended
 
 
-def remember(prior: Mapping[str, WorkingMemoryState], events: Iterable[TraceEvent],
-             settings: WorkingMemorySettings = DEFAULT_SETTINGS,
-             summariser: Summariser = extractive_summary) -> WorkingMemoryOutput:
+def remember(
+    prior: Mapping[str, WorkingMemoryState],
+    events: Iterable[TraceEvent],
+    settings: WorkingMemorySettings = DEFAULT_SETTINGS,
+    summariser: Summariser = extractive_summary,
+) -> WorkingMemoryOutput:
     """Apply a batch of trace events to the working memories of their sessions (``prior`` is not
     modified; states are frozen). Sessions in first-appearance order, each session's events in the order
     given (arrival order; an event whose seq is not above the last applied one is skipped)."""
@@ -489,9 +581,16 @@ def remember(prior: Mapping[str, WorkingMemoryState], events: Iterable[TraceEven
 def compact(state: WorkingMemoryState) -> WorkingMemoryState:
     """What a closed session keeps once its buffer is no longer wanted: enough to ignore late or
     redelivered events (``closed``, ``last_seq``) and its counters; no messages, no summaries."""
-    return WorkingMemoryState(agent=state.agent, session_id=state.session_id, user_id=state.user_id,
-                              task=state.task, last_seq=state.last_seq, closed=True,
-                              summarised=state.summarised, evicted=state.evicted)
+    return WorkingMemoryState(
+        agent=state.agent,
+        session_id=state.session_id,
+        user_id=state.user_id,
+        task=state.task,
+        last_seq=state.last_seq,
+        closed=True,
+        summarised=state.summarised,
+        evicted=state.evicted,
+    )
 
 
 def recent(state: WorkingMemoryState, n: int = 10) -> tuple[BufferedMessage, ...]:

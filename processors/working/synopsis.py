@@ -99,8 +99,11 @@ _TRAITS = [
     re.compile(r"\bI work as (?:a |an )?" + _SHORT_CLAUSE, re.I),
     re.compile(r"\bas (?:a|an) ([^,.!?;\n]+), I\b", re.I),
 ]
-_GOALS = re.compile(r"\b(?:I need to|I want to|I'd like to|I would like to|I(?:'m| am) trying to|"
-                    r"[Mm]y goal is to|[Hh]elp me)\s+" + _CLAUSE, re.I)
+_GOALS = re.compile(
+    r"\b(?:I need to|I want to|I'd like to|I would like to|I(?:'m| am) trying to|"
+    r"[Mm]y goal is to|[Hh]elp me)\s+" + _CLAUSE,
+    re.I,
+)
 
 
 def stored_kind(kind: str, user_interaction: bool) -> MemoryKind:
@@ -165,8 +168,9 @@ class ExtractiveSynopsisBuilder:
                 preferences.extend(p for _, p in sorted(hits, reverse=True))  # later in the message: newer
                 found_traits = sorted((x.start(), _phrase(x.group(1))) for p in _TRAITS for x in p.finditer(m.text))
                 traits.extend(t for _, t in reversed(found_traits))
-        return UserIdentity(name=name, preferences=_distinct(preferences, MAX_PREFERENCES),
-                            traits=_distinct(traits, MAX_TRAITS))
+        return UserIdentity(
+            name=name, preferences=_distinct(preferences, MAX_PREFERENCES), traits=_distinct(traits, MAX_TRAITS)
+        )
 
     def context(self, memories: Sequence[UserMemory], now: datetime) -> UserContext:
         weights: dict[str, float] = {}
@@ -192,25 +196,42 @@ class ExtractiveSynopsisBuilder:
 DEFAULT_BUILDER = ExtractiveSynopsisBuilder()
 
 
-def stale_parts(synopsis: UserSynopsis | None, now: datetime, identity_ttl: timedelta = IDENTITY_TTL,
-                context_ttl: timedelta = CONTEXT_TTL) -> tuple[bool, bool]:
+def stale_parts(
+    synopsis: UserSynopsis | None,
+    now: datetime,
+    identity_ttl: timedelta = IDENTITY_TTL,
+    context_ttl: timedelta = CONTEXT_TTL,
+) -> tuple[bool, bool]:
     """(identity stale, context stale): stale when ``now - built_at >= ttl``; no synopsis: both."""
     if synopsis is None:
         return True, True
     return now - synopsis.identity_built_at >= identity_ttl, now - synopsis.context_built_at >= context_ttl
 
 
-def build(user_id: str, memories: Iterable[UserMemory], now: datetime,
-          builder: SynopsisBuilder = DEFAULT_BUILDER) -> UserSynopsis:
+def build(
+    user_id: str, memories: Iterable[UserMemory], now: datetime, builder: SynopsisBuilder = DEFAULT_BUILDER
+) -> UserSynopsis:
     """A fresh synopsis from the memories of ``user_id`` (any other user's memories are ignored)."""
     own = [m for m in memories if m.user_id == user_id]
-    return UserSynopsis(user_id=user_id, identity=builder.identity(own), identity_built_at=now,
-                        context=builder.context(own, now), context_built_at=now, builder=builder.name)
+    return UserSynopsis(
+        user_id=user_id,
+        identity=builder.identity(own),
+        identity_built_at=now,
+        context=builder.context(own, now),
+        context_built_at=now,
+        builder=builder.name,
+    )
 
 
-def refresh(synopsis: UserSynopsis | None, user_id: str, now: datetime, load: MemoryLoader,
-            builder: SynopsisBuilder = DEFAULT_BUILDER, identity_ttl: timedelta = IDENTITY_TTL,
-            context_ttl: timedelta = CONTEXT_TTL) -> UserSynopsis:
+def refresh(
+    synopsis: UserSynopsis | None,
+    user_id: str,
+    now: datetime,
+    load: MemoryLoader,
+    builder: SynopsisBuilder = DEFAULT_BUILDER,
+    identity_ttl: timedelta = IDENTITY_TTL,
+    context_ttl: timedelta = CONTEXT_TTL,
+) -> UserSynopsis:
     """``synopsis`` with its stale parts rebuilt as of ``now`` (the same object when nothing is
     stale; ``load`` is called only when something is). A synopsis of another user is discarded."""
     if synopsis is not None and synopsis.user_id != user_id:
@@ -223,11 +244,13 @@ def refresh(synopsis: UserSynopsis | None, user_id: str, now: datetime, load: Me
     if synopsis is None:
         return build(user_id, own, now, builder)
     if identity_stale:
-        synopsis = msgspec.structs.replace(synopsis, identity=builder.identity(own), identity_built_at=now,
-                                           builder=builder.name)
+        synopsis = msgspec.structs.replace(
+            synopsis, identity=builder.identity(own), identity_built_at=now, builder=builder.name
+        )
     if context_stale:
-        synopsis = msgspec.structs.replace(synopsis, context=builder.context(own, now), context_built_at=now,
-                                           builder=builder.name)
+        synopsis = msgspec.structs.replace(
+            synopsis, context=builder.context(own, now), context_built_at=now, builder=builder.name
+        )
     return synopsis
 
 
@@ -273,8 +296,13 @@ class SynopsisCache:
     ['u1', 'u1']
     """
 
-    def __init__(self, builder: SynopsisBuilder = DEFAULT_BUILDER, max_users: int = 10_000,
-                 identity_ttl: timedelta = IDENTITY_TTL, context_ttl: timedelta = CONTEXT_TTL) -> None:
+    def __init__(
+        self,
+        builder: SynopsisBuilder = DEFAULT_BUILDER,
+        max_users: int = 10_000,
+        identity_ttl: timedelta = IDENTITY_TTL,
+        context_ttl: timedelta = CONTEXT_TTL,
+    ) -> None:
         if max_users < 1:
             raise ValueError(f"max_users must be >= 1, got {max_users}")
         self.builder, self.max_users = builder, max_users
@@ -283,8 +311,9 @@ class SynopsisCache:
 
     def get(self, user_id: str, now: datetime, load: MemoryLoader, view: str = "") -> UserSynopsis:
         key = (user_id, view)
-        synopsis = refresh(self._entries.get(key), user_id, now, load, self.builder, self.identity_ttl,
-                           self.context_ttl)
+        synopsis = refresh(
+            self._entries.get(key), user_id, now, load, self.builder, self.identity_ttl, self.context_ttl
+        )
         self._entries[key] = synopsis
         self._entries.move_to_end(key)
         while len(self._entries) > self.max_users:

@@ -20,6 +20,20 @@ from somnus.bench.scn import run_scn_footprint
 from somnus.bench.sleep import run_sleep
 from somnus.bench.synthetic import synthetic_triples
 
-__all__ = ["isolated_pipeline", "python_loop_s", "raw_consume", "run_advise", "run_briefing", "run_capture",
-           "run_context", "run_e2e", "run_fact_query", "run_oscillators", "run_predict", "run_recall",
-           "run_scn_footprint", "run_sleep", "synthetic_triples"]
+__all__ = [
+    "isolated_pipeline",
+    "python_loop_s",
+    "raw_consume",
+    "run_advise",
+    "run_briefing",
+    "run_capture",
+    "run_context",
+    "run_e2e",
+    "run_fact_query",
+    "run_oscillators",
+    "run_predict",
+    "run_recall",
+    "run_scn_footprint",
+    "run_sleep",
+    "synthetic_triples",
+]

@@ -56,16 +56,20 @@ def project(con: duckdb.DuckDBPyConnection, episodes: Sequence[EpisodeDistilled]
     from somnus.projections.writer import ReadModels, Topics, apply_batch, load_offsets
 
     schema.init(con)
-    topics = Topics(traces="traces", episodes="episodes", dead_letters="dlq", link_updates="link-updates",
-                    facts="facts")
+    topics = Topics(
+        traces="traces", episodes="episodes", dead_letters="dlq", link_updates="link-updates", facts="facts"
+    )
     observed = [o for off, ep in enumerate(episodes) for o in observations_from_episode(ep, 0, off)]
     _, updates = learn({}, observed, per_link_rows=False)
-    records = [_Rec("episodes", 0, off, ep.session_id.encode(), msgspec.json.encode(ep))
-               for off, ep in enumerate(episodes)]
+    records = [
+        _Rec("episodes", 0, off, ep.session_id.encode(), msgspec.json.encode(ep)) for off, ep in enumerate(episodes)
+    ]
     records.append(_Rec("link-updates", 0, 0, None, msgspec.json.encode(updates)))
     # the worker's trace extractor: the facts (and so the entities) each episode teaches
-    records += [_Rec("facts", 0, off, str(f.episode_id).encode(), encode(f))
-                for off, f in enumerate(TraceExtractor().extract(list(episodes)))]
+    records += [
+        _Rec("facts", 0, off, str(f.episode_id).encode(), encode(f))
+        for off, f in enumerate(TraceExtractor().extract(list(episodes)))
+    ]
     res = apply_batch(con, topics, records, load_offsets(con), 1 << 20, ReadModels(con))
     if res.dead_letters:
         raise RuntimeError(f"{res.dead_letters} records were dead-lettered while loading")
@@ -77,8 +81,13 @@ def sample_episodes(sessions: int, seed: int) -> list[EpisodeDistilled]:
     return distilled(generate(sessions=sessions, seed=seed))
 
 
-def run_advise(sessions: int = 300, queries: int = 500, seed: int = 42,
-               episodes: Sequence[EpisodeDistilled] | None = None, keep_db: Path | None = None) -> dict[str, Any]:
+def run_advise(
+    sessions: int = 300,
+    queries: int = 500,
+    seed: int = 42,
+    episodes: Sequence[EpisodeDistilled] | None = None,
+    keep_db: Path | None = None,
+) -> dict[str, Any]:
     """Latency (ms) of the advise route (``ReadService.advise``, as the projector serves it: inputs
     cached while no batch lands) and of a cold read (inputs read from DuckDB, then ``advise``: what
     the first question after each batch pays). ``keep_db`` (a new file) keeps a copy of the store."""
@@ -120,7 +129,7 @@ def run_advise(sessions: int = 300, queries: int = 500, seed: int = 42,
             strategies += bool(got["planning"])
             escalations += got["escalation"]["escalate"]
         cold: list[float] = []
-        for agent, task in asks[:max(20, queries // 10)]:
+        for agent, task in asks[: max(20, queries // 10)]:
             t0 = time.perf_counter()
             advise(agent, task, advice_inputs(con, agent))
             cold.append((time.perf_counter() - t0) * 1000)
@@ -129,12 +138,23 @@ def run_advise(sessions: int = 300, queries: int = 500, seed: int = 42,
             shutil.copyfile(work / "advise.duckdb", keep_db)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return {"episodes": len(eps), "agents": len({a for a, _ in tasks}), "queries": queries, "load_s": round(load_s, 2),
-            **_quantiles("", warm), **_quantiles("cold_", cold),
-            "with_risk": risks, "with_strategy": strategies, "escalated": escalations}
+    return {
+        "episodes": len(eps),
+        "agents": len({a for a, _ in tasks}),
+        "queries": queries,
+        "load_s": round(load_s, 2),
+        **_quantiles("", warm),
+        **_quantiles("cold_", cold),
+        "with_risk": risks,
+        "with_strategy": strategies,
+        "escalated": escalations,
+    }
 
 
 def _quantiles(prefix: str, times: list[float]) -> dict[str, float]:
     cuts = statistics.quantiles(times, n=100)
-    return {f"{prefix}p50_ms": round(statistics.median(times), 2), f"{prefix}p95_ms": round(cuts[94], 2),
-            f"{prefix}p99_ms": round(cuts[98], 2)}
+    return {
+        f"{prefix}p50_ms": round(statistics.median(times), 2),
+        f"{prefix}p95_ms": round(cuts[94], 2),
+        f"{prefix}p99_ms": round(cuts[98], 2),
+    }

@@ -18,13 +18,23 @@ def _probe_session(agent: str, n: int, marker: str, at: Any) -> list[dict[str, A
 
     sid = f"{agent}-probe-{n}"
     base = {"schema_version": 1, "agent": agent, "session_id": sid}
-    kinds = [("session_start", {"task": f"probe {n}"}),
-             ("tool_call", {"tool": "fetch", "call_id": "c0", "args": {"n": n}}),
-             ("tool_result", {"call_id": "c0", "tool": "fetch", "ok": False, "error": f"Error: {marker}"}),
-             ("session_end", {"outcome": "failure"})]
-    return [{**base, "event_id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"{sid}/{i}")),
-             "ts": (at + timedelta(seconds=i)).isoformat(), "seq": i, "type": t, "payload": p}
-            for i, (t, p) in enumerate(kinds)]
+    kinds = [
+        ("session_start", {"task": f"probe {n}"}),
+        ("tool_call", {"tool": "fetch", "call_id": "c0", "args": {"n": n}}),
+        ("tool_result", {"call_id": "c0", "tool": "fetch", "ok": False, "error": f"Error: {marker}"}),
+        ("session_end", {"outcome": "failure"}),
+    ]
+    return [
+        {
+            **base,
+            "event_id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"{sid}/{i}")),
+            "ts": (at + timedelta(seconds=i)).isoformat(),
+            "seq": i,
+            "type": t,
+            "payload": p,
+        }
+        for i, (t, p) in enumerate(kinds)
+    ]
 
 
 def _probe_runtime(boot: str, topic: str, t_start: Any, asks: Any, publish_times: Any) -> None:
@@ -87,9 +97,16 @@ def _floor_server(body: bytes, ports: Any) -> None:
     asyncio.run(serve())
 
 
-def run_briefing(agents: int = 10_000, rate: float = 1000.0, duration_s: float = 60.0, probes: int = 60,
-                 home: Path | None = None, log: Any = None, sleep_schedule: str = "off",
-                 read_rate: float = 0.0) -> dict[str, Any]:
+def run_briefing(
+    agents: int = 10_000,
+    rate: float = 1000.0,
+    duration_s: float = 60.0,
+    probes: int = 60,
+    home: Path | None = None,
+    log: Any = None,
+    sleep_schedule: str = "off",
+    read_rate: float = 0.0,
+) -> dict[str, Any]:
     """Briefing reads under ingest: p99 of ``GET /agents/{agent}/briefing`` with ``agents`` briefings
     cached while the sample fleet is published at ``rate`` events/s, and the publish -> updated
     briefing latency of probe sessions published during that load.
@@ -134,16 +151,18 @@ def run_briefing(agents: int = 10_000, rate: float = 1000.0, duration_s: float =
         # hold the reader's GIL and time the bench client, not the server.
         ctx = multiprocessing.get_context("spawn")
         stop, ready, sent = ctx.Event(), ctx.Event(), ctx.Value("q", 0)
-        loader = ctx.Process(target=_fleet_load, args=(boot, s.traces_topic, rate, duration_s, stop, ready, sent),
-                             daemon=True)
+        loader = ctx.Process(
+            target=_fleet_load, args=(boot, s.traces_topic, rate, duration_s, stop, ready, sent), daemon=True
+        )
         loader.start()
         if not ready.wait(300):
             raise TimeoutError("the load process did not start in 5 minutes")
         # The probes' runtime too (one producer, as a runtime keeps one): its client's background thread
         # would otherwise take the reader's GIL now and then.
         asks, publish_times = ctx.SimpleQueue(), ctx.SimpleQueue()
-        prober = ctx.Process(target=_probe_runtime, args=(boot, s.traces_topic, t_start, asks, publish_times),
-                             daemon=True)
+        prober = ctx.Process(
+            target=_probe_runtime, args=(boot, s.traces_topic, t_start, asks, publish_times), daemon=True
+        )
         prober.start()
         rng = random.Random(1)
         kept = http.client.HTTPConnection("127.0.0.1", port, timeout=10)  # keep-alive, as HTTP clients pool them
@@ -181,8 +200,9 @@ def run_briefing(agents: int = 10_000, rate: float = 1000.0, duration_s: float =
                 get(kept, f"/agents/{agent}/briefing")
                 lat.append((time.perf_counter() - t) * 1000)
             else:
-                with urllib.request.urlopen(urllib.request.Request(
-                        f"http://127.0.0.1:{port}/agents/{agent}/briefing", headers=auth), timeout=10) as resp:
+                with urllib.request.urlopen(
+                    urllib.request.Request(f"http://127.0.0.1:{port}/agents/{agent}/briefing", headers=auth), timeout=10
+                ) as resp:
                     resp.read()
                 lat_new.append((time.perf_counter() - t) * 1000)
             now = time.monotonic()
@@ -194,8 +214,10 @@ def run_briefing(agents: int = 10_000, rate: float = 1000.0, duration_s: float =
                 n_probe += 1
                 probe_at = now + duration_s / probes
             for marker, agent_p in list(pending.items()):
-                with urllib.request.urlopen(urllib.request.Request(
-                        f"http://127.0.0.1:{port}/agents/{agent_p}/briefing", headers=auth), timeout=10) as r:
+                with urllib.request.urlopen(
+                    urllib.request.Request(f"http://127.0.0.1:{port}/agents/{agent_p}/briefing", headers=auth),
+                    timeout=10,
+                ) as r:
                     if marker.encode() in r.read():
                         seen_at[marker] = time.monotonic()
                         del pending[marker]
@@ -220,12 +242,24 @@ def run_briefing(agents: int = 10_000, rate: float = 1000.0, duration_s: float =
         qn = statistics.quantiles(lat_new, n=100, method="inclusive")
         qf = statistics.quantiles(lat_floor, n=100, method="inclusive")
         fq = statistics.quantiles(fresh, n=100, method="inclusive") if len(fresh) >= 2 else [float("nan")] * 99
-        return {"agents_cached": cached, "sleep_schedule": sleep_schedule, "read_rate": read_rate or "back to back",
-                "ingest_events_per_s": round(sent.value / duration_s, 1),
-                "reads": len(lat), "read_p50_ms": round(q[49], 3), "read_p99_ms": round(q[98], 3),
-                "reads_new_connection": len(lat_new), "read_new_connection_p50_ms": round(qn[49], 3),
-                "read_new_connection_p99_ms": round(qn[98], 3),
-                "floor_reads": len(lat_floor), "floor_read_p50_ms": round(qf[49], 3),
-                "floor_read_p99_ms": round(qf[98], 3), "read_p99_over_floor": round(q[98] / qf[98], 2),
-                "probes": n_probe, "probes_seen": len(fresh), "update_p50_s": round(fq[49], 3),
-                "update_p99_s": round(fq[98], 3), "update_max_s": round(max(fresh, default=float("nan")), 3)}
+        return {
+            "agents_cached": cached,
+            "sleep_schedule": sleep_schedule,
+            "read_rate": read_rate or "back to back",
+            "ingest_events_per_s": round(sent.value / duration_s, 1),
+            "reads": len(lat),
+            "read_p50_ms": round(q[49], 3),
+            "read_p99_ms": round(q[98], 3),
+            "reads_new_connection": len(lat_new),
+            "read_new_connection_p50_ms": round(qn[49], 3),
+            "read_new_connection_p99_ms": round(qn[98], 3),
+            "floor_reads": len(lat_floor),
+            "floor_read_p50_ms": round(qf[49], 3),
+            "floor_read_p99_ms": round(qf[98], 3),
+            "read_p99_over_floor": round(q[98] / qf[98], 2),
+            "probes": n_probe,
+            "probes_seen": len(fresh),
+            "update_p50_s": round(fq[49], 3),
+            "update_p99_s": round(fq[98], 3),
+            "update_max_s": round(max(fresh, default=float("nan")), 3),
+        }

@@ -23,8 +23,15 @@ from somnus.bench.pipeline import isolated_pipeline, python_loop_s, raw_consume
 from somnus.config import Settings
 
 
-def run_e2e(events: int, seed: int = 7, partitions: int = 4, bundle: int = 64, home: Path | None = None, log: Any = None,
-            timeout_s: float = 1800.0) -> dict[str, Any]:
+def run_e2e(
+    events: int,
+    seed: int = 7,
+    partitions: int = 4,
+    bundle: int = 64,
+    home: Path | None = None,
+    log: Any = None,
+    timeout_s: float = 1800.0,
+) -> dict[str, Any]:
     from somnus.client import publish_async
     from somnus.reads import sql, status
     from somnus.sample import generate
@@ -35,8 +42,11 @@ def run_e2e(events: int, seed: int = 7, partitions: int = 4, bundle: int = 64, h
     with isolated_pipeline(home, partitions) as (s, boot):
         if log:
             log.print(f"bench: {len(payloads)} events of {sessions} sessions, {partitions} partitions")
-        pids = {"worker": procs.running(s, "worker"), "projector": procs.running(s, "projector"),
-                "broker": getattr(broker_mod.status(Settings.resolve(home=home)), "pid", None)}
+        pids = {
+            "worker": procs.running(s, "worker"),
+            "projector": procs.running(s, "projector"),
+            "broker": getattr(broker_mod.status(Settings.resolve(home=home)), "pid", None),
+        }
         pids = {role: pid for role, pid in pids.items() if pid}
         cpu0 = {role: procs.cpu_seconds(pid) for role, pid in pids.items()}
         t0, own0 = time.perf_counter(), time.process_time()
@@ -46,8 +56,10 @@ def run_e2e(events: int, seed: int = 7, partitions: int = 4, bundle: int = 64, h
         spine_s = None  # until events and episodes are committed (what the figure meant before facts)
         # Progress is read with one light query: the projector answers it, and `summary` (a count of
         # every table) four times a second took a fifth of its event loop thread's time (py-spy).
-        progress = ("SELECT (SELECT count(*) FROM events), (SELECT count(*) FROM episodes), "
-                    "(SELECT count(*) FROM knowledge_inputs)")
+        progress = (
+            "SELECT (SELECT count(*) FROM events), (SELECT count(*) FROM episodes), "
+            "(SELECT count(*) FROM knowledge_inputs)"
+        )
         while True:
             n_events, n_episodes, n_inputs = sql(Path(s.db_path), progress)["rows"][0]
             if spine_s is None and n_events >= len(payloads) and n_episodes >= sessions:
@@ -55,8 +67,10 @@ def run_e2e(events: int, seed: int = 7, partitions: int = 4, bundle: int = 64, h
             if spine_s is not None and n_inputs >= sessions and status(s, boot)["idle"]:
                 break  # every topic projected, the NAc caught up too
             if time.monotonic() > deadline:
-                raise TimeoutError(f"projection incomplete after {timeout_s}s: {n_events} events, "
-                                   f"{n_episodes} episodes, {n_inputs} knowledge inputs")
+                raise TimeoutError(
+                    f"projection incomplete after {timeout_s}s: {n_events} events, "
+                    f"{n_episodes} episodes, {n_inputs} knowledge inputs"
+                )
             time.sleep(0.25)
         elapsed = time.perf_counter() - t0
         # CPU each process used from the start of publishing to idle: where the 2 cores went.
@@ -66,21 +80,39 @@ def run_e2e(events: int, seed: int = 7, partitions: int = 4, bundle: int = 64, h
         # published (it holds the encoded input), as well as the worker and the projector.
         rss = {role: procs.peak_rss_mb(pid) for role, pid in pids.items()}
         rss["publisher"] = procs.peak_rss_mb(os.getpid())
-        facts, triples, links, link_updates, memories = sql(Path(s.db_path), (
-            "SELECT (SELECT sum(facts) FROM knowledge_inputs), (SELECT count(*) FROM triples), "
-            "(SELECT count(*) FROM causal_links), (SELECT count(*) FROM causal_link_updates), "
-            "(SELECT count(*) FROM memories)"))["rows"][0]
+        facts, triples, links, link_updates, memories = sql(
+            Path(s.db_path),
+            (
+                "SELECT (SELECT sum(facts) FROM knowledge_inputs), (SELECT count(*) FROM triples), "
+                "(SELECT count(*) FROM causal_links), (SELECT count(*) FROM causal_link_updates), "
+                "(SELECT count(*) FROM memories)"
+            ),
+        )["rows"][0]
         records, raw_events, raw_s = asyncio.run(raw_consume(boot, s.traces_topic))
         raw = raw_events / raw_s
         eps = len(payloads) / elapsed
-        return {"events": len(payloads), "records": records, "bundle_max": bundle, "sessions": sessions,
-                "partitions": partitions,
-                "publish_s": round(t_pub, 3), "elapsed_s": round(elapsed, 3),
-                "events_per_s": round(eps, 1), "raw_consume_per_s": round(raw, 1), "ratio": round(eps / raw, 3),
-                "facts": int(facts or 0), "triples": int(triples), "facts_per_s": round((facts or 0) / elapsed, 1),
-                "causal_links": int(links), "link_updates": int(link_updates),
-                "link_updates_per_s": round(link_updates / elapsed, 1), "memories": int(memories),
-                "spine_elapsed_s": round(spine_s, 3), "spine_events_per_s": round(len(payloads) / spine_s, 1),
-                "cpu_s": cpu, "cpu_us_per_event": {k: round(v / len(payloads) * 1e6, 1) for k, v in cpu.items()},
-                "python_loop_10m_s": loop_s,
-                "peak_rss_mb": rss}
+        return {
+            "events": len(payloads),
+            "records": records,
+            "bundle_max": bundle,
+            "sessions": sessions,
+            "partitions": partitions,
+            "publish_s": round(t_pub, 3),
+            "elapsed_s": round(elapsed, 3),
+            "events_per_s": round(eps, 1),
+            "raw_consume_per_s": round(raw, 1),
+            "ratio": round(eps / raw, 3),
+            "facts": int(facts or 0),
+            "triples": int(triples),
+            "facts_per_s": round((facts or 0) / elapsed, 1),
+            "causal_links": int(links),
+            "link_updates": int(link_updates),
+            "link_updates_per_s": round(link_updates / elapsed, 1),
+            "memories": int(memories),
+            "spine_elapsed_s": round(spine_s, 3),
+            "spine_events_per_s": round(len(payloads) / spine_s, 1),
+            "cpu_s": cpu,
+            "cpu_us_per_event": {k: round(v / len(payloads) * 1e6, 1) for k, v in cpu.items()},
+            "python_loop_10m_s": loop_s,
+            "peak_rss_mb": rss,
+        }

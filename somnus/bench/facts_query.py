@@ -11,8 +11,9 @@ from typing import Any
 from somnus.bench.synthetic import synthetic_triples
 
 
-def run_fact_query(triples: int = 1_000_000, agents: int = 200, teams: int = 20, queries: int = 1000,
-                   limit: int = 50, seed: int = 11) -> dict[str, Any]:
+def run_fact_query(
+    triples: int = 1_000_000, agents: int = 200, teams: int = 20, queries: int = 1000, limit: int = 50, seed: int = 11
+) -> dict[str, Any]:
     """p50/p95/p99 latency of the scope-chain fact query (KnowledgeStore.facts) over ``triples`` rows, as
     the projector serves it (the in-memory ``facts_top``), next to the same query in SQL over
     ``facts_top`` and over every triple (same answers, checked)."""
@@ -30,8 +31,10 @@ def run_fact_query(triples: int = 1_000_000, agents: int = 200, teams: int = 20,
         schema.init(con)
         frame = synthetic_triples(triples, agents, teams, seed)  # noqa: F841
         t0 = time.perf_counter()
-        con.execute("INSERT INTO triples SELECT triple_id::UUID, source, predicate, target, scope, confidence, count, "
-                    "evidence::UUID, NULL, valid_from, valid_to, NULL, created_by, 'bench' FROM frame")
+        con.execute(
+            "INSERT INTO triples SELECT triple_id::UUID, source, predicate, target, scope, confidence, count, "
+            "evidence::UUID, NULL, valid_from, valid_to, NULL, created_by, 'bench' FROM frame"
+        )
         schema.refresh_facts_top(con)  # what the projector keeps up to date batch by batch
         load_s = time.perf_counter() - t0
         specs = {f"a{i}": AgentSpec(name=f"a{i}", reports_to=f"t{i % teams}") for i in range(agents)}
@@ -59,10 +62,21 @@ def run_fact_query(triples: int = 1_000_000, agents: int = 200, teams: int = 20,
         assert answers == sql_answers == scan_answers and all(len(a) == limit for a in answers)
         q, qq, qs = (statistics.quantiles(x, n=100) for x in (lat, sql, scan))
         con.close()
-        return {"triples": triples, "agents": agents, "teams": teams, "queries": queries, "limit": limit,
-                "load_s": round(load_s, 3), "p50_ms": round(q[49], 3), "p95_ms": round(q[94], 3),
-                "p99_ms": round(q[98], 3), "max_ms": round(lat[-1], 3),
-                "sql_p50_ms": round(qq[49], 3), "sql_p95_ms": round(qq[94], 3),
-                "scan_p95_ms": round(qs[94], 3), "scan_over_top_p95": round(qs[94] / qq[94], 2)}
+        return {
+            "triples": triples,
+            "agents": agents,
+            "teams": teams,
+            "queries": queries,
+            "limit": limit,
+            "load_s": round(load_s, 3),
+            "p50_ms": round(q[49], 3),
+            "p95_ms": round(q[94], 3),
+            "p99_ms": round(q[98], 3),
+            "max_ms": round(lat[-1], 3),
+            "sql_p50_ms": round(qq[49], 3),
+            "sql_p95_ms": round(qq[94], 3),
+            "scan_p95_ms": round(qs[94], 3),
+            "scan_over_top_p95": round(qs[94] / qq[94], 2),
+        }
     finally:
         shutil.rmtree(work, ignore_errors=True)

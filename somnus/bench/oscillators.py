@@ -31,6 +31,12 @@ def run_oscillators(sessions: int = 2000, seed: int = 42, repeat: int = 3) -> di
                 anomalies += reading is not None and reading.anomaly is not None and reading.anomaly >= 0.25
         per_event.append((time.perf_counter() - started) / n * 1e6)
     us = statistics.median(per_event)
-    return {"episodes": len(eps), "events": n, "patterns": len(states), "us_per_event": round(us, 1),
-            "us_per_episode": round(2 * us, 1), "runs_us_per_event": [round(x, 1) for x in per_event],
-            "readings_at_least_0.25": anomalies // repeat}
+    return {
+        "episodes": len(eps),
+        "events": n,
+        "patterns": len(states),
+        "us_per_event": round(us, 1),
+        "us_per_episode": round(2 * us, 1),
+        "runs_us_per_event": [round(x, 1) for x in per_event],
+        "readings_at_least_0.25": anomalies // repeat,
+    }

@@ -61,9 +61,15 @@ async def raw_consume(bootstrap: str, topic: str) -> tuple[int, int, float]:
 
     keys = (await read_keys(bootstrap, keys_topic_for(topic))).keys
 
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest",
-                                enable_auto_commit=False, fetch_max_bytes=64 << 20,
-                                max_partition_fetch_bytes=16 << 20, **kafka_options())
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        group_id=None,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        fetch_max_bytes=64 << 20,
+        max_partition_fetch_bytes=16 << 20,
+        **kafka_options(),
+    )
     await consumer.start()
     try:
         tps = [TopicPartition(topic, p) for p in await partitions_of(consumer, topic)]
@@ -99,9 +105,14 @@ async def _delete_topics(bootstrap: str, topics: list[str]) -> None:
 
 
 @contextlib.contextmanager
-def isolated_pipeline(home: Path | None = None, partitions: int = 4, label: str = "bench",
-                      log: Any = None, bootstrap: str | None = None, **overrides: Any
-                      ) -> Iterator[tuple[Settings, str]]:
+def isolated_pipeline(
+    home: Path | None = None,
+    partitions: int = 4,
+    label: str = "bench",
+    log: Any = None,
+    bootstrap: str | None = None,
+    **overrides: Any,
+) -> Iterator[tuple[Settings, str]]:
     """A fresh pipeline on the local broker (started if needed, and then stopped afterwards unless
     ``SOMNUS_KEEP_BROKER=1``): its own topics, consumer group, state folder and DuckDB file, with a
     worker and a projector running; removed afterwards (``SOMNUS_BENCH_KEEP=1`` keeps the folder and
@@ -113,8 +124,16 @@ def isolated_pipeline(home: Path | None = None, partitions: int = 4, label: str 
     boot = broker_mod.bootstrap_for(base, start_if_missing=True)
     run_id = uuid.uuid4().hex[:8]
     work = Path(tempfile.mkdtemp(prefix=f"somnus-{label}-{run_id}-"))
-    s = dataclasses.replace(base, home=work, db_path=work / f"{label}.duckdb", bootstrap=boot, partitions=partitions,
-                            topic_prefix=f"{label}-{run_id}.", app_id=f"somnus-{label}-{run_id}", **overrides)
+    s = dataclasses.replace(
+        base,
+        home=work,
+        db_path=work / f"{label}.duckdb",
+        bootstrap=boot,
+        partitions=partitions,
+        topic_prefix=f"{label}-{run_id}.",
+        app_id=f"somnus-{label}-{run_id}",
+        **overrides,
+    )
     ensure_topics(s, boot)
     try:
         procs.spawn(s, boot, "projector")

@@ -34,17 +34,24 @@ def run_predict(links: int = 1_000_000, outcomes: int = 2, queries: int = 2000, 
         n_events = links // outcomes
         sigs = np.char.mod("%016x", rng.integers(0, 2**62, n_events, dtype=np.int64))
         tools = np.char.add("tool_", rng.integers(0, 2000, n_events).astype(str))
-        frame = pa.table({  # noqa: F841
-            "event_signature": np.repeat(sigs, outcomes), "outcome_signature": np.tile(
-                np.char.mod("%016x", np.arange(outcomes)), n_events),
-            "level": np.full(n_events * outcomes, "call"), "tool": np.repeat(tools, outcomes),
-            "outcome": np.tile(np.array(["ok"] + [f"error:e{i}" for i in range(1, outcomes)]), n_events),
-            "valence": np.tile(np.array(["positive"] + ["negative"] * (outcomes - 1)), n_events),
-            "strength": rng.random(n_events * outcomes), "observations": rng.integers(1, 50, n_events * outcomes),
-            "event_observations": np.repeat(rng.integers(50, 100, n_events), outcomes),
-            "confidence": rng.random(n_events * outcomes),
-            "updated_at": pa.array(np.full(n_events * outcomes, np.datetime64("2024-05-01T00:00:00", "us")),
-                                   pa.timestamp("us", tz="UTC"))})
+        frame = pa.table(  # noqa: F841
+            {
+                "event_signature": np.repeat(sigs, outcomes),
+                "outcome_signature": np.tile(np.char.mod("%016x", np.arange(outcomes)), n_events),
+                "level": np.full(n_events * outcomes, "call"),
+                "tool": np.repeat(tools, outcomes),
+                "outcome": np.tile(np.array(["ok"] + [f"error:e{i}" for i in range(1, outcomes)]), n_events),
+                "valence": np.tile(np.array(["positive"] + ["negative"] * (outcomes - 1)), n_events),
+                "strength": rng.random(n_events * outcomes),
+                "observations": rng.integers(1, 50, n_events * outcomes),
+                "event_observations": np.repeat(rng.integers(50, 100, n_events), outcomes),
+                "confidence": rng.random(n_events * outcomes),
+                "updated_at": pa.array(
+                    np.full(n_events * outcomes, np.datetime64("2024-05-01T00:00:00", "us")),
+                    pa.timestamp("us", tz="UTC"),
+                ),
+            }
+        )
         t0 = time.perf_counter()
         con.execute("INSERT INTO causal_links SELECT * FROM frame")
         load_s = time.perf_counter() - t0
@@ -61,7 +68,14 @@ def run_predict(links: int = 1_000_000, outcomes: int = 2, queries: int = 2000, 
             assert states[sig].observations > 0 and got is not None
         q = statistics.quantiles(lat, n=100)
         con.close()
-        return {"links": links, "event_signatures": n_events, "queries": queries, "load_s": round(load_s, 3),
-                "p50_ms": round(q[49], 3), "p95_ms": round(q[94], 3), "p99_ms": round(q[98], 3)}
+        return {
+            "links": links,
+            "event_signatures": n_events,
+            "queries": queries,
+            "load_s": round(load_s, 3),
+            "p50_ms": round(q[49], 3),
+            "p95_ms": round(q[94], 3),
+            "p99_ms": round(q[98], 3),
+        }
     finally:
         shutil.rmtree(work, ignore_errors=True)

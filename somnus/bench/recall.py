@@ -27,7 +27,15 @@ def run_recall(units: int = 100_000, queries: int = 300, agents: int = 50, seed:
         if q >= 20:  # after a warm-up
             lat.append((time.perf_counter() - t) * 1000)
     qs = statistics.quantiles(lat, n=100)
-    return {"units": units, "agents": agents, "queries": queries, "build_s": round(build_s, 1),
-            "build_us_per_unit": round(1e6 * build_s / units, 1), "p50_ms": round(qs[49], 2),
-            "p95_ms": round(qs[94], 2), "p99_ms": round(qs[98], 2), "rss_mib": round(rss, 1),
-            "mib_per_100k_units": round(rss * 100_000 / units, 1)}
+    return {
+        "units": units,
+        "agents": agents,
+        "queries": queries,
+        "build_s": round(build_s, 1),
+        "build_us_per_unit": round(1e6 * build_s / units, 1),
+        "p50_ms": round(qs[49], 2),
+        "p95_ms": round(qs[94], 2),
+        "p99_ms": round(qs[98], 2),
+        "rss_mib": round(rss, 1),
+        "mib_per_100k_units": round(rss * 100_000 / units, 1),
+    }

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 
-
 def run_scn_footprint(memories: int = 10_000, seed: int = 42) -> dict[str, Any]:
     """Bytes the SCN index takes for ``memories`` episodes of the sample fleet (the projector's table).
 
@@ -38,14 +37,20 @@ def run_scn_footprint(memories: int = 10_000, seed: int = 42) -> dict[str, Any]:
             schema.init(con)
             if fill:
                 frame = pa.Table.from_pylist([msgspec.structs.asdict(d) for d in deltas])  # noqa: F841
-                con.execute("INSERT INTO temporal_bins SELECT agent, kind, bin_kind, bin, count, successes, failures "
-                            "FROM frame")
+                con.execute(
+                    "INSERT INTO temporal_bins SELECT agent, kind, bin_kind, bin, count, successes, failures FROM frame"
+                )
             con.execute("CHECKPOINT")
             con.close()
             sizes.append(path.stat().st_size)
         packed = len(msgspec.msgpack.encode([msgspec.structs.astuple(d) for d in deltas]))
-        return {"memories": len(episodes), "marks": len(marks), "cells": len(deltas),
-                "duckdb_bytes": sizes[1] - sizes[0], "msgpack_bytes": packed,
-                "marks_per_s": round(len(marks) / index_s, 1)}
+        return {
+            "memories": len(episodes),
+            "marks": len(marks),
+            "cells": len(deltas),
+            "duckdb_bytes": sizes[1] - sizes[0],
+            "msgpack_bytes": packed,
+            "marks_per_s": round(len(marks) / index_s, 1),
+        }
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -34,16 +34,28 @@ def _sleep_units(units: int, agents: int, seed: int) -> Iterator[Any]:
         agent = f"agent{i % agents}"
         out = ("success", "failure", "partial")[outcome[i]]
         yield MemoryUnit(
-            memory_id=f"e{i}", kind=MemoryKind.EPISODE, agent=agent, scope=f"agent:{agent}", run_id=f"r{i}",
+            memory_id=f"e{i}",
+            kind=MemoryKind.EPISODE,
+            agent=agent,
+            scope=f"agent:{agent}",
+            run_id=f"r{i}",
             occurred_at=t0 + timedelta(minutes=i * span_min + int(rng.integers(0, max(span_min, 1)))),
-            perception=" ".join(vocab[w] for w in words[i, :lens[i]]), outcome=out, success=out == "success",
-            action=f"tool_{i % 60} -> tool_{(i * 7) % 60}", summary=f"{out} after {2 + i % 9} calls",
-            tools=[f"tool_{i % 60}", f"tool_{(i * 7) % 60}"], people=[f"person{i % 300}"], objects=[f"host{i % 40}"],
-            user_interaction=bool(user[i]), mode="tool_use")
+            perception=" ".join(vocab[w] for w in words[i, : lens[i]]),
+            outcome=out,
+            success=out == "success",
+            action=f"tool_{i % 60} -> tool_{(i * 7) % 60}",
+            summary=f"{out} after {2 + i % 9} calls",
+            tools=[f"tool_{i % 60}", f"tool_{(i * 7) % 60}"],
+            people=[f"person{i % 300}"],
+            objects=[f"host{i % 40}"],
+            user_interaction=bool(user[i]),
+            mode="tool_use",
+        )
 
 
-def run_sleep(units: int = 1_000_000, agents: int = 1000, seed: int = 7, batch: int = 2000,
-              accessed: float = 0.05) -> dict[str, Any]:
+def run_sleep(
+    units: int = 1_000_000, agents: int = 1000, seed: int = 7, batch: int = 2000, accessed: float = 0.05
+) -> dict[str, Any]:
     """One deep sleep over ``units`` memory units, as the projector's memory fold runs it: the units are
     captured by the fold's own rules (``somnus.processors.episodic.capture.capture``: decisions, merges, association
     edges), ``accessed`` of them recalled in the last day, then ``SleepJob.run`` (plan: protection,
@@ -83,9 +95,19 @@ def run_sleep(units: int = 1_000_000, agents: int = 1000, seed: int = 7, batch: 
     rng = np.random.default_rng(seed + 1)
     ix = state.index
     for i in rng.choice(len(ix.ids), size=int(accessed * len(ix.ids)), replace=False):
-        apply(state, MemoryAccessed(schema_version=MEMORY_SCHEMA_VERSION, memory_id=ix.ids[int(i)], agent="bench",
-                                    query="bench", rank=1, score=1.0, accessed_at=at - timedelta(hours=int(i) % 24)))
-    live_before = int(ix.alive.data[:len(ix.ids)].sum())
+        apply(
+            state,
+            MemoryAccessed(
+                schema_version=MEMORY_SCHEMA_VERSION,
+                memory_id=ix.ids[int(i)],
+                agent="bench",
+                query="bench",
+                rank=1,
+                score=1.0,
+                accessed_at=at - timedelta(hours=int(i) % 24),
+            ),
+        )
+    live_before = int(ix.alive.data[: len(ix.ids)].sum())
     edges_before = sum(len(v) for v in ix.graph.values()) // 2
     work = Path(tempfile.mkdtemp(prefix="somnus-sleep-bench-"))
     try:
@@ -103,19 +125,40 @@ def run_sleep(units: int = 1_000_000, agents: int = 1000, seed: int = 7, batch: 
         con.execute("COMMIT")
         write_s = time.perf_counter() - t
         con.execute("CHECKPOINT")
-        row = con.execute("SELECT memories_before, memories_after, kept, compressed, pruned, protected, rescored, "
-                          "bytes_before, bytes_after FROM sleep_runs").fetchone()
+        row = con.execute(
+            "SELECT memories_before, memories_after, kept, compressed, pruned, protected, rescored, "
+            "bytes_before, bytes_after FROM sleep_runs"
+        ).fetchone()
         decisions = con.execute("SELECT count(*) FROM lifecycle_log").fetchone()[0]
         con.close()
         db_after = (work / "sleep.duckdb").stat().st_size
     finally:
         shutil.rmtree(work, ignore_errors=True)
     assert row is not None, "the sleep run wrote no report"
-    keys = ("memories_before", "memories_after", "kept", "compressed", "pruned", "protected", "rescored",
-            "bytes_before", "bytes_after")
+    keys = (
+        "memories_before",
+        "memories_after",
+        "kept",
+        "compressed",
+        "pruned",
+        "protected",
+        "rescored",
+        "bytes_before",
+        "bytes_after",
+    )
     report = dict(zip(keys, (int(v) for v in row)))
-    return {"units": units, "agents": agents, "live_memories": live_before, "edges": edges_before,
-            "build_s": round(build_s, 1), "sleep_s": round(run_s + write_s, 2), "plan_apply_s": round(run_s, 2),
-            "write_s": round(write_s, 2), "forgotten_events": len(forgotten), "lifecycle_rows": decisions,
-            **report, "store_bytes_ratio": round(report["bytes_after"] / max(report["bytes_before"], 1), 4),
-            "lifecycle_db_bytes": db_after - db_before}
+    return {
+        "units": units,
+        "agents": agents,
+        "live_memories": live_before,
+        "edges": edges_before,
+        "build_s": round(build_s, 1),
+        "sleep_s": round(run_s + write_s, 2),
+        "plan_apply_s": round(run_s, 2),
+        "write_s": round(write_s, 2),
+        "forgotten_events": len(forgotten),
+        "lifecycle_rows": decisions,
+        **report,
+        "store_bytes_ratio": round(report["bytes_after"] / max(report["bytes_before"], 1), 4),
+        "lifecycle_db_bytes": db_after - db_before,
+    }

@@ -19,27 +19,33 @@ def synthetic_triples(n: int, agents: int, teams: int, seed: int = 11) -> Any:
     rng = np.random.default_rng(seed)
     kind = rng.random(n)
     owner = rng.integers(0, agents, n)
-    scope = np.where(kind < 0.7, np.char.add("agent:a", owner.astype(str)),
-                     np.where(kind < 0.9, np.char.add("team:t", (owner % teams).astype(str)), "global"))
+    scope = np.where(
+        kind < 0.7,
+        np.char.add("agent:a", owner.astype(str)),
+        np.where(kind < 0.9, np.char.add("team:t", (owner % teams).astype(str)), "global"),
+    )
     t0 = np.datetime64("2024-01-01T00:00:00", "us")
     valid_from = t0 + rng.integers(0, 365 * 86400, n).astype("timedelta64[s]")
     closed = rng.random(n) < 1 / 3
-    valid_to = np.where(closed, valid_from + rng.integers(1, 86400 * 30, n).astype("timedelta64[s]"),
-                        np.datetime64("NaT"))
+    valid_to = np.where(
+        closed, valid_from + rng.integers(1, 86400 * 30, n).astype("timedelta64[s]"), np.datetime64("NaT")
+    )
     ids = [uuid.UUID(int=i + 1) for i in range(n)]
-    return pa.table({
-        "triple_id": pa.array([str(u) for u in ids]),
-        "source": np.char.add("tool:t", rng.integers(0, 5000, n).astype(str)),
-        "predicate": rng.choice(["uses", "failed_with", "depends_on", "rate_limit"], n),
-        "target": np.char.add("error:e", rng.integers(0, 20000, n).astype(str)),
-        "scope": scope,
-        "confidence": rng.uniform(0.6, 1.0, n).round(4),
-        "count": rng.integers(1, 50, n),
-        "evidence": pa.array([str(u) for u in ids]),
-        "valid_from": pa.array(valid_from, pa.timestamp("us", tz="UTC")),
-        "valid_to": pa.array(valid_to, pa.timestamp("us", tz="UTC"), mask=~closed),
-        "created_by": np.char.add("a", owner.astype(str)),
-    })
+    return pa.table(
+        {
+            "triple_id": pa.array([str(u) for u in ids]),
+            "source": np.char.add("tool:t", rng.integers(0, 5000, n).astype(str)),
+            "predicate": rng.choice(["uses", "failed_with", "depends_on", "rate_limit"], n),
+            "target": np.char.add("error:e", rng.integers(0, 20000, n).astype(str)),
+            "scope": scope,
+            "confidence": rng.uniform(0.6, 1.0, n).round(4),
+            "count": rng.integers(1, 50, n),
+            "evidence": pa.array([str(u) for u in ids]),
+            "valid_from": pa.array(valid_from, pa.timestamp("us", tz="UTC")),
+            "valid_to": pa.array(valid_to, pa.timestamp("us", tz="UTC"), mask=~closed),
+            "created_by": np.char.add("a", owner.astype(str)),
+        }
+    )
 
 
 def _rss_mib() -> float:
@@ -69,11 +75,20 @@ def _synthetic_index(units: int, agents: int, seed: int) -> tuple[Any, Any, list
     start = time.perf_counter()
     for i in range(units):
         agent = f"agent{i % agents}"
-        index.add(MemoryUnit(
-            memory_id=f"m{i}", kind=MemoryKind.MESSAGE, agent=agent, scope=f"agent:{agent}", run_id=f"r{i // 20}",
-            position=i % 20, occurred_at=t0 + timedelta(minutes=i),
-            perception=" ".join(vocab[w] for w in words[i, :lens[i]]), people=[people[i % 300]],
-            tools=[f"tool_{i % 60}"]))
+        index.add(
+            MemoryUnit(
+                memory_id=f"m{i}",
+                kind=MemoryKind.MESSAGE,
+                agent=agent,
+                scope=f"agent:{agent}",
+                run_id=f"r{i // 20}",
+                position=i % 20,
+                occurred_at=t0 + timedelta(minutes=i),
+                perception=" ".join(vocab[w] for w in words[i, : lens[i]]),
+                people=[people[i % 300]],
+                tools=[f"tool_{i % 60}"],
+            )
+        )
     return index, rng, vocab, people, time.perf_counter() - start, _rss_mib() - rss0
 
 
@@ -86,5 +101,6 @@ def _zipf(n: int) -> Any:
 
 def _queries(rng: Any, vocab: list[str], people: list[str], n: int) -> list[str]:
     qw = rng.choice(len(vocab), size=(n, 6), p=_zipf(len(vocab)))
-    return [" ".join(vocab[w] for w in qw[q, : 3 + q % 4]) + (f" {people[q % 300]}" if q % 3 == 0 else "")
-            for q in range(n)]
+    return [
+        " ".join(vocab[w] for w in qw[q, : 3 + q % 4]) + (f" {people[q % 300]}" if q % 3 == 0 else "") for q in range(n)
+    ]

@@ -16,20 +16,20 @@ import sys
 from somnus.cli.app import app
 
 COMMANDS = (
-    "stack",    # up, down, broker *, demo
-    "tokens",   # token create | list | revoke
-    "ingest",   # publish, import, sample, ingest-knowledge
-    "read",     # sql, checksum, status, inspect, brief, recall, context, predict, rhythms
-    "memory",   # promote, consolidate, sleep, replay
-    "goals",    # goal set | done | list, wander
-    "graph",    # graph [--plot] (the associative memory graph's health)
-    "forget",   # forget [--verify]
-    "export",   # export parquet
-    "otlp",     # otlp (the OTLP/HTTP receiver)
-    "mcp",      # mcp (the memory as MCP tools)
-    "advise",   # advise; bench advise | oscillators
-    "eval",     # eval locomo | foresight
-    "bench",    # bench e2e | ... | cli
+    "stack",  # up, down, broker *, demo
+    "tokens",  # token create | list | revoke
+    "ingest",  # publish, import, sample, ingest-knowledge
+    "read",  # sql, checksum, status, inspect, brief, recall, context, predict, rhythms
+    "memory",  # promote, consolidate, sleep, replay
+    "goals",  # goal set | done | list, wander
+    "graph",  # graph [--plot] (the associative memory graph's health)
+    "forget",  # forget [--verify]
+    "export",  # export parquet
+    "otlp",  # otlp (the OTLP/HTTP receiver)
+    "mcp",  # mcp (the memory as MCP tools)
+    "advise",  # advise; bench advise | oscillators
+    "eval",  # eval locomo | foresight
+    "bench",  # bench e2e | ... | cli
 )
 
 for _name in COMMANDS:

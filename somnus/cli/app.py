@@ -9,8 +9,12 @@ from typing import Any, get_args, get_origin
 
 import typer
 
-app = typer.Typer(help="Somnus: memory for fleets of AI agents (Kafka -> Faust -> DuckDB).", no_args_is_help=True,
-                  pretty_exceptions_enable=False, rich_markup_mode=None)
+app = typer.Typer(
+    help="Somnus: memory for fleets of AI agents (Kafka -> Faust -> DuckDB).",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
 
 _TRUE = {"1", "true", "t", "yes", "y", "on"}
 _FALSE = {"0", "false", "f", "no", "n", "off", ""}
@@ -45,23 +49,28 @@ def light_coercion() -> bool:
         if annotation is str:
             return lambda v, param, ctx: v.decode() if isinstance(v, bytes) else str(v)
         if annotation is bool:
+
             def as_bool(v: Any, param: Any, ctx: Any) -> bool:
                 if isinstance(v, bool):
                     return v
                 if str(v).strip().lower() in _TRUE | _FALSE:
                     return str(v).strip().lower() in _TRUE
                 raise bad(f"{v!r} is not a valid boolean.", ctx=ctx, param=param)
+
             return as_bool
         if annotation in (int, float):
+
             def as_number(v: Any, param: Any, ctx: Any) -> Any:
                 try:
                     return annotation(v)
                 except (TypeError, ValueError):
                     raise bad(f"{v!r} is not a valid {annotation.__name__}.", ctx=ctx, param=param) from None
+
             return as_number
         if annotation is Path and info.path_type is None:
             return lambda v, param, ctx: _param_types.coerce_cli_path(
-                v if isinstance(v, Path) else Path(os.fsdecode(v)), info, path_type=Path, param=param, ctx=ctx)
+                v if isinstance(v, Path) else Path(os.fsdecode(v)), info, path_type=Path, param=param, ctx=ctx
+            )
         return None
 
     class Light(base):  # type: ignore[misc, valid-type]
@@ -74,7 +83,9 @@ def light_coercion() -> bool:
 
     def build(descriptor: Any) -> Any:
         annotation = descriptor.annotation
-        inner = get_args(annotation)[0] if get_origin(annotation) is list and len(get_args(annotation)) == 1 else annotation
+        inner = (
+            get_args(annotation)[0] if get_origin(annotation) is list and len(get_args(annotation)) == 1 else annotation
+        )
         if descriptor.file_annotation is None and leaf(inner, descriptor.parameter_info) is not None:
             return Light(parameter_info=descriptor.parameter_info, annotation=annotation)
         return original(descriptor)

@@ -42,8 +42,9 @@ def _time_one(argv: list[str], env: dict[str, str]) -> float:
     return elapsed
 
 
-def measure(variants: dict[str, tuple[list[str], dict[str, str]]], runs: int,
-            commands: dict[str, list[str]] = COMMANDS) -> dict[str, dict[str, Any]]:
+def measure(
+    variants: dict[str, tuple[list[str], dict[str, str]]], runs: int, commands: dict[str, list[str]] = COMMANDS
+) -> dict[str, dict[str, Any]]:
     """Per variant (a command prefix and its environment) and command: the median and every run, in ms."""
     times: dict[str, dict[str, list[float]]] = {v: {c: [] for c in commands} for v in variants}
     floor: list[float] = []
@@ -53,15 +54,25 @@ def measure(variants: dict[str, tuple[list[str], dict[str, str]]], runs: int,
         for name, args in commands.items():
             for variant, (prefix, env) in variants.items():
                 times[variant][name].append(_time_one([*prefix, *args], env))
-    got = {v: {c: {"median_ms": round(statistics.median(ts), 1), "runs_ms": [round(t, 1) for t in ts]}
-               for c, ts in by_cmd.items()} for v, by_cmd in times.items()}
-    got["python -c pass"] = {"floor": {"median_ms": round(statistics.median(floor), 1),
-                                       "runs_ms": [round(t, 1) for t in floor]}}
+    got = {
+        v: {
+            c: {"median_ms": round(statistics.median(ts), 1), "runs_ms": [round(t, 1) for t in ts]}
+            for c, ts in by_cmd.items()
+        }
+        for v, by_cmd in times.items()
+    }
+    got["python -c pass"] = {
+        "floor": {"median_ms": round(statistics.median(floor), 1), "runs_ms": [round(t, 1) for t in floor]}
+    }
     return got
 
 
-def run_cli_bench(runs: int = 7, sessions: int = 40, baselines: dict[str, Path] | None = None,
-                  log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
+def run_cli_bench(
+    runs: int = 7,
+    sessions: int = 40,
+    baselines: dict[str, Path] | None = None,
+    log: Callable[[str], None] = lambda m: None,
+) -> dict[str, Any]:
     """Start a stack on a temporary home, measure ``COMMANDS`` (``measure``), stop the stack; the report."""
     from somnus import broker, procs, reads
     from somnus.broker import _free_port
@@ -73,8 +84,13 @@ def run_cli_bench(runs: int = 7, sessions: int = 40, baselines: dict[str, Path] 
         home = Path(tmp)
         # The whole stack `somnus up` runs (its OTLP receiver and MCP server too), on free ports, not
         # on the shared defaults another stack of this machine may hold.
-        env = {**os.environ, "SOMNUS_HOME": str(home), "COLUMNS": "80", "SOMNUS_OTLP_PORT": str(_free_port()),
-               "SOMNUS_MCP_PORT": str(_free_port())}
+        env = {
+            **os.environ,
+            "SOMNUS_HOME": str(home),
+            "COLUMNS": "80",
+            "SOMNUS_OTLP_PORT": str(_free_port()),
+            "SOMNUS_MCP_PORT": str(_free_port()),
+        }
         for var in ("SOMNUS_DB", "KAFKA_BOOTSTRAP", "SOMNUS_TOKEN", "PYTHONPATH"):
             env.pop(var, None)
         s = Settings.resolve(home=home, env=env)
@@ -89,8 +105,10 @@ def run_cli_bench(runs: int = 7, sessions: int = 40, baselines: dict[str, Path] 
             variants = {"this": (me, env)}
             purelib = sysconfig.get_paths()["purelib"]
             for name, folder in (baselines or {}).items():
-                variants[name] = ([sys.executable, "-S", "-m", "somnus.cli"],
-                                  {**env, "PYTHONPATH": os.pathsep.join([str(Path(folder).resolve()), purelib])})
+                variants[name] = (
+                    [sys.executable, "-S", "-m", "somnus.cli"],
+                    {**env, "PYTHONPATH": os.pathsep.join([str(Path(folder).resolve()), purelib])},
+                )
             log(f"measuring {len(COMMANDS)} commands x {runs} runs x {len(variants)} variants")
             got = measure(variants, runs)
         finally:
@@ -98,9 +116,13 @@ def run_cli_bench(runs: int = 7, sessions: int = 40, baselines: dict[str, Path] 
             broker.stop(s)
             procs.stop(s, "supervisor")
     this = got["this"]
-    return {"runs": runs, "threshold_ms": THRESHOLD_MS, "commands": {c: " ".join(["somnus", *a]) for c, a in COMMANDS.items()},
-            "median_ms": {c: v["median_ms"] for c, v in this.items()},
-            "under_threshold": all(v["median_ms"] < THRESHOLD_MS for v in this.values()),
-            "python_floor_ms": got.pop("python -c pass")["floor"]["median_ms"],
-            "baselines": {b: {c: v["median_ms"] for c, v in got[b].items()} for b in got if b != "this"},
-            "runs_ms": {b: {c: v["runs_ms"] for c, v in by.items()} for b, by in got.items()}}
+    return {
+        "runs": runs,
+        "threshold_ms": THRESHOLD_MS,
+        "commands": {c: " ".join(["somnus", *a]) for c, a in COMMANDS.items()},
+        "median_ms": {c: v["median_ms"] for c, v in this.items()},
+        "under_threshold": all(v["median_ms"] < THRESHOLD_MS for v in this.values()),
+        "python_floor_ms": got.pop("python -c pass")["floor"]["median_ms"],
+        "baselines": {b: {c: v["median_ms"] for c, v in got[b].items()} for b in got if b != "this"},
+        "runs_ms": {b: {c: v["runs_ms"] for c, v in by.items()} for b, by in got.items()},
+    }

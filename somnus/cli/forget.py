@@ -12,17 +12,26 @@ from somnus.cli.common import AT_HELP, BootOpt, DbOpt, HomeOpt, bootstrap, event
 
 
 @app.command()
-def forget(user: Optional[str] = typer.Option(None, "--user", help="Forget this user's sessions and memories."),
-           agent: Optional[str] = typer.Option(None, "--agent", help="Forget everything of this agent."),
-           session: Optional[str] = typer.Option(None, "--session", help="Forget the sessions with this id."),
-           reason: Optional[str] = typer.Option(None, "--reason", help="Why (kept with the request)."),
-           verify: bool = typer.Option(False, "--verify", help="Check instead: no needle left (exit 1 if any)."),
-           needle: list[str] = typer.Option([], "--needle", help="--verify: a text of the subject's to look for "
-                                            "(repeatable; at least one)."),
-           replay: bool = typer.Option(True, "--replay/--no-replay", help="--verify: also replay every topic "
-                                       "into a fresh file (beside the DuckDB file, deleted after) and check it."),
-           at: Optional[str] = typer.Option(None, "--at", help=AT_HELP),
-           db: Optional[Path] = DbOpt, home: Optional[Path] = HomeOpt, bootstrap_: Optional[str] = BootOpt) -> None:
+def forget(
+    user: Optional[str] = typer.Option(None, "--user", help="Forget this user's sessions and memories."),
+    agent: Optional[str] = typer.Option(None, "--agent", help="Forget everything of this agent."),
+    session: Optional[str] = typer.Option(None, "--session", help="Forget the sessions with this id."),
+    reason: Optional[str] = typer.Option(None, "--reason", help="Why (kept with the request)."),
+    verify: bool = typer.Option(False, "--verify", help="Check instead: no needle left (exit 1 if any)."),
+    needle: list[str] = typer.Option(
+        [], "--needle", help="--verify: a text of the subject's to look for (repeatable; at least one)."
+    ),
+    replay: bool = typer.Option(
+        True,
+        "--replay/--no-replay",
+        help="--verify: also replay every topic "
+        "into a fresh file (beside the DuckDB file, deleted after) and check it.",
+    ),
+    at: Optional[str] = typer.Option(None, "--at", help=AT_HELP),
+    db: Optional[Path] = DbOpt,
+    home: Optional[Path] = HomeOpt,
+    bootstrap_: Optional[str] = BootOpt,
+) -> None:
     """Forget a user, an agent or a session: a request on the facts topic that the projector applies
     (projections/forget.py). With --verify, look for the given texts in the DuckDB file's bytes (and
     WAL) and rows, count the subject's rows, do the same in a replay into a fresh file, and report the
@@ -54,12 +63,16 @@ def forget(user: Optional[str] = typer.Option(None, "--user", help="Forget this 
             fail(f"{exc}: no data key to delete; the subject's records in Kafka stay readable")
         doomed = sorted(set(keyring.select(kind, value)) | set(keyring.select_sessions(projected)))
         deleted = asyncio.run(delete_keys(bootstrap(s), s.keys_topic, doomed, s))
-        print(f"data keys deleted: {deleted} (the subject's sealed records in Kafka can no longer be opened; "
-              f"{s.keys_topic} compacts them away)")
+        print(
+            f"data keys deleted: {deleted} (the subject's sealed records in Kafka can no longer be opened; "
+            f"{s.keys_topic} compacts them away)"
+        )
         return
     if not needle:
-        fail("--verify needs at least one --needle: a text of the subject's to look for (the subject's own id "
-              "stays in the `forgotten` table by design)")
+        fail(
+            "--verify needs at least one --needle: a text of the subject's to look for (the subject's own id "
+            "stays in the `forgotten` table by design)"
+        )
     db_path = Path(s.db_path)  # type: ignore[arg-type]
     failed = [False]
 
@@ -71,11 +84,21 @@ def forget(user: Optional[str] = typer.Option(None, "--user", help="Forget this 
         """The needles in ``path``'s bytes (+ WAL) and rows, and the subject's rows, through ``query``."""
         for n, hits in file_hits(path, needle).items():
             report(hits, f"{n!r} in the bytes of {path} (+ .wal)")
-        tables = [r[0] for r in query("SELECT table_name FROM duckdb_tables() WHERE NOT temporary "
-                                      "AND database_name = current_database()", [])]
+        tables = [
+            r[0]
+            for r in query(
+                "SELECT table_name FROM duckdb_tables() WHERE NOT temporary AND database_name = current_database()", []
+            )
+        ]
         for n in needle:
-            report({t: c for t in tables if (c := query(f"SELECT count(*) FROM {t} x WHERE contains(x::VARCHAR, ?)",
-                                                           [n])[0][0])}, f"{n!r} in the rows of {path}")
+            report(
+                {
+                    t: c
+                    for t in tables
+                    if (c := query(f"SELECT count(*) FROM {t} x WHERE contains(x::VARCHAR, ?)", [n])[0][0])
+                },
+                f"{n!r} in the rows of {path}",
+            )
         report(query(_FORGET_SUBJECT_ROWS[kind], [value] * 4)[0][0], f"rows of {kind} {value!r} in {path}")
 
     try:
@@ -109,15 +132,20 @@ def forget(user: Optional[str] = typer.Option(None, "--user", help="Forget this 
         report(len(ring.select(kind, value)), f"data keys of {kind} {value!r} on {s.keys_topic}")
     # the worker's other table changelogs too (the working memory's is projected): sessions, causal links
     tables = [f"{s.app_id}-sessions-changelog", f"{s.app_id}-links-changelog"]
-    got = asyncio.run(topic_hits(bootstrap(s), [*s.projected_topics, s.observations_topic], needle, s, ring,
-                                 optional=tables))
+    got = asyncio.run(
+        topic_hits(bootstrap(s), [*s.projected_topics, s.observations_topic], needle, s, ring, optional=tables)
+    )
     for n in needle:
-        report(got.opened.get(n, {}), f"{n!r} in the Kafka topics as the project reads them (sealed records "
-                                      "opened with the keys that remain)")
+        report(
+            got.opened.get(n, {}),
+            f"{n!r} in the Kafka topics as the project reads them (sealed records opened with the keys that remain)",
+        )
         report(got.raw.get(n, {}), f"{n!r} in the Kafka topics' raw record values")
         if got.keys.get(n):  # routing ids (session ids) are never sealed: SECURITY.md, "Forget"
-            print(f"note: {n!r} is part of record keys (session ids, not sealed; they cannot be opened "
-                  f"to anything): {got.keys[n]}")
+            print(
+                f"note: {n!r} is part of record keys (session ids, not sealed; they cannot be opened "
+                f"to anything): {got.keys[n]}"
+            )
     if got.shredded:
         print(f"sealed records whose key is gone (unreadable): {got.shredded}")
     raise typer.Exit(1 if failed[0] else 0)
@@ -130,23 +158,28 @@ def _projected_sessions(s: Any, kind: str, value: str) -> list[tuple[str, str]]:
 
     column = {"user": "user_id", "agent": "agent", "session": "session_id"}[kind]
     try:
-        rows = read_sql(Path(s.db_path), f"SELECT DISTINCT agent, session_id FROM episodes WHERE {column} = ? UNION "
-                                         f"SELECT agent, session_id FROM working_memory WHERE {column} = ?",
-                        [value, value])["rows"]
+        rows = read_sql(
+            Path(s.db_path),
+            f"SELECT DISTINCT agent, session_id FROM episodes WHERE {column} = ? UNION "
+            f"SELECT agent, session_id FROM working_memory WHERE {column} = ?",
+            [value, value],
+        )["rows"]
     except (ReadError, OSError) as exc:
-        print(f"(the projections could not be read for the subject's sessions: {exc}; the keys that "
-              "name the subject are deleted)")
+        print(
+            f"(the projections could not be read for the subject's sessions: {exc}; the keys that "
+            "name the subject are deleted)"
+        )
         return []
     return [(a, sid) for a, sid in rows]
 
 
 _FORGET_SUBJECT_ROWS = {  # rows that still name the subject (each query takes its value four times)
     "user": "SELECT (SELECT count(*) FROM episodes WHERE user_id = ?) + (SELECT count(*) FROM memories WHERE "
-            "user_id = ?) + (SELECT count(*) FROM working_memory WHERE user_id = ?) + (SELECT count(*) FROM events "
-            "WHERE type = 'session_start' AND payload->>'user_id' = ?)",
+    "user_id = ?) + (SELECT count(*) FROM working_memory WHERE user_id = ?) + (SELECT count(*) FROM events "
+    "WHERE type = 'session_start' AND payload->>'user_id' = ?)",
     "agent": "SELECT (SELECT count(*) FROM episodes WHERE agent = ?) + (SELECT count(*) FROM memories WHERE agent = ?) "
-             "+ (SELECT count(*) FROM working_memory WHERE agent = ?) + (SELECT count(*) FROM events WHERE agent = ?)",
+    "+ (SELECT count(*) FROM working_memory WHERE agent = ?) + (SELECT count(*) FROM events WHERE agent = ?)",
     "session": "SELECT (SELECT count(*) FROM episodes WHERE session_id = ?) + (SELECT count(*) FROM memories WHERE "
-               "run_id = ?) + (SELECT count(*) FROM working_memory WHERE session_id = ?) + (SELECT count(*) FROM "
-               "events WHERE session_id = ?)",
+    "run_id = ?) + (SELECT count(*) FROM working_memory WHERE session_id = ?) + (SELECT count(*) FROM "
+    "events WHERE session_id = ?)",
 }

@@ -26,9 +26,14 @@ FIEDLER_HISTORY = "SELECT run_at, fiedler FROM sleep_runs WHERE fiedler IS NOT N
 
 
 @app.command()
-def graph(plot: Optional[Path] = typer.Option(None, "--plot", help="Draw the degree distribution, the component "
-                                              "sizes and the Fiedler trend here (PNG)."),
-          db: Optional[Path] = DbOpt, home: Optional[Path] = HomeOpt, as_json: bool = JsonOpt) -> None:
+def graph(
+    plot: Optional[Path] = typer.Option(
+        None, "--plot", help="Draw the degree distribution, the component sizes and the Fiedler trend here (PNG)."
+    ),
+    db: Optional[Path] = DbOpt,
+    home: Optional[Path] = HomeOpt,
+    as_json: bool = JsonOpt,
+) -> None:
     """How integrated the associative memory graph is: memories, edges, components, the Fiedler value
     of the largest component (rising: memories inform each other; falling: the memory fragments)."""
     from somnus.plots import graph_figure, graph_health
@@ -40,17 +45,25 @@ def graph(plot: Optional[Path] = typer.Option(None, "--plot", help="Draw the deg
         graph_figure(health, history).savefig(plot)
         print(f"wrote {plot}")
     degrees = health.degrees
-    summary = {"memories": health.nodes, "edges": health.edges, "components": health.components,
-               "largest_component": health.largest_size, "fiedler": round(health.fiedler, 9),
-               "fiedler_largest_component": round(health.fiedler_largest, 9),
-               "mean_degree": round(sum(degrees) / len(degrees), 3) if degrees else 0.0,
-               "max_degree": max(degrees, default=0), "isolated": sum(1 for d in degrees if d == 0),
-               "sleep_runs": len(history)}
+    summary = {
+        "memories": health.nodes,
+        "edges": health.edges,
+        "components": health.components,
+        "largest_component": health.largest_size,
+        "fiedler": round(health.fiedler, 9),
+        "fiedler_largest_component": round(health.fiedler_largest, 9),
+        "mean_degree": round(sum(degrees) / len(degrees), 3) if degrees else 0.0,
+        "max_degree": max(degrees, default=0),
+        "isolated": sum(1 for d in degrees if d == 0),
+        "sleep_runs": len(history),
+    }
     if as_json:
         print(json.dumps(summary))
     elif not plot:
-        print(f"{summary['memories']} memories, {summary['edges']} edges, {summary['components']} components "
-              f"(largest {summary['largest_component']}, {summary['isolated']} isolated); degree mean "
-              f"{summary['mean_degree']}, max {summary['max_degree']}; Fiedler value of the largest component "
-              f"{summary['fiedler_largest_component']:.4g} (whole graph {summary['fiedler']:.4g}); "
-              f"{summary['sleep_runs']} sleep runs so far")
+        print(
+            f"{summary['memories']} memories, {summary['edges']} edges, {summary['components']} components "
+            f"(largest {summary['largest_component']}, {summary['isolated']} isolated); degree mean "
+            f"{summary['mean_degree']}, max {summary['max_degree']}; Fiedler value of the largest component "
+            f"{summary['fiedler_largest_component']:.4g} (whole graph {summary['fiedler']:.4g}); "
+            f"{summary['sleep_runs']} sleep runs so far"
+        )

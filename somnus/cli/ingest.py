@@ -15,8 +15,11 @@ IMPORT_CHUNK = 20_000  # events per acknowledged send of `somnus import`
 
 
 @app.command()
-def publish(file: Path = typer.Argument(..., exists=True, dir_okay=False, help="JSON lines of v1 trace events."),
-            home: Optional[Path] = HomeOpt, bootstrap_: Optional[str] = BootOpt) -> None:
+def publish(
+    file: Path = typer.Argument(..., exists=True, dir_okay=False, help="JSON lines of v1 trace events."),
+    home: Optional[Path] = HomeOpt,
+    bootstrap_: Optional[str] = BootOpt,
+) -> None:
     """Publish trace events (one JSON object a line) to the traces topic, keyed by session_id."""
     from somnus.client import publish as publish_lines
     from somnus.streams.topics import ensure_topics
@@ -30,17 +33,27 @@ def publish(file: Path = typer.Argument(..., exists=True, dir_okay=False, help="
 
 
 @app.command("import")
-def import_(paths: list[str] = typer.Argument(..., help="Files, directories or globs (quoted: 'runs/**/*.traj')."),
-            fmt: str = typer.Option(..., "--format", help="openai-chat | swe-agent | locomo | toolbench | otel | v1"),
-            agent: Optional[str] = typer.Option(None, "--agent", help="Agent name for the imported sessions."),
-            results: Optional[Path] = typer.Option(
-                None, "--results", exists=True, dir_okay=False,
-                help="Outcomes by id: a SWE-bench results.json (resolved/unresolved ids) or a JSON map id -> outcome."),
-            start: Optional[str] = typer.Option(
-                None, "--start", help="ISO time of the first session that carries no time (default 2024-05-15T20:00:00Z)."),
-            spacing: float = typer.Option(600.0, "--spacing", help="Seconds between the starts of such sessions, in file order."),
-            out: Optional[Path] = typer.Option(None, "--out", help="Write v1 events here (JSON lines) instead of publishing."),
-            home: Optional[Path] = HomeOpt, bootstrap_: Optional[str] = BootOpt) -> None:
+def import_(
+    paths: list[str] = typer.Argument(..., help="Files, directories or globs (quoted: 'runs/**/*.traj')."),
+    fmt: str = typer.Option(..., "--format", help="openai-chat | swe-agent | locomo | toolbench | otel | v1"),
+    agent: Optional[str] = typer.Option(None, "--agent", help="Agent name for the imported sessions."),
+    results: Optional[Path] = typer.Option(
+        None,
+        "--results",
+        exists=True,
+        dir_okay=False,
+        help="Outcomes by id: a SWE-bench results.json (resolved/unresolved ids) or a JSON map id -> outcome.",
+    ),
+    start: Optional[str] = typer.Option(
+        None, "--start", help="ISO time of the first session that carries no time (default 2024-05-15T20:00:00Z)."
+    ),
+    spacing: float = typer.Option(
+        600.0, "--spacing", help="Seconds between the starts of such sessions, in file order."
+    ),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write v1 events here (JSON lines) instead of publishing."),
+    home: Optional[Path] = HomeOpt,
+    bootstrap_: Optional[str] = BootOpt,
+) -> None:
     """Turn transcripts of other tools into v1 trace events and publish them with one producer (or write
     them with --out). Many files, directories and globs in one call, with a progress bar. A file that
     is not of the format is reported (its items before the bad one are imported) and the others are
@@ -73,8 +86,14 @@ def import_(paths: list[str] = typer.Argument(..., help="Files, directories or g
     pending: list[tuple[str, bytes]] = []  # (session id, encoded event)
     n = 0
     try:
-        with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-                      TimeRemainingColumn(), console=Console(stderr=True), transient=False) as bar:
+        with Progress(
+            "[progress.description]{task.description}",
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            console=Console(stderr=True),
+            transient=False,
+        ) as bar:
             task = bar.add_task(f"importing {fmt}", total=len(files))
             for path in files:
                 got: list[dict[str, Any]] = []
@@ -100,8 +119,7 @@ def import_(paths: list[str] = typer.Argument(..., help="Files, directories or g
         raise typer.Exit(1)
 
 
-def _within(events: list[dict[str, Any]], max_bytes: int, path: Path,
-            problems: list[str]) -> list[tuple[str, bytes]]:
+def _within(events: list[dict[str, Any]], max_bytes: int, path: Path, problems: list[str]) -> list[tuple[str, bytes]]:
     """``(session id, encoded event)`` of the events of at most ``max_bytes`` encoded
     (``SOMNUS_MAX_EVENT_BYTES``: the worker dead-letters a larger one, and one over the producer's 8 MiB
     stopped the whole import); each larger one is named in ``problems`` and left out."""
@@ -111,9 +129,11 @@ def _within(events: list[dict[str, Any]], max_bytes: int, path: Path,
     for e in events:
         raw = orjson.dumps(e)
         if len(raw) > max_bytes:
-            problems.append(f"{path}: session {e.get('session_id')!r} event {e.get('seq')} ({e.get('type')}) is "
-                            f"{len(raw)} bytes, over the pipeline's limit of {max_bytes} (SOMNUS_MAX_EVENT_BYTES): "
-                            "left out")
+            problems.append(
+                f"{path}: session {e.get('session_id')!r} event {e.get('seq')} ({e.get('type')}) is "
+                f"{len(raw)} bytes, over the pipeline's limit of {max_bytes} (SOMNUS_MAX_EVENT_BYTES): "
+                "left out"
+            )
         else:
             kept.append((str(e.get("session_id")), raw))
     return kept
@@ -133,8 +153,11 @@ def _deliver(sink: Any, events: list[tuple[str, bytes]], sessions: set[str]) -> 
 
 
 @app.command()
-def sample(out: Path = typer.Argument(..., dir_okay=False, help="Where to write the JSON lines."),
-           sessions: int = typer.Option(200, "--sessions"), seed: int = typer.Option(42, "--seed")) -> None:
+def sample(
+    out: Path = typer.Argument(..., dir_okay=False, help="Where to write the JSON lines."),
+    sessions: int = typer.Option(200, "--sessions"),
+    seed: int = typer.Option(42, "--seed"),
+) -> None:
     """Write seeded synthetic traces of the built-in fleet (several agents and teams)."""
     import orjson
 
@@ -149,11 +172,14 @@ def sample(out: Path = typer.Argument(..., dir_okay=False, help="Where to write 
 
 
 @app.command("ingest-knowledge")
-def ingest_knowledge(file: Path = typer.Argument(..., exists=True, dir_okay=False, help="JSON or Markdown."),
-                     owner: str = typer.Option("global", "--owner", help="global, team:<lead> or agent:<name>"),
-                     at: Optional[str] = typer.Option(None, "--at", help=AT_HELP),
-                     db: Optional[Path] = DbOpt, home: Optional[Path] = HomeOpt,
-                     bootstrap_: Optional[str] = BootOpt) -> None:
+def ingest_knowledge(
+    file: Path = typer.Argument(..., exists=True, dir_okay=False, help="JSON or Markdown."),
+    owner: str = typer.Option("global", "--owner", help="global, team:<lead> or agent:<name>"),
+    at: Optional[str] = typer.Option(None, "--at", help=AT_HELP),
+    db: Optional[Path] = DbOpt,
+    home: Optional[Path] = HomeOpt,
+    bootstrap_: Optional[str] = BootOpt,
+) -> None:
     """Add concepts from a document to semantic memory (DIRECT_INGESTION; deduplicated by name), stamped
     with the owner's stream time unless --at is given."""
     from somnus import memory_requests

@@ -11,12 +11,15 @@ from somnus.cli.app import app
 
 
 @app.command("mcp")
-def mcp(transport: str = typer.Option("stdio", "--transport", help="stdio, or http (streamable HTTP at /mcp)."),
-        host: Optional[str] = typer.Option(None, "--host", help="HTTP: the address to bind (SOMNUS_MCP_HOST, "
-                                           "default 127.0.0.1)."),
-        port: Optional[int] = typer.Option(None, "--port", help="HTTP: the port (SOMNUS_MCP_PORT, default 8765)."),
-        home: Optional[Path] = typer.Option(None, "--home", help="State folder (SOMNUS_HOME)."),
-        db: Optional[Path] = typer.Option(None, "--db", help="DuckDB file (SOMNUS_DB).")) -> None:
+def mcp(
+    transport: str = typer.Option("stdio", "--transport", help="stdio, or http (streamable HTTP at /mcp)."),
+    host: Optional[str] = typer.Option(
+        None, "--host", help="HTTP: the address to bind (SOMNUS_MCP_HOST, default 127.0.0.1)."
+    ),
+    port: Optional[int] = typer.Option(None, "--port", help="HTTP: the port (SOMNUS_MCP_PORT, default 8765)."),
+    home: Optional[Path] = typer.Option(None, "--home", help="State folder (SOMNUS_HOME)."),
+    db: Optional[Path] = typer.Option(None, "--db", help="DuckDB file (SOMNUS_DB)."),
+) -> None:
     """Serve the memory as MCP tools (recall, briefing, context, predict, facts, episodic context, rhythms,
     remember) over stdio or streamable HTTP, with the same tokens and scopes as the HTTP API."""
     from somnus.config import Settings

@@ -9,8 +9,7 @@ from typing import Any
 import typer
 
 
-def show_oscillators(agent: str, db: Path, agents_dir: Path | None, anomaly_min: float | None,
-                     as_json: bool) -> None:
+def show_oscillators(agent: str, db: Path, agents_dir: Path | None, anomaly_min: float | None, as_json: bool) -> None:
     """Per pattern of ``agent``: r, the coupling eigenvalues, locks, the next expected recurrence and the
     stored anomalies (the ``/agents/{agent}/oscillators`` route)."""
     from rich.console import Console
@@ -23,19 +22,22 @@ def show_oscillators(agent: str, db: Path, agents_dir: Path | None, anomaly_min:
         return
     console = Console()
     if not got:
-        console.print(f"no oscillators for {agent}: they run when SOMNUS_OSCILLATORS is set "
-                      "(docs/concepts/rhythms.md)")
+        console.print(f"no oscillators for {agent}: they run when SOMNUS_OSCILLATORS is set (docs/concepts/rhythms.md)")
     for p in got:
         eig = ", ".join(f"{v:.3f}" for v in p["coupling"]["eigenvalues"])
-        console.print(f"[bold]{p['kind']}[/bold]: {p['events']} events, r {p['coherence']:.3f}, eigenvalues [{eig}], "
-                      f"locked {', '.join(p['locked']) or 'none'}, next {p['next_recurrence'] or '-'}")
+        console.print(
+            f"[bold]{p['kind']}[/bold]: {p['events']} events, r {p['coherence']:.3f}, eigenvalues [{eig}], "
+            f"locked {', '.join(p['locked']) or 'none'}, next {p['next_recurrence'] or '-'}"
+        )
         for a in p["anomalies"]:
             console.print(f"  anomaly {a['anomaly']:.3f} at {a['at']} ({a['memory_id']})")
 
 
-def bench_oscillators_command(sessions: int = typer.Option(2000, "--sessions"),
-                              repeat: int = typer.Option(3, "--repeat", help="Runs; the figure is their median."),
-                              as_json: bool = typer.Option(False, "--json")) -> None:
+def bench_oscillators_command(
+    sessions: int = typer.Option(2000, "--sessions"),
+    repeat: int = typer.Option(3, "--repeat", help="Runs; the figure is their median."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
     """CPU per observed event of the SCN's coupled oscillators (SOMNUS_OSCILLATORS), on the sample fleet."""
     from somnus.bench.oscillators import run_oscillators
 

@@ -65,10 +65,18 @@ def broker_status(home: Optional[Path] = HomeOpt, as_json: bool = typer.Option(F
 
 
 @app.command()
-def up(detach: bool = typer.Option(False, "--detach", "-d", help="Return once started (a supervisor keeps them running)."),
-       home: Optional[Path] = HomeOpt, db: Optional[Path] = DbOpt, bootstrap_: Optional[str] = BootOpt,
-       workers: Optional[int] = typer.Option(None, "--workers", min=1, help="Worker processes (SOMNUS_WORKERS, "
-                                             "default 1): Kafka splits the trace partitions among them.")) -> None:
+def up(
+    detach: bool = typer.Option(False, "--detach", "-d", help="Return once started (a supervisor keeps them running)."),
+    home: Optional[Path] = HomeOpt,
+    db: Optional[Path] = DbOpt,
+    bootstrap_: Optional[str] = BootOpt,
+    workers: Optional[int] = typer.Option(
+        None,
+        "--workers",
+        min=1,
+        help="Worker processes (SOMNUS_WORKERS, default 1): Kafka splits the trace partitions among them.",
+    ),
+) -> None:
     """Start the broker (unless one is configured), create the topics, and the worker(s) and the projector
     under a supervisor that starts any of them again when it exits (somnus/supervisor.py)."""
     import dataclasses
@@ -82,8 +90,10 @@ def up(detach: bool = typer.Option(False, "--detach", "-d", help="Return once st
     if workers is not None:
         s = dataclasses.replace(s, workers=workers)  # and to the supervisor it starts: Settings.as_env
     if s.workers > s.partitions:
-        print(f"somnus up: {s.workers} workers for {s.partitions} trace partitions: "
-              f"{s.workers - s.partitions} will own none (SOMNUS_PARTITIONS)")
+        print(
+            f"somnus up: {s.workers} workers for {s.partitions} trace partitions: "
+            f"{s.workers - s.partitions} will own none (SOMNUS_PARTITIONS)"
+        )
     ensure_operator_token(s.home)  # SOMNUS_HOME/token (0600): what the CLI sends to the projector
     boot = bootstrap(s, start=True)
     ensure_topics(s, boot)
@@ -101,8 +111,16 @@ def up(detach: bool = typer.Option(False, "--detach", "-d", help="Return once st
             time.sleep(0.1)
         print(f"somnus up: bootstrap {boot}, db {s.db_path}, logs in {s.run_dir}")
         return
-    serve(s, boot, local, say=lambda m: print(m, flush=True), started=lambda: print(
-        f"somnus up: bootstrap {boot}, db {s.db_path}, logs in {s.run_dir} (Ctrl-C or somnus down stops)", flush=True))
+    serve(
+        s,
+        boot,
+        local,
+        say=lambda m: print(m, flush=True),
+        started=lambda: print(
+            f"somnus up: bootstrap {boot}, db {s.db_path}, logs in {s.run_dir} (Ctrl-C or somnus down stops)",
+            flush=True,
+        ),
+    )
 
 
 @app.command()
@@ -123,19 +141,31 @@ def down(home: Optional[Path] = HomeOpt, db: Optional[Path] = DbOpt) -> None:
 
 
 DEMO_TABLES = (
-    ("episodes by agent and outcome", "SELECT agent, outcome, count(*) AS episodes, round(avg(duration_s)) AS avg_s "
-                                      "FROM episodes GROUP BY ALL ORDER BY agent, outcome"),
+    (
+        "episodes by agent and outcome",
+        "SELECT agent, outcome, count(*) AS episodes, round(avg(duration_s)) AS avg_s "
+        "FROM episodes GROUP BY ALL ORDER BY agent, outcome",
+    ),
     ("lessons", "SELECT kind, any_value(text) AS example, count(*) AS n FROM lessons GROUP BY kind ORDER BY n DESC"),
-    ("most frequent failure lessons", "SELECT text, count(*) AS n FROM lessons WHERE kind = 'failure' "
-                                      "GROUP BY text ORDER BY n DESC, text LIMIT 5"),
-    ("tools most likely to fail (NAc, exact counts)", "SELECT tool, calls, errors, round(error_rate, 3) AS error_rate "
-                                                      "FROM tool_outcomes ORDER BY error_rate DESC, tool LIMIT 5"),
+    (
+        "most frequent failure lessons",
+        "SELECT text, count(*) AS n FROM lessons WHERE kind = 'failure' GROUP BY text ORDER BY n DESC, text LIMIT 5",
+    ),
+    (
+        "tools most likely to fail (NAc, exact counts)",
+        "SELECT tool, calls, errors, round(error_rate, 3) AS error_rate "
+        "FROM tool_outcomes ORDER BY error_rate DESC, tool LIMIT 5",
+    ),
 )
 
 
 @app.command()
-def demo(sessions: int = typer.Option(300, "--sessions"), seed: int = typer.Option(42, "--seed"),
-         home: Optional[Path] = HomeOpt, keep: bool = typer.Option(False, "--keep", help="Leave the broker, worker and projector running.")) -> None:
+def demo(
+    sessions: int = typer.Option(300, "--sessions"),
+    seed: int = typer.Option(42, "--seed"),
+    home: Optional[Path] = HomeOpt,
+    keep: bool = typer.Option(False, "--keep", help="Leave the broker, worker and projector running."),
+) -> None:
     """Set up, run the pipeline on the built-in synthetic fleet, and show what the memory made of it."""
     from somnus import broker, reads
     from somnus.client import publish
@@ -155,8 +185,10 @@ def demo(sessions: int = typer.Option(300, "--sessions"), seed: int = typer.Opti
     if shown and shown["markdown"]:
         print("the briefing scraper gets before its next session (somnus brief scraper):")
         print(shown["markdown"])
-    print(f"database: {s.db_path}; try: somnus sql \"SELECT * FROM episodes LIMIT 5\", somnus inspect researcher, "
-          "somnus predict --tool http_get, somnus recall \"rate limit\" --agent scraper")
+    print(
+        f'database: {s.db_path}; try: somnus sql "SELECT * FROM episodes LIMIT 5", somnus inspect researcher, '
+        'somnus predict --tool http_get, somnus recall "rate limit" --agent scraper'
+    )
     if not keep:
         down(home, None)
         if own_broker and broker.stop(s):

@@ -81,8 +81,9 @@ def widths(heads: Sequence[str], cells: Sequence[Sequence[str]], total: int) -> 
     return got
 
 
-def render(columns: Sequence[Any], rows: Iterable[Sequence[Any]], title: str | None = None,
-           width: int | None = None) -> str:
+def render(
+    columns: Sequence[Any], rows: Iterable[Sequence[Any]], title: str | None = None, width: int | None = None
+) -> str:
     """The table as text that fits ``width`` (default: the terminal's)."""
     total = width or globals()["width"]()
     rows = [list(r) for r in rows]
@@ -96,8 +97,13 @@ def render(columns: Sequence[Any], rows: Iterable[Sequence[Any]], title: str | N
 
     def line(parts: list[list[str]]) -> list[str]:
         height = max(len(p) for p in parts)
-        return [GAP.join((p[k] if k < len(p) else "").rjust(w) if r else (p[k] if k < len(p) else "").ljust(w)
-                         for p, w, r in zip(parts, ws, right)).rstrip() for k in range(height)]
+        return [
+            GAP.join(
+                (p[k] if k < len(p) else "").rjust(w) if r else (p[k] if k < len(p) else "").ljust(w)
+                for p, w, r in zip(parts, ws, right)
+            ).rstrip()
+            for k in range(height)
+        ]
 
     out += line([_fit(h, w) for h, w in zip(heads, ws)])
     out.append(GAP.join("─" * w for w in ws))
@@ -132,8 +138,14 @@ def write_json(columns: Sequence[Any], rows: Iterable[Sequence[Any]]) -> None:
     print(json.dumps([dict(zip([str(c) for c in columns], r)) for r in rows], default=str))
 
 
-def show(columns: Sequence[Any], rows: Iterable[Sequence[Any]], title: str | None = None, *,
-         as_csv: bool = False, as_json: bool = False) -> None:
+def show(
+    columns: Sequence[Any],
+    rows: Iterable[Sequence[Any]],
+    title: str | None = None,
+    *,
+    as_csv: bool = False,
+    as_json: bool = False,
+) -> None:
     """Print the rows as a table that fits the terminal, or as CSV, or as JSON objects."""
     if as_csv:
         write_csv(columns, rows)

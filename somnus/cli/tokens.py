@@ -17,13 +17,16 @@ app.add_typer(token_app, name="token")
 
 
 @token_app.command("create")
-def token_create(agent: Optional[str] = typer.Option(None, "--agent", help="The agent whose scope chain it reads."),
-                 user: Optional[str] = typer.Option(None, "--user", help="Only this user's memories of the agent."),
-                 operator: bool = typer.Option(False, "--operator", help="Every route (SQL, whole-store reads)."),
-                 label: str = typer.Option("", "--label", help="A note shown by `somnus token list`."),
-                 expires: Optional[str] = typer.Option(None, "--expires",
-                                                       help="Lifetime, e.g. 30d, 12h, 2w: refused (401) after it."),
-                 home: Optional[Path] = HomeOpt) -> None:
+def token_create(
+    agent: Optional[str] = typer.Option(None, "--agent", help="The agent whose scope chain it reads."),
+    user: Optional[str] = typer.Option(None, "--user", help="Only this user's memories of the agent."),
+    operator: bool = typer.Option(False, "--operator", help="Every route (SQL, whole-store reads)."),
+    label: str = typer.Option("", "--label", help="A note shown by `somnus token list`."),
+    expires: Optional[str] = typer.Option(
+        None, "--expires", help="Lifetime, e.g. 30d, 12h, 2w: refused (401) after it."
+    ),
+    home: Optional[Path] = HomeOpt,
+) -> None:
     """Print a new token (stored hashed in SOMNUS_HOME; shown once): `export SOMNUS_TOKEN=$(somnus token create ...)`."""
     from somnus.schemas.agents import AgentFileError, load_agents
     from datetime import datetime, timezone
@@ -35,8 +38,9 @@ def token_create(agent: Optional[str] = typer.Option(None, "--agent", help="The 
         fail("an operator token reads everything: give --operator alone, or --agent [--user]")
     try:
         until = None if expires is None else datetime.now(timezone.utc) + parse_duration(expires)
-        token, record = TokenStore(s.home).create(operator=operator, agent=agent, user=user, label=label,
-                                                  expires_at=until)
+        token, record = TokenStore(s.home).create(
+            operator=operator, agent=agent, user=user, label=label, expires_at=until
+        )
     except ValueError as exc:
         fail(str(exc))
     try:
@@ -44,8 +48,10 @@ def token_create(agent: Optional[str] = typer.Option(None, "--agent", help="The 
             note(f"note: {agent!r} is not declared in the agents folder; the token reads its own scope and global")
     except AgentFileError:
         pass
-    note(f"token {record.id} for {record.principal().describe()}"
-         + (f", expires {record.expires_at}" if record.expires_at else ""))
+    note(
+        f"token {record.id} for {record.principal().describe()}"
+        + (f", expires {record.expires_at}" if record.expires_at else "")
+    )
     print(token)
 
 
@@ -61,14 +67,18 @@ def token_list(home: Optional[Path] = HomeOpt, as_json: bool = JsonOpt, as_csv: 
     if as_json:
         print(json.dumps([{k: v for k, v in msgspec.to_builtins(r).items() if k != "sha256"} for r in records]))
         return
-    show(["id", "reads", "created", "expires", "label"],
-         [[r.id, r.principal().describe(), r.created_at, r.expires_at or "never", r.label] for r in records],
-         as_csv=as_csv)
+    show(
+        ["id", "reads", "created", "expires", "label"],
+        [[r.id, r.principal().describe(), r.created_at, r.expires_at or "never", r.label] for r in records],
+        as_csv=as_csv,
+    )
 
 
 @token_app.command("revoke")
-def token_revoke(which: str = typer.Argument(..., help="A token id (from `somnus token list`) or the token."),
-                 home: Optional[Path] = HomeOpt) -> None:
+def token_revoke(
+    which: str = typer.Argument(..., help="A token id (from `somnus token list`) or the token."),
+    home: Optional[Path] = HomeOpt,
+) -> None:
     """Revoke a token: refused from the next request on (the servers follow the store)."""
     from somnus.projections.auth import TokenStore
 

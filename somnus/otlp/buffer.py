@@ -128,8 +128,10 @@ class TraceBuffer:
                 if span.span_id in self.done[span.trace_id]:
                     dups += 1
                 else:
-                    rejected.append(f"span {span.span_id} of trace {span.trace_id}: the trace was mapped when its "
-                                    "root span arrived; a span arriving after it is not mapped")
+                    rejected.append(
+                        f"span {span.span_id} of trace {span.trace_id}: the trace was mapped when its "
+                        "root span arrived; a span arriving after it is not mapped"
+                    )
                 continue
             if span.span_id in self.held.get(span.trace_id, {}):
                 dups += 1

@@ -44,8 +44,9 @@ def _documents(path: Path) -> Iterator[tuple[str, Any]]:
         try:
             yield where, orjson.loads(line)
         except orjson.JSONDecodeError as exc:
-            raise ImportShapeError(f"{where}: not JSON ({exc}); expected OTLP JSON (one "
-                                   "ExportTraceServiceRequest a line, or one document)") from None
+            raise ImportShapeError(
+                f"{where}: not JSON ({exc}); expected OTLP JSON (one ExportTraceServiceRequest a line, or one document)"
+            ) from None
 
 
 def read_spans(path: Path) -> list[Span]:
@@ -55,8 +56,9 @@ def read_spans(path: Path) -> list[Span]:
     spans: list[Span] = []
     for where, doc in _documents(path):
         if not isinstance(doc, dict) or "resourceSpans" not in doc:
-            raise ImportShapeError(f"{where}: expected an OTLP ExportTraceServiceRequest (an object with "
-                                   "'resourceSpans')")
+            raise ImportShapeError(
+                f"{where}: expected an OTLP ExportTraceServiceRequest (an object with 'resourceSpans')"
+            )
         try:
             got = from_json(doc)
         except ShapeError as exc:
@@ -67,8 +69,9 @@ def read_spans(path: Path) -> list[Span]:
     return spans
 
 
-def otel(path: Path, agent: str | None = None, start: datetime | None = None, run: Any = None
-         ) -> Iterator[dict[str, Any]]:
+def otel(
+    path: Path, agent: str | None = None, start: datetime | None = None, run: Any = None
+) -> Iterator[dict[str, Any]]:
     """The v1 events of one OTLP JSON file (``somnus.importers`` signature; ``agent`` replaces every
     session's agent; ``start`` and ``run`` are not used: spans carry their own times)."""
     del start, run

@@ -95,6 +95,7 @@ def span_kind(span: Span) -> str:
 
 # ---- values ------------------------------------------------------------------------------------
 
+
 def _first(a: Mapping[str, Any], *keys: str) -> Any:
     for k in keys:
         v = a.get(k)
@@ -117,11 +118,11 @@ def _text(value: Any, limit: int = MAX_TEXT) -> str | None:
     if value is None:
         return None
     text = value if isinstance(value, str) else orjson.dumps(value, default=str).decode()
-    return text if len(text) <= limit else text[:limit - 1] + "…"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _after_word(name: str, word: str) -> str:
-    return name[len(word):].strip() if name.startswith(word) else ""
+    return name[len(word) :].strip() if name.startswith(word) else ""
 
 
 def agent_name(span: Span, fallback: str | None = None) -> str:
@@ -150,14 +151,20 @@ def user_id_of(span: Span) -> str | None:
 
 
 def session_id_of(span: Span) -> str:
-    return str(_first(span.attributes, "gen_ai.conversation.id", "session.id",
-                      "traceloop.association.properties.session_id") or span.trace_id)
+    return str(
+        _first(span.attributes, "gen_ai.conversation.id", "session.id", "traceloop.association.properties.session_id")
+        or span.trace_id
+    )
 
 
 def tool_name(span: Span) -> str:
     a = span.attributes
-    return str(_first(a, "gen_ai.tool.name", "tool.name", "traceloop.entity.name")
-               or _after_word(span.name, "execute_tool") or span.name or "tool")
+    return str(
+        _first(a, "gen_ai.tool.name", "tool.name", "traceloop.entity.name")
+        or _after_word(span.name, "execute_tool")
+        or span.name
+        or "tool"
+    )
 
 
 def tool_args(span: Span) -> dict[str, Any]:
@@ -168,7 +175,9 @@ def tool_args(span: Span) -> dict[str, Any]:
     value = _json(_first(a, "gen_ai.tool.call.arguments", "input.value", "traceloop.entity.input"))
     if isinstance(value, dict) and "traceloop.entity.input" in a and set(value) <= {"args", "kwargs", "inputs"}:
         kwargs = value.get("kwargs") or value.get("inputs") or {}
-        value = {**kwargs, **({"args": value["args"]} if value.get("args") else {})} if isinstance(kwargs, dict) else value
+        value = (
+            {**kwargs, **({"args": value["args"]} if value.get("args") else {})} if isinstance(kwargs, dict) else value
+        )
     if value is None:
         return {}
     return value if isinstance(value, dict) else {"input": value}
@@ -182,8 +191,10 @@ def failure(span: Span) -> str | None:
     if span.status_code != STATUS_ERROR and not a.get("error.type"):
         return None
     exc = next((e.attributes for e in span.events if e.name == "exception"), {})
-    parts = [str(a.get("error.type") or exc.get("exception.type") or ""),
-             span.status_message or str(exc.get("exception.message") or "")]
+    parts = [
+        str(a.get("error.type") or exc.get("exception.type") or ""),
+        span.status_message or str(exc.get("exception.message") or ""),
+    ]
     text = ": ".join(p for p in parts if p)
     return _text(text or "error", MAX_TEXT)
 
@@ -199,13 +210,17 @@ def outcome(span: Span) -> tuple[str, str | None]:
 
 # ---- messages ------------------------------------------------------------------------------------
 
+
 def _content_text(content: Any) -> str | None:
     """Text of a message's content: a string, or the text parts of a list of parts."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        texts = [str(p.get("content") if "content" in p else p.get("text", "")) for p in content
-                 if isinstance(p, dict) and p.get("type", "text") == "text"]
+        texts = [
+            str(p.get("content") if "content" in p else p.get("text", ""))
+            for p in content
+            if isinstance(p, dict) and p.get("type", "text") == "text"
+        ]
         return "\n".join(t for t in texts if t) or None
     return None
 
@@ -262,27 +277,44 @@ def messages(span: Span, output: bool) -> list[tuple[str, str]]:
     """``(role, text)`` of a span's captured input (or output) messages, in every convention we read."""
     a = span.attributes
     if output:
-        found = (_listed(a.get("gen_ai.output.messages")) + _indexed(a, "gen_ai.completion", "role", "content")
-                 + _indexed(a, "llm.output_messages", "message.role", "message.content"))
+        found = (
+            _listed(a.get("gen_ai.output.messages"))
+            + _indexed(a, "gen_ai.completion", "role", "content")
+            + _indexed(a, "llm.output_messages", "message.role", "message.content")
+        )
     else:
-        found = (_listed(a.get("gen_ai.input.messages")) + _indexed(a, "gen_ai.prompt", "role", "content")
-                 + _indexed(a, "llm.input_messages", "message.role", "message.content"))
+        found = (
+            _listed(a.get("gen_ai.input.messages"))
+            + _indexed(a, "gen_ai.prompt", "role", "content")
+            + _indexed(a, "llm.input_messages", "message.role", "message.content")
+        )
     return found + _event_messages(span, output)
 
 
 def _io_value(span: Span, output: bool) -> str | None:
     """An agent span's plain input or output (OpenInference ``input.value``, OpenLLMetry ``traceloop.entity.*``)."""
-    value = _json(_first(span.attributes, *(("output.value", "traceloop.entity.output") if output
-                                            else ("input.value", "traceloop.entity.input"))))
+    value = _json(
+        _first(
+            span.attributes,
+            *(("output.value", "traceloop.entity.output") if output else ("input.value", "traceloop.entity.input")),
+        )
+    )
     if isinstance(value, dict) and isinstance(value.get("kwargs"), dict):  # OpenLLMetry: {"args": [], "kwargs": {}}
         value = value["kwargs"] or (value["args"][0] if len(value.get("args") or []) == 1 else value)
     if isinstance(value, dict):
-        value = next((value[k] for k in ("output", "input", "query", "question", "task", "prompt")
-                      if isinstance(value.get(k), str)), value)
+        value = next(
+            (
+                value[k]
+                for k in ("output", "input", "query", "question", "task", "prompt")
+                if isinstance(value.get(k), str)
+            ),
+            value,
+        )
     return _text(value) if value is not None else None
 
 
 # ---- sessions --------------------------------------------------------------------------------------
+
 
 @dataclass
 class _SessionBuilder:
@@ -294,13 +326,19 @@ class _SessionBuilder:
 
     def add(self, t_ns: int, span: Span, role: str, type_: str, payload: dict[str, Any], end: bool = False) -> None:
         order = {"session_start": START, "session_end": END}.get(
-            type_, (ENDED_BEFORE if t_ns > span.start_ns else ENDS_AT_START) if end else STARTS)
+            type_, (ENDED_BEFORE if t_ns > span.start_ns else ENDS_AT_START) if end else STARTS
+        )
         self.items.append((t_ns, order, span.span_id, role, type_, {k: v for k, v in payload.items() if v is not None}))
 
     def say(self, t_ns: int, span: Span, found: Iterable[tuple[str, str]], where: str, end: bool = False) -> None:
         for i, (role, text) in enumerate(found):
-            kind = {"user": "user_message", "human": "user_message", "assistant": "agent_message",
-                    "model": "agent_message", "ai": "agent_message"}.get(role.lower())
+            kind = {
+                "user": "user_message",
+                "human": "user_message",
+                "assistant": "agent_message",
+                "model": "agent_message",
+                "ai": "agent_message",
+            }.get(role.lower())
             if kind is None or (kind, text) in self.said:
                 continue  # system and tool messages; a history repeated by each chat span
             self.said.add((kind, text))
@@ -314,20 +352,47 @@ def _tool(s: _SessionBuilder, span: Span) -> None:
     why = failure(span)
     status = span.attributes.get("http.response.status_code")
     out = _first(span.attributes, "gen_ai.tool.call.result", "output.value", "traceloop.entity.output")
-    s.add(span.end_ns, span, "result", "tool_result", {
-        "call_id": call_id, "ok": why is None, "tool": name, "error": why,
-        "http_status": status if isinstance(status, int) and 100 <= status <= 599 else None,
-        "latency_ms": max(0.0, (span.end_ns - span.start_ns) / 1e6), "output": _text(out)}, end=True)
+    s.add(
+        span.end_ns,
+        span,
+        "result",
+        "tool_result",
+        {
+            "call_id": call_id,
+            "ok": why is None,
+            "tool": name,
+            "error": why,
+            "http_status": status if isinstance(status, int) and 100 <= status <= 599 else None,
+            "latency_ms": max(0.0, (span.end_ns - span.start_ns) / 1e6),
+            "output": _text(out),
+        },
+        end=True,
+    )
 
 
 def _delegate(s: _SessionBuilder, child: Span, child_agent: str) -> None:
     task = _io_value(child, False) or next((t for r, t in messages(child, False) if r == "user"), None)
-    s.add(child.start_ns, child, "delegation", "delegation",
-          {"to_agent": child_agent, "task": _text(task or child.name, MAX_TASK), "delegation_id": child.span_id})
+    s.add(
+        child.start_ns,
+        child,
+        "delegation",
+        "delegation",
+        {"to_agent": child_agent, "task": _text(task or child.name, MAX_TASK), "delegation_id": child.span_id},
+    )
     result, why = outcome(child)
-    s.add(child.end_ns, child, "delegation_result", "delegation_result",
-          {"to_agent": child_agent, "outcome": result, "delegation_id": child.span_id,
-           "summary": why or _io_value(child, True)}, end=True)
+    s.add(
+        child.end_ns,
+        child,
+        "delegation_result",
+        "delegation_result",
+        {
+            "to_agent": child_agent,
+            "outcome": result,
+            "delegation_id": child.span_id,
+            "summary": why or _io_value(child, True),
+        },
+        end=True,
+    )
 
 
 def _iso(t_ns: int) -> str:
@@ -340,26 +405,52 @@ def _events(s: _SessionBuilder) -> list[dict[str, Any]]:
     if span_kind(span) == TOOL:  # a trace that is one tool call
         _tool(s, span)
     s.say(span.start_ns, span, messages(span, False) or ([("user", t)] if (t := _io_value(span, False)) else []), "in")
-    s.say(span.end_ns, span, messages(span, True) or ([("assistant", t)] if (t := _io_value(span, True)) else []), "out",
-          end=True)
+    s.say(
+        span.end_ns,
+        span,
+        messages(span, True) or ([("assistant", t)] if (t := _io_value(span, True)) else []),
+        "out",
+        end=True,
+    )
     task = next((p["text"] for *_, kind, p in sorted(s.items, key=lambda x: x[:3]) if kind == "user_message"), None)
     result, why = outcome(span)
-    metadata = {"source": "otlp", "trace_id": span.trace_id, "span_id": span.span_id,
-                "operation": a.get("gen_ai.operation.name") or span.name,
-                "service": span.resource.get("service.name"), "conversation_id": a.get("gen_ai.conversation.id"),
-                # links (a batch's cause, a previous turn): "trace id/span id" of each, kept for the analyst
-                "links": [f"{k.trace_id}/{k.span_id}" for k in span.links] or None}
-    s.add(span.start_ns, span, "start", "session_start", {
-        "task": _text(task or a.get("gen_ai.agent.description") or span.name, MAX_TASK),
-        "user_id": user_id_of(span),
-        "metadata": {k: v for k, v in metadata.items() if v is not None}})
+    metadata = {
+        "source": "otlp",
+        "trace_id": span.trace_id,
+        "span_id": span.span_id,
+        "operation": a.get("gen_ai.operation.name") or span.name,
+        "service": span.resource.get("service.name"),
+        "conversation_id": a.get("gen_ai.conversation.id"),
+        # links (a batch's cause, a previous turn): "trace id/span id" of each, kept for the analyst
+        "links": [f"{k.trace_id}/{k.span_id}" for k in span.links] or None,
+    }
+    s.add(
+        span.start_ns,
+        span,
+        "start",
+        "session_start",
+        {
+            "task": _text(task or a.get("gen_ai.agent.description") or span.name, MAX_TASK),
+            "user_id": user_id_of(span),
+            "metadata": {k: v for k, v in metadata.items() if v is not None},
+        },
+    )
     s.add(max(span.end_ns, span.start_ns), span, "end", "session_end", {"outcome": result, "reason": why})
     out, seq = [], -1
     for t_ns, _, span_id, role, type_, payload in sorted(s.items, key=lambda x: x[:4]):
         seq = max(seq + 1, t_ns // 1000 * SEQ_PER_MICROSECOND)
-        out.append({"event_id": str(uuid.uuid5(OTLP_NAMESPACE, f"{span.trace_id}/{span_id}/{role}")),
-                    "schema_version": SCHEMA_VERSION, "ts": _iso(t_ns), "agent": s.agent,
-                    "session_id": s.session_id, "seq": seq, "type": type_, "payload": payload})
+        out.append(
+            {
+                "event_id": str(uuid.uuid5(OTLP_NAMESPACE, f"{span.trace_id}/{span_id}/{role}")),
+                "schema_version": SCHEMA_VERSION,
+                "ts": _iso(t_ns),
+                "agent": s.agent,
+                "session_id": s.session_id,
+                "seq": seq,
+                "type": type_,
+                "payload": payload,
+            }
+        )
     return out
 
 
@@ -437,9 +528,17 @@ def _missing_parents(spans: Sequence[Span], by_id: Mapping[str, Span]) -> list[S
     for s in spans:
         if s.parent_span_id and s.parent_span_id not in by_id:
             orphans.setdefault(s.parent_span_id, []).append(s)
-    return [Span(trace_id=kids[0].trace_id, span_id=parent, name=f"missing parent {parent}",
-                 start_ns=min(k.start_ns for k in kids), end_ns=max(k.end_ns for k in kids),
-                 resource=kids[0].resource) for parent, kids in orphans.items()]
+    return [
+        Span(
+            trace_id=kids[0].trace_id,
+            span_id=parent,
+            name=f"missing parent {parent}",
+            start_ns=min(k.start_ns for k in kids),
+            end_ns=max(k.end_ns for k in kids),
+            resource=kids[0].resource,
+        )
+        for parent, kids in orphans.items()
+    ]
 
 
 def group_by_trace(spans: Iterable[Span]) -> dict[str, list[Span]]:

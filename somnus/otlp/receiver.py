@@ -64,6 +64,7 @@ class Unavailable(Exception):
 
 # ---- responses ---------------------------------------------------------------------------------
 
+
 def varint(n: int) -> bytes:
     out = bytearray()
     while True:
@@ -90,25 +91,31 @@ def error_response(status: int, message: str, proto: bool, retry_after: int | No
     code = _GRPC.get(status, 2)
     if proto:
         return web.Response(status=status, body=rpc_status(code, message), content_type=PROTOBUF, headers=headers)
-    return web.Response(status=status, body=orjson.dumps({"code": code, "message": message}), content_type=JSON,
-                        headers=headers)
+    return web.Response(
+        status=status, body=orjson.dumps({"code": code, "message": message}), content_type=JSON, headers=headers
+    )
 
 
 def success_response(rejected: list[str], proto: bool) -> web.Response:
     message = "; ".join(rejected[:5]) + (f"; and {len(rejected) - 5} more" if len(rejected) > 5 else "")
     if proto:
         from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-            ExportTracePartialSuccess, ExportTraceServiceResponse)
+            ExportTracePartialSuccess,
+            ExportTraceServiceResponse,
+        )
 
         resp = ExportTraceServiceResponse()
         if rejected:
-            resp.partial_success.CopyFrom(ExportTracePartialSuccess(rejected_spans=len(rejected), error_message=message))
+            resp.partial_success.CopyFrom(
+                ExportTracePartialSuccess(rejected_spans=len(rejected), error_message=message)
+            )
         return web.Response(body=resp.SerializeToString(), content_type=PROTOBUF)
     body = {"partialSuccess": {"rejectedSpans": len(rejected), "errorMessage": message}} if rejected else {}
     return web.Response(body=orjson.dumps(body), content_type=JSON)
 
 
 # ---- bodies --------------------------------------------------------------------------------------
+
 
 def decompress(raw: bytes, encoding: str, limit: int) -> bytes:
     """The body as sent, ungzipped within ``limit`` bytes (``Refused`` 400 / 415 otherwise)."""
@@ -199,11 +206,13 @@ class Receiver:
         try:
             principal = _principal(request, self.tokens, datetime.now(timezone.utc))
             if principal.user is not None:  # its spans could write memories of no user, which every user reads
-                raise Refused(403, f"a token bound to a user ({principal.describe()}) reads that user's memories; "
-                                   "it may not send spans (use the agent's token)")
+                raise Refused(
+                    403,
+                    f"a token bound to a user ({principal.describe()}) reads that user's memories; "
+                    "it may not send spans (use the agent's token)",
+                )
             if request.content_type not in (PROTOBUF, JSON):
-                raise Refused(415, f"Content-Type {request.content_type!r} is not supported "
-                                   f"({PROTOBUF} or {JSON})")
+                raise Refused(415, f"Content-Type {request.content_type!r} is not supported ({PROTOBUF} or {JSON})")
             if request.content_length is not None and request.content_length > self.max_body:
                 raise Refused(400, f"the body is {request.content_length} bytes; at most {self.max_body} are accepted")
             try:
@@ -224,13 +233,19 @@ class Receiver:
                 why = foreign_agent(span, principal) or foreign_trace(span, principal, self.buffer)
                 (rejected.append(why) if why else spans.append(span))
             if self.buffer.held_spans() + len(spans) > self.max_held:
-                return error_response(503, f"{self.buffer.held_spans()} spans are held waiting for their root spans "
-                                           f"(at most {self.max_held}); send them again later", proto, RETRY_AFTER_S)
+                return error_response(
+                    503,
+                    f"{self.buffer.held_spans()} spans are held waiting for their root spans "
+                    f"(at most {self.max_held}); send them again later",
+                    proto,
+                    RETRY_AFTER_S,
+                )
             try:
                 _, _, late = self.buffer.add(spans, time.time_ns(), None if principal.operator else principal.agent)
             except OSError as exc:  # the journal's disk: nothing was acknowledged, the exporter tries again
-                return error_response(503, f"the spans could not be written to the journal: {exc}", proto,
-                                      RETRY_AFTER_S)
+                return error_response(
+                    503, f"the spans could not be written to the journal: {exc}", proto, RETRY_AFTER_S
+                )
             rejected += late
             try:
                 await self.flush(self.buffer.complete())
@@ -261,8 +276,9 @@ class Receiver:
         try:
             await asyncio.wait_for(self.publish(events), self.publish_timeout_s)
         except Exception as exc:  # noqa: BLE001 - a timeout or a Kafka error: retryable, nothing is lost
-            raise Unavailable(f"the broker did not acknowledge {len(events)} events ({type(exc).__name__}: {exc})"
-                              ) from None
+            raise Unavailable(
+                f"the broker did not acknowledge {len(events)} events ({type(exc).__name__}: {exc})"
+            ) from None
         self.buffer.mark_done(trace_ids)
         log.info("published %d events of %d traces", len(events), len(trace_ids))
         return len(events)
@@ -308,15 +324,22 @@ def journal_path(home: Path) -> Path:
     return Path(home) / "otlp" / "spans.journal"
 
 
-async def serve(home: Path, bootstrap: str, topic: str, host: str, port: int, max_body: int = MAX_BODY,
-                trace_timeout_s: float = TRACE_TIMEOUT_S, tick_s: float = 2.0,
-                started: Callable[[int], None] | None = None) -> None:
+async def serve(
+    home: Path,
+    bootstrap: str,
+    topic: str,
+    host: str,
+    port: int,
+    max_body: int = MAX_BODY,
+    trace_timeout_s: float = TRACE_TIMEOUT_S,
+    tick_s: float = 2.0,
+    started: Callable[[int], None] | None = None,
+) -> None:
     """Serve until SIGTERM or SIGINT."""
     publisher = KafkaPublisher(bootstrap, topic)
     receiver = Receiver(TraceBuffer(journal_path(home)), publisher, TokenStore(home), max_body, trace_timeout_s)
     runner, bound = await serve_bounded(receiver.app(), host, port)  # idle and slow connections bounded
-    log.info("OTLP/HTTP receiver on http://%s:%d/v1/traces (%d spans held)", host, bound,
-             receiver.buffer.held_spans())
+    log.info("OTLP/HTTP receiver on http://%s:%d/v1/traces (%d spans held)", host, bound, receiver.buffer.held_spans())
     if started is not None:
         started(bound)
     stop = asyncio.Event()
@@ -347,9 +370,17 @@ def run(settings: Any, host: str | None = None, port: int | None = None, bootstr
 
     ensure_operator_token(settings.home)
     boot = bootstrap or broker_mod.bootstrap_for(settings, start_if_missing=False)
-    asyncio.run(serve(settings.home, boot, settings.traces_topic, host or settings.otlp_host,
-                      settings.otlp_port if port is None else port, settings.otlp_max_body,
-                      settings.otlp_trace_timeout_s))
+    asyncio.run(
+        serve(
+            settings.home,
+            boot,
+            settings.traces_topic,
+            host or settings.otlp_host,
+            settings.otlp_port if port is None else port,
+            settings.otlp_max_body,
+            settings.otlp_trace_timeout_s,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -85,6 +85,7 @@ class Decoded(msgspec.Struct):
 
 # ---- ids ---------------------------------------------------------------------------------------
 
+
 def _hex_id(raw: bytes | str, size: int, what: str) -> str:
     """A valid id as lowercase hex, else ``ShapeError`` naming it."""
     if isinstance(raw, str):
@@ -115,8 +116,12 @@ def _int(value: Any, what: str) -> int:
     got: int | None = None
     if isinstance(value, int) and not isinstance(value, bool):
         got = value
-    elif isinstance(value, str) and 0 < len(value.removeprefix("-")) <= 20 and value.removeprefix("-").isascii() \
-            and value.removeprefix("-").isdigit():
+    elif (
+        isinstance(value, str)
+        and 0 < len(value.removeprefix("-")) <= 20
+        and value.removeprefix("-").isascii()
+        and value.removeprefix("-").isdigit()
+    ):
         got = int(value)
     elif isinstance(value, float) and value.is_integer():
         got = int(value)
@@ -191,17 +196,27 @@ def _json_span(s: Mapping[str, Any], resource: dict[str, Any], scope: str) -> Sp
         start_ns=_int(s.get("startTimeUnixNano", 0), "startTimeUnixNano"),
         end_ns=_int(s.get("endTimeUnixNano", 0), "endTimeUnixNano"),
         attributes=json_attributes(_list(s, "attributes", "span")),
-        events=[SpanEvent(name=str(_obj(e, "event").get("name", "")),
-                          time_ns=_int(e.get("timeUnixNano", 0), "event.timeUnixNano"),
-                          attributes=json_attributes(_list(e, "attributes", "event")))
-                for e in _list(s, "events", "span")],
-        links=[SpanLink(trace_id=_hex_id(str(_obj(k, "link").get("traceId", "")), 16, "link.traceId"),
-                        span_id=_hex_id(str(k.get("spanId", "")), 8, "link.spanId"),
-                        attributes=json_attributes(_list(k, "attributes", "link")))
-               for k in _list(s, "links", "span")],
+        events=[
+            SpanEvent(
+                name=str(_obj(e, "event").get("name", "")),
+                time_ns=_int(e.get("timeUnixNano", 0), "event.timeUnixNano"),
+                attributes=json_attributes(_list(e, "attributes", "event")),
+            )
+            for e in _list(s, "events", "span")
+        ],
+        links=[
+            SpanLink(
+                trace_id=_hex_id(str(_obj(k, "link").get("traceId", "")), 16, "link.traceId"),
+                span_id=_hex_id(str(k.get("spanId", "")), 8, "link.spanId"),
+                attributes=json_attributes(_list(k, "attributes", "link")),
+            )
+            for k in _list(s, "links", "span")
+        ],
         status_code=_int(status.get("code", 0), "status.code"),
         status_message=str(status.get("message", "") or ""),
-        resource=resource, scope=scope)
+        resource=resource,
+        scope=scope,
+    )
 
 
 def from_json(doc: Any) -> Decoded:
@@ -230,6 +245,7 @@ def _add(out: Decoded, make: Any) -> None:
 
 # ---- protobuf ----------------------------------------------------------------------------------
 
+
 def proto_value(v: Any, depth: int = 0) -> Any:
     """An ``opentelemetry.proto.common.v1.AnyValue`` message as a Python value."""
     if depth > MAX_VALUE_DEPTH:
@@ -250,15 +266,31 @@ def proto_attributes(items: Any, depth: int = 0) -> dict[str, Any]:
 
 def _proto_span(s: Any, resource: dict[str, Any], scope: str) -> Span:
     return Span(
-        trace_id=_hex_id(s.trace_id, 16, "trace_id"), span_id=_hex_id(s.span_id, 8, "span_id"),
-        parent_span_id=_parent_id(s.parent_span_id), name=s.name, kind=int(s.kind),
-        start_ns=int(s.start_time_unix_nano), end_ns=int(s.end_time_unix_nano),
+        trace_id=_hex_id(s.trace_id, 16, "trace_id"),
+        span_id=_hex_id(s.span_id, 8, "span_id"),
+        parent_span_id=_parent_id(s.parent_span_id),
+        name=s.name,
+        kind=int(s.kind),
+        start_ns=int(s.start_time_unix_nano),
+        end_ns=int(s.end_time_unix_nano),
         attributes=proto_attributes(s.attributes),
-        events=[SpanEvent(name=e.name, time_ns=int(e.time_unix_nano), attributes=proto_attributes(e.attributes))
-                for e in s.events],
-        links=[SpanLink(trace_id=_hex_id(k.trace_id, 16, "link.trace_id"), span_id=_hex_id(k.span_id, 8, "link.span_id"),
-                        attributes=proto_attributes(k.attributes)) for k in s.links],
-        status_code=int(s.status.code), status_message=s.status.message, resource=resource, scope=scope)
+        events=[
+            SpanEvent(name=e.name, time_ns=int(e.time_unix_nano), attributes=proto_attributes(e.attributes))
+            for e in s.events
+        ],
+        links=[
+            SpanLink(
+                trace_id=_hex_id(k.trace_id, 16, "link.trace_id"),
+                span_id=_hex_id(k.span_id, 8, "link.span_id"),
+                attributes=proto_attributes(k.attributes),
+            )
+            for k in s.links
+        ],
+        status_code=int(s.status.code),
+        status_message=s.status.message,
+        resource=resource,
+        scope=scope,
+    )
 
 
 def from_proto(raw: bytes) -> Decoded:

@@ -62,8 +62,9 @@ class RewindingConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         return committed
 
 
-def cap_offsets(offsets: Mapping[TP, int], cap: Callable[[TP], int | None] | None,
-                committed: Mapping[TP, int | None]) -> dict[TP, int]:
+def cap_offsets(
+    offsets: Mapping[TP, int], cap: Callable[[TP], int | None] | None, committed: Mapping[TP, int | None]
+) -> dict[TP, int]:
     """``offsets`` to commit, each lowered to its partition's cap; dropped when that is not past
     what is committed already."""
     out: dict[TP, int] = {}
@@ -102,8 +103,11 @@ class RewindingConsumer(faust_aiokafka.Consumer):
         return RewindingConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
     def _filter_committable_offsets(self, tps: Any) -> dict[TP, int]:
-        return cap_offsets(super()._filter_committable_offsets(tps), getattr(self.app, "somnus_commit_cap", None),
-                           self._committed_offset)
+        return cap_offsets(
+            super()._filter_committable_offsets(tps),
+            getattr(self.app, "somnus_commit_cap", None),
+            self._committed_offset,
+        )
 
 
 class RewindingTransport(faust_aiokafka.Transport):

@@ -38,8 +38,10 @@ if _SUFFIXES:
                 continue
             seen.update(offsets)
             del records[tp]
-            print(f"FAULT: dropped {tp.topic}[{tp.partition}] offsets {offsets[0]}..{offsets[-1]} during recovery",
-                  flush=True)
+            print(
+                f"FAULT: dropped {tp.topic}[{tp.partition}] offsets {offsets[0]}..{offsets[-1]} during recovery",
+                flush=True,
+            )
         return records
 
     _driver.AIOKafkaConsumerThread._fetch_records = _fetch_records  # type: ignore[method-assign]

@@ -21,19 +21,29 @@ pytestmark = pytest.mark.integration
 
 
 # What a GET route needs to answer 200 (the others need nothing).
-QUERIES = {"history": {"entity": "tool:search"}, "recall": {"query": "q", "record": "false"},
-           "episodic_context": {"query": "q"}, "context": {"query": "q"}, "predict": {"tool": "search"},
-           "advise": {"task": "search"}}
+QUERIES = {
+    "history": {"entity": "tool:search"},
+    "recall": {"query": "q", "record": "false"},
+    "episodic_context": {"query": "q"},
+    "context": {"query": "q"},
+    "predict": {"tool": "search"},
+    "advise": {"task": "search"},
+}
 
 
 def _status(port: int, route: api.Route, agent: str, token: str | None, **headers: str) -> tuple[int, Any]:
     body = json.dumps({"inject": {"prompt": "p"}, "sql": {"sql": "SELECT 1"}}.get(route.handler, {})).encode()
     query = f"?{urllib.parse.urlencode(QUERIES[route.handler])}" if route.handler in QUERIES else ""
     req = urllib.request.Request(
-        f"http://127.0.0.1:{port}{route.path.replace('{agent}', agent)}{query}", method=route.method,
+        f"http://127.0.0.1:{port}{route.path.replace('{agent}', agent)}{query}",
+        method=route.method,
         data=body if route.method == "POST" else None,
-        headers={"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {}),
-                 **headers})
+        headers={
+            "Content-Type": "application/json",
+            **({"Authorization": f"Bearer {token}"} if token else {}),
+            **headers,
+        },
+    )
     try:
         with urllib.request.urlopen(req, timeout=30) as resp:
             return resp.status, json.loads(resp.read())
@@ -55,11 +65,14 @@ def test_the_projector_and_the_briefing_server_refuse_what_a_token_may_not_read(
         agent = auth.TokenStore(home).create(agent="support")[0]
         user = auth.TokenStore(home).create(agent="support", user="u1")[0]
         expired = auth.TokenStore(home).create(
-            agent="support", expires_at=datetime.now(timezone.utc) - timedelta(seconds=1))[0]
+            agent="support", expires_at=datetime.now(timezone.utc) - timedelta(seconds=1)
+        )[0]
         for port in (info["port"], info["briefing_port"]):
             served = {("GET", "/openapi.json")} | (
-                {(r.method, r.path) for r in api.all_routes()} if port == info["port"] else
-                {(r.method, r.path) for r in api.all_routes() if r.handler in ("briefing", "inject")})
+                {(r.method, r.path) for r in api.all_routes()}
+                if port == info["port"]
+                else {(r.method, r.path) for r in api.all_routes() if r.handler in ("briefing", "inject")}
+            )
             for route in api.all_routes():
                 if (route.method, route.path) not in served:
                     continue
@@ -68,8 +81,10 @@ def test_the_projector_and_the_briefing_server_refuse_what_a_token_may_not_read(
                 status, got = _status(port, route, "support", expired)
                 assert status == 401 and b"expired" in got, (port, route.path)
                 # A user-bound token: its user's items on every agent route (issue 25), not a 403.
-                assert _status(port, route, "support", user)[0] == (403 if auth.whole_store(route) else 200), \
-                    (port, route.path)
+                assert _status(port, route, "support", user)[0] == (403 if auth.whole_store(route) else 200), (
+                    port,
+                    route.path,
+                )
                 if "{agent}" in route.path:
                     assert _status(port, route, "billing", agent)[0] == 403, (port, route.path)
                 else:

@@ -29,8 +29,18 @@ def _rate_limited_session(agent: str, n: int) -> list[dict]:
 
     add("session_start", {"task": "collect pricing pages", "goal": "prices by noon"})
     add("tool_call", {"tool": "http_get", "call_id": "c0", "args": {"url": "https://api.example.com/prices"}})
-    add("tool_result", {"call_id": "c0", "tool": "http_get", "ok": False, "http_status": 429,
-                        "error": "Too Many Requests", "headers": {"Retry-After": "4"}}, dt=4.0)
+    add(
+        "tool_result",
+        {
+            "call_id": "c0",
+            "tool": "http_get",
+            "ok": False,
+            "http_status": 429,
+            "error": "Too Many Requests",
+            "headers": {"Retry-After": "4"},
+        },
+        dt=4.0,
+    )
     add("tool_call", {"tool": "http_get", "call_id": "c1", "args": {"url": "https://api.example.com/prices"}})
     add("tool_result", {"call_id": "c1", "tool": "http_get", "ok": True, "http_status": 200, "output": "ok"})
     add("session_end", {"outcome": "success"})
@@ -43,8 +53,10 @@ def _plain_session(agent: str, n: int, url: str | None = None) -> list[dict]:
     t = T0 + timedelta(hours=n)
     payloads = [("session_start", {"task": "routine check"})]
     if url:
-        payloads += [("tool_call", {"tool": "http_get", "call_id": "c0", "args": {"url": url}}),
-                     ("tool_result", {"call_id": "c0", "tool": "http_get", "ok": True, "output": "ok"})]
+        payloads += [
+            ("tool_call", {"tool": "http_get", "call_id": "c0", "args": {"url": url}}),
+            ("tool_result", {"call_id": "c0", "tool": "http_get", "ok": True, "output": "ok"}),
+        ]
     payloads.append(("session_end", {"outcome": "success"}))
     log = SessionLog(sid, t, agent, step_s=5)
     for type_, payload in payloads:
@@ -59,8 +71,11 @@ def test_a_lesson_reaches_the_agent_then_its_teammate_once_team_scoped_and_never
     try:
         p.start_all()
         # researcher calls the same API (so a team fact about it concerns researcher); deployer does not
-        p.publish([e for n in range(3) for e in _rate_limited_session("scraper", n)]
-                  + _plain_session("researcher", 0, "https://api.example.com/catalog") + _plain_session("deployer", 0))
+        p.publish(
+            [e for n in range(3) for e in _rate_limited_session("scraper", n)]
+            + _plain_session("researcher", 0, "https://api.example.com/catalog")
+            + _plain_session("deployer", 0)
+        )
         p.wait_idle()
         lesson = "[recovery] http_get: HTTP 429: Too Many Requests; resolved by exponential backoff (3 times"
         scraper = client.briefing("scraper", settings=s)  # through the running projector (HTTP)
@@ -82,8 +97,13 @@ def test_a_lesson_reaches_the_agent_then_its_teammate_once_team_scoped_and_never
         assert facts, "the extractor made a rate_limit fact from the Retry-After header"
         f = facts[0]
         env = {**p.s.as_env(), "KAFKA_BOOTSTRAP": p.boot}
-        run = subprocess.run([sys.executable, "-m", "somnus.cli", "promote", f["source"], "rate_limit", f["target"],
-                              "--to", "team"], env=env, capture_output=True, text=True, timeout=120)
+        run = subprocess.run(
+            [sys.executable, "-m", "somnus.cli", "promote", f["source"], "rate_limit", f["target"], "--to", "team"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert run.returncode == 0, run.stderr
         assert "agent:scraper -> team:research-lead" in run.stdout
 
@@ -96,8 +116,15 @@ def test_a_lesson_reaches_the_agent_then_its_teammate_once_team_scoped_and_never
         assert [x["scope"] for x in team_fact] == ["team:research-lead"]
 
         # The HTTP API describes itself, and status shows the cache and the served record.
-        st = json.loads(subprocess.run([sys.executable, "-m", "somnus.cli", "status", "--json"], env=env,
-                                       capture_output=True, text=True, timeout=120).stdout)
+        st = json.loads(
+            subprocess.run(
+                [sys.executable, "-m", "somnus.cli", "status", "--json"],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            ).stdout
+        )
         assert st["memory"]["briefings"]["agents"] >= 3
         served = read(s.db_path, "sql", sql="SELECT agent, session_id FROM briefings_served")
         assert served["rows"] == [["scraper", "scraper-next"]]
@@ -108,7 +135,8 @@ def test_a_lesson_reaches_the_agent_then_its_teammate_once_team_scoped_and_never
 
 
 def test_tau_bench_through_the_pipeline_briefs_the_airline_agent_with_its_own_facts_and_a_strategy(
-        pipeline_settings, tau_bench_path):
+    pipeline_settings, tau_bench_path
+):
     """Issue 26: on the real pipeline, the airline briefing names its error classes once each, serves
     its own facts (they were dropped before) and a strategy (it was always empty)."""
     from somnus.processors.knowledge.extraction import error_class
@@ -127,7 +155,9 @@ def test_tau_bench_through_the_pipeline_briefs_the_airline_agent_with_its_own_fa
 
         wait_until(briefed, timeout_s=120, what="the airline briefing")
         md = client.briefing("airline", settings=s) or ""
-        row = read(s.db_path, "sql", sql="SELECT facts, strategies, chars, budget FROM briefings WHERE agent = 'airline'")
+        row = read(
+            s.db_path, "sql", sql="SELECT facts, strategies, chars, budget FROM briefings WHERE agent = 'airline'"
+        )
         facts, strategies, chars, budget = row["rows"][0]
         facts = json.loads(facts) if isinstance(facts, str) else facts
         assert any(f["scope"] == "agent:airline" for f in facts), md  # own facts
@@ -135,16 +165,21 @@ def test_tau_bench_through_the_pipeline_briefs_the_airline_agent_with_its_own_fa
         assert chars == len(md) <= budget
         lessons = [line for line in md.split("### Key Knowledge")[0].splitlines() if line.startswith("- [")]
         assert lessons
-        errors = read(s.db_path, "sql", sql="SELECT DISTINCT tool, error FROM lessons WHERE agent = 'airline' "
-                                            "AND error IS NOT NULL")["rows"]
+        errors = read(
+            s.db_path,
+            "sql",
+            sql="SELECT DISTINCT tool, error FROM lessons WHERE agent = 'airline' AND error IS NOT NULL",
+        )["rows"]
         classes = {(tool, error_class(e)) for tool, e in errors}
         # every tool lesson line names its tools and one error class of the agent's; no two lines
         # share a class (the other lines are failures without a tool error: "session ended in failure ...")
         tools = {t for t, _ in classes}
         tool_lines = [line for line in lessons if set(line.split("] ", 1)[1].split(": ")[0].split(", ")) <= tools]
         assert tool_lines
-        named = [{c[1] for c in classes if c[0] in line.split(": ")[0] and (f": {c[1]} (" in line or f": {c[1]};" in line)}
-                 for line in tool_lines]
+        named = [
+            {c[1] for c in classes if c[0] in line.split(": ")[0] and (f": {c[1]} (" in line or f": {c[1]};" in line)}
+            for line in tool_lines
+        ]
         assert all(len(n) == 1 for n in named), (tool_lines, named)
         assert len({next(iter(n)) for n in named}) == len(tool_lines)
     finally:
@@ -175,16 +210,24 @@ def test_toolbench_http_errors_become_error_entities_lessons_and_a_briefing(pipe
             return got["rows"] == [[0]] and bool(client.briefing("toolbench", settings=s))
 
         wait_until(briefed, timeout_s=120, what="the toolbench briefing")
-        outcomes = dict(read(s.db_path, "sql", sql="SELECT outcome, count(*) FROM episodes "
-                                                   "WHERE agent = 'toolbench' GROUP BY 1")["rows"])
+        outcomes = dict(
+            read(s.db_path, "sql", sql="SELECT outcome, count(*) FROM episodes WHERE agent = 'toolbench' GROUP BY 1")[
+                "rows"
+            ]
+        )
         ends = Counter(e["payload"]["outcome"] for e in events if e["type"] == "session_end")
         assert outcomes == ends == {"success": 9, "failure": 4}  # 9 give_answer, 4 give_up
-        errors = {e.lower() for (e,) in read(s.db_path, "sql", sql="SELECT DISTINCT name FROM entity_versions "
-                                                                   "WHERE type = 'error'")["rows"]}
+        errors = {
+            e.lower()
+            for (e,) in read(s.db_path, "sql", sql="SELECT DISTINCT name FROM entity_versions WHERE type = 'error'")[
+                "rows"
+            ]
+        }
         assert {"http 400: bad request", "http 403: forbidden", "endpoint '<path>' does not exist"} <= errors, errors
         assert any(e.startswith("timeout error") for e in errors), errors
-        lessons = read(s.db_path, "sql", sql="SELECT tool, error FROM lessons WHERE agent = 'toolbench' "
-                                             "AND error IS NOT NULL")["rows"]
+        lessons = read(
+            s.db_path, "sql", sql="SELECT tool, error FROM lessons WHERE agent = 'toolbench' AND error IS NOT NULL"
+        )["rows"]
         assert ["api_tracking_for_pack_send", "HTTP 400: Bad Request"] in [list(r) for r in lessons], lessons
         md = client.briefing("toolbench", settings=s) or ""
         assert "api_tracking_for_pack_send" in md and "HTTP 400" in md, md

@@ -35,9 +35,15 @@ def own_broker(tmp_path) -> Iterator[Settings]:
 
 def _settings(bootstrap: str, tmp_path, name: str) -> Settings:
     run = uuid.uuid4().hex[:10]
-    return dataclasses.replace(Settings.resolve(env={}, home=tmp_path / name), bootstrap=bootstrap,
-                               db_path=tmp_path / f"{name}.duckdb", topic_prefix=f"t{run}.",
-                               app_id=f"somnus-test-{run}", partitions=4, session_timeout_s=6.0)
+    return dataclasses.replace(
+        Settings.resolve(env={}, home=tmp_path / name),
+        bootstrap=bootstrap,
+        db_path=tmp_path / f"{name}.duckdb",
+        topic_prefix=f"t{run}.",
+        app_id=f"somnus-test-{run}",
+        partitions=4,
+        session_timeout_s=6.0,
+    )
 
 
 def test_a_broker_killed_mid_run_and_started_again_loses_and_duplicates_nothing(own_broker, tmp_path):

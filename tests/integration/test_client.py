@@ -42,12 +42,13 @@ def test_one_publisher_shared_by_threads_delivers_every_event_in_session_order(p
     s = pipeline_settings
     ensure_topics(s, s.bootstrap)
     events = list(generate(sessions=60, seed=4))
-    halves = (events[: len(events) // 2], events[len(events) // 2:])
+    halves = (events[: len(events) // 2], events[len(events) // 2 :])
     acked = [0, 0]
     with Publisher(s.bootstrap, s.traces_topic, bundle_max=8) as pub:
+
         def send(i: int) -> None:
             for j in range(0, len(halves[i]), 25):
-                acked[i] += pub.send(halves[i][j:j + 25])
+                acked[i] += pub.send(halves[i][j : j + 25])
 
         threads = [threading.Thread(target=send, args=(i,)) for i in (0, 1)]
         for t in threads:

@@ -75,27 +75,38 @@ def _run(settings: Any, tmp_path: Path, tau_bench_path: Path, person: bool) -> d
             if not person:
                 continue
             if not facts:
-                facts = sql("SELECT source, predicate, target FROM facts_active WHERE scope = 'agent:airline' "
-                            "ORDER BY confidence DESC, source, predicate, target LIMIT 2")
+                facts = sql(
+                    "SELECT source, predicate, target FROM facts_active WHERE scope = 'agent:airline' "
+                    "ORDER BY confidence DESC, source, predicate, target LIMIT 2"
+                )
                 assert len(facts) == 2
             stream = datetime.fromisoformat(read(db, "stream_time", scope="agent:airline")["at"])
             out.setdefault("stream", []).append(stream)
             somnus("promote", *facts[k], "--to", "global")
-            p.wait_until(lambda: sql("SELECT count(*) FROM facts_active WHERE scope = 'global'")[0][0] == k + 1,
-                         timeout_s=60, what="the promoted fact")
+            p.wait_until(
+                lambda: sql("SELECT count(*) FROM facts_active WHERE scope = 'global'")[0][0] == k + 1,
+                timeout_s=60,
+                what="the promoted fact",
+            )
             if k == 0:
                 said = somnus("sleep")
                 assert "sleep requested at" in said, said
-                p.wait_until(lambda: sql("SELECT count(*) FROM sleep_runs WHERE trigger = 'on_demand'")[0][0] == 1,
-                             timeout_s=60, what="the requested sleep")
+                p.wait_until(
+                    lambda: sql("SELECT count(*) FROM sleep_runs WHERE trigger = 'on_demand'")[0][0] == 1,
+                    timeout_s=60,
+                    what="the requested sleep",
+                )
                 again = somnus("sleep")  # nothing newer: says so, and requests nothing
                 assert "nothing to do" in again, again
             p.wait_idle()
-        out["scheduled"] = [(_t(r[0]), r[1]) for r in sql(
-            "SELECT run_at, memories_after FROM sleep_runs WHERE trigger = 'schedule' ORDER BY run_at")]
+        out["scheduled"] = [
+            (_t(r[0]), r[1])
+            for r in sql("SELECT run_at, memories_after FROM sleep_runs WHERE trigger = 'schedule' ORDER BY run_at")
+        ]
         out["on_demand"] = [_t(r[0]) for r in sql("SELECT run_at FROM sleep_runs WHERE trigger = 'on_demand'")]
-        out["promoted_at"] = [_t(r[0]) for r in sql("SELECT valid_from FROM facts_active WHERE scope = 'global' "
-                                                    "ORDER BY valid_from")]
+        out["promoted_at"] = [
+            _t(r[0]) for r in sql("SELECT valid_from FROM facts_active WHERE scope = 'global' ORDER BY valid_from")
+        ]
         out["newest_event"] = _t(sql("SELECT max(ts) FROM events")[0][0])
         briefing = read(db, "briefing", "airline")["briefing"]
         out["lessons"] = _lessons(briefing["markdown"])
@@ -106,14 +117,20 @@ def _run(settings: Any, tmp_path: Path, tau_bench_path: Path, person: bool) -> d
 
 
 def test_a_person_s_commands_on_historical_data_change_no_age_and_skip_no_scheduled_sleep(
-        pipeline_settings, tmp_path, tau_bench_path):
+    pipeline_settings, tmp_path, tau_bench_path
+):
     import dataclasses
     import uuid
 
     control = _run(pipeline_settings, tmp_path / "control", tau_bench_path, person=False)
     run = uuid.uuid4().hex[:10]
-    other = dataclasses.replace(pipeline_settings, db_path=tmp_path / "person.duckdb", topic_prefix=f"t{run}.",
-                                app_id=f"somnus-test-{run}", home=tmp_path / "person-home")
+    other = dataclasses.replace(
+        pipeline_settings,
+        db_path=tmp_path / "person.duckdb",
+        topic_prefix=f"t{run}.",
+        app_id=f"somnus-test-{run}",
+        home=tmp_path / "person-home",
+    )
     person = _run(other, tmp_path / "person", tau_bench_path, person=True)
 
     # Every command was stamped in the data's time: the airline's newest event when it was given.

@@ -35,26 +35,65 @@ def test_context_holds_the_open_session_and_only_the_readers_user(pipeline_setti
     try:
         p.start_all()
         events = (
-            _conversation("support", "past-u1", "u1", [("user", "My name is Dana and I prefer email over phone."),
-                                                       ("agent", "Noted, Dana: email it is.")], True, 0)
-            + _conversation("support", "past-u2", "u2", [("user", "My account secret word is pelican-42."),
-                                                         ("agent", "I will not repeat it.")], True, 1)
-            + _conversation("support", "open-u1", "u1", [("user", "The invoice for March is wrong again."),
-                                                         ("agent", "Let me look at the March invoice."),
-                                                         ("user", "It charged twice for the same seat.")], False, 2))
+            _conversation(
+                "support",
+                "past-u1",
+                "u1",
+                [("user", "My name is Dana and I prefer email over phone."), ("agent", "Noted, Dana: email it is.")],
+                True,
+                0,
+            )
+            + _conversation(
+                "support",
+                "past-u2",
+                "u2",
+                [("user", "My account secret word is pelican-42."), ("agent", "I will not repeat it.")],
+                True,
+                1,
+            )
+            + _conversation(
+                "support",
+                "open-u1",
+                "u1",
+                [
+                    ("user", "The invoice for March is wrong again."),
+                    ("agent", "Let me look at the March invoice."),
+                    ("user", "It charged twice for the same seat."),
+                ],
+                False,
+                2,
+            )
+        )
         p.publish(events)
         p.wait_idle()
-        wait_until(lambda: read(db, "sql", sql="SELECT count(*) FROM working_memory WHERE NOT closed")["rows"][0][0] == 1,
-                   timeout_s=60, what="the open session's working memory")
-        ctx = read(db, "context", "support", agents_dir=p.s.agents_dir, query="invoice charged twice email",
-                   user_id="u1", max_tokens=600)
+        wait_until(
+            lambda: read(db, "sql", sql="SELECT count(*) FROM working_memory WHERE NOT closed")["rows"][0][0] == 1,
+            timeout_s=60,
+            what="the open session's working memory",
+        )
+        ctx = read(
+            db,
+            "context",
+            "support",
+            agents_dir=p.s.agents_dir,
+            query="invoice charged twice email",
+            user_id="u1",
+            max_tokens=600,
+        )
         assert ctx["session_id"] == "open-u1"
         assert "charged twice for the same seat" in ctx["text"]  # the recent conversation, intact
         assert ctx["tokens"] <= 600
         assert "Dana" in ctx["text"]  # the user's synopsis / past memory
         assert "pelican" not in ctx["text"]  # another user's memory never reaches u1
-        other = read(db, "context", "support", agents_dir=p.s.agents_dir, query="account secret word",
-                     user_id="u2", max_tokens=600)
+        other = read(
+            db,
+            "context",
+            "support",
+            agents_dir=p.s.agents_dir,
+            query="account secret word",
+            user_id="u2",
+            max_tokens=600,
+        )
         assert "pelican-42" in other["text"]  # u2's own memory is there for u2 ...
         assert "seat" not in other["text"] and "Dana" not in other["text"]  # ... u1's buffer and synopsis are not
         nobody = read(db, "context", "support", agents_dir=p.s.agents_dir, query="secret word invoice", max_tokens=600)

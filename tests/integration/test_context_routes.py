@@ -36,27 +36,57 @@ def test_synopsis_and_episodic_context_through_the_http_routes(pipeline_settings
     db = p.s.db_path
     try:
         p.start_all()
-        chat = (_Session("concierge", "chat-zed", 0)
-                .add("session_start", {"task": "seat preference", "user_id": "u-zed",
-                                       "metadata": {"mode": "conversation"}})
-                .add("user_message", {"text": "Hi, my name is Zed Quinn, I prefer aisle seats."})
-                .add("agent_message", {"text": "Noted, Zed: aisle seats from now on."})
-                .add("session_end", {"outcome": "success"}).events)
-        work = (_task("support", "refund-1042", 1, "refund order 1042", ["crm_lookup", "issue_refund"], "success",
-                      "billing")
-                + _task("support", "flight-lis", 2, "book a flight to Lisbon for the offsite", ["search_flights"],
-                        "failure", "travel")
-                + _task("support", "flight-osl", 3, "book a flight to Oslo for the sales team",
-                        ["search_flights", "book_flight"], "success", "travel")
-                + _task("support", "escalation", 4, "answer the acme escalation", ["send_email"], "success", "billing"))
+        chat = (
+            _Session("concierge", "chat-zed", 0)
+            .add("session_start", {"task": "seat preference", "user_id": "u-zed", "metadata": {"mode": "conversation"}})
+            .add("user_message", {"text": "Hi, my name is Zed Quinn, I prefer aisle seats."})
+            .add("agent_message", {"text": "Noted, Zed: aisle seats from now on."})
+            .add("session_end", {"outcome": "success"})
+            .events
+        )
+        work = (
+            _task(
+                "support", "refund-1042", 1, "refund order 1042", ["crm_lookup", "issue_refund"], "success", "billing"
+            )
+            + _task(
+                "support",
+                "flight-lis",
+                2,
+                "book a flight to Lisbon for the offsite",
+                ["search_flights"],
+                "failure",
+                "travel",
+            )
+            + _task(
+                "support",
+                "flight-osl",
+                3,
+                "book a flight to Oslo for the sales team",
+                ["search_flights", "book_flight"],
+                "success",
+                "travel",
+            )
+            + _task("support", "escalation", 4, "answer the acme escalation", ["send_email"], "success", "billing")
+        )
         p.publish(chat + work)
         p.wait_idle()
-        assert read(db, "sql", sql="SELECT count(*) FROM memories WHERE user_id = 'u-zed' "
-                                   "AND kind = 'message'")["rows"][0][0] == 2
+        assert (
+            read(db, "sql", sql="SELECT count(*) FROM memories WHERE user_id = 'u-zed' AND kind = 'message'")["rows"][
+                0
+            ][0]
+            == 2
+        )
 
         # The synopsis: the user's name and preference, from their own words (through the projector's HTTP).
-        ctx = read(db, "context", "concierge", agents_dir=p.s.agents_dir, query="which seat should I book",
-                   user_id="u-zed", max_tokens=800)
+        ctx = read(
+            db,
+            "context",
+            "concierge",
+            agents_dir=p.s.agents_dir,
+            query="which seat should I book",
+            user_id="u-zed",
+            max_tokens=800,
+        )
         assert "name: Zed Quinn" in ctx["synopsis"], ctx
         assert "preferences: prefers aisle seats" in ctx["synopsis"], ctx
         assert ctx["text"].startswith("## About the user\nname: Zed Quinn\n"), ctx["text"]
@@ -78,7 +108,9 @@ def test_synopsis_and_episodic_context_through_the_http_routes(pipeline_settings
         only_ok = episodic("book a flight", success_only="true")
         assert only_ok["entries"] == 1 and "Oslo" in only_ok["text"] and "Lisbon" not in only_ok["text"]
         # domain_hint: past work of that domain is more relevant (+0.15), of another not
-        plain, travel, billing = (relevances(episodic("book a flight", domain_hint=h)) for h in (None, "travel", "billing"))
+        plain, travel, billing = (
+            relevances(episodic("book a flight", domain_hint=h)) for h in (None, "travel", "billing")
+        )
         assert plain == billing and len(plain) == 2
         assert [round(t - p, 2) for t, p in zip(travel, plain)] == [0.15, 0.15]
         assert episodic("book a flight", min_relevance="0.99")["entries"] == 0

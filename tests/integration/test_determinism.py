@@ -45,26 +45,54 @@ pytestmark = pytest.mark.integration
 # A third cause (branch s13-seq, 2026-11-26: 1 of 7 pairs also differed in memory_log, causal_link_updates
 # and triple_history): the distiller emitted a batch's episodes and units in an order that depended on
 # where the batch was cut; fixed (docs/design/scale-out.md, "The distiller's batch order").
-SNAPSHOT_DEPENDENT = frozenset({
-    "concepts", "concept_relationships", "cross_layer_edges", "math_patterns", "promotion_audit", "semantic_log",
-    "sleep_layer_reports", "briefings"})
+SNAPSHOT_DEPENDENT = frozenset(
+    {
+        "concepts",
+        "concept_relationships",
+        "cross_layer_edges",
+        "math_patterns",
+        "promotion_audit",
+        "semantic_log",
+        "sleep_layer_reports",
+        "briefings",
+    }
+)
 # Different when several workers write the derived topics: their outputs interleave on the one-partition
 # topics (memory, facts) and on the signature partitions (observations); the sequencer orders one worker's.
-INTERLEAVED = frozenset({
-    "memories", "memory_log", "memory_merges", "memory_edges", "lifecycle_log", "sleep_runs", "triples",
-    "triple_history", "entity_versions", "causal_links", "causal_link_updates", "oscillators",
-    "oscillator_readings"})
+INTERLEAVED = frozenset(
+    {
+        "memories",
+        "memory_log",
+        "memory_merges",
+        "memory_edges",
+        "lifecycle_log",
+        "sleep_runs",
+        "triples",
+        "triple_history",
+        "entity_versions",
+        "causal_links",
+        "causal_link_updates",
+        "oscillators",
+        "oscillator_readings",
+    }
+)
 ORDER_FREE = frozenset(CONTENT_COLUMNS) - SNAPSHOT_DEPENDENT - INTERLEAVED
 
 
 def _own(settings: Settings, tmp_path: Path, name: str) -> Settings:
     run = uuid.uuid4().hex[:10]
-    return dataclasses.replace(settings, topic_prefix=f"t{run}.", app_id=f"somnus-test-{run}",
-                               home=tmp_path / f"{name}-home", db_path=tmp_path / f"{name}.duckdb")
+    return dataclasses.replace(
+        settings,
+        topic_prefix=f"t{run}.",
+        app_id=f"somnus-test-{run}",
+        home=tmp_path / f"{name}-home",
+        db_path=tmp_path / f"{name}.duckdb",
+    )
 
 
-def _live(settings: Settings, tmp_path: Path, name: str, events: list[dict[str, Any]],
-          bundle_max: int) -> dict[str, str]:
+def _live(
+    settings: Settings, tmp_path: Path, name: str, events: list[dict[str, Any]], bundle_max: int
+) -> dict[str, str]:
     """One live run of ``events`` (one worker, one projector) through its own topics; every table's checksum."""
     p = Pipeline(_own(settings, tmp_path, name))
     try:
@@ -96,7 +124,8 @@ def _assert_equal_but_the_snapshot_dependent(first: dict[str, str], second: dict
 
 
 def test_two_live_runs_of_a_generated_fleet_differ_at_most_in_the_snapshot_dependent_tables(
-        pipeline_settings, tmp_path, fleet):
+    pipeline_settings, tmp_path, fleet
+):
     """Memories, merges, edges, sleeps, triples and causal links included: equal in both runs."""
     first = _live(pipeline_settings, tmp_path, "first", fleet, bundle_max=4)
     second = _live(pipeline_settings, tmp_path, "second", fleet, bundle_max=4)
@@ -106,7 +135,8 @@ def test_two_live_runs_of_a_generated_fleet_differ_at_most_in_the_snapshot_depen
 
 
 def test_two_live_runs_of_tau_bench_airline_differ_at_most_in_the_snapshot_dependent_tables(
-        pipeline_settings, tmp_path, tau_bench_path):
+    pipeline_settings, tmp_path, tau_bench_path
+):
     events = list(openai_chat(tau_bench_path, agent="airline"))
     first = _live(pipeline_settings, tmp_path, "first", events, bundle_max=64)
     second = _live(pipeline_settings, tmp_path, "second", events, bundle_max=64)
@@ -116,8 +146,14 @@ def test_two_live_runs_of_tau_bench_airline_differ_at_most_in_the_snapshot_depen
 
 def _cli(settings: Settings, *args: str) -> subprocess.CompletedProcess:
     env = procs.child_env(settings, settings.bootstrap)  # type: ignore[arg-type]
-    return subprocess.run([sys.executable, "-m", "somnus.cli", *args], env=env, capture_output=True, text=True,
-                          timeout=180, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "somnus.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def _assignment(settings: Settings, name: str) -> set[int]:
@@ -141,6 +177,7 @@ def test_up_with_two_workers_one_killed_mid_run_projects_what_one_worker_does(pi
     up = _cli(s, "up", "--detach", "--workers", "2")
     assert up.returncode == 0, up.stdout + up.stderr
     try:
+
         def split() -> bool:
             a, b = _assignment(s, "worker"), _assignment(s, "worker-2")
             return bool(a) and bool(b) and not (a & b) and a | b == set(range(s.partitions))
@@ -153,8 +190,11 @@ def test_up_with_two_workers_one_killed_mid_run_projects_what_one_worker_does(pi
         assert killed is not None
         os.kill(killed, signal.SIGKILL)
         publish(fleet[half:], s.bootstrap, s.traces_topic, bundle_max=4)  # type: ignore[arg-type]
-        wait_until(lambda: procs.running(s, "worker-2") not in (None, killed), timeout_s=60,
-                   what="worker-2 started again by the supervisor")
+        wait_until(
+            lambda: procs.running(s, "worker-2") not in (None, killed),
+            timeout_s=60,
+            what="worker-2 started again by the supervisor",
+        )
         wait_idle(s, s.bootstrap, timeout_s=300)  # type: ignore[arg-type]
         got = checksum(Path(s.db_path))["tables"]
         assert "worker-2 exited (signal 9)" in (s.run_dir / "supervisor.log").read_text()

@@ -16,8 +16,13 @@ pytestmark = pytest.mark.integration
 
 async def _run(bootstrap: str, topic: str) -> None:
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=0)
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
-                                auto_offset_reset="earliest", fetch_max_wait_ms=100)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        group_id=None,
+        auto_offset_reset="earliest",
+        fetch_max_wait_ms=100,
+    )
     await producer.start()
     await consumer.start()
     drain = Drain(consumer, limit=50)

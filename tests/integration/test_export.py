@@ -24,8 +24,10 @@ pytestmark = pytest.mark.integration
 
 
 def parquet_count(folder: Path, table: str) -> int:
-    return duckdb.sql(f"SELECT count(*) FROM read_parquet('{folder / table}/**/*.parquet', hive_partitioning=true, "
-                      "union_by_name=true)").fetchall()[0][0]
+    return duckdb.sql(
+        f"SELECT count(*) FROM read_parquet('{folder / table}/**/*.parquet', hive_partitioning=true, "
+        "union_by_name=true)"
+    ).fetchall()[0][0]
 
 
 def count_below(s, table: str, topic: str, offsets: dict[tuple[str, int], int]) -> int:
@@ -43,7 +45,7 @@ def test_exports_during_ingest_are_snapshots_at_their_offsets(pipeline_settings,
     env = {**s.as_env(), "KAFKA_BOOTSTRAP": p.boot}
     events = list(generate(sessions=400, seed=11))
     n = len(events) // 8 + 1
-    chunks = [events[i:i + n] for i in range(0, len(events), n)]  # eight publishes, in order, while exports run
+    chunks = [events[i : i + n] for i in range(0, len(events), n)]  # eight publishes, in order, while exports run
     try:
         p.start_all()
         p.wait_until(lambda: endpoint_file(s.db_path).exists(), what="the projector serving")
@@ -60,8 +62,13 @@ def test_exports_during_ingest_are_snapshots_at_their_offsets(pipeline_settings,
         exports: list[Path] = []
         while not done.is_set() or len(exports) < 2:
             out = tmp_path / f"export-{len(exports)}"
-            run = subprocess.run([sys.executable, "-m", "somnus.cli", "export", "parquet", str(out), "--json"],
-                                 env=env, capture_output=True, text=True, timeout=300)
+            run = subprocess.run(
+                [sys.executable, "-m", "somnus.cli", "export", "parquet", str(out), "--json"],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
             assert run.returncode == 0, run.stderr
             exports.append(out)
         t.join()
@@ -72,16 +79,22 @@ def test_exports_during_ingest_are_snapshots_at_their_offsets(pipeline_settings,
             m = json.loads((out / "manifest.json").read_text())
             offsets = {(o["topic"], o["partition"]): o["next_offset"] for o in m["offsets"]}
             # the offsets the snapshot was at are the ones its projection_offsets table holds
-            got = duckdb.sql(f"SELECT topic, kafka_partition, next_offset FROM '{out}/projection_offsets/*.parquet'"
-                             ).fetchall()
+            got = duckdb.sql(
+                f"SELECT topic, kafka_partition, next_offset FROM '{out}/projection_offsets/*.parquet'"
+            ).fetchall()
             assert {(t, pt): o for t, pt, o in got} == offsets
             for table, info in m["tables"].items():
                 assert parquet_count(out, table) == info["rows"], table
             # the database's rows at those offsets: the export has exactly them
             assert m["tables"]["events"]["rows"] == count_below(s, "events", s.traces_topic, offsets)
             assert m["tables"]["episodes"]["rows"] == count_below(s, "episodes", s.episodes_topic, offsets)
-            assert pl.scan_parquet(out / "episodes" / "**" / "*.parquet", hive_partitioning=True
-                                   ).select(pl.len()).collect().item() == m["tables"]["episodes"]["rows"]
+            assert (
+                pl.scan_parquet(out / "episodes" / "**" / "*.parquet", hive_partitioning=True)
+                .select(pl.len())
+                .collect()
+                .item()
+                == m["tables"]["episodes"]["rows"]
+            )
             mid += 0 < m["tables"]["events"]["rows"] < final
         assert mid >= 1, "no export was taken while ingest ran"
     finally:

@@ -20,8 +20,9 @@ pytestmark = pytest.mark.integration
 
 
 def _somnus(env: dict[str, str], *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "somnus.cli", *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "somnus.cli", *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def _modes(home: Path) -> dict[str, int]:
@@ -43,8 +44,12 @@ def test_after_a_run_home_folders_are_0700_and_files_0600(tmp_path):
     home = tmp_path / "home"  # made by `somnus up`
     run = uuid.uuid4().hex[:8]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SOMNUS_", "KAFKA_"))}
-    env.update(SOMNUS_HOME=str(home), SOMNUS_TOPIC_PREFIX=f"m{run}.", SOMNUS_APP_ID=f"somnus-modes-{run}",
-               SOMNUS_PARTITIONS="2")
+    env.update(
+        SOMNUS_HOME=str(home),
+        SOMNUS_TOPIC_PREFIX=f"m{run}.",
+        SOMNUS_APP_ID=f"somnus-modes-{run}",
+        SOMNUS_PARTITIONS="2",
+    )
     settings = Settings.resolve(env=env)
     umask = os.umask(0o022)  # as a usual shell: what Somnus makes private, it makes so itself
     try:
@@ -68,8 +73,17 @@ def test_after_a_run_home_folders_are_0700_and_files_0600(tmp_path):
         _somnus(env, "down")
         _somnus(env, "broker", "stop")
     # What a run leaves, each named (so the walk below is known to have seen them) ...
-    for name in ("somnus.duckdb", "token", "run/projector.log", "run/worker.log", "run/supervisor.log",
-                 "run/projector.pid", "run/worker.pid", "broker/broker.log", "broker/data/meta.properties"):
+    for name in (
+        "somnus.duckdb",
+        "token",
+        "run/projector.log",
+        "run/worker.log",
+        "run/supervisor.log",
+        "run/projector.pid",
+        "run/worker.pid",
+        "broker/broker.log",
+        "broker/data/meta.properties",
+    ):
         assert modes.get(name) == 0o600, (name, oct(modes.get(name, 0)))
     for name in (".", "run", "broker", "broker/data", "faust"):
         assert modes.get(name) == 0o700, (name, oct(modes.get(name, 0)))

@@ -36,8 +36,16 @@ def raw_learnable(path: Path, n: int) -> tuple[int, int]:
 
 
 def test_foresight_of_15_tau_bench_sessions_through_the_pipeline(kafka_bootstrap, tau_bench_path, tmp_path):
-    report = run_foresight([tau_bench_path], "openai-chat", agent="airline", sessions=SESSIONS, home=tmp_path,
-                           bootstrap=kafka_bootstrap, details=True, timeout_s=300)
+    report = run_foresight(
+        [tau_bench_path],
+        "openai-chat",
+        agent="airline",
+        sessions=SESSIONS,
+        home=tmp_path,
+        bootstrap=kafka_bootstrap,
+        details=True,
+        timeout_s=300,
+    )
     rows = report["per_session"]
     assert report["sessions"] == len(rows) == SESSIONS
     assert (report["failed_calls"], report["learnable"]) == raw_learnable(tau_bench_path, SESSIONS)

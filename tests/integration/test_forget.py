@@ -38,13 +38,18 @@ def kafka_view(s, boot: str) -> dict[str, Any]:
 
     async def run() -> dict[str, Any]:
         ring = await read_keys(boot, s.keys_topic)
-        consumer = AIOKafkaConsumer(bootstrap_servers=boot, enable_auto_commit=False, group_id=None,
-                                    auto_offset_reset="earliest")
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=boot, enable_auto_commit=False, group_id=None, auto_offset_reset="earliest"
+        )
         await consumer.start()
         view: dict[str, Any] = {"ring": ring}
         try:
-            topics = [*s.projected_topics, s.observations_topic, f"{s.app_id}-sessions-changelog",
-                      f"{s.app_id}-links-changelog"]
+            topics = [
+                *s.projected_topics,
+                s.observations_topic,
+                f"{s.app_id}-sessions-changelog",
+                f"{s.app_id}-links-changelog",
+            ]
             tps = [TopicPartition(t, p) for t in topics for p in await partitions_of(consumer, t)]
             consumer.assign(tps)
             end = await consumer.end_offsets(tps)
@@ -55,15 +60,27 @@ def kafka_view(s, boot: str) -> dict[str, Any]:
                 for tp, recs in (await consumer.getmany(timeout_ms=1000)).items():
                     for r in recs:
                         pos[tp] = r.offset + 1
-                        row = view.setdefault(tp.topic, {"sealed": 0, "plain": 0, "opened": 0, "shredded": 0,
-                                                         "needle": 0, "marked": 0, "sealed_topics": 0})
+                        row = view.setdefault(
+                            tp.topic,
+                            {
+                                "sealed": 0,
+                                "plain": 0,
+                                "opened": 0,
+                                "shredded": 0,
+                                "needle": 0,
+                                "marked": 0,
+                                "sealed_topics": 0,
+                            },
+                        )
                         row["sealed_topics"] += len(sealed_topics_of(r.value))  # a sleep's, on the semantic topic
                         kid = sealed_key_id(r.value)
                         row["sealed" if kid else "plain"] += 1
                         row["marked"] += any(k == HEADER and v.decode() == kid for k, v in r.headers or ())
                         if kid:
                             got = ring.open(r.value)
-                            row["shredded" if got is FORGOTTEN else "opened"] += isinstance(got, bytes) or got is FORGOTTEN
+                            row["shredded" if got is FORGOTTEN else "opened"] += (
+                                isinstance(got, bytes) or got is FORGOTTEN
+                            )
                         row["needle"] += NEEDLE.encode() in (r.value or b"") or OTHER.encode() in (r.value or b"")
         finally:
             await consumer.stop()
@@ -73,8 +90,9 @@ def kafka_view(s, boot: str) -> dict[str, Any]:
 
 
 def somnus(env: dict[str, str], *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "somnus.cli", *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "somnus.cli", *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def count(s, sql: str) -> int:
@@ -112,8 +130,9 @@ def test_forget_a_user_verify_and_replay(pipeline_settings, tmp_path):
         set_goal(p.boot, "aga", f"order the {NEEDLE} tea again", user_id=FORGOTTEN, settings=s)
         p.wait_idle()
         p.wait_until(lambda: count(s, "SELECT count(*) FROM episodes") == 6, what="six episodes")
-        p.wait_until(lambda: count(s, f"SELECT count(*) FROM goals WHERE user_id = '{FORGOTTEN}'") >= 1,
-                     what="the user's goal")
+        p.wait_until(
+            lambda: count(s, f"SELECT count(*) FROM goals WHERE user_id = '{FORGOTTEN}'") >= 1, what="the user's goal"
+        )
         p.stop_all()
         before, found = snapshot(s.db_path)
         assert {"events", "episodes", "memories", "working_memory"} <= found.keys()
@@ -121,8 +140,16 @@ def test_forget_a_user_verify_and_replay(pipeline_settings, tmp_path):
         # Kafka holds the text sealed only: every per-session topic's records are sealed and marked, no raw
         # record holds either user's text, and all open with the keys on the key topic
         view = kafka_view(s, p.boot)
-        for topic in (s.traces_topic, s.episodes_topic, s.facts_topic, s.memory_topic, s.working_memory_topic,
-                      s.observations_topic, s.link_updates_topic, f"{s.app_id}-sessions-changelog"):
+        for topic in (
+            s.traces_topic,
+            s.episodes_topic,
+            s.facts_topic,
+            s.memory_topic,
+            s.working_memory_topic,
+            s.observations_topic,
+            s.link_updates_topic,
+            f"{s.app_id}-sessions-changelog",
+        ):
             row = view[topic]
             assert row["sealed"] > 0 and row["marked"] == row["sealed"] and row["opened"] == row["sealed"], (topic, row)
         # the NAc's aggregate per call signature (no one session's key can seal it) keeps no outcome text:
@@ -143,8 +170,10 @@ def test_forget_a_user_verify_and_replay(pipeline_settings, tmp_path):
         run = somnus(env, "forget", "--user", FORGOTTEN, "--reason", "erasure request")
         assert run.returncode == 0, run.stderr
         assert "data keys deleted: 4" in run.stdout, run.stdout  # three sessions' and the goal's
-        p.wait_until(lambda: count(s, f"SELECT count(*) FROM episodes WHERE user_id = '{FORGOTTEN}'") == 0,
-                     what="the user's episodes removed")
+        p.wait_until(
+            lambda: count(s, f"SELECT count(*) FROM episodes WHERE user_id = '{FORGOTTEN}'") == 0,
+            what="the user's episodes removed",
+        )
         p.wait_idle()
         verify = somnus(env, "forget", "--verify", "--user", FORGOTTEN, "--needle", NEEDLE)
         out = verify.stdout
@@ -190,14 +219,17 @@ def test_forget_a_user_verify_and_replay(pipeline_settings, tmp_path):
         assert found == {}
         # A kept memory's capture scores depend on which memories the capture fold had seen, which the
         # replay's reading order decides: the memories are compared by count, the rest exactly.
-        assert {k: v for k, v in again.items() if k != "memories"} == {k: v for k, v in before.items() if k != "memories"}
+        assert {k: v for k, v in again.items() if k != "memories"} == {
+            k: v for k, v in before.items() if k != "memories"
+        }
         assert again["memories"].split(":")[0] == before["memories"].split(":")[0]
         # a topic concept derived from a forgotten memory is gone from the live file as from the replay
         # (where its sealed topic opened as nothing), and the kept user's own topics stay in both
         assert topic_concepts(s.db_path) == topic_concepts(replay) != []
         assert len(topic_concepts(replay)) < len(topics_before)
-        check = somnus(env, "forget", "--verify", "--no-replay", "--db", str(replay), "--user", FORGOTTEN,
-                       "--needle", NEEDLE)
+        check = somnus(
+            env, "forget", "--verify", "--no-replay", "--db", str(replay), "--user", FORGOTTEN, "--needle", NEEDLE
+        )
         assert f"absent: '{NEEDLE}' in the bytes" in check.stdout and f"absent: '{NEEDLE}' in the rows" in check.stdout
     finally:
         p.stop_all()

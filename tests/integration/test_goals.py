@@ -24,8 +24,11 @@ def test_a_goal_set_by_the_cli_is_measured_read_closed_and_replayed(pipeline_set
         p.wait_idle()
         run("goal", "set", "extract the pricing table from the vendor site", "--agent", "scraper", "--id", "g1")
         run("goal", "set", "a goal no memory is near: quantum basket weaving", "--agent", "scraper", "--id", "g2")
-        wait_until(lambda: read(db, "sql", sql="SELECT count(DISTINCT goal_id) FROM goals")["rows"][0][0] == 2,
-                   timeout_s=60, what="both goals folded")
+        wait_until(
+            lambda: read(db, "sql", sql="SELECT count(DISTINCT goal_id) FROM goals")["rows"][0][0] == 2,
+            timeout_s=60,
+            what="both goals folded",
+        )
         goals = {g["goal_id"]: g for g in json.loads(run("goal", "list", "--agent", "scraper", "--json"))["goals"]}
         assert goals["g1"]["forward_pe"] < 0.8 and goals["g1"]["nearest_id"]
         assert goals["g2"]["forward_pe"] == 1.0 and goals["g2"]["nearest_id"] is None
@@ -34,9 +37,14 @@ def test_a_goal_set_by_the_cli_is_measured_read_closed_and_replayed(pipeline_set
         assert any("goal_adjacent" in s["reasons"] for s in walk["steps"])
         assert walk == json.loads(run("wander", "--agent", "scraper", "--seed", "4", "--json"))
         run("goal", "done", "g1", "--agent", "scraper")
-        wait_until(lambda: read(db, "sql", sql="SELECT count(*) FROM goals WHERE status = 'done'")["rows"][0][0] == 1,
-                   timeout_s=60, what="g1 closed")
-        assert [g["goal_id"] for g in json.loads(run("goal", "list", "--agent", "scraper", "--json"))["goals"]] == ["g2"]
+        wait_until(
+            lambda: read(db, "sql", sql="SELECT count(*) FROM goals WHERE status = 'done'")["rows"][0][0] == 1,
+            timeout_s=60,
+            what="g1 closed",
+        )
+        assert [g["goal_id"] for g in json.loads(run("goal", "list", "--agent", "scraper", "--json"))["goals"]] == [
+            "g2"
+        ]
         live = read(db, "checksum")["tables"]["goals"]
         replay_db = tmp_path / "replayed.duckdb"
         run("replay", "--to", str(replay_db))

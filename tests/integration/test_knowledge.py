@@ -17,6 +17,7 @@ from somnus.importers import openai_chat
 
 pytestmark = pytest.mark.integration
 
+
 def test_tau_bench_errors_become_error_entities_linked_to_their_tools(pipeline_settings, tau_bench_path):
     raw_errors, raw_calls, _ = raw_tau_counts(tau_bench_path)
     assert sum(raw_errors.values()) == 73
@@ -50,14 +51,24 @@ def test_tau_bench_errors_become_error_entities_linked_to_their_tools(pipeline_s
         assert len(names) == len(set(names))
         # somnus inspect shows the same, readable and as JSON
         env = {**p.s.as_env(), "KAFKA_BOOTSTRAP": p.boot}
-        out = subprocess.run([sys.executable, "-m", "somnus.cli", "inspect", "airline", "--json"], env=env,
-                             capture_output=True, text=True, timeout=120)
+        out = subprocess.run(
+            [sys.executable, "-m", "somnus.cli", "inspect", "airline", "--json"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert out.returncode == 0, out.stderr
         report = json.loads(out.stdout)
         assert report["scope_chain"] == ["agent:airline", "global"]
         assert len(report["episodes"]) == 10 and report["facts"] and report["entities"]
-        text = subprocess.run([sys.executable, "-m", "somnus.cli", "inspect", "airline"], env={**env, "COLUMNS": "300"},
-                              capture_output=True, text=True, timeout=120)
+        text = subprocess.run(
+            [sys.executable, "-m", "somnus.cli", "inspect", "airline"],
+            env={**env, "COLUMNS": "300"},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert text.returncode == 0, text.stderr
         assert "facts in scope" in text.stdout and "tool:book_reservation" in text.stdout
     finally:

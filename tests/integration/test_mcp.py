@@ -27,8 +27,20 @@ from tests.pipeline import Pipeline, wait_until
 
 pytestmark = pytest.mark.integration
 
-TOOLS = {"recall", "briefing", "context", "predict", "facts", "episodic_context", "rhythms", "advise", "remember",
-         "goals", "goal_set", "wander"}
+TOOLS = {
+    "recall",
+    "briefing",
+    "context",
+    "predict",
+    "facts",
+    "episodic_context",
+    "rhythms",
+    "advise",
+    "remember",
+    "goals",
+    "goal_set",
+    "wander",
+}
 NOTE = "The refund desk moved to building seven zebracorn"  # a word no sample session uses
 
 
@@ -77,8 +89,14 @@ def _run(fn: Callable[[], Awaitable[Any]]) -> Any:
 
 
 def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "somnus.cli", *args], env=env, capture_output=True, text=True,
-                          timeout=300, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "somnus.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def test_mcp_tools_over_stdio_and_http_are_scoped_like_the_http_api(pipeline_settings: Any) -> None:
@@ -100,8 +118,9 @@ def test_mcp_tools_over_stdio_and_http_are_scoped_like_the_http_api(pipeline_set
         operator = auth.token_file(home).read_text().strip()
 
         # stdio: the token from SOMNUS_TOKEN; `remember` writes a note through Kafka.
-        params = StdioServerParameters(command=sys.executable, args=["-m", "somnus.cli", "mcp"],
-                                       env={**env, "SOMNUS_TOKEN": support})
+        params = StdioServerParameters(
+            command=sys.executable, args=["-m", "somnus.cli", "mcp"], env={**env, "SOMNUS_TOKEN": support}
+        )
 
         async def over_stdio() -> dict[str, Any]:
             async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
@@ -110,11 +129,19 @@ def test_mcp_tools_over_stdio_and_http_are_scoped_like_the_http_api(pipeline_set
                 return got
 
         got = _run(over_stdio)
-        for name in ("recall", "briefing", "context", "facts", "episodic_context", "rhythms", "advise", "goals",
-                     "wander"):
+        for name in (
+            "recall",
+            "briefing",
+            "context",
+            "facts",
+            "episodic_context",
+            "rhythms",
+            "advise",
+            "goals",
+            "wander",
+        ):
             _ok(got[name])
-        assert all(step["agent"] == "support" for step in _ok(got["wander"]).get("steps", [])
-                   if "agent" in step)
+        assert all(step["agent"] == "support" for step in _ok(got["wander"]).get("steps", []) if "agent" in step)
         assert got["goals_other"].is_error and "'support' only" in _text(got["goals_other"])
         assert got["goal_set_other"].is_error and "'support' only" in _text(got["goal_set_other"])
         assert all(h["agent"] == "support" for h in _ok(got["recall"])["hits"])
@@ -142,17 +169,32 @@ def test_mcp_tools_over_stdio_and_http_are_scoped_like_the_http_api(pipeline_set
         assert httpx2.post(url, json={}, headers={"Authorization": "Bearer forged"}, timeout=60).status_code == 401
 
         async def over_http(token: str, agent: str) -> dict[str, Any]:
-            async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=120) as http, \
-                    streamable_http_client(url, http_client=http) as (read, write), \
-                    ClientSession(read, write) as session:
+            async with (
+                httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=120) as http,
+                streamable_http_client(url, http_client=http) as (read, write),
+                ClientSession(read, write) as session,
+            ):
                 got = await _calls(session, agent)
                 got["note_recall"] = await session.call_tool("recall", {"agent": agent, "query": "zebracorn", "k": 3})
                 return got
 
         p.wait_idle()  # the note is projected
         as_operator = _run(lambda: over_http(operator, "support"))
-        for name in ("recall", "briefing", "context", "facts", "episodic_context", "rhythms", "predict", "other",
-                     "advise", "advise_other", "goals", "wander", "goals_other"):
+        for name in (
+            "recall",
+            "briefing",
+            "context",
+            "facts",
+            "episodic_context",
+            "rhythms",
+            "predict",
+            "other",
+            "advise",
+            "advise_other",
+            "goals",
+            "wander",
+            "goals_other",
+        ):
             _ok(as_operator[name])
         assert _ok(as_operator["advise"])["agent"] == "support"
         as_support = _run(lambda: over_http(support, "support"))

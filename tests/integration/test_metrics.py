@@ -29,8 +29,11 @@ def _get(url: str, token: str | None) -> tuple[int, str]:
 
 
 def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for f in text_string_to_metric_families(text) for s in f.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
 
 
 def test_metrics_of_the_projector_and_the_worker_parse_and_count_what_was_projected(pipeline_settings: Any) -> None:

@@ -32,10 +32,17 @@ def test_tau_bench_outcomes_are_learned_exactly_and_predicted(pipeline_settings,
         tools = {t["tool"]: t for t in read(db, "tools")}
         # Per-tool error counts learned from the stream equal the counts in the file, for every tool.
         assert {t: (v["calls"], v["errors"]) for t, v in tools.items()} == {
-            t: (raw_calls[t], errors_by_tool[t]) for t in raw_calls}
-        assert (tools["update_reservation_flights"]["calls"], tools["update_reservation_flights"]["errors"]) == (104, 42)
+            t: (raw_calls[t], errors_by_tool[t]) for t in raw_calls
+        }
+        assert (tools["update_reservation_flights"]["calls"], tools["update_reservation_flights"]["errors"]) == (
+            104,
+            42,
+        )
         assert (tools["book_reservation"]["calls"], tools["book_reservation"]["errors"]) == (53, 30)
-        assert (tools["update_reservation_baggages"]["calls"], tools["update_reservation_baggages"]["errors"]) == (14, 1)
+        assert (tools["update_reservation_baggages"]["calls"], tools["update_reservation_baggages"]["errors"]) == (
+            14,
+            1,
+        )
 
         # The Rescorla-Wagner strength of failing converges towards the observed failure rate: with a
         # constant alpha (0.1) V is a moving average of recent outcomes, so its level after a burn-in,
@@ -44,12 +51,27 @@ def test_tau_bench_outcomes_are_learned_exactly_and_predicted(pipeline_settings,
             got = read(db, "predict", tool=tool)
             assert got["known"] and got["basis"] == "tool" and got["outcomes"][0]["confidence"] > 0.9
             rate = errors_by_tool[tool] / raw_calls[tool]
-            negative = {r[0] for r in read(db, "sql", sql=(
-                "SELECT outcome_signature FROM causal_links WHERE level = 'tool' AND tool = ? "
-                "AND valence = 'negative'"), params=[tool])["rows"]}
-            per_obs = read(db, "sql", sql=(
-                "SELECT strengths, valence FROM causal_link_updates WHERE level = 'tool' AND tool = ? "
-                "ORDER BY event_observations"), params=[tool])["rows"]
+            negative = {
+                r[0]
+                for r in read(
+                    db,
+                    "sql",
+                    sql=(
+                        "SELECT outcome_signature FROM causal_links WHERE level = 'tool' AND tool = ? "
+                        "AND valence = 'negative'"
+                    ),
+                    params=[tool],
+                )["rows"]
+            }
+            per_obs = read(
+                db,
+                "sql",
+                sql=(
+                    "SELECT strengths, valence FROM causal_link_updates WHERE level = 'tool' AND tool = ? "
+                    "ORDER BY event_observations"
+                ),
+                params=[tool],
+            )["rows"]
             v = [sum(x for o, x in json.loads(r[0]).items() if o in negative) for r in per_obs]
             failed = [1.0 if r[1] == "negative" else 0.0 for r in per_obs]  # this observation was a failure
             assert len(v) == raw_calls[tool] and sum(failed) == errors_by_tool[tool]
@@ -69,9 +91,25 @@ def test_tau_bench_outcomes_are_learned_exactly_and_predicted(pipeline_settings,
         unseen = read(db, "predict", tool="teleport_passenger", args='{"to": "moon"}')
         assert unseen["known"] is False and unseen["basis"] == "none" and unseen["outcomes"] == []
         env = {**p.s.as_env(), "KAFKA_BOOTSTRAP": p.boot}
-        cli = subprocess.run([sys.executable, "-m", "somnus.cli", "predict", "--agent", "airline", "--tool",
-                              "book_reservation", "--args", '{"user_id": "someone_1", "cabin": "economy"}', "--json"],
-                             env=env, capture_output=True, text=True, timeout=120)
+        cli = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "somnus.cli",
+                "predict",
+                "--agent",
+                "airline",
+                "--tool",
+                "book_reservation",
+                "--args",
+                '{"user_id": "someone_1", "cabin": "economy"}',
+                "--json",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert cli.returncode == 0, cli.stderr
         outcomes = json.loads(cli.stdout)
         assert outcomes and set(outcomes[0]) >= {"outcome", "valence", "strength", "confidence", "observations"}
@@ -79,8 +117,12 @@ def test_tau_bench_outcomes_are_learned_exactly_and_predicted(pipeline_settings,
         # Every update is in the append-only history; the SCN bins counted every call.
         hist = read(db, "sql", sql="SELECT count(*), count(DISTINCT event_signature) FROM causal_link_updates")
         assert hist["rows"][0][0] > sum(raw_calls.values())
-        bins = read(db, "sql", sql="SELECT sum(count) FROM temporal_bins WHERE agent = 'airline' "
-                                   "AND bin_kind = 'hour' AND kind = 'tool_call'")
+        bins = read(
+            db,
+            "sql",
+            sql="SELECT sum(count) FROM temporal_bins WHERE agent = 'airline' "
+            "AND bin_kind = 'hour' AND kind = 'tool_call'",
+        )
         assert bins["rows"][0][0] == sum(raw_calls.values())
     finally:
         p.stop_all()

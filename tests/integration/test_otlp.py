@@ -45,10 +45,14 @@ def receiver_pipeline(settings: Settings) -> tuple[Pipeline, Settings, str]:
 
 
 def run_program(s: Settings, token: str, *args: str, timeout_s: float = 300) -> subprocess.Popen:
-    env = {**os.environ, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"http://127.0.0.1:{s.otlp_port}/v1/traces",
-           "OTEL_EXPORTER_OTLP_HEADERS": f"Authorization=Bearer {token}"}
-    return subprocess.Popen([sys.executable, str(PROGRAM), *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    env = {
+        **os.environ,
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"http://127.0.0.1:{s.otlp_port}/v1/traces",
+        "OTEL_EXPORTER_OTLP_HEADERS": f"Authorization=Bearer {token}",
+    }
+    return subprocess.Popen(
+        [sys.executable, str(PROGRAM), *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
 
 
 def finished(proc: subprocess.Popen, timeout_s: float = 300) -> str:
@@ -116,8 +120,9 @@ def test_a_receiver_killed_mid_export_loses_and_duplicates_nothing(pipeline_sett
     journal = journal_path(s.home)
     try:
         program = run_program(s, token, "--sessions", "40", "--pause", "0.05", "--timeout", "60", "http")
-        wait_until(lambda: journal.exists() and b'"type":"done"' in journal.read_bytes(), 120,
-                   what="the first trace published")
+        wait_until(
+            lambda: journal.exists() and b'"type":"done"' in journal.read_bytes(), 120, what="the first trace published"
+        )
         receiver = p.procs.pop("otlp")
         os.kill(receiver.pid, signal.SIGKILL)  # in the middle of the export: batches are still coming
         receiver.wait(timeout=30)

@@ -18,8 +18,13 @@ pytestmark = pytest.mark.integration
 def test_demo_shows_a_briefing_and_stops_the_broker_it_started(tmp_path):
     home = tmp_path / "home"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SOMNUS_", "KAFKA_"))}
-    run = subprocess.run([sys.executable, "-m", "somnus.cli", "demo", "--sessions", "60", "--home", str(home)],
-                         env=env, capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [sys.executable, "-m", "somnus.cli", "demo", "--sessions", "60", "--home", str(home)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     settings = Settings.resolve(env={}, home=home)
     try:
         assert run.returncode == 0, run.stderr[-3000:]
@@ -27,8 +32,9 @@ def test_demo_shows_a_briefing_and_stops_the_broker_it_started(tmp_path):
         assert "broker: stopped" in run.stdout
         assert broker.status(settings) is None
         # nor anything `somnus up` started: the OTLP receiver and the MCP server are stopped by `down` too
-        assert all(procs.running(settings, role) is None
-                   for role in ("supervisor", "worker", "projector", "otlp", "mcp"))
+        assert all(
+            procs.running(settings, role) is None for role in ("supervisor", "worker", "projector", "otlp", "mcp")
+        )
     finally:
         broker.stop(settings)
 

@@ -46,7 +46,8 @@ def _corpus(now: datetime) -> dict[str, bytes]:
         "lone high surrogate": ok.replace(b'"hi"', b'"\\ud800"'),
         "lone low surrogate in a key": ok.replace(b'"text"', b'"\\udc00"'),
         "float seq and arguments 900 deep": call.replace(b'"seq":1', b'"seq":1.0').replace(
-            b'"call_id":"c"', b'"call_id":"c",' + deep_args),
+            b'"call_id":"c"', b'"call_id":"c",' + deep_args
+        ),
         "huge seq": ok.replace(b'"seq":0', b'"seq":' + b"9" * 30),
         "seq above a BIGINT": ok.replace(b'"seq":0', b'"seq":9223372036854775808'),
         "NaN": ok.replace(b'"seq":0', b'"seq":NaN'),
@@ -60,12 +61,15 @@ def _corpus(now: datetime) -> dict[str, bytes]:
 
 async def _send(bootstrap: str, topic: str, records: list[tuple[int | None, bytes, Any]]) -> list[tuple[int, int]]:
     """Send raw records (partition, value, headers) as they are; their (partition, offset)."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", max_request_size=TEN_MIB + (1 << 20),
-                                compression_type="gzip")
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, acks="all", max_request_size=TEN_MIB + (1 << 20), compression_type="gzip"
+    )
     await producer.start()
     try:
-        futures = [await producer.send(topic, value, partition=partition, headers=headers)
-                   for partition, value, headers in records]
+        futures = [
+            await producer.send(topic, value, partition=partition, headers=headers)
+            for partition, value, headers in records
+        ]
         return [((m := await f).partition, m.offset) for f in futures]
     finally:
         await producer.stop()
@@ -75,27 +79,58 @@ async def _allow_large_records(bootstrap: str, topic: str) -> None:
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
-        await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, topic,
-                                                  configs={"max.message.bytes": str(TEN_MIB + (1 << 20))})])
+        await admin.alter_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, topic, configs={"max.message.bytes": str(TEN_MIB + (1 << 20))})]
+        )
     finally:
         await admin.close()
 
 
 # Hypothesis makes the rest of the corpus: random bytes, and JSON-ish records built from fragments of
 # events and hostile pieces; one example, a list of records, goes through the pipeline once.
-FRAGMENTS = [b"{", b"}", b"[", b"]", b",", b":", b'"', b"\\", b"\\u", b"d800", b"\xff", b"\xc3", b"NaN", b"1e999",
-             b"-0", b"null", b'"seq"', b'"type"', b'"tool_call"', b'"payload"', b'"event_id"', b"\x00", b" "]
-hostile_records = st.lists(st.one_of(
-    st.binary(min_size=0, max_size=300),
-    st.lists(st.sampled_from(FRAGMENTS), min_size=1, max_size=200).map(b"".join),
-    st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=20),
-                 lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
-                 max_leaves=30).map(lambda v: orjson.dumps(v, option=orjson.OPT_NON_STR_KEYS))),
-    min_size=150, max_size=150)
+FRAGMENTS = [
+    b"{",
+    b"}",
+    b"[",
+    b"]",
+    b",",
+    b":",
+    b'"',
+    b"\\",
+    b"\\u",
+    b"d800",
+    b"\xff",
+    b"\xc3",
+    b"NaN",
+    b"1e999",
+    b"-0",
+    b"null",
+    b'"seq"',
+    b'"type"',
+    b'"tool_call"',
+    b'"payload"',
+    b'"event_id"',
+    b"\x00",
+    b" ",
+]
+hostile_records = st.lists(
+    st.one_of(
+        st.binary(min_size=0, max_size=300),
+        st.lists(st.sampled_from(FRAGMENTS), min_size=1, max_size=200).map(b"".join),
+        st.recursive(
+            st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+            lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+            max_leaves=30,
+        ).map(lambda v: orjson.dumps(v, option=orjson.OPT_NON_STR_KEYS)),
+    ),
+    min_size=150,
+    max_size=150,
+)
 
 
-@settings(max_examples=1, deadline=None, database=None, phases=[Phase.generate],
-          suppress_health_check=list(HealthCheck))
+@settings(
+    max_examples=1, deadline=None, database=None, phases=[Phase.generate], suppress_health_check=list(HealthCheck)
+)
 @given(generated=hostile_records)
 def test_no_record_stops_ingest_and_every_bad_record_is_one_dead_letter(pipeline_settings, generated):
     s = dataclasses.replace(pipeline_settings, session_retention_s=3600.0)
@@ -108,34 +143,55 @@ def test_no_record_stops_ingest_and_every_bad_record_is_one_dead_letter(pipeline
         asyncio.run(_allow_large_records(p.boot, s.traces_topic))
         p.start_all()
         # a poison record straight onto each internal topic first, so that good records follow it there
-        internal = {s.episodes_topic: b"[" * 100_000, s.facts_topic: b'{"episode_id": "\xff"}',
-                    s.memory_topic: b'[{"kind": "episode"}]', s.observations_topic: b'[{"event_signature": 1}]',
-                    s.link_updates_topic: b"\x80" + b"[" * 5000}
-        internal_at = {topic: asyncio.run(_send(p.boot, topic, [(0, value, [("somnus-kind", b"units")]
-                                                                  if topic == s.memory_topic else None)]))[0]
-                       for topic, value in internal.items()}
+        internal = {
+            s.episodes_topic: b"[" * 100_000,
+            s.facts_topic: b'{"episode_id": "\xff"}',
+            s.memory_topic: b'[{"kind": "episode"}]',
+            s.observations_topic: b'[{"event_signature": 1}]',
+            s.link_updates_topic: b"\x80" + b"[" * 5000,
+        }
+        internal_at = {
+            topic: asyncio.run(
+                _send(p.boot, topic, [(0, value, [("somnus-kind", b"units")] if topic == s.memory_topic else None)])
+            )[0]
+            for topic, value in internal.items()
+        }
         named = list(corpus.items())
-        bad = asyncio.run(_send(p.boot, s.traces_topic, [(i % s.partitions, v, None) for i, (_, v) in enumerate(named)]))
+        bad = asyncio.run(
+            _send(p.boot, s.traces_topic, [(i % s.partitions, v, None) for i, (_, v) in enumerate(named)])
+        )
         hyp = asyncio.run(_send(p.boot, s.traces_topic, [(i % s.partitions, v, None) for i, v in enumerate(generated)]))
         p.publish(good, bundle_max=8)
         # Order checks per session, whatever else the partition holds: sessions that ended a day ago,
         # a session 3 hours later (their markers expire: retention 1 hour), 1,000 undecodable records,
         # then a late event of each old session: dead letters, not sessions started again.
         day = now - timedelta(days=1)
-        old = [e for k in range(10) for e in (_event(f"old-{k}", 0, "session_start", day),
-                                               _event(f"old-{k}", 1, "session_end", day))]
+        old = [
+            e
+            for k in range(10)
+            for e in (_event(f"old-{k}", 0, "session_start", day), _event(f"old-{k}", 1, "session_end", day))
+        ]
         later = [_event("clock", 0, "session_start", day + timedelta(hours=3))]
         asyncio.run(_send(p.boot, s.traces_topic, [(0, orjson.dumps(e), None) for e in old + later]))
         asyncio.run(_send(p.boot, s.traces_topic, [(0, b"{undecodable %d" % i, None) for i in range(1000)]))
-        late = asyncio.run(_send(p.boot, s.traces_topic, [
-            (0, orjson.dumps(_event(f"old-{k}", 5, "agent_message", day + timedelta(minutes=1))), None)
-            for k in range(10)]))
+        late = asyncio.run(
+            _send(
+                p.boot,
+                s.traces_topic,
+                [
+                    (0, orjson.dumps(_event(f"old-{k}", 5, "agent_message", day + timedelta(minutes=1))), None)
+                    for k in range(10)
+                ],
+            )
+        )
         # an event sent twice in its session under two seqs: applied once, counted; an event_id another
         # session holds: a dead letter (the projector sees every event)
         start, msg = _event("dupe", 0, "session_start", now), _event("dupe", 1, "agent_message", now)
         dupe = [start, msg, {**msg, "seq": 2}, _event("dupe", 3, "session_end", now)]
-        reuse = [{**_event("reuser", 0, "session_start", now), "event_id": start["event_id"]},
-                 _event("reuser", 1, "session_end", now)]
+        reuse = [
+            {**_event("reuser", 0, "session_start", now), "event_id": start["event_id"]},
+            _event("reuser", 1, "session_end", now),
+        ]
         reused_at = asyncio.run(_send(p.boot, s.traces_topic, [(1, orjson.dumps(e), None) for e in dupe + reuse]))[4]
         p.wait_idle(timeout_s=420)  # asserts that no process exited; lag reaches 0
         status = p.status()
@@ -158,7 +214,8 @@ def test_no_record_stops_ingest_and_every_bad_record_is_one_dead_letter(pipeline
         assert kinds["invalid UTF-8 in a key"] == kinds["lone high surrogate"] == "undecodable"
         assert kinds["bundle of 2000 scalars"] == "schema" and kinds["year 2999"] == "future"
         assert dead[(s.traces_topic, *bad[[n for n, _ in named].index("bundle of 2000 scalars")])][1].startswith(
-            "schema: 2000 of 2000 events of the bundle rejected: #0-#1999 ")
+            "schema: 2000 of 2000 events of the bundle rejected: #0-#1999 "
+        )
         ten = dead[(s.traces_topic, *bad[[n for n, _ in named].index("10 MiB record")])]
         assert ten[0] == "oversized" and len(ten[2]) == MAX_ORIGINAL and "keeps the first" in ten[1]
         # every hypothesis record: applied, or one dead letter with a reason (none of them is an event)
@@ -168,8 +225,12 @@ def test_no_record_stops_ingest_and_every_bad_record_is_one_dead_letter(pipeline
         # each internal topic's poison record is quarantined (the observations one by the worker's NAc)
         for topic, at in internal_at.items():
             assert (topic, *at) in dead, (topic, at, sorted(k for k in dead if k[0] != s.traces_topic))
-        assert status["quarantined"].keys() == {s.episodes_topic, s.facts_topic, s.memory_topic,
-                                                s.link_updates_topic}, status["quarantined"]
+        assert status["quarantined"].keys() == {
+            s.episodes_topic,
+            s.facts_topic,
+            s.memory_topic,
+            s.link_updates_topic,
+        }, status["quarantined"]
         # the late events of the forgotten sessions are dead letters, after 1,000 undecodable records
         for at in late:
             kind, reason, _ = dead[(s.traces_topic, *at)]

@@ -35,8 +35,15 @@ def test_locomo_evidence_recall_through_the_pipeline_meets_the_target(kafka_boot
     assert report["recall@10"] >= 0.70, report
     assert report["recall@1"] <= report["recall@5"] <= report["recall@10"] <= report["recall@20"]
     assert report["memories"] > 2500  # every turn became a memory unit (user interactions are always kept)
-    assert report["sleep"] == {"runs": 0, "clustered": 0, "held": 0, "created": 0, "connected": 0,
-                               "compressed": 0, "pruned": 0}  # sleep is off unless a schedule is given
+    assert report["sleep"] == {
+        "runs": 0,
+        "clustered": 0,
+        "held": 0,
+        "created": 0,
+        "connected": 0,
+        "compressed": 0,
+        "pruned": 0,
+    }  # sleep is off unless a schedule is given
 
 
 def test_recall_is_scoped_explained_and_recorded_as_accesses(pipeline_settings, locomo_path):
@@ -46,8 +53,14 @@ def test_recall_is_scoped_explained_and_recorded_as_accesses(pipeline_settings, 
         p.start_all()
         p.publish(list(locomo(locomo_path)))
         p.wait_idle()
-        got = read(db, "recall", "locomo-conv-26", query="When did Caroline go to the LGBTQ support group?", k=5,
-                   explain="true")
+        got = read(
+            db,
+            "recall",
+            "locomo-conv-26",
+            query="When did Caroline go to the LGBTQ support group?",
+            k=5,
+            explain="true",
+        )
         assert len(got["hits"]) == 5
         assert all(h["agent"] == "locomo-conv-26" and h["refs"] for h in got["hits"])
         assert all(set(h["signals"]) >= {"lexical", "lsh", "graph", "importance"} for h in got["hits"])
@@ -57,13 +70,32 @@ def test_recall_is_scoped_explained_and_recorded_as_accesses(pipeline_settings, 
         assert other and all(h["agent"] == "locomo-conv-30" for h in other)
         assert read(db, "recall", "stranger", query="Caroline support group", k=5)["hits"] == []
         # The recall above was published back as accesses and folded by the projector.
-        wait_until(lambda: read(db, "sql", sql="SELECT count(*) FROM memory_access")["rows"][0][0] >= 5, timeout_s=60,
-                   what="accesses to be projected")
+        wait_until(
+            lambda: read(db, "sql", sql="SELECT count(*) FROM memory_access")["rows"][0][0] >= 5,
+            timeout_s=60,
+            what="accesses to be projected",
+        )
         ctx = read(db, "episodic_context", "locomo-conv-26", query="Caroline support group", top_k=3, token_budget=300)
         assert ctx["text"] and len(ctx["text"]) <= 300 * 4 + 200
         env = {**p.s.as_env(), "KAFKA_BOOTSTRAP": p.boot}
-        cli = subprocess.run([sys.executable, "-m", "somnus.cli", "recall", "support group", "--agent", "locomo-conv-26",
-                              "-k", "3", "--json"], env=env, capture_output=True, text=True, timeout=120)
+        cli = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "somnus.cli",
+                "recall",
+                "support group",
+                "--agent",
+                "locomo-conv-26",
+                "-k",
+                "3",
+                "--json",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert cli.returncode == 0, cli.stderr
         assert len(json.loads(cli.stdout)["hits"]) == 3
     finally:

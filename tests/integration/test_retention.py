@@ -19,9 +19,11 @@ T0 = datetime(2026, 2, 2, 9, 0, tzinfo=timezone.utc)
 
 
 def _session(sid: str, at: datetime, tag: str = "") -> list[dict]:
-    return [trace_event(sid, 0, "session_start", at, {"task": f"answer ticket {sid}"}, tag=tag),
-            trace_event(sid, 1, "user_message", at + timedelta(seconds=5), {"text": "my order is late"}, tag=tag),
-            trace_event(sid, 2, "session_end", at + timedelta(seconds=30), {"outcome": "success"}, tag=tag)]
+    return [
+        trace_event(sid, 0, "session_start", at, {"task": f"answer ticket {sid}"}, tag=tag),
+        trace_event(sid, 1, "user_message", at + timedelta(seconds=5), {"text": "my order is late"}, tag=tag),
+        trace_event(sid, 2, "session_end", at + timedelta(seconds=30), {"outcome": "success"}, tag=tag),
+    ]
 
 
 def test_a_closed_session_is_forgotten_after_the_retention_and_late_events_are_dead_letters(pipeline_settings):
@@ -76,8 +78,7 @@ def test_a_backfill_of_old_sessions_is_accepted_and_a_session_id_can_start_again
         p.stop_all()
 
 
-def test_a_session_that_never_ends_is_closed_as_abandoned_after_the_idle_time_also_after_a_restart(
-        pipeline_settings):
+def test_a_session_that_never_ends_is_closed_as_abandoned_after_the_idle_time_also_after_a_restart(pipeline_settings):
     s = dataclasses.replace(pipeline_settings, partitions=1, session_retention_s=86400.0, session_idle_s=3600.0)
     never = _session("gone", T0)[:2]  # its runtime died before the end
     p = Pipeline(s)
@@ -102,22 +103,29 @@ def test_a_session_that_never_ends_is_closed_as_abandoned_after_the_idle_time_al
         p.wait_idle()
         p.stop_all()
         rows = p.query("SELECT session_id, outcome, event_count, ended_at FROM episodes ORDER BY 1")
-        assert [(r[0], r[1], r[2]) for r in rows] == [("final", "success", 3), ("gone", "failure", 2),
-                                                       ("gone2", "failure", 2), ("later", "success", 3),
-                                                       ("soon", "success", 3)]
+        assert [(r[0], r[1], r[2]) for r in rows] == [
+            ("final", "success", 3),
+            ("gone", "failure", 2),
+            ("gone2", "failure", 2),
+            ("later", "success", 3),
+            ("soon", "success", 3),
+        ]
         assert rows[1][3] == T0 + timedelta(seconds=5)  # the episode ends at its last event
         lessons = p.query("SELECT text FROM lessons WHERE session_id = 'gone'")
         assert any("abandoned: no event for 3600 s of stream time" in t for (t,) in lessons), lessons
         dead = p.query("SELECT kind, reason FROM dead_letters")
         assert [k for k, _ in dead] == ["late"] and "'gone' of agent 'support' had ended (seq 1)" in dead[0][1]
         assert p.query("SELECT session_id, closed FROM working_memory WHERE session_id LIKE 'gone%' ORDER BY 1") == [
-            ("gone", True), ("gone2", True)]
+            ("gone", True),
+            ("gone2", True),
+        ]
     finally:
         p.stop_all()
 
 
 def _publish_stamped(p: Pipeline, events: list[dict], at: datetime) -> None:
     """Publish with the records' own timestamps set to ``at``: a runtime whose clock is that far ahead."""
+
     async def run() -> None:
         producer = make_producer(p.boot)
         await producer.start()
@@ -131,7 +139,8 @@ def _publish_stamped(p: Pipeline, events: list[dict], at: datetime) -> None:
 
 
 def test_a_runtime_whose_clock_runs_ahead_is_dead_lettered_and_neither_expires_markers_nor_abandons_others(
-        pipeline_settings):
+    pipeline_settings,
+):
     s = dataclasses.replace(pipeline_settings, partitions=1, session_retention_s=3600.0, session_idle_s=600.0)
     now = datetime.now(timezone.utc).replace(microsecond=0)  # the broker's clock, near enough (5 min skew allowed)
     done = _session("a", now - timedelta(minutes=2))
@@ -153,7 +162,8 @@ def test_a_runtime_whose_clock_runs_ahead_is_dead_lettered_and_neither_expires_m
         assert p.query("SELECT session_id FROM episodes") == [("a",)]
         assert p.query("SELECT session_id FROM working_memory WHERE NOT closed ORDER BY 1") == [("o",)]
         assert p.query("SELECT count(*) FROM events WHERE session_id = 'skewed'") == [(0,)]
-        assert "1 event(s) stamped more than 300 s ahead of their records' broker time were dead-lettered" in log, (
-            log[-3000:])
+        assert "1 event(s) stamped more than 300 s ahead of their records' broker time were dead-lettered" in log, log[
+            -3000:
+        ]
     finally:
         p.stop_all()

@@ -17,8 +17,14 @@ from tests.tau_bench import tau_group
 
 pytestmark = pytest.mark.integration
 
-SEMANTIC_TABLES = ("semantic_log", "concepts", "concept_relationships", "math_patterns", "cross_layer_edges",
-                   "promotion_audit")
+SEMANTIC_TABLES = (
+    "semantic_log",
+    "concepts",
+    "concept_relationships",
+    "math_patterns",
+    "cross_layer_edges",
+    "promotion_audit",
+)
 
 
 def _failing_episodes(path, tool: str, min_observations: int = 3) -> tuple[set[str], set[str]]:
@@ -33,8 +39,11 @@ def _failing_episodes(path, tool: str, min_observations: int = 3) -> tuple[set[s
         for m in t["traj"]:
             for tc in m.get("tool_calls") or []:
                 names[tc["id"]] = tc["function"]["name"]
-            if m["role"] == "tool" and (m.get("content") or "").startswith("Error") \
-                    and (m.get("name") or names[m["tool_call_id"]]) == tool:
+            if (
+                m["role"] == "tool"
+                and (m.get("content") or "").startswith("Error")
+                and (m.get("name") or names[m["tool_call_id"]]) == tool
+            ):
                 group = tau_group(m["content"].strip())
                 by_group.setdefault(group, set()).add(episode)
                 calls[group] = calls.get(group, 0) + 1
@@ -43,7 +52,8 @@ def _failing_episodes(path, tool: str, min_observations: int = 3) -> tuple[set[s
 
 
 def test_unreliable_calls_become_concepts_derived_from_the_failing_episodes_and_replay_agrees(
-        pipeline_settings, tau_bench_path, tmp_path):
+    pipeline_settings, tau_bench_path, tmp_path
+):
     p = Pipeline(pipeline_settings)
     db = p.s.db_path
     env = {**p.s.as_env(), "KAFKA_BOOTSTRAP": p.boot}
@@ -52,8 +62,13 @@ def test_unreliable_calls_become_concepts_derived_from_the_failing_episodes_and_
         p.start_all()
         p.publish(list(openai_chat(tau_bench_path, agent="airline")))
         p.wait_idle()
-        run = subprocess.run(cli + ["consolidate", "--at", "2024-05-20T00:00:00+00:00"], env=env,
-                             capture_output=True, text=True, timeout=120)
+        run = subprocess.run(
+            cli + ["consolidate", "--at", "2024-05-20T00:00:00+00:00"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert run.returncode == 0, run.stderr
         doc = tmp_path / "kb.md"
         doc.write_text("## coffee mug\ncategory: object\nA container for hot drinks.\nIS_A: container\n")
@@ -62,28 +77,55 @@ def test_unreliable_calls_become_concepts_derived_from_the_failing_episodes_and_
         other = tmp_path / "kb2.md"  # another document naming the same concept differently: reinforced, not new
         other.write_text("## coffee_mug\nA mug.\n")
         subprocess.run(cli + ["ingest-knowledge", str(other)], env=env, capture_output=True, text=True, timeout=60)
-        wait_until(lambda: read(db, "sql", sql="SELECT count(*) FROM concepts WHERE name LIKE 'coffee%'")
-                   ["rows"][0][0] >= 1 and read(db, "sql", sql="SELECT max(reinforcement_count) FROM concepts "
-                                                              "WHERE name LIKE 'coffee%'")["rows"][0][0] == 2,
-                   timeout_s=60, what="the ingested concept, reinforced once")
+        wait_until(
+            lambda: (
+                read(db, "sql", sql="SELECT count(*) FROM concepts WHERE name LIKE 'coffee%'")["rows"][0][0] >= 1
+                and read(db, "sql", sql="SELECT max(reinforcement_count) FROM concepts WHERE name LIKE 'coffee%'")[
+                    "rows"
+                ][0][0]
+                == 2
+            ),
+            timeout_s=60,
+            what="the ingested concept, reinforced once",
+        )
         p.wait_idle()
         for tool in ("book_reservation", "update_reservation_flights"):
-            rows = read(db, "sql", sql="SELECT concept_id, provenance FROM concepts WHERE name = ?",
-                        params=[f"{tool}_unreliable"])["rows"]
+            rows = read(
+                db,
+                "sql",
+                sql="SELECT concept_id, provenance FROM concepts WHERE name = ?",
+                params=[f"{tool}_unreliable"],
+            )["rows"]
             assert rows, f"no concept about {tool}'s failures"
             concept_id = rows[0][0]
-            derived = {r[0] for r in read(db, "sql", sql=(
-                "SELECT target_id FROM cross_layer_edges WHERE source_id = ? AND edge_type = 'DERIVED_FROM'"),
-                params=[concept_id])["rows"]}
+            derived = {
+                r[0]
+                for r in read(
+                    db,
+                    "sql",
+                    sql=("SELECT target_id FROM cross_layer_edges WHERE source_id = ? AND edge_type = 'DERIVED_FROM'"),
+                    params=[concept_id],
+                )["rows"]
+            }
             expected, failing = _failing_episodes(tau_bench_path, tool)
             assert derived == expected  # the episodes of every kind of failure that became a candidate
             assert derived <= failing
-            instances = {r[0] for r in read(db, "sql", sql=(
-                "SELECT source_id FROM cross_layer_edges WHERE target_id = ? AND edge_type = 'INSTANCE_OF'"),
-                params=[concept_id])["rows"]}
+            instances = {
+                r[0]
+                for r in read(
+                    db,
+                    "sql",
+                    sql=("SELECT source_id FROM cross_layer_edges WHERE target_id = ? AND edge_type = 'INSTANCE_OF'"),
+                    params=[concept_id],
+                )["rows"]
+            }
             assert instances == derived
-        gate = read(db, "sql", sql="SELECT DISTINCT reason FROM promotion_audit WHERE promoted AND "
-                                   "pattern_name LIKE 'book_reservation → error:%'")["rows"]
+        gate = read(
+            db,
+            "sql",
+            sql="SELECT DISTINCT reason FROM promotion_audit WHERE promoted AND "
+            "pattern_name LIKE 'book_reservation → error:%'",
+        )["rows"]
         assert gate and all("binomial" in r[0] for r in gate)  # failures passed on their counts
         assert read(db, "sql", sql="SELECT count(*) FROM concepts WHERE name LIKE 'coffee%'")["rows"][0][0] == 1
         known = read(db, "knowledge_context", "airline", agents_dir=p.s.agents_dir, query="book reservation fails")
@@ -94,11 +136,20 @@ def test_unreliable_calls_become_concepts_derived_from_the_failing_episodes_and_
         assert knowledge[1].startswith("- ") and not knowledge[1].startswith('- "') and "(confidence " in knowledge[1]
         live = read(db, "checksum")["tables"]
         replay_db = tmp_path / "replayed.duckdb"
-        run = subprocess.run(cli + ["replay", "--to", str(replay_db)], env=env, capture_output=True, text=True,
-                             timeout=300)
+        run = subprocess.run(
+            cli + ["replay", "--to", str(replay_db)], env=env, capture_output=True, text=True, timeout=300
+        )
         assert run.returncode == 0, run.stderr
-        replayed = json.loads(subprocess.run(cli + ["checksum", "--db", str(replay_db), "--tables", "--json"], env=env,
-                                             capture_output=True, text=True, timeout=120).stdout or "{}")
+        replayed = json.loads(
+            subprocess.run(
+                cli + ["checksum", "--db", str(replay_db), "--tables", "--json"],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            ).stdout
+            or "{}"
+        )
         for table in SEMANTIC_TABLES:
             assert replayed["tables"][table] == live[table], table
     finally:

@@ -23,7 +23,8 @@ def _event(sid: str, seq: int, type_: str, payload: dict) -> dict:
 
 
 def test_a_records_events_are_applied_in_seq_order_and_one_skipped_by_an_earlier_record_is_a_dead_letter(
-        pipeline_settings):
+    pipeline_settings,
+):
     s = dataclasses.replace(pipeline_settings, partitions=1)
     start = _event("x", 0, "session_start", {"task": "rebook flight"})
     ask = _event("x", 1, "user_message", {"text": "I need an aisle seat"})

@@ -32,11 +32,30 @@ CONTENT_TABLES = ("events", "episodes", "lessons")
 # causes 2 and 3). semantic_requests holds one row per promotion a sleep requests, with the offset of
 # the record that asked (src_offset): it follows sleep_runs and the memory topic's order (it differed
 # in the CI run of 2026-11-26 22:16). Any other table that differs fails the test.
-DIFFER_UNDER_SIGKILL = frozenset({
-    "memories", "memory_log", "memory_merges", "memory_edges", "lifecycle_log", "sleep_runs", "sleep_layer_reports",
-    "triples", "triple_history", "entity_versions", "causal_links", "causal_link_updates", "concepts",
-    "concept_relationships", "cross_layer_edges", "math_patterns", "promotion_audit", "semantic_log", "briefings",
-    "semantic_requests"})
+DIFFER_UNDER_SIGKILL = frozenset(
+    {
+        "memories",
+        "memory_log",
+        "memory_merges",
+        "memory_edges",
+        "lifecycle_log",
+        "sleep_runs",
+        "sleep_layer_reports",
+        "triples",
+        "triple_history",
+        "entity_versions",
+        "causal_links",
+        "causal_link_updates",
+        "concepts",
+        "concept_relationships",
+        "cross_layer_edges",
+        "math_patterns",
+        "promotion_audit",
+        "semantic_log",
+        "briefings",
+        "semantic_requests",
+    }
+)
 
 
 def test_tau_bench_transcripts_become_200_episodes(pipeline_settings, tau_bench_path):
@@ -53,8 +72,12 @@ def test_tau_bench_transcripts_become_200_episodes(pipeline_settings, tau_bench_
         assert p.query("SELECT count(*) FROM events")[0][0] == len(events)
         # outcomes match the source file trajectory by trajectory
         source = json.loads(tau_bench_path.read_bytes())
-        expected = {f"{tau_bench_path.stem}-task{t['task_id']}-trial{t['trial']}":
-                    ("success" if t["reward"] >= 1.0 else "failure") for t in source}
+        expected = {
+            f"{tau_bench_path.stem}-task{t['task_id']}-trial{t['trial']}": (
+                "success" if t["reward"] >= 1.0 else "failure"
+            )
+            for t in source
+        }
         got = dict(p.query("SELECT session_id, outcome FROM episodes"))
         assert got == expected
         # tool errors that were never resolved became failure lessons naming the tool
@@ -65,8 +88,13 @@ def test_tau_bench_transcripts_become_200_episodes(pipeline_settings, tau_bench_
 
 def _reference(settings, events, tmp_path: Path, bundle_max: int) -> dict[str, str]:
     """The no-crash result of the same input, through its own pipeline."""
-    ref = dataclasses.replace(settings, topic_prefix=settings.topic_prefix + "ref.", app_id=settings.app_id + "-ref",
-                              home=tmp_path / "ref-home", db_path=tmp_path / "ref.duckdb")
+    ref = dataclasses.replace(
+        settings,
+        topic_prefix=settings.topic_prefix + "ref.",
+        app_id=settings.app_id + "-ref",
+        home=tmp_path / "ref-home",
+        db_path=tmp_path / "ref.duckdb",
+    )
     p = Pipeline(ref)
     try:
         p.start_all()
@@ -116,15 +144,18 @@ def test_sigkill_worker_and_projector_at_random_points(pipeline_settings, tmp_pa
         differing = sorted(t for t in CONTENT_COLUMNS if crashed[t] != reference[t])
         assert set(differing) <= DIFFER_UNDER_SIGKILL, sorted(set(differing) - DIFFER_UNDER_SIGKILL)
         if differing:  # named in the test's output, never passed over
-            warnings.warn(f"different from the kill-free run (DIFFER_UNDER_SIGKILL): {', '.join(differing)}",
-                          stacklevel=1)
+            warnings.warn(
+                f"different from the kill-free run (DIFFER_UNDER_SIGKILL): {', '.join(differing)}", stacklevel=1
+            )
         p.stop_all()
         n_sessions = len({e["session_id"] for e in events})
         # the working memory of sessions closed over an hour (stream time) before the end was removed
         assert 0 < p.query("SELECT count(*) FROM working_memory")[0][0] < n_sessions / 4
         assert p.query("SELECT count(DISTINCT episode_id), count(*) FROM episodes")[0] == (n_sessions, n_sessions)
-        assert p.query("SELECT count(DISTINCT episode_id) FROM lessons WHERE text LIKE '%abandoned: no event for "
-                       "3600 s of stream time%'")[0][0] == len(unended)
+        assert p.query(
+            "SELECT count(DISTINCT episode_id) FROM lessons WHERE text LIKE '%abandoned: no event for "
+            "3600 s of stream time%'"
+        )[0][0] == len(unended)
         assert p.query("SELECT count(*) FROM events")[0][0] == len(events)
         assert p.query("SELECT count(*) FROM dead_letters")[0][0] == 0
     finally:
@@ -140,11 +171,23 @@ def test_a_stalled_pipeline_reports_each_workers_tasks_threads_and_consumer_stat
         wait_until(lambda: bool(_faust_assignment(p)), timeout_s=120, what="the worker's first assignment")
         report = p.diagnose()
         assert p.procs["worker"].poll() is None  # the signals are handled, not fatal
-        for part in ("--- worker.log (end) ---", "=== asyncio tasks: main loop",
-                     "=== asyncio tasks: consumer thread loop", "=== agents", "--- agent ", "=== threads",
-                     "--- consumer state", "--- recovery: in_recovery ", "    metadata of ",
-                     "_committed_offset = ", "_commit_fut = ", "--- producer: in flight", "--- producer client: ",
-                     "--- consumer client: ", "conn ("):
+        for part in (
+            "--- worker.log (end) ---",
+            "=== asyncio tasks: main loop",
+            "=== asyncio tasks: consumer thread loop",
+            "=== agents",
+            "--- agent ",
+            "=== threads",
+            "--- consumer state",
+            "--- recovery: in_recovery ",
+            "    metadata of ",
+            "_committed_offset = ",
+            "_commit_fut = ",
+            "--- producer: in flight",
+            "--- producer client: ",
+            "--- consumer client: ",
+            "conn (",
+        ):
             assert part in report, (part, report[-3000:])
     finally:
         p.stop_all()
@@ -167,8 +210,12 @@ def _two_workers(p: Pipeline, partitions: int) -> None:
 
     def split() -> bool:
         parts = list(_faust_assignment(p).values())
-        return (len(parts) == 2 and all(parts) and not (parts[0] & parts[1])
-                and parts[0] | parts[1] == set(range(partitions)))
+        return (
+            len(parts) == 2
+            and all(parts)
+            and not (parts[0] & parts[1])
+            and parts[0] | parts[1] == set(range(partitions))
+        )
 
     wait_until(split, timeout_s=120, what="two workers sharing the partitions")
 
@@ -280,12 +327,14 @@ def test_replay_checksum_equals_live(pipeline_settings, tmp_path):
         env = {**p.s.as_env(), "KAFKA_BOOTSTRAP": p.boot}
         replay_db = tmp_path / "replayed.duckdb"
         cli = [sys.executable, "-m", "somnus.cli"]
-        run = subprocess.run(cli + ["replay", "--to", str(replay_db)], env=env, capture_output=True, text=True,
-                             timeout=300)
+        run = subprocess.run(
+            cli + ["replay", "--to", str(replay_db)], env=env, capture_output=True, text=True, timeout=300
+        )
         assert run.returncode == 0, run.stderr
         assert "time by stage: " in run.stdout and "decode " in run.stdout  # where the replay's time went
-        out = subprocess.run(cli + ["checksum", "--db", str(replay_db), "--json"], env=env, capture_output=True,
-                             text=True)
+        out = subprocess.run(
+            cli + ["checksum", "--db", str(replay_db), "--json"], env=env, capture_output=True, text=True
+        )
         assert out.returncode == 0, out.stderr
         replayed = json.loads(out.stdout)
         differ = {t: (live["tables"].get(t), v) for t, v in replayed["tables"].items() if live["tables"].get(t) != v}
@@ -294,8 +343,9 @@ def test_replay_checksum_equals_live(pipeline_settings, tmp_path):
         assert live_cli.stdout.split()[0] == live["checksum"]
         assert live["tables"]["dead_letters"].startswith("2:")
         # somnus sql and status through the running projector
-        sql = subprocess.run(cli + ["sql", "SELECT count(*) AS n FROM episodes", "--json"], env=env,
-                             capture_output=True, text=True)
+        sql = subprocess.run(
+            cli + ["sql", "SELECT count(*) AS n FROM episodes", "--json"], env=env, capture_output=True, text=True
+        )
         assert json.loads(sql.stdout)[0]["n"] == 400
         refused = subprocess.run(cli + ["sql", "DELETE FROM episodes"], env=env, capture_output=True, text=True)
         assert refused.returncode != 0 and "only a SELECT" in refused.stderr

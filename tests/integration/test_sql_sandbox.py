@@ -30,7 +30,7 @@ def test_a_query_over_its_time_is_interrupted_while_episodes_keep_being_projecte
     db = Path(settings.db_path)  # type: ignore[arg-type]
     events = list(generate(sessions=240, seed=5))
     sessions = len({e["session_id"] for e in events})
-    first, second = events[:len(events) // 3], events[len(events) // 3:]
+    first, second = events[: len(events) // 3], events[len(events) // 3 :]
     p = Pipeline(settings)
     try:
         p.start_all()

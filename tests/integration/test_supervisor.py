@@ -32,8 +32,14 @@ pytestmark = pytest.mark.integration
 
 def _cli(settings: Settings, *args: str, timeout_s: float = 180) -> subprocess.CompletedProcess:
     env = procs.child_env(settings, settings.bootstrap)  # type: ignore[arg-type]
-    return subprocess.run([sys.executable, "-m", "somnus.cli", *args], env=env, capture_output=True, text=True,
-                          timeout=timeout_s, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "somnus.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def _episodes(settings: Settings) -> int:
@@ -60,8 +66,11 @@ def test_up_restarts_a_killed_worker_and_projector_and_down_stops_everything(pip
             pid = procs.running(s, role)
             assert pid is not None
             os.kill(pid, signal.SIGKILL)
-            wait_until(lambda: procs.running(s, role) not in (None, pid), timeout_s=30,
-                       what=f"{role} started again after SIGKILL")
+            wait_until(
+                lambda: procs.running(s, role) not in (None, pid),
+                timeout_s=30,
+                what=f"{role} started again after SIGKILL",
+            )
         second = [{**e, "session_id": f"after-{e['session_id']}"} for e in generate(sessions=40, seed=22)]
         publish(second, s.bootstrap, s.traces_topic)  # type: ignore[arg-type]
         wait_idle(s, s.bootstrap, timeout_s=240)  # type: ignore[arg-type]
@@ -77,8 +86,11 @@ def test_up_restarts_a_killed_worker_and_projector_and_down_stops_everything(pip
             assert ps[role] == procs.running(s, role) == ps["supervised"][role]["pid"]
             assert ps["supervised"][role]["restarts"] == 1 and ps["supervised"][role]["last_exit"] == "signal 9"
         assert ps["otlp"] == procs.running(s, "otlp") == ps["supervised"]["otlp"]["pid"] is not None
-        wait_until(lambda: f"receiver on http://127.0.0.1:{otlp_port}" in (s.run_dir / "otlp.log").read_text(), 60,
-                   what="the OTLP receiver listening")
+        wait_until(
+            lambda: f"receiver on http://127.0.0.1:{otlp_port}" in (s.run_dir / "otlp.log").read_text(),
+            60,
+            what="the OTLP receiver listening",
+        )
     finally:
         down = _cli(s, "down")
     assert down.returncode == 0, down.stdout + down.stderr
@@ -138,8 +150,9 @@ def forwarder(kafka_bootstrap: str) -> Iterator[Forwarder]:
     f.close()
 
 
-def test_a_worker_and_projector_started_before_the_broker_wait_for_it(pipeline_settings: Settings,
-                                                                      forwarder: Forwarder) -> None:
+def test_a_worker_and_projector_started_before_the_broker_wait_for_it(
+    pipeline_settings: Settings, forwarder: Forwarder
+) -> None:
     real = pipeline_settings
     ensure_topics(real, real.bootstrap)  # type: ignore[arg-type]
     early = dataclasses.replace(real, bootstrap=forwarder.address)
@@ -147,8 +160,11 @@ def test_a_worker_and_projector_started_before_the_broker_wait_for_it(pipeline_s
     pipe.s, pipe.boot = early, early.bootstrap  # the processes know only the address with no broker yet
     pipe.start_all()
     try:
-        wait_until(lambda: "no broker answers" in pipe.log("worker") and "no broker answers" in pipe.log("projector"),
-                   timeout_s=60, what="both waiting for the broker")
+        wait_until(
+            lambda: "no broker answers" in pipe.log("worker") and "no broker answers" in pipe.log("projector"),
+            timeout_s=60,
+            what="both waiting for the broker",
+        )
         assert all(p.poll() is None for p in pipe.procs.values()), {n: pipe.log(n)[-2000:] for n in pipe.procs}
         forwarder.open()
         events = list(generate(sessions=30, seed=23))
@@ -163,14 +179,24 @@ def test_a_worker_and_projector_started_before_the_broker_wait_for_it(pipeline_s
 def test_up_with_its_own_broker_starts_the_broker_again_when_it_dies(tmp_path: Path) -> None:
     from somnus import broker
 
-    s = dataclasses.replace(Settings.resolve(env={}, home=tmp_path / "home"), db_path=tmp_path / "own.duckdb",
-                            partitions=2, session_timeout_s=6.0)
+    s = dataclasses.replace(
+        Settings.resolve(env={}, home=tmp_path / "home"),
+        db_path=tmp_path / "own.duckdb",
+        partitions=2,
+        session_timeout_s=6.0,
+    )
     env = {k: v for k, v in os.environ.items() if k != "KAFKA_BOOTSTRAP"}
     env.update(s.as_env())  # no KAFKA_BOOTSTRAP: `somnus up` starts the project's own broker
 
     def cli(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "somnus.cli", *args], env=env, capture_output=True, text=True,
-                              timeout=240, stdin=subprocess.DEVNULL)
+        return subprocess.run(
+            [sys.executable, "-m", "somnus.cli", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+            stdin=subprocess.DEVNULL,
+        )
 
     try:
         done = cli("up", "--detach")
@@ -182,8 +208,11 @@ def test_up_with_its_own_broker_starts_the_broker_again_when_it_dies(tmp_path: P
         publish(first, info.bootstrap, s.traces_topic)
         wait_idle(s, info.bootstrap, timeout_s=240)
         os.kill(info.pid, signal.SIGKILL)
-        wait_until(lambda: broker.status(s) is not None and broker.status(s).pid != info.pid, timeout_s=120,
-                   what="the broker started again by the supervisor")
+        wait_until(
+            lambda: broker.status(s) is not None and broker.status(s).pid != info.pid,
+            timeout_s=120,
+            what="the broker started again by the supervisor",
+        )
         assert broker.status(s).bootstrap == info.bootstrap  # same port, same log dir
         broker.wait_ready(info.bootstrap, 120)  # its pid file is written before it answers
         second = [{**e, "session_id": f"after-{e['session_id']}"} for e in generate(sessions=30, seed=25)]
@@ -201,11 +230,20 @@ def test_up_with_its_own_broker_starts_the_broker_again_when_it_dies(tmp_path: P
 
 def test_down_stops_a_foreground_up_and_nothing_is_started_again(pipeline_settings: Settings) -> None:
     s = pipeline_settings
-    fg = subprocess.Popen([sys.executable, "-m", "somnus.cli", "up"], env=procs.child_env(s, s.bootstrap),  # type: ignore[arg-type]
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+    fg = subprocess.Popen(
+        [sys.executable, "-m", "somnus.cli", "up"],
+        env=procs.child_env(s, s.bootstrap),  # type: ignore[arg-type]
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
     try:
-        wait_until(lambda: all(procs.running(s, r) for r in ("supervisor", "worker", "projector")), timeout_s=90,
-                   what="somnus up running both")
+        wait_until(
+            lambda: all(procs.running(s, r) for r in ("supervisor", "worker", "projector")),
+            timeout_s=90,
+            what="somnus up running both",
+        )
         assert procs.running(s, "supervisor") == fg.pid
         down = _cli(s, "down")
         assert down.returncode == 0, down.stdout + down.stderr

@@ -5,6 +5,7 @@ dream phase did. Figures of docs/concepts/sleep.md:
     .venv/bin/python -m tests.projections.sleep_figures sample 300
     .venv/bin/python -m tests.projections.sleep_figures locomo /work/shared/datasets/locomo/locomo5.json
 """
+
 import json
 import sys
 import tempfile
@@ -27,9 +28,11 @@ from somnus.schemas.lifecycle import SleepTrigger
 which = sys.argv[1]
 if which == "sample":
     from somnus.sample import generate
+
     raw = list(generate(sessions=int(sys.argv[2]) if len(sys.argv) > 2 else 300, seed=42))
 else:
     from somnus.importers import locomo
+
     raw = list(locomo(Path(sys.argv[2])))
 events = []
 for e in raw:
@@ -45,7 +48,7 @@ prior = {}
 t0 = time.perf_counter()
 B = 200
 for k in range(0, len(events), B):
-    batch = events[k:k + B]
+    batch = events[k : k + B]
     out = distill(prior, batch)
     units = memory_units(prior, batch, out.episodes, frozenset())
     prior.update(out.states)
@@ -59,8 +62,19 @@ for k in range(0, len(events), B):
 last = max(state.index.units[i].occurred_at for i in range(len(state.index.ids)))
 job.run(state, last + timedelta(hours=1), SleepTrigger.ON_DEMAND, len(events))
 runs = job.pending_rows["sleep_runs"]
-keys = ("memories_before", "memories_after", "pruned", "compressed", "clustered", "held", "created",
-        "connected", "reviewed", "abstracted", "triples_retired")
+keys = (
+    "memories_before",
+    "memories_after",
+    "pruned",
+    "compressed",
+    "clustered",
+    "held",
+    "created",
+    "connected",
+    "reviewed",
+    "abstracted",
+    "triples_retired",
+)
 tot = {k: 0 for k in keys}
 for r in runs:
     rep = json.loads(r["report"])
@@ -68,8 +82,10 @@ for r in runs:
         if k in rep and k not in ("memories_before", "memories_after"):
             tot[k] += rep[k]
 last = json.loads(runs[-1]["report"])
-print(f"{which}: events={len(events)} memories={len(state.index.ids)} runs={len(runs)} "
-      f"seconds={time.perf_counter() - t0:.1f}")
+print(
+    f"{which}: events={len(events)} memories={len(state.index.ids)} runs={len(runs)} "
+    f"seconds={time.perf_counter() - t0:.1f}"
+)
 print("summed over runs:", {k: v for k, v in tot.items() if k not in ("memories_before", "memories_after")})
 print("last run:", {k: last.get(k) for k in keys}, "saturation:", last["saturation"])
 print("per_layer (last):", last["per_layer"])

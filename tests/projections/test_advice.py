@@ -28,9 +28,13 @@ def tau_con(tmp_path_factory):
     con.close()
 
 
-@pytest.mark.parametrize("task, tool", [
-    ("I want to change the flights on my reservation to a later date", "update_reservation_flights"),
-    ("Hi, I'd like to book a one-way flight from New York to Seattle", "book_reservation")])
+@pytest.mark.parametrize(
+    "task, tool",
+    [
+        ("I want to change the flights on my reservation to a later date", "update_reservation_flights"),
+        ("Hi, I'd like to book a one-way flight from New York to Seattle", "book_reservation"),
+    ],
+)
 def test_tau_bench_the_unreliable_tool_is_a_risk_with_its_observed_error_rate(tau_con, task, tool):
     got = advise("airline", task, advice_inputs(tau_con, "airline"))
     risks = {r.tool: r for r in got.risks}
@@ -45,8 +49,9 @@ def test_tau_bench_the_unreliable_tool_is_a_risk_with_its_observed_error_rate(ta
 
 
 def test_tau_bench_both_unreliable_tools_for_a_task_that_needs_both(tau_con):
-    got = advise("airline", "book a new flight and change the flights of my other reservation",
-                 advice_inputs(tau_con, "airline"))
+    got = advise(
+        "airline", "book a new flight and change the flights of my other reservation", advice_inputs(tau_con, "airline")
+    )
     assert set(FAILING) <= {r.tool for r in got.risks}
     assert all(r.tool in FAILING or r.strength < 0.1 for r in got.risks)  # reliable tools are no risk
     # salience from the extracted facts: entities of related successes, never the asking agent itself
@@ -82,8 +87,11 @@ def test_sample_fleet_gives_strategies_and_risks(tmp_path):
     con = duckdb.connect(str(tmp_path / "fleet.duckdb"))
     project(con, eps)
     agents = sorted({e.agent for e in eps})
-    answered = [advise(a, t, advice_inputs(con, a)) for a in agents
-                for t in sorted({e.task for e in eps if e.agent == a and e.task})[:2]]
+    answered = [
+        advise(a, t, advice_inputs(con, a))
+        for a in agents
+        for t in sorted({e.task for e in eps if e.agent == a and e.task})[:2]
+    ]
     con.close()
     assert any(a.planning for a in answered) and any(a.risks for a in answered)
     for a in answered:

@@ -33,26 +33,40 @@ SESSIONS = [(i, u, d, d % 2 == 0, True, True) for i in (0, 1) for u in (None, 0,
 ENTITY = "tool:search"
 # What each route needs to answer 200, and what its answer looks like: (JSON type, keys it always has).
 VALID: dict[str, dict[str, Any]] = {
-    "inject": {"prompt": "You are helpful."}, "history": {"entity": ENTITY}, "recall": {"query": "search upstream"},
-    "episodic_context": {"query": "search upstream"}, "context": {"query": "search upstream"},
-    "predict": {"tool": "search"}, "sql": {"sql": "SELECT count(*) AS n FROM episodes"},
+    "inject": {"prompt": "You are helpful."},
+    "history": {"entity": ENTITY},
+    "recall": {"query": "search upstream"},
+    "episodic_context": {"query": "search upstream"},
+    "context": {"query": "search upstream"},
+    "predict": {"tool": "search"},
+    "sql": {"sql": "SELECT count(*) AS n FROM episodes"},
     "advise": {"task": "search upstream"},
 }
 SHAPES: dict[str, tuple[type, set[str]]] = {
-    "briefing": (dict, {"agent", "briefing"}), "inject": (dict, {"agent", "briefing_id", "prompt"}),
+    "briefing": (dict, {"agent", "briefing"}),
+    "inject": (dict, {"agent", "briefing_id", "prompt"}),
     "facts": (list, {"triple_id", "source", "predicate", "target", "scope", "confidence", "valid_from"}),
     "entities": (list, {"entity_id", "name", "type", "attributes", "facts"}),
     "history": (list, {"ordinal", "triple_id", "change", "episode_id", "source", "predicate", "target"}),
-    "sql": (dict, {"columns", "rows"}), "recall": (dict, {"agent", "query", "people", "hits"}),
+    "sql": (dict, {"columns", "rows"}),
+    "recall": (dict, {"agent", "query", "people", "hits"}),
     "episodic_context": (dict, {"agent", "query", "entries", "text"}),
-    "context": (dict, {"text", "session_id"}), "knowledge_context": (list, set()),
-    "stream_time": (dict, {"scope", "agents", "at"}), "promotion_inputs": (dict, set()),
-    "predict": (dict, set()), "tools": (list, {"tool", "calls", "errors", "error_rate"}),
-    "rhythms": (list, set()), "oscillators": (list, set()),
+    "context": (dict, {"text", "session_id"}),
+    "knowledge_context": (list, set()),
+    "stream_time": (dict, {"scope", "agents", "at"}),
+    "promotion_inputs": (dict, set()),
+    "predict": (dict, set()),
+    "tools": (list, {"tool", "calls", "errors", "error_rate"}),
+    "rhythms": (list, set()),
+    "oscillators": (list, set()),
     "memory": (dict, {"episodes", "graph", "briefings", "utilisation", "delegations"}),
-    "summary": (dict, {"counts", "offsets"}), "checksum": (dict, {"checksum", "tables"}),
-    "advise": (dict, set()), "kafka_positions": (dict, set()), "export_parquet": (dict, set()),
-    "goals": (dict, {"agent", "goals"}), "wander": (dict, {"agent", "goals", "steps"}),
+    "summary": (dict, {"counts", "offsets"}),
+    "checksum": (dict, {"checksum", "tables"}),
+    "advise": (dict, set()),
+    "kafka_positions": (dict, set()),
+    "export_parquet": (dict, set()),
+    "goals": (dict, {"agent", "goals"}),
+    "wander": (dict, {"agent", "goals", "steps"}),
 }
 # Answered only inside a running projector (it asks Kafka on its own loop): 404 here, saying so.
 PROJECTOR_ONLY = {"kafka_positions"}
@@ -66,8 +80,14 @@ class Served:
         self.con = duckdb.connect(str(tmp / "api.duckdb"))
         schema.init(self.con)
         seen = project(self.con, {"agents": AGENTS, "users": 2, "sessions": SESSIONS})
-        self.service = api.ReadService(con=self.con, agents=AGENTS, briefings=seen.briefings.current,
-                                       episodic=seen.memory, semantic=seen.semantic, top_facts=seen.top_facts)
+        self.service = api.ReadService(
+            con=self.con,
+            agents=AGENTS,
+            briefings=seen.briefings.current,
+            episodic=seen.memory,
+            semantic=seen.semantic,
+            top_facts=seen.top_facts,
+        )
         store = auth.TokenStore(tmp)
         self.operator = auth.ensure_operator_token(tmp)
         self.agent = store.create(agent="aga")[0]
@@ -88,11 +108,13 @@ def serve(s: Served, body: Callable[[TestClient], Awaitable[None]]) -> None:
         app = make_app(s.service, api.all_routes(), tokens=s.store)  # an app lives on one event loop
         async with TestClient(TestServer(app, host="127.0.0.1")) as client:
             await body(client)
+
     asyncio.run(run())
 
 
-async def call(client: TestClient, route: api.Route, token: str | None, params: dict[str, Any] | None = None,
-               agent: str = "aga") -> tuple[int, Any]:
+async def call(
+    client: TestClient, route: api.Route, token: str | None, params: dict[str, Any] | None = None, agent: str = "aga"
+) -> tuple[int, Any]:
     path = route.path.replace("{agent}", agent)
     headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
     if route.method == "GET":
@@ -123,8 +145,12 @@ def test_every_route_has_a_shape_and_is_described_in_openapi() -> None:
         op = spec["paths"][r.path][r.method.lower()]
         assert op["operationId"] == r.handler
         described = {p["name"] for p in op.get("parameters", []) if p["in"] == "query"} | set(
-            op.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema", {})
-            .get("properties", {}))
+            op.get("requestBody", {})
+            .get("content", {})
+            .get("application/json", {})
+            .get("schema", {})
+            .get("properties", {})
+        )
         assert described == {p[0] for p in r.params}, r.path
 
 
@@ -140,12 +166,14 @@ def test_every_route_answers_the_operator_200_with_its_json_shape(served: Served
                 continue
             assert status == 200, (r.path, got)
             check_shape(r.handler, got)
-        status, got = await call(client, route("recall"), served.operator,
-                                  {"query": "search upstream", "user_id": "up"})
+        status, got = await call(
+            client, route("recall"), served.operator, {"query": "search upstream", "user_id": "up"}
+        )
         assert got["hits"] and all(HIT_KEYS <= set(h) for h in got["hits"])
         status, got = await call(client, route("sql"), served.operator, VALID["sql"])
         assert got["columns"] == ["n"] and got["rows"][0][0] > 0
         assert (await client.get("/openapi.json", headers={"Authorization": f"Bearer {served.operator}"})).status == 200
+
     serve(served, body)
 
 
@@ -161,6 +189,7 @@ def test_recall_without_a_signal_fuses_the_others_alone(served: Served) -> None:
         for h in got["hits"]:
             left = sum(DEFAULT_WEIGHTS[n] / (RRF_K + r) for n, r in h["ranks"].items() if n not in ("lexical", "graph"))
             assert h["score"] == pytest.approx(left, abs=1e-6)
+
     serve(served, body)
 
 
@@ -178,6 +207,7 @@ def test_no_token_401_another_agent_403_own_agent_200(served: Served) -> None:
             check_shape(r.handler, got)
             status, got = await call(client, r, served.agent, params, agent="agb")
             assert status == 403 and "'aga' only" in got["error"], r.path
+
     serve(served, body)
 
 
@@ -210,30 +240,47 @@ def test_a_user_bound_token_reads_its_users_items_on_every_route(served: Served)
         assert got["prompt"] == "P" and got["briefing_id"] is None
         status, got = await call(client, route("inject"), served.agent, {"prompt": "P"})
         assert got["prompt"] != "P" and got["briefing_id"]  # the agent's token gets the briefing
+
     serve(served, body)
 
 
 # Bad input: each gets a 400 (or 404/405) whose message names what is wrong.
 BAD: list[tuple[str, dict[str, Any], str]] = [
-    ("facts", {"limit": "many"}, "limit"), ("facts", {"limit": "0"}, "limit"),
+    ("facts", {"limit": "many"}, "limit"),
+    ("facts", {"limit": "0"}, "limit"),
     ("facts", {"as_of": "yesterday"}, "as_of"),
-    ("entities", {"limit": "-3"}, "limit"), ("history", {}, "entity"), ("recall", {}, "query"),
-    ("recall", {"query": "q", "k": "1001"}, "k"), ("recall", {"query": "q", "filters": "{not json"}, "filters"),
+    ("entities", {"limit": "-3"}, "limit"),
+    ("history", {}, "entity"),
+    ("recall", {}, "query"),
+    ("recall", {"query": "q", "k": "1001"}, "k"),
+    ("recall", {"query": "q", "filters": "{not json"}, "filters"),
     ("recall", {"query": "q", "filters": "[1, 2]"}, "filters"),
     ("recall", {"query": "q", "without": "graph,gravity"}, "without"),
     ("recall", {"query": "q", "filters": "[" * 2000}, "nested too deep"),
     ("episodic_context", {"query": "q", "min_relevance": "2"}, "min_relevance"),
     ("episodic_context", {"query": "q", "success_only": "maybe"}, "success_only"),
-    ("context", {}, "query"), ("context", {"query": "q", "max_tokens": "x"}, "max_tokens"),
-    ("knowledge_context", {"limit": "101"}, "limit"), ("rhythms", {"hours": "nine"}, "hours"),
-    ("rhythms", {"top": "0"}, "top"), ("stream_time", {"scope": "team:"}, "scope"),
-    ("promotion_inputs", {"owner": "0"}, "owner"), ("predict", {}, "tool"), ("predict", {"tool": "t", "args": "[1]"}, "args"),
-    ("predict", {"tool": "t", "args": "{"}, "args"), ("memory", {"top": "lots"}, "top"),
-    ("inject", {}, "prompt"), ("inject", {"prompt": 3}, "prompt"),
-    ("inject", {"prompt": "p", "session_id": 4}, "session_id"), ("inject", {"prompt": "p", "user_id": 5}, "user_id"),
-    ("sql", {}, "sql"), ("sql", {"sql": "DELETE FROM episodes"}, ""),
-    ("sql", {"sql": "SELECT 1", "params": "x"}, "params"), ("facts", {"colour": "red"}, "colour"),
-    ("goals", {"all": "maybe"}, "all"), ("wander", {"steps": "101"}, "steps"), ("wander", {"seed": "-1"}, "seed"),
+    ("context", {}, "query"),
+    ("context", {"query": "q", "max_tokens": "x"}, "max_tokens"),
+    ("knowledge_context", {"limit": "101"}, "limit"),
+    ("rhythms", {"hours": "nine"}, "hours"),
+    ("rhythms", {"top": "0"}, "top"),
+    ("stream_time", {"scope": "team:"}, "scope"),
+    ("promotion_inputs", {"owner": "0"}, "owner"),
+    ("predict", {}, "tool"),
+    ("predict", {"tool": "t", "args": "[1]"}, "args"),
+    ("predict", {"tool": "t", "args": "{"}, "args"),
+    ("memory", {"top": "lots"}, "top"),
+    ("inject", {}, "prompt"),
+    ("inject", {"prompt": 3}, "prompt"),
+    ("inject", {"prompt": "p", "session_id": 4}, "session_id"),
+    ("inject", {"prompt": "p", "user_id": 5}, "user_id"),
+    ("sql", {}, "sql"),
+    ("sql", {"sql": "DELETE FROM episodes"}, ""),
+    ("sql", {"sql": "SELECT 1", "params": "x"}, "params"),
+    ("facts", {"colour": "red"}, "colour"),
+    ("goals", {"all": "maybe"}, "all"),
+    ("wander", {"steps": "101"}, "steps"),
+    ("wander", {"seed": "-1"}, "seed"),
     ("recall", {"query": "q", "goals": "maybe"}, "goals"),
 ]
 
@@ -244,29 +291,36 @@ def test_bad_input_is_a_400_naming_it(served: Served, handler: str, params: dict
         status, got = await call(client, route(handler), served.operator, params)
         assert status == 400, (handler, params, got)
         assert isinstance(got["error"], str) and names in got["error"], got
+
     serve(served, body)
 
 
 def test_malformed_requests_get_4xx_not_500(served: Served) -> None:
     async def body(client: TestClient) -> None:
         auth_header = {"Authorization": f"Bearer {served.operator}"}
-        for data, ctype, want in ((b"[1, 2]", "application/json", 400), (b"{", "application/json", 400),
-                                  (b'{"prompt": "\xff"}', "application/json", 400),
-                                  (b"[" * 40 + b"]" * 40, "application/json", 400),
-                                  (b'{"prompt": "p"}', "text/plain", 415)):
+        for data, ctype, want in (
+            (b"[1, 2]", "application/json", 400),
+            (b"{", "application/json", 400),
+            (b'{"prompt": "\xff"}', "application/json", 400),
+            (b"[" * 40 + b"]" * 40, "application/json", 400),
+            (b'{"prompt": "p"}', "text/plain", 415),
+        ):
             resp = await client.post("/agents/aga/inject", data=data, headers={**auth_header, "Content-Type": ctype})
             assert resp.status == want, (data[:20], resp.status, await resp.text())
         assert (await client.get("/agents/aga/nothing", headers=auth_header)).status == 404
         assert (await client.delete("/agents/aga/facts", headers=auth_header)).status == 405
+
     serve(served, body)
 
 
-VALUES = st.one_of(st.text(max_size=30), st.integers(-10**6, 10**6).map(str),
-                   st.sampled_from(["", "[", "{}", "0", "nan"]))
+VALUES = st.one_of(
+    st.text(max_size=30), st.integers(-(10**6), 10**6).map(str), st.sampled_from(["", "[", "{}", "0", "nan"])
+)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                 HealthCheck.too_slow])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(st.sampled_from(sorted(api.all_routes(), key=lambda r: r.handler)), st.data())
 def test_any_parameter_values_get_an_answer_or_a_4xx_never_a_500(served: Served, r: api.Route, data: Any) -> None:
     names = [p[0] for p in r.params if p[0] not in ("record",)]
@@ -281,6 +335,7 @@ def test_any_parameter_values_get_an_answer_or_a_4xx_never_a_500(served: Served,
             assert got["error"]
         else:
             check_shape(r.handler, got)
+
     serve(served, body)
 
 

@@ -24,6 +24,7 @@ from somnus.schemas.agents import AgentSpec, scope_chain
 
 # ---- the token store --------------------------------------------------------------------------------
 
+
 def _mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
@@ -77,6 +78,7 @@ def test_the_operator_token_file_is_made_once_0600_and_stored_again_if_its_hash_
 
 # ---- the policy -------------------------------------------------------------------------------------
 
+
 def _route(handler: str) -> api.Route:
     return next(r for r in api.all_routes() if r.handler == handler)
 
@@ -90,8 +92,9 @@ WHOLE_STORE = {"sql", "promotion_inputs", "predict", "tools", "memory", "summary
 
 def test_whole_store_routes_need_an_operator_token() -> None:
     assert {r.handler for r in api.all_routes() if "{agent}" not in r.path} >= WHOLE_STORE
-    assert {r.handler for r in api.all_routes() if auth.whole_store(r)} == \
-        {r.handler for r in api.all_routes() if "{agent}" not in r.path or r.handler in auth.OPERATOR_ONLY}
+    assert {r.handler for r in api.all_routes() if auth.whole_store(r)} == {
+        r.handler for r in api.all_routes() if "{agent}" not in r.path or r.handler in auth.OPERATOR_ONLY
+    }
     for handler in {r.handler for r in api.all_routes() if auth.whole_store(r)}:
         assert authorize(OPERATOR, _route(handler), None, {}) == {}
         for p in (SUPPORT, SUPPORT_U1):
@@ -148,12 +151,16 @@ def fleets(draw: Any) -> tuple[dict[str, AgentSpec], list[str]]:
 
 
 def _principals(agents: dict[str, AgentSpec], users: list[str]) -> list[Principal]:
-    return [OPERATOR, *(Principal(token_id=a, agent=a) for a in agents),
-            *(Principal(token_id=f"{a}/{u}", agent=a, user=u) for a in agents for u in users)]
+    return [
+        OPERATOR,
+        *(Principal(token_id=a, agent=a) for a in agents),
+        *(Principal(token_id=f"{a}/{u}", agent=a, user=u) for a in agents for u in users),
+    ]
 
 
-def _in_scope(agents: dict[str, AgentSpec], p: Principal, route: api.Route, agent: str | None,
-              params: dict[str, Any]) -> bool:
+def _in_scope(
+    agents: dict[str, AgentSpec], p: Principal, route: api.Route, agent: str | None, params: dict[str, Any]
+) -> bool:
     """The oracle, written from the rules, not from the code: what a grant may read."""
     if p.operator:
         return True
@@ -171,7 +178,7 @@ def _in_scope(agents: dict[str, AgentSpec], p: Principal, route: api.Route, agen
 def _requests(agents: dict[str, AgentSpec], users: list[str]) -> Iterator[tuple[api.Route, str | None, dict]]:
     readers = [*agents, "stranger"]
     for route in api.all_routes():
-        for agent in (readers if "{agent}" in route.path else [None]):
+        for agent in readers if "{agent}" in route.path else [None]:
             for user in [None, "", *users, "someone-else"]:
                 yield route, agent, ({} if user is None else {"user_id": user})
             yield route, agent, {"agent": readers[0]}
@@ -188,8 +195,13 @@ def test_no_principal_is_granted_anything_outside_its_scope_in_any_fleet(fleet: 
                 forced = authorize(p, route, agent, params)
             except Refused as exc:
                 assert exc.status == 403
-                own = (not p.operator and agent == p.agent and p.user is None and not auth.whole_store(route)
-                       and params.get("agent") in (None, p.agent))
+                own = (
+                    not p.operator
+                    and agent == p.agent
+                    and p.user is None
+                    and not auth.whole_store(route)
+                    and params.get("agent") in (None, p.agent)
+                )
                 if own or p.operator:
                     own_denied.append((p, route.path, agent, params))
                 continue
@@ -200,6 +212,7 @@ def test_no_principal_is_granted_anything_outside_its_scope_in_any_fleet(fleet: 
 
 
 # ---- the guard, over HTTP ---------------------------------------------------------------------------
+
 
 class Recorder:
     """A read service that answers every handler with what it was called with."""
@@ -214,6 +227,7 @@ class Recorder:
             agent = args[0] if args else None
             self.calls.append((handler, agent, params))
             return {"handler": handler, "agent": agent, "params": params}
+
         return call
 
 
@@ -238,11 +252,18 @@ def _serve(home: Path, body: Any) -> Any:
         fleet = Fleet(home)
         async with TestClient(TestServer(fleet.app, host="127.0.0.1")) as client:
             return await body(fleet, client)
+
     return asyncio.run(run())
 
 
-async def _call(client: TestClient, route: api.Route, agent: str | None, token: str | None,
-                params: dict[str, Any] | None = None, **kw: Any) -> tuple[int, Any]:
+async def _call(
+    client: TestClient,
+    route: api.Route,
+    agent: str | None,
+    token: str | None,
+    params: dict[str, Any] | None = None,
+    **kw: Any,
+) -> tuple[int, Any]:
     path = route.path.replace("{agent}", agent or "")
     headers = {**({"Authorization": f"Bearer {token}"} if token is not None else {}), **kw.pop("headers", {})}
     if route.method == "GET":
@@ -261,13 +282,15 @@ def test_every_route_answers_401_without_a_valid_token(tmp_path: Path) -> None:
             for token in (None, "", "not-a-token", fleet.operator + "x"):
                 status, got = await _call(client, route, "support", token)
                 assert status == 401, (route.path, token, got)
-            resp = await client.request(route.method, route.path.replace("{agent}", "a"),
-                                        headers={"Authorization": f"Basic {fleet.operator}"})
+            resp = await client.request(
+                route.method, route.path.replace("{agent}", "a"), headers={"Authorization": f"Basic {fleet.operator}"}
+            )
             assert resp.status == 401 and resp.headers["WWW-Authenticate"].startswith("Bearer")
         for path in ("/openapi.json", "/no-such-route"):
             assert (await client.get(path)).status == 401
         assert (await client.get("/openapi.json", headers={"Authorization": f"Bearer {fleet.operator}"})).status == 200
         assert fleet.service.calls == []
+
     _serve(tmp_path, body)
 
 
@@ -287,6 +310,7 @@ def test_an_agent_token_gets_403_on_every_route_of_another_agent_and_on_whole_st
             status, got = await _call(client, route, "support", token)
             assert status == 200 and got["agent"] == "support", route.path
         assert {a for _, a, _ in fleet.service.calls if a is not None} == {"support"}
+
     _serve(tmp_path, body)
 
 
@@ -299,8 +323,9 @@ def test_a_user_bound_token_has_user_id_forced_and_another_users_refused(tmp_pat
             assert status == 200 and got["params"]["user_id"] == "u1", params
         status, got = await _call(client, context, "support", token, {"query": "q", "user_id": "u2"})
         assert status == 403 and "u2" in got["error"]
-        resp = await client.get("/agents/support/context?query=q&user_id=u1&user_id=u2",
-                                headers={"Authorization": f"Bearer {token}"})
+        resp = await client.get(
+            "/agents/support/context?query=q&user_id=u1&user_id=u2", headers={"Authorization": f"Bearer {token}"}
+        )
         assert resp.status == 403 or (await resp.json())["params"]["user_id"] == "u1"
         for route in api.all_routes():  # every agent route: 200 with the user forced; whole-store ones: 403
             params = {"prompt": "p"} if route.method == "POST" else {}
@@ -310,9 +335,11 @@ def test_a_user_bound_token_has_user_id_forced_and_another_users_refused(tmp_pat
             else:
                 assert status == 200 and got["params"]["user_id"] == "u1", (route.path, got)
         # An agent token without a user reads any user of its agent; another agent's user-bound token nothing here.
-        assert (await _call(client, context, "support", fleet.token("support"), {"user_id": "u2"}))[1]["params"] \
-            == {"user_id": "u2"}
+        assert (await _call(client, context, "support", fleet.token("support"), {"user_id": "u2"}))[1]["params"] == {
+            "user_id": "u2"
+        }
         assert (await _call(client, context, "support", fleet.token("billing", "u1"), {"query": "q"}))[0] == 403
+
     _serve(tmp_path, body)
 
 
@@ -328,10 +355,12 @@ def test_requests_through_another_host_name_or_from_another_origin_are_refused(t
         for origin in ("http://evil.example", f"http://evil.example:{port}", "null", f"https://127.0.0.1:{port}"):
             status, _ = await _call(client, route, None, fleet.operator, headers={"Origin": origin})
             assert status == 403, origin
-        assert (await _call(client, route, None, fleet.operator,
-                            headers={"Origin": f"http://127.0.0.1:{port}"}))[0] == 200
+        assert (await _call(client, route, None, fleet.operator, headers={"Origin": f"http://127.0.0.1:{port}"}))[
+            0
+        ] == 200
         # A rebound name is refused before the token is looked at (a page has none anyway).
         assert (await client.get(route.path, headers={**ok, "Host": f"evil.example:{port}"})).status == 421
+
     _serve(tmp_path, body)
 
 
@@ -372,6 +401,7 @@ def test_a_post_must_be_json_and_bounded_in_size_and_depth(tmp_path: Path) -> No
         assert fleet.service.calls == []
         status, text = await post(json.dumps({"prompt": "p", "session_id": "s"}).encode())
         assert status == 200 and fleet.service.calls == [("inject", "support", {"prompt": "p", "session_id": "s"})]
+
     _serve(tmp_path, body)
 
 
@@ -381,34 +411,46 @@ def test_a_json_parameter_nested_too_deep_gets_400_not_500(tmp_path: Path) -> No
         app = make_app(service, api.all_routes(), tokens=TokenStore(tmp_path))
         token = auth.ensure_operator_token(tmp_path)
         async with TestClient(TestServer(app, host="127.0.0.1")) as client:
-            resp = await client.get("/agents/a/recall", params={"query": "q", "filters": "[" * 2000 + "]" * 2000},
-                                    headers={"Authorization": f"Bearer {token}"})
+            resp = await client.get(
+                "/agents/a/recall",
+                params={"query": "q", "filters": "[" * 2000 + "]" * 2000},
+                headers={"Authorization": f"Bearer {token}"},
+            )
             assert resp.status == 400
             # And a real route behind the guard still answers (the body read once, by the guard).
-            resp = await client.post("/agents/a/inject", json={"prompt": "You are helpful."},
-                                     headers={"Authorization": f"Bearer {token}"})
+            resp = await client.post(
+                "/agents/a/inject", json={"prompt": "You are helpful."}, headers={"Authorization": f"Bearer {token}"}
+            )
             assert resp.status == 200 and (await resp.json())["prompt"] == "You are helpful."
+
     asyncio.run(run())
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(fleets())
-def test_over_http_no_principal_reads_out_of_scope_in_any_fleet(tmp_path_factory: pytest.TempPathFactory,
-                                                                 fleet: Any) -> None:
+def test_over_http_no_principal_reads_out_of_scope_in_any_fleet(
+    tmp_path_factory: pytest.TempPathFactory, fleet: Any
+) -> None:
     """Every route as every principal, through the guard: what reached the read service is in scope."""
     agents, users = fleet
     home = tmp_path_factory.mktemp("fleet")
 
     async def body(f: Fleet, client: TestClient) -> None:
-        principals = {f.operator: OPERATOR, **{f.token(p.agent, p.user): p  # type: ignore[arg-type]
-                                               for p in _principals(agents, users) if not p.operator}}
+        principals = {
+            f.operator: OPERATOR,
+            **{
+                f.token(p.agent, p.user): p  # type: ignore[arg-type]
+                for p in _principals(agents, users)
+                if not p.operator
+            },
+        }
         for token, p in principals.items():
             for route, agent, params in _requests(agents, users):
                 before = len(f.service.calls)
                 status, got = await _call(client, route, agent, token, params)
                 assert status in (200, 400, 403), (status, got)  # 400: a parameter the route does not take
                 if status == 200:
-                    (handler, seen_agent, seen), = f.service.calls[before:]
+                    ((handler, seen_agent, seen),) = f.service.calls[before:]
                     assert _in_scope(agents, p, route, seen_agent, seen), (p, route.path, agent, params, seen)
                 else:
                     assert len(f.service.calls) == before
@@ -418,8 +460,10 @@ def test_over_http_no_principal_reads_out_of_scope_in_any_fleet(tmp_path_factory
 
 # ---- the clients send the token ---------------------------------------------------------------------
 
-def test_reads_send_somnus_token_else_the_projectors_token_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-                                                                ) -> None:
+
+def test_reads_send_somnus_token_else_the_projectors_token_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from somnus.projections.endpoint import endpoint_file
     from somnus import reads
 
@@ -429,8 +473,9 @@ def test_reads_send_somnus_token_else_the_projectors_token_file(tmp_path: Path, 
     monkeypatch.delenv("SOMNUS_TOKEN", raising=False)
     monkeypatch.setenv("SOMNUS_HOME", str(tmp_path / "elsewhere"))
     assert reads.token_for(db) is None and reads.auth_headers(db) == {}
-    endpoint_file(db).write_text(json.dumps({"pid": os.getpid(), "port": 1, "briefing_port": 2,
-                                             "token_file": str(auth.token_file(home))}))
+    endpoint_file(db).write_text(
+        json.dumps({"pid": os.getpid(), "port": 1, "briefing_port": 2, "token_file": str(auth.token_file(home))})
+    )
     assert reads.auth_headers(db) == {"Authorization": f"Bearer {token}"}
     monkeypatch.setenv("SOMNUS_TOKEN", "scoped")
     assert reads.token_for(db) == "scoped" and reads.token_for(db, "given") == "given"
@@ -447,8 +492,9 @@ def test_the_read_client_gets_a_clear_error_for_401_and_403(tmp_path: Path, monk
         server = TestServer(fleet.app, host="127.0.0.1")
         await server.start_server()
         db = tmp_path / "x.duckdb"
-        endpoint_file(db).write_text(json.dumps({"pid": os.getpid(), "port": server.port,
-                                                 "token_file": str(auth.token_file(tmp_path / "home"))}))
+        endpoint_file(db).write_text(
+            json.dumps({"pid": os.getpid(), "port": server.port, "token_file": str(auth.token_file(tmp_path / "home"))})
+        )
         try:
             monkeypatch.delenv("SOMNUS_TOKEN", raising=False)
             got = await asyncio.to_thread(reads.read, db, "summary")
@@ -494,6 +540,7 @@ def test_the_token_command_creates_lists_and_revokes(tmp_path: Path) -> None:
 
 # ---- token expiry ------------------------------------------------------------------------------------
 
+
 def test_parse_duration_takes_a_positive_number_and_a_unit() -> None:
     from datetime import timedelta
 
@@ -530,10 +577,8 @@ def test_an_expired_token_gets_401_saying_so_on_every_request(tmp_path: Path) ->
     from datetime import datetime, timedelta, timezone
 
     async def body(fleet: Fleet, client: TestClient) -> None:
-        soon, record = fleet.store.create(agent="support",
-                                          expires_at=datetime.now(timezone.utc) + timedelta(seconds=4))
-        expired, old = fleet.store.create(agent="support",
-                                          expires_at=datetime.now(timezone.utc) - timedelta(seconds=1))
+        soon, record = fleet.store.create(agent="support", expires_at=datetime.now(timezone.utc) + timedelta(seconds=4))
+        expired, old = fleet.store.create(agent="support", expires_at=datetime.now(timezone.utc) - timedelta(seconds=1))
         context = _route("context")
         assert (await _call(client, context, "support", soon, {"query": "q"}))[0] == 200
         for route in api.all_routes():
@@ -544,6 +589,7 @@ def test_an_expired_token_gets_401_saying_so_on_every_request(tmp_path: Path) ->
         await asyncio.sleep(max(0.0, left.total_seconds()) + 0.2)
         status, got = await _call(client, context, "support", soon, {"query": "q"})
         assert status == 401 and "expired" in got["error"]  # checked on each request, not at login
+
     _serve(tmp_path, body)
 
 

@@ -21,22 +21,43 @@ AT = datetime(2025, 1, 6, 9, tzinfo=timezone.utc)
 
 def _briefing(agent: str, text: str) -> BriefingGenerated:
     md = f"## Recent Lessons\n- {text} (1 day ago)\n"
-    return BriefingGenerated(schema_version=1, agent=agent, briefing_id=f"b-{agent}-{len(text)}", generated_at=AT,
-                             budget=2000, markdown=md, chars=len(md), lessons=1, facts=[
-                                 ServedFact(triple_id="t1", source="tool:fetch", predicate="failed_with",
-                                            target="error:429", scope=f"agent:{agent}", confidence=0.9,
-                                            source_name="fetch", target_name="429")],
-                             strategies=0, dropped_lessons=0, dropped_facts=0, dropped_strategies=0)
+    return BriefingGenerated(
+        schema_version=1,
+        agent=agent,
+        briefing_id=f"b-{agent}-{len(text)}",
+        generated_at=AT,
+        budget=2000,
+        markdown=md,
+        chars=len(md),
+        lessons=1,
+        facts=[
+            ServedFact(
+                triple_id="t1",
+                source="tool:fetch",
+                predicate="failed_with",
+                target="error:429",
+                scope=f"agent:{agent}",
+                confidence=0.9,
+                source_name="fetch",
+                target_name="429",
+            )
+        ],
+        strategies=0,
+        dropped_lessons=0,
+        dropped_facts=0,
+        dropped_strategies=0,
+    )
 
 
 TOKEN = {"value": ""}  # the operator token of the test's home (every route needs one: projections/auth.py)
 
 
 def _http(port: int, path: str, body: dict | None = None) -> bytes:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}",
-                                 data=json.dumps(body).encode() if body is not None else None,
-                                 headers={"Content-Type": "application/json",
-                                          "Authorization": f"Bearer {TOKEN['value']}"})
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}",
+        data=json.dumps(body).encode() if body is not None else None,
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {TOKEN['value']}"},
+    )
     with urllib.request.urlopen(req, timeout=10) as resp:
         return resp.read()
 
@@ -69,12 +90,16 @@ def test_it_answers_as_the_projector_does_and_follows_every_change_and_sends_ser
             server.publish([_briefing("agent-0003", "rate limit hit; backoff resolved it")])
             assert await _eventually(lambda: b"backoff resolved it" in _http(port, "/agents/agent-0003/briefing"))
             # Injection: the prompt wrapped, and the served record comes back to the projector.
-            out = json.loads(await asyncio.to_thread(_http, port, "/agents/agent-0003/inject",
-                                                     {"prompt": "You are helpful.", "session_id": "s-1"}))
+            out = json.loads(
+                await asyncio.to_thread(
+                    _http, port, "/agents/agent-0003/inject", {"prompt": "You are helpful.", "session_id": "s-1"}
+                )
+            )
             assert "backoff resolved it" in out["prompt"] and out["prompt"].endswith("You are helpful.")
             await _eventually(lambda: bool(served), 10)
-            assert [(r.agent, r.session_id, [f.triple_id for f in r.facts]) for r in served] == \
-                [("agent-0003", "s-1", ["t1"])]
+            assert [(r.agent, r.session_id, [f.triple_id for f in r.facts]) for r in served] == [
+                ("agent-0003", "s-1", ["t1"])
+            ]
             # Other reads are not its business.
             with pytest.raises(urllib.error.HTTPError) as err:
                 await asyncio.to_thread(_http, port, "/agents/agent-0003/facts")

@@ -33,7 +33,7 @@ def records() -> list[Rec]:
     # interleave as the projector would read two topics
     out = []
     for i in range(max(len(eps), len(facts))):
-        out += eps[i:i + 1] + facts[i:i + 1]
+        out += eps[i : i + 1] + facts[i : i + 1]
     return out
 
 
@@ -65,8 +65,12 @@ def test_every_agent_with_episodes_gets_a_briefing_with_its_lessons(tmp_path, re
     assert set(rows) == agents_with_episodes
     for agent, md in rows.items():
         assert md.startswith(f"## Session Briefing for {agent}\n")
-        classes = {(tool, error_class(error)) for tool, error in con.execute(
-            "SELECT tool, error FROM lessons WHERE agent = ? AND tool IS NOT NULL", [agent]).fetchall()}
+        classes = {
+            (tool, error_class(error))
+            for tool, error in con.execute(
+                "SELECT tool, error FROM lessons WHERE agent = ? AND tool IS NOT NULL", [agent]
+            ).fetchall()
+        }
         shown = [line for line in md.split("### Key Knowledge")[0].splitlines() if line.startswith("- [")]
         if classes:
             assert shown, agent
@@ -82,13 +86,17 @@ def test_default_fleet_briefings_serve_own_facts_and_strategies(tmp_path, record
     con = _db(tmp_path, "own.duckdb")
     seen, _ = _project(con, [records])
     for agent, b in seen.briefings.current.items():
-        own = con.execute("SELECT count(*) FROM triples WHERE scope = ? AND predicate <> 'uses' "
-                          "AND valid_to IS NULL", [f"agent:{agent}"]).fetchone()[0]
+        own = con.execute(
+            "SELECT count(*) FROM triples WHERE scope = ? AND predicate <> 'uses' AND valid_to IS NULL",
+            [f"agent:{agent}"],
+        ).fetchone()[0]
         if own:
             assert any(f.scope == f"agent:{agent}" for f in b.facts), (agent, b.markdown)
         repeated = con.execute(
             "SELECT count(*) FROM (SELECT tools FROM episodes WHERE agent = ? AND outcome = 'success' "
-            "AND len(tools) > 0 GROUP BY tools HAVING count(*) >= 2)", [agent]).fetchone()[0]
+            "AND len(tools) > 0 GROUP BY tools HAVING count(*) >= 2)",
+            [agent],
+        ).fetchone()[0]
         if repeated:
             assert b.strategies >= 1 and "### Active Strategies" in b.markdown, (agent, b.markdown)
     assert any(b.strategies for b in seen.briefings.current.values())
@@ -109,10 +117,23 @@ def test_the_final_briefings_do_not_depend_on_batching_or_restarts(tmp_path, rec
 
 def _minor_fact(agent: str, n: int) -> Rec:
     """A low-confidence fact of ``agent``'s own scope, dated long before its other inputs."""
-    fx = FactsExtracted(schema_version=1, episode_id=uuid.UUID(int=20_000 + n), agent=agent,
-                        observed_at=datetime(2001, 1, 1, tzinfo=timezone.utc), extractor="test/1",
-                        facts=[FactAsserted(source="minor.example.com", source_type="api", predicate="mirror",
-                                            target=f"m{n}.example.com", target_type="host", confidence=0.3)])
+    fx = FactsExtracted(
+        schema_version=1,
+        episode_id=uuid.UUID(int=20_000 + n),
+        agent=agent,
+        observed_at=datetime(2001, 1, 1, tzinfo=timezone.utc),
+        extractor="test/1",
+        facts=[
+            FactAsserted(
+                source="minor.example.com",
+                source_type="api",
+                predicate="mirror",
+                target=f"m{n}.example.com",
+                target_type="host",
+                confidence=0.3,
+            )
+        ],
+    )
     return Rec("facts", 0, 200_000 + n, encode(fx))
 
 
@@ -135,18 +156,47 @@ def test_a_briefing_whose_counts_change_but_not_its_text_is_rewritten(tmp_path, 
 def _facts(agent: str, scope: str | None, n: int, at: datetime) -> Rec:
     """A rate-limit fact stated by many calls (count 500: a fact seen once in a hundred sessions would
     not concern the next one, ``somnus.processors.briefing.generator.fact_relevance``)."""
-    fx = FactsExtracted(schema_version=1, episode_id=uuid.UUID(int=10_000 + n), agent=agent, observed_at=at,
-                        extractor="test/1", facts=[FactAsserted(
-                            source="api.example.com", source_type="api", predicate="rate_limit", target="10/s",
-                            target_type="rate", confidence=0.95, scope=scope, count=500)])
+    fx = FactsExtracted(
+        schema_version=1,
+        episode_id=uuid.UUID(int=10_000 + n),
+        agent=agent,
+        observed_at=at,
+        extractor="test/1",
+        facts=[
+            FactAsserted(
+                source="api.example.com",
+                source_type="api",
+                predicate="rate_limit",
+                target="10/s",
+                target_type="rate",
+                confidence=0.95,
+                scope=scope,
+                count=500,
+            )
+        ],
+    )
     return Rec("facts", 0, 100_000 + n, encode(fx))
 
 
 def _host_fact(agent: str, scope: str | None, n: int, at: datetime, host: str) -> Rec:
-    fx = FactsExtracted(schema_version=1, episode_id=uuid.UUID(int=30_000 + n), agent=agent, observed_at=at,
-                        extractor="test/1", facts=[FactAsserted(
-                            source=host, source_type="api", predicate="requires", target="x-api-key",
-                            target_type="header", confidence=0.9, scope=scope)])
+    fx = FactsExtracted(
+        schema_version=1,
+        episode_id=uuid.UUID(int=30_000 + n),
+        agent=agent,
+        observed_at=at,
+        extractor="test/1",
+        facts=[
+            FactAsserted(
+                source=host,
+                source_type="api",
+                predicate="requires",
+                target="x-api-key",
+                target_type="header",
+                confidence=0.9,
+                scope=scope,
+            )
+        ],
+    )
     return Rec("facts", 0, 300_000 + n, encode(fx))
 
 
@@ -163,13 +213,17 @@ def test_a_team_fact_reaches_teammates_and_not_other_teams_and_unaffected_agents
     # the fact concerns an API only scraper has called, so researcher's briefing does not show it
     _project_with(con, seen, [_facts("scraper", "team:research-lead", 2, at)])
     assert sorted(a for (a,) in con.execute("SELECT agent FROM briefings_dirty").fetchall()) == [
-        "researcher", "scraper"]
+        "researcher",
+        "scraper",
+    ]
     seen.briefings.refresh(con)
     md = dict(con.execute("SELECT agent, markdown FROM briefings").fetchall())
     assert "api.example.com rate_limit 10/s" in md["scraper"] and "api.example.com" not in md["researcher"]
     # a team fact about an API researcher calls itself does reach it
-    [(host,)] = con.execute("SELECT target FROM triples WHERE scope = 'agent:researcher' AND predicate = 'calls' "
-                            "ORDER BY count DESC, target LIMIT 1").fetchall()
+    [(host,)] = con.execute(
+        "SELECT target FROM triples WHERE scope = 'agent:researcher' AND predicate = 'calls' "
+        "ORDER BY count DESC, target LIMIT 1"
+    ).fetchall()
     _project_with(con, seen, [_host_fact("scraper", "team:research-lead", 3, at, host.removeprefix("api:"))])
     seen.briefings.refresh(con)
     md = dict(con.execute("SELECT agent, markdown FROM briefings").fetchall())
@@ -178,8 +232,11 @@ def test_a_team_fact_reaches_teammates_and_not_other_teams_and_unaffected_agents
     for other in ("deployer", "support", "ops-lead"):
         if other in md:
             assert "api.example.com" not in md[other] and line not in md[other]
-            assert md[other] is not None and before[other] == con.execute(
-                "SELECT briefing_id FROM briefings WHERE agent = ?", [other]).fetchone()[0]
+            assert (
+                md[other] is not None
+                and before[other]
+                == con.execute("SELECT briefing_id FROM briefings WHERE agent = ?", [other]).fetchone()[0]
+            )
 
 
 def _project_with(con, seen, chunk):
@@ -218,7 +275,8 @@ def test_a_budgeted_refresh_renders_an_agents_own_news_before_a_wide_change_back
     assert [b.agent for b in seen.briefings.refresh(con, urgent_only=True)] == ["scraper"]
     assert not seen.briefings.urgent and seen.briefings.refresh(con, urgent_only=True) == []
     assert sorted(a for (a,) in con.execute("SELECT agent FROM briefings_dirty").fetchall()) == [
-        a for a in everyone if a != "scraper"]
+        a for a in everyone if a != "scraper"
+    ]
     # (again from the same state, with a budget instead)
     _project_with(con, seen, [_facts("scraper", None, 5, at)])
     assert seen.briefings.urgent == snapshot
@@ -253,24 +311,29 @@ def test_recent_inputs_fed_batch_by_batch_equal_the_newest_rows_of_the_tables(tm
 
     from somnus.projections.briefings import RecentInputs
 
-    fleet = {a: msgspec.structs.replace(s, max_episodes=max_episodes) if a == "researcher" else s
-             for a, s in AGENTS.items()}
+    fleet = {
+        a: msgspec.structs.replace(s, max_episodes=max_episodes) if a == "researcher" else s for a, s in AGENTS.items()
+    }
     con = _db(tmp_path, "r.duckdb")
     seen = ReadModels(con, fleet)
     for i in range(0, len(records), 17):
-        apply_batch(con, TOPICS, records[i:i + 17], load_offsets(con), 1 << 20, seen)
+        apply_batch(con, TOPICS, records[i : i + 17], load_offsets(con), 1 << 20, seen)
     fed, loaded = seen.briefings.recent, RecentInputs(con, fleet)
     assert fed.lessons == loaded.lessons and fed.episodes == loaded.episodes and fed.successes == loaded.successes
     assert fed.episode_agent == loaded.episode_agent
     # ... and those are the tables' newest rows, in their order
-    lessons = con.execute("SELECT kind, text FROM lessons WHERE agent = 'researcher' "
-                          "ORDER BY learned_at DESC, episode_id, idx").fetchall()
-    assert [(r["kind"], r["text"]) for r in fed.lessons.get("researcher", [])] == lessons[:4 * max_episodes]
-    wins = con.execute("SELECT ended_at FROM episodes WHERE agent = 'researcher' AND outcome = 'success' "
-                       "ORDER BY ended_at DESC, episode_id").fetchall()
+    lessons = con.execute(
+        "SELECT kind, text FROM lessons WHERE agent = 'researcher' ORDER BY learned_at DESC, episode_id, idx"
+    ).fetchall()
+    assert [(r["kind"], r["text"]) for r in fed.lessons.get("researcher", [])] == lessons[: 4 * max_episodes]
+    wins = con.execute(
+        "SELECT ended_at FROM episodes WHERE agent = 'researcher' AND outcome = 'success' "
+        "ORDER BY ended_at DESC, episode_id"
+    ).fetchall()
     assert [r["ended_at"] for r in fed.successes.get("researcher", [])] == [t for (t,) in wins][:max_episodes]
-    every = con.execute("SELECT ended_at FROM episodes WHERE agent = 'researcher' "
-                        "ORDER BY ended_at DESC, episode_id").fetchall()
+    every = con.execute(
+        "SELECT ended_at FROM episodes WHERE agent = 'researcher' ORDER BY ended_at DESC, episode_id"
+    ).fetchall()
     assert [r["ended_at"] for r in fed.episodes.get("researcher", [])] == [t for (t,) in every][:max_episodes]
     assert max_episodes == 0 or len(lessons) > 4 * 2 and len(wins) > 2  # the limit of 2 does cut
     other = con.execute("SELECT count(*) FROM lessons WHERE agent = 'scraper'").fetchone()[0]
@@ -296,8 +359,15 @@ def _billing_events(sessions: int = 40, agent: str = "billing") -> list[dict]:
         for k, tool in enumerate(BILLING_TOOLS):
             add("tool_call", {"tool": tool, "call_id": f"c{k}", "args": {"invoice": f"INV-{1000 + n}"}})
             if tool == "charge_card" and n % 3 == 0:
-                add("tool_result", {"call_id": f"c{k}", "tool": tool, "ok": False,
-                                    "error": f"card declined for customer cus_{n:04d} (code 51)"})
+                add(
+                    "tool_result",
+                    {
+                        "call_id": f"c{k}",
+                        "tool": tool,
+                        "ok": False,
+                        "error": f"card declined for customer cus_{n:04d} (code 51)",
+                    },
+                )
                 break
             add("tool_result", {"call_id": f"c{k}", "tool": tool, "ok": True, "output": "ok"})
         add("session_end", {"outcome": "failure" if n % 3 == 0 else "success"})
@@ -324,23 +394,32 @@ def test_no_briefing_line_of_one_agent_comes_from_an_unrelated_agents_data(tmp_p
     _, updates = learn({}, obs)
     recs = [Rec("episodes", 0, i, encode(ep)) for i, ep in enumerate(episodes)]
     recs += [Rec("facts", 0, i, encode(f)) for i, f in enumerate(extracted)]
-    recs += [Rec("link-updates", 0, i // 500, encode(updates[i:i + 500])) for i in range(0, len(updates), 500)]
+    recs += [Rec("link-updates", 0, i // 500, encode(updates[i : i + 500])) for i in range(0, len(updates), 500)]
     con = _db(tmp_path, "two.duckdb")
     seen = ReadModels(con, AGENTS)
     apply_batch(con, topics, recs, load_offsets(con), 1 << 24, seen)
     at = max(ep.ended_at for ep in episodes)
     req = msgspec.structs.replace(promotion_inputs(con, "global"), at=at, request_id="test:global")
-    apply_batch(con, topics, [Rec("semantic", 0, 0, encode(req), headers=[("somnus-kind", KIND_PROMOTE)])],
-                load_offsets(con), 1 << 24, seen)
+    apply_batch(
+        con,
+        topics,
+        [Rec("semantic", 0, 0, encode(req), headers=[("somnus-kind", KIND_PROMOTE)])],
+        load_offsets(con),
+        1 << 24,
+        seen,
+    )
     seen.briefings.refresh(con)
     glob = seen.semantic.layers.get("global")
     assert glob is not None and len(glob.atl) > 0, "the global promotion learnt something from the two datasets"
 
     airline, billing = seen.briefings.current["airline"], seen.briefings.current["billing"]
-    airline_words = {r[0] for r in con.execute(
-        "SELECT DISTINCT unnest(tools) FROM episodes WHERE agent = 'airline'").fetchall()}
-    airline_words |= {error_class(e).split(" <")[0] for (e,) in con.execute(
-        "SELECT error FROM lessons WHERE agent = 'airline' AND error IS NOT NULL").fetchall()}
+    airline_words = {
+        r[0] for r in con.execute("SELECT DISTINCT unnest(tools) FROM episodes WHERE agent = 'airline'").fetchall()
+    }
+    airline_words |= {
+        error_class(e).split(" <")[0]
+        for (e,) in con.execute("SELECT error FROM lessons WHERE agent = 'airline' AND error IS NOT NULL").fetchall()
+    }
     assert {"book_reservation", "update_reservation_flights"} <= airline_words
     for line in billing.markdown.splitlines():
         assert not any(w in line for w in airline_words), line
@@ -364,7 +443,7 @@ def _learnt(raw: list[dict]) -> tuple[list[Rec], list[Rec]]:
     _, updates = learn({}, [o for i, ep in enumerate(episodes) for o in observations_from_episode(ep, 0, i)])
     recs = [Rec("episodes", 0, i, encode(ep)) for i, ep in enumerate(episodes)]
     recs += [Rec("facts", 0, i, encode(f)) for i, f in enumerate(extracted)]
-    links = [Rec("link-updates", 0, i // 500, encode(updates[i:i + 500])) for i in range(0, len(updates), 500)]
+    links = [Rec("link-updates", 0, i // 500, encode(updates[i : i + 500])) for i in range(0, len(updates), 500)]
     return recs, links
 
 
@@ -414,7 +493,7 @@ def test_knowledge_from_two_agents_data_is_for_readers_covering_both_even_when_i
     assert not any(f'"{c.name}"' in meanwhile for c in concepts)  # ... without it
     rest = recs + links
     for i in range(0, len(rest), 25):
-        apply_batch(late, topics, rest[i:i + 25], load_offsets(late), 1 << 24, late_seen)
+        apply_batch(late, topics, rest[i : i + 25], load_offsets(late), 1 << 24, late_seen)
         late_seen.briefings.refresh(late)
     assert not any(f'"{c.name}"' in late_seen.briefings.current["billing3"].markdown for c in concepts)
     assert queries.table_checksums(late)["briefings"] == queries.table_checksums(ref)["briefings"]
@@ -430,9 +509,18 @@ def test_a_statistical_pattern_names_its_recorded_source_agents():
     from somnus.schemas.semantic import MathCategory, MathRecord, PatternConfirmed
 
     m = MemoryLayers("team:ops")
-    rec = MathRecord(math_id="m1", name="stat:tool:deploy:success", category=MathCategory.PATTERN, domain="tool_reliability",
-                     subjects=["deploy"], verbal="deploy succeeds less each week", query="SELECT 1",
-                     confidence=0.9, n_observations=40, source_agents=["a", "b"])
+    rec = MathRecord(
+        math_id="m1",
+        name="stat:tool:deploy:success",
+        category=MathCategory.PATTERN,
+        domain="tool_reliability",
+        subjects=["deploy"],
+        verbal="deploy succeeds less each week",
+        query="SELECT 1",
+        confidence=0.9,
+        n_observations=40,
+        source_agents=["a", "b"],
+    )
     assert m.apply(PatternConfirmed(owner="team:ops", record=rec, at=datetime(2024, 5, 1, tzinfo=timezone.utc)))
     [item] = knowledge_items(m)
     assert item.agents == ("a", "b") and item.subjects == ("deploy",)

@@ -28,8 +28,9 @@ def _db(path: Path) -> duckdb.DuckDBPyConnection:
 
 
 def parquet_rows(folder: Path, table: str) -> int:
-    return duckdb.sql(f"SELECT count(*) FROM read_parquet('{folder / table}/**/*.parquet', hive_partitioning=true)"
-                      ).fetchall()[0][0]
+    return duckdb.sql(
+        f"SELECT count(*) FROM read_parquet('{folder / table}/**/*.parquet', hive_partitioning=true)"
+    ).fetchall()[0][0]
 
 
 def test_every_projection_is_written_partitioned_and_read_back(tmp_path: Path) -> None:
@@ -37,9 +38,11 @@ def test_every_projection_is_written_partitioned_and_read_back(tmp_path: Path) -
     out = tmp_path / "export"
     manifest = export_parquet(con, str(out))
     assert json.loads((out / "manifest.json").read_text()) == manifest
-    assert manifest["offsets"] == [{"topic": "episodes", "partition": 0, "next_offset": 2},
-                                   {"topic": "traces", "partition": 0, "next_offset": 7},
-                                   {"topic": "traces", "partition": 1, "next_offset": 3}]
+    assert manifest["offsets"] == [
+        {"topic": "episodes", "partition": 0, "next_offset": 2},
+        {"topic": "traces", "partition": 0, "next_offset": 7},
+        {"topic": "traces", "partition": 1, "next_offset": 3},
+    ]
     assert set(manifest["tables"]) == set(tables_of(con))
     for table, info in manifest["tables"].items():
         assert parquet_rows(out, table) == info["rows"] == con.execute(f'SELECT count(*) FROM "{table}"').fetchone()[0]
@@ -48,13 +51,22 @@ def test_every_projection_is_written_partitioned_and_read_back(tmp_path: Path) -
     assert manifest["tables"]["projection_offsets"]["partition_by"] == []
     # by agent (a name with / and a space is encoded in the folder name) and UTC day
     assert {p.name for p in (out / "episodes").iterdir()} == {"agent=scraper", "agent=a%2Fb%20c"}
-    assert sorted(p.name for p in (out / "episodes" / "agent=scraper").iterdir()) == ["day=2024-05-17", "day=2024-05-18"]
+    assert sorted(p.name for p in (out / "episodes" / "agent=scraper").iterdir()) == [
+        "day=2024-05-17",
+        "day=2024-05-18",
+    ]
     back = pl.scan_parquet(out / "episodes" / "**" / "*.parquet", hive_partitioning=True).collect()
     assert back.height == 12 and sorted(set(back["agent"].to_list())) == ["a/b c", "scraper"]
-    got = duckdb.sql(f"SELECT agent, day, count(*) FROM read_parquet('{out}/episodes/**/*.parquet', "
-                     "hive_partitioning=true) GROUP BY ALL ORDER BY ALL").fetchall()
-    assert [(a, str(d), n) for a, d, n in got] == [("a/b c", "2024-05-17", 1), ("a/b c", "2024-05-18", 5),
-                                                  ("scraper", "2024-05-17", 1), ("scraper", "2024-05-18", 5)]
+    got = duckdb.sql(
+        f"SELECT agent, day, count(*) FROM read_parquet('{out}/episodes/**/*.parquet', "
+        "hive_partitioning=true) GROUP BY ALL ORDER BY ALL"
+    ).fetchall()
+    assert [(a, str(d), n) for a, d, n in got] == [
+        ("a/b c", "2024-05-17", 1),
+        ("a/b c", "2024-05-18", 5),
+        ("scraper", "2024-05-17", 1),
+        ("scraper", "2024-05-18", 5),
+    ]
     # an empty table is still there, with its columns
     assert parquet_rows(out, "lessons") == 0
     assert "text" in pl.read_parquet(out / "lessons" / "part-0.parquet").columns
@@ -68,10 +80,16 @@ def test_since_and_tables_narrow_the_export(tmp_path: Path) -> None:
     assert manifest["tables"]["episodes"]["since_applied"]
 
 
-@pytest.mark.parametrize("args, says", [
-    (("relative/dir",), "absolute"), ((None,), "required"),
-    (("{tmp}/e", ["episodes", "nope"]), "'nope'"), (("{tmp}/e", None, "yesterday"), "ISO 8601"),
-    (("{tmp}/full",), "not an empty folder")])
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (("relative/dir",), "absolute"),
+        ((None,), "required"),
+        (("{tmp}/e", ["episodes", "nope"]), "'nope'"),
+        (("{tmp}/e", None, "yesterday"), "ISO 8601"),
+        (("{tmp}/full",), "not an empty folder"),
+    ],
+)
 def test_a_bad_request_is_refused_by_name(tmp_path: Path, args: tuple, says: str) -> None:
     con = _db(tmp_path / "somnus.duckdb")
     (tmp_path / "full").mkdir()
@@ -93,10 +111,13 @@ def test_the_export_is_one_snapshot_while_a_writer_commits(tmp_path: Path) -> No
         n = 100
         while not stop.is_set():
             w.execute("BEGIN TRANSACTION")
-            w.execute("INSERT INTO events SELECT uuid(), 1, now(), 'scraper', 's', i, 'x', '{}', 1, ?, 0 "
-                      "FROM range(50) t(i)", [n])
-            w.execute("UPDATE projection_offsets SET next_offset = ? WHERE topic = 'traces' AND kafka_partition = 1",
-                      [n + 1])
+            w.execute(
+                "INSERT INTO events SELECT uuid(), 1, now(), 'scraper', 's', i, 'x', '{}', 1, ?, 0 FROM range(50) t(i)",
+                [n],
+            )
+            w.execute(
+                "UPDATE projection_offsets SET next_offset = ? WHERE topic = 'traces' AND kafka_partition = 1", [n + 1]
+            )
             w.execute("COMMIT")
             n += 1
 
@@ -127,8 +148,10 @@ def test_a_table_of_its_partition_column_alone_is_written_whole_and_read_back(tm
     manifest = export_parquet(con, str(out), tables=["briefings_dirty"])
     assert manifest["tables"]["briefings_dirty"]["partition_by"] == []
     assert parquet_rows(out, "briefings_dirty") == 2
-    assert sorted(pl.read_parquet(out / "briefings_dirty" / "part-0.parquet")["agent"].to_list()) == ["deployer",
-                                                                                                     "scraper"]
+    assert sorted(pl.read_parquet(out / "briefings_dirty" / "part-0.parquet")["agent"].to_list()) == [
+        "deployer",
+        "scraper",
+    ]
 
 
 def test_a_symbolic_link_or_a_folder_others_may_write_is_refused(tmp_path: Path) -> None:
@@ -154,7 +177,8 @@ def test_a_hostile_agent_name_stays_a_folder_name_inside_the_export(tmp_path: Pa
         con.execute("INSERT INTO temporal_bins VALUES (?, 'k', 'hour', 1, 1, 0, 0)", [agent])
     export_parquet(con, str(tmp_path / "out"), tables=["temporal_bins"])
     assert not list(tmp_path.rglob("escaped*")) or all(
-        p.resolve().is_relative_to((tmp_path / "out" / "temporal_bins").resolve()) for p in tmp_path.rglob("*escaped*"))
+        p.resolve().is_relative_to((tmp_path / "out" / "temporal_bins").resolve()) for p in tmp_path.rglob("*escaped*")
+    )
     written = [p for p in (tmp_path / "out").rglob("*.parquet")]
     assert len(written) == 4 and all(p.resolve().is_relative_to((tmp_path / "out").resolve()) for p in written)
     assert parquet_rows(tmp_path / "out", "temporal_bins") == 4

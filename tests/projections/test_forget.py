@@ -42,20 +42,39 @@ def sessions(first: int, user: int, n: int) -> list[dict[str, Any]]:
 def records(raw: list[dict[str, Any]], base: int = 0) -> list[Rec]:
     """What the worker would publish for these trace events (its own processors), at offsets from ``base``."""
     stamp = int(max(e.ts for e in decode_events(raw)).timestamp() * 1000)
-    out = [Rec("traces", 0, base + n, orjson.dumps(e), key=e["session_id"].encode(), timestamp=stamp)
-           for n, e in enumerate(raw)]
+    out = [
+        Rec("traces", 0, base + n, orjson.dumps(e), key=e["session_id"].encode(), timestamp=stamp)
+        for n, e in enumerate(raw)
+    ]
     out += worker_records(raw, base)
     # a dead letter of the first and of the last session: their original bytes name their user's marker
-    out += [Rec("dead-letters", 0, base + n, orjson.dumps(raw[i]) + b"\xff", key=raw[i]["session_id"].encode(),
-                headers=[("somnus-reason", b"invalid: test"), ("somnus-source-topic", b"traces"),
-                         ("somnus-source-partition", b"0"), ("somnus-source-offset", str(base + i % len(raw)).encode())])
-            for n, i in enumerate((1, -2))]
+    out += [
+        Rec(
+            "dead-letters",
+            0,
+            base + n,
+            orjson.dumps(raw[i]) + b"\xff",
+            key=raw[i]["session_id"].encode(),
+            headers=[
+                ("somnus-reason", b"invalid: test"),
+                ("somnus-source-topic", b"traces"),
+                ("somnus-source-partition", b"0"),
+                ("somnus-source-offset", str(base + i % len(raw)).encode()),
+            ],
+        )
+        for n, i in enumerate((1, -2))
+    ]
     return out
 
 
 def forget_record(offset: int, user: str = FORGOTTEN, subject: ForgetSubject = ForgetSubject.USER) -> Rec:
-    req = ForgetRequested(request_id=f"forget-{subject.value}-{user}", subject=subject, value=user, reason="test",
-                          at=T0 + timedelta(days=5))
+    req = ForgetRequested(
+        request_id=f"forget-{subject.value}-{user}",
+        subject=subject,
+        value=user,
+        reason="test",
+        at=T0 + timedelta(days=5),
+    )
     # partition 1: the data's own facts records are numbered from 0 on partition 0 here
     return Rec("facts", 1, offset, encode(req), key=b"forget", headers=[("somnus-kind", KIND_FORGET)])
 
@@ -68,17 +87,21 @@ def kept_checksums(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
     """A digest of the kept user's rows in each table that holds a user's rows (content columns only)."""
     sids = f"(SELECT session_id FROM episodes WHERE user_id = '{KEPT}')"
     where = {
-        "events": f"session_id IN {sids}", "episodes": f"user_id = '{KEPT}'",
-        "lessons": f"session_id IN {sids}", "memories": f"user_id = '{KEPT}'",
-        "working_memory": f"user_id = '{KEPT}'", "knowledge_inputs": f"episode_id IN (SELECT episode_id FROM episodes "
-                                                                    f"WHERE user_id = '{KEPT}')",
+        "events": f"session_id IN {sids}",
+        "episodes": f"user_id = '{KEPT}'",
+        "lessons": f"session_id IN {sids}",
+        "memories": f"user_id = '{KEPT}'",
+        "working_memory": f"user_id = '{KEPT}'",
+        "knowledge_inputs": f"episode_id IN (SELECT episode_id FROM episodes WHERE user_id = '{KEPT}')",
         "causal_link_updates": f"episode_id IN (SELECT episode_id FROM episodes WHERE user_id = '{KEPT}')",
     }
     out = {}
     for table, cond in where.items():
         cols = ", ".join(schema.CONTENT_COLUMNS[table])
-        n, digest = con.execute(f"SELECT count(*), md5(coalesce(string_agg(r, '|' ORDER BY r), '')) FROM "
-                                f"(SELECT ({cols})::VARCHAR AS r FROM {table} WHERE {cond})").fetchone()
+        n, digest = con.execute(
+            f"SELECT count(*), md5(coalesce(string_agg(r, '|' ORDER BY r), '')) FROM "
+            f"(SELECT ({cols})::VARCHAR AS r FROM {table} WHERE {cond})"
+        ).fetchone()
         out[table] = f"{n}:{digest}"
     return out
 
@@ -98,7 +121,9 @@ def file_hits(path: Path, text: str) -> int:
     return sum(p.read_bytes().count(text.encode()) for p in (path, Path(f"{path}.wal")) if p.exists())
 
 
-def build(path: Path, first_forget: bool = False, forgotten_sessions: int = 3) -> tuple[duckdb.DuckDBPyConnection, ReadModels]:
+def build(
+    path: Path, first_forget: bool = False, forgotten_sessions: int = 3
+) -> tuple[duckdb.DuckDBPyConnection, ReadModels]:
     con = duckdb.connect(str(path))
     schema.init(con)
     seen = ReadModels(con, AGENTS)
@@ -113,8 +138,14 @@ def build(path: Path, first_forget: bool = False, forgotten_sessions: int = 3) -
 def test_forget_removes_the_users_rows_and_bytes_and_keeps_the_others(tmp_path, monkeypatch):
     con, seen = build(tmp_path / "a.duckdb")
     con.execute("CHECKPOINT")
-    assert rows_with(con, NEEDLE).keys() >= {"events", "episodes", "memories", "working_memory", "dead_letters",
-                                              "memory_log"}
+    assert rows_with(con, NEEDLE).keys() >= {
+        "events",
+        "episodes",
+        "memories",
+        "working_memory",
+        "dead_letters",
+        "memory_log",
+    }
     assert file_hits(tmp_path / "a.duckdb", NEEDLE) > 0  # the scan sees the text when it is there
     before = kept_checksums(con)
     assert all(not v.startswith("0:") for v in before.values()), before
@@ -176,8 +207,9 @@ def test_a_replay_keeps_the_user_forgotten_whichever_comes_first(tmp_path):
         got = kept_checksums(con)
         # A kept memory's capture scores (prediction error, reasons) were decided while the forgotten
         # user's memories were in the index: equal whichever came first, not equal to a file without them.
-        assert {k: v for k, v in got.items() if k != "memories"} == \
-            {k: v for k, v in expected.items() if k != "memories"}, name
+        assert {k: v for k, v in got.items() if k != "memories"} == {
+            k: v for k, v in expected.items() if k != "memories"
+        }, name
     assert kept_checksums(first) == kept_checksums(after)
 
 
@@ -191,16 +223,27 @@ def test_a_copy_of_a_request_is_applied_once_and_another_user_is_untouched(tmp_p
 
 def test_forget_a_session_and_an_agent(tmp_path):
     con, seen = build(tmp_path / "s.duckdb")
-    sid = con.execute("SELECT session_id FROM episodes WHERE user_id = ? ORDER BY session_id LIMIT 1",
-                      [FORGOTTEN]).fetchone()[0]
+    sid = con.execute(
+        "SELECT session_id FROM episodes WHERE user_id = ? ORDER BY session_id LIMIT 1", [FORGOTTEN]
+    ).fetchone()[0]
     apply(con, seen, [forget_record(0, sid, ForgetSubject.SESSION)])
     assert rows_with(con, sid) == {"forgotten": 1}  # the request's own row names the session (SECURITY.md)
     assert con.execute("SELECT count(*) FROM episodes WHERE user_id = ?", [FORGOTTEN]).fetchone()[0] == 2
     assert con.execute("SELECT count(*) FROM episodes WHERE user_id = ?", [KEPT]).fetchone()[0] == 3
 
     apply(con, seen, [forget_record(1, "aga", ForgetSubject.AGENT)])
-    for table in ("events", "episodes", "lessons", "memories", "working_memory", "causal_link_updates",
-                  "temporal_bins", "dead_letters", "memory_log", "briefings"):
+    for table in (
+        "events",
+        "episodes",
+        "lessons",
+        "memories",
+        "working_memory",
+        "causal_link_updates",
+        "temporal_bins",
+        "dead_letters",
+        "memory_log",
+        "briefings",
+    ):
         assert con.execute(f"SELECT count(*) FROM {table}").fetchone()[0] == 0, table
     assert rows_with(con, OTHER) == {} and rows_with(con, NEEDLE) == {"forgotten": 1}  # the session request
     assert file_hits(tmp_path / "s.duckdb", OTHER) == 0
@@ -210,20 +253,37 @@ def test_a_sleep_decision_naming_a_forgotten_memory_in_its_body_goes_with_it(tmp
     """A pattern abstracted by a sleep run keeps its sources' ids in its body, not in ``memory_id``
     (``schemas.lifecycle.PatternAbstracted``), and its key is words of their text."""
     con, seen = build(tmp_path / "l.duckdb")
-    gone, kept = (con.execute("SELECT memory_id FROM memories WHERE user_id = ? ORDER BY memory_id LIMIT 1",
-                              [u]).fetchone()[0] for u in (FORGOTTEN, KEPT))
+    gone, kept = (
+        con.execute("SELECT memory_id FROM memories WHERE user_id = ? ORDER BY memory_id LIMIT 1", [u]).fetchone()[0]
+        for u in (FORGOTTEN, KEPT)
+    )
 
     def pattern(pid: str, source: str, key: str) -> str:
-        return orjson.dumps({"type": "pattern_abstracted", "run_id": "r1", "pattern_id": pid, "agent": "aga",
-                             "key": key, "domains": ["d"], "support": 2,
-                             "sources": [{"memory_id": source, "domain": "d"}]}).decode()
+        return orjson.dumps(
+            {
+                "type": "pattern_abstracted",
+                "run_id": "r1",
+                "pattern_id": pid,
+                "agent": "aga",
+                "key": key,
+                "domains": ["d"],
+                "support": 2,
+                "sources": [{"memory_id": source, "domain": "d"}],
+            }
+        ).decode()
 
     for seq, (pid, source, key) in enumerate((("p-gone", gone, NEEDLE), ("p-kept", kept, OTHER))):
-        con.execute("INSERT INTO lifecycle_log VALUES ('r1', ?, 'PatternAbstracted', NULL, ?, ?)",
-                    [seq, T0, pattern(pid, source, key)])
+        con.execute(
+            "INSERT INTO lifecycle_log VALUES ('r1', ?, 'PatternAbstracted', NULL, ?, ?)",
+            [seq, T0, pattern(pid, source, key)],
+        )
     apply(con, seen, [forget_record(0)])
-    assert [r for (r,) in con.execute("SELECT body->>'$.pattern_id' FROM lifecycle_log "
-                                      "WHERE kind = 'PatternAbstracted'").fetchall()] == ["p-kept"]
+    assert [
+        r
+        for (r,) in con.execute(
+            "SELECT body->>'$.pattern_id' FROM lifecycle_log WHERE kind = 'PatternAbstracted'"
+        ).fetchall()
+    ] == ["p-kept"]
     assert rows_with(con, NEEDLE) == {}
     apply(con, seen, [forget_record(1, "aga", ForgetSubject.AGENT)])
     assert con.execute("SELECT count(*) FROM lifecycle_log WHERE kind = 'PatternAbstracted'").fetchone()[0] == 0
@@ -267,7 +327,6 @@ def test_a_scrub_that_finds_the_file_busy_runs_again_after_a_later_batch(tmp_pat
     assert file_hits(tmp_path / "busy.duckdb", NEEDLE) == 0
 
 
-
 def test_the_scrub_succeeds_while_the_read_api_serves(tmp_path):
     """The projector's serving state: its database hardened, the SQL sandbox and the read API on cursors
     of the writer's connection, every GET route read (each leaves its result as a route leaves it).
@@ -280,10 +339,21 @@ def test_the_scrub_succeeds_while_the_read_api_serves(tmp_path):
     path = tmp_path / "serving.duckdb"
     con, seen = build(path)
     harden(con)
-    service = api.ReadService(con.cursor(), seen.agents, briefings=seen.briefings.current, episodic=seen.memory,
-                              semantic=seen.semantic, top_facts=seen.top_facts, sandbox=SqlSandbox(con))
-    params = {"sql": {"sql": "SELECT count(*) FROM episodes"}, "history": {"entity": "search"},
-              "predict": {"tool": "search"}, "advise": {"task": "order tea"}}
+    service = api.ReadService(
+        con.cursor(),
+        seen.agents,
+        briefings=seen.briefings.current,
+        episodic=seen.memory,
+        semantic=seen.semantic,
+        top_facts=seen.top_facts,
+        sandbox=SqlSandbox(con),
+    )
+    params = {
+        "sql": {"sql": "SELECT count(*) FROM episodes"},
+        "history": {"entity": "search"},
+        "predict": {"tool": "search"},
+        "advise": {"task": "order tea"},
+    }
     read = 0
     for route in api.all_routes():
         if (route.method == "GET" or route.handler == "sql") and route.handler != "kafka_positions":  # no broker
@@ -300,6 +370,7 @@ def test_the_scrub_succeeds_while_the_read_api_serves(tmp_path):
 
 
 # ---- crypto-shredding: sealed records (somnus.schemas.sealed) ---------------------------------------
+
 
 def sealed_records(raw: list[dict[str, Any]], ring: Any, base: int = 0) -> list[Rec]:
     """``records`` as the publisher and the worker seal them: each session's under a key of its own (made
@@ -347,11 +418,13 @@ def sealed_records(raw: list[dict[str, Any]], ring: Any, base: int = 0) -> list[
             for u in units:
                 key(u.agent, u.run_id)
             for n, (v, h) in enumerate(unit_records(ring, units, 50)):
-                out.append(Rec("memory", 0, rec.offset * 100 + n, v, headers=[*rec.headers, *h],
-                               timestamp=rec.timestamp))
+                out.append(
+                    Rec("memory", 0, rec.offset * 100 + n, v, headers=[*rec.headers, *h], timestamp=rec.timestamp)
+                )
             continue
-        out.append(Rec(rec.topic, rec.partition, rec.offset, value, key=rec.key, headers=headers,
-                       timestamp=rec.timestamp))
+        out.append(
+            Rec(rec.topic, rec.partition, rec.offset, value, key=rec.key, headers=headers, timestamp=rec.timestamp)
+        )
     return out
 
 
@@ -374,14 +447,22 @@ def test_sealed_records_project_as_plaintext_and_a_deleted_key_shreds_them(tmp_p
     apply(con, seen, recs)
     assert rows_with(con, NEEDLE).keys() >= {"events", "episodes", "memories", "working_memory", "dead_letters"}
     assert kept_checksums(con) == kept_checksums(plain)
-    assert con.execute("SELECT count(*) FROM dead_letters").fetchone()[0] == \
-        plain.execute("SELECT count(*) FROM dead_letters").fetchone()[0]
+    assert (
+        con.execute("SELECT count(*) FROM dead_letters").fetchone()[0]
+        == plain.execute("SELECT count(*) FROM dead_letters").fetchone()[0]
+    )
 
     # the forgotten user's keys deleted (``somnus forget --user`` publishes their tombstones)
     users = {e["session_id"]: e["payload"].get("user_id") for e in raw if e["type"] == "session_start"}
     for kid, dk in list(ring.by_id.items()):
-        ring.apply(kid.encode(), encode_key(dk.__class__(key_id=kid, agent=dk.agent, session_id=dk.session_id,
-                                                         user_id=users.get(dk.session_id), key=dk.key)))
+        ring.apply(
+            kid.encode(),
+            encode_key(
+                dk.__class__(
+                    key_id=kid, agent=dk.agent, session_id=dk.session_id, user_id=users.get(dk.session_id), key=dk.key
+                )
+            ),
+        )
     doomed = ring.select("user", FORGOTTEN)
     assert doomed and len(doomed) < len(ring.by_id)
     for kid in doomed:
@@ -398,8 +479,9 @@ def test_sealed_records_project_as_plaintext_and_a_deleted_key_shreds_them(tmp_p
         assert res.shredded > 0 and res.quarantined == 0
         assert rows_with(con, NEEDLE) == {}
         got = kept_checksums(con)
-        assert {k: v for k, v in got.items() if k != "memories"} == \
-            {k: v for k, v in kept_checksums(never).items() if k != "memories"}
+        assert {k: v for k, v in got.items() if k != "memories"} == {
+            k: v for k, v in kept_checksums(never).items() if k != "memories"
+        }
         con.close()
         assert file_hits(path, NEEDLE) == 0
 
@@ -410,8 +492,15 @@ def test_a_tampered_sealed_record_is_a_dead_letter_not_a_crash(tmp_path):
     ring = KeyRing()
     recs = [r for r in sealed_records(sessions(0, 1, 1), ring) if r.topic == "traces"]
     bad = recs[0]
-    recs[0] = Rec(bad.topic, bad.partition, bad.offset, bad.value[:-1] + bytes([bad.value[-1] ^ 1]), key=bad.key,
-                  headers=bad.headers, timestamp=bad.timestamp)
+    recs[0] = Rec(
+        bad.topic,
+        bad.partition,
+        bad.offset,
+        bad.value[:-1] + bytes([bad.value[-1] ^ 1]),
+        key=bad.key,
+        headers=bad.headers,
+        timestamp=bad.timestamp,
+    )
     con = duckdb.connect(str(tmp_path / "t.duckdb"))
     schema.init(con)
     seen = ReadModels(con, AGENTS)
@@ -424,6 +513,7 @@ def test_a_tampered_sealed_record_is_a_dead_letter_not_a_crash(tmp_path):
 
 # ---- a sleep's topics (docs/design/forget.md, "Topic keys on the semantic topic") -------------------
 
+
 def topic_request(con: duckdb.DuckDBPyConnection, offset: int, ring: Any = None) -> Rec:
     """A sleep's promotion request with three abstracted topics: the forgotten user's marker word from
     three of its memories, the kept user's from three of its, and a word of both users' memories;
@@ -432,13 +522,28 @@ def topic_request(con: duckdb.DuckDBPyConnection, offset: int, ring: Any = None)
     from somnus.schemas.semantic import KIND_PROMOTE, PromotionRequested, TopicView
 
     topics = []
-    mixed = [con.execute("SELECT memory_id FROM memories WHERE user_id = ? ORDER BY memory_id DESC LIMIT 1",
-                         [u]).fetchone()[0] for u in (FORGOTTEN, KEPT)]
+    mixed = [
+        con.execute("SELECT memory_id FROM memories WHERE user_id = ? ORDER BY memory_id DESC LIMIT 1", [u]).fetchone()[
+            0
+        ]
+        for u in (FORGOTTEN, KEPT)
+    ]
     for user, word in ((FORGOTTEN, NEEDLE), (KEPT, OTHER), (None, "mixedword")):
-        ids = mixed if user is None else [m for (m,) in con.execute(
-            "SELECT memory_id FROM memories WHERE user_id = ? ORDER BY memory_id LIMIT 3", [user]).fetchall()]
-        topics.append(TopicView(pattern_id=f"p-{word}", agent="aga", key=word, domains=["d1", "d2", "d3"],
-                                support=3, source_ids=ids))
+        ids = (
+            mixed
+            if user is None
+            else [
+                m
+                for (m,) in con.execute(
+                    "SELECT memory_id FROM memories WHERE user_id = ? ORDER BY memory_id LIMIT 3", [user]
+                ).fetchall()
+            ]
+        )
+        topics.append(
+            TopicView(
+                pattern_id=f"p-{word}", agent="aga", key=word, domains=["d1", "d2", "d3"], support=3, source_ids=ids
+            )
+        )
     req = PromotionRequested(owner="global", at=T0 + timedelta(days=4), topics=topics, request_id=f"sleep:r{offset}")
     req = sealed_request(con, req, ring)
     return Rec("semantic", 0, offset, encode(req), key=b"global", headers=[("somnus-kind", KIND_PROMOTE)])
@@ -489,11 +594,16 @@ def test_a_sleeps_topics_are_sealed_under_their_sources_keys(tmp_path):
     seen.keys = ring
     apply(con, seen, [rec])
     assert {n for (n,) in con.execute("SELECT name FROM concepts WHERE category = 'topic'").fetchall()} == {
-        NEEDLE, OTHER, "mixedword"}
+        NEEDLE,
+        OTHER,
+        "mixedword",
+    }
 
     con2, seen2 = build(tmp_path / "r.duckdb")
-    forgotten = [(a, r) for a, r in con.execute("SELECT DISTINCT agent, run_id FROM memories WHERE user_id = ?",
-                                                [FORGOTTEN]).fetchall()]
+    forgotten = [
+        (a, r)
+        for a, r in con.execute("SELECT DISTINCT agent, run_id FROM memories WHERE user_id = ?", [FORGOTTEN]).fetchall()
+    ]
     kept = KeyRing()
     for kid, dk in ring.by_id.items():
         if (dk.agent, dk.session_id) not in forgotten:

@@ -59,6 +59,7 @@ def served(run: Callable[[int], Awaitable[Any]], **bounds: Any) -> Any:
             return await run(port)
         finally:
             await runner.cleanup()
+
     return anyio.run(main)
 
 
@@ -97,6 +98,7 @@ def test_the_briefing_server_closes_a_silent_connection(tmp_path: Any) -> None:
     """Fails on the old servers: a bare ``AppRunner`` kept a connection that never sends for 3,630 s,
     so one local process could hold as many as the server's file limit. The projector and the OTLP
     receiver start through the same ``serve``."""
+
     async def main() -> bool:
         server = BriefingServer(lambda r: None, tmp_path)
         port = await server.start([])

@@ -103,16 +103,28 @@ def fleets(draw: Any) -> dict[str, Any]:
         if reader is not None:
             agents[reader] = AgentSpec(name=reader, reports_to=names[0], knowledge_scopes=[f"team:{other}"])
     n_users = draw(st.integers(1, 3))
-    sessions = draw(st.lists(st.tuples(st.integers(0, len(names) - 1), st.one_of(st.none(), st.integers(0, n_users - 1)),
-                                       st.integers(0, 5), st.booleans(), st.booleans(), st.booleans()),
-                             min_size=len(names), max_size=14))
+    sessions = draw(
+        st.lists(
+            st.tuples(
+                st.integers(0, len(names) - 1),
+                st.one_of(st.none(), st.integers(0, n_users - 1)),
+                st.integers(0, 5),
+                st.booleans(),
+                st.booleans(),
+                st.booleans(),
+            ),
+            min_size=len(names),
+            max_size=14,
+        )
+    )
     # every agent has at least one ended session with both tools failing (so each writes knowledge)
     sessions += [(i, None if i % 2 else 0, 6, True, True, True) for i in range(len(names))]
     return {"agents": agents, "users": n_users, "sessions": sessions}
 
 
-def session_events(n: int, i: int, u: int | None, day: int, private_fails: bool, search_fails: bool,
-                   ends: bool) -> list[dict[str, Any]]:
+def session_events(
+    n: int, i: int, u: int | None, day: int, private_fails: bool, search_fails: bool, ends: bool
+) -> list[dict[str, Any]]:
     agent, mk = agent_name(i), marker(i, u)
     sid = f"s{n}-{mk}"
     t = T0 + timedelta(days=day, minutes=7 * n)
@@ -125,12 +137,25 @@ def session_events(n: int, i: int, u: int | None, day: int, private_fails: bool,
     add("session_start", start)
     add("user_message", {"text": f"My name is {mk.capitalize()} and my code word is {mk}. I prefer {mk} tea."})
     add("tool_call", {"tool": private_tool(i), "call_id": "c1", "args": {"sku": mk}})
-    add("tool_result", {"call_id": "c1", "tool": private_tool(i), "ok": not private_fails,
-                        **({"error": f"timeout reaching {mk}.corp.example"} if private_fails
-                           else {"output": f"stock of {mk}: 4"})})
+    add(
+        "tool_result",
+        {
+            "call_id": "c1",
+            "tool": private_tool(i),
+            "ok": not private_fails,
+            **({"error": f"timeout reaching {mk}.corp.example"} if private_fails else {"output": f"stock of {mk}: 4"}),
+        },
+    )
     add("tool_call", {"tool": "search", "call_id": "c2", "args": {"q": "order status"}})
-    add("tool_result", {"call_id": "c2", "tool": "search", "ok": not search_fails,
-                        **({"error": f"upstream 503 from {host(i, u)}"} if search_fails else {"output": "found"})})
+    add(
+        "tool_result",
+        {
+            "call_id": "c2",
+            "tool": "search",
+            "ok": not search_fails,
+            **({"error": f"upstream 503 from {host(i, u)}"} if search_fails else {"output": "found"}),
+        },
+    )
     add("agent_message", {"text": f"Done with {mk}, see you."})
     if ends:
         add("session_end", {"outcome": "failure" if private_fails or search_fails else "success"})
@@ -138,8 +163,9 @@ def session_events(n: int, i: int, u: int | None, day: int, private_fails: bool,
 
 
 def project(con: duckdb.DuckDBPyConnection, fleet: dict[str, Any]) -> ReadModels:
-    return project_events(con, fleet["agents"], [e for n, s in enumerate(fleet["sessions"]) for e in session_events(n, *s)])
-
+    return project_events(
+        con, fleet["agents"], [e for n, s in enumerate(fleet["sessions"]) for e in session_events(n, *s)]
+    )
 
 
 def decode_events(raw: list[dict[str, Any]]) -> list[Any]:
@@ -161,16 +187,25 @@ def worker_records(raw: list[dict[str, Any]], base: int = 0) -> list[Rec]:
     stamp = int(max(e.ts for e in events).timestamp() * 1000)
     out = [Rec("episodes", 0, base + n, encode(ep)) for n, ep in enumerate(episodes)]
     out += [Rec("facts", 0, base + n, encode(f)) for n, f in enumerate(facts)]
-    out += [Rec("memory", 0, base + n, encode(units[j:j + 50]), headers=[("somnus-kind", KIND_UNITS)], timestamp=stamp)
-            for n, j in enumerate(range(0, len(units), 50))]
-    out += [Rec("working-memory", 0, base + n, encode_state(wm), key=k.encode())
-            for n, (k, wm) in enumerate(working.items())]
+    out += [
+        Rec("memory", 0, base + n, encode(units[j : j + 50]), headers=[("somnus-kind", KIND_UNITS)], timestamp=stamp)
+        for n, j in enumerate(range(0, len(units), 50))
+    ]
+    out += [
+        Rec("working-memory", 0, base + n, encode_state(wm), key=k.encode())
+        for n, (k, wm) in enumerate(working.items())
+    ]
     out.append(Rec("link-updates", 0, base, msgspec.json.encode(updates)))
     return out
 
 
-def project_events(con: duckdb.DuckDBPyConnection, agents: dict[str, AgentSpec], raw: list[dict[str, Any]],
-                   oscillators: Any = None, extra: list[Rec] | None = None) -> ReadModels:
+def project_events(
+    con: duckdb.DuckDBPyConnection,
+    agents: dict[str, AgentSpec],
+    raw: list[dict[str, Any]],
+    oscillators: Any = None,
+    extra: list[Rec] | None = None,
+) -> ReadModels:
     """Trace events (JSON objects) through the worker's processors and the projector's write path (with
     ``extra`` records after them, and the oscillators on when given their config); then promotion for
     the global owner and every agent's, and the briefings rendered."""
@@ -179,9 +214,21 @@ def project_events(con: duckdb.DuckDBPyConnection, agents: dict[str, AgentSpec],
     seen = ReadModels(con, agents, oscillators=oscillators)
     apply_batch(con, TOPICS, records, load_offsets(con), 1 << 20, seen)
     owners = ["global", *(f"agent:{a}" for a in agents)]
-    promote = [Rec("semantic", 0, n, encode(msgspec.structs.replace(
-        promotion_inputs(con, owner=o, min_observations=1, min_confidence=0.0), at=last + timedelta(days=1))),
-        key=o.encode(), headers=[("somnus-kind", KIND_PROMOTE)]) for n, o in enumerate(owners)]
+    promote = [
+        Rec(
+            "semantic",
+            0,
+            n,
+            encode(
+                msgspec.structs.replace(
+                    promotion_inputs(con, owner=o, min_observations=1, min_confidence=0.0), at=last + timedelta(days=1)
+                )
+            ),
+            key=o.encode(),
+            headers=[("somnus-kind", KIND_PROMOTE)],
+        )
+        for n, o in enumerate(owners)
+    ]
     apply_batch(con, TOPICS, promote, load_offsets(con), 1 << 20, seen)
     seen.briefings.refresh(con)
     return seen
@@ -230,7 +277,13 @@ def team_of(agents: dict[str, AgentSpec], reader: str) -> set[str]:
 
 
 DERIVED_ROUTES = ("knowledge_context",)  # what semantic memory derived: a team's is the team's
-USER_READS = ("context", "recall", "episodic_context", "wander", "goals")  # the routes an agent principal reads for no user
+USER_READS = (
+    "context",
+    "recall",
+    "episodic_context",
+    "wander",
+    "goals",
+)  # the routes an agent principal reads for no user
 WITHHELD_ROUTES = ("knowledge_context", "rhythms", "oscillators")  # derived from several users: [] for one
 
 
@@ -241,18 +294,25 @@ def test_no_principal_reads_another_agents_or_another_users_text(fleet):
     names = list(agents)
     users: list[int | None] = [None, *range(fleet["users"])]
     # what each agent's data, and each (agent, user)'s, would show
-    by_agent = {agent_name(i): {private_tool(i)} | {marker(i, u) for u in users} | {host(i, u) for u in users}
-                for i in range(len(names))}
+    by_agent = {
+        agent_name(i): {private_tool(i)} | {marker(i, u) for u in users} | {host(i, u) for u in users}
+        for i in range(len(names))
+    }
     by_user = {(agent_name(i), u): {marker(i, u), host(i, u)} for i in range(len(names)) for u in users}
-    query = " ".join(["inventory lookup service search timeout upstream order stock code word tea",
-                      *(private_tool(i) for i in range(len(names))),
-                      *(f"{marker(i, u)} {host(i, u)}" for i in range(len(names)) for u in users)])
+    query = " ".join(
+        [
+            "inventory lookup service search timeout upstream order stock code word tea",
+            *(private_tool(i) for i in range(len(names))),
+            *(f"{marker(i, u)} {host(i, u)}" for i in range(len(names)) for u in users),
+        ]
+    )
     with tempfile.TemporaryDirectory() as tmp:
         con = duckdb.connect(str(Path(tmp) / "fleet.duckdb"))
         schema.init(con)
         seen = project(con, fleet)
-        svc = ReadService(con=con, agents=agents, episodic=seen.memory, semantic=seen.semantic,
-                          top_facts=seen.top_facts)
+        svc = ReadService(
+            con=con, agents=agents, episodic=seen.memory, semantic=seen.semantic, top_facts=seen.top_facts
+        )
         entities = [e for (e,) in con.execute("SELECT entity_id FROM entities ORDER BY entity_id").fetchall()]
         shown_own = 0
         shown_by_route: dict[str, int] = {}
@@ -267,8 +327,9 @@ def test_no_principal_reads_another_agents_or_another_users_text(fleet):
                     if route in USER_READS or user is not None:
                         reader_user = u if route == "context" or user is not None else None
                         mine = {(agent, reader_user), (agent, None)}
-                        leak = foreign(text, {f"{a}/{v}": toks for (a, v), toks in by_user.items()},
-                                       {f"{a}/{v}" for a, v in mine})
+                        leak = foreign(
+                            text, {f"{a}/{v}": toks for (a, v), toks in by_user.items()}, {f"{a}/{v}" for a, v in mine}
+                        )
                         assert not leak, (agent, user, route, leak)
                     if user is not None:
                         own = marker(names.index(agent), u) in text
@@ -292,15 +353,30 @@ def test_a_pattern_and_its_concept_reach_only_readers_covering_their_agents(tmp_
     """A trend the statistician confirms in the global memory from agb's calls of its private tool
     (and the concept it becomes) is served to agb, not to aga of another team."""
     agents = {"aga": AgentSpec(name="aga"), "agb": AgentSpec(name="agb")}
-    fleet = {"agents": agents, "users": 1, "sessions": [(i, None, d, False, False, True) for i in (0, 1) for d in (0, 1)]}
+    fleet = {
+        "agents": agents,
+        "users": 1,
+        "sessions": [(i, None, d, False, False, True) for i in (0, 1) for d in (0, 1)],
+    }
     con = duckdb.connect(str(tmp_path / "fleet.duckdb"))
     schema.init(con)
     seen = project(con, fleet)
-    calls = [CallOutcome(private_tool(1), ok=k < 10 - 2 * d, at=T0 + timedelta(days=d, hours=k),
-                         episode_id=f"e{d}-{k}", agent="agb") for d in range(6) for k in range(10)]
+    calls = [
+        CallOutcome(
+            private_tool(1), ok=k < 10 - 2 * d, at=T0 + timedelta(days=d, hours=k), episode_id=f"e{d}-{k}", agent="agb"
+        )
+        for d in range(6)
+        for k in range(10)
+    ]
     req = PromotionRequested(owner="global", at=T0 + timedelta(days=7), calls=calls)
-    apply_batch(con, TOPICS, [Rec("semantic", 0, 100, encode(req), key=b"global", headers=[("somnus-kind", KIND_PROMOTE)])],
-                load_offsets(con), 1 << 20, seen)
+    apply_batch(
+        con,
+        TOPICS,
+        [Rec("semantic", 0, 100, encode(req), key=b"global", headers=[("somnus-kind", KIND_PROMOTE)])],
+        load_offsets(con),
+        1 << 20,
+        seen,
+    )
     svc = ReadService(con=con, agents=agents, episodic=seen.memory, semantic=seen.semantic, top_facts=seen.top_facts)
     names = {a: [e["name"] for e in svc.knowledge_context(a, limit=100)] for a in agents}
     assert f"stat:tool:{private_tool(1)}:success" in names["agb"]
@@ -314,8 +390,11 @@ def test_the_rendered_briefing_shows_no_other_agents_text(tmp_path):
     for an agent owner reads that agent's data alone (``somnus.projections.semantic.promotion_inputs``), and
     Key Knowledge checks the provenance of every item, the agent's own memory's too."""
     agents = {"aga": AgentSpec(name="aga"), "agb": AgentSpec(name="agb")}
-    fleet = {"agents": agents, "users": 1,
-             "sessions": [(i, u, d, True, True, True) for i in (0, 1) for u in (None, 0) for d in range(3)]}
+    fleet = {
+        "agents": agents,
+        "users": 1,
+        "sessions": [(i, u, d, True, True, True) for i in (0, 1) for u in (None, 0) for d in range(3)],
+    }
     con = duckdb.connect(str(tmp_path / "fleet.duckdb"))
     schema.init(con)
     svc = ReadService(con=con, agents=agents, briefings=project(con, fleet).briefings.current)
@@ -333,6 +412,20 @@ def test_the_property_test_reads_every_agent_route():
     from somnus.projections.api import all_routes
     from somnus.projections.auth import whole_store
 
-    read = {"facts", "entities", "history", "recall", "episodic_context", "knowledge_context", "context", "rhythms",
-            "oscillators", "advise", "briefing", "inject", "goals", "wander"}
+    read = {
+        "facts",
+        "entities",
+        "history",
+        "recall",
+        "episodic_context",
+        "knowledge_context",
+        "context",
+        "rhythms",
+        "oscillators",
+        "advise",
+        "briefing",
+        "inject",
+        "goals",
+        "wander",
+    }
     assert {r.handler for r in all_routes() if not whole_store(r)} == read

@@ -20,8 +20,6 @@ TOPICS = Topics("traces", "episodes", "dead-letters", "facts")
 KNOWLEDGE = ("knowledge_inputs", "entity_versions", "entity_aliases", "predicates", "triples", "triple_history")
 
 
-
-
 @pytest.fixture(scope="module")
 def facts_records() -> list[Rec]:
     events = [decode_trace(orjson.dumps(e), 1 << 20) for e in generate(sessions=150, seed=21)]
@@ -72,8 +70,11 @@ def test_facts_top_holds_the_best_active_facts_of_each_scope(tmp_path, facts_rec
     agents = {a: AgentSpec(name=a) for (a,) in con.execute("SELECT DISTINCT created_by FROM triples").fetchall()}
     store = KnowledgeStore(DuckDBBackend(con), agents)
     for agent in agents:
-        best = con.execute("SELECT triple_id::VARCHAR FROM triples WHERE valid_to IS NULL AND scope IN (?, 'global') "
-                           "ORDER BY confidence DESC, count DESC, triple_id LIMIT 10", [f"agent:{agent}"]).fetchall()
+        best = con.execute(
+            "SELECT triple_id::VARCHAR FROM triples WHERE valid_to IS NULL AND scope IN (?, 'global') "
+            "ORDER BY confidence DESC, count DESC, triple_id LIMIT 10",
+            [f"agent:{agent}"],
+        ).fetchall()
         assert [f.triple_id for f in store.facts(agent, limit=10)] == [b[0] for b in best]
 
 
@@ -100,7 +101,8 @@ def test_the_in_memory_facts_top_answers_like_the_query(tmp_path, facts_records)
     for agent in agents:
         for limit, floor in ((5, 0.0), (50, 0.0), (200, 0.95)):
             assert cached.facts(agent, limit=limit, min_confidence=floor) == sql.facts(
-                agent, limit=limit, min_confidence=floor)
+                agent, limit=limit, min_confidence=floor
+            )
 
 
 def test_a_stretch_closed_twice_in_one_batch_keeps_its_last_closing(tmp_path):
@@ -115,10 +117,23 @@ def test_a_stretch_closed_twice_in_one_batch_keeps_its_last_closing(tmp_path):
 
     def fx(i, minute, target):
         return FactsExtracted(
-            schema_version=FACTS_SCHEMA_VERSION, episode_id=uuid.UUID(int=i + 1), agent="support",
-            observed_at=datetime(2026, 1, 5, 8, minute, tzinfo=timezone.utc), extractor="trace/1",
-            facts=[FactAsserted(source="api.stripe.com", source_type="api", predicate="rate_limit", target=target,
-                                target_type="rate", confidence=0.9, functional=True)])
+            schema_version=FACTS_SCHEMA_VERSION,
+            episode_id=uuid.UUID(int=i + 1),
+            agent="support",
+            observed_at=datetime(2026, 1, 5, 8, minute, tzinfo=timezone.utc),
+            extractor="trace/1",
+            facts=[
+                FactAsserted(
+                    source="api.stripe.com",
+                    source_type="api",
+                    predicate="rate_limit",
+                    target=target,
+                    target_type="rate",
+                    confidence=0.9,
+                    functional=True,
+                )
+            ],
+        )
 
     recs = [Rec("facts", 0, i, encode(f)) for i, f in enumerate([fx(0, 48, "1s"), fx(1, 56, "4s"), fx(2, 52, "2s")])]
     one = _project(tmp_path, "one.duckdb", [recs], reload_each_batch=False)

@@ -21,8 +21,17 @@ PLANTED = T0 + timedelta(days=40, hours=12)  # a 9 PM run of a job that runs at 
 
 
 def unit(i: int, at: datetime, agent: str = "nightly") -> MemoryUnit:
-    return MemoryUnit(memory_id=f"m{i:03d}", kind=MemoryKind.EPISODE, agent=agent, scope=f"agent:{agent}",
-                      run_id=f"s{i}", occurred_at=at, perception=f"run {i}", outcome="success", success=True)
+    return MemoryUnit(
+        memory_id=f"m{i:03d}",
+        kind=MemoryKind.EPISODE,
+        agent=agent,
+        scope=f"agent:{agent}",
+        run_id=f"s{i}",
+        occurred_at=at,
+        perception=f"run {i}",
+        outcome="success",
+        success=True,
+    )
 
 
 def daily_with_a_planted_anomaly() -> list[MemoryUnit]:
@@ -35,16 +44,23 @@ def project(path, units, chunks=1):
     schema.init(con)
     size = -(-len(units) // chunks)
     for c, j in enumerate(range(0, len(units), size)):
-        rec = Rec("memory", 0, c, encode(units[j:j + size]), headers=[("somnus-kind", KIND_UNITS)],
-                  timestamp=int(max(u.occurred_at for u in units[j:j + size]).timestamp() * 1000) + 1000)
+        rec = Rec(
+            "memory",
+            0,
+            c,
+            encode(units[j : j + size]),
+            headers=[("somnus-kind", KIND_UNITS)],
+            timestamp=int(max(u.occurred_at for u in units[j : j + size]).timestamp() * 1000) + 1000,
+        )
         apply_batch(con, TOPICS, [rec], load_offsets(con), 1 << 20, ReadModels(con, oscillators=OscillatorConfig(True)))
     return con
 
 
 def test_a_planted_off_rhythm_run_is_stored_as_the_anomaly_and_shown(tmp_path):
     con = project(tmp_path / "o.duckdb", daily_with_a_planted_anomaly())
-    rows = con.execute("SELECT memory_id, anomaly FROM oscillator_readings WHERE kind = 'session_end' "
-                       "ORDER BY anomaly DESC").fetchall()
+    rows = con.execute(
+        "SELECT memory_id, anomaly FROM oscillator_readings WHERE kind = 'session_end' ORDER BY anomaly DESC"
+    ).fetchall()
     assert len(rows) == 45  # every event but the pattern's first has a reading
     (top, score), (_, second) = rows[0], rows[1]
     assert top == "m040" and score > 0.9  # 12 hours off a daily rhythm: half a period
@@ -70,7 +86,9 @@ def test_readings_are_the_same_whatever_the_batches_and_a_redelivery_adds_none(t
     assert queries.table_checksums(one)["oscillator_readings"] == queries.table_checksums(many)["oscillator_readings"]
     n = many.execute("SELECT count(*) FROM oscillator_readings").fetchone()[0]
     again = Rec("memory", 0, 0, encode(units[:12]), headers=[("somnus-kind", KIND_UNITS)])
-    apply_batch(many, TOPICS, [again], load_offsets(many), 1 << 20, ReadModels(many, oscillators=OscillatorConfig(True)))
+    apply_batch(
+        many, TOPICS, [again], load_offsets(many), 1 << 20, ReadModels(many, oscillators=OscillatorConfig(True))
+    )
     assert many.execute("SELECT count(*) FROM oscillator_readings").fetchone()[0] == n
     one.close()
     many.close()

@@ -16,10 +16,14 @@ def test_the_stream_time_of_a_scope_is_the_newest_event_of_its_agents(tmp_path):
     schema.init(con)
     t = lambda d: datetime(2024, 5, d, 12, tzinfo=timezone.utc)  # noqa: E731
     for i, (agent, day) in enumerate((("a", 3), ("a", 5), ("b", 9), ("lead", 20), ("stranger", 1))):
-        con.execute("INSERT INTO events VALUES (uuid(), 1, ?, ?, 's', ?, 'session_start', '{}', 0, ?, 0)",
-                    [t(day), agent, i, i])
-    agents = {"lead": AgentSpec(name="lead"), "a": AgentSpec(name="a", reports_to="lead"),
-              "b": AgentSpec(name="b", reports_to="lead")}
+        con.execute(
+            "INSERT INTO events VALUES (uuid(), 1, ?, ?, 's', ?, 'session_start', '{}', 0, ?, 0)", [t(day), agent, i, i]
+        )
+    agents = {
+        "lead": AgentSpec(name="lead"),
+        "a": AgentSpec(name="a", reports_to="lead"),
+        "b": AgentSpec(name="b", reports_to="lead"),
+    }
 
     def at(scope: str) -> str | None:
         return queries.stream_time(con, agents, scope)["at"]

@@ -31,12 +31,22 @@ def _request(request_id: str | None) -> PromotionRequested:
     """A tool that failed 12 times in 20 calls, against a fleet base rate of 10% failures."""
     calls = [CallOutcome("pay", i % 5 >= 3 or i < 4, T0 + timedelta(hours=7 * i), f"e{i}", "a") for i in range(20)]
     failed = [c for c in calls if not c.ok]
-    link = CausalLinkView(event_signature="sig-pay", tool="pay", outcome="error", valence="negative", strength=0.6,
-                          confidence=0.9, observation_count=len(failed), observation_times=[c.at for c in failed],
-                          source_episode_ids=[c.episode_id for c in failed], event_observations=len(calls),
-                          base_rate=0.1)
-    return PromotionRequested(owner="global", at=T0 + timedelta(days=7), links=[link], calls=calls,
-                              request_id=request_id)
+    link = CausalLinkView(
+        event_signature="sig-pay",
+        tool="pay",
+        outcome="error",
+        valence="negative",
+        strength=0.6,
+        confidence=0.9,
+        observation_count=len(failed),
+        observation_times=[c.at for c in failed],
+        source_episode_ids=[c.episode_id for c in failed],
+        event_observations=len(calls),
+        base_rate=0.1,
+    )
+    return PromotionRequested(
+        owner="global", at=T0 + timedelta(days=7), links=[link], calls=calls, request_id=request_id
+    )
 
 
 def _rec(offset: int, req: PromotionRequested) -> Rec:
@@ -69,18 +79,34 @@ def test_a_request_with_an_id_runs_once_however_often_it_is_published(tmp_path, 
         assert after[table] == before[table], table
     # the copies were skipped, not run again (promotion of the same candidates is idempotent anyway);
     # a request without an id (somnus consolidate) and another id do run
-    apply_batch(con, TOPICS, [_rec(3, _request(None)), _rec(4, _request("sleep:r2"))], load_offsets(con), 1 << 20,
-                ReadModels(con))
+    apply_batch(
+        con,
+        TOPICS,
+        [_rec(3, _request(None)), _rec(4, _request("sleep:r2"))],
+        load_offsets(con),
+        1 << 20,
+        ReadModels(con),
+    )
     assert ran == ["sleep:r1", None, "sleep:r2"]
     assert con.execute("SELECT count(*) FROM semantic_requests").fetchone()[0] == 2
 
 
 def _observed(i: int, tool: str, outcome: str) -> OutcomeObserved:
-    return OutcomeObserved(event_signature=tool_signature(tool), level=LinkLevel.TOOL, tool=tool,
-                           outcome_signature=outcome_signature(outcome), outcome=outcome,
-                           valence=Valence.POSITIVE if outcome == "ok" else Valence.NEGATIVE, agent="a",
-                           observed_at=T0 + timedelta(minutes=37 * i), context={}, episode_id=uuid.UUID(int=i + 1),
-                           src_partition=0, src_offset=i, index=0)
+    return OutcomeObserved(
+        event_signature=tool_signature(tool),
+        level=LinkLevel.TOOL,
+        tool=tool,
+        outcome_signature=outcome_signature(outcome),
+        outcome=outcome,
+        valence=Valence.POSITIVE if outcome == "ok" else Valence.NEGATIVE,
+        agent="a",
+        observed_at=T0 + timedelta(minutes=37 * i),
+        context={},
+        episode_id=uuid.UUID(int=i + 1),
+        src_partition=0,
+        src_offset=i,
+        index=0,
+    )
 
 
 def test_promotion_reads_the_newest_calls_and_the_links_observations_in_their_span(tmp_path):
@@ -101,10 +127,14 @@ def test_promotion_reads_the_newest_calls_and_the_links_observations_in_their_sp
     assert [link.event_signature for link in window.links] == [link.event_signature for link in everything.links]
     for full, cut in zip(everything.links, window.links):
         assert cut.observation_times == [t for t in full.observation_times if t >= since]
-        assert cut.source_episode_ids == [e for t, e in zip(full.observation_times, full.source_episode_ids)
-                                          if t >= since]
-        assert (cut.observation_count, cut.strength, cut.base_rate) == (full.observation_count, full.strength,
-                                                                        full.base_rate)
+        assert cut.source_episode_ids == [
+            e for t, e in zip(full.observation_times, full.source_episode_ids) if t >= since
+        ]
+        assert (cut.observation_count, cut.strength, cut.base_rate) == (
+            full.observation_count,
+            full.strength,
+            full.base_rate,
+        )
     assert sum(len(link.observation_times) for link in window.links) == 50  # each call is one tool-level observation
     assert len(msgspec.json.encode(window)) < len(msgspec.json.encode(everything)) / 2
 
@@ -153,16 +183,27 @@ def test_promotion_for_an_agent_or_a_team_reads_only_that_scopes_data(tmp_path):
 
 def test_math_patterns_keep_a_patterns_source_agents_and_old_files_get_the_column(tmp_path):
     old = duckdb.connect(str(tmp_path / "old.duckdb"))
-    old.execute("CREATE TABLE math_patterns (owner VARCHAR NOT NULL, math_id VARCHAR NOT NULL, "
-                "name VARCHAR NOT NULL, category VARCHAR NOT NULL, domain VARCHAR, summary VARCHAR, query VARCHAR, "
-                "confidence DOUBLE NOT NULL, observations BIGINT, confirmed_at TIMESTAMPTZ NOT NULL)")
+    old.execute(
+        "CREATE TABLE math_patterns (owner VARCHAR NOT NULL, math_id VARCHAR NOT NULL, "
+        "name VARCHAR NOT NULL, category VARCHAR NOT NULL, domain VARCHAR, summary VARCHAR, query VARCHAR, "
+        "confidence DOUBLE NOT NULL, observations BIGINT, confirmed_at TIMESTAMPTZ NOT NULL)"
+    )
     schema.init(old)  # a file made before the column
     assert [c[0] for c in old.execute("DESCRIBE math_patterns").fetchall()][-1] == "source_agents"
     sums = []
     for con in (old, duckdb.connect(str(tmp_path / "new.duckdb"))):
         schema.init(con)
-        calls = [CallOutcome("pay", ok=k < 10 - 2 * d, at=T0 + timedelta(days=d, hours=k), episode_id=f"e{d}-{k}",
-                             agent="b" if k % 2 else "a") for d in range(6) for k in range(10)]
+        calls = [
+            CallOutcome(
+                "pay",
+                ok=k < 10 - 2 * d,
+                at=T0 + timedelta(days=d, hours=k),
+                episode_id=f"e{d}-{k}",
+                agent="b" if k % 2 else "a",
+            )
+            for d in range(6)
+            for k in range(10)
+        ]
         req = PromotionRequested(owner="global", at=T0 + timedelta(days=7), calls=calls)
         apply_batch(con, TOPICS, [_rec(0, req)], load_offsets(con), 1 << 20, ReadModels(con))
         rows = con.execute("SELECT name, source_agents FROM math_patterns").fetchall()
@@ -182,23 +223,45 @@ def test_a_sleeps_promotion_is_followed_by_atl_and_angular_gyrus_consolidation(t
 
     con = duckdb.connect(str(tmp_path / "s.duckdb"))
     schema.init(con)
-    calls = [CallOutcome("pay", ok=k < 10 - 2 * d, at=T0 + timedelta(days=d, hours=k), episode_id=f"e{d}-{k}",
-                         agent="b" if k % 2 else "a") for d in range(6) for k in range(10)]
-    promoted = PromotionRequested(owner="global", at=T0 + timedelta(days=7), calls=calls,  # concepts, patterns
-                                  links=_request(None).links)
+    calls = [
+        CallOutcome(
+            "pay",
+            ok=k < 10 - 2 * d,
+            at=T0 + timedelta(days=d, hours=k),
+            episode_id=f"e{d}-{k}",
+            agent="b" if k % 2 else "a",
+        )
+        for d in range(6)
+        for k in range(10)
+    ]
+    promoted = PromotionRequested(
+        owner="global",
+        at=T0 + timedelta(days=7),
+        calls=calls,  # concepts, patterns
+        links=_request(None).links,
+    )
     first = ReadModels(con)
     apply_batch(con, TOPICS, [_rec(0, promoted)], load_offsets(con), 1 << 20, first)
     # and a concept nothing hangs on (every promoted one has relationships, which keep it)
-    lone = ConceptCreated(owner="global", concept_id="c-lone", name="lone", definition="", category="tool",
-                          provenance=Provenance.AGENT_INFERENCE, at=promoted.at)
+    lone = ConceptCreated(
+        owner="global",
+        concept_id="c-lone",
+        name="lone",
+        definition="",
+        category="tool",
+        provenance=Provenance.AGENT_INFERENCE,
+        at=promoted.at,
+    )
     first.semantic._owner("global").apply(lone)
     first.semantic._insert(con, [(lone, 0)])
     concepts = con.execute("SELECT count(*) FROM concepts").fetchone()[0]
     patterns = con.execute("SELECT count(*) FROM math_patterns").fetchone()[0]
     assert concepts and patterns
     for run, days in (("sleep-young", 10), ("sleep-old", 40)):
-        con.execute("INSERT INTO sleep_runs (run_id, run_at, trigger, report) VALUES (?, ?, 'schedule', ?::JSON)",
-                    [run, promoted.at + timedelta(days=days), '{"per_layer": {"hippocampus": {"before": 5}}}'])
+        con.execute(
+            "INSERT INTO sleep_runs (run_id, run_at, trigger, report) VALUES (?, ?, 'schedule', ?::JSON)",
+            [run, promoted.at + timedelta(days=days), '{"per_layer": {"hippocampus": {"before": 5}}}'],
+        )
     seen = ReadModels(con)
 
     def sleep(offset: int, run: str, days: int) -> None:
@@ -208,10 +271,11 @@ def test_a_sleeps_promotion_is_followed_by_atl_and_angular_gyrus_consolidation(t
     def per_layer(run: str) -> dict:
         """The run's report, hippocampus from sleep_runs, the semantic layers from sleep_layer_reports."""
         out = json.loads(con.execute("SELECT report FROM sleep_runs WHERE run_id = ?", [run]).fetchone()[0])[
-            "per_layer"]
+            "per_layer"
+        ]
         for layer, before, after, removed, added, reinforced in con.execute(
-                "SELECT layer, before, after, removed, added, reinforced FROM sleep_layer_reports WHERE run_id = ?",
-                [run]).fetchall():
+            "SELECT layer, before, after, removed, added, reinforced FROM sleep_layer_reports WHERE run_id = ?", [run]
+        ).fetchall():
             out[layer] = {"before": before, "after": after, "removed": removed}
             assert (added, reinforced) == (0, 0)  # these requests carry no inputs: nothing added or reinforced
         return out
@@ -220,8 +284,11 @@ def test_a_sleeps_promotion_is_followed_by_atl_and_angular_gyrus_consolidation(t
     assert con.execute("SELECT count(*) FROM semantic_log WHERE kind = 'RecordRemoved'").fetchone()[0] == 0
     assert per_layer("sleep-young")["atl"] == {"after": concepts, "removed": 0, "before": concepts}
     sleep(2, "sleep-old", 40)  # forty days on: what promotion made and nothing reinforced since decays
-    removed = dict(con.execute("SELECT body->>'layer', count(*) FROM semantic_log WHERE kind = 'RecordRemoved' "
-                               "GROUP BY 1").fetchall())
+    removed = dict(
+        con.execute(
+            "SELECT body->>'layer', count(*) FROM semantic_log WHERE kind = 'RecordRemoved' GROUP BY 1"
+        ).fetchall()
+    )
     assert removed.get("angular_gyrus", 0) == patterns
     layers = per_layer("sleep-old")
     assert layers["hippocampus"] == {"before": 5}  # the memory fold's part is kept
@@ -238,11 +305,21 @@ def test_a_sleeps_promotion_is_followed_by_atl_and_angular_gyrus_consolidation(t
 def test_a_sleeps_layer_report_does_not_depend_on_where_the_batch_is_cut(tmp_path):
     # A sleep's request followed by a promotion that adds concepts: one batch or two, the report counts
     # the layers as the sleep left them (it once counted them at the batch's end: replay != live).
-    calls = [CallOutcome("pay", ok=k < 10 - 2 * d, at=T0 + timedelta(days=d, hours=k), episode_id=f"e{d}-{k}",
-                         agent="b" if k % 2 else "a") for d in range(6) for k in range(10)]
-    records = [_rec(0, PromotionRequested(owner="global", at=T0 + timedelta(days=7), request_id="sleep:run-1")),
-               _rec(1, PromotionRequested(owner="global", at=T0 + timedelta(days=7), calls=calls,
-                                          links=_request(None).links))]
+    calls = [
+        CallOutcome(
+            "pay",
+            ok=k < 10 - 2 * d,
+            at=T0 + timedelta(days=d, hours=k),
+            episode_id=f"e{d}-{k}",
+            agent="b" if k % 2 else "a",
+        )
+        for d in range(6)
+        for k in range(10)
+    ]
+    records = [
+        _rec(0, PromotionRequested(owner="global", at=T0 + timedelta(days=7), request_id="sleep:run-1")),
+        _rec(1, PromotionRequested(owner="global", at=T0 + timedelta(days=7), calls=calls, links=_request(None).links)),
+    ]
     reports = []
     for cut in (2, 1):
         con = duckdb.connect(str(tmp_path / f"cut{cut}.duckdb"))
@@ -252,8 +329,11 @@ def test_a_sleeps_layer_report_does_not_depend_on_where_the_batch_is_cut(tmp_pat
             if part:
                 apply_batch(con, TOPICS, part, load_offsets(con), 1 << 20, seen)
         assert con.execute("SELECT count(*) FROM concepts").fetchone()[0] > 0  # the promotion did add some
-        reports.append(con.execute("SELECT layer, before, added, reinforced, removed, after FROM sleep_layer_reports "
-                                   "ORDER BY layer").fetchall())
+        reports.append(
+            con.execute(
+                "SELECT layer, before, added, reinforced, removed, after FROM sleep_layer_reports ORDER BY layer"
+            ).fetchall()
+        )
     assert reports[0] == reports[1] == [("angular_gyrus", 0, 0, 0, 0, 0), ("atl", 0, 0, 0, 0, 0)]
 
 
@@ -266,23 +346,36 @@ def test_a_conversations_abstracted_topics_reach_the_atl_once(tmp_path):
     con = duckdb.connect(str(tmp_path / "t.duckdb"))
     schema.init(con)
     run_at = T0 + timedelta(days=3)
-    ev = PatternAbstracted(run_id="sleep-1", seq=5, at=run_at, pattern_id="p-pottery", agent="conv-1", key="pottery",
-                           domains=["conv-1-s1", "conv-1-s2"], support=3,
-                           sources=[PatternSource(f"m{k}", f"conv-1-s{1 + k % 2}") for k in range(3)])
-    con.execute("INSERT INTO lifecycle_log VALUES ('sleep-1', 5, 'PatternAbstracted', NULL, ?, ?)",
-                [run_at, encode_lifecycle(ev).decode()])
+    ev = PatternAbstracted(
+        run_id="sleep-1",
+        seq=5,
+        at=run_at,
+        pattern_id="p-pottery",
+        agent="conv-1",
+        key="pottery",
+        domains=["conv-1-s1", "conv-1-s2"],
+        support=3,
+        sources=[PatternSource(f"m{k}", f"conv-1-s{1 + k % 2}") for k in range(3)],
+    )
+    con.execute(
+        "INSERT INTO lifecycle_log VALUES ('sleep-1', 5, 'PatternAbstracted', NULL, ?, ?)",
+        [run_at, encode_lifecycle(ev).decode()],
+    )
     [topic] = sleep_topics(con)
     assert (topic.key, topic.agent, topic.source_ids) == ("pottery", "conv-1", ["m0", "m1", "m2"])
     assert sleep_topics(con, frozenset({"other"})) == []  # another agent's scope
-    con.execute("INSERT INTO sleep_runs (run_id, run_at, trigger, report) VALUES ('sleep-1', ?, 'schedule', '{}')",
-                [run_at])
+    con.execute(
+        "INSERT INTO sleep_runs (run_id, run_at, trigger, report) VALUES ('sleep-1', ?, 'schedule', '{}')", [run_at]
+    )
     req = msgspec.structs.replace(promotion_inputs(con), at=run_at, request_id="sleep:sleep-1")
     assert [t.key for t in req.topics] == ["pottery"]
     apply_batch(con, TOPICS, [_rec(0, req)], load_offsets(con), 1 << 20, ReadModels(con))
     assert con.execute("SELECT name, category FROM concepts").fetchall() == [("pottery", "topic")]
     # the run's report lists what it added (it once counted records and removals only)
-    assert con.execute("SELECT before, added, reinforced, removed, after FROM sleep_layer_reports "
-                       "WHERE run_id = 'sleep-1' AND layer = 'atl'").fetchone() == (0, 1, 0, 0, 1)
+    assert con.execute(
+        "SELECT before, added, reinforced, removed, after FROM sleep_layer_reports "
+        "WHERE run_id = 'sleep-1' AND layer = 'atl'"
+    ).fetchone() == (0, 1, 0, 0, 1)
     assert con.execute("SELECT count(*) FROM cross_layer_edges").fetchone()[0] == 6
     assert promotion_inputs(con).topics == []  # promoted: the next request does not carry it again
 
@@ -296,10 +389,21 @@ def test_each_scheduled_run_knows_the_topics_it_abstracted(tmp_path):
     con = duckdb.connect(str(tmp_path / "t.duckdb"))
     schema.init(con)
     for run, key in (("run-1", "pottery"), ("run-2", "kiln"), ("run-3", "rain")):
-        ev = PatternAbstracted(run_id=run, seq=1, at=T0, pattern_id=f"p-{key}", agent="c", key=key,
-                               domains=["s1", "s2"], support=3, sources=[PatternSource(f"m{k}", "s1") for k in range(3)])
-        con.execute("INSERT INTO lifecycle_log VALUES (?, 1, 'PatternAbstracted', NULL, ?, ?)",
-                    [run, T0, encode_lifecycle(ev).decode()])
+        ev = PatternAbstracted(
+            run_id=run,
+            seq=1,
+            at=T0,
+            pattern_id=f"p-{key}",
+            agent="c",
+            key=key,
+            domains=["s1", "s2"],
+            support=3,
+            sources=[PatternSource(f"m{k}", "s1") for k in range(3)],
+        )
+        con.execute(
+            "INSERT INTO lifecycle_log VALUES (?, 1, 'PatternAbstracted', NULL, ?, ?)",
+            [run, T0, encode_lifecycle(ev).decode()],
+        )
     assert abstracted_by(con, ["run-1", "run-2"]) == {"p-pottery": "run-1", "p-kiln": "run-2"}
     assert abstracted_by(con, []) == {}
 
@@ -309,22 +413,37 @@ def test_a_sleeps_layer_report_lists_what_it_added_reinforced_and_decayed(tmp_pa
     # first adds topics and their co-occurrence (AG), the second, 31 days later, reinforces one topic by
     # a new session and decays the rest.
     from somnus.schemas.semantic import TopicView
+
     con = duckdb.connect(str(tmp_path / "t.duckdb"))
     schema.init(con)
     seen = ReadModels(con)
 
     def topic(key: str, sessions: list[str]) -> TopicView:
-        return TopicView(pattern_id=f"p-{key}-{len(sessions)}", agent="c", key=key, domains=sessions,
-                         support=3, source_ids=[f"m-{key}-{s}" for s in sessions])
+        return TopicView(
+            pattern_id=f"p-{key}-{len(sessions)}",
+            agent="c",
+            key=key,
+            domains=sessions,
+            support=3,
+            source_ids=[f"m-{key}-{s}" for s in sessions],
+        )
 
-    first = [topic("pottery", ["s1", "s4"]), topic("kiln", ["s1", "s4"]),
-             topic("rain", [f"s{i}" for i in range(5, 25, 3)])]
+    first = [
+        topic("pottery", ["s1", "s4"]),
+        topic("kiln", ["s1", "s4"]),
+        topic("rain", [f"s{i}" for i in range(5, 25, 3)]),
+    ]
     run1 = PromotionRequested(owner="global", at=T0, request_id="sleep:run-1", topics=first)
-    run2 = PromotionRequested(owner="global", at=T0 + timedelta(days=31), request_id="sleep:run-2",
-                              topics=[topic("pottery", ["s1", "s30"])])
+    run2 = PromotionRequested(
+        owner="global", at=T0 + timedelta(days=31), request_id="sleep:run-2", topics=[topic("pottery", ["s1", "s30"])]
+    )
     apply_batch(con, TOPICS, [_rec(0, run1), _rec(1, run2)], load_offsets(con), 1 << 20, seen)
-    got = {(r, layer): counts for r, layer, *counts in con.execute(
-        "SELECT run_id, layer, before, added, reinforced, removed, after FROM sleep_layer_reports").fetchall()}
+    got = {
+        (r, layer): counts
+        for r, layer, *counts in con.execute(
+            "SELECT run_id, layer, before, added, reinforced, removed, after FROM sleep_layer_reports"
+        ).fetchall()
+    }
     assert got[("run-1", "atl")] == [0, 3, 0, 0, 3]
     assert got[("run-1", "angular_gyrus")] == [0, 1, 0, 0, 1]  # kiln+pottery, 2 of 9 sessions shared
     # run 2: pottery gets session s30 (3 sessions: protected); kiln (2 sessions, idle 31 days) decays,
@@ -332,11 +451,17 @@ def test_a_sleeps_layer_report_lists_what_it_added_reinforced_and_decayed(tmp_pa
     assert got[("run-2", "atl")] == [3, 0, 1, 1, 2]
     assert got[("run-2", "angular_gyrus")] == [1, 0, 0, 1, 0]
     # run 3, in a batch of its own: kiln comes back, and so does the association
-    run3 = PromotionRequested(owner="global", at=T0 + timedelta(days=32), request_id="sleep:run-3",
-                              topics=[topic("kiln", ["s1", "s4", "s30"])])
+    run3 = PromotionRequested(
+        owner="global",
+        at=T0 + timedelta(days=32),
+        request_id="sleep:run-3",
+        topics=[topic("kiln", ["s1", "s4", "s30"])],
+    )
     apply_batch(con, TOPICS, [_rec(2, run3)], load_offsets(con), 1 << 20, seen)
-    assert con.execute("SELECT before, added, reinforced, removed, after FROM sleep_layer_reports WHERE run_id = "
-                       "'run-3' ORDER BY layer").fetchall() == [(0, 1, 0, 0, 1), (2, 1, 0, 0, 3)]
+    assert con.execute(
+        "SELECT before, added, reinforced, removed, after FROM sleep_layer_reports WHERE run_id = "
+        "'run-3' ORDER BY layer"
+    ).fetchall() == [(0, 1, 0, 0, 1), (2, 1, 0, 0, 3)]
 
 
 def test_a_record_removed_and_made_again_in_one_batch_stays_in_the_read_models(tmp_path):
@@ -345,22 +470,37 @@ def test_a_record_removed_and_made_again_in_one_batch_stays_in_the_read_models(t
     from somnus.schemas.semantic import TopicView
 
     def topic(key: str, sessions: list[str]) -> TopicView:
-        return TopicView(pattern_id=f"p-{key}-{'-'.join(sessions)}", agent="c", key=key, domains=sessions,
-                         support=3, source_ids=[f"m-{key}-{s}" for s in sessions])
+        return TopicView(
+            pattern_id=f"p-{key}-{'-'.join(sessions)}",
+            agent="c",
+            key=key,
+            domains=sessions,
+            support=3,
+            source_ids=[f"m-{key}-{s}" for s in sessions],
+        )
 
     con = duckdb.connect(str(tmp_path / "t.duckdb"))
     schema.init(con)
     seen = ReadModels(con)
     rain = topic("rain", [f"s{i}" for i in range(5, 25, 3)])
-    reqs = [PromotionRequested(owner="global", at=T0 + timedelta(days=d), request_id=f"sleep:run-{i}", topics=ts)
-            for i, (d, ts) in enumerate(((0, [topic("pottery", ["s1", "s4"]), topic("kiln", ["s1", "s4"]), rain]),
-                                         (31, []), (32, [topic("kiln", ["s1", "s4", "s30"]),
-                                                         topic("pottery", ["s1", "s4", "s30"])])))]
+    reqs = [
+        PromotionRequested(owner="global", at=T0 + timedelta(days=d), request_id=f"sleep:run-{i}", topics=ts)
+        for i, (d, ts) in enumerate(
+            (
+                (0, [topic("pottery", ["s1", "s4"]), topic("kiln", ["s1", "s4"]), rain]),
+                (31, []),
+                (32, [topic("kiln", ["s1", "s4", "s30"]), topic("pottery", ["s1", "s4", "s30"])]),
+            )
+        )
+    ]
     apply_batch(con, TOPICS, [_rec(i, r) for i, r in enumerate(reqs)], load_offsets(con), 1 << 20, seen)
     m = seen.semantic.layers["global"]
     assert sorted(n for (n,) in con.execute("SELECT name FROM concepts").fetchall()) == ["kiln", "pottery", "rain"]
     assert sorted(c.name for c in m.atl) == ["kiln", "pottery", "rain"]
-    assert {i for (i,) in con.execute("SELECT DISTINCT math_id FROM math_patterns").fetchall()} == {
-        r.math_id for r in m.ag} != set()
+    assert (
+        {i for (i,) in con.execute("SELECT DISTINCT math_id FROM math_patterns").fetchall()}
+        == {r.math_id for r in m.ag}
+        != set()
+    )
     edges = con.execute("SELECT count(*) FROM cross_layer_edges").fetchone()[0]
     assert edges == len(m.cross)

@@ -35,11 +35,27 @@ def _records(units, request_at=None, stamped=None):
     """Records of 100 units each, stamped ``stamped(units of the record)`` (ms; default: a second after
     the record's latest unit, as the worker sends them)."""
     stamped = stamped or (lambda part: int(max(u.occurred_at for u in part).timestamp() * 1000) + 1000)
-    recs = [Rec("memory", 0, i, encode(units[j:j + 100]), headers=[("somnus-kind", KIND_UNITS)],
-                timestamp=stamped(units[j:j + 100])) for i, j in enumerate(range(0, len(units), 100))]
+    recs = [
+        Rec(
+            "memory",
+            0,
+            i,
+            encode(units[j : j + 100]),
+            headers=[("somnus-kind", KIND_UNITS)],
+            timestamp=stamped(units[j : j + 100]),
+        )
+        for i, j in enumerate(range(0, len(units), 100))
+    ]
     if request_at is not None:
-        recs.append(Rec("memory", 0, len(recs), encode(SleepRequested(at=request_at, requested_by="test")),
-                        headers=[("somnus-kind", KIND_SLEEP)]))
+        recs.append(
+            Rec(
+                "memory",
+                0,
+                len(recs),
+                encode(SleepRequested(at=request_at, requested_by="test")),
+                headers=[("somnus-kind", KIND_SLEEP)],
+            )
+        )
     return recs
 
 
@@ -69,7 +85,8 @@ def test_scheduled_and_requested_runs_decide_the_same_whatever_the_batching(tmp_
     # user interactions and successes are never pruned
     protected = one.execute(
         "SELECT count(*) FROM lifecycle_log l JOIN memories m USING (memory_id) WHERE l.kind = 'MemoryPruned' "
-        "AND (m.user_interaction OR m.outcome = 'success')").fetchone()[0]
+        "AND (m.user_interaction OR m.outcome = 'success')"
+    ).fetchone()[0]
     assert protected == 0
     many, _ = _project(tmp_path, "many.duckdb", [recs[:3], recs[3:4], recs[4:9], recs[9:]], restart_each_batch=True)
     a, b = queries.table_checksums(one), queries.table_checksums(many)
@@ -103,15 +120,18 @@ def test_oscillators_follow_each_agents_episodes_only_when_enabled_and_replay_th
         con = duckdb.connect(str(tmp_path / name))
         schema.init(con)
         for chunk in chunks:
-            apply_batch(con, TOPICS, chunk, load_offsets(con), 1 << 20, ReadModels(con, oscillators=OscillatorConfig(True)))
+            apply_batch(
+                con, TOPICS, chunk, load_offsets(con), 1 << 20, ReadModels(con, oscillators=OscillatorConfig(True))
+            )
         return con
 
     one = project("one.duckdb", [recs])
     many = project("many.duckdb", [recs[:2], recs[2:7], recs[7:]])
     assert queries.table_checksums(one)["oscillators"] == queries.table_checksums(many)["oscillators"]
     agents = {u.agent for u in units}
-    kinds = dict(one.execute("SELECT agent, sum(events) FILTER (kind = 'session_end') FROM oscillators "
-                             "GROUP BY 1").fetchall())
+    kinds = dict(
+        one.execute("SELECT agent, sum(events) FILTER (kind = 'session_end') FROM oscillators GROUP BY 1").fetchall()
+    )
     assert set(kinds) == agents and all(kinds[a] == sum(1 for u in units if u.agent == a) for a in agents)
     shown = api.ReadService(one, {}).oscillators(sorted(agents)[0])
     assert shown and {"kind", "events", "locked", "coherence", "next_recurrence"} <= set(shown[0])
@@ -127,16 +147,19 @@ def test_a_batch_reports_the_scheduled_runs_it_committed_for_promotion(tmp_path,
     reported = []
     for chunk in (recs[:4], recs[4:]):
         reported += apply_batch(con, TOPICS, chunk, load_offsets(con), 1 << 20, seen).scheduled_sleeps
-    scheduled = con.execute("SELECT run_id, run_at FROM sleep_runs WHERE trigger = 'schedule' ORDER BY run_at").fetchall()
+    scheduled = con.execute(
+        "SELECT run_id, run_at FROM sleep_runs WHERE trigger = 'schedule' ORDER BY run_at"
+    ).fetchall()
     assert scheduled and reported == [(r, at) for r, at in scheduled]  # the on-demand run is not among them
     assert seen.memory.sleep.take_scheduled() == []
 
 
 def test_units_stamped_ahead_of_their_records_move_the_sleep_clock_only_to_the_records_time(tmp_path, units):
     # Then a runtime whose clock is 30 days ahead: its units' times are, the worker's records' are not.
-    ahead = units[:200] + [msgspec.structs.replace(u, occurred_at=u.occurred_at + timedelta(days=30))
-                           for u in units[200:400]]
-    sent = [int((max(u.occurred_at for u in units[j:j + 100])).timestamp() * 1000) + 1000 for j in range(0, 400, 100)]
+    ahead = units[:200] + [
+        msgspec.structs.replace(u, occurred_at=u.occurred_at + timedelta(days=30)) for u in units[200:400]
+    ]
+    sent = [int((max(u.occurred_at for u in units[j : j + 100])).timestamp() * 1000) + 1000 for j in range(0, 400, 100)]
     recs = _records(ahead, stamped=lambda part: sent[ahead.index(part[0]) // 100])
     last_sent = max(sent) / 1000 + 300  # the record's time plus the skew allowed (s)
 
@@ -159,21 +182,32 @@ def test_another_datasets_newer_events_never_make_a_scopes_memories_idle(tmp_pat
     # Two datasets: "new" (the same sessions 60 days later, other agents) is imported first, then "old".
     # The fold keeps a stream time per scope, and a run judges each scope's memories by its own time.
     old = units[:600]
-    new = [msgspec.structs.replace(u, memory_id=f"new-{u.memory_id}", agent=f"new-{u.agent}",
-                                   scope=f"agent:new-{u.agent}", occurred_at=u.occurred_at + timedelta(days=60))
-           for u in old]
+    new = [
+        msgspec.structs.replace(
+            u,
+            memory_id=f"new-{u.memory_id}",
+            agent=f"new-{u.agent}",
+            scope=f"agent:new-{u.agent}",
+            occurred_at=u.occurred_at + timedelta(days=60),
+        )
+        for u in old
+    ]
     off = SleepConfig(schedule="off")  # on demand only: the same runs in both projections
 
     def project(name, datasets, request_at):
         recs = [r for d in datasets for r in _records(d)]
         recs = [Rec(r.topic, 0, i, r.value, headers=r.headers, timestamp=r.timestamp) for i, r in enumerate(recs)]
-        recs.append(Rec("memory", 0, len(recs), encode(SleepRequested(at=request_at)), headers=[("somnus-kind", KIND_SLEEP)]))
+        recs.append(
+            Rec("memory", 0, len(recs), encode(SleepRequested(at=request_at)), headers=[("somnus-kind", KIND_SLEEP)])
+        )
         con = duckdb.connect(str(tmp_path / name))
         schema.init(con)
         seen = ReadModels(con, None, off)
         apply_batch(con, TOPICS, recs, {}, 1 << 20, seen)
-        decided = con.execute("SELECT kind, memory_id FROM lifecycle_log WHERE kind IN ('MemoryPruned', "
-                              "'MemoryCompressed') AND NOT starts_with(memory_id, 'new-') ORDER BY 1, 2").fetchall()
+        decided = con.execute(
+            "SELECT kind, memory_id FROM lifecycle_log WHERE kind IN ('MemoryPruned', "
+            "'MemoryCompressed') AND NOT starts_with(memory_id, 'new-') ORDER BY 1, 2"
+        ).fetchall()
         return decided, seen.memory.sleep.state.scopes
 
     old_end = max(u.occurred_at for u in old)
@@ -186,8 +220,10 @@ def test_another_datasets_newer_events_never_make_a_scopes_memories_idle(tmp_pat
         assert scopes[f"agent:{agent}"] == newest == alone_scopes[f"agent:{agent}"]
         assert scopes[f"agent:new-{agent}"] == newest + timedelta(days=60)
     # the control: a scope's own newer events do age its memories (one more session each, 10 days on)
-    late = [msgspec.structs.replace(u, memory_id=f"late-{u.memory_id}", occurred_at=old_end + timedelta(days=10))
-            for u in {u.agent: u for u in old}.values()]
+    late = [
+        msgspec.structs.replace(u, memory_id=f"late-{u.memory_id}", occurred_at=old_end + timedelta(days=10))
+        for u in {u.agent: u for u in old}.values()
+    ]
     later, _ = project("later.duckdb", [old, late], old_end + timedelta(days=10))
     assert {m for k, m in later if k == "MemoryCompressed"} - {m for k, m in alone if k == "MemoryCompressed"}
 
@@ -195,15 +231,24 @@ def test_another_datasets_newer_events_never_make_a_scopes_memories_idle(tmp_pat
 def test_status_counts_pruned_memories_apart_from_live_ones(tmp_path, units):
     # every agent works again 4 days on: some memories pruned (over capacity), some compressed (idle)
     late = max(u.occurred_at for u in units) + timedelta(days=4)
-    again = [msgspec.structs.replace(u, memory_id=f"again-{u.memory_id}", occurred_at=late)
-             for u in {u.agent: u for u in units}.values()]
+    again = [
+        msgspec.structs.replace(u, memory_id=f"again-{u.memory_id}", occurred_at=late)
+        for u in {u.agent: u for u in units}.values()
+    ]
     con, seen = _project(tmp_path, "counts.duckdb", [_records(units + again, request_at=late)])
-    pruned = con.execute("SELECT count(DISTINCT memory_id) FROM lifecycle_log WHERE kind = 'MemoryPruned'").fetchone()[0]
-    compressed = con.execute("SELECT count(DISTINCT memory_id) FROM lifecycle_log WHERE kind = 'MemoryCompressed' "
-                             "AND memory_id NOT IN (SELECT memory_id FROM lifecycle_log WHERE kind = 'MemoryPruned')"
-                             ).fetchone()[0]
+    pruned = con.execute("SELECT count(DISTINCT memory_id) FROM lifecycle_log WHERE kind = 'MemoryPruned'").fetchone()[
+        0
+    ]
+    compressed = con.execute(
+        "SELECT count(DISTINCT memory_id) FROM lifecycle_log WHERE kind = 'MemoryCompressed' "
+        "AND memory_id NOT IN (SELECT memory_id FROM lifecycle_log WHERE kind = 'MemoryPruned')"
+    ).fetchone()[0]
     got = queries.summary(con)["memories"]
     assert pruned and compressed
-    assert got == {"stored": queries.counts(con)["memories"], "live": len(seen.memory.state.index),
-                   "compressed": compressed, "pruned": pruned}
+    assert got == {
+        "stored": queries.counts(con)["memories"],
+        "live": len(seen.memory.state.index),
+        "compressed": compressed,
+        "pruned": pruned,
+    }
     assert got["live"] == got["stored"] - pruned

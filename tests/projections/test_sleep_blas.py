@@ -29,8 +29,16 @@ def _dream(seed: int, memories: int, observations: int, noise: float) -> tuple[l
     obs = signature_vectors(_signatures(seed + 1, observations, 12, noise))
     ids = [f"m{i:04d}" for i in range(memories)]
     edges = np.random.default_rng(seed).integers(0, 4, memories)
-    a = dream_phase_a(ids, ["a"] * memories, mem, edges, [f"o{i:03d}" for i in range(observations)],
-                      ["a"] * observations, np.arange(observations) // 3, obs)
+    a = dream_phase_a(
+        ids,
+        ["a"] * memories,
+        mem,
+        edges,
+        [f"o{i:03d}" for i in range(observations)],
+        ["a"] * observations,
+        np.arange(observations) // 3,
+        obs,
+    )
     c = connect_recent(ids[:120], ["a"] * 120, mem[:120])
     return [frame.rows() for frame in a], c.rows()
 
@@ -54,8 +62,12 @@ def test_the_thread_count_comes_back_after_a_run_even_a_failed_one():
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 2**16), memories=st.integers(200, 700), observations=st.integers(8, 40),
-       noise=st.sampled_from([0.0, 0.03, 0.06, 0.3]))
+@given(
+    seed=st.integers(0, 2**16),
+    memories=st.integers(200, 700),
+    observations=st.integers(8, 40),
+    noise=st.sampled_from([0.0, 0.03, 0.06, 0.3]),
+)
 def test_dreaming_decides_the_same_on_one_blas_thread(seed, memories, observations, noise):
     default = _dream(seed, memories, observations, noise)
     with _blas_single_threaded():

@@ -30,8 +30,28 @@ TOPICS = {
     "work": ["job", "office", "boss", "project", "deadline", "meeting", "promotion", "team"],
     "music": ["guitar", "song", "concert", "band", "lessons", "practice", "album", "violin"],
 }
-FILLER = ["really", "today", "weekend", "finally", "again", "love", "think", "great", "fun", "tired",
-          "yesterday", "friends", "family", "excited", "busy", "new", "started", "went", "tried", "felt"]
+FILLER = [
+    "really",
+    "today",
+    "weekend",
+    "finally",
+    "again",
+    "love",
+    "think",
+    "great",
+    "fun",
+    "tired",
+    "yesterday",
+    "friends",
+    "family",
+    "excited",
+    "busy",
+    "new",
+    "started",
+    "went",
+    "tried",
+    "felt",
+]
 
 
 def _conversation(seed: int, sessions: int = 6, turns: int = 24) -> dict:
@@ -40,15 +60,22 @@ def _conversation(seed: int, sessions: int = 6, turns: int = 24) -> dict:
     start = datetime(2023, 5, 8, 13, 0, tzinfo=timezone.utc)
     for s in range(1, sessions + 1):
         when = start + timedelta(days=4 * s, hours=s)
-        conv[f"session_{s}_date_time"] = f"{when.hour % 12 or 12}:{when.minute:02d} {'pm' if when.hour >= 12 else 'am'} " \
-                                         f"on {when.day} {when.strftime('%B')}, {when.year}"
+        conv[f"session_{s}_date_time"] = (
+            f"{when.hour % 12 or 12}:{when.minute:02d} {'pm' if when.hour >= 12 else 'am'} "
+            f"on {when.day} {when.strftime('%B')}, {when.year}"
+        )
         turns_of = []
         for t in range(turns):
             topic = TOPICS[rng.choice(sorted(TOPICS))]
             words = rng.sample(topic, 4) + rng.sample(FILLER, 4)
             rng.shuffle(words)
-            turns_of.append({"speaker": "Mira" if t % 2 == 0 else "Theo", "dia_id": f"D{s}:{t + 1}",
-                             "text": " ".join(words).capitalize() + "."})
+            turns_of.append(
+                {
+                    "speaker": "Mira" if t % 2 == 0 else "Theo",
+                    "dia_id": f"D{s}:{t + 1}",
+                    "text": " ".join(words).capitalize() + ".",
+                }
+            )
         conv[f"session_{s}"] = turns_of
     return {"sample_id": f"conv-{seed}", "conversation": conv, "qa": []}
 

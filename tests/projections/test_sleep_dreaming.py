@@ -68,9 +68,17 @@ def test_every_input_of_dreaming_comes_from_the_fold_when_it_has_them(units):
 
 
 def _records(units, size=100):
-    return [Rec("memory", 0, i, encode(units[j:j + size]), headers=[("somnus-kind", KIND_UNITS)],
-                timestamp=int(max(u.occurred_at for u in units[j:j + size]).timestamp() * 1000) + 1000)
-            for i, j in enumerate(range(0, len(units), size))]
+    return [
+        Rec(
+            "memory",
+            0,
+            i,
+            encode(units[j : j + size]),
+            headers=[("somnus-kind", KIND_UNITS)],
+            timestamp=int(max(u.occurred_at for u in units[j : j + size]).timestamp() * 1000) + 1000,
+        )
+        for i, j in enumerate(range(0, len(units), size))
+    ]
 
 
 def _project(tmp_path, name, chunks, restart_each_batch=False):
@@ -90,18 +98,23 @@ def test_each_dream_phase_works_on_the_sample_fleet_and_replay_decides_the_same(
     kinds = dict(live.execute("SELECT kind, count(*) FROM lifecycle_log GROUP BY 1").fetchall())
     for kind in DREAM_KINDS:
         assert kinds.get(kind, 0) > 0, (kind, kinds)
-    reports = [msgspec.json.decode(r, type=SleepReport) for (r,) in
-               live.execute("SELECT report FROM sleep_runs ORDER BY run_at").fetchall()]
+    reports = [
+        msgspec.json.decode(r, type=SleepReport)
+        for (r,) in live.execute("SELECT report FROM sleep_runs ORDER BY run_at").fetchall()
+    ]
     assert len(reports) > 5
     for name in ("clustered", "held", "created", "connected"):
         assert sum(getattr(r, name) for r in reports) > 0, name
     assert {r.saturation.status for r in reports} - {"insufficient"}  # from the capture decisions' errors
     # a pattern is abstracted once, not again by every later run (SleepState.patterns)
-    patterns = [p for (p,) in live.execute(
-        "SELECT body->>'pattern_id' FROM lifecycle_log WHERE kind = 'PatternAbstracted'").fetchall()]
+    patterns = [
+        p
+        for (p,) in live.execute(
+            "SELECT body->>'pattern_id' FROM lifecycle_log WHERE kind = 'PatternAbstracted'"
+        ).fetchall()
+    ]
     assert patterns and len(patterns) == len(set(patterns))
-    replayed = _project(tmp_path, "replay.duckdb", [recs[:2], recs[2:3], recs[3:7], recs[7:]],
-                        restart_each_batch=True)
+    replayed = _project(tmp_path, "replay.duckdb", [recs[:2], recs[2:3], recs[3:7], recs[7:]], restart_each_batch=True)
     a, b = queries.table_checksums(live), queries.table_checksums(replayed)
     for table in ("lifecycle_log", "sleep_runs"):
         assert a[table] == b[table], table
@@ -117,12 +130,21 @@ def test_phase_a_routes_every_memory_captured_since_the_last_run_whatever_its_ev
     con = _project(tmp_path, "spans.duckdb", [recs])
     last_run = con.execute("SELECT max(run_at) FROM sleep_runs").fetchone()[0]
     before = {r.offset for r in recs if r.timestamp / 1000 <= last_run.timestamp()}
-    captured = [(m, a) for m, a, o in con.execute(
-        "SELECT body->>'memory_id', body->>'agent', src_offset FROM memory_log WHERE kind = 'CaptureDecided' "
-        "AND body->>'action' <> 'merged'").fetchall() if o in before]
-    routed = [m for (m,) in con.execute(
-        "SELECT body->>'observation_id' FROM lifecycle_log WHERE kind IN "
-        "('ObservationClustered', 'ObservationHeld', 'ObservationCreated')").fetchall()]
+    captured = [
+        (m, a)
+        for m, a, o in con.execute(
+            "SELECT body->>'memory_id', body->>'agent', src_offset FROM memory_log WHERE kind = 'CaptureDecided' "
+            "AND body->>'action' <> 'merged'"
+        ).fetchall()
+        if o in before
+    ]
+    routed = [
+        m
+        for (m,) in con.execute(
+            "SELECT body->>'observation_id' FROM lifecycle_log WHERE kind IN "
+            "('ObservationClustered', 'ObservationHeld', 'ObservationCreated')"
+        ).fetchall()
+    ]
     assert len(routed) == len(set(routed))  # once each
     assert set(routed) <= {m for m, _ in captured} and len(set(routed)) > 0.9 * len(captured)
     kinds = dict(con.execute("SELECT kind, count(*) FROM lifecycle_log GROUP BY 1").fetchall())

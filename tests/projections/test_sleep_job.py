@@ -35,37 +35,54 @@ def units():
 def folded(units: list[Any]) -> tuple[MemoryState, datetime]:
     state = new_state()
     for k in range(0, len(units), 200):
-        capture(state, units[k:k + 200], units[min(k + 199, len(units) - 1)].occurred_at)
+        capture(state, units[k : k + 200], units[min(k + 199, len(units) - 1)].occurred_at)
     at = max(u.occurred_at for u in units) + timedelta(days=5)
     ix = state.index
     for i in range(0, len(ix.ids), 7):  # some recalled lately
-        apply(state, MemoryAccessed(schema_version=MEMORY_SCHEMA_VERSION, memory_id=ix.ids[i], agent="t", query="q",
-                                    rank=1, score=1.0, accessed_at=at - timedelta(hours=i % 30)))
+        apply(
+            state,
+            MemoryAccessed(
+                schema_version=MEMORY_SCHEMA_VERSION,
+                memory_id=ix.ids[i],
+                agent="t",
+                query="q",
+                rank=1,
+                score=1.0,
+                accessed_at=at - timedelta(hours=i % 30),
+            ),
+        )
     return state, at
 
 
 def reference_columns(state: MemoryState) -> tuple[pl.DataFrame, pl.DataFrame]:
     """memory_columns, memory by memory and edge by edge."""
     ix = state.index
-    live = np.flatnonzero(ix.alive.data[:len(ix.ids)])
+    live = np.flatnonzero(ix.alive.data[: len(ix.ids)])
     units = [ix.units[i] for i in live]
     last = ix.last_access.data[live]
-    frame = pl.from_arrow(pa.table({
-        "memory_id": pa.array([ix.ids[i] for i in live], pa.string()),
-        "agent": pa.array([u.agent for u in units], pa.string()),
-        "layer": pa.array(["hippocampus"] * len(live), pa.string()),
-        "created_at": pa.array((ix.occurred.data[live] * 1e6).astype(np.int64), pa.timestamp("us", "UTC")),
-        "last_access": pa.array((last * 1e6).astype(np.int64), pa.timestamp("us", "UTC"), mask=~(last > 0)),
-        "access_count": pa.array(ix.access_count.data[live].astype(np.int64)),
-        "importance": pa.array(ix.importance.data[live]),
-        "outcome": pa.array([u.outcome for u in units], pa.string()),
-        "is_user_interaction": pa.array([u.user_interaction for u in units], pa.bool_()),
-        "edge_count": pa.array(np.array([len(ix.graph.get(int(i), {})) for i in live], dtype=np.int64)),
-        "size_bytes": pa.array([len(u.perception) + len(u.summary) + len(u.action) + 200 for u in units], pa.int64()),
-        "long_term": pa.array(ix.long_term.data[live]), "compressed": pa.array(ix.compressed.data[live]),
-        "index_keys": pa.array([[*u.tools[:3], *u.objects[:3]] for u in units], pa.list_(pa.string())),
-        "domain": pa.array([(u.domains or [""])[0] for u in units], pa.string()),
-    }))
+    frame = pl.from_arrow(
+        pa.table(
+            {
+                "memory_id": pa.array([ix.ids[i] for i in live], pa.string()),
+                "agent": pa.array([u.agent for u in units], pa.string()),
+                "layer": pa.array(["hippocampus"] * len(live), pa.string()),
+                "created_at": pa.array((ix.occurred.data[live] * 1e6).astype(np.int64), pa.timestamp("us", "UTC")),
+                "last_access": pa.array((last * 1e6).astype(np.int64), pa.timestamp("us", "UTC"), mask=~(last > 0)),
+                "access_count": pa.array(ix.access_count.data[live].astype(np.int64)),
+                "importance": pa.array(ix.importance.data[live]),
+                "outcome": pa.array([u.outcome for u in units], pa.string()),
+                "is_user_interaction": pa.array([u.user_interaction for u in units], pa.bool_()),
+                "edge_count": pa.array(np.array([len(ix.graph.get(int(i), {})) for i in live], dtype=np.int64)),
+                "size_bytes": pa.array(
+                    [len(u.perception) + len(u.summary) + len(u.action) + 200 for u in units], pa.int64()
+                ),
+                "long_term": pa.array(ix.long_term.data[live]),
+                "compressed": pa.array(ix.compressed.data[live]),
+                "index_keys": pa.array([[*u.tools[:3], *u.objects[:3]] for u in units], pa.list_(pa.string())),
+                "domain": pa.array([(u.domains or [""])[0] for u in units], pa.string()),
+            }
+        )
+    )
     src, dst, weight = [], [], []
     for a, nbrs in ix.graph.items():
         for b, w in nbrs.items():
@@ -73,17 +90,32 @@ def reference_columns(state: MemoryState) -> tuple[pl.DataFrame, pl.DataFrame]:
                 src.append(ix.ids[a])
                 dst.append(ix.ids[b])
                 weight.append(float(w))
-    edges = pl.from_arrow(pa.table({"src": pa.array(src, pa.string()), "dst": pa.array(dst, pa.string()),
-                                    "weight": pa.array(weight, pa.float64())}))
+    edges = pl.from_arrow(
+        pa.table(
+            {
+                "src": pa.array(src, pa.string()),
+                "dst": pa.array(dst, pa.string()),
+                "weight": pa.array(weight, pa.float64()),
+            }
+        )
+    )
     return frame, edges
 
 
 def snapshot(state: MemoryState) -> tuple[Any, ...]:
     ix = state.index
     n = len(ix.ids)
-    return (tuple(col.data[:n].tobytes() for col in ix._rows), [(a, list(b.items())) for a, b in ix.graph.items()],
-            [list(m) for m in ix.run_members], ix.live, ix.live_len, ix.run_live.data.tobytes(),
-            ix.scope_live.data.tobytes(), ix.scope_runs.data.tobytes(), ix.run_len.data.tobytes())
+    return (
+        tuple(col.data[:n].tobytes() for col in ix._rows),
+        [(a, list(b.items())) for a, b in ix.graph.items()],
+        [list(m) for m in ix.run_members],
+        ix.live,
+        ix.live_len,
+        ix.run_live.data.tobytes(),
+        ix.scope_live.data.tobytes(),
+        ix.scope_runs.data.tobytes(),
+        ix.run_len.data.tobytes(),
+    )
 
 
 def test_memory_columns_are_the_per_memory_columns(units):
@@ -105,12 +137,18 @@ def test_a_run_writes_and_forgets_what_the_event_by_event_run_does(tmp_path, uni
     # The reference: plan the same inputs, then every event built, encoded and applied one by one.
     frame, edges = reference_columns(expected_state)
     # (dreaming fed from the fold's state, as the job does: issue 29)
-    plan = plan_sleep(dream_inputs(expected_state, frame, edges, None, SleepConfig()), now=at,
-                      trigger=SleepTrigger.ON_DEMAND, config=SleepConfig(), input_offset=3)
+    plan = plan_sleep(
+        dream_inputs(expected_state, frame, edges, None, SleepConfig()),
+        now=at,
+        trigger=SleepTrigger.ON_DEMAND,
+        config=SleepConfig(),
+        input_offset=3,
+    )
     rows, expected_forgotten = [], []
     for ev in plan.events():
-        rows.append((ev.run_id, ev.seq, type(ev).__name__, getattr(ev, "memory_id", None), ev.at,
-                     encode_lifecycle(ev).decode()))
+        rows.append(
+            (ev.run_id, ev.seq, type(ev).__name__, getattr(ev, "memory_id", None), ev.at, encode_lifecycle(ev).decode())
+        )
         if isinstance(ev, (MemoryPruned, MemoryCompressed)):
             reason = ForgetReason.REMOVED if isinstance(ev, MemoryPruned) else ForgetReason.COMPRESSED
             for fe in forget(expected_state, ev.memory_id, reason, at):
@@ -126,8 +164,9 @@ def test_a_run_writes_and_forgets_what_the_event_by_event_run_does(tmp_path, uni
     con.execute("BEGIN")
     job.write(con)
     con.execute("COMMIT")
-    stored = con.execute("SELECT run_id, seq, kind, memory_id, decided_at, body::VARCHAR FROM lifecycle_log "
-                         "ORDER BY seq").fetchall()
+    stored = con.execute(
+        "SELECT run_id, seq, kind, memory_id, decided_at, body::VARCHAR FROM lifecycle_log ORDER BY seq"
+    ).fetchall()
     assert stored == rows
     assert con.execute("SELECT count(*) FROM lifecycle_log WHERE NOT json_valid(body)").fetchone() == (0,)
     report = con.execute("SELECT memories_before, pruned, compressed FROM sleep_runs").fetchone()

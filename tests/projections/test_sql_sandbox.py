@@ -23,10 +23,14 @@ def _projections(path: Path) -> duckdb.DuckDBPyConnection:
     """A projections file with a briefing and some events, held open read-write (the projector's writer)."""
     con = duckdb.connect(str(path))
     schema.init(con)
-    con.execute("INSERT INTO briefings VALUES ('support', 'b1', now(), 900, '# Briefing\n- check the invoice', 30, "
-                "1, '[]', 0, 0, 0, 0)")
-    con.execute("INSERT INTO events SELECT uuid(), 1, now(), 'support', 's' || i, i, 'tool_call', '{}', 0, i, 0 "
-                "FROM range(100) t(i)")
+    con.execute(
+        "INSERT INTO briefings VALUES ('support', 'b1', now(), 900, '# Briefing\n- check the invoice', 30, "
+        "1, '[]', 0, 0, 0, 0)"
+    )
+    con.execute(
+        "INSERT INTO events SELECT uuid(), 1, now(), 'support', 's' || i, i, 'tool_call', '{}', 0, i, 0 "
+        "FROM range(100) t(i)"
+    )
     return con
 
 
@@ -40,8 +44,9 @@ def writer(tmp_path: Path) -> duckdb.DuckDBPyConnection:
 def _state(con: duckdb.DuckDBPyConnection) -> tuple[str, dict[str, int], tuple[Any, ...]]:
     """What a refused statement must leave as it was: every projection's content, and the settings."""
     cur = con.cursor()
-    settings = cur.execute("SELECT current_setting('threads'), current_setting('memory_limit'), "
-                           "current_setting('enable_external_access')").fetchone()
+    settings = cur.execute(
+        "SELECT current_setting('threads'), current_setting('memory_limit'), current_setting('enable_external_access')"
+    ).fetchone()
     return queries.checksum(cur), queries.counts(cur), settings
 
 
@@ -60,8 +65,10 @@ ESCAPES = {
     "file as a table": ("SELECT * FROM '/etc/passwd'", "no table or view named '/etc/passwd'"),
     "describe a file": ("DESCRIBE '/etc/passwd'", "no table or view named '/etc/passwd'"),
     "file in a subquery": ("SELECT (SELECT count(*) FROM read_text('/etc/passwd'))", "read_text() is not allowed"),
-    "cte named like a file": ("SELECT * FROM (WITH \"/etc/passwd\" AS (SELECT 1) SELECT 1), \"/etc/passwd\"",
-                              "plain identifier"),
+    "cte named like a file": (
+        'SELECT * FROM (WITH "/etc/passwd" AS (SELECT 1) SELECT 1), "/etc/passwd"',
+        "plain identifier",
+    ),
     "sql in a string": ("SELECT * FROM query('DELETE FROM briefings')", "query() is not allowed"),
     "secrets": ("SELECT * FROM duckdb_secrets()", "duckdb_secrets() is not allowed"),
     "sequence": ("SELECT nextval('s')", "nextval() is not allowed"),
@@ -99,7 +106,8 @@ def test_each_escape_is_refused_clearly_and_changes_nothing(writer, tmp_path, na
     assert _state(writer) == before
     assert writer.execute("SELECT count(*) FROM briefings").fetchone()[0] == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["somnus.duckdb"] + (
-        ["somnus.duckdb.wal"] if (tmp_path / "somnus.duckdb.wal").exists() else [])  # no file written
+        ["somnus.duckdb.wal"] if (tmp_path / "somnus.duckdb.wal").exists() else []
+    )  # no file written
 
 
 @pytest.mark.parametrize("name", sorted(ESCAPES))
@@ -113,21 +121,24 @@ def test_the_read_route_refuses_each_escape_with_a_bad_request(writer, tmp_path,
     assert _state(writer) == before
 
 
-@pytest.mark.parametrize("sql,columns", [
-    ("SELECT agent, markdown FROM briefings", ["agent", "markdown"]),
-    ("FROM briefings SELECT count(*) AS n", ["n"]),
-    ("WITH s AS (SELECT session_id FROM events) SELECT count(*) AS n FROM s", ["n"]),
-    ("SELECT count(*) AS n FROM main.events e JOIN briefings b USING (agent)", ["n"]),
-    ("SELECT * FROM range(3)", ["range"]),
-    ("SELECT table_name FROM duckdb_tables() WHERE table_name = 'events'", ["table_name"]),
-    ("SELECT count(*) AS n FROM information_schema.tables", ["n"]),
-    ("DESCRIBE briefings", None),
-    ("SUMMARIZE events", None),
-    ("SHOW TABLES", ["name"]),
-    ("EXPLAIN SELECT * FROM events", ["explain_key", "explain_value"]),
-    ("EXPLAIN ANALYZE SELECT count(*) FROM events", ["explain_key", "explain_value"]),
-    ("SELECT ?::INTEGER + 1 AS x", ["x"]),
-])
+@pytest.mark.parametrize(
+    "sql,columns",
+    [
+        ("SELECT agent, markdown FROM briefings", ["agent", "markdown"]),
+        ("FROM briefings SELECT count(*) AS n", ["n"]),
+        ("WITH s AS (SELECT session_id FROM events) SELECT count(*) AS n FROM s", ["n"]),
+        ("SELECT count(*) AS n FROM main.events e JOIN briefings b USING (agent)", ["n"]),
+        ("SELECT * FROM range(3)", ["range"]),
+        ("SELECT table_name FROM duckdb_tables() WHERE table_name = 'events'", ["table_name"]),
+        ("SELECT count(*) AS n FROM information_schema.tables", ["n"]),
+        ("DESCRIBE briefings", None),
+        ("SUMMARIZE events", None),
+        ("SHOW TABLES", ["name"]),
+        ("EXPLAIN SELECT * FROM events", ["explain_key", "explain_value"]),
+        ("EXPLAIN ANALYZE SELECT count(*) FROM events", ["explain_key", "explain_value"]),
+        ("SELECT ?::INTEGER + 1 AS x", ["x"]),
+    ],
+)
 def test_reads_of_the_projections_still_work(writer, sql, columns):
     got = SqlSandbox(writer, timeout_s=5).run(sql, [41] if "?" in sql else None)
     assert got["rows"]
@@ -178,8 +189,9 @@ def test_the_writer_and_other_reads_go_on_while_a_query_runs_out_its_time(writer
     reader = writer.cursor()
     t0 = time.monotonic()
     for i in range(20):  # the writer commits batches; a reader sees each one
-        writer.execute("INSERT INTO events SELECT uuid(), 1, now(), 'support', 'new', ?, 'tool_call', '{}', 0, ?, 0",
-                       [i, 1000 + i])
+        writer.execute(
+            "INSERT INTO events SELECT uuid(), 1, now(), 'support', 'new', ?, 'tool_call', '{}', 0, ?, 0", [i, 1000 + i]
+        )
         assert reader.execute("SELECT count(*) FROM events").fetchone()[0] == 101 + i
     assert time.monotonic() - t0 < 2.5 and thread.is_alive()  # all while the long query ran
     thread.join(30)
@@ -194,8 +206,10 @@ def test_a_file_opened_for_reads_alone_is_locked_down_entirely(tmp_path):
     try:
         box = SqlSandbox(con, timeout_s=5, memory_limit="256MB", threads=1)
         assert box.dedicated
-        got = box.run("SELECT current_setting('enable_external_access') AS ext, current_setting('threads') AS t, "
-                      "current_setting('lock_configuration') AS locked, current_setting('memory_limit') AS mem")
+        got = box.run(
+            "SELECT current_setting('enable_external_access') AS ext, current_setting('threads') AS t, "
+            "current_setting('lock_configuration') AS locked, current_setting('memory_limit') AS mem"
+        )
         assert got["rows"] == [[False, 1, True, "244.1 MiB"]]
         with pytest.raises(duckdb.Error, match="configuration has been locked"):
             con.execute("SET enable_external_access = true")
@@ -211,12 +225,19 @@ def test_the_writers_database_is_hardened_and_its_writer_registers_its_frames(wr
     from somnus.projections.frames import registered
 
     SqlSandbox(writer, timeout_s=5)
-    settings = dict(writer.execute(
-        "SELECT name, value FROM duckdb_settings() WHERE name IN ('lock_configuration', 'autoload_known_extensions', "
-        "'autoinstall_known_extensions', 'allow_community_extensions', 'enable_external_access')").fetchall())
-    assert settings == {"lock_configuration": "true", "autoload_known_extensions": "false",
-                        "autoinstall_known_extensions": "false", "allow_community_extensions": "false",
-                        "enable_external_access": "false"}
+    settings = dict(
+        writer.execute(
+            "SELECT name, value FROM duckdb_settings() WHERE name IN ('lock_configuration', 'autoload_known_extensions', "
+            "'autoinstall_known_extensions', 'allow_community_extensions', 'enable_external_access')"
+        ).fetchall()
+    )
+    assert settings == {
+        "lock_configuration": "true",
+        "autoload_known_extensions": "false",
+        "autoinstall_known_extensions": "false",
+        "allow_community_extensions": "false",
+        "enable_external_access": "false",
+    }
     frame = pa.table({"agent": ["x"]})
     with pytest.raises(duckdb.CatalogException):  # a Python variable's name is no table here (replacement scan)
         writer.execute("INSERT INTO briefings_dirty SELECT agent FROM frame")
@@ -258,12 +279,16 @@ def test_somnus_sql_without_a_projector_runs_in_the_sandbox(tmp_path, monkeypatc
     monkeypatch.setenv("SOMNUS_SQL_TIMEOUT_S", "1")
     monkeypatch.delenv("SOMNUS_DB", raising=False)
     runner = CliRunner()
-    ok = runner.invoke(app, ["sql", "SELECT count(*) AS n, current_setting('enable_external_access') AS ext "
-                                    "FROM briefings"])
+    ok = runner.invoke(
+        app, ["sql", "SELECT count(*) AS n, current_setting('enable_external_access') AS ext FROM briefings"]
+    )
     assert ok.exit_code == 0, ok.output
     assert "False" in ok.output or "false" in ok.output.lower()
-    for sql, says in [("EXPLAIN ANALYZE DELETE FROM briefings", "DELETE"),
-                      ("SELECT content FROM read_text('/etc/passwd')", "read_text"), (LONG, "SOMNUS_SQL_TIMEOUT_S")]:
+    for sql, says in [
+        ("EXPLAIN ANALYZE DELETE FROM briefings", "DELETE"),
+        ("SELECT content FROM read_text('/etc/passwd')", "read_text"),
+        (LONG, "SOMNUS_SQL_TIMEOUT_S"),
+    ]:
         got = runner.invoke(app, ["sql", sql])
         assert got.exit_code != 0 and says in " ".join(got.output.split()), got.output
     con = duckdb.connect(str(tmp_path / "somnus.duckdb"), read_only=True)

@@ -22,28 +22,58 @@ T0 = datetime(2024, 6, 3, 9, tzinfo=timezone.utc)
 
 
 def _fleet(rate: LearningRate) -> dict[str, AgentSpec]:
-    return {"lead": AgentSpec(name="lead", learning_rate=rate),
-            "a": AgentSpec(name="a", reports_to="lead", learning_rate=rate),
-            "b": AgentSpec(name="b", reports_to="lead", learning_rate=rate),
-            "c": AgentSpec(name="c", reports_to="lead", learning_rate=rate),
-            "ops": AgentSpec(name="ops", learning_rate=rate)}
+    return {
+        "lead": AgentSpec(name="lead", learning_rate=rate),
+        "a": AgentSpec(name="a", reports_to="lead", learning_rate=rate),
+        "b": AgentSpec(name="b", reports_to="lead", learning_rate=rate),
+        "c": AgentSpec(name="c", reports_to="lead", learning_rate=rate),
+        "ops": AgentSpec(name="ops", learning_rate=rate),
+    }
 
 
 def _extracted(agent: str, session: str, at: datetime, assert_fact: bool) -> FactsExtracted:
-    facts = [FactAsserted(source="api.x.io", source_type="api", predicate="rate_limit", target="10/s",
-                          target_type="rate", confidence=0.95)] if assert_fact else []
-    return FactsExtracted(schema_version=1, episode_id=episode_id_for(agent, session), agent=agent, observed_at=at,
-                          extractor="trace/1", entities=[EntityMention(name="api.x.io", type="api"),
-                                                         EntityMention(name="http_get", type="tool")], facts=facts)
+    facts = (
+        [
+            FactAsserted(
+                source="api.x.io",
+                source_type="api",
+                predicate="rate_limit",
+                target="10/s",
+                target_type="rate",
+                confidence=0.95,
+            )
+        ]
+        if assert_fact
+        else []
+    )
+    return FactsExtracted(
+        schema_version=1,
+        episode_id=episode_id_for(agent, session),
+        agent=agent,
+        observed_at=at,
+        extractor="trace/1",
+        entities=[EntityMention(name="api.x.io", type="api"), EntityMention(name="http_get", type="tool")],
+        facts=facts,
+    )
 
 
 def _served(con, agent: str, session: str, at: datetime) -> BriefingServed:
-    tid = con.execute("SELECT triple_id::VARCHAR FROM triples WHERE scope = ? AND predicate = 'rate_limit'",
-                      [f"agent:{agent}"]).fetchone()[0]
-    fact = ServedFact(triple_id=tid, source="api:api.x.io", predicate="rate_limit", target="rate:10/s",
-                      scope=f"agent:{agent}", confidence=0.95, source_name="api.x.io", target_name="10/s")
-    return BriefingServed(schema_version=1, briefing_id=f"b-{agent}", agent=agent, session_id=session, served_at=at,
-                          facts=[fact])
+    tid = con.execute(
+        "SELECT triple_id::VARCHAR FROM triples WHERE scope = ? AND predicate = 'rate_limit'", [f"agent:{agent}"]
+    ).fetchone()[0]
+    fact = ServedFact(
+        triple_id=tid,
+        source="api:api.x.io",
+        predicate="rate_limit",
+        target="rate:10/s",
+        scope=f"agent:{agent}",
+        confidence=0.95,
+        source_name="api.x.io",
+        target_name="10/s",
+    )
+    return BriefingServed(
+        schema_version=1, briefing_id=f"b-{agent}", agent=agent, session_id=session, served_at=at, facts=[fact]
+    )
 
 
 def _run(tmp_path, rate: LearningRate, users: list[str]):
@@ -89,7 +119,9 @@ def test_the_fold_continues_after_a_restart_and_a_redelivered_use_counts_once(tm
     con = _run(tmp_path, LearningRate.CONSERVATIVE, ["a", "b"])
     state = dict(con.execute("SELECT statement, state FROM promotion_state").fetchall())
     assert len(state) == 1 and msgspec.json.decode(next(iter(state.values())))["tallies"]["team:lead"]["users"] == [
-        "a", "b"]
+        "a",
+        "b",
+    ]
     seen = ReadModels(con, _fleet(LearningRate.CONSERVATIVE))  # a restarted projector
     n = load_offsets(con)[("facts", 0)]
     again = Rec("facts", 0, n, encode(_extracted("b", "b-next", T0 + timedelta(days=2), False)))  # re-emitted

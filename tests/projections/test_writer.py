@@ -17,8 +17,6 @@ from somnus.sample import generate
 TOPICS = Topics("traces", "episodes", "dead-letters")
 
 
-
-
 def _records(sessions: int = 30, seed: int = 1) -> list[Rec]:
     raws = [orjson.dumps(e) for e in generate(sessions=sessions, seed=seed)]
     traces = [Rec("traces", 0, i, v, k) for i, (k, v) in enumerate(bundles(raws, 4))]
@@ -88,16 +86,30 @@ def test_invalid_traces_are_skipped_not_projected(tmp_path):
 
 def test_dead_letters_are_unique_by_source(tmp_path):
     con = _db(tmp_path)
-    h = [("somnus-reason", b"schema: Expected `int`, got `str` - at `$.seq`"), ("somnus-source-topic", b"traces"),
-         ("somnus-source-partition", b"3"), ("somnus-source-offset", b"17"), ("somnus-source-index", b"2")]
+    h = [
+        ("somnus-reason", b"schema: Expected `int`, got `str` - at `$.seq`"),
+        ("somnus-source-topic", b"traces"),
+        ("somnus-source-partition", b"3"),
+        ("somnus-source-offset", b"17"),
+        ("somnus-source-index", b"2"),
+    ]
     res = _apply(con, [Rec("dead-letters", 0, 0, b"orig", b"k", h), Rec("dead-letters", 0, 1, b"orig", b"k", h)])
     assert res.dead_letters == 1
     row = con.execute("SELECT src_partition, src_offset, src_index, kind, original FROM dead_letters").fetchone()
     assert row == (3, 17, 2, "schema", b"orig")
 
 
-@pytest.mark.parametrize("sql", ["DELETE FROM events", "INSERT INTO events SELECT * FROM events",
-                                 "CREATE TABLE x (a INT)", "SELECT 1; DROP TABLE events", "ATTACH 'x.db'", ""])
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "DELETE FROM events",
+        "INSERT INTO events SELECT * FROM events",
+        "CREATE TABLE x (a INT)",
+        "SELECT 1; DROP TABLE events",
+        "ATTACH 'x.db'",
+        "",
+    ],
+)
 def test_sql_is_read_only(tmp_path, sql):
     with pytest.raises(queries.NotReadOnly):
         queries.check_read_only(sql)
@@ -138,8 +150,9 @@ def test_a_poison_record_on_an_internal_topic_is_quarantined_and_later_records_a
     poison = [Rec(topic, 7, i, v, b"k", headers) for i, v in enumerate(POISON_BY_TOPIC[topic])]
     res = _guarded(con, poison + good)
     assert res.episodes == 3 and res.quarantined == len(poison)
-    rows = con.execute("SELECT src_topic, src_offset, kind, reason, original, dlq_offset FROM dead_letters "
-                       "ORDER BY src_offset").fetchall()
+    rows = con.execute(
+        "SELECT src_topic, src_offset, kind, reason, original, dlq_offset FROM dead_letters ORDER BY src_offset"
+    ).fetchall()
     assert [(t, o) for t, o, *_ in rows] == [(topic, i) for i in range(len(poison))]
     assert all(dlq is None and reason.startswith(f"{kind}: ") for _, _, kind, reason, _, dlq in rows)
     assert rows[0][3].startswith("oversized: invalid ") and "JSON nested 100000 deep > limit 64" in rows[0][3]
@@ -166,8 +179,9 @@ def test_a_sealed_poison_record_is_judged_by_its_plaintext(tmp_path, topic):
         key = new_key("aga", "s1")
         seen.keys.apply(key.key_id.encode(), encode_key(key))
         headers = [("somnus-kind", KIND_INGEST)] if topic == "semantic" else None
-        poison = [Rec(topic, 7, i, seal(key, v) if sealed else v, b"k", headers)
-                  for i, v in enumerate(POISON_BY_TOPIC[topic])]
+        poison = [
+            Rec(topic, 7, i, seal(key, v) if sealed else v, b"k", headers) for i, v in enumerate(POISON_BY_TOPIC[topic])
+        ]
         res = apply_guarded(con, ALL, poison + _records(sessions=3), load_offsets(con), 1 << 20, seen, 64, 300.0)
         assert res.episodes == 3 and res.quarantined == len(poison) and res.shredded == 0
         return [r for (r,) in con.execute("SELECT reason FROM dead_letters ORDER BY src_offset").fetchall()]
@@ -178,7 +192,8 @@ def test_a_sealed_poison_record_is_judged_by_its_plaintext(tmp_path, topic):
 
 
 def test_a_record_its_fold_cannot_apply_is_quarantined_as_poison_and_the_rest_of_the_batch_is_applied(
-        tmp_path, monkeypatch):
+    tmp_path, monkeypatch
+):
     from somnus.projections.causal import CausalProjection
 
     con = _db(tmp_path)
@@ -197,7 +212,7 @@ def test_a_record_its_fold_cannot_apply_is_quarantined_as_poison_and_the_rest_of
     (row,) = con.execute("SELECT src_topic, src_partition, src_offset, kind, reason FROM dead_letters").fetchall()
     assert row == ("link-updates", 1, 0, "schema", row[4]) and row[4].startswith("schema: invalid link updates: ")
     # decodable, but the fold raises: found by halves and quarantined as poison
-    valid = Rec("link-updates", 1, 1, b'[]' if False else b'[{"cursed": 1}]'.replace(b'1}', b'1, "x": 0}'))
+    valid = Rec("link-updates", 1, 1, b"[]" if False else b'[{"cursed": 1}]'.replace(b"1}", b'1, "x": 0}'))
     monkeypatch.setattr("somnus.projections.writer._undecodable", lambda topics, rec, depth: None)
     more = _records(sessions=2, seed=9)
     more = [Rec(r.topic, r.partition, r.offset + 1000, r.value, r.key) for r in more]
@@ -209,8 +224,16 @@ def test_a_record_its_fold_cannot_apply_is_quarantined_as_poison_and_the_rest_of
 
 def test_an_event_id_is_projected_once_and_one_another_session_reuses_is_a_dead_letter(tmp_path):
     con = _db(tmp_path)
-    base = {"event_id": "6f1c1a6e-7d0c-4a43-9a55-0c7f2d1f4b1e", "schema_version": 1, "ts": "2026-03-01T09:00:00Z",
-            "agent": "support", "session_id": "s1", "seq": 0, "type": "agent_message", "payload": {"text": "hi"}}
+    base = {
+        "event_id": "6f1c1a6e-7d0c-4a43-9a55-0c7f2d1f4b1e",
+        "schema_version": 1,
+        "ts": "2026-03-01T09:00:00Z",
+        "agent": "support",
+        "session_id": "s1",
+        "seq": 0,
+        "type": "agent_message",
+        "payload": {"text": "hi"},
+    }
     first = Rec("traces", 0, 0, orjson.dumps(base))
     again = Rec("traces", 0, 1, orjson.dumps({**base, "seq": 1}))  # a copy in its own session
     other = Rec("traces", 1, 0, orjson.dumps({**base, "session_id": "s2"}))  # another session reuses it
@@ -219,20 +242,35 @@ def test_an_event_id_is_projected_once_and_one_another_session_reuses_is_a_dead_
     res = _guarded(con, [other, Rec("traces", 0, 2, orjson.dumps({**base, "seq": 2}))])
     assert (res.events, res.duplicate_events) == (0, 1)
     assert con.execute("SELECT count(*) FROM events").fetchone()[0] == 1
-    (kind, reason, idx), = con.execute("SELECT kind, reason, src_index FROM dead_letters").fetchall()
+    ((kind, reason, idx),) = con.execute("SELECT kind, reason, src_index FROM dead_letters").fetchall()
     assert kind == "duplicate" and idx == 0
-    assert reason == ("duplicate: event_id 6f1c1a6e-7d0c-4a43-9a55-0c7f2d1f4b1e already belongs to session 's1' of "
-                      "agent 'support'; this agent_message event of session 's2' of agent 'support' reuses it")
+    assert reason == (
+        "duplicate: event_id 6f1c1a6e-7d0c-4a43-9a55-0c7f2d1f4b1e already belongs to session 's1' of "
+        "agent 'support'; this agent_message event of session 's2' of agent 'support' reuses it"
+    )
     assert queries.summary(con)["duplicate_events"] == 2 and queries.summary(con)["quarantined"] == {}
 
 
 def test_an_event_stamped_past_its_records_broker_time_plus_the_skew_is_not_projected(tmp_path):
     con = _db(tmp_path)
     at_ms = 1_772_355_600_000  # 2026-03-01T09:00:00Z, the record's broker time
-    ev = {"event_id": "6f1c1a6e-7d0c-4a43-9a55-0c7f2d1f4b1e", "schema_version": 1, "ts": "2999-01-01T00:00:00Z",
-          "agent": "support", "session_id": "s1", "seq": 0, "type": "agent_message", "payload": {"text": "hi"}}
+    ev = {
+        "event_id": "6f1c1a6e-7d0c-4a43-9a55-0c7f2d1f4b1e",
+        "schema_version": 1,
+        "ts": "2999-01-01T00:00:00Z",
+        "agent": "support",
+        "session_id": "s1",
+        "seq": 0,
+        "type": "agent_message",
+        "payload": {"text": "hi"},
+    }
     near = {**ev, "event_id": "6f1c1a6e-7d0c-4a43-9a55-0c7f2d1f4b1f", "ts": "2026-03-01T09:04:00Z"}
-    res = _guarded(con, [Rec("traces", 0, 0, orjson.dumps(ev), timestamp=at_ms),
-                         Rec("traces", 0, 1, orjson.dumps(near), timestamp=at_ms)])
+    res = _guarded(
+        con,
+        [
+            Rec("traces", 0, 0, orjson.dumps(ev), timestamp=at_ms),
+            Rec("traces", 0, 1, orjson.dumps(near), timestamp=at_ms),
+        ],
+    )
     assert res.events == 1
     assert con.execute("SELECT max(ts) FROM events").fetchone()[0].year == 2026

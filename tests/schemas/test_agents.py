@@ -31,16 +31,29 @@ def test_the_built_in_fleet_loads_with_its_defaults():
     assert sorted(agents) == ["deployer", "ops-lead", "research-lead", "researcher", "scraper", "support"]
     assert load_agents(DEFAULT_DIR) == agents
     for spec in agents.values():
-        assert (spec.episodic, spec.max_episodes, spec.briefing_enabled, spec.briefing_token_budget,
-                spec.learning_rate, spec.knowledge_scopes) == (True, 50, True, 2000, LearningRate.MODERATE, [])
+        assert (
+            spec.episodic,
+            spec.max_episodes,
+            spec.briefing_enabled,
+            spec.briefing_token_budget,
+            spec.learning_rate,
+            spec.knowledge_scopes,
+        ) == (True, 50, True, 2000, LearningRate.MODERATE, [])
     assert {n: s.reports_to for n, s in agents.items()} == {
-        "research-lead": None, "researcher": "research-lead", "scraper": "research-lead",
-        "ops-lead": None, "deployer": "ops-lead", "support": "ops-lead"}
+        "research-lead": None,
+        "researcher": "research-lead",
+        "scraper": "research-lead",
+        "ops-lead": None,
+        "deployer": "ops-lead",
+        "support": "ops-lead",
+    }
 
 
 def test_teams_of_the_built_in_fleet():
-    assert teams(load_agents()) == {"research-lead": ["research-lead", "researcher", "scraper"],
-                                    "ops-lead": ["ops-lead", "deployer", "support"]}
+    assert teams(load_agents()) == {
+        "research-lead": ["research-lead", "researcher", "scraper"],
+        "ops-lead": ["ops-lead", "deployer", "support"],
+    }
 
 
 def test_the_built_in_fleet_is_the_one_the_sample_generator_uses():
@@ -50,13 +63,22 @@ def test_the_built_in_fleet_is_the_one_the_sample_generator_uses():
 
 def test_defaults_of_an_agent_spec():
     spec = AgentSpec(name="x")
-    assert (spec.reports_to, spec.episodic, spec.max_episodes, spec.briefing_enabled,
-            spec.briefing_token_budget, spec.learning_rate, spec.knowledge_scopes) == (
-        None, True, 50, True, 2000, LearningRate.MODERATE, [])
+    assert (
+        spec.reports_to,
+        spec.episodic,
+        spec.max_episodes,
+        spec.briefing_enabled,
+        spec.briefing_token_budget,
+        spec.learning_rate,
+        spec.knowledge_scopes,
+    ) == (None, True, 50, True, 2000, LearningRate.MODERATE, [])
 
 
 def test_camel_case_fields_are_read(tmp_path):
-    path = agent_file(tmp_path, "a.md", """
+    path = agent_file(
+        tmp_path,
+        "a.md",
+        """
 name: analyst
 reportsTo: null
 episodic: false
@@ -66,11 +88,18 @@ briefingTokenBudget: 512
 learningRate: aggressive
 knowledgeScopes: [pricing, vendors]
 unknownField: ignored
-""")
+""",
+    )
     spec = parse_agent_file(path)
-    assert spec == AgentSpec(name="analyst", episodic=False, max_episodes=0, briefing_enabled=False,
-                             briefing_token_budget=512, learning_rate=LearningRate.AGGRESSIVE,
-                             knowledge_scopes=["pricing", "vendors"])
+    assert spec == AgentSpec(
+        name="analyst",
+        episodic=False,
+        max_episodes=0,
+        briefing_enabled=False,
+        briefing_token_budget=512,
+        learning_rate=LearningRate.AGGRESSIVE,
+        knowledge_scopes=["pricing", "vendors"],
+    )
 
 
 def test_teams_include_indirect_reports_lead_first_then_by_name(tmp_path):
@@ -84,16 +113,19 @@ def test_teams_include_indirect_reports_lead_first_then_by_name(tmp_path):
     assert team_lead(agents, "alice") == "ceo"
 
 
-@pytest.mark.parametrize(("line", "field"), [
-    ("maxEpisodes: -1", "maxEpisodes"),
-    ("maxEpisodes: many", "maxEpisodes"),
-    ("learningRate: fast", "learningRate"),
-    ("briefingEnabled: maybe", "briefingEnabled"),
-    ("briefingTokenBudget: -10", "briefingTokenBudget"),
-    ("episodic: 3", "episodic"),
-    ("knowledgeScopes: pricing", "knowledgeScopes"),
-    ("reportsTo: [a, b]", "reportsTo"),
-])
+@pytest.mark.parametrize(
+    ("line", "field"),
+    [
+        ("maxEpisodes: -1", "maxEpisodes"),
+        ("maxEpisodes: many", "maxEpisodes"),
+        ("learningRate: fast", "learningRate"),
+        ("briefingEnabled: maybe", "briefingEnabled"),
+        ("briefingTokenBudget: -10", "briefingTokenBudget"),
+        ("episodic: 3", "episodic"),
+        ("knowledgeScopes: pricing", "knowledgeScopes"),
+        ("reportsTo: [a, b]", "reportsTo"),
+    ],
+)
 def test_an_invalid_field_names_the_file_and_the_field(tmp_path, line, field):
     path = agent_file(tmp_path, "broken.md", f"name: broken\n{line}")
     with pytest.raises(AgentFileError) as info:
@@ -111,8 +143,11 @@ def test_an_agent_needs_a_name(tmp_path, front):
     assert str(path) in str(info.value)
 
 
-@pytest.mark.parametrize("text", ["# just notes\nname: x\n", "", "\n---\nname: x\n---\n"],
-                         ids=["no front matter", "empty file", "front matter not first"])
+@pytest.mark.parametrize(
+    "text",
+    ["# just notes\nname: x\n", "", "\n---\nname: x\n---\n"],
+    ids=["no front matter", "empty file", "front matter not first"],
+)
 def test_missing_front_matter(tmp_path, text):
     path = tmp_path / "plain.md"
     path.write_text(text)
@@ -121,11 +156,14 @@ def test_missing_front_matter(tmp_path, text):
     assert str(path) in str(info.value)
 
 
-@pytest.mark.parametrize(("text", "match"), [
-    ("---\nname: x\n", "not closed"),
-    ("---\nname: [x\n---\n", "not valid YAML"),
-    ("---\n- a\n- b\n---\n", "must be a mapping"),
-])
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("---\nname: x\n", "not closed"),
+        ("---\nname: [x\n---\n", "not valid YAML"),
+        ("---\n- a\n- b\n---\n", "must be a mapping"),
+    ],
+)
 def test_broken_front_matter(tmp_path, text, match):
     path = tmp_path / "bad.md"
     path.write_text(text)
@@ -193,30 +231,33 @@ def test_the_body_may_contain_horizontal_rules(tmp_path):
 
 
 # Every field, more kinds of invalid value: wrong type, null where a value is needed, out of range.
-@pytest.mark.parametrize(("front", "field", "why"), [
-    ("name: [x]", "name", "Expected `str`"),
-    ("name: a\nreportsTo: 5", "reportsTo", "Expected `str | null`"),
-    ("name: a\nepisodic: maybe", "episodic", "Expected `bool`"),
-    ("name: a\nepisodic: null", "episodic", "Expected `bool`"),
-    ("name: a\nmaxEpisodes: 2.5", "maxEpisodes", "Expected `int`"),
-    ("name: a\nmaxEpisodes: null", "maxEpisodes", "Expected `int`"),
-    ("name: a\nmaxEpisodes: true", "maxEpisodes", "Expected `int`"),
-    ("name: a\nbriefingEnabled: 1", "briefingEnabled", "Expected `bool`"),
-    ("name: a\nbriefingEnabled: null", "briefingEnabled", "Expected `bool`"),
-    ("name: a\nbriefingTokenBudget: lots", "briefingTokenBudget", "Expected `int`"),
-    ("name: a\nbriefingTokenBudget: 12.5", "briefingTokenBudget", "Expected `int`"),
-    ("name: a\nbriefingTokenBudget: true", "briefingTokenBudget", "Expected `int`"),
-    ("name: a\nbriefingTokenBudget: -1", "briefingTokenBudget", ">= 0"),
-    ("name: a\nlearningRate: 3", "learningRate", "Expected `str`"),
-    ("name: a\nlearningRate: Moderate", "learningRate", "Invalid enum value 'Moderate'"),
-    ("name: a\nlearningRate: null", "learningRate", "Expected `str`"),
-    ("name: a\nknowledgeScopes: [1, 2]", "knowledgeScopes", "Expected `str`"),
-    ("name: a\nknowledgeScopes: {a: b}", "knowledgeScopes", "Expected `array`"),
-    ("name: a\nknowledgeScopes: null", "knowledgeScopes", "Expected `array`"),
-    ('name: a\nknowledgeScopes: [""]', "knowledgeScopes[0]", "matching regex"),
-    ('name: a\nknowledgeScopes: [ops, "team:"]', "knowledgeScopes[1]", "matching regex"),
-    ('name: a\nknowledgeScopes: ["data team"]', "knowledgeScopes[0]", "matching regex"),
-])
+@pytest.mark.parametrize(
+    ("front", "field", "why"),
+    [
+        ("name: [x]", "name", "Expected `str`"),
+        ("name: a\nreportsTo: 5", "reportsTo", "Expected `str | null`"),
+        ("name: a\nepisodic: maybe", "episodic", "Expected `bool`"),
+        ("name: a\nepisodic: null", "episodic", "Expected `bool`"),
+        ("name: a\nmaxEpisodes: 2.5", "maxEpisodes", "Expected `int`"),
+        ("name: a\nmaxEpisodes: null", "maxEpisodes", "Expected `int`"),
+        ("name: a\nmaxEpisodes: true", "maxEpisodes", "Expected `int`"),
+        ("name: a\nbriefingEnabled: 1", "briefingEnabled", "Expected `bool`"),
+        ("name: a\nbriefingEnabled: null", "briefingEnabled", "Expected `bool`"),
+        ("name: a\nbriefingTokenBudget: lots", "briefingTokenBudget", "Expected `int`"),
+        ("name: a\nbriefingTokenBudget: 12.5", "briefingTokenBudget", "Expected `int`"),
+        ("name: a\nbriefingTokenBudget: true", "briefingTokenBudget", "Expected `int`"),
+        ("name: a\nbriefingTokenBudget: -1", "briefingTokenBudget", ">= 0"),
+        ("name: a\nlearningRate: 3", "learningRate", "Expected `str`"),
+        ("name: a\nlearningRate: Moderate", "learningRate", "Invalid enum value 'Moderate'"),
+        ("name: a\nlearningRate: null", "learningRate", "Expected `str`"),
+        ("name: a\nknowledgeScopes: [1, 2]", "knowledgeScopes", "Expected `str`"),
+        ("name: a\nknowledgeScopes: {a: b}", "knowledgeScopes", "Expected `array`"),
+        ("name: a\nknowledgeScopes: null", "knowledgeScopes", "Expected `array`"),
+        ('name: a\nknowledgeScopes: [""]', "knowledgeScopes[0]", "matching regex"),
+        ('name: a\nknowledgeScopes: [ops, "team:"]', "knowledgeScopes[1]", "matching regex"),
+        ('name: a\nknowledgeScopes: ["data team"]', "knowledgeScopes[0]", "matching regex"),
+    ],
+)
 def test_every_field_rejects_values_of_the_wrong_kind(tmp_path, front, field, why):
     path = agent_file(tmp_path, "bad.md", front)
     with pytest.raises(AgentFileError) as info:
@@ -225,12 +266,21 @@ def test_every_field_rejects_values_of_the_wrong_kind(tmp_path, front, field, wh
     assert message.startswith(f"{path}: ") and f"$.{field}" in message and why in message, message
 
 
-@pytest.mark.parametrize(("line", "value"), [
-    ("maxEpisodes: 0", 0), ("briefingTokenBudget: 0", 0), ("learningRate: conservative", LearningRate.CONSERVATIVE),
-    ("episodic: yes", True),  # YAML 1.1 booleans, as PyYAML reads them
-])
+@pytest.mark.parametrize(
+    ("line", "value"),
+    [
+        ("maxEpisodes: 0", 0),
+        ("briefingTokenBudget: 0", 0),
+        ("learningRate: conservative", LearningRate.CONSERVATIVE),
+        ("episodic: yes", True),  # YAML 1.1 booleans, as PyYAML reads them
+    ],
+)
 def test_edge_values_are_accepted(tmp_path, line, value):
     spec = parse_agent_file(agent_file(tmp_path, "ok.md", f"name: ok\n{line}"))
-    field = {"maxEpisodes": "max_episodes", "briefingTokenBudget": "briefing_token_budget",
-             "learningRate": "learning_rate", "episodic": "episodic"}[line.split(":")[0]]
+    field = {
+        "maxEpisodes": "max_episodes",
+        "briefingTokenBudget": "briefing_token_budget",
+        "learningRate": "learning_rate",
+        "episodic": "episodic",
+    }[line.split(":")[0]]
     assert getattr(spec, field) == value

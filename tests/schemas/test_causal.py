@@ -52,6 +52,7 @@ def test_pinned_limits():
 
 # ---- normalisation: one rule per row ----------------------------------------------------------
 
+
 class _Opaque:
     """A value of no JSON type, with a stable repr (test ids must not hold an address: pytest-xdist)."""
 
@@ -59,38 +60,54 @@ class _Opaque:
         return "<opaque>"
 
 
-@pytest.mark.parametrize(("params", "template"), [
-    ({"n": 3, "x": 2.5, "flag": True, "none": None}, {"n": "<n>", "x": "<n>", "flag": True, "none": None}),
-    ({"reservation_id": "ABCDEF", "user_id": "mia_li_3668", "id": 7, "api_key": "k", "token": "t"},
-     {"reservation_id": "<id>", "user_id": "<id>", "id": "<id>", "api_key": "<id>", "token": "<id>"}),
-    ({"first_name": "Mia", "last_name": "Li", "dob": "1990-04-05", "email": "mia@x.io", "userName": "mia"},
-     {"first_name": "<id>", "last_name": "<id>", "dob": "<id>", "email": "<id>", "user_name": "<id>"}),
-    ({"cmd": "kubectl rollout status deploy/web"}, {"cmd": "<cmd:kubectl>"}),
-    ({"command": "FOO=1 BAR=2 /usr/local/bin/helm upgrade"}, {"command": "<cmd:helm>"}),
-    ({"script": "   "}, {"script": ""}),
-    ({"url": "https://API.instantly.ai/v1/leads?page=2"}, {"url": "<url:api.instantly.ai>"}),
-    ({"target": "mailto-less://"}, {"target": "<url>"}),
-    ({"contact": "ops@acme.io"}, {"contact": "<email>"}),
-    ({"ref": "6f1c1a6e-7d0c-4a43-9a55-0c7f2d1f4b1e"}, {"ref": "<id>"}),
-    ({"at": "2024-05-15T15:00:00Z", "day": "2024-05-20", "us": "5/20/2024", "clock": "9:30 am"},
-     {"at": "<time>", "day": "<date>", "us": "<date>", "clock": "<time>"}),
-    ({"amount": "1,250.00", "pct": "15%", "neg": "-3"}, {"amount": "<n>", "pct": "<n>", "neg": "<n>"}),
-    ({"cabin": "economy", "kind": "one_way", "sel": "table.pricing", "m": "basic-economy"},
-     {"cabin": "economy", "kind": "one_way", "sel": "table.pricing", "m": "basic-economy"}),
-    ({"flight_number": "HAT136", "payment": "gift_card_7815826", "code": "0x1f"},
-     {"flight_number": "<id>", "payment": "<id>", "code": "<id>"}),
-    ({"origin": "JFK", "q": "rate limits of the instantly api", "word": "Hello"},
-     {"origin": "<text>", "q": "<text>", "word": "<text>"}),
-    ({"long": "a" * (MAX_TOKEN + 1)}, {"long": "<text>"}),
-    ({"empty": ""}, {"empty": ""}),
-    ({"flights": [{"n": "HAT1"}, {"n": "HAT2"}, {"n": "HAT3"}]}, {"flights": [{"n": "<id>"}]}),
-    ({"tags": ["b", "a", "b"]}, {"tags": ["a", "b"]}),
-    ({"user_1": "Xavier", "user_2": "Yan"}, {"<key>": "<text>"}),
-    ({"cmd": "/usr/bin/python3 -m x"}, {"cmd": "<cmd:python#>"}),
-    ({"k": 1, "user_1": "a b", "user_2": 3}, {"k": "<n>", "<key>": ["<n>", "<text>"]}),
-    ({"dryRun": False, "HTTPMethod": "get"}, {"dry_run": False, "httpmethod": "get"}),
-    ({"obj": _Opaque()}, {"obj": "<value>"}),
-], ids=lambda v: json.dumps(v, default=str)[:40] if isinstance(v, dict) else None)
+@pytest.mark.parametrize(
+    ("params", "template"),
+    [
+        ({"n": 3, "x": 2.5, "flag": True, "none": None}, {"n": "<n>", "x": "<n>", "flag": True, "none": None}),
+        (
+            {"reservation_id": "ABCDEF", "user_id": "mia_li_3668", "id": 7, "api_key": "k", "token": "t"},
+            {"reservation_id": "<id>", "user_id": "<id>", "id": "<id>", "api_key": "<id>", "token": "<id>"},
+        ),
+        (
+            {"first_name": "Mia", "last_name": "Li", "dob": "1990-04-05", "email": "mia@x.io", "userName": "mia"},
+            {"first_name": "<id>", "last_name": "<id>", "dob": "<id>", "email": "<id>", "user_name": "<id>"},
+        ),
+        ({"cmd": "kubectl rollout status deploy/web"}, {"cmd": "<cmd:kubectl>"}),
+        ({"command": "FOO=1 BAR=2 /usr/local/bin/helm upgrade"}, {"command": "<cmd:helm>"}),
+        ({"script": "   "}, {"script": ""}),
+        ({"url": "https://API.instantly.ai/v1/leads?page=2"}, {"url": "<url:api.instantly.ai>"}),
+        ({"target": "mailto-less://"}, {"target": "<url>"}),
+        ({"contact": "ops@acme.io"}, {"contact": "<email>"}),
+        ({"ref": "6f1c1a6e-7d0c-4a43-9a55-0c7f2d1f4b1e"}, {"ref": "<id>"}),
+        (
+            {"at": "2024-05-15T15:00:00Z", "day": "2024-05-20", "us": "5/20/2024", "clock": "9:30 am"},
+            {"at": "<time>", "day": "<date>", "us": "<date>", "clock": "<time>"},
+        ),
+        ({"amount": "1,250.00", "pct": "15%", "neg": "-3"}, {"amount": "<n>", "pct": "<n>", "neg": "<n>"}),
+        (
+            {"cabin": "economy", "kind": "one_way", "sel": "table.pricing", "m": "basic-economy"},
+            {"cabin": "economy", "kind": "one_way", "sel": "table.pricing", "m": "basic-economy"},
+        ),
+        (
+            {"flight_number": "HAT136", "payment": "gift_card_7815826", "code": "0x1f"},
+            {"flight_number": "<id>", "payment": "<id>", "code": "<id>"},
+        ),
+        (
+            {"origin": "JFK", "q": "rate limits of the instantly api", "word": "Hello"},
+            {"origin": "<text>", "q": "<text>", "word": "<text>"},
+        ),
+        ({"long": "a" * (MAX_TOKEN + 1)}, {"long": "<text>"}),
+        ({"empty": ""}, {"empty": ""}),
+        ({"flights": [{"n": "HAT1"}, {"n": "HAT2"}, {"n": "HAT3"}]}, {"flights": [{"n": "<id>"}]}),
+        ({"tags": ["b", "a", "b"]}, {"tags": ["a", "b"]}),
+        ({"user_1": "Xavier", "user_2": "Yan"}, {"<key>": "<text>"}),
+        ({"cmd": "/usr/bin/python3 -m x"}, {"cmd": "<cmd:python#>"}),
+        ({"k": 1, "user_1": "a b", "user_2": 3}, {"k": "<n>", "<key>": ["<n>", "<text>"]}),
+        ({"dryRun": False, "HTTPMethod": "get"}, {"dry_run": False, "httpmethod": "get"}),
+        ({"obj": _Opaque()}, {"obj": "<value>"}),
+    ],
+    ids=lambda v: json.dumps(v, default=str)[:40] if isinstance(v, dict) else None,
+)
 def test_normalisation_rules(params, template):
     assert normalise_params(params) == template
 
@@ -116,21 +133,49 @@ def test_keys_and_items_past_their_limits_are_cut():
 SAME_CALLS = [
     ("get_reservation_details", {"reservation_id": "JG7FMM"}, {"reservation_id": "LQ940Q"}),
     ("get_user_details", {"user_id": "mia_li_3668"}, {"user_id": "omar_davis_3817"}),
-    ("search_direct_flight", {"origin": "JFK", "destination": "SEA", "date": "2024-05-20"},
-     {"origin": "DEN", "destination": "IAH", "date": "2024-05-27"}),
-    ("update_reservation_flights",
-     {"reservation_id": "JG7FMM", "cabin": "economy", "payment_id": "credit_card_2929732",
-      "flights": [{"flight_number": "HAT028", "date": "2024-05-21"}, {"flight_number": "HAT277", "date": "2024-05-21"}]},
-     {"cabin": "economy", "payment_id": "gift_card_3481935", "reservation_id": "2FBBAH",
-      "flights": [{"flight_number": "HAT080", "date": "2024-05-28"}, {"flight_number": "HAT076", "date": "2024-05-28"},
-                  {"flight_number": "HAT255", "date": "2024-05-30"}]}),
-    ("transfer_to_human_agents", {"summary": "User Omar Rossi needs a name change on FQ8APE."},
-     {"summary": "The user wants to cancel UDMOP1 and XAZ3C0."}),
-    ("http_get", {"url": "https://api.github.com/repos/acme/app/issues?page=1"},
-     {"url": "https://api.github.com/repos/other/lib/pulls/7"}),
+    (
+        "search_direct_flight",
+        {"origin": "JFK", "destination": "SEA", "date": "2024-05-20"},
+        {"origin": "DEN", "destination": "IAH", "date": "2024-05-27"},
+    ),
+    (
+        "update_reservation_flights",
+        {
+            "reservation_id": "JG7FMM",
+            "cabin": "economy",
+            "payment_id": "credit_card_2929732",
+            "flights": [
+                {"flight_number": "HAT028", "date": "2024-05-21"},
+                {"flight_number": "HAT277", "date": "2024-05-21"},
+            ],
+        },
+        {
+            "cabin": "economy",
+            "payment_id": "gift_card_3481935",
+            "reservation_id": "2FBBAH",
+            "flights": [
+                {"flight_number": "HAT080", "date": "2024-05-28"},
+                {"flight_number": "HAT076", "date": "2024-05-28"},
+                {"flight_number": "HAT255", "date": "2024-05-30"},
+            ],
+        },
+    ),
+    (
+        "transfer_to_human_agents",
+        {"summary": "User Omar Rossi needs a name change on FQ8APE."},
+        {"summary": "The user wants to cancel UDMOP1 and XAZ3C0."},
+    ),
+    (
+        "http_get",
+        {"url": "https://api.github.com/repos/acme/app/issues?page=1"},
+        {"url": "https://api.github.com/repos/other/lib/pulls/7"},
+    ),
     ("shell", {"cmd": "helm upgrade web ./chart"}, {"cmd": "helm rollback web 3"}),
-    ("log", {"at": "2024-05-15T15:00:00Z", "request": "6f1c1a6e-7d0c-4a43-9a55-0c7f2d1f4b1e"},
-     {"at": "2025-01-01T00:00:00.123+05:30", "request": "00000000-0000-0000-0000-000000000001"}),
+    (
+        "log",
+        {"at": "2024-05-15T15:00:00Z", "request": "6f1c1a6e-7d0c-4a43-9a55-0c7f2d1f4b1e"},
+        {"at": "2025-01-01T00:00:00.123+05:30", "request": "00000000-0000-0000-0000-000000000001"},
+    ),
     ("send_certificate", {"user_id": "mei_brown_7075", "amount": 200}, {"amount": 50, "user_id": "noah_muller_9847"}),
 ]
 
@@ -177,10 +222,21 @@ def test_signatures_are_persisted_keys_and_stay_what_they_were():
 # ---- properties -------------------------------------------------------------------------------
 
 keys = st.sampled_from(["a", "b", "cabin", "reservation_id", "q", "url", "flights", "cmd", "n"])
-scalars = (st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
-           | st.text(max_size=12) | st.sampled_from(["economy", "HAT136", "2024-05-20", "https://a.io/x"]))
-json_args = st.dictionaries(keys, st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
-                                               | st.dictionaries(keys, inner, max_size=3), max_leaves=8), max_size=5)
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=12)
+    | st.sampled_from(["economy", "HAT136", "2024-05-20", "https://a.io/x"])
+)
+json_args = st.dictionaries(
+    keys,
+    st.recursive(
+        scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(keys, inner, max_size=3), max_leaves=8
+    ),
+    max_size=5,
+)
 
 
 def _renumber(value: Any, rnd: random.Random) -> Any:
@@ -188,7 +244,7 @@ def _renumber(value: Any, rnd: random.Random) -> Any:
     if isinstance(value, bool) or value is None:
         return value
     if isinstance(value, (int, float)):
-        return rnd.randint(-10**6, 10**6)
+        return rnd.randint(-(10**6), 10**6)
     if isinstance(value, str):
         return re.sub(r"\d", lambda _: str(rnd.randint(0, 9)), value)
     if isinstance(value, dict):
@@ -216,31 +272,89 @@ def test_a_template_is_plain_json_and_deterministic(args):
 
 # ---- records round-trip -----------------------------------------------------------------------
 
-aware = st.datetimes(min_value=datetime(1971, 1, 1), max_value=datetime(2200, 1, 1),
-                     timezones=st.integers(-23 * 60, 23 * 60).map(lambda m: timezone(timedelta(minutes=m))))
+aware = st.datetimes(
+    min_value=datetime(1971, 1, 1),
+    max_value=datetime(2200, 1, 1),
+    timezones=st.integers(-23 * 60, 23 * 60).map(lambda m: timezone(timedelta(minutes=m))),
+)
 texts = st.text(max_size=12)
 unit = st.floats(0, 1)
 
-observed = st.builds(OutcomeObserved, event_signature=texts, level=st.sampled_from(LinkLevel), tool=texts,
-                     outcome_signature=texts, outcome=texts, valence=st.sampled_from(Valence), agent=texts,
-                     observed_at=aware, context=st.dictionaries(texts, texts, max_size=3), episode_id=st.uuids(),
-                     src_partition=st.integers(0, 64), src_offset=st.integers(0, 2**62), index=st.integers(0, 999))
-updated = st.builds(CausalLinkUpdated, event_signature=texts, level=st.sampled_from(LinkLevel), tool=texts,
-                    outcome_signature=texts, outcome=texts, valence=st.sampled_from(Valence), agent=texts,
-                    episode_id=st.uuids(), observed_at=aware, src_partition=st.integers(0, 64),
-                    src_offset=st.integers(0, 2**62), index=st.integers(0, 999), target=st.sampled_from([0.0, 1.0]),
-                    alpha=unit, strength_before=unit, strength=unit, observations=st.integers(0, 10**6),
-                    event_observations=st.integers(0, 10**6), confidence=unit)
-predicted = st.builds(Prediction, tool=texts, event_signature=texts, known=st.booleans(),
-                      basis=st.sampled_from(["call", "tool", "none"]), observations=st.integers(0, 100),
-                      outcomes=st.lists(st.builds(PredictedOutcome, outcome=texts, valence=st.sampled_from(Valence),
-                                                  strength=unit, confidence=unit, observations=st.integers(0, 99),
-                                                  in_context=st.none() | st.booleans()), max_size=3),
-                      params=st.none() | st.dictionaries(texts, texts, max_size=2))
-records = st.one_of(observed, updated, predicted,
-                    st.builds(ToolCount, texts, st.integers(0, 999), st.integers(0, 999)),
-                    st.builds(TemporalBinCounted, texts, texts, st.sampled_from(["hour", "weekday"]),
-                              st.integers(0, 167), st.integers(0, 99), st.integers(0, 99), st.integers(0, 99)))
+observed = st.builds(
+    OutcomeObserved,
+    event_signature=texts,
+    level=st.sampled_from(LinkLevel),
+    tool=texts,
+    outcome_signature=texts,
+    outcome=texts,
+    valence=st.sampled_from(Valence),
+    agent=texts,
+    observed_at=aware,
+    context=st.dictionaries(texts, texts, max_size=3),
+    episode_id=st.uuids(),
+    src_partition=st.integers(0, 64),
+    src_offset=st.integers(0, 2**62),
+    index=st.integers(0, 999),
+)
+updated = st.builds(
+    CausalLinkUpdated,
+    event_signature=texts,
+    level=st.sampled_from(LinkLevel),
+    tool=texts,
+    outcome_signature=texts,
+    outcome=texts,
+    valence=st.sampled_from(Valence),
+    agent=texts,
+    episode_id=st.uuids(),
+    observed_at=aware,
+    src_partition=st.integers(0, 64),
+    src_offset=st.integers(0, 2**62),
+    index=st.integers(0, 999),
+    target=st.sampled_from([0.0, 1.0]),
+    alpha=unit,
+    strength_before=unit,
+    strength=unit,
+    observations=st.integers(0, 10**6),
+    event_observations=st.integers(0, 10**6),
+    confidence=unit,
+)
+predicted = st.builds(
+    Prediction,
+    tool=texts,
+    event_signature=texts,
+    known=st.booleans(),
+    basis=st.sampled_from(["call", "tool", "none"]),
+    observations=st.integers(0, 100),
+    outcomes=st.lists(
+        st.builds(
+            PredictedOutcome,
+            outcome=texts,
+            valence=st.sampled_from(Valence),
+            strength=unit,
+            confidence=unit,
+            observations=st.integers(0, 99),
+            in_context=st.none() | st.booleans(),
+        ),
+        max_size=3,
+    ),
+    params=st.none() | st.dictionaries(texts, texts, max_size=2),
+)
+records = st.one_of(
+    observed,
+    updated,
+    predicted,
+    st.builds(ToolCount, texts, st.integers(0, 999), st.integers(0, 999)),
+    st.builds(
+        TemporalBinCounted,
+        texts,
+        texts,
+        st.sampled_from(["hour", "weekday"]),
+        st.integers(0, 167),
+        st.integers(0, 99),
+        st.integers(0, 99),
+        st.integers(0, 99),
+    ),
+)
 
 
 @PROPERTY
@@ -252,14 +366,35 @@ def test_every_record_round_trips_byte_for_byte(record):
 
 
 def test_the_prediction_json_is_the_issues_list_shape():
-    p = Prediction(tool="t", event_signature="s", known=True, basis="call", observations=4, outcomes=[
-        PredictedOutcome(outcome="ok", valence=Valence.POSITIVE, strength=0.75, confidence=4 / 6, observations=3),
-        PredictedOutcome(outcome="http:429", valence=Valence.NEUTRAL, strength=0.25, confidence=4 / 6,
-                         observations=1, in_context=False)])
+    p = Prediction(
+        tool="t",
+        event_signature="s",
+        known=True,
+        basis="call",
+        observations=4,
+        outcomes=[
+            PredictedOutcome(outcome="ok", valence=Valence.POSITIVE, strength=0.75, confidence=4 / 6, observations=3),
+            PredictedOutcome(
+                outcome="http:429",
+                valence=Valence.NEUTRAL,
+                strength=0.25,
+                confidence=4 / 6,
+                observations=1,
+                in_context=False,
+            ),
+        ],
+    )
     assert p.outcomes_json() == [
         {"outcome": "ok", "valence": "positive", "strength": 0.75, "confidence": 4 / 6, "observations": 3},
-        {"outcome": "http:429", "valence": "neutral", "strength": 0.25, "confidence": 4 / 6, "observations": 1,
-         "in_context": False}]
+        {
+            "outcome": "http:429",
+            "valence": "neutral",
+            "strength": 0.25,
+            "confidence": 4 / 6,
+            "observations": 1,
+            "in_context": False,
+        },
+    ]
     assert p.to_json()["known"] is True and p.to_json()["outcomes"] == p.outcomes_json()
 
 
@@ -271,8 +406,19 @@ def test_tool_count_error_rate():
 def test_records_are_frozen():
     with pytest.raises(AttributeError):
         ToolCount("t", 1, 0).calls = 2  # type: ignore[misc]
-    ob = OutcomeObserved(event_signature="e", level=LinkLevel.CALL, tool="t", outcome_signature="o", outcome="ok",
-                         valence=Valence.POSITIVE, agent="a", observed_at=datetime(2024, 1, 1, tzinfo=timezone.utc),
-                         episode_id=uuid.UUID(int=1), src_partition=0, src_offset=0, index=0)
+    ob = OutcomeObserved(
+        event_signature="e",
+        level=LinkLevel.CALL,
+        tool="t",
+        outcome_signature="o",
+        outcome="ok",
+        valence=Valence.POSITIVE,
+        agent="a",
+        observed_at=datetime(2024, 1, 1, tzinfo=timezone.utc),
+        episode_id=uuid.UUID(int=1),
+        src_partition=0,
+        src_offset=0,
+        index=0,
+    )
     with pytest.raises(AttributeError):
         ob.index = 1  # type: ignore[misc]

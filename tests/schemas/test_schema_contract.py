@@ -62,16 +62,21 @@ FORMATS = jsonschema.Draft202012Validator.FORMAT_CHECKER
 TRACE_VALIDATOR = jsonschema.Draft202012Validator(TRACE_SCHEMA, format_checker=FORMATS)
 EPISODE_VALIDATOR = jsonschema.Draft202012Validator(EPISODE_SCHEMA, format_checker=FORMATS)
 
-PROPERTY = settings(max_examples=150, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+PROPERTY = settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]
+)
 
 
 # ---- a strategy from a JSON Schema (the subset the contracts use) ------------------------------
 
-JSON_SCALARS = (st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
-                | st.text(max_size=8))
-JSON_VALUES = st.recursive(JSON_SCALARS, lambda inner: st.lists(inner, max_size=3)
-                           | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=6)
+JSON_SCALARS = (
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8)
+)
+JSON_VALUES = st.recursive(
+    JSON_SCALARS,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=6,
+)
 _ANNOTATIONS = {"title", "description", "$schema", "$id", "$defs"}
 
 
@@ -85,10 +90,16 @@ def _date_times(draw: Any) -> str:
     day = draw(st.dates(min_value=datetime(1, 1, 1).date()))
     hh, mm, ss = draw(st.integers(0, 23)), draw(st.integers(0, 59)), draw(st.integers(0, 59))
     digits = draw(st.integers(0, 9))
-    frac = "." + "".join(draw(st.lists(st.sampled_from("0123456789"), min_size=digits, max_size=digits))) if digits else ""
+    frac = (
+        "." + "".join(draw(st.lists(st.sampled_from("0123456789"), min_size=digits, max_size=digits))) if digits else ""
+    )
     sep = draw(st.sampled_from("Tt"))
-    offset = draw(st.sampled_from(["Z", "z"]) | st.builds(lambda sign, h, m: f"{sign}{h:02d}:{m:02d}",
-                                                         st.sampled_from("+-"), st.integers(0, 23), st.integers(0, 59)))
+    offset = draw(
+        st.sampled_from(["Z", "z"])
+        | st.builds(
+            lambda sign, h, m: f"{sign}{h:02d}:{m:02d}", st.sampled_from("+-"), st.integers(0, 23), st.integers(0, 59)
+        )
+    )
     return f"{day.isoformat()}{sep}{hh:02d}:{mm:02d}:{ss:02d}{frac}{offset}"
 
 
@@ -166,6 +177,7 @@ def _to_json(instance: Any) -> bytes:
 
 # ---- schema -> types ---------------------------------------------------------------------------
 
+
 def test_the_translator_covers_every_keyword_of_both_contracts():
     strategy_from_schema(TRACE_SCHEMA, TRACE_SCHEMA).validate()
     strategy_from_schema(EPISODE_SCHEMA, EPISODE_SCHEMA).validate()
@@ -191,7 +203,11 @@ def test_every_instance_of_the_trace_contract_decodes(instance):
     assert type_name(event) == instance["type"]
     assert event.event_id == uuid.UUID(instance["event_id"])
     assert (event.schema_version, event.agent, event.session_id, event.seq) == (
-        instance["schema_version"], instance["agent"], instance["session_id"], instance["seq"])
+        instance["schema_version"],
+        instance["agent"],
+        instance["session_id"],
+        instance["seq"],
+    )
     assert event.ts.tzinfo is not None
     for name in TRACE_SCHEMA["$defs"][instance["type"]]["properties"]:
         if name in instance["payload"]:
@@ -210,15 +226,45 @@ def test_every_instance_of_the_episode_contract_decodes(instance):
 # Near misses: a valid event with one field removed or replaced by a tricky value, for every event
 # type, every field and every value. The contract and the decoder must agree on each, so a type that
 # drifts looser or stricter than the schema (a dropped min_length, a moved bound) is caught either way.
-TRICKY: list[Any] = ["", "x", -1, 0, 1, 99, 100, 599, 600, 1.5, -0.5, True, False, None, [], {}, {"k": 1},
-                     {"k": "v"}, "success", "won", "2024-05-15T15:00:00", "2024-05-15T15:00:00+01:00"]
+TRICKY: list[Any] = [
+    "",
+    "x",
+    -1,
+    0,
+    1,
+    99,
+    100,
+    599,
+    600,
+    1.5,
+    -0.5,
+    True,
+    False,
+    None,
+    [],
+    {},
+    {"k": 1},
+    {"k": "v"},
+    "success",
+    "won",
+    "2024-05-15T15:00:00",
+    "2024-05-15T15:00:00+01:00",
+]
 FULL_PAYLOADS: dict[str, dict[str, Any]] = {
     "session_start": {"task": "t", "goal": "g", "user_id": "u", "metadata": {"k": 1}},
     "user_message": {"text": "hi"},
     "agent_message": {"text": "hi"},
     "tool_call": {"tool": "http_get", "call_id": "c1", "args": {"url": "u"}},
-    "tool_result": {"call_id": "c1", "ok": False, "tool": "http_get", "error": "e", "http_status": 429,
-                    "latency_ms": 80.5, "output": "o", "headers": {"Retry-After": "2"}},
+    "tool_result": {
+        "call_id": "c1",
+        "ok": False,
+        "tool": "http_get",
+        "error": "e",
+        "http_status": 429,
+        "latency_ms": 80.5,
+        "output": "o",
+        "headers": {"Retry-After": "2"},
+    },
     "delegation": {"to_agent": "deployer", "task": "t", "delegation_id": "d1"},
     "delegation_result": {"to_agent": "deployer", "outcome": "failure", "delegation_id": "d1", "summary": "s"},
     "session_end": {"outcome": "success", "reason": "r"},
@@ -230,9 +276,16 @@ def _near_misses() -> list[dict[str, Any]]:
     for tag, payload in FULL_PAYLOADS.items():
         required = TRACE_SCHEMA["$defs"][tag]["required"]
         for full in (True, False):
-            base = {"event_id": "6f1c1a6e-7d0c-4a43-9a55-0c7f2d1f4b1e", "schema_version": 1,
-                    "ts": "2024-05-15T15:00:00.25Z", "agent": "support", "session_id": "s1", "seq": 3, "type": tag,
-                    "payload": {k: v for k, v in payload.items() if full or k in required}}
+            base = {
+                "event_id": "6f1c1a6e-7d0c-4a43-9a55-0c7f2d1f4b1e",
+                "schema_version": 1,
+                "ts": "2024-05-15T15:00:00.25Z",
+                "agent": "support",
+                "session_id": "s1",
+                "seq": 3,
+                "type": tag,
+                "payload": {k: v for k, v in payload.items() if full or k in required},
+            }
             fields = ((False, list(base)), (True, list(payload))) if full else ((True, list(payload)),)
             for in_payload, names in fields:
                 for name in names:
@@ -250,8 +303,16 @@ def _near_misses() -> list[dict[str, Any]]:
 def test_the_full_payloads_are_valid_and_cover_every_payload_field():
     for tag, payload in FULL_PAYLOADS.items():
         assert set(payload) == set(TRACE_SCHEMA["$defs"][tag]["properties"])
-        event = {"event_id": str(uuid.UUID(int=1)), "schema_version": 1, "ts": "2024-05-15T15:00:00Z",
-                 "agent": "a", "session_id": "s", "seq": 0, "type": tag, "payload": payload}
+        event = {
+            "event_id": str(uuid.UUID(int=1)),
+            "schema_version": 1,
+            "ts": "2024-05-15T15:00:00Z",
+            "agent": "a",
+            "session_id": "s",
+            "seq": 0,
+            "type": tag,
+            "payload": payload,
+        }
         assert TRACE_VALIDATOR.is_valid(event)
 
 
@@ -269,8 +330,16 @@ def test_the_contract_and_the_decoder_agree_on_every_near_miss():
 def test_an_integral_float_seq_valid_under_the_contract_decodes():
     """JSON Schema's integer includes 1.0 (what Python's json.dumps writes for a whole float); the
     decoder accepts it too, as the int it is. A fraction stays a schema error on both sides."""
-    event = {"event_id": "6f1c1a6e-7d0c-4a43-9a55-0c7f2d1f4b1e", "schema_version": 1, "ts": "2024-05-15T15:00:00Z",
-             "agent": "a", "session_id": "s", "seq": 1.0, "type": "user_message", "payload": {"text": "x"}}
+    event = {
+        "event_id": "6f1c1a6e-7d0c-4a43-9a55-0c7f2d1f4b1e",
+        "schema_version": 1,
+        "ts": "2024-05-15T15:00:00Z",
+        "agent": "a",
+        "session_id": "s",
+        "seq": 1.0,
+        "type": "user_message",
+        "payload": {"text": "x"},
+    }
     assert TRACE_VALIDATOR.is_valid(event)
     decoded = decode_trace(_to_json(event), 10_000)
     assert not isinstance(decoded, codec.Rejection) and decoded.seq == 1 and type(decoded.seq) is int
@@ -280,22 +349,42 @@ def test_an_integral_float_seq_valid_under_the_contract_decodes():
     assert isinstance(rejected, codec.Rejection) and rejected.kind == "schema" and "seq" in rejected.reason
 
 
-@pytest.mark.parametrize("mutate", [
-    lambda e: e.pop("payload"),
-    lambda e: e.update(seq=-1),
-    lambda e: e.update(schema_version=SCHEMA_VERSION + 1),
-    lambda e: e.update(agent=""),
-    lambda e: e.update(ts="2024-05-15T15:00:00"),
-    lambda e: e.update(type="tool_called"),
-    lambda e: e["payload"].pop("call_id"),
-    lambda e: e["payload"].update(http_status=600),
-    lambda e: e["payload"].update(latency_ms=-1),
-], ids=["no payload", "negative seq", "future version", "empty agent", "naive ts", "unknown type",
-        "no call_id", "status 600", "negative latency"])
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda e: e.pop("payload"),
+        lambda e: e.update(seq=-1),
+        lambda e: e.update(schema_version=SCHEMA_VERSION + 1),
+        lambda e: e.update(agent=""),
+        lambda e: e.update(ts="2024-05-15T15:00:00"),
+        lambda e: e.update(type="tool_called"),
+        lambda e: e["payload"].pop("call_id"),
+        lambda e: e["payload"].update(http_status=600),
+        lambda e: e["payload"].update(latency_ms=-1),
+    ],
+    ids=[
+        "no payload",
+        "negative seq",
+        "future version",
+        "empty agent",
+        "naive ts",
+        "unknown type",
+        "no call_id",
+        "status 600",
+        "negative latency",
+    ],
+)
 def test_what_the_contract_rejects_the_decoder_rejects_too(mutate):
-    event = {"event_id": "6f1c1a6e-7d0c-4a43-9a55-0c7f2d1f4b1e", "schema_version": 1,
-             "ts": "2024-05-15T15:00:00Z", "agent": "support", "session_id": "s1", "seq": 3,
-             "type": "tool_result", "payload": {"call_id": "c1", "ok": False, "http_status": 429}}
+    event = {
+        "event_id": "6f1c1a6e-7d0c-4a43-9a55-0c7f2d1f4b1e",
+        "schema_version": 1,
+        "ts": "2024-05-15T15:00:00Z",
+        "agent": "support",
+        "session_id": "s1",
+        "seq": 3,
+        "type": "tool_result",
+        "payload": {"call_id": "c1", "ok": False, "http_status": 429},
+    }
     assert TRACE_VALIDATOR.is_valid(event)
     assert not isinstance(decode_trace(_to_json(event), 10_000), codec.Rejection)
     mutate(event)
@@ -310,11 +399,19 @@ non_empty = st.text(min_size=1, max_size=12)
 # RFC 3339 offsets are whole minutes; msgspec keeps the offset, so the round trip is exact
 offsets = st.integers(-(24 * 60 - 1), 24 * 60 - 1).map(lambda m: timezone(timedelta(minutes=m)))
 aware = st.datetimes(min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30), timezones=offsets)
-json_objects = st.dictionaries(st.text(max_size=6), st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1)
-    | st.floats(allow_nan=False, allow_infinity=False) | texts,
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
-    max_leaves=6), max_size=3)
+json_objects = st.dictionaries(
+    st.text(max_size=6),
+    st.recursive(
+        st.none()
+        | st.booleans()
+        | st.integers(-(2**63), 2**63 - 1)
+        | st.floats(allow_nan=False, allow_infinity=False)
+        | texts,
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+        max_leaves=6,
+    ),
+    max_size=3,
+)
 outcomes = st.sampled_from(Outcome)
 
 
@@ -327,20 +424,36 @@ PAYLOADS: dict[type, st.SearchStrategy[Any]] = {
     UserMessaged: st.builds(Message, text=texts),
     AgentMessaged: st.builds(Message, text=texts),
     ToolCalled: st.builds(ToolCall, tool=non_empty, call_id=non_empty, args=json_objects),
-    ToolReturned: st.builds(ToolResult, call_id=non_empty, ok=st.booleans(), tool=maybe(texts), error=maybe(texts),
-                            http_status=maybe(st.integers(100, 599)),
-                            latency_ms=maybe(st.floats(min_value=0, allow_nan=False, allow_infinity=False)),
-                            output=maybe(texts), headers=st.dictionaries(texts, texts, max_size=3)),
+    ToolReturned: st.builds(
+        ToolResult,
+        call_id=non_empty,
+        ok=st.booleans(),
+        tool=maybe(texts),
+        error=maybe(texts),
+        http_status=maybe(st.integers(100, 599)),
+        latency_ms=maybe(st.floats(min_value=0, allow_nan=False, allow_infinity=False)),
+        output=maybe(texts),
+        headers=st.dictionaries(texts, texts, max_size=3),
+    ),
     Delegated: st.builds(Delegation, to_agent=non_empty, task=texts, delegation_id=maybe(texts)),
-    DelegationReturned: st.builds(DelegationResult, to_agent=non_empty, outcome=outcomes,
-                                  delegation_id=maybe(texts), summary=maybe(texts)),
+    DelegationReturned: st.builds(
+        DelegationResult, to_agent=non_empty, outcome=outcomes, delegation_id=maybe(texts), summary=maybe(texts)
+    ),
     SessionEnded: st.builds(SessionEnd, outcome=outcomes, reason=maybe(texts)),
 }
 
 
 def typed_event(cls: type) -> st.SearchStrategy[Any]:
-    return st.builds(cls, payload=PAYLOADS[cls], event_id=st.uuids(), schema_version=st.just(SCHEMA_VERSION),
-                     ts=aware, agent=non_empty, session_id=non_empty, seq=st.integers(0, 2**63 - 1))
+    return st.builds(
+        cls,
+        payload=PAYLOADS[cls],
+        event_id=st.uuids(),
+        schema_version=st.just(SCHEMA_VERSION),
+        ts=aware,
+        agent=non_empty,
+        session_id=non_empty,
+        seq=st.integers(0, 2**63 - 1),
+    )
 
 
 typed_events = st.one_of([typed_event(cls) for cls in EVENT_TYPES.values()])
@@ -352,9 +465,17 @@ def test_there_is_a_payload_strategy_for_every_event_type():
 
 @PROPERTY
 @given(typed_events)
-@example(ToolReturned(event_id=uuid.UUID(int=0), schema_version=1, agent="a", session_id="s", seq=0,
-                      ts=datetime(2024, 5, 15, 15, 0, 0, 123456, tzinfo=timezone(timedelta(hours=-9, minutes=-30))),
-                      payload=ToolResult(call_id="c", ok=False, http_status=429, latency_ms=0.0, headers={"Retry-After": "2"})))
+@example(
+    ToolReturned(
+        event_id=uuid.UUID(int=0),
+        schema_version=1,
+        agent="a",
+        session_id="s",
+        seq=0,
+        ts=datetime(2024, 5, 15, 15, 0, 0, 123456, tzinfo=timezone(timedelta(hours=-9, minutes=-30))),
+        payload=ToolResult(call_id="c", ok=False, http_status=429, latency_ms=0.0, headers={"Retry-After": "2"}),
+    )
+)
 def test_typed_events_round_trip_through_the_contract(event):
     raw = encode(event)
     instance = json.loads(raw)
@@ -367,6 +488,7 @@ def test_typed_events_round_trip_through_the_contract(event):
 
 
 # episodes: real ones from the distiller (sessions generated from typed events) and arbitrary ones
+
 
 @st.composite
 def sessions(draw: Any) -> list[TraceEvent]:
@@ -386,8 +508,17 @@ def sessions(draw: Any) -> list[TraceEvent]:
             payload = msgspec.structs.replace(payload, tool=draw(st.sampled_from(tools)))
         if cls is ToolReturned:
             payload = msgspec.structs.replace(payload, tool=draw(st.none() | st.sampled_from(tools)))
-        events.append(cls(event_id=draw(st.uuids()), schema_version=SCHEMA_VERSION, ts=t, agent=agent,
-                          session_id=session_id, seq=seq, payload=payload))
+        events.append(
+            cls(
+                event_id=draw(st.uuids()),
+                schema_version=SCHEMA_VERSION,
+                ts=t,
+                agent=agent,
+                session_id=session_id,
+                seq=seq,
+                payload=payload,
+            )
+        )
         t += timedelta(seconds=draw(st.integers(0, 120)))
     return events
 
@@ -410,16 +541,34 @@ def test_distilled_episodes_round_trip_through_the_contract(events):
 
 
 episodes = st.builds(
-    EpisodeDistilled, episode_id=st.uuids(), schema_version=st.integers(1, 5), agent=non_empty,
-    session_id=non_empty, task=texts, goal=maybe(texts), user_id=maybe(texts), summary=texts, outcome=outcomes,
-    started_at=aware, ended_at=aware, duration_s=st.floats(allow_nan=False, allow_infinity=False),
-    event_count=st.integers(0, 10**6), tool_calls=st.integers(0, 10**6), tools=st.lists(texts, max_size=4),
-    errors=st.lists(st.builds(ErrorSeen, tool=texts, error=texts, http_status=maybe(st.integers(100, 599)),
-                              resolved=st.booleans()), max_size=3),
-    lessons=st.lists(st.builds(Lesson, kind=st.sampled_from(LessonKind), text=texts, tool=maybe(texts),
-                               error=maybe(texts)), max_size=3),
+    EpisodeDistilled,
+    episode_id=st.uuids(),
+    schema_version=st.integers(1, 5),
+    agent=non_empty,
+    session_id=non_empty,
+    task=texts,
+    goal=maybe(texts),
+    user_id=maybe(texts),
+    summary=texts,
+    outcome=outcomes,
+    started_at=aware,
+    ended_at=aware,
+    duration_s=st.floats(allow_nan=False, allow_infinity=False),
+    event_count=st.integers(0, 10**6),
+    tool_calls=st.integers(0, 10**6),
+    tools=st.lists(texts, max_size=4),
+    errors=st.lists(
+        st.builds(ErrorSeen, tool=texts, error=texts, http_status=maybe(st.integers(100, 599)), resolved=st.booleans()),
+        max_size=3,
+    ),
+    lessons=st.lists(
+        st.builds(Lesson, kind=st.sampled_from(LessonKind), text=texts, tool=maybe(texts), error=maybe(texts)),
+        max_size=3,
+    ),
     delegations=st.lists(st.builds(EpisodeDelegation, to_agent=texts, task=texts, outcome=maybe(outcomes)), max_size=3),
-    first_event_id=st.uuids(), last_event_id=st.uuids())
+    first_event_id=st.uuids(),
+    last_event_id=st.uuids(),
+)
 
 
 @PROPERTY
@@ -434,8 +583,17 @@ def test_a_distilled_episode_with_every_optional_part_matches_the_contract():
 
     def add(cls: type, payload: Any, dt: float = 1.0) -> None:
         nonlocal t
-        evs.append(cls(event_id=uuid.UUID(int=len(evs) + 1), schema_version=1, ts=t, agent="ops-lead",
-                       session_id="s-full", seq=len(evs), payload=payload))
+        evs.append(
+            cls(
+                event_id=uuid.UUID(int=len(evs) + 1),
+                schema_version=1,
+                ts=t,
+                agent="ops-lead",
+                session_id="s-full",
+                seq=len(evs),
+                payload=payload,
+            )
+        )
         t += timedelta(seconds=dt)
 
     add(SessionStarted, SessionStart(task="ship 2.4", goal="by noon", user_id="u1"))
@@ -458,6 +616,7 @@ def test_a_distilled_episode_with_every_optional_part_matches_the_contract():
 
 
 # ---- shape: branches, properties and required fields match the Structs -------------------------
+
 
 def _fields(cls: type) -> tuple[set[str], set[str]]:
     """(all wire names, required wire names) of a Struct, the tag field excluded."""
@@ -492,13 +651,17 @@ def test_the_schema_defines_no_payload_without_an_event_type():
     assert set(TRACE_SCHEMA["$defs"]) == set(EVENT_TYPES)
 
 
-@pytest.mark.parametrize(("cls", "node"), [
-    (EpisodeDistilled, EPISODE_SCHEMA),
-    (Lesson, EPISODE_SCHEMA["$defs"]["lesson"]),
-    (ErrorSeen, EPISODE_SCHEMA["$defs"]["error"]),
-    (EpisodeDelegation, EPISODE_SCHEMA["$defs"]["delegation"]),
-    (CallSeen, EPISODE_SCHEMA["$defs"]["call"]),
-], ids=["episode", "lesson", "error", "delegation", "call"])
+@pytest.mark.parametrize(
+    ("cls", "node"),
+    [
+        (EpisodeDistilled, EPISODE_SCHEMA),
+        (Lesson, EPISODE_SCHEMA["$defs"]["lesson"]),
+        (ErrorSeen, EPISODE_SCHEMA["$defs"]["error"]),
+        (EpisodeDelegation, EPISODE_SCHEMA["$defs"]["delegation"]),
+        (CallSeen, EPISODE_SCHEMA["$defs"]["call"]),
+    ],
+    ids=["episode", "lesson", "error", "delegation", "call"],
+)
 def test_the_episode_schema_matches_the_structs(cls, node):
     names, required = _fields(cls)
     assert set(node["properties"]) == names
@@ -522,6 +685,7 @@ def test_schema_version_bounds_are_pinned():
 
 # ---- the wire contract: every topic and header kind (somnus.schemas.wire) --------------------------
 
+
 def test_every_topic_somnus_creates_is_in_the_wire_contract():
     from somnus.config import Settings
     from somnus.schemas.wire import TOPICS
@@ -544,8 +708,11 @@ def test_every_header_kind_is_defined_in_schemas_and_named_once_in_the_wire_cont
         if {".venv", "tests", "build"} & set(path.parts):  # build/: a wheel's copy of the sources
             continue
         for node in ast.parse(path.read_text()).body:
-            if (isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
-                    and node.targets[0].id.startswith("KIND_")):
+            if (
+                isinstance(node, ast.Assign)
+                and isinstance(node.targets[0], ast.Name)
+                and node.targets[0].id.startswith("KIND_")
+            ):
                 assert path.parent.name == "schemas", f"{node.targets[0].id} is defined in {path}, not schemas/"
                 defined[node.targets[0].id] = ast.literal_eval(node.value)
     listed = [r.kind for records in TOPICS.values() for r in records if r.kind is not None]
@@ -567,26 +734,57 @@ def test_every_wire_type_is_a_frozen_struct_with_a_decoder():
             msgspec.json.Decoder(list[r.type] if r.bundle else r.type)
 
 
-@pytest.mark.parametrize("record", [
-    "ForgetRequested", "SleepRequested", "KnowledgeIngested", "PromotionRequested", "GoalSet", "GoalClosed"])
+@pytest.mark.parametrize(
+    "record", ["ForgetRequested", "SleepRequested", "KnowledgeIngested", "PromotionRequested", "GoalSet", "GoalClosed"]
+)
 def test_the_operators_records_round_trip(record):
     from somnus.schemas.forget import ForgetRequested, ForgetSubject
     from somnus.schemas.goals import GoalClosed, GoalSet, GoalStatus
     from somnus.schemas.lifecycle import SleepRequested
-    from somnus.schemas.semantic import (CallOutcome, CausalLinkView, IngestedConcept, IngestedRelationship,
-                                         KnowledgeIngested, PromotionRequested)
+    from somnus.schemas.semantic import (
+        CallOutcome,
+        CausalLinkView,
+        IngestedConcept,
+        IngestedRelationship,
+        KnowledgeIngested,
+        PromotionRequested,
+    )
 
     at = datetime(2026, 11, 26, 12, 0, tzinfo=timezone.utc)
     value = {
         "ForgetRequested": ForgetRequested(request_id="r1", subject=ForgetSubject.USER, value="u1", at=at),
         "SleepRequested": SleepRequested(at=at, requested_by="operator"),
-        "KnowledgeIngested": KnowledgeIngested(owner="global", source="doc.md", at=at, concepts=[
-            IngestedConcept(name="refund", definition="money back", properties={"max": 3},
-                            relationships=[IngestedRelationship(relation="needs", target="receipt")])]),
-        "PromotionRequested": PromotionRequested(owner="agent:a", at=at, request_id="sleep:1", links=[
-            CausalLinkView(event_signature="tool:grasp", tool="grasp", outcome="error", valence="negative",
-                           strength=0.8, confidence=0.7, observation_count=5, observation_times=[at])],
-            calls=[CallOutcome("grasp", False, at, "e1", "a")]),
+        "KnowledgeIngested": KnowledgeIngested(
+            owner="global",
+            source="doc.md",
+            at=at,
+            concepts=[
+                IngestedConcept(
+                    name="refund",
+                    definition="money back",
+                    properties={"max": 3},
+                    relationships=[IngestedRelationship(relation="needs", target="receipt")],
+                )
+            ],
+        ),
+        "PromotionRequested": PromotionRequested(
+            owner="agent:a",
+            at=at,
+            request_id="sleep:1",
+            links=[
+                CausalLinkView(
+                    event_signature="tool:grasp",
+                    tool="grasp",
+                    outcome="error",
+                    valence="negative",
+                    strength=0.8,
+                    confidence=0.7,
+                    observation_count=5,
+                    observation_times=[at],
+                )
+            ],
+            calls=[CallOutcome("grasp", False, at, "e1", "a")],
+        ),
         "GoalSet": GoalSet(goal_id="g1", agent="a", text="ship the refund flow", at=at, user_id="u1", set_by="cli"),
         "GoalClosed": GoalClosed(goal_id="g1", agent="a", at=at, status=GoalStatus.DROPPED),
     }[record]

@@ -8,8 +8,19 @@ import pytest
 from hypothesis import example, given, strategies as st
 
 from somnus.schemas.codec import Rejection
-from somnus.schemas.sealed import (FORGOTTEN, MAGIC, DataKey, OpenedRecord, decode_key, encode_key, new_key,
-                                   open_record, open_value, seal, sealed_key_id)
+from somnus.schemas.sealed import (
+    FORGOTTEN,
+    MAGIC,
+    DataKey,
+    OpenedRecord,
+    decode_key,
+    encode_key,
+    new_key,
+    open_record,
+    open_value,
+    seal,
+    sealed_key_id,
+)
 from tests.factories import Rec
 
 KEY = new_key("aga", "s-1", "u1")
@@ -22,7 +33,7 @@ def test_sealed_round_trip_and_no_plaintext_left(plain):
     sealed = seal(KEY, plain)
     assert sealed.startswith(MAGIC) and sealed_key_id(sealed) == KEY.key_id
     assert open_value(sealed, {KEY.key_id: KEY.key}) == plain
-    body = sealed[len(MAGIC) + 1 + len(KEY.key_id):]  # nonce, ciphertext and tag
+    body = sealed[len(MAGIC) + 1 + len(KEY.key_id) :]  # nonce, ciphertext and tag
     if len(plain) >= 8:
         assert plain not in body  # ciphertext: the plaintext's bytes are not in the record
 
@@ -42,12 +53,15 @@ def test_plaintext_passes_as_it_is():
     assert open_value(None, {}) is None
 
 
-@pytest.mark.parametrize("mutate", [
-    lambda b: b[:-1] + bytes([b[-1] ^ 1]),  # the tag
-    lambda b: b[:len(MAGIC) + 1 + 32 + 3] + bytes([b[len(MAGIC) + 1 + 32 + 3] ^ 1]) + b[len(MAGIC) + 1 + 32 + 4:],
-    lambda b: b[:len(MAGIC) + 10],  # truncated
-    lambda b: MAGIC + b"\x00" + b[len(MAGIC) + 1:],  # no key id
-])
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda b: b[:-1] + bytes([b[-1] ^ 1]),  # the tag
+        lambda b: b[: len(MAGIC) + 1 + 32 + 3] + bytes([b[len(MAGIC) + 1 + 32 + 3] ^ 1]) + b[len(MAGIC) + 1 + 32 + 4 :],
+        lambda b: b[: len(MAGIC) + 10],  # truncated
+        lambda b: MAGIC + b"\x00" + b[len(MAGIC) + 1 :],  # no key id
+    ],
+)
 def test_tampered_or_malformed_is_a_rejection_never_an_exception(mutate):
     got = open_value(mutate(seal(KEY, b'{"a": 1}')), {KEY.key_id: KEY.key})
     assert isinstance(got, Rejection) and got.kind == "undecodable", got
@@ -59,8 +73,16 @@ def test_sealed_under_another_key_with_the_same_id_fails_authentication():
     assert isinstance(got, Rejection) and "authentication" in got.reason
 
 
-@given(st.builds(DataKey, key_id=st.from_regex(r"\A[0-9A-Za-z_.-]{1,64}\Z"), agent=st.text(), session_id=st.text(),
-                 user_id=st.none() | st.text(), key=st.binary(min_size=32, max_size=32)))
+@given(
+    st.builds(
+        DataKey,
+        key_id=st.from_regex(r"\A[0-9A-Za-z_.-]{1,64}\Z"),
+        agent=st.text(),
+        session_id=st.text(),
+        user_id=st.none() | st.text(),
+        key=st.binary(min_size=32, max_size=32),
+    )
+)
 @example(KEY)
 def test_key_record_round_trips(key):
     assert decode_key(encode_key(key)) == key
@@ -78,7 +100,12 @@ def test_open_record_keeps_coordinates():
     opened = open_record(rec, {KEY.key_id: KEY.key})
     assert isinstance(opened, OpenedRecord)
     assert (opened.topic, opened.partition, opened.offset, opened.key, opened.value) == (
-        "somnus.traces", 2, 7, b"s-1", b'{"x": 1}')
+        "somnus.traces",
+        2,
+        7,
+        b"s-1",
+        b'{"x": 1}',
+    )
     plain = Rec("somnus.traces", 0, 0, b"{}")
     assert open_record(plain, {}) is plain
     assert open_record(rec, {}) is FORGOTTEN

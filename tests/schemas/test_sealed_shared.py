@@ -38,7 +38,7 @@ def test_a_tampered_or_cut_value_is_a_rejection_never_an_exception():
     ks = keys(3)
     value = seal_shared(ks, b'{"key": "tea"}')
     for i in range(len(value)):
-        flipped = value[:i] + bytes([value[i] ^ 1]) + value[i + 1:]
+        flipped = value[:i] + bytes([value[i] ^ 1]) + value[i + 1 :]
         got = open_shared(flipped, ring(ks))
         # no magic any more: read as plaintext, as ``open_value`` reads any value (its decoder rejects it)
         assert isinstance(got, Rejection) or got is FORGOTTEN or got == flipped, i

@@ -32,23 +32,27 @@ def test_advise_prints_json_with_provenance_and_text(fleet, tmp_path):
     assert got.exit_code == 0, got.output
     advice = json.loads(got.output)
     assert advice["agent"] == ep.agent and advice["related"] >= 1
-    assert str(ep.episode_id) in {i for s in advice["planning"] for i in s["episode_ids"]} | \
-        set(advice["escalation"]["episode_ids"])
+    assert str(ep.episode_id) in {i for s in advice["planning"] for i in s["episode_ids"]} | set(
+        advice["escalation"]["episode_ids"]
+    )
     text = CliRunner().invoke(cli.app, args)
     assert text.exit_code == 0 and "related past episodes" in text.output
 
 
 def test_advise_without_a_task_is_a_clear_error(fleet, tmp_path):
     path, eps = fleet
-    got = CliRunner().invoke(cli.app, ["advise", "--agent", eps[0].agent, "--task", " ", "--db", str(path),
-                                       "--home", str(tmp_path)])
+    got = CliRunner().invoke(
+        cli.app, ["advise", "--agent", eps[0].agent, "--task", " ", "--db", str(path), "--home", str(tmp_path)]
+    )
     assert got.exit_code == 1 and "task" in got.output
 
 
 def test_rhythms_oscillators_shows_the_planted_anomaly(tmp_path):
     project_units(tmp_path / "o.duckdb", daily_with_a_planted_anomaly()).close()
-    got = CliRunner().invoke(cli.app, ["rhythms", "--agent", "nightly", "--oscillators", "--db",
-                                       str(tmp_path / "o.duckdb"), "--home", str(tmp_path)])
+    got = CliRunner().invoke(
+        cli.app,
+        ["rhythms", "--agent", "nightly", "--oscillators", "--db", str(tmp_path / "o.duckdb"), "--home", str(tmp_path)],
+    )
     assert got.exit_code == 0, got.output
     assert "eigenvalues" in got.output and "anomaly 1.000 at 2024-02-10T21:00:00" in got.output
 

@@ -43,10 +43,31 @@ def test_every_bench_command_has_its_runner():
     from somnus.cli.bench import bench_app
 
     names = {c.name for c in bench_app.registered_commands}
-    assert names == {"e2e", "facts-query", "predict", "scn", "recall", "context", "briefing", "sleep", "capture", "cli",
-                     "advise", "oscillators"}
-    for runner in ("run_e2e", "run_fact_query", "run_predict", "run_scn_footprint", "run_recall", "run_context",
-                   "run_briefing", "run_sleep", "run_capture"):
+    assert names == {
+        "e2e",
+        "facts-query",
+        "predict",
+        "scn",
+        "recall",
+        "context",
+        "briefing",
+        "sleep",
+        "capture",
+        "cli",
+        "advise",
+        "oscillators",
+    }
+    for runner in (
+        "run_e2e",
+        "run_fact_query",
+        "run_predict",
+        "run_scn_footprint",
+        "run_recall",
+        "run_context",
+        "run_briefing",
+        "run_sleep",
+        "run_capture",
+    ):
         assert callable(getattr(bench, runner))
     from somnus.bench.advise import run_advise  # benchmarks in their own modules
     from somnus.bench.oscillators import run_oscillators

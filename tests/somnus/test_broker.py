@@ -33,8 +33,9 @@ def test_a_cluster_id_starting_with_a_dash_formats(tmp_path):
 def test_new_cluster_ids_are_22_base64url_characters():
     ids = {broker.new_cluster_id() for _ in range(200)}
     assert len(ids) == 200
-    assert all(len(i) == 22 and set(i) <= set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
-               for i in ids)
+    assert all(
+        len(i) == 22 and set(i) <= set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_") for i in ids
+    )
 
 
 def test_the_compose_broker_has_the_local_brokers_limits_and_topic_rules():
@@ -45,10 +46,15 @@ def test_the_compose_broker_has_the_local_brokers_limits_and_topic_rules():
 
     root = Path(__file__).resolve().parents[2]
     env = yaml.safe_load((root / "docker-compose.yml").read_text())["services"]["kafka"]["environment"]
-    compose = {k[len("KAFKA_"):].lower().replace("_", "."): str(v) for k, v in env.items()}
+    compose = {k[len("KAFKA_") :].lower().replace("_", "."): str(v) for k, v in env.items()}
     local = dict(line.split("=", 1) for line in broker._server_properties(1, 2, Path("/d")).splitlines())
-    for key in ("message.max.bytes", "auto.create.topics.enable", "log.retention.hours",
-                "offsets.topic.replication.factor", "group.initial.rebalance.delay.ms"):
+    for key in (
+        "message.max.bytes",
+        "auto.create.topics.enable",
+        "log.retention.hours",
+        "offsets.topic.replication.factor",
+        "group.initial.rebalance.delay.ms",
+    ):
         assert compose.get(key) == local[key], key
 
 
@@ -79,8 +85,9 @@ def test_a_broker_killed_and_started_again_keeps_its_port_and_its_records(tmp_pa
         assert again.bootstrap == info.bootstrap
 
         async def read() -> int:
-            consumer = AIOKafkaConsumer("kept", bootstrap_servers=again.bootstrap, auto_offset_reset="earliest",
-                                        enable_auto_commit=False)
+            consumer = AIOKafkaConsumer(
+                "kept", bootstrap_servers=again.bootstrap, auto_offset_reset="earliest", enable_auto_commit=False
+            )
             await consumer.start()
             try:
                 got = 0

@@ -32,9 +32,17 @@ def flatten(records: list[tuple[bytes | None, bytes]]) -> list[bytes]:
 
 
 def ev(session: str, seq: int) -> bytes:
-    return encode(UserMessaged(event_id=uuid.uuid5(uuid.NAMESPACE_OID, f"{session}/{seq}"), schema_version=1,
-                               ts=datetime(2024, 5, 15, tzinfo=timezone.utc), agent="support", session_id=session,
-                               seq=seq, payload=Message(text=f"m{seq}")))
+    return encode(
+        UserMessaged(
+            event_id=uuid.uuid5(uuid.NAMESPACE_OID, f"{session}/{seq}"),
+            schema_version=1,
+            ts=datetime(2024, 5, 15, tzinfo=timezone.utc),
+            agent="support",
+            session_id=session,
+            seq=seq,
+            payload=Message(text=f"m{seq}"),
+        )
+    )
 
 
 @st.composite
@@ -42,7 +50,7 @@ def streams(draw: Any) -> list[bytes]:
     """Events of several sessions in any interleaving, plus a few records whose session can't be read."""
     counts = draw(st.lists(st.integers(1, 12), min_size=1, max_size=5))
     queues = [[ev(f"s{i}", seq) for seq in range(n)] for i, n in enumerate(counts)]
-    junk = draw(st.lists(st.sampled_from([b"not json", b'{"seq": 1}', b'{"session_id": null}', b"\"s0\""]), max_size=3))
+    junk = draw(st.lists(st.sampled_from([b"not json", b'{"seq": 1}', b'{"session_id": null}', b'"s0"']), max_size=3))
     queues += [[j] for j in junk]
     out: list[bytes] = []
     while any(queues):
@@ -106,19 +114,22 @@ def test_a_session_longer_than_the_limit_is_split_in_order():
     assert flatten(records) == raws
 
 
-@pytest.mark.parametrize(("raw", "key"), [
-    (b'{"session_id": "s-1", "seq": 0}', b"s-1"),
-    (b'{"seq": 0, "payload": {"session_id": "inner"}, "session_id": "outer"}', b"outer"),
-    (b'{"session_id": 42}', b"42"),
-    ('{"session_id": "café"}'.encode(), "café".encode()),
-    (b'{"session_id": ""}', b""),
-    (b'{"session_id": null}', None),
-    (b'{"seq": 0}', None),
-    (b"not json", None),
-    (b"[1, 2]", None),
-    (b'"s-1"', None),
-    (b"", None),
-])
+@pytest.mark.parametrize(
+    ("raw", "key"),
+    [
+        (b'{"session_id": "s-1", "seq": 0}', b"s-1"),
+        (b'{"seq": 0, "payload": {"session_id": "inner"}, "session_id": "outer"}', b"outer"),
+        (b'{"session_id": 42}', b"42"),
+        ('{"session_id": "café"}'.encode(), "café".encode()),
+        (b'{"session_id": ""}', b""),
+        (b'{"session_id": null}', None),
+        (b'{"seq": 0}', None),
+        (b"not json", None),
+        (b"[1, 2]", None),
+        (b'"s-1"', None),
+        (b"", None),
+    ],
+)
 def test_key_of(raw, key):
     assert key_of(raw) == key
 

@@ -28,8 +28,11 @@ def _profile(services: dict[str, dict[str, Any]], name: str) -> dict[str, dict[s
 
 
 def _brokers(services: dict[str, dict[str, Any]]) -> dict[str, dict[str, str]]:
-    return {k: {e: str(v) for e, v in s["environment"].items()}
-            for k, s in _profile(services, "scale").items() if s["image"].startswith("apache/kafka")}
+    return {
+        k: {e: str(v) for e, v in s["environment"].items()}
+        for k, s in _profile(services, "scale").items()
+        if s["image"].startswith("apache/kafka")
+    }
 
 
 def test_every_service_is_in_exactly_one_profile_so_the_two_stacks_never_run_together(services):
@@ -58,8 +61,11 @@ def test_the_scale_profile_has_three_brokers_with_distinct_node_ids_and_one_quor
 
 def test_the_scale_brokers_replicate_internal_and_default_topics_three_times(services):
     for name, env in _brokers(services).items():
-        for key in ("KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR", "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR",
-                    "KAFKA_DEFAULT_REPLICATION_FACTOR"):
+        for key in (
+            "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR",
+            "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR",
+            "KAFKA_DEFAULT_REPLICATION_FACTOR",
+        ):
             assert env[key] == "3", (name, key)
         assert env["KAFKA_MIN_INSYNC_REPLICAS"] == env["KAFKA_TRANSACTION_STATE_LOG_MIN_ISR"] == "2", name
         # what the pipeline relies on of any broker (tests/somnus/test_broker.py)

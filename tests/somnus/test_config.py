@@ -63,15 +63,27 @@ def test_defaults_are_pinned():
     assert s.db_path == Path.home() / ".somnus" / "somnus.duckdb"
     assert s.cache == Path.home() / ".cache" / "somnus"
     assert (s.bootstrap, s.agents_dir) == (None, None)
-    assert (s.partitions, s.topic_prefix, s.max_event_bytes, s.batch_size, s.batch_within_s, s.app_id,
-            s.session_timeout_s) == (4, "somnus.", 1_048_576, 500, 0.1, "somnus", 10.0)
+    assert (
+        s.partitions,
+        s.topic_prefix,
+        s.max_event_bytes,
+        s.batch_size,
+        s.batch_within_s,
+        s.app_id,
+        s.session_timeout_s,
+    ) == (4, "somnus.", 1_048_576, 500, 0.1, "somnus", 10.0)
     assert s.session_retention_s == 7 * 86400.0 and s.session_idle_s == 0.0 and s.max_clock_skew_s == 300.0
     assert s.replication_factor == 1  # the local single broker; 3 in the compose `scale` profile
     assert s.max_json_depth == 64
     assert s.workers == 1
     assert (s.sql_timeout_s, s.sql_memory_limit, s.sql_threads) == (10.0, "1GB", 2)
-    assert (s.kafka_security_protocol, s.kafka_sasl_mechanism, s.kafka_sasl_username, s.kafka_sasl_password,
-            s.kafka_ssl_cafile) == ("PLAINTEXT", None, None, None, None)
+    assert (
+        s.kafka_security_protocol,
+        s.kafka_sasl_mechanism,
+        s.kafka_sasl_username,
+        s.kafka_sasl_password,
+        s.kafka_ssl_cafile,
+    ) == ("PLAINTEXT", None, None, None, None)
 
 
 @pytest.mark.parametrize("name", sorted(NON_DEFAULT))
@@ -139,9 +151,16 @@ def test_settings_are_frozen():
 def test_topic_names_follow_the_prefix():
     s = Settings.resolve(env={}, topic_prefix="t1.")
     assert (s.traces_topic, s.episodes_topic, s.dead_letter_topic) == ("t1.traces", "t1.episodes", "t1.dead-letters")
-    assert s.projected_topics == ("t1.traces", "t1.episodes", "t1.dead-letters", "t1.facts", "t1.link-updates",
-                                  "t1.memory", f"{s.app_id}-working_memory-changelog",
-                                  "t1.semantic")
+    assert s.projected_topics == (
+        "t1.traces",
+        "t1.episodes",
+        "t1.dead-letters",
+        "t1.facts",
+        "t1.link-updates",
+        "t1.memory",
+        f"{s.app_id}-working_memory-changelog",
+        "t1.semantic",
+    )
     assert s.run_dir == s.home / "run"
 
 
@@ -170,8 +189,12 @@ def test_a_boolean_setting_that_is_not_one_is_an_error_naming_the_value():
 
 # ---- Kafka security: one helper (kafka_options), passed to every client Somnus makes ----------------
 
-SASL_SSL = {"KAFKA_SECURITY_PROTOCOL": "SASL_SSL", "KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
-            "KAFKA_SASL_USERNAME": "somnus", "KAFKA_SASL_PASSWORD": "s3cret"}
+SASL_SSL = {
+    "KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+    "KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
+    "KAFKA_SASL_USERNAME": "somnus",
+    "KAFKA_SASL_PASSWORD": "s3cret",
+}
 
 
 def _cafile() -> str:
@@ -192,8 +215,11 @@ def test_sasl_ssl_options_carry_the_mechanism_the_user_and_a_context_with_the_ca
 
     opts = kafka_options(Settings.resolve(env={**SASL_SSL, "KAFKA_SSL_CAFILE": _cafile()}))
     assert {k: v for k, v in opts.items() if k != "ssl_context"} == {
-        "security_protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512", "sasl_plain_username": "somnus",
-        "sasl_plain_password": "s3cret"}
+        "security_protocol": "SASL_SSL",
+        "sasl_mechanism": "SCRAM-SHA-512",
+        "sasl_plain_username": "somnus",
+        "sasl_plain_password": "s3cret",
+    }
     assert isinstance(opts["ssl_context"], ssl.SSLContext) and opts["ssl_context"].verify_mode == ssl.CERT_REQUIRED
     assert opts["ssl_context"].get_ca_certs()  # the CA file was loaded
 
@@ -205,12 +231,22 @@ def test_ssl_alone_gives_a_context_and_no_sasl():
     assert set(opts) == {"security_protocol", "ssl_context"} and opts["security_protocol"] == "SSL"
 
 
-@pytest.mark.parametrize("env,match", [
-    ({"KAFKA_SECURITY_PROTOCOL": "TLS"}, "KAFKA_SECURITY_PROTOCOL"),
-    ({"KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT", "KAFKA_SASL_MECHANISM": "GSSAPI", "KAFKA_SASL_USERNAME": "u",
-      "KAFKA_SASL_PASSWORD": "p"}, "KAFKA_SASL_MECHANISM"),
-    ({"KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT", "KAFKA_SASL_USERNAME": "u"}, "KAFKA_SASL_PASSWORD"),
-])
+@pytest.mark.parametrize(
+    "env,match",
+    [
+        ({"KAFKA_SECURITY_PROTOCOL": "TLS"}, "KAFKA_SECURITY_PROTOCOL"),
+        (
+            {
+                "KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+                "KAFKA_SASL_MECHANISM": "GSSAPI",
+                "KAFKA_SASL_USERNAME": "u",
+                "KAFKA_SASL_PASSWORD": "p",
+            },
+            "KAFKA_SASL_MECHANISM",
+        ),
+        ({"KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT", "KAFKA_SASL_USERNAME": "u"}, "KAFKA_SASL_PASSWORD"),
+    ],
+)
 def test_an_incomplete_or_unknown_security_setting_is_an_error_naming_it(env, match):
     from somnus.streams.connection import kafka_options
 
@@ -246,10 +282,16 @@ def _recorder(made: list[tuple[str, dict]], name: str) -> type:
 def _secured(made: list[tuple[str, dict]]) -> None:
     assert made, "no client was made"
     for name, kwargs in made:
-        got = {k: kwargs.get(k) for k in ("security_protocol", "sasl_mechanism", "sasl_plain_username",
-                                           "sasl_plain_password")}
-        assert got == {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "SCRAM-SHA-512",
-                       "sasl_plain_username": "somnus", "sasl_plain_password": "s3cret"}, name
+        got = {
+            k: kwargs.get(k)
+            for k in ("security_protocol", "sasl_mechanism", "sasl_plain_username", "sasl_plain_password")
+        }
+        assert got == {
+            "security_protocol": "SASL_PLAINTEXT",
+            "sasl_mechanism": "SCRAM-SHA-512",
+            "sasl_plain_username": "somnus",
+            "sasl_plain_password": "s3cret",
+        }, name
 
 
 SASL_PLAIN = {**SASL_SSL, "KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT"}
@@ -297,8 +339,9 @@ def test_the_projectors_consumer_and_producer_get_the_security_options(secured_e
     monkeypatch.setattr(projector, "AIOKafkaProducer", _recorder(made, "producer"))
     with pytest.raises(_Stop, match="consumer"):
         asyncio.run(projector.Projector(settings, "kafka:9092").run())
-    seen = SimpleNamespace(agents={}, briefings=SimpleNamespace(current={}), memory=None, semantic=None, top_facts=None,
-                           keys=None)
+    seen = SimpleNamespace(
+        agents={}, briefings=SimpleNamespace(current={}), memory=None, semantic=None, top_facts=None, keys=None
+    )
     with pytest.raises(_Stop, match="producer"):
         asyncio.run(projector.Projector(settings, "kafka:9092")._start_server(duckdb.connect(), seen))
     assert [n for n, _ in made] == ["consumer", "producer"]
@@ -347,8 +390,10 @@ def test_the_faust_app_gets_the_same_credentials(secured_env, tmp_path):
     app = create_app(settings, "kafka:9092")
     assert isinstance(app.conf.broker_credentials, SASLCredentials)
     # What Faust hands its consumer, producer and admin client is what every other client gets.
-    assert dict(credentials_to_aiokafka_auth(app.conf.broker_credentials)) == {**kafka_options(settings),
-                                                                               "ssl_context": None}
+    assert dict(credentials_to_aiokafka_auth(app.conf.broker_credentials)) == {
+        **kafka_options(settings),
+        "ssl_context": None,
+    }
 
 
 def test_plaintext_faust_app_has_no_credentials(tmp_path, monkeypatch):
@@ -377,8 +422,11 @@ def test_every_kafka_client_in_the_source_is_given_the_security_options():
                 if name in clients:
                     seen.append(where)
                     spread = [k.value for k in node.keywords if k.arg is None]
-                    assert any(isinstance(c, ast.Call) and getattr(c.func, "id", None) == "kafka_options"
-                               for v in spread for c in ast.walk(v)), f"{where}: {name} without **kafka_options()"
+                    assert any(
+                        isinstance(c, ast.Call) and getattr(c.func, "id", None) == "kafka_options"
+                        for v in spread
+                        for c in ast.walk(v)
+                    ), f"{where}: {name} without **kafka_options()"
                 elif name == "SomnusApp":
                     seen.append(where)
                     assert "broker_credentials" in {k.arg for k in node.keywords}, f"{where}: no broker_credentials"

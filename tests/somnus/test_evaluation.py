@@ -24,14 +24,17 @@ from somnus.evaluation import (
 LOCOMO = Path(__file__).resolve().parents[3] / "shared" / "datasets" / "locomo" / "locomo5.json"
 
 
-@pytest.mark.parametrize(("raw", "expected"), [
-    (["D1:3"], ["D1:3"]),
-    (["D8:6; D9:17"], ["D8:6", "D9:17"]),
-    (["D:11:26"], ["D11:26"]),
-    (["D", ""], []),
-    (["D01:03", "D1:3"], ["D1:3"]),
-    (["D2:1, D2:2", "D2:1"], ["D2:1", "D2:2"]),
-])
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        (["D1:3"], ["D1:3"]),
+        (["D8:6; D9:17"], ["D8:6", "D9:17"]),
+        (["D:11:26"], ["D11:26"]),
+        (["D", ""], []),
+        (["D01:03", "D1:3"], ["D1:3"]),
+        (["D2:1, D2:2", "D2:1"], ["D2:1", "D2:2"]),
+    ],
+)
 def test_normalise_evidence(raw, expected):
     assert normalise_evidence(raw) == expected
 
@@ -44,8 +47,7 @@ def test_recall_at_k_is_the_share_of_evidence_in_the_first_k_distinct_turns():
 
 
 def convs() -> list[Conversation]:
-    qs = [Question("c", "q1", 1, ["D1:1", "D1:2"]), Question("c", "q2", 2, ["D1:3"]),
-          Question("c", "q3", 4, ["D1:4"])]
+    qs = [Question("c", "q1", 1, ["D1:1", "D1:2"]), Question("c", "q2", 2, ["D1:3"]), Question("c", "q3", 4, ["D1:4"])]
     return [Conversation("c", ("A", "B"), ["D1:1", "D1:2", "D1:3", "D1:4"], qs, dropped=1)]
 
 
@@ -56,10 +58,20 @@ def test_report_shape_and_numbers():
     assert report["recall@1"] == pytest.approx(round((0.5 + 1 + 0) / 3, 4))
     assert report["recall@5"] == pytest.approx(round((1 + 1 + 0) / 3, 4))
     assert set(report["by_category"]) == {"1", "2", "3", "4"}
-    assert report["by_category"]["1"] == {"questions": 1, "recall@1": 0.5, "recall@5": 1.0, "recall@10": 1.0,
-                                          "recall@20": 1.0}
-    assert report["by_category"]["3"] == {"questions": 0, "recall@1": 0.0, "recall@5": 0.0, "recall@10": 0.0,
-                                          "recall@20": 0.0}
+    assert report["by_category"]["1"] == {
+        "questions": 1,
+        "recall@1": 0.5,
+        "recall@5": 1.0,
+        "recall@10": 1.0,
+        "recall@20": 1.0,
+    }
+    assert report["by_category"]["3"] == {
+        "questions": 0,
+        "recall@1": 0.0,
+        "recall@5": 0.0,
+        "recall@10": 0.0,
+        "recall@20": 0.0,
+    }
     json.dumps(report)
 
 
@@ -76,13 +88,24 @@ def test_a_dev_split_reports_each_half_of_the_conversations():
 
 
 def test_loading_excludes_adversarial_questions_and_repairs_evidence(tmp_path):
-    sample: dict[str, Any] = {"sample_id": "s", "conversation": {
-        "speaker_a": "A", "speaker_b": "B", "session_1_date_time": "9:00 am on 2 June, 2023",
-        "session_1": [{"speaker": "A", "dia_id": "D1:1", "text": "x"}, {"speaker": "B", "dia_id": "D1:2", "text": "y"}]},
-        "qa": [{"question": "a", "evidence": ["D1:1; D1:2"], "category": 1},
-               {"question": "b", "evidence": ["D1:1"], "category": 5, "adversarial_answer": "no"},
-               {"question": "c", "evidence": ["D9:9"], "category": 2},
-               {"question": "d", "evidence": ["D:1:2"], "category": 4}]}
+    sample: dict[str, Any] = {
+        "sample_id": "s",
+        "conversation": {
+            "speaker_a": "A",
+            "speaker_b": "B",
+            "session_1_date_time": "9:00 am on 2 June, 2023",
+            "session_1": [
+                {"speaker": "A", "dia_id": "D1:1", "text": "x"},
+                {"speaker": "B", "dia_id": "D1:2", "text": "y"},
+            ],
+        },
+        "qa": [
+            {"question": "a", "evidence": ["D1:1; D1:2"], "category": 1},
+            {"question": "b", "evidence": ["D1:1"], "category": 5, "adversarial_answer": "no"},
+            {"question": "c", "evidence": ["D9:9"], "category": 2},
+            {"question": "d", "evidence": ["D:1:2"], "category": 4},
+        ],
+    }
     path = tmp_path / "l.json"
     path.write_text(json.dumps([sample]))
     [conv] = load_locomo(path)
@@ -96,8 +119,11 @@ def test_read_safetensors(tmp_path):
     blob = b""
     for name, arr in arrays.items():
         data = arr.tobytes()
-        header[name] = {"dtype": {"float32": "F32", "int64": "I64"}[str(arr.dtype)], "shape": list(arr.shape),
-                        "data_offsets": [len(blob), len(blob) + len(data)]}
+        header[name] = {
+            "dtype": {"float32": "F32", "int64": "I64"}[str(arr.dtype)],
+            "shape": list(arr.shape),
+            "data_offsets": [len(blob), len(blob) + len(data)],
+        }
         blob += data
     head = json.dumps(header).encode()
     path = tmp_path / "m.safetensors"
@@ -147,5 +173,8 @@ def test_locomo_recall_with_stems_stays_where_it_is(locomo_stemmed_report, locom
     assert locomo_stemmed_report["recall@10"] >= 0.76
     assert locomo_stemmed_report["recall@10"] > locomo_report["recall@10"]  # stems help
     assert (locomo_stemmed_report["memories"], locomo_stemmed_report["merged"], locomo_stemmed_report["edges"]) == (
-        2760, 0, 134)
+        2760,
+        0,
+        134,
+    )
     assert (locomo_report["memories"], locomo_report["merged"], locomo_report["edges"]) == (2760, 0, 98)

@@ -48,8 +48,11 @@ def by_session(events: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
 
 
 def assert_all_decode(events: list[dict[str, Any]]) -> None:
-    bad = [(e["session_id"], e["seq"], r.reason) for e in events
-           if isinstance(r := decode_trace(orjson.dumps(e), max_bytes=1_048_576), Rejection)]
+    bad = [
+        (e["session_id"], e["seq"], r.reason)
+        for e in events
+        if isinstance(r := decode_trace(orjson.dumps(e), max_bytes=1_048_576), Rejection)
+    ]
     assert bad == []
 
 
@@ -60,6 +63,7 @@ def write(tmp_path: Path, name: str, data: Any) -> Path:
 
 
 # ---- tau-bench (OpenAI chat format, real data) ---------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def tau() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -101,8 +105,7 @@ def test_tau_bench_event_counts_match_the_raw_transcripts(tau):
     assert kinds["agent_message"] == sum(m["role"] == "assistant" and bool(m.get("content")) for m in messages)
     assert kinds["session_start"] == kinds["session_end"] == 200
     assert sum(1 for e in events if e["type"] == "tool_result" and not e["payload"]["ok"]) == len(failed) == 73
-    assert {e["payload"]["tool"] for e in events if e["type"] == "tool_call"} == \
-        {c["function"]["name"] for c in calls}
+    assert {e["payload"]["tool"] for e in events if e["type"] == "tool_call"} == {c["function"]["name"] for c in calls}
     assert len({c["function"]["name"] for c in calls}) == 14
 
 
@@ -136,15 +139,20 @@ def test_tau_bench_import_is_deterministic(tau):
 # ---- OpenAI chat shapes ------------------------------------------------------------------------
 
 CHAT = {
-    "id": "conv1", "reward": 1.0,
+    "id": "conv1",
+    "reward": 1.0,
     "messages": [
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": "refund order 1042"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_a", "type": "function", "function": {"name": "get_order", "arguments": "{\"id\": 1042}"}},
-            {"id": "call_b", "type": "function", "function": {"name": "get_user", "arguments": "not json"}},
-        ]},
-        {"role": "tool", "tool_call_id": "call_a", "content": "{\"status\": \"paid\"}"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "call_a", "type": "function", "function": {"name": "get_order", "arguments": '{"id": 1042}'}},
+                {"id": "call_b", "type": "function", "function": {"name": "get_user", "arguments": "not json"}},
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_a", "content": '{"status": "paid"}'},
         {"role": "tool", "tool_call_id": "call_b", "content": "  Error: user not found"},
         {"role": "assistant", "content": "Refunded."},
     ],
@@ -153,15 +161,23 @@ CHAT = {
 
 def test_an_openai_chat_transcript_becomes_events(tmp_path):
     events = list(openai_chat(write(tmp_path, "chats.json", CHAT)))
-    assert [e["type"] for e in events] == ["session_start", "user_message", "tool_call", "tool_call",
-                                           "tool_result", "tool_result", "agent_message", "session_end"]
+    assert [e["type"] for e in events] == [
+        "session_start",
+        "user_message",
+        "tool_call",
+        "tool_call",
+        "tool_result",
+        "tool_result",
+        "agent_message",
+        "session_end",
+    ]
     assert {e["session_id"] for e in events} == {"chats-conv1"}
     assert {e["agent"] for e in events} == {"assistant"}
     start, user, call_a, call_b, res_a, res_b, said, end = (e["payload"] for e in events)
     assert start == {"task": "refund order 1042", "metadata": {"reward": 1.0}}
     assert call_a == {"tool": "get_order", "call_id": "call_a", "args": {"id": 1042}}
     assert call_b["args"] == {"_raw": "not json"}
-    assert res_a == {"call_id": "call_a", "tool": "get_order", "ok": True, "output": "{\"status\": \"paid\"}"}
+    assert res_a == {"call_id": "call_a", "tool": "get_order", "ok": True, "output": '{"status": "paid"}'}
     assert res_b == {"call_id": "call_b", "tool": "get_user", "ok": False, "error": "  Error: user not found"}
     assert said == {"text": "Refunded."}
     assert end == {"outcome": "success", "reason": "reward 1.0"}
@@ -169,13 +185,16 @@ def test_an_openai_chat_transcript_becomes_events(tmp_path):
     assert_all_decode(events)
 
 
-@pytest.mark.parametrize(("fields", "outcome", "reason"), [
-    ({"reward": 1}, "success", "reward 1"),
-    ({"reward": 0.99}, "failure", "reward 0.99"),
-    ({"reward": 0}, "failure", "reward 0"),
-    ({"outcome": "partial"}, "partial", None),
-    ({}, "partial", "the transcript has no reward or outcome"),
-])
+@pytest.mark.parametrize(
+    ("fields", "outcome", "reason"),
+    [
+        ({"reward": 1}, "success", "reward 1"),
+        ({"reward": 0.99}, "failure", "reward 0.99"),
+        ({"reward": 0}, "failure", "reward 0"),
+        ({"outcome": "partial"}, "partial", None),
+        ({}, "partial", "the transcript has no reward or outcome"),
+    ],
+)
 def test_the_outcome_comes_from_reward_or_outcome(tmp_path, fields, outcome, reason):
     item = {"messages": [{"role": "user", "content": "hi"}], **fields}
     end = list(openai_chat(write(tmp_path, "x.json", [item])))[-1]
@@ -184,10 +203,12 @@ def test_the_outcome_comes_from_reward_or_outcome(tmp_path, fields, outcome, rea
 
 
 def test_json_lines_sessions_ids_and_start_times(tmp_path):
-    lines = [{"messages": [{"role": "user", "content": "a"}]},
-             {"session_id": "custom", "messages": [{"role": "user", "content": "b"}]},
-             {"task_id": 7, "trial": 2, "traj": [{"role": "user", "content": "c"}]},
-             {"task_id": 8, "traj": [{"role": "user", "content": "d"}], "agent": "booker"}]
+    lines = [
+        {"messages": [{"role": "user", "content": "a"}]},
+        {"session_id": "custom", "messages": [{"role": "user", "content": "b"}]},
+        {"task_id": 7, "trial": 2, "traj": [{"role": "user", "content": "c"}]},
+        {"task_id": 8, "traj": [{"role": "user", "content": "d"}], "agent": "booker"},
+    ]
     path = write(tmp_path, "runs.jsonl", b"\n".join(orjson.dumps(x) for x in lines) + b"\n\n")
     sessions = by_session(list(openai_chat(path)))
     assert list(sessions) == ["runs-0", "runs-custom", "runs-task7-trial2", "runs-task8-trial0"]
@@ -201,8 +222,10 @@ def test_a_results_file_overrides_a_transcripts_own_reward(tmp_path):
     path = write(tmp_path, "chats.json", [CHAT, {**CHAT, "id": "conv2"}])
     run = import_run(results=write(tmp_path, "results.json", {"conv1": "failure", "chats-conv2": "partial"}))
     ends = {e["session_id"]: e["payload"] for e in openai_chat(path, run=run) if e["type"] == "session_end"}
-    assert ends == {"chats-conv1": {"outcome": "failure", "reason": "per the results file"},
-                    "chats-conv2": {"outcome": "partial", "reason": "per the results file"}}
+    assert ends == {
+        "chats-conv1": {"outcome": "failure", "reason": "per the results file"},
+        "chats-conv2": {"outcome": "partial", "reason": "per the results file"},
+    }
 
 
 def test_the_agent_argument_overrides_the_transcript(tmp_path):
@@ -211,38 +234,61 @@ def test_the_agent_argument_overrides_the_transcript(tmp_path):
 
 
 def test_long_tool_outputs_are_cut(tmp_path):
-    item = {"messages": [{"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "t"}}]},
-                         {"role": "tool", "tool_call_id": "c", "content": "y" * 5000}]}
+    item = {
+        "messages": [
+            {"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "t"}}]},
+            {"role": "tool", "tool_call_id": "c", "content": "y" * 5000},
+        ]
+    }
     (result,) = [e for e in openai_chat(write(tmp_path, "a.json", item)) if e["type"] == "tool_result"]
     assert MAX_OUTPUT == 2000
     assert result["payload"]["output"] == "y" * MAX_OUTPUT
 
 
 def test_a_tool_call_without_id_gets_a_stable_one_and_arguments_of_any_shape_are_kept(tmp_path):
-    item = {"messages": [{"role": "assistant", "tool_calls": [
-        {"function": {"name": "a", "arguments": {"k": 1}}},
-        {"function": {"name": "b", "arguments": "[1, 2]"}},
-        {"function": {"name": "c", "arguments": ""}},
-        {"function": {"name": "d"}}]}]}
+    item = {
+        "messages": [
+            {
+                "role": "assistant",
+                "tool_calls": [
+                    {"function": {"name": "a", "arguments": {"k": 1}}},
+                    {"function": {"name": "b", "arguments": "[1, 2]"}},
+                    {"function": {"name": "c", "arguments": ""}},
+                    {"function": {"name": "d"}},
+                ],
+            }
+        ]
+    }
     calls = [e["payload"] for e in openai_chat(write(tmp_path, "a.json", item)) if e["type"] == "tool_call"]
     assert [(c["call_id"], c["args"]) for c in calls] == [
-        ("call-0-0", {"k": 1}), ("call-0-1", {"_value": [1, 2]}), ("call-0-2", {}), ("call-0-3", {})]
+        ("call-0-0", {"k": 1}),
+        ("call-0-1", {"_value": [1, 2]}),
+        ("call-0-2", {}),
+        ("call-0-3", {}),
+    ]
 
 
-@pytest.mark.parametrize(("data", "names"), [
-    ([{"id": 1}], ["item 0", "'messages'"]),
-    ([{"messages": {"role": "user"}}], ["item 0", "'messages'"]),
-    ([{"messages": []}, "oops"], ["item 1", "expected an object"]),
-    ([{"messages": [{"content": "no role"}]}], ["message 0", "'role'"]),
-    ([{"messages": [{"role": "function", "content": "x"}]}], ["message 0", "unknown role 'function'"]),
-    ([{"messages": [], "reward": "1.0"}], ["field 'reward'", "'1.0'"]),
-    ([{"messages": [], "reward": True}], ["field 'reward'", "True"]),
-    ([{"messages": [], "outcome": "won"}], ["field 'outcome'", "'won'"]),
-    ([{"messages": [{"role": "user", "content": "x"}, {"role": "tool", "content": "ok"}]}],
-     ["message 1", "'tool_call_id'"]),
-    ([{"messages": [{"role": "assistant", "tool_calls": [{"id": "c", "function": {}}]}]}],
-     ["message 0", "tool_calls[0]", "'function.name'"]),
-])
+@pytest.mark.parametrize(
+    ("data", "names"),
+    [
+        ([{"id": 1}], ["item 0", "'messages'"]),
+        ([{"messages": {"role": "user"}}], ["item 0", "'messages'"]),
+        ([{"messages": []}, "oops"], ["item 1", "expected an object"]),
+        ([{"messages": [{"content": "no role"}]}], ["message 0", "'role'"]),
+        ([{"messages": [{"role": "function", "content": "x"}]}], ["message 0", "unknown role 'function'"]),
+        ([{"messages": [], "reward": "1.0"}], ["field 'reward'", "'1.0'"]),
+        ([{"messages": [], "reward": True}], ["field 'reward'", "True"]),
+        ([{"messages": [], "outcome": "won"}], ["field 'outcome'", "'won'"]),
+        (
+            [{"messages": [{"role": "user", "content": "x"}, {"role": "tool", "content": "ok"}]}],
+            ["message 1", "'tool_call_id'"],
+        ),
+        (
+            [{"messages": [{"role": "assistant", "tool_calls": [{"id": "c", "function": {}}]}]}],
+            ["message 0", "tool_calls[0]", "'function.name'"],
+        ),
+    ],
+)
 def test_unknown_shapes_name_the_field(tmp_path, data, names):
     path = write(tmp_path, "bad.json", data)
     with pytest.raises(ImportShapeError) as info:
@@ -259,8 +305,9 @@ def test_a_json_lines_file_with_a_broken_line_names_the_line_and_keeps_the_other
     run = ImportRun()
     events = list(openai_chat(path, run=run))
     assert len({e["session_id"] for e in events}) == 2
-    assert run.problems == [f"{path}: line 2 is not JSON (unexpected end of data: line 1 column 15 (char 14)): "
-                            "left out"]
+    assert run.problems == [
+        f"{path}: line 2 is not JSON (unexpected end of data: line 1 column 15 (char 14)): left out"
+    ]
     with pytest.raises(ImportShapeError, match="line 1 is not JSON"):  # one line, not JSON
         list(openai_chat(write(tmp_path, "none.jsonl", b"{x\n")))
     # a broken document over many lines: its own error (where it breaks), not one problem per line
@@ -290,9 +337,14 @@ def test_a_fifo_or_a_device_is_refused_before_it_is_read(tmp_path):
 
 
 def test_user_content_given_as_content_parts_still_gives_valid_events(tmp_path):
-    item = {"id": "parts", "reward": 1.0,
-            "messages": [{"role": "user", "content": [{"type": "text", "text": "refund order 1042"}]},
-                         {"role": "assistant", "content": "done"}]}
+    item = {
+        "id": "parts",
+        "reward": 1.0,
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "refund order 1042"}]},
+            {"role": "assistant", "content": "done"},
+        ],
+    }
     assert_all_decode(list(openai_chat(write(tmp_path, "parts.json", item))))
 
 
@@ -304,13 +356,20 @@ def test_user_content_given_as_content_parts_still_gives_valid_events(tmp_path):
 # execution_time, the problem statement in replay_config). results.json resolves 101, not 202.
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "swe_agent"
-RUN_0X, RUN_1X, RESULTS = FIXTURES / "acme__widgets-101.traj", FIXTURES / "acme__widgets-202.traj", FIXTURES / "results.json"
+RUN_0X, RUN_1X, RESULTS = (
+    FIXTURES / "acme__widgets-101.traj",
+    FIXTURES / "acme__widgets-202.traj",
+    FIXTURES / "results.json",
+)
 
 
 def calls_and_results(events: list[dict[str, Any]]) -> list[tuple[str, bool, str | None]]:
     tools = {e["payload"]["call_id"]: e["payload"]["tool"] for e in events if e["type"] == "tool_call"}
-    return [(tools[e["payload"]["call_id"]], e["payload"]["ok"], e["payload"].get("error"))
-            for e in events if e["type"] == "tool_result"]
+    return [
+        (tools[e["payload"]["call_id"]], e["payload"]["ok"], e["payload"].get("error"))
+        for e in events
+        if e["type"] == "tool_result"
+    ]
 
 
 def test_a_0x_trajectory_is_read_as_the_run_it_records():
@@ -325,16 +384,35 @@ def test_a_0x_trajectory_is_read_as_the_run_it_records():
     thoughts = [e["payload"]["text"] for e in events if e["type"] == "agent_message"]
     assert thoughts == [s["thought"].strip() for s in source["trajectory"] if s["thought"].strip()]
     got = calls_and_results(events)
-    assert [t for t, _, _ in got] == ["create", "edit", "python", "ls", "find_file", "open", "goto", "edit", "edit",
-                                      "javac", "search_dir", "python", "rm", "submit"]  # no DISCUSSION tool
+    assert [t for t, _, _ in got] == [
+        "create",
+        "edit",
+        "python",
+        "ls",
+        "find_file",
+        "open",
+        "goto",
+        "edit",
+        "edit",
+        "javac",
+        "search_dir",
+        "python",
+        "rm",
+        "submit",
+    ]  # no DISCUSSION tool
     failed = [(t, err.splitlines()[-1] if t == "python" else err) for t, ok, err in got if not ok]
-    assert failed == [("python", "ValueError: Error: page size must be positive, got 0"),
-                      ("edit", "edit refused: IndentationError: unindent does not match any outer indentation level"),
-                      ("javac", "/bin/bash: line 212: javac: command not found")]
+    assert failed == [
+        ("python", "ValueError: Error: page size must be positive, got 0"),
+        ("edit", "edit refused: IndentationError: unindent does not match any outer indentation level"),
+        ("javac", "/bin/bash: line 212: javac: command not found"),
+    ]
     views = [ok for t, ok, _ in got if t in ("create", "open", "goto", "ls", "find_file", "search_dir", "rm", "submit")]
     assert all(views) and len(views) == 8  # file views (whose lines say "Error:" and "Traceback"), listings, searches
     end = events[-1]["payload"]
-    assert end == {"outcome": "partial", "reason": "exit_status submitted; patch submitted, resolution unknown (no --results)"}
+    assert end == {
+        "outcome": "partial",
+        "reason": "exit_status submitted; patch submitted, resolution unknown (no --results)",
+    }
 
 
 def test_failed_calls_reduce_to_the_knowledge_graphs_error_classes():
@@ -344,7 +422,8 @@ def test_failed_calls_reduce_to_the_knowledge_graphs_error_classes():
     assert [error_class(e) for e in errors] == [
         "ValueError: Error: page size must be positive, got <n>",
         "edit refused: IndentationError: unindent does not match any outer indentation level",
-        "command not found: javac"]
+        "command not found: javac",
+    ]
 
 
 def test_a_1x_trajectory_with_function_calls_and_execution_times():
@@ -353,8 +432,14 @@ def test_a_1x_trajectory_with_function_calls_and_execution_times():
     assert events[0]["payload"]["task"].startswith("`Paginator.last()` raises IndexError on an empty list")
     assert events[0]["ts"] == "2025-03-01T08:00:00Z"
     got = calls_and_results(events)
-    assert [(t, ok) for t, ok, _ in got] == [("ls", False), ("str_replace_editor", True), ("str_replace_editor", False),
-                                             ("str_replace_editor", True), ("python", True), ("submit", True)]
+    assert [(t, ok) for t, ok, _ in got] == [
+        ("ls", False),
+        ("str_replace_editor", True),
+        ("str_replace_editor", False),
+        ("str_replace_editor", True),
+        ("python", True),
+        ("submit", True),
+    ]
     assert got[0][2] == "ls: cannot access 'docs/api': No such file or directory"
     assert got[2][2].startswith("No replacement was performed, old_str `return list(self.pages())[-1]  `")
     call, result = [e for e in events if e["type"] in ("tool_call", "tool_result")][:2]
@@ -370,21 +455,34 @@ def test_outcomes_come_from_the_results_file_and_reasons_from_the_exit_status():
     ends = {e["session_id"]: e["payload"] for e in events if e["type"] == "session_end"}
     assert ends == {
         "acme__widgets-101": {"outcome": "success", "reason": "exit_status submitted; resolved per the results file"},
-        "acme__widgets-202": {"outcome": "failure", "reason": "exit_status submitted; not resolved per the results file"}}
+        "acme__widgets-202": {
+            "outcome": "failure",
+            "reason": "exit_status submitted; not resolved per the results file",
+        },
+    }
 
 
-@pytest.mark.parametrize(("info", "outcome", "reason"), [
-    ({"exit_status": "submitted", "submission": "diff --git a b"}, "partial",
-     "exit_status submitted; patch submitted, resolution unknown (no --results)"),
-    ({"exit_status": "submitted", "submission": None}, "failure", "exit_status submitted; no patch"),
-    ({"exit_status": "exit_cost", "submission": ""}, "failure", "exit_status exit_cost; no patch"),
-    ({"exit_status": "submitted (exit_cost)", "submission": "diff"}, "partial",
-     "exit_status submitted (exit_cost); patch submitted, resolution unknown (no --results)"),
-    ({"exit_status": "exit_format"}, "partial", "exit_status exit_format; resolution unknown (no --results)"),
-    ({}, "partial", "the trajectory has no info.exit_status"),
-    ({"exit_status": "submitted", "resolved": True}, "success", "exit_status submitted"),
-    ({"resolved": False}, "failure", None),
-])
+@pytest.mark.parametrize(
+    ("info", "outcome", "reason"),
+    [
+        (
+            {"exit_status": "submitted", "submission": "diff --git a b"},
+            "partial",
+            "exit_status submitted; patch submitted, resolution unknown (no --results)",
+        ),
+        ({"exit_status": "submitted", "submission": None}, "failure", "exit_status submitted; no patch"),
+        ({"exit_status": "exit_cost", "submission": ""}, "failure", "exit_status exit_cost; no patch"),
+        (
+            {"exit_status": "submitted (exit_cost)", "submission": "diff"},
+            "partial",
+            "exit_status submitted (exit_cost); patch submitted, resolution unknown (no --results)",
+        ),
+        ({"exit_status": "exit_format"}, "partial", "exit_status exit_format; resolution unknown (no --results)"),
+        ({}, "partial", "the trajectory has no info.exit_status"),
+        ({"exit_status": "submitted", "resolved": True}, "success", "exit_status submitted"),
+        ({"resolved": False}, "failure", None),
+    ],
+)
 def test_outcomes_without_a_results_file(tmp_path, info, outcome, reason):
     end = list(swe_agent(write(tmp_path, "t.traj", traj(**info))))[-1]["payload"]
     assert end == ({"outcome": outcome, "reason": reason} if reason else {"outcome": outcome})
@@ -392,12 +490,21 @@ def test_outcomes_without_a_results_file(tmp_path, info, outcome, reason):
 
 def traj(**info: Any) -> dict[str, Any]:
     return {
-        "history": [{"role": "system", "content": "You are an autonomous programmer."},
-                    {"role": "user", "content": "Fix the off-by-one in paginate()"}],
+        "history": [
+            {"role": "system", "content": "You are an autonomous programmer."},
+            {"role": "user", "content": "Fix the off-by-one in paginate()"},
+        ],
         "trajectory": [
-            {"thought": "Let me find the function.", "action": "search_dir paginate\n", "observation": "Found 2 matches"},
-            {"thought": "", "action": "python reproduce.py",
-             "observation": "Traceback (most recent call last):\n  File ...\nIndexError: list index out of range"},
+            {
+                "thought": "Let me find the function.",
+                "action": "search_dir paginate\n",
+                "observation": "Found 2 matches",
+            },
+            {
+                "thought": "",
+                "action": "python reproduce.py",
+                "observation": "Traceback (most recent call last):\n  File ...\nIndexError: list index out of range",
+            },
             {"action": "edit 10:12\n    return items[start:end]\nend_of_edit", "observation": None},
             {"thought": "Done.", "action": "  ", "observation": {"ok": True}},
         ],
@@ -408,73 +515,144 @@ def traj(**info: Any) -> dict[str, Any]:
 def test_a_minimal_trajectory_and_its_sequence_of_events(tmp_path):
     events = list(swe_agent(write(tmp_path, "django-1234.traj", traj(exit_status="submitted"))))
     assert [e["type"] for e in events] == [
-        "session_start", "agent_message", "tool_call", "tool_result", "tool_call", "tool_result",
-        "tool_call", "tool_result", "agent_message", "session_end"]  # a blank action runs nothing
+        "session_start",
+        "agent_message",
+        "tool_call",
+        "tool_result",
+        "tool_call",
+        "tool_result",
+        "tool_call",
+        "tool_result",
+        "agent_message",
+        "session_end",
+    ]  # a blank action runs nothing
     assert [e["seq"] for e in events] == list(range(len(events)))
     assert events[0]["payload"]["task"] == "Fix the off-by-one in paginate()"
     calls = [e["payload"] for e in events if e["type"] == "tool_call"]
     assert [(c["tool"], c["call_id"], c["args"]) for c in calls] == [
-        ("search_dir", "step-0", {"command": "search_dir paginate"}), ("python", "step-1", {"command": "python reproduce.py"}),
-        ("edit", "step-2", {"command": "edit 10:12\n    return items[start:end]\nend_of_edit"})]
+        ("search_dir", "step-0", {"command": "search_dir paginate"}),
+        ("python", "step-1", {"command": "python reproduce.py"}),
+        ("edit", "step-2", {"command": "edit 10:12\n    return items[start:end]\nend_of_edit"}),
+    ]
     results = [e["payload"] for e in events if e["type"] == "tool_result"]
     assert [r["ok"] for r in results] == [True, False, True]
     assert results[2]["output"] == ""
     assert_all_decode(events)
 
 
-@pytest.mark.parametrize(("observation", "error"), [
-    ("[File: /r/a.py (158 lines total)]\n(40 more lines above)\n41:    raise ValueError('Error: bad')\n"
-     "42:# bash: helm: command not found\n43:Traceback (most recent call last):\n(115 more lines below)", None),
-    ("Here's the result of running `cat -n` on /testbed/a.py:\n     1\tError: not really\n     2\texit code 3", None),
-    ("AUTHORS.rst  README.md  setup.py  src/  tests/", None),
-    ("No matches found for \"paginate\" in /r", None),
-    ("Warning: <line_number> (900) is greater than the number of lines in the file (158)\n[File: /r/a.py (158 lines total)]", None),
-    ("", None),
-    ("bash: helm: command not found", "bash: helm: command not found"),
-    ("zsh: command not found: helm", "zsh: command not found: helm"),
-    ("/bin/sh: 1: helm: not found", "/bin/sh: 1: helm: not found"),
-    ("Usage: goto <line>\nError: <line> must be a number", "Usage: goto <line>"),
-    ("Error: <line> must be less than or equal to 158", "Error: <line> must be less than or equal to 158"),
-    ("Error: File 'reproduce.py' already exists.\n[File: /r/reproduce.py (3 lines total)]\n1:x",
-     "Error: File 'reproduce.py' already exists."),
-    ("File src/missing.py not found", "File src/missing.py not found"),
-    ("No file open. Use the open command first.", "No file open. Use the open command first."),
-    ("The path /testbed/nope does not exist. Please provide a valid path.",
-     "The path /testbed/nope does not exist. Please provide a valid path."),
-    ("cat: notes.txt: No such file or directory", "cat: notes.txt: No such file or directory"),
-    ("python: can't open file '/r/x.py': [Errno 2] No such file or directory",
-     "python: can't open file '/r/x.py': [Errno 2] No such file or directory"),
-    ("make: *** [all] Error 2\nCommand exited with code 2", "Command exited with code 2"),
-    ("done\nexit code 0", None),
-    ("EXECUTION TIMED OUT", "EXECUTION TIMED OUT"),
-    ("collected 3 items\nTraceback (most recent call last):\n  File \"t.py\", line 1\nKeyError: 'x'",
-     "Traceback (most recent call last):\n  File \"t.py\", line 1\nKeyError: 'x'"),
-    ("Your proposed edit has introduced new syntax error(s). Please understand the fixes and retry your edit commmand.\n\n"
-     "ERRORS:\n- E999 SyntaxError: unmatched ']'\n- F821 undefined name 'np'\n\nThis is how your edit would have looked",
-     "edit refused: SyntaxError: unmatched ']'; undefined name 'np'"),
-])
+@pytest.mark.parametrize(
+    ("observation", "error"),
+    [
+        (
+            "[File: /r/a.py (158 lines total)]\n(40 more lines above)\n41:    raise ValueError('Error: bad')\n"
+            "42:# bash: helm: command not found\n43:Traceback (most recent call last):\n(115 more lines below)",
+            None,
+        ),
+        (
+            "Here's the result of running `cat -n` on /testbed/a.py:\n     1\tError: not really\n     2\texit code 3",
+            None,
+        ),
+        ("AUTHORS.rst  README.md  setup.py  src/  tests/", None),
+        ('No matches found for "paginate" in /r', None),
+        (
+            "Warning: <line_number> (900) is greater than the number of lines in the file (158)\n[File: /r/a.py (158 lines total)]",
+            None,
+        ),
+        ("", None),
+        ("bash: helm: command not found", "bash: helm: command not found"),
+        ("zsh: command not found: helm", "zsh: command not found: helm"),
+        ("/bin/sh: 1: helm: not found", "/bin/sh: 1: helm: not found"),
+        ("Usage: goto <line>\nError: <line> must be a number", "Usage: goto <line>"),
+        ("Error: <line> must be less than or equal to 158", "Error: <line> must be less than or equal to 158"),
+        (
+            "Error: File 'reproduce.py' already exists.\n[File: /r/reproduce.py (3 lines total)]\n1:x",
+            "Error: File 'reproduce.py' already exists.",
+        ),
+        ("File src/missing.py not found", "File src/missing.py not found"),
+        ("No file open. Use the open command first.", "No file open. Use the open command first."),
+        (
+            "The path /testbed/nope does not exist. Please provide a valid path.",
+            "The path /testbed/nope does not exist. Please provide a valid path.",
+        ),
+        ("cat: notes.txt: No such file or directory", "cat: notes.txt: No such file or directory"),
+        (
+            "python: can't open file '/r/x.py': [Errno 2] No such file or directory",
+            "python: can't open file '/r/x.py': [Errno 2] No such file or directory",
+        ),
+        ("make: *** [all] Error 2\nCommand exited with code 2", "Command exited with code 2"),
+        ("done\nexit code 0", None),
+        ("EXECUTION TIMED OUT", "EXECUTION TIMED OUT"),
+        (
+            "collected 3 items\nTraceback (most recent call last):\n  File \"t.py\", line 1\nKeyError: 'x'",
+            "Traceback (most recent call last):\n  File \"t.py\", line 1\nKeyError: 'x'",
+        ),
+        (
+            "Your proposed edit has introduced new syntax error(s). Please understand the fixes and retry your edit commmand.\n\n"
+            "ERRORS:\n- E999 SyntaxError: unmatched ']'\n- F821 undefined name 'np'\n\nThis is how your edit would have looked",
+            "edit refused: SyntaxError: unmatched ']'; undefined name 'np'",
+        ),
+    ],
+)
 def test_an_observation_fails_only_when_it_shows_an_error(observation, error):
     assert swe_failure(observation) == error
 
 
 def test_a_long_traceback_keeps_its_header_and_its_exception():
-    got = swe_failure("Traceback (most recent call last):\n" + "  File \"x.py\", line 1, in f\n" * 200 + "OSError: disk full")
+    got = swe_failure(
+        "Traceback (most recent call last):\n" + '  File "x.py", line 1, in f\n' * 200 + "OSError: disk full"
+    )
     assert got is not None and len(got) <= MAX_OUTPUT
     assert got.startswith("Traceback (most recent call last):") and got.endswith("OSError: disk full")
 
 
-@pytest.mark.parametrize(("item", "task"), [
-    ({"problem_statement": "the issue itself", "history": [{"role": "user", "content": "other"}]}, "the issue itself"),
-    ({"problem_statement": {"text": "from an object", "id": "x"}}, "from an object"),
-    ({"replay_config": json.dumps({"problem_statement": {"text": "from replay_config"}})}, "from replay_config"),
-    ({"history": [{"role": "user", "content": "Here is a demonstration of how to correctly accomplish this task.\n"
-                                               "--- DEMONSTRATION ---\nISSUE:\ndemo issue\n\nINSTRUCTIONS:\n..."},
-                  {"role": "user", "content": "ISSUE:\nthe real one\n\nINSTRUCTIONS:\nsolve it"}]}, "the real one"),
-    ({"history": [{"role": "user", "content": "--- DEMONSTRATION ---\nISSUE:\ndemo\n\nINSTRUCTIONS:\n--- END OF DEMONSTRATION ---\n"
-                                               "ISSUE:\ninline after the demo\n\nINSTRUCTIONS:\nx"}]}, "inline after the demo"),
-    ({"history": [{"role": "user", "content": [{"type": "text", "text": "<pr_description>\nparts\n</pr_description>"}]}]}, "parts"),
-    ({"history": [{"role": "user", "is_demo": True, "content": "ISSUE:\ndemo\n\nINSTRUCTIONS:"}]}, ""),
-])
+@pytest.mark.parametrize(
+    ("item", "task"),
+    [
+        (
+            {"problem_statement": "the issue itself", "history": [{"role": "user", "content": "other"}]},
+            "the issue itself",
+        ),
+        ({"problem_statement": {"text": "from an object", "id": "x"}}, "from an object"),
+        ({"replay_config": json.dumps({"problem_statement": {"text": "from replay_config"}})}, "from replay_config"),
+        (
+            {
+                "history": [
+                    {
+                        "role": "user",
+                        "content": "Here is a demonstration of how to correctly accomplish this task.\n"
+                        "--- DEMONSTRATION ---\nISSUE:\ndemo issue\n\nINSTRUCTIONS:\n...",
+                    },
+                    {"role": "user", "content": "ISSUE:\nthe real one\n\nINSTRUCTIONS:\nsolve it"},
+                ]
+            },
+            "the real one",
+        ),
+        (
+            {
+                "history": [
+                    {
+                        "role": "user",
+                        "content": "--- DEMONSTRATION ---\nISSUE:\ndemo\n\nINSTRUCTIONS:\n--- END OF DEMONSTRATION ---\n"
+                        "ISSUE:\ninline after the demo\n\nINSTRUCTIONS:\nx",
+                    }
+                ]
+            },
+            "inline after the demo",
+        ),
+        (
+            {
+                "history": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "text", "text": "<pr_description>\nparts\n</pr_description>"}],
+                    }
+                ]
+            },
+            "parts",
+        ),
+        ({"history": [{"role": "user", "is_demo": True, "content": "ISSUE:\ndemo\n\nINSTRUCTIONS:"}]}, ""),
+    ],
+)
 def test_the_task_is_the_problem_statement(item, task):
     assert swe_problem_statement(item) == task
 
@@ -491,8 +669,12 @@ def test_a_directory_of_trajectories_is_spaced_in_file_order(tmp_path):
     files = expand_paths([tmp_path / "runs", str(tmp_path / "tim*.traj")], "swe-agent")
     assert [f.name for f in files] == ["a-1.traj", "b-2.traj", "c-3.traj", "timed.traj"]
     starts = {sid: evs[0]["ts"] for sid, evs in by_session(list(import_files(files, "swe-agent", run=run))).items()}
-    assert starts == {"a-1": "2025-02-01T09:00:00Z", "b-2": "2025-02-01T10:00:00Z", "c-3": "2025-02-01T11:00:00Z",
-                      "timed": "2023-01-02T03:04:05Z"}  # a file that carries its time keeps it
+    assert starts == {
+        "a-1": "2025-02-01T09:00:00Z",
+        "b-2": "2025-02-01T10:00:00Z",
+        "c-3": "2025-02-01T11:00:00Z",
+        "timed": "2023-01-02T03:04:05Z",
+    }  # a file that carries its time keeps it
 
 
 def test_one_import_never_repeats_a_session_id(tmp_path):
@@ -515,23 +697,55 @@ def test_paths_that_match_nothing_are_named(tmp_path):
         import_run(spacing_s=0)
 
 
-@pytest.mark.parametrize(("data", "expected"), [
-    ({"resolved": ["a"], "unresolved": ["b"]}, {"a": "success", "b": "failure"}),
-    ({"resolved_ids": ["a"], "completed_ids": ["a", "b"], "error_ids": ["c"], "incomplete_ids": ["d"],
-      "total_instances": 4}, {"a": "success", "b": "failure", "c": "failure"}),
-    ({"a": "success", "b": "failure", "c": "partial", "d": True, "e": False, "f": "resolved", "g": {"resolved": False}},
-     {"a": "success", "b": "failure", "c": "partial", "d": "success", "e": "failure", "f": "success", "g": "failure"}),
-])
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        ({"resolved": ["a"], "unresolved": ["b"]}, {"a": "success", "b": "failure"}),
+        (
+            {
+                "resolved_ids": ["a"],
+                "completed_ids": ["a", "b"],
+                "error_ids": ["c"],
+                "incomplete_ids": ["d"],
+                "total_instances": 4,
+            },
+            {"a": "success", "b": "failure", "c": "failure"},
+        ),
+        (
+            {
+                "a": "success",
+                "b": "failure",
+                "c": "partial",
+                "d": True,
+                "e": False,
+                "f": "resolved",
+                "g": {"resolved": False},
+            },
+            {
+                "a": "success",
+                "b": "failure",
+                "c": "partial",
+                "d": "success",
+                "e": "failure",
+                "f": "success",
+                "g": "failure",
+            },
+        ),
+    ],
+)
 def test_results_files(tmp_path, data, expected):
     assert load_results(write(tmp_path, "results.json", data)) == expected
 
 
-@pytest.mark.parametrize(("data", "names"), [
-    ([1, 2], ["expected an object"]),
-    ({"resolved": ["a"], "flaky": ["b"]}, ["field 'flaky'"]),
-    ({"resolved": "a"}, ["field 'resolved'", "list of instance ids"]),
-    ({"a": "won"}, ["field 'a'", "'won'"]),
-])
+@pytest.mark.parametrize(
+    ("data", "names"),
+    [
+        ([1, 2], ["expected an object"]),
+        ({"resolved": ["a"], "flaky": ["b"]}, ["field 'flaky'"]),
+        ({"resolved": "a"}, ["field 'resolved'", "list of instance ids"]),
+        ({"a": "won"}, ["field 'a'", "'won'"]),
+    ],
+)
 def test_results_files_of_unknown_shapes_name_the_field(tmp_path, data, names):
     with pytest.raises(ImportShapeError) as info:
         load_results(write(tmp_path, "r.json", data))
@@ -553,17 +767,20 @@ def test_swe_agent_import_is_deterministic(tmp_path):
     assert list(import_files([RUN_0X, RUN_1X], "swe-agent")) == list(import_files([RUN_0X, RUN_1X], "swe-agent"))
 
 
-@pytest.mark.parametrize(("data", "names"), [
-    ({"history": []}, ["item 0", "'trajectory'"]),
-    ({"trajectory": {"action": "ls"}}, ["'trajectory'"]),
-    ({"trajectory": [{"thought": "no action"}]}, ["trajectory[0]", "'action'"]),
-    ({"trajectory": [], "info": "done"}, ["field 'info'"]),
-    ({"trajectory": [], "history": {"role": "user"}}, ["field 'history'"]),
-    ({"trajectory": [], "info": {"exit_status": 1}}, ["field 'info.exit_status'"]),
-    ({"trajectory": [], "reward": "high"}, ["field 'reward'"]),
-    ({"trajectory": [], "info": {"resolved": "yes"}}, ["field 'resolved'"]),
-    ({"trajectory": [], "created_at": "last week"}, ["field 'created_at'"]),
-])
+@pytest.mark.parametrize(
+    ("data", "names"),
+    [
+        ({"history": []}, ["item 0", "'trajectory'"]),
+        ({"trajectory": {"action": "ls"}}, ["'trajectory'"]),
+        ({"trajectory": [{"thought": "no action"}]}, ["trajectory[0]", "'action'"]),
+        ({"trajectory": [], "info": "done"}, ["field 'info'"]),
+        ({"trajectory": [], "history": {"role": "user"}}, ["field 'history'"]),
+        ({"trajectory": [], "info": {"exit_status": 1}}, ["field 'info.exit_status'"]),
+        ({"trajectory": [], "reward": "high"}, ["field 'reward'"]),
+        ({"trajectory": [], "info": {"resolved": "yes"}}, ["field 'resolved'"]),
+        ({"trajectory": [], "created_at": "last week"}, ["field 'created_at'"]),
+    ],
+)
 def test_swe_agent_unknown_shapes_name_the_field(tmp_path, data, names):
     with pytest.raises(ImportShapeError) as info:
         list(swe_agent(write(tmp_path, "x.traj", data)))
@@ -577,8 +794,14 @@ def test_v1_events_pass_through_and_the_formats_registry(tmp_path):
     assert list(v1(path)) == [ev] and list(v1(path, agent="b")) == [{**ev, "agent": "b"}]
     with pytest.raises(ImportShapeError, match="event 1"):
         list(v1(write(tmp_path, "bad.jsonl", b"[1]\n")))
-    assert FORMATS == {"openai-chat": openai_chat, "swe-agent": swe_agent, "locomo": locomo, "toolbench": toolbench,
-                       "v1": v1, "otel": otel}
+    assert FORMATS == {
+        "openai-chat": openai_chat,
+        "swe-agent": swe_agent,
+        "locomo": locomo,
+        "toolbench": toolbench,
+        "v1": v1,
+        "otel": otel,
+    }
 
 
 def test_somnus_import_takes_files_directories_and_globs_in_one_call(tmp_path):
@@ -587,13 +810,31 @@ def test_somnus_import_takes_files_directories_and_globs_in_one_call(tmp_path):
     from somnus.cli import app
 
     out = tmp_path / "events.jsonl"
-    got = CliRunner().invoke(app, ["import", str(FIXTURES), str(FIXTURES / "*.traj"), "--format", "swe-agent",
-                                   "--results", str(RESULTS), "--start", "2025-01-01T00:00:00Z", "--spacing", "60",
-                                   "--out", str(out)])
+    got = CliRunner().invoke(
+        app,
+        [
+            "import",
+            str(FIXTURES),
+            str(FIXTURES / "*.traj"),
+            "--format",
+            "swe-agent",
+            "--results",
+            str(RESULTS),
+            "--start",
+            "2025-01-01T00:00:00Z",
+            "--spacing",
+            "60",
+            "--out",
+            str(out),
+        ],
+    )
     assert got.exit_code == 0, got.output
     events = [orjson.loads(line) for line in out.read_bytes().splitlines()]
-    assert events == list(import_files([RUN_0X, RUN_1X], "swe-agent", run=import_run(
-        start="2025-01-01T00:00:00Z", spacing_s=60, results=RESULTS)))
+    assert events == list(
+        import_files(
+            [RUN_0X, RUN_1X], "swe-agent", run=import_run(start="2025-01-01T00:00:00Z", spacing_s=60, results=RESULTS)
+        )
+    )
     assert "imported 2 sessions from 2 files" in got.output
     bad = CliRunner().invoke(app, ["import", str(tmp_path / "missing"), "--format", "swe-agent", "--out", str(out)])
     assert bad.exit_code == 1 and "no such file or directory" in " ".join(bad.output.split())
@@ -647,18 +888,29 @@ def test_locomo_sessions_are_stamped_with_their_dates_and_speakers_keep_their_ro
     for e in events:
         if e["type"] in ("user_message", "agent_message"):
             role = "user" if e["type"] == "user_message" else "agent"
-            assert e["payload"]["speaker"] == by_session([x for x in events if x["session_id"] == e["session_id"]])[
-                e["session_id"]][0]["payload"]["metadata"]["speakers"][role]
+            assert (
+                e["payload"]["speaker"]
+                == by_session([x for x in events if x["session_id"] == e["session_id"]])[e["session_id"]][0]["payload"][
+                    "metadata"
+                ]["speakers"][role]
+            )
             break
 
 
 def test_locomo_events_all_decode_and_keep_image_captions(loco):
     source, events = loco
     assert_all_decode(events)
-    captioned = next(t for n in sessions_of(source[0]["conversation"])
-                     for t in source[0]["conversation"][f"session_{n}"] if t.get("blip_caption"))
-    ev = next(e for e in events if e["payload"].get("dia_id") == captioned["dia_id"]
-              and e["agent"] == f"locomo-{source[0]['sample_id']}")
+    captioned = next(
+        t
+        for n in sessions_of(source[0]["conversation"])
+        for t in source[0]["conversation"][f"session_{n}"]
+        if t.get("blip_caption")
+    )
+    ev = next(
+        e
+        for e in events
+        if e["payload"].get("dia_id") == captioned["dia_id"] and e["agent"] == f"locomo-{source[0]['sample_id']}"
+    )
     assert ev["payload"]["text"] == f"{captioned['text']} [shares {captioned['blip_caption']}]"
 
 
@@ -668,27 +920,54 @@ def test_locomo_dates_and_agent_override(tmp_path):
     assert locomo_date("12:30 pm on 1 January, 2024").hour == 12
     with pytest.raises(ValueError):
         locomo_date("yesterday")
-    sample = {"sample_id": "x", "conversation": {"speaker_a": "A", "speaker_b": "B",
-                                                 "session_1_date_time": "9:00 am on 2 June, 2023",
-                                                 "session_1": [{"speaker": "A", "dia_id": "D1:1", "text": "hi"},
-                                                               {"speaker": "B", "dia_id": "D1:2", "text": "yo"}]}}
+    sample = {
+        "sample_id": "x",
+        "conversation": {
+            "speaker_a": "A",
+            "speaker_b": "B",
+            "session_1_date_time": "9:00 am on 2 June, 2023",
+            "session_1": [
+                {"speaker": "A", "dia_id": "D1:1", "text": "hi"},
+                {"speaker": "B", "dia_id": "D1:2", "text": "yo"},
+            ],
+        },
+    }
     events = list(locomo(write(tmp_path, "c.json", sample), agent="chat"))
     assert [e["type"] for e in events] == ["session_start", "user_message", "agent_message", "session_end"]
     assert {e["agent"] for e in events} == {"chat"} and events[0]["session_id"] == "x-s1"
     assert list(locomo(write(tmp_path, "c.json", sample))) == list(locomo(write(tmp_path, "c.json", sample)))
 
 
-@pytest.mark.parametrize(("conv", "names"), [
-    ({}, ["'speaker_a'"]),
-    ({"speaker_a": "A", "speaker_b": "B", "session_1": []}, ["'session_1_date_time'"]),
-    ({"speaker_a": "A", "speaker_b": "B", "session_1": [], "session_1_date_time": "soon"}, ["session_1_date_time"]),
-    ({"speaker_a": "A", "speaker_b": "B", "session_1": {}, "session_1_date_time": "9:00 am on 2 June, 2023"},
-     ["'session_1' must be a list"]),
-    ({"speaker_a": "A", "speaker_b": "B", "session_1_date_time": "9:00 am on 2 June, 2023",
-      "session_1": [{"speaker": "C", "dia_id": "D1:1", "text": "hi"}]}, ["session_1[0]", "'C'"]),
-    ({"speaker_a": "A", "speaker_b": "B", "session_1_date_time": "9:00 am on 2 June, 2023",
-      "session_1": [{"speaker": "A", "text": "hi"}]}, ["session_1[0]", "'dia_id'"]),
-])
+@pytest.mark.parametrize(
+    ("conv", "names"),
+    [
+        ({}, ["'speaker_a'"]),
+        ({"speaker_a": "A", "speaker_b": "B", "session_1": []}, ["'session_1_date_time'"]),
+        ({"speaker_a": "A", "speaker_b": "B", "session_1": [], "session_1_date_time": "soon"}, ["session_1_date_time"]),
+        (
+            {"speaker_a": "A", "speaker_b": "B", "session_1": {}, "session_1_date_time": "9:00 am on 2 June, 2023"},
+            ["'session_1' must be a list"],
+        ),
+        (
+            {
+                "speaker_a": "A",
+                "speaker_b": "B",
+                "session_1_date_time": "9:00 am on 2 June, 2023",
+                "session_1": [{"speaker": "C", "dia_id": "D1:1", "text": "hi"}],
+            },
+            ["session_1[0]", "'C'"],
+        ),
+        (
+            {
+                "speaker_a": "A",
+                "speaker_b": "B",
+                "session_1_date_time": "9:00 am on 2 June, 2023",
+                "session_1": [{"speaker": "A", "text": "hi"}],
+            },
+            ["session_1[0]", "'dia_id'"],
+        ),
+    ],
+)
 def test_locomo_unknown_shapes_name_the_field(tmp_path, conv, names):
     with pytest.raises(ImportShapeError) as info:
         list(locomo(write(tmp_path, "c.json", {"sample_id": "x", "conversation": conv})))
@@ -726,9 +1005,12 @@ def raw_failed(content: str) -> bool:
     if not content.startswith('{"error": "", '):
         return True
     response = content.split('"response": ', 1)[1]
-    return bool(re.search(r"""['"](?:status|statusCode|status_code)['"]: ['"]?[45]\d\d\b""", response)
-                or re.search(r"<title>[^<]*(?:Forbidden|Unauthorized|Not Found|Bad Request|Error)", response)
-                or "does not exist" in response or "timed out" in response)
+    return bool(
+        re.search(r"""['"](?:status|statusCode|status_code)['"]: ['"]?[45]\d\d\b""", response)
+        or re.search(r"<title>[^<]*(?:Forbidden|Unauthorized|Not Found|Bad Request|Error)", response)
+        or "does not exist" in response
+        or "timed out" in response
+    )
 
 
 def test_toolbench_gives_a_session_per_trajectory_and_skips_the_files_without_one(tb):
@@ -736,8 +1018,11 @@ def test_toolbench_gives_a_session_per_trajectory_and_skips_the_files_without_on
     assert len(raw) == 15
     sessions = by_session(events)
     without = sorted(f.name for f, a in raw.items() if raw_trajectory(a) is None)
-    assert len(without) == 2 and all(not raw_trajectory(raw[f]) and raw[f]["answer_generation"]["valid_data"] is False
-                                     for f in raw if f.name in without)
+    assert len(without) == 2 and all(
+        not raw_trajectory(raw[f]) and raw[f]["answer_generation"]["valid_data"] is False
+        for f in raw
+        if f.name in without
+    )
     assert len(sessions) == 13 == len(raw) - len(without)
     assert len(run.skipped) == 2 and run.problems == []
     assert all("valid_data false" in note and "neither answered nor gave up" in note for note in run.skipped)
@@ -782,14 +1067,23 @@ def test_toolbench_calls_and_failed_calls_match_each_raw_file(tb):
 
 def test_toolbench_http_errors_keep_their_status_and_text(tb):
     _, events, _ = tb
-    failed = {(e["session_id"], e["payload"]["tool"], e["payload"].get("http_status"), e["payload"]["error"])
-              for e in events if e["type"] == "tool_result" and not e["payload"]["ok"]}
+    failed = {
+        (e["session_id"], e["payload"]["tool"], e["payload"].get("http_status"), e["payload"]["error"])
+        for e in events
+        if e["type"] == "tool_result" and not e["payload"]["ok"]
+    }
     assert ("127_ChatGPT_DFS_woFilter_w2", "api_tracking_for_pack_send", 400, "Bad Request") in failed
     assert ("21_ChatGPT_DFS_woFilter_w2", "dota_2_steam_web", 403, "Forbidden") in failed
-    assert ("21_ChatGPT_DFS_woFilter_w2", "raiderio_call_for_raider_io", 400,
-            "Message error... Invalid request query input") in failed
-    assert any(sid == "10_ChatGPT_DFS_woFilter_w2~2" and err.startswith("Timeout error...") and "Read timed out" in err
-               for sid, _, _, err in failed)
+    assert (
+        "21_ChatGPT_DFS_woFilter_w2",
+        "raiderio_call_for_raider_io",
+        400,
+        "Message error... Invalid request query input",
+    ) in failed
+    assert any(
+        sid == "10_ChatGPT_DFS_woFilter_w2~2" and err.startswith("Timeout error...") and "Read timed out" in err
+        for sid, _, _, err in failed
+    )
     assert sum(1 for *_, err in failed if "does not exist" in err) >= 2
 
 
@@ -798,42 +1092,80 @@ def test_toolbench_outcomes_come_from_the_finish_type(tb):
     ends = [e["payload"] for e in events if e["type"] == "session_end"]
     types = [a["answer_generation"]["finish_type"] for a in raw.values() if raw_trajectory(a)]
     assert Counter(p["outcome"] for p in ends) == Counter(
-        {"give_answer": "success", "give_up": "failure"}[t] for t in types)
+        {"give_answer": "success", "give_up": "failure"}[t] for t in types
+    )
     assert {p["reason"] for p in ends} == {"finish_type give_answer", "finish_type give_up"}
 
 
 def tb_answer(messages: list[Any], **gen: Any) -> dict[str, Any]:
-    return {"answer_generation": {"valid_data": True, "query": "weather in Paris?", "finish_type": "give_answer",
-                                  "train_messages": [messages[:3], messages], **gen}, "win": True}
+    return {
+        "answer_generation": {
+            "valid_data": True,
+            "query": "weather in Paris?",
+            "finish_type": "give_answer",
+            "train_messages": [messages[:3], messages],
+            **gen,
+        },
+        "win": True,
+    }
 
 
 TB_MESSAGES: list[dict[str, Any]] = [
     {"role": "system", "content": "You are AutoGPT..."},
     {"role": "user", "content": "\nweather in Paris?\nBegin!\n"},
-    {"role": "assistant", "content": None, "function_call": {"name": "now_for_weather", "arguments": "{\"city\": \"Paris\"}"}},
-    {"role": "function", "name": "now_for_weather",
-     "content": "{\"error\": \"\", \"response\": \"{'status': 500, 'message': 'Internal error'}\"}"},
+    {
+        "role": "assistant",
+        "content": None,
+        "function_call": {"name": "now_for_weather", "arguments": '{"city": "Paris"}'},
+    },
+    {
+        "role": "function",
+        "name": "now_for_weather",
+        "content": '{"error": "", "response": "{\'status\': 500, \'message\': \'Internal error\'}"}',
+    },
     {"role": "user", "content": "This is not the first time you try this task...", "valid": False},
-    {"role": "assistant", "content": "Retry with the forecast.", "function_call": {"name": "forecast_for_weather",
-                                                                                  "arguments": "{}"}},
-    {"role": "function", "name": "forecast_for_weather", "content": "{\"error\": \"\", \"response\": \"{'t': 21}\"}"},
-    {"role": "assistant", "content": None, "function_call": {
-        "name": "Finish", "arguments": "{\"return_type\": \"give_answer\", \"final_answer\": \"21 C\"}"}},
+    {
+        "role": "assistant",
+        "content": "Retry with the forecast.",
+        "function_call": {"name": "forecast_for_weather", "arguments": "{}"},
+    },
+    {"role": "function", "name": "forecast_for_weather", "content": '{"error": "", "response": "{\'t\': 21}"}'},
+    {
+        "role": "assistant",
+        "content": None,
+        "function_call": {"name": "Finish", "arguments": '{"return_type": "give_answer", "final_answer": "21 C"}'},
+    },
 ]
 
 
 def test_a_toolbench_answer_file_and_its_sequence_of_events(tmp_path):
     events = list(toolbench(write(tmp_path, "7_ChatGPT_DFS_woFilter_w2.json", tb_answer(TB_MESSAGES))))
-    assert [e["type"] for e in events] == ["session_start", "user_message", "tool_call", "tool_result",
-                                           "agent_message", "tool_call", "tool_result", "agent_message", "session_end"]
+    assert [e["type"] for e in events] == [
+        "session_start",
+        "user_message",
+        "tool_call",
+        "tool_result",
+        "agent_message",
+        "tool_call",
+        "tool_result",
+        "agent_message",
+        "session_end",
+    ]
     start, user, c0, r0, thought, c1, r1, answer, end = (e["payload"] for e in events)
     assert {e["session_id"] for e in events} == {"7_ChatGPT_DFS_woFilter_w2"} and events[0]["agent"] == "toolbench"
-    assert start == {"task": "weather in Paris?", "metadata": {"source": "toolbench", "finish_type": "give_answer",
-                                                               "win": True}}
+    assert start == {
+        "task": "weather in Paris?",
+        "metadata": {"source": "toolbench", "finish_type": "give_answer", "win": True},
+    }
     assert user == {"text": "weather in Paris?"}
     assert c0 == {"tool": "now_for_weather", "call_id": "call-2", "args": {"city": "Paris"}}
-    assert r0 == {"call_id": "call-2", "tool": "now_for_weather", "ok": False, "error": "Internal error",
-                  "http_status": 500}
+    assert r0 == {
+        "call_id": "call-2",
+        "tool": "now_for_weather",
+        "ok": False,
+        "error": "Internal error",
+        "http_status": 500,
+    }
     assert thought == {"text": "Retry with the forecast."}
     assert r1 == {"call_id": "call-5", "tool": "forecast_for_weather", "ok": True, "output": "{'t': 21}"}
     assert answer == {"text": "21 C"}
@@ -841,11 +1173,14 @@ def test_a_toolbench_answer_file_and_its_sequence_of_events(tmp_path):
     assert_all_decode(events)
 
 
-@pytest.mark.parametrize(("gen", "outcome", "reason"), [
-    ({"finish_type": "give_up"}, "failure", "finish_type give_up"),
-    ({"finish_type": "timeout"}, "partial", "finish_type timeout (neither give_answer nor give_up)"),
-    ({"finish_type": None}, "success", "Finish return_type give_answer"),  # single_chain's files have none
-])
+@pytest.mark.parametrize(
+    ("gen", "outcome", "reason"),
+    [
+        ({"finish_type": "give_up"}, "failure", "finish_type give_up"),
+        ({"finish_type": "timeout"}, "partial", "finish_type timeout (neither give_answer nor give_up)"),
+        ({"finish_type": None}, "success", "Finish return_type give_answer"),  # single_chain's files have none
+    ],
+)
 def test_toolbench_outcomes(tmp_path, gen, outcome, reason):
     answer = tb_answer(TB_MESSAGES)
     answer["answer_generation"].update(gen)
@@ -857,22 +1192,28 @@ def test_toolbench_outcomes(tmp_path, gen, outcome, reason):
     assert list(toolbench(write(tmp_path, "a.json", answer), run=run))[-1]["payload"]["outcome"] == "partial"
 
 
-@pytest.mark.parametrize(("error", "response", "expected"), [
-    ("", "{'status': '401', 'msg': 'Authentication required'}", ("Authentication required", 401)),
-    ("", '{"statusCode": 503}', ("{\"statusCode\": 503}", 503)),
-    ("", "{'type': 'https://tools.ietf.org/html/rfc7231#section-6.5.1', 'title': 'Bad Request', 'status': 400}",
-     ("Bad Request", 400)),
-    ("", "<html><head><title>502 Bad Gateway</title></head></html>", ("Bad Gateway", 502)),
-    ("", "Too many requests", ("Too many requests", None)),
-    ("", "{'message': 'You have exceeded the MONTHLY quota'}", ("You have exceeded the MONTHLY quota", None)),
-    ("request invalid, data error. status_code=500", "", ("request invalid, data error. status_code=500", 500)),
-    ("No such function name: login", "", ("No such function name: login", None)),
-    ("", "{'meta': {'code': 200, 'type': 'Success'}, 'data': []}", (None, None)),
-    ("", "{'success': False, 'message': 'Tracking information not found'}", (None, None)),
-    ("", "{'status': 'ok', 'code': 404}", (None, None)),  # only a status field is read, and only 4xx/5xx
-    ("", "<html><title>Welcome</title></html>", (None, None)),
-    ("", "{'status': 400" + ", 'x': 1" * 10_000 + "}", (None, None)),  # too long to be an error body: not parsed
-])
+@pytest.mark.parametrize(
+    ("error", "response", "expected"),
+    [
+        ("", "{'status': '401', 'msg': 'Authentication required'}", ("Authentication required", 401)),
+        ("", '{"statusCode": 503}', ('{"statusCode": 503}', 503)),
+        (
+            "",
+            "{'type': 'https://tools.ietf.org/html/rfc7231#section-6.5.1', 'title': 'Bad Request', 'status': 400}",
+            ("Bad Request", 400),
+        ),
+        ("", "<html><head><title>502 Bad Gateway</title></head></html>", ("Bad Gateway", 502)),
+        ("", "Too many requests", ("Too many requests", None)),
+        ("", "{'message': 'You have exceeded the MONTHLY quota'}", ("You have exceeded the MONTHLY quota", None)),
+        ("request invalid, data error. status_code=500", "", ("request invalid, data error. status_code=500", 500)),
+        ("No such function name: login", "", ("No such function name: login", None)),
+        ("", "{'meta': {'code': 200, 'type': 'Success'}, 'data': []}", (None, None)),
+        ("", "{'success': False, 'message': 'Tracking information not found'}", (None, None)),
+        ("", "{'status': 'ok', 'code': 404}", (None, None)),  # only a status field is read, and only 4xx/5xx
+        ("", "<html><title>Welcome</title></html>", (None, None)),
+        ("", "{'status': 400" + ", 'x': 1" * 10_000 + "}", (None, None)),  # too long to be an error body: not parsed
+    ],
+)
 def test_a_toolbench_result_fails_only_when_it_shows_an_error(error, response, expected):
     assert toolbench_failure(error, response) == expected
 
@@ -886,25 +1227,45 @@ def test_a_cut_toolbench_observation_still_gives_its_error():
 
 # ToolBench's training data as preprocess/preprocess_toolllama_data.py writes it: one item per step.
 TB_TRAINING = [
-    {"id": "Step 2: Give me a love quote.", "conversations": [
-        {"from": "system", "value": "You are AutoGPT..."},
-        {"from": "user", "value": "\nGive me a love quote.\nBegin!\n"},
-        {"from": "assistant", "value": "\nThought: \nAction: love_quote_for_olato_quotes\nAction Input: {}"}]},
-    {"id": "Step 4: Give me a love quote.", "conversations": [
-        {"from": "system", "value": "You are AutoGPT..."},
-        {"from": "user", "value": "\nGive me a love quote.\nBegin!\n"},
-        {"from": "assistant", "value": "\nThought: \nAction: love_quote_for_olato_quotes\nAction Input: {}"},
-        {"from": "function", "value": "{\"error\": \"Rate limit error...\", \"response\": \"You have exceeded the rate limit\"}"},
-        {"from": "user", "value": "This is not the first time you try this task, all previous trails failed."},
-        {"from": "assistant", "value": "\nThought: I cannot get a quote.\nAction: Finish\nAction Input: "
-                                       "{\"return_type\": \"give_up_and_restart\"}"}]},
+    {
+        "id": "Step 2: Give me a love quote.",
+        "conversations": [
+            {"from": "system", "value": "You are AutoGPT..."},
+            {"from": "user", "value": "\nGive me a love quote.\nBegin!\n"},
+            {"from": "assistant", "value": "\nThought: \nAction: love_quote_for_olato_quotes\nAction Input: {}"},
+        ],
+    },
+    {
+        "id": "Step 4: Give me a love quote.",
+        "conversations": [
+            {"from": "system", "value": "You are AutoGPT..."},
+            {"from": "user", "value": "\nGive me a love quote.\nBegin!\n"},
+            {"from": "assistant", "value": "\nThought: \nAction: love_quote_for_olato_quotes\nAction Input: {}"},
+            {
+                "from": "function",
+                "value": '{"error": "Rate limit error...", "response": "You have exceeded the rate limit"}',
+            },
+            {"from": "user", "value": "This is not the first time you try this task, all previous trails failed."},
+            {
+                "from": "assistant",
+                "value": "\nThought: I cannot get a quote.\nAction: Finish\nAction Input: "
+                '{"return_type": "give_up_and_restart"}',
+            },
+        ],
+    },
 ]
 
 
 def test_toolbench_training_conversations_give_one_session_per_query(tmp_path):
     events = list(toolbench(write(tmp_path, "toolllama.json", TB_TRAINING)))
-    assert [e["type"] for e in events] == ["session_start", "user_message", "tool_call", "tool_result",
-                                           "agent_message", "session_end"]
+    assert [e["type"] for e in events] == [
+        "session_start",
+        "user_message",
+        "tool_call",
+        "tool_result",
+        "agent_message",
+        "session_end",
+    ]
     assert {e["session_id"] for e in events} == {"toolllama-0"}
     start, user, call, result, thought, end = (e["payload"] for e in events)
     assert start["task"] == "Give me a love quote." and user == {"text": "Give me a love quote."}
@@ -916,28 +1277,39 @@ def test_toolbench_training_conversations_give_one_session_per_query(tmp_path):
     assert_all_decode(events)
 
 
-@pytest.mark.parametrize(("data", "names"), [
-    ("just text", ["'answer_generation'"]),
-    ({"answer_generation": []}, ["'answer_generation'"]),
-    ({"answer_generation": {"valid_data": "yes"}}, ["answer_generation", "'valid_data'", "'yes'"]),
-    ({"answer_generation": {"query": 5, "train_messages": [[]]}}, ["'query'", "int"]),
-    ({"answer_generation": {"finish_type": 1, "train_messages": [[]]}}, ["'finish_type'"]),
-    ({"answer_generation": {"train_messages": {"a": 1}}}, ["'train_messages'", "list of message lists"]),
-    ({"answer_generation": {"train_messages": [[], "x"]}}, ["'train_messages'"]),
-    ({"answer_generation": {"train_messages": [["oops"]]}}, ["train_messages[0]", "message 0", "'role'"]),
-    ({"answer_generation": {"train_messages": [[{"role": 3}]]}}, ["message 0", "'role'"]),
-    ({"answer_generation": {"train_messages": [[{"role": "tool", "content": "x"}]]}},
-     ["message 0", "unknown role 'tool'"]),
-    ({"answer_generation": {"train_messages": [[{"role": "assistant", "function_call": "f()"}]]}},
-     ["message 0", "'function_call'"]),
-    ({"answer_generation": {"train_messages": [[{"role": "assistant", "function_call": {"name": ["f"]}}]]}},
-     ["message 0", "'function_call'"]),
-    ({"answer_generation": {"train_messages": [[{"role": "function", "name": {}, "content": "x"}]]}},
-     ["message 0", "'name'"]),
-    ([{"id": "Step 1: q", "conversations": "hi"}], ["item 0", "'conversations'"]),
-    ([{"id": "Step 1: q", "conversations": [{"from": "user"}]}], ["item 0", "conversations[0]", "'value'"]),
-    ([{"conversations": []}, 7], ["item 1", "'conversations'"]),
-])
+@pytest.mark.parametrize(
+    ("data", "names"),
+    [
+        ("just text", ["'answer_generation'"]),
+        ({"answer_generation": []}, ["'answer_generation'"]),
+        ({"answer_generation": {"valid_data": "yes"}}, ["answer_generation", "'valid_data'", "'yes'"]),
+        ({"answer_generation": {"query": 5, "train_messages": [[]]}}, ["'query'", "int"]),
+        ({"answer_generation": {"finish_type": 1, "train_messages": [[]]}}, ["'finish_type'"]),
+        ({"answer_generation": {"train_messages": {"a": 1}}}, ["'train_messages'", "list of message lists"]),
+        ({"answer_generation": {"train_messages": [[], "x"]}}, ["'train_messages'"]),
+        ({"answer_generation": {"train_messages": [["oops"]]}}, ["train_messages[0]", "message 0", "'role'"]),
+        ({"answer_generation": {"train_messages": [[{"role": 3}]]}}, ["message 0", "'role'"]),
+        (
+            {"answer_generation": {"train_messages": [[{"role": "tool", "content": "x"}]]}},
+            ["message 0", "unknown role 'tool'"],
+        ),
+        (
+            {"answer_generation": {"train_messages": [[{"role": "assistant", "function_call": "f()"}]]}},
+            ["message 0", "'function_call'"],
+        ),
+        (
+            {"answer_generation": {"train_messages": [[{"role": "assistant", "function_call": {"name": ["f"]}}]]}},
+            ["message 0", "'function_call'"],
+        ),
+        (
+            {"answer_generation": {"train_messages": [[{"role": "function", "name": {}, "content": "x"}]]}},
+            ["message 0", "'name'"],
+        ),
+        ([{"id": "Step 1: q", "conversations": "hi"}], ["item 0", "'conversations'"]),
+        ([{"id": "Step 1: q", "conversations": [{"from": "user"}]}], ["item 0", "conversations[0]", "'value'"]),
+        ([{"conversations": []}, 7], ["item 1", "'conversations'"]),
+    ],
+)
 def test_toolbench_unknown_shapes_name_the_file_and_the_field(tmp_path, data, names):
     with pytest.raises(ImportShapeError) as info:
         list(toolbench(write(tmp_path, "bad.json", data)))
@@ -946,19 +1318,28 @@ def test_toolbench_unknown_shapes_name_the_file_and_the_field(tmp_path, data, na
 
 
 def test_toolbench_odd_values_still_give_valid_events(tmp_path):
-    messages = [{"role": "user", "content": ["parts"]},
-                {"role": "assistant", "content": {"x": 1}, "function_call": {"name": "f", "arguments": 5}},
-                {"role": "function", "content": {"error": 404, "response": None}},
-                {"role": "function", "name": "g", "content": "[1, 2"},
-                {"role": "assistant", "function_call": {"name": "Finish", "arguments": "not json"}}]
+    messages = [
+        {"role": "user", "content": ["parts"]},
+        {"role": "assistant", "content": {"x": 1}, "function_call": {"name": "f", "arguments": 5}},
+        {"role": "function", "content": {"error": 404, "response": None}},
+        {"role": "function", "name": "g", "content": "[1, 2"},
+        {"role": "assistant", "function_call": {"name": "Finish", "arguments": "not json"}},
+    ]
     events = list(toolbench(write(tmp_path, "odd.json", {"answer_generation": {"train_messages": [messages]}})))
     results = [e["payload"] for e in events if e["type"] == "tool_result"]
     assert [(r["tool"], r["ok"]) for r in results] == [("f", False), ("g", True)]
     assert events[-1]["payload"] == {"outcome": "partial", "reason": "no finish_type and no Finish call"}
     assert_all_decode(events)
     skip = ImportRun()
-    assert list(toolbench(write(tmp_path, "none.json", {"answer_generation": {"valid_data": False, "train_messages": []}}),
-                          run=skip)) == []
+    assert (
+        list(
+            toolbench(
+                write(tmp_path, "none.json", {"answer_generation": {"valid_data": False, "train_messages": []}}),
+                run=skip,
+            )
+        )
+        == []
+    )
     assert len(skip.skipped) == 1 and "none.json" in skip.skipped[0] and skip.problems == []
 
 

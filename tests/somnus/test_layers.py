@@ -13,8 +13,12 @@ ENTRY_POINTS = {"somnus.__main__"}
 def test_every_runtime_module_is_forbidden_to_the_library_layers_or_declared_shared():
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
     forbidden = next(c for c in config["contracts"] if c["type"] == "forbidden")
-    assert set(forbidden["source_modules"]) == {"somnus.schemas", "somnus.processors", "somnus.streams",
-                                                "somnus.projections"}
+    assert set(forbidden["source_modules"]) == {
+        "somnus.schemas",
+        "somnus.processors",
+        "somnus.streams",
+        "somnus.projections",
+    }
     runtime = {f"somnus.{p.stem}" for p in (ROOT / "somnus").glob("*.py") if p.stem != "__init__"}
     runtime |= {f"somnus.{p.name}" for p in (ROOT / "somnus").iterdir() if (p / "__init__.py").exists()}
     unclassified = runtime - set(forbidden["forbidden_modules"]) - SHARED - ENTRY_POINTS
@@ -27,5 +31,7 @@ def test_the_layers_are_the_design_cards():
     assert layers["layers"] == ["somnus.projections | somnus.streams", "somnus.processors", "somnus.schemas"]
     # the only exceptions: the projector (the one Kafka consumer among the projections) and its entry
     # point, and the Kafka positions it answers for `somnus status` (projections/positions.py)
-    assert {rule.split(" -> ")[0] for rule in layers["ignore_imports"]} == {"somnus.projections.projector",
-                                                                            "somnus.projections.positions"}
+    assert {rule.split(" -> ")[0] for rule in layers["ignore_imports"]} == {
+        "somnus.projections.projector",
+        "somnus.projections.positions",
+    }

@@ -18,8 +18,20 @@ from somnus.projections.auth import Principal
 from somnus.schemas.codec import decode_record
 
 NOW = datetime(2026, 11, 26, 12, tzinfo=timezone.utc)
-TOOLS = {"recall", "briefing", "context", "predict", "facts", "episodic_context", "rhythms", "advise", "remember",
-         "goals", "wander", "goal_set"}
+TOOLS = {
+    "recall",
+    "briefing",
+    "context",
+    "predict",
+    "facts",
+    "episodic_context",
+    "rhythms",
+    "advise",
+    "remember",
+    "goals",
+    "wander",
+    "goal_set",
+}
 
 
 class FakeMemory(Memory):
@@ -63,15 +75,19 @@ def test_an_empty_or_oversized_note_is_refused_with_its_reason(note: str) -> Non
         note_events("support", note, NOW)
 
 
-@pytest.mark.parametrize(("principal", "agent", "user", "error"), [
-    (Principal(token_id="t", agent="support"), "support", None, None),
-    (Principal(token_id="t", operator=True), "anyone", None, None),
-    (Principal(token_id="t", agent="support"), "billing", None, "'support' only"),
-    (Principal(token_id="t", agent="support", user="u1"), "support", "u2", "user 'u1' only"),
-    (None, "support", None, "valid token"),
-])
-def test_remember_writes_only_for_the_tokens_agent(principal: Principal | None, agent: str, user: str | None,
-                                                    error: str | None) -> None:
+@pytest.mark.parametrize(
+    ("principal", "agent", "user", "error"),
+    [
+        (Principal(token_id="t", agent="support"), "support", None, None),
+        (Principal(token_id="t", operator=True), "anyone", None, None),
+        (Principal(token_id="t", agent="support"), "billing", None, "'support' only"),
+        (Principal(token_id="t", agent="support", user="u1"), "support", "u2", "user 'u1' only"),
+        (None, "support", None, "valid token"),
+    ],
+)
+def test_remember_writes_only_for_the_tokens_agent(
+    principal: Principal | None, agent: str, user: str | None, error: str | None
+) -> None:
     memory = FakeMemory({"tok": principal} if principal else {}, "tok")
     if error:
         with pytest.raises(McpRefused, match=error):
@@ -82,16 +98,20 @@ def test_remember_writes_only_for_the_tokens_agent(principal: Principal | None, 
         assert got["events"] == 3 and {e["agent"] for e in memory.published} == {agent}
 
 
-@pytest.mark.parametrize(("principal", "agent", "user", "text", "error"), [
-    (Principal(token_id="t", agent="support"), "support", None, "answer refunds within a day", None),
-    (Principal(token_id="t", agent="support", user="u1"), "support", None, "answer refunds", None),
-    (Principal(token_id="t", agent="support"), "billing", None, "x", "'support' only"),
-    (Principal(token_id="t", agent="support", user="u1"), "support", "u2", "x", "user 'u1' only"),
-    (Principal(token_id="t", agent="support"), "support", None, "  ", "argument `text`"),
-    (None, "support", None, "x", "valid token"),
-])
-def test_goal_set_writes_only_for_the_tokens_agent_and_user(principal: Principal | None, agent: str,
-                                                             user: str | None, text: str, error: str | None) -> None:
+@pytest.mark.parametrize(
+    ("principal", "agent", "user", "text", "error"),
+    [
+        (Principal(token_id="t", agent="support"), "support", None, "answer refunds within a day", None),
+        (Principal(token_id="t", agent="support", user="u1"), "support", None, "answer refunds", None),
+        (Principal(token_id="t", agent="support"), "billing", None, "x", "'support' only"),
+        (Principal(token_id="t", agent="support", user="u1"), "support", "u2", "x", "user 'u1' only"),
+        (Principal(token_id="t", agent="support"), "support", None, "  ", "argument `text`"),
+        (None, "support", None, "x", "valid token"),
+    ],
+)
+def test_goal_set_writes_only_for_the_tokens_agent_and_user(
+    principal: Principal | None, agent: str, user: str | None, text: str, error: str | None
+) -> None:
     memory = FakeMemory({"tok": principal} if principal else {}, "tok")
     goals: list[tuple[Any, ...]] = []
 
@@ -128,8 +148,11 @@ def test_the_sdk_client_lists_every_tool_and_calls_them_in_process() -> None:
 
     names, facts, predict, refused, advice = anyio.run(session)
     assert names == TOOLS
-    assert json.loads(advice.content[0].text) == {"handler": "advise", "agent": "support",
-                                                  "params": {"task": "refund an order"}}
+    assert json.loads(advice.content[0].text) == {
+        "handler": "advise",
+        "agent": "support",
+        "params": {"task": "refund an order"},
+    }
     got = json.loads(facts.content[0].text)
     assert got["handler"] == "facts" and got["params"]["as_of"] == "2026-01-01T00:00:00Z"
     assert json.loads(json.loads(predict.content[0].text)["params"]["args"]) == {"q": 1}
@@ -170,15 +193,23 @@ def test_every_tool_answer_reaches_the_model_neutralised() -> None:
         async def read(self, ctx: Any, handler: str, agent: str | None = None, **params: Any) -> Any:
             return {"handler": handler, "items": [{"text": hostile, "n": 1}], "text": "- a\n- b"}
 
-    calls = {"recall": {"agent": "support", "query": "q"}, "facts": {"agent": "support"},
-             "predict": {"tool": "t"}, "rhythms": {"agent": "support"}, "context": {"agent": "support", "query": "q"},
-             "episodic_context": {"agent": "support", "query": "q"}, "briefing": {"agent": "support"},
-             "goals": {"agent": "support"}, "wander": {"agent": "support"}}
+    calls = {
+        "recall": {"agent": "support", "query": "q"},
+        "facts": {"agent": "support"},
+        "predict": {"tool": "t"},
+        "rhythms": {"agent": "support"},
+        "context": {"agent": "support", "query": "q"},
+        "episodic_context": {"agent": "support", "query": "q"},
+        "briefing": {"agent": "support"},
+        "goals": {"agent": "support"},
+        "wander": {"agent": "support"},
+    }
 
     async def session() -> dict[str, Any]:
         async with Client(build(Hostile({"tok": Principal(token_id="t", operator=True)}, "tok"))) as client:
-            return {name: json.loads((await client.call_tool(name, args)).content[0].text)
-                    for name, args in calls.items()}
+            return {
+                name: json.loads((await client.call_tool(name, args)).content[0].text) for name, args in calls.items()
+            }
 
     got = anyio.run(session)
     for name in ("recall", "facts", "predict", "rhythms", "goals", "wander"):
@@ -234,13 +265,18 @@ def test_an_error_echoing_the_callers_text_reaches_the_model_neutralised() -> No
         async def read(self, ctx: Any, handler: str, agent: str | None = None, **params: Any) -> Any:
             raise McpRefused(f"400: parameter `query`: {params.get('query') or params.get('task')}")
 
-    calls = [("recall", {"agent": "support", "query": hostile}), ("advise", {"agent": "support", "task": hostile}),
-             ("remember", {"agent": hostile, "note": "x"}), ("goal_set", {"agent": hostile, "text": "x"}),
-             ("recall", {"agent": "support", "query": "q", "k": hostile})]
+    calls = [
+        ("recall", {"agent": "support", "query": hostile}),
+        ("advise", {"agent": "support", "task": hostile}),
+        ("remember", {"agent": hostile, "note": "x"}),
+        ("goal_set", {"agent": hostile, "text": "x"}),
+        ("recall", {"agent": "support", "query": "q", "k": hostile}),
+    ]
 
     async def session() -> tuple[list[Any], Any]:
-        operator = Refusing({"tok": Principal(token_id="t", agent="support"),
-                             "op": Principal(token_id="o", operator=True)}, "tok")
+        operator = Refusing(
+            {"tok": Principal(token_id="t", agent="support"), "op": Principal(token_id="o", operator=True)}, "tok"
+        )
         async with Client(build(operator)) as client:
             errors = [await client.call_tool(name, args) for name, args in calls]
         operator.token_of = lambda ctx: "op"
@@ -288,8 +324,9 @@ def test_the_http_transport_closes_idle_and_slow_connections_and_caps_them() -> 
         return server, config.port
 
     assert http_config(app, "127.0.0.1", 0).http.__name__ == "Bounded"
-    server, port = serving(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
-                                          http=bounded_protocol(1.0, 4)))
+    server, port = serving(
+        uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", http=bounded_protocol(1.0, 4))
+    )
     try:
         silent = socket.create_connection(("127.0.0.1", port))
         slow = socket.create_connection(("127.0.0.1", port))

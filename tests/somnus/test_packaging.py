@@ -12,15 +12,26 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_wheel_holds_one_top_level_package(tmp_path):
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q",
-                    "-w", str(tmp_path), str(ROOT)], check=True, capture_output=True, cwd=tmp_path)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],
+        check=True,
+        capture_output=True,
+        cwd=tmp_path,
+    )
     [wheel] = tmp_path.glob("somnus-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
     assert top == {"somnus"}
-    for sub in ("schemas/codec.py", "streams/worker.py", "processors/briefing/generator.py", "projections/projector.py",
-                "schemas/trace_event.v1.schema.json", "schemas/wire.py", "schemas/agents.py",
-                "streams/kafka_compat/consumer.py"):
+    for sub in (
+        "schemas/codec.py",
+        "streams/worker.py",
+        "processors/briefing/generator.py",
+        "projections/projector.py",
+        "schemas/trace_event.v1.schema.json",
+        "schemas/wire.py",
+        "schemas/agents.py",
+        "streams/kafka_compat/consumer.py",
+    ):
         assert f"somnus/{sub}" in names, sub
     # every package of the source folders (pyproject's packages list is written by hand)
     for folder in ("somnus", "schemas", "streams", "processors", "projections"):

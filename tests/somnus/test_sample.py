@@ -106,8 +106,11 @@ def test_it_contains_every_situation_the_distiller_learns_from(fleet):
     outcomes = Counter(e.outcome for e in out.episodes)
     assert set(outcomes) == set(Outcome)  # successes, failures and partial results
     lessons = [l for e in out.episodes for l in e.lessons]
-    backoff = [l for l in lessons if l.kind is LessonKind.RECOVERY
-               and "rate limit encountered; exponential backoff resolved it" in l.text]
+    backoff = [
+        l
+        for l in lessons
+        if l.kind is LessonKind.RECOVERY and "rate limit encountered; exponential backoff resolved it" in l.text
+    ]
     assert backoff, "429s resolved later by backoff"
     assert any(l.kind is LessonKind.FAILURE and l.tool and "never resolved" in l.text for l in lessons)
     assert any(l.kind is LessonKind.FAILURE and l.text.startswith("delegation to ") for l in lessons)
@@ -136,8 +139,11 @@ SHELL_ERROR = re.compile(r"exit status \d+|command not found")
 
 def _failed_results(events: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
     """(agent, tool, error) of every failed tool result."""
-    return [(e["agent"], e["payload"]["tool"], e["payload"]["error"]) for e in events
-            if e["type"] == "tool_result" and not e["payload"]["ok"]]
+    return [
+        (e["agent"], e["payload"]["tool"], e["payload"]["error"])
+        for e in events
+        if e["type"] == "tool_result" and not e["payload"]["ok"]
+    ]
 
 
 def test_errors_belong_to_their_tools(fleet):
@@ -156,12 +162,20 @@ def test_recurring_faults_recur_in_their_window_and_not_outside_it():
     events = list(generate(sessions=1500, seed=3))
     failed = _failed_results(events)
     for fault in FAULTS:
-        seen = [datetime.fromisoformat(e["ts"]) for e in events if e["type"] == "tool_result"
-                and e["agent"] == fault.agent and not e["payload"]["ok"] and e["payload"]["error"] == fault.error]
+        seen = [
+            datetime.fromisoformat(e["ts"])
+            for e in events
+            if e["type"] == "tool_result"
+            and e["agent"] == fault.agent
+            and not e["payload"]["ok"]
+            and e["payload"]["error"] == fault.error
+        ]
         assert len(seen) >= 5, fault.error  # recurs: something a memory should learn
         days = {(t - START).days for t in seen}
         assert min(days) >= fault.first_day and max(days) <= fault.last_day, fault.error
-        assert len({(t - START).days // 7 for t in seen}) >= min(2, (min(fault.last_day, 27) - fault.first_day) // 7 + 1)
+        assert len({(t - START).days // 7 for t in seen}) >= min(
+            2, (min(fault.last_day, 27) - fault.first_day) // 7 + 1
+        )
     # faults are their agents' own: no other agent meets them
     for fault in FAULTS:
         assert {a for a, _, err in failed if err == fault.error} == {f.agent for f in FAULTS if f.error == fault.error}
@@ -179,10 +193,17 @@ def test_sessions_span_weeks_with_working_hours_and_weekdays(fleet):
 
 def test_rate_limits_change_rarely(fleet):
     values: dict[str, list[str]] = defaultdict(list)
-    for e in sorted((e for e in fleet if e["type"] == "tool_result" and e["payload"].get("http_status") == 429),
-                    key=lambda e: e["ts"]):
-        call = next(c for c in fleet if c["type"] == "tool_call" and c["session_id"] == e["session_id"]
-                    and c["payload"]["call_id"] == e["payload"]["call_id"])
+    for e in sorted(
+        (e for e in fleet if e["type"] == "tool_result" and e["payload"].get("http_status") == 429),
+        key=lambda e: e["ts"],
+    ):
+        call = next(
+            c
+            for c in fleet
+            if c["type"] == "tool_call"
+            and c["session_id"] == e["session_id"]
+            and c["payload"]["call_id"] == e["payload"]["call_id"]
+        )
         host = call["payload"]["args"]["url"].split("/")[2]
         values[host].append(e["payload"]["headers"]["Retry-After"])
     assert values
@@ -203,8 +224,12 @@ def test_tasks_recur_with_the_same_successful_tool_sequence(fleet):
 
 def test_no_depends_on_cycles(fleet):
     out = distill({}, [decode_trace(orjson.dumps(e), 1_048_576) for e in fleet])
-    edges = {(f.source, f.target) for fx in TraceExtractor().extract(out.episodes) for f in fx.facts
-             if f.predicate == "depends_on"}
+    edges = {
+        (f.source, f.target)
+        for fx in TraceExtractor().extract(out.episodes)
+        for f in fx.facts
+        if f.predicate == "depends_on"
+    }
     assert edges
     graph: dict[str, set[str]] = defaultdict(set)
     for a, b in edges:
@@ -212,6 +237,7 @@ def test_no_depends_on_cycles(fleet):
 
     def reaches(a: str, b: str, seen: set[str]) -> bool:
         return any(n == b or (n not in seen and not seen.add(n) and reaches(n, b, seen)) for n in graph[a])
+
     assert not any(reaches(b, a, set()) for a, b in edges)
 
 

@@ -14,8 +14,16 @@ import pytest
 
 from somnus import procs
 from somnus.config import Settings
-from somnus.supervisor import (MAX_BACKOFF_S, MIN_BACKOFF_S, STABLE_S, Supervisor, backoff_s, role_of, roles_for,
-                               worker_names)
+from somnus.supervisor import (
+    MAX_BACKOFF_S,
+    MIN_BACKOFF_S,
+    STABLE_S,
+    Supervisor,
+    backoff_s,
+    role_of,
+    roles_for,
+    worker_names,
+)
 
 
 def test_up_supervises_the_otlp_receiver_and_the_mcp_server_unless_their_port_is_zero() -> None:
@@ -27,8 +35,9 @@ def test_up_supervises_the_otlp_receiver_and_the_mcp_server_unless_their_port_is
 
 
 def test_up_with_n_workers_supervises_n_named_worker_processes(monkeypatch, tmp_path: Path) -> None:
-    three = Settings.resolve(env={"SOMNUS_WORKERS": "3", "SOMNUS_OTLP_PORT": "0", "SOMNUS_MCP_PORT": "0"},
-                             home=tmp_path / "home")
+    three = Settings.resolve(
+        env={"SOMNUS_WORKERS": "3", "SOMNUS_OTLP_PORT": "0", "SOMNUS_MCP_PORT": "0"}, home=tmp_path / "home"
+    )
     assert roles_for(three) == ("projector", "worker", "worker-2", "worker-3")
     assert [role_of(n) for n in roles_for(three)] == ["projector", "worker", "worker", "worker"]
     with pytest.raises(ValueError, match="SOMNUS_WORKERS"):
@@ -66,8 +75,14 @@ def sup(tmp_path: Path):
 
     said: list[str] = []
     clock = Clock()
-    s = Supervisor(settings, "127.0.0.1:1", spawn=spawn, clock=clock, say=said.append,
-                   state_file=settings.run_dir / "supervisor.json")
+    s = Supervisor(
+        settings,
+        "127.0.0.1:1",
+        spawn=spawn,
+        clock=clock,
+        say=said.append,
+        state_file=settings.run_dir / "supervisor.json",
+    )
     s.started, s.said, s.fake_clock = started, said, clock  # type: ignore[attr-defined]
     yield s
     for _, proc in started:
@@ -102,8 +117,7 @@ def test_starts_every_role_and_restarts_one_that_was_killed_after_the_backoff(su
     state = json.loads((sup.settings.run_dir / "supervisor.json").read_text())  # what `somnus status` shows
     assert state["worker"]["pid"] == sup.started[2][1].pid and state["worker"]["restarts"] == 1
     assert state["worker"]["last_exit"] == "signal 9" and state["worker"]["last_exit_at"]
-    assert state["projector"] == {"pid": sup.started[0][1].pid, "restarts": 0, "last_exit": None,
-                                  "last_exit_at": None}
+    assert state["projector"] == {"pid": sup.started[0][1].pid, "restarts": 0, "last_exit": None, "last_exit_at": None}
 
 
 def test_quick_exits_in_a_row_double_the_backoff_and_a_long_run_resets_it(sup) -> None:

@@ -22,7 +22,6 @@ from somnus.streams.ordering import decode_clock, encode_position, position_key
 from tests.factories import T0, session_bundle, trace_event
 
 
-
 class FakeProducer:
     def __init__(self) -> None:
         self.sent: list[dict[str, Any]] = []
@@ -61,8 +60,15 @@ def _settings(tmp_path: Any) -> Settings:
 
 def _record(topic: str, value: bytes, offset: int, partition: int = 0, at: datetime = T0) -> Any:
     tp = TP(topic, partition)
-    msg = SimpleNamespace(topic=topic, partition=partition, offset=offset, key=b"k", value=value,
-                          timestamp=at.timestamp(), tp=(topic, partition))
+    msg = SimpleNamespace(
+        topic=topic,
+        partition=partition,
+        offset=offset,
+        key=b"k",
+        value=value,
+        timestamp=at.timestamp(),
+        tp=(topic, partition),
+    )
     return SimpleNamespace(message=msg, tp=tp)
 
 
@@ -77,12 +83,14 @@ def _dead(app: Any, settings: Settings) -> list[dict[str, Any]]:
 POISON = {
     "deep": b"[" * 100_000 + b"]" * 100_000,
     "deep args": orjson.dumps(trace_event("x", 1, "tool_call", tool="t", call_id="c")).replace(
-        b'"call_id":"c"', b'"call_id":"c","args":{"a":' + b"[" * 900 + b"]" * 900 + b"}"),
+        b'"call_id":"c"', b'"call_id":"c","args":{"a":' + b"[" * 900 + b"]" * 900 + b"}"
+    ),
     "invalid utf-8": orjson.dumps(trace_event("x", 0, "agent_message")).replace(b'"hi"', b'"h\xff\xfei"'),
     "invalid utf-8 key": b'{"\xff": 1}',
     "lone surrogate": orjson.dumps(trace_event("x", 0, "agent_message")).replace(b'"hi"', b'"\\ud800"'),
-    "float seq and deep args": orjson.dumps(trace_event("x", 1, "tool_call", tool="t", call_id="c")).replace(
-        b'"seq":1', b'"seq":1.0').replace(b'"call_id":"c"', b'"call_id":"c","args":{"a":' + b"[" * 900 + b"]" * 900 + b"}"),
+    "float seq and deep args": orjson.dumps(trace_event("x", 1, "tool_call", tool="t", call_id="c"))
+    .replace(b'"seq":1', b'"seq":1.0')
+    .replace(b'"call_id":"c"', b'"call_id":"c","args":{"a":' + b"[" * 900 + b"]" * 900 + b"}"),
     "huge seq": orjson.dumps(trace_event("x", 0, "agent_message")).replace(b'"seq":0', b'"seq":' + b"9" * 40),
     "nan": orjson.dumps(trace_event("x", 0, "agent_message")).replace(b'"seq":0', b'"seq":NaN'),
     "scalars bundle": b"[" + b",".join([b"1"] * 2000) + b"]",
@@ -126,7 +134,8 @@ def test_a_bundle_with_bad_events_is_one_dead_letter_and_its_good_events_are_app
 
 
 def test_a_record_whose_distillation_raises_is_dead_lettered_as_poison_and_the_others_are_distilled(
-        tmp_path, monkeypatch):
+    tmp_path, monkeypatch
+):
     app, settings, table, counters = _app(), _settings(tmp_path), FakeTable(), WorkerCounters()
     real = app_mod.distill_rounds
 
@@ -142,9 +151,12 @@ def test_a_record_whose_distillation_raises_is_dead_lettered_as_poison_and_the_o
     assert len(acks) == 3
     (dead,) = _dead(app, settings)
     assert dead["headers"]["somnus-reason"].decode() == (
-        "poison: RecursionError while distilling the record: maximum recursion depth exceeded")
+        "poison: RecursionError while distilling the record: maximum recursion depth exceeded"
+    )
     assert dead["headers"]["somnus-source-offset"] == b"1" and dead["value"] == records[1].message.value
-    episodes = [orjson.loads(m["value"])["session_id"] for m in app.producer.sent if m["topic"] == settings.episodes_topic]
+    episodes = [
+        orjson.loads(m["value"])["session_id"] for m in app.producer.sent if m["topic"] == settings.episodes_topic
+    ]
     assert sorted(episodes) == ["a", "b"] and counters.poison == 1
 
 
@@ -176,8 +188,12 @@ def test_a_batch_of_undecodable_records_keeps_its_partitions_stream_time(tmp_pat
 @pytest.mark.parametrize("year", [2999, 2027])
 def test_an_event_far_ahead_of_its_records_broker_time_is_a_future_dead_letter(tmp_path, year):
     app, settings, table, counters = _app(), _settings(tmp_path), FakeTable(), WorkerCounters()
-    ahead = orjson.dumps([trace_event("f", 0, "session_start", T0.replace(year=year)),
-                          trace_event("f", 1, "session_end", T0.replace(year=year))])
+    ahead = orjson.dumps(
+        [
+            trace_event("f", 0, "session_start", T0.replace(year=year)),
+            trace_event("f", 1, "session_end", T0.replace(year=year)),
+        ]
+    )
     _run(app, settings, [_record(settings.traces_topic, ahead, 0, at=T0)], table, counters)
     dead = _dead(app, settings)
     assert [d["headers"]["somnus-reason"].decode().split(":")[0] for d in dead] == ["future", "future"]

@@ -21,7 +21,6 @@ from somnus.streams.ordering import decode_position, position_key
 from tests.factories import T0, trace_event
 
 
-
 class Sent:
     """A producer that records each send by topic (Faust's ``app.producer`` in the agents' batches)."""
 
@@ -56,9 +55,12 @@ def _agent(d: Distiller, name: str) -> Any:
 
 
 def _session(session: str) -> bytes:
-    events = [("session_start", {"task": "refund"}), ("tool_call", {"tool": "lookup", "call_id": "c1"}),
-              ("tool_result", {"call_id": "c1", "ok": False, "error": "Error: order 7 not found"}),
-              ("session_end", {"outcome": "failure"})]
+    events = [
+        ("session_start", {"task": "refund"}),
+        ("tool_call", {"tool": "lookup", "call_id": "c1"}),
+        ("tool_result", {"call_id": "c1", "ok": False, "error": "Error: order 7 not found"}),
+        ("session_end", {"outcome": "failure"}),
+    ]
     return orjson.dumps([trace_event(session, seq, kind, T0, payload) for seq, (kind, payload) in enumerate(events)])
 
 
@@ -118,8 +120,11 @@ def test_the_observations_a_session_makes_teach_the_links_agent(distiller):
             await _until(lambda: position_key(s.observations_topic, 0) in distiller.links)
 
     asyncio.run(run())
-    observed = [o for m in sent.by_topic[s.observations_topic]
-                for o in msgspec.json.decode(m["value"], type=list[OutcomeObserved])]
+    observed = [
+        o
+        for m in sent.by_topic[s.observations_topic]
+        for o in msgspec.json.decode(m["value"], type=list[OutcomeObserved])
+    ]
     assert observed and distiller.counters.observations == len(observed)
     # each signature observed has its link state in the table, and its updates went to the link-updates topic
     assert {o.event_signature.encode() for o in observed} <= set(distiller.links.keys())

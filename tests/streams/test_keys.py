@@ -18,8 +18,13 @@ def ring_of(*keys: DataKey) -> KeyRing:
     return ring
 
 
-FLEET = [dk("k1", "aga", "s1", "u1"), dk("k2", "aga", "s1"),  # a later key of s1 that does not name its user
-         dk("k3", "agb", "s1", "u2"), dk("k4", "agb", "s2", "u1"), dk("k5", "agc", "s3", "u3")]
+FLEET = [
+    dk("k1", "aga", "s1", "u1"),
+    dk("k2", "aga", "s1"),  # a later key of s1 that does not name its user
+    dk("k3", "agb", "s1", "u2"),
+    dk("k4", "agb", "s2", "u1"),
+    dk("k5", "agc", "s3", "u3"),
+]
 
 
 def test_select_by_subject():

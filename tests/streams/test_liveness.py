@@ -198,7 +198,7 @@ def test_the_task_dump_walks_each_agents_body_and_names_the_future_it_awaits(cap
 
     asyncio.run(main())
     err = capfd.readouterr().err
-    agents = err[err.index("=== agents"):err.index("=== threads")]
+    agents = err[err.index("=== agents") : err.index("=== threads")]
     assert "--- agent distill" in agents and "agent_body" in agents, err
     assert "awaiting <_GatheringFuture pending" in agents, err
 
@@ -217,9 +217,14 @@ class FakeRecoveryApp:
         self.positions = positions
         self.seeks: list[dict[TP, int]] = []
         self.tables = SimpleNamespace(
-            recovery=SimpleNamespace(active_tps=set(offsets), active_offsets=offsets, active_highwaters=highwaters,
-                                     signal_recovery_start=asyncio.Event()),
-            changelog_queue=SimpleNamespace(qsize=lambda: self.queued))
+            recovery=SimpleNamespace(
+                active_tps=set(offsets),
+                active_offsets=offsets,
+                active_highwaters=highwaters,
+                signal_recovery_start=asyncio.Event(),
+            ),
+            changelog_queue=SimpleNamespace(qsize=lambda: self.queued),
+        )
         self.consumer = SimpleNamespace(flow_active=True, seek_wait=self._seek_wait, _thread=_thread_with(self._state))
 
     def _state(self, tp: TopicPartition) -> Any:

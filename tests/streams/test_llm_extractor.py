@@ -22,24 +22,63 @@ T = datetime(2024, 5, 1, tzinfo=timezone.utc)
 
 def episode(i: int) -> EpisodeDistilled:
     return EpisodeDistilled(
-        episode_id=uuid.UUID(int=i), schema_version=1, agent="scraper", session_id=f"s{i}", task="fetch prices",
-        goal=None, user_id=None, summary="failure: fetch prices", outcome=Outcome.FAILURE, started_at=T, ended_at=T,
-        duration_s=1.0, event_count=4, tool_calls=1, tools=["fetch"], errors=[], lessons=[], delegations=[],
-        first_event_id=uuid.UUID(int=1000 + i), last_event_id=uuid.UUID(int=2000 + i))
+        episode_id=uuid.UUID(int=i),
+        schema_version=1,
+        agent="scraper",
+        session_id=f"s{i}",
+        task="fetch prices",
+        goal=None,
+        user_id=None,
+        summary="failure: fetch prices",
+        outcome=Outcome.FAILURE,
+        started_at=T,
+        ended_at=T,
+        duration_s=1.0,
+        event_count=4,
+        tool_calls=1,
+        tools=["fetch"],
+        errors=[],
+        lessons=[],
+        delegations=[],
+        first_event_id=uuid.UUID(int=1000 + i),
+        last_event_id=uuid.UUID(int=2000 + i),
+    )
 
 
 def answer_for(body: dict) -> dict:
     ids = [e["episode_id"] for e in json.loads(body["messages"][0]["content"])["episodes"]]
-    return {"episodes": [{"episode_id": i, "entities": [{"name": "api.x.io", "type": "api"}],
-                          "facts": [{"source": "api.x.io", "source_type": "api", "predicate": "rate_limit",
-                                     "target": "10/s", "target_type": "rate", "confidence": 0.95,
-                                     "functional": True}]} for i in ids]}
+    return {
+        "episodes": [
+            {
+                "episode_id": i,
+                "entities": [{"name": "api.x.io", "type": "api"}],
+                "facts": [
+                    {
+                        "source": "api.x.io",
+                        "source_type": "api",
+                        "predicate": "rate_limit",
+                        "target": "10/s",
+                        "target_type": "rate",
+                        "confidence": 0.95,
+                        "functional": True,
+                    }
+                ],
+            }
+            for i in ids
+        ]
+    }
 
 
 def message(tool_input: dict, input_tokens: int = 1000, output_tokens: int = 200) -> dict:
-    return {"id": "msg_1", "type": "message", "role": "assistant", "model": "claude-haiku-4-5",
-            "content": [{"type": "tool_use", "id": "toolu_1", "name": TOOL_NAME, "input": tool_input}],
-            "stop_reason": "tool_use", "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens}}
+    return {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-haiku-4-5",
+        "content": [{"type": "tool_use", "id": "toolu_1", "name": TOOL_NAME, "input": tool_input}],
+        "stop_reason": "tool_use",
+        "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens},
+    }
 
 
 class FakeAPI:
@@ -120,12 +159,15 @@ def test_a_429_is_retried():
     assert len(api.requests) == 2 and ex.counters.retries == 1 and out[0].extractor.startswith("llm/")
 
 
-@pytest.mark.parametrize("bad", [
-    lambda b: (500, "boom", {}),
-    lambda b: (200, "{not json", {}),
-    lambda b: (200, message({"episodes": [{"episode_id": "x", "facts": [{"source": "a"}]}]}), {}),
-    lambda b: (200, {"content": [{"type": "text", "text": "no tool"}], "usage": {}}, {}),
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        lambda b: (500, "boom", {}),
+        lambda b: (200, "{not json", {}),
+        lambda b: (200, message({"episodes": [{"episode_id": "x", "facts": [{"source": "a"}]}]}), {}),
+        lambda b: (200, {"content": [{"type": "text", "text": "no tool"}], "usage": {}}, {}),
+    ],
+)
 def test_a_failed_or_invalid_answer_falls_back_to_the_trace_extractor(bad):
     api = FakeAPI([bad] * 10)
     ex, out = run(api, [episode(1)], fallback=TraceExtractor(), max_retries=1)
@@ -134,8 +176,14 @@ def test_a_failed_or_invalid_answer_falls_back_to_the_trace_extractor(bad):
 
 def test_the_cost_cap_stops_new_requests_and_the_rest_fall_back():
     api = FakeAPI([lambda b: (200, message(answer_for(b), input_tokens=2_000_000), {})])
-    ex, out = run(api, [episode(i) for i in range(1, 6)], fallback=TraceExtractor(), episodes_per_request=1,
-                  concurrency=1, cost_cap_usd=1.0)
+    ex, out = run(
+        api,
+        [episode(i) for i in range(1, 6)],
+        fallback=TraceExtractor(),
+        episodes_per_request=1,
+        concurrency=1,
+        cost_cap_usd=1.0,
+    )
     assert len(api.requests) == 1 and ex.counters.cost_usd >= 1.0
     assert [f.extractor for f in out] == ["llm/claude-haiku-4-5"] + ["trace/1"] * 4
 

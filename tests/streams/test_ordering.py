@@ -13,8 +13,15 @@ from dataclasses import dataclass
 from faust.types import TP
 from hypothesis import given, settings, strategies as st
 
-from somnus.streams.ordering import (OffsetGuard, admit, decode_clock, decode_position, encode_position, position_key,
-                              positions_writer)
+from somnus.streams.ordering import (
+    OffsetGuard,
+    admit,
+    decode_clock,
+    decode_position,
+    encode_position,
+    position_key,
+    positions_writer,
+)
 
 A = TP("traces", 0)
 B = TP("traces", 1)
@@ -147,8 +154,14 @@ class FakeIO:
             self.asked.append((tp, offset))
             return self.first_at
 
-        return OffsetGuard(position=self.positions.get, earliest=earliest, rewind=rewind,
-                           first_record_at=first_record_at, clock=lambda: self.now, rewind_every_s=1.0)
+        return OffsetGuard(
+            position=self.positions.get,
+            earliest=earliest,
+            rewind=rewind,
+            first_record_at=first_record_at,
+            clock=lambda: self.now,
+            rewind_every_s=1.0,
+        )
 
 
 def test_a_partition_never_applied_starts_at_the_earliest_offset_the_broker_holds():

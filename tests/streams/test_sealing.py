@@ -43,9 +43,15 @@ def test_units_are_bundled_per_session_under_its_key(monkeypatch):
     ring = follower(A, B).ring
     units = [SimpleNamespace(agent="aga", run_id=s, n=i) for i, s in enumerate(["s1", "s2", "s1", "s3", "s1"])]
     monkeypatch.setattr(sealing, "encode", lambda items: msgspec.json.encode([[u.run_id, u.n] for u in items]))
-    opened = [(sealed_key_id(v), msgspec.json.decode(open_value(v, ring.keys))) for v, _ in unit_records(ring, units, 2)]
-    assert opened == [(A.key_id, [["s1", 0], ["s1", 2]]), (A.key_id, [["s1", 4]]), (B.key_id, [["s2", 1]]),
-                      (None, [["s3", 3]])]
+    opened = [
+        (sealed_key_id(v), msgspec.json.decode(open_value(v, ring.keys))) for v, _ in unit_records(ring, units, 2)
+    ]
+    assert opened == [
+        (A.key_id, [["s1", 0], ["s1", 2]]),
+        (A.key_id, [["s1", 4]]),
+        (B.key_id, [["s2", 1]]),
+        (None, [["s3", 3]]),
+    ]
 
 
 def test_table_changelog_values_sealed_and_opened_on_restore():
@@ -76,11 +82,21 @@ def test_the_links_table_keeps_no_session_text_and_learns_the_same():
     t0 = datetime(2024, 6, 3, 8, tzinfo=timezone.utc)
 
     def observed(n: int, outcome: str) -> OutcomeObserved:
-        return OutcomeObserved(event_signature=tool_signature("search"), level=LinkLevel.TOOL, tool="search",
-                               outcome_signature=outcome_signature(outcome), outcome=outcome,
-                               valence=Valence.POSITIVE if outcome == "ok" else Valence.NEGATIVE, agent="aga",
-                               observed_at=t0 + timedelta(minutes=n), context={"agent": "aga"},
-                               episode_id=uuid.UUID(int=n), src_partition=0, src_offset=n, index=0)
+        return OutcomeObserved(
+            event_signature=tool_signature("search"),
+            level=LinkLevel.TOOL,
+            tool="search",
+            outcome_signature=outcome_signature(outcome),
+            outcome=outcome,
+            valence=Valence.POSITIVE if outcome == "ok" else Valence.NEGATIVE,
+            agent="aga",
+            observed_at=t0 + timedelta(minutes=n),
+            context={"agent": "aga"},
+            episode_id=uuid.UUID(int=n),
+            src_partition=0,
+            src_offset=n,
+            index=0,
+        )
 
     secret = "error:order mkapk tea not found"
     first = [observed(0, secret), observed(1, "ok")]
@@ -93,4 +109,6 @@ def test_the_links_table_keeps_no_session_text_and_learns_the_same():
     from_full, updates_full = learn(full, later, per_link_rows=False)
     from_stored, updates_stored = learn(restored, later, per_link_rows=False)
     assert updates_stored == updates_full and updates_full[0].outcome == secret
-    assert {s: link_state_value(v) for s, v in from_stored.items()} == {s: link_state_value(v) for s, v in from_full.items()}
+    assert {s: link_state_value(v) for s, v in from_stored.items()} == {
+        s: link_state_value(v) for s, v in from_full.items()
+    }

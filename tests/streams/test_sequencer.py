@@ -13,10 +13,16 @@ from hypothesis import strategies as st
 from somnus.streams.sequencer import Sequencer, latest_time
 
 
-def _sequencer(partitions: int, high: dict[int, int] | None = None, quiet_s: float = 2.0,
-               max_hold_s: float = 10.0) -> Sequencer:
-    return Sequencer(owned=lambda: frozenset(range(partitions)), start_clock=lambda p: None,
-                     high_water=lambda p: (high or {}).get(p), quiet_s=quiet_s, max_hold_s=max_hold_s)
+def _sequencer(
+    partitions: int, high: dict[int, int] | None = None, quiet_s: float = 2.0, max_hold_s: float = 10.0
+) -> Sequencer:
+    return Sequencer(
+        owned=lambda: frozenset(range(partitions)),
+        start_clock=lambda p: None,
+        high_water=lambda p: (high or {}).get(p),
+        quiet_s=quiet_s,
+        max_hold_s=max_hold_s,
+    )
 
 
 # Each partition: the latest event time of each of its records, in offset order (times go back too).
@@ -72,18 +78,28 @@ def test_a_partition_none_of_whose_records_came_yet_is_caught_up_only_at_its_hig
     records to the stream first: the others, unseen, were taken for caught up and quiet after 2 s,
     and that partition went first entirely (two live runs of one input differed in 18 tables)."""
     start = {1: 0, 2: 7}
-    s = Sequencer(owned=lambda: frozenset({0, 1, 2}), start_clock=lambda p: None,
-                  high_water=lambda p: {0: 2, 1: 5, 2: 7}[p], quiet_s=2.0, max_hold_s=10.0,
-                  start_offset=lambda p: start.get(p, 0))
+    s = Sequencer(
+        owned=lambda: frozenset({0, 1, 2}),
+        start_clock=lambda p: None,
+        high_water=lambda p: {0: 2, 1: 5, 2: 7}[p],
+        quiet_s=2.0,
+        max_hold_s=10.0,
+        start_offset=lambda p: start.get(p, 0),
+    )
     s.push(0, 0, 10, "a0", now=100.0)
     s.push(0, 1, 20, "a1", now=100.0)
     assert s.ready(now=105.0) == []  # partition 1 has 5 records on the broker from offset 0; 2 is at its end
     s.push(1, 0, 15, "b0", now=105.0)
     assert s.ready(now=105.0) == ["a0", "b0"] and s.forced == 0
     start[1] = 5  # a restart: partition 1 handled up to its high water before
-    fresh = Sequencer(owned=lambda: frozenset({0, 1}), start_clock=lambda p: None,
-                      high_water=lambda p: {0: 1, 1: 5}[p], quiet_s=2.0, max_hold_s=10.0,
-                      start_offset=lambda p: start.get(p, 0))
+    fresh = Sequencer(
+        owned=lambda: frozenset({0, 1}),
+        start_clock=lambda p: None,
+        high_water=lambda p: {0: 1, 1: 5}[p],
+        quiet_s=2.0,
+        max_hold_s=10.0,
+        start_offset=lambda p: start.get(p, 0),
+    )
     fresh.push(0, 0, 10, "a0", now=100.0)
     assert fresh.ready(now=102.0) == ["a0"] and fresh.forced == 0
 
@@ -106,8 +122,13 @@ def test_the_latest_time_leaves_out_events_later_than_the_cap():
 
 def test_a_partition_sought_back_drops_what_comes_again_and_restarts_its_stream_time():
     stored = {0: 5}
-    s = Sequencer(owned=lambda: frozenset({0}), start_clock=lambda p: stored.get(p), high_water=lambda p: None,
-                  quiet_s=2.0, max_hold_s=10.0)
+    s = Sequencer(
+        owned=lambda: frozenset({0}),
+        start_clock=lambda p: stored.get(p),
+        high_water=lambda p: None,
+        quiet_s=2.0,
+        max_hold_s=10.0,
+    )
     for offset, t in enumerate((10, 40, 20)):
         s.push(0, offset, t, f"a{offset}", now=0.0)
     s.push(0, 1, 20, "a1 again", now=0.0)  # the guard rewound to offset 1: a1 and a2 come again, in order
@@ -116,14 +137,17 @@ def test_a_partition_sought_back_drops_what_comes_again_and_restarts_its_stream_
     assert [(key, item) for key, _, item in s.queues[0]] == [((7, 0, 0), "a0 again")]
 
 
-@pytest.mark.parametrize("value", [
-    b"[" * 100_000 + b"]" * 100_000,  # RecursionError in msgspec, not a DecodeError
-    b'{"ts": "2024-05-01T00:00:01Z", "x": ' + b"[" * 5_000 + b"]" * 5_000 + b"}",
-    b'{"ts": "\xff\xfe"}',  # invalid UTF-8
-    b'{"ts": "\\ud800"}',  # a lone surrogate
-    b'[{"ts": "9999-12-31T23:59:59Z"}]',
-    b"",
-])
+@pytest.mark.parametrize(
+    "value",
+    [
+        b"[" * 100_000 + b"]" * 100_000,  # RecursionError in msgspec, not a DecodeError
+        b'{"ts": "2024-05-01T00:00:01Z", "x": ' + b"[" * 5_000 + b"]" * 5_000 + b"}",
+        b'{"ts": "\xff\xfe"}',  # invalid UTF-8
+        b'{"ts": "\\ud800"}',  # a lone surrogate
+        b'[{"ts": "9999-12-31T23:59:59Z"}]',
+        b"",
+    ],
+)
 def test_a_hostile_record_moves_no_stream_time_and_raises_nothing(value: bytes) -> None:
     got = latest_time(value, cap=int(datetime(2030, 1, 1, tzinfo=timezone.utc).timestamp() * 1_000_000))
     assert got is None

@@ -51,8 +51,12 @@ def tier(name: str, candidates: Sequence[ContextCandidate], weight: float = 1.0,
     return Tier(name, search, weight, k)
 
 
-def session(texts: Sequence[str], user_id: str | None = "u1", agent: str = "support",
-            cfg: WorkingMemorySettings = WorkingMemorySettings(buffer_size=50, summary_batch=10)) -> WorkingMemoryState:
+def session(
+    texts: Sequence[str],
+    user_id: str | None = "u1",
+    agent: str = "support",
+    cfg: WorkingMemorySettings = WorkingMemorySettings(buffer_size=50, summary_batch=10),
+) -> WorkingMemoryState:
     state = WorkingMemoryState(agent=agent, session_id="s1", user_id=user_id)
     for i, text in enumerate(texts):
         state, _ = add(state, message(i, T0 + timedelta(seconds=i), Role.USER if i % 2 == 0 else Role.AGENT, text), cfg)
@@ -60,9 +64,13 @@ def session(texts: Sequence[str], user_id: str | None = "u1", agent: str = "supp
 
 
 def synopsis(user_id: str = "u1", name: str = "Mia") -> UserSynopsis:
-    return UserSynopsis(user_id=user_id, identity=UserIdentity(name=name, preferences=("prefers aisle seats",)),
-                        identity_built_at=T0, context=UserContext(recent_topics=("refund", "baggage")),
-                        context_built_at=T0)
+    return UserSynopsis(
+        user_id=user_id,
+        identity=UserIdentity(name=name, preferences=("prefers aisle seats",)),
+        identity_built_at=T0,
+        context=UserContext(recent_topics=("refund", "baggage")),
+        context_built_at=T0,
+    )
 
 
 def lines_of(ctx: AssembledContext) -> list[str]:
@@ -71,15 +79,25 @@ def lines_of(ctx: AssembledContext) -> list[str]:
 
 # ---- the pinned numbers ---------------------------------------------------------------------
 
+
 def test_the_planners_numbers():
     p = DEFAULT_PLANNER
-    assert (p.recent_messages, p.synopsis_share, p.recent_share, p.max_item_share, p.rrf_k, p.dedup_jaccard,
-            p.buffer_weight, p.buffer_k) == (10, 0.2, 0.4, 0.25, 60, 0.8, 1.0, 20)
+    assert (
+        p.recent_messages,
+        p.synopsis_share,
+        p.recent_share,
+        p.max_item_share,
+        p.rrf_k,
+        p.dedup_jaccard,
+        p.buffer_weight,
+        p.buffer_k,
+    ) == (10, 0.2, 0.4, 0.25, 60, 0.8, 1.0, 20)
     assert Tier("x", lambda *a: []).weight == 1.0 and Tier("x", lambda *a: []).k == 20
 
 
-@pytest.mark.parametrize("kw", [{"synopsis_share": 1.5}, {"recent_share": -0.1}, {"dedup_jaccard": 2.0},
-                                {"recent_messages": -1}])
+@pytest.mark.parametrize(
+    "kw", [{"synopsis_share": 1.5}, {"recent_share": -0.1}, {"dedup_jaccard": 2.0}, {"recent_messages": -1}]
+)
 def test_invalid_planner_settings_are_refused(kw):
     with pytest.raises(ValueError):
         PlannerSettings(**kw)
@@ -94,13 +112,28 @@ def test_max_tokens_must_be_positive_and_the_buffer_the_agents():
 
 # ---- sections -------------------------------------------------------------------------------
 
+
 def test_the_sections_come_in_order_synopsis_recent_then_ranked():
-    ctx = get_context("baggage fee", "support", "u1", 1000, buffer=session(["Hello", "Hi Mia"]),
-                      synopsis=synopsis(), tiers=[tier("recall", [cand("baggage fee is 35 dollars")])])
+    ctx = get_context(
+        "baggage fee",
+        "support",
+        "u1",
+        1000,
+        buffer=session(["Hello", "Hi Mia"]),
+        synopsis=synopsis(),
+        tiers=[tier("recall", [cand("baggage fee is 35 dollars")])],
+    )
     assert lines_of(ctx) == [
-        SYNOPSIS_HEADER, "name: Mia", "preferences: prefers aisle seats", "recent topics: refund, baggage",
-        RECENT_HEADER, "user: Hello", "agent: Hi Mia",
-        RANKED_HEADER, "- [recall] baggage fee is 35 dollars"]
+        SYNOPSIS_HEADER,
+        "name: Mia",
+        "preferences: prefers aisle seats",
+        "recent topics: refund, baggage",
+        RECENT_HEADER,
+        "user: Hello",
+        "agent: Hi Mia",
+        RANKED_HEADER,
+        "- [recall] baggage fee is 35 dollars",
+    ]
     assert ctx.synopsis == ("name: Mia", "preferences: prefers aisle seats", "recent topics: refund, baggage")
     assert [i.text for i in ctx.recent] == ["user: Hello", "agent: Hi Mia"]
     assert ctx.tokens == estimate_tokens(ctx.text)
@@ -127,8 +160,13 @@ def test_a_short_window_keeps_a_contiguous_newest_stretch_of_the_conversation():
 
 def test_the_synopsis_takes_at_most_a_fifth_of_the_window():
     prefs = tuple(f"pref {i}" * 5 for i in range(9))
-    s = UserSynopsis(user_id="u1", identity=UserIdentity(name="Mia", preferences=prefs),
-                     identity_built_at=T0, context=UserContext(recent_topics=("refund",)), context_built_at=T0)
+    s = UserSynopsis(
+        user_id="u1",
+        identity=UserIdentity(name="Mia", preferences=prefs),
+        identity_built_at=T0,
+        context=UserContext(recent_topics=("refund",)),
+        context_built_at=T0,
+    )
     ctx = get_context("", "support", "u1", 200, synopsis=s)
     assert line_cost(SYNOPSIS_HEADER) + sum(map(line_cost, ctx.synopsis)) <= 40
     assert ctx.synopsis[0] == "name: Mia" and "recent topics: refund" in ctx.synopsis  # the long line is skipped
@@ -142,6 +180,7 @@ def test_no_item_takes_more_than_a_quarter_of_the_window():
 
 # ---- fusion ---------------------------------------------------------------------------------
 
+
 def test_scores_are_weighted_reciprocal_rank_fusion_with_k_sixty():
     a = tier("recall", [cand("alpha fact", 0.9), cand("bravo fact", 0.8), cand("charlie fact", 0.7)])
     b = tier("knowledge", [cand("delta fact", 5.0), cand("charlie fact", 1.0)], weight=0.5)
@@ -153,8 +192,12 @@ def test_scores_are_weighted_reciprocal_rank_fusion_with_k_sixty():
         "- [recall] bravo fact": 1 / 62,
         "- [knowledge] delta fact": 0.5 / 61,
     }
-    assert [i.text for i in ctx.ranked] == ["- [recall+knowledge] charlie fact", "- [recall] alpha fact",
-                                            "- [recall] bravo fact", "- [knowledge] delta fact"]
+    assert [i.text for i in ctx.ranked] == [
+        "- [recall+knowledge] charlie fact",
+        "- [recall] alpha fact",
+        "- [recall] bravo fact",
+        "- [knowledge] delta fact",
+    ]
 
 
 def test_a_tiers_order_is_its_scores_not_the_order_it_returned():
@@ -173,18 +216,31 @@ def test_a_tier_gives_at_most_k_candidates():
 
 
 def test_equal_scores_keep_the_tier_order():
-    ctx = get_context("q", "support", None, 4000, tiers=[tier("recall", [cand("from recall")]),
-                                                         tier("knowledge", [cand("from knowledge")])])
+    ctx = get_context(
+        "q",
+        "support",
+        None,
+        4000,
+        tiers=[tier("recall", [cand("from recall")]), tier("knowledge", [cand("from knowledge")])],
+    )
     assert [i.tiers for i in ctx.ranked] == [("recall",), ("knowledge",)]
 
 
 # ---- dedup across tiers ---------------------------------------------------------------------
 
+
 def test_the_same_text_from_two_tiers_is_one_item_naming_both():
-    ctx = get_context("q", "support", None, 4000, tiers=[
-        tier("recall", [cand("Rate limit of api.x.io is 10/s", source_id="r1")]),
-        tier("knowledge", [cand("rate LIMIT of api.x.io is 10/s!", source_id="k1")]),
-        tier("briefing", [cand("  rate limit of api x io is 10 s ", source_id="b1")])])
+    ctx = get_context(
+        "q",
+        "support",
+        None,
+        4000,
+        tiers=[
+            tier("recall", [cand("Rate limit of api.x.io is 10/s", source_id="r1")]),
+            tier("knowledge", [cand("rate LIMIT of api.x.io is 10/s!", source_id="k1")]),
+            tier("briefing", [cand("  rate limit of api x io is 10 s ", source_id="b1")]),
+        ],
+    )
     (item,) = ctx.ranked
     assert (item.tiers, item.source_id, ctx.duplicates) == (("recall", "knowledge", "briefing"), "r1", 2)
     assert item.score == pytest.approx(3 / 61)
@@ -192,28 +248,43 @@ def test_the_same_text_from_two_tiers_is_one_item_naming_both():
 
 def test_near_duplicates_merge_at_a_jaccard_of_eight_tenths():
     five = "alpha bravo charlie delta echo"
-    ctx = get_context("q", "support", None, 4000, tiers=[tier("recall", [cand(five)]),
-                                                         tier("knowledge", [cand("alpha bravo charlie delta")])])
+    ctx = get_context(
+        "q",
+        "support",
+        None,
+        4000,
+        tiers=[tier("recall", [cand(five)]), tier("knowledge", [cand("alpha bravo charlie delta")])],
+    )
     assert len(ctx.ranked) == 1 and ctx.duplicates == 1  # 4/5 = 0.8
     nine = "alpha bravo charlie delta echo foxtrot golf hotel india"
     seven = "alpha bravo charlie delta echo foxtrot golf"
-    ctx = get_context("q", "support", None, 4000,
-                      tiers=[tier("recall", [cand(nine)]), tier("knowledge", [cand(seven)])])
+    ctx = get_context(
+        "q", "support", None, 4000, tiers=[tier("recall", [cand(nine)]), tier("knowledge", [cand(seven)])]
+    )
     assert len(ctx.ranked) == 2 and ctx.duplicates == 0  # 7/9 < 0.8
 
 
 def test_what_the_recent_conversation_shows_is_not_repeated():
     buf = session(["I need a refund for reservation ABC123", "ok"])
-    ctx = get_context("refund", "support", "u1", 4000, buffer=buf,
-                      tiers=[tier("recall", [cand("I need a refund for reservation ABC123", user_id="u1"),
-                                             cand("refunds take 7 days")])])
+    ctx = get_context(
+        "refund",
+        "support",
+        "u1",
+        4000,
+        buffer=buf,
+        tiers=[
+            tier("recall", [cand("I need a refund for reservation ABC123", user_id="u1"), cand("refunds take 7 days")])
+        ],
+    )
     assert [i.text for i in ctx.ranked] == ["- [recall] refunds take 7 days"]
     assert ctx.duplicates == 1
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.frozensets(st.sampled_from("abcdefghijklmnop"), max_size=12), max_size=25),
-       st.sampled_from([0.5, 0.8, 0.9, 1.0]))
+@given(
+    st.lists(st.frozensets(st.sampled_from("abcdefghijklmnop"), max_size=12), max_size=25),
+    st.sampled_from([0.5, 0.8, 0.9, 1.0]),
+)
 def test_prefix_filtering_finds_exactly_the_earliest_near_duplicate(sets, threshold):
     from somnus.processors.briefing.context import _jaccard_at_least, _NearDuplicates
 
@@ -232,6 +303,7 @@ def test_prefix_filtering_finds_exactly_the_earliest_near_duplicate(sets, thresh
 
 # ---- the buffer as a tier -------------------------------------------------------------------
 
+
 def test_older_messages_and_summaries_are_ranked_by_the_querys_words():
     cfg = WorkingMemorySettings(buffer_size=12, summary_batch=4, keep_recent=0)
     texts = [f"We talked about the {w} policy." for w in ["baggage", "refund", "seat", "meal"] * 4]
@@ -240,23 +312,32 @@ def test_older_messages_and_summaries_are_ranked_by_the_querys_words():
     found = buffer_candidates(buf, "baggage refund", skip_newest=10, k=20)
     # the summary (seqs 0-3) holds both words; messages 4 and 5 (older than the newest 10) one each
     assert [(c.source_id.split("#")[1], c.score) for c in found] == [
-        (f"summary:{buf.summaries[0].summary_id}", 1.0), ("seq5", 0.5), ("seq4", 0.5)]
+        (f"summary:{buf.summaries[0].summary_id}", 1.0),
+        ("seq5", 0.5),
+        ("seq4", 0.5),
+    ]
     assert all(c.user_id == "u1" for c in found)
     assert [c.source_id.split("#")[1] for c in buffer_candidates(buf, "", 10, 20)] == [
-        "seq5", "seq4", f"summary:{buf.summaries[0].summary_id}"]  # no query words: newest first (last seq)
+        "seq5",
+        "seq4",
+        f"summary:{buf.summaries[0].summary_id}",
+    ]  # no query words: newest first (last seq)
     ctx = get_context("baggage refund", "support", "u1", 4000, buffer=buf)
     # messages 4 and 5 say what messages 8 and 9 of the recent conversation say: only the summary is new
     assert [(i.tiers, i.source_id) for i in ctx.ranked] == [
-        (("buffer",), f"support\x1fs1#summary:{buf.summaries[0].summary_id}")]
+        (("buffer",), f"support\x1fs1#summary:{buf.summaries[0].summary_id}")
+    ]
     assert ctx.duplicates == 2
 
 
 # ---- window fitting -------------------------------------------------------------------------
 
+
 def test_an_item_that_does_not_fit_is_skipped_and_smaller_ones_still_go_in():
     big, small = cand("big " * 60, 0.9), cand("small one", 0.5)
-    ctx = get_context("q", "support", None, 60, tiers=[tier("recall", [big, small])],
-                      settings=PlannerSettings(max_item_share=1.0))
+    ctx = get_context(
+        "q", "support", None, 60, tiers=[tier("recall", [big, small])], settings=PlannerSettings(max_item_share=1.0)
+    )
     assert [i.text for i in ctx.ranked] == ["- [recall] small one"] and ctx.dropped == 1
 
 
@@ -264,27 +345,49 @@ texts = st.text(alphabet=st.sampled_from("abc xyz.!é\n"), max_size=300)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(max_tokens=st.integers(1, 600), tier_texts=st.lists(st.lists(texts, max_size=8), max_size=4),
-       buffer_texts=st.lists(texts, max_size=25), with_synopsis=st.booleans())
+@given(
+    max_tokens=st.integers(1, 600),
+    tier_texts=st.lists(st.lists(texts, max_size=8), max_size=4),
+    buffer_texts=st.lists(texts, max_size=25),
+    with_synopsis=st.booleans(),
+)
 def test_the_context_never_exceeds_the_window(max_tokens, tier_texts, buffer_texts, with_synopsis):
     tiers = [tier(f"t{i}", [cand(t, j, f"{i}-{j}") for j, t in enumerate(ts)]) for i, ts in enumerate(tier_texts)]
-    ctx = get_context("abc xyz", "support", "u1", max_tokens, tiers=tiers,
-                      buffer=session(buffer_texts, cfg=WorkingMemorySettings(buffer_size=12, summary_batch=3)),
-                      synopsis=synopsis() if with_synopsis else None)
+    ctx = get_context(
+        "abc xyz",
+        "support",
+        "u1",
+        max_tokens,
+        tiers=tiers,
+        buffer=session(buffer_texts, cfg=WorkingMemorySettings(buffer_size=12, summary_batch=3)),
+        synopsis=synopsis() if with_synopsis else None,
+    )
     assert ctx.tokens == estimate_tokens(ctx.text) <= max_tokens
     assert sum(map(line_cost, lines_of(ctx))) <= max_tokens
     assert len(ctx.ranked) + ctx.dropped + ctx.duplicates <= ctx.considered
     assert msgspec.json.decode(msgspec.json.encode(ctx), type=AssembledContext) == ctx
-    assert ctx == get_context("abc xyz", "support", "u1", max_tokens, tiers=tiers,
-                              buffer=session(buffer_texts, cfg=WorkingMemorySettings(buffer_size=12, summary_batch=3)),
-                              synopsis=synopsis() if with_synopsis else None)
+    assert ctx == get_context(
+        "abc xyz",
+        "support",
+        "u1",
+        max_tokens,
+        tiers=tiers,
+        buffer=session(buffer_texts, cfg=WorkingMemorySettings(buffer_size=12, summary_batch=3)),
+        synopsis=synopsis() if with_synopsis else None,
+    )
 
 
 # ---- isolation ------------------------------------------------------------------------------
 
+
 def test_visibility_is_no_user_or_the_reader():
     assert [visible_to(r, u) for r, u in [(None, None), (None, "u1"), ("u1", "u1"), ("u1", "u2"), ("u1", None)]] == [
-        True, True, True, False, False]
+        True,
+        True,
+        True,
+        False,
+        False,
+    ]
 
 
 def test_a_buffer_or_synopsis_of_another_user_is_left_out():
@@ -300,21 +403,34 @@ USERS = [None, "u1", "u2", "u3"]
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(reader=st.sampled_from(USERS),
-       rows=st.lists(st.tuples(st.integers(0, 2), st.sampled_from(USERS), st.integers(0, 30)), max_size=40),
-       buffer_user=st.sampled_from(USERS), synopsis_user=st.sampled_from(USERS[1:]),
-       max_tokens=st.integers(50, 3000))
+@given(
+    reader=st.sampled_from(USERS),
+    rows=st.lists(st.tuples(st.integers(0, 2), st.sampled_from(USERS), st.integers(0, 30)), max_size=40),
+    buffer_user=st.sampled_from(USERS),
+    synopsis_user=st.sampled_from(USERS[1:]),
+    max_tokens=st.integers(50, 3000),
+)
 def test_no_path_leaks_another_users_memory(reader, rows, buffer_user, synopsis_user, max_tokens):
     def secret(user: str | None, n: int) -> str:
         return f"marker{user or 'nobody'}q{n} shared words about baggage"
 
     # tiers that ignore the user they are asked for: the planner alone must keep users apart
-    tiers = [tier(f"tier{t}", [cand(secret(u, n), n, f"{t}-{i}", u) for i, (tt, u, n) in enumerate(rows) if tt == t])
-             for t in range(3)]
-    buf = session([secret(buffer_user, n) for n in range(15)], user_id=buffer_user,
-                  cfg=WorkingMemorySettings(buffer_size=8, summary_batch=3, keep_recent=2))
-    syn = UserSynopsis(user_id=synopsis_user, identity=UserIdentity(name=f"marker{synopsis_user}q0"),
-                       identity_built_at=T0, context=UserContext(), context_built_at=T0)
+    tiers = [
+        tier(f"tier{t}", [cand(secret(u, n), n, f"{t}-{i}", u) for i, (tt, u, n) in enumerate(rows) if tt == t])
+        for t in range(3)
+    ]
+    buf = session(
+        [secret(buffer_user, n) for n in range(15)],
+        user_id=buffer_user,
+        cfg=WorkingMemorySettings(buffer_size=8, summary_batch=3, keep_recent=2),
+    )
+    syn = UserSynopsis(
+        user_id=synopsis_user,
+        identity=UserIdentity(name=f"marker{synopsis_user}q0"),
+        identity_built_at=T0,
+        context=UserContext(),
+        context_built_at=T0,
+    )
     ctx = get_context("baggage", "support", reader, max_tokens, tiers=tiers, buffer=buf, synopsis=syn)
     for other in USERS:
         if other != reader and other is not None:
@@ -323,6 +439,7 @@ def test_no_path_leaks_another_users_memory(reader, rows, buffer_user, synopsis_
 
 
 # ---- benchmark --------------------------------------------------------------------------------
+
 
 def bench(calls: int = 2000, seed: int = 7) -> None:
     """The planner's own cost with synthetic tiers (recall 20, knowledge 20, briefing 10 candidates of
@@ -355,8 +472,10 @@ def bench(calls: int = 2000, seed: int = 7) -> None:
         answers = {}
         for q in queries:
             r = random.Random(f"{name}/{q}")
-            answers[q] = [ContextCandidate(text=pool[j], score=1.0 - x / n, source_id=f"{name}:{j}", user_id="u1")
-                          for x, j in enumerate(r.sample(range(300), n))]
+            answers[q] = [
+                ContextCandidate(text=pool[j], score=1.0 - x / n, source_id=f"{name}:{j}", user_id="u1")
+                for x, j in enumerate(r.sample(range(300), n))
+            ]
         return Tier(name, lambda query, agent, user_id, k: answers[query])
 
     tiers = [synthetic("recall", 20), synthetic("knowledge", 20), synthetic("briefing", 10)]
@@ -370,10 +489,12 @@ def bench(calls: int = 2000, seed: int = 7) -> None:
         cpu.append((time.thread_time_ns() - c0) / 1e6)
         wall.append((time.perf_counter_ns() - w0) / 1e6)
     w, c = np.array(wall), np.array(cpu)
-    print(f"get_context (synthetic tiers, full buffer): {calls} calls; wall p50 {np.percentile(w, 50):.2f} ms, "
-          f"p95 {np.percentile(w, 95):.2f} ms, p99 {np.percentile(w, 99):.2f} ms; thread CPU p50 "
-          f"{np.percentile(c, 50):.2f} ms, p95 {np.percentile(c, 95):.2f} ms; last: {ctx.tokens} tokens, "
-          f"{len(ctx.ranked)} ranked, {ctx.duplicates} duplicates, {ctx.dropped} dropped")
+    print(
+        f"get_context (synthetic tiers, full buffer): {calls} calls; wall p50 {np.percentile(w, 50):.2f} ms, "
+        f"p95 {np.percentile(w, 95):.2f} ms, p99 {np.percentile(w, 99):.2f} ms; thread CPU p50 "
+        f"{np.percentile(c, 50):.2f} ms, p95 {np.percentile(c, 95):.2f} ms; last: {ctx.tokens} tokens, "
+        f"{len(ctx.ranked)} ranked, {ctx.duplicates} duplicates, {ctx.dropped} dropped"
+    )
 
 
 if __name__ == "__main__":

@@ -47,8 +47,15 @@ TEXT = "the nightly deploy of billing failed on a helm timeout in staging"
 
 def unit(mid: str, text: str = TEXT, *, agent: str = "a", at: datetime = T0, **kw: Any) -> MemoryUnit:
     kw.setdefault("scope", f"agent:{agent}")
-    return MemoryUnit(memory_id=mid, kind=kw.pop("kind", MemoryKind.EPISODE), agent=agent,
-                      run_id=kw.pop("run_id", mid), occurred_at=at, perception=text, **kw)
+    return MemoryUnit(
+        memory_id=mid,
+        kind=kw.pop("kind", MemoryKind.EPISODE),
+        agent=agent,
+        run_id=kw.pop("run_id", mid),
+        occurred_at=at,
+        perception=text,
+        **kw,
+    )
 
 
 def decisions_of(events: list[MemoryEvent]) -> list[CaptureDecided]:
@@ -65,8 +72,12 @@ def test_capture_constants_are_the_designs():
 def test_first_memory_is_a_checkpoint_and_a_surprise():
     _, ev = capture(MemoryState(), [unit("m1")], now=T0)
     [d] = decisions_of(ev)
-    assert (d.action, d.reasons, d.prediction_error, d.nearest_id) == (CaptureAction.STORED,
-                                                                       ["checkpoint", "surprise"], 1.0, None)
+    assert (d.action, d.reasons, d.prediction_error, d.nearest_id) == (
+        CaptureAction.STORED,
+        ["checkpoint", "surprise"],
+        1.0,
+        None,
+    )
 
 
 def test_a_near_duplicate_merges_into_the_existing_memory_keeping_sources_and_refs():
@@ -74,19 +85,26 @@ def test_a_near_duplicate_merges_into_the_existing_memory_keeping_sources_and_re
     b = unit("m2", at=T0 + timedelta(minutes=5), source_event_ids=[uuid.UUID(int=2)], refs=["D1:9"])
     state, ev = capture(MemoryState(), [a, b], now=T0)
     d = decisions_of(ev)[1]
-    assert (d.action, d.memory_id, d.reasons, d.prediction_error) == (CaptureAction.MERGED, "m1",
-                                                                      ["near_duplicate"], 0.0)
+    assert (d.action, d.memory_id, d.reasons, d.prediction_error) == (
+        CaptureAction.MERGED,
+        "m1",
+        ["near_duplicate"],
+        0.0,
+    )
     ix = state.index
     assert len(ix) == 1 and ix.refs[0] == ["D1:1", "D1:9"]
     assert ix.sources[0] == [str(uuid.UUID(int=1)), str(uuid.UUID(int=2))] and ix.merged[0] == 1
 
 
-@pytest.mark.parametrize(("field", "value", "reason"), [
-    ("user_interaction", True, "user_interaction"),
-    ("success", False, "failure"),
-    ("outcome", "failure", "failure"),
-    ("salience", 0.7, "salience"),
-])
+@pytest.mark.parametrize(
+    ("field", "value", "reason"),
+    [
+        ("user_interaction", True, "user_interaction"),
+        ("success", False, "failure"),
+        ("outcome", "failure", "failure"),
+        ("salience", 0.7, "salience"),
+    ],
+)
 def test_always_recorded_even_when_a_near_duplicate(field, value, reason):
     state, _ = capture(MemoryState(), [unit("m1")], now=T0)
     _, ev = capture(state, [unit("m2", at=T0 + timedelta(minutes=5), **{field: value})], now=T0)
@@ -104,8 +122,14 @@ def test_salience_just_under_the_threshold_does_not_force_a_memory():
 def test_goal_change_is_always_recorded_but_a_first_goal_is_not_a_change():
     state, ev = capture(MemoryState(), [unit("m1", goal="ship billing")], now=T0)
     assert "goal_change" not in decisions_of(ev)[0].reasons
-    _, ev = capture(state, [unit("m2", at=T0 + timedelta(minutes=1), goal="Ship  billing"),
-                            unit("m3", at=T0 + timedelta(minutes=2), goal="roll back billing")], now=T0)
+    _, ev = capture(
+        state,
+        [
+            unit("m2", at=T0 + timedelta(minutes=1), goal="Ship  billing"),
+            unit("m3", at=T0 + timedelta(minutes=2), goal="roll back billing"),
+        ],
+        now=T0,
+    )
     same, changed = decisions_of(ev)
     assert same.action is CaptureAction.MERGED
     assert changed.action is CaptureAction.STORED and "goal_change" in changed.reasons
@@ -122,15 +146,20 @@ def test_periodic_checkpoint_after_an_hour_of_event_time():
 def test_prediction_error_bands_decide_merge_link_or_surprise():
     base = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda omicron"
     state, _ = capture(MemoryState(), [unit("m1", base)], now=T0)
-    cases = [base, base.replace("alpha", "sigma"), base.replace("alpha beta gamma", "sigma tau upsilon"),
-             "nothing in common whatsoever here", base + " phi chi psi omega rho pi mu nu xi"]
+    cases = [
+        base,
+        base.replace("alpha", "sigma"),
+        base.replace("alpha beta gamma", "sigma tau upsilon"),
+        "nothing in common whatsoever here",
+        base + " phi chi psi omega rho pi mu nu xi",
+    ]
     seen = []
     for i, text in enumerate(cases, 2):
         d = decide(state, unit(f"m{i}", text, at=T0 + timedelta(minutes=i)), T0)[0]
         assert isinstance(d, CaptureDecided)
         pe = d.prediction_error
         assert pe == pytest.approx(1 - d.nearest_similarity)
-        expected = ("merged" if pe < 0.15 else "stored")
+        expected = "merged" if pe < 0.15 else "stored"
         assert d.action.value == expected
         if expected == "stored":
             assert d.reasons[-1] == ("surprise" if pe > 0.5 else "related")
@@ -139,10 +168,27 @@ def test_prediction_error_bands_decide_merge_link_or_surprise():
 
 
 def test_stored_memories_are_linked_to_similar_ones_with_the_edge_formula():
-    old = [unit(f"o{i}", TEXT + f" run {i}", at=T0 + timedelta(minutes=i), objects=["helm"], people=["ops"],
-                goal="deploy billing", user_interaction=True) for i in range(7)]
-    new = unit("n", TEXT + " run 9", at=T0 + timedelta(hours=3), objects=["helm", "staging"], people=["ops"],
-               goal="deploy billing nightly", user_interaction=True)
+    old = [
+        unit(
+            f"o{i}",
+            TEXT + f" run {i}",
+            at=T0 + timedelta(minutes=i),
+            objects=["helm"],
+            people=["ops"],
+            goal="deploy billing",
+            user_interaction=True,
+        )
+        for i in range(7)
+    ]
+    new = unit(
+        "n",
+        TEXT + " run 9",
+        at=T0 + timedelta(hours=3),
+        objects=["helm", "staging"],
+        people=["ops"],
+        goal="deploy billing nightly",
+        user_interaction=True,
+    )
     state, ev = capture(MemoryState(), [*old, new], now=T0)
     links = [e for e in ev if isinstance(e, MemoryLinked) and "n" in (e.a, e.b)]
     assert 1 <= len(links) <= 5
@@ -150,7 +196,8 @@ def test_stored_memories_are_linked_to_similar_ones_with_the_edge_formula():
         other = link.a if link.b == "n" else link.b
         w = edge_weight(new, state.index.units[state.index.pos[other]])
         assert (link.weight, link.shared, link.goal, link.temporal) == pytest.approx(
-            (w.weight, w.shared, w.goal, w.temporal), abs=1e-9)
+            (w.weight, w.shared, w.goal, w.temporal), abs=1e-9
+        )
         assert link.similarity >= 0.5 and link.a < link.b
         i, j = state.index.pos[link.a], state.index.pos[link.b]
         assert state.index.graph[i][j] == state.index.graph[j][i] == link.weight
@@ -163,18 +210,42 @@ def test_redelivered_units_are_not_decided_twice():
 
 
 def units_for_replay() -> list[MemoryUnit]:
-    texts = [TEXT, TEXT + " again", "the weekly report was sent to finance", TEXT, "finance asked for the report",
-             "the weekly report was sent to finance on friday"]
-    return [unit(f"m{i}", t, at=T0 + timedelta(minutes=7 * i), objects=["billing"] if i % 2 else ["finance"],
-                 run_id="s1", position=i, kind=MemoryKind.MESSAGE, user_interaction=i % 3 == 0)
-            for i, t in enumerate(texts)]
+    texts = [
+        TEXT,
+        TEXT + " again",
+        "the weekly report was sent to finance",
+        TEXT,
+        "finance asked for the report",
+        "the weekly report was sent to finance on friday",
+    ]
+    return [
+        unit(
+            f"m{i}",
+            t,
+            at=T0 + timedelta(minutes=7 * i),
+            objects=["billing"] if i % 2 else ["finance"],
+            run_id="s1",
+            position=i,
+            kind=MemoryKind.MESSAGE,
+            user_interaction=i % 3 == 0,
+        )
+        for i, t in enumerate(texts)
+    ]
 
 
 def snapshot(state: MemoryState) -> tuple[Any, ...]:
     ix = state.index
-    return (ix.ids, ix.refs, ix.sources, ix.merged, ix.alive.view.tolist(), ix.long_term.view.tolist(),
-            sorted((a, b, w) for a, nb in ix.graph.items() for b, w in nb.items()), ix.prev.view.tolist(),
-            ix.next.view.tolist())
+    return (
+        ix.ids,
+        ix.refs,
+        ix.sources,
+        ix.merged,
+        ix.alive.view.tolist(),
+        ix.long_term.view.tolist(),
+        sorted((a, b, w) for a, nb in ix.graph.items() for b, w in nb.items()),
+        ix.prev.view.tolist(),
+        ix.next.view.tolist(),
+    )
 
 
 def test_replaying_the_log_rebuilds_the_same_state_and_deciding_again_the_same_log():
@@ -187,25 +258,47 @@ def test_replaying_the_log_rebuilds_the_same_state_and_deciding_again_the_same_l
     us = units_for_replay()
     log3: list[MemoryEvent] = []
     for k in range(0, len(us), 2):
-        batched, out = capture(batched, us[k:k + 2], now=T0)
+        batched, out = capture(batched, us[k : k + 2], now=T0)
         log3 += out
     assert msgspec.json.encode(log3) == raw
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.tuples(st.lists(st.sampled_from(["deploy", "billing", "helm", "timeout", "invoice", "retry"]),
-                                   min_size=1, max_size=5),
-                          st.sampled_from(["a", "b"]), st.integers(0, 180), st.booleans(),
-                          st.sampled_from([None, "ship billing", "fix helm"]), st.lists(st.sampled_from(["ops", "x"]),
-                                                                                      max_size=2)),
-                min_size=1, max_size=25),
-       st.integers(1, 9))
+@given(
+    st.lists(
+        st.tuples(
+            st.lists(
+                st.sampled_from(["deploy", "billing", "helm", "timeout", "invoice", "retry"]), min_size=1, max_size=5
+            ),
+            st.sampled_from(["a", "b"]),
+            st.integers(0, 180),
+            st.booleans(),
+            st.sampled_from([None, "ship billing", "fix helm"]),
+            st.lists(st.sampled_from(["ops", "x"]), max_size=2),
+        ),
+        min_size=1,
+        max_size=25,
+    ),
+    st.integers(1, 9),
+)
 def test_capture_decides_what_deciding_unit_by_unit_decides(items, batch):
     """capture analyses its batch ahead (vectorised) and reuses each analysis in similar and add: the
     log is the one decide + apply give, unit by unit, and whatever the batching."""
-    units = [unit(f"m{i}", " ".join(words), agent=agent, at=T0 + timedelta(minutes=minutes), run_id=f"r{i % 4}",
-                  position=i, user_interaction=ui, goal=goal, people=people, kind=MemoryKind.MESSAGE)
-             for i, (words, agent, minutes, ui, goal, people) in enumerate(items)]
+    units = [
+        unit(
+            f"m{i}",
+            " ".join(words),
+            agent=agent,
+            at=T0 + timedelta(minutes=minutes),
+            run_id=f"r{i % 4}",
+            position=i,
+            user_interaction=ui,
+            goal=goal,
+            people=people,
+            kind=MemoryKind.MESSAGE,
+        )
+        for i, (words, agent, minutes, ui, goal, people) in enumerate(items)
+    ]
     units.append(units[0])  # redelivered
     plain = MemoryState()
     expected: list[MemoryEvent] = []
@@ -215,14 +308,20 @@ def test_capture_decides_what_deciding_unit_by_unit_decides(items, batch):
             expected.append(ev)
     state, got = MemoryState(), []
     for k in range(0, len(units), batch):
-        state, out = capture(state, units[k:k + batch], T0)
+        state, out = capture(state, units[k : k + batch], T0)
         got += out
     assert msgspec.json.encode(got) == msgspec.json.encode(expected)
     assert snapshot(state) == snapshot(plain) and not state.index._prepared
 
 
-@given(st.one_of(st.floats(allow_nan=True), st.floats(-1e-9, 1e-9), st.floats(1 - 1e-9, 1 + 1e-9),
-                 st.sampled_from([0.0, -0.0, 1.0, 5e-10, -5e-10, 1.0000000005, float("inf"), -float("inf")])))
+@given(
+    st.one_of(
+        st.floats(allow_nan=True),
+        st.floats(-1e-9, 1e-9),
+        st.floats(1 - 1e-9, 1 + 1e-9),
+        st.sampled_from([0.0, -0.0, 1.0, 5e-10, -5e-10, 1.0000000005, float("inf"), -float("inf")]),
+    )
+)
 def test_logged_numbers_are_clamped_to_the_unit_interval_and_rounded_to_9_places(x):
     got = M._r(x)
     expected = round(min(1.0, max(0.0, x)), 9)  # the definition
@@ -261,31 +360,57 @@ def test_consistency_check_repairs_orphan_edges():
 
 
 def test_links_to_memories_that_are_gone_are_not_applied():
-    state, _ = capture(MemoryState(), [unit("m1"), unit("m2", "something else entirely", user_interaction=True)],
-                       now=T0)
+    state, _ = capture(
+        MemoryState(), [unit("m1"), unit("m2", "something else entirely", user_interaction=True)], now=T0
+    )
     apply(state, MemoryForgotten(schema_version=1, memory_id="m2", reason=ForgetReason.REMOVED, forgotten_at=T0))
-    apply(state, MemoryLinked(schema_version=1, a="m1", b="m2", weight=0.5, shared=0, goal=0, temporal=1,
-                              similarity=0.6, formed_at=T0))
+    apply(
+        state,
+        MemoryLinked(
+            schema_version=1, a="m1", b="m2", weight=0.5, shared=0, goal=0, temporal=1, similarity=0.6, formed_at=T0
+        ),
+    )
     assert state.index.graph == {}
 
 
 # ---- units ----------------------------------------------------------------------------------------
 
+
 def episode(**kw: Any) -> EpisodeDistilled:
     base: dict[str, Any] = dict(
-        episode_id=uuid.UUID(int=1), schema_version=1, agent="airline", session_id="s1", task="rebook the flight",
-        goal="rebook", user_id="U42", summary="rebooked after one retry", outcome=Outcome.SUCCESS, started_at=T0,
-        ended_at=T0 + timedelta(minutes=3), duration_s=180.0, event_count=9, tool_calls=3,
+        episode_id=uuid.UUID(int=1),
+        schema_version=1,
+        agent="airline",
+        session_id="s1",
+        task="rebook the flight",
+        goal="rebook",
+        user_id="U42",
+        summary="rebooked after one retry",
+        outcome=Outcome.SUCCESS,
+        started_at=T0,
+        ended_at=T0 + timedelta(minutes=3),
+        duration_s=180.0,
+        event_count=9,
+        tool_calls=3,
         tools=["get_reservation", "update_reservation_flights"],
-        errors=[ErrorSeen(tool="update_reservation_flights", error="Error: flight HAT030 not available on 2024-05-13",
-                          resolved=True)],
+        errors=[
+            ErrorSeen(
+                tool="update_reservation_flights",
+                error="Error: flight HAT030 not available on 2024-05-13",
+                resolved=True,
+            )
+        ],
         lessons=[Lesson(kind=LessonKind.RECOVERY, text="retry with another flight")],
         delegations=[Delegation(to_agent="payments", task="refund", outcome=Outcome.SUCCESS)],
-        first_event_id=uuid.UUID(int=2), last_event_id=uuid.UUID(int=3),
-        calls=[CallSeen(tool="get_reservation", ok=True, hosts=["api.air.io"]),
-               CallSeen(tool="update_reservation_flights", ok=False, error="Error: flight HAT030 not available"),
-               CallSeen(tool="update_reservation_flights", ok=True)],
-        metadata={"project": "rebooking", "importance": 0.9})
+        first_event_id=uuid.UUID(int=2),
+        last_event_id=uuid.UUID(int=3),
+        calls=[
+            CallSeen(tool="get_reservation", ok=True, hosts=["api.air.io"]),
+            CallSeen(tool="update_reservation_flights", ok=False, error="Error: flight HAT030 not available"),
+            CallSeen(tool="update_reservation_flights", ok=True),
+        ],
+        metadata={"project": "rebooking", "importance": 0.9},
+    )
     base.update(kw)
     return EpisodeDistilled(**base)
 
@@ -293,8 +418,13 @@ def episode(**kw: Any) -> EpisodeDistilled:
 def test_episode_unit_fields():
     u = episode_unit(episode())
     assert u.memory_id == memory_id_for("airline", "episode", str(uuid.UUID(int=1)))
-    assert (u.kind, u.agent, u.scope, u.run_id, u.occurred_at) == (MemoryKind.EPISODE, "airline", "agent:airline",
-                                                                    "s1", T0 + timedelta(minutes=3))
+    assert (u.kind, u.agent, u.scope, u.run_id, u.occurred_at) == (
+        MemoryKind.EPISODE,
+        "airline",
+        "agent:airline",
+        "s1",
+        T0 + timedelta(minutes=3),
+    )
     assert u.source_event_ids == [uuid.UUID(int=2), uuid.UUID(int=3)]
     assert (u.perception, u.goal, u.outcome, u.success) == ("rebook the flight", "rebook", "success", True)
     assert u.action == "get_reservation > update_reservation_flights > update_reservation_flights"
@@ -310,20 +440,49 @@ def test_episode_unit_fields():
 
 
 def msg(cls: type, seq: int, text: str, **kw: Any) -> Any:
-    return cls(event_id=uuid.UUID(int=100 + seq), schema_version=1, ts=T0 + timedelta(seconds=seq), agent="bot",
-               session_id="s1", seq=seq, payload=Message(text=text), **kw)
+    return cls(
+        event_id=uuid.UUID(int=100 + seq),
+        schema_version=1,
+        ts=T0 + timedelta(seconds=seq),
+        agent="bot",
+        session_id="s1",
+        seq=seq,
+        payload=Message(text=text),
+        **kw,
+    )
 
 
 def test_message_units_keep_speaker_refs_and_sources():
-    start = SessionStarted(event_id=uuid.UUID(int=99), schema_version=1, ts=T0, agent="bot", session_id="s1", seq=0,
-                           payload=SessionStart(task="chat", metadata={
-                               "speakers": {"user": "Caroline", "agent": "Melanie"},
-                               "message_refs": {"1": "D1:1", "2": "D1:2"}, "session_date": "1:56 pm on 8 May, 2023"}))
-    events = [start, msg(UserMessaged, 1, "I went to a support group"), msg(AgentMessaged, 2, "How was it?"),
-              msg(UserMessaged, 3, "   ")]
+    start = SessionStarted(
+        event_id=uuid.UUID(int=99),
+        schema_version=1,
+        ts=T0,
+        agent="bot",
+        session_id="s1",
+        seq=0,
+        payload=SessionStart(
+            task="chat",
+            metadata={
+                "speakers": {"user": "Caroline", "agent": "Melanie"},
+                "message_refs": {"1": "D1:1", "2": "D1:2"},
+                "session_date": "1:56 pm on 8 May, 2023",
+            },
+        ),
+    )
+    events = [
+        start,
+        msg(UserMessaged, 1, "I went to a support group"),
+        msg(AgentMessaged, 2, "How was it?"),
+        msg(UserMessaged, 3, "   "),
+    ]
     a, b = message_units(events)
-    assert (a.speaker, a.people, a.refs, a.user_interaction, a.position) == ("Caroline", ["caroline"], ["D1:1"], True,
-                                                                             1)
+    assert (a.speaker, a.people, a.refs, a.user_interaction, a.position) == (
+        "Caroline",
+        ["caroline"],
+        ["D1:1"],
+        True,
+        1,
+    )
     assert (b.speaker, b.refs, b.user_interaction, b.kind) == ("Melanie", ["D1:2"], False, MemoryKind.MESSAGE)
     assert a.source_event_ids == [uuid.UUID(int=101)] and a.run_id == "s1" and a.mode == "conversation"
     assert a.context == "user Caroline 1:56 pm on 8 May, 2023"
@@ -333,28 +492,60 @@ def test_message_units_keep_speaker_refs_and_sources():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.builds(
-    MemoryUnit, memory_id=st.text(min_size=1, max_size=8), kind=st.sampled_from(MemoryKind),
-    agent=st.text(min_size=1, max_size=8), scope=st.text(max_size=8), run_id=st.text(max_size=8),
-    position=st.integers(0, 10**6), occurred_at=st.datetimes(timezones=st.just(timezone.utc)),
-    perception=st.text(max_size=30), refs=st.lists(st.text(max_size=5), max_size=3),
-    success=st.one_of(st.none(), st.booleans()), importance=st.floats(0, 1), salience=st.floats(0, 1)),
-    st.floats(0, 1), st.sampled_from(CaptureAction))
+@given(
+    st.builds(
+        MemoryUnit,
+        memory_id=st.text(min_size=1, max_size=8),
+        kind=st.sampled_from(MemoryKind),
+        agent=st.text(min_size=1, max_size=8),
+        scope=st.text(max_size=8),
+        run_id=st.text(max_size=8),
+        position=st.integers(0, 10**6),
+        occurred_at=st.datetimes(timezones=st.just(timezone.utc)),
+        perception=st.text(max_size=30),
+        refs=st.lists(st.text(max_size=5), max_size=3),
+        success=st.one_of(st.none(), st.booleans()),
+        importance=st.floats(0, 1),
+        salience=st.floats(0, 1),
+    ),
+    st.floats(0, 1),
+    st.sampled_from(CaptureAction),
+)
 def test_memory_events_round_trip(u, pe, action):
     events: list[MemoryEvent] = [
-        CaptureDecided(schema_version=1, unit=u, action=action, memory_id=u.memory_id, reasons=["surprise"],
-                       prediction_error=pe, nearest_similarity=1 - pe, decided_at=u.occurred_at),
-        MemoryLinked(schema_version=1, a="a", b="b", weight=pe, shared=pe, goal=0.0, temporal=1.0, similarity=pe,
-                     formed_at=u.occurred_at),
-        MemoryForgotten(schema_version=1, memory_id=u.memory_id, reason=ForgetReason.COMPRESSED,
-                        forgotten_at=u.occurred_at)]
+        CaptureDecided(
+            schema_version=1,
+            unit=u,
+            action=action,
+            memory_id=u.memory_id,
+            reasons=["surprise"],
+            prediction_error=pe,
+            nearest_similarity=1 - pe,
+            decided_at=u.occurred_at,
+        ),
+        MemoryLinked(
+            schema_version=1,
+            a="a",
+            b="b",
+            weight=pe,
+            shared=pe,
+            goal=0.0,
+            temporal=1.0,
+            similarity=pe,
+            formed_at=u.occurred_at,
+        ),
+        MemoryForgotten(
+            schema_version=1, memory_id=u.memory_id, reason=ForgetReason.COMPRESSED, forgotten_at=u.occurred_at
+        ),
+    ]
     raw = msgspec.json.encode(events)
     assert msgspec.json.decode(raw, type=list[MemoryEvent]) == events
 
 
 def test_memory_events_are_validated():
-    good = msgspec.json.encode(MemoryForgotten(schema_version=1, memory_id="m", reason=ForgetReason.REMOVED,
-                                               forgotten_at=T0))
+    good = msgspec.json.encode(
+        MemoryForgotten(schema_version=1, memory_id="m", reason=ForgetReason.REMOVED, forgotten_at=T0)
+    )
     with pytest.raises(msgspec.ValidationError):
         msgspec.json.decode(good.replace(b'"schema_version":1', b'"schema_version":2'), type=MemoryEvent)
     with pytest.raises(msgspec.ValidationError):
@@ -368,7 +559,6 @@ def test_the_fold_keeps_each_decisions_prediction_error_for_sleep_and_replay_reb
     decided = decisions_of(log)
     assert len(state.prediction_errors) == len(decided) == len(units)
     assert [pe for _, pe in state.prediction_errors] == [d.prediction_error for d in decided]
-    assert [t for t, _ in state.prediction_errors] == [int(d.unit.occurred_at.timestamp() * 1_000_000)
-                                                       for d in decided]
+    assert [t for t, _ in state.prediction_errors] == [int(d.unit.occurred_at.timestamp() * 1_000_000) for d in decided]
     assert list(replay(log).prediction_errors) == list(state.prediction_errors)
     assert state.prediction_errors.maxlen == M.PE_HISTORY_LIMIT == 100_000

@@ -28,14 +28,26 @@ T0 = datetime(2024, 5, 15, 9, 0, tzinfo=timezone.utc)
 WORDS = ["deploy", "billing", "helm", "timeout", "invoice", "retry", "staging", "refund"]
 
 
-def build(spec: list[tuple[list[int], int, int, str]], links: list[tuple[int, int, float]],
-          band_buffer: int | None = None) -> MemoryState:
+def build(
+    spec: list[tuple[list[int], int, int, str]], links: list[tuple[int, int, float]], band_buffer: int | None = None
+) -> MemoryState:
     """A fold of units (words, run, position, agent), then extra edges between stored memories;
     ``band_buffer``: the LSH's buffer size in band keys (small: many segments)."""
-    units = [MemoryUnit(memory_id=f"m{k}", kind=MemoryKind.EPISODE, agent=agent, scope=f"agent:{agent}",
-                        run_id=f"r{run}", position=position, occurred_at=T0 + timedelta(minutes=7 * k),
-                        perception=" ".join(WORDS[w] for w in words), outcome="failure", success=False)
-             for k, (words, run, position, agent) in enumerate(spec)]
+    units = [
+        MemoryUnit(
+            memory_id=f"m{k}",
+            kind=MemoryKind.EPISODE,
+            agent=agent,
+            scope=f"agent:{agent}",
+            run_id=f"r{run}",
+            position=position,
+            occurred_at=T0 + timedelta(minutes=7 * k),
+            perception=" ".join(WORDS[w] for w in words),
+            outcome="failure",
+            success=False,
+        )
+        for k, (words, run, position, agent) in enumerate(spec)
+    ]
     state = MemoryState()
     if band_buffer is not None:
         state.index.bands.buffer_keys = band_buffer
@@ -44,8 +56,20 @@ def build(spec: list[tuple[list[int], int, int, str]], links: list[tuple[int, in
     for a, b, w in links:
         if ids and a % len(ids) != b % len(ids):
             x, y = sorted((ids[a % len(ids)], ids[b % len(ids)]))
-            apply(state, MemoryLinked(schema_version=MEMORY_SCHEMA_VERSION, a=x, b=y, weight=w, shared=0.0,
-                                      goal=0.0, temporal=0.0, similarity=0.5, formed_at=T0))
+            apply(
+                state,
+                MemoryLinked(
+                    schema_version=MEMORY_SCHEMA_VERSION,
+                    a=x,
+                    b=y,
+                    weight=w,
+                    shared=0.0,
+                    goal=0.0,
+                    temporal=0.0,
+                    similarity=0.5,
+                    formed_at=T0,
+                ),
+            )
     return state
 
 
@@ -56,8 +80,18 @@ def snapshot(state: MemoryState) -> tuple[Any, ...]:
     columns = tuple(col.data[:n].tobytes() for col in ix._rows)
     per = tuple(col.data.tobytes() for col in (ix.run_len, ix.run_live, ix.scope_live, ix.scope_len, ix.scope_runs))
     graph = [(a, list(nbrs.items())) for a, nbrs in ix.graph.items()]
-    return (columns, per, graph, [list(m) for m in ix.run_members], ix.live, ix.live_len, list(ix.ids),
-            dict(state.last_stored), len(ix.postings), _live_bands(ix))
+    return (
+        columns,
+        per,
+        graph,
+        [list(m) for m in ix.run_members],
+        ix.live,
+        ix.live_len,
+        list(ix.ids),
+        dict(state.last_stored),
+        len(ix.postings),
+        _live_bands(ix),
+    )
 
 
 def _live_bands(ix: Any) -> list[tuple[int, int]]:
@@ -68,15 +102,23 @@ def _live_bands(ix: Any) -> list[tuple[int, int]]:
     return sorted(pairs + [(k, i) for k, run in ix.bands.buffer.items() for i in run if alive[i]])
 
 
-unit_spec = st.tuples(st.lists(st.integers(0, len(WORDS) - 1), min_size=2, max_size=6), st.integers(0, 5),
-                      st.integers(0, 4), st.sampled_from(["a", "b"]))
+unit_spec = st.tuples(
+    st.lists(st.integers(0, len(WORDS) - 1), min_size=2, max_size=6),
+    st.integers(0, 5),
+    st.integers(0, 4),
+    st.sampled_from(["a", "b"]),
+)
 link_spec = st.tuples(st.integers(0, 40), st.integers(0, 40), st.floats(0.01, 1.0))
 forget_spec = st.tuples(st.integers(0, 45), st.sampled_from([ForgetReason.REMOVED, ForgetReason.COMPRESSED]))
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(unit_spec, min_size=1, max_size=30), st.lists(link_spec, max_size=40),
-       st.lists(forget_spec, max_size=40), st.lists(st.integers(0, 45), max_size=5))
+@given(
+    st.lists(unit_spec, min_size=1, max_size=30),
+    st.lists(link_spec, max_size=40),
+    st.lists(forget_spec, max_size=40),
+    st.lists(st.integers(0, 45), max_size=5),
+)
 def test_forget_all_and_apply_all_fold_like_forget_and_apply_one_by_one(spec, links, gone, accessed):
     one, batched = build(spec, links), build(spec, links)
     assert snapshot(one) == snapshot(batched)
@@ -88,8 +130,15 @@ def test_forget_all_and_apply_all_fold_like_forget_and_apply_one_by_one(spec, li
     # Other events between the forgetting ones end a batch: the order of the fold is kept.
     for k, at in enumerate(accessed):
         if ids:
-            access = MemoryAccessed(schema_version=MEMORY_SCHEMA_VERSION, memory_id=ids[at % len(ids)], agent="a",
-                                    query="q", rank=1, score=1.0, accessed_at=T0 + timedelta(hours=k))
+            access = MemoryAccessed(
+                schema_version=MEMORY_SCHEMA_VERSION,
+                memory_id=ids[at % len(ids)],
+                agent="a",
+                query="q",
+                rank=1,
+                score=1.0,
+                accessed_at=T0 + timedelta(hours=k),
+            )
             events.insert(min(at, len(events)), access)
     for ev in events:
         apply(one, ev)
@@ -98,8 +147,11 @@ def test_forget_all_and_apply_all_fold_like_forget_and_apply_one_by_one(spec, li
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(unit_spec, min_size=1, max_size=30), st.lists(link_spec, max_size=60),
-       st.lists(st.integers(0, 40), max_size=40))
+@given(
+    st.lists(unit_spec, min_size=1, max_size=30),
+    st.lists(link_spec, max_size=60),
+    st.lists(st.integers(0, 40), max_size=40),
+)
 def test_remove_many_and_drop_edges_many_are_remove_and_drop_edges_in_order(spec, links, rows):
     for method, batch in (("remove", "remove_many"), ("drop_edges", "drop_edges_many")):
         one, batched = build(spec, links), build(spec, links)
@@ -122,8 +174,7 @@ def test_a_batch_of_one_reason_at_a_time():
     assert 0 not in ix.graph
 
 
-def _full_order(ix: Any, sig: np.ndarray, codes: list[int], newest: int | None = None
-                ) -> tuple[list[int], list[float]]:
+def _full_order(ix: Any, sig: np.ndarray, codes: list[int], newest: int | None = None) -> tuple[list[int], list[float]]:
     """The candidates as a plain sort would give them: all live in ``codes`` (only the ``newest`` highest
     if given) and banded, most equal hash values first, ties older first. From first principles: every
     live memory's signature is compared, the LSH's buckets are not read."""
@@ -139,9 +190,22 @@ def _full_order(ix: Any, sig: np.ndarray, codes: list[int], newest: int | None =
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.lists(st.integers(0, 3), min_size=1, max_size=3), st.integers(0, 5), st.integers(0, 4),
-                          st.sampled_from(["a", "b"])), min_size=1, max_size=80),
-       st.integers(0, 79), st.integers(1, 8), st.lists(st.integers(0, 80), max_size=10), st.sampled_from([0, 10**9]))
+@given(
+    st.lists(
+        st.tuples(
+            st.lists(st.integers(0, 3), min_size=1, max_size=3),
+            st.integers(0, 5),
+            st.integers(0, 4),
+            st.sampled_from(["a", "b"]),
+        ),
+        min_size=1,
+        max_size=80,
+    ),
+    st.integers(0, 79),
+    st.integers(1, 8),
+    st.lists(st.integers(0, 80), max_size=10),
+    st.sampled_from([0, 10**9]),
+)
 def test_similar_top_k_and_bitmap_dedupe_equal_the_full_sort(spec, query_of, top, gone, ratio):
     # _similar dedupes candidates with a bitmap when they are many (ratio 10**9: always; 0: never, a
     # sort) and selects only the first ``top`` without sorting them all: the result must be the plain
@@ -175,14 +239,29 @@ def _check_similar(spec: Any, query_of: int, top: int, gone: list[int]) -> None:
 
 
 @settings(max_examples=80, deadline=None)
-@given(st.lists(st.tuples(st.lists(st.integers(0, 3), min_size=1, max_size=3), st.integers(0, 5), st.integers(0, 4),
-                          st.sampled_from(["a", "b"])), min_size=1, max_size=80),
-       st.integers(0, 79), st.integers(1, 12), st.lists(st.integers(0, 80), max_size=25),
-       st.sampled_from([14, 28, 70, 1 << 11]), st.sampled_from([None, 5]), st.booleans())
+@given(
+    st.lists(
+        st.tuples(
+            st.lists(st.integers(0, 3), min_size=1, max_size=3),
+            st.integers(0, 5),
+            st.integers(0, 4),
+            st.sampled_from(["a", "b"]),
+        ),
+        min_size=1,
+        max_size=80,
+    ),
+    st.integers(0, 79),
+    st.integers(1, 12),
+    st.lists(st.integers(0, 80), max_size=25),
+    st.sampled_from([14, 28, 70, 1 << 11]),
+    st.sampled_from([None, 5]),
+    st.booleans(),
+)
 @example([([0, 1], 0, 0, "a")] * 30, 0, 5, [27, 28], 1 << 11, None, False)  # dead in a run's tail: it widens
 @example([([0, 1], 0, 0, "a")] * 30, 0, 5, [27, 28, 20], 14 * 8, 5, False)  # the same in segments
-def test_newest_candidates_equal_a_brute_force_search_of_the_newest(spec, query_of, newest, gone, band_buffer, top,
-                                                                     batched):
+def test_newest_candidates_equal_a_brute_force_search_of_the_newest(
+    spec, query_of, newest, gone, band_buffer, top, batched
+):
     # Capture's bounded search reads the LSH newest first and only the tails of the buckets' runs;
     # whatever the segments' layout (band_buffer: from one band key per segment's worth to all in the
     # dict buffer) and however many are dead (removed one by one: their keys stay until a merge; in a
@@ -210,9 +289,21 @@ def test_capture_compares_only_the_newest_candidates():
     # 4 newest, so its associations are among those 4; unbounded, ties go to the oldest.
     from somnus.processors.episodic.index import IndexConfig
 
-    units = [MemoryUnit(memory_id=f"m{k}", kind=MemoryKind.EPISODE, agent="a", scope="agent:a", run_id="r0",
-                        position=k, occurred_at=T0 + timedelta(minutes=k), perception="deploy billing helm",
-                        outcome="failure", success=False) for k in range(13)]
+    units = [
+        MemoryUnit(
+            memory_id=f"m{k}",
+            kind=MemoryKind.EPISODE,
+            agent="a",
+            scope="agent:a",
+            run_id="r0",
+            position=k,
+            occurred_at=T0 + timedelta(minutes=k),
+            perception="deploy billing helm",
+            outcome="failure",
+            success=False,
+        )
+        for k in range(13)
+    ]
     picked = {}
     for bound in (4, None):
         state = MemoryState.empty(IndexConfig(capture_candidates=bound))
@@ -228,11 +319,22 @@ def test_capture_compares_only_the_newest_candidates():
 def test_units_prepared_ahead_are_captured_as_when_each_record_prepares_its_own(spec, per_record):
     """The projector prepares every record of its batch at once (MemoryIndex.prepare); capture then
     analyses nothing again, and decides what it decides record by record."""
-    units = [MemoryUnit(memory_id=f"m{k}", kind=MemoryKind.EPISODE, agent=agent, scope=f"agent:{agent}",
-                        run_id=f"r{run}", position=position, occurred_at=T0 + timedelta(minutes=7 * k),
-                        perception=" ".join(WORDS[w] for w in words), outcome="failure", success=False)
-             for k, (words, run, position, agent) in enumerate(spec)]
-    records = [units[i:i + per_record] for i in range(0, len(units), per_record)]
+    units = [
+        MemoryUnit(
+            memory_id=f"m{k}",
+            kind=MemoryKind.EPISODE,
+            agent=agent,
+            scope=f"agent:{agent}",
+            run_id=f"r{run}",
+            position=position,
+            occurred_at=T0 + timedelta(minutes=7 * k),
+            perception=" ".join(WORDS[w] for w in words),
+            outcome="failure",
+            success=False,
+        )
+        for k, (words, run, position, agent) in enumerate(spec)
+    ]
+    records = [units[i : i + per_record] for i in range(0, len(units), per_record)]
     alone, ahead = MemoryState(), MemoryState()
     alone_events = [ev for rec in records for ev in capture(alone, rec, T0 + timedelta(days=1))[1]]
     ahead.index.prepare(units)

@@ -9,8 +9,15 @@ from typing import Any
 import pytest
 
 from somnus.processors.episodic import goals as G
-from somnus.processors.episodic.goals import (Goal, WanderNode, forward_pe, goal_adjacency, goal_bias,
-                                              information_gain, wander)
+from somnus.processors.episodic.goals import (
+    Goal,
+    WanderNode,
+    forward_pe,
+    goal_adjacency,
+    goal_bias,
+    information_gain,
+    wander,
+)
 from somnus.processors.episodic.index import IndexConfig, MemoryIndex
 from somnus.processors.episodic.recall import recall
 from somnus.schemas.memory import MemoryKind, MemoryUnit
@@ -21,8 +28,9 @@ GOAL = Goal("g1", "a", "migrate the billing database to postgres")
 
 def unit(mid: str, text: str, *, agent: str = "a", **kw: Any) -> MemoryUnit:
     kw.setdefault("scope", f"agent:{agent}")
-    return MemoryUnit(memory_id=mid, kind=MemoryKind.EPISODE, agent=agent, run_id=mid, occurred_at=T0,
-                      perception=text, **kw)
+    return MemoryUnit(
+        memory_id=mid, kind=MemoryKind.EPISODE, agent=agent, run_id=mid, occurred_at=T0, perception=text, **kw
+    )
 
 
 def index_of(*units: MemoryUnit) -> MemoryIndex:
@@ -32,8 +40,11 @@ def index_of(*units: MemoryUnit) -> MemoryIndex:
     return ix
 
 
-UNRELATED = [unit("m1", "answer the refund ticket for order 1042"), unit("m2", "scrape the pricing table"),
-             unit("m3", "summarise the weekly support report")]
+UNRELATED = [
+    unit("m1", "answer the refund ticket for order 1042"),
+    unit("m2", "scrape the pricing table"),
+    unit("m3", "summarise the weekly support report"),
+]
 
 
 def test_the_designs_weights_and_thresholds():
@@ -83,17 +94,20 @@ def node(m: str, *, access: int = 5, confidence: float = 1.0, days: float = 0.0)
     return WanderNode(m, access_count=access, confidence=confidence, last_seen=T0 - timedelta(days=days))
 
 
-@pytest.mark.parametrize("kw, adjacency, gain, reasons", [
-    ({}, 0.0, 0.0, ()),
-    ({"access": 2}, 0.0, 0.3, ("under_explored",)),
-    ({"access": 3}, 0.0, 0.0, ()),
-    ({"confidence": 0.49}, 0.0, 0.2, ("low_confidence",)),
-    ({"confidence": 0.5}, 0.0, 0.0, ()),
-    ({}, 0.25, 0.4, ("goal_adjacent",)),
-    ({}, 0.24, 0.0, ()),
-    ({"days": 14.01}, 0.0, 0.2, ("stale",)),
-    ({"days": 14}, 0.0, 0.0, ()),
-])
+@pytest.mark.parametrize(
+    "kw, adjacency, gain, reasons",
+    [
+        ({}, 0.0, 0.0, ()),
+        ({"access": 2}, 0.0, 0.3, ("under_explored",)),
+        ({"access": 3}, 0.0, 0.0, ()),
+        ({"confidence": 0.49}, 0.0, 0.2, ("low_confidence",)),
+        ({"confidence": 0.5}, 0.0, 0.0, ()),
+        ({}, 0.25, 0.4, ("goal_adjacent",)),
+        ({}, 0.24, 0.0, ()),
+        ({"days": 14.01}, 0.0, 0.2, ("stale",)),
+        ({"days": 14}, 0.0, 0.0, ()),
+    ],
+)
 def test_information_gain_signals(kw, adjacency, gain, reasons):
     assert information_gain(node("m", **kw), adjacency, T0) == (gain, reasons)
 
@@ -122,8 +136,10 @@ def test_a_random_walk_would_not_find_it():
     """Without the goal the same walks spread over the branches: the goal signal does the finding."""
     graph = chain(6)
     memories = {m: node(m) for m in graph}
-    reached = sum(any(s.memory_id == "b4.2" for s in wander(graph, memories, {}, T0, seed, steps=4, start="h"))
-                  for seed in range(20))
+    reached = sum(
+        any(s.memory_id == "b4.2" for s in wander(graph, memories, {}, T0, seed, steps=4, start="h"))
+        for seed in range(20)
+    )
     assert reached < 10
 
 
@@ -131,8 +147,7 @@ def test_wander_is_reproducible_by_seed_and_varies_across_seeds():
     graph = chain(6)
     memories = {m: node(m) for m in graph}
     walks = [tuple(s.memory_id for s in wander(graph, memories, {}, T0, seed, start="h")) for seed in range(8)]
-    assert walks == [tuple(s.memory_id for s in wander(graph, memories, {}, T0, seed, start="h"))
-                     for seed in range(8)]
+    assert walks == [tuple(s.memory_id for s in wander(graph, memories, {}, T0, seed, start="h")) for seed in range(8)]
     assert len(set(walks)) > 1
 
 
@@ -161,8 +176,10 @@ def test_closer_takes_only_a_closer_readable_memory_and_agrees_with_a_full_measu
     ix = index_of(*UNRELATED)
     start = forward_pe(ix, GOAL, now=T0)
     match = unit("m4", "migrated the billing database to postgres")
-    others = [unit("x", "migrate the billing database to postgres", agent="b"),
-              unit("y", "migrate the billing database to postgres", user_id="u2")]
+    others = [
+        unit("x", "migrate the billing database to postgres", agent="b"),
+        unit("y", "migrate the billing database to postgres", user_id="u2"),
+    ]
     assert closer(ix, GOAL, start, others) == start  # another agent's, another user's: never nearer
     for u in (match, *others):
         ix.add(u)

@@ -122,8 +122,9 @@ def test_weights_scale_the_value() -> None:
 
 
 def test_simple_graph_merges_duplicates_keeping_the_largest_weight() -> None:
-    g = simple_graph(4, np.array([0, 1, 0, 2, 3, 9]), np.array([1, 0, 0, 3, 2, 1]),
-                     np.array([0.2, 0.7, 1.0, 0.5, 0.1, 1.0]))
+    g = simple_graph(
+        4, np.array([0, 1, 0, 2, 3, 9]), np.array([1, 0, 0, 3, 2, 1]), np.array([0.2, 0.7, 1.0, 0.5, 0.1, 1.0])
+    )
     assert g.i.tolist() == [0, 2]
     assert g.j.tolist() == [1, 3]
     assert g.w.tolist() == [0.7, 0.5]  # self-loop (0, 0) and out-of-range (9) dropped
@@ -171,8 +172,14 @@ def connected_graphs(draw: st.DrawFn) -> tuple[int, np.ndarray, np.ndarray, np.n
 @settings(max_examples=60, deadline=None)
 @given(connected_graphs())
 # a weighted star with repeated eigenvalues: needs more than n - 1 steps without reorthogonalisation
-@example((12, np.arange(1, 12), np.zeros(11, dtype=np.int64),
-          np.array([1.0, 1.0, 2.0, 2.0, 3.0, 3.0, 4.0, 1.5, 1.5, 1.25, 2.5])))
+@example(
+    (
+        12,
+        np.arange(1, 12),
+        np.zeros(11, dtype=np.int64),
+        np.array([1.0, 1.0, 2.0, 2.0, 3.0, 3.0, 4.0, 1.5, 1.5, 1.25, 2.5]),
+    )
+)
 def test_lanczos_agrees_with_the_dense_eigenvalues(graph: tuple[int, np.ndarray, np.ndarray, np.ndarray]) -> None:
     n, i, j, w = graph
     g = simple_graph(n, i, j, w)
@@ -182,8 +189,9 @@ def test_lanczos_agrees_with_the_dense_eigenvalues(graph: tuple[int, np.ndarray,
 
 @settings(max_examples=30, deadline=None)
 @given(connected_graphs(), st.randoms(use_true_random=False))
-def test_the_value_does_not_depend_on_node_numbering(graph: tuple[int, np.ndarray, np.ndarray, np.ndarray],
-                                                      rnd: object) -> None:
+def test_the_value_does_not_depend_on_node_numbering(
+    graph: tuple[int, np.ndarray, np.ndarray, np.ndarray], rnd: object
+) -> None:
     n, i, j, w = graph
     perm = np.array(rnd.sample(range(n), n))  # type: ignore[attr-defined]
     assert fiedler_value(n, perm[i], perm[j], w) == pytest.approx(fiedler_value(n, i, j, w), rel=1e-9, abs=1e-12)
@@ -208,13 +216,16 @@ def test_lanczos_is_deterministic() -> None:
     assert fiedler_lanczos(g) == fiedler_lanczos(g)
 
 
-@pytest.mark.parametrize(("values", "status"), [
-    ([0.1, 0.2, 0.3], "integrating"),
-    ([0.3, 0.2, 0.1], "fragmenting"),
-    ([0.2, 0.2, 0.2, 0.2], "stable"),
-    ([0.2, 0.2], "unknown"),
-    ([], "unknown"),
-])
+@pytest.mark.parametrize(
+    ("values", "status"),
+    [
+        ([0.1, 0.2, 0.3], "integrating"),
+        ([0.3, 0.2, 0.1], "fragmenting"),
+        ([0.2, 0.2, 0.2, 0.2], "stable"),
+        ([0.2, 0.2], "unknown"),
+        ([], "unknown"),
+    ],
+)
 def test_trend_status(values: list[float], status: str) -> None:
     assert fiedler_trend(values).status == status
 

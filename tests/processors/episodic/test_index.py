@@ -16,15 +16,44 @@ from somnus.processors.episodic.index import MemoryIndex, tokenize
 from somnus.schemas.memory import MemoryKind, MemoryUnit
 
 T0 = datetime(2024, 5, 15, 9, 0, tzinfo=timezone.utc)
-WORDS = ["book", "flight", "paris", "refund", "invoice", "timeout", "host", "retry", "seat", "lisbon",
-         "upgrade", "cancel"]
+WORDS = [
+    "book",
+    "flight",
+    "paris",
+    "refund",
+    "invoice",
+    "timeout",
+    "host",
+    "retry",
+    "seat",
+    "lisbon",
+    "upgrade",
+    "cancel",
+]
 
 
-def unit(mid: str, text: str = "book a flight to paris", *, agent: str = "a", scope: str | None = None,
-         run: str = "r1", position: int = 0, at: datetime = T0, **kw: Any) -> MemoryUnit:
-    return MemoryUnit(memory_id=mid, kind=kw.pop("kind", MemoryKind.EPISODE), agent=agent,
-                      scope=scope or f"agent:{agent}", run_id=run, position=position, occurred_at=at,
-                      perception=text, **kw)
+def unit(
+    mid: str,
+    text: str = "book a flight to paris",
+    *,
+    agent: str = "a",
+    scope: str | None = None,
+    run: str = "r1",
+    position: int = 0,
+    at: datetime = T0,
+    **kw: Any,
+) -> MemoryUnit:
+    return MemoryUnit(
+        memory_id=mid,
+        kind=kw.pop("kind", MemoryKind.EPISODE),
+        agent=agent,
+        scope=scope or f"agent:{agent}",
+        run_id=run,
+        position=position,
+        occurred_at=at,
+        perception=text,
+        **kw,
+    )
 
 
 def brute_force_lsh(idx: MemoryIndex, sig: np.ndarray, scopes: set[str]) -> set[int]:
@@ -43,12 +72,25 @@ def brute_force_lsh(idx: MemoryIndex, sig: np.ndarray, scopes: set[str]) -> set[
 
 # ---- the multi-key index ---------------------------------------------------------------------------
 
+
 def test_lookup_by_every_key_in_capture_order_with_values_normalised() -> None:
     idx = MemoryIndex()
-    idx.add(unit("m1", goal="Book  A Flight", tools=["book_reservation", "search"], objects=["API.x.io"],
-                 people=["Ana Lima"], domains=["Travel"], mode="tool_use", success=True, run="s1"))
-    idx.add(unit("m2", "refund the invoice", tools=["search"], success=False, run="s2",
-                 kind=MemoryKind.MESSAGE, position=3))
+    idx.add(
+        unit(
+            "m1",
+            goal="Book  A Flight",
+            tools=["book_reservation", "search"],
+            objects=["API.x.io"],
+            people=["Ana Lima"],
+            domains=["Travel"],
+            mode="tool_use",
+            success=True,
+            run="s1",
+        )
+    )
+    idx.add(
+        unit("m2", "refund the invoice", tools=["search"], success=False, run="s2", kind=MemoryKind.MESSAGE, position=3)
+    )
     idx.add(unit("m3", "cancel the seat", agent="b", tools=["search"], success=True, run="s3"))
     assert idx.lookup("tool", "search") == ["m1", "m2", "m3"]
     assert idx.lookup("tool", "book_reservation") == ["m1"]
@@ -103,6 +145,7 @@ def test_tokenize_keeps_identifiers_whole_and_drops_stop_words() -> None:
 
 # ---- LSH candidates --------------------------------------------------------------------------------
 
+
 def test_an_identical_situation_is_found_with_similarity_one_and_only_in_the_scopes_asked() -> None:
     idx = MemoryIndex()
     idx.add(unit("m1", "refund the invoice after a timeout", run="s1"))
@@ -122,10 +165,18 @@ texts = st.lists(st.sampled_from(WORDS), min_size=1, max_size=6).map(" ".join)
 @st.composite
 def corpora(draw: Any) -> tuple[list[MemoryUnit], list[int], str]:
     n = draw(st.integers(1, 25))
-    units = [unit(f"m{k}", draw(texts), agent=draw(st.sampled_from("ab")), run=f"s{draw(st.integers(0, 4))}",
-                  position=k, at=T0 + timedelta(days=draw(st.integers(0, 20))),
-                  tools=draw(st.lists(st.sampled_from(["search", "refund"]), max_size=2)))
-             for k in range(n)]
+    units = [
+        unit(
+            f"m{k}",
+            draw(texts),
+            agent=draw(st.sampled_from("ab")),
+            run=f"s{draw(st.integers(0, 4))}",
+            position=k,
+            at=T0 + timedelta(days=draw(st.integers(0, 20))),
+            tools=draw(st.lists(st.sampled_from(["search", "refund"]), max_size=2)),
+        )
+        for k in range(n)
+    ]
     removed = draw(st.lists(st.integers(0, n - 1), max_size=n))
     return units, removed, draw(texts)
 
@@ -176,6 +227,7 @@ def test_the_same_units_give_the_same_index_in_any_build(corpus: Any) -> None:
 
 # ---- removal ---------------------------------------------------------------------------------------
 
+
 def test_removing_a_memory_hides_it_everywhere_and_mends_its_run_and_graph() -> None:
     idx = MemoryIndex()
     for k in range(3):
@@ -199,8 +251,7 @@ def removals(draw: Any) -> tuple[list[MemoryUnit], list[int], list[tuple[int, in
     units, _, _ = draw(corpora())
     n = len(units)
     rows = draw(st.lists(st.integers(0, n - 1), max_size=2 * n))  # repeats: removed once
-    edges = draw(st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1), st.floats(0.1, 1.0)),
-                          max_size=3 * n))
+    edges = draw(st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1), st.floats(0.1, 1.0)), max_size=3 * n))
     return units, rows, [(a, b, w) for a, b, w in edges if a != b]
 
 
@@ -222,7 +273,7 @@ def test_remove_many_is_remove_one_by_one(case: Any) -> None:
     many.remove_many(rows)
     for name in COLUMNS:
         col_one, col_many = getattr(one, name), getattr(many, name)
-        assert np.array_equal(col_one.data[:col_one.n], col_many.data[:col_many.n]), name
+        assert np.array_equal(col_one.data[: col_one.n], col_many.data[: col_many.n]), name
     assert (one.live, one.graph, one.run_members) == (many.live, many.graph, many.run_members)
     assert one.live_len == pytest.approx(many.live_len)
     dead = set(rows)

@@ -52,15 +52,32 @@ from somnus.schemas.agents import AgentSpec
 
 T0 = datetime(2024, 5, 15, 9, 0, tzinfo=timezone.utc)
 LEXICAL_ONLY = {"lexical": 1.0}
-PLAIN_BM25 = RecallConfig(context_weight=0, window_weight=0, run_weight=0, person_boost=0, time_boost=0,
-                          weights=LEXICAL_ONLY)
+PLAIN_BM25 = RecallConfig(
+    context_weight=0, window_weight=0, run_weight=0, person_boost=0, time_boost=0, weights=LEXICAL_ONLY
+)
 
 
-def unit(mid: str, text: str = "", *, agent: str = "a", run: str | None = None, position: int = 0,
-         at: datetime = T0, **kw: Any) -> MemoryUnit:
+def unit(
+    mid: str,
+    text: str = "",
+    *,
+    agent: str = "a",
+    run: str | None = None,
+    position: int = 0,
+    at: datetime = T0,
+    **kw: Any,
+) -> MemoryUnit:
     kw.setdefault("scope", f"agent:{agent}")
-    return MemoryUnit(memory_id=mid, kind=kw.pop("kind", MemoryKind.EPISODE), agent=agent, run_id=run or mid,
-                      position=position, occurred_at=at, perception=text, **kw)
+    return MemoryUnit(
+        memory_id=mid,
+        kind=kw.pop("kind", MemoryKind.EPISODE),
+        agent=agent,
+        run_id=run or mid,
+        position=position,
+        occurred_at=at,
+        perception=text,
+        **kw,
+    )
 
 
 def index_of(*units: MemoryUnit, **config: Any) -> MemoryIndex:
@@ -76,6 +93,7 @@ def ids(r: Recall) -> list[str]:
 
 # ---- edges ------------------------------------------------------------------------------------------
 
+
 def test_edge_weight_constants_are_the_designs():
     assert (R.EDGE_SHARED, R.EDGE_GOAL, R.EDGE_TEMPORAL) == (0.60, 0.25, 0.15)
     assert R.TEMPORAL_TAU_HOURS == 24.0
@@ -89,8 +107,9 @@ def test_edge_weight_parts():
     shared = 2 / 4  # {cup, ana} of {cup, kitchen table, ana, bo}
     goal = 1 / 4  # {kitchen} of {fetch, cup, kitchen, clean}
     temporal = math.exp(-12 / 24)
-    assert w == EdgeWeight(weight=0.6 * shared + 0.25 * goal + 0.15 * temporal, shared=shared, goal=goal,
-                           temporal=temporal)
+    assert w == EdgeWeight(
+        weight=0.6 * shared + 0.25 * goal + 0.15 * temporal, shared=shared, goal=goal, temporal=temporal
+    )
 
 
 def test_edge_weight_without_goals_or_shared_things_is_temporal_only():
@@ -109,8 +128,9 @@ def coffee_chain() -> tuple[list[MemoryUnit], dict[int, dict[int, float]]]:
     coffee = unit("coffee", "made coffee", objects=things, goal="fetch cup kitchen table", at=T0)
     found = T0 + timedelta(hours=24 * math.log(2.5))
     cup = unit("cup", "found cup on kitchen table", objects=things, goal="fetch cup kitchen counter", at=found)
-    table = unit("table", "cleaned kitchen table", objects=things, goal="fetch cup kitchen sink",
-                 at=found + timedelta(days=7))
+    table = unit(
+        "table", "cleaned kitchen table", objects=things, goal="fetch cup kitchen sink", at=found + timedelta(days=7)
+    )
     return [coffee, cup, table], {0: {1: 0.81}, 1: {0: 0.81, 2: 0.75}, 2: {1: 0.75}}
 
 
@@ -164,8 +184,7 @@ def test_spreading_activation_keeps_the_strongest_path_and_weakens_with_query_si
 def test_aggregated_scoring_is_0_6_self_plus_0_4_mean_of_neighbours():
     assert (R.AGGREGATE_SELF, R.AGGREGATE_NEIGHBOURS) == (0.6, 0.4)
     out = aggregate_scores({0: 1.0, 1: 0.5, 2: 0.2}, {0: {1: 1.0, 3: 1.0}, 1: {0: 1.0}})
-    assert out == {0: pytest.approx(0.6 * 1.0 + 0.4 * (0.5 + 0.0) / 2), 1: pytest.approx(0.6 * 0.5 + 0.4 * 1.0),
-                   2: 0.2}
+    assert out == {0: pytest.approx(0.6 * 1.0 + 0.4 * (0.5 + 0.0) / 2), 1: pytest.approx(0.6 * 0.5 + 0.4 * 1.0), 2: 0.2}
 
 
 def test_importance_is_0_3_recency_0_3_log_access_0_4_explicit():
@@ -176,9 +195,16 @@ def test_importance_is_0_3_recency_0_3_log_access_0_4_explicit():
 
 # ---- text and fingerprints --------------------------------------------------------------------
 
+
 def test_tokenize_lowercases_drops_punctuation_and_stop_words_and_keeps_identifiers():
     assert tokenize("The Book_Reservation call to api.x.io failed for HAT030 (D1:3)!") == [
-        "book_reservation", "call", "api.x.io", "failed", "hat030", "d1:3"]
+        "book_reservation",
+        "call",
+        "api.x.io",
+        "failed",
+        "hat030",
+        "d1:3",
+    ]
     assert tokenize("I'm sure it's Caroline's") == ["sure", "caroline"]
     assert {"the", "and", "im", "dont"} <= STOP_WORDS
     assert tokenize("running dogs", stem=lambda w: w[:3]) == ["run", "dog"]
@@ -206,22 +232,32 @@ def test_fingerprints_are_48_bit_blake2b_of_words_and_rolling_hashes_of_ngrams()
     # A word's fingerprint is its blake2b; an n-gram's is derived from its words' (vectorised in the
     # index; the definition changed from blake2b of the n-gram's text, which cost one hash per n-gram:
     # only equality matters, and the collision rate is the same 2^-48).
-    assert fingerprint("kitchen") == blake48("kitchen") < 2 ** 48
-    assert fingerprint("kitchen table") == rolling48("kitchen", "table") < 2 ** 48
+    assert fingerprint("kitchen") == blake48("kitchen") < 2**48
+    assert fingerprint("kitchen table") == rolling48("kitchen", "table") < 2**48
     assert fingerprint("clean kitchen table") == rolling48("clean", "kitchen", "table")
     assert fingerprint("kitchen table") != fingerprint("table kitchen")
     uni, grams = ngram_fingerprints(["a", "b", "a", "c"])
     assert uni == {fingerprint("a"): 2, fingerprint("b"): 1, fingerprint("c"): 1}
     assert grams == {fingerprint(g): 1 for g in ("a b", "b a", "a c", "a b a", "b a c")}
-    assert ngram_fingerprints(["a", "b", "a", "b"])[1] == {fingerprint("a b"): 2, fingerprint("b a"): 1,
-                                                           fingerprint("a b a"): 1, fingerprint("b a b"): 1}
+    assert ngram_fingerprints(["a", "b", "a", "b"])[1] == {
+        fingerprint("a b"): 2,
+        fingerprint("b a"): 1,
+        fingerprint("a b a"): 1,
+        fingerprint("b a b"): 1,
+    }
     with pytest.raises(ValueError):
         fingerprint("one two three four")
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.lists(st.sampled_from(["a", "b", "c", "dd", "e.f", "g_h"]), min_size=1, max_size=3), min_size=2,
-                max_size=40, unique_by=tuple))
+@given(
+    st.lists(
+        st.lists(st.sampled_from(["a", "b", "c", "dd", "e.f", "g_h"]), min_size=1, max_size=3),
+        min_size=2,
+        max_size=40,
+        unique_by=tuple,
+    )
+)
 def test_different_ngrams_have_different_fingerprints(grams):
     assert len({fingerprint(" ".join(g)) for g in grams}) == len(grams)
 
@@ -263,16 +299,29 @@ SITUATION_WORDS = ["deploy", "billing", "helm", "timeout", "invoice", "refund", 
 
 
 def situations(draw_words: list[list[str]], scopes: list[int], weeks: list[int], tools: list[int]) -> list[MemoryUnit]:
-    return [unit(f"m{i}", " ".join(words), agent=f"a{sc}", at=T0 + timedelta(weeks=wk),
-                 tools=[["helm", "kubectl", "curl"][t]] if t < 3 else [], kind=MemoryKind.MESSAGE if i % 2 else
-                 MemoryKind.EPISODE, action="helm > kubectl > helm" if t == 1 else "", outcome="failure" if t == 2 else "")
-            for i, (words, sc, wk, t) in enumerate(zip(draw_words, scopes, weeks, tools))]
+    return [
+        unit(
+            f"m{i}",
+            " ".join(words),
+            agent=f"a{sc}",
+            at=T0 + timedelta(weeks=wk),
+            tools=[["helm", "kubectl", "curl"][t]] if t < 3 else [],
+            kind=MemoryKind.MESSAGE if i % 2 else MemoryKind.EPISODE,
+            action="helm > kubectl > helm" if t == 1 else "",
+            outcome="failure" if t == 2 else "",
+        )
+        for i, (words, sc, wk, t) in enumerate(zip(draw_words, scopes, weeks, tools))
+    ]
 
 
-situation_lists = st.integers(2, 30).flatmap(lambda n: st.tuples(
-    st.lists(st.lists(st.sampled_from(SITUATION_WORDS), min_size=0, max_size=6), min_size=n, max_size=n),
-    st.lists(st.integers(0, 2), min_size=n, max_size=n), st.lists(st.integers(0, 1), min_size=n, max_size=n),
-    st.lists(st.integers(0, 3), min_size=n, max_size=n)))
+situation_lists = st.integers(2, 30).flatmap(
+    lambda n: st.tuples(
+        st.lists(st.lists(st.sampled_from(SITUATION_WORDS), min_size=0, max_size=6), min_size=n, max_size=n),
+        st.lists(st.integers(0, 2), min_size=n, max_size=n),
+        st.lists(st.integers(0, 1), min_size=n, max_size=n),
+        st.lists(st.integers(0, 3), min_size=n, max_size=n),
+    )
+)
 
 
 def datasketch_minhash(features: list[str], num_perm: int = 64) -> Any:
@@ -344,9 +393,12 @@ def test_lsh_candidates_are_minhash_lsh_query_results(num_perm, threshold, drawn
             ix.remove(i)
             lsh.remove(i)
     for q, scopes in [(units[0], [units[0].scope]), (units[-1], None), (units[1], ["agent:a0", "agent:a2", "none"])]:
-        expected = sorted((-sketches_q.jaccard(sketches[j]), j) for sketches_q in [datasketch_minhash(
-            situation_features(q, tokenize(unit_text(q))), num_perm)] for j in lsh.query(sketches_q)
-            if scopes is None or units[j].scope in scopes)
+        expected = sorted(
+            (-sketches_q.jaccard(sketches[j]), j)
+            for sketches_q in [datasketch_minhash(situation_features(q, tokenize(unit_text(q))), num_perm)]
+            for j in lsh.query(sketches_q)
+            if scopes is None or units[j].scope in scopes
+        )
         assert ix.similar(q, scopes) == [(j, -s) for s, j in expected]
 
 
@@ -389,9 +441,18 @@ def test_band_keys_of_one_scope_never_reach_another():
 
 # ---- the multi-key index ------------------------------------------------------------------------
 
+
 def test_multi_key_lookup_by_any_key():
-    a = unit("a", tools=["book_reservation"], objects=["api.x.io"], people=["Ana"], success=True, mode="tool_use",
-             goal="Book a  flight", domains=["Travel"])
+    a = unit(
+        "a",
+        tools=["book_reservation"],
+        objects=["api.x.io"],
+        people=["Ana"],
+        success=True,
+        mode="tool_use",
+        goal="Book a  flight",
+        domains=["Travel"],
+    )
     b = unit("b", tools=["cancel_reservation"], people=["bo"], success=False, mode="tool_use")
     ix = index_of(a, b)
     assert ix.lookup("tool", "book_reservation") == ["a"]
@@ -409,6 +470,7 @@ def test_multi_key_lookup_by_any_key():
 
 # ---- BM25 and the lexical signal -------------------------------------------------------------------
 
+
 def bm25_by_hand(docs: list[list[str]], query: list[str], i: int, k1: float = 0.9, b: float = 0.4) -> float:
     n = len(docs)
     avg = sum(map(len, docs)) / n
@@ -425,8 +487,12 @@ def bm25_by_hand(docs: list[list[str]], query: list[str], i: int, k1: float = 0.
 
 def test_bm25_matches_the_formula_with_k1_0_9_and_b_0_4():
     assert (R.BM25_K1, R.BM25_B) == (0.9, 0.4)
-    texts = ["flight booking failed payment declined", "flight changed to later flight", "hotel booking confirmed",
-             "payment refund issued"]
+    texts = [
+        "flight booking failed payment declined",
+        "flight changed to later flight",
+        "hotel booking confirmed",
+        "payment refund issued",
+    ]
     ix = index_of(*[unit(f"m{i}", t) for i, t in enumerate(texts)])
     r = recall(ix, "flight payment", "a", k=10, now=T0, config=PLAIN_BM25)
     docs = [tokenize(t) for t in texts]
@@ -442,14 +508,28 @@ def test_bm25_statistics_come_from_the_readers_scopes_only():
     alone = index_of(*mine)
     crowded = index_of(*mine, *theirs)
     q = dict(k=5, now=T0, config=PLAIN_BM25)
-    assert recall(alone, "rare word", "a", **q).hits[0].signals == recall(crowded, "rare word", "a", **q).hits[0].signals
+    assert (
+        recall(alone, "rare word", "a", **q).hits[0].signals == recall(crowded, "rare word", "a", **q).hits[0].signals
+    )
 
 
-def conversation(texts: list[tuple[str, str]], run: str = "s1", agent: str = "a", at: datetime = T0
-                 ) -> list[MemoryUnit]:
-    return [unit(f"{run}-{i}", text, agent=agent, run=run, position=i + 1, at=at + timedelta(seconds=30 * i),
-                 kind=MemoryKind.MESSAGE, speaker=who, people=[who.lower()])
-            for i, (who, text) in enumerate(texts)]
+def conversation(
+    texts: list[tuple[str, str]], run: str = "s1", agent: str = "a", at: datetime = T0
+) -> list[MemoryUnit]:
+    return [
+        unit(
+            f"{run}-{i}",
+            text,
+            agent=agent,
+            run=run,
+            position=i + 1,
+            at=at + timedelta(seconds=30 * i),
+            kind=MemoryKind.MESSAGE,
+            speaker=who,
+            people=[who.lower()],
+        )
+        for i, (who, text) in enumerate(texts)
+    ]
 
 
 def test_a_stemming_reader_still_finds_the_people_a_query_names():
@@ -469,13 +549,20 @@ def test_a_stemming_reader_still_finds_the_people_a_query_names():
 
 def test_context_gives_a_memory_half_its_run_neighbours_bm25():
     assert R.CONTEXT_WEIGHT == 0.5
-    msgs = conversation([("ana", "what did you research lately"), ("bo", "adoption agencies mostly"),
-                         ("ana", "sounds great"), ("bo", "unrelated chatter about weather")])
+    msgs = conversation(
+        [
+            ("ana", "what did you research lately"),
+            ("bo", "adoption agencies mostly"),
+            ("ana", "sounds great"),
+            ("bo", "unrelated chatter about weather"),
+        ]
+    )
     ix = index_of(*msgs)
     cfg = RecallConfig(window_weight=0, run_weight=0, person_boost=0, time_boost=0, weights=LEXICAL_ONLY)
     got = {h.memory_id: h.signals["lexical"] for h in recall(ix, "research", "a", k=10, now=T0, config=cfg).hits}
-    base = {h.memory_id: h.signals["lexical"] for h in recall(ix, "research", "a", k=10, now=T0,
-                                                               config=PLAIN_BM25).hits}
+    base = {
+        h.memory_id: h.signals["lexical"] for h in recall(ix, "research", "a", k=10, now=T0, config=PLAIN_BM25).hits
+    }
     assert set(base) == {"s1-0"}
     assert got == pytest.approx({"s1-0": base["s1-0"], "s1-1": 0.5 * base["s1-0"]})
 
@@ -492,8 +579,13 @@ def test_the_window_adds_half_the_bm25_of_a_memory_read_with_its_neighbours():
     def bm(tf: float, length: float, avg: float) -> float:
         return idf * tf * 1.9 / (tf + 0.9 * (0.6 + 0.4 * length / avg))
 
-    assert got == pytest.approx({"s1-1": bm(1, 1, avgdl) + 0.5 * bm(1, 3, 3 * avgdl),
-                                 "s1-0": 0.5 * bm(1, 2, 3 * avgdl), "s1-2": 0.5 * bm(1, 2, 3 * avgdl)})
+    assert got == pytest.approx(
+        {
+            "s1-1": bm(1, 1, avgdl) + 0.5 * bm(1, 3, 3 * avgdl),
+            "s1-0": 0.5 * bm(1, 2, 3 * avgdl),
+            "s1-2": 0.5 * bm(1, 2, 3 * avgdl),
+        }
+    )
 
 
 def test_a_matching_run_multiplies_by_up_to_two_and_a_named_person_by_two():
@@ -502,26 +594,30 @@ def test_a_matching_run_multiplies_by_up_to_two_and_a_named_person_by_two():
     s2 = conversation([("ana", "the dog barked"), ("bo", "cats are fine")], run="s2")
     ix = index_of(*s1, *s2)
     only_runs = RecallConfig(context_weight=0, window_weight=0, person_boost=0, time_boost=0, weights=LEXICAL_ONLY)
-    plain = {h.memory_id: h.signals["lexical"] for h in recall(ix, "dog adoption", "a", now=T0,
-                                                                config=PLAIN_BM25).hits}
-    boosted = {h.memory_id: h.signals["lexical"] for h in recall(ix, "dog adoption", "a", now=T0,
-                                                                  config=only_runs).hits}
+    plain = {h.memory_id: h.signals["lexical"] for h in recall(ix, "dog adoption", "a", now=T0, config=PLAIN_BM25).hits}
+    boosted = {
+        h.memory_id: h.signals["lexical"] for h in recall(ix, "dog adoption", "a", now=T0, config=only_runs).hits
+    }
     assert boosted["s1-0"] == pytest.approx(plain["s1-0"] * 2.0)  # s1 is the best run: x (1 + 1.0)
     assert plain["s2-0"] < boosted["s2-0"] < 2 * plain["s2-0"]
     only_people = RecallConfig(context_weight=0, window_weight=0, run_weight=0, time_boost=0, weights=LEXICAL_ONLY)
     r = recall(ix, "What dog did Bo mention?", "a", now=T0, config=only_people)
     assert r.people == ["bo"]
     got = {h.memory_id: h.signals["lexical"] for h in r.hits}
-    unnamed = {h.memory_id: h.signals["lexical"] for h in recall(ix, "What dog did mention?", "a", now=T0,
-                                                                  config=PLAIN_BM25).hits}
+    unnamed = {
+        h.memory_id: h.signals["lexical"]
+        for h in recall(ix, "What dog did mention?", "a", now=T0, config=PLAIN_BM25).hits
+    }
     assert got["s1-1"] == pytest.approx(2.0 * unnamed["s1-1"])  # bo's: x 2; "bo" itself is not a search term
     assert got["s1-0"] == pytest.approx(unnamed["s1-0"])
 
 
 def test_dates_named_by_the_query():
     assert time_hints("When did John sign with a team on 21 May, 2023?") == [R.TimeHint("day", 2023, 5, 21)]
-    assert time_hints("October 25, 2022 and 2022-11-09") == [R.TimeHint("day", 2022, 10, 25),
-                                                             R.TimeHint("day", 2022, 11, 9)]
+    assert time_hints("October 25, 2022 and 2022-11-09") == [
+        R.TimeHint("day", 2022, 10, 25),
+        R.TimeHint("day", 2022, 11, 9),
+    ]
     assert time_hints("the 8th December, 2023") == [R.TimeHint("day", 2023, 12, 8)]
     assert time_hints("What did he do in November 2022?") == [R.TimeHint("month", 2022, 11)]
     assert time_hints("plans for 2024") == [R.TimeHint("year", 2024)]
@@ -552,10 +648,12 @@ def test_fingerprint_signal_is_the_jaccard_of_fingerprint_sets():
 
 # ---- fusion, explanation, access ----------------------------------------------------------------
 
+
 def test_fused_score_is_weighted_reciprocal_rank_and_every_hit_explains_itself():
     assert R.RRF_K == 10
-    ix = index_of(unit("m1", "flight booking failed", importance=0.9), unit("m2", "flight to paris"),
-                  unit("m3", "hotel in paris"))
+    ix = index_of(
+        unit("m1", "flight booking failed", importance=0.9), unit("m2", "flight to paris"), unit("m3", "hotel in paris")
+    )
     cfg = RecallConfig(weights={"lexical": 1.0, "importance": 0.5})
     r = recall(ix, "paris flight", "a", now=T0, config=cfg)
     for h in r.hits:
@@ -566,8 +664,14 @@ def test_fused_score_is_weighted_reciprocal_rank_and_every_hit_explains_itself()
 
 
 def test_default_weights_are_pinned():
-    assert R.DEFAULT_WEIGHTS == {"lexical": 1.0, "fingerprint": 0.02, "lsh": 0.02, "graph": 0.05,
-                                 "importance": 0.02, "embedding": 0.2}
+    assert R.DEFAULT_WEIGHTS == {
+        "lexical": 1.0,
+        "fingerprint": 0.02,
+        "lsh": 0.02,
+        "graph": 0.05,
+        "importance": 0.02,
+        "embedding": 0.2,
+    }
 
 
 def test_recall_reads_nothing_into_the_state_and_returns_access_events():
@@ -575,8 +679,17 @@ def test_recall_reads_nothing_into_the_state_and_returns_access_events():
     before = ix.access_count.view.copy()
     r = recall(ix, "flight", "a", now=T0 + timedelta(days=1))
     assert (ix.access_count.view == before).all()
-    assert r.accessed == [MemoryAccessed(schema_version=1, memory_id="m1", agent="a", query="flight", rank=1,
-                                         score=round(r.hits[0].score, 9), accessed_at=T0 + timedelta(days=1))]
+    assert r.accessed == [
+        MemoryAccessed(
+            schema_version=1,
+            memory_id="m1",
+            agent="a",
+            query="flight",
+            rank=1,
+            score=round(r.hits[0].score, 9),
+            accessed_at=T0 + timedelta(days=1),
+        )
+    ]
     state = MemoryState(index=ix)
     for _ in range(3):
         apply(state, r.accessed[0])
@@ -584,11 +697,17 @@ def test_recall_reads_nothing_into_the_state_and_returns_access_events():
 
 
 def test_recall_respects_scope_chains_and_filters():
-    agents = {"lead": AgentSpec(name="lead"), "a": AgentSpec(name="a", reports_to="lead"),
-              "b": AgentSpec(name="b", reports_to="lead")}
-    ix = index_of(unit("mine", "deploy billing", agent="a"), unit("theirs", "deploy billing", agent="b"),
-                  unit("team", "deploy billing runbook", agent="b", scope="team:lead"),
-                  unit("world", "deploy billing notes", agent="lead", scope="global", tools=["helm"]))
+    agents = {
+        "lead": AgentSpec(name="lead"),
+        "a": AgentSpec(name="a", reports_to="lead"),
+        "b": AgentSpec(name="b", reports_to="lead"),
+    }
+    ix = index_of(
+        unit("mine", "deploy billing", agent="a"),
+        unit("theirs", "deploy billing", agent="b"),
+        unit("team", "deploy billing runbook", agent="b", scope="team:lead"),
+        unit("world", "deploy billing notes", agent="lead", scope="global", tools=["helm"]),
+    )
     assert sorted(ids(recall(ix, "deploy billing", "a", now=T0, agents=agents))) == ["mine", "team", "world"]
     assert sorted(ids(recall(ix, "deploy billing", "stranger", now=T0, agents=agents))) == ["world"]
     assert ids(recall(ix, "deploy billing", "a", now=T0, agents=agents, filters={"tool": "helm"})) == ["world"]
@@ -617,8 +736,12 @@ def test_removal_takes_a_memory_out_of_every_read():
 
 
 def test_recall_is_deterministic_and_independent_of_postings_layout():
-    texts = [f"{w1} {w2} {w3}" for w1 in ("deploy", "billing", "helm") for w2 in ("failed", "ok", "retry")
-             for w3 in ("today", "monday", "later")]
+    texts = [
+        f"{w1} {w2} {w3}"
+        for w1 in ("deploy", "billing", "helm")
+        for w2 in ("failed", "ok", "retry")
+        for w3 in ("today", "monday", "later")
+    ]
     a = index_of(*[unit(f"m{i}", t, run=f"r{i % 4}", position=i) for i, t in enumerate(texts)], buffer_postings=5)
     b = index_of(*[unit(f"m{i}", t, run=f"r{i % 4}", position=i) for i, t in enumerate(texts)])
     ra, rb = (recall(x, "billing failed on monday", "a", k=10, now=T0) for x in (a, b))
@@ -626,13 +749,20 @@ def test_recall_is_deterministic_and_independent_of_postings_layout():
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(st.lists(st.sampled_from(["alpha", "beta", "gamma", "delta", "eps", "zeta"]), min_size=1,
-                         max_size=6), min_size=1, max_size=25),
-       st.lists(st.sampled_from(["alpha", "beta", "gamma", "delta", "omega"]), min_size=1, max_size=3),
-       st.integers(1, 8))
+@given(
+    st.lists(
+        st.lists(st.sampled_from(["alpha", "beta", "gamma", "delta", "eps", "zeta"]), min_size=1, max_size=6),
+        min_size=1,
+        max_size=25,
+    ),
+    st.lists(st.sampled_from(["alpha", "beta", "gamma", "delta", "omega"]), min_size=1, max_size=3),
+    st.integers(1, 8),
+)
 def test_property_hits_are_readable_ranked_and_layout_free(docs, query, buf):
-    units = [unit(f"m{i:02d}", " ".join(d), run=f"r{i % 3}", position=i, agent="a" if i % 4 else "b")
-             for i, d in enumerate(docs)]
+    units = [
+        unit(f"m{i:02d}", " ".join(d), run=f"r{i % 3}", position=i, agent="a" if i % 4 else "b")
+        for i, d in enumerate(docs)
+    ]
     small, big = index_of(*units, buffer_postings=buf), index_of(*units)
     rs, rb = (recall(x, " ".join(query), "a", k=10, now=T0) for x in (small, big))
     assert [(h.memory_id, h.score) for h in rs.hits] == [(h.memory_id, h.score) for h in rb.hits]
@@ -642,6 +772,7 @@ def test_property_hits_are_readable_ranked_and_layout_free(docs, query, buf):
 
 
 # ---- the gate, the budget, the episodic context -------------------------------------------------
+
 
 def hit(u: MemoryUnit, fp: float = 0.0, rank: int = 1) -> Hit:
     return Hit(memory_id=u.memory_id, rank=rank, score=1.0, signals={"fingerprint": fp}, ranks={}, refs=[], unit=u)
@@ -665,15 +796,27 @@ def test_relevance_weights_and_gate():
 
 def _episode(mid: str, task: str, tools: list[str], outcome: str = "success", **kw: Any) -> MemoryUnit:
     """A memory as the distiller's episodes are: the task, and a summary that repeats outcome and task."""
-    return unit(mid, task, tools=tools, outcome=outcome, success=outcome == "success",
-                summary=f"{outcome}: {task} | {len(tools) + 1} tool calls ({len(tools)} tools), 0 errors (0 unresolved), "
-                        "6 messages, 0 delegations, 45s", lessons=[f"succeeded using {' -> '.join(tools)}"], **kw)
+    return unit(
+        mid,
+        task,
+        tools=tools,
+        outcome=outcome,
+        success=outcome == "success",
+        summary=f"{outcome}: {task} | {len(tools) + 1} tool calls ({len(tools)} tools), 0 errors (0 unresolved), "
+        "6 messages, 0 delegations, 45s",
+        lessons=[f"succeeded using {' -> '.join(tools)}"],
+        **kw,
+    )
 
 
 def test_an_agents_own_past_task_is_found_by_its_text():
     refund = _episode("refund", "refund order 1042 for a damaged blender", ["get_order", "issue_refund"])
-    flight = _episode("flight", "Hi, I want to book a flight from New York to Seattle on May 20, economy please",
-                      ["search_flights", "book_reservation"], domains=["airline"])
+    flight = _episode(
+        "flight",
+        "Hi, I want to book a flight from New York to Seattle on May 20, economy please",
+        ["search_flights", "book_reservation"],
+        domains=["airline"],
+    )
     failed = _episode("failed", "book a hotel room in Seattle", ["search_hotels"], outcome="failure")
     pizza = _episode("pizza", "order a pizza", ["place_order"])
     from somnus.projections.memory import stemmer
@@ -692,12 +835,15 @@ def test_an_agents_own_past_task_is_found_by_its_text():
         assert all(g.relevance.score < ctx.entries[0].relevance.score for g in ctx.entries[1:])
     assert "pizza" not in build_episodic_context(ix, "book a flight", "a", now=T0).text
     # the result line says the outcome once, and not the task again
-    assert "result: success: 3 tool calls (2 tools)" in build_episodic_context(ix, "refund order 1042", "a", now=T0).text
+    assert (
+        "result: success: 3 tool calls (2 tools)" in build_episodic_context(ix, "refund order 1042", "a", now=T0).text
+    )
     # success_only, domain_hint and min_relevance are the caller's
     booked = build_episodic_context(ix, "book in Seattle", "a", now=T0)
     assert {g.hit.memory_id for g in booked.entries} == {"flight", "failed"}
-    assert [g.hit.memory_id for g in build_episodic_context(ix, "book in Seattle", "a", now=T0,
-                                                            success_only=True).entries] == ["flight"]
+    assert [
+        g.hit.memory_id for g in build_episodic_context(ix, "book in Seattle", "a", now=T0, success_only=True).entries
+    ] == ["flight"]
     hinted = build_episodic_context(ix, "book in Seattle", "a", now=T0, domain_hint="airline").entries
     assert hinted[0].hit.memory_id == "flight" and hinted[0].relevance.domain == 1.0
     assert build_episodic_context(ix, "book in Seattle", "a", now=T0, min_relevance=0.99).entries == []
@@ -713,9 +859,16 @@ def test_token_budget():
 
 
 def test_build_episodic_context_renders_past_work_within_the_budget():
-    ep = unit("e1", "rebook the Paris flight after a payment failure", tools=["get_reservation", "book_reservation"],
-              outcome="success", success=True, summary="rebooked on AF123", lessons=["check the card limit first"],
-              objects=["api.x.io"])
+    ep = unit(
+        "e1",
+        "rebook the Paris flight after a payment failure",
+        tools=["get_reservation", "book_reservation"],
+        outcome="success",
+        success=True,
+        summary="rebooked on AF123",
+        lessons=["check the card limit first"],
+        objects=["api.x.io"],
+    )
     other = unit("e2", "order pizza", tools=["order"], outcome="success", success=True)
     ix = index_of(ep, other)
     ctx = build_episodic_context(ix, "rebook a flight after payment failure", "a", now=T0)
@@ -729,6 +882,7 @@ def test_build_episodic_context_renders_past_work_within_the_budget():
 
 # ---- the optional embedding model (arithmetic on a tiny random BERT) ------------------------------
 
+
 def tiny_bert(seed: int = 0) -> tuple[dict[str, np.ndarray], list[str]]:
     rng = np.random.default_rng(seed)
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "hello", "world", "##s", "!"]
@@ -737,12 +891,19 @@ def tiny_bert(seed: int = 0) -> tuple[dict[str, np.ndarray], list[str]]:
         "embeddings.word_embeddings.weight": rng.normal(size=(len(vocab), h)),
         "embeddings.position_embeddings.weight": rng.normal(size=(16, h)),
         "embeddings.token_type_embeddings.weight": rng.normal(size=(2, h)),
-        "embeddings.LayerNorm.weight": rng.normal(size=h), "embeddings.LayerNorm.bias": rng.normal(size=h)}
+        "embeddings.LayerNorm.weight": rng.normal(size=h),
+        "embeddings.LayerNorm.bias": rng.normal(size=h),
+    }
     for i in range(layers):
         p = f"encoder.layer.{i}."
-        for name, shape in [("attention.self.query", (h, h)), ("attention.self.key", (h, h)),
-                            ("attention.self.value", (h, h)), ("attention.output.dense", (h, h)),
-                            ("intermediate.dense", (inter, h)), ("output.dense", (h, inter))]:
+        for name, shape in [
+            ("attention.self.query", (h, h)),
+            ("attention.self.key", (h, h)),
+            ("attention.self.value", (h, h)),
+            ("attention.output.dense", (h, h)),
+            ("intermediate.dense", (inter, h)),
+            ("output.dense", (h, inter)),
+        ]:
             w[p + name + ".weight"] = rng.normal(size=shape) * 0.3
             w[p + name + ".bias"] = rng.normal(size=shape[0]) * 0.1
         for ln in ("attention.output.LayerNorm", "output.LayerNorm"):
@@ -760,8 +921,14 @@ def reference_bert(w: dict[str, np.ndarray], ids: list[int], heads: int) -> np.n
         return (x - mu) / np.sqrt(var + 1e-12) * g + b
 
     w = {k: v.astype(np.float64) for k, v in w.items()}
-    x = np.stack([w["embeddings.word_embeddings.weight"][t] + w["embeddings.position_embeddings.weight"][j]
-                  + w["embeddings.token_type_embeddings.weight"][0] for j, t in enumerate(ids)])
+    x = np.stack(
+        [
+            w["embeddings.word_embeddings.weight"][t]
+            + w["embeddings.position_embeddings.weight"][j]
+            + w["embeddings.token_type_embeddings.weight"][0]
+            for j, t in enumerate(ids)
+        ]
+    )
     x = ln(x, w["embeddings.LayerNorm.weight"], w["embeddings.LayerNorm.bias"])
     n, h = x.shape
     dh = h // heads
@@ -777,8 +944,11 @@ def reference_bert(w: dict[str, np.ndarray], ids: list[int], heads: int) -> np.n
                 s = np.array([q[i, sl] @ k[j, sl] / sqrt(dh) for j in range(n)])
                 a = np.exp(s - s.max()) / np.exp(s - s.max()).sum()
                 ctx[i, sl] = sum(a[j] * v[j, sl] for j in range(n))
-        x = ln(lin(ctx, "attention.output.dense") + x, w[p + "attention.output.LayerNorm.weight"],
-               w[p + "attention.output.LayerNorm.bias"])
+        x = ln(
+            lin(ctx, "attention.output.dense") + x,
+            w[p + "attention.output.LayerNorm.weight"],
+            w[p + "attention.output.LayerNorm.bias"],
+        )
         inter = lin(x, "intermediate.dense")
         inter = np.vectorize(lambda z: 0.5 * z * (1 + erf(z / sqrt(2))))(inter)
         x = ln(lin(inter, "output.dense") + x, w[p + "output.LayerNorm.weight"], w[p + "output.LayerNorm.bias"])
@@ -829,18 +999,31 @@ def test_recall_result_types_round_trip():
 
 
 def test_capture_then_recall_end_to_end():
-    state, _ = capture(MemoryState(), conversation([("ana", "we adopted a puppy"), ("bo", "what breed"),
-                                                    ("ana", "a beagle named Max")]), now=T0)
+    state, _ = capture(
+        MemoryState(),
+        conversation([("ana", "we adopted a puppy"), ("bo", "what breed"), ("ana", "a beagle named Max")]),
+        now=T0,
+    )
     r = recall(state.index, "What breed is Ana's puppy?", "a", now=T0, k=3)
     assert set(ids(r)) == {"s1-0", "s1-1", "s1-2"} and r.people == ["ana"]
     assert uuid.UUID(int=0) not in [h.unit.source_event_ids for h in r.hits]
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from([None, "u1", "u2", "u3"]),
-                          st.lists(st.sampled_from(["deploy", "billing", "helm", "timeout", "invoice", "refund"]),
-                                   min_size=1, max_size=5)), min_size=1, max_size=25),
-       st.sampled_from([None, "u1", "u2", "u4"]), st.sampled_from(["deploy billing", "refund invoice", "helm"]))
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([None, "u1", "u2", "u3"]),
+            st.lists(
+                st.sampled_from(["deploy", "billing", "helm", "timeout", "invoice", "refund"]), min_size=1, max_size=5
+            ),
+        ),
+        min_size=1,
+        max_size=25,
+    ),
+    st.sampled_from([None, "u1", "u2", "u4"]),
+    st.sampled_from(["deploy billing", "refund invoice", "helm"]),
+)
 def test_no_recall_ever_returns_another_users_memory(items, reader, query):
     from datetime import datetime, timezone
 
@@ -851,8 +1034,19 @@ def test_no_recall_ever_returns_another_users_memory(items, reader, query):
     t = datetime(2024, 5, 15, tzinfo=timezone.utc)
     ix = MemoryIndex()
     for i, (user, words) in enumerate(items):
-        ix.add(MemoryUnit(memory_id=f"m{i}", kind=MemoryKind.MESSAGE, agent="a", scope="agent:a", run_id=f"r{i % 3}",
-                          position=i, occurred_at=t, perception=" ".join(words), user_id=user))
+        ix.add(
+            MemoryUnit(
+                memory_id=f"m{i}",
+                kind=MemoryKind.MESSAGE,
+                agent="a",
+                scope="agent:a",
+                run_id=f"r{i % 3}",
+                position=i,
+                occurred_at=t,
+                perception=" ".join(words),
+                user_id=user,
+            )
+        )
     got = recall(ix, query, "a", k=50, now=t, user_id=reader)
     assert all(h.unit.user_id in (None, reader) for h in got.hits)
     visible = {f"m{i}" for i, (user, words) in enumerate(items) if user in (None, reader)}
@@ -865,12 +1059,30 @@ def test_support_group_is_not_a_person_named_support():
     # The sample fleet's ops-lead delegates to the agent "support" (a person of its memories), and the
     # support agent's own messages are spoken by "support"; LoCoMo's Caroline joined a support group.
     delegated = unit("d", "escalate the acme ticket", agent="ops-lead", people=["support"])
-    own = unit("o", "the acme customer needs a refund", agent="support", kind=MemoryKind.MESSAGE, speaker="support",
-               people=["support"])
-    joined = unit("c", "Caroline went to the LGBTQ support group yesterday", agent="conv-26",
-                  kind=MemoryKind.MESSAGE, speaker="Caroline", people=["caroline"])
-    other = unit("x", "Caroline painted a sunrise", agent="conv-26", kind=MemoryKind.MESSAGE, speaker="Caroline",
-                 people=["caroline"])
+    own = unit(
+        "o",
+        "the acme customer needs a refund",
+        agent="support",
+        kind=MemoryKind.MESSAGE,
+        speaker="support",
+        people=["support"],
+    )
+    joined = unit(
+        "c",
+        "Caroline went to the LGBTQ support group yesterday",
+        agent="conv-26",
+        kind=MemoryKind.MESSAGE,
+        speaker="Caroline",
+        people=["caroline"],
+    )
+    other = unit(
+        "x",
+        "Caroline painted a sunrise",
+        agent="conv-26",
+        kind=MemoryKind.MESSAGE,
+        speaker="Caroline",
+        people=["caroline"],
+    )
     ix = index_of(delegated, own, joined, other)
     r = recall(ix, "When did Caroline join the support group?", "conv-26", now=T0)
     assert r.people == ["caroline"]  # not "support": only known from other agents' memories

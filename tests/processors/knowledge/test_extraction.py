@@ -41,17 +41,42 @@ from somnus.importers import openai_chat
 T0 = datetime(2024, 5, 15, 20, 0, tzinfo=timezone.utc)
 
 
-def episode(calls: list[CallSeen] | None = None, *, outcome: Outcome = Outcome.SUCCESS, agent: str = "support",
-            n: int = 1, delegations: list[Delegation] | None = None, metadata: dict[str, Any] | None = None,
-            tools: list[str] | None = None, errors: list[ErrorSeen] | None = None) -> EpisodeDistilled:
+def episode(
+    calls: list[CallSeen] | None = None,
+    *,
+    outcome: Outcome = Outcome.SUCCESS,
+    agent: str = "support",
+    n: int = 1,
+    delegations: list[Delegation] | None = None,
+    metadata: dict[str, Any] | None = None,
+    tools: list[str] | None = None,
+    errors: list[ErrorSeen] | None = None,
+) -> EpisodeDistilled:
     calls = calls or []
     return EpisodeDistilled(
-        episode_id=uuid.UUID(int=n), schema_version=1, agent=agent, session_id=f"s{n}", task="t", goal=None,
-        user_id=None, summary="", outcome=outcome, started_at=T0, ended_at=T0 + timedelta(seconds=n),
-        duration_s=float(n), event_count=2 + 2 * len(calls), tool_calls=len(calls),
-        tools=tools if tools is not None else list(dict.fromkeys(c.tool for c in calls)), errors=errors or [],
-        lessons=[], delegations=delegations or [], first_event_id=uuid.UUID(int=1000 + n),
-        last_event_id=uuid.UUID(int=2000 + n), calls=calls, metadata=metadata or {})
+        episode_id=uuid.UUID(int=n),
+        schema_version=1,
+        agent=agent,
+        session_id=f"s{n}",
+        task="t",
+        goal=None,
+        user_id=None,
+        summary="",
+        outcome=outcome,
+        started_at=T0,
+        ended_at=T0 + timedelta(seconds=n),
+        duration_s=float(n),
+        event_count=2 + 2 * len(calls),
+        tool_calls=len(calls),
+        tools=tools if tools is not None else list(dict.fromkeys(c.tool for c in calls)),
+        errors=errors or [],
+        lessons=[],
+        delegations=delegations or [],
+        first_event_id=uuid.UUID(int=1000 + n),
+        last_event_id=uuid.UUID(int=2000 + n),
+        calls=calls,
+        metadata=metadata or {},
+    )
 
 
 def ok(tool: str, **kw: Any) -> CallSeen:
@@ -68,8 +93,11 @@ def extract_one(ep: EpisodeDistilled) -> FactsExtracted:
 
 
 def triples(ep: EpisodeDistilled, predicate: str | None = None) -> list[tuple[str, str, str, int]]:
-    return [(f.source, f.predicate, f.target, f.count) for f in extract_one(ep).facts
-            if predicate is None or f.predicate == predicate]
+    return [
+        (f.source, f.predicate, f.target, f.count)
+        for f in extract_one(ep).facts
+        if predicate is None or f.predicate == predicate
+    ]
 
 
 def fact(ep: EpisodeDistilled, predicate: str) -> FactAsserted:
@@ -79,59 +107,69 @@ def fact(ep: EpisodeDistilled, predicate: str) -> FactAsserted:
 
 # ---- error classes -----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("text, expected", [
-    # tau-bench
-    ("Error: flight HAT030 not available on date 2024-05-13", "flight <id> not available on date <date>"),
-    ("Error: flight HAT271 not available on date 2024-05-10", "flight <id> not available on date <date>"),
-    ("Error: gift card balance is not enough", "gift card balance is not enough"),
-    ("Error: not enough seats on flight HAT290", "not enough seats on flight <id>"),
-    ("Error: certificate cannot be used to update reservation", "certificate cannot be used to update reservation"),
-    ("Error: payment method not found", "payment method not found"),
-    ("Error: payment amount does not add up, total price is 1203, but paid 833",
-     "payment amount does not add up, total price is <n>, but paid <n>"),
-    ("Error: payment method certificate_7504069 not found", "payment method <id> not found"),
-    ("Error: not enough balance in payment method gift_card_5094406", "not enough balance in payment method <id>"),
-    # prefixes
-    ("error: user not found", "user not found"),
-    ("ERROR: Error: user not found", "user not found"),
-    ("  Error:\n  user   not found.  ", "user not found"),
-    # HTTP statuses
-    ("HTTP 429: Too Many Requests", "HTTP 429: Too Many Requests"),
-    ("HTTP 429", "HTTP 429"),
-    ("HTTP 500: Error: upstream 10.0.0.7 timed out", "HTTP 500: upstream <n> timed out"),
-    ("HTTP/1.1 503 Service Unavailable", "HTTP 503: Service Unavailable"),
-    ("HTTP Error 404: Not Found", "HTTP 404: Not Found"),
-    ("429 Too Many Requests", "HTTP 429: Too Many Requests"),
-    ("Error: 502: bad gateway", "HTTP 502: bad gateway"),
-    ("Error: 500 seats requested", "<n> seats requested"),  # a number, not a status
-    # shells
-    ("bash: helm: command not found", "command not found: helm"),
-    ("bash: line 1: kubectl: command not found", "command not found: kubectl"),
-    ("zsh: command not found: helm", "command not found: helm"),
-    ("/bin/sh: 1: helm: not found", "command not found: helm"),
-    # exceptions: the class is kept, its message templated
-    ("ValueError: x must be positive", "ValueError: x must be positive"),
-    ("ValueError: x must be positive, got -3", "ValueError: x must be positive, got -<n>"),
-    ("KeyError: 'user_42'", "KeyError: '<id>'"),
-    ("Traceback (most recent call last): File \"/app/run.py\", line 3, in <module> main() "
-     "ValueError: bad row 17", "ValueError: bad row <n>"),
-    ("Traceback (most recent call last): File \"/app/run.py\", line 3, in <mod", "traceback (exception not shown)"),
-    ("requests.exceptions.HTTPError: 404 Client Error: Not Found for url: https://api.x.io/v1/u/12",
-     "requests.exceptions.HTTPError: <n> Client Error: Not Found for url: <url>"),
-    # placeholders
-    ("user 550e8400-e29b-41d4-a716-446655440000 not found", "user <id> not found"),
-    ("job failed at 2024-05-13T10:00:00Z", "job failed at <date>"),
-    ("job failed on 5/13/2024 at 10:32:07", "job failed on <date> at <time>"),
-    ("commit deadbeef1234 missing, pointer 0x7ffe", "commit <id> missing, pointer <id>"),
-    ("No such file or directory: '/tmp/run-7/out.txt'", "No such file or directory: '<path>'"),
-    ("timeout after 30.5 seconds (limit 1,000)", "timeout after <n> seconds (limit <n>)"),
-    ("mail to bob@example.com bounced", "mail to <email> bounced"),
-    ("rate limit of 10 requests per second exceeded", "rate limit of <n> requests per second exceeded"),
-    ("I/O error and/or 10 req/s", "I/O error and/or <n> req/s"),
-    # nothing to say
-    ("", "error (no message)"),
-    ("Error:", "error (no message)"),
-])
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        # tau-bench
+        ("Error: flight HAT030 not available on date 2024-05-13", "flight <id> not available on date <date>"),
+        ("Error: flight HAT271 not available on date 2024-05-10", "flight <id> not available on date <date>"),
+        ("Error: gift card balance is not enough", "gift card balance is not enough"),
+        ("Error: not enough seats on flight HAT290", "not enough seats on flight <id>"),
+        ("Error: certificate cannot be used to update reservation", "certificate cannot be used to update reservation"),
+        ("Error: payment method not found", "payment method not found"),
+        (
+            "Error: payment amount does not add up, total price is 1203, but paid 833",
+            "payment amount does not add up, total price is <n>, but paid <n>",
+        ),
+        ("Error: payment method certificate_7504069 not found", "payment method <id> not found"),
+        ("Error: not enough balance in payment method gift_card_5094406", "not enough balance in payment method <id>"),
+        # prefixes
+        ("error: user not found", "user not found"),
+        ("ERROR: Error: user not found", "user not found"),
+        ("  Error:\n  user   not found.  ", "user not found"),
+        # HTTP statuses
+        ("HTTP 429: Too Many Requests", "HTTP 429: Too Many Requests"),
+        ("HTTP 429", "HTTP 429"),
+        ("HTTP 500: Error: upstream 10.0.0.7 timed out", "HTTP 500: upstream <n> timed out"),
+        ("HTTP/1.1 503 Service Unavailable", "HTTP 503: Service Unavailable"),
+        ("HTTP Error 404: Not Found", "HTTP 404: Not Found"),
+        ("429 Too Many Requests", "HTTP 429: Too Many Requests"),
+        ("Error: 502: bad gateway", "HTTP 502: bad gateway"),
+        ("Error: 500 seats requested", "<n> seats requested"),  # a number, not a status
+        # shells
+        ("bash: helm: command not found", "command not found: helm"),
+        ("bash: line 1: kubectl: command not found", "command not found: kubectl"),
+        ("zsh: command not found: helm", "command not found: helm"),
+        ("/bin/sh: 1: helm: not found", "command not found: helm"),
+        # exceptions: the class is kept, its message templated
+        ("ValueError: x must be positive", "ValueError: x must be positive"),
+        ("ValueError: x must be positive, got -3", "ValueError: x must be positive, got -<n>"),
+        ("KeyError: 'user_42'", "KeyError: '<id>'"),
+        (
+            'Traceback (most recent call last): File "/app/run.py", line 3, in <module> main() ValueError: bad row 17',
+            "ValueError: bad row <n>",
+        ),
+        ('Traceback (most recent call last): File "/app/run.py", line 3, in <mod', "traceback (exception not shown)"),
+        (
+            "requests.exceptions.HTTPError: 404 Client Error: Not Found for url: https://api.x.io/v1/u/12",
+            "requests.exceptions.HTTPError: <n> Client Error: Not Found for url: <url>",
+        ),
+        # placeholders
+        ("user 550e8400-e29b-41d4-a716-446655440000 not found", "user <id> not found"),
+        ("job failed at 2024-05-13T10:00:00Z", "job failed at <date>"),
+        ("job failed on 5/13/2024 at 10:32:07", "job failed on <date> at <time>"),
+        ("commit deadbeef1234 missing, pointer 0x7ffe", "commit <id> missing, pointer <id>"),
+        ("No such file or directory: '/tmp/run-7/out.txt'", "No such file or directory: '<path>'"),
+        ("timeout after 30.5 seconds (limit 1,000)", "timeout after <n> seconds (limit <n>)"),
+        ("mail to bob@example.com bounced", "mail to <email> bounced"),
+        ("rate limit of 10 requests per second exceeded", "rate limit of <n> requests per second exceeded"),
+        ("I/O error and/or 10 req/s", "I/O error and/or <n> req/s"),
+        # nothing to say
+        ("", "error (no message)"),
+        ("Error:", "error (no message)"),
+    ],
+)
 def test_error_class(text: str, expected: str) -> None:
     assert error_class(text) == expected
 
@@ -144,14 +182,21 @@ def test_an_error_class_is_cut_at_max_error_class() -> None:
 _IDS = st.from_regex(r"[A-Z]{2,4}[0-9]{2,6}|[a-z]{1,12}_[0-9]{3,8}|[0-9]{1,3}[a-z][0-9a-z]{0,8}", fullmatch=True)
 
 
-@given(a=_IDS, b=_IDS, day=st.dates().map(lambda d: f"{d.year:04d}-{d.month:02d}-{d.day:02d}"),
-       u=st.uuids(), n=st.integers(0, 10**9))
+@given(
+    a=_IDS,
+    b=_IDS,
+    day=st.dates().map(lambda d: f"{d.year:04d}-{d.month:02d}-{d.day:02d}"),
+    u=st.uuids(),
+    n=st.integers(0, 10**9),
+)
 @example(a="HAT030", b="gift_card_5094406", day="2024-05-13", u=uuid.UUID(int=0), n=0)
-def test_the_same_error_with_other_ids_numbers_and_dates_is_one_class(a: str, b: str, day: str, u: uuid.UUID,
-                                                                      n: int) -> None:
+def test_the_same_error_with_other_ids_numbers_and_dates_is_one_class(
+    a: str, b: str, day: str, u: uuid.UUID, n: int
+) -> None:
     template = "Error: flight {} not available on date {} for {} (request {}, paid {})"
-    assert error_class(template.format(a, day, b, u, n)) == error_class(template.format("HAT271", "2024-05-10",
-                                                                                        "certificate_1", uuid.UUID(int=7), 5))
+    assert error_class(template.format(a, day, b, u, n)) == error_class(
+        template.format("HAT271", "2024-05-10", "certificate_1", uuid.UUID(int=7), 5)
+    )
 
 
 @given(st.text(max_size=400))
@@ -163,6 +208,7 @@ def test_error_class_is_total_bounded_and_stable(text: str) -> None:
 
 
 # ---- the contract ------------------------------------------------------------------------------
+
 
 def test_one_facts_extracted_per_episode_in_order_even_when_empty() -> None:
     eps = [episode([ok("a")], n=3, agent="x"), episode([], n=1, agent="y"), episode([ok("b")], n=2, agent="z")]
@@ -184,29 +230,48 @@ def test_the_trace_extractor_is_an_entity_extractor() -> None:
 def test_confidences_are_pinned() -> None:
     assert (extraction.CONFIDENCE_USES, extraction.CONFIDENCE_DELEGATES_TO) == (1.0, 1.0)
     assert (extraction.CONFIDENCE_CALLS, extraction.CONFIDENCE_FAILED_WITH) == (0.95, 0.95)
-    assert (extraction.CONFIDENCE_RATE_HEADER, extraction.CONFIDENCE_RATE_TEXT,
-            extraction.CONFIDENCE_RATE_RETRY_AFTER) == (1.0, 0.95, 0.9)
+    assert (
+        extraction.CONFIDENCE_RATE_HEADER,
+        extraction.CONFIDENCE_RATE_TEXT,
+        extraction.CONFIDENCE_RATE_RETRY_AFTER,
+    ) == (1.0, 0.95, 0.9)
     assert (extraction.CONFIDENCE_WORKS_ON, extraction.CONFIDENCE_SERVES) == (0.9, 0.9)
     assert extraction.CONFIDENCE_DEPENDS_ON == 0.65
     assert (MAX_FACTS, MAX_EXAMPLE, extraction.MAX_NAME) == (200, 200, 200)
 
 
 def rich_episode() -> EpisodeDistilled:
-    return episode([
-        ok("get_user", hosts=["api.example.com"]),
-        failed("post_lead", "HTTP 429: Too Many Requests", http_status=429, hosts=["api.instantly.ai"],
-               rate_headers={"x-ratelimit-limit": "10", "x-ratelimit-window": "1s"}),
-        ok("post_lead", hosts=["api.instantly.ai"]),
-        ok("get_user"),
-        CallSeen(tool="send_mail"),  # no result: used, not failed
-    ], delegations=[Delegation(to_agent="researcher", task="find")],
-        metadata={"project": "crm-sync", "client": "Acme"})
+    return episode(
+        [
+            ok("get_user", hosts=["api.example.com"]),
+            failed(
+                "post_lead",
+                "HTTP 429: Too Many Requests",
+                http_status=429,
+                hosts=["api.instantly.ai"],
+                rate_headers={"x-ratelimit-limit": "10", "x-ratelimit-window": "1s"},
+            ),
+            ok("post_lead", hosts=["api.instantly.ai"]),
+            ok("get_user"),
+            CallSeen(tool="send_mail"),  # no result: used, not failed
+        ],
+        delegations=[Delegation(to_agent="researcher", task="find")],
+        metadata={"project": "crm-sync", "client": "Acme"},
+    )
 
 
 def test_direct_assertions_are_090_to_100_and_inferences_060_to_070() -> None:
     facts = extract_one(rich_episode()).facts
-    assert {f.predicate for f in facts} == {"uses", "calls", "failed_with", "rate_limit", "delegates_to",
-                                            "works_on", "serves", "depends_on"}
+    assert {f.predicate for f in facts} == {
+        "uses",
+        "calls",
+        "failed_with",
+        "rate_limit",
+        "delegates_to",
+        "works_on",
+        "serves",
+        "depends_on",
+    }
     for f in facts:
         assert (0.6 <= f.confidence <= 0.7) if f.predicate == "depends_on" else (0.9 <= f.confidence <= 1.0), f
         assert re.fullmatch(r"[a-z]+(?:_[a-z]+)*", f.predicate)
@@ -226,6 +291,7 @@ def test_every_fact_end_is_an_entity_listed_once_agent_first() -> None:
 
 # ---- fact rules --------------------------------------------------------------------------------
 
+
 def test_the_agent_uses_each_tool_once_counted_by_calls() -> None:
     ep = episode([ok("a"), ok("b"), failed("a", "Error: x"), CallSeen(tool="a")])
     assert triples(ep, "uses") == [("support", "uses", "a", 3), ("support", "uses", "b", 1)]
@@ -239,14 +305,16 @@ def test_tools_past_the_listed_calls_are_still_used() -> None:
 
 
 def test_failed_calls_become_failed_with_their_error_class() -> None:
-    ep = episode([
-        failed("update", "Error: flight HAT030 not available on date 2024-05-13"),
-        failed("update", "Error: flight HAT271 not available on date 2024-05-10"),
-        failed("update", "Error: gift card balance is not enough"),
-        failed("book", "Error: gift card balance is not enough"),
-        CallSeen(tool="update"),  # no result: not a failure
-        ok("update"),
-    ])
+    ep = episode(
+        [
+            failed("update", "Error: flight HAT030 not available on date 2024-05-13"),
+            failed("update", "Error: flight HAT271 not available on date 2024-05-10"),
+            failed("update", "Error: gift card balance is not enough"),
+            failed("book", "Error: gift card balance is not enough"),
+            CallSeen(tool="update"),  # no result: not a failure
+            ok("update"),
+        ]
+    )
     assert triples(ep, "failed_with") == [
         ("update", "failed_with", "flight <id> not available on date <date>", 2),
         ("update", "failed_with", "gift card balance is not enough", 1),
@@ -269,98 +337,179 @@ def test_error_entities_carry_the_first_example_cut_and_the_http_status() -> Non
 
 def test_a_failed_call_without_a_message_still_has_a_class() -> None:
     assert triples(episode([CallSeen(tool="a", ok=False)]), "failed_with") == [
-        ("a", "failed_with", "error (no message)", 1)]
+        ("a", "failed_with", "error (no message)", 1)
+    ]
 
 
 def test_tools_call_the_hosts_of_their_url_arguments() -> None:
     ep = episode([ok("fetch", hosts=["a.io", "b.io"]), ok("fetch", hosts=["a.io"]), ok("post", hosts=["a.io"])])
-    assert triples(ep, "calls") == [("fetch", "calls", "a.io", 2), ("fetch", "calls", "b.io", 1),
-                                    ("post", "calls", "a.io", 1)]
+    assert triples(ep, "calls") == [
+        ("fetch", "calls", "a.io", 2),
+        ("fetch", "calls", "b.io", 1),
+        ("post", "calls", "a.io", 1),
+    ]
     assert {f.confidence for f in extract_one(ep).facts if f.predicate == "calls"} == {0.95}
     assert [e.name for e in extract_one(ep).entities if e.type == "api"] == ["a.io", "b.io"]
 
 
-@pytest.mark.parametrize("headers, value", [
-    ({"x-ratelimit-limit": "10", "x-ratelimit-window": "1s"}, "10/s"),
-    ({"x-ratelimit-limit": "100", "x-ratelimit-window": "60"}, "100/min"),
-    ({"x-ratelimit-limit": "5000", "x-ratelimit-interval": "1 hour"}, "5000/h"),
-    ({"x-ratelimit-limit": "5", "x-ratelimit-window": "30s"}, "5/30s"),
-    ({"ratelimit-policy": "100;w=60"}, "100/min"),
-    ({"ratelimit-limit": "10, 10;w=1"}, "10/s"),
-    ({"x-ratelimit-limit": "10"}, "10/window"),
-    ({"ratelimit-policy": "10;w=0"}, "10/window"),
-    ({"x-ratelimit-limit": "10", "x-ratelimit-reset": "1715803200"}, "10/window"),  # reset is not a window
-])
+@pytest.mark.parametrize(
+    "headers, value",
+    [
+        ({"x-ratelimit-limit": "10", "x-ratelimit-window": "1s"}, "10/s"),
+        ({"x-ratelimit-limit": "100", "x-ratelimit-window": "60"}, "100/min"),
+        ({"x-ratelimit-limit": "5000", "x-ratelimit-interval": "1 hour"}, "5000/h"),
+        ({"x-ratelimit-limit": "5", "x-ratelimit-window": "30s"}, "5/30s"),
+        ({"ratelimit-policy": "100;w=60"}, "100/min"),
+        ({"ratelimit-limit": "10, 10;w=1"}, "10/s"),
+        ({"x-ratelimit-limit": "10"}, "10/window"),
+        ({"ratelimit-policy": "10;w=0"}, "10/window"),
+        ({"x-ratelimit-limit": "10", "x-ratelimit-reset": "1715803200"}, "10/window"),  # reset is not a window
+    ],
+)
 def test_rate_limit_from_headers(headers: dict[str, str], value: str) -> None:
     f = fact(episode([ok("post", hosts=["api.x.io"], rate_headers=headers)]), "rate_limit")
     assert (f.source, f.source_type, f.target, f.target_type) == ("api.x.io", "api", value, RATE_TYPE)
     assert (f.confidence, f.functional) == (1.0, True)
 
 
-@pytest.mark.parametrize("error, value", [
-    ("HTTP 429: rate limit of 10 requests per second exceeded", "10/s"),
-    ("HTTP 429: slow down, 10 req/s", "10/s"),
-    ("Rate limit exceeded: 100 calls per 60 seconds", "100/min"),
-    ("Error: throttled, limit 5 per minute", "5/min"),
-])
+@pytest.mark.parametrize(
+    "error, value",
+    [
+        ("HTTP 429: rate limit of 10 requests per second exceeded", "10/s"),
+        ("HTTP 429: slow down, 10 req/s", "10/s"),
+        ("Rate limit exceeded: 100 calls per 60 seconds", "100/min"),
+        ("Error: throttled, limit 5 per minute", "5/min"),
+    ],
+)
 def test_rate_limit_from_error_text(error: str, value: str) -> None:
     f = fact(episode([failed("post", error, hosts=["api.x.io"])]), "rate_limit")
     assert (f.source, f.target, f.confidence, f.functional) == ("api.x.io", value, 0.95, True)
 
 
 def test_rate_limit_from_retry_after_only_on_rate_limited_calls() -> None:
-    f = fact(episode([failed("post", "HTTP 429: Too Many Requests", http_status=429, hosts=["api.x.io"],
-                             rate_headers={"retry-after": "2"})]), "rate_limit")
+    f = fact(
+        episode(
+            [
+                failed(
+                    "post",
+                    "HTTP 429: Too Many Requests",
+                    http_status=429,
+                    hosts=["api.x.io"],
+                    rate_headers={"retry-after": "2"},
+                )
+            ]
+        ),
+        "rate_limit",
+    )
     assert (f.target, f.confidence) == ("retry after 2s", 0.9)
-    assert triples(episode([failed("post", "HTTP 503: down", http_status=503,
-                                   rate_headers={"retry-after": "2"})]), "rate_limit") == []
-    assert triples(episode([failed("post", "HTTP 429", http_status=429,  # an HTTP-date needs a clock
-                                   rate_headers={"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"})]), "rate_limit") == []
+    assert (
+        triples(
+            episode([failed("post", "HTTP 503: down", http_status=503, rate_headers={"retry-after": "2"})]),
+            "rate_limit",
+        )
+        == []
+    )
+    assert (
+        triples(
+            episode(
+                [
+                    failed(
+                        "post",
+                        "HTTP 429",
+                        http_status=429,  # an HTTP-date needs a clock
+                        rate_headers={"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"},
+                    )
+                ]
+            ),
+            "rate_limit",
+        )
+        == []
+    )
 
 
 def test_a_call_stating_one_rate_twice_counts_once_at_its_strongest() -> None:
-    f = fact(episode([failed("post", "HTTP 429: limit of 10 requests per second", http_status=429, hosts=["a.io"],
-                             rate_headers={"x-ratelimit-limit": "10", "x-ratelimit-window": "1"})]), "rate_limit")
+    f = fact(
+        episode(
+            [
+                failed(
+                    "post",
+                    "HTTP 429: limit of 10 requests per second",
+                    http_status=429,
+                    hosts=["a.io"],
+                    rate_headers={"x-ratelimit-limit": "10", "x-ratelimit-window": "1"},
+                )
+            ]
+        ),
+        "rate_limit",
+    )
     assert (f.target, f.count, f.confidence) == ("10/s", 1, 1.0)
 
 
 def test_rate_limit_without_a_host_is_stated_of_the_tool() -> None:
-    f = fact(episode([failed("post_lead", "HTTP 429: limit of 10 requests per second", http_status=429)]),
-             "rate_limit")
+    f = fact(episode([failed("post_lead", "HTTP 429: limit of 10 requests per second", http_status=429)]), "rate_limit")
     assert (f.source, f.source_type, f.target) == ("post_lead", "tool", "10/s")
 
 
 def test_rate_limit_is_one_value_per_source_the_strongest_then_the_latest() -> None:
-    ep = episode([
-        failed("post", "HTTP 429: limit of 5 requests per second", http_status=429, hosts=["a.io"]),
-        ok("post", hosts=["a.io"], rate_headers={"x-ratelimit-limit": "10", "x-ratelimit-window": "1"}),
-        ok("post", hosts=["a.io"], rate_headers={"x-ratelimit-limit": "10", "x-ratelimit-window": "1"}),
-        failed("post", "HTTP 429: limit of 7 requests per second", http_status=429, hosts=["b.io"]),
-        failed("post", "HTTP 429: limit of 8 requests per second", http_status=429, hosts=["b.io"]),
-    ])
-    assert [(f.source, f.target, f.count, f.confidence) for f in extract_one(ep).facts
-            if f.predicate == "rate_limit"] == [("a.io", "10/s", 2, 1.0), ("b.io", "8/s", 1, 0.95)]
+    ep = episode(
+        [
+            failed("post", "HTTP 429: limit of 5 requests per second", http_status=429, hosts=["a.io"]),
+            ok("post", hosts=["a.io"], rate_headers={"x-ratelimit-limit": "10", "x-ratelimit-window": "1"}),
+            ok("post", hosts=["a.io"], rate_headers={"x-ratelimit-limit": "10", "x-ratelimit-window": "1"}),
+            failed("post", "HTTP 429: limit of 7 requests per second", http_status=429, hosts=["b.io"]),
+            failed("post", "HTTP 429: limit of 8 requests per second", http_status=429, hosts=["b.io"]),
+        ]
+    )
+    assert [
+        (f.source, f.target, f.count, f.confidence) for f in extract_one(ep).facts if f.predicate == "rate_limit"
+    ] == [("a.io", "10/s", 2, 1.0), ("b.io", "8/s", 1, 0.95)]
 
 
 def test_rate_value_spelling() -> None:
-    assert [rate_value("10", 1), rate_value("100", 60), rate_value("1000", 3600), rate_value("3", 86400),
-            rate_value("5", 30), rate_value("5", 120), rate_value("2.5", 0.5), rate_value("10", None)] == \
-        ["10/s", "100/min", "1000/h", "3/day", "5/30s", "5/2min", "2.5/0.5s", "10/window"]
+    assert [
+        rate_value("10", 1),
+        rate_value("100", 60),
+        rate_value("1000", 3600),
+        rate_value("3", 86400),
+        rate_value("5", 30),
+        rate_value("5", 120),
+        rate_value("2.5", 0.5),
+        rate_value("10", None),
+    ] == ["10/s", "100/min", "1000/h", "3/day", "5/30s", "5/2min", "2.5/0.5s", "10/window"]
 
 
 def test_delegations_count_per_target() -> None:
-    ep = episode([], delegations=[Delegation(to_agent="researcher", task="a"), Delegation(to_agent="writer", task="b"),
-                                  Delegation(to_agent="researcher", task="c", outcome=Outcome.FAILURE)])
-    assert triples(ep, "delegates_to") == [("support", "delegates_to", "researcher", 2),
-                                           ("support", "delegates_to", "writer", 1)]
+    ep = episode(
+        [],
+        delegations=[
+            Delegation(to_agent="researcher", task="a"),
+            Delegation(to_agent="writer", task="b"),
+            Delegation(to_agent="researcher", task="c", outcome=Outcome.FAILURE),
+        ],
+    )
+    assert triples(ep, "delegates_to") == [
+        ("support", "delegates_to", "researcher", 2),
+        ("support", "delegates_to", "writer", 1),
+    ]
     assert fact(episode([], delegations=[Delegation(to_agent="r", task="")]), "delegates_to").confidence == 1.0
     assert [(e.name, e.type) for e in extract_one(ep).entities] == [
-        ("support", "agent"), ("researcher", "agent"), ("writer", "agent")]
+        ("support", "agent"),
+        ("researcher", "agent"),
+        ("writer", "agent"),
+    ]
 
 
 def test_depends_on_from_consecutive_successful_calls_of_a_successful_episode() -> None:
-    calls = [ok("get_user"), ok("get_reservation"), ok("get_reservation"), failed("update", "Error: x"),
-             ok("update"), ok("get_user"), ok("get_reservation"), CallSeen(tool="notify")]
+    calls = [
+        ok("get_user"),
+        ok("get_reservation"),
+        ok("get_reservation"),
+        failed("update", "Error: x"),
+        ok("update"),
+        ok("get_user"),
+        ok("get_reservation"),
+        CallSeen(tool="notify"),
+    ]
     assert triples(episode(calls), "depends_on") == [
         ("get_reservation", "depends_on", "get_user", 2),
         ("get_user", "depends_on", "update", 1),
@@ -370,13 +519,19 @@ def test_depends_on_from_consecutive_successful_calls_of_a_successful_episode() 
     assert triples(episode(calls, outcome=Outcome.PARTIAL), "depends_on") == []
 
 
-@pytest.mark.parametrize("metadata, expected", [
-    ({"project": "crm-sync"}, [("works_on", "crm-sync", "project")]),
-    ({"Project_Name": " Apollo  2 "}, [("works_on", "Apollo 2", "project")]),
-    ({"client": "Acme", "customer": "Acme", "account": 4711}, [("serves", "Acme", "client"), ("serves", "4711", "client")]),
-    ({"customer_name": ["Acme", "Globex", ""]}, [("serves", "Acme", "client"), ("serves", "Globex", "client")]),
-    ({"project": None, "client": True, "account": {"id": 1}, "task_id": 3}, []),
-])
+@pytest.mark.parametrize(
+    "metadata, expected",
+    [
+        ({"project": "crm-sync"}, [("works_on", "crm-sync", "project")]),
+        ({"Project_Name": " Apollo  2 "}, [("works_on", "Apollo 2", "project")]),
+        (
+            {"client": "Acme", "customer": "Acme", "account": 4711},
+            [("serves", "Acme", "client"), ("serves", "4711", "client")],
+        ),
+        ({"customer_name": ["Acme", "Globex", ""]}, [("serves", "Acme", "client"), ("serves", "Globex", "client")]),
+        ({"project": None, "client": True, "account": {"id": 1}, "task_id": 3}, []),
+    ],
+)
 def test_projects_and_clients_from_metadata(metadata: dict[str, Any], expected: list[tuple[str, str, str]]) -> None:
     out = extract_one(episode([], metadata=metadata))
     assert [(f.predicate, f.target, f.target_type) for f in out.facts] == expected
@@ -389,15 +544,22 @@ def test_metadata_keys_are_a_small_documented_set() -> None:
 
 
 def test_an_episode_from_before_calls_uses_its_tools_and_errors() -> None:
-    ep = episode([], tools=["a", "b"], errors=[ErrorSeen(tool="a", error="HTTP 429: Too Many Requests",
-                                                         http_status=429, resolved=True)])
-    assert triples(ep) == [("support", "uses", "a", 1), ("support", "uses", "b", 1),
-                           ("a", "failed_with", "HTTP 429: Too Many Requests", 1)]
+    ep = episode(
+        [],
+        tools=["a", "b"],
+        errors=[ErrorSeen(tool="a", error="HTTP 429: Too Many Requests", http_status=429, resolved=True)],
+    )
+    assert triples(ep) == [
+        ("support", "uses", "a", 1),
+        ("support", "uses", "b", 1),
+        ("a", "failed_with", "HTTP 429: Too Many Requests", 1),
+    ]
     [err] = [e for e in extract_one(ep).entities if e.type == "error"]
     assert err.attributes == {"example": "HTTP 429: Too Many Requests", "http_status": 429}
 
 
 # ---- bounds and determinism --------------------------------------------------------------------
+
 
 def test_facts_are_capped_per_episode_dropping_inferences_first() -> None:
     calls = [ok(f"tool_{i}", hosts=[f"h{i}.io"]) for i in range(150)]
@@ -416,19 +578,35 @@ def test_long_names_are_cut() -> None:
 
 
 call_st = st.builds(
-    CallSeen, tool=st.sampled_from(["a", "b", "c", " ", "x" * 300]), ok=st.sampled_from([True, False, None]),
-    error=st.one_of(st.none(), st.text(max_size=80), st.sampled_from(["HTTP 429: limit of 10 requests per second",
-                                                                      "Error: flight HAT030 not available"])),
-    http_status=st.sampled_from([None, 429, 500]), hosts=st.lists(st.sampled_from(["a.io", "b.io"]), max_size=2),
-    rate_headers=st.dictionaries(st.sampled_from(["x-ratelimit-limit", "x-ratelimit-window", "retry-after"]),
-                                 st.sampled_from(["1", "10", "60s", "0", "soon"]), max_size=3))
+    CallSeen,
+    tool=st.sampled_from(["a", "b", "c", " ", "x" * 300]),
+    ok=st.sampled_from([True, False, None]),
+    error=st.one_of(
+        st.none(),
+        st.text(max_size=80),
+        st.sampled_from(["HTTP 429: limit of 10 requests per second", "Error: flight HAT030 not available"]),
+    ),
+    http_status=st.sampled_from([None, 429, 500]),
+    hosts=st.lists(st.sampled_from(["a.io", "b.io"]), max_size=2),
+    rate_headers=st.dictionaries(
+        st.sampled_from(["x-ratelimit-limit", "x-ratelimit-window", "retry-after"]),
+        st.sampled_from(["1", "10", "60s", "0", "soon"]),
+        max_size=3,
+    ),
+)
 episode_st = st.builds(
-    lambda calls, outcome, to, meta: episode(calls, outcome=outcome,
-                                             delegations=[Delegation(to_agent=t, task="") for t in to], metadata=meta),
-    st.lists(call_st, max_size=30), st.sampled_from(list(Outcome)),
+    lambda calls, outcome, to, meta: episode(
+        calls, outcome=outcome, delegations=[Delegation(to_agent=t, task="") for t in to], metadata=meta
+    ),
+    st.lists(call_st, max_size=30),
+    st.sampled_from(list(Outcome)),
     st.lists(st.sampled_from(["r", "w"]), max_size=3),
-    st.dictionaries(st.sampled_from(["project", "client", "account", "other"]),
-                    st.one_of(st.text(max_size=10), st.integers(), st.none()), max_size=3))
+    st.dictionaries(
+        st.sampled_from(["project", "client", "account", "other"]),
+        st.one_of(st.text(max_size=10), st.integers(), st.none()),
+        max_size=3,
+    ),
+)
 
 
 @settings(max_examples=200, deadline=None)
@@ -455,6 +633,7 @@ def test_the_input_episodes_are_not_modified() -> None:
 
 
 # ---- real data: tau-bench ----------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def tau_facts() -> tuple[Path, list[EpisodeDistilled], list[FactsExtracted]]:

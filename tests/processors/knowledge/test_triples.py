@@ -26,27 +26,55 @@ from somnus.schemas.facts import EntityMention, FactAsserted, FactsExtracted
 T0 = datetime(2024, 5, 1, tzinfo=timezone.utc)
 
 
-def fx(i: int, hours: float, facts: list[FactAsserted], agent: str = "scraper",
-       entities: list[EntityMention] | None = None) -> FactsExtracted:
-    return FactsExtracted(schema_version=1, episode_id=uuid.UUID(int=i), agent=agent,
-                          observed_at=T0 + timedelta(hours=hours), extractor="trace/1",
-                          entities=entities or [], facts=facts)
+def fx(
+    i: int, hours: float, facts: list[FactAsserted], agent: str = "scraper", entities: list[EntityMention] | None = None
+) -> FactsExtracted:
+    return FactsExtracted(
+        schema_version=1,
+        episode_id=uuid.UUID(int=i),
+        agent=agent,
+        observed_at=T0 + timedelta(hours=hours),
+        extractor="trace/1",
+        entities=entities or [],
+        facts=facts,
+    )
 
 
-def fact(source: str, predicate: str, target: str, conf: float = 1.0, count: int = 1, scope: str | None = None,
-         functional: bool | None = None, stype: str = "api", ttype: str = "rate") -> FactAsserted:
-    return FactAsserted(source=source, source_type=stype, predicate=predicate, target=target, target_type=ttype,
-                        confidence=conf, count=count, scope=scope, functional=functional)
+def fact(
+    source: str,
+    predicate: str,
+    target: str,
+    conf: float = 1.0,
+    count: int = 1,
+    scope: str | None = None,
+    functional: bool | None = None,
+    stype: str = "api",
+    ttype: str = "rate",
+) -> FactAsserted:
+    return FactAsserted(
+        source=source,
+        source_type=stype,
+        predicate=predicate,
+        target=target,
+        target_type=ttype,
+        confidence=conf,
+        count=count,
+        scope=scope,
+        functional=functional,
+    )
 
 
-@pytest.mark.parametrize("raw,norm", [
-    ("Book_Reservation", "book_reservation"),
-    ("  api.Instantly.AI  ", "api.instantly.ai"),
-    ("“quoted”.", "quoted"),
-    ("flight <id> not available", "flight <id> not available"),
-    ("many   inner\tspaces", "many inner spaces"),
-    ("ＦＵＬＬＷＩＤＴＨ", "fullwidth"),
-])
+@pytest.mark.parametrize(
+    "raw,norm",
+    [
+        ("Book_Reservation", "book_reservation"),
+        ("  api.Instantly.AI  ", "api.instantly.ai"),
+        ("“quoted”.", "quoted"),
+        ("flight <id> not available", "flight <id> not available"),
+        ("many   inner\tspaces", "many inner spaces"),
+        ("ＦＵＬＬＷＩＤＴＨ", "fullwidth"),
+    ],
+)
 def test_names_are_normalised(raw, norm):
     assert normalise_name(raw) == norm
 
@@ -64,7 +92,10 @@ def test_confidence_numbers_are_pinned():
 
 def test_attributes_merge_by_union_and_first_scalar_wins():
     assert merge_attributes({"tags": ["a"], "status": 429}, {"tags": ["b", "a"], "status": 500, "x": 1}) == {
-        "tags": ["a", "b"], "status": 429, "x": 1}
+        "tags": ["a", "b"],
+        "status": 429,
+        "x": 1,
+    }
 
 
 def _resolve(names: list[tuple[str, str]]) -> KnowledgeFold:
@@ -74,10 +105,18 @@ def _resolve(names: list[tuple[str, str]]) -> KnowledgeFold:
 
 
 def test_near_duplicate_long_names_merge_into_the_first_seen():
-    fold = _resolve([("tool", "update_reservation_flights"), ("tool", "update_reservation_flight"),
-                     ("api", "api.instantly.ai/v1/leads"), ("api", "api.instantly.ai/v1/lead")])
+    fold = _resolve(
+        [
+            ("tool", "update_reservation_flights"),
+            ("tool", "update_reservation_flight"),
+            ("api", "api.instantly.ai/v1/leads"),
+            ("api", "api.instantly.ai/v1/lead"),
+        ]
+    )
     assert sorted(fold.state.entities) == ["api:api.instantly.ai/v1/leads", "tool:update_reservation_flights"]
-    assert fold.state.agent_aliases[("scraper", "tool", "update_reservation_flight")] == "tool:update_reservation_flights"
+    assert (
+        fold.state.agent_aliases[("scraper", "tool", "update_reservation_flight")] == "tool:update_reservation_flights"
+    )
 
 
 def test_a_near_duplicate_name_of_another_agent_is_never_merged():
@@ -94,12 +133,15 @@ def test_a_near_duplicate_name_of_another_agent_is_never_merged():
     assert [t.source for t in ch.triples_inserted] == ["tool:inventory_lookup_service_b"]
 
 
-@pytest.mark.parametrize("names", [
-    [("tool", "search_v1"), ("tool", "search_v2")],  # short: never trusted
-    [("tool", "update_reservation_flights"), ("api", "update_reservation_flights")],  # different types
-    [("tool", "update_reservation_flights"), ("tool", "update_reservation_baggages")],  # similar, not the same
-    [("error", "not enough seats on flight <id>"), ("error", "not enough balance in payment method <id>")],
-])
+@pytest.mark.parametrize(
+    "names",
+    [
+        [("tool", "search_v1"), ("tool", "search_v2")],  # short: never trusted
+        [("tool", "update_reservation_flights"), ("api", "update_reservation_flights")],  # different types
+        [("tool", "update_reservation_flights"), ("tool", "update_reservation_baggages")],  # similar, not the same
+        [("error", "not enough seats on flight <id>"), ("error", "not enough balance in payment method <id>")],
+    ],
+)
 def test_names_that_must_not_merge(names):
     fold = _resolve(names)
     assert len(fold.state.entities) == 2
@@ -107,10 +149,36 @@ def test_names_that_must_not_merge(names):
 
 def test_a_merged_alias_resolves_facts_to_the_canonical_entity():
     fold = KnowledgeFold()
-    ch = fold.apply([fx(1, 0, [fact("update_reservation_flights", "failed_with", "payment method not found",
-                                    stype="tool", ttype="error")]),
-                     fx(2, 1, [fact("update_reservation_flight", "failed_with", "payment method not found",
-                                    stype="tool", ttype="error")])])
+    ch = fold.apply(
+        [
+            fx(
+                1,
+                0,
+                [
+                    fact(
+                        "update_reservation_flights",
+                        "failed_with",
+                        "payment method not found",
+                        stype="tool",
+                        ttype="error",
+                    )
+                ],
+            ),
+            fx(
+                2,
+                1,
+                [
+                    fact(
+                        "update_reservation_flight",
+                        "failed_with",
+                        "payment method not found",
+                        stype="tool",
+                        ttype="error",
+                    )
+                ],
+            ),
+        ]
+    )
     assert len(ch.triples_inserted) == 1 and len(ch.triples_reinforced) == 1
     assert ch.triples_inserted[0].source == "tool:update_reservation_flights"
     assert [a.alias for a in ch.aliases] == ["update_reservation_flight"]
@@ -122,7 +190,8 @@ def test_a_functional_change_closes_the_old_fact_at_the_new_facts_event_time():
     ch = fold.apply([fx(2, 5, [fact("api.x.io", "rate_limit", "5/s")])])
     new = ch.triples_inserted[0]
     assert [(c.triple_id, c.valid_to, c.superseded_by) for c in ch.triples_closed] == [
-        (first.triple_id, T0 + timedelta(hours=5), new.triple_id)]
+        (first.triple_id, T0 + timedelta(hours=5), new.triple_id)
+    ]
     assert new.valid_from == T0 + timedelta(hours=5) and new.valid_to is None
     assert [h.change for h in ch.history] == ["superseded", "asserted"]
     assert {h.episode_id for h in ch.history} == {str(uuid.UUID(int=2))}  # the episode that caused it
@@ -130,9 +199,19 @@ def test_a_functional_change_closes_the_old_fact_at_the_new_facts_event_time():
 
 def test_multi_valued_predicates_never_close_each_other():
     fold = KnowledgeFold()
-    ch = fold.apply([fx(i, i, [fact("scraper", "uses", f"tool{i}", stype="agent", ttype="tool"),
-                               fact("tool0", "failed_with", f"error {i}", stype="tool", ttype="error")])
-                     for i in range(5)])
+    ch = fold.apply(
+        [
+            fx(
+                i,
+                i,
+                [
+                    fact("scraper", "uses", f"tool{i}", stype="agent", ttype="tool"),
+                    fact("tool0", "failed_with", f"error {i}", stype="tool", ttype="error"),
+                ],
+            )
+            for i in range(5)
+        ]
+    )
     assert ch.triples_closed == [] and len(ch.triples_inserted) == 10
     assert all(t.valid_to is None for t in fold.state.triples.values())
 
@@ -151,8 +230,10 @@ def test_a_late_fact_enters_the_log_already_closed():
     fold.apply([fx(1, 10, [fact("api.x.io", "rate_limit", "10/s")])])
     ch = fold.apply([fx(2, 3, [fact("api.x.io", "rate_limit", "5/s")])])  # observed earlier, arrives later
     (late,) = ch.triples_inserted
-    assert ch.triples_closed == [] and late.superseded_by == fold.state.slots[
-        ("api:api.x.io", "rate_limit", "agent:scraper")][1]
+    assert (
+        ch.triples_closed == []
+        and late.superseded_by == fold.state.slots[("api:api.x.io", "rate_limit", "agent:scraper")][1]
+    )
     assert (late.valid_from, late.valid_to) == (T0 + timedelta(hours=3), T0 + timedelta(hours=10))
     assert [t.target for t in as_of(fold.state.all_triples(), T0 + timedelta(hours=4))] == ["rate:5/s"]
     assert [t.target for t in as_of(fold.state.all_triples(), T0 + timedelta(hours=11))] == ["rate:10/s"]
@@ -160,9 +241,13 @@ def test_a_late_fact_enters_the_log_already_closed():
 
 def test_scopes_do_not_supersede_each_other():
     fold = KnowledgeFold()
-    ch = fold.apply([fx(1, 0, [fact("api.x.io", "rate_limit", "10/s")], agent="a"),
-                     fx(2, 1, [fact("api.x.io", "rate_limit", "5/s")], agent="b"),
-                     fx(3, 2, [fact("api.x.io", "rate_limit", "7/s", scope="global")], agent="b")])
+    ch = fold.apply(
+        [
+            fx(1, 0, [fact("api.x.io", "rate_limit", "10/s")], agent="a"),
+            fx(2, 1, [fact("api.x.io", "rate_limit", "5/s")], agent="b"),
+            fx(3, 2, [fact("api.x.io", "rate_limit", "7/s", scope="global")], agent="b"),
+        ]
+    )
     assert ch.triples_closed == []
     assert sorted(t.scope for t in ch.triples_inserted) == ["agent:a", "agent:b", "global"]
 
@@ -180,9 +265,13 @@ def test_as_of_queries():
 
 def test_a_new_predicate_joins_the_registry_with_its_kind():
     fold = KnowledgeFold()
-    ch = fold.apply([fx(1, 0, [fact("svc", "hosted_on", "aws", functional=True)]),
-                     fx(2, 1, [fact("svc", "hosted_on", "gcp")]),
-                     fx(3, 2, [fact("svc", "mentions", "x"), fact("svc", "mentions", "y")])])
+    ch = fold.apply(
+        [
+            fx(1, 0, [fact("svc", "hosted_on", "aws", functional=True)]),
+            fx(2, 1, [fact("svc", "hosted_on", "gcp")]),
+            fx(3, 2, [fact("svc", "mentions", "x"), fact("svc", "mentions", "y")]),
+        ]
+    )
     assert [(p.predicate, p.functional) for p in ch.predicates] == [("hosted_on", True), ("mentions", False)]
     assert len(ch.triples_closed) == 1
 
@@ -193,12 +282,26 @@ def _batches(n: int, seed: int) -> list[FactsExtracted]:
     rnd = random.Random(seed)
     out = []
     for i in range(n):
-        facts = [fact(f"api{rnd.randrange(3)}.example.com", "rate_limit", f"{rnd.randrange(4)}/s"),
-                 fact(f"tool_{rnd.randrange(4)}", "failed_with", f"error {rnd.randrange(5)}", conf=0.95,
-                      stype="tool", ttype="error")]
-        out.append(fx(i + 1, rnd.uniform(0, 100), facts, agent=f"agent{rnd.randrange(2)}",
-                      entities=[EntityMention(name=f"tool_{rnd.randrange(4)}", type="tool",
-                                              attributes={"seen": [i % 3]})]))
+        facts = [
+            fact(f"api{rnd.randrange(3)}.example.com", "rate_limit", f"{rnd.randrange(4)}/s"),
+            fact(
+                f"tool_{rnd.randrange(4)}",
+                "failed_with",
+                f"error {rnd.randrange(5)}",
+                conf=0.95,
+                stype="tool",
+                ttype="error",
+            ),
+        ]
+        out.append(
+            fx(
+                i + 1,
+                rnd.uniform(0, 100),
+                facts,
+                agent=f"agent{rnd.randrange(2)}",
+                entities=[EntityMention(name=f"tool_{rnd.randrange(4)}", type="tool", attributes={"seen": [i % 3]})],
+            )
+        )
     return out
 
 
@@ -222,25 +325,39 @@ def test_a_fold_rebuilt_from_its_rows_continues_identically():
         entities[e.entity_id] = e
     active = {t.triple_id: t for t in first.triples_inserted}
     for r in first.triples_reinforced:
-        active[r.triple_id] = msgspec.structs.replace(active[r.triple_id], count=r.count, confidence=r.confidence,
-                                                      last_evidence=r.last_evidence)
+        active[r.triple_id] = msgspec.structs.replace(
+            active[r.triple_id], count=r.count, confidence=r.confidence, last_evidence=r.last_evidence
+        )
     for c in first.triples_closed:
-        active[c.triple_id] = msgspec.structs.replace(active[c.triple_id], valid_to=c.valid_to,
-                                                      superseded_by=c.superseded_by)
-    state = KnowledgeState.from_rows(entities.values(), first.aliases, first.predicates,  # type: ignore[arg-type]
-                                     list(active.values()), next_ordinal=len(first.history))
+        active[c.triple_id] = msgspec.structs.replace(
+            active[c.triple_id], valid_to=c.valid_to, superseded_by=c.superseded_by
+        )
+    state = KnowledgeState.from_rows(
+        entities.values(),
+        first.aliases,
+        first.predicates,  # type: ignore[arg-type]
+        list(active.values()),
+        next_ordinal=len(first.history),
+    )
     assert KnowledgeFold(state).apply(log[40:]).encode() == rest
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 50), st.sampled_from(["1/s", "2/s", "3/s"]),
-                          st.sampled_from(["agent:a", "global"])), min_size=1, max_size=25))
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 50), st.sampled_from(["1/s", "2/s", "3/s"]), st.sampled_from(["agent:a", "global"])),
+        min_size=1,
+        max_size=25,
+    )
+)
 def test_at_most_one_functional_fact_is_active_at_any_time(steps):
     fold = KnowledgeFold()
     for i, (hour, rate, scope) in enumerate(steps):
         ch = fold.apply([fx(i + 1, hour, [fact("api.x.io", "rate_limit", rate, scope=scope)])])
-        assert {h.episode_id for h in ch.history} <= {str(uuid.UUID(int=i + 1)), *(
-            t.evidence for t in fold.state.all_triples())}
+        assert {h.episode_id for h in ch.history} <= {
+            str(uuid.UUID(int=i + 1)),
+            *(t.evidence for t in fold.state.all_triples()),
+        }
     triples = fold.state.all_triples()
     for hour in range(-1, 52):
         active = as_of(triples, T0 + timedelta(hours=hour, minutes=30))

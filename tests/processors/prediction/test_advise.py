@@ -5,20 +5,46 @@ from __future__ import annotations
 import pytest
 
 from somnus.processors.prediction.advise import (
-    AdviceConfig, AdviceInputs, PastEpisode, ToolRisk, advise, similarity, words_of)
+    AdviceConfig,
+    AdviceInputs,
+    PastEpisode,
+    ToolRisk,
+    advise,
+    similarity,
+    words_of,
+)
 
 
-def ep(i: int, task: str, success: bool | None, tools: list[str], failed: list[str] = (), entities: list[str] = (),
-       memories: list[str] = ()) -> PastEpisode:
-    return PastEpisode(episode_id=f"e{i:02d}", session_id=f"s{i}", task=task, success=success, tools=list(tools),
-                       failed_tools=list(failed), entities=list(entities), memory_ids=list(memories))
+def ep(
+    i: int,
+    task: str,
+    success: bool | None,
+    tools: list[str],
+    failed: list[str] = (),
+    entities: list[str] = (),
+    memories: list[str] = (),
+) -> PastEpisode:
+    return PastEpisode(
+        episode_id=f"e{i:02d}",
+        session_id=f"s{i}",
+        task=task,
+        success=success,
+        tools=list(tools),
+        failed_tools=list(failed),
+        entities=list(entities),
+        memory_ids=list(memories),
+    )
 
 
 REFUND = "refund the duplicate charge on invoice"
 SHIP = "ship the replacement order to the customer"
-PAY = ToolRisk(tool="issue_refund", calls=20, errors=14, outcomes={"ok": 0.3, "error:card declined": 0.55,
-                                                                   "http:429": 0.15},
-               negative={"error:card declined"})
+PAY = ToolRisk(
+    tool="issue_refund",
+    calls=20,
+    errors=14,
+    outcomes={"ok": 0.3, "error:card declined": 0.55, "http:429": 0.15},
+    negative={"error:card declined"},
+)
 LOOKUP = ToolRisk(tool="lookup_invoice", calls=40, errors=0, outcomes={"ok": 1.0}, negative=set())
 
 
@@ -30,8 +56,9 @@ def test_words_and_similarity():
 
 
 def test_a_planted_high_failure_context_escalates_and_a_healthy_one_does_not():
-    failing = [ep(i, REFUND, False, ["lookup_invoice", "issue_refund"], ["issue_refund"], memories=[f"m{i}"])
-               for i in range(4)] + [ep(4, REFUND, True, ["lookup_invoice", "issue_refund"])]
+    failing = [
+        ep(i, REFUND, False, ["lookup_invoice", "issue_refund"], ["issue_refund"], memories=[f"m{i}"]) for i in range(4)
+    ] + [ep(4, REFUND, True, ["lookup_invoice", "issue_refund"])]
     healthy = [ep(10 + i, SHIP, True, ["create_shipment"]) for i in range(5)]
     healthy.append(ep(20, SHIP, False, ["create_shipment"]))
     inputs = AdviceInputs(episodes=failing + healthy, tools={"issue_refund": PAY, "lookup_invoice": LOOKUP})
@@ -50,11 +77,19 @@ def test_a_planted_high_failure_context_escalates_and_a_healthy_one_does_not():
 
 
 def test_risks_are_the_negative_links_of_tools_used_in_related_episodes():
-    inputs = AdviceInputs(episodes=[ep(0, REFUND, False, ["lookup_invoice", "issue_refund"], ["issue_refund"]),
-                                    ep(1, SHIP, False, ["create_shipment"], ["create_shipment"])],
-                          tools={"issue_refund": PAY, "lookup_invoice": LOOKUP,
-                                 "create_shipment": ToolRisk(tool="create_shipment", calls=2, errors=2,
-                                                             outcomes={"error:x": 1.0}, negative={"error:x"})})
+    inputs = AdviceInputs(
+        episodes=[
+            ep(0, REFUND, False, ["lookup_invoice", "issue_refund"], ["issue_refund"]),
+            ep(1, SHIP, False, ["create_shipment"], ["create_shipment"]),
+        ],
+        tools={
+            "issue_refund": PAY,
+            "lookup_invoice": LOOKUP,
+            "create_shipment": ToolRisk(
+                tool="create_shipment", calls=2, errors=2, outcomes={"error:x": 1.0}, negative={"error:x"}
+            ),
+        },
+    )
     got = advise("billing", REFUND, inputs)
     assert [r.tool for r in got.risks] == ["issue_refund"]  # lookup never fails; create_shipment is not related
     risk = got.risks[0]
@@ -65,13 +100,17 @@ def test_risks_are_the_negative_links_of_tools_used_in_related_episodes():
 
 
 def test_planning_ranks_strategies_that_succeeded_for_this_and_related_tasks():
-    inputs = AdviceInputs(episodes=[
-        ep(0, REFUND, True, ["lookup_invoice", "issue_refund"], memories=["m0"]),
-        ep(1, REFUND, True, ["lookup_invoice", "issue_refund"]),
-        ep(2, REFUND, False, ["lookup_invoice", "issue_refund"]),
-        ep(3, "refund a charge", True, ["issue_refund"]),  # related, less similar
-        ep(4, REFUND, False, ["escalate_ticket"]),  # never succeeded: not a strategy
-        ep(5, SHIP, True, ["create_shipment"])], tools={})  # unrelated
+    inputs = AdviceInputs(
+        episodes=[
+            ep(0, REFUND, True, ["lookup_invoice", "issue_refund"], memories=["m0"]),
+            ep(1, REFUND, True, ["lookup_invoice", "issue_refund"]),
+            ep(2, REFUND, False, ["lookup_invoice", "issue_refund"]),
+            ep(3, "refund a charge", True, ["issue_refund"]),  # related, less similar
+            ep(4, REFUND, False, ["escalate_ticket"]),  # never succeeded: not a strategy
+            ep(5, SHIP, True, ["create_shipment"]),
+        ],
+        tools={},
+    )  # unrelated
     got = advise("billing", REFUND, inputs).planning
     assert [s.tools for s in got] == [["lookup_invoice", "issue_refund"], ["issue_refund"]]
     first = got[0]
@@ -81,11 +120,15 @@ def test_planning_ranks_strategies_that_succeeded_for_this_and_related_tasks():
 
 
 def test_salience_names_entities_that_go_with_success_in_related_episodes():
-    inputs = AdviceInputs(episodes=[
-        ep(0, REFUND, True, ["issue_refund"], entities=["agent:billing", "tool:issue_refund", "customer:acme"]),
-        ep(1, REFUND, True, ["issue_refund"], entities=["agent:billing", "customer:acme"]),
-        ep(2, REFUND, False, ["issue_refund"], entities=["agent:billing", "customer:globex", "tool:issue_refund"]),
-        ep(3, SHIP, True, ["create_shipment"], entities=["carrier:ups"])], tools={})
+    inputs = AdviceInputs(
+        episodes=[
+            ep(0, REFUND, True, ["issue_refund"], entities=["agent:billing", "tool:issue_refund", "customer:acme"]),
+            ep(1, REFUND, True, ["issue_refund"], entities=["agent:billing", "customer:acme"]),
+            ep(2, REFUND, False, ["issue_refund"], entities=["agent:billing", "customer:globex", "tool:issue_refund"]),
+            ep(3, SHIP, True, ["create_shipment"], entities=["carrier:ups"]),
+        ],
+        tools={},
+    )
     got = advise("billing", REFUND, inputs).salience
     # the asking agent's own entity is never salient, even where it goes with success
     lifted = AdviceInputs(episodes=[*inputs.episodes, ep(5, REFUND, False, ["issue_refund"])], tools={})
@@ -106,8 +149,18 @@ def test_no_related_past_gives_empty_advice_and_a_blank_task_is_an_error():
 
 
 def test_the_advice_is_the_same_whatever_the_order_of_the_past():
-    past = [ep(i, REFUND if i % 2 else "refund charge", i % 3 == 0, ["lookup_invoice", "issue_refund"][: 1 + i % 2],
-               ["issue_refund"] if i % 3 else [], [f"c:{i % 4}"]) for i in range(12)]
+    past = [
+        ep(
+            i,
+            REFUND if i % 2 else "refund charge",
+            i % 3 == 0,
+            ["lookup_invoice", "issue_refund"][: 1 + i % 2],
+            ["issue_refund"] if i % 3 else [],
+            [f"c:{i % 4}"],
+        )
+        for i in range(12)
+    ]
     tools = {"issue_refund": PAY, "lookup_invoice": LOOKUP}
-    assert advise("b", REFUND, AdviceInputs(episodes=past, tools=tools)) == \
-        advise("b", REFUND, AdviceInputs(episodes=past[::-1], tools=tools))
+    assert advise("b", REFUND, AdviceInputs(episodes=past, tools=tools)) == advise(
+        "b", REFUND, AdviceInputs(episodes=past[::-1], tools=tools)
+    )

@@ -38,7 +38,14 @@ from somnus.processors.prediction.causal_links import (
     tool_counts_from_states,
     valence_of,
 )
-from somnus.schemas.causal import LinkLevel, OutcomeObserved, Valence, event_signature, outcome_signature, tool_signature
+from somnus.schemas.causal import (
+    LinkLevel,
+    OutcomeObserved,
+    Valence,
+    event_signature,
+    outcome_signature,
+    tool_signature,
+)
 from somnus.schemas.codec import Rejection, decode_trace
 from somnus.schemas.episodes import CallSeen, EpisodeDistilled
 from somnus.schemas.events import Outcome
@@ -51,14 +58,35 @@ T0 = datetime(2024, 5, 13, 9, 0, tzinfo=timezone.utc)  # a Monday
 PROPERTY = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def obs(outcome: str = "ok", *, sig: str = "e1", offset: int = 0, index: int = 0, partition: int = 0,
-        agent: str = "support", at: datetime = T0, context: dict[str, str] | None = None,
-        level: LinkLevel = LinkLevel.CALL, tool: str = "t") -> OutcomeObserved:
+def obs(
+    outcome: str = "ok",
+    *,
+    sig: str = "e1",
+    offset: int = 0,
+    index: int = 0,
+    partition: int = 0,
+    agent: str = "support",
+    at: datetime = T0,
+    context: dict[str, str] | None = None,
+    level: LinkLevel = LinkLevel.CALL,
+    tool: str = "t",
+) -> OutcomeObserved:
     valence = Valence.POSITIVE if outcome == "ok" else Valence.NEGATIVE
-    return OutcomeObserved(event_signature=sig, level=level, tool=tool, outcome_signature=outcome_signature(outcome),
-                           outcome=outcome, valence=valence, agent=agent, observed_at=at,
-                           context=context if context is not None else {"agent": agent},
-                           episode_id=uuid.UUID(int=offset + 1), src_partition=partition, src_offset=offset, index=index)
+    return OutcomeObserved(
+        event_signature=sig,
+        level=level,
+        tool=tool,
+        outcome_signature=outcome_signature(outcome),
+        outcome=outcome,
+        valence=valence,
+        agent=agent,
+        observed_at=at,
+        context=context if context is not None else {"agent": agent},
+        episode_id=uuid.UUID(int=offset + 1),
+        src_partition=partition,
+        src_offset=offset,
+        index=index,
+    )
 
 
 def seq(outcomes: Sequence[str], **kw: Any) -> list[OutcomeObserved]:
@@ -71,10 +99,28 @@ def strengths(states: dict[str, CausalLinkState], sig: str = "e1") -> dict[str, 
 
 def episode(calls: list[CallSeen], *, agent: str = "airline", ended: datetime = T0) -> EpisodeDistilled:
     return EpisodeDistilled(
-        episode_id=uuid.UUID(int=7), schema_version=1, agent=agent, session_id="s1", task="t", goal=None,
-        user_id=None, summary="", outcome=Outcome.SUCCESS, started_at=ended, ended_at=ended, duration_s=0.0,
-        event_count=1, tool_calls=len(calls), tools=[], errors=[], lessons=[], delegations=[],
-        first_event_id=uuid.UUID(int=1), last_event_id=uuid.UUID(int=2), calls=calls)
+        episode_id=uuid.UUID(int=7),
+        schema_version=1,
+        agent=agent,
+        session_id="s1",
+        task="t",
+        goal=None,
+        user_id=None,
+        summary="",
+        outcome=Outcome.SUCCESS,
+        started_at=ended,
+        ended_at=ended,
+        duration_s=0.0,
+        event_count=1,
+        tool_calls=len(calls),
+        tools=[],
+        errors=[],
+        lessons=[],
+        delegations=[],
+        first_event_id=uuid.UUID(int=1),
+        last_event_id=uuid.UUID(int=2),
+        calls=calls,
+    )
 
 
 def test_the_module_examples_run():
@@ -83,9 +129,13 @@ def test_the_module_examples_run():
 
 # ---- pinned numbers ---------------------------------------------------------------------------
 
+
 def test_pinned_numbers():
-    assert ALPHA_BY_LEARNING_RATE == {LearningRate.CONSERVATIVE: 0.05, LearningRate.MODERATE: 0.1,
-                                      LearningRate.AGGRESSIVE: 0.25}
+    assert ALPHA_BY_LEARNING_RATE == {
+        LearningRate.CONSERVATIVE: 0.05,
+        LearningRate.MODERATE: 0.1,
+        LearningRate.AGGRESSIVE: 0.25,
+    }
     assert DEFAULT_ALPHA == 0.1
     assert (CONFIDENCE_PRIOR, TOOL_FALLBACK_CONFIDENCE, MAX_CONTEXT_VALUES) == (2.0, 0.5, 24)
 
@@ -96,12 +146,16 @@ def test_confidence_is_n_over_n_plus_2(n, confidence):
 
 
 def test_alpha_follows_each_agents_learning_rate():
-    agents = {"a": AgentSpec(name="a", learning_rate=LearningRate.CONSERVATIVE), "b": AgentSpec(name="b"),
-              "c": AgentSpec(name="c", learning_rate=LearningRate.AGGRESSIVE)}
+    agents = {
+        "a": AgentSpec(name="a", learning_rate=LearningRate.CONSERVATIVE),
+        "b": AgentSpec(name="b"),
+        "c": AgentSpec(name="c", learning_rate=LearningRate.AGGRESSIVE),
+    }
     assert alphas_for(agents) == {"a": 0.05, "b": 0.1, "c": 0.25}
 
 
 # ---- Rescorla-Wagner, to 1e-9 -----------------------------------------------------------------
+
 
 def test_plain_rescorla_wagner_values():
     # ΔV = α(λ − V), α = 0.1, V from 0: ok, ok, ok, then an error (a new outcome starts at V = 0)
@@ -148,8 +202,9 @@ def test_plain_rw_is_the_closed_form_weighted_sum(outcomes, alpha):
 
 
 @PROPERTY
-@given(st.lists(st.sampled_from(["ok", "error:a", "http:500", "error:b"]), min_size=1, max_size=80),
-       st.floats(0.0, 1.0))
+@given(
+    st.lists(st.sampled_from(["ok", "error:a", "http:500", "error:b"]), min_size=1, max_size=80), st.floats(0.0, 1.0)
+)
 def test_strengths_are_probabilities(outcomes, alpha):
     states, rows = learn({}, seq(outcomes), alpha)
     v = strengths(states)
@@ -169,8 +224,12 @@ def test_alpha_zero_with_the_running_start_is_the_exact_frequency(outcomes):
 
 
 def test_each_agent_learns_at_its_own_rate():
-    mixed = [obs("ok", offset=0, agent="calm"), obs("ok", offset=1, agent="calm"), obs("ok", offset=2, agent="calm"),
-             obs("error:x", offset=3, agent="hasty")]
+    mixed = [
+        obs("ok", offset=0, agent="calm"),
+        obs("ok", offset=1, agent="calm"),
+        obs("ok", offset=2, agent="calm"),
+        obs("error:x", offset=3, agent="hasty"),
+    ]
     _, rows = learn({}, mixed, 0.1, alpha_by_agent={"hasty": 0.5, "calm": 0.05}, running_mean_start=False)
     assert [r.alpha for r in rows] == [0.05, 0.05, 0.05, 0.5, 0.5]
 
@@ -183,6 +242,7 @@ def test_learning_rates_out_of_range_are_refused():
 
 
 # ---- exactly once -----------------------------------------------------------------------------
+
 
 def test_the_same_batch_twice_changes_nothing():
     batch = seq(["ok", "error:x", "ok"])
@@ -212,9 +272,18 @@ def test_calls_of_one_episode_are_told_apart_by_their_index():
 
 
 @PROPERTY
-@given(st.lists(st.tuples(st.sampled_from(["e1", "e2", "e3"]), st.sampled_from(["ok", "error:a", "http:429"]),
-                          st.integers(0, 2)), min_size=1, max_size=40),
-       st.lists(st.integers(0, 40), max_size=4), st.integers(0, 40), st.integers(0, 40))
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["e1", "e2", "e3"]), st.sampled_from(["ok", "error:a", "http:429"]), st.integers(0, 2)
+        ),
+        min_size=1,
+        max_size=40,
+    ),
+    st.lists(st.integers(0, 40), max_size=4),
+    st.integers(0, 40),
+    st.integers(0, 40),
+)
 def test_any_split_and_any_redelivery_give_the_same_states_and_rows(items, cuts, a, b):
     # offsets increase per partition in delivery order, as on a Kafka partition
     batch = [obs(o, sig=s, partition=p, offset=i) for i, (s, o, p) in enumerate(items)]
@@ -228,7 +297,9 @@ def test_any_split_and_any_redelivery_give_the_same_states_and_rows(items, cuts,
         new, got = learn(states, delivered[lo:hi])
         states = {**states, **new}
         rows += got
-    assert {k: encode_link_state(v) for k, v in states.items()} == {k: encode_link_state(v) for k, v in clean_states.items()}
+    assert {k: encode_link_state(v) for k, v in states.items()} == {
+        k: encode_link_state(v) for k, v in clean_states.items()
+    }
     assert rows == clean_rows
 
 
@@ -254,8 +325,10 @@ def test_same_inputs_give_byte_identical_outputs():
 
 
 def test_a_link_remembers_when_and_in_what_context_it_was_seen():
-    batch = [obs("ok", offset=0, at=T0 + timedelta(hours=2), context={"agent": "a", "hour": "11"}),
-             obs("ok", offset=1, at=T0, context={"agent": "b", "hour": "09"})]
+    batch = [
+        obs("ok", offset=0, at=T0 + timedelta(hours=2), context={"agent": "a", "hour": "11"}),
+        obs("ok", offset=1, at=T0, context={"agent": "b", "hour": "09"}),
+    ]
     link = next(iter(learn({}, batch)[0]["e1"].links.values()))
     assert (link.first_at, link.last_at) == (T0, T0 + timedelta(hours=2))
     assert link.context == {"agent": ["a", "b"], "hour": ["09", "11"]}
@@ -272,18 +345,32 @@ def test_context_values_are_capped_and_the_key_marked_full():
 
 # ---- observations from episodes ---------------------------------------------------------------
 
-@pytest.mark.parametrize(("call", "outcome", "valence"), [
-    (CallSeen(tool="t", ok=True), "ok", Valence.POSITIVE),
-    (CallSeen(tool="t", ok=True, http_status=200), "ok", Valence.POSITIVE),
-    (CallSeen(tool="t", ok=False, error="HTTP 429: Too Many Requests", http_status=429), "http:429", Valence.NEUTRAL),
-    (CallSeen(tool="t", ok=False, error="HTTP 500: boom", http_status=500), "http:500", Valence.NEGATIVE),
-    (CallSeen(tool="t", ok=False, error="HTTP/1.1 503 Service Unavailable"), "http:503", Valence.NEGATIVE),
-    (CallSeen(tool="t", ok=False, error="rate limit exceeded, retry in 2s"), "error:rate limit exceeded, retry in <id>",
-     Valence.NEUTRAL),
-    (CallSeen(tool="t", ok=False, error="Error: payment method credit_card_123 not found"),
-     "error:payment method <id> not found", Valence.NEGATIVE),
-    (CallSeen(tool="t", ok=False), "error:error (no message)", Valence.NEGATIVE),
-])
+
+@pytest.mark.parametrize(
+    ("call", "outcome", "valence"),
+    [
+        (CallSeen(tool="t", ok=True), "ok", Valence.POSITIVE),
+        (CallSeen(tool="t", ok=True, http_status=200), "ok", Valence.POSITIVE),
+        (
+            CallSeen(tool="t", ok=False, error="HTTP 429: Too Many Requests", http_status=429),
+            "http:429",
+            Valence.NEUTRAL,
+        ),
+        (CallSeen(tool="t", ok=False, error="HTTP 500: boom", http_status=500), "http:500", Valence.NEGATIVE),
+        (CallSeen(tool="t", ok=False, error="HTTP/1.1 503 Service Unavailable"), "http:503", Valence.NEGATIVE),
+        (
+            CallSeen(tool="t", ok=False, error="rate limit exceeded, retry in 2s"),
+            "error:rate limit exceeded, retry in <id>",
+            Valence.NEUTRAL,
+        ),
+        (
+            CallSeen(tool="t", ok=False, error="Error: payment method credit_card_123 not found"),
+            "error:payment method <id> not found",
+            Valence.NEGATIVE,
+        ),
+        (CallSeen(tool="t", ok=False), "error:error (no message)", Valence.NEGATIVE),
+    ],
+)
 def test_outcomes_are_readable_result_types(call, outcome, valence):
     assert (outcome_of(call), valence_of(call)) == (outcome, valence)
 
@@ -291,19 +378,33 @@ def test_outcomes_are_readable_result_types(call, outcome, valence):
 def test_an_episode_gives_two_observations_per_call_with_a_result():
     at = T0 + timedelta(minutes=3)
     sig = event_signature("book", {"cabin": "economy"})
-    ep = episode([CallSeen(tool="book", ok=False, error="Error: no seats", at=at, signature=sig),
-                  CallSeen(tool="notify"),  # no result: teaches nothing
-                  CallSeen(tool="book", ok=True, signature=sig),  # no time: the episode's end
-                  CallSeen(tool="lookup", ok=True, at=at)])  # no signature: tool level only
+    ep = episode(
+        [
+            CallSeen(tool="book", ok=False, error="Error: no seats", at=at, signature=sig),
+            CallSeen(tool="notify"),  # no result: teaches nothing
+            CallSeen(tool="book", ok=True, signature=sig),  # no time: the episode's end
+            CallSeen(tool="lookup", ok=True, at=at),
+        ]
+    )  # no signature: tool level only
     got = observations_from_episode(ep, src_partition=2, src_offset=41)
     assert [(o.level, o.tool, o.index, o.outcome) for o in got] == [
-        (LinkLevel.CALL, "book", 0, "error:no seats"), (LinkLevel.TOOL, "book", 0, "error:no seats"),
-        (LinkLevel.CALL, "book", 2, "ok"), (LinkLevel.TOOL, "book", 2, "ok"),
-        (LinkLevel.TOOL, "lookup", 3, "ok")]
-    assert [o.event_signature for o in got] == [sig, tool_signature("book"), sig, tool_signature("book"),
-                                                tool_signature("lookup")]
+        (LinkLevel.CALL, "book", 0, "error:no seats"),
+        (LinkLevel.TOOL, "book", 0, "error:no seats"),
+        (LinkLevel.CALL, "book", 2, "ok"),
+        (LinkLevel.TOOL, "book", 2, "ok"),
+        (LinkLevel.TOOL, "lookup", 3, "ok"),
+    ]
+    assert [o.event_signature for o in got] == [
+        sig,
+        tool_signature("book"),
+        sig,
+        tool_signature("book"),
+        tool_signature("lookup"),
+    ]
     assert [o.observed_at for o in got] == [at, at, T0, T0, at]
-    assert {(o.src_partition, o.src_offset, o.episode_id, o.agent) for o in got} == {(2, 41, uuid.UUID(int=7), "airline")}
+    assert {(o.src_partition, o.src_offset, o.episode_id, o.agent) for o in got} == {
+        (2, 41, uuid.UUID(int=7), "airline")
+    }
     assert got[0].context == {"agent": "airline", "hour": "09", "weekday": "mon"}
     assert got[0].outcome_signature == outcome_signature("error:no seats")
 
@@ -316,39 +417,62 @@ def test_context_hours_are_the_events_own_clock():
 
 # ---- predictions ------------------------------------------------------------------------------
 
+
 def _states_for(calls: list[tuple[str, dict[str, Any], str]]) -> dict[str, CausalLinkState]:
     seen = []
     for i, (tool, params, outcome) in enumerate(calls):
         ok = outcome == "ok"
-        seen.append(CallSeen(tool=tool, ok=ok, error=None if ok else outcome, at=T0 + timedelta(hours=i % 3),
-                             signature=event_signature(tool, params)))
+        seen.append(
+            CallSeen(
+                tool=tool,
+                ok=ok,
+                error=None if ok else outcome,
+                at=T0 + timedelta(hours=i % 3),
+                signature=event_signature(tool, params),
+            )
+        )
     states, _ = learn({}, observations_from_episode(episode(seen), 0, 0))
     return states
 
 
 def test_a_seen_call_is_predicted_from_its_own_link():
-    states = _states_for([("book", {"cabin": "economy", "user_id": f"u{i}"}, "ok" if i % 4 else "Error: full")
-                          for i in range(8)] + [("book", {"cabin": "business"}, "ok")])
+    states = _states_for(
+        [("book", {"cabin": "economy", "user_id": f"u{i}"}, "ok" if i % 4 else "Error: full") for i in range(8)]
+        + [("book", {"cabin": "business"}, "ok")]
+    )
     p = predict(states, "book", {"cabin": "economy", "user_id": "someone_else_42"})
     assert (p.known, p.basis, p.observations) == (True, "call", 8)
     assert [(o.outcome, o.valence, o.observations) for o in p.outcomes] == [
-        ("ok", Valence.POSITIVE, 6), ("error:full", Valence.NEGATIVE, 2)]
+        ("ok", Valence.POSITIVE, 6),
+        ("error:full", Valence.NEGATIVE, 2),
+    ]
     assert [o.strength for o in p.outcomes] == pytest.approx([0.75, 0.25], abs=1e-9)
     assert all(o.confidence == pytest.approx(8 / 10, abs=1e-12) for o in p.outcomes)
     assert p.params == {"cabin": "economy", "user_id": "<id>"}
-    assert p.outcomes_json()[0] == {"outcome": "ok", "valence": "positive", "strength": p.outcomes[0].strength,
-                                    "confidence": p.outcomes[0].confidence, "observations": 6}
+    assert p.outcomes_json()[0] == {
+        "outcome": "ok",
+        "valence": "positive",
+        "strength": p.outcomes[0].strength,
+        "confidence": p.outcomes[0].confidence,
+        "observations": 6,
+    }
 
 
 def test_a_never_seen_call_of_a_known_tool_is_a_flagged_hint():
-    states = _states_for([("book", {"cabin": "economy"}, "ok"), ("book", {"cabin": "economy"}, "Error: x"),
-                          ("book", {"cabin": "business"}, "ok")])
+    states = _states_for(
+        [
+            ("book", {"cabin": "economy"}, "ok"),
+            ("book", {"cabin": "economy"}, "Error: x"),
+            ("book", {"cabin": "business"}, "ok"),
+        ]
+    )
     p = predict(states, "book", {"cabin": "first", "pets": True})
     assert (p.known, p.basis, p.observations) == (False, "tool", 3)
     assert p.event_signature == event_signature("book", {"cabin": "first", "pets": True})
     assert [o.outcome for o in p.outcomes] == ["ok", "error:x"]
-    assert all(o.confidence == pytest.approx(confidence_of(3) * TOOL_FALLBACK_CONFIDENCE, abs=1e-12)
-               for o in p.outcomes)
+    assert all(
+        o.confidence == pytest.approx(confidence_of(3) * TOOL_FALLBACK_CONFIDENCE, abs=1e-12) for o in p.outcomes
+    )
     whole = predict(states, "book", None)  # asking about the tool itself: known
     assert (whole.known, whole.basis) == (True, "tool")
     assert whole.outcomes[0].confidence == pytest.approx(confidence_of(3), abs=1e-12)
@@ -374,9 +498,16 @@ def test_context_marks_outcomes_seen_in_it():
 
 # ---- exact counts -----------------------------------------------------------------------------
 
+
 def test_exact_tool_counts_from_observations_and_from_states_agree():
-    ep = episode([CallSeen(tool="a", ok=True, signature="s1"), CallSeen(tool="a", ok=False, error="x", signature="s2"),
-                  CallSeen(tool="b", ok=False, error="HTTP 429", http_status=429), CallSeen(tool="c")])
+    ep = episode(
+        [
+            CallSeen(tool="a", ok=True, signature="s1"),
+            CallSeen(tool="a", ok=False, error="x", signature="s2"),
+            CallSeen(tool="b", ok=False, error="HTTP 429", http_status=429),
+            CallSeen(tool="c"),
+        ]
+    )
     observed = observations_from_episode(ep, 0, 0)
     counts = tool_counts(observed)
     assert {t: (c.calls, c.errors) for t, c in counts.items()} == {"a": (2, 1), "b": (1, 1)}
@@ -387,6 +518,7 @@ def test_exact_tool_counts_from_observations_and_from_states_agree():
 
 
 # ---- real data: tau-bench ---------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def tau() -> tuple[list[EpisodeDistilled], list[OutcomeObserved]]:
@@ -399,7 +531,11 @@ def tau() -> tuple[list[EpisodeDistilled], list[OutcomeObserved]]:
     return episodes, observed
 
 
-FAILING = {"update_reservation_flights": (42, 104), "book_reservation": (30, 53), "update_reservation_baggages": (1, 14)}
+FAILING = {
+    "update_reservation_flights": (42, 104),
+    "book_reservation": (30, 53),
+    "update_reservation_baggages": (1, 14),
+}
 
 
 def test_tau_bench_per_tool_error_counts_are_exact(tau):
@@ -470,9 +606,13 @@ def test_tau_bench_learning_is_deterministic_and_rows_are_unique(tau):
 
 # ---- the flat view ----------------------------------------------------------------------------
 
+
 def test_snapshots_are_the_links_with_their_observations():
-    batch = [obs("ok", offset=0, at=T0), obs("error:x", offset=1, at=T0 + timedelta(hours=1)),
-             obs("ok", offset=2, at=T0 + timedelta(hours=2))]
+    batch = [
+        obs("ok", offset=0, at=T0),
+        obs("error:x", offset=1, at=T0 + timedelta(hours=1)),
+        obs("ok", offset=2, at=T0 + timedelta(hours=2)),
+    ]
     states, rows = learn({}, batch)
     snaps = snapshots(states, rows)
     assert [(s.outcome, s.observation_count, s.event_observations) for s in snaps] == [("ok", 2, 3), ("error:x", 1, 3)]
@@ -494,8 +634,9 @@ def test_snapshots_satisfy_the_promotion_sources_protocol():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.sampled_from(["ok", "error:x", "http:429", "error:y"]), min_size=1, max_size=40),
-       st.floats(0.01, 0.9))
+@given(
+    st.lists(st.sampled_from(["ok", "error:x", "http:429", "error:y"]), min_size=1, max_size=40), st.floats(0.01, 0.9)
+)
 def test_compact_rows_carry_exactly_what_the_per_link_rows_say(outcomes, alpha):
     states, full = learn({}, seq(outcomes), alpha)
     states_c, compact = learn({}, seq(outcomes), alpha, per_link_rows=False)
@@ -505,6 +646,9 @@ def test_compact_rows_carry_exactly_what_the_per_link_rows_say(outcomes, alpha):
         by_obs.setdefault((r.src_offset, r.index), {})[r.outcome_signature] = r.strength
     for row in compact:
         assert row.strengths == by_obs[(row.src_offset, row.index)]
-        (observed,) = [r for r in full if (r.src_offset, r.index, r.outcome_signature)
-                       == (row.src_offset, row.index, row.outcome_signature)]
+        (observed,) = [
+            r
+            for r in full
+            if (r.src_offset, r.index, r.outcome_signature) == (row.src_offset, row.index, row.outcome_signature)
+        ]
         assert observed.target == 1.0 and row == msgspec.structs.replace(observed, strengths=row.strengths)

@@ -53,31 +53,47 @@ def test_the_module_examples_run():
 def test_pinned_constants():
     assert NAMES == ("circadian", "weekly", "monthly", "annual")
     assert PERIODS_HOURS == (24.0, 168.0, 720.0, 8760.0)
-    assert np.allclose(OMEGA, [2 * math.pi / 24, 2 * math.pi / 168, 2 * math.pi / 720, 2 * math.pi / 8760], rtol=0, atol=1e-15)
-    assert (DEFAULT_COUPLING, DEFAULT_STEP_HOURS, DEFAULT_HEBBIAN_CYCLES, DEFAULT_ENTRAINMENT, DEFAULT_LOCK_THRESHOLD) == (
-        0.001, 3.0, 2.0, 0.3, 0.5)
+    assert np.allclose(
+        OMEGA, [2 * math.pi / 24, 2 * math.pi / 168, 2 * math.pi / 720, 2 * math.pi / 8760], rtol=0, atol=1e-15
+    )
+    assert (
+        DEFAULT_COUPLING,
+        DEFAULT_STEP_HOURS,
+        DEFAULT_HEBBIAN_CYCLES,
+        DEFAULT_ENTRAINMENT,
+        DEFAULT_LOCK_THRESHOLD,
+    ) == (0.001, 3.0, 2.0, 0.3, 0.5)
     assert OscillatorConfig().enabled is False  # optional, off by default
 
 
 # ---- the equation -----------------------------------------------------------------------------
 
+
 def _direct_rhs(theta, omega, w, k):
     n = len(theta)
-    return np.array([omega[i] + k / n * sum(w[i][j] * math.sin(theta[j] - theta[i]) for j in range(n))
-                     for i in range(n)])
+    return np.array(
+        [omega[i] + k / n * sum(w[i][j] * math.sin(theta[j] - theta[i]) for j in range(n)) for i in range(n)]
+    )
 
 
 @PROPERTY
-@given(st.lists(st.floats(-10, 10), min_size=4, max_size=4), st.lists(st.floats(0, 1), min_size=16, max_size=16),
-       st.floats(0, 5))
+@given(
+    st.lists(st.floats(-10, 10), min_size=4, max_size=4),
+    st.lists(st.floats(0, 1), min_size=16, max_size=16),
+    st.floats(0, 5),
+)
 def test_the_vector_form_is_the_kuramoto_sum(theta, flat, k):
     w = np.array(flat).reshape(4, 4)
     assert np.allclose(kuramoto_rhs(np.array(theta), OMEGA, w, k), _direct_rhs(theta, OMEGA, w, k), atol=1e-12)
 
 
 @PROPERTY
-@given(st.lists(st.floats(0, 2 * math.pi), min_size=4, max_size=4), st.lists(st.floats(0, 1), min_size=6, max_size=6),
-       st.floats(0, 2), st.floats(0, 200))
+@given(
+    st.lists(st.floats(0, 2 * math.pi), min_size=4, max_size=4),
+    st.lists(st.floats(0, 1), min_size=6, max_size=6),
+    st.floats(0, 2),
+    st.floats(0, 200),
+)
 def test_with_symmetric_coupling_the_phase_sum_moves_at_the_summed_frequency(theta, upper, k, hours):
     # Σ_i dθ_i/dt = Σ ω_i: the coupling terms cancel in pairs; RK4 keeps a linear invariant exactly
     w = np.zeros((4, 4))
@@ -115,6 +131,7 @@ def test_integration_is_reversible_and_uses_a_remainder_step():
 #   locked (|Δω| < a), b = sqrt(a² − Δω²): (u − u+)/(u − u−) = C e^{bt}, u± = (a ± b)/Δω, φ -> 2 atan(u−)
 #   unlocked (|Δω| > a), b = sqrt(Δω² − a²): u = a/Δω + (b/Δω) tan(bt/2 + c); φ slips 2π every 2π/b
 
+
 def _pair(d_omega: float, k: float, w: float) -> tuple[np.ndarray, np.ndarray]:
     return np.array([0.3, 0.3 + d_omega]), np.array([[0.0, w], [w, 0.0]])
 
@@ -143,7 +160,7 @@ def test_two_locked_oscillators_follow_the_closed_form_and_settle_at_arcsin():
 def test_two_unlocked_oscillators_slip_a_full_turn_every_2pi_over_b(d_omega, k, w):
     a = 2 * k / 2 * w
     assert abs(d_omega) > a
-    b = math.sqrt(d_omega ** 2 - a ** 2)
+    b = math.sqrt(d_omega**2 - a**2)
     omega, weights = _pair(d_omega, k, w)
     theta = np.array([0.0, 0.4])
     period = 2 * math.pi / b
@@ -159,9 +176,18 @@ def test_two_unlocked_oscillators_slip_a_full_turn_every_2pi_over_b(d_omega, k, 
 
 # ---- measures ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("angle", "wrapped"), [(0.0, 0.0), (math.pi, math.pi), (-math.pi, math.pi),
-                                                (3 * math.pi / 2, -math.pi / 2), (2 * math.pi, 0.0),
-                                                (-7 * math.pi / 4, math.pi / 4)])
+
+@pytest.mark.parametrize(
+    ("angle", "wrapped"),
+    [
+        (0.0, 0.0),
+        (math.pi, math.pi),
+        (-math.pi, math.pi),
+        (3 * math.pi / 2, -math.pi / 2),
+        (2 * math.pi, 0.0),
+        (-7 * math.pi / 4, math.pi / 4),
+    ],
+)
 def test_wrap_into_minus_pi_pi(angle, wrapped):
     assert float(wrap(angle)) == pytest.approx(wrapped, abs=1e-12)
 
@@ -190,8 +216,9 @@ def test_coupling_analysis_eigenvalues():
     w[0, 1] = w[1, 0] = 0.8  # only circadian-weekly: eigenvalues ±0.8, 0, 0
     got = coupling_analysis(w)
     assert got.eigenvalues == pytest.approx([0.8, 0.0, 0.0, -0.8], abs=1e-12)
-    assert got.dominant == pytest.approx({"circadian": 1 / math.sqrt(2), "weekly": 1 / math.sqrt(2),
-                                          "monthly": 0.0, "annual": 0.0}, abs=1e-12)
+    assert got.dominant == pytest.approx(
+        {"circadian": 1 / math.sqrt(2), "weekly": 1 / math.sqrt(2), "monthly": 0.0, "annual": 0.0}, abs=1e-12
+    )
     assert got.strongest == ("circadian", "weekly", 0.8)
     full = np.full((4, 4), 0.5) - 0.5 * np.eye(4)  # all-to-all c: eigenvalues 3c, −c, −c, −c
     assert coupling_analysis(full).eigenvalues == pytest.approx([1.5, -0.5, -0.5, -0.5], abs=1e-12)
@@ -207,6 +234,7 @@ def test_hebbian_rates_are_per_unit_of_time():
 
 
 # ---- patterns ---------------------------------------------------------------------------------
+
 
 def _run(times, config=ON):
     state, readings = None, []
@@ -289,7 +317,9 @@ def test_the_wall_clock_across_dst():
     assert max(r.anomaly for r in on_wall_clock[1:]) == pytest.approx(0.0, abs=1e-12)
     assert on_utc[13].anomaly == pytest.approx(1 / 12, abs=1e-9)  # one hour early by UTC
     state, _ = _run(days, berlin)
-    assert next_recurrence(state, datetime(2024, 4, 4, 12, tzinfo=UTC), berlin).isoformat() == "2024-04-05T09:00:00+02:00"
+    assert (
+        next_recurrence(state, datetime(2024, 4, 4, 12, tzinfo=UTC), berlin).isoformat() == "2024-04-05T09:00:00+02:00"
+    )
 
 
 def test_observing_is_deterministic_and_does_not_touch_its_input():

@@ -18,7 +18,14 @@ from scipy import stats as sps
 
 from somnus.processors.prediction import patterns as ag
 from somnus.processors.semantic.layers import MemoryLayers
-from somnus.processors.prediction.patterns import COMPUTED_FROM_MAX, Statistician, call_outcomes, cosinor, f2_survival, pattern_events
+from somnus.processors.prediction.patterns import (
+    COMPUTED_FROM_MAX,
+    Statistician,
+    call_outcomes,
+    cosinor,
+    f2_survival,
+    pattern_events,
+)
 from somnus.schemas.semantic import CallOutcome
 from somnus.schemas.codec import encode
 from somnus.schemas.episodes import CallSeen, EpisodeDistilled
@@ -45,20 +52,29 @@ def test_thresholds_are_pinned():
     assert COMPUTED_FROM_MAX == 64
 
 
-def rows_by_day(tool: str, rates: list[float], per_day: int = 10, hour: float = 12.0,
-                agent: str = "robot") -> list[CallOutcome]:
+def rows_by_day(
+    tool: str, rates: list[float], per_day: int = 10, hour: float = 12.0, agent: str = "robot"
+) -> list[CallOutcome]:
     """``per_day`` calls a day at ``hour``; the first round(rate * per_day) of them succeed."""
     out = []
     for d, rate in enumerate(rates):
         k = round(rate * per_day)
         for i in range(per_day):
-            out.append(CallOutcome(tool, ok=i < k, at=T0 + timedelta(days=d, hours=hour, seconds=i),
-                                   episode_id=f"{tool}-d{d}-{i // 2}", agent=agent))
+            out.append(
+                CallOutcome(
+                    tool,
+                    ok=i < k,
+                    at=T0 + timedelta(days=d, hours=hour, seconds=i),
+                    episode_id=f"{tool}-d{d}-{i // 2}",
+                    agent=agent,
+                )
+            )
     return out
 
 
-def joint_days(rates: dict[str, list[float]], episodes: list[int] | int = 5, agent: str = "robot",
-               calls: int = 2) -> list[CallOutcome]:
+def joint_days(
+    rates: dict[str, list[float]], episodes: list[int] | int = 5, agent: str = "robot", calls: int = 2
+) -> list[CallOutcome]:
     """Tools used together: each day's episodes call every tool ``calls`` times; day d's rate of a tool
     is the share of its calls that succeed (the first ones)."""
     days = len(next(iter(rates.values())))
@@ -69,29 +85,58 @@ def joint_days(rates: dict[str, list[float]], episodes: list[int] | int = 5, age
             n = n_ep * calls
             k = round(rate * n)
             for i in range(n):
-                out.append(CallOutcome(tool, ok=i < k, at=T0 + timedelta(days=d, hours=12, seconds=i),
-                                       episode_id=f"{agent}-d{d}-e{i % n_ep}", agent=agent))
+                out.append(
+                    CallOutcome(
+                        tool,
+                        ok=i < k,
+                        at=T0 + timedelta(days=d, hours=12, seconds=i),
+                        episode_id=f"{agent}-d{d}-e{i % n_ep}",
+                        agent=agent,
+                    )
+                )
     return out
 
 
 # ---- input ------------------------------------------------------------------------------------
 
+
 def _episode(i: int, calls: list[CallSeen]) -> EpisodeDistilled:
     return EpisodeDistilled(
-        episode_id=uuid.UUID(int=i), schema_version=1, agent="robot", session_id=f"s{i}", task="t", goal=None,
-        user_id=None, summary="", outcome=Outcome.SUCCESS, started_at=T0, ended_at=T0 + timedelta(hours=i),
-        duration_s=1.0, event_count=1, tool_calls=len(calls), tools=sorted({c.tool for c in calls}), errors=[],
-        lessons=[], delegations=[], first_event_id=uuid.UUID(int=1), last_event_id=uuid.UUID(int=2), calls=calls)
+        episode_id=uuid.UUID(int=i),
+        schema_version=1,
+        agent="robot",
+        session_id=f"s{i}",
+        task="t",
+        goal=None,
+        user_id=None,
+        summary="",
+        outcome=Outcome.SUCCESS,
+        started_at=T0,
+        ended_at=T0 + timedelta(hours=i),
+        duration_s=1.0,
+        event_count=1,
+        tool_calls=len(calls),
+        tools=sorted({c.tool for c in calls}),
+        errors=[],
+        lessons=[],
+        delegations=[],
+        first_event_id=uuid.UUID(int=1),
+        last_event_id=uuid.UUID(int=2),
+        calls=calls,
+    )
 
 
 def test_call_outcomes_use_call_times_else_the_episode_end_and_skip_calls_without_result():
     at = T0 + timedelta(minutes=3)
     ep = _episode(2, [CallSeen(tool="a", ok=True, at=at), CallSeen(tool="b", ok=False), CallSeen(tool="c")])
-    assert call_outcomes([ep]) == [CallOutcome("a", True, at, str(uuid.UUID(int=2)), "robot"),
-                                   CallOutcome("b", False, ep.ended_at, str(uuid.UUID(int=2)), "robot")]
+    assert call_outcomes([ep]) == [
+        CallOutcome("a", True, at, str(uuid.UUID(int=2)), "robot"),
+        CallOutcome("b", False, ep.ended_at, str(uuid.UUID(int=2)), "robot"),
+    ]
 
 
 # ---- trends ------------------------------------------------------------------------------------
+
 
 def test_a_declining_success_rate_is_a_confirmed_trend():
     rows = rows_by_day("nav", [1.0, 0.9, 0.8, 0.7, 0.6, 0.5])
@@ -111,7 +156,7 @@ def test_the_trend_is_least_squares_on_daily_rates_weighted_by_calls():
     (rec,) = Statistician(OWNER).trends(rows_by_day("nav", rates))
     fit = sps.linregress(np.arange(10.0), rates)
     assert rec.statistics["slope_per_day"] == pytest.approx(fit.slope, abs=1e-6)
-    assert rec.confidence == pytest.approx(fit.rvalue ** 2, abs=1e-6)  # equal calls a day: plain OLS
+    assert rec.confidence == pytest.approx(fit.rvalue**2, abs=1e-6)  # equal calls a day: plain OLS
     assert rec.statistics["p_value"] == pytest.approx(fit.pvalue, rel=1e-6)
     # a quiet day (3 calls) that breaks the line weighs a tenth of a busy one (30 calls)
     quiet = [r for r in rows_by_day("nav", [1.0] * 11, per_day=3) if r.at >= T0 + timedelta(days=10)]
@@ -125,19 +170,23 @@ def test_the_trend_is_least_squares_on_daily_rates_weighted_by_calls():
     assert slope < sps.linregress(x, y).slope < 0  # unweighted, the quiet day would flatten the line
 
 
-@pytest.mark.parametrize("rates,why", [
-    ([1.0, 0.9, 0.8, 0.7], "4 days < 5"),
-    ([0.9, 0.9, 0.9, 0.9, 0.9], "flat"),
-    ([0.9, 0.5, 0.9, 0.5, 0.9, 0.5, 0.8], "R² < 0.5"),
-    ([0.995, 0.99, 0.985, 0.98, 0.975, 0.97], "slope 0.005/day < 0.01"),
-])
+@pytest.mark.parametrize(
+    "rates,why",
+    [
+        ([1.0, 0.9, 0.8, 0.7], "4 days < 5"),
+        ([0.9, 0.9, 0.9, 0.9, 0.9], "flat"),
+        ([0.9, 0.5, 0.9, 0.5, 0.9, 0.5, 0.8], "R² < 0.5"),
+        ([0.995, 0.99, 0.985, 0.98, 0.975, 0.97], "slope 0.005/day < 0.01"),
+    ],
+)
 def test_no_trend_below_the_thresholds(rates, why):
     assert Statistician(OWNER).trends(rows_by_day("nav", rates, per_day=200)) == [], why
 
 
 def test_days_with_fewer_than_3_calls_do_not_count():
-    rows = rows_by_day("nav", [1.0, 0.9, 0.8, 0.7, 0.6]) + [r for r in rows_by_day("nav", [0.0] * 7, per_day=2)
-                                                            if r.at >= T0 + timedelta(days=5)]
+    rows = rows_by_day("nav", [1.0, 0.9, 0.8, 0.7, 0.6]) + [
+        r for r in rows_by_day("nav", [0.0] * 7, per_day=2) if r.at >= T0 + timedelta(days=5)
+    ]
     (rec,) = Statistician(OWNER).trends(rows)
     assert rec.statistics["days"] == 5 and rec.statistics["slope_per_day"] == pytest.approx(-0.1)
 
@@ -242,8 +291,15 @@ def _activity(draw_seed: int, days: int, agents: int, tools: int, plant: bool = 
                     if plant and a == 0 and t == "t2":
                         p = 0.95 - 0.8 * d / days
                     for k in range(1 + rng.poisson(0.5)):
-                        out.append(CallOutcome(t, bool(rng.random_sample() < p), at + timedelta(seconds=20 * k),
-                                               f"a{a}-d{d}-s{s_}", f"agent{a}"))
+                        out.append(
+                            CallOutcome(
+                                t,
+                                bool(rng.random_sample() < p),
+                                at + timedelta(seconds=20 * k),
+                                f"a{a}-d{d}-s{s_}",
+                                f"agent{a}",
+                            )
+                        )
     return out
 
 
@@ -296,20 +352,24 @@ def test_the_correlation_is_pearson_of_the_scaled_residuals_given_activity(seed)
             tool, kind = metric.split(".")
             i = list(tb.tools).index(tool)
             return calls[i] if kind == "calls" else np.where(calls[i] >= 3, succ[i] / np.maximum(calls[i], 1), np.nan)
+
         x, y = series(a), series(b)
         ok = ~np.isnan(x) & ~np.isnan(y)
         design = np.column_stack([np.ones(ok.sum()), z[ok]])
-        scale = [np.sqrt(z[ok]) if m.endswith(".calls") else 1 / np.sqrt(calls[list(tb.tools).index(m.split(".")[0])][ok])
-                 for m in (a, b)]
+        scale = [
+            np.sqrt(z[ok]) if m.endswith(".calls") else 1 / np.sqrt(calls[list(tb.tools).index(m.split(".")[0])][ok])
+            for m in (a, b)
+        ]
         res = [(v - design @ np.linalg.lstsq(design, v, rcond=None)[0]) / sc for v, sc in zip((x[ok], y[ok]), scale)]
         rho = sps.pearsonr(*res).statistic
         assert rec.statistics["r"] == pytest.approx(rho, abs=1e-6)
         df = int(ok.sum()) - 3
-        want_p = 2 * sps.t.sf(abs(rho) * np.sqrt(df / (1 - rho ** 2)), df)
+        want_p = 2 * sps.t.sf(abs(rho) * np.sqrt(df / (1 - rho**2)), df)
         assert rec.statistics["p_value"] == pytest.approx(want_p, rel=1e-4)
 
 
 # ---- phase locking -------------------------------------------------------------------------------
+
 
 def _hourly(tool: str, days: int, good: callable, seed: int = 0) -> list[CallOutcome]:
     rng = np.random.RandomState(seed)
@@ -318,8 +378,14 @@ def _hourly(tool: str, days: int, good: callable, seed: int = 0) -> list[CallOut
         for h in range(24):
             for k in range(2):
                 p = good(h)
-                out.append(CallOutcome(tool, ok=bool(rng.random_sample() < p),
-                                       at=T0 + timedelta(days=d, hours=h, minutes=20 * k), episode_id=f"{tool}-{d}-{h}"))
+                out.append(
+                    CallOutcome(
+                        tool,
+                        ok=bool(rng.random_sample() < p),
+                        at=T0 + timedelta(days=d, hours=h, minutes=20 * k),
+                        episode_id=f"{tool}-{d}-{h}",
+                    )
+                )
     return out
 
 
@@ -359,6 +425,7 @@ def test_cosinor_recovers_a_known_rhythm():
 
 # ---- the SQL computes the same numbers -----------------------------------------------------------
 
+
 def _episodes_db(rows: list[CallOutcome]) -> duckdb.DuckDBPyConnection:
     con = duckdb.connect()
     con.execute("CREATE TABLE episodes (episode_id VARCHAR, agent VARCHAR, ended_at TIMESTAMPTZ, calls JSON)")
@@ -367,9 +434,13 @@ def _episodes_db(rows: list[CallOutcome]) -> duckdb.DuckDBPyConnection:
         by_ep.setdefault(r.episode_id, []).append(r)
     for e, rs in sorted(by_ep.items()):
         calls = [CallSeen(tool=r.tool, ok=r.ok, at=r.at) for r in rs]
-        con.execute("INSERT INTO episodes VALUES (?, 'robot', ?, ?)", [e, max(r.at for r in rs), encode(calls).decode()])
-    con.execute("INSERT INTO episodes VALUES ('other', 'someone_else', ?, ?)",
-                [T0, encode([CallSeen(tool="nav", ok=False, at=T0)]).decode()])
+        con.execute(
+            "INSERT INTO episodes VALUES (?, 'robot', ?, ?)", [e, max(r.at for r in rs), encode(calls).decode()]
+        )
+    con.execute(
+        "INSERT INTO episodes VALUES ('other', 'someone_else', ?, ?)",
+        [T0, encode([CallSeen(tool="nav", ok=False, at=T0)]).decode()],
+    )
     return con
 
 
@@ -382,15 +453,20 @@ def test_the_trend_and_correlation_queries_reproduce_the_records():
     recs = Statistician(OWNER).analyse(rows)
     trend = next(r for r in recs if r.name == "stat:tool:nav:success")
     slope, r2, days = con.execute(trend.query).fetchone()
-    assert (slope, r2, days) == (pytest.approx(trend.statistics["slope_per_day"], abs=1e-6),
-                                 pytest.approx(trend.statistics["r2"], abs=1e-6), 8)
+    assert (slope, r2, days) == (
+        pytest.approx(trend.statistics["slope_per_day"], abs=1e-6),
+        pytest.approx(trend.statistics["r2"], abs=1e-6),
+        8,
+    )
     corr = next(r for r in recs if r.name == "stat:corr:arm.success_rate~leg.success_rate")
     r, n = con.execute(corr.query).fetchone()
     assert r == pytest.approx(corr.statistics["r"], abs=1e-6) and n == 10
     assert "e.agent IN ('robot')" in corr.query
     assert "e.agent IN ('a', 'b')" in Statistician("team:lead", agents=["b", "a"]).trends(rows)[0].query
     phase_sql = Statistician(OWNER)._phase_sql("nav")
-    assert con.execute(phase_sql).fetchall() == [(12, 40, pytest.approx(np.mean([x.ok for x in rows if x.tool == "nav"])))]
+    assert con.execute(phase_sql).fetchall() == [
+        (12, 40, pytest.approx(np.mean([x.ok for x in rows if x.tool == "nav"])))
+    ]
 
 
 def test_a_record_without_provenance_still_decodes():
@@ -405,6 +481,7 @@ def test_a_record_without_provenance_still_decodes():
 
 # ---- events ----------------------------------------------------------------------------------------
 
+
 def test_pattern_events_confirm_once_and_link_computed_from_episodes():
     rows = rows_by_day("nav", [1.0, 0.9, 0.8, 0.7, 0.6, 0.5])
     recs = Statistician(OWNER).analyse(rows)
@@ -413,7 +490,8 @@ def test_pattern_events_confirm_once_and_link_computed_from_episodes():
     (rec,) = recs  # one trend (all calls at noon: no phase lock; one tool: no correlation)
     assert [type(e) for e in evs] == [PatternConfirmed] + [CrossLayerEdgeFormed] * len(rec.source_episode_ids)
     assert {(e.edge_type, e.source_layer, e.target_layer, e.weight) for e in evs[1:]} == {
-        (CrossEdgeType.COMPUTED_FROM, Layer.ANGULAR_GYRUS, Layer.HIPPOCAMPUS, 1.0)}
+        (CrossEdgeType.COMPUTED_FROM, Layer.ANGULAR_GYRUS, Layer.HIPPOCAMPUS, 1.0)
+    }
     assert sorted(e.target_id for e in evs[1:]) == rec.source_episode_ids
     assert pattern_events(m, recs, T0) == []  # unchanged: nothing
     rows2 = rows + rows_by_day("nav", [0.0] * 6 + [0.3])[-10:]
@@ -451,7 +529,7 @@ def test_on_the_sample_fleet_and_tau_bench_no_pattern_joins_tools_no_agent_uses_
     for ep in episodes:
         tools = sorted({c.tool for c in ep.calls})
         for i, a in enumerate(tools):
-            for b in tools[i + 1:]:
+            for b in tools[i + 1 :]:
                 together.setdefault(frozenset((a, b)), set()).add(ep.agent)
     recs = Statistician("global").analyse(call_outcomes(episodes))
     assert recs  # weeks of a fleet: something to confirm
@@ -460,4 +538,5 @@ def test_on_the_sample_fleet_and_tau_bench_no_pattern_joins_tools_no_agent_uses_
         if rec.category is MathCategory.CORRELATION:
             assert set(rec.source_agents) <= together[frozenset(rec.subjects)], rec.name
         assert "airline" not in rec.source_agents or set(rec.subjects) <= {
-            c.tool for ep in episodes if ep.agent == "airline" for c in ep.calls}
+            c.tool for ep in episodes if ep.agent == "airline" for c in ep.calls
+        }

@@ -67,49 +67,57 @@ def test_pinned_bins():
 
 # ---- bins of hand-made timestamps -------------------------------------------------------------
 
+
 def tz(hours: float) -> timezone:
     return timezone(timedelta(hours=hours))
 
 
-@pytest.mark.parametrize(("ts", "zone", "bins"), [
-    # the event's own offset
-    (datetime(2024, 5, 13, 9, 15, tzinfo=UTC), None, Bins(9, 0, 1, 4, 9)),
-    (datetime(2024, 5, 13, 9, 15, tzinfo=tz(5.5)), None, Bins(9, 0, 1, 4, 9)),  # 03:45 UTC, binned at 09 local
-    (datetime(2024, 12, 31, 23, 59, tzinfo=tz(-8)), None, Bins(23, 1, 3, 11, 47)),
-    # converted to a zone
-    (datetime(2024, 12, 31, 23, 59, tzinfo=tz(-8)), "UTC", Bins(7, 2, 0, 0, 55)),  # Wed Jan 1 07:59 UTC
-    (datetime(2024, 5, 13, 3, 45, tzinfo=UTC), "Asia/Kolkata", Bins(9, 0, 1, 4, 9)),
-    (datetime(2024, 5, 13, 3, 45, tzinfo=UTC), "Pacific/Kiritimati", Bins(17, 0, 1, 4, 17)),  # UTC+14
-    (datetime(2024, 5, 13, 3, 45, tzinfo=UTC), "Pacific/Pago_Pago", Bins(16, 6, 1, 4, 160)),  # UTC-11: Sunday 12th
-    # New York, spring forward (2024-03-10 02:00 EST -> 03:00 EDT): no 2 AM that day
-    (datetime(2024, 3, 10, 6, 59, tzinfo=UTC), "America/New_York", Bins(1, 6, 1, 2, 145)),
-    (datetime(2024, 3, 10, 7, 0, tzinfo=UTC), "America/New_York", Bins(3, 6, 1, 2, 147)),
-    # New York, fall back (2024-11-03 02:00 EDT -> 01:00 EST): 1 AM happens twice, both in bin 1
-    (datetime(2024, 11, 3, 5, 30, tzinfo=UTC), "America/New_York", Bins(1, 6, 0, 10, 145)),
-    (datetime(2024, 11, 3, 6, 30, tzinfo=UTC), "America/New_York", Bins(1, 6, 0, 10, 145)),
-    (datetime(2024, 11, 3, 7, 30, tzinfo=UTC), "America/New_York", Bins(2, 6, 0, 10, 146)),
-    # Berlin, summer time from 2024-03-31 01:00 UTC
-    (datetime(2024, 3, 31, 0, 59, tzinfo=UTC), "Europe/Berlin", Bins(1, 6, 3, 2, 145)),
-    (datetime(2024, 3, 31, 1, 0, tzinfo=UTC), "Europe/Berlin", Bins(3, 6, 3, 2, 147)),
-    # the southern hemisphere: Sydney leaves daylight time on 2024-04-07 (03:00 AEDT -> 02:00 AEST)
-    (datetime(2024, 4, 6, 15, 30, tzinfo=UTC), "Australia/Sydney", Bins(2, 6, 0, 3, 146)),
-    (datetime(2024, 4, 6, 16, 30, tzinfo=UTC), "Australia/Sydney", Bins(2, 6, 0, 3, 146)),
-    # a zone object works as well as its name
-    (datetime(2024, 7, 1, 12, 0, tzinfo=UTC), ZoneInfo("America/Los_Angeles"), Bins(5, 0, 0, 6, 5)),
-], ids=lambda v: v.isoformat() if isinstance(v, datetime) else None)
+@pytest.mark.parametrize(
+    ("ts", "zone", "bins"),
+    [
+        # the event's own offset
+        (datetime(2024, 5, 13, 9, 15, tzinfo=UTC), None, Bins(9, 0, 1, 4, 9)),
+        (datetime(2024, 5, 13, 9, 15, tzinfo=tz(5.5)), None, Bins(9, 0, 1, 4, 9)),  # 03:45 UTC, binned at 09 local
+        (datetime(2024, 12, 31, 23, 59, tzinfo=tz(-8)), None, Bins(23, 1, 3, 11, 47)),
+        # converted to a zone
+        (datetime(2024, 12, 31, 23, 59, tzinfo=tz(-8)), "UTC", Bins(7, 2, 0, 0, 55)),  # Wed Jan 1 07:59 UTC
+        (datetime(2024, 5, 13, 3, 45, tzinfo=UTC), "Asia/Kolkata", Bins(9, 0, 1, 4, 9)),
+        (datetime(2024, 5, 13, 3, 45, tzinfo=UTC), "Pacific/Kiritimati", Bins(17, 0, 1, 4, 17)),  # UTC+14
+        (datetime(2024, 5, 13, 3, 45, tzinfo=UTC), "Pacific/Pago_Pago", Bins(16, 6, 1, 4, 160)),  # UTC-11: Sunday 12th
+        # New York, spring forward (2024-03-10 02:00 EST -> 03:00 EDT): no 2 AM that day
+        (datetime(2024, 3, 10, 6, 59, tzinfo=UTC), "America/New_York", Bins(1, 6, 1, 2, 145)),
+        (datetime(2024, 3, 10, 7, 0, tzinfo=UTC), "America/New_York", Bins(3, 6, 1, 2, 147)),
+        # New York, fall back (2024-11-03 02:00 EDT -> 01:00 EST): 1 AM happens twice, both in bin 1
+        (datetime(2024, 11, 3, 5, 30, tzinfo=UTC), "America/New_York", Bins(1, 6, 0, 10, 145)),
+        (datetime(2024, 11, 3, 6, 30, tzinfo=UTC), "America/New_York", Bins(1, 6, 0, 10, 145)),
+        (datetime(2024, 11, 3, 7, 30, tzinfo=UTC), "America/New_York", Bins(2, 6, 0, 10, 146)),
+        # Berlin, summer time from 2024-03-31 01:00 UTC
+        (datetime(2024, 3, 31, 0, 59, tzinfo=UTC), "Europe/Berlin", Bins(1, 6, 3, 2, 145)),
+        (datetime(2024, 3, 31, 1, 0, tzinfo=UTC), "Europe/Berlin", Bins(3, 6, 3, 2, 147)),
+        # the southern hemisphere: Sydney leaves daylight time on 2024-04-07 (03:00 AEDT -> 02:00 AEST)
+        (datetime(2024, 4, 6, 15, 30, tzinfo=UTC), "Australia/Sydney", Bins(2, 6, 0, 3, 146)),
+        (datetime(2024, 4, 6, 16, 30, tzinfo=UTC), "Australia/Sydney", Bins(2, 6, 0, 3, 146)),
+        # a zone object works as well as its name
+        (datetime(2024, 7, 1, 12, 0, tzinfo=UTC), ZoneInfo("America/Los_Angeles"), Bins(5, 0, 0, 6, 5)),
+    ],
+    ids=lambda v: v.isoformat() if isinstance(v, datetime) else None,
+)
 def test_bins_of_hand_made_timestamps(ts, zone, bins):
     assert bins_of(ts, zone) == bins
 
 
-@pytest.mark.parametrize(("day", "week"), [(1, 0), (7, 0), (8, 1), (14, 1), (15, 2), (21, 2), (22, 3), (28, 3),
-                                           (29, 3), (30, 3), (31, 3)])
+@pytest.mark.parametrize(
+    ("day", "week"), [(1, 0), (7, 0), (8, 1), (14, 1), (15, 2), (21, 2), (22, 3), (28, 3), (29, 3), (30, 3), (31, 3)]
+)
 def test_week_of_month_puts_days_29_to_31_in_the_last_bin(day, week):
     assert bins_of(datetime(2024, 1, day, tzinfo=UTC)).week_of_month == week
 
 
 @PROPERTY
-@given(st.datetimes(min_value=datetime(1971, 1, 1), max_value=datetime(2100, 1, 1), timezones=st.just(UTC)),
-       st.sampled_from([None, "UTC", "America/New_York", "Europe/Berlin", "Asia/Kathmandu", "Australia/Lord_Howe"]))
+@given(
+    st.datetimes(min_value=datetime(1971, 1, 1), max_value=datetime(2100, 1, 1), timezones=st.just(UTC)),
+    st.sampled_from([None, "UTC", "America/New_York", "Europe/Berlin", "Asia/Kathmandu", "Australia/Lord_Howe"]),
+)
 def test_bins_are_in_range_and_consistent(ts, zone):
     b = bins_of(ts, zone)
     for kind, value in zip(BIN_KINDS, b):
@@ -134,8 +142,9 @@ T = datetime(2024, 5, 13, 9, 0, tzinfo=UTC)
 
 
 def _ev(cls, payload, seq=0, at=T):
-    return cls(event_id=uuid.UUID(int=seq + 1), schema_version=1, ts=at, agent="ops", session_id="s", seq=seq,
-               payload=payload)
+    return cls(
+        event_id=uuid.UUID(int=seq + 1), schema_version=1, ts=at, agent="ops", session_id="s", seq=seq, payload=payload
+    )
 
 
 def test_marks_of_raw_events():
@@ -143,13 +152,23 @@ def test_marks_of_raw_events():
         (_ev(SessionStarted, SessionStart(task="x")), [("session_start", None)]),
         (_ev(UserMessaged, Message(text="hi")), [("user_message", None)]),
         (_ev(ToolCalled, ToolCall(tool="helm", call_id="c")), [("tool_call", None), ("tool_call:helm", None)]),
-        (_ev(ToolReturned, ToolResult(call_id="c", ok=False, tool="helm")),
-         [("tool_result", False), ("tool_result:helm", False)]),
+        (
+            _ev(ToolReturned, ToolResult(call_id="c", ok=False, tool="helm")),
+            [("tool_result", False), ("tool_result:helm", False)],
+        ),
         (_ev(ToolReturned, ToolResult(call_id="c", ok=True)), [("tool_result", True)]),
-        (_ev(Delegated, Delegation(to_agent="deployer", task="t")), [("delegation", None), ("delegation:deployer", None)]),
-        (_ev(DelegationReturned, DelegationResult(to_agent="deployer", outcome=Outcome.SUCCESS)),
-         [("delegation_result", True), ("delegation_result:deployer", True)]),
-        (_ev(SessionEnded, SessionEnd(outcome=Outcome.PARTIAL)), [("session_end", False), ("session_end:partial", None)]),
+        (
+            _ev(Delegated, Delegation(to_agent="deployer", task="t")),
+            [("delegation", None), ("delegation:deployer", None)],
+        ),
+        (
+            _ev(DelegationReturned, DelegationResult(to_agent="deployer", outcome=Outcome.SUCCESS)),
+            [("delegation_result", True), ("delegation_result:deployer", True)],
+        ),
+        (
+            _ev(SessionEnded, SessionEnd(outcome=Outcome.PARTIAL)),
+            [("session_end", False), ("session_end:partial", None)],
+        ),
     ]
     for event, expected in cases:
         marks = marks_of_event(event)
@@ -159,30 +178,62 @@ def test_marks_of_raw_events():
 
 def test_marks_of_an_episode():
     ep = EpisodeDistilled(
-        episode_id=uuid.UUID(int=1), schema_version=1, agent="ops", session_id="s", task="", goal=None, user_id=None,
-        summary="", outcome=Outcome.FAILURE, started_at=T, ended_at=T + timedelta(minutes=5), duration_s=300.0,
-        event_count=4, tool_calls=3, tools=[], errors=[], lessons=[], delegations=[], first_event_id=uuid.UUID(int=1),
-        last_event_id=uuid.UUID(int=2), calls=[CallSeen(tool="helm", ok=False, at=T + timedelta(minutes=1)),
-                                               CallSeen(tool="kubectl", at=T + timedelta(minutes=2)),
-                                               CallSeen(tool="old", ok=True)])
+        episode_id=uuid.UUID(int=1),
+        schema_version=1,
+        agent="ops",
+        session_id="s",
+        task="",
+        goal=None,
+        user_id=None,
+        summary="",
+        outcome=Outcome.FAILURE,
+        started_at=T,
+        ended_at=T + timedelta(minutes=5),
+        duration_s=300.0,
+        event_count=4,
+        tool_calls=3,
+        tools=[],
+        errors=[],
+        lessons=[],
+        delegations=[],
+        first_event_id=uuid.UUID(int=1),
+        last_event_id=uuid.UUID(int=2),
+        calls=[
+            CallSeen(tool="helm", ok=False, at=T + timedelta(minutes=1)),
+            CallSeen(tool="kubectl", at=T + timedelta(minutes=2)),
+            CallSeen(tool="old", ok=True),
+        ],
+    )
     got = [(m.kind, m.at - T, m.success) for m in marks_of_episode(ep)]
-    assert got == [("session_start", timedelta(0), None), ("session_end", timedelta(minutes=5), False),
-                   ("session_end:failure", timedelta(minutes=5), None),
-                   ("tool_call", timedelta(minutes=1), False), ("tool_call:helm", timedelta(minutes=1), False),
-                   ("tool_call", timedelta(minutes=2), None), ("tool_call:kubectl", timedelta(minutes=2), None)]
+    assert got == [
+        ("session_start", timedelta(0), None),
+        ("session_end", timedelta(minutes=5), False),
+        ("session_end:failure", timedelta(minutes=5), None),
+        ("tool_call", timedelta(minutes=1), False),
+        ("tool_call:helm", timedelta(minutes=1), False),
+        ("tool_call", timedelta(minutes=2), None),
+        ("tool_call:kubectl", timedelta(minutes=2), None),
+    ]
 
 
 # ---- the index --------------------------------------------------------------------------------
+
 
 def _at(day: int, hour: int, minute: int = 0) -> datetime:
     return datetime(2024, 5, day, hour, minute, tzinfo=UTC)  # May 13 2024 is a Monday
 
 
 def test_counts_per_bin_and_what_usually_happens_around_9_on_weekdays():
-    marks = [TemporalMark("a", "deploy", _at(13, 9), True), TemporalMark("a", "deploy", _at(14, 9, 40), False),
-             TemporalMark("a", "deploy", _at(15, 10, 5), True), TemporalMark("a", "standup", _at(16, 8, 55)),
-             TemporalMark("a", "standup", _at(17, 9)), TemporalMark("a", "backup", _at(18, 9), True),  # Saturday
-             TemporalMark("a", "deploy", _at(13, 15), True), TemporalMark("b", "deploy", _at(13, 9), False)]
+    marks = [
+        TemporalMark("a", "deploy", _at(13, 9), True),
+        TemporalMark("a", "deploy", _at(14, 9, 40), False),
+        TemporalMark("a", "deploy", _at(15, 10, 5), True),
+        TemporalMark("a", "standup", _at(16, 8, 55)),
+        TemporalMark("a", "standup", _at(17, 9)),
+        TemporalMark("a", "backup", _at(18, 9), True),  # Saturday
+        TemporalMark("a", "deploy", _at(13, 15), True),
+        TemporalMark("b", "deploy", _at(13, 9), False),
+    ]
     ix = index_of(marks)
     assert ix.cells[("a", "deploy", "hour", 9)] == [2, 1, 1]
     assert ix.cells[("a", "deploy", "weekhour", 9)] == [1, 1, 0]
@@ -216,18 +267,30 @@ def test_a_zone_per_agent_bins_each_agent_on_its_own_wall_clock():
 
 def test_the_same_wall_clock_hour_across_a_dst_change():
     # a job at 09:00 New York time, written in UTC: 14:00Z in winter, 13:00Z in summer
-    marks = [TemporalMark("a", "job", datetime(2024, 3, 8, 14, tzinfo=UTC)),
-             TemporalMark("a", "job", datetime(2024, 3, 11, 13, tzinfo=UTC))]
+    marks = [
+        TemporalMark("a", "job", datetime(2024, 3, 8, 14, tzinfo=UTC)),
+        TemporalMark("a", "job", datetime(2024, 3, 11, 13, tzinfo=UTC)),
+    ]
     in_zone = index_of(marks, "America/New_York")
     assert in_zone.profile("a", "job", "hour")[9][1] == 2
     own_offset = index_of(marks)  # the events' own clock (UTC here): two different hours
     assert [h for h, c, _ in own_offset.profile("a", "job", "hour") if c] == [13, 14]
 
 
-marks_st = st.lists(st.builds(TemporalMark, st.sampled_from(["a", "b"]), st.sampled_from(["x", "y", "tool_call:z"]),
-                              st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2040, 1, 1),
-                                           timezones=st.sampled_from([UTC, timezone(timedelta(hours=-5))])),
-                              st.none() | st.booleans()), max_size=40)
+marks_st = st.lists(
+    st.builds(
+        TemporalMark,
+        st.sampled_from(["a", "b"]),
+        st.sampled_from(["x", "y", "tool_call:z"]),
+        st.datetimes(
+            min_value=datetime(2000, 1, 1),
+            max_value=datetime(2040, 1, 1),
+            timezones=st.sampled_from([UTC, timezone(timedelta(hours=-5))]),
+        ),
+        st.none() | st.booleans(),
+    ),
+    max_size=40,
+)
 
 
 @PROPERTY
@@ -265,7 +328,7 @@ def test_counted_cells_equal_their_definition(marks, tz, per_agent):
     by_agent = {"a": "Europe/Paris"} if per_agent else None
     ix = TemporalIndex()
     ix.add(marks[: len(marks) // 2], tz, by_agent)
-    ix.add(marks[len(marks) // 2:], tz, by_agent)  # adding to cells already there
+    ix.add(marks[len(marks) // 2 :], tz, by_agent)  # adding to cells already there
     assert ix.cells == _one_cell_at_a_time(marks, tz, by_agent)
 
 
@@ -281,6 +344,7 @@ def test_deltas_are_rows_in_key_order_and_merge_leaves_inputs_alone():
 
 
 # ---- footprint --------------------------------------------------------------------------------
+
 
 def test_the_index_size_depends_on_kinds_and_bins_not_on_how_many_memories():
     events = list(generate(sessions=400, seed=3))

@@ -55,12 +55,25 @@ OWNER = "agent:robot"
 
 # ---- confidence -------------------------------------------------------------------------------
 
+
 def test_confidence_numbers_are_pinned():
     assert (CONFIDENCE_BASE, CONFIDENCE_STEP, CONFIDENCE_CAP) == (0.5, 0.1, 0.99)
 
 
-@pytest.mark.parametrize("n,want", [(0, 0.5), (1, 0.6), (4, 0.7), (9, 0.8), (16, 0.9), (23, 0.5 + 0.1 * math.sqrt(23)),
-                                    (24, 0.5 + 0.1 * math.sqrt(24)), (25, 0.99), (10_000, 0.99)])
+@pytest.mark.parametrize(
+    "n,want",
+    [
+        (0, 0.5),
+        (1, 0.6),
+        (4, 0.7),
+        (9, 0.8),
+        (16, 0.9),
+        (23, 0.5 + 0.1 * math.sqrt(23)),
+        (24, 0.5 + 0.1 * math.sqrt(24)),
+        (25, 0.99),
+        (10_000, 0.99),
+    ],
+)
 def test_confidence_is_half_plus_a_tenth_of_the_root_capped(n, want):
     assert concept_confidence(n) == pytest.approx(want)
 
@@ -73,22 +86,26 @@ def test_confidence_grows_with_evidence_and_stays_below_the_cap(a, b):
 
 # ---- names --------------------------------------------------------------------------------------
 
+
 def test_name_dedup_numbers_are_pinned():
     assert (NAME_MAX_EDITS, NAME_MIN_FUZZY_CHARS) == (1, 10)
 
 
-@pytest.mark.parametrize("a,b,same", [
-    ("coffee_mug", "coffee mug", True),
-    ("Coffee-Mug", "coffee_mug", True),
-    ("ＣＯＦＦＥＥ ＭＵＧ", "coffee mug", True),
-    ("book_reservation_unreliable", "book_reservations_unreliable", True),  # one edit, long name
-    ("book_reservation_unreliable", "book_reservatoin_unreliable", False),  # transposition = 2 edits
-    ("mug", "mugs", False),  # short names match exactly or not at all
-    ("concept_00", "concept_01", False),  # a digit is never a typo
-    ("python_3_11_runtime", "python_3_12_runtime", False),
-    ("book_reservation_reliable", "book_reservation_unreliable", False),  # antonyms are not typos
-    ("a_very_long_tool_name_for_payments_reliable", "a_very_long_tool_name_for_payments_unreliable", False),
-])
+@pytest.mark.parametrize(
+    "a,b,same",
+    [
+        ("coffee_mug", "coffee mug", True),
+        ("Coffee-Mug", "coffee_mug", True),
+        ("ＣＯＦＦＥＥ ＭＵＧ", "coffee mug", True),
+        ("book_reservation_unreliable", "book_reservations_unreliable", True),  # one edit, long name
+        ("book_reservation_unreliable", "book_reservatoin_unreliable", False),  # transposition = 2 edits
+        ("mug", "mugs", False),  # short names match exactly or not at all
+        ("concept_00", "concept_01", False),  # a digit is never a typo
+        ("python_3_11_runtime", "python_3_12_runtime", False),
+        ("book_reservation_reliable", "book_reservation_unreliable", False),  # antonyms are not typos
+        ("a_very_long_tool_name_for_payments_reliable", "a_very_long_tool_name_for_payments_unreliable", False),
+    ],
+)
 def test_names_match(a, b, same):
     assert names_match(a, b) is same
 
@@ -104,6 +121,7 @@ def test_banded_edit_distance_agrees_with_the_full_one(a, b):
                 cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (x[i - 1] != y[j - 1]))
             prev = cur
         return prev[-1]
+
     for k in (0, 1, 2):
         assert within_edits(a, b, k) is (full(a, b) <= k)
 
@@ -115,14 +133,23 @@ def test_concept_ids_come_from_owner_and_name_key():
 
 # ---- find_or_create -----------------------------------------------------------------------------
 
+
 def test_find_or_create_dedups_by_name_and_reinforces_per_new_evidence():
     m = MemoryLayers(OWNER)
-    cid, created, evs = find_or_create(m, "coffee_mug", T0, definition="A mug.", category="object",
-                                       provenance=Provenance.EPISODIC_CONSOLIDATION, source_episode_ids=["e1", "e2"])
+    cid, created, evs = find_or_create(
+        m,
+        "coffee_mug",
+        T0,
+        definition="A mug.",
+        category="object",
+        provenance=Provenance.EPISODIC_CONSOLIDATION,
+        source_episode_ids=["e1", "e2"],
+    )
     assert created and [type(e) for e in evs] == [ConceptCreated]
     assert m.atl.get(cid).reinforcement_count == 2  # one per episode
-    again, created2, evs2 = find_or_create(m, "coffee mug", T0, provenance=Provenance.EPISODIC_CONSOLIDATION,
-                                           source_episode_ids=["e2", "e3", "e3"])
+    again, created2, evs2 = find_or_create(
+        m, "coffee mug", T0, provenance=Provenance.EPISODIC_CONSOLIDATION, source_episode_ids=["e2", "e3", "e3"]
+    )
     assert (again, created2) == (cid, False)
     assert [type(e) for e in evs2] == [ConceptReinforced] and evs2[0].by == 1 and evs2[0].source_episode_ids == ["e3"]
     assert m.atl.get(cid).reinforcement_count == 3
@@ -134,18 +161,21 @@ def test_find_or_create_dedups_by_name_and_reinforces_per_new_evidence():
 
 def test_a_second_kind_of_source_makes_a_concept_hybrid():
     m = MemoryLayers(OWNER)
-    cid, _, _ = find_or_create(m, "nav_unreliable", T0, provenance=Provenance.EPISODIC_CONSOLIDATION,
-                               source_episode_ids=["e1"])
+    cid, _, _ = find_or_create(
+        m, "nav_unreliable", T0, provenance=Provenance.EPISODIC_CONSOLIDATION, source_episode_ids=["e1"]
+    )
     _, _, evs = find_or_create(m, "nav_unreliable", T0, provenance=Provenance.AGENT_INFERENCE, evidence=["math:m1@1"])
     assert evs[0].provenance is Provenance.HYBRID and m.atl.get(cid).provenance is Provenance.HYBRID
 
 
 def test_reinforcement_updates_properties_and_definition():
     m = MemoryLayers(OWNER)
-    cid, _, _ = find_or_create(m, "nav_unreliable", T0, definition="old", properties={"a": 1, "b": 2},
-                               source_episode_ids=["e1"])
-    _, _, evs = find_or_create(m, "nav_unreliable", T0, definition="new", properties={"a": 1, "b": 3},
-                               source_episode_ids=["e2"])
+    cid, _, _ = find_or_create(
+        m, "nav_unreliable", T0, definition="old", properties={"a": 1, "b": 2}, source_episode_ids=["e1"]
+    )
+    _, _, evs = find_or_create(
+        m, "nav_unreliable", T0, definition="new", properties={"a": 1, "b": 3}, source_episode_ids=["e2"]
+    )
     assert evs[0].properties == {"b": 3} and evs[0].definition == "new"  # only what changed travels
     c = m.atl.get(cid)
     assert c.properties == {"a": 1, "b": 3} and c.definition == "new"
@@ -153,15 +183,23 @@ def test_reinforcement_updates_properties_and_definition():
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["coffee_mug", "Coffee Mug", "tea_cup", "kitchen"]),
-                          st.lists(st.sampled_from(["e1", "e2", "e3", "e4"]), max_size=3)), max_size=12))
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["coffee_mug", "Coffee Mug", "tea_cup", "kitchen"]),
+            st.lists(st.sampled_from(["e1", "e2", "e3", "e4"]), max_size=3),
+        ),
+        max_size=12,
+    )
+)
 def test_replaying_find_or_create_events_rebuilds_the_same_atl(calls):
     m = MemoryLayers(OWNER)
     log = []
     born_bare: set[str] = set()  # created without evidence: the creation itself counts once
     for name, eps in calls:
-        cid, created, evs = find_or_create(m, name, T0, provenance=Provenance.EPISODIC_CONSOLIDATION,
-                                           source_episode_ids=eps)
+        cid, created, evs = find_or_create(
+            m, name, T0, provenance=Provenance.EPISODIC_CONSOLIDATION, source_episode_ids=eps
+        )
         if created and not eps:
             born_bare.add(cid)
         log += evs
@@ -173,10 +211,17 @@ def test_replaying_find_or_create_events_rebuilds_the_same_atl(calls):
 
 # ---- relationships --------------------------------------------------------------------------------
 
+
 def test_builtin_relationship_types_and_their_symmetry_are_pinned():
     assert {k: v.symmetric for k, v in BUILTIN_RELATIONS.items()} == {
-        "IS_A": False, "HAS_PART": False, "CAUSES": False, "TRENDS_WITH": True, "CORRELATES_WITH": True,
-        "PHASE_LOCKED_TO": False, "PREDICTS": False}
+        "IS_A": False,
+        "HAS_PART": False,
+        "CAUSES": False,
+        "TRENDS_WITH": True,
+        "CORRELATES_WITH": True,
+        "PHASE_LOCKED_TO": False,
+        "PREDICTS": False,
+    }
     assert all(v.origin is RelationOrigin.BUILTIN for v in BUILTIN_RELATIONS.values())
     assert relation_name("property of") == "PROPERTY_OF" == relation_name("Property-Of")
 
@@ -237,17 +282,23 @@ def test_markdown_and_json_knowledge_parse_to_the_same_concepts():
     assert md == js
     mug = js[0]
     assert mug.properties == {"color": "blue", "capacity_ml": 350, "dishwasher_safe": True}
-    assert [(r.relation, r.target) for r in mug.relationships] == [("IS_A", "container"), ("PROPERTY_OF", "kitchen_area")]
+    assert [(r.relation, r.target) for r in mug.relationships] == [
+        ("IS_A", "container"),
+        ("PROPERTY_OF", "kitchen_area"),
+    ]
 
 
-@pytest.mark.parametrize("text,fmt,where", [
-    ("{", "json", "not JSON"),
-    ('{"x": 1}', "json", "'concepts'"),
-    ('[{"definition": "no name"}]', "json", "concept 0"),
-    ('[{"name": "a", "relationships": [{"type": "IS_A"}]}]', "json", "relationship 0"),
-    ("text before any heading\n## a", "markdown", "line 1"),
-    ("## a", "yaml", "unknown knowledge format"),
-])
+@pytest.mark.parametrize(
+    "text,fmt,where",
+    [
+        ("{", "json", "not JSON"),
+        ('{"x": 1}', "json", "'concepts'"),
+        ('[{"definition": "no name"}]', "json", "concept 0"),
+        ('[{"name": "a", "relationships": [{"type": "IS_A"}]}]', "json", "relationship 0"),
+        ("text before any heading\n## a", "markdown", "line 1"),
+        ("## a", "yaml", "unknown knowledge format"),
+    ],
+)
 def test_knowledge_file_errors_name_the_place(text, fmt, where):
     with pytest.raises(KnowledgeFileError, match=where):
         parse_knowledge(text, fmt)
@@ -259,7 +310,9 @@ def test_ingestion_creates_direct_concepts_and_relationships_once():
     mug = m.atl.get(m.atl.find("coffee mug"))
     assert mug.provenance is Provenance.DIRECT_INGESTION and mug.category == "object"
     assert [(r.relation, m.atl.name_of(r.target_id)) for r in m.atl.relationships(mug.concept_id)] == [
-        ("IS_A", "container"), ("PROPERTY_OF", "kitchen_area")]
+        ("IS_A", "container"),
+        ("PROPERTY_OF", "kitchen_area"),
+    ]
     assert m.registry.get("PROPERTY_OF").origin is RelationOrigin.AGENT_PROPOSED
     assert len(m.atl) == 3 and any(isinstance(e, RelationshipTypeRegistered) for e in evs)
     assert ingest_knowledge(m, parse_knowledge(JSON, "json"), "kitchen.json", T0) == []  # idempotent
@@ -268,14 +321,27 @@ def test_ingestion_creates_direct_concepts_and_relationships_once():
 
 # ---- knowledge context ----------------------------------------------------------------------------------
 
+
 def test_knowledge_numbers_are_pinned():
     assert (KNOWLEDGE_LIMIT, KNOWLEDGE_RELATIONSHIPS, QUERY_BOOST) == (8, 5, 1.0)
 
 
 def _math(mid: str, name: str, conf: float, verbal: str, subjects: list[str]) -> PatternConfirmed:
-    return PatternConfirmed(owner=OWNER, at=T0, record=MathRecord(
-        math_id=mid, name=name, category=MathCategory.PATTERN, domain="tool_reliability", subjects=subjects,
-        verbal=verbal, query="SELECT 1", confidence=conf, n_observations=40))
+    return PatternConfirmed(
+        owner=OWNER,
+        at=T0,
+        record=MathRecord(
+            math_id=mid,
+            name=name,
+            category=MathCategory.PATTERN,
+            domain="tool_reliability",
+            subjects=subjects,
+            verbal=verbal,
+            query="SELECT 1",
+            confidence=conf,
+            n_observations=40,
+        ),
+    )
 
 
 def test_knowledge_context_merges_concepts_and_patterns_in_the_designs_format():
@@ -284,14 +350,25 @@ def test_knowledge_context_merges_concepts_and_patterns_in_the_designs_format():
     mug = m.atl.find("coffee_mug")
     # 13 more pieces of evidence: confidence 0.5 + 0.1 * sqrt(14) = 0.874
     find_or_create(m, "coffee_mug", T0, evidence=[f"doc:more#{i}" for i in range(13)])
-    m.apply(_math("m1", "stat:tool:navigate:success", 0.73,
-                  "Navigate tool showing declining success rate (R²=0.73, slope=-0.02/day).", ["navigate"]))
+    m.apply(
+        _math(
+            "m1",
+            "stat:tool:navigate:success",
+            0.73,
+            "Navigate tool showing declining success rate (R²=0.73, slope=-0.02/day).",
+            ["navigate"],
+        )
+    )
     entries = knowledge_context(m)
     texts = [e.text for e in entries]
-    assert texts[0] == ('"coffee_mug" (object, confidence=0.87): A ceramic container typically found in kitchens. '
-                        'Relationships: IS_A container, PROPERTY_OF kitchen_area')
-    assert ('"stat:tool:navigate:success" (math:PATTERN, confidence=0.73): Navigate tool showing declining success '
-            'rate (R²=0.73, slope=-0.02/day).') in texts
+    assert texts[0] == (
+        '"coffee_mug" (object, confidence=0.87): A ceramic container typically found in kitchens. '
+        "Relationships: IS_A container, PROPERTY_OF kitchen_area"
+    )
+    assert (
+        '"stat:tool:navigate:success" (math:PATTERN, confidence=0.73): Navigate tool showing declining success '
+        "rate (R²=0.73, slope=-0.02/day)."
+    ) in texts
     assert [e.layer for e in entries][:2] == [Layer.ATL, Layer.ANGULAR_GYRUS]  # 0.87, then 0.73 > 0.6
     assert entries[0].record_id == mug
     assert render_knowledge_context(entries).splitlines()[0] == "- " + texts[0]
@@ -330,12 +407,28 @@ def test_record_agents_prefers_recorded_provenance_over_the_tools_callers():
     t = datetime(2024, 5, 1, tzinfo=timezone.utc)
     m = MemoryLayers("global")
     callers = {"pay": ["a", "b", "c"]}
-    m.apply(PatternConfirmed(owner="global", at=t, record=MathRecord(
-        math_id="m1", name="stat:tool:pay:success", category=MathCategory.PATTERN, domain="tool_reliability",
-        subjects=["pay"], verbal="v", query="SELECT 1", confidence=0.9, n_observations=9, source_agents=["b"])))
+    m.apply(
+        PatternConfirmed(
+            owner="global",
+            at=t,
+            record=MathRecord(
+                math_id="m1",
+                name="stat:tool:pay:success",
+                category=MathCategory.PATTERN,
+                domain="tool_reliability",
+                subjects=["pay"],
+                verbal="v",
+                query="SELECT 1",
+                confidence=0.9,
+                n_observations=9,
+                source_agents=["b"],
+            ),
+        )
+    )
     assert record_agents(m, Layer.ANGULAR_GYRUS, "m1", callers) == {"b"}
-    recorded, _, _ = find_or_create(m, "pay_success_declining", t, properties={"tool": "pay", "source_agents": ["b"]},
-                                    evidence=["math:m1@1"])
+    recorded, _, _ = find_or_create(
+        m, "pay_success_declining", t, properties={"tool": "pay", "source_agents": ["b"]}, evidence=["math:m1@1"]
+    )
     assert record_agents(m, Layer.ATL, recorded, callers) == {"b"}
     unrecorded, _, _ = find_or_create(m, "pay_unreliable", t, properties={"tool": "pay"}, source_episode_ids=["e1"])
     assert record_agents(m, Layer.ATL, unrecorded, callers) == {"a", "b", "c"}  # then every caller counts

@@ -20,7 +20,18 @@ from hypothesis import strategies as st
 from somnus.processors.semantic import promotion as pr
 from somnus.processors.sessions.distiller import distill
 from somnus.processors.semantic.layers import MemoryLayers, fold_events, snapshot
-from somnus.processors.semantic.promotion import NacPromotionSource, PromotionCandidate, PromotionSource, SemanticPromoter, StatisticianPromotionSource, cross_layer_activation, dispersion_test, episode_times, ips_gate, rayleigh_test
+from somnus.processors.semantic.promotion import (
+    NacPromotionSource,
+    PromotionCandidate,
+    PromotionSource,
+    SemanticPromoter,
+    StatisticianPromotionSource,
+    cross_layer_activation,
+    dispersion_test,
+    episode_times,
+    ips_gate,
+    rayleigh_test,
+)
 from somnus.schemas.semantic import CausalLinkView
 from somnus.processors.semantic.concepts import concept_confidence, find_or_create, knowledge_context
 from somnus.processors.prediction.patterns import Statistician, call_outcomes, pattern_events
@@ -48,35 +59,79 @@ DAY = 86400.0
 
 def test_numbers_are_pinned():
     assert (pr.MIN_CONFIDENCE, pr.MIN_OBSERVATIONS) == (0.6, 3)
-    assert (pr.GATE_MIN_OBSERVATIONS, pr.GATE_ALPHA, pr.GATE_TEST_ALPHA, pr.STAT_MIN_CONFIDENCE) == (8, 0.05, 0.025, 0.4)
-    assert (pr.PHASE_MIN_SPAN_DAYS, pr.NULL_REPLICATES, pr.NULL_MAX_GAPS, pr.STRUCTURAL_EDGE_WEIGHT) == (3.0, 4000, 1000, 1.0)
+    assert (pr.GATE_MIN_OBSERVATIONS, pr.GATE_ALPHA, pr.GATE_TEST_ALPHA, pr.STAT_MIN_CONFIDENCE) == (
+        8,
+        0.05,
+        0.025,
+        0.4,
+    )
+    assert (pr.PHASE_MIN_SPAN_DAYS, pr.NULL_REPLICATES, pr.NULL_MAX_GAPS, pr.STRUCTURAL_EDGE_WEIGHT) == (
+        3.0,
+        4000,
+        1000,
+        1.0,
+    )
 
 
 def at(seconds: float) -> datetime:
     return T0 + timedelta(seconds=float(seconds))
 
 
-def nac(times: list[float], tool: str = "grasp", conf: float = 0.8, episodes: list[str] | None = None,
-        valence: str = "negative", outcome: str = "error") -> PromotionCandidate:
+def nac(
+    times: list[float],
+    tool: str = "grasp",
+    conf: float = 0.8,
+    episodes: list[str] | None = None,
+    valence: str = "negative",
+    outcome: str = "error",
+) -> PromotionCandidate:
     eps = episodes if episodes is not None else [f"e{i}" for i in range(len(times))]
-    link = CausalLinkView(event_signature=f"sig-{tool}", tool=tool, outcome=outcome, valence=valence, strength=0.7,
-                          confidence=conf, observation_count=len(times), observation_times=[at(t) for t in times],
-                          source_episode_ids=eps)
+    link = CausalLinkView(
+        event_signature=f"sig-{tool}",
+        tool=tool,
+        outcome=outcome,
+        valence=valence,
+        strength=0.7,
+        confidence=conf,
+        observation_count=len(times),
+        observation_times=[at(t) for t in times],
+        source_episode_ids=eps,
+    )
     (c,) = NacPromotionSource([link]).get_promotion_candidates()
     return c
 
 
 # ---- sources ----------------------------------------------------------------------------------
 
+
 def test_sources_follow_the_protocol_and_filter_by_confidence_and_observations():
-    links = [CausalLinkView(event_signature=f"s{i}", tool="t", outcome=f"o{i}", valence="negative", strength=0.5,
-                            confidence=c, observation_count=n) for i, (c, n) in enumerate([(0.6, 3), (0.59, 9), (0.9, 2)])]
+    links = [
+        CausalLinkView(
+            event_signature=f"s{i}",
+            tool="t",
+            outcome=f"o{i}",
+            valence="negative",
+            strength=0.5,
+            confidence=c,
+            observation_count=n,
+        )
+        for i, (c, n) in enumerate([(0.6, 3), (0.59, 9), (0.9, 2)])
+    ]
     src = NacPromotionSource(links)
-    assert isinstance(src, PromotionSource) and isinstance(StatisticianPromotionSource(MemoryLayers(OWNER).ag), PromotionSource)
+    assert isinstance(src, PromotionSource) and isinstance(
+        StatisticianPromotionSource(MemoryLayers(OWNER).ag), PromotionSource
+    )
     assert [c.pattern_name for c in src.get_promotion_candidates()] == ["t → o0"]
     assert [c.pattern_name for c in src.get_promotion_candidates(0.5, 2)] == ["t → o0", "t → o1", "t → o2"]
-    no_tool = CausalLinkView(event_signature="grasp+coffee_mug", tool=None, outcome="success", valence="positive",
-                             strength=0.8, confidence=0.8, observation_count=5)
+    no_tool = CausalLinkView(
+        event_signature="grasp+coffee_mug",
+        tool=None,
+        outcome="success",
+        valence="positive",
+        strength=0.8,
+        confidence=0.8,
+        observation_count=5,
+    )
     assert NacPromotionSource([no_tool]).get_promotion_candidates()[0].pattern_name == "grasp+coffee_mug → success"
 
 
@@ -86,8 +141,15 @@ def test_enum_valences_and_outcomes_are_read_by_value():
     class Valence(str, Enum):
         NEGATIVE = "negative"
 
-    link = CausalLinkView(event_signature="sig", tool="t", outcome="error:x", valence=Valence.NEGATIVE, strength=0.5,
-                          confidence=0.9, observation_count=3)
+    link = CausalLinkView(
+        event_signature="sig",
+        tool="t",
+        outcome="error:x",
+        valence=Valence.NEGATIVE,
+        strength=0.5,
+        confidence=0.9,
+        observation_count=3,
+    )
     (c,) = NacPromotionSource([link]).get_promotion_candidates()
     assert c.metadata["valence"] == "negative" and type(c.metadata["valence"]) is str
     m = MemoryLayers(OWNER)
@@ -103,10 +165,17 @@ def test_the_gate_sees_one_time_per_episode():
 
 # ---- the IPS gate -------------------------------------------------------------------------------
 
+
 def test_statistical_candidates_pass_at_confidence_0_4():
     def stat(conf: float) -> PromotionCandidate:
-        return PromotionCandidate(pattern_name="stat:x", category="operational_pattern", confidence=conf,
-                                  source_memory_ids=[], origin=pr.STATISTICIAN)
+        return PromotionCandidate(
+            pattern_name="stat:x",
+            category="operational_pattern",
+            confidence=conf,
+            source_memory_ids=[],
+            origin=pr.STATISTICIAN,
+        )
+
     assert ips_gate(stat(0.4)).passed and not ips_gate(stat(0.3999)).passed
 
 
@@ -177,8 +246,7 @@ def test_the_cv_null_is_calibrated_where_the_asymptotic_one_is_not():
 def test_activity_rescaling_keeps_office_hours_from_looking_bursty():
     rng = np.random.RandomState(2)
     # an agent busy 09-17 on weekdays for four weeks, sessions at random times within those hours
-    activity = np.sort(np.concatenate([d * DAY + rng.uniform(9 * 3600, 17 * 3600, 15)
-                                       for d in range(28) if d % 7 < 5]))
+    activity = np.sort(np.concatenate([d * DAY + rng.uniform(9 * 3600, 17 * 3600, 15) for d in range(28) if d % 7 < 5]))
     sample = list(np.sort(rng.choice(activity, 30, replace=False)))
     assert ips_gate(nac(sample)).passed  # judged on a uniform clock: nights and weekends look like bursts
     v = ips_gate(nac(sample), activity_times=[at(t) for t in activity])
@@ -237,11 +305,13 @@ def test_the_gate_gives_the_same_verdict_for_activity_as_instants_or_as_seconds(
     # candidate's gate the seconds; that must not change any verdict.
     rng = np.random.RandomState(9)
     activity = [at(float(x)) for x in np.sort(rng.uniform(0, 30 * DAY, 400))]
-    for times in ([i * 3600.0 for i in range(12)], list(np.sort(rng.uniform(0, 30 * DAY, 40))),
-                  [d * DAY + 9 * 3600.0 for d in range(25)]):
+    for times in (
+        [i * 3600.0 for i in range(12)],
+        list(np.sort(rng.uniform(0, 30 * DAY, 40))),
+        [d * DAY + 9 * 3600.0 for d in range(25)],
+    ):
         cand = nac(times)
-        assert ips_gate(cand, activity_times=activity) == ips_gate(
-            cand, activity_times=pr.activity_seconds(activity))
+        assert ips_gate(cand, activity_times=activity) == ips_gate(cand, activity_times=pr.activity_seconds(activity))
     assert pr.activity_seconds([]) is None and pr.activity_seconds(None) is None
 
 
@@ -283,8 +353,12 @@ def test_retries_within_an_episode_are_not_a_burst():
 
 # ---- promotion: concepts and cross-layer edges ---------------------------------------------------
 
+
 def edges(m: MemoryLayers, kind: CrossEdgeType) -> set[tuple[str, str, str, str, float]]:
-    return {(e.source[0].value, e.source[1], e.target[0].value, e.target[1], e.weight) for e in m.cross.edges(edge_type=kind)}
+    return {
+        (e.source[0].value, e.source[1], e.target[0].value, e.target[1], e.weight)
+        for e in m.cross.edges(edge_type=kind)
+    }
 
 
 def test_a_causal_link_becomes_a_concept_with_derived_from_and_instance_of_edges():
@@ -295,13 +369,25 @@ def test_a_causal_link_becomes_a_concept_with_derived_from_and_instance_of_edges
     c = m.atl.get(cid)
     assert c.category == "causal_pattern" and c.provenance is Provenance.EPISODIC_CONSOLIDATION
     assert c.reinforcement_count == 4 and c.confidence == pytest.approx(concept_confidence(4))
-    assert c.properties == {"outcome": "error", "valence": "negative", "strength": 0.7, "observations": 5, "tool": "grasp"}
-    assert edges(m, CrossEdgeType.DERIVED_FROM) == {("atl", cid, "hippocampus", e, 1.0) for e in ("e1", "e2", "e3", "e4")}
-    assert edges(m, CrossEdgeType.INSTANCE_OF) == {("hippocampus", e, "atl", cid, 1.0) for e in ("e1", "e2", "e3", "e4")}
+    assert c.properties == {
+        "outcome": "error",
+        "valence": "negative",
+        "strength": 0.7,
+        "observations": 5,
+        "tool": "grasp",
+    }
+    assert edges(m, CrossEdgeType.DERIVED_FROM) == {
+        ("atl", cid, "hippocampus", e, 1.0) for e in ("e1", "e2", "e3", "e4")
+    }
+    assert edges(m, CrossEdgeType.INSTANCE_OF) == {
+        ("hippocampus", e, "atl", cid, 1.0) for e in ("e1", "e2", "e3", "e4")
+    }
     parent = m.atl.find("unreliable_tool")
     assert [(r.relation, r.target_id) for r in m.atl.relationships(cid)] == [("IS_A", parent)]
     promoted = [e for e in evs if isinstance(e, ConceptPromoted)]
-    assert len(promoted) == 1 and promoted[0].created and promoted[0].gate.startswith("4 distinct observation times")  # one per episode
+    assert (
+        len(promoted) == 1 and promoted[0].created and promoted[0].gate.startswith("4 distinct observation times")
+    )  # one per episode
     # the same candidate again: nothing new; new episodes: reinforced by exactly the new ones
     assert SemanticPromoter().promote(m, [_Fixed([cand])], T0) == []
     more = nac([0, 1, 2, 3, 4, 5], episodes=["e1", "e2", "e3", "e4", "e5", "e6"])
@@ -327,7 +413,9 @@ def test_a_rejected_candidate_leaves_only_its_audit_record():
     assert [type(e) for e in evs] == [CandidateRejected] and len(m.atl) == 0 and len(m.cross) == 0
     assert "no temporal structure" in evs[0].reason
     # without the gate it is promoted
-    assert len(SemanticPromoter(gate=None).promote(m, [_Fixed([nac(list(np.cumsum(rng.exponential(3600, 12))))])], T0)) > 1
+    assert (
+        len(SemanticPromoter(gate=None).promote(m, [_Fixed([nac(list(np.cumsum(rng.exponential(3600, 12))))])], T0)) > 1
+    )
 
 
 def test_ingested_then_observed_is_hybrid():
@@ -341,42 +429,73 @@ class _Fixed:
     def __init__(self, cands: list[PromotionCandidate]) -> None:
         self.cands = cands
 
-    def get_promotion_candidates(self, min_confidence: float = 0.6, min_observations: int = 3) -> list[PromotionCandidate]:
+    def get_promotion_candidates(
+        self, min_confidence: float = 0.6, min_observations: int = 3
+    ) -> list[PromotionCandidate]:
         return [c for c in self.cands if c.confidence >= min_confidence]
 
 
 def _record(mid: str, category: MathCategory, subjects: list[str], conf: float, **stats: float) -> PatternConfirmed:
-    names = {MathCategory.PATTERN: f"stat:tool:{subjects[0]}:success", MathCategory.PHASE_LOCK: f"stat:phase:{subjects[0]}:success",
-             MathCategory.CORRELATION: f"stat:corr:{subjects[0]}.success_rate~{subjects[-1]}.success_rate"}
-    return PatternConfirmed(owner=OWNER, at=T0, record=MathRecord(
-        math_id=mid, name=names[category], category=category, domain="tool_reliability", subjects=subjects,
-        verbal=f"{category.value} of {subjects}", query="SELECT 1", confidence=conf, n_observations=50,
-        statistics=dict(stats), source_episode_ids=["e9"]))
+    names = {
+        MathCategory.PATTERN: f"stat:tool:{subjects[0]}:success",
+        MathCategory.PHASE_LOCK: f"stat:phase:{subjects[0]}:success",
+        MathCategory.CORRELATION: f"stat:corr:{subjects[0]}.success_rate~{subjects[-1]}.success_rate",
+    }
+    return PatternConfirmed(
+        owner=OWNER,
+        at=T0,
+        record=MathRecord(
+            math_id=mid,
+            name=names[category],
+            category=category,
+            domain="tool_reliability",
+            subjects=subjects,
+            verbal=f"{category.value} of {subjects}",
+            query="SELECT 1",
+            confidence=conf,
+            n_observations=50,
+            statistics=dict(stats),
+            source_episode_ids=["e9"],
+        ),
+    )
 
 
 def test_statistical_patterns_confirm_quantify_correlate_and_phase_lock():
     m = MemoryLayers(OWNER)
-    SemanticPromoter().promote(m, [_Fixed([nac([0, 1, 2], tool="grasp"), nac([0, 1, 2], tool="nav",
-                                                                                 episodes=["n1", "n2", "n3"])])], T0)
-    m.apply_all([_record("trend-grasp", MathCategory.PATTERN, ["grasp"], 0.73, slope_per_day=-0.02),
-                 _record("trend-nav", MathCategory.PATTERN, ["nav"], 0.65, slope_per_day=-0.05),
-                 _record("phase-grasp", MathCategory.PHASE_LOCK, ["grasp"], 0.2, phase_hour=19.2, coupling=0.3),
-                 _record("corr", MathCategory.CORRELATION, ["grasp", "nav"], 0.81, r=0.9)])
+    SemanticPromoter().promote(
+        m, [_Fixed([nac([0, 1, 2], tool="grasp"), nac([0, 1, 2], tool="nav", episodes=["n1", "n2", "n3"])])], T0
+    )
+    m.apply_all(
+        [
+            _record("trend-grasp", MathCategory.PATTERN, ["grasp"], 0.73, slope_per_day=-0.02),
+            _record("trend-nav", MathCategory.PATTERN, ["nav"], 0.65, slope_per_day=-0.05),
+            _record("phase-grasp", MathCategory.PHASE_LOCK, ["grasp"], 0.2, phase_hour=19.2, coupling=0.3),
+            _record("corr", MathCategory.CORRELATION, ["grasp", "nav"], 0.81, r=0.9),
+        ]
+    )
     SemanticPromoter().promote(m, [StatisticianPromotionSource(m.ag)], T0)
     atl = m.atl
     g_bad, n_bad = atl.find("grasp_unreliable"), atl.find("nav_unreliable")
     g_trend, n_trend = atl.find("grasp_success_declining"), atl.find("nav_success_declining")
-    assert atl.get(g_trend).provenance is Provenance.AGENT_INFERENCE and atl.get(g_trend).definition == "PATTERN of ['grasp']"
+    assert (
+        atl.get(g_trend).provenance is Provenance.AGENT_INFERENCE
+        and atl.get(g_trend).definition == "PATTERN of ['grasp']"
+    )
     assert atl.find("grasp_success_circadian") is None  # confidence 0.2 < 0.6: not a concept, but linked below
     corr_concept = atl.find("grasp.success_rate_correlates_with_nav.success_rate")
     assert corr_concept is not None
     assert edges(m, CrossEdgeType.STATISTICALLY_CONFIRMS) == {
-        ("angular_gyrus", "trend-grasp", "atl", g_trend, 0.73), ("angular_gyrus", "trend-nav", "atl", n_trend, 0.65),
-        ("angular_gyrus", "corr", "atl", corr_concept, 0.81)}
-    assert edges(m, CrossEdgeType.QUANTIFIES) == {("angular_gyrus", "trend-grasp", "atl", g_bad, 0.73),
-                                                  ("angular_gyrus", "trend-nav", "atl", n_bad, 0.65)}
-    assert edges(m, CrossEdgeType.TEMPORALLY_CORRELATES) == {("angular_gyrus", "phase-grasp", "atl", c, 0.2)
-                                                             for c in (g_bad, g_trend)}
+        ("angular_gyrus", "trend-grasp", "atl", g_trend, 0.73),
+        ("angular_gyrus", "trend-nav", "atl", n_trend, 0.65),
+        ("angular_gyrus", "corr", "atl", corr_concept, 0.81),
+    }
+    assert edges(m, CrossEdgeType.QUANTIFIES) == {
+        ("angular_gyrus", "trend-grasp", "atl", g_bad, 0.73),
+        ("angular_gyrus", "trend-nav", "atl", n_bad, 0.65),
+    }
+    assert edges(m, CrossEdgeType.TEMPORALLY_CORRELATES) == {
+        ("angular_gyrus", "phase-grasp", "atl", c, 0.2) for c in (g_bad, g_trend)
+    }
     assert {e[3] for e in edges(m, CrossEdgeType.INFORMS)} == {g_bad, g_trend, n_bad, n_trend}
     lock = atl.relationship(g_bad, "PHASE_LOCKED_TO", atl.find("circadian_rhythm"))
     assert lock is not None and dict(lock.metadata) == {"coupling": 0.3, "phase_hour": 19.2} and lock.weight == 0.2
@@ -389,11 +508,16 @@ def test_statistical_patterns_confirm_quantify_correlate_and_phase_lock():
 
 # ---- cross-layer activation ---------------------------------------------------------------------
 
+
 def test_cross_layer_activation_values_and_grouping():
     m = MemoryLayers(OWNER)
     SemanticPromoter().promote(m, [_Fixed([nac([0, 1, 2], episodes=["e1", "e2", "e3"])])], T0)
-    m.apply_all([_record("trend", MathCategory.PATTERN, ["grasp"], 0.8, slope_per_day=-0.1),
-                 _record("phase", MathCategory.PHASE_LOCK, ["grasp"], 0.4, phase_hour=3.0, coupling=0.2)])
+    m.apply_all(
+        [
+            _record("trend", MathCategory.PATTERN, ["grasp"], 0.8, slope_per_day=-0.1),
+            _record("phase", MathCategory.PHASE_LOCK, ["grasp"], 0.4, phase_hour=3.0, coupling=0.2),
+        ]
+    )
     pattern_events(m, [], T0)
     SemanticPromoter().promote(m, [], T0)  # link only: trend QUANTIFIES, phase TEMPORALLY_CORRELATES the concept
     m.hippocampus.associate("e1", "e7", 0.6)  # an associative edge inside the hippocampus
@@ -417,15 +541,19 @@ def test_cross_layer_activation_values_and_grouping():
 
 # ---- replay ---------------------------------------------------------------------------------------
 
+
 @lru_cache(maxsize=1)
 def _scenario_log() -> tuple[list, MemoryLayers]:
     m = MemoryLayers(OWNER)
-    log = SemanticPromoter().promote(m, [_Fixed([nac([0, 1, 2, 3], tool="grasp"),
-                                                 nac([0, 1, 2], tool="nav", episodes=["n1", "n2", "n3"])])], T0)
-    recs = [_record("trend-grasp", MathCategory.PATTERN, ["grasp"], 0.73, slope_per_day=-0.02),
-            _record("trend-nav", MathCategory.PATTERN, ["nav"], 0.65, slope_per_day=-0.05),
-            _record("phase-grasp", MathCategory.PHASE_LOCK, ["grasp"], 0.2, phase_hour=19.2, coupling=0.3),
-            _record("corr", MathCategory.CORRELATION, ["grasp", "nav"], 0.81, r=0.9)]
+    log = SemanticPromoter().promote(
+        m, [_Fixed([nac([0, 1, 2, 3], tool="grasp"), nac([0, 1, 2], tool="nav", episodes=["n1", "n2", "n3"])])], T0
+    )
+    recs = [
+        _record("trend-grasp", MathCategory.PATTERN, ["grasp"], 0.73, slope_per_day=-0.02),
+        _record("trend-nav", MathCategory.PATTERN, ["nav"], 0.65, slope_per_day=-0.05),
+        _record("phase-grasp", MathCategory.PHASE_LOCK, ["grasp"], 0.2, phase_hour=19.2, coupling=0.3),
+        _record("corr", MathCategory.CORRELATION, ["grasp", "nav"], 0.81, r=0.9),
+    ]
     log += pattern_events(m, [r.record for r in recs], T0)
     log += SemanticPromoter().promote(m, [StatisticianPromotionSource(m.ag)], T0)
     log += SemanticPromoter().promote(m, [_Fixed([nac([0, 1, 2, 3, 4, 5], tool="grasp")])], T0 + timedelta(days=1))
@@ -442,6 +570,7 @@ def test_duplicate_deliveries_change_nothing(data):
         delivered += [log[j] for j in data.draw(st.lists(st.integers(max(0, i - 5), i), max_size=2))]
     state = snapshot(fold_events(delivered)[OWNER])
     assert state == snapshot(m)
+
 
 def test_a_replay_of_the_log_rebuilds_the_promoted_memory():
     m = MemoryLayers(OWNER)
@@ -473,7 +602,8 @@ def _raw_failed_sessions(path: Path) -> dict[str, set[str]]:
                 names[tc["id"]] = tc["function"]["name"]
             if msg["role"] == "tool" and (msg.get("content") or "").startswith("Error"):
                 out[msg.get("name") or names[msg["tool_call_id"]]].add(
-                    f"{path.stem}-task{traj['task_id']}-trial{traj['trial']}")
+                    f"{path.stem}-task{traj['task_id']}-trial{traj['trial']}"
+                )
     return out
 
 
@@ -495,9 +625,19 @@ def _error_links(rows: list[CallOutcome], alpha: float = 0.1) -> list[CausalLink
                 eps.append(r.episode_id)
         if times:
             n = len(by_tool[tool])
-            links.append(CausalLinkView(event_signature=f"sig-{tool}", tool=tool, outcome="error", valence="negative",
-                                        strength=v, confidence=n / (n + 2), observation_count=len(times),
-                                        observation_times=times, source_episode_ids=eps))
+            links.append(
+                CausalLinkView(
+                    event_signature=f"sig-{tool}",
+                    tool=tool,
+                    outcome="error",
+                    valence="negative",
+                    strength=v,
+                    confidence=n / (n + 2),
+                    observation_count=len(times),
+                    observation_times=times,
+                    source_episode_ids=eps,
+                )
+            )
     return links
 
 
@@ -508,7 +648,11 @@ def _tau_run(path: Path, gate: object) -> tuple[list[bytes], MemoryLayers, list[
     m.apply_all(episodes)
     now = max(e.ended_at for e in episodes)
     log = pattern_events(m, Statistician(m.owner).analyse(rows), now)
-    promoter = SemanticPromoter(gate=gate, activity_times=[e.ended_at for e in episodes]) if gate else SemanticPromoter(gate=None)
+    promoter = (
+        SemanticPromoter(gate=gate, activity_times=[e.ended_at for e in episodes])
+        if gate
+        else SemanticPromoter(gate=None)
+    )
     log += promoter.promote(m, [NacPromotionSource(_error_links(rows)), StatisticianPromotionSource(m.ag)], now)
     return [encode_semantic(e) for e in log], m, episodes
 
@@ -536,7 +680,10 @@ def test_tau_bench_unreliable_calls_are_promoted_with_derived_from_edges_to_exac
         want = {by_session[s] for s in failed[tool]}
         derived = {e.target[1] for e in m.cross.edges((Layer.ATL, cid), CrossEdgeType.DERIVED_FROM)}
         instance = {e.source[1] for e in m.cross.edges((Layer.ATL, cid), CrossEdgeType.INSTANCE_OF)}
-        assert derived == instance == want and len(want) == {"book_reservation": 15, "update_reservation_flights": 20}[tool]
+        assert (
+            derived == instance == want
+            and len(want) == {"book_reservation": 15, "update_reservation_flights": 20}[tool]
+        )
         c = m.atl.get(cid)
         assert c.reinforcement_count == len(want) and c.confidence == pytest.approx(0.5 + 0.1 * math.sqrt(len(want)))
         assert m.atl.relationships(cid)[0].relation == "IS_A"
@@ -561,9 +708,14 @@ def test_docstring_examples_run():
 
 
 def _counted(k: int, n: int, base: float, times: list) -> PromotionCandidate:
-    return PromotionCandidate(pattern_name="t → error:x", category="causal_pattern", confidence=0.9,
-                              source_memory_ids=[], observation_times=times,
-                              metadata={"observation_count": k, "event_observations": n, "base_rate": base})
+    return PromotionCandidate(
+        pattern_name="t → error:x",
+        category="causal_pattern",
+        confidence=0.9,
+        source_memory_ids=[],
+        observation_times=times,
+        metadata={"observation_count": k, "event_observations": n, "base_rate": base},
+    )
 
 
 def test_the_gate_lets_a_steady_but_significant_failure_rate_through_on_its_counts():
@@ -575,9 +727,15 @@ def test_the_gate_lets_a_steady_but_significant_failure_rate_through_on_its_coun
     rng = np.random.default_rng(3)  # failure times uniformly random over a month: no timing structure
     t0 = datetime(2024, 5, 1, tzinfo=timezone.utc)
     times = sorted(t0 + timedelta(seconds=float(x)) for x in rng.uniform(0, 30 * 86400, 30))
-    timing_only = ips_gate(_counted(30, 53, 0.063, times).__class__(
-        pattern_name="t → error:x", category="causal_pattern", confidence=0.9, source_memory_ids=[],
-        observation_times=times))
+    timing_only = ips_gate(
+        _counted(30, 53, 0.063, times).__class__(
+            pattern_name="t → error:x",
+            category="causal_pattern",
+            confidence=0.9,
+            source_memory_ids=[],
+            observation_times=times,
+        )
+    )
     assert not timing_only.passed  # what the timing test alone says of a steady rate
     got = ips_gate(_counted(30, 53, 0.063, times))  # tau-bench's book_reservation: 30 of 53, fleet rate 6.3%
     assert got.passed and got.test == "counts"
@@ -587,6 +745,7 @@ def test_the_gate_lets_a_steady_but_significant_failure_rate_through_on_its_coun
 
 
 # ---- provenance: the agents a concept was derived from ------------------------------------------
+
 
 def test_a_concept_promoted_from_a_pattern_carries_the_patterns_source_agents():
     m = MemoryLayers(OWNER)
@@ -600,10 +759,18 @@ def test_a_concept_promoted_from_a_pattern_carries_the_patterns_source_agents():
 
 def test_a_nac_concept_carries_its_links_agents_and_gains_those_of_a_later_reinforcement():
     def link(agents: list[str], episodes: list[str]) -> CausalLinkView:
-        return CausalLinkView(event_signature="sig-pay", tool="pay", outcome="error:declined", valence="negative",
-                              strength=0.7, confidence=0.8, observation_count=len(episodes),
-                              observation_times=[at(3600 * i) for i in range(len(episodes))],
-                              source_episode_ids=episodes, source_agents=agents)
+        return CausalLinkView(
+            event_signature="sig-pay",
+            tool="pay",
+            outcome="error:declined",
+            valence="negative",
+            strength=0.7,
+            confidence=0.8,
+            observation_count=len(episodes),
+            observation_times=[at(3600 * i) for i in range(len(episodes))],
+            source_episode_ids=episodes,
+            source_agents=agents,
+        )
 
     m = MemoryLayers("team:billing-lead")
     SemanticPromoter(gate=None).promote(m, [NacPromotionSource([link(["billing"], ["e1", "e2", "e3"])])], T0)
@@ -621,10 +788,19 @@ def test_abstracted_topics_become_concepts_derived_from_their_memories_and_decay
     # A conversation has no tool calls: its ATL is fed by dream phase B's abstracted topics.
     from somnus.processors.semantic.promotion import ABSTRACTION, AbstractionPromotionSource
     from somnus.schemas.semantic import ConceptPromoted, TopicView
+
     t0 = datetime(2024, 5, 1, tzinfo=timezone.utc)
-    topics = [TopicView(pattern_id="p1", agent="conv-1", key="pottery", domains=["s1", "s2"], support=3,
-                        source_ids=["m1", "m2", "m3"]),
-              TopicView(pattern_id="p2", agent="conv-1", key="hike", domains=["s1"], support=4, source_ids=["m4"])]
+    topics = [
+        TopicView(
+            pattern_id="p1",
+            agent="conv-1",
+            key="pottery",
+            domains=["s1", "s2"],
+            support=3,
+            source_ids=["m1", "m2", "m3"],
+        ),
+        TopicView(pattern_id="p2", agent="conv-1", key="hike", domains=["s1"], support=4, source_ids=["m4"]),
+    ]
     cands = AbstractionPromotionSource(topics).get_promotion_candidates()
     assert [(c.pattern_name, c.confidence, c.origin) for c in cands] == [("topic:pottery", 0.75, ABSTRACTION)]
     assert ips_gate(cands[0]).passed  # abstraction already asked for support across domains
@@ -635,6 +811,7 @@ def test_abstracted_topics_become_concepts_derived_from_their_memories_and_decay
     concept = m.atl.get(cid)
     assert concept.category == "topic" and concept.properties["source_agents"] == ["conv-1"]
     from somnus.schemas.semantic import Layer
+
     assert len(m.cross.edges((Layer.ATL, cid))) == 6  # DERIVED_FROM and INSTANCE_OF, 3 memories
     # one reinforcement per session, not per memory: 2, under the ATL's protected count of 3
     assert concept.reinforcement_count == 2 and concept.evidence == ["session:s1", "session:s2"]
@@ -646,12 +823,20 @@ def test_a_topic_not_reinforced_for_more_than_the_decay_window_leaves_the_atl():
     from somnus.processors.semantic.layers import ATL_MAX_AGE_DAYS, ATL_PROTECTED_COUNT
     from somnus.processors.semantic.promotion import AbstractionPromotionSource
     from somnus.schemas.semantic import RecordRemoved, TopicView
+
     assert (ATL_MAX_AGE_DAYS, ATL_PROTECTED_COUNT) == (30, 3)
     t0 = datetime(2024, 5, 1, tzinfo=timezone.utc)
-    two = TopicView(pattern_id="p1", agent="c", key="pottery", domains=["s1", "s2"], support=5,
-                    source_ids=["m1", "m2", "m3", "m4", "m5"])
-    three = TopicView(pattern_id="p2", agent="c", key="kiln", domains=["s1", "s2", "s3"], support=3,
-                      source_ids=["m6", "m7", "m8"])
+    two = TopicView(
+        pattern_id="p1",
+        agent="c",
+        key="pottery",
+        domains=["s1", "s2"],
+        support=5,
+        source_ids=["m1", "m2", "m3", "m4", "m5"],
+    )
+    three = TopicView(
+        pattern_id="p2", agent="c", key="kiln", domains=["s1", "s2", "s3"], support=3, source_ids=["m6", "m7", "m8"]
+    )
     m = MemoryLayers("global")
     SemanticPromoter().promote(m, [AbstractionPromotionSource([two, three])], t0)
     pottery, kiln = m.atl.find("pottery"), m.atl.find("kiln")
@@ -663,8 +848,9 @@ def test_a_topic_not_reinforced_for_more_than_the_decay_window_leaves_the_atl():
     # a later session's abstraction reinforces it, and the window starts again
     m2 = MemoryLayers("global")
     SemanticPromoter().promote(m2, [AbstractionPromotionSource([two])], t0)
-    again = TopicView(pattern_id="p3", agent="d", key="pottery", domains=["s2", "s9"], support=3,
-                      source_ids=["m9", "m10", "m11"])
+    again = TopicView(
+        pattern_id="p3", agent="d", key="pottery", domains=["s2", "s9"], support=3, source_ids=["m9", "m10", "m11"]
+    )
     SemanticPromoter().promote(m2, [AbstractionPromotionSource([again])], t0 + timedelta(days=20))
     assert m2.atl.get(m2.atl.find("pottery")).reinforcement_count == 3  # s9 is new evidence
     assert not m2.consolidate(t0 + timedelta(days=45))

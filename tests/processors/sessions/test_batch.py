@@ -43,23 +43,33 @@ def _fleet(seed: int, unended: int = 0) -> tuple[list, list[int]]:
     ends = [i for i, e in enumerate(events) if e["type"] == "session_end"]
     for n, i in enumerate(sorted(rng.sample(ends, 8), reverse=True)):
         e = events[i]
-        late = {**e, "seq": e["seq"] + 1, "type": "agent_message", "payload": {"text": "one more thing"},
-                "event_id": f"00000000-0000-4000-8000-{n:012d}"}
+        late = {
+            **e,
+            "seq": e["seq"] + 1,
+            "type": "agent_message",
+            "payload": {"text": "one more thing"},
+            "event_id": f"00000000-0000-4000-8000-{n:012d}",
+        }
         events.insert(rng.randrange(i + 1, len(events) + 1), late)
         events.insert(rng.randrange(i + 1, len(events) + 1), dict(e))  # the end, republished later
     # a session's events published out of seq order: two of its middle events arrive swapped
     swapped = 0
     while swapped < 4:
         i = rng.randrange(1, len(events) - 1)
-        j = next((k for k in range(i + 1, min(i + 40, len(events))) if events[k]["session_id"] == events[i]["session_id"]),
-                 None)
+        j = next(
+            (k for k in range(i + 1, min(i + 40, len(events))) if events[k]["session_id"] == events[i]["session_id"]),
+            None,
+        )
         if j is not None and "session_" not in events[i]["type"] + events[j]["type"]:
             events[i], events[j] = events[j], events[i]
             swapped += 1
     first = raw[0]["session_id"]
-    back = [dict(e, session_id="backfill", ts=(datetime.fromisoformat(e["ts"]) - timedelta(days=90)).isoformat())
-            for e in raw if e["session_id"] == first]
-    events[len(events) // 2:len(events) // 2] = back
+    back = [
+        dict(e, session_id="backfill", ts=(datetime.fromisoformat(e["ts"]) - timedelta(days=90)).isoformat())
+        for e in raw
+        if e["session_id"] == first
+    ]
+    events[len(events) // 2 : len(events) // 2] = back
     # the first session's id again, at the end (its marker has expired by then)
     again = (max(datetime.fromisoformat(e["ts"]) for e in events) + timedelta(hours=3)).isoformat()
     events += [dict(e, ts=again) for e in raw if e["session_id"] == first]
@@ -68,8 +78,14 @@ def _fleet(seed: int, unended: int = 0) -> tuple[list, list[int]]:
     return parsed, parts
 
 
-def _run(events: list, parts: list[int], cuts: list[int], retention_us: int, idle_us: int = 0,
-         caps: list[int | None] | None = None) -> dict:
+def _run(
+    events: list,
+    parts: list[int],
+    cuts: list[int],
+    retention_us: int,
+    idle_us: int = 0,
+    caps: list[int | None] | None = None,
+) -> dict:
     """The worker's loop minus the I/O: sift, distill in rounds, remove the markers that expired. With
     ``idle_us``, every open session of the batch's partitions is at hand (the worker loads those its
     stream time can make idle); ``caps`` bound each event's move of stream time (its record's time
@@ -88,12 +104,25 @@ def _run(events: list, parts: list[int], cuts: list[int], retention_us: int, idl
             continue
         partition_of = {session_key(e.agent, e.session_id): p for e, p in zip(batch, bparts)}
         if idle_us:
-            partition_of.update({k: st.partition for k, st in table.items()
-                                 if not st.closed and st.partition in set(bparts) and k not in partition_of})
+            partition_of.update(
+                {
+                    k: st.partition
+                    for k, st in table.items()
+                    if not st.closed and st.partition in set(bparts) and k not in partition_of
+                }
+            )
         prior = {k: table[k] for k in partition_of if k in table}
         wm_prior = {k: working[k] for k in partition_of if k in working}
-        sifted = sift(batch, bparts, clocks, prior, retention_us, idle_us,
-                      {k: partition_of[k] for k, st in prior.items() if not st.closed}, bcaps)
+        sifted = sift(
+            batch,
+            bparts,
+            clocks,
+            prior,
+            retention_us,
+            idle_us,
+            {k: partition_of[k] for k, st in prior.items() if not st.closed},
+            bcaps,
+        )
         future += sifted.future
         out = distill_rounds(prior, wm_prior, sifted, partition_of, frozenset(), DEFAULT_SETTINGS)
         where = {id(e): i for i, e in enumerate(batch)}
@@ -114,9 +143,15 @@ def _run(events: list, parts: list[int], cuts: list[int], retention_us: int, idl
                     working.pop(k.decode(), None)
     # in the order emitted: the worker writes them in that order onto one-partition topics whose folds
     # (capture, knowledge, Rescorla-Wagner) depend on it (docs/design/scale-out.md)
-    return {"late": sorted(late), "episodes": episodes, "units": units,
-            "table": {k: encode_state(v) for k, v in sorted(table.items())},
-            "working": {k: encode_wm(v) for k, v in sorted(working.items())}, "clocks": clocks, "future": future}
+    return {
+        "late": sorted(late),
+        "episodes": episodes,
+        "units": units,
+        "table": {k: encode_state(v) for k, v in sorted(table.items())},
+        "working": {k: encode_wm(v) for k, v in sorted(working.items())},
+        "clocks": clocks,
+        "future": future,
+    }
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -151,14 +186,18 @@ def test_sessions_abandoned_for_idleness_do_not_depend_on_batch_boundaries(seed,
     # every session got its episode, the unended ones too (abandoned: a failure that says so; a session
     # the fleet's quiet hours split is abandoned too, and its later events are late or start it again)
     episodes = [orjson.loads(ep) for ep in whole["episodes"]]
-    abandoned = [ep for ep in episodes if any("abandoned: no event for 3600 s of stream time" in lesson["text"]
-                                              for lesson in ep["lessons"])]
+    abandoned = [
+        ep
+        for ep in episodes
+        if any("abandoned: no event for 3600 s of stream time" in lesson["text"] for lesson in ep["lessons"])
+    ]
     assert len(abandoned) >= 4 and all(ep["outcome"] == "failure" for ep in abandoned)
     # the sessions left open (no episode) are those with an event within the idle time of the end
     left_open = {k: decode_state(v) for k, v in whole["table"].items() if b'"closed":true' not in v}
     assert all(micros(st.ended_at) + HOUR_US >= whole["clocks"][st.partition] for st in left_open.values())
-    assert ({(ep["agent"], ep["session_id"]) for ep in episodes} | {(st.agent, st.session_id) for st in left_open.values()}
-            == {(e.agent, e.session_id) for e in events})
+    assert {(ep["agent"], ep["session_id"]) for ep in episodes} | {
+        (st.agent, st.session_id) for st in left_open.values()
+    } == {(e.agent, e.session_id) for e in events}
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -182,18 +221,30 @@ def test_future_events_do_not_depend_on_batch_boundaries(seed, cuts):
 
 
 def _trace(session: str, seq: int, kind: str, second: int, **payload: object) -> object:
-    e = {"event_id": f"00000000-0000-4000-8000-{zlib.crc32(f'{session}{seq}'.encode()):012d}", "schema_version": 1,
-         "ts": f"2026-01-05T07:00:{second:02d}Z", "agent": "scraper", "session_id": session, "seq": seq,
-         "type": kind, "payload": payload}
+    e = {
+        "event_id": f"00000000-0000-4000-8000-{zlib.crc32(f'{session}{seq}'.encode()):012d}",
+        "schema_version": 1,
+        "ts": f"2026-01-05T07:00:{second:02d}Z",
+        "agent": "scraper",
+        "session_id": session,
+        "seq": seq,
+        "type": kind,
+        "payload": payload,
+    }
     return decode_trace(orjson.dumps(e), 1 << 20)
 
 
 def _two_sessions(conversation: bool) -> list:
     """Session a starts first, session b ends first; with ``conversation``, a message of a comes after b's end."""
     meta = {"metadata": {"mode": "conversation"}} if conversation else {}
-    return [_trace("a", 0, "session_start", 0, task="t", **meta), _trace("b", 0, "session_start", 1, task="u", **meta),
-            _trace("a", 1, "user_message", 2, text="the first of a"), _trace("b", 1, "session_end", 3, outcome="success"),
-            _trace("a", 2, "user_message", 4, text="the second of a"), _trace("a", 3, "session_end", 5, outcome="success")]
+    return [
+        _trace("a", 0, "session_start", 0, task="t", **meta),
+        _trace("b", 0, "session_start", 1, task="u", **meta),
+        _trace("a", 1, "user_message", 2, text="the first of a"),
+        _trace("b", 1, "session_end", 3, outcome="success"),
+        _trace("a", 2, "user_message", 4, text="the second of a"),
+        _trace("a", 3, "session_end", 5, outcome="success"),
+    ]
 
 
 @pytest.mark.parametrize("conversation", [False, True])
@@ -208,4 +259,8 @@ def test_a_batch_emits_episodes_and_units_in_the_order_their_events_came(convers
         assert _run(events, parts, [cut], 2 * HOUR_US) == whole, cut
     if conversation:  # a's first message, b's episode, a's second message, a's episode
         assert [(u["run_id"], u["kind"]) for u in map(orjson.loads, whole["units"])] == [
-            ("a", "message"), ("b", "episode"), ("a", "message"), ("a", "episode")]
+            ("a", "message"),
+            ("b", "episode"),
+            ("a", "message"),
+            ("a", "episode"),
+        ]

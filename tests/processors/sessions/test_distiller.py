@@ -48,10 +48,19 @@ def only_episode(events: list[TraceEvent]) -> EpisodeDistilled:
 
 # ---- lessons --------------------------------------------------------------------------------
 
+
 def test_a_429_resolved_after_a_pause_is_a_backoff_recovery_lesson():
-    t = (Trace().start().call("http_get", "c1", 1).fail("c1", 2, "Too Many Requests", 429)
-         .call("http_get", "c2", 4).fail("c2", 5, "Too Many Requests", 429)
-         .call("http_get", "c3", 8).ok("c3", 9).end(Outcome.SUCCESS, 10))
+    t = (
+        Trace()
+        .start()
+        .call("http_get", "c1", 1)
+        .fail("c1", 2, "Too Many Requests", 429)
+        .call("http_get", "c2", 4)
+        .fail("c2", 5, "Too Many Requests", 429)
+        .call("http_get", "c3", 8)
+        .ok("c3", 9)
+        .end(Outcome.SUCCESS, 10)
+    )
     ep = only_episode(t.events)
     recovery = [l for l in ep.lessons if l.kind is LessonKind.RECOVERY]
     assert len(recovery) == 1
@@ -63,34 +72,63 @@ def test_a_429_resolved_after_a_pause_is_a_backoff_recovery_lesson():
     assert [(e.tool, e.http_status, e.resolved) for e in ep.errors] == [("http_get", 429, True)]
 
 
-@pytest.mark.parametrize(("error", "status"), [
-    ("rate limit exceeded", None), ("Throttled by upstream", None), ("too many requests", None),
-    ("429", None), ("slow down", 429),
-])
+@pytest.mark.parametrize(
+    ("error", "status"),
+    [
+        ("rate limit exceeded", None),
+        ("Throttled by upstream", None),
+        ("too many requests", None),
+        ("429", None),
+        ("slow down", 429),
+    ],
+)
 def test_rate_limits_are_recognised_by_status_or_wording(error, status):
     assert is_rate_limit(error, status)
-    t = (Trace().start().call("api", "c1", 1).fail("c1", 2, error, status)
-         .call("api", "c2", 6).ok("c2", 7).end(Outcome.SUCCESS, 8))
+    t = (
+        Trace()
+        .start()
+        .call("api", "c1", 1)
+        .fail("c1", 2, error, status)
+        .call("api", "c2", 6)
+        .ok("c2", 7)
+        .end(Outcome.SUCCESS, 8)
+    )
     (lesson,) = [l for l in only_episode(t.events).lessons if l.kind is LessonKind.RECOVERY]
     assert "exponential backoff resolved it (1 failed attempt, 5s)" in lesson.text
 
 
-@pytest.mark.parametrize(("error", "status"), [("HTTP 500 Internal Server Error", 500), ("timeout", None),
-                                               ("4290 items", None), ("limit of 100 rows", 400)])
+@pytest.mark.parametrize(
+    ("error", "status"),
+    [("HTTP 500 Internal Server Error", 500), ("timeout", None), ("4290 items", None), ("limit of 100 rows", 400)],
+)
 def test_other_errors_are_not_rate_limits(error, status):
     assert not is_rate_limit(error, status)
 
 
 def test_a_429_resolved_without_a_pause_is_a_plain_retry_lesson():
-    t = (Trace().start().call("http_get", "c1", 1).fail("c1", 2, "Too Many Requests", 429)
-         .call("http_get", "c2", 2).ok("c2", 2).end(Outcome.SUCCESS, 3))
+    t = (
+        Trace()
+        .start()
+        .call("http_get", "c1", 1)
+        .fail("c1", 2, "Too Many Requests", 429)
+        .call("http_get", "c2", 2)
+        .ok("c2", 2)
+        .end(Outcome.SUCCESS, 3)
+    )
     (lesson,) = [l for l in only_episode(t.events).lessons if l.kind is LessonKind.RECOVERY]
     assert lesson.text == "http_get: 'HTTP 429: Too Many Requests' was resolved by retrying (1 failed attempt)"
 
 
 def test_an_error_never_resolved_is_a_failure_lesson_naming_tool_and_error():
-    t = (Trace(agent="deployer").start().call("shell", "c1", 1).fail("c1", 2, "bash: helm: command not found")
-         .call("shell", "c2", 3).fail("c2", 4, "bash: helm: command not found").end(Outcome.FAILURE, 5))
+    t = (
+        Trace(agent="deployer")
+        .start()
+        .call("shell", "c1", 1)
+        .fail("c1", 2, "bash: helm: command not found")
+        .call("shell", "c2", 3)
+        .fail("c2", 4, "bash: helm: command not found")
+        .end(Outcome.FAILURE, 5)
+    )
     ep = only_episode(t.events)
     (lesson,) = ep.lessons
     assert lesson.kind is LessonKind.FAILURE
@@ -101,8 +139,19 @@ def test_an_error_never_resolved_is_a_failure_lesson_naming_tool_and_error():
 
 
 def test_a_successful_session_is_a_success_lesson_with_its_tool_sequence():
-    t = (Trace().start().call("crm_lookup", "a", 1).ok("a", 2).call("http_post", "b", 3).ok("b", 4)
-         .call("crm_lookup", "c", 5).ok("c", 6).call("send_email", "d", 7).ok("d", 8).end(Outcome.SUCCESS, 9))
+    t = (
+        Trace()
+        .start()
+        .call("crm_lookup", "a", 1)
+        .ok("a", 2)
+        .call("http_post", "b", 3)
+        .ok("b", 4)
+        .call("crm_lookup", "c", 5)
+        .ok("c", 6)
+        .call("send_email", "d", 7)
+        .ok("d", 8)
+        .end(Outcome.SUCCESS, 9)
+    )
     ep = only_episode(t.events)
     (lesson,) = ep.lessons
     assert lesson.kind is LessonKind.SUCCESS
@@ -123,11 +172,20 @@ def test_a_success_without_tools_teaches_nothing():
 
 
 def test_a_failed_delegation_result_is_a_failure_lesson():
-    t = (Trace(agent="ops-lead").start().delegate("deployer", "roll out web 2.4", 1)
-         .delegated("deployer", Outcome.FAILURE, 60, summary="helm timed out").end(Outcome.FAILURE, 61))
+    t = (
+        Trace(agent="ops-lead")
+        .start()
+        .delegate("deployer", "roll out web 2.4", 1)
+        .delegated("deployer", Outcome.FAILURE, 60, summary="helm timed out")
+        .end(Outcome.FAILURE, 61)
+    )
     ep = only_episode(t.events)
-    assert [(l.kind, l.text) for l in ep.lessons] == [(LessonKind.FAILURE, "delegation to deployer failed: helm timed out")]
-    assert [(d.to_agent, d.task, d.outcome) for d in ep.delegations] == [("deployer", "roll out web 2.4", Outcome.FAILURE)]
+    assert [(l.kind, l.text) for l in ep.lessons] == [
+        (LessonKind.FAILURE, "delegation to deployer failed: helm timed out")
+    ]
+    assert [(d.to_agent, d.task, d.outcome) for d in ep.delegations] == [
+        ("deployer", "roll out web 2.4", Outcome.FAILURE)
+    ]
 
 
 def test_a_delegation_result_without_its_delegation_is_still_recorded():
@@ -138,8 +196,7 @@ def test_a_delegation_result_without_its_delegation_is_still_recorded():
 
 
 def test_a_failure_without_a_tool_error_is_a_lesson_from_the_terminal_state():
-    t = (Trace().start().call("crm_lookup", "a", 1).ok("a", 2)
-         .end(Outcome.FAILURE, 3, reason="the customer gave up"))
+    t = Trace().start().call("crm_lookup", "a", 1).ok("a", 2).end(Outcome.FAILURE, 3, reason="the customer gave up")
     (lesson,) = only_episode(t.events).lessons
     assert (lesson.kind, lesson.tool) == (LessonKind.FAILURE, None)
     assert lesson.text == "session ended in failure after 1 tool calls (last tool: crm_lookup): the customer gave up"
@@ -156,25 +213,35 @@ def test_a_failed_result_without_a_known_call_is_charged_to_unknown_tool():
     assert lesson.tool == "unknown_tool" and lesson.error == "boom"
 
 
-@pytest.mark.parametrize(("error", "status", "text"), [
-    ("Too Many Requests", 429, "HTTP 429: Too Many Requests"),
-    ("429 Too Many Requests", 429, "429 Too Many Requests"),
-    (None, 500, "HTTP 500"),
-    ("", None, "error (no message)"),
-    (None, None, "error (no message)"),
-    ("  read\n timed   out ", None, "read timed out"),
-    ("x" * 400, None, "x" * 300),
-])
+@pytest.mark.parametrize(
+    ("error", "status", "text"),
+    [
+        ("Too Many Requests", 429, "HTTP 429: Too Many Requests"),
+        ("429 Too Many Requests", 429, "429 Too Many Requests"),
+        (None, 500, "HTTP 500"),
+        ("", None, "error (no message)"),
+        (None, None, "error (no message)"),
+        ("  read\n timed   out ", None, "read timed out"),
+        ("x" * 400, None, "x" * 300),
+    ],
+)
 def test_error_text_is_short_and_stable(error, status, text):
     assert error_text(error, status) == text
 
 
 # ---- the episode -----------------------------------------------------------------------------
 
+
 def test_the_episode_carries_the_session_facts():
-    t = (Trace(agent="support", session_id="s1").start("", goal="by noon", user_id="u7", at=5)
-         .user("  please refund order 1042", 6).call("crm_lookup", "a", 7).ok("a", 8).say("done", 9)
-         .end(Outcome.SUCCESS, 65))
+    t = (
+        Trace(agent="support", session_id="s1")
+        .start("", goal="by noon", user_id="u7", at=5)
+        .user("  please refund order 1042", 6)
+        .call("crm_lookup", "a", 7)
+        .ok("a", 8)
+        .say("done", 9)
+        .end(Outcome.SUCCESS, 65)
+    )
     ep = only_episode(t.events)
     assert ep.episode_id == episode_id_for("support", "s1") == uuid.UUID("ddf526b7-6706-5e42-b35b-e9cf33ac0ebb")
     assert (ep.agent, ep.session_id, ep.goal, ep.user_id) == ("support", "s1", "by noon", "u7")
@@ -182,21 +249,33 @@ def test_the_episode_carries_the_session_facts():
     assert (ep.started_at, ep.ended_at, ep.duration_s) == (T0 + timedelta(seconds=5), T0 + timedelta(seconds=65), 60.0)
     assert (ep.event_count, ep.tool_calls) == (6, 1)
     assert (ep.first_event_id, ep.last_event_id) == (t.events[0].event_id, t.events[-1].event_id)
-    assert ep.summary == ("success:   please refund order 1042 | 1 tool calls (1 tools), 0 errors (0 unresolved), "
-                          "2 messages, 0 delegations, 60s")
+    assert ep.summary == (
+        "success:   please refund order 1042 | 1 tool calls (1 tools), 0 errors (0 unresolved), "
+        "2 messages, 0 delegations, 60s"
+    )
 
 
 def test_each_call_carries_its_time_and_event_signature():
-    t = (Trace().start().call("get_reservation", "c1", 3, {"reservation_id": "JG7FMM"}).ok("c1", 4)
-         .call("get_reservation", "c2", 7, {"reservation_id": "LQ940Q"}).fail("c2", 9, "Error: not found")
-         .call("book", "c3", 11, {"cabin": "economy"}).fail("zz", 12, "boom", tool="book")
-         .call("notify", "c4", 13).end(Outcome.FAILURE, 20))
+    t = (
+        Trace()
+        .start()
+        .call("get_reservation", "c1", 3, {"reservation_id": "JG7FMM"})
+        .ok("c1", 4)
+        .call("get_reservation", "c2", 7, {"reservation_id": "LQ940Q"})
+        .fail("c2", 9, "Error: not found")
+        .call("book", "c3", 11, {"cabin": "economy"})
+        .fail("zz", 12, "boom", tool="book")
+        .call("notify", "c4", 13)
+        .end(Outcome.FAILURE, 20)
+    )
     ep = only_episode(t.events)
     assert [(c.tool, c.ok, c.at) for c in ep.calls] == [
-        ("get_reservation", True, T0 + timedelta(seconds=3)), ("get_reservation", False, T0 + timedelta(seconds=7)),
+        ("get_reservation", True, T0 + timedelta(seconds=3)),
+        ("get_reservation", False, T0 + timedelta(seconds=7)),
         ("book", None, T0 + timedelta(seconds=11)),  # no result yet: the time of the call
         ("book", False, T0 + timedelta(seconds=12)),  # a result whose call was never seen: its own time
-        ("notify", None, T0 + timedelta(seconds=13))]
+        ("notify", None, T0 + timedelta(seconds=13)),
+    ]
     sigs = [c.signature for c in ep.calls]
     # the same call with another id has the same signature; a result without its call has none
     assert sigs[0] == sigs[1] == event_signature("get_reservation", {"reservation_id": "anything"})
@@ -229,7 +308,10 @@ def test_two_agents_may_share_a_session_id():
     a = Trace(agent="researcher", session_id="s").start().end(Outcome.SUCCESS, 1)
     b = Trace(agent="scraper", session_id="s").start().end(Outcome.FAILURE, 1)
     out = distill({}, a.events + b.events)
-    assert {(e.agent, e.outcome) for e in out.episodes} == {("researcher", Outcome.SUCCESS), ("scraper", Outcome.FAILURE)}
+    assert {(e.agent, e.outcome) for e in out.episodes} == {
+        ("researcher", Outcome.SUCCESS),
+        ("scraper", Outcome.FAILURE),
+    }
     assert len({e.episode_id for e in out.episodes}) == 2
     assert set(out.states) == {session_key("researcher", "s"), session_key("scraper", "s")}
 
@@ -238,11 +320,21 @@ def test_episode_id_is_deterministic_across_replays_and_distinct_per_session():
     events = Trace().start().call("x", "c", 1).ok("c", 2).end(Outcome.SUCCESS, 3).events
     assert encode(only_episode(events)) == encode(only_episode(list(events)))
     assert episode_id_for("a", "s1") == episode_id_for("a", "s1")
-    assert len({episode_id_for("a", "s1"), episode_id_for("a", "s2"), episode_id_for("b", "s1"),
-                episode_id_for("a\x1fs", "1")}) >= 3
+    assert (
+        len(
+            {
+                episode_id_for("a", "s1"),
+                episode_id_for("a", "s2"),
+                episode_id_for("b", "s1"),
+                episode_id_for("a\x1fs", "1"),
+            }
+        )
+        >= 3
+    )
 
 
 # ---- pinned limits -----------------------------------------------------------------------------
+
 
 def test_pinned_limits():
     assert (distiller.MAX_ERRORS, distiller.MAX_LESSONS, distiller.MAX_TOOLS, distiller.MAX_TEXT) == (50, 20, 64, 300)
@@ -276,8 +368,14 @@ def test_at_most_64_distinct_tools_are_listed_but_every_call_counts():
 
 
 def test_texts_kept_from_the_trace_are_cut_at_300_characters():
-    t = (Trace().start("").user("u" * 400, 1).delegate("deployer", "d" * 400, 2)
-         .delegated("deployer", Outcome.FAILURE, 3, summary="s" * 400).end(Outcome.FAILURE, 4))
+    t = (
+        Trace()
+        .start("")
+        .user("u" * 400, 1)
+        .delegate("deployer", "d" * 400, 2)
+        .delegated("deployer", Outcome.FAILURE, 3, summary="s" * 400)
+        .end(Outcome.FAILURE, 4)
+    )
     ep = only_episode(t.events)
     assert ep.task == "u" * 300
     assert ep.delegations[0].task == "d" * 300
@@ -286,9 +384,17 @@ def test_texts_kept_from_the_trace_are_cut_at_300_characters():
 
 # ---- at-least-once delivery -------------------------------------------------------------------
 
+
 def _session(agent: str = "support", session_id: str = "s1") -> Trace:
-    return (Trace(agent, session_id).start().call("http_get", "c1", 1).fail("c1", 2, "Too Many Requests", 429)
-            .call("http_get", "c2", 6).ok("c2", 7).end(Outcome.SUCCESS, 8))
+    return (
+        Trace(agent, session_id)
+        .start()
+        .call("http_get", "c1", 1)
+        .fail("c1", 2, "Too Many Requests", 429)
+        .call("http_get", "c2", 6)
+        .ok("c2", 7)
+        .end(Outcome.SUCCESS, 8)
+    )
 
 
 def test_a_redelivered_event_in_a_later_batch_is_a_duplicate_and_changes_nothing():
@@ -403,8 +509,12 @@ def test_an_empty_batch_does_nothing():
 # ---- property: batching and redelivery never change the episodes -------------------------------
 
 TOOLS = ["http_get", "shell", "crm_lookup"]
-step = st.tuples(st.sampled_from(["call_ok", "call_fail", "retry", "say", "user", "delegate"]),
-                 st.sampled_from(TOOLS), st.sampled_from([None, 429, 500]), st.integers(0, 30))
+step = st.tuples(
+    st.sampled_from(["call_ok", "call_fail", "retry", "say", "user", "delegate"]),
+    st.sampled_from(TOOLS),
+    st.sampled_from([None, 429, 500]),
+    st.integers(0, 30),
+)
 
 
 @st.composite
@@ -432,7 +542,8 @@ def fleets(draw: Any) -> list[TraceEvent]:
                 t.user("hello", at)
             else:
                 t.delegate("researcher", "look it up", at).delegated(
-                    "researcher", draw(st.sampled_from(Outcome)), at + 5)
+                    "researcher", draw(st.sampled_from(Outcome)), at + 5
+                )
         if draw(st.booleans()) or n == 0:
             t.end(draw(st.sampled_from(Outcome)), at + 1)
         per_session.append(t.events)
@@ -505,6 +616,7 @@ def test_events_out_of_seq_order_get_the_same_verdicts_however_they_are_batched_
 
 # ---- real data: tau-bench through the importer and the codec ------------------------------------
 
+
 def test_tau_bench_gives_200_episodes_84_successes_and_116_failures():
     if not TAU_BENCH.exists():
         pytest.skip(f"dataset missing: {TAU_BENCH}")
@@ -518,14 +630,21 @@ def test_tau_bench_gives_200_episodes_84_successes_and_116_failures():
     assert Counter(e.outcome for e in out.episodes) == {Outcome.SUCCESS: 84, Outcome.FAILURE: 116}
     # trajectory by trajectory, the outcome is the file's reward
     source = json.loads(TAU_BENCH.read_bytes())
-    expected = {f"{TAU_BENCH.stem}-task{t['task_id']}-trial{t['trial']}": Outcome.SUCCESS if t["reward"] >= 1.0
-                else Outcome.FAILURE for t in source}
+    expected = {
+        f"{TAU_BENCH.stem}-task{t['task_id']}-trial{t['trial']}": Outcome.SUCCESS
+        if t["reward"] >= 1.0
+        else Outcome.FAILURE
+        for t in source
+    }
     assert {e.session_id: e.outcome for e in out.episodes} == expected
     assert sum(e.tool_calls for e in out.episodes) == 1164
     # the tool errors of the file ("Error: ...") that were never retried successfully are failure lessons
     assert any(l.kind is LessonKind.FAILURE and l.tool for e in out.episodes for l in e.lessons)
-    assert all(any(l.kind is LessonKind.SUCCESS for l in e.lessons) for e in out.episodes
-               if e.outcome is Outcome.SUCCESS and e.tools)
+    assert all(
+        any(l.kind is LessonKind.SUCCESS for l in e.lessons)
+        for e in out.episodes
+        if e.outcome is Outcome.SUCCESS and e.tools
+    )
 
 
 def test_a_closed_sessions_marker_stores_only_what_identifies_it():
@@ -540,8 +659,16 @@ def test_a_closed_sessions_marker_stores_only_what_identifies_it():
     assert markers
     for marker in markers:
         raw = encode_state(marker)
-        assert set(orjson.loads(raw)) <= {"agent", "session_id", "last_seq", "closed", "outcome", "event_count",
-                                          "ended_at", "last_event_id"}
+        assert set(orjson.loads(raw)) <= {
+            "agent",
+            "session_id",
+            "last_seq",
+            "closed",
+            "outcome",
+            "event_count",
+            "ended_at",
+            "last_event_id",
+        }
         assert decode_state(raw) == marker
     # a state written before (every field present) still decodes to the same marker
     full = msgspec.json.encode(msgspec.structs.asdict(markers[0]))
@@ -558,4 +685,5 @@ def test_an_abandoned_session_is_a_failure_that_says_so_and_ends_at_its_last_eve
     assert ep.outcome is Outcome.FAILURE and ep.ended_at == T0 + timedelta(seconds=2) and ep.event_count == 3
     assert [lesson.text for lesson in ep.lessons] == [
         "session abandoned: no event for 3600 s of stream time; 1 tool calls (last tool: http_get)",
-        "http_get failed with 'HTTP 500: boom' and it was never resolved (1 attempt)"]
+        "http_get failed with 'HTTP 500: boom' and it was never resolved (1 attempt)",
+    ]

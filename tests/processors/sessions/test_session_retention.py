@@ -18,13 +18,17 @@ def _event(session: str, seq: int, kind: str, at: datetime, agent: str = "suppor
 
 
 def _closed(session: str, last_seq: int, clock: int, partition: int = 0) -> SessionState:
-    return SessionState(agent="support", session_id=session, last_seq=last_seq, closed=True,
-                        closed_clock=clock, partition=partition)
+    return SessionState(
+        agent="support", session_id=session, last_seq=last_seq, closed=True, closed_clock=clock, partition=partition
+    )
 
 
 def test_events_of_open_sessions_are_applied_and_each_partition_keeps_its_own_stream_time():
-    evs = [_event("a", 0, "session_start", T0), _event("b", 0, "session_start", T0 + timedelta(hours=5)),
-           _event("a", 1, "agent_message", T0 + timedelta(minutes=1))]
+    evs = [
+        _event("a", 0, "session_start", T0),
+        _event("b", 0, "session_start", T0 + timedelta(hours=5)),
+        _event("a", 1, "agent_message", T0 + timedelta(minutes=1)),
+    ]
     out = sift(evs, [0, 1, 0], {}, {}, HOUR_US)
     assert out.admitted == evs and out.late == [] and len(out.rounds) == 1 and out.rounds[0].forget == set()
     assert out.clocks == {0: micros(T0 + timedelta(minutes=1)), 1: micros(T0 + timedelta(hours=5))}
@@ -48,7 +52,9 @@ def test_an_expired_marker_counts_as_unknown_whether_or_not_it_was_removed():
     with_marker = sift(old, [0], clock, {session_key("support", "a"): marker}, HOUR_US)
     without = sift(old, [0], clock, {}, HOUR_US)
     assert [i for i, _ in with_marker.late] == [i for i, _ in without.late] == [0]
-    assert with_marker.late[0][1] == without.late[0][1] and "older than the partition's stream time" in without.late[0][1]
+    assert (
+        with_marker.late[0][1] == without.late[0][1] and "older than the partition's stream time" in without.late[0][1]
+    )
     # a session_start with that id starts a new session, also with no marker
     again = [_event("a", 0, "session_start", T0), _event("a", 1, "agent_message", later)]
     for prior in ({session_key("support", "a"): marker}, {}):
@@ -77,8 +83,14 @@ def test_the_marker_heap_pops_what_expired_and_is_rebuilt_from_markers_of_owned_
     assert heap.due(0, 4 * HOUR_US + 1, HOUR_US) == [(HOUR_US, b"k1"), (3 * HOUR_US, b"k2")]
     assert heap.due(0, 4 * HOUR_US + 1, HOUR_US) == [] and len(heap) == 2
     assert heap.due(0, 10 * HOUR_US, 0) == []  # retention 0: never
-    rebuilt = MarkerHeap.of([(b"x", _closed("x", 1, 7, partition=2)), (b"y", _closed("y", 1, 7, partition=3)),
-                             (b"o", SessionState(agent="support", session_id="o"))], {2})
+    rebuilt = MarkerHeap.of(
+        [
+            (b"x", _closed("x", 1, 7, partition=2)),
+            (b"y", _closed("y", 1, 7, partition=3)),
+            (b"o", SessionState(agent="support", session_id="o")),
+        ],
+        {2},
+    )
     assert len(rebuilt) == 1 and rebuilt.due(2, 7 + HOUR_US + 1, HOUR_US) == [(7, b"x")]
 
 
@@ -93,8 +105,10 @@ def test_a_session_that_ends_is_judged_by_its_marker_for_the_rest_of_the_batch()
 def test_a_session_id_started_again_after_its_marker_expired_in_the_batch_opens_a_second_round():
     first = [_event("a", 0, "session_start", T0), _event("a", 1, "session_end", T0)]
     other = _event("b", 0, "session_start", T0 + timedelta(hours=3))
-    second = [_event("a", 0, "session_start", T0 + timedelta(hours=3)),
-              _event("a", 1, "agent_message", T0 + timedelta(hours=3))]
+    second = [
+        _event("a", 0, "session_start", T0 + timedelta(hours=3)),
+        _event("a", 1, "agent_message", T0 + timedelta(hours=3)),
+    ]
     out = sift([*first, other, *second], [0] * 5, {}, {}, HOUR_US)
     assert [r.events for r in out.rounds] == [[*first, other], second]
     assert out.rounds[1].forget == {session_key("support", "a")} and out.late == []
@@ -128,17 +142,20 @@ def test_an_end_that_arrives_after_a_higher_seq_does_not_close_the_session():
 
 
 def _open(session: str, last_seq: int, latest: datetime, partition: int = 0) -> SessionState:
-    return SessionState(agent="support", session_id=session, last_seq=last_seq, started_at=T0, ended_at=latest,
-                        partition=partition)
+    return SessionState(
+        agent="support", session_id=session, last_seq=last_seq, started_at=T0, ended_at=latest, partition=partition
+    )
 
 
 def test_an_open_session_idle_for_longer_than_the_idle_time_is_abandoned_at_the_event_that_makes_it_so():
     a, b = session_key("support", "a"), session_key("support", "b")
     prior = {a: _open("a", 1, T0), b: _open("b", 0, T0 + timedelta(minutes=30), partition=1)}
-    evs = [_event("c", 0, "session_start", T0 + timedelta(minutes=59)),  # a: 59 min idle, still open
-           _event("c", 1, "agent_message", T0 + timedelta(minutes=61)),  # a: 61 min: abandoned here
-           _event("a", 2, "agent_message", T0 + timedelta(minutes=62)),  # then late
-           _event("b", 1, "agent_message", T0 + timedelta(hours=5))]  # b's partition: b's own event, 4.5 h on
+    evs = [
+        _event("c", 0, "session_start", T0 + timedelta(minutes=59)),  # a: 59 min idle, still open
+        _event("c", 1, "agent_message", T0 + timedelta(minutes=61)),  # a: 61 min: abandoned here
+        _event("a", 2, "agent_message", T0 + timedelta(minutes=62)),  # then late
+        _event("b", 1, "agent_message", T0 + timedelta(hours=5)),
+    ]  # b's partition: b's own event, 4.5 h on
     out = sift(evs, [0, 0, 0, 1], {0: micros(T0), 1: micros(T0)}, prior, 0, HOUR_US, {a: 0, b: 1})
     assert out.rounds[0].abandon == {a: 1, b: 3} and out.idle_us == HOUR_US
     assert out.rounds[0].closing == {a: micros(T0 + timedelta(minutes=61)), b: micros(T0 + timedelta(hours=5))}
@@ -151,17 +168,24 @@ def test_an_open_session_idle_for_longer_than_the_idle_time_is_abandoned_at_the_
 
 def test_a_session_that_keeps_receiving_events_is_never_idle():
     evs = [_event("a", 0, "session_start", T0)] + [
-        _event("a", k, "agent_message", T0 + timedelta(minutes=50 * k)) for k in range(1, 6)]
+        _event("a", k, "agent_message", T0 + timedelta(minutes=50 * k)) for k in range(1, 6)
+    ]
     out = sift(evs, [0] * len(evs), {}, {}, 0, HOUR_US, {})
     assert out.rounds[0].abandon == {} and out.admitted == evs
 
 
 def test_stream_times_are_the_clocks_sift_leaves():
-    evs = [_event("a", 0, "session_start", T0 + timedelta(hours=2)), _event("b", 0, "session_start", T0),
-           _event("a", 1, "agent_message", T0 + timedelta(hours=1))]
+    evs = [
+        _event("a", 0, "session_start", T0 + timedelta(hours=2)),
+        _event("b", 0, "session_start", T0),
+        _event("a", 1, "agent_message", T0 + timedelta(hours=1)),
+    ]
     clocks = {1: micros(T0 + timedelta(hours=5)), 3: 7}
-    assert stream_times(evs, [0, 1, 0], clocks) == sift(evs, [0, 1, 0], clocks, {}, HOUR_US).clocks == {
-        0: micros(T0 + timedelta(hours=2)), 1: micros(T0 + timedelta(hours=5)), 3: 7}
+    assert (
+        stream_times(evs, [0, 1, 0], clocks)
+        == sift(evs, [0, 1, 0], clocks, {}, HOUR_US).clocks
+        == {0: micros(T0 + timedelta(hours=2)), 1: micros(T0 + timedelta(hours=5)), 3: 7}
+    )
 
 
 def test_an_event_stamped_ahead_of_its_record_by_more_than_the_skew_is_a_future_dead_letter_that_moves_nothing():

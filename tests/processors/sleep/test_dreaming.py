@@ -61,12 +61,20 @@ def at_pe(pe: float) -> np.ndarray:
     return unit(math.degrees(math.acos(1.0 - pe)))
 
 
-def phase_a(mem: list[tuple[str, str, np.ndarray, int]], obs: list[tuple[str, str, int, np.ndarray]],
-            **kw: object) -> dreaming.PhaseA:
-    return dream_phase_a([m[0] for m in mem], [m[1] for m in mem],
-                         np.array([m[2] for m in mem]).reshape(len(mem), 3), np.array([m[3] for m in mem]),
-                         [o[0] for o in obs], [o[1] for o in obs], np.array([o[2] for o in obs]),
-                         np.array([o[3] for o in obs]).reshape(len(obs), 3), **kw)  # type: ignore[arg-type]
+def phase_a(
+    mem: list[tuple[str, str, np.ndarray, int]], obs: list[tuple[str, str, int, np.ndarray]], **kw: object
+) -> dreaming.PhaseA:
+    return dream_phase_a(
+        [m[0] for m in mem],
+        [m[1] for m in mem],
+        np.array([m[2] for m in mem]).reshape(len(mem), 3),
+        np.array([m[3] for m in mem]),
+        [o[0] for o in obs],
+        [o[1] for o in obs],
+        np.array([o[2] for o in obs]),
+        np.array([o[3] for o in obs]).reshape(len(obs), 3),
+        **kw,
+    )  # type: ignore[arg-type]
 
 
 def test_doctests() -> None:
@@ -191,8 +199,9 @@ def test_connect_threshold_limit_and_existing_edges() -> None:
     assert edges.height == 15 and "m6" not in degree["a"].to_list() + degree["b"].to_list()
     assert connect_recent(["a", "b"], ["x", "y"], np.array([[1.0, 0.0], [1.0, 0.0]])).height == 0  # other agent
     # existing edges among them count toward the limit: connecting again adds nothing
-    again = connect_recent([f"m{i}" for i in range(7)], ["x"] * 7, same,
-                           existing=set(edges.select("a", "b").iter_rows()))
+    again = connect_recent(
+        [f"m{i}" for i in range(7)], ["x"] * 7, same, existing=set(edges.select("a", "b").iter_rows())
+    )
     assert again.height == 0
 
 
@@ -209,8 +218,7 @@ def test_retrievability_and_intervals() -> None:
 def test_initial_state_per_rating() -> None:
     g = np.array([1, 2, 3, 4])
     assert initial_stability(g).tolist() == list(FSRS6_PARAMETERS[:4])
-    assert initial_difficulty(g) == pytest.approx(
-        np.clip([6.4133 - math.exp(0.8334 * k) + 1 for k in range(4)], 1, 10))
+    assert initial_difficulty(g) == pytest.approx(np.clip([6.4133 - math.exp(0.8334 * k) + 1 for k in range(4)], 1, 10))
 
 
 def test_composite_rating() -> None:
@@ -222,8 +230,15 @@ def test_only_due_memories_are_reviewed() -> None:
     s = np.array([10.0, 10.0, np.nan])
     assert due(s, np.array([7.99, 8.0, 0.0])).tolist() == [False, True, True]
     now = 100 * DAY
-    r = review(s, np.array([5.0, 5.0, np.nan]), np.array([now - int(7.9 * DAY), now - 8 * DAY, 0]),
-               np.array([3, 3, 0]), np.array([1, 1, 0]), np.array([False, False, False]), now)
+    r = review(
+        s,
+        np.array([5.0, 5.0, np.nan]),
+        np.array([now - int(7.9 * DAY), now - 8 * DAY, 0]),
+        np.array([3, 3, 0]),
+        np.array([1, 1, 0]),
+        np.array([False, False, False]),
+        now,
+    )
     assert r.rows.tolist() == [1, 2]
     assert r.rating.tolist() == [3, 2]
     assert r.stability[1] == pytest.approx(FSRS6_PARAMETERS[1])  # first review, hard
@@ -270,18 +285,29 @@ def test_reviews_match_py_fsrs(py_fsrs, history: list[tuple[int, int]]) -> None:
 
 
 def memories(rows: list[tuple[str, str, str, list[str]]]) -> pl.DataFrame:
-    return pl.DataFrame(rows, schema={"memory_id": pl.String, "agent": pl.String, "domain": pl.String,
-                                      "index_keys": pl.List(pl.String)}, orient="row")
+    return pl.DataFrame(
+        rows,
+        schema={"memory_id": pl.String, "agent": pl.String, "domain": pl.String, "index_keys": pl.List(pl.String)},
+        orient="row",
+    )
 
 
 def test_abstraction_needs_support_and_several_domains() -> None:
-    m = memories([("m1", "a", "web", ["timeout", "retry"]), ("m2", "a", "db", ["timeout"]),
-                  ("m3", "a", "web", ["timeout", "retry"]), ("m4", "a", "web", ["retry"]),
-                  ("m5", "b", "db", ["timeout"]), ("m6", "a", "", ["timeout"])])
+    m = memories(
+        [
+            ("m1", "a", "web", ["timeout", "retry"]),
+            ("m2", "a", "db", ["timeout"]),
+            ("m3", "a", "web", ["timeout", "retry"]),
+            ("m4", "a", "web", ["retry"]),
+            ("m5", "b", "db", ["timeout"]),
+            ("m6", "a", "", ["timeout"]),
+        ]
+    )
     got = abstract_patterns(m)
     # retry: 3 memories but one domain; timeout of agent b: one memory; m6 has no domain
     assert got.select("agent", "key", "domains", "support", "source_ids", "source_domains").rows() == [
-        ("a", "timeout", ["db", "web"], 3, ["m1", "m2", "m3"], ["web", "db", "web"])]
+        ("a", "timeout", ["db", "web"], 3, ["m1", "m2", "m3"], ["web", "db", "web"])
+    ]
     assert got["pattern_id"][0] == pattern_id_for("a", "timeout")
     assert abstract_patterns(m, {pattern_id_for("a", "timeout")}).height == 0  # already abstracted
 
@@ -294,8 +320,10 @@ def test_abstraction_keeps_at_most_twenty_sources() -> None:
 
 
 def test_pattern_ids_are_stable() -> None:
-    assert pattern_id_for("a", "timeout") == "pattern-" + __import__("hashlib").blake2b(
-        b"a\x1ftimeout", digest_size=8).hexdigest()
+    assert (
+        pattern_id_for("a", "timeout")
+        == "pattern-" + __import__("hashlib").blake2b(b"a\x1ftimeout", digest_size=8).hexdigest()
+    )
 
 
 # --- prediction-error saturation ------------------------------------------------------------------
@@ -315,6 +343,7 @@ def test_saturation_window_threshold_and_samples() -> None:
 
 def test_the_merge_pe_adapts_to_the_agents_own_nearest_neighbours() -> None:
     from somnus.processors.sleep.dreaming import NEAREST_MIN_SAMPLES, NEAREST_QUANTILE, agent_merge_pe
+
     assert (NEAREST_QUANTILE, NEAREST_MIN_SAMPLES) == (0.1, 10)
     close = np.full(20, 0.05)  # tool traces: near-duplicates everywhere -> the design's 0.15
     assert agent_merge_pe(close) == 0.15
@@ -336,7 +365,6 @@ def test_a_chat_like_agent_clusters_at_its_own_scale() -> None:
     obs[np.arange(n), 20 + np.arange(n)] = math.sqrt(1 / 0.49 - 1)
     obs /= np.linalg.norm(obs, axis=1, keepdims=True)
     ids = [f"m{k:02d}" for k in range(n)]
-    r = dream_phase_a(ids, ["a"] * n, mem, np.full(n, 5), [f"o{k:02d}" for k in range(n)], ["a"] * n,
-                      np.arange(n), obs)
+    r = dream_phase_a(ids, ["a"] * n, mem, np.full(n, 5), [f"o{k:02d}" for k in range(n)], ["a"] * n, np.arange(n), obs)
     assert r.clustered["memory_id"].to_list() == ids and r.created.height == 0
     assert r.clustered["threshold"].to_list() == [pytest.approx(0.44)] * n

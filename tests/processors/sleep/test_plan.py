@@ -62,8 +62,12 @@ def test_doctests() -> None:
 
 
 def test_phases_run_in_order_and_promotion_sees_the_slept_hippocampus() -> None:
-    rows = [mem("old-ep", idle=30), mem("ep", idle=0.5), mem("old-concept", layer="atl", idle=40),
-            mem("concept", layer="atl", idle=1)]
+    rows = [
+        mem("old-ep", idle=30),
+        mem("ep", idle=0.5),
+        mem("old-concept", layer="atl", idle=40),
+        mem("concept", layer="atl", idle=1),
+    ]
     seen: dict[str, Any] = {}
 
     def promote(view: SleepView) -> list[RunEvent]:
@@ -87,10 +91,16 @@ def test_phases_run_in_order_and_promotion_sees_the_slept_hippocampus() -> None:
     assert seen["memories"] == ["concept", "ep", "old-concept"]
     assert seen["refresh"] == ["concept", "ep"]
     seq = {(type(e).__name__, getattr(e, "memory_id", getattr(e, "phase", None))): e.seq for e in events}
-    assert seq[("MemoryPruned", "old-ep")] < seq[("SleepPhaseCompleted", SleepPhase.HIPPOCAMPUS)] \
-        < seq[("MemoryPromoted", "ep")] < seq[("SleepPhaseCompleted", SleepPhase.PROMOTION)] \
-        < seq[("MemoryPruned", "old-concept")] < seq[("SleepPhaseCompleted", SleepPhase.CONSOLIDATION)] \
-        < seq[("BriefingRefreshed", None)] < seq[("SleepPhaseCompleted", SleepPhase.REFRESH)]
+    assert (
+        seq[("MemoryPruned", "old-ep")]
+        < seq[("SleepPhaseCompleted", SleepPhase.HIPPOCAMPUS)]
+        < seq[("MemoryPromoted", "ep")]
+        < seq[("SleepPhaseCompleted", SleepPhase.PROMOTION)]
+        < seq[("MemoryPruned", "old-concept")]
+        < seq[("SleepPhaseCompleted", SleepPhase.CONSOLIDATION)]
+        < seq[("BriefingRefreshed", None)]
+        < seq[("SleepPhaseCompleted", SleepPhase.REFRESH)]
+    )
     # each phase counts its own decisions
     bounds = [0, *(p.seq for p in phases)]
     assert [p.decisions for p in phases] == [b - a - 1 for a, b in zip(bounds, bounds[1:], strict=False)]
@@ -127,15 +137,23 @@ def states(draw: st.DrawFn) -> tuple[list[dict[str, Any]], list[tuple[str, str]]
     n = draw(st.integers(1, 25))
     rows = []
     for k in range(n):
-        rows.append(mem(
-            f"m{k:02d}", agent=draw(st.sampled_from(["a", "b"])),
-            layer=draw(st.sampled_from(["hippocampus", "hippocampus", "atl", "angular_gyrus"])),
-            created=NOW - timedelta(hours=draw(st.integers(1, 24 * 60))) if draw(st.booleans()) else None,
-            idle=draw(st.one_of(st.none(), st.floats(0, 45))), access=draw(st.integers(0, 30)),
-            importance=draw(st.floats(0, 1)), outcome=draw(st.sampled_from(["success", "failure", "partial", ""])),
-            user=draw(st.booleans()) and draw(st.booleans()), long_term=draw(st.booleans()) and draw(st.booleans()),
-            compressed=draw(st.booleans()) and draw(st.booleans()), edges=draw(st.integers(0, 12)),
-            retention=draw(st.one_of(st.none(), st.floats(0, 1)))))
+        rows.append(
+            mem(
+                f"m{k:02d}",
+                agent=draw(st.sampled_from(["a", "b"])),
+                layer=draw(st.sampled_from(["hippocampus", "hippocampus", "atl", "angular_gyrus"])),
+                created=NOW - timedelta(hours=draw(st.integers(1, 24 * 60))) if draw(st.booleans()) else None,
+                idle=draw(st.one_of(st.none(), st.floats(0, 45))),
+                access=draw(st.integers(0, 30)),
+                importance=draw(st.floats(0, 1)),
+                outcome=draw(st.sampled_from(["success", "failure", "partial", ""])),
+                user=draw(st.booleans()) and draw(st.booleans()),
+                long_term=draw(st.booleans()) and draw(st.booleans()),
+                compressed=draw(st.booleans()) and draw(st.booleans()),
+                edges=draw(st.integers(0, 12)),
+                retention=draw(st.one_of(st.none(), st.floats(0, 1))),
+            )
+        )
         if rows[-1]["created_at"] > (rows[-1]["last_access"] or NOW):
             rows[-1]["created_at"] = rows[-1]["last_access"]
     names = [r["memory_id"] for r in rows]
@@ -145,14 +163,16 @@ def states(draw: st.DrawFn) -> tuple[list[dict[str, Any]], list[tuple[str, str]]
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(states(), st.sampled_from([None, 2, 5]), st.booleans(), st.integers(0, 2**32 - 1))
-def test_running_twice_changes_nothing(state: tuple[list[dict[str, Any]], list[tuple[str, str]]],
-                                       cap: int | None, with_vectors: bool, seed: int) -> None:
+def test_running_twice_changes_nothing(
+    state: tuple[list[dict[str, Any]], list[tuple[str, str]]], cap: int | None, with_vectors: bool, seed: int
+) -> None:
     rows, pairs = state
     config = SleepConfig(max_episodes=cap)
     # with vectors, dream phase B also connects recently active memories
     rng = np.random.default_rng(seed)
-    vector_of = {r["memory_id"]: v / np.linalg.norm(v) for r, v in zip(rows, rng.standard_normal((len(rows), 3)),
-                                                                       strict=True)}
+    vector_of = {
+        r["memory_id"]: v / np.linalg.norm(v) for r, v in zip(rows, rng.standard_normal((len(rows), 3)), strict=True)
+    }
 
     def vectors(ids_in_order: list[str]) -> dict[str, Any]:
         return {"vectors": np.array([vector_of[m] for m in ids_in_order])} if with_vectors else {}
@@ -171,8 +191,9 @@ def test_running_twice_changes_nothing(state: tuple[list[dict[str, Any]], list[t
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(states(), st.data())
-def test_a_crashed_run_resumes_where_it_stopped(state: tuple[list[dict[str, Any]], list[tuple[str, str]]],
-                                                data: st.DataObject) -> None:
+def test_a_crashed_run_resumes_where_it_stopped(
+    state: tuple[list[dict[str, Any]], list[tuple[str, str]]], data: st.DataObject
+) -> None:
     rows, pairs = state
     uncrashed = [encode_lifecycle(e) for e in run(rows, pairs).events()]
     crash_at = data.draw(st.integers(0, len(uncrashed) - 1))
@@ -193,8 +214,17 @@ def test_a_crashed_run_resumes_where_it_stopped(state: tuple[list[dict[str, Any]
 
 def test_plans_do_not_depend_on_input_row_order() -> None:
     rng = random.Random(7)
-    rows = [mem(f"m{k:02d}", agent="ab"[k % 2], idle=rng.uniform(0, 40), access=rng.randint(0, 5),
-                importance=rng.random(), created=NOW - timedelta(hours=rng.randint(1, 2000))) for k in range(40)]
+    rows = [
+        mem(
+            f"m{k:02d}",
+            agent="ab"[k % 2],
+            idle=rng.uniform(0, 40),
+            access=rng.randint(0, 5),
+            importance=rng.random(),
+            created=NOW - timedelta(hours=rng.randint(1, 2000)),
+        )
+        for k in range(40)
+    ]
     for r in rows:
         r["created_at"] = min(r["created_at"], r["last_access"])
     pairs = [(f"m{rng.randint(0, 39):02d}", f"m{rng.randint(0, 39):02d}") for _ in range(60)]
@@ -204,17 +234,23 @@ def test_plans_do_not_depend_on_input_row_order() -> None:
     b = [encode_lifecycle(e) for e in run(rows, pairs, config=SleepConfig(max_episodes=10)).events()]
     assert a == b
 
+
 # --- dreaming inside the run, reviews and the report --------------------------------------------
 
 
 def test_dream_phase_a_refreshes_the_memories_it_clusters_into() -> None:
     rows = [mem("kept", idle=20), mem("other", idle=20)]
     vectors = np.array([[1.0, 0.0], [0.0, 1.0]])
-    observations = pl.DataFrame({"observation_id": ["o1"], "agent": ["a"], "observed_at": [NOW - timedelta(hours=2)]},
-                                schema={"observation_id": pl.String, "agent": pl.String,
-                                        "observed_at": pl.Datetime("us", "UTC")})
-    plan = run(rows, [("kept", "other")] * 0, config=SleepConfig(coverage_bins=()), inputs={
-        "vectors": vectors, "observations": observations, "observation_vectors": np.array([[1.0, 0.0]])})
+    observations = pl.DataFrame(
+        {"observation_id": ["o1"], "agent": ["a"], "observed_at": [NOW - timedelta(hours=2)]},
+        schema={"observation_id": pl.String, "agent": pl.String, "observed_at": pl.Datetime("us", "UTC")},
+    )
+    plan = run(
+        rows,
+        [("kept", "other")] * 0,
+        config=SleepConfig(coverage_bins=()),
+        inputs={"vectors": vectors, "observations": observations, "observation_vectors": np.array([[1.0, 0.0]])},
+    )
     assert [(e.observation_id, e.memory_id) for e in of(plan, ObservationClustered)] == [("o1", "kept")]
     assert ids(of(plan, MemoryPruned)) == ["other"]  # "kept" was just reinforced: not idle any more
     events = list(plan.events())
@@ -223,27 +259,41 @@ def test_dream_phase_a_refreshes_the_memories_it_clusters_into() -> None:
 
 
 def test_only_due_survivors_are_reviewed() -> None:
-    rows = [mem("new", idle=0.5, access=2), mem("gone", idle=30, importance=0.0),
-            {**mem("recent", idle=0.5), "stability": 10.0, "difficulty": 5.0, "last_review": NOW - 7 * DAY},
-            {**mem("due", idle=0.5), "stability": 10.0, "difficulty": 5.0, "last_review": NOW - 8 * DAY}]
+    rows = [
+        mem("new", idle=0.5, access=2),
+        mem("gone", idle=30, importance=0.0),
+        {**mem("recent", idle=0.5), "stability": 10.0, "difficulty": 5.0, "last_review": NOW - 7 * DAY},
+        {**mem("due", idle=0.5), "stability": 10.0, "difficulty": 5.0, "last_review": NOW - 8 * DAY},
+    ]
     plan = run(rows, config=SleepConfig(coverage_bins=()))
     reviews = {e.memory_id: e for e in of(plan, ReviewScheduled)}
     assert sorted(reviews) == ["due", "new"]
     assert reviews["new"].rating == 3 and reviews["new"].due_at == NOW + timedelta(days=reviews["new"].interval_days)
     assert reviews["due"].elapsed_days == 8.0
 
+
 # --- the wire ------------------------------------------------------------------------------------------
 
 
 def test_every_event_of_a_run_round_trips() -> None:
     rows = [mem("ui", idle=20, user=True, keys=["k"] * 3), mem("old", idle=4), mem("stale", idle=30)]
-    plan = run(rows, inputs={"triples": pl.DataFrame({"triple_id": ["t"], "valid_to": [NOW - 100 * DAY]})},
-               promotion=lambda v: [v.promoted("ui", "a", "c"), v.carried("concept_created", b'{"x":1}')],
-               config=SleepConfig(coverage_bins=()))
+    plan = run(
+        rows,
+        inputs={"triples": pl.DataFrame({"triple_id": ["t"], "valid_to": [NOW - 100 * DAY]})},
+        promotion=lambda v: [v.promoted("ui", "a", "c"), v.carried("concept_created", b'{"x":1}')],
+        config=SleepConfig(coverage_bins=()),
+    )
     events = list(plan.events())
     kinds = {type(e).__name__ for e in events}
-    assert {"MemoryProtected", "MemoryCompressed", "MemoryPruned", "MemoryRescored", "TripleRetired",
-            "DecisionCarried", "ReviewScheduled"} <= kinds
+    assert {
+        "MemoryProtected",
+        "MemoryCompressed",
+        "MemoryPruned",
+        "MemoryRescored",
+        "TripleRetired",
+        "DecisionCarried",
+        "ReviewScheduled",
+    } <= kinds
     for e in events:
         assert decode_lifecycle(encode_lifecycle(e)) == e
     req = SleepRequested(at=NOW, requested_by="cli")
@@ -252,12 +302,23 @@ def test_every_event_of_a_run_round_trips() -> None:
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.builds(MemoryPruned, run_id=st.text(min_size=1), seq=st.integers(0, 2**40),
-                 at=st.datetimes(timezones=st.just(timezone.utc)), memory_id=st.text(min_size=1), agent=st.text(),
-                 layer=st.text(), reason=st.sampled_from(PruneReason), retention=st.floats(0, 1),
-                 idle_days=st.floats(0, 1e6)))
+@given(
+    st.builds(
+        MemoryPruned,
+        run_id=st.text(min_size=1),
+        seq=st.integers(0, 2**40),
+        at=st.datetimes(timezones=st.just(timezone.utc)),
+        memory_id=st.text(min_size=1),
+        agent=st.text(),
+        layer=st.text(),
+        reason=st.sampled_from(PruneReason),
+        retention=st.floats(0, 1),
+        idle_days=st.floats(0, 1e6),
+    )
+)
 def test_pruned_round_trip(ev: MemoryPruned) -> None:
     assert decode_lifecycle(encode_lifecycle(ev)) == ev
+
 
 def test_sleep_trigger_is_recorded() -> None:
     plan = run([mem("m")], trigger=SleepTrigger.ON_DEMAND)
@@ -276,18 +337,25 @@ def synthetic(n: int, *, per_agent: int = 1000, degree: int = 3, seed: int = 0) 
     created = base - rng.integers(0, 40 * 86_400_000_000, n)
     last = np.maximum(created, base - rng.exponential(5 * 86_400_000_000, n).astype(np.int64))
     agent = np.arange(n) // per_agent
-    memories = pl.DataFrame({
-        "memory_id": pl.int_range(0, n, eager=True).cast(pl.String).str.zfill(9),
-        "agent": pl.Series(agent).cast(pl.String),
-        "layer": pl.Series(rng.choice(["hippocampus"] * 8 + ["atl", "angular_gyrus"], n)),
-        "created_at": pl.Series(created).cast(pl.Datetime("us", "UTC")),
-        "last_access": pl.Series(last).cast(pl.Datetime("us", "UTC")),
-        "access_count": rng.poisson(2, n), "importance": rng.random(n),
-        "outcome": rng.choice(["success", "failure", "partial", ""], n, p=[0.3, 0.3, 0.1, 0.3]),
-        "is_user_interaction": rng.random(n) < 0.05, "edge_count": np.zeros(n, dtype=np.int64),
-        "size_bytes": rng.integers(1500, 3500, n), "long_term": np.zeros(n, dtype=bool),
-    }).with_columns(pl.concat_list(pl.lit("tool:").add(pl.col("agent")), pl.lit("error:timeout")).alias("index_keys"),
-                    pl.Series("domain", rng.choice(["web", "db", ""], n)))
+    memories = pl.DataFrame(
+        {
+            "memory_id": pl.int_range(0, n, eager=True).cast(pl.String).str.zfill(9),
+            "agent": pl.Series(agent).cast(pl.String),
+            "layer": pl.Series(rng.choice(["hippocampus"] * 8 + ["atl", "angular_gyrus"], n)),
+            "created_at": pl.Series(created).cast(pl.Datetime("us", "UTC")),
+            "last_access": pl.Series(last).cast(pl.Datetime("us", "UTC")),
+            "access_count": rng.poisson(2, n),
+            "importance": rng.random(n),
+            "outcome": rng.choice(["success", "failure", "partial", ""], n, p=[0.3, 0.3, 0.1, 0.3]),
+            "is_user_interaction": rng.random(n) < 0.05,
+            "edge_count": np.zeros(n, dtype=np.int64),
+            "size_bytes": rng.integers(1500, 3500, n),
+            "long_term": np.zeros(n, dtype=bool),
+        }
+    ).with_columns(
+        pl.concat_list(pl.lit("tool:").add(pl.col("agent")), pl.lit("error:timeout")).alias("index_keys"),
+        pl.Series("domain", rng.choice(["web", "db", ""], n)),
+    )
     src = rng.integers(0, n, degree * n)
     dst = (src // per_agent) * per_agent + rng.integers(0, per_agent, len(src))
     dst = np.minimum(dst, n - 1)
@@ -310,8 +378,10 @@ def bench(n: int, repeat: int, config: SleepConfig = SleepConfig()) -> None:
         plan_times.append(t1 - t0)
     assert plan is not None
     print(f"memories={n} edges={edges.height} events={count} counts={plan.counts}")
-    print(f"plan median {sorted(plan_times)[len(plan_times) // 2]:.2f}s (runs {[round(t, 2) for t in plan_times]}); "
-          f"build+encode events median {sorted(emit_times)[len(emit_times) // 2]:.2f}s")
+    print(
+        f"plan median {sorted(plan_times)[len(plan_times) // 2]:.2f}s (runs {[round(t, 2) for t in plan_times]}); "
+        f"build+encode events median {sorted(emit_times)[len(emit_times) // 2]:.2f}s"
+    )
     print(plan.report.narrative)
 
 
@@ -336,18 +406,24 @@ def _dream_rows() -> tuple[list[dict[str, Any]], np.ndarray, pl.DataFrame, np.nd
     far /= np.linalg.norm(far)
     obs_vec = np.array([far, far + 0.001 * vectors[0], vectors[3] + 0.01 * vectors[1]])
     obs_vec /= np.linalg.norm(obs_vec, axis=1, keepdims=True)
-    observations = pl.DataFrame({"observation_id": ["o0", "o1", "o2"], "agent": ["a", "a", "a"],
-                                 "observed_at": [NOW - timedelta(hours=3), NOW - timedelta(hours=2),
-                                                 NOW - timedelta(hours=1)]},
-                                schema={"observation_id": pl.String, "agent": pl.String,
-                                        "observed_at": pl.Datetime("us", "UTC")})
+    observations = pl.DataFrame(
+        {
+            "observation_id": ["o0", "o1", "o2"],
+            "agent": ["a", "a", "a"],
+            "observed_at": [NOW - timedelta(hours=3), NOW - timedelta(hours=2), NOW - timedelta(hours=1)],
+        },
+        schema={"observation_id": pl.String, "agent": pl.String, "observed_at": pl.Datetime("us", "UTC")},
+    )
     return rows, vectors, observations, obs_vec
 
 
 def test_an_observation_clustering_into_one_created_in_the_same_run_is_refined_not_a_crash() -> None:
     rows, vectors, observations, obs_vec = _dream_rows()
-    plan = run(rows, config=SleepConfig(coverage_bins=()), inputs={
-        "vectors": vectors, "observations": observations, "observation_vectors": obs_vec})
+    plan = run(
+        rows,
+        config=SleepConfig(coverage_bins=()),
+        inputs={"vectors": vectors, "observations": observations, "observation_vectors": obs_vec},
+    )
     clustered = [(e.observation_id, e.memory_id) for e in of(plan, ObservationClustered)]
     assert ("o1", "o0") in clustered
     assert "o0" in {e.memory_id for e in of(plan, MemoryRefined)}
@@ -364,8 +440,9 @@ def test_vectors_by_id_decide_what_the_dense_vectors_decide() -> None:
         return np.array([by_id[i] for i in ids])
 
     config = SleepConfig(coverage_bins=())
-    dense = run(rows, config=config, inputs={"vectors": vectors, "observations": observations,
-                                              "observation_vectors": obs_vec})
+    dense = run(
+        rows, config=config, inputs={"vectors": vectors, "observations": observations, "observation_vectors": obs_vec}
+    )
     lazy = run(rows, config=config, inputs={"embed": embed, "observations": observations})
     assert [encode_lifecycle(e) for e in lazy.events()] == [encode_lifecycle(e) for e in dense.events()]
     assert dense.counts["connected"] > 0 and dense.counts["created"] > 0
@@ -383,12 +460,16 @@ def test_embed_must_return_one_row_per_id() -> None:
 def test_applying_a_run_keeps_an_observation_that_is_already_a_memory_once() -> None:
     rows, vectors, _, _ = _dream_rows()
     # the fold's case: the observations are memories captured since the last run
-    observations = pl.DataFrame({"observation_id": ["m1"], "agent": ["a"], "observed_at": [NOW - timedelta(hours=1)]},
-                                schema={"observation_id": pl.String, "agent": pl.String,
-                                        "observed_at": pl.Datetime("us", "UTC")})
+    observations = pl.DataFrame(
+        {"observation_id": ["m1"], "agent": ["a"], "observed_at": [NOW - timedelta(hours=1)]},
+        schema={"observation_id": pl.String, "agent": pl.String, "observed_at": pl.Datetime("us", "UTC")},
+    )
     by_id = {r["memory_id"]: v for r, v in zip(rows, vectors, strict=True)}
-    plan = run(rows, config=SleepConfig(coverage_bins=()), inputs={
-        "embed": lambda ids: np.array([by_id[i] for i in ids]), "observations": observations})
+    plan = run(
+        rows,
+        config=SleepConfig(coverage_bins=()),
+        inputs={"embed": lambda ids: np.array([by_id[i] for i in ids]), "observations": observations},
+    )
     routed = of(plan, ObservationCreated) + of(plan, ObservationClustered) + of(plan, ObservationHeld)
     assert [e.observation_id for e in routed] == ["m1"]
     assert all(getattr(e, "memory_id", None) != "m1" for e in of(plan, ObservationClustered))  # not into itself

@@ -38,8 +38,10 @@ def utc(*args: int) -> datetime:
 def test_fire_times_are_strictly_between() -> None:
     got, dropped = fire_times("0 3 * * *", utc(2024, 5, 1, 3), utc(2024, 5, 4, 3))
     assert got == [utc(2024, 5, 2, 3), utc(2024, 5, 3, 3)] and dropped == 0
-    assert fire_times("0 */6 * * *", utc(2024, 5, 1, 0), utc(2024, 5, 1, 13))[0] == [utc(2024, 5, 1, 6),
-                                                                                     utc(2024, 5, 1, 12)]
+    assert fire_times("0 */6 * * *", utc(2024, 5, 1, 0), utc(2024, 5, 1, 13))[0] == [
+        utc(2024, 5, 1, 6),
+        utc(2024, 5, 1, 12),
+    ]
 
 
 def test_fire_times_follow_the_schedule_zone_across_dst() -> None:
@@ -104,8 +106,12 @@ def test_schedule_off_never_fires_but_the_clock_still_starts() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.sampled_from(["0 3 * * *", "*/20 * * * *", "30 2 * * 1", "0 0 1 * *"]),
-       st.sampled_from(["UTC", "America/New_York"]), st.integers(0, 60 * 24 * 40), st.integers(0, 60 * 24 * 40))
+@given(
+    st.sampled_from(["0 3 * * *", "*/20 * * * *", "30 2 * * 1", "0 0 1 * *"]),
+    st.sampled_from(["UTC", "America/New_York"]),
+    st.integers(0, 60 * 24 * 40),
+    st.integers(0, 60 * 24 * 40),
+)
 def test_next_fire_bounds_the_event_times_that_make_nothing_due(cron: str, tz: str, start: int, later: int) -> None:
     """SleepJob.due answers 'nothing due' without a cron walk up to next_fire: what advance says too."""
     after = utc(2024, 3, 1) + timedelta(minutes=start)

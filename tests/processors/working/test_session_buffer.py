@@ -71,8 +71,12 @@ def msg(seq: int, text: str | None = None, role: Role = Role.USER) -> BufferedMe
     return message(seq, T0 + timedelta(seconds=seq), role, text if text is not None else f"message number {seq}.")
 
 
-def fill(state: WorkingMemoryState, texts: list[str], cfg: WorkingMemorySettings, start: int = 0,
-         ) -> tuple[WorkingMemoryState, list[WorkingMemoryEvent]]:
+def fill(
+    state: WorkingMemoryState,
+    texts: list[str],
+    cfg: WorkingMemorySettings,
+    start: int = 0,
+) -> tuple[WorkingMemoryState, list[WorkingMemoryEvent]]:
     events: list[WorkingMemoryEvent] = []
     for i, text in enumerate(texts, start):
         state, out = add(state, msg(i, text), cfg)
@@ -94,46 +98,72 @@ def check_invariants(state: WorkingMemoryState, cfg: WorkingMemorySettings) -> N
 
 # ---- the pinned numbers ---------------------------------------------------------------------
 
+
 def test_settings_defaults_are_the_designs():
     cfg = WorkingMemorySettings()
-    assert (cfg.buffer_size, cfg.summary_multiplier, cfg.summary_batch, cfg.keep_recent, cfg.max_tokens,
-            cfg.model_context_tokens) == (50, 10, 10, 10, -1, 200_000)
+    assert (
+        cfg.buffer_size,
+        cfg.summary_multiplier,
+        cfg.summary_batch,
+        cfg.keep_recent,
+        cfg.max_tokens,
+        cfg.model_context_tokens,
+    ) == (50, 10, 10, 10, -1, 200_000)
     assert cfg.summary_capacity == 500
     assert cfg.token_budget == 120_000  # 60% of 200K
-    assert (wm.MAX_MESSAGE_CHARS, wm.MAX_SUMMARY_CHARS, wm.MAX_SENTENCE_CHARS, wm.MAX_SENTENCES_PER_MESSAGE,
-            wm.MESSAGE_OVERHEAD_TOKENS, wm.CHARS_PER_TOKEN) == (4000, 600, 200, 4, 4, 4)
+    assert (
+        wm.MAX_MESSAGE_CHARS,
+        wm.MAX_SUMMARY_CHARS,
+        wm.MAX_SENTENCE_CHARS,
+        wm.MAX_SENTENCES_PER_MESSAGE,
+        wm.MESSAGE_OVERHEAD_TOKENS,
+        wm.CHARS_PER_TOKEN,
+    ) == (4000, 600, 200, 4, 4, 4)
 
 
-@pytest.mark.parametrize(("max_tokens", "context", "budget"), [
-    (-1, 200_000, 120_000),
-    (-1, 100_000, 60_000),
-    (-1, 26_666, 16_000),  # 15,999.6 -> clamped up
-    (-1, 26_667, 16_000),  # 16,000.2 -> floor
-    (-1, 30_000, 18_000),
-    (-1, 8_192, 16_000),
-    (-1, 1_000_000, 600_000),
-    (-1, 1_000_001, 600_000),
-    (-1, 999_990, 599_994),
-    (5_000, 200_000, 5_000),
-    (1, 1, 1),
-])
+@pytest.mark.parametrize(
+    ("max_tokens", "context", "budget"),
+    [
+        (-1, 200_000, 120_000),
+        (-1, 100_000, 60_000),
+        (-1, 26_666, 16_000),  # 15,999.6 -> clamped up
+        (-1, 26_667, 16_000),  # 16,000.2 -> floor
+        (-1, 30_000, 18_000),
+        (-1, 8_192, 16_000),
+        (-1, 1_000_000, 600_000),
+        (-1, 1_000_001, 600_000),
+        (-1, 999_990, 599_994),
+        (5_000, 200_000, 5_000),
+        (1, 1, 1),
+    ],
+)
 def test_the_token_budget_is_sixty_percent_of_the_context_clamped(max_tokens, context, budget):
     assert resolve_max_tokens(max_tokens, context) == budget
     assert WorkingMemorySettings(max_tokens=max_tokens, model_context_tokens=context).token_budget == budget
 
 
-@pytest.mark.parametrize("kw", [
-    {"max_tokens": 0}, {"max_tokens": -2}, {"buffer_size": 0}, {"summary_batch": 1}, {"summary_multiplier": 0},
-    {"buffer_size": 5, "summary_batch": 6}, {"buffer_size": 5, "keep_recent": 6}, {"keep_recent": -1},
-    {"model_context_tokens": 0},
-])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"max_tokens": 0},
+        {"max_tokens": -2},
+        {"buffer_size": 0},
+        {"summary_batch": 1},
+        {"summary_multiplier": 0},
+        {"buffer_size": 5, "summary_batch": 6},
+        {"buffer_size": 5, "keep_recent": 6},
+        {"keep_recent": -1},
+        {"model_context_tokens": 0},
+    ],
+)
 def test_invalid_settings_are_refused(kw):
     with pytest.raises(ValueError):
         WorkingMemorySettings(**kw)
 
 
-@pytest.mark.parametrize(("text", "tokens"), [("", 0), ("a", 1), ("abcd", 1), ("abcde", 2), ("é" * 8, 2),
-                                              ("x" * 4000, 1000)])
+@pytest.mark.parametrize(
+    ("text", "tokens"), [("", 0), ("a", 1), ("abcd", 1), ("abcde", 2), ("é" * 8, 2), ("x" * 4000, 1000)]
+)
 def test_tokens_are_characters_over_four_rounded_up(text, tokens):
     assert estimate_tokens(text) == tokens
     assert msg(0, text).tokens == tokens + 4 if text else True
@@ -162,11 +192,20 @@ def test_clip_never_exceeds_its_limit_and_keeps_short_texts(text, limit):
 
 # ---- messages from trace events ------------------------------------------------------------
 
+
 def test_trace_events_become_messages_in_the_words_of_their_kind():
-    t = (Trace().start().user("Change my flight").say("Sure.").call("get_reservation", "c1", id="ABC", a=1)
-         .result("c1", True, "get_reservation", output='{"status": "ok"}')
-         .result("c2", False, "book", error="Too Many Requests", http_status=429)
-         .result("c3", True).delegate("ops").end())
+    t = (
+        Trace()
+        .start()
+        .user("Change my flight")
+        .say("Sure.")
+        .call("get_reservation", "c1", id="ABC", a=1)
+        .result("c1", True, "get_reservation", output='{"status": "ok"}')
+        .result("c2", False, "book", error="Too Many Requests", http_status=429)
+        .result("c3", True)
+        .delegate("ops")
+        .end()
+    )
     texts = [(m.role, m.text, m.tool) if m else None for m in map(message_from_event, t.events)]
     assert texts == [
         None,
@@ -186,13 +225,19 @@ def test_session_start_sets_the_user_and_task_and_session_end_closes():
     out = remember({}, t.events)
     s = out.states[session_key("support", "s1")]
     assert (s.user_id, s.task, s.closed, s.last_seq, [m.text for m in s.messages]) == (
-        "u7", "rebook HAT030", True, 3, ["hi"])
+        "u7",
+        "rebook HAT030",
+        True,
+        3,
+        ["hi"],
+    )
     assert out.late == 1
     again = remember(out.states, Trace().start().user("x").events)
     assert again.late == 2 and again.states[session_key("support", "s1")] == s
 
 
 # ---- the ring buffer and the extended buffer -----------------------------------------------
+
 
 def test_overflow_summarises_the_oldest_batch_of_ten_into_one_entry():
     cfg = WorkingMemorySettings()
@@ -204,7 +249,13 @@ def test_overflow_summarises_the_oldest_batch_of_ten_into_one_entry():
     assert (ev.agent, ev.session_id, ev.user_id, ev.at) == ("support", "s1", "u1", T0 + timedelta(seconds=50))
     s = ev.summary
     assert (s.level, s.first_seq, s.last_seq, s.messages, s.first_ts, s.last_ts) == (
-        0, 0, 9, 10, T0, T0 + timedelta(seconds=9))
+        0,
+        0,
+        9,
+        10,
+        T0,
+        T0 + timedelta(seconds=9),
+    )
     assert s.summary_id == summary_id_for("support", "s1", 0, 0, 9)
     assert state.summaries == (s,)
     assert [m.seq for m in state.messages] == list(range(10, 51))
@@ -227,14 +278,19 @@ def test_an_overflow_batch_never_reaches_into_the_newest_keep_recent():
 def test_a_summary_names_its_seq_range_size_and_tools():
     cfg = WorkingMemorySettings(buffer_size=3, summary_batch=3, keep_recent=0)
     state = empty()
-    for i, m in enumerate([message(0, T0, Role.TOOL_CALL, "get_user({})", "get_user"),
-                           message(1, T0, Role.TOOL_RESULT, "get_user failed: HTTP 404", "get_user"),
-                           message(2, T0, Role.TOOL_CALL, "search({})", "search"),
-                           message(3, T0, Role.USER, "thanks")]):
+    for i, m in enumerate(
+        [
+            message(0, T0, Role.TOOL_CALL, "get_user({})", "get_user"),
+            message(1, T0, Role.TOOL_RESULT, "get_user failed: HTTP 404", "get_user"),
+            message(2, T0, Role.TOOL_CALL, "search({})", "search"),
+            message(3, T0, Role.USER, "thanks"),
+        ]
+    ):
         state, _ = add(state, m, cfg)
     assert summary_line(state.summaries[0]) == (
         "seq 0-2 (3 messages; tools: get_user, search): tool_call: get_user({}) | "
-        "tool_result: get_user failed: HTTP 404 | tool_call: search({})")
+        "tool_result: get_user failed: HTTP 404 | tool_call: search({})"
+    )
 
 
 def test_the_extended_buffer_rotates_dropping_the_oldest_summary():
@@ -266,6 +322,7 @@ def test_with_the_defaults_the_extended_buffer_holds_five_hundred_summaries():
 
 
 # ---- the token budget -----------------------------------------------------------------------
+
 
 def test_over_budget_the_oldest_messages_are_summarised_and_the_newest_stay_intact():
     cfg = WorkingMemorySettings(max_tokens=300, keep_recent=3, summary_batch=4)
@@ -299,11 +356,17 @@ def test_summaries_are_merged_a_batch_at_a_time_before_any_is_dropped():
     tight = WorkingMemorySettings(buffer_size=2, summary_batch=2, keep_recent=1, max_tokens=state.tokens + 10)
     state2, events = add(state, msg(6, "Talked about golf today."), tight)
     assert [(type(e), e.reason) for e in events] == [
-        (MessagesSummarised, CompressionReason.OVERFLOW), (SummariesMerged, CompressionReason.TOKEN_BUDGET)]
+        (MessagesSummarised, CompressionReason.OVERFLOW),
+        (SummariesMerged, CompressionReason.TOKEN_BUDGET),
+    ]
     merged = events[1]
     assert merged.merged == tuple(s.summary_id for s in state.summaries)
     assert (merged.summary.level, merged.summary.first_seq, merged.summary.last_seq, merged.summary.messages) == (
-        1, 0, 3, 4)
+        1,
+        0,
+        3,
+        4,
+    )
     assert merged.summary.summary_id == summary_id_for("support", "s1", 1, 0, 3)
     assert [(s.level, s.first_seq, s.last_seq) for s in state2.summaries] == [(1, 0, 3), (0, 4, 5)]
     assert state2.tokens <= tight.token_budget and state2.evicted == 0
@@ -311,8 +374,9 @@ def test_summaries_are_merged_a_batch_at_a_time_before_any_is_dropped():
     assert [m.seq for m in state2.messages] == [6]
     # tighter still: room for the two newest messages only -> merge again (level 2), then drop
     ok = msg(7, "ok")
-    tighter = WorkingMemorySettings(buffer_size=2, summary_batch=2, keep_recent=2,
-                                    max_tokens=state2.message_tokens + ok.tokens + 1)
+    tighter = WorkingMemorySettings(
+        buffer_size=2, summary_batch=2, keep_recent=2, max_tokens=state2.message_tokens + ok.tokens + 1
+    )
     state3, events = add(state2, ok, tighter)
     assert [type(e) for e in events] == [SummariesMerged, SummaryEvicted]
     assert [(e.summary.level, e.summary.first_seq, e.summary.last_seq) for e in events] == [(2, 0, 5), (2, 0, 5)]
@@ -321,15 +385,22 @@ def test_summaries_are_merged_a_batch_at_a_time_before_any_is_dropped():
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(sizes=st.lists(st.integers(0, 600), min_size=1, max_size=60),
-       buffer_size=st.integers(2, 12), batch=st.integers(2, 12), keep=st.integers(0, 12),
-       multiplier=st.integers(1, 3), budget=st.integers(20, 2000))
+@given(
+    sizes=st.lists(st.integers(0, 600), min_size=1, max_size=60),
+    buffer_size=st.integers(2, 12),
+    batch=st.integers(2, 12),
+    keep=st.integers(0, 12),
+    multiplier=st.integers(1, 3),
+    budget=st.integers(20, 2000),
+)
 @example(sizes=[400] * 10, buffer_size=4, batch=2, keep=1, multiplier=1, budget=20)
-def test_compression_conserves_every_message_and_keeps_the_newest_intact(sizes, buffer_size, batch, keep,
-                                                                         multiplier, budget):
+def test_compression_conserves_every_message_and_keeps_the_newest_intact(
+    sizes, buffer_size, batch, keep, multiplier, budget
+):
     batch, keep = min(batch, buffer_size), min(keep, buffer_size)
-    cfg = WorkingMemorySettings(buffer_size=buffer_size, summary_batch=batch, keep_recent=keep,
-                                summary_multiplier=multiplier, max_tokens=budget)
+    cfg = WorkingMemorySettings(
+        buffer_size=buffer_size, summary_batch=batch, keep_recent=keep, summary_multiplier=multiplier, max_tokens=budget
+    )
     texts = [f"Sentence {i} about seats. " * (n // 24 + 1) for i, n in enumerate(sizes)]
     state, events = fill(empty(), texts, cfg)
     check_invariants(state, cfg)
@@ -351,20 +422,26 @@ def test_compression_conserves_every_message_and_keeps_the_newest_intact(sizes, 
 
 # ---- the summariser -------------------------------------------------------------------------
 
+
 def test_sumbasic_squares_the_weights_of_what_it_picked_so_the_next_pick_says_something_else():
-    parts = [("user", "Flight refund requested."), ("user", "Refund for flight please."),
-             ("user", "Baggage allowance question.")]
+    parts = [
+        ("user", "Flight refund requested."),
+        ("user", "Refund for flight please."),
+        ("user", "Baggage allowance question."),
+    ]
     # weights: flight 2/8, refund 2/8, the rest 1/8. Scores: 5/24, 1/4, 1/8 -> pick #2 first;
     # squared, flight and refund weigh 1/16, so #1 scores 1/12 < #3's 1/8 and #3 goes second.
     assert extractive_summary(parts, 70) == "user: Refund for flight please. | user: Baggage allowance question."
     # with room for everything, all three in message order
-    assert extractive_summary(parts, 600) == ("user: Flight refund requested. | user: Refund for flight please. | "
-                                              "user: Baggage allowance question.")
+    assert extractive_summary(parts, 600) == (
+        "user: Flight refund requested. | user: Refund for flight please. | user: Baggage allowance question."
+    )
 
 
 def test_sentences_of_one_message_share_its_label_and_ties_go_to_the_earlier_sentence():
     assert extractive_summary([("agent", "Alpha one. Bravo two."), ("user", "Charlie three.")], 600) == (
-        "agent: Alpha one. Bravo two. | user: Charlie three.")
+        "agent: Alpha one. Bravo two. | user: Charlie three."
+    )
     assert extractive_summary([("agent", "Alpha one. Bravo two.")], 20) == "agent: Alpha one."
 
 
@@ -376,12 +453,16 @@ def test_only_the_first_four_sentences_of_a_message_are_read():
 
 def test_content_words_drop_stop_words_short_words_and_numbers():
     assert content_words("I would like to CHANGE my 2 flights on 05/20, ok? HAT030 it is") == [
-        "change", "flights", "hat030"]
+        "change",
+        "flights",
+        "hat030",
+    ]
 
 
 @settings(max_examples=80, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["user", "agent", ""]), st.text(max_size=500)), max_size=12),
-       st.integers(1, 700))
+@given(
+    st.lists(st.tuples(st.sampled_from(["user", "agent", ""]), st.text(max_size=500)), max_size=12), st.integers(1, 700)
+)
 def test_a_summary_fits_its_limit_and_is_deterministic(parts, limit):
     out = extractive_summary(parts, limit)
     assert len(out) <= limit
@@ -389,6 +470,7 @@ def test_a_summary_fits_its_limit_and_is_deterministic(parts, limit):
 
 
 # ---- idempotence and replay -----------------------------------------------------------------
+
 
 def conversation(n: int, session_id: str = "s1") -> list[TraceEvent]:
     t = Trace(session_id=session_id).start(user_id=f"user-of-{session_id}")
@@ -404,8 +486,7 @@ def conversation(n: int, session_id: str = "s1") -> list[TraceEvent]:
     return t.end().events
 
 
-CFG_SMALL = WorkingMemorySettings(buffer_size=8, summary_batch=3, keep_recent=2, summary_multiplier=2,
-                                  max_tokens=400)
+CFG_SMALL = WorkingMemorySettings(buffer_size=8, summary_batch=3, keep_recent=2, summary_multiplier=2, max_tokens=400)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -420,7 +501,7 @@ def test_any_batching_with_redeliveries_gives_the_same_states_and_events(data):
     while i < len(events):
         n = data.draw(st.integers(1, 12))
         back = data.draw(st.integers(0, i))
-        batch = events[i - back:i + n]
+        batch = events[i - back : i + n]
         out = remember(states, batch, CFG_SMALL)
         states = {**states, **out.states}
         emitted += out.events
@@ -457,7 +538,12 @@ def test_a_compacted_closed_session_still_ignores_late_and_redelivered_events():
     closed = remember({}, events, CFG_SMALL).states[session_key("support", "s1")]
     small = wm.compact(closed)
     assert (small.closed, small.last_seq, small.messages, small.summaries, small.tokens) == (
-        True, closed.last_seq, (), (), 0)
+        True,
+        closed.last_seq,
+        (),
+        (),
+        0,
+    )
     again = remember({session_key("support", "s1"): small}, events, CFG_SMALL)
     assert again.events == [] and again.late == len(events)
     assert len(encode_state(small)) < len(encode_state(closed)) // 5
@@ -505,6 +591,7 @@ def test_tau_bench_sessions_replay_byte_identically_and_keep_their_invariants(ta
 
 # ---- benchmark --------------------------------------------------------------------------------
 
+
 def bench(repeat: int = 3) -> None:
     """Buffer add latency over every tau-bench message, played as one long session (default settings:
     an overflow summary every 10 adds once the buffer is full, 500 summaries kept)."""
@@ -525,13 +612,15 @@ def bench(repeat: int = 3) -> None:
             dt = (time.perf_counter_ns() - t0) / 1e3
             (overflow if events else times).append(dt)
         every = np.array(times + overflow)
-        print(f"run {r}: {len(every)} adds, wall p50 {np.percentile(every, 50):.1f} us, "
-              f"p99 {np.percentile(every, 99):.1f} us, "
-              f"thread CPU p99 {np.percentile(cpu, 99):.1f} us, "
-              f"max {every.max():.0f} us | plain adds p99 {np.percentile(times, 99):.1f} us | "
-              f"adds that summarised ({len(overflow)}) p50 {np.percentile(overflow, 50):.0f} us "
-              f"p99 {np.percentile(overflow, 99):.0f} us | {len(state.summaries)} summaries, "
-              f"state {len(encode_state(state)) / 1024:.0f} KiB")
+        print(
+            f"run {r}: {len(every)} adds, wall p50 {np.percentile(every, 50):.1f} us, "
+            f"p99 {np.percentile(every, 99):.1f} us, "
+            f"thread CPU p99 {np.percentile(cpu, 99):.1f} us, "
+            f"max {every.max():.0f} us | plain adds p99 {np.percentile(times, 99):.1f} us | "
+            f"adds that summarised ({len(overflow)}) p50 {np.percentile(overflow, 50):.0f} us "
+            f"p99 {np.percentile(overflow, 99):.0f} us | {len(state.summaries)} summaries, "
+            f"state {len(encode_state(state)) / 1024:.0f} KiB"
+        )
 
 
 if __name__ == "__main__":

@@ -36,37 +36,77 @@ def test_values_and_errors_are_as_typer_gives_them(tmp_path: Path) -> None:
     got: dict = {}
 
     @demo.command()
-    def run(path: Path = typer.Argument(..., exists=True, dir_okay=False), k: int = typer.Option(10, "-k"),
-            rate: float = typer.Option(0.5, "--rate"), flag: bool = typer.Option(False, "--flag"),
-            names: list[str] = typer.Option([], "--name"), paths: list[Path] = typer.Option([], "--also"),
-            limit: int = typer.Option(3, "--limit", min=1, max=5)) -> None:
+    def run(
+        path: Path = typer.Argument(..., exists=True, dir_okay=False),
+        k: int = typer.Option(10, "-k"),
+        rate: float = typer.Option(0.5, "--rate"),
+        flag: bool = typer.Option(False, "--flag"),
+        names: list[str] = typer.Option([], "--name"),
+        paths: list[Path] = typer.Option([], "--also"),
+        limit: int = typer.Option(3, "--limit", min=1, max=5),
+    ) -> None:
         got.update(path=path, k=k, rate=rate, flag=flag, names=names, paths=paths, limit=limit)
 
     f = tmp_path / "f.txt"
     f.write_text("x")
     runner = CliRunner()
-    ok = runner.invoke(demo, [str(f), "-k", "7", "--rate", "2", "--flag", "--name", "a", "--name", "b",
-                              "--also", "x/y", "--limit", "4"])
+    ok = runner.invoke(
+        demo,
+        [str(f), "-k", "7", "--rate", "2", "--flag", "--name", "a", "--name", "b", "--also", "x/y", "--limit", "4"],
+    )
     assert ok.exit_code == 0, ok.output
-    assert got == {"path": f, "k": 7, "rate": 2.0, "flag": True, "names": ["a", "b"], "paths": [Path("x/y")],
-                   "limit": 4}
+    assert got == {
+        "path": f,
+        "k": 7,
+        "rate": 2.0,
+        "flag": True,
+        "names": ["a", "b"],
+        "paths": [Path("x/y")],
+        "limit": 4,
+    }
     assert type(got["path"]) is type(f) and type(got["k"]) is int and type(got["rate"]) is float
-    for args, says in [([str(f), "-k", "x"], "'x' is not a valid int"), ([str(tmp_path / "no")], "does not exist"),
-                       ([str(tmp_path)], "is a directory"), ([str(f), "--limit", "9"], "--limit")]:
+    for args, says in [
+        ([str(f), "-k", "x"], "'x' is not a valid int"),
+        ([str(tmp_path / "no")], "does not exist"),
+        ([str(tmp_path)], "is a directory"),
+        ([str(f), "--limit", "9"], "--limit"),
+    ]:
         bad = runner.invoke(demo, args)
         assert bad.exit_code == 2 and says in bad.output, (args, bad.output)
 
 
 STUB_ANSWERS = {  # what a (stub) projector answers, by path
-    "/agents/scraper/recall": {"hits": [{"rank": 1, "score": 0.5, "kind": "lesson", "occurred_at":
-                                         "2024-05-17T05:10:00", "refs": ["e1"], "text": "retry after a rate limit"}]},
-    "/kafka-positions": {"ends": {"somnus.traces": {"0": 12}, "somnus.observations": {"0": 3}},
-                         "committed": {"somnus.traces": {"0": 10}, "somnus.observations": {"0": 3}}},
-    "/summary": {"counts": {"episodes": 4, "dead_letters": 1}, "offsets": {"somnus.traces": {"0": 9}},
-                 "dead_letter_kinds": {"schema": 1}, "memories": None, "stale_briefings": 0},
-    "/memory": {"episodes": 4, "graph": {"entities": 2, "active_triples": 1, "triples": 1},
-                "briefings": {"agents": 1, "non_empty": 1, "newest": None}, "last_consolidation": None,
-                "utilisation": [], "delegations": []},
+    "/agents/scraper/recall": {
+        "hits": [
+            {
+                "rank": 1,
+                "score": 0.5,
+                "kind": "lesson",
+                "occurred_at": "2024-05-17T05:10:00",
+                "refs": ["e1"],
+                "text": "retry after a rate limit",
+            }
+        ]
+    },
+    "/kafka-positions": {
+        "ends": {"somnus.traces": {"0": 12}, "somnus.observations": {"0": 3}},
+        "committed": {"somnus.traces": {"0": 10}, "somnus.observations": {"0": 3}},
+    },
+    "/summary": {
+        "counts": {"episodes": 4, "dead_letters": 1},
+        "offsets": {"somnus.traces": {"0": 9}},
+        "dead_letter_kinds": {"schema": 1},
+        "memories": None,
+        "stale_briefings": 0,
+    },
+    "/memory": {
+        "episodes": 4,
+        "graph": {"entities": 2, "active_triples": 1, "triples": 1},
+        "briefings": {"agents": 1, "non_empty": 1, "newest": None},
+        "last_consolidation": None,
+        "utilisation": [],
+        "delegations": [],
+    },
 }
 
 
@@ -102,8 +142,13 @@ def _through_a_stub_projector(tmp_path: Path, argv: list[str]) -> tuple[str, lis
         print(json.dumps(asked))
     """)
     # No KAFKA_BOOTSTRAP and no local broker: a command that wanted Kafka would fail here.
-    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                         env={"PATH": "/usr/bin:/bin", "SOMNUS_HOME": str(tmp_path)})
+    run = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", "SOMNUS_HOME": str(tmp_path)},
+    )
     assert run.returncode == 0, run.stderr
     answer, heavy, asked = run.stdout.strip().splitlines()
     return answer, json.loads(heavy), json.loads(asked)

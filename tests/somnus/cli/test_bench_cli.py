@@ -12,8 +12,11 @@ from somnus.cli.bench_cli import measure
 
 def test_each_variant_and_command_gets_every_run_and_its_median(tmp_path) -> None:
     env = {**os.environ, "SOMNUS_HOME": str(tmp_path)}
-    got = measure({"a": ([sys.executable, "-c"], env), "b": ([sys.executable, "-S", "-c"], env)}, runs=3,
-                  commands={"nothing": ["pass"], "sleep": ["import time; time.sleep(0.2)"]})
+    got = measure(
+        {"a": ([sys.executable, "-c"], env), "b": ([sys.executable, "-S", "-c"], env)},
+        runs=3,
+        commands={"nothing": ["pass"], "sleep": ["import time; time.sleep(0.2)"]},
+    )
     assert set(got) == {"a", "b", "python -c pass"}
     for v in ("a", "b"):
         assert len(got[v]["sleep"]["runs_ms"]) == 3 and got[v]["sleep"]["median_ms"] >= 200

@@ -16,8 +16,9 @@ from somnus.cli import common
 def test_the_context_footer_is_a_line_of_its_own_after_the_text(monkeypatch, tmp_path, text):
     import somnus.reads
 
-    monkeypatch.setattr(somnus.reads, "read", lambda *a, **k: {"text": text, "tokens": 9, "max_tokens": 100,
-                                                              "session_id": None})
+    monkeypatch.setattr(
+        somnus.reads, "read", lambda *a, **k: {"text": text, "tokens": 9, "max_tokens": 100, "session_id": None}
+    )
     got = CliRunner().invoke(cli.app, ["context", "refund", "--agent", "support", "--home", str(tmp_path)])
     assert got.exit_code == 0, got.output
     assert got.stdout.endswith("\n") and got.stdout.rstrip("\n") == text.rstrip("\n")

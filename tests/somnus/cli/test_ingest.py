@@ -15,11 +15,25 @@ def test_a_bad_file_or_line_is_reported_and_the_good_ones_are_imported(tmp_path:
     good = {"reward": 1.0, "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]}
     (tmp_path / "a.json").write_bytes(orjson.dumps([{**good, "id": "a1"}, {"messages": None}, {**good, "id": "a2"}]))
     (tmp_path / "b.json").write_bytes(b"[" * 100_000 + b"]" * 100_000)
-    (tmp_path / "c.jsonl").write_bytes(orjson.dumps({**good, "id": "c1"}) + b"\n{bad\n"
-                                       + orjson.dumps({**good, "id": "c2"}) + b"\n")
+    (tmp_path / "c.jsonl").write_bytes(
+        orjson.dumps({**good, "id": "c1"}) + b"\n{bad\n" + orjson.dumps({**good, "id": "c2"}) + b"\n"
+    )
     out = tmp_path / "out.jsonl"
-    got = CliRunner().invoke(app, ["import", "--format", "openai-chat", "--agent", "a", "--out", str(out),
-                                   "--home", str(tmp_path / "home"), str(tmp_path)])
+    got = CliRunner().invoke(
+        app,
+        [
+            "import",
+            "--format",
+            "openai-chat",
+            "--agent",
+            "a",
+            "--out",
+            str(out),
+            "--home",
+            str(tmp_path / "home"),
+            str(tmp_path),
+        ],
+    )
     assert got.exit_code == 1, got.output
     sessions = {orjson.loads(line)["session_id"] for line in out.read_bytes().splitlines()}
     assert sessions == {"a-a1", "c-c1", "c-c2"}
@@ -30,13 +44,30 @@ def test_a_bad_file_or_line_is_reported_and_the_good_ones_are_imported(tmp_path:
 
 def test_an_event_over_the_pipelines_limit_is_reported_and_left_out(tmp_path: Path) -> None:
     """A 50 MB message became one 50 MB event: over the producer's 8 MiB, it stopped the import."""
-    item = {"id": "big", "reward": 1.0, "messages": [{"role": "user", "content": "x" * 2_000_000},
-                                                     {"role": "assistant", "content": "ok"}]}
+    item = {
+        "id": "big",
+        "reward": 1.0,
+        "messages": [{"role": "user", "content": "x" * 2_000_000}, {"role": "assistant", "content": "ok"}],
+    }
     (tmp_path / "big.json").write_bytes(orjson.dumps([item]))
     out = tmp_path / "out.jsonl"
-    got = CliRunner().invoke(app, ["import", "--format", "openai-chat", "--out", str(out), "--home",
-                                   str(tmp_path / "home"), str(tmp_path / "big.json")])
+    got = CliRunner().invoke(
+        app,
+        [
+            "import",
+            "--format",
+            "openai-chat",
+            "--out",
+            str(out),
+            "--home",
+            str(tmp_path / "home"),
+            str(tmp_path / "big.json"),
+        ],
+    )
     assert got.exit_code == 1, got.output
     assert "session 'big-big' event 1 (user_message) is 2000" in got.output and "left out" in got.output
     assert [orjson.loads(line)["type"] for line in out.read_bytes().splitlines()] == [
-        "session_start", "agent_message", "session_end"]
+        "session_start",
+        "agent_message",
+        "session_end",
+    ]

@@ -22,8 +22,9 @@ def test_a_table_that_fits_keeps_its_natural_widths() -> None:
 
 
 def test_a_long_text_wraps_and_is_cut_with_an_ellipsis_at_80_columns() -> None:
-    got = render(["rank", "score", "kind", "when", "text"], [[1, 0.9123, "lesson", "2024-05-17T05:10", LONG]],
-                 width=80).splitlines()
+    got = render(
+        ["rank", "score", "kind", "when", "text"], [[1, 0.9123, "lesson", "2024-05-17T05:10", LONG]], width=80
+    ).splitlines()
     assert all(len(line) <= 80 for line in got)
     assert got[0].split() == ["rank", "score", "kind", "when", "text"]  # every header whole
     assert "2024-05-17T05:10" in got[2] and "lesson" in got[2]  # the short columns keep their width
@@ -31,11 +32,16 @@ def test_a_long_text_wraps_and_is_cut_with_an_ellipsis_at_80_columns() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.text(st.characters(codec="ascii", categories=["L", "N", "P", "Zs"]), max_size=60),
-                min_size=1, max_size=9).flatmap(
-    lambda head: st.tuples(st.just(head), st.lists(st.lists(st.text(max_size=200), min_size=len(head),
-                                                            max_size=len(head)), max_size=5))),
-       st.integers(40, 200))
+@given(
+    st.lists(
+        st.text(st.characters(codec="ascii", categories=["L", "N", "P", "Zs"]), max_size=60), min_size=1, max_size=9
+    ).flatmap(
+        lambda head: st.tuples(
+            st.just(head), st.lists(st.lists(st.text(max_size=200), min_size=len(head), max_size=len(head)), max_size=5)
+        )
+    ),
+    st.integers(40, 200),
+)
 def test_no_line_is_wider_than_the_terminal_and_no_column_is_squeezed(table, width) -> None:
     head, rows = table
     out = render(head, rows, width=width)
@@ -49,7 +55,11 @@ def test_no_line_is_wider_than_the_terminal_and_no_column_is_squeezed(table, wid
 def test_too_many_columns_for_the_terminal_print_a_record_per_row() -> None:
     head = [f"column_{i}" for i in range(12)]
     got = render(head, [[f"value {i}" for i in range(12)]], width=80)
-    assert "column_3   value 3" in got and "column_11  value 11" in got and all(len(line) <= 80 for line in got.splitlines())
+    assert (
+        "column_3   value 3" in got
+        and "column_11  value 11" in got
+        and all(len(line) <= 80 for line in got.splitlines())
+    )
 
 
 def test_csv_and_json_carry_every_row_whole(capsys: pytest.CaptureFixture[str]) -> None:

@@ -30,12 +30,15 @@ def test_json_lines_and_one_document_give_the_receivers_events(tmp_path: Path):
     assert len(got) == 2 * len(want) and {e["agent"] for e in got} == {"renamed"}
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ('{"resourceSpans": []}\nnot json\n', "traces.jsonl:2: not JSON"),
-    ('{"spans": []}', "expected an OTLP ExportTraceServiceRequest"),
-    ('{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "zz", "spanId": "00"}]}]}]}', "1 spans rejected"),
-    ("[" * 100 + "]" * 100, "nested 100 deep"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"resourceSpans": []}\nnot json\n', "traces.jsonl:2: not JSON"),
+        ('{"spans": []}', "expected an OTLP ExportTraceServiceRequest"),
+        ('{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "zz", "spanId": "00"}]}]}]}', "1 spans rejected"),
+        ("[" * 100 + "]" * 100, "nested 100 deep"),
+    ],
+)
 def test_shapes_it_cannot_read_are_named(tmp_path: Path, text, message):
     path = tmp_path / "traces.jsonl"
     path.write_text(text)

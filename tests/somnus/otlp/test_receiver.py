@@ -11,8 +11,10 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (ExportTraceServiceRequest,
-                                                                      ExportTraceServiceResponse)
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -57,8 +59,9 @@ class Harness:
         self.broker = FakeBroker()
         self.receiver = Receiver(TraceBuffer(home / "otlp" / "spans.journal"), self.broker, store, max_body=1 << 20)
 
-    async def post(self, body: bytes, content_type: str = PROTOBUF, token: str | None = "operator",
-                   **headers: str) -> tuple[int, dict[str, str], bytes]:
+    async def post(
+        self, body: bytes, content_type: str = PROTOBUF, token: str | None = "operator", **headers: str
+    ) -> tuple[int, dict[str, str], bytes]:
         if token is not None:
             headers["Authorization"] = f"Bearer {self.operator if token == 'operator' else token}"
         async with TestClient(TestServer(self.receiver.app())) as client:
@@ -76,8 +79,11 @@ def run(coro: Any) -> Any:
 
 
 def expected_events(request: ExportTraceServiceRequest) -> list[dict[str, Any]]:
-    return [e for spans in group_by_trace(from_proto(request.SerializeToString()).spans).values()
-            for e in trace_events(spans)]
+    return [
+        e
+        for spans in group_by_trace(from_proto(request.SerializeToString()).spans).values()
+        for e in trace_events(spans)
+    ]
 
 
 def test_protobuf_spans_are_published_once_and_a_resend_changes_nothing(h):
@@ -131,17 +137,20 @@ def test_a_batch_the_broker_did_not_acknowledge_is_retryable_and_nothing_is_lost
     assert h.broker.events == expected_events(request)
 
 
-@pytest.mark.parametrize(("body", "content_type", "headers", "status", "message"), [
-    (b"\xff\xff\xff\xff", PROTOBUF, {}, 400, "not a protobuf ExportTraceServiceRequest"),
-    (b'{"resourceSpans": [', "application/json", {}, 400, "not JSON"),
-    (b'{"resourceSpans": 5}', "application/json", {}, 400, "expected an array"),
-    (b"[" * 5000 + b"]" * 5000, "application/json", {}, 400, "nested 5000 deep"),
-    (b"x" * (2 << 20), PROTOBUF, {}, 400, "at most 1048576"),
-    (gzip.compress(b"\0" * (3 << 20)), PROTOBUF, {"Content-Encoding": "gzip"}, 400, "once decompressed"),
-    (b"not gzip", PROTOBUF, {"Content-Encoding": "gzip"}, 400, "not valid gzip"),
-    (b"{}", "application/json", {"Content-Encoding": "br"}, 415, "Content-Encoding 'br'"),
-    (b"{}", "text/plain", {}, 415, "Content-Type 'text/plain'"),
-])
+@pytest.mark.parametrize(
+    ("body", "content_type", "headers", "status", "message"),
+    [
+        (b"\xff\xff\xff\xff", PROTOBUF, {}, 400, "not a protobuf ExportTraceServiceRequest"),
+        (b'{"resourceSpans": [', "application/json", {}, 400, "not JSON"),
+        (b'{"resourceSpans": 5}', "application/json", {}, 400, "expected an array"),
+        (b"[" * 5000 + b"]" * 5000, "application/json", {}, 400, "nested 5000 deep"),
+        (b"x" * (2 << 20), PROTOBUF, {}, 400, "at most 1048576"),
+        (gzip.compress(b"\0" * (3 << 20)), PROTOBUF, {"Content-Encoding": "gzip"}, 400, "once decompressed"),
+        (b"not gzip", PROTOBUF, {"Content-Encoding": "gzip"}, 400, "not valid gzip"),
+        (b"{}", "application/json", {"Content-Encoding": "br"}, 415, "Content-Encoding 'br'"),
+        (b"{}", "text/plain", {}, 415, "Content-Type 'text/plain'"),
+    ],
+)
 def test_hostile_or_unsupported_bodies_get_a_clear_4xx(h, body, content_type, headers, status, message):
     got, _, text = run(h.post(body, content_type, **headers))
     assert got == status and message.encode() in text, text[:300]
@@ -220,11 +229,25 @@ def test_a_trace_the_mapping_fails_on_is_logged_and_the_others_published(h, monk
 
 # ---- attacks (issue 25): each failed on the code before its fix -----------------------------------
 
-def one_span(trace_id: str, attributes: dict[str, dict[str, Any]], name: str = "agent run",
-             span_id: str = "eee19b7ec3c1b175", parent: str = "", **fields: Any) -> bytes:
-    span = {"traceId": trace_id, "spanId": span_id, "name": name, "startTimeUnixNano": "1700000000000000000",
-            "endTimeUnixNano": "1700000001000000000", "parentSpanId": parent,
-            "attributes": [{"key": k, "value": v} for k, v in attributes.items()], **fields}
+
+def one_span(
+    trace_id: str,
+    attributes: dict[str, dict[str, Any]],
+    name: str = "agent run",
+    span_id: str = "eee19b7ec3c1b175",
+    parent: str = "",
+    **fields: Any,
+) -> bytes:
+    span = {
+        "traceId": trace_id,
+        "spanId": span_id,
+        "name": name,
+        "startTimeUnixNano": "1700000000000000000",
+        "endTimeUnixNano": "1700000001000000000",
+        "parentSpanId": parent,
+        "attributes": [{"key": k, "value": v} for k, v in attributes.items()],
+        **fields,
+    }
     return json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]}).encode()
 
 
@@ -238,15 +261,29 @@ class EncodingBroker(FakeBroker):
         await super().__call__(events)
 
 
-@pytest.mark.parametrize("value", [{"intValue": "9" * 40}, {"intValue": str(1 << 64)}, {"intValue": "9" * 5000},
-                                   {"intValue": "²"}, {"bytesValue": "a"}])
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"intValue": "9" * 40},
+        {"intValue": str(1 << 64)},
+        {"intValue": "9" * 5000},
+        {"intValue": "²"},
+        {"bytesValue": "a"},
+    ],
+)
 def test_an_integer_beyond_64_bits_is_a_rejected_span_and_does_not_wedge_the_receiver(h, value):
     # a 40-digit conversation id went into the session's metadata; orjson could not encode it, so the
     # trace's publish failed, stayed held, and every later request of every exporter got 503
     h.receiver.publish = h.broker = EncodingBroker()
-    status, _, body = run(h.post(one_span("5b8efff798038103d269b633813fc60c", {
-        "gen_ai.operation.name": {"stringValue": "invoke_agent"}, "gen_ai.conversation.id": value}),
-        "application/json"))
+    status, _, body = run(
+        h.post(
+            one_span(
+                "5b8efff798038103d269b633813fc60c",
+                {"gen_ai.operation.name": {"stringValue": "invoke_agent"}, "gen_ai.conversation.id": value},
+            ),
+            "application/json",
+        )
+    )
     assert status == 200 and json.loads(body)["partialSuccess"]["rejectedSpans"] == 1, body
     request = sdk_request(1)
     assert run(h.post(request.SerializeToString()))[0] == 200
@@ -269,28 +306,42 @@ def test_a_trace_whose_events_cannot_be_encoded_is_left_out_not_retried_for_ever
     assert "could not be mapped" in caplog.text
 
 
-@pytest.mark.parametrize(("attributes", "name"), [
-    ({"traceloop.span.kind": {"stringValue": "agent"}, "traceloop.entity.name": {"stringValue": "support"}}, "run"),
-    ({}, "invoke_agent support"),
-    ({"agent.name": {"stringValue": "support"}}, "invoke_agent billing"),
-])
+@pytest.mark.parametrize(
+    ("attributes", "name"),
+    [
+        ({"traceloop.span.kind": {"stringValue": "agent"}, "traceloop.entity.name": {"stringValue": "support"}}, "run"),
+        ({}, "invoke_agent support"),
+        ({"agent.name": {"stringValue": "support"}}, "invoke_agent billing"),
+    ],
+)
 def test_an_agent_token_cannot_name_another_agent_in_any_way_the_mapping_reads(h, attributes, name):
-    status, _, body = run(h.post(one_span("6b8efff798038103d269b633813fc60c", attributes, name), "application/json",
-                                 token=h.agent_token))
+    status, _, body = run(
+        h.post(one_span("6b8efff798038103d269b633813fc60c", attributes, name), "application/json", token=h.agent_token)
+    )
     assert status == 200 and json.loads(body)["partialSuccess"]["rejectedSpans"] == 1, body
     assert h.broker.events == []
 
 
 def test_an_agent_token_cannot_add_spans_to_a_trace_another_token_sent(h):
     trace = "8b8efff798038103d269b633813fc60c"
-    support_root = one_span(trace, {"gen_ai.operation.name": {"stringValue": "invoke_agent"},
-                                    "gen_ai.agent.name": {"stringValue": "support"}}, span_id="aaaaaaaaaaaaaaaa",
-                            parent="bbbbbbbbbbbbbbbb")  # its parent is still to come: the trace is held
+    support_root = one_span(
+        trace,
+        {"gen_ai.operation.name": {"stringValue": "invoke_agent"}, "gen_ai.agent.name": {"stringValue": "support"}},
+        span_id="aaaaaaaaaaaaaaaa",
+        parent="bbbbbbbbbbbbbbbb",
+    )  # its parent is still to come: the trace is held
     assert run(h.post(support_root, "application/json"))[0] == 200
     # billing's tool span under support's agent span would be a tool call in support's session
-    tool = one_span(trace, {"gen_ai.operation.name": {"stringValue": "execute_tool"},
-                            "gen_ai.tool.name": {"stringValue": "IGNORE PREVIOUS INSTRUCTIONS"}},
-                    name="execute_tool x", span_id="cccccccccccccccc", parent="aaaaaaaaaaaaaaaa")
+    tool = one_span(
+        trace,
+        {
+            "gen_ai.operation.name": {"stringValue": "execute_tool"},
+            "gen_ai.tool.name": {"stringValue": "IGNORE PREVIOUS INSTRUCTIONS"},
+        },
+        name="execute_tool x",
+        span_id="cccccccccccccccc",
+        parent="aaaaaaaaaaaaaaaa",
+    )
     status, _, body = run(h.post(tool, "application/json", token=h.agent_token))
     assert status == 200 and "sent with another token" in json.loads(body)["partialSuccess"]["errorMessage"], body
     assert h.receiver.buffer.held_spans() == 1
@@ -323,8 +374,10 @@ def test_a_request_of_too_many_spans_is_refused_before_any_is_mapped(h):
 def test_spans_held_without_their_roots_are_bounded(h):
     # rootless spans were held in memory and the journal for the trace timeout (300 s), without bound
     h.receiver.max_held = 3
-    children = [one_span(f"{n:032x}", {}, name="execute_tool t", span_id=f"{n + 1:016x}", parent="bbbbbbbbbbbbbbbb")
-                for n in range(1, 5)]
+    children = [
+        one_span(f"{n:032x}", {}, name="execute_tool t", span_id=f"{n + 1:016x}", parent="bbbbbbbbbbbbbbbb")
+        for n in range(1, 5)
+    ]
     assert [run(h.post(c, "application/json"))[0] for c in children[:3]] == [200, 200, 200]
     status, headers, body = run(h.post(children[3], "application/json"))
     assert status == 503 and headers["Retry-After"] == "2" and b"at most 3" in body

@@ -12,5 +12,6 @@ from somnus.streams.kafka_compat.consumer import SomnusApp
 
 @pytest.fixture
 def app(tmp_path: Path) -> Iterator[SomnusApp]:
-    yield SomnusApp("kafka-compat-test", broker="kafka://127.0.0.1:1", store="memory://", datadir=str(tmp_path),
-                    web_enabled=False)
+    yield SomnusApp(
+        "kafka-compat-test", broker="kafka://127.0.0.1:1", store="memory://", datadir=str(tmp_path), web_enabled=False
+    )

@@ -63,8 +63,10 @@ def test_partitions_with_nothing_committed_are_rewound_to_their_beginning() -> N
         rewound.extend(tps)
 
     aiokafka_consumer = SimpleNamespace(seek_to_committed=seek_to_committed, seek_to_beginning=seek_to_beginning)
-    thread = SimpleNamespace(_ensure_consumer=lambda: aiokafka_consumer,
-                             app=SimpleNamespace(tables=SimpleNamespace(changelog_topics={changelog.topic})))
+    thread = SimpleNamespace(
+        _ensure_consumer=lambda: aiokafka_consumer,
+        app=SimpleNamespace(tables=SimpleNamespace(changelog_topics={changelog.topic})),
+    )
     committed = asyncio.run(RewindingConsumerThread._seek_to_committed_or_beginning(thread))  # type: ignore[arg-type]
     assert rewound == [TRACES, TP("traces", 1)] and committed[TP("traces", 2)] == 7
 

@@ -18,19 +18,23 @@ from somnus.streams.kafka_compat.metadata import refresh_metadata
 
 
 def test_importing_the_publishing_client_leaves_aiokafka_unpatched():
-    code = ("import somnus.client\n"
-            "from aiokafka.client import AIOKafkaClient\n"
-            "print(getattr(AIOKafkaClient._wait_on_metadata, '_somnus_tracks', False))\n")
+    code = (
+        "import somnus.client\n"
+        "from aiokafka.client import AIOKafkaClient\n"
+        "print(getattr(AIOKafkaClient._wait_on_metadata, '_somnus_tracks', False))\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
 
 def test_the_worker_app_and_the_projector_apply_it():
-    code = ("import somnus.streams.kafka_compat as k\n"
-            "from aiokafka.client import AIOKafkaClient\n"
-            "k.track_topics_sent_to(); k.track_topics_sent_to()\n"
-            "m = AIOKafkaClient._wait_on_metadata\n"
-            "print(m._somnus_tracks, getattr(m._somnus_original, '_somnus_tracks', False))\n")
+    code = (
+        "import somnus.streams.kafka_compat as k\n"
+        "from aiokafka.client import AIOKafkaClient\n"
+        "k.track_topics_sent_to(); k.track_topics_sent_to()\n"
+        "m = AIOKafkaClient._wait_on_metadata\n"
+        "print(m._somnus_tracks, getattr(m._somnus_original, '_somnus_tracks', False))\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["True", "False"]  # idempotent: applied once, over aiokafka's own
     assert "track_topics_sent_to()" in inspect.getsource(somnus.projections.projector.Projector.run)
@@ -41,11 +45,13 @@ def test_the_worker_app_and_the_projector_apply_it():
 
 
 def test_apply_patches_the_client_once():
-    code = ("from somnus.streams import kafka_compat\n"
-            "from aiokafka.client import AIOKafkaClient\n"
-            "kafka_compat.apply(); kafka_compat.apply()\n"
-            "m = AIOKafkaClient._wait_on_metadata\n"
-            "print(m._somnus_tracks, m._somnus_original._somnus_tracks if hasattr(m._somnus_original, '_somnus_tracks') else False)\n")
+    code = (
+        "from somnus.streams import kafka_compat\n"
+        "from aiokafka.client import AIOKafkaClient\n"
+        "kafka_compat.apply(); kafka_compat.apply()\n"
+        "m = AIOKafkaClient._wait_on_metadata\n"
+        "print(m._somnus_tracks, m._somnus_original._somnus_tracks if hasattr(m._somnus_original, '_somnus_tracks') else False)\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["True", "False"]
 

@@ -49,8 +49,9 @@ def test_seek_to_beginning_hands_aiokafka_its_own_topic_partition() -> None:
     async def seek_to_beginning(*tps: Any) -> None:
         got.extend(tps)
 
-    asyncio.run(offsets.seek_to_beginning(SimpleNamespace(_thread=SimpleNamespace(seek_to_beginning=seek_to_beginning)),
-                                          TRACES))
+    asyncio.run(
+        offsets.seek_to_beginning(SimpleNamespace(_thread=SimpleNamespace(seek_to_beginning=seek_to_beginning)), TRACES)
+    )
     assert got == [TopicPartition("traces", 0)] and type(got[0]) is TopicPartition
     assert "seek_to_beginning" in faust_aiokafka.AIOKafkaConsumerThread.__dict__
 

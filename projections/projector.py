@@ -233,7 +233,7 @@ class Projector:
                 # A crash between a batch's commit and its promotion requests lost them: request again
                 # what no request has reached (the semantic fold runs each id once).
                 missing = con.execute(
-                    "SELECT run_id, run_at FROM sleep_runs WHERE trigger = 'schedule' AND 'sleep:' || run_id "
+                    "SELECT run_id, run_at FROM sleep_runs WHERE 'sleep:' || run_id "
                     "NOT IN (SELECT request_id FROM semantic_requests) ORDER BY run_at, run_id"
                 ).fetchall()
                 if missing:
@@ -336,8 +336,8 @@ class Projector:
             con.close()
 
     async def _request_promotion(self, con: duckdb.DuckDBPyConnection, runs: list[tuple[str, Any]]) -> None:
-        """Phase 2 of a scheduled deep sleep: a promotion request on the semantic topic for each run just
-        committed (as ``somnus sleep`` publishes after its sleep request). Its id ``sleep:<run_id>``
+        """Phase 2 of a deep sleep (scheduled, or requested by ``somnus sleep``): a promotion request on
+        the semantic topic for each run just committed, with the topics it abstracted. Its id ``sleep:<run_id>``
         makes the semantic fold run it once, however often it is published (a rebuild that serves
         publishes again). Without a producer (a replay that does not serve) nothing is published:
         the requests on the topic are the record."""

@@ -20,8 +20,9 @@ A run's decisions (``somnus.processors.sleep.plan.plan_sleep``: protect, compres
 written to ``lifecycle_log`` and its report to ``sleep_runs`` in the transaction of the batch that
 triggered it (a crash means the batch, run included, is redone identically); compressions and
 prunings are applied to the memory index as ``MemoryForgotten`` events, appended to ``memory_log``
-so the index rebuilt at start has them too. Promotion (phase 2) is ``somnus consolidate``'s
-request on the semantic topic: ``somnus sleep`` publishes both.
+so the index rebuilt at start has them too. Promotion (phase 2) is a request on the semantic topic,
+published by the projector after each committed run, scheduled or requested by ``somnus sleep``
+(``take_scheduled``), with the topics the run abstracted; ``somnus consolidate`` publishes one too.
 """
 
 from __future__ import annotations
@@ -436,8 +437,9 @@ class SleepJob:
         self.pending_log: list[pa.Table] = []  # lifecycle_log rows (LOG_COLUMNS), a table per run
         self.pending_retired: list[dict[str, Any]] = []  # idle triples retired by the runs: triple_id, at
         self.retired_scopes: set[str] = set()  # scopes whose live facts the last ``write`` retired
-        # Scheduled runs completed in the batch being written: (run_id, at). After the batch commits
-        # the projector requests promotion for each (phase 2; ``take_scheduled``).
+        # Runs completed in the batch being written (scheduled or requested): (run_id, at). After the
+        # batch commits the projector requests promotion for each (phase 2; ``take_scheduled``), with
+        # the topics that run abstracted: a request published before its run could not carry them.
         self.scheduled: list[tuple[str, datetime]] = []
         self._next_fire: tuple[datetime | None, datetime | None] = (None, None)  # (after, the fire time next)
 
@@ -559,8 +561,7 @@ class SleepJob:
             )
             self.state.watermark = plan.at
             self.state.captured = {}  # routed by this run's phase A
-            if trigger is SleepTrigger.SCHEDULE:
-                self.scheduled.append((plan.run_id, plan.at))
+            self.scheduled.append((plan.run_id, plan.at))
             self.state.fiedler_history = [*self.state.fiedler_history, float(r.fiedler.largest_component)][-50:]
             abstracted = pc.equal(events.kind, PatternAbstracted.__name__)
             new = [
@@ -599,6 +600,6 @@ class SleepJob:
         self.scheduled.clear()
 
     def take_scheduled(self) -> list[tuple[str, datetime]]:
-        """The scheduled runs committed since the last call (call after the batch commits)."""
+        """The runs committed since the last call, scheduled or requested (call after the batch commits)."""
         runs, self.scheduled = self.scheduled, []
         return runs

@@ -66,18 +66,16 @@ def consolidate(
     return req
 
 
-def sleep(s: Settings, bootstrap: str, inputs: dict[str, Any], at: datetime, requested_by: str) -> Any:
-    """Publish a deep sleep (memory topic: hippocampus sleep), then the global promotion it leads to.
-
-    The promotion's id names the run (as the projector's after a scheduled run): the semantic fold
-    runs it once, then consolidates the ATL and Angular Gyrus and adds them to the run's report."""
-    from somnus.processors.sleep.schedule import run_id_for
-    from somnus.projections.semantic import SLEEP_REQUEST_PREFIX
+def sleep(s: Settings, bootstrap: str, at: datetime, requested_by: str) -> None:
+    """Publish a deep sleep (memory topic: hippocampus sleep). Once its run is committed, the projector
+    publishes the global promotion it leads to, named for the run (as after a scheduled run), with
+    the topics the run abstracted; the semantic fold runs it once, then consolidates the ATL and
+    Angular Gyrus and adds them to the run's report. (A request published here, before the run,
+    carried a snapshot without the run's topics, and they were never promoted.)"""
     from somnus.schemas.codec import encode
     from somnus.schemas.lifecycle import KIND_SLEEP, SleepRequested
 
     _send(bootstrap, s.memory_topic, [(None, encode(SleepRequested(at=at, requested_by=requested_by)), KIND_SLEEP)])
-    return consolidate(s, bootstrap, "global", inputs, at, SLEEP_REQUEST_PREFIX + run_id_for(at))
 
 
 def set_goal(

@@ -111,7 +111,6 @@ def sleep(
         return
     when = event_time(s, at, "global")
     done = read(s, "sql", sql="SELECT state->>'watermark' FROM sleep_state WHERE id = 1")["rows"]
-    inputs = read(s, "promotion_inputs", owner="global")
     last = datetime.fromisoformat(done[0][0].replace("Z", "+00:00")) if done and done[0][0] else None
     if last is not None and when <= last:  # the fold would do nothing: say so rather than "requested"
         print(
@@ -119,9 +118,10 @@ def sleep(
             f"{when.isoformat()} (give a later --at to run anyway)"
         )
         return
-    # 1) hippocampus sleep (memory topic: a fold over one partition), 2) promotion (semantic topic).
-    promote = memory_requests.sleep(s, bootstrap(s), inputs, when, requested_by="somnus sleep")
-    print(f"sleep requested at {when.isoformat()} (then promotion: {len(promote.links)} candidate links)")
+    # 1) hippocampus sleep (memory topic: a fold over one partition); 2) its promotion (semantic
+    # topic), requested by the projector once the run is committed.
+    memory_requests.sleep(s, bootstrap(s), when, requested_by="somnus sleep")
+    print(f"sleep requested at {when.isoformat()} (the projector requests its promotion after the run)")
 
 
 def _sleep_report(s: object, runs: int, plot: Optional[Path], as_json: bool, report: bool) -> None:

@@ -133,6 +133,22 @@ def test_forget_a_user_verify_and_replay(pipeline_settings, tmp_path):
         p.wait_until(
             lambda: count(s, f"SELECT count(*) FROM goals WHERE user_id = '{FORGOTTEN}'") >= 1, what="the user's goal"
         )
+        # a deep sleep over every session (`somnus sleep`); the projector then requests its promotion,
+        # with the users' recurring words dream phase B abstracted as topics, sealed
+        run = somnus(env, "sleep", "--at", "2024-06-06T12:00:00+00:00")
+        assert run.returncode == 0, run.stdout + run.stderr
+        p.wait_until(
+            lambda: (
+                count(
+                    s,
+                    "SELECT count(*) FROM semantic_requests WHERE request_id IN "
+                    "(SELECT 'sleep:' || run_id FROM sleep_runs WHERE trigger = 'on_demand')",
+                )
+                == 1
+            ),
+            what="the requested sleep's promotion",
+        )
+        p.wait_idle()
         p.stop_all()
         before, found = snapshot(s.db_path)
         assert {"events", "episodes", "memories", "working_memory"} <= found.keys()

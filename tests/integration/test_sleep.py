@@ -65,7 +65,7 @@ def test_sleep_on_demand_decides_reports_and_replays_the_same(pipeline_settings,
         )["rows"]
         assert len(scheduled) >= 3
         # phase 2 of each scheduled run: the projector's promotion request, run once by the semantic fold
-        # (the on-demand run's request, from `somnus sleep`, is named for its run too)
+        # (the on-demand run's too, requested by the projector after the run, named for it)
         wait_until(
             lambda: (
                 read(
@@ -146,7 +146,9 @@ def test_sleep_on_demand_decides_reports_and_replays_the_same(pipeline_settings,
         )
         for table in SLEEP_TABLES:
             assert replayed["tables"][table] == live[table], table
-        # a projector that died between a batch and its requests asks again at start (here: forget them)
+        # a projector that died between a batch and its requests asks again at start (here: forget them),
+        # for every run, the on-demand one included
+        every = read(db, "sql", sql="SELECT 'sleep:' || run_id FROM sleep_runs ORDER BY run_at")["rows"]
         p.stop_all()
         con = duckdb.connect(str(db))
         con.execute("DELETE FROM semantic_requests")
@@ -157,7 +159,7 @@ def test_sleep_on_demand_decides_reports_and_replays_the_same(pipeline_settings,
             try:
                 return (
                     read(db, "sql", sql="SELECT request_id FROM semantic_requests ORDER BY requested_at")["rows"]
-                    == scheduled
+                    == every
                 )
             except ReadError:  # the projector is still opening the file
                 return False

@@ -138,7 +138,7 @@ def test_oscillators_follow_each_agents_episodes_only_when_enabled_and_replay_th
     assert 0.0 <= shown[0]["coherence"] <= 1.0
 
 
-def test_a_batch_reports_the_scheduled_runs_it_committed_for_promotion(tmp_path, units):
+def test_a_batch_reports_every_run_it_committed_for_promotion(tmp_path, units):
     late = max(u.occurred_at for u in units) + timedelta(days=10)
     recs = _records(units, request_at=late)
     con = duckdb.connect(str(tmp_path / "s.duckdb"))
@@ -147,10 +147,10 @@ def test_a_batch_reports_the_scheduled_runs_it_committed_for_promotion(tmp_path,
     reported = []
     for chunk in (recs[:4], recs[4:]):
         reported += apply_batch(con, TOPICS, chunk, load_offsets(con), 1 << 20, seen).scheduled_sleeps
-    scheduled = con.execute(
-        "SELECT run_id, run_at FROM sleep_runs WHERE trigger = 'schedule' ORDER BY run_at"
-    ).fetchall()
-    assert scheduled and reported == [(r, at) for r, at in scheduled]  # the on-demand run is not among them
+    runs = con.execute("SELECT run_id, run_at, trigger FROM sleep_runs ORDER BY run_at").fetchall()
+    # the on-demand run too: its promotion, requested after it, carries the topics it abstracted
+    assert {t for _, _, t in runs} == {"schedule", "on_demand"}
+    assert reported == [(r, at) for r, at, _ in runs]
     assert seen.memory.sleep.take_scheduled() == []
 
 

@@ -31,7 +31,7 @@ import ast
 import glob
 import re
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from http import HTTPStatus
@@ -87,6 +87,30 @@ def _run(run: ImportRun | None, start: datetime, spacing: timedelta | None = Non
     return run if run is not None else ImportRun(start=start, spacing=spacing or DEFAULT_SPACING)
 
 
+def _each_item(
+    items: list[Any], run: ImportRun | None, where: str, one: Callable[[int, Any], Iterator[dict[str, Any]]]
+) -> Iterator[dict[str, Any]]:
+    """The events of every item of a file, each item whole or not at all. With a ``run``, an item of the
+    wrong shape is named in ``run.problems`` and the file's other items are imported; without one it
+    raises. Any other exception an item raises (a shape no check foresaw) is an ``ImportShapeError``
+    naming the item, never a traceback."""
+    for i, item in enumerate(items):
+        try:
+            events = list(one(i, item))
+        except ImportShapeError as exc:
+            if run is None:
+                raise
+            run.problems.append(f"{exc}: this item is left out")
+            continue
+        except Exception as exc:  # noqa: BLE001 - the boundary: unforeseen input never stops an import
+            err = ImportShapeError(f"{where}: item {i}: could not be read ({type(exc).__name__}: {exc})")
+            if run is None:
+                raise err from exc
+            run.problems.append(f"{err}: this item is left out")
+            continue
+        yield from events
+
+
 class _Session:
     """Builds the events of one session with consecutive seqs and deterministic ids and times."""
 
@@ -109,7 +133,13 @@ class _Session:
                 "payload": {k: v for k, v in payload.items() if v is not None},
             }
         )
-        self.t += timedelta(seconds=step_s)
+        try:
+            self.t += timedelta(seconds=step_s)
+        except (OverflowError, ValueError):  # a step or a given time past year 9999
+            raise ImportShapeError(
+                f"session {self.session_id!r}: event {seq} ({type_}) moves the clock out of range "
+                f"({self.t.isoformat()} + {step_s} s)"
+            ) from None
 
 
 def _iso(t: datetime) -> str:
@@ -137,9 +167,9 @@ def _load_json_or_jsonl(path: Path, run: ImportRun | None = None) -> Any:
             items.append(orjson.loads(line))
         except orjson.JSONDecodeError as exc:
             bad.append(f"{path}: line {n} is not JSON ({exc})")
-            if not items:  # the first line: not JSON Lines (a broken document's lines are no items)
-                break
-    if bad and not items:
+    # JSON Lines when any line is an object or an array, even after a bad first line; a broken
+    # document's lines are not (`  "key": value,` and `{` are no JSON), so it gets its own error
+    if bad and not any(isinstance(item, (dict, list)) for item in items):
         raise ImportShapeError(whole if b"\n" in data.strip() else bad[0])
     if bad and run is None:
         raise ImportShapeError(bad[0])
@@ -191,10 +221,11 @@ def openai_chat(
 
     A results file (``run.results``) names a transcript by its session id or its ``id`` / ``session_id``
     / ``task<n>-trial<m>``, and overrides its own reward."""
-    run = _run(run, start)
+    given, run = run, _run(run, start)
     data = _load_json_or_jsonl(path, run)
     items = data if isinstance(data, list) else [data]
-    for i, item in enumerate(items):
+
+    def one(i: int, item: Any) -> Iterator[dict[str, Any]]:
         where = f"{path.name}: item {i}"
         if not isinstance(item, dict):
             raise ImportShapeError(f"{where}: expected an object with 'messages' or 'traj', got {type(item).__name__}")
@@ -206,9 +237,10 @@ def openai_chat(
             ident = f"task{item['task_id']}-trial{item.get('trial', 0)}"
         session_id = run.session_id(f"{path.stem}-{ident if ident is not None else i}")
         began = _given_time(item, where)
-        s = _Session(
-            f"openai-chat:{path.name}", agent or item.get("agent") or "assistant", session_id, began or run.next_start()
-        )
+        own = item.get("agent")
+        if own is not None and not isinstance(own, str):
+            raise ImportShapeError(f"{where}: field 'agent' must be a string, got {own!r}")
+        s = _Session(f"openai-chat:{path.name}", agent or own or "assistant", session_id, began or run.next_start())
         first_user = next((m.get("content") for m in messages if isinstance(m, dict) and m.get("role") == "user"), None)
         if first_user is not None and not isinstance(first_user, str):
             first_user = orjson.dumps(first_user).decode()  # content parts, as for every other message
@@ -217,8 +249,8 @@ def openai_chat(
         names: dict[str, str] = {}
         for j, m in enumerate(messages):
             mwhere = f"{where}: message {j}"
-            if not isinstance(m, dict) or "role" not in m:
-                raise ImportShapeError(f"{mwhere}: expected an object with a 'role' field")
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                raise ImportShapeError(f"{mwhere}: expected an object with a 'role' string")
             role, content = m["role"], m.get("content")
             if content is not None and not isinstance(content, str):
                 content = orjson.dumps(content).decode()
@@ -229,26 +261,32 @@ def openai_chat(
             elif role == "assistant":
                 if content:
                     s.add("agent_message", {"text": content})
-                for k, call in enumerate(m.get("tool_calls") or []):
+                calls = m.get("tool_calls") or []
+                if not isinstance(calls, list):
+                    raise ImportShapeError(f"{mwhere}: field 'tool_calls' must be a list, got {type(calls).__name__}")
+                for k, call in enumerate(calls):
                     fn = call.get("function") if isinstance(call, dict) else None
-                    if not isinstance(fn, dict) or not fn.get("name"):
-                        raise ImportShapeError(f"{mwhere}: tool_calls[{k}] has no 'function.name'")
-                    call_id = call.get("id") or f"call-{j}-{k}"
+                    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+                        raise ImportShapeError(f"{mwhere}: tool_calls[{k}] has no 'function.name' string")
+                    call_id = _call_id(call.get("id"), f"{mwhere}: tool_calls[{k}].id") or f"call-{j}-{k}"
                     names[call_id] = fn["name"]
                     s.add(
                         "tool_call", {"tool": fn["name"], "call_id": call_id, "args": _args(fn.get("arguments"))}, 1.0
                     )
             elif role == "tool":
-                call_id = m.get("tool_call_id")
+                call_id = _call_id(m.get("tool_call_id"), f"{mwhere}: tool_call_id")
                 if not call_id:
                     raise ImportShapeError(f"{mwhere}: a 'tool' message needs 'tool_call_id'")
+                name = m.get("name")
+                if name is not None and not isinstance(name, str):
+                    raise ImportShapeError(f"{mwhere}: field 'name' must be a string, got {name!r}")
                 text = content or ""
                 failed = text.lstrip().lower().startswith("error")
                 s.add(
                     "tool_result",
                     {
                         "call_id": call_id,
-                        "tool": m.get("name") or names.get(call_id),
+                        "tool": name or names.get(call_id),
                         "ok": not failed,
                         "error": text[:MAX_OUTPUT] if failed else None,
                         "output": None if failed else text[:MAX_OUTPUT],
@@ -261,6 +299,20 @@ def openai_chat(
         outcome, reason = (given, "per the results file") if given else _outcome(item, where)
         s.add("session_end", {"outcome": outcome, "reason": reason})
         yield from s.events
+
+    yield from _each_item(items, given, path.name, one)
+
+
+def _call_id(value: Any, where: str) -> str | None:
+    """A call id as the contract's string: a number is written out (some runtimes count calls),
+    anything else (an object, a list, true) is a shape error."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    raise ImportShapeError(f"{where}: must be a string, got {value!r}")
 
 
 def _result_for(run: ImportRun, *idents: str | None) -> str | None:
@@ -481,10 +533,11 @@ def swe_agent(
     failure); the reason names the exit status. Times: the item's own (``_given_time``), else the run's
     clock; a step's ``execution_time`` (1.x) is the time its result took.
     """
-    run = _run(run, start)
+    given, run = run, _run(run, start)
     data = _load_json_or_jsonl(path, run)
     items = data if isinstance(data, list) else [data]
-    for i, item in enumerate(items):
+
+    def one(i: int, item: Any) -> Iterator[dict[str, Any]]:
         where = f"{path.name}: item {i}"
         if not isinstance(item, dict) or not isinstance(item.get("trajectory"), list):
             raise ImportShapeError(f"{where}: no 'trajectory' list of steps (is this a SWE-agent .traj file?)")
@@ -510,6 +563,8 @@ def swe_agent(
         outcome, reason = _swe_outcome(item, info, where, run, (name, path.stem))
         s.add("session_end", {"outcome": outcome, "reason": reason})
         yield from s.events
+
+    yield from _each_item(items, given, path.name, one)
 
 
 def _swe_step(s: _Session, step: Any, where: str, j: int) -> None:
@@ -717,10 +772,11 @@ def locomo(
     ``start`` is unused: every session carries its own date. A repeated session id (the same
     conversation in two files of one import) gets a suffix from ``run``.
     """
-    run = _run(run, start)
+    given, run = run, _run(run, start)
     data = _load_json_or_jsonl(path, run)
     items = data if isinstance(data, list) else [data]
-    for i, item in enumerate(items):
+
+    def one(i: int, item: Any) -> Iterator[dict[str, Any]]:
         where = f"{path.name}: item {i}"
         if not isinstance(item, dict) or not isinstance(item.get("conversation"), dict):
             raise ImportShapeError(f"{where}: no 'conversation' object (is this a LoCoMo file?)")
@@ -781,6 +837,8 @@ def locomo(
             s.add("session_end", {"outcome": "partial", "reason": "conversation session ended"})
             yield from s.events
 
+    yield from _each_item(items, given, path.name, one)
+
 
 # ---- our own v1 events -----------------------------------------------------------------------------
 
@@ -793,7 +851,11 @@ def v1(
     data = _load_json_or_jsonl(path, run)
     for n, event in enumerate(data if isinstance(data, list) else [data], 1):
         if not isinstance(event, dict) or not isinstance(event.get("session_id"), str):
-            raise ImportShapeError(f"{path.name}: event {n}: expected a v1 trace event (an object with 'session_id')")
+            bad = f"{path.name}: event {n}: expected a v1 trace event (an object with 'session_id')"
+            if run is None:
+                raise ImportShapeError(bad)
+            run.problems.append(f"{bad}: left out")  # the pipeline validates the rest
+            continue
         yield {**event, "agent": agent} if agent else event
 
 

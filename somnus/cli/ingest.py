@@ -55,10 +55,10 @@ def import_(
     bootstrap_: Optional[str] = BootOpt,
 ) -> None:
     """Turn transcripts of other tools into v1 trace events and publish them with one producer (or write
-    them with --out). Many files, directories and globs in one call, with a progress bar. A file that
-    is not of the format is reported (its items before the bad one are imported) and the others are
-    imported; so is a bad line of a JSON Lines file (the file's other lines are imported). Exit 1 if
-    anything was left out. A file of the format that holds no trajectory (a ToolBench answer file with
+    them with --out). Many files, directories and globs in one call, with a progress bar. What is not
+    of the format is reported and left out, and the rest imported: a file (the others are imported),
+    an item of a file (a transcript, a trajectory, a conversation: the file's other items are
+    imported), a line of a JSON Lines file, a span of an OTLP file. Exit 1 if anything was left out. A file of the format that holds no trajectory (a ToolBench answer file with
     valid_data false) is named as skipped and does not change the exit status."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
@@ -97,10 +97,14 @@ def import_(
             task = bar.add_task(f"importing {fmt}", total=len(files))
             for path in files:
                 got: list[dict[str, Any]] = []
-                try:  # a bad file stops only itself: the sessions it gave before the bad item are kept
+                try:  # a bad file stops only itself (a bad item or line was left out and named in run.problems)
                     got.extend(FORMATS[fmt](path, agent=agent, run=run))
                 except (ImportShapeError, OSError) as exc:
                     run.problems.append(f"{exc}: the rest of the file is left out")
+                except Exception as exc:  # noqa: BLE001 - the boundary: an unforeseen shape is named, not a traceback
+                    run.problems.append(
+                        f"{path}: could not be read as {fmt} ({type(exc).__name__}: {exc}): the rest of the file is left out"
+                    )
                 pending += _within(got, s.max_event_bytes, path, run.problems)
                 if len(pending) >= IMPORT_CHUNK:  # one acknowledged send per chunk, not per file
                     n += _deliver(sink, pending, sessions)

@@ -36,8 +36,8 @@ def test_a_bad_file_or_line_is_reported_and_the_good_ones_are_imported(tmp_path:
     )
     assert got.exit_code == 1, got.output
     sessions = {orjson.loads(line)["session_id"] for line in out.read_bytes().splitlines()}
-    assert sessions == {"a-a1", "c-c1", "c-c2"}
-    assert "a.json: item 1: no 'messages'" in got.output and "the rest of the file is left out" in got.output
+    assert sessions == {"a-a1", "a-a2", "c-c1", "c-c2"}  # a bad item loses only itself
+    assert "a.json: item 1: no 'messages'" in got.output and "this item is left out" in got.output
     assert "b.json: line 1 is not JSON (depth limit exceeded" in got.output
     assert "c.jsonl: line 2 is not JSON" in got.output and "Traceback" not in got.output
 

@@ -185,11 +185,15 @@ def message_unit(
         return None
     meta = metadata or {}
     role = "user" if isinstance(event, UserMessaged) else "agent"
-    speakers = meta.get("speakers") if isinstance(meta.get("speakers"), dict) else {}
+    speakers = meta.get("speakers")
+    if not isinstance(speakers, dict):
+        speakers = {}
     speaker = speakers.get(role) if isinstance(speakers.get(role), str) else None
     if speaker is None:
         speaker = (user_id or "user") if role == "user" else event.agent
-    refs_map = meta.get("message_refs") if isinstance(meta.get("message_refs"), dict) else {}
+    refs_map = meta.get("message_refs")
+    if not isinstance(refs_map, dict):
+        refs_map = {}
     ref = refs_map.get(str(event.seq))
     when = meta.get("session_date")
     return MemoryUnit(
@@ -373,9 +377,9 @@ def apply(state: MemoryState, event: MemoryEvent) -> None:
             return
         if u.memory_id in ix.pos:
             return
-        i = ix.add(u)
+        row = ix.add(u)
         if u.user_interaction or u.success is True:
-            ix.long_term.data[i] = True  # protected from pruning: people and what worked
+            ix.long_term.data[row] = True  # protected from pruning: people and what worked
         prev = state.last_stored.get(u.agent)
         state.last_stored[u.agent] = u.occurred_at if prev is None else max(prev, u.occurred_at)
     elif isinstance(event, MemoryLinked):

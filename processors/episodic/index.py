@@ -59,6 +59,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, chain
+from typing import overload
 
 import numpy as np
 from datasketch import MinHash, MinHashLSH
@@ -142,6 +143,10 @@ _MAX_BATCH = 1 << 16
 MAX_N = 3
 
 
+@overload
+def _gram_array(words: np.ndarray, owner: None = None) -> tuple[np.ndarray, None]: ...
+@overload
+def _gram_array(words: np.ndarray, owner: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
 def _gram_array(words: np.ndarray, owner: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """Fingerprints (uint64) of the bigrams, then the trigrams, of word fingerprints; with ``owner``
     (which text each word is from), only n-grams within one text, and their owners."""
@@ -1049,25 +1054,25 @@ class MemoryIndex:
     def remove_many(self, rows: Sequence[int]) -> None:
         """``remove(i)`` for each of ``rows`` in order, batched (a sleep forgets a million at once): the
         same state, counters included (the per-run and per-scope sums are applied in that order)."""
-        rows = np.asarray(rows, dtype=np.int64)
-        if not len(rows):
+        idx = np.asarray(rows, dtype=np.int64)
+        if not len(idx):
             return
-        first = np.zeros(len(rows), dtype=bool)  # a row removed twice (or already dead): one removal
-        first[np.unique(rows, return_index=True)[1]] = True
-        rows = rows[first & self.alive.data[rows]]
-        if not len(rows):
+        first = np.zeros(len(idx), dtype=bool)  # a row removed twice (or already dead): one removal
+        first[np.unique(idx, return_index=True)[1]] = True
+        idx = idx[first & self.alive.data[idx]]
+        if not len(idx):
             return
-        self.alive.data[rows] = False
-        self.live_scope.data[rows] = -1
+        self.alive.data[idx] = False
+        self.live_scope.data[idx] = -1
         self.bands.drop_dead()
-        self.live -= len(rows)
-        doc = self.doc_len.data[rows].astype(np.float64)
+        self.live -= len(idx)
+        doc = self.doc_len.data[idx].astype(np.float64)
         live_len = self.live_len
         for d in doc.tolist():  # a float sum, in the order remove would take it
             live_len -= d
         self.live_len = live_len
-        runs = self.run_code.data[rows].astype(np.int64)
-        scopes = self.scope_code.data[rows].astype(np.int64)
+        runs = self.run_code.data[idx].astype(np.int64)
+        scopes = self.scope_code.data[idx].astype(np.int64)
         np.subtract.at(self.run_len.data, runs, doc)  # unbuffered: element by element, in order
         np.subtract.at(self.scope_len.data, scopes, doc)
         np.subtract.at(self.scope_live.data, scopes, 1)
@@ -1078,19 +1083,19 @@ class MemoryIndex:
         by_run = np.argsort(runs, kind="stable")
         sorted_runs = runs[by_run]
         starts = np.flatnonzero(np.r_[True, sorted_runs[1:] != sorted_runs[:-1]])
-        removed = np.diff(np.r_[starts, len(rows)])
+        removed = np.diff(np.r_[starts, len(idx)])
         had = before[by_run[starts]]
         empties = (had >= 1) & (had <= removed)
         np.subtract.at(self.scope_runs.data, scopes[by_run[starts[empties] + had[empties] - 1]], 1)
         units, members = self.units, self.run_members
-        for i, run in zip(rows.tolist(), runs.tolist()):
+        for i, run in zip(idx.tolist(), runs.tolist()):
             mine = members[run]
             if len(mine) == 1 and mine[0][1] == i:  # the run's only memory (remove's check, cheaper)
                 mine.clear()
             else:
                 mine.remove((units[i].position, i))
         prev, nxt = self.prev.data, self.next.data
-        linked = rows[(prev[rows] >= 0) | (nxt[rows] >= 0)]  # only these have (or get) neighbours to mend
+        linked = idx[(prev[idx] >= 0) | (nxt[idx] >= 0)]  # only these have (or get) neighbours to mend
         for i in linked.tolist():
             before_i, after_i = int(prev[i]), int(nxt[i])
             if before_i >= 0:
@@ -1098,7 +1103,7 @@ class MemoryIndex:
             if after_i >= 0:
                 prev[after_i] = before_i
             prev[i] = nxt[i] = -1
-        self.drop_edges_many(rows.tolist())
+        self.drop_edges_many(idx.tolist())
 
     def record_access(self, i: int, at: float, long_term_after: int) -> None:
         self.access_count.data[i] += 1

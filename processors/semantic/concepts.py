@@ -338,7 +338,7 @@ def find_or_create(
     if existing is None:
         eps = list(dict.fromkeys(source_episode_ids))
         ev_keys = list(dict.fromkeys(evidence))
-        ev: SemanticEvent = ConceptCreated(
+        created = ConceptCreated(
             owner=memory.owner,
             concept_id=concept_id_for(memory.owner, name),
             name=name,
@@ -352,8 +352,8 @@ def find_or_create(
             reinforcement_count=max(1, len(eps) + len(ev_keys)),
             embedding_text=embedding_text(name, definition, props),
         )
-        memory.apply(ev)
-        return ev.concept_id, True, [ev]
+        memory.apply(created)
+        return created.concept_id, True, [created]
     c = atl.get(existing)
     assert c is not None
     new_eps = [e for e in dict.fromkeys(source_episode_ids) if not c.knows_episode(e)]

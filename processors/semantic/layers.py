@@ -832,10 +832,18 @@ class MemoryLayers:
             layer.register_deletion_callback(self._on_deleted(Layer(layer.layer_name)))
 
     def _on_deleted(self, layer: Layer) -> Callable[[str], None]:
-        return lambda record_id: self.cross.remove_node((layer, record_id))
+        def drop_edges(record_id: str) -> None:
+            self.cross.remove_node((layer, record_id))
+
+        return drop_edges
 
     def layer(self, layer: Layer | str) -> EpisodicLayer | ConceptLayer | AngularGyrusLayer:
-        return {Layer.HIPPOCAMPUS: self.hippocampus, Layer.ATL: self.atl, Layer.ANGULAR_GYRUS: self.ag}[Layer(layer)]
+        layers: dict[Layer, EpisodicLayer | ConceptLayer | AngularGyrusLayer] = {
+            Layer.HIPPOCAMPUS: self.hippocampus,
+            Layer.ATL: self.atl,
+            Layer.ANGULAR_GYRUS: self.ag,
+        }
+        return layers[Layer(layer)]
 
     def has(self, node: Node) -> bool:
         return node[1] in self.layer(node[0])

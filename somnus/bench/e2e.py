@@ -42,16 +42,18 @@ def run_e2e(
     with isolated_pipeline(home, partitions) as (s, boot):
         if log:
             log.print(f"bench: {len(payloads)} events of {sessions} sessions, {partitions} partitions")
-        pids = {
+        found = {
             "worker": procs.running(s, "worker"),
             "projector": procs.running(s, "projector"),
             "broker": getattr(broker_mod.status(Settings.resolve(home=home)), "pid", None),
         }
-        pids = {role: pid for role, pid in pids.items() if pid}
+        pids = {role: pid for role, pid in found.items() if pid}
         cpu0 = {role: procs.cpu_seconds(pid) for role, pid in pids.items()}
         t0, own0 = time.perf_counter(), time.process_time()
         asyncio.run(publish_async(payloads, boot, s.traces_topic, bundle_max=bundle))
         t_pub, own_pub = time.perf_counter() - t0, time.process_time() - own0
+        db = s.db_path
+        assert db is not None  # isolated_pipeline gives the pipeline its own DuckDB file
         deadline = time.monotonic() + timeout_s
         spine_s = None  # until events and episodes are committed (what the figure meant before facts)
         # Progress is read with one light query: the projector answers it, and `summary` (a count of
@@ -61,7 +63,7 @@ def run_e2e(
             "(SELECT count(*) FROM knowledge_inputs)"
         )
         while True:
-            n_events, n_episodes, n_inputs = sql(Path(s.db_path), progress)["rows"][0]
+            n_events, n_episodes, n_inputs = sql(db, progress)["rows"][0]
             if spine_s is None and n_events >= len(payloads) and n_episodes >= sessions:
                 spine_s = time.perf_counter() - t0
             if spine_s is not None and n_inputs >= sessions and status(s, boot)["idle"]:
@@ -81,7 +83,7 @@ def run_e2e(
         rss = {role: procs.peak_rss_mb(pid) for role, pid in pids.items()}
         rss["publisher"] = procs.peak_rss_mb(os.getpid())
         facts, triples, links, link_updates, memories = sql(
-            Path(s.db_path),
+            db,
             (
                 "SELECT (SELECT sum(facts) FROM knowledge_inputs), (SELECT count(*) FROM triples), "
                 "(SELECT count(*) FROM causal_links), (SELECT count(*) FROM causal_link_updates), "

@@ -129,12 +129,14 @@ def run_sleep(
             "SELECT memories_before, memories_after, kept, compressed, pruned, protected, rescored, "
             "bytes_before, bytes_after FROM sleep_runs"
         ).fetchone()
-        decisions = con.execute("SELECT count(*) FROM lifecycle_log").fetchone()[0]
+        decided = con.execute("SELECT count(*) FROM lifecycle_log").fetchone()
         con.close()
         db_after = (work / "sleep.duckdb").stat().st_size
     finally:
         shutil.rmtree(work, ignore_errors=True)
     assert row is not None, "the sleep run wrote no report"
+    assert decided is not None  # a count(*) has one row
+    decisions = decided[0]
     keys = (
         "memories_before",
         "memories_after",

@@ -274,8 +274,8 @@ def openai_chat(
                         "tool_call", {"tool": fn["name"], "call_id": call_id, "args": _args(fn.get("arguments"))}, 1.0
                     )
             elif role == "tool":
-                call_id = _call_id(m.get("tool_call_id"), f"{mwhere}: tool_call_id")
-                if not call_id:
+                answered = _call_id(m.get("tool_call_id"), f"{mwhere}: tool_call_id")
+                if not answered:
                     raise ImportShapeError(f"{mwhere}: a 'tool' message needs 'tool_call_id'")
                 name = m.get("name")
                 if name is not None and not isinstance(name, str):
@@ -285,8 +285,8 @@ def openai_chat(
                 s.add(
                     "tool_result",
                     {
-                        "call_id": call_id,
-                        "tool": name or names.get(call_id),
+                        "call_id": answered,
+                        "tool": name or names.get(answered),
                         "ok": not failed,
                         "error": text[:MAX_OUTPUT] if failed else None,
                         "output": None if failed else text[:MAX_OUTPUT],

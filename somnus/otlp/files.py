@@ -10,6 +10,7 @@ a root.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -18,13 +19,16 @@ from typing import Any
 import orjson
 
 from somnus.otlp.mapping import group_by_trace, trace_events
-from somnus.otlp.spans import ShapeError, Span, from_json
+from somnus.otlp.spans import ShapeError, Span, from_console, from_json, is_console_span
 from somnus.schemas.codec import MAX_DEPTH, check_json
+
+MAX_BAD_LINES = 20  # of a file named one by one; the rest are counted
 
 
 def _documents(path: Path, problems: list[str] | None = None) -> Iterator[tuple[str, Any]]:
-    """``(where, parsed JSON)`` of a file: the whole file as one document, else each line. A line that
-    is not JSON is named in ``problems`` and skipped (without ``problems``, it raises)."""
+    """``(where, parsed JSON)`` of a file: the whole file as one document, else pretty-printed objects one
+    after another (the SDK's console exporter), else each line. A line that is not JSON is named in
+    ``problems`` and skipped, when other lines are objects (else, or without ``problems``, it raises)."""
     data = path.read_bytes().removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte order mark
     why = check_json(data, None, MAX_DEPTH, None)
     if why is None:
@@ -35,6 +39,13 @@ def _documents(path: Path, problems: list[str] | None = None) -> Iterator[tuple[
             pass
     from somnus.importers import ImportShapeError
 
+    if data.lstrip().startswith(b"{\n") or data.lstrip().startswith(b"{\r\n"):  # pretty-printed objects
+        pretty = _concatenated(path, data)
+        if pretty is not None:
+            yield from pretty
+            return
+    docs: list[tuple[str, Any]] = []
+    bad: list[str] = []
     for n, line in enumerate(data.split(b"\n"), 1):
         if not line.strip():
             continue
@@ -42,15 +53,40 @@ def _documents(path: Path, problems: list[str] | None = None) -> Iterator[tuple[
         why = check_json(line, None, MAX_DEPTH, None)
         if why is None:
             try:
-                doc = orjson.loads(line)
+                docs.append((where, orjson.loads(line)))
+                continue
             except orjson.JSONDecodeError as exc:
                 why = f"not JSON ({exc}); expected OTLP JSON (one ExportTraceServiceRequest a line, or one document)"
-        if why is not None:
-            if problems is None:
-                raise ImportShapeError(f"{where}: {why}")
-            problems.append(f"{where}: {why}: this line is left out")
-            continue
-        yield where, doc
+        bad.append(f"{where}: {why}")
+    # no line an object: not JSON lines at all (a broken document, another format): one error, not one a line
+    if bad and (problems is None or not any(isinstance(doc, dict) for _, doc in docs)):
+        raise ImportShapeError(bad[0])
+    if problems is not None:
+        problems.extend(f"{b}: this line is left out" for b in bad[:MAX_BAD_LINES])
+        if len(bad) > MAX_BAD_LINES:
+            problems.append(f"{path.name}: {len(bad) - MAX_BAD_LINES} more lines are not JSON: left out")
+    yield from docs
+
+
+def _concatenated(path: Path, data: bytes) -> list[tuple[str, Any]] | None:
+    """``(where, parsed JSON)`` of a file of pretty-printed JSON objects one after another, as the
+    SDK's console exporter writes them; None when the file is not that (every object must parse)."""
+    if check_json(data, None, MAX_DEPTH, None) is not None:
+        return None
+    text = data.decode("utf-8", errors="strict")
+    decoder, at = json.JSONDecoder(), 0
+    docs: list[tuple[str, Any]] = []
+    while True:
+        while at < len(text) and text[at].isspace():
+            at += 1
+        if at == len(text):
+            return docs
+        try:
+            doc, end = decoder.raw_decode(text, at)
+        except ValueError:
+            return None
+        docs.append((f"{path.name}:{text.count(chr(10), 0, at) + 1}", doc))
+        at = end
 
 
 def read_spans(path: Path, problems: list[str] | None = None) -> list[Span]:
@@ -66,8 +102,17 @@ def read_spans(path: Path, problems: list[str] | None = None) -> list[Span]:
 
     spans: list[Span] = []
     for where, doc in _documents(path, problems):
+        if is_console_span(doc):  # one span as the SDK's ConsoleSpanExporter prints it
+            got = from_console(doc)
+            if got.rejected:
+                bad(f"{where}: a console span rejected ({got.rejected[0]}): left out")
+            spans += got.spans
+            continue
         if not isinstance(doc, dict) or "resourceSpans" not in doc:
-            bad(f"{where}: expected an OTLP ExportTraceServiceRequest (an object with 'resourceSpans'): left out")
+            bad(
+                f"{where}: expected an OTLP ExportTraceServiceRequest (an object with 'resourceSpans') "
+                "or a span of the SDK's console exporter: left out"
+            )
             continue
         try:
             got = from_json(doc)

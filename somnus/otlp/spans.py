@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Mapping
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import msgspec
@@ -231,6 +232,109 @@ def from_json(doc: Any) -> Decoded:
             scope = str(_obj(ss.get("scope"), "scope").get("name", ""))
             for s in _list(ss, "spans", "scopeSpans[]"):
                 _add(out, lambda s=s, resource=resource, scope=scope: _json_span(_obj(s, "span"), resource, scope))
+    return out
+
+
+# ---- the SDK's console exporter ----------------------------------------------------------------
+
+# ``ConsoleSpanExporter`` (opentelemetry-sdk, ``ReadableSpan.to_json``): one pretty-printed JSON object
+# per span, ids as "0x" + hex, times as ISO 8601 in UTC, enums by name, attributes as a plain object.
+CONSOLE_KINDS = {"SpanKind.INTERNAL": 1, "SpanKind.SERVER": 2, "SpanKind.CLIENT": 3}
+CONSOLE_KINDS |= {"SpanKind.PRODUCER": 4, "SpanKind.CONSUMER": 5}
+CONSOLE_STATUS = {"UNSET": 0, "OK": 1, "ERROR": 2}
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def is_console_span(doc: Any) -> bool:
+    """Whether a parsed JSON value has the shape of one span of the console exporter."""
+    return isinstance(doc, dict) and isinstance(doc.get("context"), dict) and "name" in doc
+
+
+def _console_id(raw: Any, size: int, what: str) -> str:
+    if not isinstance(raw, str):
+        raise ShapeError(f"{what}: expected a hex string, got {type(raw).__name__}")
+    return _hex_id(raw.removeprefix("0x"), size, what)
+
+
+def _console_time(raw: Any, what: str) -> int:
+    """Unix nanoseconds of an ISO 8601 time (UTC unless it says otherwise); 0 when absent."""
+    if raw is None:
+        return 0
+    try:
+        t = datetime.fromisoformat(str(raw).replace("Z", "+00:00"))
+    except ValueError:
+        raise ShapeError(f"{what}: not an ISO 8601 time: {str(raw)[:40]!r}") from None
+    t = t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+    return _int((t - _EPOCH) // timedelta(microseconds=1) * 1000, what)
+
+
+def _plain_attributes(value: Any, what: str) -> dict[str, Any]:
+    """A console span's attributes (a plain object), nesting bounded as OTLP's are."""
+    return {str(k): json_value(_plain(v)) for k, v in _obj(value, what).items()}
+
+
+def _plain(v: Any, depth: int = 0) -> Any:
+    """A plain JSON value as an OTLP ``AnyValue`` object, for ``json_value`` to bound and unwrap."""
+    if depth > MAX_VALUE_DEPTH:
+        raise ShapeError(f"attribute value nested deeper than {MAX_VALUE_DEPTH}")
+    if isinstance(v, bool):
+        return {"boolValue": v}
+    if isinstance(v, int):
+        return {"intValue": v}
+    if isinstance(v, float):
+        return {"doubleValue": v}
+    if isinstance(v, list):
+        return {"arrayValue": {"values": [_plain(x, depth + 1) for x in v]}}
+    if isinstance(v, dict):
+        return {"kvlistValue": {"values": [{"key": str(k), "value": _plain(x, depth + 1)} for k, x in v.items()]}}
+    return {"stringValue": "" if v is None else str(v)}
+
+
+def _console_span(s: Mapping[str, Any]) -> Span:
+    context = _obj(s.get("context"), "context")
+    status = _obj(s.get("status"), "status")
+    code = status.get("status_code", "UNSET")
+    if code not in CONSOLE_STATUS:
+        raise ShapeError(f"status.status_code: expected UNSET, OK or ERROR, got {str(code)[:40]!r}")
+    kind = s.get("kind", "SpanKind.INTERNAL")
+    resource = _obj(s.get("resource"), "resource")
+    return Span(
+        trace_id=_console_id(context.get("trace_id"), 16, "context.trace_id"),
+        span_id=_console_id(context.get("span_id"), 8, "context.span_id"),
+        parent_span_id="" if not s.get("parent_id") else _console_id(s["parent_id"], 8, "parent_id"),
+        name=str(s.get("name", "")),
+        kind=CONSOLE_KINDS.get(str(kind), 0),
+        start_ns=_console_time(s.get("start_time"), "start_time"),
+        end_ns=_console_time(s.get("end_time"), "end_time"),
+        attributes=_plain_attributes(s.get("attributes"), "attributes"),
+        events=[
+            SpanEvent(
+                name=str(_obj(e, "event").get("name", "")),
+                time_ns=_console_time(e.get("timestamp"), "event.timestamp"),
+                attributes=_plain_attributes(e.get("attributes"), "event.attributes"),
+            )
+            for e in _list(s, "events", "span")
+        ],
+        links=[
+            SpanLink(
+                trace_id=_console_id(
+                    _obj(_obj(k, "link").get("context"), "link.context").get("trace_id"), 16, "link.trace_id"
+                ),
+                span_id=_console_id(_obj(k.get("context"), "link.context").get("span_id"), 8, "link.span_id"),
+                attributes=_plain_attributes(k.get("attributes"), "link.attributes"),
+            )
+            for k in _list(s, "links", "span")
+        ],
+        status_code=CONSOLE_STATUS[code],
+        status_message=str(status.get("description", "") or ""),
+        resource=_plain_attributes(resource.get("attributes"), "resource.attributes"),
+    )
+
+
+def from_console(doc: Any) -> Decoded:
+    """One span of the console exporter (parsed JSON) as ``Decoded``: the span, or its rejection."""
+    out = Decoded([], [])
+    _add(out, lambda: _console_span(_obj(doc, "span")))
     return out
 
 

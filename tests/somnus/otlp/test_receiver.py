@@ -17,7 +17,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -29,14 +29,19 @@ from somnus.projections.auth import TokenStore
 from tests.fixtures.otel.genai_agents import emit, otlp_json
 
 
-def sdk_request(sessions: int = 2) -> ExportTraceServiceRequest:
-    """What the SDK's OTLP exporter would send for ``sessions`` sessions of the two agents."""
+def sdk_spans(sessions: int = 2) -> list[ReadableSpan]:
+    """The SDK's finished spans of ``sessions`` sessions of the two agents."""
     memory = InMemorySpanExporter()
     provider = TracerProvider(resource=Resource.create({"service.name": "shop-agents"}))
     provider.add_span_processor(SimpleSpanProcessor(memory))
     emit(provider.get_tracer("t"), sessions)
     provider.shutdown()
-    return encode_spans(memory.get_finished_spans())
+    return list(memory.get_finished_spans())
+
+
+def sdk_request(sessions: int = 2) -> ExportTraceServiceRequest:
+    """What the SDK's OTLP exporter would send for ``sessions`` sessions of the two agents."""
+    return encode_spans(sdk_spans(sessions))
 
 
 class FakeBroker:

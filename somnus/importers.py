@@ -836,6 +836,29 @@ def _mini_time(m: Mapping[str, Any], extra: Mapping[str, Any], where: str) -> da
         raise ImportShapeError(f"{where}: field 'timestamp' is not a time: {v!r}") from None
 
 
+def _mini_actions(extra: Mapping[str, Any]) -> list[str]:
+    """The commands of 2.x's ``extra.actions`` (what the harness parsed from a response and ran)."""
+    actions = extra.get("actions")
+    return [
+        a["command"]
+        for a in (actions if isinstance(actions, list) else [])
+        if isinstance(a, dict) and isinstance(a.get("command"), str) and a["command"].strip()
+    ]
+
+
+def _mini_rejected(extra: Mapping[str, Any]) -> str:
+    """The response a 2.x format error rejected: ``extra.model_response`` (text-based models), else the
+    message content of the raw ``extra.response`` (tool-call models)."""
+    said = extra.get("model_response")
+    if isinstance(said, str):
+        return said
+    response = extra.get("response")
+    choices = response.get("choices") if isinstance(response, dict) else None
+    first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+    message = first.get("message")
+    return _text(message.get("content")) if isinstance(message, dict) else ""
+
+
 def _optional_str(value: Any, where: str) -> str | None:
     if value is not None and not isinstance(value, str):
         raise ImportShapeError(f"{where} must be a string, got {str(value)[:80]!r}")
@@ -902,7 +925,9 @@ class _MiniWalk:
     answering the call's id) is its result (``mini_observation``). A format error runs nothing: it is
     counted (``format_errors``), and 2.x's ``extra.model_response`` (the rejected response) is kept as
     an agent message. The submit command's result is the submission (1.x: the last user message, 2.x:
-    the ``role: exit`` message)."""
+    the ``role: exit`` message). In a 2.x interactive run, a user message with ``extra.actions`` is the
+    human's command (a call), one with another ``extra.interrupt_type`` an interruption (a user message,
+    and the calls it cut short fail)."""
 
     def __init__(
         self, s: _Session, action_regex: re.Pattern[str] | None, status: str | None, submission: str | None
@@ -929,7 +954,7 @@ class _MiniWalk:
             elif role == "tool":
                 self._tool(m, content, extra, w)
             elif role == "user":
-                self._user(content, extra, k == last_user)
+                self._user(content, extra, k == last_user, k)
             elif role == "exit":
                 done = extra.get("exit_status", self.status) == "Submitted"
                 ended = f"not executed: the run ended ({content.strip() or self.status})"
@@ -958,12 +983,7 @@ class _MiniWalk:
                 call_id = _call_id(call.get("id"), f"{w}: tool_calls[{n}]: field 'id'") or f"msg-{k}-{n}"
                 self._call(command, {"command": command} if command else args, call_id, str(fn.get("name") or ""))
             return
-        actions = extra.get("actions")
-        commands = [
-            a["command"]
-            for a in (actions if isinstance(actions, list) else [])
-            if isinstance(a, dict) and isinstance(a.get("command"), str)
-        ]
+        commands = _mini_actions(extra)
         parsed = mini_command(content, self.action_regex)
         if parsed is None and not commands:
             if thought := mini_thought(content):
@@ -984,16 +1004,21 @@ class _MiniWalk:
         error, output = mini_observation(content, extra)
         self._result(self.pending.pop(at), error, output)
 
-    def _user(self, content: str, extra: Mapping[str, Any], last: bool) -> None:
+    def _user(self, content: str, extra: Mapping[str, Any], last: bool, k: int) -> None:
         unparsed, self.unparsed = self.unparsed, False
-        if (
-            extra.get("interrupt_type") == "FormatError"
-            or _MINI_FORMAT_ERROR.match(content)
-            or (unparsed and not self.pending)
-        ):
+        itype = extra.get("interrupt_type")
+        if (commands := _mini_actions(extra)) and not self.pending:  # 2.x interactive: the human's command
+            for n, command in enumerate(commands):
+                self._call(command, {"command": command}, f"msg-{k}" if n == 0 else f"msg-{k}-{n}")
+            return
+        if isinstance(itype, str) and itype != "FormatError":  # 2.x interactive: the human interrupted
+            self._close(f"interrupted ({itype})")
+            if content.strip():
+                self.s.add("user_message", {"text": content.strip()}, SWE_NEXT_STEP_S)
+            return
+        if itype == "FormatError" or _MINI_FORMAT_ERROR.match(content) or (unparsed and not self.pending):
             self.format_errors += 1
-            rejected = extra.get("model_response")
-            if isinstance(rejected, str) and (thought := mini_thought(rejected)):
+            if thought := mini_thought(_mini_rejected(extra)):
                 self.s.add("agent_message", {"text": thought}, SWE_THOUGHT_S)
             self._close(f"format error: {_mini_first_line(content)}")
             return

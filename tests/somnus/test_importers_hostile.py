@@ -42,9 +42,18 @@ WRONG: list[Any] = [
 
 
 def _seeds() -> dict[str, tuple[str, Any]]:
-    """One real document per format (its file suffix and JSON), when the data is here."""
+    """One real document per format (its file suffix and JSON), when the data is here; a key
+    ``format:variant`` is another shape the format reads."""
     out: dict[str, tuple[str, Any]] = {
         "swe-agent": (".traj", json.loads((FIXTURES / "swe_agent" / "acme__widgets-101.traj").read_text())),
+        # mini-swe-agent (read by the swe-agent format): 1.x text-based, 2.x tool calls
+        **{
+            f"swe-agent:mini-{n}": (
+                ".traj.json",
+                json.loads((FIXTURES / "mini_swe_agent" / i / f"{i}.traj.json").read_text()),
+            )
+            for n, i in (("1", "acme__widgets-301"), ("1.1", "acme__widgets-303"))
+        },
         "otel": (".json", otlp_json(sdk_request(2))),
     }
     tau = DATASETS / "tau-bench-airline" / "gpt-4o-airline.json"
@@ -117,7 +126,7 @@ def test_a_real_file_with_wrong_values_is_named_never_a_crash(tmp_path: Path, fm
     path.write_bytes(json.dumps(doc).encode())
     run = ImportRun()
     try:
-        events = list(import_files([path], fmt, run=run))
+        events = list(import_files([path], fmt.split(":")[0], run=run))
     except ImportShapeError as exc:
         assert str(exc)  # a whole file of the wrong shape: named
         return

@@ -211,6 +211,47 @@ def test_detection_without_a_trajectory_format_and_a_humans_message(tmp_path):
     assert events[-1]["payload"] == {"outcome": "partial", "reason": "the trajectory has no info.exit_status"}
 
 
+def test_interactive_runs_a_humans_command_and_interruption(tmp_path):
+    data = mini(
+        [
+            {
+                "role": "assistant",
+                "content": "Run it.",
+                "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "bash", "arguments": "{}"}}],
+            },
+            {"role": "user", "content": "Interrupted by user: stop", "extra": {"interrupt_type": "UserInterruption"}},
+            {
+                "role": "user",
+                "content": "User command: \n```bash\ngit status\n```",
+                "extra": {"actions": [{"command": "git status"}]},
+            },
+            {
+                "role": "user",
+                "content": "<returncode>0</returncode>\n<output>\nclean\n</output>",
+                "extra": {"returncode": 0},
+            },
+            {
+                "role": "user",
+                "content": "Tool call error:\n\n<error>\nUnknown tool 'python'.\n</error>",
+                "extra": {
+                    "interrupt_type": "FormatError",
+                    "response": {"choices": [{"message": {"content": "THOUGHT: use python", "tool_calls": []}}]},
+                },
+            },
+        ]
+    )
+    events = list(swe_agent(write(tmp_path, "i.traj.json", data)))
+    assert_all_decode(events)
+    assert calls_and_results(events) == [("bash", False, "interrupted (UserInterruption)"), ("git", True, None)]
+    said = [(e["type"], e["payload"]["text"]) for e in events if e["type"] in ("user_message", "agent_message")]
+    assert said == [
+        ("agent_message", "Run it."),
+        ("user_message", "Interrupted by user: stop"),
+        ("agent_message", "use python"),  # the reasoning of the response the format error rejected
+    ]
+    assert events[0]["payload"]["metadata"]["format_errors"] == 1
+
+
 @pytest.mark.parametrize(
     ("content", "extra", "expected"),
     [

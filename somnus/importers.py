@@ -848,15 +848,46 @@ def _mini_actions(extra: Mapping[str, Any]) -> list[str]:
 
 def _mini_rejected(extra: Mapping[str, Any]) -> str:
     """The response a 2.x format error rejected: ``extra.model_response`` (text-based models), else the
-    message content of the raw ``extra.response`` (tool-call models)."""
+    message content of the raw ``extra.response`` (tool-call models; the Responses API's output)."""
     said = extra.get("model_response")
     if isinstance(said, str):
         return said
     response = extra.get("response")
+    if isinstance(response, dict) and isinstance(response.get("output"), list):  # the Responses API
+        return str(_mini_responses_api({"object": "response", "output": response["output"]}, "")["content"])
     choices = response.get("choices") if isinstance(response, dict) else None
     first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
     message = first.get("message")
     return _text(message.get("content")) if isinstance(message, dict) else ""
+
+
+def _mini_responses_api(m: Any, where: str) -> Any:
+    """A message of a Responses API model (2.x ``models/litellm_response_model.py``) as a chat message:
+    a response object (``"object": "response"``, no role) as the assistant's message, its
+    ``function_call`` output items as ``tool_calls``; a ``function_call_output`` as a ``role: tool``
+    result. Any other message as it is."""
+    if not isinstance(m, dict) or "role" in m:
+        return m
+    if m.get("type") == "function_call_output":
+        return {"role": "tool", "tool_call_id": m.get("call_id"), "content": m.get("output"), "extra": m.get("extra")}
+    output = m.get("output")
+    if m.get("object") != "response" and not isinstance(output, list):
+        return m
+    if not isinstance(output, list):
+        raise ImportShapeError(f"{where}: field 'output' must be a list of output items")
+    items = [o for o in output if isinstance(o, dict)]
+    said = [_text(o.get("content")) for o in items if o.get("type") == "message"]
+    calls = [
+        {"id": o.get("call_id") or o.get("id"), "function": {"name": o.get("name"), "arguments": o.get("arguments")}}
+        for o in items
+        if o.get("type") == "function_call"
+    ]
+    return {
+        "role": "assistant",
+        "content": "\n".join(t for t in said if t),
+        "tool_calls": calls,
+        "extra": m.get("extra"),
+    }
 
 
 def _optional_str(value: Any, where: str) -> str | None:
@@ -888,7 +919,7 @@ def _mini_swe_agent(
     ident = item.get("instance_id") or info.get("instance_id")
     stem = path.name.removesuffix(".traj.json") if path.name.endswith(".traj.json") else path.stem
     name = str(ident) if ident else (stem if index is None else f"{stem}-{index}")
-    checked = list(enumerate(messages))
+    checked = [(k, _mini_responses_api(m, f"{where}: messages[{k}]")) for k, m in enumerate(messages)]
     for k, m in checked:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise ImportShapeError(f"{where}: messages[{k}]: a message needs a 'role' string")
@@ -920,11 +951,11 @@ def _mini_swe_agent(
 class _MiniWalk:
     """The messages of a mini-swe-agent run after its task, as events. An assistant message is its
     thought (an agent message) and its command (text-based: ``mini_command``, or 2.x's
-    ``extra.actions``) or each of its ``tool_calls`` (tool-call models), each a call of ``swe_tool``
+    ``extra.actions``) or each of its ``tool_calls`` (tool-call models), each a call of ``mini_tool``
     with args ``{"command": ...}``; the next observation (a user message, or a ``role: tool`` message
     answering the call's id) is its result (``mini_observation``). A format error runs nothing: it is
-    counted (``format_errors``), and 2.x's ``extra.model_response`` (the rejected response) is kept as
-    an agent message. The submit command's result is the submission (1.x: the last user message, 2.x:
+    counted (``format_errors``), and the reasoning of the response 2.x rejected (``_mini_rejected``) is
+    kept as an agent message. The submit command's result is the submission (1.x: the last user message, 2.x:
     the ``role: exit`` message). In a 2.x interactive run, a user message with ``extra.actions`` is the
     human's command (a call), one with another ``extra.interrupt_type`` an interruption (a user message,
     and the calls it cut short fail)."""

@@ -252,6 +252,46 @@ def test_interactive_runs_a_humans_command_and_interruption(tmp_path):
     assert events[0]["payload"]["metadata"]["format_errors"] == 1
 
 
+def test_a_responses_api_run(tmp_path):
+    """2.x with a Responses API model (models/litellm_response_model.py, actions_toolcall_response.py):
+    the response object is the assistant's message, function_call_output items are its results."""
+    response = {
+        "id": "resp_1",
+        "object": "response",
+        "status": "completed",
+        "output": [
+            {"type": "reasoning", "id": "rs_1", "summary": []},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "List files."}]},
+            {"type": "function_call", "call_id": "call_a", "name": "bash", "arguments": '{"command": "ls -a"}'},
+        ],
+        "extra": {"actions": [{"command": "ls -a", "tool_call_id": "call_a"}], "cost": 0.01, "timestamp": 1764230400.0},
+    }
+    result = {
+        "type": "function_call_output",
+        "call_id": "call_a",
+        "output": "<returncode>2</returncode>\n<output>\nls: cannot access 'x': No such file or directory\n</output>",
+        "extra": {"raw_output": "ls: cannot access 'x': No such file or directory\n", "returncode": 2},
+    }
+    rejected = {
+        "type": "message",
+        "role": "user",
+        "content": [{"type": "input_text", "text": "Tool call error:\n\n<error>\nNo tool calls found.\n</error>"}],
+        "extra": {
+            "interrupt_type": "FormatError",
+            "response": {"output": [{"type": "message", "content": [{"type": "output_text", "text": "I am done."}]}]},
+        },
+    }
+    events = list(swe_agent(write(tmp_path, "r.traj.json", mini([response, result, rejected]))))
+    assert_all_decode(events)
+    assert calls_and_results(events) == [
+        ("ls", False, "returncode 2: ls: cannot access 'x': No such file or directory")
+    ]
+    said = [e["payload"]["text"] for e in events if e["type"] == "agent_message"]
+    assert said == ["List files.", "I am done."]
+    with pytest.raises(ImportShapeError, match=r"messages\[2\]: field 'output' must be a list"):
+        list(swe_agent(write(tmp_path, "bad.traj.json", mini([{"object": "response", "output": "ls"}]))))
+
+
 @pytest.mark.parametrize(
     ("content", "extra", "expected"),
     [

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from somnus.config import Settings
 from somnus import procs
+from somnus.config import Settings
 from somnus.procs import pid_alive
 
 KAFKA_VERSION = "3.9.1"

@@ -13,20 +13,20 @@ True
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime, timezone
+import threading
 from collections.abc import AsyncIterable, Iterable
+from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import msgspec
 import orjson
 from aiokafka import AIOKafkaProducer
 
-from somnus.schemas.codec import encode
-from somnus.streams.connection import LARGE_RECORDS, kafka_options
-from pathlib import Path
 from somnus.config import Settings
 from somnus.reads import read
-import threading
+from somnus.schemas.codec import encode
+from somnus.streams.connection import LARGE_RECORDS, kafka_options
 
 
 class _Key(msgspec.Struct):

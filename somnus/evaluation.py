@@ -34,6 +34,7 @@ import json
 import re
 import struct
 import sys
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -42,18 +43,18 @@ from typing import Any
 
 import numpy as np
 import orjson
-from somnus.processors.episodic.capture import MemoryState, capture, message_units
-from somnus.processors.episodic.index import IndexConfig, tokenize
-from somnus.schemas.codec import Rejection, decode_trace
-from somnus.importers import locomo
-from somnus.processors.episodic.recall import DEFAULT_WEIGHTS, RecallConfig, named_people, recall, without_people
-import time
+import snowballstemmer
+
 from somnus.bench import isolated_pipeline
 from somnus.client import publish
-from somnus.reads import read, status
+from somnus.importers import locomo
+from somnus.processors.episodic.capture import MemoryState, capture, message_units
 from somnus.processors.episodic.embedding import MiniLM
+from somnus.processors.episodic.index import IndexConfig, tokenize
 from somnus.processors.episodic.meaning import WordVectors
-import snowballstemmer
+from somnus.processors.episodic.recall import DEFAULT_WEIGHTS, RecallConfig, named_people, recall, without_people
+from somnus.reads import read, status
+from somnus.schemas.codec import Rejection, decode_trace
 
 KS = (1, 5, 10, 20)
 DREAM_COUNTS = ("clustered", "held", "created", "connected", "compressed", "pruned")  # summed over sleep runs

@@ -48,6 +48,7 @@ from __future__ import annotations
 import math
 import re
 import statistics
+import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -55,20 +56,18 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from somnus.processors.knowledge.extraction import error_class
-from somnus.processors.knowledge.triples import normalise_name
-from somnus.schemas.facts import GLOBAL_SCOPE, team_scope
-from somnus.schemas.agents import scope_chain
-from somnus.importers import FORMATS as IMPORTERS
-from somnus.importers import ImportShapeError, expand_paths, import_files, import_run
-import time
 from somnus import broker as broker_mod
-from somnus.schemas.agents import DEFAULT_DIR, load_agents
 from somnus.bench import isolated_pipeline
 from somnus.client import Publisher
 from somnus.config import Settings
-from somnus.reads import read, wait_idle
+from somnus.importers import FORMATS as IMPORTERS
+from somnus.importers import ImportShapeError, expand_paths, import_files, import_run
 from somnus.processors.briefing.generator import DEFAULT_BUDGET
+from somnus.processors.knowledge.extraction import error_class
+from somnus.processors.knowledge.triples import normalise_name
+from somnus.reads import read, wait_idle
+from somnus.schemas.agents import DEFAULT_DIR, load_agents, scope_chain
+from somnus.schemas.facts import GLOBAL_SCOPE, team_scope
 
 FIRST_SESSIONS = 10  # foresight_by_session_index: an agent's first sessions against the rest
 MIN_CUT_PREFIX = 40  # a line cut short ("…") names a class when at least this much of it survived

@@ -42,8 +42,8 @@ def forget(s: Settings, bootstrap: str, kind: str, value: str, reason: str | Non
 
 def ingest_knowledge(s: Settings, bootstrap: str, owner: str, source: str, concepts: list[Any], at: datetime) -> Any:
     """Publish concepts of a document for ``owner``'s semantic memory (DIRECT_INGESTION)."""
-    from somnus.schemas.semantic import KIND_INGEST, KnowledgeIngested
     from somnus.schemas.codec import encode
+    from somnus.schemas.semantic import KIND_INGEST, KnowledgeIngested
 
     req = KnowledgeIngested(owner=owner, source=source, at=at, concepts=concepts)
     _send(bootstrap, s.semantic_topic, [(owner.encode(), encode(req), KIND_INGEST)])
@@ -57,8 +57,8 @@ def consolidate(
     the id the semantic fold runs it under once, e.g. a sleep run's)."""
     import msgspec
 
-    from somnus.schemas.semantic import KIND_PROMOTE, PromotionRequested
     from somnus.schemas.codec import encode
+    from somnus.schemas.semantic import KIND_PROMOTE, PromotionRequested
 
     fields = {**inputs, "at": at.isoformat(), **({"request_id": request_id} if request_id is not None else {})}
     req = msgspec.convert(fields, PromotionRequested, strict=False)

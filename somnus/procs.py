@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
@@ -11,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from somnus.config import Settings
-import gc
 
 MODULES = {
     "worker": "somnus.streams.worker",

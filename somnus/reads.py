@@ -141,8 +141,8 @@ def _read_file(db: Path, route: Any, agent: str | None, agents_dir: Path | None,
         raise ReadError(f"no database at {db} (run `somnus up` or `somnus replay --to {db}`)")
     import duckdb
 
-    from somnus.schemas.agents import load_agents
     from somnus.projections import api, queries
+    from somnus.schemas.agents import load_agents
 
     if route.handler == "sql":
         try:

@@ -16,6 +16,7 @@ restarted), which stops its processes.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import json
@@ -33,7 +34,6 @@ from typing import Any
 from somnus import broker as broker_mod
 from somnus import procs
 from somnus.config import SUPERVISOR_STATE_FILE, Settings
-import argparse
 
 log = logging.getLogger("somnus.supervisor")
 

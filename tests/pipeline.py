@@ -18,7 +18,6 @@ from somnus.config import Settings
 from somnus.reads import checksum, status, wait_idle
 from somnus.streams.topics import ensure_topics
 
-
 DIAGNOSIS_CHARS = 40_000  # of each worker's log, in a stalled test's failure message
 
 

@@ -51,9 +51,9 @@ def project(con: duckdb.DuckDBPyConnection, episodes: Sequence[EpisodeDistilled]
     """Project ``episodes``, the NAc updates and the facts they teach into ``con`` (schema created if needed)."""
     from somnus.processors.knowledge.extraction import TraceExtractor
     from somnus.processors.prediction.causal_links import learn, observations_from_episode
-    from somnus.schemas.codec import encode
     from somnus.projections import schema
     from somnus.projections.writer import ReadModels, Topics, apply_batch, load_offsets
+    from somnus.schemas.codec import encode
 
     schema.init(con)
     topics = Topics(

@@ -19,8 +19,8 @@ def run_context(
 
     from somnus.processors.briefing.context import Tier, get_context
     from somnus.processors.episodic.recall import recall
-    from somnus.processors.working.synopsis import SynopsisCache
     from somnus.processors.working.session_buffer import DEFAULT_SETTINGS, add, message
+    from somnus.processors.working.synopsis import SynopsisCache
     from somnus.schemas.working_memory import ContextCandidate, MemoryKind, Role, UserMemory, WorkingMemoryState
 
     index, rng, vocab, people, build_s, _ = _synthetic_index(units, agents, seed)

@@ -11,8 +11,8 @@ import shutil
 import tempfile
 import time
 import uuid
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import orjson

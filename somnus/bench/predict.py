@@ -22,9 +22,9 @@ def run_predict(links: int = 1_000_000, outcomes: int = 2, queries: int = 2000, 
     import numpy as np
     import pyarrow as pa
 
+    from somnus.processors.prediction.causal_links import predict
     from somnus.projections import schema
     from somnus.projections.causal import link_states
-    from somnus.processors.prediction.causal_links import predict
 
     work = Path(tempfile.mkdtemp(prefix="somnus-bench-predict-"))
     try:

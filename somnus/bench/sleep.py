@@ -5,8 +5,8 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from somnus.bench.synthetic import _zipf

@@ -36,9 +36,9 @@ def bench_e2e(
 ) -> None:
     """Publish N synthetic events; time publish start -> projection committed; compare to raw consume."""
     keep_broker(keep_broker_)
-    from somnus.bench import run_e2e
-
     import statistics
+
+    from somnus.bench import run_e2e
 
     runs = [
         run_e2e(events=events, seed=seed, partitions=partitions, bundle=bundle, home=home, log=_log())

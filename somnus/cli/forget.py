@@ -40,8 +40,9 @@ def forget(
 
     from somnus import memory_requests
     from somnus.projections.forget import file_hits
+    from somnus.reads import ReadError
+    from somnus.reads import sql as read_sql
     from somnus.streams.topics import topic_hits
-    from somnus.reads import ReadError, sql as read_sql
 
     named = [(k, v) for k, v in (("user", user), ("agent", agent), ("session", session)) if v]
     if len(named) != 1:
@@ -154,7 +155,8 @@ def forget(
 def _projected_sessions(s: Any, kind: str, value: str) -> list[tuple[str, str]]:
     """``(agent, session_id)`` of the subject's sessions in the projections (none when they cannot be read):
     a user's keys made before its publisher saw the session's start do not name the user."""
-    from somnus.reads import ReadError, sql as read_sql
+    from somnus.reads import ReadError
+    from somnus.reads import sql as read_sql
 
     column = {"user": "user_id", "agent": "agent", "session": "session_id"}[kind]
     try:

@@ -30,9 +30,9 @@ def promote(
     from datetime import timezone
 
     from somnus import memory_requests
-    from somnus.schemas.agents import AgentFileError, load_agents
     from somnus.cli.common import sql
     from somnus.processors.knowledge.swarm_metrics import PromotionError, manual_promotions
+    from somnus.schemas.agents import AgentFileError, load_agents
 
     s = settings(home, db, bootstrap_)
     res = sql(

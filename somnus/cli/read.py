@@ -150,8 +150,8 @@ def inspect(
     as_csv: bool = CsvOpt,
 ) -> None:
     """What an agent knows: recent episodes and lessons, entities and facts in its scope chain."""
-    from somnus.schemas.agents import AgentFileError, load_agents
     from somnus.reads import ReadError, inspect_report, knowledge_store
+    from somnus.schemas.agents import AgentFileError, load_agents
 
     one_of(as_json, as_csv)
     s = settings(home, db)

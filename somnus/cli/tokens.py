@@ -28,10 +28,10 @@ def token_create(
     home: Optional[Path] = HomeOpt,
 ) -> None:
     """Print a new token (stored hashed in SOMNUS_HOME; shown once): `export SOMNUS_TOKEN=$(somnus token create ...)`."""
-    from somnus.schemas.agents import AgentFileError, load_agents
     from datetime import datetime, timezone
 
     from somnus.projections.auth import TokenStore, parse_duration
+    from somnus.schemas.agents import AgentFileError, load_agents
 
     s = settings(home)
     if operator and (agent or user):

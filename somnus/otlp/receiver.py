@@ -22,8 +22,6 @@ has arrived, or ``trace_timeout_s`` after its last span when no root comes.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
-
 import asyncio
 import contextlib
 import logging
@@ -32,6 +30,7 @@ import time
 import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 

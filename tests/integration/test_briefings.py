@@ -139,8 +139,8 @@ def test_tau_bench_through_the_pipeline_briefs_the_airline_agent_with_its_own_fa
 ):
     """Issue 26: on the real pipeline, the airline briefing names its error classes once each, serves
     its own facts (they were dropped before) and a strategy (it was always empty)."""
-    from somnus.processors.knowledge.extraction import error_class
     from somnus.importers import openai_chat
+    from somnus.processors.knowledge.extraction import error_class
 
     p = Pipeline(pipeline_settings)
     s = p.s

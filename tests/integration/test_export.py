@@ -14,11 +14,11 @@ from pathlib import Path
 import duckdb
 import polars as pl
 import pytest
-from tests.pipeline import Pipeline
 
 from somnus.projections.endpoint import endpoint_file
 from somnus.reads import read
 from somnus.sample import generate
+from tests.pipeline import Pipeline
 
 pytestmark = pytest.mark.integration
 

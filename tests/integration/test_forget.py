@@ -15,12 +15,12 @@ from typing import Any
 
 import duckdb
 import pytest
-from tests.pipeline import Pipeline
-from tests.projections.test_forget import FORGOTTEN, KEPT, NEEDLE, OTHER, file_hits, kept_checksums, rows_with, sessions
 
 from somnus.client import set_goal
 from somnus.projections.endpoint import endpoint_file
 from somnus.reads import read
+from tests.pipeline import Pipeline
+from tests.projections.test_forget import FORGOTTEN, KEPT, NEEDLE, OTHER, file_hits, kept_checksums, rows_with, sessions
 
 pytestmark = pytest.mark.integration
 

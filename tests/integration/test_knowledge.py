@@ -8,12 +8,12 @@ import sys
 from collections import Counter
 
 import pytest
-from tests.pipeline import Pipeline
-from tests.tau_bench import raw_tau_counts, tau_group
 
+from somnus.importers import openai_chat
 from somnus.reads import knowledge_store
 from somnus.schemas.agents import AgentSpec
-from somnus.importers import openai_chat
+from tests.pipeline import Pipeline
+from tests.tau_bench import raw_tau_counts, tau_group
 
 pytestmark = pytest.mark.integration
 

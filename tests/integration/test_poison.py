@@ -18,8 +18,8 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from somnus.schemas.codec import MAX_ORIGINAL
 from somnus.sample import generate
+from somnus.schemas.codec import MAX_ORIGINAL
 from tests.factories import trace_event
 from tests.pipeline import Pipeline
 

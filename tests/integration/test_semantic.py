@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from somnus.schemas.episodes import episode_id_for
 from somnus.importers import openai_chat
 from somnus.reads import read
+from somnus.schemas.episodes import episode_id_for
 from tests.pipeline import Pipeline, wait_until
 from tests.tau_bench import tau_group
 

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import orjson
 import pytest
-from tests.pipeline import Pipeline, wait_until
 
 from somnus.importers import openai_chat
 from somnus.projections.schema import CONTENT_COLUMNS
 from somnus.sample import generate
+from tests.pipeline import Pipeline, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -10,10 +10,10 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.pipeline import Pipeline
 
 from somnus.reads import ReadError, read, sql, summary
 from somnus.sample import generate
+from tests.pipeline import Pipeline
 
 pytestmark = pytest.mark.integration
 

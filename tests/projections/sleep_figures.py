@@ -10,14 +10,16 @@ import json
 import sys
 import tempfile
 import time
-from pathlib import Path
 from datetime import timedelta
+from pathlib import Path
+
 import duckdb
 import orjson
+
 from somnus.processors.episodic.capture import MemoryState, capture
 from somnus.processors.episodic.index import IndexConfig
-from somnus.processors.sessions.distiller import distill
 from somnus.processors.sessions.batch import memory_units
+from somnus.processors.sessions.distiller import distill
 from somnus.processors.sleep.config import SleepConfig
 from somnus.projections import schema
 from somnus.projections.memory import stemmer

@@ -22,9 +22,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from somnus.schemas.agents import AgentSpec
 from somnus.projections import api, auth, schema
 from somnus.projections.projector import make_app
+from somnus.schemas.agents import AgentSpec
 from tests.projections.test_isolation import marker, project
 
 AGENTS = {"aga": AgentSpec(name="aga"), "agb": AgentSpec(name="agb")}

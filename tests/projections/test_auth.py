@@ -21,7 +21,6 @@ from somnus.projections.auth import MAX_BODY_BYTES, MAX_DEPTH, Principal, Refuse
 from somnus.projections.http import make_app
 from somnus.schemas.agents import AgentSpec, scope_chain
 
-
 # ---- the token store --------------------------------------------------------------------------------
 
 
@@ -464,8 +463,8 @@ def test_over_http_no_principal_reads_out_of_scope_in_any_fleet(
 def test_reads_send_somnus_token_else_the_projectors_token_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from somnus.projections.endpoint import endpoint_file
     from somnus import reads
+    from somnus.projections.endpoint import endpoint_file
 
     db = tmp_path / "x.duckdb"
     home = tmp_path / "projector-home"
@@ -483,8 +482,8 @@ def test_reads_send_somnus_token_else_the_projectors_token_file(
 
 def test_the_read_client_gets_a_clear_error_for_401_and_403(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """somnus.reads over a guarded server: the operator's file works; a scoped SOMNUS_TOKEN gets a 403 it can read."""
-    from somnus.projections.endpoint import endpoint_file
     from somnus import reads
+    from somnus.projections.endpoint import endpoint_file
 
     async def run() -> None:
         fleet = Fleet(tmp_path / "home")

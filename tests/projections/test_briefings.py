@@ -9,14 +9,14 @@ import duckdb
 import orjson
 import pytest
 
-from somnus.processors.sessions.distiller import distill
 from somnus.processors.knowledge.extraction import TraceExtractor, error_class
+from somnus.processors.sessions.distiller import distill
 from somnus.projections import api, queries, schema
 from somnus.projections.writer import ReadModels, Topics, apply_batch, load_offsets
+from somnus.sample import generate
+from somnus.schemas.agents import load_agents
 from somnus.schemas.codec import decode_trace, encode
 from somnus.schemas.facts import FactAsserted, FactsExtracted
-from somnus.schemas.agents import load_agents
-from somnus.sample import generate
 from tests.factories import Rec, SessionLog
 
 TOPICS = Topics("traces", "episodes", "dead-letters", "facts")
@@ -380,10 +380,10 @@ def test_no_briefing_line_of_one_agent_comes_from_an_unrelated_agents_data(tmp_p
     global promotion ran over both, neither briefing holds a line from the other's data."""
     import msgspec
 
+    from somnus.importers import openai_chat
     from somnus.processors.prediction.causal_links import learn, observations_from_episode
     from somnus.projections.semantic import promotion_inputs
     from somnus.schemas.semantic import KIND_PROMOTE
-    from somnus.importers import openai_chat
 
     topics = Topics("traces", "episodes", "dead-letters", "facts", link_updates="link-updates", semantic="semantic")
     raw = list(openai_chat(tau_bench_path, agent="airline")) + _billing_events()

@@ -11,8 +11,8 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from somnus.projections import schema
 from somnus.processors.prediction.rhythms import index_of, marks_of_episode
+from somnus.projections import schema
 from somnus.projections.causal import UPDATE_COLUMNS, CausalProjection, UpdateRow, add_temporal_bins
 from somnus.schemas.causal import CausalLinkUpdated, LinkLevel, Valence
 from somnus.schemas.episodes import CallSeen, EpisodeDistilled

@@ -20,14 +20,13 @@ import msgspec
 import orjson
 
 from somnus.projections import forget, schema
-from somnus.schemas.forget import KIND_FORGET
 from somnus.projections.writer import ReadModels, apply_batch, load_offsets
-from somnus.schemas.codec import encode
-from somnus.schemas.forget import ForgetRequested, ForgetSubject
-from somnus.schemas.sealed import encode_key
 from somnus.schemas.agents import AgentSpec
-from tests.projections.test_isolation import T0, TOPICS, decode_events, marker, session_events, worker_records
+from somnus.schemas.codec import encode
+from somnus.schemas.forget import KIND_FORGET, ForgetRequested, ForgetSubject
+from somnus.schemas.sealed import encode_key
 from tests.factories import Rec
+from tests.projections.test_isolation import T0, TOPICS, decode_events, marker, session_events, worker_records
 
 AGENTS = {"aga": AgentSpec(name="aga")}
 FORGOTTEN, KEPT = "up", "uq"  # users 0 and 1 of test_isolation's naming

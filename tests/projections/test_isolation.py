@@ -47,20 +47,19 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from somnus.processors.sessions.batch import memory_units
-from somnus.processors.sessions.distiller import distill
 from somnus.processors.knowledge.extraction import TraceExtractor
 from somnus.processors.prediction.causal_links import learn, observations_from_episode
-from somnus.schemas.semantic import CallOutcome
+from somnus.processors.sessions.batch import memory_units
+from somnus.processors.sessions.distiller import distill
 from somnus.processors.working.session_buffer import DEFAULT_SETTINGS, encode_state, remember
 from somnus.projections import schema
 from somnus.projections.api import ReadService
 from somnus.projections.semantic import promotion_inputs
-from somnus.schemas.semantic import KIND_PROMOTE, PromotionRequested
 from somnus.projections.writer import ReadModels, Topics, apply_batch, load_offsets
+from somnus.schemas.agents import AgentSpec, scope_chain
 from somnus.schemas.codec import Rejection, decode_trace, encode
 from somnus.schemas.memory import KIND_UNITS
-from somnus.schemas.agents import AgentSpec, scope_chain
+from somnus.schemas.semantic import KIND_PROMOTE, CallOutcome, PromotionRequested
 from tests.factories import Rec, SessionLog
 
 TOPICS = Topics("traces", "episodes", "dead-letters", "facts", "link-updates", "memory", "working-memory", "semantic")

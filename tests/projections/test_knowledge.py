@@ -6,15 +6,15 @@ import duckdb
 import orjson
 import pytest
 
-from somnus.processors.sessions.distiller import distill
 from somnus.processors.knowledge.extraction import TraceExtractor
-from tests.factories import Rec
+from somnus.processors.sessions.distiller import distill
 from somnus.projections import queries, schema
 from somnus.projections.knowledge_store import DuckDBBackend, KnowledgeStore
 from somnus.projections.writer import ReadModels, Topics, apply_batch, load_offsets
-from somnus.schemas.codec import decode_trace, encode
-from somnus.schemas.agents import AgentSpec
 from somnus.sample import generate
+from somnus.schemas.agents import AgentSpec
+from somnus.schemas.codec import decode_trace, encode
+from tests.factories import Rec
 
 TOPICS = Topics("traces", "episodes", "dead-letters", "facts")
 KNOWLEDGE = ("knowledge_inputs", "entity_versions", "entity_aliases", "predicates", "triples", "triple_history")

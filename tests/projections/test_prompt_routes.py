@@ -35,8 +35,8 @@ from somnus.projections.api import ReadService
 from somnus.schemas.agents import AgentSpec
 from somnus.schemas.codec import encode
 from somnus.schemas.memory import KIND_UNITS, MemoryKind, MemoryUnit
-from tests.processors.briefing.test_injection import BEGIN_RE, END, adversarial, assert_clean, tags
 from tests.factories import Rec, SessionLog
+from tests.processors.briefing.test_injection import BEGIN_RE, END, adversarial, assert_clean, tags
 from tests.projections.test_isolation import project_events
 
 T0 = datetime(2024, 6, 3, 8, tzinfo=timezone.utc)

@@ -10,16 +10,14 @@ from datetime import datetime, timedelta, timezone
 import duckdb
 import msgspec
 
-from somnus.schemas.semantic import CausalLinkView
-from somnus.schemas.semantic import CallOutcome
-from somnus.projections import queries, schema
 from somnus.processors.prediction.causal_links import learn
+from somnus.projections import queries, schema
 from somnus.projections.causal import CausalProjection
 from somnus.projections.semantic import SemanticProjection, promotion_inputs
-from somnus.schemas.semantic import KIND_PROMOTE, PromotionRequested
-from somnus.schemas.causal import LinkLevel, OutcomeObserved, Valence, outcome_signature, tool_signature
 from somnus.projections.writer import ReadModels, Topics, apply_batch, load_offsets
+from somnus.schemas.causal import LinkLevel, OutcomeObserved, Valence, outcome_signature, tool_signature
 from somnus.schemas.codec import encode
+from somnus.schemas.semantic import KIND_PROMOTE, CallOutcome, CausalLinkView, PromotionRequested
 from tests.factories import Rec
 
 TOPICS = Topics("traces", "episodes", "dead-letters", "facts", "link-updates", "memory", "working-memory", "semantic")

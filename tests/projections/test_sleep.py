@@ -9,16 +9,15 @@ import msgspec
 import orjson
 import pytest
 
-from somnus.processors.sessions.distiller import distill
 from somnus.processors.episodic.capture import episode_unit
+from somnus.processors.sessions.distiller import distill
 from somnus.processors.sleep.config import SleepConfig
 from somnus.projections import queries, schema
-from somnus.schemas.lifecycle import KIND_SLEEP
 from somnus.projections.writer import ReadModels, Topics, apply_batch, load_offsets
-from somnus.schemas.codec import decode_trace, encode
-from somnus.schemas.lifecycle import SleepRequested
-from somnus.schemas.memory import KIND_UNITS
 from somnus.sample import generate
+from somnus.schemas.codec import decode_trace, encode
+from somnus.schemas.lifecycle import KIND_SLEEP, SleepRequested
+from somnus.schemas.memory import KIND_UNITS
 from tests.factories import Rec
 
 TOPICS = Topics("traces", "episodes", "dead-letters", "facts", "link-updates", "memory")

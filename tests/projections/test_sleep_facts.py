@@ -14,11 +14,10 @@ import pytest
 from somnus.processors.briefing.generator import select_facts
 from somnus.processors.sleep.config import SleepConfig
 from somnus.projections import queries, schema
-from somnus.schemas.lifecycle import KIND_SLEEP
 from somnus.projections.writer import ReadModels, Topics, apply_batch, load_offsets
 from somnus.schemas.codec import encode
 from somnus.schemas.facts import FACTS_SCHEMA_VERSION, FactAsserted, FactsExtracted
-from somnus.schemas.lifecycle import SleepRequested
+from somnus.schemas.lifecycle import KIND_SLEEP, SleepRequested
 from somnus.schemas.memory import KIND_UNITS, MemoryKind, MemoryUnit
 from tests.factories import Rec
 

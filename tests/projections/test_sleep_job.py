@@ -13,17 +13,17 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
-from somnus.processors.sessions.distiller import distill
 from somnus.processors.episodic.capture import MemoryState, apply, capture, episode_unit, forget
+from somnus.processors.sessions.distiller import distill
 from somnus.processors.sleep.config import SleepConfig
 from somnus.processors.sleep.plan import plan_sleep
 from somnus.projections import schema
 from somnus.projections.memory import new_state
 from somnus.projections.sleep import LOG_COLUMNS, SleepJob, dream_inputs, memory_columns
+from somnus.sample import generate
 from somnus.schemas.codec import decode_trace
 from somnus.schemas.lifecycle import MemoryCompressed, MemoryPruned, SleepTrigger, encode_lifecycle
 from somnus.schemas.memory import MEMORY_SCHEMA_VERSION, ForgetReason, MemoryAccessed
-from somnus.sample import generate
 
 
 @pytest.fixture(scope="module")

@@ -9,12 +9,11 @@ import msgspec
 
 from somnus.projections import schema
 from somnus.projections.writer import ReadModels, Topics, apply_batch, load_offsets
-from somnus.schemas.briefing import KIND_SERVED
-from somnus.schemas.briefing import BriefingServed, ServedFact
+from somnus.schemas.agents import AgentSpec, LearningRate
+from somnus.schemas.briefing import KIND_SERVED, BriefingServed, ServedFact
 from somnus.schemas.codec import encode
 from somnus.schemas.episodes import episode_id_for
 from somnus.schemas.facts import EntityMention, FactAsserted, FactsExtracted
-from somnus.schemas.agents import AgentSpec, LearningRate
 from tests.factories import Rec
 
 TOPICS = Topics("traces", "episodes", "dead-letters", "facts")

@@ -6,13 +6,13 @@ import duckdb
 import orjson
 import pytest
 
+from somnus.client import bundles
 from somnus.processors.sessions.distiller import distill
-from tests.factories import Rec
 from somnus.projections import queries, schema
 from somnus.projections.writer import ReadModels, Topics, apply_batch, load_offsets
-from somnus.schemas.codec import decode_trace, encode
-from somnus.client import bundles
 from somnus.sample import generate
+from somnus.schemas.codec import decode_trace, encode
+from tests.factories import Rec
 
 TOPICS = Topics("traces", "episodes", "dead-letters")
 
@@ -169,9 +169,9 @@ def test_a_poison_record_on_an_internal_topic_is_quarantined_and_later_records_a
 def test_a_sealed_poison_record_is_judged_by_its_plaintext(tmp_path, topic):
     """Opening sits inside the poison boundary: the same records sealed (``somnus.schemas.sealed``) are
     quarantined for what their plaintext is, on the first pass and on the record-by-record one."""
-    from somnus.schemas.semantic import KIND_INGEST
     from somnus.projections.writer import apply_guarded
     from somnus.schemas.sealed import encode_key, new_key, seal
+    from somnus.schemas.semantic import KIND_INGEST
 
     def reasons(sealed: bool) -> list[str]:
         con = _db(tmp_path / str(sealed))

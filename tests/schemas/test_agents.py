@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from somnus.sample import TEAMS as SAMPLE_TEAMS
 from somnus.schemas.agents import (
     DEFAULT_DIR,
     AgentFileError,
@@ -16,7 +17,6 @@ from somnus.schemas.agents import (
     team_lead,
     teams,
 )
-from somnus.sample import TEAMS as SAMPLE_TEAMS
 
 
 def agent_file(folder: Path, filename: str, front: str, body: str = "# notes\n") -> Path:

@@ -6,7 +6,6 @@ import json
 from typing import Any
 
 import msgspec
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st

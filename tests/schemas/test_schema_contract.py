@@ -30,8 +30,8 @@ from hypothesis import strategies as st
 from somnus.processors.sessions.distiller import distill
 from somnus.schemas import codec
 from somnus.schemas.codec import decode_episode, decode_trace, encode
-from somnus.schemas.episodes import Delegation as EpisodeDelegation
 from somnus.schemas.episodes import CallSeen, EpisodeDistilled, ErrorSeen, Lesson, LessonKind, episode_id_for
+from somnus.schemas.episodes import Delegation as EpisodeDelegation
 from somnus.schemas.events import (
     EVENT_TYPES,
     SCHEMA_VERSION,
@@ -796,7 +796,7 @@ def test_the_operators_records_round_trip(record):
 def test_the_key_topic_carries_data_keys_and_sealed_records_open_to_their_wire_type():
     """The forget branch's records: ``DataKey`` on the key topic round-trips, and a sealed record of a
     sealed topic opens to bytes that decode as the type the wire contract lists for it."""
-    from somnus.schemas.sealed import DataKey, HEADER, decode_key, encode_key, new_key, open_value, seal, sealed_key_id
+    from somnus.schemas.sealed import HEADER, DataKey, decode_key, encode_key, new_key, open_value, seal, sealed_key_id
     from somnus.schemas.wire import SEALED_TOPICS, TOPICS, record_type
 
     assert record_type("keys_topic", None).type is DataKey

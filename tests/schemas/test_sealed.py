@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 
 import pytest
-from hypothesis import example, given, strategies as st
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from somnus.schemas.codec import Rejection
 from somnus.schemas.sealed import (

@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from somnus.client import bundles, key_of, to_bytes
 from somnus.schemas.codec import Rejection, decode_record, encode
 from somnus.schemas.events import Message, UserMessaged
-from somnus.client import bundles, key_of, to_bytes
 
 _elements = msgspec.json.Decoder(list[msgspec.Raw])
 
@@ -147,11 +147,9 @@ def test_to_bytes_accepts_dicts_typed_events_and_raw_bytes():
 
 def test_the_client_sets_and_closes_a_goal_at_its_time(monkeypatch: pytest.MonkeyPatch) -> None:
     """``set_goal`` / ``close_goal`` publish the goal records on the memory topic (publisher replaced)."""
-    from somnus import memory_requests
+    from somnus import client, memory_requests
     from somnus.client import close_goal, set_goal
     from somnus.schemas.goals import KIND_GOAL_SET, GoalClosed, GoalSet
-
-    from somnus import client
 
     sent: list[Any] = []
     monkeypatch.setattr(memory_requests, "_send", lambda bootstrap, topic, records: sent.append((topic, records)))

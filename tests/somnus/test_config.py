@@ -383,8 +383,8 @@ def test_the_faust_app_gets_the_same_credentials(secured_env, tmp_path):
     from faust.auth import SASLCredentials
     from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
 
-    from somnus.streams.connection import kafka_options
     from somnus.streams.app import create_app
+    from somnus.streams.connection import kafka_options
 
     settings = Settings.resolve(home=tmp_path)
     app = create_app(settings, "kafka:9092")

@@ -6,8 +6,6 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from somnus.processors.knowledge.extraction import error_class
-from somnus.schemas.agents import AgentSpec
 from somnus.foresight import (
     BriefingSeen,
     FailedCall,
@@ -23,6 +21,8 @@ from somnus.foresight import (
     score,
     sessions_of,
 )
+from somnus.processors.knowledge.extraction import error_class
+from somnus.schemas.agents import AgentSpec
 
 T0 = datetime(2024, 5, 15, tzinfo=timezone.utc)
 

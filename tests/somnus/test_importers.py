@@ -12,30 +12,27 @@ from typing import Any
 import orjson
 import pytest
 
-from somnus.schemas.codec import Rejection, decode_trace
 from somnus.importers import (
     DEFAULT_START,
     FORMATS,
-    LOCOMO_TURN_STEP_S,
-    MAX_OUTPUT,
     ImportRun,
     ImportShapeError,
     expand_paths,
     import_files,
     import_run,
-    load_results,
     locomo,
-    locomo_date,
     openai_chat,
     otel,
     swe_agent,
-    swe_failure,
-    swe_problem_statement,
     toolbench,
-    toolbench_failure,
-    toolbench_observation,
     v1,
 )
+from somnus.importers.common import MAX_OUTPUT
+from somnus.importers.locomo import LOCOMO_TURN_STEP_S, locomo_date
+from somnus.importers.results import load_results
+from somnus.importers.swe_common import swe_failure, swe_problem_statement
+from somnus.importers.toolbench import toolbench_failure, toolbench_observation
+from somnus.schemas.codec import Rejection, decode_trace
 
 TAU_BENCH = Path(__file__).resolve().parents[3] / "shared" / "datasets" / "tau-bench-airline" / "gpt-4o-airline.json"
 

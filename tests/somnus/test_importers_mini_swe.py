@@ -19,18 +19,8 @@ from typing import Any
 
 import pytest
 
-from somnus.importers import (
-    ImportRun,
-    ImportShapeError,
-    expand_paths,
-    import_files,
-    import_run,
-    mini_command,
-    mini_observation,
-    mini_task,
-    mini_tool,
-    swe_agent,
-)
+from somnus.importers import ImportRun, ImportShapeError, expand_paths, import_files, import_run, swe_agent
+from somnus.importers.mini_swe_agent import mini_command, mini_observation, mini_task, mini_tool
 from tests.somnus.test_importers import assert_all_decode, by_session, calls_and_results, write
 
 MINI = Path(__file__).resolve().parents[1] / "fixtures" / "mini_swe_agent"

@@ -11,13 +11,13 @@ import orjson
 import pytest
 
 from somnus.processors.briefing.generator import task_kind
-from somnus.processors.sessions.distiller import distill
 from somnus.processors.knowledge.extraction import TraceExtractor
+from somnus.processors.sessions.distiller import distill
+from somnus.sample import AGENT_TOOLS, ARRIVAL_SKEW, FAULTS, START, TASK_KINDS, TEAMS, TOOL_KIND, TOOL_ORDER, generate
+from somnus.schemas.agents import load_agents, teams
 from somnus.schemas.codec import Rejection, decode_trace
 from somnus.schemas.episodes import LessonKind
 from somnus.schemas.events import Outcome
-from somnus.schemas.agents import load_agents, teams
-from somnus.sample import AGENT_TOOLS, ARRIVAL_SKEW, FAULTS, START, TASK_KINDS, TEAMS, TOOL_KIND, TOOL_ORDER, generate
 
 
 @pytest.fixture(scope="module")

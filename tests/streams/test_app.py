@@ -12,12 +12,11 @@ from typing import Any
 
 import orjson
 import pytest
+from faust.types import TP
 
 import somnus.streams.app as app_mod
 from somnus.config import Settings
 from somnus.streams.metrics import WorkerCounters
-from faust.types import TP
-
 from somnus.streams.ordering import decode_clock, encode_position, position_key
 from tests.factories import T0, session_bundle, trace_event
 

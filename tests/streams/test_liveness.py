@@ -9,8 +9,8 @@ from typing import Any
 from aiokafka import TopicPartition
 from faust.types import TP
 
-from somnus.streams.liveness import PartitionWatchdog
 from somnus.streams.kafka_compat.consumer import position_known
+from somnus.streams.liveness import PartitionWatchdog
 
 TRACES = TP("traces", 0)
 OTHER = TP("other", 0)

@@ -11,7 +11,8 @@ import random
 from dataclasses import dataclass
 
 from faust.types import TP
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from somnus.streams.ordering import (
     OffsetGuard,

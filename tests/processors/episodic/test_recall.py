@@ -47,8 +47,8 @@ from somnus.processors.episodic.recall import (
     time_match,
     within_budget,
 )
-from somnus.schemas.memory import MemoryAccessed, MemoryKind, MemoryUnit
 from somnus.schemas.agents import AgentSpec
+from somnus.schemas.memory import MemoryAccessed, MemoryKind, MemoryUnit
 
 T0 = datetime(2024, 5, 15, 9, 0, tzinfo=timezone.utc)
 LEXICAL_ONLY = {"lexical": 1.0}

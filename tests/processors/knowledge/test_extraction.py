@@ -12,13 +12,11 @@ from typing import Any
 import msgspec
 import orjson
 import pytest
-
-from tests.tau_bench import raw_tau_counts, tau_group
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from somnus.importers import openai_chat
 from somnus.processors.knowledge import extraction
-from somnus.processors.sessions.distiller import distill
 from somnus.processors.knowledge.extraction import (
     CLIENT_KEYS,
     MAX_ERROR_CLASS,
@@ -32,11 +30,12 @@ from somnus.processors.knowledge.extraction import (
     error_class,
     rate_value,
 )
+from somnus.processors.sessions.distiller import distill
 from somnus.schemas.codec import Rejection, decode_trace, encode
 from somnus.schemas.episodes import CallSeen, Delegation, EpisodeDistilled, ErrorSeen
 from somnus.schemas.events import Outcome
 from somnus.schemas.facts import FACTS_SCHEMA_VERSION, FactAsserted, FactsExtracted
-from somnus.importers import openai_chat
+from tests.tau_bench import raw_tau_counts, tau_group
 
 T0 = datetime(2024, 5, 15, 20, 0, tzinfo=timezone.utc)
 

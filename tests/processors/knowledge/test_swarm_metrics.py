@@ -14,7 +14,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import somnus.processors.knowledge.swarm_metrics
-from somnus.processors.knowledge.triples import KnowledgeFold
 from somnus.processors.knowledge.swarm_metrics import (
     FAILING_MAX_SUCCESS_RATE,
     FAILING_MIN_RESULTS,
@@ -41,10 +40,11 @@ from somnus.processors.knowledge.swarm_metrics import (
     team_of,
     utilisation,
 )
+from somnus.processors.knowledge.triples import KnowledgeFold
+from somnus.schemas.agents import AgentSpec, LearningRate
 from somnus.schemas.briefing import BriefingServed, FactPromoted, FactUsed, PromotionReason, ServedFact
 from somnus.schemas.events import TraceEvent
 from somnus.schemas.facts import FactAsserted, FactsExtracted
-from somnus.schemas.agents import AgentSpec, LearningRate
 from tests.factories import decoded_event
 
 T0 = datetime(2024, 5, 1, tzinfo=timezone.utc)

@@ -16,8 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from somnus.importers import openai_chat
 from somnus.processors.prediction import causal_links as nac
-from somnus.processors.sessions.distiller import distill
 from somnus.processors.prediction.causal_links import (
     ALPHA_BY_LEARNING_RATE,
     CONFIDENCE_PRIOR,
@@ -38,6 +38,8 @@ from somnus.processors.prediction.causal_links import (
     tool_counts_from_states,
     valence_of,
 )
+from somnus.processors.sessions.distiller import distill
+from somnus.schemas.agents import AgentSpec, LearningRate
 from somnus.schemas.causal import (
     LinkLevel,
     OutcomeObserved,
@@ -49,8 +51,6 @@ from somnus.schemas.causal import (
 from somnus.schemas.codec import Rejection, decode_trace
 from somnus.schemas.episodes import CallSeen, EpisodeDistilled
 from somnus.schemas.events import Outcome
-from somnus.schemas.agents import AgentSpec, LearningRate
-from somnus.importers import openai_chat
 from tests.tau_bench import raw_tau_counts
 
 TAU_BENCH = Path(__file__).resolve().parents[4] / "shared" / "datasets" / "tau-bench-airline" / "gpt-4o-airline.json"

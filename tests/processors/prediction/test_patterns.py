@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 from scipy import stats as sps
 
 from somnus.processors.prediction import patterns as ag
-from somnus.processors.semantic.layers import MemoryLayers
 from somnus.processors.prediction.patterns import (
     COMPUTED_FROM_MAX,
     Statistician,
@@ -26,11 +25,12 @@ from somnus.processors.prediction.patterns import (
     f2_survival,
     pattern_events,
 )
-from somnus.schemas.semantic import CallOutcome
+from somnus.processors.semantic.layers import MemoryLayers
 from somnus.schemas.codec import encode
 from somnus.schemas.episodes import CallSeen, EpisodeDistilled
 from somnus.schemas.events import Outcome
 from somnus.schemas.semantic import (
+    CallOutcome,
     CrossEdgeType,
     CrossLayerEdgeFormed,
     Layer,
@@ -518,10 +518,10 @@ def test_factorize_is_numpys_unique_with_inverse(values):
 def test_on_the_sample_fleet_and_tau_bench_no_pattern_joins_tools_no_agent_uses_together(tau_bench_path):
     import orjson
 
-    from somnus.processors.sessions.distiller import distill
-    from somnus.schemas.codec import decode_trace
     from somnus.importers import openai_chat
+    from somnus.processors.sessions.distiller import distill
     from somnus.sample import generate
+    from somnus.schemas.codec import decode_trace
 
     events = list(generate(sessions=2000, seed=42)) + list(openai_chat(tau_bench_path, agent="airline"))
     episodes = distill({}, [decode_trace(orjson.dumps(e), 1 << 20) for e in events]).episodes

@@ -14,7 +14,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from somnus.processors.prediction import rhythms as scn
-from somnus.processors.sessions.distiller import distill
 from somnus.processors.prediction.rhythms import (
     BIN_KINDS,
     BIN_SIZES,
@@ -29,6 +28,8 @@ from somnus.processors.prediction.rhythms import (
     marks_of_episode,
     marks_of_event,
 )
+from somnus.processors.sessions.distiller import distill
+from somnus.sample import generate
 from somnus.schemas.causal import TemporalBinCounted
 from somnus.schemas.codec import decode_trace
 from somnus.schemas.episodes import CallSeen, EpisodeDistilled
@@ -49,7 +50,6 @@ from somnus.schemas.events import (
     ToolReturned,
     UserMessaged,
 )
-from somnus.sample import generate
 
 UTC = timezone.utc
 PROPERTY = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])

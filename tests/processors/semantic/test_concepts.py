@@ -12,7 +12,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from somnus.processors.semantic import concepts as semantic
-from somnus.processors.semantic.layers import MemoryLayers, fold_events, snapshot
 from somnus.processors.semantic.concepts import (
     BUILTIN_RELATIONS,
     CONFIDENCE_BASE,
@@ -36,6 +35,7 @@ from somnus.processors.semantic.concepts import (
     render_knowledge_context,
     within_edits,
 )
+from somnus.processors.semantic.layers import MemoryLayers, fold_events, snapshot
 from somnus.schemas.semantic import (
     ConceptCreated,
     ConceptReinforced,

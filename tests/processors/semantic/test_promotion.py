@@ -17,8 +17,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from somnus.importers import DEFAULT_START, openai_chat
+from somnus.processors.prediction.patterns import Statistician, call_outcomes, pattern_events
 from somnus.processors.semantic import promotion as pr
-from somnus.processors.sessions.distiller import distill
+from somnus.processors.semantic.concepts import concept_confidence, find_or_create, knowledge_context
 from somnus.processors.semantic.layers import MemoryLayers, fold_events, snapshot
 from somnus.processors.semantic.promotion import (
     NacPromotionSource,
@@ -32,14 +34,13 @@ from somnus.processors.semantic.promotion import (
     ips_gate,
     rayleigh_test,
 )
-from somnus.schemas.semantic import CausalLinkView
-from somnus.processors.semantic.concepts import concept_confidence, find_or_create, knowledge_context
-from somnus.processors.prediction.patterns import Statistician, call_outcomes, pattern_events
-from somnus.schemas.semantic import CallOutcome
+from somnus.processors.sessions.distiller import distill
 from somnus.schemas.episodes import EpisodeDistilled
 from somnus.schemas.events import TraceEvent
 from somnus.schemas.semantic import (
+    CallOutcome,
     CandidateRejected,
+    CausalLinkView,
     ConceptPromoted,
     CrossEdgeType,
     Layer,
@@ -50,7 +51,6 @@ from somnus.schemas.semantic import (
     decode_semantic,
     encode_semantic,
 )
-from somnus.importers import DEFAULT_START, openai_chat
 
 T0 = datetime(2024, 5, 1, tzinfo=timezone.utc)
 OWNER = "agent:robot"

@@ -13,13 +13,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from somnus.processors.sessions.batch import distill_rounds
 from somnus.processors.sessions.distiller import SessionState, decode_state, encode_state, session_key
 from somnus.processors.sessions.session_retention import MarkerHeap, micros, sift
 from somnus.processors.working.session_buffer import DEFAULT_SETTINGS
 from somnus.processors.working.session_buffer import encode_state as encode_wm
-from somnus.schemas.codec import decode_trace, encode
 from somnus.sample import generate
-from somnus.processors.sessions.batch import distill_rounds
+from somnus.schemas.codec import decode_trace, encode
 
 HOUR_US = 3600 * 1_000_000
 

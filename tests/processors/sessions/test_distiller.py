@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from somnus.importers import openai_chat
 from somnus.processors.sessions import distiller
 from somnus.processors.sessions.distiller import (
     DistillOutput,
@@ -33,7 +34,6 @@ from somnus.schemas.events import (
     Outcome,
     TraceEvent,
 )
-from somnus.importers import openai_chat
 from tests.factories import Trace
 
 T0 = datetime(2024, 5, 15, 15, 0, tzinfo=timezone.utc)

@@ -15,8 +15,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from somnus.processors.working import session_buffer as wm
+from somnus.importers import openai_chat
 from somnus.processors.sessions.distiller import session_key
+from somnus.processors.working import session_buffer as wm
 from somnus.processors.working.session_buffer import (
     WorkingMemorySettings,
     add,
@@ -48,7 +49,6 @@ from somnus.schemas.working_memory import (
     WorkingMemoryState,
     summary_id_for,
 )
-from somnus.importers import openai_chat
 from tests import factories
 
 T0 = datetime(2024, 5, 15, 15, 0, tzinfo=timezone.utc)

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from somnus.importers import openai_chat
 from somnus.processors.working import synopsis as syn
 from somnus.processors.working.synopsis import (
     DEFAULT_BUILDER,
@@ -23,7 +24,6 @@ from somnus.processors.working.synopsis import (
 from somnus.schemas.codec import decode_trace
 from somnus.schemas.events import SessionStarted, UserMessaged
 from somnus.schemas.working_memory import MemoryKind, UserContext, UserIdentity, UserMemory, UserSynopsis
-from somnus.importers import openai_chat
 
 T0 = datetime(2024, 5, 15, 15, 0, tzinfo=timezone.utc)
 TAU_BENCH = Path(__file__).resolve().parents[4] / "shared" / "datasets" / "tau-bench-airline" / "gpt-4o-airline.json"

@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from somnus.otlp.buffer import TraceBuffer
 from somnus.otlp.mapping import group_by_trace, trace_events
-from somnus.otlp.receiver import PROTOBUF, Receiver, varint, rpc_status
+from somnus.otlp.receiver import PROTOBUF, Receiver, rpc_status, varint
 from somnus.otlp.spans import from_proto
 from somnus.projections.auth import TokenStore
 from tests.fixtures.otel.genai_agents import emit, otlp_json

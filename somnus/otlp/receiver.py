@@ -117,22 +117,28 @@ def success_response(rejected: list[str], proto: bool) -> web.Response:
 
 
 def decompress(raw: bytes, encoding: str, limit: int) -> bytes:
-    """The body as sent, ungzipped within ``limit`` bytes (``Refused`` 400 / 415 otherwise)."""
+    """The body as sent, ungzipped within ``limit`` bytes (``Refused`` 400 / 415 otherwise). Every gzip
+    member is read, as ``gzip.decompress`` does (a body of two members lost the second's spans without
+    a word); bytes after the last member other than NUL padding are not gzip (400)."""
     encoding = encoding.strip().lower()
     if encoding in ("", "identity"):
         return raw
     if encoding != "gzip":
         raise Refused(415, f"Content-Encoding {encoding!r} is not supported (gzip or none)")
-    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    try:
-        out = d.decompress(raw, limit + 1)
-    except zlib.error as exc:
-        raise Refused(400, f"the body is not valid gzip: {exc}") from None
-    if len(out) > limit:
-        raise Refused(400, f"the body is larger than {limit} bytes once decompressed")
-    if not d.eof:
-        raise Refused(400, "the gzip body is truncated")
-    return out
+    out, rest = bytearray(), raw
+    while True:
+        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        try:
+            out += d.decompress(rest, limit + 1 - len(out))
+        except zlib.error as exc:
+            raise Refused(400, f"the body is not valid gzip: {exc}") from None
+        if len(out) > limit:
+            raise Refused(400, f"the body is larger than {limit} bytes once decompressed")
+        if not d.eof:
+            raise Refused(400, "the gzip body is truncated")
+        rest = d.unused_data
+        if not rest.strip(b"\0"):
+            return bytes(out)
 
 
 def decode_body(raw: bytes, content_type: str) -> Decoded:

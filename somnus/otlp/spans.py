@@ -36,10 +36,42 @@ MAX_VALUE_DEPTH = 16  # arrays and key-value lists within one attribute value
 # spans in one request: twice the Collector's default batch (8192). Each span is mapped on the receiver's
 # event loop (about 0.4 ms a trace): 100,000 one-span traces (6.4 MB) held it 43 s and 450 MB
 MAX_SPANS = 16_384
+# attributes, values within them, events and links in one request: twice what the OTel SDK's defaults
+# send (512 spans a batch, 128 of each a span). One span of 3.5 million empty events (7 MB) held the event
+# loop 21 s and 1 GB
+MAX_ITEMS = 1 << 18
+# bytes of resource attributes and scope names held again with each of their spans (the journal writes
+# them per span): a 400 KB resource over 1,000 spans (a 466 KB request) wrote 410 MB and took 1.4 GB
+MAX_SHARED_BYTES = 32 << 20
 
 
 class ShapeError(ValueError):
     """The request is not an ``ExportTraceServiceRequest`` (a message for a 400 response)."""
+
+
+class TooLarge(ShapeError):
+    """The request as a whole expands beyond a bound: a 400 for the request, not a rejected span."""
+
+
+class Budget:
+    """What one request may still expand to once decoded (``MAX_ITEMS``, ``MAX_SHARED_BYTES``), counted
+    from the containers' lengths before their items are decoded."""
+
+    def __init__(self) -> None:
+        self.items, self.shared = MAX_ITEMS, MAX_SHARED_BYTES
+
+    def take(self, n: int) -> None:
+        self.items -= n
+        if self.items < 0:
+            raise TooLarge(f"more than {MAX_ITEMS} attributes, values, events and links in one request")
+
+    def share(self, size: int, spans: int, what: str) -> None:
+        self.shared -= size * spans
+        if self.shared < 0:
+            raise TooLarge(
+                f"a {what} of {size} bytes held with each of its {spans} spans: more than "
+                f"{MAX_SHARED_BYTES} bytes in one request"
+            )
 
 
 class SpanEvent(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -148,7 +180,7 @@ def _obj(value: Any, what: str) -> Mapping[str, Any]:
     return value
 
 
-def json_value(v: Any, depth: int = 0) -> Any:
+def json_value(v: Any, depth: int = 0, budget: Budget | None = None) -> Any:
     """An OTLP/JSON ``AnyValue`` as a Python value.
 
     >>> json_value({"arrayValue": {"values": [{"intValue": "3"}, {"boolValue": True}]}})
@@ -156,6 +188,7 @@ def json_value(v: Any, depth: int = 0) -> Any:
     """
     if depth > MAX_VALUE_DEPTH:
         raise ShapeError(f"an attribute value nests deeper than {MAX_VALUE_DEPTH} levels")
+    budget = budget or Budget()
     v = _obj(v, "AnyValue")
     if "stringValue" in v:
         return str(v["stringValue"])
@@ -167,9 +200,11 @@ def json_value(v: Any, depth: int = 0) -> Any:
         d = v["doubleValue"]
         return float(d) if isinstance(d, (int, float, str)) and not isinstance(d, bool) else None
     if "arrayValue" in v:
-        return [json_value(x, depth + 1) for x in _list(_obj(v["arrayValue"], "arrayValue"), "values", "arrayValue")]
+        values = _list(_obj(v["arrayValue"], "arrayValue"), "values", "arrayValue")
+        budget.take(len(values))
+        return [json_value(x, depth + 1, budget) for x in values]
     if "kvlistValue" in v:
-        return json_attributes(_list(_obj(v["kvlistValue"], "kvlistValue"), "values", "kvlistValue"), depth + 1)
+        return json_attributes(_list(_obj(v["kvlistValue"], "kvlistValue"), "values", "kvlistValue"), depth + 1, budget)
     if "bytesValue" in v:
         try:
             return base64.b64decode(str(v["bytesValue"]), validate=True).hex()
@@ -178,16 +213,20 @@ def json_value(v: Any, depth: int = 0) -> Any:
     return None
 
 
-def json_attributes(items: list[Any], depth: int = 0) -> dict[str, Any]:
+def json_attributes(items: list[Any], depth: int = 0, budget: Budget | None = None) -> dict[str, Any]:
+    budget = budget or Budget()
+    budget.take(len(items))
     out: dict[str, Any] = {}
     for kv in items:
         kv = _obj(kv, "KeyValue")
-        out[str(kv.get("key", ""))] = json_value(kv.get("value"), depth)
+        out[str(kv.get("key", ""))] = json_value(kv.get("value"), depth, budget)
     return out
 
 
-def _json_span(s: Mapping[str, Any], resource: dict[str, Any], scope: str) -> Span:
+def _json_span(s: Mapping[str, Any], resource: dict[str, Any], scope: str, budget: Budget) -> Span:
     status = _obj(s.get("status"), "status")
+    events, links = _list(s, "events", "span"), _list(s, "links", "span")
+    budget.take(len(events) + len(links))
     return Span(
         trace_id=_hex_id(str(s.get("traceId", "")), 16, "traceId"),
         span_id=_hex_id(str(s.get("spanId", "")), 8, "spanId"),
@@ -196,22 +235,22 @@ def _json_span(s: Mapping[str, Any], resource: dict[str, Any], scope: str) -> Sp
         kind=_int(s.get("kind", 0), "kind"),
         start_ns=_int(s.get("startTimeUnixNano", 0), "startTimeUnixNano"),
         end_ns=_int(s.get("endTimeUnixNano", 0), "endTimeUnixNano"),
-        attributes=json_attributes(_list(s, "attributes", "span")),
+        attributes=json_attributes(_list(s, "attributes", "span"), 0, budget),
         events=[
             SpanEvent(
                 name=str(_obj(e, "event").get("name", "")),
                 time_ns=_int(e.get("timeUnixNano", 0), "event.timeUnixNano"),
-                attributes=json_attributes(_list(e, "attributes", "event")),
+                attributes=json_attributes(_list(e, "attributes", "event"), 0, budget),
             )
-            for e in _list(s, "events", "span")
+            for e in events
         ],
         links=[
             SpanLink(
                 trace_id=_hex_id(str(_obj(k, "link").get("traceId", "")), 16, "link.traceId"),
                 span_id=_hex_id(str(k.get("spanId", "")), 8, "link.spanId"),
-                attributes=json_attributes(_list(k, "attributes", "link")),
+                attributes=json_attributes(_list(k, "attributes", "link"), 0, budget),
             )
-            for k in _list(s, "links", "span")
+            for k in links
         ],
         status_code=_int(status.get("code", 0), "status.code"),
         status_message=str(status.get("message", "") or ""),
@@ -223,15 +262,21 @@ def _json_span(s: Mapping[str, Any], resource: dict[str, Any], scope: str) -> Sp
 def from_json(doc: Any) -> Decoded:
     """The spans of an OTLP/JSON ``ExportTraceServiceRequest`` (parsed JSON); ``ShapeError`` when its
     structure is wrong, a rejected span (with its reason) when only that span is."""
-    out = Decoded([], [])
+    out, budget = Decoded([], []), Budget()
     for rs in _list(_obj(doc, "ExportTraceServiceRequest"), "resourceSpans", "request"):
         rs = _obj(rs, "resourceSpans[]")
-        resource = json_attributes(_list(_obj(rs.get("resource"), "resource"), "attributes", "resource"))
-        for ss in _list(rs, "scopeSpans", "resourceSpans[]"):
-            ss = _obj(ss, "scopeSpans[]")
+        resource = json_attributes(_list(_obj(rs.get("resource"), "resource"), "attributes", "resource"), 0, budget)
+        scopes = [_obj(ss, "scopeSpans[]") for ss in _list(rs, "scopeSpans", "resourceSpans[]")]
+        spans = [_list(ss, "spans", "scopeSpans[]") for ss in scopes]
+        budget.share(len(msgspec.json.encode(resource)), sum(map(len, spans)), "resource")
+        for ss, scope_spans in zip(scopes, spans):
             scope = str(_obj(ss.get("scope"), "scope").get("name", ""))
-            for s in _list(ss, "spans", "scopeSpans[]"):
-                _add(out, lambda s=s, resource=resource, scope=scope: _json_span(_obj(s, "span"), resource, scope))
+            budget.share(len(scope.encode(errors="replace")), len(scope_spans), "scope name")
+            for s in scope_spans:
+                _add(
+                    out,
+                    lambda s=s, resource=resource, scope=scope: _json_span(_obj(s, "span"), resource, scope, budget),
+                )
     return out
 
 
@@ -343,6 +388,8 @@ def _add(out: Decoded, make: Any) -> None:
         raise ShapeError(f"more than {MAX_SPANS} spans in one request")
     try:
         out.spans.append(make())
+    except TooLarge:
+        raise
     except ShapeError as exc:
         out.rejected.append(str(exc))
 
@@ -350,25 +397,30 @@ def _add(out: Decoded, make: Any) -> None:
 # ---- protobuf ----------------------------------------------------------------------------------
 
 
-def proto_value(v: Any, depth: int = 0) -> Any:
+def proto_value(v: Any, depth: int = 0, budget: Budget | None = None) -> Any:
     """An ``opentelemetry.proto.common.v1.AnyValue`` message as a Python value."""
     if depth > MAX_VALUE_DEPTH:
         raise ShapeError(f"an attribute value nests deeper than {MAX_VALUE_DEPTH} levels")
+    budget = budget or Budget()
     which = v.WhichOneof("value")
     if which == "array_value":
-        return [proto_value(x, depth + 1) for x in v.array_value.values]
+        budget.take(len(v.array_value.values))
+        return [proto_value(x, depth + 1, budget) for x in v.array_value.values]
     if which == "kvlist_value":
-        return proto_attributes(v.kvlist_value.values, depth + 1)
+        return proto_attributes(v.kvlist_value.values, depth + 1, budget)
     if which == "bytes_value":
         return v.bytes_value.hex()
     return getattr(v, which) if which else None
 
 
-def proto_attributes(items: Any, depth: int = 0) -> dict[str, Any]:
-    return {kv.key: proto_value(kv.value, depth) for kv in items}
+def proto_attributes(items: Any, depth: int = 0, budget: Budget | None = None) -> dict[str, Any]:
+    budget = budget or Budget()
+    budget.take(len(items))
+    return {kv.key: proto_value(kv.value, depth, budget) for kv in items}
 
 
-def _proto_span(s: Any, resource: dict[str, Any], scope: str) -> Span:
+def _proto_span(s: Any, resource: dict[str, Any], scope: str, budget: Budget) -> Span:
+    budget.take(len(s.events) + len(s.links))
     return Span(
         trace_id=_hex_id(s.trace_id, 16, "trace_id"),
         span_id=_hex_id(s.span_id, 8, "span_id"),
@@ -377,16 +429,16 @@ def _proto_span(s: Any, resource: dict[str, Any], scope: str) -> Span:
         kind=int(s.kind),
         start_ns=int(s.start_time_unix_nano),
         end_ns=int(s.end_time_unix_nano),
-        attributes=proto_attributes(s.attributes),
+        attributes=proto_attributes(s.attributes, 0, budget),
         events=[
-            SpanEvent(name=e.name, time_ns=int(e.time_unix_nano), attributes=proto_attributes(e.attributes))
+            SpanEvent(name=e.name, time_ns=int(e.time_unix_nano), attributes=proto_attributes(e.attributes, 0, budget))
             for e in s.events
         ],
         links=[
             SpanLink(
                 trace_id=_hex_id(k.trace_id, 16, "link.trace_id"),
                 span_id=_hex_id(k.span_id, 8, "link.span_id"),
-                attributes=proto_attributes(k.attributes),
+                attributes=proto_attributes(k.attributes, 0, budget),
             )
             for k in s.links
         ],
@@ -408,10 +460,12 @@ def from_proto(raw: bytes) -> Decoded:
         raise ShapeError(f"the body is not a protobuf ExportTraceServiceRequest: {exc}") from None
     if sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans) > MAX_SPANS:
         raise ShapeError(f"more than {MAX_SPANS} spans in one request")
-    out = Decoded([], [])
+    out, budget = Decoded([], []), Budget()
     for rs in request.resource_spans:
-        resource = proto_attributes(rs.resource.attributes)
+        resource = proto_attributes(rs.resource.attributes, 0, budget)
+        budget.share(len(msgspec.json.encode(resource)), sum(len(ss.spans) for ss in rs.scope_spans), "resource")
         for ss in rs.scope_spans:
+            budget.share(len(ss.scope.name.encode(errors="replace")), len(ss.spans), "scope name")
             for s in ss.spans:
-                _add(out, lambda s=s, resource=resource, scope=ss.scope.name: _proto_span(s, resource, scope))
+                _add(out, lambda s=s, resource=resource, scope=ss.scope.name: _proto_span(s, resource, scope, budget))
     return out

@@ -390,3 +390,76 @@ def test_spans_held_without_their_roots_are_bounded(h):
     h.receiver.trace_timeout_s = 0.0
     run(h.receiver.tick())  # the held traces time out and are published: room again
     assert run(h.post(children[3], "application/json"))[0] == 200
+
+
+# ---- attacks (issue 25, 2026-11-27): each failed on the code before its fix ---------------------------
+
+
+def test_every_gzip_member_is_read_and_trailing_garbage_is_refused(h):
+    # a body of two gzip members was read to the end of the first: the second's spans were lost, and a 200
+    first, second = sdk_request(1), sdk_request(2)
+    two = gzip.compress(first.SerializeToString()) + gzip.compress(second.SerializeToString())
+    assert run(h.post(two, **{"Content-Encoding": "gzip"}))[0] == 200
+    merged = ExportTraceServiceRequest.FromString(first.SerializeToString() + second.SerializeToString())
+    assert len(h.broker.events) == len(expected_events(merged))
+    padded = gzip.compress(first.SerializeToString()) + b"\0" * 16  # NUL padding, as gzip.decompress allows
+    assert run(h.post(padded, **{"Content-Encoding": "gzip"}))[0] == 200
+    status, _, body = run(h.post(gzip.compress(b"") + b"not gzip", **{"Content-Encoding": "gzip"}))
+    assert status == 400 and b"not valid gzip" in body, body
+
+
+def _spans_sharing(resource_bytes: int = 0, scope_bytes: int = 0, n: int = 1000) -> bytes:
+    """``n`` rootless one-span traces under one resource and one scope of the given sizes."""
+    from opentelemetry.proto.common.v1.common_pb2 import KeyValue
+
+    request = ExportTraceServiceRequest()
+    rs = request.resource_spans.add()
+    rs.resource.attributes.append(KeyValue(key="big", value=AnyValue(string_value="x" * resource_bytes)))
+    ss = rs.scope_spans.add()
+    ss.scope.name = "s" * scope_bytes
+    for i in range(1, n + 1):
+        ss.spans.add(
+            trace_id=i.to_bytes(16, "big"),
+            span_id=i.to_bytes(8, "big"),
+            parent_span_id=b"\7" * 8,
+            name="execute_tool t",
+        )
+    return request.SerializeToString()
+
+
+@pytest.mark.parametrize(("resource_bytes", "scope_bytes", "what"), [(40 << 10, 0, "resource"), (0, 40 << 10, "scope")])
+def test_a_resource_or_scope_repeated_for_each_span_is_bounded(h, resource_bytes, scope_bytes, what):
+    # the journal holds each span with its resource and scope: a 400 KB resource over 1,000 spans (a 466 KB
+    # request) wrote 410 MB to the journal and took 1.4 GB; an 8 MB one could take the receiver down
+    from somnus.otlp.spans import MAX_SHARED_BYTES
+
+    body = _spans_sharing(resource_bytes, scope_bytes)
+    status, _, text = run(h.post(body))
+    assert status == 400 and f"more than {MAX_SHARED_BYTES} bytes".encode() in text and what.encode() in text, text
+    assert h.receiver.buffer.held_spans() == 0 and h.receiver.buffer.path.stat().st_size < 1000
+    assert run(h.post(_spans_sharing(resource_bytes, scope_bytes, n=100)))[0] == 200  # 4 MB held: served
+
+
+@pytest.mark.parametrize("content_type", [PROTOBUF, "application/json"])
+def test_a_request_of_too_many_events_or_values_is_refused_before_any_is_mapped(h, content_type):
+    # one span of 3.5 million empty events (7 MB) held the event loop 21 s and 1 GB; the span count
+    # (MAX_SPANS) did not see them
+    from somnus.otlp.spans import MAX_ITEMS
+
+    n = MAX_ITEMS + 1
+    h.receiver.max_body = 8 << 20  # the default
+    if content_type == PROTOBUF:
+        span = b"\x0a\x10" + b"\1" * 16 + b"\x12\x08" + b"\2" * 8 + b"\x5a\x00" * n  # Span{trace, span, events}
+        ss = b"\x12" + varint(len(span)) + span
+        rs = b"\x12" + varint(len(ss)) + ss
+        bodies = [b"\x0a" + varint(len(rs)) + rs]
+    else:
+        bodies = [
+            one_span("01" * 16, {}, events=[{}] * n),
+            one_span("01" * 16, {"a": {"arrayValue": {"values": [{}] * n}}}),
+            one_span("01" * 16, {}, events=[{"attributes": [{}] * n}]),
+        ]
+    for body in bodies:
+        status, _, text = run(h.post(body, content_type))
+        assert status == 400 and f"more than {MAX_ITEMS} attributes".encode() in text, text[:200]
+    assert h.broker.events == [] and h.receiver.buffer.held_spans() == 0

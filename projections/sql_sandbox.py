@@ -16,7 +16,10 @@ the projector's analysts read through a cursor of the writer's database and see 
 in the calling thread, which the HTTP server keeps off its event loop; interrupted
 (``connection.interrupt()``) after ``SOMNUS_SQL_TIMEOUT_S`` with an error that names the limit;
 its sorts and hash tables held to ``SOMNUS_SQL_MEMORY_LIMIT`` (``operator_memory_limit``, set per
-connection).
+connection); its answer fetched a chunk at a time, at most ``MAX_ROWS`` rows and ``MAX_ANSWER_BYTES``
+of values, within the same time (the answer is made into Python values and JSON outside DuckDB,
+where neither the interrupt nor the memory limit reaches: ``range(10000000)`` took 26 s past a 10 s
+limit, and 2 GB).
 
 The database is hardened too, as far as DuckDB's settings, which are global to a database (checked
 with ``duckdb_settings()``), leave the projector working:
@@ -104,6 +107,10 @@ DENIED_FUNCTIONS = frozenset(
         "getenv",
     }
 )
+# An answer's bounds: rows, and bytes of its values (strings and blobs by length, other values 8).
+MAX_ROWS = 1_000_000
+MAX_ANSWER_BYTES = 64 << 20
+FETCH_ROWS = 2048  # rows fetched at once, then counted
 # SHOW TABLES / SHOW ALL TABLES / SHOW DATABASES name these instead of a table.
 SHOW_SPECIAL = frozenset({"tables", "__show_tables_expanded", "databases"})
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -125,6 +132,24 @@ class SqlRefused(ValueError):
 
 class SqlTimeout(TimeoutError):
     """The query ran out of its time and was interrupted; the message names the limit."""
+
+
+def value_bytes(value: Any) -> int:
+    """About what ``value`` weighs in an answer: strings and blobs by length, containers by their items
+    (iteratively: a deep list needs no deep stack), anything else 8."""
+    total, stack = 0, [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, (str, bytes, bytearray, memoryview)):
+            total += len(v)
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)
+        else:
+            total += 8
+    return total
 
 
 def _explained(text: str) -> tuple[str, str]:
@@ -203,9 +228,16 @@ class SqlSandbox:
     """
 
     def __init__(
-        self, con: duckdb.DuckDBPyConnection, timeout_s: float = 10.0, memory_limit: str = "1GB", threads: int = 2
+        self,
+        con: duckdb.DuckDBPyConnection,
+        timeout_s: float = 10.0,
+        memory_limit: str = "1GB",
+        threads: int = 2,
+        max_rows: int = MAX_ROWS,
+        max_bytes: int = MAX_ANSWER_BYTES,
     ) -> None:
         self.timeout_s, self.memory_limit = float(timeout_s), memory_limit
+        self.max_rows, self.max_bytes = max_rows, max_bytes
         self._base = con.cursor()
         self._lock = threading.Lock()
         self._running: set[duckdb.DuckDBPyConnection] = set()
@@ -297,12 +329,10 @@ class SqlSandbox:
         try:
             rel = cur.execute(statement, params) if params else cur.execute(statement)
             columns = [d[0] for d in rel.description] if rel.description else []
-            rows = rel.fetchall()
+            rows = self._fetch(rel, timed_out)
         except duckdb.InterruptException:
             if timed_out.is_set():
-                raise SqlTimeout(
-                    f"the query was interrupted after its time limit of {self.timeout_s:g} s (SOMNUS_SQL_TIMEOUT_S)"
-                ) from None
+                raise self._timeout() from None
             raise
         finally:
             timer.cancel()
@@ -310,6 +340,30 @@ class SqlSandbox:
                 self._running.discard(cur)
             cur.close()
         return {"columns": columns, "rows": [list(r) for r in rows]}
+
+    def _timeout(self) -> SqlTimeout:
+        return SqlTimeout(
+            f"the query was interrupted after its time limit of {self.timeout_s:g} s (SOMNUS_SQL_TIMEOUT_S)"
+        )
+
+    def _fetch(self, rel: duckdb.DuckDBPyConnection, timed_out: threading.Event) -> list[Any]:
+        """The answer's rows, a chunk at a time: ``SqlRefused`` past ``max_rows`` or ``max_bytes``, and
+        ``SqlTimeout`` past the time limit (fetching and converting rows is not interrupted by DuckDB)."""
+        rows: list[Any] = []
+        size = 0
+        while chunk := rel.fetchmany(FETCH_ROWS):
+            rows += chunk
+            size += value_bytes(chunk)
+            if len(rows) > self.max_rows:
+                raise SqlRefused(f"the answer has more than {self.max_rows} rows: add a LIMIT, or aggregate")
+            if size > self.max_bytes:
+                raise SqlRefused(
+                    f"the answer is larger than {self.max_bytes} bytes after {len(rows)} rows: add a LIMIT, "
+                    "select fewer columns or shorten long values"
+                )
+            if timed_out.is_set():
+                raise self._timeout()
+        return rows
 
     def interrupt(self) -> int:
         """Interrupt every query running now (a stopping server); how many there were."""

@@ -324,3 +324,32 @@ def test_over_http_a_long_query_leaves_the_other_routes_answering(writer, tmp_pa
     assert summary_s < 1.5  # answered during the query, not after it
     assert status == 400 and "SOMNUS_SQL_TIMEOUT_S" in body["error"]
     assert 2.5 < sql_s < 15
+
+
+# ---- attacks (issue 25, 2026-11-27): each failed on the code before its fix -------------------------
+
+
+def test_an_answer_is_bounded_in_rows_and_bytes_with_an_error_saying_so(writer):
+    # the answer was fetched whole (fetchall) and made into JSON: SELECT i FROM range(10000000) took 2 GB
+    # and 26 s (the time limit interrupts DuckDB, not the rows' conversion to Python)
+    box = SqlSandbox(writer, timeout_s=5, max_rows=1000, max_bytes=10_000)
+    assert len(box.run("SELECT i FROM range(1000) t(i)")["rows"]) == 1000
+    with pytest.raises(SqlRefused, match="more than 1000 rows: add a LIMIT"):
+        box.run("SELECT i FROM range(1001) t(i)")
+    with pytest.raises(SqlRefused, match="larger than 10000 bytes after 1 rows"):
+        box.run("SELECT repeat('x', 20000) AS s")
+    with pytest.raises(SqlRefused, match="larger than 10000 bytes"):
+        box.run("SELECT [repeat('x', 100)] AS l, {'k': repeat('y', 100)} AS s FROM range(100)")
+    service = api.ReadService(writer.cursor(), {}, sandbox=box)
+    route = next(r for r in api.ROUTES if r.handler == "sql")
+    with pytest.raises(api.BadRequest, match="more than 1000 rows"):
+        api.call(service, route, None, {"sql": "SELECT * FROM range(5000)"})
+    assert box.run("SELECT 1 AS one") == {"columns": ["one"], "rows": [[1]]}  # the sandbox is fine after
+
+
+def test_fetching_a_long_answer_is_held_to_the_time_limit_too(writer):
+    box = SqlSandbox(writer, timeout_s=0.5, max_rows=10**9, max_bytes=10**12)
+    t0 = time.monotonic()
+    with pytest.raises(SqlTimeout, match="time limit of 0.5 s"):
+        box.run("SELECT i FROM range(3000000) t(i)")  # DuckDB is done at once; its 3 million rows are not
+    assert time.monotonic() - t0 < 3

@@ -114,6 +114,23 @@ def _bool(value: Any, name: str) -> bool:
     return text in ("1", "true", "yes")
 
 
+def _json_param(value: Any, name: str) -> Any:
+    """A JSON query parameter (``filters``, ``args``) as Python values, else ``BadRequest`` naming it:
+    text that is not JSON, or whose strings are not Unicode text (``"\\ud800"`` is valid JSON for a lone
+    surrogate, which failed later as a 500 when the value was encoded)."""
+    if not isinstance(value, str):
+        return value
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        raise BadRequest(f"parameter `{name}`: not JSON: {value[:80]!r}") from None
+    try:
+        json.dumps(parsed, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        raise BadRequest(f"parameter `{name}`: a string in it is not valid Unicode (a lone surrogate)") from None
+    return parsed
+
+
 def _synopsis_cache() -> Any:
     return SynopsisCache()
 
@@ -360,10 +377,7 @@ class ReadService:
             if left_out
             else None
         )
-        try:
-            wanted = json.loads(filters) if isinstance(filters, str) and filters else (filters or None)
-        except ValueError:
-            raise BadRequest(f"parameter `filters`: not JSON: {str(filters)[:80]!r}") from None
+        wanted = _json_param(filters, "filters") if filters else None
         if wanted is not None and not isinstance(wanted, dict):
             raise BadRequest('parameter `filters`: a JSON object such as {"tool": "book_reservation"}')
         user = _user(user_id)
@@ -621,10 +635,7 @@ class ReadService:
             raise BadRequest("parameter `tool`: the tool about to be called is required")
         params = None
         if args not in (None, ""):
-            try:
-                params = json.loads(args) if isinstance(args, str) else args
-            except ValueError:
-                raise BadRequest(f"parameter `args`: not JSON: {str(args)[:80]!r}") from None
+            params = _json_param(args, "args")
             if not isinstance(params, dict):
                 raise BadRequest("parameter `args`: a JSON object of the call's arguments")
         context = {k: str(v) for k, v in (("agent", agent), ("hour", hour)) if v not in (None, "")}

@@ -460,6 +460,37 @@ def test_over_http_no_principal_reads_out_of_scope_in_any_fleet(
 # ---- the clients send the token ---------------------------------------------------------------------
 
 
+def test_a_json_parameter_holding_a_lone_surrogate_gets_400_naming_it_not_500(tmp_path: Path) -> None:
+    # issue 25, 2026-11-27: "\\ud800" is valid JSON (a POST body's strict parser refuses it, a query
+    # parameter's did not): GET /predict?args={"\\ud800": 1} was a 500 when the arguments were encoded
+    import duckdb
+
+    from somnus.projections import schema
+
+    con = duckdb.connect()
+    schema.init(con)
+
+    async def run() -> None:
+        service = api.ReadService(con=con.cursor(), agents={})
+        app = make_app(service, api.all_routes(), tokens=TokenStore(tmp_path))
+        headers = {"Authorization": f"Bearer {auth.ensure_operator_token(tmp_path)}"}
+        async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+            for path, name, value in [
+                ("/predict", "args", '{"\\ud800": 1}'),
+                ("/predict", "args", '{"a": ["x", "\\udfff"]}'),
+                ("/agents/a/recall", "filters", '{"tool": "\\ud800"}'),
+            ]:
+                params = {name: value, "tool": "t"} if path == "/predict" else {name: value, "query": "q"}
+                async with client.get(path, params=params, headers=headers) as resp:
+                    got = await resp.json()
+                    assert resp.status == 400 and f"`{name}`" in got["error"] and "surrogate" in got["error"], got
+            async with client.get("/predict", params={"tool": "t", "args": '{"a": "\\u00e9"}'}, headers=headers) as ok:
+                assert ok.status == 200 and "a" in (await ok.json())["params"]  # other escapes still read
+
+    asyncio.run(run())
+    con.close()
+
+
 def test_reads_send_somnus_token_else_the_projectors_token_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -40,12 +40,17 @@ from typing import Any
 
 import orjson
 
-from somnus.otlp.spans import Span
+from somnus.otlp.spans import MAX_VALUE_DEPTH, Span
+from somnus.schemas.codec import check_json
 from somnus.schemas.events import SCHEMA_VERSION
 
 OTLP_NAMESPACE = uuid.UUID("0c5e7d1a-3b9f-4e62-8a41-6f2d9c7b1e35")
 MAX_TEXT = 2000  # characters of a tool's output or a message kept on an event
 MAX_TASK = 500
+# values of a JSON string attribute (tool arguments, a result) read as JSON; more, or nested deeper than an
+# attribute may be (MAX_VALUE_DEPTH), and it is kept as its text: the worker refuses an event of more than
+# 100,000 values, and a whole bundle record (the session's other events) nested deeper than 65
+MAX_JSON_VALUES = 10_000
 OUTCOME_ATTRIBUTE = "somnus.outcome"  # success | failure | partial, on an agent span: wins over its status
 STATUS_ERROR = 2
 # seq = the event's time in µs x 16 (one more than the previous event's when that is not above it): it
@@ -105,8 +110,11 @@ def _first(a: Mapping[str, Any], *keys: str) -> Any:
 
 
 def _json(value: Any) -> Any:
-    """A JSON string's value (the conventions put structured data in string attributes); else as is."""
+    """A JSON string's value (the conventions put structured data in string attributes), within
+    ``MAX_VALUE_DEPTH`` and ``MAX_JSON_VALUES``; else as is."""
     if isinstance(value, str) and value[:1] in ("{", "["):
+        if check_json(value.encode(errors="surrogatepass"), None, MAX_VALUE_DEPTH, MAX_JSON_VALUES) is not None:
+            return value
         try:
             return orjson.loads(value)
         except orjson.JSONDecodeError:

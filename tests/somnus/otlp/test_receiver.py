@@ -463,3 +463,38 @@ def test_a_request_of_too_many_events_or_values_is_refused_before_any_is_mapped(
         status, _, text = run(h.post(body, content_type))
         assert status == 400 and f"more than {MAX_ITEMS} attributes".encode() in text, text[:200]
     assert h.broker.events == [] and h.receiver.buffer.held_spans() == 0
+
+
+@pytest.mark.parametrize("arguments", ["[" * 100 + "]" * 100, "[" + "0," * 150_000 + "0]"])
+def test_json_arguments_the_worker_would_refuse_are_kept_as_their_text(h, arguments):
+    # a tool's arguments nested 100 deep went into its event as JSON: the worker refused the session's
+    # whole bundle record (nested 104 > 65: start, call, result and end lost); 150,001 values lost the
+    # call's event (> 100,000). The receiver had answered 200 for both
+    from somnus.client import session_bundles, to_bytes
+    from somnus.schemas.codec import Rejection, decode_record
+
+    trace = "0a" * 16
+    spans = [
+        json.loads(one_span(trace, {}, name="invoke_agent billing", span_id="a" * 16)),
+        json.loads(
+            one_span(
+                trace,
+                {"gen_ai.tool.name": {"stringValue": "t"}, "gen_ai.tool.call.arguments": {"stringValue": arguments}},
+                name="execute_tool t",
+                span_id="b" * 16,
+                parent="a" * 16,
+            )
+        ),
+    ]
+    request = {
+        "resourceSpans": [
+            {"scopeSpans": [{"spans": [s["resourceSpans"][0]["scopeSpans"][0]["spans"][0] for s in spans]}]}
+        ]
+    }
+    assert run(h.post(json.dumps(request).encode(), "application/json"))[0] == 200
+    records = session_bundles([to_bytes(e) for e in h.broker.events], 64)
+    decoded = [x for *_, value in records for x in decode_record(value, 1 << 20)]  # as the worker reads them
+    assert [x.reason for x in decoded if isinstance(x, Rejection)] == []
+    kinds = [type(x).__struct_config__.tag for x in decoded]
+    assert kinds == ["session_start", "tool_call", "tool_result", "session_end"]
+    assert decoded[1].payload.args == {"input": arguments}  # its text, whole

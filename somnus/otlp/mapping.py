@@ -51,6 +51,7 @@ MAX_TASK = 500
 # attribute may be (MAX_VALUE_DEPTH), and it is kept as its text: the worker refuses an event of more than
 # 100,000 values, and a whole bundle record (the session's other events) nested deeper than 65
 MAX_JSON_VALUES = 10_000
+MAX_ID_CHARS = 1024  # of a session id, user id, agent or tool name (every event of a session carries some)
 OUTCOME_ATTRIBUTE = "somnus.outcome"  # success | failure | partial, on an agent span: wins over its status
 STATUS_ERROR = 2
 # seq = the event's time in µs x 16 (one more than the previous event's when that is not above it): it
@@ -173,6 +174,19 @@ def tool_name(span: Span) -> str:
         or span.name
         or "tool"
     )
+
+
+def oversized_name(span: Span) -> str | None:
+    """Why this span names a session, user, agent or tool longer than ``MAX_ID_CHARS`` (a rejected span),
+    or None. Such a name is on every event of its session: a 1.1 MB conversation id put each one over the
+    worker's limit (1 MiB), and the whole session was dead-lettered after the receiver's 200."""
+    names = [("session id", session_id_of(span)), ("user id", user_id_of(span)), ("agent name", agent_name(span))]
+    if span_kind(span) == TOOL:
+        names.append(("tool name", tool_name(span)))
+    for what, value in names:
+        if value is not None and len(value) > MAX_ID_CHARS:
+            return f"span {span.span_id}: its {what} has {len(value)} characters (at most {MAX_ID_CHARS})"
+    return None
 
 
 def tool_args(span: Span) -> dict[str, Any]:

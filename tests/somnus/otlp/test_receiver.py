@@ -498,3 +498,30 @@ def test_json_arguments_the_worker_would_refuse_are_kept_as_their_text(h, argume
     kinds = [type(x).__struct_config__.tag for x in decoded]
     assert kinds == ["session_start", "tool_call", "tool_result", "session_end"]
     assert decoded[1].payload.args == {"input": arguments}  # its text, whole
+
+
+@pytest.mark.parametrize(
+    ("attribute", "name", "what"),
+    [
+        ("gen_ai.conversation.id", "invoke_agent billing", "session id"),
+        ("enduser.id", "invoke_agent billing", "user id"),
+        ("gen_ai.agent.name", "invoke_agent", "agent name"),
+        ("gen_ai.tool.name", "execute_tool", "tool name"),
+    ],
+)
+def test_a_name_too_long_to_key_a_session_by_is_a_rejected_span(h, attribute, name, what):
+    # a 1.1 MB conversation id went on every event of its session: each one over the worker's 1 MiB, the
+    # whole session dead-lettered after a 200 (a user id: its start; a tool name: its call and result)
+    from somnus.otlp.mapping import MAX_ID_CHARS
+
+    h.receiver.max_body = 8 << 20
+    body = one_span("0b" * 16, {attribute: {"stringValue": "n" * 1_100_000}}, name=name)
+    status, _, text = run(h.post(body, "application/json"))
+    assert status == 200 and json.loads(text)["partialSuccess"]["rejectedSpans"] == 1, text[:200]
+    assert (
+        f"its {what} has 1100000 characters (at most {MAX_ID_CHARS})"
+        in json.loads(text)["partialSuccess"]["errorMessage"]
+    )
+    assert h.broker.events == [] and h.receiver.buffer.held_spans() == 0
+    body = one_span("0c" * 16, {attribute: {"stringValue": "n" * MAX_ID_CHARS}}, name=name)
+    assert run(h.post(body, "application/json"))[2] == b"{}"  # at the limit: taken

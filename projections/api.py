@@ -114,6 +114,11 @@ def _bool(value: Any, name: str) -> bool:
     return text in ("1", "true", "yes")
 
 
+# of a session id an injection names: its BriefingServed goes on the facts topic and into briefings_served
+# (a longer one could not be named by a forget request either: schemas/forget.py)
+MAX_SESSION_ID = 500
+
+
 def _json_param(value: Any, name: str) -> Any:
     """A JSON query parameter (``filters``, ``args``) as Python values, else ``BadRequest`` naming it:
     text that is not JSON, or whose strings are not Unicode text (``"\\ud800"`` is valid JSON for a lone
@@ -230,6 +235,8 @@ class ReadService:
             raise BadRequest("body field `prompt`: a string (the system prompt) is required")
         if session_id is not None and not isinstance(session_id, str):
             raise BadRequest("body field `session_id`: a string (the session about to start) or absent")
+        if session_id is not None and len(session_id) > MAX_SESSION_ID:
+            raise BadRequest(f"body field `session_id`: {len(session_id)} characters, at most {MAX_SESSION_ID}")
         if _user(user_id) is not None:
             return {"agent": agent, "briefing_id": None, "prompt": inject(None, prompt), "withheld": WITHHELD}
         b = self._briefing(agent)

@@ -344,3 +344,22 @@ def test_call_refuses_unknown_parameters_and_passes_the_agent_only_to_agent_rout
         api.call(served.service, route("summary"), None, {"agent": "aga"})
     assert api.call(served.service, route("facts"), "aga", {"limit": "2"}) == served.service.facts("aga", limit=2)
     assert api.call(served.service, route("checksum"), None, {})["checksum"]
+
+
+def test_an_injection_naming_a_session_id_too_long_is_refused_and_records_nothing():
+    # issue 25, 2026-11-27: an agent token's inject with a 1 MB session id made a 1 MB BriefingServed on
+    # the facts topic and a 1 MB row of briefings_served, once a request (/memory reads 5,000 of them)
+    from tests.projections.test_briefing_server import _briefing
+
+    served: list[Any] = []
+    svc = api.ReadService(
+        con=None,  # type: ignore[arg-type]
+        agents={},
+        briefings={"support": _briefing("support", "check the invoice")},
+        on_served=served.append,
+    )
+    with pytest.raises(api.BadRequest, match=f"`session_id`: 1000000 characters, at most {api.MAX_SESSION_ID}"):
+        svc.inject("support", prompt="P", session_id="s" * 1_000_000)
+    assert served == []
+    got = svc.inject("support", prompt="P", session_id="s" * api.MAX_SESSION_ID)
+    assert got["briefing_id"] and [s.session_id for s in served] == ["s" * api.MAX_SESSION_ID]

@@ -596,8 +596,10 @@ class ReadService:
             ]
 
         where, params = "agent = ? AND NOT closed AND user_id IS NOT DISTINCT FROM ?", [agent, user]
-        if session_id:
+        if session_id:  # the reader's user's session or a session of no user (not another user's: even its id)
             where, params = "agent = ? AND session_id = ?", [agent, str(session_id)]
+            if user is not None:
+                where, params = where + " AND (user_id IS NULL OR user_id = ?)", [*params, user]
         row = self.con.execute(
             f"SELECT state FROM working_memory WHERE {where} ORDER BY last_seq DESC LIMIT 1", params
         ).fetchone()

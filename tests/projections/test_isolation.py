@@ -428,3 +428,24 @@ def test_the_property_test_reads_every_agent_route():
         "wander",
     }
     assert {r.handler for r in all_routes() if not whole_store(r)} == read
+
+
+def test_context_naming_another_users_session_reads_nothing_of_it(tmp_path):
+    """Issue 25, 2026-11-27: ``context``'s ``session_id`` read that session's working memory whatever its
+    user; its text was then filtered, but the answer named the session (and counted it filtered): a
+    reader for one user learnt whether another user's session id exists. Now the session is read only
+    when it is the reader's user's or of no user."""
+    agents = {agent_name(0): AgentSpec(name=agent_name(0))}
+    fleet = {"agents": agents, "users": 2, "sessions": [(0, 0, 1, True, True, True), (0, 1, 1, True, True, True)]}
+    con = duckdb.connect(str(tmp_path / "fleet.duckdb"))
+    schema.init(con)
+    seen = project(con, fleet)
+    svc = ReadService(con=con, agents=agents, episodic=seen.memory, semantic=seen.semantic, top_facts=seen.top_facts)
+    sessions = dict(con.execute("SELECT user_id, session_id FROM working_memory WHERE user_id IS NOT NULL").fetchall())
+    assert set(sessions) == {"up", "uq"}
+    for reader, other in (("up", "uq"), ("uq", "up")):
+        theirs = svc.context(agent_name(0), query="order stock", user_id=reader, session_id=sessions[other])
+        assert theirs["session_id"] is None and theirs["filtered"] == 0 and theirs["recent"] == [], theirs
+        own = svc.context(agent_name(0), query="order stock", user_id=reader, session_id=sessions[reader])
+        assert own["session_id"] == sessions[reader] and own["recent"], own
+    con.close()

@@ -52,6 +52,7 @@ MAX_TASK = 500
 # 100,000 values, and a whole bundle record (the session's other events) nested deeper than 65
 MAX_JSON_VALUES = 10_000
 MAX_ID_CHARS = 1024  # of a session id, user id, agent or tool name (every event of a session carries some)
+MAX_LINKS = 128  # of a span (the OTel SDK's default limit): a session's start lists them
 OUTCOME_ATTRIBUTE = "somnus.outcome"  # success | failure | partial, on an agent span: wins over its status
 STATUS_ERROR = 2
 # seq = the event's time in µs x 16 (one more than the previous event's when that is not above it): it
@@ -176,16 +177,26 @@ def tool_name(span: Span) -> str:
     )
 
 
-def oversized_name(span: Span) -> str | None:
-    """Why this span names a session, user, agent or tool longer than ``MAX_ID_CHARS`` (a rejected span),
-    or None. Such a name is on every event of its session: a 1.1 MB conversation id put each one over the
-    worker's limit (1 MiB), and the whole session was dead-lettered after the receiver's 200."""
-    names = [("session id", session_id_of(span)), ("user id", user_id_of(span)), ("agent name", agent_name(span))]
+def oversized(span: Span) -> str | None:
+    """Why this span would make an event the worker refuses (a rejected span), or None: a session, user,
+    agent, tool, call, operation or service name longer than ``MAX_ID_CHARS``, or more than ``MAX_LINKS``
+    links. Such a name is on every event of its session (a 1.1 MB conversation id put each one over the
+    worker's 1 MiB, and the whole session was dead-lettered after the receiver's 200), the links on its start."""
+    a = span.attributes
+    names = [
+        ("session id", session_id_of(span)),
+        ("user id", user_id_of(span)),
+        ("agent name", agent_name(span)),
+        ("operation", str(a.get("gen_ai.operation.name") or span.name)),
+        ("service name", str(span.resource.get("service.name") or "")),
+    ]
     if span_kind(span) == TOOL:
-        names.append(("tool name", tool_name(span)))
+        names += [("tool name", tool_name(span)), ("call id", str(_first(a, "gen_ai.tool.call.id", "tool_call.id")))]
     for what, value in names:
         if value is not None and len(value) > MAX_ID_CHARS:
             return f"span {span.span_id}: its {what} has {len(value)} characters (at most {MAX_ID_CHARS})"
+    if len(span.links) > MAX_LINKS:
+        return f"span {span.span_id}: {len(span.links)} links (at most {MAX_LINKS})"
     return None
 
 

@@ -6,7 +6,7 @@ What it answers, per the OTLP/HTTP specification:
 
 - 200 with an ``ExportTraceServiceResponse`` (protobuf or JSON, as the request), with
   ``partial_success`` naming the spans it rejected (invalid ids, a span of a trace already mapped,
-  a span naming another agent than the token's, a session, user, agent or tool name too long);
+  a span naming another agent than the token's, a name too long or too many links to map);
 - 400 with a ``google.rpc.Status`` for a body that cannot be decoded (malformed protobuf or JSON,
   nested too deep, larger than ``max_body`` compressed or decompressed, bad gzip): not retryable;
 - 401 / 403 for a missing or invalid bearer token (the tokens of the HTTP API, ``somnus token``);
@@ -38,7 +38,7 @@ import orjson
 from aiohttp import web
 
 from somnus.otlp.buffer import TraceBuffer
-from somnus.otlp.mapping import agent_name, oversized_name, trace_events
+from somnus.otlp.mapping import agent_name, oversized, trace_events
 from somnus.otlp.spans import Decoded, ShapeError, Span, from_json, from_proto
 from somnus.projections.auth import Principal, Refused, TokenStore, _principal
 from somnus.projections.http import serve as serve_bounded
@@ -235,11 +235,7 @@ class Receiver:
         spans = []
         async with self.lock:
             for span in decoded.spans:
-                why = (
-                    oversized_name(span)
-                    or foreign_agent(span, principal)
-                    or foreign_trace(span, principal, self.buffer)
-                )
+                why = oversized(span) or foreign_agent(span, principal) or foreign_trace(span, principal, self.buffer)
                 (rejected.append(why) if why else spans.append(span))
             if self.buffer.held_spans() + len(spans) > self.max_held:
                 return error_response(

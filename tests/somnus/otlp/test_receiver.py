@@ -507,6 +507,8 @@ def test_json_arguments_the_worker_would_refuse_are_kept_as_their_text(h, argume
         ("enduser.id", "invoke_agent billing", "user id"),
         ("gen_ai.agent.name", "invoke_agent", "agent name"),
         ("gen_ai.tool.name", "execute_tool", "tool name"),
+        ("gen_ai.tool.call.id", "execute_tool t", "call id"),
+        ("gen_ai.operation.name", "invoke_agent billing", "operation"),
     ],
 )
 def test_a_name_too_long_to_key_a_session_by_is_a_rejected_span(h, attribute, name, what):
@@ -525,3 +527,33 @@ def test_a_name_too_long_to_key_a_session_by_is_a_rejected_span(h, attribute, na
     assert h.broker.events == [] and h.receiver.buffer.held_spans() == 0
     body = one_span("0c" * 16, {attribute: {"stringValue": "n" * MAX_ID_CHARS}}, name=name)
     assert run(h.post(body, "application/json"))[2] == b"{}"  # at the limit: taken
+
+
+def test_a_span_of_too_many_links_is_rejected(h):
+    # a session's start lists its span's links: 262,144 of them made a 13 MB event the worker refused
+    from somnus.otlp.mapping import MAX_LINKS
+
+    links = [{"traceId": f"{i + 1:032x}", "spanId": f"{i + 1:016x}"} for i in range(MAX_LINKS + 1)]
+    status, _, text = run(h.post(one_span("0d" * 16, {}, name="invoke_agent billing", links=links), "application/json"))
+    got = json.loads(text)["partialSuccess"]
+    assert (
+        status == 200
+        and got["rejectedSpans"] == 1
+        and f"{MAX_LINKS + 1} links (at most {MAX_LINKS})" in got["errorMessage"]
+    )
+    body = one_span("0e" * 16, {}, name="invoke_agent billing", links=links[:MAX_LINKS])
+    assert run(h.post(body, "application/json"))[2] == b"{}"
+    assert [e["payload"]["metadata"]["links"] for e in h.broker.events if e["type"] == "session_start"][0][:1] == [
+        f"{1:032x}/{1:016x}"
+    ]
+
+
+def test_a_service_name_too_long_is_a_rejected_span(h):
+    h.receiver.max_body = 8 << 20
+    request = json.loads(one_span("0f" * 16, {}, name="invoke_agent billing"))
+    request["resourceSpans"][0]["resource"] = {
+        "attributes": [{"key": "service.name", "value": {"stringValue": "s" * 1_100_000}}]
+    }
+    status, _, text = run(h.post(json.dumps(request).encode(), "application/json"))
+    assert status == 200 and "its service name has 1100000 characters" in text.decode(), text[:200]
+    assert h.broker.events == []

@@ -53,6 +53,9 @@ MAX_TASK = 500
 MAX_JSON_VALUES = 10_000
 MAX_ID_CHARS = 1024  # of a session id, user id, agent or tool name (every event of a session carries some)
 MAX_LINKS = 128  # of a span (the OTel SDK's default limit): a session's start lists them
+# bytes of a tool's arguments, encoded: what the worker's default event limit (SOMNUS_MAX_EVENT_BYTES,
+# 1 MiB) leaves for the rest of the event; the call's event would be refused beyond
+MAX_ARGS_BYTES = (1 << 20) - (16 << 10)
 OUTCOME_ATTRIBUTE = "somnus.outcome"  # success | failure | partial, on an agent span: wins over its status
 STATUS_ERROR = 2
 # seq = the event's time in µs x 16 (one more than the previous event's when that is not above it): it
@@ -179,8 +182,8 @@ def tool_name(span: Span) -> str:
 
 def oversized(span: Span) -> str | None:
     """Why this span would make an event the worker refuses (a rejected span), or None: a session, user,
-    agent, tool, call, operation or service name longer than ``MAX_ID_CHARS``, or more than ``MAX_LINKS``
-    links. Such a name is on every event of its session (a 1.1 MB conversation id put each one over the
+    agent, tool, call, operation or service name longer than ``MAX_ID_CHARS``, more than ``MAX_LINKS``
+    links, or a tool's arguments over ``MAX_ARGS_BYTES``. Such a name is on every event of its session (a 1.1 MB conversation id put each one over the
     worker's 1 MiB, and the whole session was dead-lettered after the receiver's 200), the links on its start."""
     a = span.attributes
     names = [
@@ -197,6 +200,12 @@ def oversized(span: Span) -> str | None:
             return f"span {span.span_id}: its {what} has {len(value)} characters (at most {MAX_ID_CHARS})"
     if len(span.links) > MAX_LINKS:
         return f"span {span.span_id}: {len(span.links)} links (at most {MAX_LINKS})"
+    if span_kind(span) == TOOL:
+        size = len(
+            orjson.dumps(_first(a, "gen_ai.tool.call.arguments", "input.value", "traceloop.entity.input"), default=str)
+        )
+        if size > MAX_ARGS_BYTES:
+            return f"span {span.span_id}: its tool arguments are {size} bytes (at most {MAX_ARGS_BYTES})"
     return None
 
 

@@ -557,3 +557,25 @@ def test_a_service_name_too_long_is_a_rejected_span(h):
     status, _, text = run(h.post(json.dumps(request).encode(), "application/json"))
     assert status == 200 and "its service name has 1100000 characters" in text.decode(), text[:200]
     assert h.broker.events == []
+
+
+def test_tool_arguments_the_worker_would_refuse_make_a_rejected_span(h):
+    # 1.1 MB of arguments: answered 200, then the call's event (over the worker's 1 MiB) dead-lettered
+    from somnus.client import session_bundles, to_bytes
+    from somnus.otlp.mapping import MAX_ARGS_BYTES
+    from somnus.schemas.codec import Rejection, decode_record
+
+    h.receiver.max_body = 8 << 20
+    answers = []
+    for n, size in enumerate([1_100_000, MAX_ARGS_BYTES - 2]):  # the string's quotes: 2 bytes
+        arguments = {
+            "gen_ai.tool.call.arguments": {"stringValue": "a" * size},
+            "gen_ai.tool.name": {"stringValue": "t"},
+        }
+        status, _, text = run(h.post(one_span(f"{n + 1:032x}", arguments, name="execute_tool t"), "application/json"))
+        assert status == 200
+        answers.append(json.loads(text).get("partialSuccess", {}).get("errorMessage", ""))
+    assert "its tool arguments are 1100002 bytes" in answers[0] and answers[1] == ""
+    records = session_bundles([to_bytes(e) for e in h.broker.events], 64)
+    decoded = [x for *_, value in records for x in decode_record(value, 1 << 20)]  # as the worker reads them
+    assert decoded and not [x for x in decoded if isinstance(x, Rejection)]

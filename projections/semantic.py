@@ -147,8 +147,8 @@ class SemanticProjection:
                 con.execute("INSERT INTO semantic_requests SELECT * FROM frame")
         if events:
             self._insert(con, events)
-        for run_id, changes in sleeps:
-            _report_layers(con, run_id, changes)
+        if sleeps:
+            _report_layers(con, sleeps)
         return len(events), {ev.owner for ev, _ in events}
 
     def opened(self, req: PromotionRequested, keys: Mapping[str, bytes] | None) -> PromotionRequested:
@@ -412,17 +412,22 @@ def layer_changes(
     }
 
 
-def _report_layers(con: duckdb.DuckDBPyConnection, run_id: str, changes: Mapping[str, Mapping[str, int]]) -> None:
-    """The semantic layers' part of a sleep run (``sleep_layer_reports``, see ``layer_changes``),
-    summed over owners. A table of its own, not a patch of the run's row in ``sleep_runs``: the
-    memory fold writes that row from another topic, so whether it exists yet depends on how the
-    topics interleave, which a replay does not repeat."""
-    for layer, counts in changes.items():
-        con.execute(
-            f"INSERT OR REPLACE INTO sleep_layer_reports (run_id, layer, {', '.join(LAYER_COUNTS)}) "
-            f"VALUES (?, ?, {', '.join('?' * len(LAYER_COUNTS))})",
-            [run_id, layer, *(counts[c] for c in LAYER_COUNTS)],
-        )
+def _report_layers(con: duckdb.DuckDBPyConnection, runs: Sequence[tuple[str, Mapping[str, Mapping[str, int]]]]) -> None:
+    """The semantic layers' part of sleep runs (``sleep_layer_reports``, see ``layer_changes``),
+    summed over owners, each ``(run id, changes)``. A table of its own, not a patch of the run's row
+    in ``sleep_runs``: the memory fold writes that row from another topic, so whether it exists yet
+    depends on how the topics interleave, which a replay does not repeat. One statement for all the
+    rows (a statement per row cost more than the rows); a (run, layer) given twice keeps its last
+    counts, as one statement per row in order did."""
+    rows = {(run_id, layer): counts for run_id, changes in runs for layer, counts in changes.items()}
+    if not rows:
+        return
+    one = f"(?, ?, {', '.join('?' * len(LAYER_COUNTS))})"
+    con.execute(
+        f"INSERT OR REPLACE INTO sleep_layer_reports (run_id, layer, {', '.join(LAYER_COUNTS)}) "
+        f"VALUES {', '.join([one] * len(rows))}",
+        [x for (run_id, layer), counts in rows.items() for x in (run_id, layer, *(counts[c] for c in LAYER_COUNTS))],
+    )
 
 
 # Promotion reads the newest PROMOTION_WINDOW_CALLS tool calls, and the candidate links' observations

@@ -591,7 +591,18 @@ class BandIndex:
         cut = (1 << 62) if newest is None else newest
         parts: list[np.ndarray] = []
         full = False  # some key's run in a source read had ``newest`` members or more: it was cut
-        for run, at in self._sources(keys):  # newest first
+        if self.buffer:  # the newest source: each key's list cut to its tail, one array of them all
+            get = self.buffer.get
+            tails: list[list[int]] = []
+            for k in keys.tolist():
+                run_list = get(k)
+                if run_list:
+                    if len(run_list) >= cut:
+                        run_list, full = run_list[-cut:], True
+                    tails.append(run_list)
+            if tails:
+                parts.append(np.fromiter(chain.from_iterable(tails), dtype=np.int32, count=sum(map(len, tails))))
+        for run, at in () if full else self._segment_sources(keys):  # newest first, after the buffer
             for j in range(m):
                 a, b = at[j], at[m + j]
                 if b > a:
@@ -641,6 +652,10 @@ class BandIndex:
                     np.fromiter(chain.from_iterable(runs), dtype=np.int32, count=ends[-1]),
                     [e - n for e, n in zip(ends, lens)] + ends,
                 )
+        yield from self._segment_sources(keys)
+
+    def _segment_sources(self, keys: np.ndarray) -> Iterator[tuple[np.ndarray, list[int]]]:
+        """``_sources`` of the segments alone (newest first)."""
         if self.segments:
             bounds = np.concatenate((keys, keys + _ONE))  # [first, end) of each key: one search per segment
             for seg_keys, seg_idx in reversed(self.segments):
@@ -702,6 +717,9 @@ _NO_HITS = (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float64))
 # sorted: on the sample fleet's near-duplicates a query drew thousands, and sorting them was a third
 # of the capture search.
 BITMAP_DEDUPE_RATIO = 32
+# ``_similar`` with ``top``: up to this many banded candidates are sorted whole, more are selected
+# (``np.partition``) before the sort. The same result either way.
+TOP_BY_SORT = 1024
 
 
 class MemoryIndex:
@@ -1202,25 +1220,37 @@ class MemoryIndex:
         cands = self.bands.members(keys, newest, valid)
         if not len(cands):
             return _NO_HITS
-        # Ascending, once each: a bitmap over the candidates' span when they are many for it, else a
-        # sort (a bitmap over the whole index would cost O(index) a query).
+        # Ascending, once each, live and in the scopes asked: a bitmap over the candidates' span when
+        # they are many for it (the scope test then reads the span's slice of ``scope_of``, one
+        # vector compare instead of a gather), else a sort (a bitmap over the whole index would cost
+        # O(index) a query).
         lo = int(cands.min())
         span = int(cands.max()) - lo + 1
         if len(cands) * BITMAP_DEDUPE_RATIO >= span:
             mark = np.zeros(span, dtype=bool)
             mark[cands - lo] = True
-            cands = np.flatnonzero(mark) + lo
+            window = scope_of[lo : lo + span]
+            mark &= (window == codes[0]) if len(codes) == 1 else np.isin(window, codes)
+            cands = np.flatnonzero(mark)
+            if newest is not None and len(cands) > newest:
+                cands = cands[-newest:]  # ascending: the most recent
+            cands += lo
         else:
             cands.sort()
             cands = cands[np.concatenate(([True], cands[1:] != cands[:-1]))]
-        cands = cands[valid(cands)]  # live and in the scopes asked
+            cands = cands[valid(cands)]
+            if newest is not None and len(cands) > newest:
+                cands = cands[-newest:]
         if not len(cands):
             return _NO_HITS
-        if newest is not None and len(cands) > newest:
-            cands = cands[-newest:]  # ascending: the most recent
         rows = self.signatures.data.view(self._row_dtype).ravel()[cands]  # whole rows: faster than [cands, :]
         same, banded = self.scheme.match(rows.view(np.uint32).reshape(len(cands), -1), sig)
         cands, same = cands[banded], same[banded]  # banded: drops what only a key collision brought
+        if top is not None and len(same) <= TOP_BY_SORT:
+            # Few (capture compares at most its ``capture_candidates``): the stable sort's first ``top``
+            # are the order below's, with fewer calls than a selection.
+            order = (-same.astype(np.int64)).argsort(kind="stable")[:top]
+            return cands[order].astype(np.int64), same[order] / self.config.num_perm
         if top is not None and len(same) > top:
             # The first ``top`` of the order below without sorting them all: every count above the
             # top-th largest, then the ties at it, older first, until there are ``top``.

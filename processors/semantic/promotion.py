@@ -784,18 +784,7 @@ class SemanticPromoter:
             out += evs + form_relationship(memory, cid, "IS_A", pid, now)
         if spec.phase_lock is not None:
             out += _phase_lock(memory, cid, spec.phase_lock, _confidence_of(memory, spec.math_id), now)
-        for e in spec.episodes:
-            out += _edge(
-                memory,
-                (Layer.ATL, cid),
-                CrossEdgeType.DERIVED_FROM,
-                (Layer.HIPPOCAMPUS, e),
-                STRUCTURAL_EDGE_WEIGHT,
-                now,
-            )
-            out += _edge(
-                memory, (Layer.HIPPOCAMPUS, e), CrossEdgeType.INSTANCE_OF, (Layer.ATL, cid), STRUCTURAL_EDGE_WEIGHT, now
-            )
+        out += _structural_edges(memory, cid, spec.episodes, now)
         if spec.math_id is not None:
             out += _edge(
                 memory,
@@ -831,6 +820,29 @@ _PARENT_DEFINITIONS = {
 
 def _unit(x: float) -> float:
     return min(1.0, max(0.0, float(x)))
+
+
+_DERIVED_FROM, _INSTANCE_OF = CrossEdgeType.DERIVED_FROM, CrossEdgeType.INSTANCE_OF
+
+
+def _structural_edges(memory: MemoryLayers, cid: str, episodes: Iterable[str], now: datetime) -> list[SemanticEvent]:
+    """For each episode in order, ``_edge`` of concept -> episode (DERIVED_FROM) then episode -> concept
+    (INSTANCE_OF), weight ``STRUCTURAL_EDGE_WEIGHT``: the events, applied. A request repeats most of
+    them (a link's episodes over the window, each request), so an edge already there with that weight
+    is passed over before ``_edge`` is called (it would find the same and return nothing)."""
+    out: list[SemanticEvent] = []
+    concept = (Layer.ATL, cid)
+    existing = memory.cross.get
+    weight = round(_unit(STRUCTURAL_EDGE_WEIGHT), 6)  # as ``_edge`` rounds it
+    for e in episodes:
+        episode = (Layer.HIPPOCAMPUS, e)
+        cur = existing(concept, _DERIVED_FROM, episode)
+        if cur is None or cur.weight != weight:
+            out += _edge(memory, concept, _DERIVED_FROM, episode, STRUCTURAL_EDGE_WEIGHT, now)
+        cur = existing(episode, _INSTANCE_OF, concept)
+        if cur is None or cur.weight != weight:
+            out += _edge(memory, episode, _INSTANCE_OF, concept, STRUCTURAL_EDGE_WEIGHT, now)
+    return out
 
 
 def _confidence_of(memory: MemoryLayers, math_id: str | None) -> float:

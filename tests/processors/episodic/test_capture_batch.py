@@ -205,18 +205,22 @@ def _full_order(ix: Any, sig: np.ndarray, codes: list[int], newest: int | None =
     st.integers(1, 8),
     st.lists(st.integers(0, 80), max_size=10),
     st.sampled_from([0, 10**9]),
+    st.sampled_from([0, 1024]),
 )
-def test_similar_top_k_and_bitmap_dedupe_equal_the_full_sort(spec, query_of, top, gone, ratio):
+def test_similar_top_k_and_bitmap_dedupe_equal_the_full_sort(spec, query_of, top, gone, ratio, by_sort):
     # _similar dedupes candidates with a bitmap when they are many (ratio 10**9: always; 0: never, a
-    # sort) and selects only the first ``top`` without sorting them all: the result must be the plain
-    # full sort's, ties older first.
+    # sort) and takes the first ``top`` of a whole sort when they are few (by_sort 1024), else selects
+    # them without sorting them all (by_sort 0): the result must be the plain full sort's, ties older
+    # first.
     import somnus.processors.episodic.index as mi
 
     old, mi.BITMAP_DEDUPE_RATIO = mi.BITMAP_DEDUPE_RATIO, ratio
+    old_by_sort, mi.TOP_BY_SORT = mi.TOP_BY_SORT, by_sort
     try:
         _check_similar(spec, query_of, top, gone)
     finally:
         mi.BITMAP_DEDUPE_RATIO = old
+        mi.TOP_BY_SORT = old_by_sort
 
 
 def _check_similar(spec: Any, query_of: int, top: int, gone: list[int]) -> None:
@@ -278,10 +282,19 @@ def test_newest_candidates_equal_a_brute_force_search_of_the_newest(
                 ix.remove(g % len(ix.ids))
     query = msgspec.structs.replace(ix.units[twin], memory_id="query")
     an = ix._analyse(query)
+    import somnus.processors.episodic.index as mi
+
     for codes in ([ix.scopes[query.scope]], sorted(ix.scopes.values())):
         want_c, want_s = _full_order(ix, an.sig, codes, newest)
-        got_c, got_s = ix._similar(an.sig, an.band_base, codes, top, newest)
-        assert (got_c.tolist(), got_s.tolist()) == (want_c[:top], want_s[:top])
+        for ratio, by_sort in ((mi.BITMAP_DEDUPE_RATIO, mi.TOP_BY_SORT), (0, 0), (10**9, 0)):
+            # both ways of deduplicating (a sort, a bitmap), and of taking the first ``top``
+            old = mi.BITMAP_DEDUPE_RATIO, mi.TOP_BY_SORT
+            mi.BITMAP_DEDUPE_RATIO, mi.TOP_BY_SORT = ratio, by_sort
+            try:
+                got_c, got_s = ix._similar(an.sig, an.band_base, codes, top, newest)
+            finally:
+                mi.BITMAP_DEDUPE_RATIO, mi.TOP_BY_SORT = old
+            assert (got_c.tolist(), got_s.tolist()) == (want_c[:top], want_s[:top])
 
 
 def test_capture_compares_only_the_newest_candidates():

@@ -103,7 +103,11 @@ def read_spans(path: Path, problems: list[str] | None = None) -> list[Span]:
     spans: list[Span] = []
     for where, doc in _documents(path, problems):
         if is_console_span(doc):  # one span as the SDK's ConsoleSpanExporter prints it
-            got = from_console(doc)
+            try:
+                got = from_console(doc)
+            except ShapeError as exc:  # beyond a request's bounds: this span is left out
+                bad(f"{where}: a console span rejected ({exc}): left out")
+                continue
             if got.rejected:
                 bad(f"{where}: a console span rejected ({got.rejected[0]}): left out")
             spans += got.spans

@@ -313,9 +313,11 @@ def _console_time(raw: Any, what: str) -> int:
     return _int((t - _EPOCH) // timedelta(microseconds=1) * 1000, what)
 
 
-def _plain_attributes(value: Any, what: str) -> dict[str, Any]:
-    """A console span's attributes (a plain object), nesting bounded as OTLP's are."""
-    return {str(k): json_value(_plain(v)) for k, v in _obj(value, what).items()}
+def _plain_attributes(value: Any, what: str, budget: Budget) -> dict[str, Any]:
+    """A console span's attributes (a plain object), nesting and size bounded as OTLP's are."""
+    attributes = _obj(value, what)
+    budget.take(len(attributes))
+    return {str(k): json_value(_plain(v), 0, budget) for k, v in attributes.items()}
 
 
 def _plain(v: Any, depth: int = 0) -> Any:
@@ -335,7 +337,7 @@ def _plain(v: Any, depth: int = 0) -> Any:
     return {"stringValue": "" if v is None else str(v)}
 
 
-def _console_span(s: Mapping[str, Any]) -> Span:
+def _console_span(s: Mapping[str, Any], budget: Budget) -> Span:
     context = _obj(s.get("context"), "context")
     status = _obj(s.get("status"), "status")
     code = status.get("status_code", "UNSET")
@@ -343,6 +345,8 @@ def _console_span(s: Mapping[str, Any]) -> Span:
         raise ShapeError(f"status.status_code: expected UNSET, OK or ERROR, got {str(code)[:40]!r}")
     kind = s.get("kind", "SpanKind.INTERNAL")
     resource = _obj(s.get("resource"), "resource")
+    events, links = _list(s, "events", "span"), _list(s, "links", "span")
+    budget.take(len(events) + len(links))
     return Span(
         trace_id=_console_id(context.get("trace_id"), 16, "context.trace_id"),
         span_id=_console_id(context.get("span_id"), 8, "context.span_id"),
@@ -351,14 +355,14 @@ def _console_span(s: Mapping[str, Any]) -> Span:
         kind=CONSOLE_KINDS.get(str(kind), 0),
         start_ns=_console_time(s.get("start_time"), "start_time"),
         end_ns=_console_time(s.get("end_time"), "end_time"),
-        attributes=_plain_attributes(s.get("attributes"), "attributes"),
+        attributes=_plain_attributes(s.get("attributes"), "attributes", budget),
         events=[
             SpanEvent(
                 name=str(_obj(e, "event").get("name", "")),
                 time_ns=_console_time(e.get("timestamp"), "event.timestamp"),
-                attributes=_plain_attributes(e.get("attributes"), "event.attributes"),
+                attributes=_plain_attributes(e.get("attributes"), "event.attributes", budget),
             )
-            for e in _list(s, "events", "span")
+            for e in events
         ],
         links=[
             SpanLink(
@@ -366,20 +370,21 @@ def _console_span(s: Mapping[str, Any]) -> Span:
                     _obj(_obj(k, "link").get("context"), "link.context").get("trace_id"), 16, "link.trace_id"
                 ),
                 span_id=_console_id(_obj(k.get("context"), "link.context").get("span_id"), 8, "link.span_id"),
-                attributes=_plain_attributes(k.get("attributes"), "link.attributes"),
+                attributes=_plain_attributes(k.get("attributes"), "link.attributes", budget),
             )
-            for k in _list(s, "links", "span")
+            for k in links
         ],
         status_code=CONSOLE_STATUS[code],
         status_message=str(status.get("description", "") or ""),
-        resource=_plain_attributes(resource.get("attributes"), "resource.attributes"),
+        resource=_plain_attributes(resource.get("attributes"), "resource.attributes", budget),
     )
 
 
 def from_console(doc: Any) -> Decoded:
-    """One span of the console exporter (parsed JSON) as ``Decoded``: the span, or its rejection."""
+    """One span of the console exporter (parsed JSON) as ``Decoded``: the span, or its rejection; a
+    span beyond a request's bounds (``MAX_ITEMS``) raises ``TooLarge``, as a request would."""
     out = Decoded([], [])
-    _add(out, lambda: _console_span(_obj(doc, "span")))
+    _add(out, lambda: _console_span(_obj(doc, "span"), Budget()))
     return out
 
 

@@ -99,3 +99,17 @@ def test_a_file_of_another_format_is_one_error_not_one_a_line(tmp_path: Path):
     path.write_text("\n".join(f"line {i}: hello" for i in range(500)))
     with pytest.raises(ImportShapeError, match="notes.txt:1: not JSON"):
         list(import_files([path], "otel", run=ImportRun()))
+
+
+def test_a_console_span_beyond_the_item_bound_is_rejected(tmp_path: Path):
+    """The receiver's bound on attributes, values, events and links holds for console spans too."""
+    from somnus.otlp.spans import MAX_ITEMS
+
+    spans = [json.loads(s.to_json()) for s in sdk_spans(1)]
+    spans[0]["events"] = [{"name": "e", "timestamp": spans[0]["start_time"], "attributes": {}}] * (MAX_ITEMS + 1)
+    path = tmp_path / "console.json"
+    path.write_text("\n".join(json.dumps(s, indent=4) for s in spans))
+    run = ImportRun()
+    events = list(import_files([path], "otel", run=run))
+    assert len(run.problems) == 1 and f"more than {MAX_ITEMS}" in run.problems[0], run.problems
+    assert events  # the other spans are read

@@ -154,7 +154,7 @@ class Projector:
     ) -> None:
         self.settings = settings
         self.bootstrap = bootstrap
-        self.db_path = Path(db_path or settings.db_path)  # type: ignore[arg-type]
+        self.db_path = Path(db_path) if db_path else settings.db
         self.topics = Topics(
             settings.traces_topic,
             settings.episodes_topic,

@@ -154,6 +154,11 @@ class Settings:
             settings = dataclasses.replace(settings, db_path=settings.home / "somnus.duckdb")
         return settings
 
+    @property
+    def db(self) -> Path:
+        """The DuckDB file: ``db_path``, else ``<home>/somnus.duckdb`` (what ``load`` fills in)."""
+        return Path(self.db_path) if self.db_path is not None else self.home / "somnus.duckdb"
+
     # Topic names: created explicitly with their partition counts (never auto-created).
     @property
     def traces_topic(self) -> str:

@@ -269,7 +269,7 @@ def evaluate_locomo_pipeline(
                 raise TimeoutError(f"the pipeline did not finish in {timeout_s}s")
             time.sleep(0.5)
         ingest_s = time.perf_counter() - t0
-        db = Path(s.db_path)  # type: ignore[arg-type]
+        db = s.db
 
         def retrieve(q: Question) -> list[str]:
             got = read(

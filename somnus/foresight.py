@@ -602,7 +602,7 @@ def run_foresight(
     try:
         with isolated_pipeline(home, label="foresight", log=log, bootstrap=bootstrap) as (s, boot):
             registry = load_agents(s.agents_dir or DEFAULT_DIR)
-            db = Path(s.db_path)  # type: ignore[arg-type]
+            db = s.db
             with Publisher(boot, s.traces_topic) as publisher:
                 for done, (sid, batch) in enumerate(plan):
                     if batch:

@@ -98,7 +98,7 @@ class Memory:
         publish: Callable[[list[dict[str, Any]]], Awaitable[int]] | None = None,
     ) -> None:
         self.settings, self.token_of = settings, token_of
-        self.db = Path(settings.db_path)  # type: ignore[arg-type]
+        self.db = settings.db
         self._publish = publish
         self.publish_goal: Callable[[str, str, str | None, str], Awaitable[None]] | None = None  # tests: no Kafka
 
@@ -189,7 +189,7 @@ def token_home(settings: Settings) -> Path:
     """The home whose token store the running projector checks (its endpoint file names it), else ours."""
     from somnus.reads import _projector
 
-    info = _projector(Path(settings.db_path)) or {}  # type: ignore[arg-type]
+    info = _projector(settings.db) or {}
     return Path(info["token_file"]).parent if info.get("token_file") else Path(settings.home)
 
 
@@ -421,7 +421,7 @@ def serve(
     from somnus.reads import token_for
 
     if transport == "stdio":
-        fixed = token_for(Path(settings.db_path), token)  # type: ignore[arg-type]
+        fixed = token_for(settings.db, token)
         build(Memory(settings, lambda ctx: fixed)).run("stdio")
         return
     if transport != "http":

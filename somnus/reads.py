@@ -191,7 +191,7 @@ def _positions(settings: Settings, bootstrap: str | Callable[[], str], db: Path)
 def status(settings: Settings, bootstrap: str | Callable[[], str]) -> dict[str, Any]:
     """Per-topic projection lag, worker lag, counts and dead letters; ``idle`` when all are caught up.
     ``bootstrap`` (or a function that gives it) is used only when no projector answers."""
-    db = Path(settings.db_path)  # type: ignore[arg-type]
+    db = settings.db
     ends, worker_committed = _positions(settings, bootstrap, db)
     try:
         s = summary(db)

@@ -134,7 +134,7 @@ def run_briefing(
 
     t_start = datetime(2025, 1, 6, 9, tzinfo=timezone.utc)
     with isolated_pipeline(home, label="brief", log=log, sleep_schedule=sleep_schedule) as (s, boot):
-        db = Path(s.db_path)  # type: ignore[arg-type]
+        db = s.db
         fill = [e for i in range(agents) for e in _probe_session(f"agent-{i:05d}", 0, f"fill {i}", t_start)]
         publish(fill, boot, s.traces_topic)
         deadline = time.monotonic() + 1800

@@ -29,7 +29,7 @@ def settings(home: Optional[Path] = None, db: Optional[Path] = None, bootstrap: 
 
 
 def db_of(s: Settings) -> Path:
-    return Path(s.db_path)  # type: ignore[arg-type]
+    return s.db
 
 
 def note(message: str) -> None:

@@ -74,7 +74,7 @@ def forget(
             "--verify needs at least one --needle: a text of the subject's to look for (the subject's own id "
             "stays in the `forgotten` table by design)"
         )
-    db_path = Path(s.db_path)  # type: ignore[arg-type]
+    db_path = s.db
     failed = [False]
 
     def report(found: Any, what: str) -> None:

@@ -431,3 +431,10 @@ def test_every_kafka_client_in_the_source_is_given_the_security_options():
                     seen.append(where)
                     assert "broker_credentials" in {k.arg for k in node.keywords}, f"{where}: no broker_credentials"
     assert len(seen) >= 10  # the guard looked at the real constructions
+
+
+def test_db_is_the_given_file_else_the_homes(tmp_path):
+    from somnus.config import Settings
+
+    assert Settings(home=tmp_path).db == tmp_path / "somnus.duckdb"
+    assert Settings(home=tmp_path, db_path=tmp_path / "x.duckdb").db == tmp_path / "x.duckdb"

@@ -147,10 +147,15 @@ def _load_json_or_jsonl(path: Path, run: ImportRun | None = None) -> Any:
     if bad and run is None:
         raise ImportShapeError(bad[0])
     if run is not None:
-        run.problems.extend(f"{b}: left out" for b in bad[:MAX_BAD_LINES])
-        if len(bad) > MAX_BAD_LINES:
-            run.problems.append(f"{path}: {len(bad) - MAX_BAD_LINES} more lines are not JSON: left out")
+        name_bad_lines(run.problems, bad, path)
     return items
+
+
+def name_bad_lines(problems: list[str], bad: list[str], path: Path | str) -> None:
+    """Each bad line of a file as a problem, the first ``MAX_BAD_LINES`` named and the rest counted."""
+    problems.extend(f"{b}: left out" for b in bad[:MAX_BAD_LINES])
+    if len(bad) > MAX_BAD_LINES:
+        problems.append(f"{path}: {len(bad) - MAX_BAD_LINES} more lines are not JSON: left out")
 
 
 def _outcome(item: Mapping[str, Any], where: str) -> tuple[str, str | None]:

@@ -18,11 +18,10 @@ from typing import Any
 
 import orjson
 
+from somnus.importers.common import ImportShapeError, name_bad_lines
 from somnus.otlp.mapping import group_by_trace, trace_events
 from somnus.otlp.spans import ShapeError, Span, from_console, from_json, is_console_span
 from somnus.schemas.codec import MAX_DEPTH, check_json
-
-MAX_BAD_LINES = 20  # of a file named one by one; the rest are counted
 
 
 def _documents(path: Path, problems: list[str] | None = None) -> Iterator[tuple[str, Any]]:
@@ -37,8 +36,6 @@ def _documents(path: Path, problems: list[str] | None = None) -> Iterator[tuple[
             return
         except orjson.JSONDecodeError:
             pass
-    from somnus.importers import ImportShapeError
-
     if data.lstrip().startswith(b"{\n") or data.lstrip().startswith(b"{\r\n"):  # pretty-printed objects
         pretty = _concatenated(path, data)
         if pretty is not None:
@@ -62,9 +59,7 @@ def _documents(path: Path, problems: list[str] | None = None) -> Iterator[tuple[
     if bad and (problems is None or not any(isinstance(doc, dict) for _, doc in docs)):
         raise ImportShapeError(bad[0])
     if problems is not None:
-        problems.extend(f"{b}: this line is left out" for b in bad[:MAX_BAD_LINES])
-        if len(bad) > MAX_BAD_LINES:
-            problems.append(f"{path.name}: {len(bad) - MAX_BAD_LINES} more lines are not JSON: left out")
+        name_bad_lines(problems, bad, path.name)
     yield from docs
 
 
@@ -93,7 +88,6 @@ def read_spans(path: Path, problems: list[str] | None = None) -> list[Span]:
     """The spans of an OTLP JSON file. A line, request or span of the wrong shape is named in
     ``problems`` (its file, line and why) and the file's other spans are read, as the receiver answers
     a partial success; without ``problems``, the first raises ``ImportShapeError``."""
-    from somnus.importers import ImportShapeError
 
     def bad(why: str) -> None:
         if problems is None:

@@ -144,3 +144,9 @@ def test_opened_once_keeps_at_most_its_limit():
         once.open(ring, m)
     assert len(once.held) == 2  # cleared at the limit: those records are opened again by their batch
     assert once.take(ring, msgs) == {id(msgs[3]): b"3", id(msgs[4]): b"4"}
+    assert once.bytes == 0  # empty again
+    once.LIMIT_BYTES = 10
+    big = [SimpleNamespace(value=seal(A, b"x" * 6)) for _ in range(3)]
+    for m in big:
+        once.open(ring, m)
+    assert len(once.held) == 1 and once.bytes == 6  # plaintext bytes bound it too

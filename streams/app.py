@@ -48,6 +48,7 @@ from somnus.schemas.sealed import FORGOTTEN
 from somnus.streams.kafka_compat import track_topics_sent_to
 from somnus.streams.keys import KeyFollower
 from somnus.streams.sealing import (
+    OpenedOnce,
     TableSealing,
     dead_letter_value,
     key_of_record,
@@ -233,9 +234,15 @@ class Ordered:
     MAX_HOLD_S = 10.0  # a partition that is not caught up is waited for at most this long
 
     def __init__(
-        self, app: Any, topic: str, sessions: Any, time_of: Any, counters: WorkerCounters | None = None
+        self,
+        app: Any,
+        topic: str,
+        sessions: Any,
+        time_of: Any,
+        counters: WorkerCounters | None = None,
+        on_clear: Any = None,
     ) -> None:
-        self.app, self.time_of = app, time_of
+        self.app, self.time_of, self.on_clear = app, time_of, on_clear
         self.counters = counters if counters is not None else WorkerCounters()
         self.generation: int | None = None
 
@@ -267,6 +274,8 @@ class Ordered:
     def add(self, generation: int, event: EventT) -> list[tuple[int, EventT]]:
         if generation != self.generation:
             self.sequencer.clear()
+            if self.on_clear is not None:  # what time_of kept of the records held (OpenedOnce)
+                self.on_clear()
             self.generation = generation
         msg = event.message
         self.sequencer.push(msg.partition, msg.offset, self.time_of(msg), (generation, event), time.monotonic())
@@ -457,6 +466,7 @@ class Distiller:
         app.somnus_keys = self.keys  # _plan_batch reads it
         self.dead = DeadLetterSender(app, settings.dead_letter_topic, self.counters, self.keys)
         self.batchers: list[Batcher] = []
+        self.opened = OpenedOnce()  # trace records opened by the sequencer, for their batch
 
     @classmethod
     def create(cls, settings: Settings, bootstrap: str, worker_name: str = "worker") -> Distiller:
@@ -542,14 +552,16 @@ class Distiller:
         settings = self.settings
         skew_us = int(settings.max_clock_skew_s * 1_000_000)
 
+        opened = self.opened
+
         def time_of(msg: Any) -> int | None:
             try:  # the record's stream time only: a record that cannot be read is judged (dead-lettered) later
-                value = _keys(self.app).ring.open(msg.value)  # a sealed record whose key is not here yet: None
+                value = opened.open(_keys(self.app).ring, msg)  # a sealed record whose key is not here yet: None
                 return latest_time(value, record_cap(msg.timestamp, skew_us) if skew_us > 0 else None)
             except Exception:
                 return None
 
-        return Ordered(self.app, settings.traces_topic, self.sessions, time_of, self.counters)
+        return Ordered(self.app, settings.traces_topic, self.sessions, time_of, self.counters, opened.clear)
 
     def agent(self, topic: str, name: str, handle: Any, ordered: Ordered | None = None) -> Any:
         """An agent over ``topic`` (one at a time) whose body hands ``handle`` batches (``run_batched``)."""
@@ -589,11 +601,15 @@ class Distiller:
         on its own is dead-lettered, as ``poison``, and passed. Errors of the broker are not the records'
         and are raised as before."""
         if self.app.in_recovery:
+            self.opened.take(self.keys.ring, (ev.message for ev in batch))
             return []  # the tables are being restored: Faust seeks back to the committed offsets after
         guard = self.sessions_guard
         admitted = await guard.admit(batch) if guard is not None else Admitted(handle=list(batch))
         records = admitted.handle
         await self.keys.ensure(opened_values(records))  # the data keys of its sealed records (or gone)
+        # the plaintexts the sequencer opened, still valid with the keys as they are now (every record
+        # of the batch leaves the cache, those not handled too)
+        opened = self.opened.take(self.keys.ring, (ev.message for ev in batch))
         try:
             plan = _plan_batch(
                 self.app,
@@ -606,6 +622,7 @@ class Distiller:
                 self.working,
                 self.wm_settings,
                 self.idle,
+                opened,
             )
         except Exception as exc:  # noqa: BLE001 - the poison boundary
             if self.idle is not None:
@@ -943,9 +960,11 @@ def _plan_batch(
     working: BatchedTable | None,
     wm_settings: Any,
     idle: IdleSessions | None,
+    opened: Mapping[int, bytes] | None = None,
 ) -> BatchPlan:
     """Decode, judge and distill ``batch`` (records admitted by the guard) from the tables' states: every
-    output of the batch, nothing sent. It raises only for a record nothing foresaw (``_handle_batch``)."""
+    output of the batch, nothing sent. It raises only for a record nothing foresaw (``_handle_batch``).
+    ``opened``: plaintexts of its records opened already (``OpenedOnce.take``, by ``id`` of the record)."""
     plan = BatchPlan()
     valid = []
     coords: list[tuple[Any, int]] = []  # (record, index in it) of each valid event
@@ -957,9 +976,11 @@ def _plan_batch(
     partition_of = plan.partition_of
     offset_of: dict[str, int] = {}  # session key -> offset of its last record in the batch (its end)
     ring = _keys(app).ring
+    opened = opened or {}  # id(record) -> its plaintext, opened already (OpenedOnce)
     for event in batch:
         msg = event.message
-        value = ring.open(msg.value)  # a sealed record's plaintext (somnus.schemas.sealed)
+        kept = opened.get(id(msg))
+        value = kept if kept is not None else ring.open(msg.value)  # its plaintext (somnus.schemas.sealed)
         if value is FORGOTTEN or isinstance(value, Rejection):  # its key deleted by a forget: skipped
             plan.shredded += value is FORGOTTEN
             if isinstance(value, Rejection):

@@ -119,3 +119,57 @@ class TableSealing:
 
 def opened_values(records: Iterable[Any]) -> list[bytes | None]:
     return [getattr(getattr(r, "message", r), "value", None) for r in records]
+
+
+class OpenedOnce:
+    """Trace records' plaintexts, each record opened once rather than twice.
+
+    The sequencer reads a trace record's stream time from its plaintext (``Distiller.ordered``) and the
+    batch that distils it reads its events: two AES-GCM opens of every trace record. The first open's
+    plaintext is kept here, by record, until its batch takes it (``take``); a batch uses it only if the
+    record's key is still the very key it was opened with (a forget read in between: the record is
+    opened again, as forgotten), else it opens the record itself. A cache, not state: a record not
+    found here is opened again, with the same result.
+    """
+
+    LIMIT = 20_000  # records opened and not yet taken; beyond, all are forgotten (opened again)
+    LIMIT_BYTES = 64 << 20  # of their plaintexts (a record may hold up to max_event_bytes per event)
+
+    def __init__(self) -> None:
+        # id(record) -> (its sealed value, plaintext, key id, key bytes); the value kept is the record's
+        # own object, so an id reused by another record never matches
+        self.held: dict[int, tuple[bytes, bytes, str, bytes]] = {}
+        self.bytes = 0  # of the plaintexts held
+
+    def open(self, ring: KeyRing, msg: Any) -> Any:
+        """``ring.open(msg.value)``, its plaintext kept for ``take`` when the record was sealed."""
+        value = msg.value
+        got = ring.open(value)
+        if isinstance(got, bytes) and got is not value:  # opened: sealed, and its key held
+            kid = sealed_key_id(value)
+            key = ring.keys.get(kid) if kid is not None else None
+            if kid is not None and key is not None:
+                if len(self.held) >= self.LIMIT or self.bytes + len(got) > self.LIMIT_BYTES:
+                    self.clear()
+                before = self.held.get(id(msg))  # the same record opened again
+                self.held[id(msg)] = (value, got, kid, key)
+                self.bytes += len(got) - (len(before[1]) if before is not None else 0)
+        return got
+
+    def take(self, ring: KeyRing, msgs: Iterable[Any]) -> dict[int, bytes]:
+        """The kept plaintexts of ``msgs`` (by ``id``) that ``ring`` still opens the same way; every one of
+        ``msgs`` leaves the cache."""
+        out: dict[int, bytes] = {}
+        held, keys = self.held, ring.keys
+        for msg in msgs:
+            entry = held.pop(id(msg), None)
+            if entry is None:
+                continue
+            self.bytes -= len(entry[1])
+            if entry[0] is msg.value and keys.get(entry[2]) is entry[3]:
+                out[id(msg)] = entry[1]
+        return out
+
+    def clear(self) -> None:
+        self.held.clear()
+        self.bytes = 0

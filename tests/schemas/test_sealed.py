@@ -110,3 +110,18 @@ def test_open_record_keeps_coordinates():
     plain = Rec("somnus.traces", 0, 0, b"{}")
     assert open_record(plain, {}) is plain
     assert open_record(rec, {}) is FORGOTTEN
+
+
+def test_a_cipher_that_raises_something_else_is_a_poison_rejection(monkeypatch):
+    """Only a failed tag reads as tampering; any other error of the cipher is the boundary's ``poison``."""
+    import somnus.schemas.sealed as sealed_mod
+
+    value = seal(KEY, b"{}")
+
+    class Broken:
+        def decrypt(self, *args):
+            raise ValueError("boom")
+
+    monkeypatch.setattr(sealed_mod, "_aead", lambda key: Broken())
+    got = open_value(value, {KEY.key_id: KEY.key})
+    assert isinstance(got, Rejection) and got.kind == "poison" and "boom" in got.reason, got

@@ -197,3 +197,73 @@ def test_an_event_far_ahead_of_its_records_broker_time_is_a_future_dead_letter(t
     dead = _dead(app, settings)
     assert [d["headers"]["somnus-reason"].decode().split(":")[0] for d in dead] == ["future", "future"]
     assert counters.future == 2 and not [m for m in app.producer.sent if m["topic"] == settings.episodes_topic]
+
+
+def _sealed_sample(topic: str, seed: int) -> tuple[list[Any], list[Any]]:
+    """The sample generator's sessions as the publisher sends them: session bundles, each sealed with its
+    session's key (every fifth session in plaintext), on 3 partitions; and the keys."""
+    from somnus.client import session_bundles
+    from somnus.sample import generate
+    from somnus.schemas.sealed import new_key, seal
+
+    payloads = [orjson.dumps(e) for e in generate(events=1500, seed=seed)]
+    keys: dict[Any, Any] = {}
+    records, offsets = [], [0, 0, 0]
+    for i, (key, session, _, value) in enumerate(session_bundles(payloads, 16)):
+        if session not in keys:
+            keys[session] = new_key(*session) if len(keys) % 5 else None
+        p = i % 3
+        sealed_value = seal(keys[session], value) if keys[session] is not None else value
+        records.append(_record(topic, sealed_value, offsets[p], partition=p))
+        offsets[p] += 1
+    return records, [k for k in keys.values() if k is not None]
+
+
+@pytest.mark.parametrize("seed", [3, 11])
+def test_records_the_sequencer_opened_distil_as_records_their_batch_opens(tmp_path, seed):
+    """The plaintexts the sequencer opened for the records' stream time (``OpenedOnce``) are what the
+    batch distils: every output and table write is byte for byte what it is when the batch opens every
+    record itself; a key forgotten in between makes its record forgotten on both paths."""
+    from somnus.processors.knowledge.extraction import TraceExtractor
+    from somnus.processors.working.session_buffer import WorkingMemorySettings
+    from somnus.schemas.sealed import encode_key, open_value
+    from somnus.streams.keys import KeyFollower
+
+    settings = _settings(tmp_path)
+    records, keys = _sealed_sample(settings.traces_topic, seed)
+    every_key = {k.key_id: k.key for k in keys}
+    forgotten = keys[len(keys) // 2]
+
+    def run(through_sequencer: bool) -> Any:
+        app, sessions, working, counters = _app(), FakeTable(), FakeTable(), WorkerCounters()
+        follower = KeyFollower("", "")
+        for k in keys:
+            follower.ring.apply(k.key_id.encode(), encode_key(k))
+        d = app_mod.Distiller(
+            app,
+            settings,
+            sessions,
+            counters,
+            working=working,
+            extractor=TraceExtractor(),
+            wm_settings=WorkingMemorySettings(max_tokens=-1, model_context_tokens=200_000),
+            keys=follower,
+        )
+        if through_sequencer:
+            ordered = d.ordered()
+            for r in records:
+                ordered.add(1, r)
+            assert len(d.opened.held) == sum(1 for r in records if r.message.value[:1] == b"\x00")
+        follower.ring.apply(forgotten.key_id.encode(), None)  # a forget read before the batches
+        for i in range(0, len(records), 40):
+            asyncio.run(d.handle_traces(records[i : i + 40], 1))
+        assert not d.opened.held
+        sent = [
+            (m["topic"], m["key"], sorted(m["headers"].items()), open_value(m["value"], every_key))
+            for m in app.producer.sent
+        ]
+        return sent, dict(sessions), dict(working), counters
+
+    new, old = run(through_sequencer=True), run(through_sequencer=False)
+    assert new == old
+    assert new[3].shredded > 0 and new[3].episodes > 10 and new[3].facts > 0 and new[3].poison == 0

@@ -112,3 +112,41 @@ def test_the_links_table_keeps_no_session_text_and_learns_the_same():
     assert {s: link_state_value(v) for s, v in from_stored.items()} == {
         s: link_state_value(v) for s, v in from_full.items()
     }
+
+
+def test_opened_once_gives_a_batch_the_plaintext_only_while_the_key_is_the_same():
+    from somnus.streams.sealing import OpenedOnce
+
+    f = follower(A, B)
+    ring = f.ring
+    a, b, plain = (SimpleNamespace(value=v) for v in (seal(A, b'{"a": 1}'), seal(B, b'{"b": 2}'), b'{"c": 3}'))
+    once = OpenedOnce()
+    assert [once.open(ring, m) for m in (a, b, plain)] == [b'{"a": 1}', b'{"b": 2}', b'{"c": 3}']
+    assert len(once.held) == 2  # a plaintext record is not kept: nothing to open
+    ring.apply(B.key_id.encode(), None)  # B forgotten before the batch
+    other = SimpleNamespace(value=a.value)  # another record: never the kept one's plaintext by id
+    assert once.take(ring, [a, b, plain, other]) == {id(a): b'{"a": 1}'}
+    assert not once.held and once.take(ring, [a]) == {}  # taken once, then opened by the batch itself
+    c = SimpleNamespace(value=seal(A, b"{}"))
+    once.open(ring, c)
+    c.value = seal(A, b"[]")  # an id that names another value now: not taken
+    assert once.take(ring, [c]) == {}
+
+
+def test_opened_once_keeps_at_most_its_limit():
+    from somnus.streams.sealing import OpenedOnce
+
+    ring = follower(A).ring
+    once = OpenedOnce()
+    once.LIMIT = 3
+    msgs = [SimpleNamespace(value=seal(A, b"%d" % i)) for i in range(5)]
+    for m in msgs:
+        once.open(ring, m)
+    assert len(once.held) == 2  # cleared at the limit: those records are opened again by their batch
+    assert once.take(ring, msgs) == {id(msgs[3]): b"3", id(msgs[4]): b"4"}
+    assert once.bytes == 0  # empty again
+    once.LIMIT_BYTES = 10
+    big = [SimpleNamespace(value=seal(A, b"x" * 6)) for _ in range(3)]
+    for m in big:
+        once.open(ring, m)
+    assert len(once.held) == 1 and once.bytes == 6  # plaintext bytes bound it too

@@ -102,3 +102,43 @@ def test_the_aiokafka_defect_it_works_around_is_still_there() -> None:
     assert "if offset and offset > 0" in inspect.getsource(AIOKafkaConsumer.seek_to_committed)
     # ...and the livelock check reads the position, which asserts for a partition awaiting its reset
     assert "assert" in inspect.getsource(TopicPartitionState.position.fget)  # type: ignore[attr-defined]
+
+
+def test_the_assignment_is_fausts_built_once_per_aiokafka_assignment(monkeypatch: Any) -> None:
+    from aiokafka import TopicPartition
+
+    built: list[Any] = []
+    original = faust_consumer.ensure_TPset
+    monkeypatch.setattr(faust_consumer, "ensure_TPset", lambda tps: built.append(tps) or original(tps))
+    current: list[Any] = [frozenset({TopicPartition("traces", 0), TopicPartition("traces", 1)})]
+    thread: Any = SimpleNamespace(
+        _assigned=None, _ensure_consumer=lambda: SimpleNamespace(assignment=lambda: current[0])
+    )
+
+    def assignment() -> set[TP]:
+        return RewindingConsumerThread.assignment(thread)
+
+    first = assignment()
+    assert first == {TRACES, TP("traces", 1)} and all(type(tp) is TP for tp in first)
+    first.add(TP("mutated", 0))  # each caller's own set
+    assert assignment() == {TRACES, TP("traces", 1)} and len(built) == 1
+    current[0] = frozenset({TopicPartition("traces", 2)})  # a rebalance: a new Assignment
+    assert assignment() == {TP("traces", 2)} and len(built) == 2
+    current[0] = {TopicPartition("traces", 3)}  # a mutable set is never kept
+    assert assignment() == {TP("traces", 3)} and assignment() == {TP("traces", 3)} and len(built) == 4
+
+
+def test_aiokafka_hands_out_its_assignment_as_one_frozenset() -> None:
+    # RewindingConsumerThread.assignment keeps its TPs with this object
+    from aiokafka import TopicPartition
+
+    async def made() -> Any:  # an Assignment makes futures: in a loop
+        return Assignment([TopicPartition("traces", 0)])
+
+    assignment = asyncio.run(made())
+    assert type(assignment.tps) is frozenset and assignment.tps is assignment.tps
+    assert "return self._subscription.assignment.tps" in inspect.getsource(SubscriptionState.assigned_partitions)
+    assert "return self._subscription.assigned_partitions()" in inspect.getsource(AIOKafkaConsumer.assignment)
+    assert "ensure_TPset(self._ensure_consumer().assignment())" in inspect.getsource(
+        faust_aiokafka.AIOKafkaConsumerThread.assignment
+    )

@@ -221,7 +221,7 @@ def dream_inputs(
 
     def embed(ids: Sequence[str]) -> np.ndarray:
         rows = np.fromiter(map(ix.pos.__getitem__, ids), dtype=np.int64, count=len(ids))
-        return signature_vectors(ix.signatures.data[rows])
+        return signature_vectors(ix.signatures.data[rows], dtype=np.float64)  # what dreaming computes with
 
     errors = state.prediction_errors
     capture_errors = pl.DataFrame(

@@ -33,6 +33,7 @@ import functools
 import hashlib
 import gc
 import logging
+import weakref
 from pathlib import Path
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime, timezone
@@ -138,13 +139,60 @@ def load_state(con: duckdb.DuckDBPyConnection) -> SleepState:
     return msgspec.json.decode(row[0], type=SleepState) if row else SleepState()
 
 
-def memory_columns(state: Any, scopes: Mapping[str, datetime] | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
+class UnitColumns:
+    """The fields of the fold's units that sleep reads, as Arrow columns over every row of the index
+    (live or not), extended by the rows added since the last run: the index only appends units, so a
+    run reads each unit once in all, not once per run (``memory_columns`` takes the live rows)."""
+
+    _FIELDS = ("agent", "outcome", "user", "mode", "tools", "objects", "domains")
+
+    def __init__(self) -> None:
+        self._index: weakref.ref[Any] | None = None
+        self.n = 0
+        self.columns: dict[str, pa.Array] = {}
+        self.size = np.zeros(0, np.int64)  # len(perception) + len(summary) + len(action) + 200
+
+    def of(self, ix: Any) -> UnitColumns:
+        """These columns for index ``ix``, up to date (rebuilt for another index)."""
+        n = len(ix.units)
+        if self._index is None or self._index() is not ix or n < self.n:
+            self._index, self.n, self.columns = weakref.ref(ix), 0, {}
+            self.size = np.zeros(0, np.int64)
+        if n > self.n:
+            new = ix.units[self.n : n]
+            agent, outcome, user, perception, summary, action, tools, objects, domains, mode, _run = zip(
+                *map(_UNIT_FIELDS, new)
+            )
+
+            def lengths(texts: Sequence[str]) -> np.ndarray:
+                return np.fromiter(map(len, texts), dtype=np.int64, count=len(new))
+
+            added = {
+                "agent": pa.array(agent, pa.string()),
+                "outcome": pa.array(outcome, pa.string()),
+                "user": pa.array(user, pa.bool_()),
+                "mode": pa.array(mode, pa.string()),
+                "tools": pa.array(tools, pa.list_(pa.string())),
+                "objects": pa.array(objects, pa.list_(pa.string())),
+                "domains": pa.array(domains, pa.list_(pa.string())),
+            }
+            self.columns = {k: pa.concat_arrays([self.columns[k], v]) if self.columns else v for k, v in added.items()}
+            self.size = np.concatenate([self.size, lengths(perception) + lengths(summary) + lengths(action) + 200])
+            self.n = n
+        return self
+
+
+def memory_columns(
+    state: Any, scopes: Mapping[str, datetime] | None = None, units: UnitColumns | None = None
+) -> tuple[pl.DataFrame, pl.DataFrame]:
     """The live memories of the fold as sleep's columns, and the associative graph as an edge list;
-    with ``scopes`` (scope -> stream time), each memory's ``stream_time`` is its scope's."""
+    with ``scopes`` (scope -> stream time), each memory's ``stream_time`` is its scope's. ``units``:
+    the unit columns kept from the last run (a ``SleepJob``'s), else read anew."""
     ix = state.index
     n = len(ix.ids)
     live = np.flatnonzero(ix.alive.data[:n])
-    units = list(map(ix.units.__getitem__, live.tolist()))
+    cols = (units or UnitColumns()).of(ix)
+    at = pa.array(live, pa.int64())
     ids = pa.array(ix.ids, pa.string())
     graph = ix.graph
     nodes = np.fromiter(graph, dtype=np.int64, count=len(graph))
@@ -153,35 +201,33 @@ def memory_columns(state: Any, scopes: Mapping[str, datetime] | None = None) -> 
     inside = (nodes >= 0) & (nodes < n)
     degree[nodes[inside]] = degrees[inside]
     last = ix.last_access.data[live]
-    m = len(units)
-    # One pass over the units (each read once: a million of them are spread over the heap), then by column.
-    agent, outcome, user, perception, summary, action, tools, objects, domains, mode, run = (
-        zip(*map(_UNIT_FIELDS, units)) if m else ((),) * 11
+    agent = cols.columns["agent"].take(at) if cols.columns else pa.array([], pa.string())
+    tools, objects, domains = (
+        cols.columns[k].take(at) if cols.columns else pa.array([], pa.list_(pa.string()))
+        for k in ("tools", "objects", "domains")
     )
-    topic_objects, topic_domains = _message_topics(agent, perception, tools, objects, domains, mode, run)
-
-    def lengths(texts: Sequence[str]) -> np.ndarray:
-        return np.fromiter(map(len, texts), dtype=np.int64, count=m)
+    mode = cols.columns["mode"].take(at) if cols.columns else pa.array([], pa.string())
+    objects, domains = _message_topics(ix, live, agent, mode, tools, objects, domains)
 
     # Built through Arrow: a list column from Python lists costs polars a Series per row.
     frame = pl.from_arrow(
         pa.table(
             {
                 "memory_id": ids.take(pa.array(live)),
-                "agent": pa.array(agent, pa.string()),
+                "agent": agent,
                 "layer": pa.array(["hippocampus"] * len(live), pa.string()),
                 "created_at": pa.array((ix.occurred.data[live] * 1e6).astype(np.int64), pa.timestamp("us", "UTC")),
                 "last_access": pa.array((last * 1e6).astype(np.int64), pa.timestamp("us", "UTC"), mask=~(last > 0)),
                 "access_count": pa.array(ix.access_count.data[live].astype(np.int64)),
                 "importance": pa.array(ix.importance.data[live]),
-                "outcome": pa.array(outcome, pa.string()),
-                "is_user_interaction": pa.array(user, pa.bool_()),
+                "outcome": cols.columns["outcome"].take(at) if cols.columns else pa.array([], pa.string()),
+                "is_user_interaction": cols.columns["user"].take(at) if cols.columns else pa.array([], pa.bool_()),
                 "edge_count": pa.array(degree[live]),
-                "size_bytes": pa.array(lengths(perception) + lengths(summary) + lengths(action) + 200),
+                "size_bytes": pa.array(cols.size[live]),
                 "long_term": pa.array(ix.long_term.data[live]),
                 "compressed": pa.array(ix.compressed.data[live]),
-                "index_keys": _index_keys(tools, topic_objects),
-                "domain": pa.array([d[0] if d else "" for d in topic_domains], pa.string()),
+                "index_keys": _index_keys(tools, objects),
+                "domain": _first_or_empty(domains),
                 **({"stream_time": _scope_times(ix, live, scopes)} if scopes is not None else {}),
             }
         )
@@ -221,7 +267,7 @@ def dream_inputs(
 
     def embed(ids: Sequence[str]) -> np.ndarray:
         rows = np.fromiter(map(ix.pos.__getitem__, ids), dtype=np.int64, count=len(ids))
-        return signature_vectors(ix.signatures.data[rows])
+        return signature_vectors(ix.signatures.data[rows], dtype=np.float64)  # what dreaming computes with
 
     errors = state.prediction_errors
     capture_errors = pl.DataFrame(
@@ -308,35 +354,63 @@ _UNIT_FIELDS = attrgetter(
 
 
 def _message_topics(
-    agent: Sequence[str],
-    perception: Sequence[str],
-    tools: Sequence[list[str]],
-    objects: Sequence[list[str]],
-    domains: Sequence[list[str]],
-    mode: Sequence[str],
-    run: Sequence[str],
-) -> tuple[Sequence[list[str]], Sequence[list[str]]]:
-    """Objects and domains for abstraction, with those of chat messages filled in: a conversation
-    message with no tool, object or domain gets its most specific recurring words
+    ix: Any,
+    live: np.ndarray,
+    agent: pa.Array,
+    mode: pa.Array,
+    tools: pa.ListArray,
+    objects: pa.ListArray,
+    domains: pa.ListArray,
+) -> tuple[pa.ListArray, pa.ListArray]:
+    """Objects and domains for abstraction (the live rows'), with those of chat messages filled in: a
+    conversation message with no tool, object or domain gets its most specific recurring words
     (``dreaming.message_keys``, over its agent's live messages, against every agent's) as objects and
     its session as domain,
     so a topic that comes back across sessions is abstracted like a key seen across domains."""
-    rows: dict[str, list[int]] = {}
-    for i, (a, md, t, o, d) in enumerate(zip(agent, mode, tools, objects, domains, strict=True)):
-        if md == "conversation" and not (t or o or d):
-            rows.setdefault(a, []).append(i)
-    if not rows:
+
+    def empty(lists: pa.ListArray) -> np.ndarray:
+        return pc.fill_null(pc.list_value_length(lists), 0).to_numpy(zero_copy_only=False) == 0
+
+    message = pc.fill_null(pc.equal(mode, "conversation"), False).to_numpy(zero_copy_only=False)
+    found = np.flatnonzero(message & empty(tools) & empty(objects) & empty(domains))
+    if not len(found):
         return objects, domains
-    objects, domains = list(objects), list(domains)
+    units = ix.units
+    rows: dict[str, list[int]] = {}
+    for i, a in zip(found.tolist(), agent.take(pa.array(found)).to_pylist(), strict=True):
+        rows.setdefault(a, []).append(i)
+    perception = {i: units[r].perception for i, r in zip(found.tolist(), live[found].tolist(), strict=True)}
     shared: dict[str, int] = {}  # word -> how many agents' messages use it
     for a in rows:
         for w in set(chain.from_iterable(content_words(perception[i]) for i in rows[a])):
             shared[w] = shared.get(w, 0) + 1
+    changed: list[int] = []
+    new_objects: list[list[str]] = []
+    new_domains: list[list[str]] = []
     for a in sorted(rows):
         texts = [perception[i] for i in rows[a]]
         for i, keys in zip(rows[a], message_keys(texts, shared=shared, agents=len(rows)), strict=True):
-            objects[i], domains[i] = keys, [session_domain(a, run[i])]
-    return objects, domains
+            changed.append(i)
+            new_objects.append(keys)
+            new_domains.append([session_domain(a, units[int(live[i])].run_id)])
+    at = np.arange(len(live), dtype=np.int64)
+    at[changed] = len(live) + np.arange(len(changed))
+    take = pa.array(at)
+    return (
+        pa.concat_arrays([objects, pa.array(new_objects, pa.list_(pa.string()))]).take(take),
+        pa.concat_arrays([domains, pa.array(new_domains, pa.list_(pa.string()))]).take(take),
+    )
+
+
+def _first_or_empty(lists: pa.ListArray) -> pa.Array:
+    """Per row, its list's first value, or "" for an empty (or null) list."""
+    lengths = pc.fill_null(pc.list_value_length(lists), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    starts = lists.offsets.to_numpy()[:-1].astype(np.int64) - int(lists.offsets[0].as_py())
+    some = np.flatnonzero(lengths > 0)
+    firsts = lists.flatten().take(pa.array(starts[some]))
+    at = np.full(len(lists), len(some), dtype=np.int64)
+    at[some] = np.arange(len(some))
+    return pa.concat_arrays([firsts.cast(pa.string()), pa.array([""], pa.string())]).take(pa.array(at))
 
 
 def session_domain(agent: str, session_id: str) -> str:
@@ -358,14 +432,13 @@ def _scope_times(ix: Any, live: np.ndarray, scopes: Mapping[str, datetime]) -> p
     return pa.array(by_code, pa.timestamp("us", "UTC")).take(pa.array(ix.scope_code.data[live].astype(np.int64)))
 
 
-def _index_keys(tools: Sequence[list[str]], objects: Sequence[list[str]], first: int = 3) -> pa.ListArray:
+def _index_keys(tools: pa.ListArray, objects: pa.ListArray, first: int = 3) -> pa.ListArray:
     """Per memory, ``[*tools[:first], *objects[:first]]`` (its key index fields, most telling first),
     as an Arrow list column built column-wise."""
     parts, owners = [], []
-    for lists in (tools, objects):
-        flat = pa.array(lists, pa.list_(pa.string()))
+    for flat in (tools, objects):
         lengths = pc.list_value_length(flat).to_numpy(zero_copy_only=False).astype(np.int64)
-        owner = np.repeat(np.arange(len(lists)), lengths)
+        owner = np.repeat(np.arange(len(flat)), lengths)
         kept = np.arange(len(owner)) - np.repeat(np.cumsum(lengths) - lengths, lengths) < first
         parts.append(flat.flatten().filter(pa.array(kept)))
         owners.append(owner[kept])
@@ -442,6 +515,7 @@ class SleepJob:
         # the topics that run abstracted: a request published before its run could not carry them.
         self.scheduled: list[tuple[str, datetime]] = []
         self._next_fire: tuple[datetime | None, datetime | None] = (None, None)  # (after, the fire time next)
+        self._units = UnitColumns()  # the fold's unit fields, read once each (``memory_columns``)
 
     def due(self, event_time: datetime) -> list[datetime]:
         """Advance the clock to a record's event time; the fire times passed (runs to do first)."""
@@ -482,7 +556,7 @@ class SleepJob:
     def _run(
         self, memory_state: Any, at: datetime, trigger: SleepTrigger, offset: int, con: duckdb.DuckDBPyConnection | None
     ) -> list[Any]:
-        frame, edges = memory_columns(memory_state, self.state.scopes)
+        frame, edges = memory_columns(memory_state, self.state.scopes, self._units)
         triples = live_triples(con) if con is not None and self.config.fact_retire_days > 0 else None
         captured = [m for agent in sorted(self.state.captured) for _, m in self.state.captured[agent]]
         plan = plan_sleep(

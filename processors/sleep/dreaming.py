@@ -110,11 +110,16 @@ REVIEW_MIN_DAYS = 1.0
 AGAIN, HARD, GOOD, EASY = 1, 2, 3, 4
 
 
-def signature_vectors(signatures: np.ndarray, values: int = SIGNATURE_VALUES) -> np.ndarray:
+def signature_vectors(
+    signatures: np.ndarray, values: int = SIGNATURE_VALUES, dtype: type[np.floating] = np.float32
+) -> np.ndarray:
     """L2-normalised vectors of MinHash signatures (one row of ``k`` hash values each): one-hot of each
     value modulo ``values``, block by block, so the cosine of two rows is the share of blocks that agree,
     an estimate of the Jaccard similarity of their feature sets (plus ``(1 - J) / values`` of
     collisions). What dreaming compares when the fold has no sentence embeddings.
+
+    ``dtype=np.float64`` gives the float32 rows' values, widened (what ``dream_phase_a`` and
+    ``connect_recent`` compute with, so they need no copy of their own).
 
     >>> s = np.array([[1, 2, 3, 4], [1, 2, 3, 5], [9, 10, 11, 12]], dtype=np.uint32)
     >>> v = signature_vectors(s)
@@ -123,9 +128,10 @@ def signature_vectors(signatures: np.ndarray, values: int = SIGNATURE_VALUES) ->
     """
     sig = np.asarray(signatures)
     n, k = sig.shape
-    out = np.zeros((n, k * values), dtype=np.float32)
+    out = np.zeros((n, k * values), dtype=dtype)
     cols = np.arange(k) * values + (sig.astype(np.int64) % values)
-    out[np.repeat(np.arange(n), k), cols.ravel()] = 1.0 / np.sqrt(k) if k else 0.0
+    # The float32 value whatever ``dtype``: a float64 row is exactly a float32 row widened.
+    out[np.repeat(np.arange(n), k), cols.ravel()] = np.float32(1.0 / np.sqrt(k)) if k else 0.0
     return out
 
 
@@ -233,7 +239,8 @@ def dream_phase_a(
         best_sim = np.full(k, -np.inf)
         best_col = np.full(k, -1, dtype=np.int64)
         if len(m_rows):
-            mv = mem_vec[m_rows]
+            # One agent's memories only (``plan._dream_phase_a`` calls per agent): no copy of them all.
+            mv = mem_vec if len(m_rows) == len(mem_vec) else mem_vec[m_rows]
             for start in range(0, len(m_rows), chunk):
                 sims = ov @ mv[start : start + chunk].T
                 col = _best(sims, m_rank[start : start + chunk])
@@ -385,25 +392,27 @@ def connect_recent(
         rows = rows[np.argsort(ids_arr[rows].astype(str), kind="stable")]
         if len(rows) < 2:
             continue
-        sims = vec[rows] @ vec[rows].T
+        v = vec[rows]
+        sims = v @ v.T
         a, b = np.triu_indices(len(rows), 1)
         s = sims[a, b]
         keep = s >= threshold
         a, b, s = a[keep], b[keep], s[keep]
         order = np.lexsort((b, a, -s))
-        position = {str(ids_arr[r]): k for k, r in enumerate(rows)}
-        count = np.zeros(len(rows), dtype=np.int64)
-        for u, v in existing:
-            if u in position and v in position:
+        row_ids = [str(x) for x in ids_arr[rows].tolist()]
+        position = {m: k for k, m in enumerate(row_ids)}
+        count = [0] * len(rows)  # a Python list: read and bumped once per candidate pair
+        for u, w in existing:
+            if u in position and w in position:
                 count[position[u]] += 1
-                count[position[v]] += 1
-        for x, y, sim in zip(a[order], b[order], s[order], strict=True):
-            ia, ib = str(ids_arr[rows[x]]), str(ids_arr[rows[y]])
+                count[position[w]] += 1
+        for x, y, sim in zip(a[order].tolist(), b[order].tolist(), s[order].tolist(), strict=True):
+            ia, ib = row_ids[x], row_ids[y]
             if (ia, ib) in existing or count[x] >= limit or count[y] >= limit:
                 continue
             count[x] += 1
             count[y] += 1
-            out.append((ia, ib, agent, round(float(min(sim, 1.0)), 6)))
+            out.append((ia, ib, agent, round(min(sim, 1.0), 6)))
     return pl.DataFrame(
         out, schema={"a": pl.String, "b": pl.String, "agent": pl.String, "weight": pl.Float64}, orient="row"
     )

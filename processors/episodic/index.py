@@ -139,7 +139,7 @@ _GRAM_SALT = {2: np.uint64(0x2545F4914F6CDD1D), 3: np.uint64(0x94D049BB133111EB)
 _S16 = np.uint64(16)
 _S48 = np.uint64(48)
 _MASK48 = np.uint64((1 << 48) - 1)
-_MAX_BATCH = 1 << 16
+PREPARE_CHUNK = 1 << 12  # units analysed at once by ``MemoryIndex.prepare`` (at most 1 << 16)
 MAX_N = 3
 
 
@@ -240,6 +240,7 @@ def situation_features(unit: MemoryUnit, tokens: Sequence[str]) -> list[str]:
 
 NUM_PERM = 64
 MINHASH_SEED = 1
+SIGNATURE_CHUNK = 1 << 16  # features whose permuted hashes are made at once: 16 MB (SignatureScheme.signatures)
 LSH_THRESHOLD = 0.5  # = the association threshold: LSH finds what capture may link to
 BUFFER_POSTINGS = 1 << 13  # postings held in the buffer before they become a sorted segment
 BUFFER_BAND_KEYS = 1 << 11  # band keys held in the LSH's dict buffer before they become a sorted segment
@@ -315,9 +316,25 @@ class SignatureScheme:
             return np.full(self.num_perm, _EMPTY_HASH, dtype=np.uint32)
         return np.minimum.reduce(hashes[:, None] * self.a + self.b, axis=0)  # uint32 wraparound: affine32
 
-    def signatures(self, hashes: np.ndarray, starts: np.ndarray) -> np.ndarray:
-        """Signatures of several feature lists, concatenated in ``hashes``, each non-empty, from ``starts``."""
-        return np.minimum.reduceat(hashes[:, None] * self.a + self.b, starts, axis=0)
+    def signatures(self, hashes: np.ndarray, starts: np.ndarray, chunk: int = SIGNATURE_CHUNK) -> np.ndarray:
+        """Signatures of several feature lists, concatenated in ``hashes``, each non-empty, from ``starts``.
+
+        The permuted hashes are a (features, num_perm) matrix: for a capture batch of 11,591 units
+        (~70 features each) 200 MB at once, the projector's peak. They are made for about ``chunk``
+        features at a time (whole lists: a list longer than ``chunk`` is one chunk); each signature
+        is the same minimum of its own rows either way."""
+        n, total = len(starts), len(hashes)
+        if total <= chunk:
+            return np.minimum.reduceat(hashes[:, None] * self.a + self.b, starts, axis=0)
+        out = np.empty((n, self.num_perm), dtype=np.uint32)
+        k = 0
+        while k < n:
+            lo = int(starts[k])
+            j = n if total - lo <= chunk else max(k + 1, int(np.searchsorted(starts, lo + chunk, side="right")) - 1)
+            hi = total if j == n else int(starts[j])
+            out[k:j] = np.minimum.reduceat(hashes[lo:hi, None] * self.a + self.b, starts[k:j] - lo, axis=0)
+            k = j
+        return out
 
     def band_base(self, sigs: np.ndarray) -> np.ndarray:
         """Scope-free band keys (bands,) of a signature, or (n, bands) of n signatures."""
@@ -846,14 +863,12 @@ class MemoryIndex:
         """Analyse ``units`` ahead, vectorised over all of them (capture prepares its batch); ``similar``
         and ``add`` of one of these objects then reuse its analysis. ``prepare(())`` forgets them."""
         self._prepared = {}
-        if len(units) > _MAX_BATCH:  # the unit's number is kept in a fingerprint's top 16 bits
-            for k in range(0, len(units), _MAX_BATCH):
-                chunk = self._prepared
-                self.prepare(units[k : k + _MAX_BATCH])
-                self._prepared = {**chunk, **self._prepared}
-            return
-        if not units:
-            return
+        # In chunks: the unit's number is kept in a fingerprint's top 16 bits, and a chunk's tokens and
+        # features are its transient memory (a unit's analysis is the same in any chunk).
+        for k in range(0, len(units), PREPARE_CHUNK):
+            self._prepare(units[k : k + PREPARE_CHUNK])
+
+    def _prepare(self, units: Sequence[MemoryUnit]) -> None:
         norm = self._norm
         toks = [_tokens(unit_text(u), norm) for u in units]
         lens = np.fromiter(map(len, toks), dtype=np.int64, count=len(toks))

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from somnus.processors.episodic import index as index_module
 from somnus.processors.episodic.index import MemoryIndex, tokenize
 from somnus.schemas.memory import MemoryKind, MemoryUnit
 
@@ -223,6 +224,49 @@ def test_the_same_units_give_the_same_index_in_any_build(corpus: Any) -> None:
     assert one.similar(probe) == batch.similar(probe)
     for tool in ("search", "refund"):
         assert one.lookup("tool", tool) == batch.lookup("tool", tool)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=40), min_size=1, max_size=30),
+    st.integers(1, 64),
+)
+@example([[7] * 5, [1], [2**32 - 1, 0, 3]], 1)  # a list longer than the chunk is a chunk of its own
+def test_signatures_made_in_chunks_are_those_made_at_once(lists: list[list[int]], chunk: int) -> None:
+    """The permuted hashes made ``chunk`` features at a time (the projector's peak memory) give every
+    list the signature made from all rows at once, and that of the list on its own."""
+    s = MemoryIndex().scheme
+    hashes = np.array([h for hs in lists for h in hs], dtype=np.uint32)
+    lens = np.array([len(hs) for hs in lists], dtype=np.int64)
+    starts = np.cumsum(lens) - lens
+    at_once = np.minimum.reduceat(hashes[:, None] * s.a + s.b, starts, axis=0)
+    chunked = s.signatures(hashes, starts, chunk=chunk)
+    assert chunked.dtype == at_once.dtype and np.array_equal(chunked, at_once)
+    assert np.array_equal(s.signatures(hashes, starts), at_once)
+    for k, hs in enumerate(lists):
+        assert np.array_equal(chunked[k], s.signature(np.array(hs, dtype=np.uint32)))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(corpora(), st.integers(1, 5))
+def test_units_analysed_in_chunks_are_analysed_as_in_one(corpus: Any, chunk: int) -> None:
+    """``prepare`` analyses ``PREPARE_CHUNK`` units at a time (its transient memory): every unit's
+    analysis (lengths, fingerprints and counts, signature, band keys) is the one of a single chunk."""
+    units = corpus[0]
+    whole, parts = MemoryIndex(), MemoryIndex()
+    whole.prepare(units)
+    saved = index_module.PREPARE_CHUNK
+    index_module.PREPARE_CHUNK = chunk
+    try:
+        parts.prepare(units)
+    finally:
+        index_module.PREPARE_CHUNK = saved
+    assert len(parts._prepared) == len(whole._prepared) == len({id(u) for u in units})
+    for u in units:
+        a, b = whole._prepared[id(u)], parts._prepared[id(u)]
+        assert b.unit is u and (a.doc_len, a.fp_count) == (b.doc_len, b.fp_count)
+        for x, y in ((a.fps, b.fps), (a.tf, b.tf), (a.sig, b.sig), (a.band_base, b.band_base)):
+            assert x.dtype == y.dtype and np.array_equal(x, y)
 
 
 # ---- removal ---------------------------------------------------------------------------------------

@@ -144,20 +144,31 @@ class UnitColumns:
     (live or not), extended by the rows added since the last run: the index only appends units, so a
     run reads each unit once in all, not once per run (``memory_columns`` takes the live rows)."""
 
-    _FIELDS = ("agent", "outcome", "user", "mode", "tools", "objects", "domains")
+    _TYPES = {
+        "agent": pa.string(),
+        "outcome": pa.string(),
+        "user": pa.bool_(),
+        "mode": pa.string(),
+        "tools": pa.list_(pa.string()),
+        "objects": pa.list_(pa.string()),
+        "domains": pa.list_(pa.string()),
+    }
 
     def __init__(self) -> None:
         self._index: weakref.ref[Any] | None = None
+        self._reset()
+
+    def _reset(self) -> None:
         self.n = 0
-        self.columns: dict[str, pa.Array] = {}
+        self.columns: dict[str, pa.Array] = {k: pa.array([], t) for k, t in self._TYPES.items()}
         self.size = np.zeros(0, np.int64)  # len(perception) + len(summary) + len(action) + 200
 
     def of(self, ix: Any) -> UnitColumns:
         """These columns for index ``ix``, up to date (rebuilt for another index)."""
         n = len(ix.units)
         if self._index is None or self._index() is not ix or n < self.n:
-            self._index, self.n, self.columns = weakref.ref(ix), 0, {}
-            self.size = np.zeros(0, np.int64)
+            self._index = weakref.ref(ix)
+            self._reset()
         if n > self.n:
             new = ix.units[self.n : n]
             agent, outcome, user, perception, summary, action, tools, objects, domains, mode, _run = zip(
@@ -167,16 +178,12 @@ class UnitColumns:
             def lengths(texts: Sequence[str]) -> np.ndarray:
                 return np.fromiter(map(len, texts), dtype=np.int64, count=len(new))
 
-            added = {
-                "agent": pa.array(agent, pa.string()),
-                "outcome": pa.array(outcome, pa.string()),
-                "user": pa.array(user, pa.bool_()),
-                "mode": pa.array(mode, pa.string()),
-                "tools": pa.array(tools, pa.list_(pa.string())),
-                "objects": pa.array(objects, pa.list_(pa.string())),
-                "domains": pa.array(domains, pa.list_(pa.string())),
+            added = dict(
+                agent=agent, outcome=outcome, user=user, mode=mode, tools=tools, objects=objects, domains=domains
+            )
+            self.columns = {
+                k: pa.concat_arrays([self.columns[k], pa.array(added[k], t)]) for k, t in self._TYPES.items()
             }
-            self.columns = {k: pa.concat_arrays([self.columns[k], v]) if self.columns else v for k, v in added.items()}
             self.size = np.concatenate([self.size, lengths(perception) + lengths(summary) + lengths(action) + 200])
             self.n = n
         return self
@@ -201,12 +208,9 @@ def memory_columns(
     inside = (nodes >= 0) & (nodes < n)
     degree[nodes[inside]] = degrees[inside]
     last = ix.last_access.data[live]
-    agent = cols.columns["agent"].take(at) if cols.columns else pa.array([], pa.string())
-    tools, objects, domains = (
-        cols.columns[k].take(at) if cols.columns else pa.array([], pa.list_(pa.string()))
-        for k in ("tools", "objects", "domains")
+    agent, outcome, user, mode, tools, objects, domains = (
+        cols.columns[k].take(at) for k in ("agent", "outcome", "user", "mode", "tools", "objects", "domains")
     )
-    mode = cols.columns["mode"].take(at) if cols.columns else pa.array([], pa.string())
     objects, domains = _message_topics(ix, live, agent, mode, tools, objects, domains)
 
     # Built through Arrow: a list column from Python lists costs polars a Series per row.
@@ -220,8 +224,8 @@ def memory_columns(
                 "last_access": pa.array((last * 1e6).astype(np.int64), pa.timestamp("us", "UTC"), mask=~(last > 0)),
                 "access_count": pa.array(ix.access_count.data[live].astype(np.int64)),
                 "importance": pa.array(ix.importance.data[live]),
-                "outcome": cols.columns["outcome"].take(at) if cols.columns else pa.array([], pa.string()),
-                "is_user_interaction": cols.columns["user"].take(at) if cols.columns else pa.array([], pa.bool_()),
+                "outcome": outcome,
+                "is_user_interaction": user,
                 "edge_count": pa.array(degree[live]),
                 "size_bytes": pa.array(cols.size[live]),
                 "long_term": pa.array(ix.long_term.data[live]),

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated
 
@@ -138,7 +138,7 @@ def open_value(value: bytes | None, keys: Mapping[str, bytes]) -> bytes | None |
     (tampered, or sealed under another key). Never raises."""
     try:
         if value is None or not value.startswith(MAGIC):
-            return value
+            return _open_parts(value, keys) if value is not None and value.startswith(PARTS_MAGIC) else value
         kid = sealed_key_id(value)
         start = len(MAGIC) + 1 + (len(kid) if kid else 0)
         if kid is None or len(value) < start + NONCE_BYTES + TAG_BYTES:
@@ -243,9 +243,16 @@ class KeyRing:
         return open_value(value, self.keys)
 
     def missing(self, values: Iterable[bytes | None]) -> bool:
-        """Whether some sealed value (or a share of a shared one) names a key this ring does not hold."""
+        """Whether some sealed value (or a share of a shared one, or a part of a multi-part one) names a
+        key this ring does not hold."""
         for v in values:
-            kids = shared_key_ids(v) if v and v.startswith(SHARED_MAGIC) else [sealed_key_id(v)]
+            kids: list[str | None] | None
+            if v and v.startswith(SHARED_MAGIC):
+                kids = list(shared_key_ids(v) or ())
+            elif v and v.startswith(PARTS_MAGIC):
+                kids = [sealed_key_id(p) for p in split_parts(v) or ()]
+            else:
+                kids = [sealed_key_id(v)]
             if any(kid is not None and kid not in self.keys for kid in kids or ()):
                 return True
         return False
@@ -363,3 +370,87 @@ def open_shared(value: bytes | None, keys: Mapping[str, bytes]) -> bytes | None 
         return open_value(body, {"content": content})
     except Exception as exc:  # noqa: BLE001 - the boundary: opening a record never raises
         return Rejection(poison_reason(exc, "while opening a shared sealed record"))
+
+
+# ---- multi-part values: several sessions' JSON arrays in one record, each part sealed with its own key --
+
+PARTS_MAGIC = b"\x00somnus-parts/1\x00"
+MAX_PARTS = 65535
+
+
+def join_parts(parts: Sequence[bytes]) -> bytes:
+    """One record's value holding ``parts``: JSON arrays, each sealed under its own session's key (``seal``)
+    or plaintext. Faust's, aiokafka's and the broker's costs are per record, and a batch of causal
+    observations touches many sessions per partition: one record per partition instead of one per
+    partition and session (docs/design/forget.md, "Multi-part records"). Forgetting a session shreds its
+    part; the others still open.
+
+    >>> import os
+    >>> a, b = (DataKey(key_id=k, agent="aga", session_id=k, key=os.urandom(32)) for k in ("ka", "kb"))
+    >>> v = join_parts([seal(a, b'[1,2]'), seal(b, b'[3]'), b'[]', b'[4]'])
+    >>> open_value(v, {"ka": a.key, "kb": b.key}), open_value(v, {"kb": b.key}), split_parts(v)[2]
+    (b'[1,2,3,4]', b'[3,4]', b'[]')
+    >>> open_value(join_parts([seal(a, b'[1]')]), {}) is FORGOTTEN
+    True
+    """
+    if not 1 <= len(parts) <= MAX_PARTS:
+        raise ValueError(f"a multi-part value has 1 to {MAX_PARTS} parts, not {len(parts)}")
+    return PARTS_MAGIC + len(parts).to_bytes(2, "big") + b"".join(len(p).to_bytes(4, "big") + p for p in parts)
+
+
+def split_parts(value: bytes | None) -> list[bytes] | None:
+    """The parts of a multi-part value (None: not one, or malformed: truncated, or bytes after the last
+    part)."""
+    if not value or not value.startswith(PARTS_MAGIC):
+        return None
+    pos = len(PARTS_MAGIC)
+    if len(value) < pos + 2:
+        return None
+    n = int.from_bytes(value[pos : pos + 2], "big")
+    pos += 2
+    parts = []
+    for _ in range(n):
+        if len(value) < pos + 4:
+            return None
+        size = int.from_bytes(value[pos : pos + 4], "big")
+        pos += 4
+        if len(value) < pos + size:
+            return None
+        parts.append(value[pos : pos + size])
+        pos += size
+    return parts if n and pos == len(value) else None
+
+
+def parts_of(value: bytes | None) -> list[bytes | None]:
+    """The values a record carries: a multi-part value's parts, else the value itself (a malformed
+    multi-part value too: opening it gives the ``Rejection``)."""
+    parts = split_parts(value) if value is not None and value.startswith(PARTS_MAGIC) else None
+    return list(parts) if parts is not None else [value]
+
+
+def _open_parts(value: bytes, keys: Mapping[str, bytes]) -> bytes | _Forgotten | Rejection:
+    """A multi-part value as one JSON array of its parts' items, the forgotten parts left out;
+    ``FORGOTTEN`` when every part is; a ``Rejection`` when it or any part is malformed or fails
+    authentication (the record goes to the dead letters whole: nothing of it is lost)."""
+    parts = split_parts(value)
+    if parts is None:
+        return Rejection("undecodable: a multi-part record whose envelope is malformed (truncated)")
+    inner: list[bytes] = []
+    kept = 0
+    for part in parts:
+        if part.startswith(PARTS_MAGIC) or part.startswith(SHARED_MAGIC):
+            return Rejection("undecodable: a multi-part record with a part that is not a sealed or plain value")
+        got = open_value(part, keys)
+        if got is FORGOTTEN:
+            continue
+        if not isinstance(got, bytes):
+            return got if isinstance(got, Rejection) else Rejection("undecodable: an empty part of a multi-part record")
+        body = got.strip()
+        if not (body.startswith(b"[") and body.endswith(b"]")):
+            return Rejection("undecodable: a part of a multi-part record that is not a JSON array")
+        kept += 1
+        if body[1:-1].strip():
+            inner.append(body[1:-1])
+    if not kept:
+        return FORGOTTEN
+    return b"[" + b",".join(inner) + b"]"

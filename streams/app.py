@@ -44,7 +44,7 @@ from somnus.schemas.codec import (
     record_rejection,
     truncated_note,
 )
-from somnus.schemas.sealed import FORGOTTEN
+from somnus.schemas.sealed import FORGOTTEN, MAX_PARTS, join_parts, parts_of
 from somnus.streams.kafka_compat import track_topics_sent_to
 from somnus.streams.keys import KeyFollower
 from somnus.streams.sealing import (
@@ -786,23 +786,31 @@ class Distiller:
         key_of_episode: dict[Any, Any] = {}  # the data key of each observation's episode (its record's)
         for event in batch:
             msg = event.message
-            value = keys.ring.open(msg.value)
-            if value is FORGOTTEN:
-                self.counters.shredded += 1
+            # A multi-part record's parts are opened one by one: each part's items carry its key.
+            parts: list[tuple[Any, list[OutcomeObserved]]] = []
+            rejected: Rejection | None = None
+            for part in parts_of(msg.value):
+                value = keys.ring.open(part)
+                if value is FORGOTTEN:
+                    self.counters.shredded += 1
+                    continue
+                items = (
+                    value
+                    if isinstance(value, Rejection)
+                    else decode_bounded(_observations_decoder, value, self.settings.max_json_depth)  # type: ignore[arg-type]
+                )
+                if isinstance(items, Rejection):
+                    rejected = items
+                    break
+                parts.append((key_of_record(keys.ring, part), items))
+            if rejected is not None:  # our own output, or not: it must not stop the stream (the record whole)
+                await self.dead.send(msg, _named(rejected, "observations", msg.value))
                 continue
-            items = (
-                value
-                if isinstance(value, Rejection)
-                else decode_bounded(_observations_decoder, value, self.settings.max_json_depth)  # type: ignore[arg-type]
-            )
-            if isinstance(items, Rejection):  # our own output, or not: it must not stop the stream
-                await self.dead.send(msg, _named(items, "observations", msg.value))
-                continue
-            record_key = key_of_record(keys.ring, msg.value)
-            for item in items:
-                partition_of[item.event_signature] = msg.partition
-                key_of_episode[item.episode_id] = record_key
-            observed.extend(items)
+            for record_key, items in parts:
+                for item in items:
+                    partition_of[item.event_signature] = msg.partition
+                    key_of_episode[item.episode_id] = record_key
+                observed.extend(items)
         try:
             states, updates = _learn(self.links, partition_of, observed, self.alpha_by_agent)
         except Exception as exc:  # noqa: BLE001 - the poison boundary: one record at a time, then the one that raises
@@ -1182,6 +1190,7 @@ class IdleSessions:
 
 
 BUNDLE_ITEMS = 1000  # items per bundle record: well under the producer's request size
+PARTS_BYTES = 512 << 10  # of the arrays joined in one multi-part record (a lone larger array: its own)
 
 
 async def _send_bundles(
@@ -1192,18 +1201,52 @@ async def _send_bundles(
     signature_of: Any,
     key_of: Any = lambda item: None,
 ) -> list[Any]:
-    """Send ``items`` as JSON-array records, grouped by the partition of their signature and by their
-    session's data key (``key_of``: sealed with it; order kept, at most ``BUNDLE_ITEMS`` a record);
-    returns the send futures. Faust's cost is per record, so a batch's outcomes travel together."""
-    groups: dict[tuple[int, Any], list[Any]] = {}
+    """Send ``items`` as JSON arrays grouped by the partition of their signature, each session's sealed
+    with its data key (``key_of``); returns the send futures. Faust's cost is per record, so a batch's
+    items travel together: one session's array is a record as it is, several sessions' arrays of a
+    partition share a multi-part record (``join_parts``), order kept."""
+    groups: dict[int, dict[Any, list[Any]]] = {}
     for item in items:
-        groups.setdefault((signature_partition(signature_of(item), partitions), key_of(item)), []).append(item)
-    return [
-        await app.producer.send(topic, key=None, value=value, partition=partition, timestamp=None, headers=headers)
-        for (partition, key), group in sorted(groups.items(), key=lambda g: g[0][0])
-        for i in range(0, len(group), BUNDLE_ITEMS)
-        for value, headers in [sealed(key, encode(group[i : i + BUNDLE_ITEMS]))]
-    ]
+        groups.setdefault(signature_partition(signature_of(item), partitions), {}).setdefault(key_of(item), []).append(
+            item
+        )
+    pending = []
+    for partition in sorted(groups):
+        arrays = [
+            sealed(key, encode(group[i : i + BUNDLE_ITEMS]))
+            for key, group in groups[partition].items()
+            for i in range(0, len(group), BUNDLE_ITEMS)
+        ]
+        for value, headers in _pack_parts(arrays):
+            pending.append(
+                await app.producer.send(
+                    topic, key=None, value=value, partition=partition, timestamp=None, headers=headers
+                )
+            )
+    return pending
+
+
+def _pack_parts(arrays: list[tuple[bytes, Any]]) -> list[tuple[bytes, Any]]:
+    """Consecutive ``(value, headers)`` arrays as records: runs of at most ``PARTS_BYTES`` joined into one
+    multi-part record (no headers: its parts name their keys), a lone array as it is."""
+    out: list[tuple[bytes, Any]] = []
+    run: list[tuple[bytes, Any]] = []
+    size = 0
+
+    def flush() -> None:
+        if len(run) == 1:
+            out.append(run[0])
+        elif run:
+            out.append((join_parts([v for v, _ in run]), None))
+
+    for value, headers in arrays:
+        if run and (size + len(value) > PARTS_BYTES or len(run) >= MAX_PARTS):
+            flush()
+            run, size = [], 0
+        run.append((value, headers))
+        size += len(value)
+    flush()
+    return out
 
 
 def _keys(app: Any) -> KeyFollower:

@@ -17,7 +17,7 @@ class WorkerCounters:
     forgotten: int = 0  # closed sessions whose marker expired (somnus.processors.sessions.session_retention)
     abandoned: int = 0  # open sessions closed after the idle time (somnus.processors.sessions.session_retention)
     future: int = 0  # events stamped ahead of their record by more than the clock skew allowed (dead letters)
-    shredded: int = 0  # sealed records whose data key a forget deleted: skipped (somnus.schemas.sealed)
+    shredded: int = 0  # sealed records (parts of multi-part ones) whose data key a forget deleted: skipped
     poison: int = 0  # records whose distillation raised (dead letters, kind poison)
     facts: int = 0
     observations: int = 0

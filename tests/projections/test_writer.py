@@ -274,3 +274,40 @@ def test_an_event_stamped_past_its_records_broker_time_plus_the_skew_is_not_proj
     )
     assert res.events == 1
     assert con.execute("SELECT max(ts) FROM events").fetchone()[0].year == 2026
+
+
+def test_a_multi_part_link_updates_record_writes_the_parts_whose_keys_are_held(tmp_path):
+    """Several sessions' link updates in one record (``somnus.schemas.sealed.join_parts``, the worker's
+    layout): each part opens with its own key, a forgotten session's part is left out, the rest written."""
+    import uuid
+    from datetime import datetime, timezone
+
+    from somnus.projections.writer import apply_guarded
+    from somnus.schemas.causal import CausalLinkUpdated
+    from somnus.schemas.sealed import encode_key, join_parts, new_key, seal
+
+    def update(episode: uuid.UUID, offset: int) -> CausalLinkUpdated:
+        return CausalLinkUpdated(
+            event_signature=f"{offset:064x}", level="call", tool="lookup", outcome_signature="error:Timeout",
+            outcome="error:Timeout", valence="negative", agent="aga", episode_id=episode,
+            observed_at=datetime(2026, 1, 1, tzinfo=timezone.utc), src_partition=0, src_offset=offset, index=0,
+            target=1.0, alpha=0.5, strength_before=0.0, strength=0.5, observations=1, event_observations=1,
+            confidence=0.5, strengths={"error:Timeout": 0.5},
+        )  # fmt: skip
+
+    con = _db(tmp_path)
+    seen = ReadModels(con)
+    kept, gone = new_key("aga", "s1"), new_key("aga", "s2")
+    seen.keys.apply(kept.key_id.encode(), encode_key(kept))  # s2's key was deleted (forgotten)
+    eps = [uuid.uuid4() for _ in range(3)]
+    parts = [[update(eps[0], 0), update(eps[0], 1)], [update(eps[1], 2)], [update(eps[2], 3)]]
+    value = join_parts([seal(kept, encode(parts[0])), seal(gone, encode(parts[1])), encode(parts[2])])
+    res = apply_guarded(con, ALL, [Rec("link-updates", 0, 0, value)], load_offsets(con), 1 << 20, seen, 64, 300.0)
+    got = con.execute("SELECT src_offset, episode_id FROM causal_link_updates ORDER BY src_offset").fetchall()
+    assert got == [(0, eps[0]), (1, eps[0]), (3, eps[2])] and res.quarantined == 0
+    # every part forgotten: the record is skipped as a forgotten one, not a dead letter
+    res = apply_guarded(
+        con, ALL, [Rec("link-updates", 0, 1, join_parts([seal(gone, encode(parts[1]))]))], load_offsets(con),
+        1 << 20, seen, 64, 300.0,
+    )  # fmt: skip
+    assert res.shredded == 1 and res.quarantined == 0

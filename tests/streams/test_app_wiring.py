@@ -138,3 +138,82 @@ async def _until(done: Any, timeout_s: float = 10.0) -> None:
     while not done():
         assert asyncio.get_running_loop().time() < deadline, "the agent handled nothing"
         await asyncio.sleep(0.01)
+
+
+def _observation(episode: Any, signature: str, index: int) -> OutcomeObserved:
+    return OutcomeObserved(
+        event_signature=signature,
+        level="call",
+        tool="lookup",
+        outcome_signature="error:Timeout",
+        outcome="error:Timeout",
+        valence="negative",
+        agent="support",
+        observed_at=T0,
+        episode_id=episode,
+        src_partition=0,
+        src_offset=index,
+        index=0,
+    )
+
+
+def test_several_sessions_observations_share_a_record_per_partition_and_keep_their_keys(distiller):
+    """Observations of two sealed sessions and a plaintext one: one multi-part record per partition (each
+    session's part under its key, order kept); the links agent seals every update with its episode's key,
+    and a forgotten session's part is skipped while the others are learnt."""
+    import uuid
+
+    from somnus.schemas.causal import CausalLinkUpdated
+    from somnus.schemas.causal import OutcomeObserved as Observed
+    from somnus.schemas.sealed import encode_key, new_key, open_value, parts_of, sealed_key_id
+    from somnus.streams.app import _send_bundles
+    from somnus.streams.topics import signature_partition
+
+    s, sent = distiller.settings, distiller.app.producer
+    distiller.keys.bootstrap = ""  # offline: its ring is every key there is (a forgotten one is not asked for)
+    ring = distiller.keys.ring
+    keys = {name: new_key("support", name) for name in ("s1", "s2")}
+    for k in keys.values():
+        ring.apply(k.key_id.encode(), encode_key(k))
+    episodes = {name: uuid.uuid4() for name in ("s1", "s2", "s3")}
+    key_of_episode = {episodes[n]: k for n, k in keys.items()}  # s3: plaintext
+    sigs = [f"{i:08x}{i:056x}" for i in range(12)]  # hex digests, over every partition
+    items = [_observation(episodes[n], sig, i) for i, (n, sig) in enumerate((n, g) for g in sigs for n in episodes)]
+
+    async def run() -> None:
+        await _send_bundles(
+            distiller.app,
+            s.observations_topic,
+            s.partitions,
+            items,
+            lambda o: o.event_signature,
+            lambda o: key_of_episode.get(o.episode_id),
+        )
+        records = sent.by_topic[s.observations_topic]
+        partitions = {signature_partition(g, s.partitions) for g in sigs}
+        assert len(records) == len(partitions) > 1  # not one per partition and session
+        for m in records:
+            parts = parts_of(m["value"])
+            assert [sealed_key_id(p) for p in parts] == [keys["s1"].key_id, keys["s2"].key_id, None]
+        got = [o for m in records for o in msgspec.json.decode(open_value(m["value"], ring.keys), type=list[Observed])]
+        assert sorted(got, key=lambda o: o.src_offset) == items
+
+        ring.apply(keys["s2"].key_id.encode(), None)  # forget s2 before the links agent reads them
+        async with _agent(distiller, "learn_links").test_context() as agent:
+            for m in records:
+                await agent.put(m["value"])
+            await _until(lambda: distiller.counters.link_updates >= 24)
+
+    asyncio.run(run())
+    records = sent.by_topic[s.observations_topic]
+    assert distiller.counters.link_updates == 24 and distiller.counters.shredded == len(records)
+    updates = []
+    for m in sent.by_topic[s.link_updates_topic]:
+        for part in parts_of(m["value"]):
+            kid = sealed_key_id(part)
+            for u in msgspec.json.decode(open_value(part, ring.keys), type=list[CausalLinkUpdated]):
+                updates.append(u)
+                expected = key_of_episode.get(u.episode_id)
+                assert kid == (expected.key_id if expected is not None else None)
+    assert {u.episode_id for u in updates} == {episodes["s1"], episodes["s3"]}
+    assert s.dead_letter_topic not in sent.by_topic

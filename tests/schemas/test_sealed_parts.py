@@ -66,6 +66,7 @@ def test_a_lone_value_is_its_own_only_part():
         (join_parts([b"[1]", join_parts([b"[2]"])]), "not a sealed or plain value"),  # nested
         (join_parts([seal_shared([A], b"[1]")]), "not a sealed or plain value"),
     ],
+    ids=["truncated", "trailing", "no-part", "tampered", "not-array", "nested", "shared"],  # values are random
 )
 def test_a_malformed_or_altered_record_is_rejected_whole(value, reason):
     got = open_value(value, KEYS)

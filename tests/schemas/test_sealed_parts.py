@@ -89,3 +89,14 @@ def test_the_ring_asks_for_the_key_of_every_part():
 def test_part_count_bounds():
     with pytest.raises(ValueError):
         join_parts([])
+
+
+@given(st.binary(max_size=300), st.lists(st.binary(max_size=40), max_size=5))
+def test_hostile_multi_part_bytes_never_raise(tail, parts):
+    """Any bytes behind the magic, or any parts, open as a value, ``FORGOTTEN`` or a ``Rejection``."""
+    ring = KeyRing()
+    for value in (PARTS_MAGIC + tail, join_parts(parts) if parts else PARTS_MAGIC):
+        got = open_value(value, KEYS)
+        assert got is FORGOTTEN or isinstance(got, (bytes, Rejection))
+        ring.missing([value])
+        assert parts_of(value)

@@ -29,7 +29,10 @@ KEYS = {k.key_id: k.key for k in (A, B, C)}
 
 @given(
     st.lists(
-        st.tuples(st.sampled_from([A, B, C, None]), st.lists(st.integers() | st.text(max_size=5), max_size=4)),
+        st.tuples(
+            st.sampled_from([A, B, C, None]),
+            st.lists(st.integers(-(2**63), 2**63 - 1) | st.text(max_size=5), max_size=4),
+        ),
         min_size=1,
         max_size=8,
     ),

@@ -41,6 +41,7 @@ _ENV = {
     "sleep_schedule": "SOMNUS_SLEEP_SCHEDULE",
     "fact_retire_days": "SOMNUS_FACT_RETIRE_DAYS",
     "oscillators": "SOMNUS_OSCILLATORS",
+    "multipart_records": "SOMNUS_MULTIPART_RECORDS",
     "session_retention_s": "SOMNUS_SESSION_RETENTION_S",
     "session_idle_s": "SOMNUS_SESSION_IDLE_S",
     "max_clock_skew_s": "SOMNUS_MAX_CLOCK_SKEW_S",
@@ -97,6 +98,10 @@ class Settings:
     fact_retire_days: float = 90.0
     # Coupled oscillators of the SCN (processors/prediction/oscillators.py): optional, off by default.
     oscillators: bool = False
+    # A batch's observations and link updates of one partition in one multi-part record (each session's
+    # part sealed under its key) rather than one record per session: the worker's CPU per event falls a
+    # third; off by default because the e2e rate did not rise (BENCHMARKS.md, "Multi-part records").
+    multipart_records: bool = False
     # How long the worker remembers a closed session (stream time, per partition: processors/sessions/session_retention.py);
     # 0 keeps every marker forever.
     session_retention_s: float = 7 * 86400.0

@@ -731,6 +731,7 @@ class Distiller:
                     plan.observations,
                     lambda o: o.event_signature,
                     lambda o: keys.get(o.episode_id),
+                    settings.multipart_records,
                 )
             )
         units = plan.units
@@ -846,6 +847,7 @@ class Distiller:
             updates,
             lambda u: u.event_signature,
             lambda u: key_of.get(u.episode_id),
+            self.settings.multipart_records,
         )
         if pending:
             await asyncio.gather(*pending)
@@ -1200,11 +1202,12 @@ async def _send_bundles(
     items: Sequence[Any],
     signature_of: Any,
     key_of: Any = lambda item: None,
+    joined: bool = False,
 ) -> list[Any]:
     """Send ``items`` as JSON arrays grouped by the partition of their signature, each session's sealed
     with its data key (``key_of``); returns the send futures. Faust's cost is per record, so a batch's
-    items travel together: one session's array is a record as it is, several sessions' arrays of a
-    partition share a multi-part record (``join_parts``), order kept."""
+    items of one session and partition travel together; with ``joined`` (``multipart_records``) the
+    arrays of several sessions of a partition share a multi-part record (``join_parts``), order kept."""
     groups: dict[int, dict[Any, list[Any]]] = {}
     for item in items:
         groups.setdefault(signature_partition(signature_of(item), partitions), {}).setdefault(key_of(item), []).append(
@@ -1217,7 +1220,7 @@ async def _send_bundles(
             for key, group in groups[partition].items()
             for i in range(0, len(group), BUNDLE_ITEMS)
         ]
-        for value, headers in _pack_parts(arrays):
+        for value, headers in _pack_parts(arrays) if joined else arrays:
             pending.append(
                 await app.producer.send(
                     topic, key=None, value=value, partition=partition, timestamp=None, headers=headers

@@ -7,6 +7,8 @@ back through the broker to show the user's records cannot be opened any more."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import asyncio
 import subprocess
 import sys
@@ -119,8 +121,9 @@ def snapshot(path: Path) -> tuple[dict[str, str], dict[str, int]]:
         con.close()
 
 
-def test_forget_a_user_verify_and_replay(pipeline_settings, tmp_path):
-    p = Pipeline(pipeline_settings)
+@pytest.mark.parametrize("multipart", [False, True], ids=["record-per-session", "multipart-records"])
+def test_forget_a_user_verify_and_replay(pipeline_settings, tmp_path, multipart):
+    p = Pipeline(dataclasses.replace(pipeline_settings, multipart_records=multipart))
     s = p.s
     env = {**s.as_env(), "KAFKA_BOOTSTRAP": p.boot}
     try:

@@ -32,6 +32,7 @@ NON_DEFAULT = {
     "sleep_schedule": ("0 */6 * * *", "SOMNUS_SLEEP_SCHEDULE", "0 */6 * * *", "0 */6 * * *"),
     "fact_retire_days": (30.0, "SOMNUS_FACT_RETIRE_DAYS", "30", 30.0),
     "oscillators": (True, "SOMNUS_OSCILLATORS", "true", True),
+    "multipart_records": (True, "SOMNUS_MULTIPART_RECORDS", "true", True),
     "session_retention_s": (3600.0, "SOMNUS_SESSION_RETENTION_S", "3600", 3600.0),
     "session_idle_s": (7200.0, "SOMNUS_SESSION_IDLE_S", "7200", 7200.0),
     "max_clock_skew_s": (60.0, "SOMNUS_MAX_CLOCK_SKEW_S", "60", 60.0),

@@ -158,9 +158,9 @@ def _observation(episode: Any, signature: str, index: int) -> OutcomeObserved:
 
 
 def test_several_sessions_observations_share_a_record_per_partition_and_keep_their_keys(distiller):
-    """Observations of two sealed sessions and a plaintext one: one multi-part record per partition (each
-    session's part under its key, order kept); the links agent seals every update with its episode's key,
-    and a forgotten session's part is skipped while the others are learnt."""
+    """Observations of two sealed sessions and a plaintext one: with ``multipart_records``, one multi-part
+    record per partition (each session's part under its key, order kept); the links agent seals every
+    update with its episode's key, and a forgotten session's part is skipped while the others are learnt."""
     import uuid
 
     from somnus.schemas.causal import CausalLinkUpdated
@@ -169,6 +169,7 @@ def test_several_sessions_observations_share_a_record_per_partition_and_keep_the
     from somnus.streams.app import _send_bundles
     from somnus.streams.topics import signature_partition
 
+    distiller.settings = dataclasses.replace(distiller.settings, multipart_records=True)
     s, sent = distiller.settings, distiller.app.producer
     distiller.keys.bootstrap = ""  # offline: its ring is every key there is (a forgotten one is not asked for)
     ring = distiller.keys.ring
@@ -189,6 +190,17 @@ def test_several_sessions_observations_share_a_record_per_partition_and_keep_the
             lambda o: o.event_signature,
             lambda o: key_of_episode.get(o.episode_id),
         )
+        separate = sent.by_topic.pop(s.observations_topic)  # the default layout: a record per session
+        assert [sealed_key_id(m["value"]) for m in separate].count(keys["s1"].key_id) == len(separate) // 3
+        await _send_bundles(
+            distiller.app,
+            s.observations_topic,
+            s.partitions,
+            items,
+            lambda o: o.event_signature,
+            lambda o: key_of_episode.get(o.episode_id),
+            joined=True,
+        )
         records = sent.by_topic[s.observations_topic]
         partitions = {signature_partition(g, s.partitions) for g in sigs}
         assert len(records) == len(partitions) > 1  # not one per partition and session
@@ -198,6 +210,7 @@ def test_several_sessions_observations_share_a_record_per_partition_and_keep_the
         got = [o for m in records for o in msgspec.json.decode(open_value(m["value"], ring.keys), type=list[Observed])]
         assert sorted(got, key=lambda o: o.src_offset) == items
 
+        assert len(separate) == 3 * len(records)
         ring.apply(keys["s2"].key_id.encode(), None)  # forget s2 before the links agent reads them
         async with _agent(distiller, "learn_links").test_context() as agent:
             for m in records:
@@ -216,4 +229,5 @@ def test_several_sessions_observations_share_a_record_per_partition_and_keep_the
                 expected = key_of_episode.get(u.episode_id)
                 assert kid == (expected.key_id if expected is not None else None)
     assert {u.episode_id for u in updates} == {episodes["s1"], episodes["s3"]}
+    assert all(len(parts_of(m["value"])) == 2 for m in sent.by_topic[s.link_updates_topic])  # s1's and s3's
     assert s.dead_letter_topic not in sent.by_topic

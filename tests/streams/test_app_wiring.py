@@ -181,27 +181,23 @@ def test_several_sessions_observations_share_a_record_per_partition_and_keep_the
     sigs = [f"{i:08x}{i:056x}" for i in range(12)]  # hex digests, over every partition
     items = [_observation(episodes[n], sig, i) for i, (n, sig) in enumerate((n, g) for g in sigs for n in episodes)]
 
+    async def send(joined: bool) -> list[dict[str, Any]]:
+        await _send_bundles(
+            distiller.app,
+            s.observations_topic,
+            s.partitions,
+            items,
+            lambda o: o.event_signature,
+            lambda o: key_of_episode.get(o.episode_id),
+            joined,
+        )
+        return sent.by_topic.pop(s.observations_topic)
+
     async def run() -> None:
-        await _send_bundles(
-            distiller.app,
-            s.observations_topic,
-            s.partitions,
-            items,
-            lambda o: o.event_signature,
-            lambda o: key_of_episode.get(o.episode_id),
-        )
-        separate = sent.by_topic.pop(s.observations_topic)  # the default layout: a record per session
+        separate = await send(False)  # the default layout: a record per session
         assert [sealed_key_id(m["value"]) for m in separate].count(keys["s1"].key_id) == len(separate) // 3
-        await _send_bundles(
-            distiller.app,
-            s.observations_topic,
-            s.partitions,
-            items,
-            lambda o: o.event_signature,
-            lambda o: key_of_episode.get(o.episode_id),
-            joined=True,
-        )
-        records = sent.by_topic[s.observations_topic]
+        records = await send(True)
+        sent.by_topic[s.observations_topic] = records
         partitions = {signature_partition(g, s.partitions) for g in sigs}
         assert len(records) == len(partitions) > 1  # not one per partition and session
         for m in records:

@@ -50,6 +50,9 @@ _access_decoder = msgspec.json.Decoder(list[MemoryAccessed])
 _event_decoder = msgspec.json.Decoder(MemoryEvent)
 _sleep_decoder = msgspec.json.Decoder(SleepRequested)
 _encoder = msgspec.json.Encoder()
+# Records of a batch folded and inserted at once (``MemoryProjection.write``): at 20,000 (a whole
+# batch) the decoded units, their analyses and log rows added 400 MB to the projector's peak.
+MEMORY_CHUNK = 1_000
 
 
 def stemmer() -> Any:
@@ -146,25 +149,15 @@ class MemoryProjection:
 
     def write(self, con: duckdb.DuckDBPyConnection, records: Sequence[tuple[bytes | None, Any]]) -> int:
         """Fold ``(kind, record)`` pairs in order and write what they decided (caller's transaction)."""
-        events: list[tuple[MemoryEvent, int]] = []
-        # Every unit record of the batch decoded and analysed at once (tokens, fingerprints,
-        # signatures: one vectorised pass, not one per record: a record is one session's units).
-        batch = [
-            (
-                kind,
-                rec,
-                None
-                if kind in (KIND_ACCESS, KIND_SLEEP) or kind in GOAL_KINDS
-                else _units_decoder.decode(rec.value or b"[]"),
-            )
-            for kind, rec in records
-        ]
-        index = self.state.index
-        index.prepare([u for _, _, units in batch for u in units or () if u.memory_id not in self.state.decided])
-        try:
-            self._fold(con, batch, events)
-        finally:
-            index.prepare(())
+        logged = 0
+        # A chunk of records at a time, decoded, folded and inserted: a batch's units, their analyses,
+        # decisions and log rows are held for one chunk, not the whole batch (issue #30). The fold
+        # reads none of the tables it writes, so the state and rows are the same for any chunking.
+        for k in range(0, len(records), MEMORY_CHUNK):
+            events = self._fold_chunk(con, records[k : k + MEMORY_CHUNK])
+            if events:
+                self._insert(con, events)
+                logged += len(events)
         if self.sleep is not None:
             self.sleep.write(con)
         goal_rows = self.goals.write(con)
@@ -188,10 +181,32 @@ class MemoryProjection:
                     "coherence, distances, src_offset FROM readings"
                 )
             self.readings.clear()
-        if not events:
-            return goal_rows
-        self._insert(con, events)
-        return len(events) + goal_rows
+        return logged + goal_rows
+
+    def _fold_chunk(
+        self, con: duckdb.DuckDBPyConnection, records: Sequence[tuple[bytes | None, Any]]
+    ) -> list[tuple[MemoryEvent, int]]:
+        """Fold some records in order; the events they decided, with their source offsets."""
+        events: list[tuple[MemoryEvent, int]] = []
+        # Every unit record of the chunk decoded and analysed at once (tokens, fingerprints,
+        # signatures: one vectorised pass, not one per record: a record is one session's units).
+        batch = [
+            (
+                kind,
+                rec,
+                None
+                if kind in (KIND_ACCESS, KIND_SLEEP) or kind in GOAL_KINDS
+                else _units_decoder.decode(rec.value or b"[]"),
+            )
+            for kind, rec in records
+        ]
+        index = self.state.index
+        index.prepare([u for _, _, units in batch for u in units or () if u.memory_id not in self.state.decided])
+        try:
+            self._fold(con, batch, events)
+        finally:
+            index.prepare(())
+        return events
 
     def _fold(
         self,

@@ -81,11 +81,16 @@ async def connect_when_free(path: Path, timeout_s: float = LOCK_WAIT_S) -> duckd
             await asyncio.sleep(0.1)
 
 
-async def open_projections(path: Path, timeout_s: float = LOCK_WAIT_S) -> duckdb.DuckDBPyConnection:
-    """The projector's database, read-write (``connect_when_free``), its tables made, and closed to
-    files, the network and extensions, locked (``sql_sandbox.harden``): the same database runs
-    analysts' SQL, so a query the sandbox's parser check let through still reads no file (issue #25)."""
+async def open_projections(
+    path: Path, timeout_s: float = LOCK_WAIT_S, memory_limit: str | None = None
+) -> duckdb.DuckDBPyConnection:
+    """The projector's database, read-write (``connect_when_free``), held to ``memory_limit`` (when given:
+    ``Settings.db_memory_limit``), its tables made, and closed to files, the network and extensions,
+    locked (``sql_sandbox.harden``): the same database runs analysts' SQL, so a query the sandbox's
+    parser check let through still reads no file (issue #25)."""
     con = await connect_when_free(path, timeout_s)
+    if memory_limit is not None:  # before harden locks the configuration
+        con.execute("SET memory_limit = ?", [memory_limit])
     schema.init(con)
     harden(con)
     return con
@@ -187,7 +192,7 @@ class Projector:
         """Project until stopped; with ``until_end``, stop once the end offsets seen at start are reached."""
         track_topics_sent_to()  # its producer sends to several topics (somnus.streams.kafka_compat)
         self.db_path.parent.mkdir(parents=True, exist_ok=True)
-        con = await open_projections(self.db_path)
+        con = await open_projections(self.db_path, memory_limit=self.settings.db_memory_limit)
         consumer = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap,
             enable_auto_commit=False,

@@ -14,6 +14,7 @@ a dead letter (``DeadLetters.quarantine``), the one place the projector writes a
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -231,7 +232,9 @@ class TracesSink(Sink):
         super().__init__(models, res, dead)
         self.max_event_bytes, self.max_depth, self.skew_us = max_event_bytes, max_depth, skew_us
         self.cols: dict[str, list[Any]] = {c: [] for c in self.COLUMNS}
-        self.objs: list[tuple[Record, int, Any]] = []  # (record, index, event) of each row of cols
+        # (record, index in it) of each row of cols; not the decoded event: a batch's events held
+        # decoded took 2 KB each, 375 MB of the projector's peak at 20,000 records (issue #30)
+        self.objs: list[tuple[Record, int]] = []
         self.dup_rows: list[dict[str, Any]] = []
 
     def add(self, rec: Record, named: bool) -> None:
@@ -241,7 +244,11 @@ class TracesSink(Sink):
 
     def prepare(self, con: duckdb.DuckDBPyConnection) -> None:
         if self.objs:
-            _once_per_event_id(con, self.cols, self.objs, self.dup_rows, self.dead.quarantine)
+            _once_per_event_id(con, self.cols, self.objs, self.dup_rows, self.dead.quarantine, self._event)
+
+    def _event(self, rec: Record, index: int) -> Any:
+        """The event at ``index`` of ``rec``, decoded again (for a dead letter: rare)."""
+        return decode_record(rec.value, self.max_event_bytes, self.max_depth)[index]
 
     def write(self, con: duckdb.DuckDBPyConnection) -> None:
         cols = self.cols
@@ -605,7 +612,7 @@ def _add_events(
     max_event_bytes: int,
     max_depth: int = MAX_DEPTH,
     skew_us: int = 0,
-    objs: list[tuple[Record, int, Any]] | None = None,
+    objs: list[tuple[Record, int]] | None = None,
 ) -> int:
     """Append the valid events of one traces record to the column lists (not those stamped later than
     the record's broker time plus ``skew_us``: the worker dead-letters them, kind ``future``); returns
@@ -631,16 +638,17 @@ def _add_events(
         cols["src_offset"].append(rec.offset)
         cols["src_index"].append(index)
         if objs is not None:
-            objs.append((rec, index, ev))
+            objs.append((rec, index))
     return invalid
 
 
 def _once_per_event_id(
     con: duckdb.DuckDBPyConnection,
     cols: dict[str, list[Any]],
-    objs: list[tuple[Record, int, Any]],
+    objs: list[tuple[Record, int]],
     dup_rows: list[dict[str, Any]],
     dead: Any,
+    event: Callable[[Record, int], Any],
 ) -> None:
     """Keep in ``cols`` the events whose ``event_id`` is new (the first copy in the batch). A copy of an
     id its own session holds is a row of ``dup_rows`` (counted, not projected again); an id another
@@ -656,8 +664,9 @@ def _once_per_event_id(
             ).fetchall()
         }
     keep: list[int] = []
-    for i, (eid, (rec, index, ev)) in enumerate(zip(ids, objs)):
-        mine = (ev.agent, ev.session_id)
+    agents, sessions = cols["agent"], cols["session_id"]
+    for i, (eid, (rec, index)) in enumerate(zip(ids, objs)):
+        mine = (agents[i], sessions[i])
         held = owner.get(eid)
         if held is None:
             owner[eid] = mine
@@ -666,9 +675,9 @@ def _once_per_event_id(
             dup_rows.append(
                 {
                     "event_id": eid,
-                    "agent": ev.agent,
-                    "session_id": ev.session_id,
-                    "seq": ev.seq,
+                    "agent": agents[i],
+                    "session_id": sessions[i],
+                    "seq": cols["seq"][i],
                     "src_partition": rec.partition,
                     "src_offset": rec.offset,
                     "src_index": index,
@@ -679,9 +688,9 @@ def _once_per_event_id(
                 rec,
                 index,
                 f"duplicate: event_id {eid} already belongs to session {held[1]!r} of agent "
-                f"{held[0]!r}; this {type_name(ev)} event of session {ev.session_id!r} of agent "
-                f"{ev.agent!r} reuses it",
-                encode(ev),
+                f"{held[0]!r}; this {cols['type'][i]} event of session {sessions[i]!r} of agent "
+                f"{agents[i]!r} reuses it",
+                encode(event(rec, index)),
             )
     if len(keep) < len(ids):
         for name, col in cols.items():

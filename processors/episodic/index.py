@@ -406,14 +406,42 @@ class _Column:
 Segment = tuple[np.ndarray, ...]  # (keys uint64 sorted, memory index int32[, count float32])
 
 
+MERGE_IN_PLACE_ROWS = 1 << 20  # a merge of at least these rows writes its output in place (``_merge``)
+
+
 def _merge(a: Segment, b: Segment, alive: np.ndarray | None) -> Segment:
     # Both are sorted by (key, memory) and b's memories are all newer than a's, so a stable sort on
-    # the key alone gives (key, memory) order: a linear merge of two runs.
+    # the key alone gives (key, memory) order: a linear merge of two runs. A large merge is written in
+    # place instead (the same rows): sorting held the concatenation, two orders and the result at once,
+    # 38 bytes a row, 300 MB for 8M rows (issue #30); in place, 20. Small ones sort: it is faster.
+    if len(a[0]) + len(b[0]) >= MERGE_IN_PLACE_ROWS:
+        return _merge_in_place(a, b, alive)
     cols = [np.concatenate([x, y]) for x, y in zip(a, b)]
     order = np.argsort(cols[0], kind="stable")
     if alive is not None:
         order = order[alive[cols[1][order]]]
     return tuple(c[order] for c in cols)
+
+
+def _merge_in_place(a: Segment, b: Segment, alive: np.ndarray | None) -> Segment:
+    """``_merge``, each live row of b put after a's live rows of its key, one output column at a time."""
+    keep_a = keep_b = None
+    if alive is not None:
+        keep_a, keep_b = (None if k.all() else k for k in (alive[a[1]], alive[b[1]]))
+    a_keys = a[0] if keep_a is None else a[0][keep_a]
+    b_keys = b[0] if keep_b is None else b[0][keep_b]
+    n = len(a_keys) + len(b_keys)
+    at = a_keys.searchsorted(b_keys, side="right") + np.arange(len(b_keys))
+    del a_keys, b_keys
+    from_a = np.ones(n, dtype=bool)
+    from_a[at] = False
+    out = []
+    for x, y in zip(a, b):
+        col = np.empty(n, dtype=np.result_type(x, y))
+        col[from_a] = x if keep_a is None else x[keep_a]
+        col[at] = y if keep_b is None else y[keep_b]
+        out.append(col)
+    return tuple(out)
 
 
 def _push(segments: list[Segment], seg: Segment, alive: Callable[[], np.ndarray] | None) -> None:

@@ -56,3 +56,17 @@ def test_a_holder_that_never_lets_go_is_still_an_error(db):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_the_projectors_database_is_held_to_its_memory_limit(tmp_path):
+    """``Settings.db_memory_limit`` caps DuckDB's buffer pool (its default, 80% of RAM, let it keep every
+    block of the file: issue #30), and the locked configuration keeps a query from raising it."""
+    from somnus.projections.projector import open_projections
+
+    con = asyncio.run(open_projections(tmp_path / "somnus.duckdb", memory_limit="128MB"))
+    try:
+        assert con.execute("SELECT current_setting('memory_limit')").fetchone()[0] == "122.0 MiB"
+        with pytest.raises(duckdb.Error, match="configuration has been locked"):
+            con.execute("SET memory_limit = '8GB'")
+    finally:
+        con.close()

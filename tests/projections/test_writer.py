@@ -249,6 +249,15 @@ def test_an_event_id_is_projected_once_and_one_another_session_reuses_is_a_dead_
         "agent 'support'; this agent_message event of session 's2' of agent 'support' reuses it"
     )
     assert queries.summary(con)["duplicate_events"] == 2 and queries.summary(con)["quarantined"] == {}
+    # in a bundle, the reused id's event (decoded again from its record: the sink keeps no event) is
+    # the dead letter's original, at its index
+    fresh = {**base, "event_id": "0d7c4b7e-9d43-4f7e-8a44-5f0c8c1f7e21", "session_id": "s3"}
+    reused = {**base, "session_id": "s3", "seq": 1, "payload": {"text": "again"}}
+    res = _guarded(con, [Rec("traces", 1, 1, orjson.dumps([fresh, reused]))])
+    assert res.events == 1
+    idx, original = con.execute("SELECT src_index, original FROM dead_letters WHERE src_offset = 1").fetchone()
+    got = orjson.loads(original)
+    assert idx == 1 and (got["session_id"], got["seq"], got["payload"]) == ("s3", 1, {"text": "again"})
 
 
 def test_an_event_stamped_past_its_records_broker_time_plus_the_skew_is_not_projected(tmp_path):

@@ -40,6 +40,7 @@ NON_DEFAULT = {
     "sql_timeout_s": (2.5, "SOMNUS_SQL_TIMEOUT_S", "2.5", 2.5),
     "sql_memory_limit": ("256MB", "SOMNUS_SQL_MEMORY_LIMIT", "256MB", "256MB"),
     "sql_threads": (1, "SOMNUS_SQL_THREADS", "1", 1),
+    "db_memory_limit": ("1GB", "SOMNUS_DB_MEMORY_LIMIT", "1GB", "1GB"),
     "kafka_security_protocol": ("SASL_SSL", "KAFKA_SECURITY_PROTOCOL", "SASL_SSL", "SASL_SSL"),
     "kafka_sasl_mechanism": ("SCRAM-SHA-256", "KAFKA_SASL_MECHANISM", "SCRAM-SHA-256", "SCRAM-SHA-256"),
     "kafka_sasl_username": ("somnus", "KAFKA_SASL_USERNAME", "somnus", "somnus"),
@@ -78,6 +79,7 @@ def test_defaults_are_pinned():
     assert s.max_json_depth == 64
     assert s.workers == 1
     assert (s.sql_timeout_s, s.sql_memory_limit, s.sql_threads) == (10.0, "1GB", 2)
+    assert s.db_memory_limit == "256MB"  # the projector's DuckDB: its buffer pool grew with the file
     assert (
         s.kafka_security_protocol,
         s.kafka_sasl_mechanism,

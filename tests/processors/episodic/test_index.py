@@ -323,3 +323,27 @@ def test_remove_many_is_remove_one_by_one(case: Any) -> None:
     dead = set(rows)
     assert len(one) == len(units) - len(dead)
     assert all(dead.isdisjoint((i, *nbrs)) for i, nbrs in one.graph.items())
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 9), st.integers(0, 49)), max_size=40),
+    st.lists(st.tuples(st.integers(0, 9), st.integers(50, 99)), max_size=40),
+    st.one_of(st.none(), st.lists(st.booleans(), min_size=100, max_size=100)),
+    st.booleans(),
+)
+def test_a_large_merge_in_place_is_the_merge_by_sort(rows_a, rows_b, alive, counts):
+    """``_merge_in_place`` (large merges: b's memories all newer than a's) gives what ``_merge`` gives by
+    sorting both by key, the dead memories' rows dropped."""
+
+    def segment(rows: list[tuple[int, int]]) -> tuple[np.ndarray, ...]:
+        rows = sorted(set(rows))  # a segment: (key, memory) ascending, each pair once
+        keys = np.array([k for k, _ in rows], dtype=np.uint64)
+        idx = np.array([i for _, i in rows], dtype=np.int32)
+        return (keys, idx, (idx * 0.5).astype(np.float32)) if counts else (keys, idx)
+
+    a, b = segment(rows_a), segment(rows_b)
+    live = None if alive is None else np.array(alive)
+    assert len(a[0]) + len(b[0]) < index_module.MERGE_IN_PLACE_ROWS  # _merge sorts
+    got, want = index_module._merge_in_place(a, b, live), index_module._merge(a, b, live)
+    assert [(c.dtype, c.tolist()) for c in got] == [(c.dtype, c.tolist()) for c in want]

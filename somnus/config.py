@@ -125,7 +125,7 @@ class Settings:
     # (DuckDB's default: 80% of RAM) its buffer pool kept every table block it read or wrote: 495 MB
     # of a 1M-event run's 2.3 GB peak, growing with the file. Blocks over the limit are evicted and
     # read again when needed; sorts and joins past it spill to ``<db>.tmp``.
-    db_memory_limit: str = "256MB"
+    db_memory_limit: str = "384MB"
     # A secured Kafka cluster (kafka_options): every client Somnus makes gets these.
     kafka_security_protocol: str = "PLAINTEXT"
     kafka_sasl_mechanism: str | None = None

@@ -79,7 +79,7 @@ def test_defaults_are_pinned():
     assert s.max_json_depth == 64
     assert s.workers == 1
     assert (s.sql_timeout_s, s.sql_memory_limit, s.sql_threads) == (10.0, "1GB", 2)
-    assert s.db_memory_limit == "256MB"  # the projector's DuckDB: its buffer pool grew with the file
+    assert s.db_memory_limit == "384MB"  # the projector's DuckDB: its buffer pool grew with the file
     assert (
         s.kafka_security_protocol,
         s.kafka_sasl_mechanism,

@@ -569,7 +569,7 @@ def main() -> None:
         await_broker(bootstrap, settings.broker_wait_s, log)
     except BrokerError as exc:
         sys.exit(f"somnus projector: {exc}")
-    kafka_compat.apply()  # before any Kafka client is made (somnus.streams.kafka_compat)
+    kafka_compat.apply(settings.max_batch_bytes)  # before any Kafka client is made (somnus.streams.kafka_compat)
     projector = Projector(settings, bootstrap)
     loop = asyncio.new_event_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -38,6 +38,9 @@ MAX_VALUES = 100_000  # JSON values in one trace record (an upper bound: commas 
 MAX_BUNDLE_EVENTS = 10_000  # events in one bundle record (the client sends at most 64)
 MAX_ORIGINAL = 512 * 1024  # bytes of a rejected record a dead letter keeps (under the broker's default limit)
 MAX_REASON = 3_000  # characters of a dead letter's reason (a Kafka header)
+# The value of the record a consumer reads in place of a record batch it could not decompress
+# (streams/kafka_compat/decompression.py), followed by why: every check_json rejects it with that reason.
+UNREADABLE_MAGIC = b"\x00somnus-unreadable/1\x00"
 
 
 class Rejection(msgspec.Struct, frozen=True):
@@ -108,13 +111,16 @@ def check_json(
 
     ``oversized`` beyond ``max_bytes`` (None: no limit), nested deeper than ``max_depth``, or holding
     more than ``max_values`` values (None: no limit); ``undecodable`` when it is not UTF-8 or holds a
-    lone UTF-16 surrogate escape (``"\\ud800"``: no text can hold it).
+    lone UTF-16 surrogate escape (``"\\ud800"``: no text can hold it), or when it stands for a record
+    batch the consumer could not decompress (``UNREADABLE_MAGIC``).
 
     >>> check_json(b'{"a": "\\\\ud83d\\\\ude00"}') is None
     True
     >>> check_json(b'{"a": "\\\\ud800"}')
     'undecodable: a lone UTF-16 surrogate escape (\\\\ud800)'
     """
+    if raw.startswith(UNREADABLE_MAGIC):
+        return "undecodable: " + raw[len(UNREADABLE_MAGIC) : MAX_REASON].decode(errors="replace")
     if max_bytes is not None and len(raw) > max_bytes:
         return f"oversized: {len(raw)} bytes > limit {max_bytes}"
     openers = raw.count(b"[") + raw.count(b"{")

@@ -50,6 +50,7 @@ _ENV = {
     "sql_memory_limit": "SOMNUS_SQL_MEMORY_LIMIT",
     "sql_threads": "SOMNUS_SQL_THREADS",
     "db_memory_limit": "SOMNUS_DB_MEMORY_LIMIT",
+    "max_batch_bytes": "SOMNUS_MAX_BATCH_BYTES",
     "kafka_security_protocol": "KAFKA_SECURITY_PROTOCOL",
     "kafka_sasl_mechanism": "KAFKA_SASL_MECHANISM",
     "kafka_sasl_username": "KAFKA_SASL_USERNAME",
@@ -126,6 +127,10 @@ class Settings:
     # of a 1M-event run's 2.3 GB peak, growing with the file. Blocks over the limit are evicted and
     # read again when needed; sorts and joins past it spill to ``<db>.tmp``.
     db_memory_limit: str = "384MB"
+    # What one fetched Kafka record batch may decompress to in the worker and the projector
+    # (streams/kafka_compat/decompression.py): a batch over it is one dead letter, not an
+    # out-of-memory kill. Twice the largest batch Somnus's own producers make.
+    max_batch_bytes: int = 64 << 20
     # A secured Kafka cluster (kafka_options): every client Somnus makes gets these.
     kafka_security_protocol: str = "PLAINTEXT"
     kafka_sasl_mechanism: str | None = None

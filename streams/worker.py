@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> None:
         await_broker(bootstrap, settings.broker_wait_s, logging.getLogger("somnus.worker"))
     except BrokerError as exc:
         sys.exit(f"somnus worker: {exc}")
-    kafka_compat.apply()  # before any Kafka client is made (somnus.streams.kafka_compat)
+    kafka_compat.apply(settings.max_batch_bytes)  # before any Kafka client is made (somnus.streams.kafka_compat)
     ensure_topics(settings, bootstrap)
     app = create_app(settings, bootstrap, worker_name=args.name)
     metrics_port = os.environ.get("SOMNUS_WORKER_METRICS_PORT", "0").strip()  # docs/integrations/metrics.md

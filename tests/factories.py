@@ -202,3 +202,25 @@ class Rec:
     key: bytes | None = None
     headers: list | None = None
     timestamp: int | None = None  # ms since the epoch, as Kafka stamps a record
+
+
+def record_batch(codec: int, values: list[bytes], base: int) -> bytes:
+    """One Kafka record batch (format v2) as the broker returns it in a fetch: ``values`` at offsets
+    ``base`` onwards, compressed with ``codec`` (aiokafka's numbering: 0 none, 1 gzip, 2 snappy, 3 lz4,
+    4 zstd)."""
+    from aiokafka.record.default_records import DefaultRecordBatchBuilder
+
+    b = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=codec,
+        is_transactional=0,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        batch_size=1 << 30,
+    )
+    for i, v in enumerate(values):
+        b.append(i, timestamp=1_000 + i, key=None, value=v, headers=[])
+    raw = bytearray(b.build())
+    raw[:8] = base.to_bytes(8, "big")  # the base offset (outside the CRC)
+    return bytes(raw)

@@ -7,6 +7,9 @@ a ``SomnusApp``, whose consumer carries the rest.
 
 - ``metadata.track_topics_sent_to``: a producer's metadata refresh forgets topics it sends to
   (process-wide: patches ``AIOKafkaClient._wait_on_metadata``).
+- ``decompression.bound_decompression``: a fetched record batch is decompressed whole, with no
+  bound (process-wide: bounded codecs in aiokafka's record readers, and ``PartitionRecords`` reads a
+  batch over the bound as one unreadable record, which becomes a dead letter).
 - ``consumer``: ``SomnusApp``, ``RewindingTransport``, ``RewindingConsumer`` and
   ``RewindingConsumerThread``: partitions committed at 0 never rewound (aio-libs/aiokafka#1003), the
   livelock check asserting on a partition with no position, commits capped at what the state
@@ -23,13 +26,16 @@ versions those tests ran on. Design notes: ``docs/kafka-workarounds.md``.
 
 from __future__ import annotations
 
+from somnus.streams.kafka_compat.decompression import DEFAULT_LIMIT, bound_decompression
 from somnus.streams.kafka_compat.metadata import track_topics_sent_to
 
 
-def apply() -> None:
-    """Apply the process-wide workarounds (today ``track_topics_sent_to``). Idempotent; called by
-    the worker's and the projector's entry points before they make any Kafka client."""
+def apply(max_batch_bytes: int = DEFAULT_LIMIT) -> None:
+    """Apply the process-wide workarounds (``track_topics_sent_to``, ``bound_decompression``).
+    Idempotent; called by the worker's and the projector's entry points before they make any Kafka
+    client."""
     track_topics_sent_to()
+    bound_decompression(max_batch_bytes)
 
 
-__all__ = ["apply", "track_topics_sent_to"]
+__all__ = ["apply", "bound_decompression", "track_topics_sent_to"]

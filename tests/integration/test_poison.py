@@ -26,6 +26,7 @@ from tests.pipeline import Pipeline
 pytestmark = pytest.mark.integration
 
 TEN_MIB = 10 << 20
+BOMB_LIMIT = 16 << 20
 
 
 def _event(session: str, seq: int, kind: str, at: datetime, **payload: Any) -> dict[str, Any]:
@@ -71,6 +72,19 @@ async def _send(bootstrap: str, topic: str, records: list[tuple[int | None, byte
             for partition, value, headers in records
         ]
         return [((m := await f).partition, m.offset) for f in futures]
+    finally:
+        await producer.stop()
+
+
+async def _send_bomb(bootstrap: str, topic: str, partition: int, size: int) -> tuple[int, int]:
+    """A compression bomb: one zstd record batch that expands to ``size`` bytes (~1 KB on the wire)."""
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, acks="all", max_request_size=size + (1 << 20), compression_type="zstd"
+    )
+    await producer.start()
+    try:
+        m = await (await producer.send(topic, b'{"agent":"' + b"a" * size + b'"}', partition=partition))
+        return m.partition, m.offset
     finally:
         await producer.stop()
 
@@ -133,7 +147,8 @@ hostile_records = st.lists(
 )
 @given(generated=hostile_records)
 def test_no_record_stops_ingest_and_every_bad_record_is_one_dead_letter(pipeline_settings, generated):
-    s = dataclasses.replace(pipeline_settings, session_retention_s=3600.0)
+    # batches past 16 MiB decompressed are unreadable (the 10 MiB record's is not)
+    s = dataclasses.replace(pipeline_settings, session_retention_s=3600.0, max_batch_bytes=BOMB_LIMIT)
     now = datetime.now(timezone.utc).replace(microsecond=0)
     good = list(generate(sessions=40, seed=5))
     good_sessions = {(e["agent"], e["session_id"]) for e in good}
@@ -156,6 +171,8 @@ def test_no_record_stops_ingest_and_every_bad_record_is_one_dead_letter(pipeline
             )[0]
             for topic, value in internal.items()
         }
+        # a compression bomb on the traces topic (the worker reads it) and on one the projector reads
+        bombs = [asyncio.run(_send_bomb(p.boot, t, 0, 3 * BOMB_LIMIT // 2)) for t in (s.traces_topic, s.facts_topic)]
         named = list(corpus.items())
         bad = asyncio.run(
             _send(p.boot, s.traces_topic, [(i % s.partitions, v, None) for i, (_, v) in enumerate(named)])
@@ -231,6 +248,13 @@ def test_no_record_stops_ingest_and_every_bad_record_is_one_dead_letter(pipeline
             s.memory_topic,
             s.link_updates_topic,
         }, status["quarantined"]
+        # each bomb is one dead letter naming its batch and the bound; ingest went on after it
+        for topic, at in zip((s.traces_topic, s.facts_topic), bombs):
+            got = by_record.get((topic, *at), [])
+            assert len(got) == 1, (topic, at, got)
+            kind, reason, _ = got[0]
+            assert kind == "undecodable" and f"record batch at offsets {at[1]}-{at[1]}: " in reason, reason
+            assert f"decompresses to more than {BOMB_LIMIT} bytes" in reason, reason
         # the late events of the forgotten sessions are dead letters, after 1,000 undecodable records
         for at in late:
             kind, reason, _ = dead[(s.traces_topic, *at)]

@@ -41,6 +41,7 @@ NON_DEFAULT = {
     "sql_memory_limit": ("256MB", "SOMNUS_SQL_MEMORY_LIMIT", "256MB", "256MB"),
     "sql_threads": (1, "SOMNUS_SQL_THREADS", "1", 1),
     "db_memory_limit": ("1GB", "SOMNUS_DB_MEMORY_LIMIT", "1GB", "1GB"),
+    "max_batch_bytes": (8 << 20, "SOMNUS_MAX_BATCH_BYTES", "8388608", 8 << 20),
     "kafka_security_protocol": ("SASL_SSL", "KAFKA_SECURITY_PROTOCOL", "SASL_SSL", "SASL_SSL"),
     "kafka_sasl_mechanism": ("SCRAM-SHA-256", "KAFKA_SASL_MECHANISM", "SCRAM-SHA-256", "SCRAM-SHA-256"),
     "kafka_sasl_username": ("somnus", "KAFKA_SASL_USERNAME", "somnus", "somnus"),
@@ -80,6 +81,7 @@ def test_defaults_are_pinned():
     assert s.workers == 1
     assert (s.sql_timeout_s, s.sql_memory_limit, s.sql_threads) == (10.0, "1GB", 2)
     assert s.db_memory_limit == "384MB"  # the projector's DuckDB: its buffer pool grew with the file
+    assert s.max_batch_bytes == 64 << 20  # what one fetched record batch may decompress to
     assert (
         s.kafka_security_protocol,
         s.kafka_sasl_mechanism,

@@ -40,8 +40,8 @@ def test_the_worker_app_and_the_projector_apply_it():
     assert "track_topics_sent_to()" in inspect.getsource(somnus.projections.projector.Projector.run)
     assert "track_topics_sent_to()" in inspect.getsource(somnus.streams.app.Distiller.create)
     # and the entry points apply every process-wide workaround before they make a Kafka client
-    assert "kafka_compat.apply()" in inspect.getsource(somnus.projections.projector.main)
-    assert "kafka_compat.apply()" in inspect.getsource(somnus.streams.worker.main)
+    assert "kafka_compat.apply(settings.max_batch_bytes)" in inspect.getsource(somnus.projections.projector.main)
+    assert "kafka_compat.apply(settings.max_batch_bytes)" in inspect.getsource(somnus.streams.worker.main)
 
 
 def test_apply_patches_the_client_once():

@@ -323,27 +323,34 @@ def shared_key_ids(value: bytes | None) -> list[str] | None:
     return None if parsed is None else [kid for kid in map(sealed_key_id, parsed[0]) if kid is not None]
 
 
-def _parse_shared(value: bytes | None) -> tuple[list[bytes], bytes] | None:
-    if not value or not value.startswith(SHARED_MAGIC):
-        return None
-    pos = len(SHARED_MAGIC)
+def _length_prefixed(value: bytes, pos: int, size_bytes: int, max_items: int) -> tuple[list[bytes], int] | None:
+    """The items of a count-then-sized list at ``pos`` of ``value`` (a 2-byte count, each item's size in
+    ``size_bytes`` bytes, big-endian) and where the list ends; None when the count is not 1 to
+    ``max_items`` or the list is truncated."""
     if len(value) < pos + 2:
         return None
     n = int.from_bytes(value[pos : pos + 2], "big")
     pos += 2
-    if not 1 <= n <= MAX_SHARES:
+    if not 1 <= n <= max_items:
         return None
-    parts = []
+    items = []
     for _ in range(n):
-        if len(value) < pos + 2:
+        if len(value) < pos + size_bytes:
             return None
-        size = int.from_bytes(value[pos : pos + 2], "big")
-        pos += 2
+        size = int.from_bytes(value[pos : pos + size_bytes], "big")
+        pos += size_bytes
         if len(value) < pos + size:
             return None
-        parts.append(value[pos : pos + size])
+        items.append(value[pos : pos + size])
         pos += size
-    return parts, value[pos:]
+    return items, pos
+
+
+def _parse_shared(value: bytes | None) -> tuple[list[bytes], bytes] | None:
+    if not value or not value.startswith(SHARED_MAGIC):
+        return None
+    got = _length_prefixed(value, len(SHARED_MAGIC), 2, MAX_SHARES)
+    return None if got is None else (got[0], value[got[1] :])
 
 
 def open_shared(value: bytes | None, keys: Mapping[str, bytes]) -> bytes | None | _Forgotten | Rejection:
@@ -403,22 +410,8 @@ def split_parts(value: bytes | None) -> list[bytes] | None:
     part)."""
     if not value or not value.startswith(PARTS_MAGIC):
         return None
-    pos = len(PARTS_MAGIC)
-    if len(value) < pos + 2:
-        return None
-    n = int.from_bytes(value[pos : pos + 2], "big")
-    pos += 2
-    parts = []
-    for _ in range(n):
-        if len(value) < pos + 4:
-            return None
-        size = int.from_bytes(value[pos : pos + 4], "big")
-        pos += 4
-        if len(value) < pos + size:
-            return None
-        parts.append(value[pos : pos + size])
-        pos += size
-    return parts if n and pos == len(value) else None
+    got = _length_prefixed(value, len(PARTS_MAGIC), 4, 0xFFFF)
+    return got[0] if got is not None and got[1] == len(value) else None
 
 
 def parts_of(value: bytes | None) -> list[bytes | None]:

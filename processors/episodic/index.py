@@ -783,7 +783,6 @@ class MemoryIndex:
         self.pos: dict[str, int] = {}
         self.units: list[MemoryUnit] = []
         self.refs: list[list[str]] = []  # the unit's refs, then those of units merged into it
-        self.sources: list[list[str]] = []  # source event ids (str), likewise
         self.merged: list[int] = []  # how many units were merged into each memory
         self.occurred = _Column(np.float64)  # event time, seconds since the epoch
         self.scope_code = _Column(np.int32)
@@ -941,7 +940,6 @@ class MemoryIndex:
         self.pos[unit.memory_id] = i
         self.units.append(unit)
         self.refs.append(list(unit.refs))
-        self.sources.append([str(s) for s in unit.source_event_ids])
         self.merged.append(0)
         if i == len(self.alive.data):
             for col in self._rows:
@@ -1035,9 +1033,9 @@ class MemoryIndex:
             self.prev.data[after] = i
 
     def merge_into(self, target: int, unit: MemoryUnit) -> None:
-        """A near-duplicate unit joins an existing memory: its sources and refs, not its text."""
+        """A near-duplicate unit joins an existing memory: its refs, not its text. Its source events
+        are in its capture decision (the projection's record); the index keeps none: nothing reads them."""
         self.refs[target].extend(r for r in unit.refs if r not in self.refs[target])
-        self.sources[target].extend(str(s) for s in unit.source_event_ids if str(s) not in self.sources[target])
         self.merged[target] += 1
 
     def link(self, a: int, b: int, weight: float) -> None:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Alternates `somnus bench e2e` between checkouts (each with its own .venv), one JSON line per run
-# appended to OUT: tree, round, start (UTC), 1-minute load, events/s, CPU µs per event, peak RSS.
+# appended to OUT: tree, round, start (UTC), 1-minute load, events/s, CPU µs per event, peak RSS,
+# the plain consumer's rate and the ratio.
 # Usage: tools/e2e_ab.sh OUT ROUNDS EVENTS TREE [TREE ...] [-- VAR=value ...]
 # The variables after -- are set for every run (e.g. SOMNUS_MULTIPART_RECORDS=true). Summarise with
 # tools/e2e_ab_summary.py OUT. The machine is shared: alternate, and report medians with the loads.
@@ -20,7 +21,8 @@ for r in $(seq 1 "$rounds"); do
 import json, sys
 d = json.loads(sys.argv[1])
 print(json.dumps({"tree": sys.argv[2], "round": int(sys.argv[3]), "start": sys.argv[4], "load": float(sys.argv[5]),
-                  "eps": d["events_per_s"], "cpu": d.get("cpu_us_per_event"), "rss": d.get("peak_rss_mb")}))
+                  "eps": d["events_per_s"], "cpu": d.get("cpu_us_per_event"), "rss": d.get("peak_rss_mb"),
+                  "raw": d.get("raw_consume_per_s"), "ratio": d.get("ratio")}))
 PY
     rm -rf "$home"
   done

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import importlib
 import io
-import struct
 import zlib
 from collections.abc import Iterator
 from typing import Any
@@ -83,8 +82,8 @@ def gzip_decode(payload: Any) -> bytes:
 
 
 def _into(module: Any, data: bytes, limit: int) -> bytes:
-    """``module.decompress_into`` with a buffer that doubles until the output fits, up to ``limit``:
-    cramjam fails rather than write past the buffer it is given."""
+    """``module.decompress_into`` with a buffer that grows fourfold until the output fits, up to
+    ``limit``: cramjam fails rather than write past the buffer it is given."""
     size = min(limit, max(1 << 20, 16 * len(data)))
     while True:
         buf = np.empty(size, dtype=np.uint8)
@@ -132,7 +131,9 @@ def snappy_decode(payload: Any) -> bytes:
     if _detect_xerial_stream(data):
         blocks, cursor = [], 16
         while cursor < len(data):
-            (size,) = struct.unpack_from("!i", data, cursor)
+            size = int.from_bytes(data[cursor : cursor + 4], "big", signed=True)
+            if size < 0 or cursor + 4 + size > len(data):
+                raise BatchTooLarge("snappy stream is truncated")
             blocks.append(data[cursor + 4 : cursor + 4 + size])
             cursor += 4 + size
     else:
@@ -191,8 +192,9 @@ class GuardedBatch:
             first = next(records)
         except StopIteration:
             return
-        except (BatchTooLarge, cramjam.DecompressionError, zlib.error, OSError, EOFError) as exc:
-            yield UnreadableRecord(self._batch, str(exc) or type(exc).__name__)
+        except Exception as exc:  # a boundary: whatever makes the batch unreadable is its dead letter
+            reason = str(exc) if isinstance(exc, BatchTooLarge) else f"{type(exc).__name__}: {exc}"
+            yield UnreadableRecord(self._batch, reason)
             return
         yield first
         # the batch is its own iterator, and iter() on it again asserts it has not started

@@ -81,7 +81,7 @@ def test_past_the_bound_each_codec_raises_batch_too_large(bounded, codec):
         ours(ENCODERS[codec](b"a" * (3 * MIB)))
 
 
-@pytest.mark.parametrize("codec", ["gzip", "lz4", "zstd", "snappy"])
+@pytest.mark.parametrize("codec", ["gzip", "lz4", "zstd", "snappy", "snappy-xerial"])
 def test_a_corrupt_stream_is_batch_too_large_with_its_reason(bounded, codec):
     data = bytearray(ENCODERS[codec](b"hello world " * 1000))
     data[len(data) // 2 :] = b"\xff" * (len(data) - len(data) // 2)

@@ -38,7 +38,7 @@ from somnus.projections.writer import BatchResult, ReadModels, Topics, apply_gua
 from somnus.schemas.briefing import KIND_SERVED
 from somnus.streams.connection import LARGE_RECORDS
 from somnus.streams import kafka_compat
-from somnus.streams.kafka_compat import track_topics_sent_to
+from somnus.streams.kafka_compat import bound_decompression, track_topics_sent_to
 from somnus.config import SUPERVISOR_STATE_FILE, Settings
 from somnus.streams.connection import kafka_options
 from somnus.streams.keys import KeyFollower
@@ -191,6 +191,7 @@ class Projector:
     async def run(self, until_end: bool = False, on_progress: Callable[[int, int], None] | None = None) -> BatchResult:
         """Project until stopped; with ``until_end``, stop once the end offsets seen at start are reached."""
         track_topics_sent_to()  # its producer sends to several topics (somnus.streams.kafka_compat)
+        bound_decompression(self.settings.max_batch_bytes)  # a compression bomb is a dead letter (rebuilds too)
         self.db_path.parent.mkdir(parents=True, exist_ok=True)
         con = await open_projections(self.db_path, memory_limit=self.settings.db_memory_limit)
         consumer = AIOKafkaConsumer(

@@ -45,7 +45,7 @@ from somnus.schemas.codec import (
     truncated_note,
 )
 from somnus.schemas.sealed import FORGOTTEN, MAX_PARTS, join_parts, parts_of
-from somnus.streams.kafka_compat import track_topics_sent_to
+from somnus.streams.kafka_compat import bound_decompression, track_topics_sent_to
 from somnus.streams.keys import KeyFollower
 from somnus.streams.sealing import (
     OpenedOnce,
@@ -473,6 +473,7 @@ class Distiller:
         """The worker's Faust app, its topics and tables, and the distiller's agents on it."""
 
         track_topics_sent_to()  # before Faust's producer sends anything (see its docstring)
+        bound_decompression(settings.max_batch_bytes)  # a compression bomb is a dead letter, not an OOM kill
         app = _faust_app(settings, bootstrap, worker_name)
         sessions = _table(app, settings, "sessions", "per-session distiller state (msgspec JSON)")
         links = _table(app, settings, "links", "NAc causal link state per event signature (msgspec JSON)")

@@ -136,12 +136,19 @@ def test_a_batch_over_the_bound_is_one_unreadable_record_at_its_last_offset(boun
 
 
 def test_without_the_patch_the_same_batch_is_decompressed_whole():
-    """What the patch guards against: aiokafka alone decompresses the 2 MiB batch (the bound is ours)."""
-    assert PartitionRecords.__init__.__name__ == "__init__" and not getattr(
-        PartitionRecords.__init__, "_somnus_guarded", False
+    """What the patch guards against: aiokafka alone decompresses the 2 MiB batch (the bound is ours).
+    In a fresh process: a worker app made by another test applies the patch to this one."""
+    code = (
+        "from aiokafka.consumer.fetcher import PartitionRecords\n"
+        "from aiokafka.record.memory_records import MemoryRecords\n"
+        "from aiokafka.structs import TopicPartition\n"
+        "from tests.factories import record_batch\n"
+        "raw = record_batch(4, [bytes(2 << 20)], 0)\n"
+        "pr = PartitionRecords(TopicPartition('t', 0), MemoryRecords(raw), [], 0, None, None, True, 0)\n"
+        "print(getattr(PartitionRecords.__init__, '_somnus_guarded', False), [len(r.value) for r in pr])\n"
     )
-    records, _ = _read(record_batch(ZSTD, [b"\0" * (2 * MIB)], 0))
-    assert len(records[0].value) == 2 * MIB
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", f"[{2 * MIB}]"]
 
 
 def test_readers_are_batches_whose_attributes_the_patch_reads():

@@ -39,6 +39,11 @@ def test_the_worker_app_and_the_projector_apply_it():
     assert out.stdout.split() == ["True", "False"]  # idempotent: applied once, over aiokafka's own
     assert "track_topics_sent_to()" in inspect.getsource(somnus.projections.projector.Projector.run)
     assert "track_topics_sent_to()" in inspect.getsource(somnus.streams.app.Distiller.create)
+    # the decompression bound too: `somnus forget` and the memory rebuild run a Projector in process
+    assert "bound_decompression(self.settings.max_batch_bytes)" in inspect.getsource(
+        somnus.projections.projector.Projector.run
+    )
+    assert "bound_decompression(settings.max_batch_bytes)" in inspect.getsource(somnus.streams.app.Distiller.create)
     # and the entry points apply every process-wide workaround before they make a Kafka client
     assert "kafka_compat.apply(settings.max_batch_bytes)" in inspect.getsource(somnus.projections.projector.main)
     assert "kafka_compat.apply(settings.max_batch_bytes)" in inspect.getsource(somnus.streams.worker.main)

@@ -171,8 +171,10 @@ def test_no_record_stops_ingest_and_every_bad_record_is_one_dead_letter(pipeline
             )[0]
             for topic, value in internal.items()
         }
-        # a compression bomb on the traces topic (the worker reads it) and on one the projector reads
-        bombs = [asyncio.run(_send_bomb(p.boot, t, 0, 3 * BOMB_LIMIT // 2)) for t in (s.traces_topic, s.facts_topic)]
+        # a compression bomb on the traces topic (the worker and the projector read it), on one the
+        # projector reads, and on one the worker's NAc agent reads
+        bombed = (s.traces_topic, s.facts_topic, s.observations_topic)
+        bombs = [asyncio.run(_send_bomb(p.boot, t, 0, 3 * BOMB_LIMIT // 2)) for t in bombed]
         named = list(corpus.items())
         bad = asyncio.run(
             _send(p.boot, s.traces_topic, [(i % s.partitions, v, None) for i, (_, v) in enumerate(named)])
@@ -249,7 +251,7 @@ def test_no_record_stops_ingest_and_every_bad_record_is_one_dead_letter(pipeline
             s.link_updates_topic,
         }, status["quarantined"]
         # each bomb is one dead letter naming its batch and the bound; ingest went on after it
-        for topic, at in zip((s.traces_topic, s.facts_topic), bombs):
+        for topic, at in zip(bombed, bombs):
             got = by_record.get((topic, *at), [])
             assert len(got) == 1, (topic, at, got)
             kind, reason, _ = got[0]

@@ -112,9 +112,18 @@ def spawn(
         start_new_session=True,
         umask=PRIVATE_UMASK,
     )
-    with open_private(pidfile(settings, name), "w") as f:
-        f.write(str(proc.pid))
+    write_pidfile(settings, name, proc.pid)
     return proc
+
+
+def write_pidfile(settings: Settings, name: str, pid: int) -> None:
+    """``<run>/<name>.pid`` holding ``pid``, replaced whole: a reader never sees it empty or half
+    written (`somnus up --detach` polls the supervisor's while the supervisor writes its own)."""
+    path = pidfile(settings, name)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    with open_private(tmp, "w") as f:
+        f.write(str(pid))
+    os.replace(tmp, path)
 
 
 def cpu_seconds(pid: int) -> float:

@@ -272,7 +272,7 @@ def serve(
     )
     previous = {sig: signal.signal(sig, sup.stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     settings.run_dir.mkdir(parents=True, exist_ok=True)
-    procs.pidfile(settings, "supervisor").write_text(str(os.getpid()))
+    procs.write_pidfile(settings, "supervisor", os.getpid())
     try:
         sup.step()
         if started is not None:

@@ -107,6 +107,7 @@ def up(
         deadline = time.monotonic() + 60
         while not all(procs.running(s, r) for r in ("projector", "worker", "supervisor")):
             if time.monotonic() > deadline or procs.running(s, "supervisor") is None:
+                procs.stop(s, "supervisor")  # and, with it, whatever it started: nothing is left running
                 fail(f"the supervisor did not start the worker and the projector; see {s.run_dir}/supervisor.log")
             time.sleep(0.1)
         print(f"somnus up: bootstrap {boot}, db {s.db_path}, logs in {s.run_dir}")

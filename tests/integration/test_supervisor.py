@@ -55,9 +55,9 @@ def test_up_restarts_a_killed_worker_and_projector_and_down_stops_everything(pip
         probe.bind(("127.0.0.1", 0))
         otlp_port = probe.getsockname()[1]
     s = dataclasses.replace(pipeline_settings, otlp_port=otlp_port)  # the OTLP receiver too
-    done = _cli(s, "up", "--detach")
-    assert done.returncode == 0, done.stdout + done.stderr
     try:
+        done = _cli(s, "up", "--detach")
+        assert done.returncode == 0, done.stdout + done.stderr
         sup = procs.running(s, "supervisor")
         assert sup is not None
         first = list(generate(sessions=40, seed=21))

@@ -34,12 +34,15 @@ import re
 import uuid
 from datetime import datetime
 from enum import Enum
-from typing import Any, NamedTuple
+from typing import Annotated, Any, NamedTuple
 from urllib.parse import urlsplit
 
 import msgspec
 
 SIGNATURE_BYTES = 8  # 16 hex characters: 64 bits, collisions negligible below billions of signatures
+# an event signature as records carry it: hex (its first 8 characters pick its partition,
+# ``somnus.streams.topics.signature_partition``), so a record naming anything else is a schema error
+Signature = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{8,64}$")]
 MAX_DEPTH = 6  # nesting kept by normalise_params; deeper values become "<deep>"
 MAX_KEYS = 64  # keys kept per object (the first in sorted order)
 MAX_ITEMS = 16  # distinct normalised items kept per list
@@ -261,7 +264,7 @@ class OutcomeObserved(msgspec.Struct, frozen=True, kw_only=True):
     ``(src_partition, src_offset, index)`` are the episode's coordinates on its topic and the call's
     position in the episode: what makes a redelivered observation recognisable."""
 
-    event_signature: str  # the key: the call's signature, or the tool's for level "tool"
+    event_signature: Signature  # the key: the call's signature, or the tool's for level "tool"
     level: LinkLevel
     tool: str
     outcome_signature: str
@@ -285,7 +288,7 @@ class CausalLinkUpdated(msgspec.Struct, frozen=True, kw_only=True):
     (what the stream carries) there is one row per observation, the observed outcome's (λ = 1),
     and ``strengths`` holds every outcome's V after it: the same information, a fraction of the rows."""
 
-    event_signature: str
+    event_signature: Signature
     level: LinkLevel
     tool: str
     outcome_signature: str

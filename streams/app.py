@@ -14,7 +14,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,7 +63,15 @@ from somnus.streams.connection import kafka_options
 from somnus.streams.liveness import PartitionWatchdog, RecoveryWatchdog, install_diagnostics, watch
 from somnus.streams.kafka_compat.consumer import SomnusApp
 from somnus.streams.metrics import WorkerCounters
-from somnus.streams.ordering import Admitted, OffsetGuard, decode_clock, decode_position, position_key, positions_writer
+from somnus.streams.ordering import (
+    POSITION_PREFIX,
+    Admitted,
+    OffsetGuard,
+    decode_clock,
+    decode_position,
+    position_key,
+    positions_writer,
+)
 from somnus.streams.topics import signature_partition
 from somnus.streams.sequencer import Sequencer, latest_time
 from faust.types import TP
@@ -91,9 +99,36 @@ class BatchedTable(Table):
         self.key_partitions: dict[Any, int] = {}
         self.pending_changelog: list[tuple[int, bytes, bytes | None]] = []
         self.sealing: Any = None  # somnus.streams.sealing.TableSealing: changelog values sealed per session
+        # raises on a restored value the agent could not read (a key, a value); None: any value
+        self.validate: Callable[[Any, Any], object] | None = None
+        # changelog records restored as absent because ``validate`` raised: (message, reason), until
+        # the agent dead-letters them (``Distiller.dead_letter_unreadable``)
+        self.unreadable: list[tuple[Any, str]] = []
 
     def _to_value(self, v: Any) -> Any:  # a value restored from the changelog, opened
         return self.sealing.open(v) if self.sealing is not None else v
+
+    def apply_changelog_batch(self, batch: Iterable[EventT]) -> None:
+        """Restore from the changelog, each value opened and checked once. A value the agent could not
+        read (written by another producer, or damaged) is restored as absent and kept for the dead-letter
+        topic: left in the table, it would fail every later batch that reads its key, or every batch
+        after a rebalance for a value that is scanned (a session's idle entry, a position)."""
+        events = list(batch)
+        restored: dict[int, Any] = {}  # id(changelog value) -> the value to hold
+        for event in events:
+            raw = event.value
+            if raw is None:
+                continue  # a tombstone
+            try:
+                value = self._to_value(raw)
+                if value is not None and self.validate is not None:
+                    self.validate(event.key, value)
+            except Exception as exc:  # noqa: BLE001 - a boundary: any value that cannot be read is absent
+                value = None
+                where = f"while restoring the table {self.name!r} (the key is restored as absent)"
+                self.unreadable.append((event.message, poison_reason(exc, where)))
+            restored[id(raw)] = value
+        self.data.apply_changelog_batch(events, to_key=self._to_key, to_value=lambda v: restored.get(id(v), v))
 
     def partition_for_key(self, key: Any) -> int | None:
         partition = self.key_partitions.get(key)
@@ -379,6 +414,28 @@ def _faust_app(settings: Settings, bootstrap: str, worker_name: str) -> faust.Ap
     )
 
 
+def _check_position(value: bytes) -> None:
+    offset, clock = decode_position(value), decode_clock(value)
+    if offset is None or offset < 0 or (clock is not None and clock < 0):
+        raise ValueError(f"not a position: {value[:80]!r}")
+
+
+def state_check(decode: Callable[[bytes], object]) -> Callable[[Any, Any], None]:
+    """A table's ``validate``: a key is bytes, and its value a position (``somnus.streams.ordering``) or
+    a state ``decode`` reads."""
+
+    def check(key: Any, value: Any) -> None:
+        if not isinstance(key, bytes) or not isinstance(value, bytes):
+            raise TypeError(f"a key and a value must be bytes, not {type(key).__name__} and {type(value).__name__}")
+        if key.startswith(POSITION_PREFIX):
+            _check_position(value)
+            return
+        key.decode()  # session keys and signatures are text
+        decode(value)
+
+    return check
+
+
 def _table(app: faust.App, settings: Settings, name: str, help: str) -> BatchedTable:
     table = BatchedTable(
         app,
@@ -480,6 +537,8 @@ class Distiller:
         working = _table(app, settings, "working_memory", "per-session working memory: recent messages and summaries")
         keys = KeyFollower(bootstrap, settings.keys_topic, settings)  # opens traces, seals outputs (streams/sealing.py)
         sessions.sealing = working.sealing = TableSealing(keys)
+        sessions.validate, working.validate = state_check(decode_state), state_check(decode_wm)
+        links.validate = state_check(decode_link_state)
         fleet = load_agents(settings.agents_dir)
         idle_us = int(settings.session_idle_s * 1_000_000)
         distiller = cls(
@@ -604,6 +663,7 @@ class Distiller:
         if self.app.in_recovery:
             self.opened.take(self.keys.ring, (ev.message for ev in batch))
             return []  # the tables are being restored: Faust seeks back to the committed offsets after
+        await self.dead_letter_unreadable()
         guard = self.sessions_guard
         admitted = await guard.admit(batch) if guard is not None else Admitted(handle=list(batch))
         records = admitted.handle
@@ -639,6 +699,16 @@ class Distiller:
             return []
         await self._after_plan(plan, generation)
         return admitted.handle + admitted.done
+
+    async def dead_letter_unreadable(self) -> None:
+        """Dead-letter the changelog values the tables restored as absent (``BatchedTable.apply_changelog_batch``)."""
+        for table in (self.sessions, self.links, self.working):
+            pending = getattr(table, "unreadable", None)
+            while pending:
+                msg, reason = pending[0]
+                await self.dead.send(msg, Rejection(reason + truncated_note(msg.value)))
+                pending.pop(0)  # once on the broker
+                self.counters.poison += 1
 
     async def _one_by_one(self, handle: Any, admitted: Admitted, generation: int) -> list[EventT]:
         """Each admitted record a batch of its own (its position written before the next); [] after a rebalance."""
@@ -778,6 +848,7 @@ class Distiller:
         positions; returns the records to acknowledge."""
         if self.app.in_recovery:
             return []
+        await self.dead_letter_unreadable()
         guard = self.links_guard
         admitted = await guard.admit(batch) if guard is not None else Admitted(handle=list(batch))
         batch = admitted.handle

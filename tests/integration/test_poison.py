@@ -20,6 +20,8 @@ from hypothesis import strategies as st
 
 from somnus.sample import generate
 from somnus.schemas.codec import MAX_ORIGINAL
+from somnus.streams.ordering import position_key
+from somnus.streams.topics import ensure_topics_async
 from tests.factories import trace_event
 from tests.pipeline import Pipeline
 
@@ -27,6 +29,22 @@ pytestmark = pytest.mark.integration
 
 TEN_MIB = 10 << 20
 BOMB_LIMIT = 16 << 20
+
+
+OBSERVATION = {
+    "event_signature": "0123456789abcdef",
+    "level": "call",
+    "tool": "lookup",
+    "outcome_signature": "fedcba9876543210",
+    "outcome": "error:Timeout",
+    "valence": "negative",
+    "agent": "attacker",
+    "observed_at": "2026-11-27T00:00:00Z",
+    "episode_id": "00000000-0000-0000-0000-000000000001",
+    "src_partition": 0,
+    "src_offset": 0,
+    "index": 0,
+}
 
 
 def _event(session: str, seq: int, kind: str, at: datetime, **payload: Any) -> dict[str, Any]:
@@ -60,16 +78,16 @@ def _corpus(now: datetime) -> dict[str, bytes]:
     }
 
 
-async def _send(bootstrap: str, topic: str, records: list[tuple[int | None, bytes, Any]]) -> list[tuple[int, int]]:
-    """Send raw records (partition, value, headers) as they are; their (partition, offset)."""
+async def _send(bootstrap: str, topic: str, records: list[tuple[Any, ...]]) -> list[tuple[int, int]]:
+    """Send raw records (partition, value, headers[, key]) as they are; their (partition, offset)."""
     producer = AIOKafkaProducer(
         bootstrap_servers=bootstrap, acks="all", max_request_size=TEN_MIB + (1 << 20), compression_type="gzip"
     )
     await producer.start()
     try:
         futures = [
-            await producer.send(topic, value, partition=partition, headers=headers)
-            for partition, value, headers in records
+            await producer.send(topic, value, partition=partition, headers=headers, key=key[0] if key else None)
+            for partition, value, headers, *key in records
         ]
         return [((m := await f).partition, m.offset) for f in futures]
     finally:
@@ -156,13 +174,31 @@ def test_no_record_stops_ingest_and_every_bad_record_is_one_dead_letter(pipeline
     p = Pipeline(s)
     try:
         asyncio.run(_allow_large_records(p.boot, s.traces_topic))
+        # values the worker cannot read on its tables' changelogs, restored when it starts: under a good
+        # session's key, a position's, a signature's (the tables hold them as absent, and dead-letter them)
+        agent, victim = sorted(good_sessions)[0]
+        changelogs = {name: f"{s.app_id}-{name}-changelog" for name in ("sessions", "links", "working_memory")}
+        asyncio.run(
+            ensure_topics_async(p.boot, {changelogs["sessions"]: s.partitions, changelogs["links"]: s.partitions})
+        )
+        state_key = f"{agent}\x1f{victim}".encode()
+        unreadable = {
+            changelogs["sessions"]: [
+                (0, b'{"closed":true,"partit', None, state_key),
+                (0, b"seven", None, position_key(s.traces_topic, 1)),
+            ],
+            changelogs["links"]: [(0, b'{"strength":"strong"}', None, b"tool|lookup")],
+            changelogs["working_memory"]: [(0, b"[" * 100_000, None, state_key)],
+        }
+        unreadable_at = {t: asyncio.run(_send(p.boot, t, records)) for t, records in unreadable.items()}
         p.start_all()
         # a poison record straight onto each internal topic first, so that good records follow it there
         internal = {
             s.episodes_topic: b"[" * 100_000,
             s.facts_topic: b'{"episode_id": "\xff"}',
             s.memory_topic: b'[{"kind": "episode"}]',
-            s.observations_topic: b'[{"event_signature": 1}]',
+            # an observation whole but for its signature, which is not hex (it crashed the links agent)
+            s.observations_topic: orjson.dumps([{**OBSERVATION, "event_signature": "support|lookup"}]),
             s.link_updates_topic: b"\x80" + b"[" * 5000,
         }
         internal_at = {
@@ -249,7 +285,14 @@ def test_no_record_stops_ingest_and_every_bad_record_is_one_dead_letter(pipeline
             s.facts_topic,
             s.memory_topic,
             s.link_updates_topic,
+            changelogs["working_memory"],  # the projector reads it too
         }, status["quarantined"]
+        # each unreadable table value is one dead letter, and the session it was under is distilled
+        for topic, ats in unreadable_at.items():
+            for at in ats:  # (the working memory's changelog: the projector's dead letter too)
+                got = [(kind, reason) for kind, reason, _ in by_record.get((topic, *at), [])]
+                assert [r for k, r in got if k == "poison" and "while restoring the table" in r], (topic, got)
+        assert p.query(f"SELECT count(*) FROM episodes WHERE session_id = '{victim}'") == [(1,)]
         # each bomb is one dead letter naming its batch and the bound; ingest went on after it
         for topic, at in zip(bombed, bombs):
             got = by_record.get((topic, *at), [])

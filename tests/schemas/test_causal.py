@@ -278,11 +278,12 @@ aware = st.datetimes(
     timezones=st.integers(-23 * 60, 23 * 60).map(lambda m: timezone(timedelta(minutes=m))),
 )
 texts = st.text(max_size=12)
+signatures = st.text("0123456789abcdef", min_size=8, max_size=64)  # the hex records carry (schemas.causal.Signature)
 unit = st.floats(0, 1)
 
 observed = st.builds(
     OutcomeObserved,
-    event_signature=texts,
+    event_signature=signatures,
     level=st.sampled_from(LinkLevel),
     tool=texts,
     outcome_signature=texts,
@@ -298,7 +299,7 @@ observed = st.builds(
 )
 updated = st.builds(
     CausalLinkUpdated,
-    event_signature=texts,
+    event_signature=signatures,
     level=st.sampled_from(LinkLevel),
     tool=texts,
     outcome_signature=texts,
@@ -406,19 +407,30 @@ def test_tool_count_error_rate():
 def test_records_are_frozen():
     with pytest.raises(AttributeError):
         ToolCount("t", 1, 0).calls = 2  # type: ignore[misc]
-    ob = OutcomeObserved(
-        event_signature="e",
-        level=LinkLevel.CALL,
-        tool="t",
-        outcome_signature="o",
-        outcome="ok",
-        valence=Valence.POSITIVE,
-        agent="a",
-        observed_at=datetime(2024, 1, 1, tzinfo=timezone.utc),
-        episode_id=uuid.UUID(int=1),
-        src_partition=0,
-        src_offset=0,
-        index=0,
-    )
+    ob = OutcomeObserved(event_signature="e", **_OBSERVED)
     with pytest.raises(AttributeError):
         ob.index = 1  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("signature", ["support|lookup", "", "0123456", "0123456789ABCDEF", "g" * 16, "0" * 65])
+def test_a_record_whose_event_signature_is_not_hex_is_rejected(signature):
+    """Its first 8 characters pick its partition (``signature_partition``): anything else is a schema error."""
+    good = msgspec.json.encode(OutcomeObserved(**{**_OBSERVED, "event_signature": "0123456789abcdef"}))
+    assert msgspec.json.decode(good, type=OutcomeObserved).event_signature == "0123456789abcdef"
+    with pytest.raises(msgspec.ValidationError, match="event_signature"):
+        msgspec.json.decode(good.replace(b"0123456789abcdef", signature.encode()), type=OutcomeObserved)
+
+
+_OBSERVED = dict(
+    level=LinkLevel.CALL,
+    tool="lookup",
+    outcome_signature="fedcba9876543210",
+    outcome="ok",
+    valence=Valence.POSITIVE,
+    agent="a",
+    observed_at=datetime(2026, 1, 1, tzinfo=timezone.utc),
+    episode_id=uuid.UUID(int=1),
+    src_partition=0,
+    src_offset=0,
+    index=0,
+)

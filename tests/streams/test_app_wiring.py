@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import uuid
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import msgspec
@@ -161,7 +163,6 @@ def test_several_sessions_observations_share_a_record_per_partition_and_keep_the
     """Observations of two sealed sessions and a plaintext one: with ``multipart_records``, one multi-part
     record per partition (each session's part under its key, order kept); the links agent seals every
     update with its episode's key, and a forgotten session's part is skipped while the others are learnt."""
-    import uuid
 
     from somnus.schemas.causal import CausalLinkUpdated
     from somnus.schemas.causal import OutcomeObserved as Observed
@@ -227,3 +228,97 @@ def test_several_sessions_observations_share_a_record_per_partition_and_keep_the
     assert {u.episode_id for u in updates} == {episodes["s1"], episodes["s3"]}
     assert all(len(parts_of(m["value"])) == 2 for m in sent.by_topic[s.link_updates_topic])  # s1's and s3's
     assert s.dead_letter_topic not in sent.by_topic
+
+
+def _changelog(table: Any, key: Any, value: Any, offset: int) -> Any:
+    """A changelog record of ``table`` as Faust's recovery hands it to ``apply_changelog_batch``."""
+    msg = SimpleNamespace(
+        topic=table.changelog_topic.get_topic_name(), partition=0, offset=offset, key=key, value=value, headers=[]
+    )
+    return SimpleNamespace(key=key, value=value, message=msg)
+
+
+# values another producer (or damage) could leave on a changelog topic, under a session's key
+UNREADABLE = {
+    "not JSON": b"{not json",
+    "a closed marker, truncated": b'{"closed":true,"partit',
+    "wrong types": b'{"closed":"yes","partition":"p"}',
+    "deep": b"[" * 100_000 + b"]" * 100_000,
+    "invalid utf-8": b'{"\xff":1}',
+}
+
+
+def test_a_changelog_value_the_agent_cannot_read_is_restored_as_absent_and_dead_lettered(distiller):
+    s, sent, sessions = distiller.settings, distiller.app.producer, distiller.sessions
+    key = b"support\x1fs3"
+    good_position = (position_key(s.traces_topic, 1), b"7 1700000000000000")
+    batch = [_changelog(sessions, key, value, i) for i, value in enumerate(UNREADABLE.values())]
+    batch += [
+        _changelog(sessions, position_key(s.traces_topic, 0), b"seven", 10),  # a position that is not one
+        _changelog(sessions, position_key(s.traces_topic, 2), b"-3", 11),
+        _changelog(sessions, None, b"{}", 12),  # no key
+        _changelog(sessions, *good_position, 13),
+        _changelog(sessions, b"support\x1fgone", None, 14),  # a tombstone
+    ]
+    sessions.apply_changelog_batch(batch)
+    assert sessions[key] is None and sessions[position_key(s.traces_topic, 0)] is None
+    assert sessions[good_position[0]] == good_position[1]  # a readable value is restored as it was
+    assert [m.offset for m, _ in sessions.unreadable] == [0, 1, 2, 3, 4, 10, 11, 12]
+
+    async def run() -> None:
+        # the session whose state was unreadable distils from scratch: its episode is made
+        async with _agent(distiller, "distill_sessions").test_context() as agent:
+            await agent.put(_session("s3"), key=b"support/s3")
+            await _until(lambda: position_key(s.traces_topic, 0) in distiller.sessions)
+
+    asyncio.run(run())
+    (episode,) = sent.by_topic[s.episodes_topic]
+    assert msgspec.json.decode(episode["value"], type=EpisodeDistilled).session_id == "s3"
+    dead = sent.by_topic[s.dead_letter_topic]
+    assert [d["headers"]["somnus-source-offset"] for d in dead] == [b"0", b"1", b"2", b"3", b"4", b"10", b"11", b"12"]
+    changelog = sessions.changelog_topic.get_topic_name().encode()
+    assert {d["headers"]["somnus-source-topic"] for d in dead} == {changelog}
+    reason = dead[0]["headers"]["somnus-reason"].decode()
+    assert (
+        reason.startswith("poison: ")
+        and "while restoring the table 'sessions' (the key is restored as absent)" in reason
+    )
+    for (what, value), d in zip(UNREADABLE.items(), dead):  # the value itself (the deep one: its head)
+        assert value.startswith(d["value"]) and (what == "deep" or d["value"] == value), what
+    assert not sessions.unreadable and distiller.counters.poison == 8
+
+
+def test_an_unreadable_link_state_is_restored_as_absent_and_its_signature_learns_again(distiller):
+    s, sent, links = distiller.settings, distiller.app.producer, distiller.links
+    sig = "0123456789abcdef"
+    observed = [_observation(uuid.UUID(int=1), sig, 0)]
+    links.apply_changelog_batch([_changelog(links, sig.encode(), b'{"strength":"strong"}', 0)])
+    assert links[sig.encode()] is None and len(links.unreadable) == 1
+
+    async def run() -> None:
+        async with _agent(distiller, "learn_links").test_context() as agent:
+            await agent.put(msgspec.json.encode(observed))
+            await _until(lambda: position_key(s.observations_topic, 0) in distiller.links)
+
+    asyncio.run(run())
+    assert links[sig.encode()] is not None and distiller.counters.link_updates > 0
+    (dead,) = sent.by_topic[s.dead_letter_topic]
+    assert b"while restoring the table 'links'" in dead["headers"]["somnus-reason"]
+
+
+def test_an_observation_whose_signature_is_not_hex_is_a_dead_letter_not_a_crash(distiller):
+    """Its signature picks its partition (``signature_partition`` reads hex): the links agent crashed on it."""
+    s, sent = distiller.settings, distiller.app.producer
+    bad = msgspec.json.encode([_observation(uuid.UUID(int=1), "support|lookup", 0)])
+    good = msgspec.json.encode([_observation(uuid.UUID(int=2), "0123456789abcdef", 0)])
+
+    async def run() -> None:
+        async with _agent(distiller, "learn_links").test_context() as agent:
+            await agent.put(bad)
+            await agent.put(good)
+            await _until(lambda: decode_position(distiller.links.get(position_key(s.observations_topic, 0))) == 2)
+
+    asyncio.run(run())
+    (dead,) = sent.by_topic[s.dead_letter_topic]
+    assert dead["value"] == bad and dead["headers"]["somnus-reason"].startswith(b"schema: invalid observations: ")
+    assert b"event_signature" in dead["headers"]["somnus-reason"] and distiller.counters.link_updates == 1

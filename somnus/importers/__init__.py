@@ -1,8 +1,13 @@
 """Turn agent transcripts from other tools into v1 trace events.
 
-- ``openai-chat``: OpenAI-style chat transcripts (``messages`` or tau-bench's ``traj``) with
-  ``tool_calls`` and ``role: tool`` results; outcome from ``reward`` (1.0 = success, else failure)
-  or ``outcome``.
+- ``openai-chat``: chat transcripts (``messages``, tau-bench's ``traj``, a Responses API ``input``, or a
+  bare list of messages, one a line too) in the dialects agents write: OpenAI chat completions
+  (``tool_calls`` and ``role: tool``, legacy ``function_call`` and ``role: function``), Anthropic
+  Messages (``tool_use`` and ``tool_result`` blocks; ``is_error`` marks a failed result, thinking is not
+  said), Responses API items (``function_call``, ``function_call_output``), and Claude Code session logs
+  (a message a line, one session per ``sessionId``); outcome from ``reward`` (1.0 = success, else
+  failure) or ``outcome``, else partial. A result fails when it says so (``is_error``) or its text
+  starts with "error".
 - ``swe-agent``: SWE-agent ``.traj`` trajectories, 0.x and 1.x (``swe_agent``): the task is the
   problem statement, thoughts are agent messages, each action a tool call whose observation is a
   failure only when it shows one (``swe_failure``); the outcome comes from ``--results``. Also

@@ -26,24 +26,192 @@ from somnus.importers.common import (
 )
 
 
+# parts of a message's content (OpenAI content parts, Responses API parts, Anthropic blocks) read as text
+TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
+# parts that are the model's private reasoning, or read by the caller as calls and results
+UNSAID_PARTS = frozenset({"thinking", "redacted_thinking", "reasoning", "tool_use", "tool_result"})
+SYSTEM_ROLES = frozenset({"system", "developer"})  # instructions, not the conversation
+# lines of a Claude Code session log that are not messages (its summaries, snapshots, system notes)
+LOG_LINES = frozenset({"summary", "file-history-snapshot", "system", "queue-operation"})
+# Responses API items (the OpenAI Agents SDK's ``to_input_list()``) that are not role messages
+ITEMS = frozenset({"function_call", "function_call_output", "custom_tool_call", "custom_tool_call_output", "reasoning"})
+
+
+def _text(content: Any) -> str:
+    """A message's text: a string, or its text parts joined; any other part (an image, a file) as
+    ``[type]``; calls, results and reasoning are not text."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return orjson.dumps(content).decode()
+    out = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if isinstance(part, str):
+            out.append(part)
+        elif kind in TEXT_PARTS and isinstance(part.get("text"), str):
+            out.append(part["text"])
+        elif kind not in UNSAID_PARTS:
+            out.append(f"[{kind}]" if isinstance(kind, str) else orjson.dumps(part).decode())
+    return "\n".join(t for t in out if t)
+
+
+def _transcripts(data: Any) -> list[Any]:
+    """The file's transcripts. Items with ``messages`` (or ``traj``) are transcripts; a file whose items
+    are messages instead (a bare conversation, a message a line, Claude Code's session log) is one
+    transcript per ``sessionId`` (the file's, when there is none), started at its first ``timestamp``."""
+    items = data if isinstance(data, list) else [data]
+    messages = [
+        m
+        for m in items
+        if isinstance(m, dict) and ("role" in m or "message" in m or m.get("type") in ITEMS | LOG_LINES)
+    ]
+    if not items or len(messages) < len(items) or any(k in m for m in messages for k in ("messages", "traj", "input")):
+        return items
+    by_session: dict[Any, dict[str, Any]] = {}
+    for m in messages:
+        if "role" not in m and "message" not in m and m.get("type") in LOG_LINES:
+            continue  # a log's summary or note, not of any one session
+        sid = m.get("sessionId")
+        t = by_session.setdefault(sid if isinstance(sid, str) else None, {"messages": []})
+        if isinstance(sid, str):
+            t["id"] = sid
+        if "timestamp" not in t and m.get("timestamp") is not None:
+            t["timestamp"] = m["timestamp"]
+        t["messages"].append(m)
+    return list(by_session.values())
+
+
+class _Chat:
+    """The events of one transcript's calls and results, whichever dialect each message is in."""
+
+    def __init__(self, s: _Session) -> None:
+        self.s = s
+        self.names: dict[str, str] = {}  # call id -> tool
+        self.unanswered: dict[str, list[str]] = {}  # legacy function calls (no id) by name, oldest first
+
+    def call(self, tool: Any, call_id: str | None, arguments: Any, where: str, fallback: str) -> None:
+        if not isinstance(tool, str) or not tool:
+            raise ImportShapeError(f"{where}: a tool call with no name string")
+        call_id = call_id or fallback
+        self.names[call_id] = tool
+        self.s.add("tool_call", {"tool": tool, "call_id": call_id, "args": _args(arguments)}, 1.0)
+
+    def result(self, call_id: str, tool: Any, content: Any, is_error: Any = None) -> None:
+        if tool is not None and not isinstance(tool, str):
+            raise ImportShapeError(f"result of {call_id!r}: field 'name' must be a string, got {tool!r}")
+        text = _text(content)
+        failed = is_error is True or (is_error is None and text.lstrip().lower().startswith("error"))
+        self.s.add(
+            "tool_result",
+            {
+                "call_id": call_id,
+                "tool": tool or self.names.get(call_id),
+                "ok": not failed,
+                "error": text[:MAX_OUTPUT] if failed else None,
+                "output": None if failed else text[:MAX_OUTPUT],
+            },
+            2.0,
+        )
+
+    def message(self, j: int, m: Any, where: str) -> None:
+        """One message: chat completions (``tool_calls``, ``role: tool``, legacy ``function_call`` and
+        ``role: function``), Anthropic Messages (``tool_use`` and ``tool_result`` blocks), Responses API
+        items (``function_call``, ``function_call_output``), or a Claude Code log line around one."""
+        if isinstance(m, dict) and "role" not in m and isinstance(m.get("message"), dict):
+            m = m["message"]  # a Claude Code log line
+        if not isinstance(m, dict):
+            raise ImportShapeError(f"{where}: expected an object with a 'role' string")
+        kind = m.get("type")
+        if "role" not in m and kind in ("function_call", "custom_tool_call"):
+            call_id = _call_id(m.get("call_id", m.get("id")), f"{where}: call_id")
+            self.call(m.get("name"), call_id, m.get("arguments", m.get("input")), where, f"call-{j}")
+            return
+        if "role" not in m and kind in ("function_call_output", "custom_tool_call_output"):
+            answered = _call_id(m.get("call_id"), f"{where}: call_id")
+            if not answered:
+                raise ImportShapeError(f"{where}: a '{kind}' needs 'call_id'")
+            self.result(answered, None, m.get("output"))
+            return
+        if "role" not in m and kind in ("reasoning", *LOG_LINES):  # private reasoning; a log's notes
+            return
+        if not isinstance(m.get("role"), str):
+            raise ImportShapeError(f"{where}: expected an object with a 'role' string")
+        role, content = m["role"], m.get("content")
+        blocks = [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
+        if role in SYSTEM_ROLES:
+            return
+        if role == "user":
+            for k, b in enumerate(blocks):
+                if b.get("type") == "tool_result":
+                    answered = _call_id(b.get("tool_use_id"), f"{where}: content[{k}].tool_use_id")
+                    if not answered:
+                        raise ImportShapeError(f"{where}: content[{k}]: a 'tool_result' needs 'tool_use_id'")
+                    self.result(answered, None, b.get("content"), b.get("is_error"))
+            text = _text(content)
+            if text or not blocks:
+                self.s.add("user_message", {"text": text})
+        elif role == "assistant":
+            text = _text(content)
+            if text:
+                self.s.add("agent_message", {"text": text})
+            for k, b in enumerate(blocks):
+                if b.get("type") == "tool_use":
+                    call_id = _call_id(b.get("id"), f"{where}: content[{k}].id")
+                    self.call(b.get("name"), call_id, b.get("input"), f"{where}: content[{k}]", f"call-{j}-{k}")
+            calls = m.get("tool_calls") or []
+            if not isinstance(calls, list):
+                raise ImportShapeError(f"{where}: field 'tool_calls' must be a list, got {type(calls).__name__}")
+            for k, call in enumerate(calls):
+                fn = call.get("function") if isinstance(call, dict) else None
+                if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+                    raise ImportShapeError(f"{where}: tool_calls[{k}] has no 'function.name' string")
+                call_id = _call_id(call.get("id"), f"{where}: tool_calls[{k}].id")
+                self.call(fn["name"], call_id, fn.get("arguments"), where, f"call-{j}-{k}")
+            legacy = m.get("function_call")
+            if legacy is not None:
+                if not isinstance(legacy, dict):
+                    raise ImportShapeError(f"{where}: field 'function_call' must be an object")
+                self.call(legacy.get("name"), None, legacy.get("arguments"), f"{where}: function_call", f"call-{j}")
+                self.unanswered.setdefault(legacy["name"], []).append(f"call-{j}")
+        elif role == "tool":
+            answered = _call_id(m.get("tool_call_id"), f"{where}: tool_call_id")
+            if not answered:
+                raise ImportShapeError(f"{where}: a 'tool' message needs 'tool_call_id'")
+            self.result(answered, m.get("name"), content)
+        elif role == "function":  # legacy: answers the oldest unanswered call of its name
+            name = m.get("name")
+            if not isinstance(name, str) or not name:
+                raise ImportShapeError(f"{where}: a 'function' message needs a 'name' string")
+            waiting = self.unanswered.get(name)
+            self.result(waiting.pop(0) if waiting else f"call-{j}", name, content)
+        else:
+            raise ImportShapeError(
+                f"{where}: unknown role {role!r} (expected system, developer, user, assistant, tool or function)"
+            )
+
+
 def openai_chat(
     path: Path, agent: str | None = None, start: datetime = DEFAULT_START, run: ImportRun | None = None
 ) -> Iterator[dict[str, Any]]:
-    """Events from OpenAI-style chat transcripts (a list, one object, or JSON lines).
+    """Events from chat transcripts (a list, one object, or JSON lines): OpenAI chat completions
+    (``tool_calls`` and legacy ``function_call``), Anthropic Messages (``tool_use`` / ``tool_result``
+    blocks), Responses API items, and bare message lists or Claude Code session logs (``_transcripts``).
 
     A results file (``run.results``) names a transcript by its session id or its ``id`` / ``session_id``
     / ``task<n>-trial<m>``, and overrides its own reward."""
     given, run = run, _run(run, start)
-    data = _load_json_or_jsonl(path, run)
-    items = data if isinstance(data, list) else [data]
+    items = _transcripts(_load_json_or_jsonl(path, run))
 
     def one(i: int, item: Any) -> Iterator[dict[str, Any]]:
         where = f"{path.name}: item {i}"
         if not isinstance(item, dict):
             raise ImportShapeError(f"{where}: expected an object with 'messages' or 'traj', got {type(item).__name__}")
-        messages = item.get("messages", item.get("traj"))
+        messages = item.get("messages", item.get("traj", item.get("input")))  # input: a Responses API request
         if not isinstance(messages, list):
-            raise ImportShapeError(f"{where}: no 'messages' (or 'traj') list of chat messages")
+            raise ImportShapeError(f"{where}: no 'messages' (or 'traj', 'input') list of chat messages")
         ident = item.get("id", item.get("session_id"))
         if ident is None and "task_id" in item:
             ident = f"task{item['task_id']}-trial{item.get('trial', 0)}"
@@ -53,63 +221,25 @@ def openai_chat(
         if own is not None and not isinstance(own, str):
             raise ImportShapeError(f"{where}: field 'agent' must be a string, got {own!r}")
         s = _Session(f"openai-chat:{path.name}", agent or own or "assistant", session_id, began or run.next_start())
-        first_user = next((m.get("content") for m in messages if isinstance(m, dict) and m.get("role") == "user"), None)
-        if first_user is not None and not isinstance(first_user, str):
-            first_user = orjson.dumps(first_user).decode()  # content parts, as for every other message
+        first_user = next((_said(m) for m in messages if _said(m) is not None), None)
         meta = {k: item[k] for k in ("task_id", "trial", "reward") if k in item}
         s.add("session_start", {"task": (first_user or "")[:500], "metadata": meta})
-        names: dict[str, str] = {}
+        chat = _Chat(s)
         for j, m in enumerate(messages):
-            mwhere = f"{where}: message {j}"
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-                raise ImportShapeError(f"{mwhere}: expected an object with a 'role' string")
-            role, content = m["role"], m.get("content")
-            if content is not None and not isinstance(content, str):
-                content = orjson.dumps(content).decode()
-            if role == "system":
-                continue
-            if role == "user":
-                s.add("user_message", {"text": content or ""})
-            elif role == "assistant":
-                if content:
-                    s.add("agent_message", {"text": content})
-                calls = m.get("tool_calls") or []
-                if not isinstance(calls, list):
-                    raise ImportShapeError(f"{mwhere}: field 'tool_calls' must be a list, got {type(calls).__name__}")
-                for k, call in enumerate(calls):
-                    fn = call.get("function") if isinstance(call, dict) else None
-                    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
-                        raise ImportShapeError(f"{mwhere}: tool_calls[{k}] has no 'function.name' string")
-                    call_id = _call_id(call.get("id"), f"{mwhere}: tool_calls[{k}].id") or f"call-{j}-{k}"
-                    names[call_id] = fn["name"]
-                    s.add(
-                        "tool_call", {"tool": fn["name"], "call_id": call_id, "args": _args(fn.get("arguments"))}, 1.0
-                    )
-            elif role == "tool":
-                answered = _call_id(m.get("tool_call_id"), f"{mwhere}: tool_call_id")
-                if not answered:
-                    raise ImportShapeError(f"{mwhere}: a 'tool' message needs 'tool_call_id'")
-                name = m.get("name")
-                if name is not None and not isinstance(name, str):
-                    raise ImportShapeError(f"{mwhere}: field 'name' must be a string, got {name!r}")
-                text = content or ""
-                failed = text.lstrip().lower().startswith("error")
-                s.add(
-                    "tool_result",
-                    {
-                        "call_id": answered,
-                        "tool": name or names.get(answered),
-                        "ok": not failed,
-                        "error": text[:MAX_OUTPUT] if failed else None,
-                        "output": None if failed else text[:MAX_OUTPUT],
-                    },
-                    2.0,
-                )
-            else:
-                raise ImportShapeError(f"{mwhere}: unknown role {role!r} (expected system, user, assistant or tool)")
+            chat.message(j, m, f"{where}: message {j}")
         given = _result_for(run, session_id, None if ident is None else str(ident))
         outcome, reason = (given, "per the results file") if given else _outcome(item, where)
         s.add("session_end", {"outcome": outcome, "reason": reason})
         yield from s.events
 
     yield from _each_item(items, given, path.name, one)
+
+
+def _said(m: Any) -> str | None:
+    """The text of a user's message (the task is the first), None for any other message."""
+    if isinstance(m, dict) and "role" not in m and isinstance(m.get("message"), dict):
+        m = m["message"]
+    if not isinstance(m, dict) or m.get("role") != "user":
+        return None
+    text = _text(m.get("content"))
+    return text or None

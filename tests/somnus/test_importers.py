@@ -272,7 +272,14 @@ def test_a_tool_call_without_id_gets_a_stable_one_and_arguments_of_any_shape_are
         ([{"messages": {"role": "user"}}], ["item 0", "'messages'"]),
         ([{"messages": []}, "oops"], ["item 1", "expected an object"]),
         ([{"messages": [{"content": "no role"}]}], ["message 0", "'role'"]),
-        ([{"messages": [{"role": "function", "content": "x"}]}], ["message 0", "unknown role 'function'"]),
+        ([{"messages": [{"role": "critic", "content": "x"}]}], ["message 0", "unknown role 'critic'"]),
+        ([{"messages": [{"role": "function", "content": "x"}]}], ["message 0", "'function' message needs a 'name'"]),
+        (
+            [{"messages": [{"role": "user", "content": [{"type": "tool_result", "content": "x"}]}]}],
+            ["message 0", "content[0]", "'tool_use_id'"],
+        ),
+        ([{"messages": [{"type": "function_call_output", "output": "x"}]}], ["message 0", "needs 'call_id'"]),
+        ([{"messages": [{"type": "function_call", "call_id": "c"}]}], ["message 0", "no name string"]),
         ([{"messages": [], "reward": "1.0"}], ["field 'reward'", "'1.0'"]),
         ([{"messages": [], "reward": True}], ["field 'reward'", "True"]),
         ([{"messages": [], "outcome": "won"}], ["field 'outcome'", "'won'"]),
@@ -343,6 +350,107 @@ def test_user_content_given_as_content_parts_still_gives_valid_events(tmp_path):
         ],
     }
     assert_all_decode(list(openai_chat(write(tmp_path, "parts.json", item))))
+
+
+# Other chat dialects, in fixtures shaped as their documentation and SDKs write them (tests/fixtures/chat):
+# Anthropic Messages (tool_use / tool_result blocks, thinking), a Claude Code session log (one JSON line per
+# message, a summary line), Responses API items (the OpenAI Agents SDK's input list), legacy function calling.
+CHATS = Path(__file__).resolve().parents[1] / "fixtures" / "chat"
+
+
+def _calls_and_results(events: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    return [
+        (e["type"], e["payload"]["call_id"], e["payload"].get("tool"), e["payload"].get("ok"))
+        for e in events
+        if e["type"] in ("tool_call", "tool_result")
+    ]
+
+
+def test_an_anthropic_messages_transcript_gives_its_calls_and_results(tmp_path):
+    events = list(openai_chat(CHATS / "anthropic_messages.json"))
+    assert_all_decode(events)
+    assert {e["session_id"] for e in events} == {"anthropic_messages-conv-weather-7"}
+    assert _calls_and_results(events) == [
+        ("tool_call", "toolu_01W1", "get_weather", None),
+        ("tool_call", "toolu_01W2", "get_weather", None),
+        ("tool_result", "toolu_01W1", "get_weather", True),
+        ("tool_result", "toolu_01W2", "get_weather", False),  # is_error, whatever its text says
+    ]
+    start, said = events[0]["payload"], events[1]["payload"]
+    assert start["task"] == "What's the weather in Paris and in Atlantis?"
+    assert said == {"text": "What's the weather in Paris and in Atlantis?"}
+    (call,) = [e["payload"] for e in events if e["payload"].get("call_id") == "toolu_01W2" and e["type"] == "tool_call"]
+    assert call["args"] == {"location": "Atlantis", "unit": "celsius"}
+    (failed,) = [e["payload"] for e in events if e["type"] == "tool_result" and not e["payload"]["ok"]]
+    assert failed["error"] == "location not found: Atlantis"  # the text of its content blocks
+    texts = [e["payload"]["text"] for e in events if e["type"] == "agent_message"]
+    assert texts == ["Let me check both cities.", "Paris is 14°C with light rain. I could not find Atlantis."]
+    assert events[-1]["payload"] == {"outcome": "failure", "reason": "reward 0.0"}
+    # no tool_result block is taken for a user's words, and no block is written out as JSON
+    assert not any("tool_use_id" in e["payload"].get("text", "") for e in events)
+
+
+def test_a_claude_code_session_log_is_one_session_from_its_lines(tmp_path):
+    events = list(openai_chat(CHATS / "claude_code_session.jsonl"))
+    assert_all_decode(events)
+    assert {e["session_id"] for e in events} == {"claude_code_session-3f9c2a71-5b8e-4d0a-9e61-2c7d4b1a8f05"}
+    assert events[0]["ts"] == "2025-07-30T09:12:03.412000Z"  # its first line's time
+    assert events[0]["payload"]["task"].startswith("The widget tests fail on main.")
+    assert _calls_and_results(events) == [
+        ("tool_call", "toolu_01A7", "Bash", None),
+        ("tool_result", "toolu_01A7", "Bash", False),
+        ("tool_call", "toolu_01B3", "Read", None),
+        ("tool_result", "toolu_01B3", "Read", True),
+    ]
+    bash = next(e["payload"] for e in events if e["type"] == "tool_call")
+    assert bash["args"]["command"] == "pytest tests/test_widgets.py -q"
+    # the thinking block is not said; the user lines that only carry results are not user messages
+    assert [e["type"] for e in events].count("user_message") == 1
+    assert not any("Run the tests first" in str(e["payload"]) for e in events)
+    assert events[-1]["payload"]["outcome"] == "partial"
+
+
+def test_responses_api_items_are_one_conversation(tmp_path):
+    events = list(openai_chat(CHATS / "responses_items.json"))
+    assert_all_decode(events)
+    assert {e["session_id"] for e in events} == {"responses_items-0"}
+    assert _calls_and_results(events) == [
+        ("tool_call", "call_Qm4x", "find_restaurant", None),
+        ("tool_result", "call_Qm4x", "find_restaurant", True),
+        ("tool_call", "call_Zp2k", "book_table", None),
+        ("tool_result", "call_Zp2k", "book_table", False),
+    ]
+    book = [e["payload"] for e in events if e["type"] == "tool_call"][1]
+    assert book["args"] == {"restaurant_id": "r-881", "party": 2, "time": "20:00"}
+    assert [e["payload"]["text"] for e in events if e["type"] == "agent_message"] == [
+        "Chez Léon has no table at 8; shall I try 9?"
+    ]
+    # the same items as a request's ``input``
+    request = write(
+        tmp_path, "request.json", {"id": "r1", "input": json.loads((CHATS / "responses_items.json").read_text())}
+    )
+    assert _calls_and_results(list(openai_chat(request))) == _calls_and_results(events)
+
+
+def test_legacy_function_calls_are_answered_by_name(tmp_path):
+    events = list(openai_chat(CHATS / "legacy_functions.json"))
+    assert_all_decode(events)
+    assert _calls_and_results(events) == [
+        ("tool_call", "call-2", "get_current_weather", None),
+        ("tool_result", "call-2", "get_current_weather", True),
+    ]
+    assert [e["payload"] for e in events if e["type"] == "tool_call"][0]["args"] == {"location": "Boston, MA"}
+    assert events[-1]["payload"]["outcome"] == "success"
+
+
+def test_a_bare_list_of_chat_messages_is_one_conversation(tmp_path):
+    messages = CHAT["messages"]
+    events = list(openai_chat(write(tmp_path, "bare.json", messages)))
+    assert {e["session_id"] for e in events} == {"bare-0"}
+    same = list(openai_chat(write(tmp_path, "wrapped.json", {"messages": messages})))
+    assert [(e["type"], e["payload"]) for e in events] == [(e["type"], e["payload"]) for e in same]
+    jsonl = write(tmp_path, "lines.jsonl", b"\n".join(orjson.dumps(m) for m in messages))
+    assert [e["payload"] for e in openai_chat(jsonl)] == [e["payload"] for e in events]
 
 
 # ---- SWE-agent trajectories ---------------------------------------------------------------------

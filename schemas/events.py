@@ -28,6 +28,12 @@ from msgspec import Meta
 SCHEMA_VERSION = 1
 
 NonEmpty = Annotated[str, Meta(min_length=1)]
+# An agent, session, tool, call or delegation name: the worker copies names into every output that
+# mentions them (an episode lists each tool, each observation its agent), so one longer than this, in
+# events within the size limit, could make a record no producer sends (a stalled worker, once)
+MAX_NAME_CHARS = 1024
+Name = Annotated[str, Meta(min_length=1, max_length=MAX_NAME_CHARS)]
+OptionalName = Annotated[str, Meta(max_length=MAX_NAME_CHARS)] | None
 Seq = Annotated[int, Meta(ge=0, le=2**63 - 1)]  # a BIGINT in the projections
 AwareTime = Annotated[datetime, Meta(tz=True)]
 
@@ -44,7 +50,7 @@ class Outcome(str, Enum):
 class SessionStart(msgspec.Struct, frozen=True, omit_defaults=True):
     task: str
     goal: str | None = None
-    user_id: str | None = None
+    user_id: OptionalName = None
     metadata: dict[str, Any] = {}
 
 
@@ -53,15 +59,15 @@ class Message(msgspec.Struct, frozen=True, omit_defaults=True):
 
 
 class ToolCall(msgspec.Struct, frozen=True, omit_defaults=True):
-    tool: NonEmpty
-    call_id: NonEmpty
+    tool: Name
+    call_id: Name
     args: dict[str, Any] = {}
 
 
 class ToolResult(msgspec.Struct, frozen=True, omit_defaults=True):
-    call_id: NonEmpty
+    call_id: Name
     ok: bool
-    tool: str | None = None
+    tool: OptionalName = None
     error: str | None = None
     http_status: Annotated[int, Meta(ge=100, le=599)] | None = None
     latency_ms: Annotated[float, Meta(ge=0)] | None = None
@@ -70,15 +76,15 @@ class ToolResult(msgspec.Struct, frozen=True, omit_defaults=True):
 
 
 class Delegation(msgspec.Struct, frozen=True, omit_defaults=True):
-    to_agent: NonEmpty
+    to_agent: Name
     task: str
-    delegation_id: str | None = None
+    delegation_id: OptionalName = None
 
 
 class DelegationResult(msgspec.Struct, frozen=True, omit_defaults=True):
-    to_agent: NonEmpty
+    to_agent: Name
     outcome: Outcome
-    delegation_id: str | None = None
+    delegation_id: OptionalName = None
     summary: str | None = None
 
 
@@ -94,8 +100,8 @@ class _Envelope(msgspec.Struct, frozen=True, tag_field="type", kw_only=True):
     event_id: uuid.UUID
     schema_version: Annotated[int, Meta(ge=1, le=SCHEMA_VERSION)]
     ts: AwareTime
-    agent: NonEmpty
-    session_id: NonEmpty
+    agent: Name
+    session_id: Name
     seq: Seq
 
 

@@ -49,6 +49,7 @@ from somnus.streams.kafka_compat import bound_decompression, track_topics_sent_t
 from somnus.streams.keys import KeyFollower
 from somnus.streams.sealing import (
     OpenedOnce,
+    bundles,
     TableSealing,
     dead_letter_value,
     key_of_record,
@@ -338,20 +339,48 @@ async def run_batched(
     handle: Any,
     batchers: list[Batcher] | None = None,
     ordered: Ordered | None = None,
+    on_failure: Callable[[BaseException], object] | None = None,
 ) -> None:
     """An agent body: events in batches (``Batcher``), acked only after ``handle`` returned; with
     ``ordered``, in one order across partitions (streams/sequencer.py). ``stream``: the ``faust.Stream``
-    an agent body is given (``noack`` is not on the ``StreamT`` interface)."""
+    an agent body is given (``noack`` is not on the ``StreamT`` interface). ``on_failure`` is told of an
+    exception out of a batch, whether the stream's next event or the ticker flushed it."""
     manual = stream.noack()
     batcher = Batcher(app, manual, settings.batch_size, settings.batch_within_s, handle, ordered)
     if batchers is not None:
         batchers.append(batcher)
     ticker = asyncio.ensure_future(batcher.tick())
+    if on_failure is not None:  # a batch the ticker flushes fails there, where no one would see it
+        report = on_failure
+
+        def ticker_done(task: asyncio.Future[None]) -> None:
+            exc = None if task.cancelled() else task.exception()
+            if exc is not None:
+                report(exc)
+
+        ticker.add_done_callback(ticker_done)
     try:
         async for event in manual.events():
             await batcher.add(event)
+    except Exception as exc:
+        if on_failure is not None:
+            on_failure(exc)
+        raise
     finally:
         ticker.cancel()
+
+
+EXIT_AGENT_FAILED = 70  # EX_SOFTWARE
+
+
+def exit_worker(exc: BaseException) -> None:
+    """An agent's batch raised past the poison boundary (a broker's error, or a defect). Faust would
+    restart the agent without delivering the batch's records again, a stall with no other sign, so the
+    worker exits: the supervisor starts it again and it reads on from the committed offsets, where the
+    positions make a batch applied twice count once (``somnus.streams.ordering``)."""
+    log.critical("a batch failed; the worker exits so that its records are read again", exc_info=exc)
+    logging.shutdown()
+    os._exit(EXIT_AGENT_FAILED)
 
 
 METADATA_MAX_AGE_MS = 10_000  # how often the worker's consumer refreshes its metadata at least
@@ -524,6 +553,7 @@ class Distiller:
         self.dead = DeadLetterSender(app, settings.dead_letter_topic, self.counters, self.keys)
         self.batchers: list[Batcher] = []
         self.opened = OpenedOnce()  # trace records opened by the sequencer, for their batch
+        self.on_failure: Callable[[BaseException], object] = exit_worker  # a batch raised past its boundary
 
     @classmethod
     def create(cls, settings: Settings, bootstrap: str, worker_name: str = "worker") -> Distiller:
@@ -627,7 +657,7 @@ class Distiller:
         """An agent over ``topic`` (one at a time) whose body hands ``handle`` batches (``run_batched``)."""
 
         async def body(stream: faust.Stream) -> None:
-            await run_batched(self.app, self.settings, stream, handle, self.batchers, ordered)
+            await run_batched(self.app, self.settings, stream, handle, self.batchers, ordered, self.on_failure)
 
         body.__name__ = body.__qualname__ = name
         return self.app.agent(_topic(self.app, self.settings, topic), name=f"{__name__}.{name}", concurrency=1)(body)
@@ -1287,11 +1317,7 @@ async def _send_bundles(
         )
     pending = []
     for partition in sorted(groups):
-        arrays = [
-            sealed(key, encode(group[i : i + BUNDLE_ITEMS]))
-            for key, group in groups[partition].items()
-            for i in range(0, len(group), BUNDLE_ITEMS)
-        ]
+        arrays = [sealed(key, raw) for key, group in groups[partition].items() for raw in bundles(group, BUNDLE_ITEMS)]
         for value, headers in _pack_parts(arrays) if joined else arrays:
             pending.append(
                 await app.producer.send(

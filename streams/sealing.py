@@ -27,6 +27,9 @@ from somnus.streams.ordering import POSITION_PREFIX
 log = logging.getLogger("somnus.worker")
 
 REFRESH_S = 5.0  # a table restore reads the key topic again at most this often
+# of one bundle record's JSON, when it holds more than one item: far under the producer's request size
+# (8 MiB), which a bundle of long items could pass (a send that fails there stops the worker)
+BUNDLE_BYTES = 1 << 20
 Headers = list[tuple[str, bytes]] | None
 
 
@@ -48,13 +51,39 @@ def dead_letter_value(
 ) -> tuple[bytes, Headers]:
     """A dead letter's value and headers: the source record's bytes as they are when ``original`` is
     None (sealed ones keep their mark), else ``original`` (an element decoded from the opened source)
-    sealed again with the source's key."""
-    from somnus.schemas.codec import dead_letter_original
+    sealed again with the source's key. A sealed source longer than a dead letter keeps is opened, its
+    plaintext cut and sealed again: cut sealed bytes no longer open, and the projector recorded the
+    dead letter as a sealed record that fails authentication, its source and reason lost."""
+    from somnus.schemas.codec import MAX_ORIGINAL, dead_letter_original
 
     kid = sealed_key_id(source)
     if original is None:
-        return dead_letter_original(source), headers if kid is None else [*(headers or []), (HEADER, kid.encode())]
+        if kid is None:
+            return dead_letter_original(source), headers
+        key = key_of_record(ring, source)
+        if len(source or b"") > MAX_ORIGINAL and key is not None:
+            plain = ring.open(source)
+            if isinstance(plain, bytes):
+                return sealed(key, dead_letter_original(plain), headers)
+        return dead_letter_original(source), [*(headers or []), (HEADER, kid.encode())]
     return sealed(key_of_record(ring, source), original, headers)
+
+
+def bundles(items: Sequence[Any], per_record: int) -> list[bytes]:
+    """``items`` as JSON arrays, in order, of at most ``per_record`` items and ``BUNDLE_BYTES`` (an item
+    larger than that alone)."""
+    out: list[bytes] = []
+    for i in range(0, len(items), per_record):
+        out.extend(_halved(items[i : i + per_record]))
+    return out
+
+
+def _halved(items: Sequence[Any]) -> list[bytes]:
+    raw = encode(items)
+    if len(raw) <= BUNDLE_BYTES or len(items) == 1:
+        return [raw]
+    mid = len(items) // 2
+    return _halved(items[:mid]) + _halved(items[mid:])
 
 
 def unit_records(ring: KeyRing, units: Sequence[Any], per_record: int) -> list[tuple[bytes, Headers]]:
@@ -63,10 +92,9 @@ def unit_records(ring: KeyRing, units: Sequence[Any], per_record: int) -> list[t
     groups: dict[DataKey | None, list[Any]] = {}
     for u in units:
         groups.setdefault(ring.key_for(u.agent, u.run_id), []).append(u)
-    out = []
+    out: list[tuple[bytes, Headers]] = []
     for key, items in groups.items():
-        for i in range(0, len(items), per_record):
-            out.append(sealed(key, encode(items[i : i + per_record])))
+        out.extend(sealed(key, raw) for raw in bundles(items, per_record))
     return out
 
 

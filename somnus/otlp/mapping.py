@@ -42,7 +42,7 @@ import orjson
 
 from somnus.otlp.spans import MAX_VALUE_DEPTH, Span
 from somnus.schemas.codec import check_json
-from somnus.schemas.events import SCHEMA_VERSION
+from somnus.schemas.events import MAX_NAME_CHARS, SCHEMA_VERSION
 
 OTLP_NAMESPACE = uuid.UUID("0c5e7d1a-3b9f-4e62-8a41-6f2d9c7b1e35")
 MAX_TEXT = 2000  # characters of a tool's output or a message kept on an event
@@ -51,7 +51,7 @@ MAX_TASK = 500
 # attribute may be (MAX_VALUE_DEPTH), and it is kept as its text: the worker refuses an event of more than
 # 100,000 values, and a whole bundle record (the session's other events) nested deeper than 65
 MAX_JSON_VALUES = 10_000
-MAX_ID_CHARS = 1024  # of a session id, user id, agent or tool name (every event of a session carries some)
+MAX_ID_CHARS = MAX_NAME_CHARS  # of a session id, user id, agent or tool name: the trace contract's bound
 MAX_LINKS = 128  # of a span (the OTel SDK's default limit): a session's start lists them
 # bytes of a tool's arguments, encoded: what the worker's default event limit (SOMNUS_MAX_EVENT_BYTES,
 # 1 MiB) leaves for the rest of the event; the call's event would be refused beyond

@@ -217,6 +217,16 @@ def test_no_record_stops_ingest_and_every_bad_record_is_one_dead_letter(pipeline
         )
         hyp = asyncio.run(_send(p.boot, s.traces_topic, [(i % s.partitions, v, None) for i, v in enumerate(generated)]))
         p.publish(good, bundle_max=8)
+        # a session whose 30 tool names are 600 KB each, an event a record (each under the event limit):
+        # copied into its episode, memory units and observations they made records of 9-78 MB, which the
+        # worker's producer refused in its ticker, unseen, and the worker held them for ever
+        long_names = [_event("long-names", 0, "session_start", now)]
+        for i in range(30):
+            call = _event("long-names", 2 * i + 1, "tool_call", now, tool=f"t{i}" + "x" * 600_000, call_id=f"c{i}")
+            result = _event("long-names", 2 * i + 2, "tool_result", now, call_id=f"c{i}", ok=False, error="Error: x")
+            long_names += [call, result]
+        long_names.append(_event("long-names", 61, "session_end", now, outcome="failure"))
+        p.publish(long_names, bundle_max=1)
         # Order checks per session, whatever else the partition holds: sessions that ended a day ago,
         # a session 3 hours later (their markers expire: retention 1 hour), 1,000 undecodable records,
         # then a late event of each old session: dead letters, not sessions started again.
@@ -314,6 +324,10 @@ def test_no_record_stops_ingest_and_every_bad_record_is_one_dead_letter(pipeline
         assert p.query("SELECT count(*) FROM causal_links")[0][0] > 0
         assert p.query("SELECT count(*) FROM events WHERE year(ts) > 2100 OR year(ts) < 1900") == [(0,)]
         assert p.query("SELECT event_count FROM episodes WHERE session_id = 'dupe'") == [(3,)]
+        # each over-long tool name is one schema dead letter, with its reason; the session is distilled
+        assert p.query("SELECT event_count FROM episodes WHERE session_id = 'long-names'") == [(32,)]
+        long_dead = [r for _, _, _, kind, r, _ in rows if "`$.payload.tool`" in r and kind == "schema"]
+        assert len(long_dead) == 30 and "length <= 1024" in long_dead[0], long_dead[:1]
         assert p.query("SELECT session_id, seq FROM duplicate_events") == [("dupe", 2)]
         assert status["duplicate_events"] == 1
         kind, reason, _ = dead[(s.traces_topic, *reused_at)]

@@ -105,12 +105,15 @@ def _date_times(draw: Any) -> str:
 
 def _string(node: dict[str, Any]) -> st.SearchStrategy[str]:
     fmt, pattern, min_len = node.pop("format", None), node.pop("pattern", None), node.pop("minLength", 0)
+    max_len = node.pop("maxLength", None)
     base = {"uuid": _uuid_texts(), "date-time": _date_times(), None: st.text(min_size=min_len, max_size=12)}[fmt]
+    if max_len is not None and fmt is None:  # a long name too: the bound itself is an instance
+        base = base | st.text(min_size=max_len, max_size=max_len)
     if pattern is not None:
         base = base.filter(lambda s: re.search(pattern, s) is not None)
     if fmt is not None:
         base = base.filter(lambda s: FORMATS.conforms(s, fmt))
-    return base.filter(lambda s: len(s) >= min_len)
+    return base.filter(lambda s: min_len <= len(s) <= (max_len if max_len is not None else len(s)))
 
 
 def _object(node: dict[str, Any], root: dict[str, Any]) -> st.SearchStrategy[dict[str, Any]]:
@@ -361,6 +364,9 @@ def test_an_integral_float_seq_valid_under_the_contract_decodes():
         lambda e: e["payload"].pop("call_id"),
         lambda e: e["payload"].update(http_status=600),
         lambda e: e["payload"].update(latency_ms=-1),
+        lambda e: e.update(agent="a" * 1025),
+        lambda e: e["payload"].update(tool="t" * 1025),
+        lambda e: e["payload"].update(call_id="c" * 1025),
     ],
     ids=[
         "no payload",
@@ -372,6 +378,9 @@ def test_an_integral_float_seq_valid_under_the_contract_decodes():
         "no call_id",
         "status 600",
         "negative latency",
+        "agent of 1025 characters",
+        "tool of 1025 characters",
+        "call_id of 1025 characters",
     ],
 )
 def test_what_the_contract_rejects_the_decoder_rejects_too(mutate):

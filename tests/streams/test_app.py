@@ -267,3 +267,37 @@ def test_records_the_sequencer_opened_distil_as_records_their_batch_opens(tmp_pa
     new, old = run(through_sequencer=True), run(through_sequencer=False)
     assert new == old
     assert new[3].shredded > 0 and new[3].episodes > 10 and new[3].facts > 0 and new[3].poison == 0
+
+
+def test_a_batch_that_fails_when_the_ticker_flushes_it_is_reported(tmp_path):
+    """The ticker flushes a batch no later event fills; an exception there ended its task unseen, and the
+    worker held the batch's records for ever (a stall with nothing in the log)."""
+    settings = dataclasses.replace(_settings(tmp_path), batch_size=100, batch_within_s=0.05)
+    failures: list[BaseException] = []
+
+    class Stream:
+        def noack(self) -> Stream:
+            return self
+
+        async def events(self) -> Any:
+            yield _record(settings.traces_topic, session_bundle("s"), 0)
+            await asyncio.sleep(3600)  # nothing more: only the ticker can flush the batch
+
+        async def ack(self, event: Any) -> None:
+            raise AssertionError("a failed batch is not acknowledged")
+
+    async def handle(batch: Any, generation: int) -> Any:
+        raise RuntimeError("the producer refused a record")
+
+    async def run() -> None:
+        body = asyncio.ensure_future(
+            app_mod.run_batched(_app(), settings, Stream(), handle, on_failure=failures.append)
+        )
+        for _ in range(500):
+            if failures:
+                break
+            await asyncio.sleep(0.01)
+        body.cancel()
+
+    asyncio.run(run())
+    assert [str(f) for f in failures] == ["the producer refused a record"]

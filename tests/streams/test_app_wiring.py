@@ -37,15 +37,20 @@ class Sent:
 
 
 @pytest.fixture
-def distiller(tmp_path: Any) -> Iterator[Distiller]:
+def distiller(tmp_path: Any, monkeypatch: Any) -> Iterator[Distiller]:
     settings = dataclasses.replace(Settings.resolve(env={}, home=tmp_path), topic_prefix="t.", batch_size=1)
+    # no consumer to ask which partitions are this worker's: the one test_context puts records on
+    monkeypatch.setattr("somnus.streams.app._owned", lambda app, topic: frozenset({0}))
     d = Distiller.create(settings, "127.0.0.1:1", worker_name="w")
+    failures: list[BaseException] = []
+    d.on_failure = failures.append  # not the worker's exit: a batch that raised fails the test below
     d.app.producer = Sent()
     for guard in d.guards.values():  # no broker to ask where a partition starts: at 0
         guard.earliest = _zero
     d.app.finalize()
     d.app.flow_control.resume()
     yield d
+    assert not failures, failures
 
 
 async def _zero(tp: Any) -> int:

@@ -7,7 +7,15 @@ from types import SimpleNamespace
 from somnus.schemas.sealed import HEADER, encode_key, new_key, open_value, seal, sealed_key_id
 from somnus.streams.keys import KeyFollower
 from somnus.streams.ordering import position_key
-from somnus.streams.sealing import TableSealing, dead_letter_value, sealed, session_of_table_key, unit_records
+from somnus.streams.sealing import (
+    BUNDLE_BYTES,
+    TableSealing,
+    bundles,
+    dead_letter_value,
+    sealed,
+    session_of_table_key,
+    unit_records,
+)
 
 A, B = new_key("aga", "s1", "u1"), new_key("aga", "s2", "u2")
 
@@ -33,6 +41,20 @@ def test_dead_letter_keeps_a_sealed_source_and_seals_an_element_again():
     value, headers = dead_letter_value(ring, source, b"2", [])
     assert open_value(value, ring.keys) == b"2" and headers == [(HEADER, A.key_id.encode())]
     assert dead_letter_value(ring, b"[2]", b"2", []) == (b"2", [])  # a plaintext source
+
+
+def test_a_long_sealed_source_keeps_the_start_of_its_plaintext_sealed_again():
+    """Cut sealed bytes would not open: the projector saw a record failing authentication, not the dead letter."""
+    from somnus.schemas.codec import MAX_ORIGINAL
+
+    ring = follower(A).ring
+    plain = b'{"tool": "' + b"t" * (3 * MAX_ORIGINAL) + b'"}'
+    value, headers = dead_letter_value(ring, seal(A, plain), None, [("somnus-reason", b"schema: x")])
+    assert open_value(value, ring.keys) == plain[:MAX_ORIGINAL]
+    assert headers == [("somnus-reason", b"schema: x"), (HEADER, A.key_id.encode())]
+    gone = seal(new_key("support", "s9"), plain)  # its key is not here: as it is, cut, still marked
+    value, headers = dead_letter_value(ring, gone, None, [])
+    assert value == gone[:MAX_ORIGINAL] and headers == [(HEADER, sealed_key_id(gone).encode())]
 
 
 def test_units_are_bundled_per_session_under_its_key(monkeypatch):
@@ -150,3 +172,19 @@ def test_opened_once_keeps_at_most_its_limit():
     for m in big:
         once.open(ring, m)
     assert len(once.held) == 1 and once.bytes == 6  # plaintext bytes bound it too
+
+
+def test_bundles_are_bounded_in_items_and_in_bytes_and_keep_the_order():
+    """A bundle of long items (tool names of 1,024 characters, each repeated in an item) is split before
+    it nears the producer's request size; an item larger than the bound travels alone."""
+    import orjson
+
+    items = [{"i": i, "tool": f"{i}" + "t" * (1024 + 37 * (i % 50))} for i in range(3000)]
+    items.insert(1234, {"i": -1, "huge": "h" * (BUNDLE_BYTES + 1)})
+    out = bundles(items, 1000)
+    assert [x for raw in out for x in orjson.loads(raw)] == items  # every item, in order
+    assert all(len(orjson.loads(raw)) <= 1000 for raw in out)
+    assert all(len(raw) <= BUNDLE_BYTES or len(orjson.loads(raw)) == 1 for raw in out)
+    assert any(len(raw) > BUNDLE_BYTES for raw in out)  # the huge item, alone
+    small = [{"i": i} for i in range(2500)]
+    assert [len(orjson.loads(raw)) for raw in bundles(small, 1000)] == [1000, 1000, 500]  # as before

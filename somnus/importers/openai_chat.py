@@ -201,7 +201,7 @@ def openai_chat(
     blocks), Responses API items, and bare message lists or Claude Code session logs (``_transcripts``).
 
     A results file (``run.results``) names a transcript by its session id or its ``id`` / ``session_id``
-    / ``task<n>-trial<m>``, and overrides its own reward."""
+    / ``instance_id`` / ``task<n>-trial<m>``, and overrides its own reward (or ``resolved``)."""
     given, run = run, _run(run, start)
     items = _transcripts(_load_json_or_jsonl(path, run))
 
@@ -212,7 +212,7 @@ def openai_chat(
         messages = item.get("messages", item.get("traj", item.get("input")))  # input: a Responses API request
         if not isinstance(messages, list):
             raise ImportShapeError(f"{where}: no 'messages' (or 'traj', 'input') list of chat messages")
-        ident = item.get("id", item.get("session_id"))
+        ident = item.get("id", item.get("session_id", item.get("instance_id")))  # instance_id: SWE-Gym and the like
         if ident is None and "task_id" in item:
             ident = f"task{item['task_id']}-trial{item.get('trial', 0)}"
         session_id = run.session_id(f"{path.stem}-{ident if ident is not None else i}")
@@ -228,11 +228,22 @@ def openai_chat(
         for j, m in enumerate(messages):
             chat.message(j, m, f"{where}: message {j}")
         given = _result_for(run, session_id, None if ident is None else str(ident))
-        outcome, reason = (given, "per the results file") if given else _outcome(item, where)
+        outcome, reason = (given, "per the results file") if given else _outcome(_judged(item, where), where)
         s.add("session_end", {"outcome": outcome, "reason": reason})
         yield from s.events
 
     yield from _each_item(items, given, path.name, one)
+
+
+def _judged(item: dict[str, Any], where: str) -> dict[str, Any]:
+    """``item``, or its SWE-bench verdict (``resolved``: true or false) as an outcome when it has no
+    ``reward`` or ``outcome`` of its own."""
+    resolved = item.get("resolved")
+    if resolved is None or "reward" in item or "outcome" in item:
+        return item
+    if not isinstance(resolved, bool):
+        raise ImportShapeError(f"{where}: field 'resolved' must be true or false, got {resolved!r}")
+    return {"outcome": "success" if resolved else "failure"}
 
 
 def _said(m: Any) -> str | None:

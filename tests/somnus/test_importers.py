@@ -443,6 +443,18 @@ def test_legacy_function_calls_are_answered_by_name(tmp_path):
     assert events[-1]["payload"]["outcome"] == "success"
 
 
+def test_a_swe_gym_line_is_named_by_its_instance_and_judged_by_resolved(tmp_path):
+    """SWE-Gym's OpenHands-Sampled-Trajectories: chat ``messages`` with ``instance_id`` and ``resolved``."""
+    line = {"instance_id": "conan-io__conan-123", "resolved": False, "messages": CHAT["messages"]}
+    events = list(openai_chat(write(tmp_path, "swe_gym.jsonl", orjson.dumps(line))))
+    assert {e["session_id"] for e in events} == {"swe_gym-conan-io__conan-123"}
+    assert events[-1]["payload"] == {"outcome": "failure"}
+    kept = {**line, "resolved": True, "reward": 0.0}  # a reward of its own wins
+    assert list(openai_chat(write(tmp_path, "r.json", kept)))[-1]["payload"]["outcome"] == "failure"
+    with pytest.raises(ImportShapeError, match="field 'resolved' must be true or false"):
+        list(openai_chat(write(tmp_path, "bad.json", {**line, "resolved": "yes"})))
+
+
 def test_a_bare_list_of_chat_messages_is_one_conversation(tmp_path):
     messages = CHAT["messages"]
     events = list(openai_chat(write(tmp_path, "bare.json", messages)))

@@ -537,7 +537,7 @@ def schedule(
 
 # ---- the replay (I/O) ------------------------------------------------------------------------------
 
-FORMATS = ("openai-chat", "swe-agent", "toolbench", "otel", "v1")  # import's formats with tool calls
+FORMATS = ("openai-chat", "swe-agent", "openhands", "toolbench", "otel", "v1")  # import's formats with tool calls
 
 
 def load_events(

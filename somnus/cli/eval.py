@@ -77,7 +77,7 @@ def eval_locomo(
 @eval_app.command("foresight")
 def eval_foresight(
     paths: list[str] = typer.Argument(..., help="Files, directories or globs, as `somnus import` takes them."),
-    fmt: str = typer.Option(..., "--format", help="openai-chat | swe-agent | toolbench | otel | v1"),
+    fmt: str = typer.Option(..., "--format", help="openai-chat | swe-agent | openhands | toolbench | otel | v1"),
     results: Optional[Path] = typer.Option(
         None, "--results", exists=True, dir_okay=False, help="Outcomes by id (as for `somnus import`)."
     ),

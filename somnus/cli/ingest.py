@@ -35,7 +35,9 @@ def publish(
 @app.command("import")
 def import_(
     paths: list[str] = typer.Argument(..., help="Files, directories or globs (quoted: 'runs/**/*.traj')."),
-    fmt: str = typer.Option(..., "--format", help="openai-chat | swe-agent | locomo | toolbench | otel | v1"),
+    fmt: str = typer.Option(
+        ..., "--format", help="openai-chat | swe-agent | openhands | locomo | toolbench | otel | v1"
+    ),
     agent: Optional[str] = typer.Option(None, "--agent", help="Agent name for the imported sessions."),
     results: Optional[Path] = typer.Option(
         None,

@@ -14,6 +14,12 @@
   mini-swe-agent ``.traj.json`` trajectories, 1.x and 2.x, text-based or with tool calls
   (``_mini_swe_agent``): each command a tool call whose result fails on a non-zero return code, a
   timeout or a format error; a batch run's ``preds.json`` is named in ``run.skipped``.
+- ``openhands``: OpenHands trajectories (``openhands``): an evaluation's ``output.jsonl`` (one session
+  per instance; its ``history`` a list of events, or of ``[action, observation]`` pairs in older runs)
+  or a saved session's bare list of events. Each tool action is a call answered by the observation
+  whose ``cause`` is its id: failed on a non-zero exit code, an ``error`` observation, ``success``
+  false or an error its output shows; ``delegate`` is a delegation. Outcome from ``--results``, the
+  instance's ``resolved``, its ``error``, else the ``finish`` action's ``task_completed``.
 - ``locomo``: LoCoMo conversations (``conversation`` with ``session_<n>`` turn lists and
   ``session_<n>_date_time``): one session per conversation session, stamped with its date; each
   turn becomes a message event (speaker A as ``user_message``, speaker B as ``agent_message``)
@@ -30,7 +36,7 @@ sessions that carry no time of their own start ``spacing`` apart from ``start``,
 a directory of trajectories is spread over time instead of starting at one instant.
 
 One module per format (``openai_chat``, ``swe_agent`` with ``mini_swe_agent`` and ``swe_common``,
-``locomo``, ``toolbench``, ``v1``; OTLP in ``somnus.otlp.files``), what they share in ``common``
+``openhands``, ``locomo``, ``toolbench``, ``v1``; OTLP in ``somnus.otlp.files``), what they share in ``common``
 (the run, the session builder, the reader, the per-item boundary) and ``results`` (``--results``).
 
 Event ids and times are derived deterministically from the input, so importing the same files twice
@@ -48,6 +54,7 @@ from typing import Any, Protocol
 from somnus.importers.common import DEFAULT_SPACING, DEFAULT_START, ImportRun, ImportShapeError
 from somnus.importers.locomo import locomo
 from somnus.importers.openai_chat import openai_chat
+from somnus.importers.openhands import openhands
 from somnus.importers.results import load_results
 from somnus.importers.swe_agent import swe_agent
 from somnus.importers.toolbench import toolbench
@@ -65,6 +72,7 @@ __all__ = [
     "import_run",
     "locomo",
     "openai_chat",
+    "openhands",
     "otel",
     "swe_agent",
     "toolbench",
@@ -90,6 +98,7 @@ def otel(
 FORMATS: dict[str, Importer] = {
     "openai-chat": openai_chat,
     "swe-agent": swe_agent,
+    "openhands": openhands,
     "locomo": locomo,
     "toolbench": toolbench,
     "v1": v1,
@@ -99,6 +108,7 @@ FORMATS: dict[str, Importer] = {
 EXTENSIONS = {
     "openai-chat": (".json", ".jsonl"),
     "swe-agent": (".traj", ".traj.json"),  # SWE-agent; mini-swe-agent (never its preds.json)
+    "openhands": (".json", ".jsonl"),  # an evaluation's output.jsonl; a saved session's events
     "locomo": (".json",),
     "toolbench": (".json",),
     "v1": (".jsonl", ".json"),

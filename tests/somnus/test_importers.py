@@ -22,6 +22,7 @@ from somnus.importers import (
     import_run,
     locomo,
     openai_chat,
+    openhands,
     otel,
     swe_agent,
     toolbench,
@@ -914,6 +915,7 @@ def test_v1_events_pass_through_and_the_formats_registry(tmp_path):
     assert FORMATS == {
         "openai-chat": openai_chat,
         "swe-agent": swe_agent,
+        "openhands": openhands,
         "locomo": locomo,
         "toolbench": toolbench,
         "v1": v1,

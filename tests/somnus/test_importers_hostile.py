@@ -55,6 +55,12 @@ def _seeds() -> dict[str, tuple[str, Any]]:
             for n, i in (("1", "acme__widgets-301"), ("1.1", "acme__widgets-303"))
         },
         "otel": (".json", otlp_json(sdk_request(2))),
+        # OpenHands: an output.jsonl line (events), an older one (pairs), a saved session's bare event list
+        **{
+            f"openhands:{n}": (".jsonl", json.loads(line))
+            for n, line in zip(("events", "pairs"), (FIXTURES / "openhands" / "output.jsonl").read_text().splitlines())
+        },
+        "openhands:session": (".json", json.loads((FIXTURES / "openhands" / "bugs-session.json").read_text())),
     }
     tau = DATASETS / "tau-bench-airline" / "gpt-4o-airline.json"
     if tau.exists():

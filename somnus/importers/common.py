@@ -172,6 +172,13 @@ def _outcome(item: Mapping[str, Any], where: str) -> tuple[str, str | None]:
     return "partial", "the transcript has no reward or outcome"
 
 
+def _resolved(value: Any, where: str, field: str = "resolved") -> str:
+    """A SWE-bench ``resolved`` verdict (true or false) as an outcome."""
+    if not isinstance(value, bool):
+        raise ImportShapeError(f"{where}: field '{field}' must be true or false, got {value!r}")
+    return "success" if value else "failure"
+
+
 def _given_time(item: Mapping[str, Any], where: str) -> datetime | None:
     """The session's own start time, when the file carries one (``start_time``, ``started_at``,
     ``created_at`` or ``timestamp``: ISO 8601, or epoch seconds)."""

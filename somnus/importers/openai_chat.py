@@ -20,6 +20,7 @@ from somnus.importers.common import (
     _given_time,
     _load_json_or_jsonl,
     _outcome,
+    _resolved,
     _result_for,
     _run,
     _Session,
@@ -35,6 +36,7 @@ SYSTEM_ROLES = frozenset({"system", "developer"})  # instructions, not the conve
 LOG_LINES = frozenset({"summary", "file-history-snapshot", "system", "queue-operation"})
 # Responses API items (the OpenAI Agents SDK's ``to_input_list()``) that are not role messages
 ITEMS = frozenset({"function_call", "function_call_output", "custom_tool_call", "custom_tool_call_output", "reasoning"})
+NOT_ROLE_MESSAGES = ITEMS | LOG_LINES
 
 
 def _text(content: Any) -> str:
@@ -66,7 +68,7 @@ def _transcripts(data: Any) -> list[Any]:
     messages = [
         m
         for m in items
-        if isinstance(m, dict) and ("role" in m or "message" in m or m.get("type") in ITEMS | LOG_LINES)
+        if isinstance(m, dict) and ("role" in m or "message" in m or m.get("type") in NOT_ROLE_MESSAGES)
     ]
     if not items or len(messages) < len(items) or any(k in m for m in messages for k in ("messages", "traj", "input")):
         return items
@@ -120,8 +122,7 @@ class _Chat:
         """One message: chat completions (``tool_calls``, ``role: tool``, legacy ``function_call`` and
         ``role: function``), Anthropic Messages (``tool_use`` and ``tool_result`` blocks), Responses API
         items (``function_call``, ``function_call_output``), or a Claude Code log line around one."""
-        if isinstance(m, dict) and "role" not in m and isinstance(m.get("message"), dict):
-            m = m["message"]  # a Claude Code log line
+        m = _unwrapped(m)
         if not isinstance(m, dict):
             raise ImportShapeError(f"{where}: expected an object with a 'role' string")
         kind = m.get("type")
@@ -221,7 +222,7 @@ def openai_chat(
         if own is not None and not isinstance(own, str):
             raise ImportShapeError(f"{where}: field 'agent' must be a string, got {own!r}")
         s = _Session(f"openai-chat:{path.name}", agent or own or "assistant", session_id, began or run.next_start())
-        first_user = next((_said(m) for m in messages if _said(m) is not None), None)
+        first_user = next(filter(None, map(_said, messages)), None)
         meta = {k: item[k] for k in ("task_id", "trial", "reward") if k in item}
         s.add("session_start", {"task": (first_user or "")[:500], "metadata": meta})
         chat = _Chat(s)
@@ -241,15 +242,17 @@ def _judged(item: dict[str, Any], where: str) -> dict[str, Any]:
     resolved = item.get("resolved")
     if resolved is None or "reward" in item or "outcome" in item:
         return item
-    if not isinstance(resolved, bool):
-        raise ImportShapeError(f"{where}: field 'resolved' must be true or false, got {resolved!r}")
-    return {"outcome": "success" if resolved else "failure"}
+    return {"outcome": _resolved(resolved, where)}
+
+
+def _unwrapped(m: Any) -> Any:
+    """The message a Claude Code log line carries (``message``), else ``m`` itself."""
+    return m["message"] if isinstance(m, dict) and "role" not in m and isinstance(m.get("message"), dict) else m
 
 
 def _said(m: Any) -> str | None:
     """The text of a user's message (the task is the first), None for any other message."""
-    if isinstance(m, dict) and "role" not in m and isinstance(m.get("message"), dict):
-        m = m["message"]
+    m = _unwrapped(m)
     if not isinstance(m, dict) or m.get("role") != "user":
         return None
     text = _text(m.get("content"))

@@ -21,6 +21,7 @@ from somnus.importers.common import (
     _call_id,
     _each_item,
     _load_json_or_jsonl,
+    _resolved,
     _result_for,
     _run,
     _Session,
@@ -386,7 +387,7 @@ def _ipython_failure(content: str) -> str | None:
     return (said[-1] if said else found.group(0).strip())[:MAX_OUTPUT]
 
 
-def _resolved(item: Mapping[str, Any], where: str) -> tuple[bool, str] | None:
+def _resolution(item: Mapping[str, Any], where: str) -> tuple[bool, str] | None:
     """A resolution the instance carries: ``report.resolved``, ``resolved``, ``test_result.resolved`` or
     ``test_result.report.resolved`` (what SWE-bench's evaluation adds)."""
     test_result = item.get("test_result")
@@ -399,10 +400,7 @@ def _resolved(item: Mapping[str, Any], where: str) -> tuple[bool, str] | None:
     for name, holder in places:
         if not isinstance(holder, dict) or holder.get("resolved") is None:
             continue
-        value = holder["resolved"]
-        if not isinstance(value, bool):
-            raise ImportShapeError(f"{where}: field '{name}' must be true or false, got {value!r}")
-        return value, name
+        return _resolved(holder["resolved"], where, name) == "success", name
     return None
 
 
@@ -410,14 +408,14 @@ def _outcome(
     item: Mapping[str, Any], where: str, run: ImportRun, idents: tuple[str, str], finish: Mapping[str, Any] | None
 ) -> tuple[str, str | None]:
     """The results file's outcome (by instance id, else the file's name), else the instance's own
-    resolution (``_resolved``), else its ``error`` (failure), else what the agent said when it stopped:
+    resolution (``_resolution``), else its ``error`` (failure), else what the agent said when it stopped:
     ``finish`` with ``task_completed`` "true" (success), "false" (failure), else partial; ``reject``
     (failure). Without any of these: partial."""
     given = _result_for(run, *idents)
     if given is not None:
         verdict = "resolved" if given == "success" else ("not resolved" if given == "failure" else given)
         return given, f"{verdict} per the results file"
-    resolved = _resolved(item, where)
+    resolved = _resolution(item, where)
     if resolved is not None:
         return ("success", f"resolved ({resolved[1]})") if resolved[0] else ("failure", f"not resolved ({resolved[1]})")
     error = item.get("error")

@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from somnus.importers.common import MAX_OUTPUT, ImportRun, ImportShapeError, _outcome, _result_for
+from somnus.importers.common import MAX_OUTPUT, ImportRun, _outcome, _resolved, _result_for
 
 # Where the problem statement sits in the first user message of a run that does not store it on its own:
 # 0.x "ISSUE:\n...\n\nINSTRUCTIONS:", 1.x "<pr_description>...</pr_description>", and two common variants.
@@ -208,9 +208,7 @@ def _swe_outcome(
     own = {k: item[k] for k in ("reward", "outcome") if k in item}
     resolved = item.get("resolved", info.get("resolved"))
     if not own and resolved is not None:
-        if not isinstance(resolved, bool):
-            raise ImportShapeError(f"{where}: field 'resolved' must be true or false, got {resolved!r}")
-        own = {"outcome": "success" if resolved else "failure"}
+        own = {"outcome": _resolved(resolved, where)}
     if own:
         outcome, reason = _outcome(own, where)
         return outcome, said or reason

@@ -553,6 +553,8 @@ class Distiller:
         self.dead = DeadLetterSender(app, settings.dead_letter_topic, self.counters, self.keys)
         self.batchers: list[Batcher] = []
         self.opened = OpenedOnce()  # trace records opened by the sequencer, for their batch
+        # the traces and observations agents both drain the tables' unreadable values: one at a time
+        self.unreadable_lock = asyncio.Lock()
         self.on_failure: Callable[[BaseException], object] = exit_worker  # a batch raised past its boundary
 
     @classmethod
@@ -732,13 +734,14 @@ class Distiller:
 
     async def dead_letter_unreadable(self) -> None:
         """Dead-letter the changelog values the tables restored as absent (``BatchedTable.apply_changelog_batch``)."""
-        for table in (self.sessions, self.links, self.working):
-            pending = getattr(table, "unreadable", None)
-            while pending:
-                msg, reason = pending[0]
-                await self.dead.send(msg, Rejection(reason + truncated_note(msg.value)))
-                pending.pop(0)  # once on the broker
-                self.counters.poison += 1
+        async with self.unreadable_lock:  # else both agents sent the first value, and one popped an empty list
+            for table in (self.sessions, self.links, self.working):
+                pending = getattr(table, "unreadable", None)
+                while pending:
+                    msg, reason = pending[0]
+                    await self.dead.send(msg, Rejection(reason + truncated_note(msg.value)))
+                    pending.pop(0)  # once on the broker
+                    self.counters.poison += 1
 
     async def _one_by_one(self, handle: Any, admitted: Admitted, generation: int) -> list[EventT]:
         """Each admitted record a batch of its own (its position written before the next); [] after a rebalance."""

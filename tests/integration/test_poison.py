@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import uuid
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -165,8 +166,20 @@ hostile_records = st.lists(
 )
 @given(generated=hostile_records)
 def test_no_record_stops_ingest_and_every_bad_record_is_one_dead_letter(pipeline_settings, generated):
-    # batches past 16 MiB decompressed are unreadable (the 10 MiB record's is not)
-    s = dataclasses.replace(pipeline_settings, session_retention_s=3600.0, max_batch_bytes=BOMB_LIMIT)
+    # Its own topics, group, state folder and DuckDB file at each call: on a failure Hypothesis runs the
+    # example again to report it, and that second run, on the first's topics, failed otherwise and hid
+    # the first run's failure. Batches past 16 MiB decompressed are unreadable (the 10 MiB record's is not).
+    run = uuid.uuid4().hex[:10]
+    home = pipeline_settings.home.parent / run
+    s = dataclasses.replace(
+        pipeline_settings,
+        home=home / "home",
+        db_path=home / "somnus.duckdb",
+        topic_prefix=f"t{run}.",
+        app_id=f"somnus-test-{run}",
+        session_retention_s=3600.0,
+        max_batch_bytes=BOMB_LIMIT,
+    )
     now = datetime.now(timezone.utc).replace(microsecond=0)
     good = list(generate(sessions=40, seed=5))
     good_sessions = {(e["agent"], e["session_id"]) for e in good}

@@ -293,6 +293,28 @@ def test_a_changelog_value_the_agent_cannot_read_is_restored_as_absent_and_dead_
     assert not sessions.unreadable and distiller.counters.poison == 8
 
 
+def test_both_agents_draining_the_unreadable_values_at_once_send_each_once(distiller):
+    """The traces and observations agents both drain them at the start of a batch: concurrently, each
+    sent the first value and one then popped an empty list, which stopped the worker."""
+    sessions, links = distiller.sessions, distiller.links
+    sessions.apply_changelog_batch([_changelog(sessions, b"support\x1fs%d" % i, b"{not", i) for i in range(3)])
+    links.apply_changelog_batch([_changelog(links, b"0123456789abcdef", b"[", 7)])
+    sent: list[int] = []
+
+    async def send(msg: Any, rejection: Any) -> None:
+        await asyncio.sleep(0)  # a send yields to the other agent, as the producer's does
+        sent.append(msg.offset)
+
+    distiller.dead.send = send  # type: ignore[method-assign]
+
+    async def run() -> None:
+        await asyncio.gather(distiller.dead_letter_unreadable(), distiller.dead_letter_unreadable())
+
+    asyncio.run(run())
+    assert sorted(sent) == [0, 1, 2, 7] and distiller.counters.poison == 4
+    assert not sessions.unreadable and not links.unreadable
+
+
 def test_an_unreadable_link_state_is_restored_as_absent_and_its_signature_learns_again(distiller):
     s, sent, links = distiller.settings, distiller.app.producer, distiller.links
     sig = "0123456789abcdef"

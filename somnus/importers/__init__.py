@@ -5,9 +5,11 @@
   (``tool_calls`` and ``role: tool``, legacy ``function_call`` and ``role: function``), Anthropic
   Messages (``tool_use`` and ``tool_result`` blocks; ``is_error`` marks a failed result, thinking is not
   said), Responses API items (``function_call``, ``function_call_output``), and Claude Code session logs
-  (a message a line, one session per ``sessionId``); outcome from ``reward`` (1.0 = success, else
-  failure) or ``outcome``, else partial. A result fails when it says so (``is_error``) or its text
-  starts with "error".
+  (a message a line, one session per ``sessionId``), and tau2-bench results (``simulations``: flat
+  tool calls, ``error`` on results, the simulated user's own tools said as the user's words); outcome
+  from ``reward`` (or tau2's ``reward_info.reward``; 1.0 = success, else failure) or ``outcome``, else
+  partial. A result fails when it says so (``is_error``, ``error``) or, saying nothing, its text starts
+  with "error".
 - ``swe-agent``: SWE-agent ``.traj`` trajectories, 0.x and 1.x (``swe_agent``): the task is the
   problem statement, thoughts are agent messages, each action a tool call whose observation is a
   failure only when it shows one (``swe_failure``); the outcome comes from ``--results``. Also

@@ -1,4 +1,5 @@
-"""``--format openai-chat``: OpenAI-style chat transcripts (tau-bench's ``traj`` included)."""
+"""``--format openai-chat``: OpenAI-style chat transcripts (tau-bench's ``traj`` and tau2-bench's
+``simulations`` included)."""
 
 from __future__ import annotations
 
@@ -64,6 +65,8 @@ def _transcripts(data: Any) -> list[Any]:
     """The file's transcripts. Items with ``messages`` (or ``traj``) are transcripts; a file whose items
     are messages instead (a bare conversation, a message a line, Claude Code's session log) is one
     transcript per ``sessionId`` (the file's, when there is none), started at its first ``timestamp``."""
+    if isinstance(data, dict) and isinstance(data.get("simulations"), list):  # a tau2-bench results file
+        return list(data["simulations"])
     items = data if isinstance(data, list) else [data]
     messages = [
         m
@@ -144,6 +147,9 @@ class _Chat:
         blocks = [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
         if role in SYSTEM_ROLES:
             return
+        if (role == "user" and m.get("tool_calls")) or (role == "tool" and m.get("requestor") == "user"):
+            self.users_tool(m, role, where)  # tau2-bench: a tool the simulated user ran, on their side
+            return
         if role == "user":
             for k, b in enumerate(blocks):
                 if b.get("type") == "tool_result":
@@ -162,13 +168,7 @@ class _Chat:
                 if b.get("type") == "tool_use":
                     call_id = _call_id(b.get("id"), f"{where}: content[{k}].id")
                     self.call(b.get("name"), call_id, b.get("input"), f"{where}: content[{k}]", f"call-{j}-{k}")
-            calls = m.get("tool_calls") or []
-            if not isinstance(calls, list):
-                raise ImportShapeError(f"{where}: field 'tool_calls' must be a list, got {type(calls).__name__}")
-            for k, call in enumerate(calls):
-                fn = call.get("function") if isinstance(call, dict) else None
-                if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
-                    raise ImportShapeError(f"{where}: tool_calls[{k}] has no 'function.name' string")
+            for k, call, fn in _tool_calls(m, where):
                 call_id = _call_id(call.get("id"), f"{where}: tool_calls[{k}].id")
                 self.call(fn["name"], call_id, fn.get("arguments"), where, f"call-{j}-{k}")
             legacy = m.get("function_call")
@@ -177,11 +177,15 @@ class _Chat:
                     raise ImportShapeError(f"{where}: field 'function_call' must be an object")
                 self.call(legacy.get("name"), None, legacy.get("arguments"), f"{where}: function_call", f"call-{j}")
                 self.unanswered.setdefault(legacy["name"], []).append(f"call-{j}")
-        elif role == "tool":
-            answered = _call_id(m.get("tool_call_id"), f"{where}: tool_call_id")
+        elif role == "tool" and isinstance(m.get("tool_messages"), list):  # tau2-bench's MultiToolMessage
+            for k, one in enumerate(m["tool_messages"]):
+                self.message(j, one, f"{where}: tool_messages[{k}]")
+        elif role == "tool":  # tau2-bench: the call's id in ``id``, and ``error`` true or false
+            answered = _call_id(m.get("tool_call_id", m.get("id")), f"{where}: tool_call_id")
             if not answered:
                 raise ImportShapeError(f"{where}: a 'tool' message needs 'tool_call_id'")
-            self.result(answered, m.get("name"), content)
+            error = m.get("error")
+            self.result(answered, m.get("name"), content, error if isinstance(error, bool) else None)
         elif role == "function":  # legacy: answers the oldest unanswered call of its name
             name = m.get("name")
             if not isinstance(name, str) or not name:
@@ -192,6 +196,32 @@ class _Chat:
             raise ImportShapeError(
                 f"{where}: unknown role {role!r} (expected system, developer, user, assistant, tool or function)"
             )
+
+    def users_tool(self, m: dict[str, Any], role: str, where: str) -> None:
+        """What the simulated user did with their own tools (tau2-bench's ``requestor: user``), as the
+        user's words: the agent neither called those tools nor saw them fail."""
+        if role == "tool":
+            self.s.add("user_message", {"text": f"[the user's tool returned] {_text(m.get('content'))}"[:MAX_OUTPUT]})
+            return
+        said = _text(m.get("content"))
+        for _, _, fn in _tool_calls(m, where):
+            args = orjson.dumps(_args(fn.get("arguments")), option=orjson.OPT_SORT_KEYS).decode()
+            said = "\n".join(filter(None, [said, f"[the user ran {fn['name']} {args}]"]))
+        if said:
+            self.s.add("user_message", {"text": said[:MAX_OUTPUT]})
+
+
+def _tool_calls(m: dict[str, Any], where: str) -> Iterator[tuple[int, dict[str, Any], dict[str, Any]]]:
+    """``(index, call, function)`` of a message's ``tool_calls``; the function (its ``name`` and
+    ``arguments``) is chat completions' ``function``, or the call itself (tau2-bench's flat calls)."""
+    calls = m.get("tool_calls") or []
+    if not isinstance(calls, list):
+        raise ImportShapeError(f"{where}: field 'tool_calls' must be a list, got {type(calls).__name__}")
+    for k, call in enumerate(calls):
+        fn = call.get("function", call if "name" in call else None) if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise ImportShapeError(f"{where}: tool_calls[{k}] has no 'function.name' (or 'name') string")
+        yield k, call, fn
 
 
 def openai_chat(
@@ -223,7 +253,7 @@ def openai_chat(
             raise ImportShapeError(f"{where}: field 'agent' must be a string, got {own!r}")
         s = _Session(f"openai-chat:{path.name}", agent or own or "assistant", session_id, began or run.next_start())
         first_user = next(filter(None, map(_said, messages)), None)
-        meta = {k: item[k] for k in ("task_id", "trial", "reward") if k in item}
+        meta = {k: item[k] for k in ("task_id", "trial", "reward", "termination_reason") if k in item}
         s.add("session_start", {"task": (first_user or "")[:500], "metadata": meta})
         chat = _Chat(s)
         for j, m in enumerate(messages):
@@ -237,8 +267,11 @@ def openai_chat(
 
 
 def _judged(item: dict[str, Any], where: str) -> dict[str, Any]:
-    """``item``, or its SWE-bench verdict (``resolved``: true or false) as an outcome when it has no
-    ``reward`` or ``outcome`` of its own."""
+    """``item``, or its tau2-bench ``reward_info.reward``, or its SWE-bench verdict (``resolved``: true or
+    false) as an outcome when it has no ``reward`` or ``outcome`` of its own."""
+    info = item.get("reward_info")  # tau2-bench: the reward inside its breakdown
+    if "reward" not in item and isinstance(info, dict) and "reward" in info:
+        return {"reward": info["reward"]}
     resolved = item.get("resolved")
     if resolved is None or "reward" in item or "outcome" in item:
         return item

@@ -456,6 +456,51 @@ def test_a_swe_gym_line_is_named_by_its_instance_and_judged_by_resolved(tmp_path
         list(openai_chat(write(tmp_path, "bad.json", {**line, "resolved": "yes"})))
 
 
+def test_a_tau2_bench_results_file_gives_a_session_per_simulation(tmp_path):
+    """tau2-bench's results: ``simulations`` with flat tool calls (``name``, ``arguments``), tool messages
+    answering by ``id`` with ``error`` true or false, a MultiToolMessage, the simulated user's own tools
+    (``requestor: user``), and the outcome in ``reward_info.reward``."""
+    events = list(openai_chat(CHATS / "tau2_results.json"))
+    assert_all_decode(events)
+    sessions = sorted({e["session_id"] for e in events})
+    assert sessions == [
+        "tau2_results-2f1b7c3e-0d5a-4c1e-9b7a-7f0c2e9d4a11",
+        "tau2_results-9c4e0a52-77f3-4bde-8a0e-1b3f6d2c5e90",
+    ]
+    phone, flight = ([e for e in events if e["session_id"] == sid] for sid in sessions)
+    # the agent's calls only; the error flag, not the text, says whether a result failed
+    assert _calls_and_results(phone) == [
+        ("tool_call", "call_q1", "get_customer_by_phone", None),
+        ("tool_result", "call_q1", "get_customer_by_phone", True),
+        ("tool_call", "call_q2", "get_details_by_id", None),
+        ("tool_call", "call_q3", "get_data_usage", None),
+        ("tool_result", "call_q2", "get_details_by_id", True),
+        ("tool_result", "call_q3", "get_data_usage", False),
+    ]
+    said = [e["payload"]["text"] for e in phone if e["type"] == "user_message"]
+    assert "[the user ran check_status_bar {}]" in said
+    assert "I see an airplane icon.\n[the user ran toggle_airplane_mode {}]" in said
+    assert "[the user's tool returned] Airplane Mode is now OFF." in said
+    assert phone[0]["ts"] == "2025-06-12T09:30:04.120000Z"  # its start_time
+    assert phone[0]["payload"]["metadata"]["task_id"] == "[mobile_data_issue]airplane_mode_on"
+    assert phone[-1]["payload"] == {"outcome": "success", "reason": "reward 1.0"}
+    assert _calls_and_results(flight) == [
+        ("tool_call", "call_a1", "update_reservation_flights", None),
+        ("tool_result", "call_a1", "update_reservation_flights", False),
+    ]
+    assert flight[0]["payload"]["metadata"]["termination_reason"] == "too_many_errors"
+    assert flight[-1]["payload"] == {"outcome": "failure", "reason": "reward 0.0"}
+    # a result flagged ok whose text begins with "Error" is ok; one flagged failed is not, whatever it says
+    data = json.loads((CHATS / "tau2_results.json").read_text())
+    sim = data["simulations"][1]
+    sim["messages"][3] = {**sim["messages"][3], "content": "Error-free update", "error": True}
+    flipped = list(openai_chat(write(tmp_path, "flipped.json", {"simulations": [sim]})))
+    assert _calls_and_results(flipped)[-1][3] is False
+    sim["messages"][3] = {**sim["messages"][3], "content": "Error: none, all set", "error": False}
+    flipped = list(openai_chat(write(tmp_path, "flipped.json", {"simulations": [sim]})))
+    assert _calls_and_results(flipped)[-1][3] is True
+
+
 def test_a_bare_list_of_chat_messages_is_one_conversation(tmp_path):
     messages = CHAT["messages"]
     events = list(openai_chat(write(tmp_path, "bare.json", messages)))

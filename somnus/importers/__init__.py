@@ -6,7 +6,9 @@
   Messages (``tool_use`` and ``tool_result`` blocks; ``is_error`` marks a failed result, thinking is not
   said), Responses API items (``function_call``, ``function_call_output``), and Claude Code session logs
   (a message a line, one session per ``sessionId``), and tau2-bench results (``simulations``: flat
-  tool calls, ``error`` on results, the simulated user's own tools said as the user's words); outcome
+  tool calls, ``error`` on results, the simulated user's own tools said as the user's words), and
+  Inspect AI logs (``samples`` of a JSON log or a ``.eval`` archive: ``function`` names the tool, a
+  ``ToolCallError`` fails the result, the first scorer's value is the outcome); outcome
   from ``reward`` (or tau2's ``reward_info.reward``; 1.0 = success, else failure) or ``outcome``, else
   partial. A result fails when it says so (``is_error``, ``error``) or, saying nothing, its text starts
   with "error".
@@ -108,7 +110,7 @@ FORMATS: dict[str, Importer] = {
 }
 # The files a directory contributes to an import of each format.
 EXTENSIONS = {
-    "openai-chat": (".json", ".jsonl"),
+    "openai-chat": (".json", ".jsonl", ".eval"),
     "swe-agent": (".traj", ".traj.json"),  # SWE-agent; mini-swe-agent (never its preds.json)
     "openhands": (".json", ".jsonl"),  # an evaluation's output.jsonl; a saved session's events
     "locomo": (".json",),

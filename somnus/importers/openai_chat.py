@@ -1,13 +1,17 @@
-"""``--format openai-chat``: OpenAI-style chat transcripts (tau-bench's ``traj`` and tau2-bench's
-``simulations`` included)."""
+"""``--format openai-chat``: OpenAI-style chat transcripts (tau-bench's ``traj``, tau2-bench's
+``simulations`` and Inspect AI's eval logs included)."""
 
 from __future__ import annotations
 
+import struct
+import zipfile
+import zlib
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import cramjam
 import orjson
 
 from somnus.importers.common import (
@@ -38,6 +42,11 @@ LOG_LINES = frozenset({"summary", "file-history-snapshot", "system", "queue-oper
 # Responses API items (the OpenAI Agents SDK's ``to_input_list()``) that are not role messages
 ITEMS = frozenset({"function_call", "function_call_output", "custom_tool_call", "custom_tool_call_output", "reasoning"})
 NOT_ROLE_MESSAGES = ITEMS | LOG_LINES
+# Inspect AI scores: correct, incorrect, partial, no answer
+INSPECT_VALUES = {"C": "success", "I": "failure", "P": "partial", "N": "failure"}
+ARCHIVE_BYTES = 1 << 30  # the most an Inspect ``.eval`` archive's samples may decompress to, together
+ATTACHMENT = "attachment://"
+ZIP_ZSTD = 93  # the zip compression method of zstd (APPNOTE 4.4.5)
 
 
 def _text(content: Any) -> str:
@@ -67,6 +76,8 @@ def _transcripts(data: Any) -> list[Any]:
     transcript per ``sessionId`` (the file's, when there is none), started at its first ``timestamp``."""
     if isinstance(data, dict) and isinstance(data.get("simulations"), list):  # a tau2-bench results file
         return list(data["simulations"])
+    if isinstance(data, dict) and isinstance(data.get("samples"), list) and "eval" in data:  # an Inspect log
+        return list(data["samples"])
     items = data if isinstance(data, list) else [data]
     messages = [
         m
@@ -185,7 +196,12 @@ class _Chat:
             if not answered:
                 raise ImportShapeError(f"{where}: a 'tool' message needs 'tool_call_id'")
             error = m.get("error")
-            self.result(answered, m.get("name"), content, error if isinstance(error, bool) else None)
+            if isinstance(error, dict):  # Inspect AI: a ToolCallError (type, message); its content is often empty
+                said = _text(content)
+                kind = error.get("type")
+                content = said or f"{'' if kind in (None, 'unknown') else f'{kind}: '}{error.get('message', '')}"
+                error = True
+            self.result(answered, m.get("name", m.get("function")), content, error if isinstance(error, bool) else None)
         elif role == "function":  # legacy: answers the oldest unanswered call of its name
             name = m.get("name")
             if not isinstance(name, str) or not name:
@@ -219,6 +235,8 @@ def _tool_calls(m: dict[str, Any], where: str) -> Iterator[tuple[int, dict[str, 
         raise ImportShapeError(f"{where}: field 'tool_calls' must be a list, got {type(calls).__name__}")
     for k, call in enumerate(calls):
         fn = call.get("function", call if "name" in call else None) if isinstance(call, dict) else None
+        if isinstance(fn, str) and isinstance(call, dict):  # Inspect AI: ``function`` is the name
+            fn = {"name": fn, "arguments": call.get("arguments")}
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
             raise ImportShapeError(f"{where}: tool_calls[{k}] has no 'function.name' (or 'name') string")
         yield k, call, fn
@@ -234,7 +252,9 @@ def openai_chat(
     A results file (``run.results``) names a transcript by its session id or its ``id`` / ``session_id``
     / ``instance_id`` / ``task<n>-trial<m>``, and overrides its own reward (or ``resolved``)."""
     given, run = run, _run(run, start)
-    items = _transcripts(_load_json_or_jsonl(path, run))
+    with path.open("rb") as f:
+        zipped = f.read(4) == b"PK\x03\x04"  # an archive (Inspect AI's .eval); no JSON begins so
+    items = _inspect_archive(path) if zipped else _transcripts(_load_json_or_jsonl(path, run))
 
     def one(i: int, item: Any) -> Iterator[dict[str, Any]]:
         where = f"{path.name}: item {i}"
@@ -243,9 +263,13 @@ def openai_chat(
         messages = item.get("messages", item.get("traj", item.get("input")))  # input: a Responses API request
         if not isinstance(messages, list):
             raise ImportShapeError(f"{where}: no 'messages' (or 'traj', 'input') list of chat messages")
+        if isinstance(item.get("attachments"), dict):  # Inspect AI keeps long texts aside
+            messages = [_attached(m, item["attachments"]) for m in messages]
         ident = item.get("id", item.get("session_id", item.get("instance_id")))  # instance_id: SWE-Gym and the like
         if ident is None and "task_id" in item:
             ident = f"task{item['task_id']}-trial{item.get('trial', 0)}"
+        elif ident is not None and isinstance(item.get("epoch"), int) and "scores" in item:  # Inspect AI
+            ident = f"{ident}-epoch{item['epoch']}"
         session_id = run.session_id(f"{path.stem}-{ident if ident is not None else i}")
         began = _given_time(item, where)
         own = item.get("agent")
@@ -272,10 +296,103 @@ def _judged(item: dict[str, Any], where: str) -> dict[str, Any]:
     info = item.get("reward_info")  # tau2-bench: the reward inside its breakdown
     if "reward" not in item and isinstance(info, dict) and "reward" in info:
         return {"reward": info["reward"]}
+    scores = item.get("scores")
+    if "reward" not in item and "outcome" not in item and isinstance(scores, dict) and scores:
+        return {"outcome": _scored(scores, where)}
     resolved = item.get("resolved")
     if resolved is None or "reward" in item or "outcome" in item:
         return item
     return {"outcome": _resolved(resolved, where)}
+
+
+def _scored(scores: dict[str, Any], where: str) -> str:
+    """An Inspect AI sample's outcome from its first scorer's value: C, I, P, N, a number (1 = success,
+    0 = failure, between: partial), a boolean, or a dict of them (all must succeed)."""
+    name, score = next(iter(scores.items()))
+    value = score.get("value") if isinstance(score, dict) else None
+    values = list(value.values()) if isinstance(value, dict) else [value]
+    outcomes = set()
+    for v in values:
+        if isinstance(v, str) and v in INSPECT_VALUES:
+            outcomes.add(INSPECT_VALUES[v])
+        elif isinstance(v, (int, float)):  # a boolean too
+            outcomes.add("success" if v >= 1 else "failure" if v <= 0 else "partial")
+        else:
+            raise ImportShapeError(f"{where}: score {name!r} has a value that is no outcome: {v!r}")
+    return "failure" if "failure" in outcomes else "partial" if "partial" in outcomes else "success"
+
+
+def _attached(m: Any, attachments: dict[str, Any]) -> Any:
+    """An Inspect AI message with its ``attachment://`` references (content, text parts, call arguments)
+    replaced by the texts they name."""
+
+    def text(v: Any) -> Any:
+        if isinstance(v, str) and v.startswith(ATTACHMENT):
+            got = attachments.get(v[len(ATTACHMENT) :])
+            return got if isinstance(got, str) else v
+        return v
+
+    if not isinstance(m, dict):
+        return m
+    out = {**m, "content": text(m.get("content"))}
+    if isinstance(out["content"], list):
+        out["content"] = [
+            {**p, "text": text(p.get("text"))} if isinstance(p, dict) and "text" in p else p for p in out["content"]
+        ]
+    if isinstance(m.get("tool_calls"), list):
+        out["tool_calls"] = [
+            {**c, "arguments": {k: text(v) for k, v in c["arguments"].items()}}
+            if isinstance(c, dict) and isinstance(c.get("arguments"), dict)
+            else c
+            for c in m["tool_calls"]
+        ]
+    return out
+
+
+def _inspect_archive(path: Path) -> list[Any]:
+    """The samples of an Inspect AI ``.eval`` log (a zip archive: ``samples/<id>_epoch_<n>.json``), at
+    most ``ARCHIVE_BYTES`` of them decompressed (as their headers declare, which each member's read
+    holds to): a bigger archive is refused before it is read."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = sorted(n for n in archive.namelist() if n.startswith("samples/") and n.endswith(".json"))
+            total = sum(archive.getinfo(n).file_size for n in names)
+            if total > ARCHIVE_BYTES:
+                raise ImportShapeError(
+                    f"{path}: its samples decompress to {total} bytes, more than {ARCHIVE_BYTES}: not read"
+                )
+            samples = [orjson.loads(_member(archive, archive.getinfo(n), path)) for n in names]
+    except (zipfile.BadZipFile, orjson.JSONDecodeError, KeyError, OSError, struct.error) as exc:
+        raise ImportShapeError(f"{path}: not an Inspect AI log archive ({type(exc).__name__}: {exc})") from None
+    if not names:
+        raise ImportShapeError(f"{path}: a zip archive with no samples/*.json (not an Inspect AI .eval log)")
+    return samples
+
+
+def _member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, path: Path) -> bytes:
+    """One member of an archive, decompressed to the size its header declares and no more. Inspect AI
+    writes its members with zstd (method 93), which ``zipfile`` reads from Python 3.14 only: those are
+    read raw and decompressed by cramjam into a buffer of that size, checked by their CRC."""
+    if info.compress_type != ZIP_ZSTD:
+        with archive.open(info) as f:  # reads no more than the declared size, and checks the CRC
+            return f.read()
+    fp = archive.fp
+    assert fp is not None
+    fp.seek(info.header_offset)
+    header = fp.read(30)
+    if header[:4] != b"PK\x03\x04":
+        raise ImportShapeError(f"{path}: {info.filename}: no local header where the directory says")
+    name_len, extra_len = struct.unpack("<HH", header[26:30])
+    fp.seek(info.header_offset + 30 + name_len + extra_len)
+    buf = bytearray(info.file_size + 1)  # one more: a stream longer than declared fills it
+    try:
+        n = cramjam.zstd.decompress_into(fp.read(info.compress_size), buf)
+    except cramjam.DecompressionError as exc:
+        raise ImportShapeError(f"{path}: {info.filename}: not a zstd stream of its declared size ({exc})") from None
+    out = bytes(buf[:n])
+    if n != info.file_size or zlib.crc32(out) != info.CRC:
+        raise ImportShapeError(f"{path}: {info.filename}: decompresses to other bytes than its header declares")
+    return out
 
 
 def _unwrapped(m: Any) -> Any:

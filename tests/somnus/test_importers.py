@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import sys
+import zipfile
 from collections import Counter, defaultdict
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -499,6 +501,95 @@ def test_a_tau2_bench_results_file_gives_a_session_per_simulation(tmp_path):
     sim["messages"][3] = {**sim["messages"][3], "content": "Error: none, all set", "error": False}
     flipped = list(openai_chat(write(tmp_path, "flipped.json", {"simulations": [sim]})))
     assert _calls_and_results(flipped)[-1][3] is True
+
+
+INSPECT = Path(__file__).resolve().parents[1] / "fixtures" / "inspect"  # written by inspect_ai (generate_fixture.py)
+
+
+def test_an_inspect_ai_log_gives_a_session_per_sample_and_epoch():
+    events = list(openai_chat(INSPECT / "weather.json"))
+    assert_all_decode(events)
+    by = {sid: [e for e in events if e["session_id"] == sid] for sid in sorted({e["session_id"] for e in events})}
+    assert list(by) == ["weather-weather-oslo-epoch1", "weather-weather-paris-epoch1"]
+    oslo, paris = by.values()
+    # Inspect's tool calls name their function as a string; a ToolCallError fails the result
+    assert _calls_and_results(paris) == [
+        ("tool_call", "call_p1", "lookup", None),
+        ("tool_result", "call_p1", "lookup", True),
+        ("tool_call", "call_p2", "lookup", None),
+        ("tool_result", "call_p2", "lookup", False),
+    ]
+    (failed,) = [e["payload"] for e in paris if e["type"] == "tool_result" and not e["payload"]["ok"]]
+    assert failed["error"] == "unknown city: Atlantis"  # its empty content: the error's message
+    assert paris[-1]["payload"]["outcome"] == "success"  # scored C
+    assert oslo[-1]["payload"]["outcome"] == "failure"  # scored I
+    assert paris[0]["payload"]["task"] == "What's the weather in Paris and in Atlantis?"
+    data = json.loads((INSPECT / "weather.json").read_text())
+    started = {f"weather-{s['id']}-epoch{s['epoch']}": s["started_at"] for s in data["samples"]}
+    for sid, evs in by.items():
+        assert evs[0]["ts"] == started[sid].replace("+00:00", "Z")
+
+
+def test_an_inspect_ai_eval_archive_reads_as_its_json_log(tmp_path, monkeypatch):
+    """The ``.eval`` log is a zip of zstd members (the same run as the JSON one, written again)."""
+    chat = sys.modules["somnus.importers.openai_chat"]  # the package's name of it is the function
+
+    def shape(events):
+        return sorted((e["session_id"], e["seq"], e["type"], orjson.dumps(e["payload"])) for e in events)
+
+    assert shape(openai_chat(INSPECT / "weather.eval")) == shape(openai_chat(INSPECT / "weather.json"))
+    # a member that decompresses past the size its header declares is refused, not read on
+    raw = bytearray((INSPECT / "weather.eval").read_bytes())
+    member = raw.index(b"samples/", raw.index(b"PK\x01\x02")) - 46  # the first sample's central entry
+    size = int.from_bytes(raw[member + 24 : member + 28], "little")
+    raw[member + 24 : member + 28] = (size // 2).to_bytes(4, "little")
+    lying = write(tmp_path, "lying.eval", bytes(raw))
+    with pytest.raises(ImportShapeError, match="not a zstd stream of its declared size"):
+        list(openai_chat(lying))
+    # samples that decompress past the bound together are refused before they are read
+    monkeypatch.setattr(chat, "ARCHIVE_BYTES", 20_000)
+    with pytest.raises(ImportShapeError, match="its samples decompress to 28645 bytes, more than 20000"):
+        list(openai_chat(INSPECT / "weather.eval"))
+    plain = tmp_path / "plain.eval"  # a deflated archive (older Inspect versions) reads through zipfile
+    sample = {"id": 1, "epoch": 1, "scores": {"m": {"value": "C"}}, "messages": CHAT["messages"]}
+    with zipfile.ZipFile(plain, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("samples/1_epoch_1.json", orjson.dumps(sample))
+    assert list(openai_chat(plain))[-1]["payload"]["outcome"] == "success"
+    with zipfile.ZipFile(plain, "a", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("samples/2_epoch_1.json", b" " * 30_000)
+    with pytest.raises(ImportShapeError, match="decompress to 30[0-9]{3} bytes, more than 20000"):
+        list(openai_chat(plain))
+    with zipfile.ZipFile(empty := tmp_path / "empty.eval", "w") as z:
+        z.writestr("header.json", b"{}")
+    with pytest.raises(ImportShapeError, match="no samples"):
+        list(openai_chat(empty))
+
+
+@pytest.mark.parametrize(
+    ("value", "outcome"),
+    [
+        ("C", "success"),
+        ("I", "failure"),
+        ("P", "partial"),
+        ("N", "failure"),
+        (1, "success"),
+        (0.0, "failure"),
+        (0.5, "partial"),
+        (True, "success"),
+        ({"a": "C", "b": 0.5}, "partial"),
+        ({"a": "C", "b": "I"}, "failure"),
+    ],
+)
+def test_an_inspect_ai_score_is_an_outcome(tmp_path, value, outcome):
+    sample = {"id": 1, "epoch": 1, "messages": CHAT["messages"], "scores": {"match": {"value": value}}}
+    events = list(openai_chat(write(tmp_path, "log.json", {"eval": {}, "samples": [sample]})))
+    assert events[-1]["payload"]["outcome"] == outcome
+
+
+def test_an_inspect_ai_score_that_is_no_outcome_names_it(tmp_path):
+    sample = {"id": 1, "epoch": 1, "messages": CHAT["messages"], "scores": {"match": {"value": "maybe"}}}
+    with pytest.raises(ImportShapeError, match="score 'match' has a value that is no outcome: 'maybe'"):
+        list(openai_chat(write(tmp_path, "log.json", {"eval": {}, "samples": [sample]})))
 
 
 def test_a_bare_list_of_chat_messages_is_one_conversation(tmp_path):

@@ -586,6 +586,29 @@ def test_an_inspect_ai_score_is_an_outcome(tmp_path, value, outcome):
     assert events[-1]["payload"]["outcome"] == outcome
 
 
+def test_inspect_ai_attachments_are_read_in_place(tmp_path):
+    """Inspect AI keeps long texts in the sample's ``attachments``, named ``attachment://<hash>``."""
+    long = "a very long observation " * 20
+    messages = [
+        {"role": "user", "content": [{"type": "text", "text": "attachment://h1"}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"id": "c1", "function": "bash", "arguments": {"cmd": "attachment://h1"}}],
+        },
+        {"role": "tool", "tool_call_id": "c1", "function": "bash", "content": "attachment://h1"},
+        {"role": "assistant", "content": "attachment://missing"},
+    ]
+    sample = {"id": 1, "epoch": 2, "messages": messages, "attachments": {"h1": long}, "scores": {"m": {"value": 1}}}
+    events = list(openai_chat(write(tmp_path, "log.json", {"eval": {}, "samples": [sample]})))
+    assert {e["session_id"] for e in events} == {"log-1-epoch2"}
+    assert events[0]["payload"]["task"] == long[:500]
+    (call,) = [e["payload"] for e in events if e["type"] == "tool_call"]
+    (result,) = [e["payload"] for e in events if e["type"] == "tool_result"]
+    assert call["args"] == {"cmd": long} and result["output"] == long
+    assert events[-2]["payload"]["text"] == "attachment://missing"  # a reference to nothing stays as it is
+
+
 def test_an_inspect_ai_score_that_is_no_outcome_names_it(tmp_path):
     sample = {"id": 1, "epoch": 1, "messages": CHAT["messages"], "scores": {"match": {"value": "maybe"}}}
     with pytest.raises(ImportShapeError, match="score 'match' has a value that is no outcome: 'maybe'"):

@@ -7,7 +7,9 @@ What may run is decided by DuckDB's own parser, never by matching text:
   DELETE ...`` is a DELETE and refused); EXPLAIN with an option list is refused;
 - the SELECT's syntax tree (``json_serialize_sql``) reads only tables and views of the database
   (or its own CTEs), calls only the table functions in ``TABLE_FUNCTIONS`` and none of the scalar
-  functions in ``DENIED_FUNCTIONS`` (they change a sequence, write the log, sleep). A name that is
+  functions in ``DENIED_FUNCTIONS`` (they change a sequence, write the log, sleep, show a setting).
+  DuckDB's own views over a table function not allowed (``duckdb_databases``: the file's path,
+  ``pg_settings``) are refused too, found from their definitions. A name that is
   not in the catalog is refused before DuckDB would look for a file or a Python variable of that
   name (replacement scans: ``FROM '/etc/passwd'``).
 
@@ -76,6 +78,8 @@ TABLE_FUNCTIONS = frozenset(
         "duckdb_types",
         "duckdb_functions",
         "duckdb_keywords",
+        "duckdb_sequences",
+        "duckdb_dependencies",
         "pragma_table_info",
     }
 )
@@ -105,6 +109,7 @@ DENIED_FUNCTIONS = frozenset(
         "disable_checkpoint_on_shutdown",
         "add_parquet_key",
         "getenv",
+        "current_setting",  # the settings: the database's path, its temporary and secret directories
     }
 )
 # An answer's bounds: rows, and bytes of its values (strings and blobs by length, other values 8).
@@ -305,9 +310,9 @@ class SqlSandbox:
                         f"function {name}() is not allowed here (it changes state or reaches outside the projections)"
                     )
         if tables:
-            known, catalogs = _catalog(cur)
+            known, catalogs, shows = _catalog(cur)
             for ref in tables:
-                _check_table(ref, known, catalogs, ctes)
+                _check_table(ref, known, catalogs, ctes, shows)
 
     # ---- running ----
     def run(self, sql: str, params: list[Any] | None = None) -> dict[str, Any]:
@@ -410,17 +415,39 @@ def _quoted(value: str) -> str:
     return str(value).replace("'", "''")
 
 
-def _catalog(cur: duckdb.DuckDBPyConnection) -> tuple[set[tuple[str, str]], set[str]]:
-    """Every (schema, name) of a table or view the database holds, and its catalogs' names (lower case)."""
+def _catalog(cur: duckdb.DuckDBPyConnection) -> tuple[set[tuple[str, str]], set[str], dict[tuple[str, str], str]]:
+    """Every (schema, name) of a table or view the database holds, its catalogs' names (lower case), and
+    the system views that show a table function a query may not call (``duckdb_databases``: the file's
+    path; ``pg_settings``: every setting), by that function."""
     rows = cur.execute(
         "SELECT schema_name, table_name FROM duckdb_tables() UNION ALL "
         "SELECT schema_name, view_name FROM duckdb_views()"
     ).fetchall()
     catalogs = {r[0].lower() for r in cur.execute("SELECT database_name FROM duckdb_databases()").fetchall()}
-    return {(s.lower(), n.lower()) for s, n in rows}, catalogs
+    functions = {
+        r[0].lower()
+        for r in cur.execute("SELECT function_name FROM duckdb_functions() WHERE function_type = 'table'").fetchall()
+    }
+    shows = {}
+    internal = cur.execute("SELECT schema_name, view_name, sql FROM duckdb_views() WHERE internal").fetchall()
+    for schema, view, sql in internal:
+        # DuckDB's own definitions (not a query's text): the table functions they call
+        called = sorted({f.lower() for f in _CALL.findall(sql or "")} & functions - TABLE_FUNCTIONS)
+        if called:
+            shows[(schema.lower(), view.lower())] = called[0]
+    return {(s.lower(), n.lower()) for s, n in rows}, catalogs, shows
 
 
-def _check_table(ref: dict[str, Any], known: set[tuple[str, str]], catalogs: set[str], ctes: set[str]) -> None:
+_CALL = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s*\(")
+
+
+def _check_table(
+    ref: dict[str, Any],
+    known: set[tuple[str, str]],
+    catalogs: set[str],
+    ctes: set[str],
+    shows: dict[tuple[str, str], str] | None = None,
+) -> None:
     name = str(ref.get("table_name", "")).lower()
     schema = str(ref.get("schema_name", "") or "").lower()
     catalog = str(ref.get("catalog_name", "") or "").lower()
@@ -429,10 +456,17 @@ def _check_table(ref: dict[str, Any], known: set[tuple[str, str]], catalogs: set
     if catalog and catalog not in catalogs:
         raise SqlRefused(f"no database named {catalog!r} here")
     if schema:  # `x.t` is schema x's table t, or (DuckDB tries both) database x's main.t
-        found = (schema, name) in known or (not catalog and schema in catalogs and ("main", name) in known)
+        candidates = [(schema, name)] + ([("main", name)] if not catalog and schema in catalogs else [])
     else:
-        found = any((s, name) in known for s in _SEARCH_PATH)
-    if not found:
+        candidates = [(s, name) for s in _SEARCH_PATH]
+    found = next((c for c in candidates if c in known), None)
+    shown = (shows or {}).get(found) if found is not None else None
+    if shown is not None:
+        raise SqlRefused(
+            f"view {ref.get('table_name')!r} is not allowed here: it shows {shown}(), which reaches outside "
+            "the projections"
+        )
+    if found is None:
         raise SqlRefused(
             f"no table or view named {ref.get('table_name')!r} (only the projections' tables and "
             "views can be read here, not files)"

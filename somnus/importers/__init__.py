@@ -8,7 +8,9 @@
   (a message a line, one session per ``sessionId``), and tau2-bench results (``simulations``: flat
   tool calls, ``error`` on results, the simulated user's own tools said as the user's words), and
   Inspect AI logs (``samples`` of a JSON log or a ``.eval`` archive: ``function`` names the tool, a
-  ``ToolCallError`` fails the result, the first scorer's value is the outcome); outcome
+  ``ToolCallError`` fails the result, the first scorer's value is the outcome), and LangChain messages
+  (``model_dump()``, ``messages_to_dict``, ``dumpd``; a LangGraph state's ``messages``, named by its
+  ``thread_id``; a tool message's ``status`` says whether it failed); outcome
   from ``reward`` (or tau2's ``reward_info.reward``; 1.0 = success, else failure) or ``outcome``, else
   partial. A result fails when it says so (``is_error``, ``error``) or, saying nothing, its text starts
   with "error".

@@ -41,7 +41,16 @@ SYSTEM_ROLES = frozenset({"system", "developer"})  # instructions, not the conve
 LOG_LINES = frozenset({"summary", "file-history-snapshot", "system", "queue-operation"})
 # Responses API items (the OpenAI Agents SDK's ``to_input_list()``) that are not role messages
 ITEMS = frozenset({"function_call", "function_call_output", "custom_tool_call", "custom_tool_call_output", "reasoning"})
-NOT_ROLE_MESSAGES = ITEMS | LOG_LINES
+# LangChain messages name their role in ``type`` (``model_dump()``, ``messages_to_dict``, ``dumpd``)
+LANGCHAIN_ROLES = {
+    "human": "user",
+    "ai": "assistant",
+    "AIMessageChunk": "assistant",
+    "tool": "tool",
+    "system": "system",
+    "function": "function",
+}
+NOT_ROLE_MESSAGES = ITEMS | LOG_LINES | set(LANGCHAIN_ROLES)
 # Inspect AI scores: correct, incorrect, partial, no answer
 INSPECT_VALUES = {"C": "success", "I": "failure", "P": "partial", "N": "failure"}
 ARCHIVE_BYTES = 1 << 30  # the most an Inspect ``.eval`` archive's samples may decompress to, together
@@ -82,13 +91,14 @@ def _transcripts(data: Any) -> list[Any]:
     messages = [
         m
         for m in items
-        if isinstance(m, dict) and ("role" in m or "message" in m or m.get("type") in NOT_ROLE_MESSAGES)
+        if isinstance(m, dict)
+        and ("role" in m or "message" in m or m.get("type") in NOT_ROLE_MESSAGES or m.get("lc") == 1)
     ]
     if not items or len(messages) < len(items) or any(k in m for m in messages for k in ("messages", "traj", "input")):
         return items
     by_session: dict[Any, dict[str, Any]] = {}
     for m in messages:
-        if "role" not in m and "message" not in m and m.get("type") in LOG_LINES:
+        if "role" not in m and "message" not in m and m.get("type") in LOG_LINES and "data" not in m:
             continue  # a log's summary or note, not of any one session
         sid = m.get("sessionId")
         t = by_session.setdefault(sid if isinstance(sid, str) else None, {"messages": []})
@@ -265,7 +275,8 @@ def openai_chat(
             raise ImportShapeError(f"{where}: no 'messages' (or 'traj', 'input') list of chat messages")
         if isinstance(item.get("attachments"), dict):  # Inspect AI keeps long texts aside
             messages = [_attached(m, item["attachments"]) for m in messages]
-        ident = item.get("id", item.get("session_id", item.get("instance_id")))  # instance_id: SWE-Gym and the like
+        # instance_id: SWE-Gym and the like; thread_id: a LangGraph thread
+        ident = item.get("id", item.get("session_id", item.get("instance_id", item.get("thread_id"))))
         if ident is None and "task_id" in item:
             ident = f"task{item['task_id']}-trial{item.get('trial', 0)}"
         elif ident is not None and isinstance(item.get("epoch"), int) and "scores" in item:  # Inspect AI
@@ -396,8 +407,28 @@ def _member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, path: Path) -> byte
 
 
 def _unwrapped(m: Any) -> Any:
-    """The message a Claude Code log line carries (``message``), else ``m`` itself."""
-    return m["message"] if isinstance(m, dict) and "role" not in m and isinstance(m.get("message"), dict) else m
+    """The message a Claude Code log line carries (``message``); a LangChain message as a chat message;
+    else ``m`` itself."""
+    if not isinstance(m, dict) or "role" in m:
+        return m
+    if isinstance(m.get("message"), dict):
+        return m["message"]
+    if m.get("lc") == 1 and isinstance(m.get("kwargs"), dict):  # dumpd: {"lc": 1, "id": [..., class], "kwargs"}
+        m = m["kwargs"]
+    elif isinstance(m.get("data"), dict) and m.get("type") in LANGCHAIN_ROLES:  # messages_to_dict
+        m = {**m["data"], "type": m["type"]}
+    role = LANGCHAIN_ROLES.get(m.get("type")) if isinstance(m.get("type"), str) else None
+    if role is None:
+        return m
+    out = {**m, "role": role}
+    if role == "assistant" and isinstance(m.get("tool_calls"), list):  # {"name", "args", "id"}
+        out["tool_calls"] = [
+            {"id": c.get("id"), "name": c.get("name"), "arguments": c.get("args")} if isinstance(c, dict) else c
+            for c in m["tool_calls"]
+        ]
+    if role == "tool" and m.get("status") in ("success", "error"):
+        out["error"] = m["status"] == "error"
+    return out
 
 
 def _said(m: Any) -> str | None:

@@ -615,6 +615,38 @@ def test_an_inspect_ai_score_that_is_no_outcome_names_it(tmp_path):
         list(openai_chat(write(tmp_path, "log.json", {"eval": {}, "samples": [sample]})))
 
 
+LANGCHAIN = Path(__file__).resolve().parents[1] / "fixtures" / "langchain"  # by langchain-core (generate_fixture.py)
+
+
+@pytest.mark.parametrize("name", ["messages_to_dict.json", "langgraph_state.json", "dumpd.json"])
+def test_langchain_messages_in_each_serialisation_give_the_same_session(name):
+    events = list(openai_chat(LANGCHAIN / name))
+    assert_all_decode(events)
+    assert {e["session_id"] for e in events} == {
+        "langgraph_state-thread-42" if name == "langgraph_state.json" else f"{name[:-5]}-0"
+    }
+    assert _calls_and_results(events) == [
+        ("tool_call", "call_lk1", "lookup_order", None),
+        ("tool_result", "call_lk1", "lookup_order", True),
+        ("tool_call", "call_rf1", "refund", None),
+        ("tool_result", "call_rf1", "refund", False),  # status "error"
+    ]
+    refund = next(e["payload"] for e in events if e["type"] == "tool_call" and e["payload"]["tool"] == "refund")
+    assert refund["args"] == {"order_id": "1182", "amount": 49.9}
+    assert [e["type"] for e in events].count("user_message") == 1  # the system prompt is not said
+    assert events[0]["payload"]["task"] == "Order 1182 arrived broken, please refund it."
+    said = [e["payload"]["text"] for e in events if e["type"] == "agent_message"]
+    assert said == ["Refunding it now.", "The refund failed on the payment side; I opened ticket T-77 for you."]
+
+
+def test_a_langchain_tool_status_wins_over_its_text(tmp_path):
+    state = json.loads((LANGCHAIN / "langgraph_state.json").read_text())
+    state["messages"][3] = {**state["messages"][3], "content": "Error-free lookup", "status": "success"}
+    state["messages"][5] = {**state["messages"][5], "content": "nothing came back", "status": "error"}
+    events = list(openai_chat(write(tmp_path, "state.json", state)))
+    assert [r[3] for r in _calls_and_results(events) if r[0] == "tool_result"] == [True, False]
+
+
 def test_a_bare_list_of_chat_messages_is_one_conversation(tmp_path):
     messages = CHAT["messages"]
     events = list(openai_chat(write(tmp_path, "bare.json", messages)))

@@ -10,7 +10,9 @@
   Inspect AI logs (``samples`` of a JSON log or a ``.eval`` archive: ``function`` names the tool, a
   ``ToolCallError`` fails the result, the first scorer's value is the outcome), and LangChain messages
   (``model_dump()``, ``messages_to_dict``, ``dumpd``; a LangGraph state's ``messages``, named by its
-  ``thread_id``; a tool message's ``status`` says whether it failed); outcome
+  ``thread_id``; a tool message's ``status`` says whether it failed), and AutoGen (a ``TaskResult``'s
+  AgentChat messages and events, an agent's saved ``llm_context``: calls, results with ``is_error``,
+  the agent named by its ``source``); outcome
   from ``reward`` (or tau2's ``reward_info.reward``; 1.0 = success, else failure) or ``outcome``, else
   partial. A result fails when it says so (``is_error``, ``error``) or, saying nothing, its text starts
   with "error".

@@ -50,7 +50,28 @@ LANGCHAIN_ROLES = {
     "system": "system",
     "function": "function",
 }
-NOT_ROLE_MESSAGES = ITEMS | LOG_LINES | set(LANGCHAIN_ROLES)
+# AutoGen: AgentChat's messages and events (``TaskResult.messages``), autogen-core's model messages (an
+# agent's saved ``llm_context``); its events that say nothing new (thoughts, streamed chunks) are skipped
+AUTOGEN_SAID = frozenset(
+    {"TextMessage", "MultiModalMessage", "HandoffMessage", "StopMessage", "ToolCallSummaryMessage"}
+)
+AUTOGEN_CALLS = frozenset({"ToolCallRequestEvent"})
+AUTOGEN_RESULTS = frozenset({"ToolCallExecutionEvent", "FunctionExecutionResultMessage"})
+AUTOGEN_CORE = {"UserMessage": "user", "AssistantMessage": "assistant", "SystemMessage": "system"}
+AUTOGEN_SILENT = frozenset(
+    {
+        "ThoughtEvent",
+        "ModelClientStreamingChunkEvent",
+        "UserInputRequestedEvent",
+        "MemoryQueryEvent",
+        "CodeGenerationEvent",
+        "CodeExecutionEvent",
+        "SelectSpeakerEvent",
+        "SelectorEvent",
+    }
+)
+AUTOGEN = AUTOGEN_SAID | AUTOGEN_CALLS | AUTOGEN_RESULTS | set(AUTOGEN_CORE) | AUTOGEN_SILENT
+NOT_ROLE_MESSAGES = ITEMS | LOG_LINES | set(LANGCHAIN_ROLES) | AUTOGEN
 # Inspect AI scores: correct, incorrect, partial, no answer
 INSPECT_VALUES = {"C": "success", "I": "failure", "P": "partial", "N": "failure"}
 ARCHIVE_BYTES = 1 << 30  # the most an Inspect ``.eval`` archive's samples may decompress to, together
@@ -160,7 +181,7 @@ class _Chat:
                 raise ImportShapeError(f"{where}: a '{kind}' needs 'call_id'")
             self.result(answered, None, m.get("output"))
             return
-        if "role" not in m and kind in ("reasoning", *LOG_LINES):  # private reasoning; a log's notes
+        if "role" not in m and kind in ("reasoning", *LOG_LINES, *AUTOGEN_SILENT):  # reasoning; a log's notes
             return
         if not isinstance(m.get("role"), str):
             raise ImportShapeError(f"{where}: expected an object with a 'role' string")
@@ -271,6 +292,9 @@ def openai_chat(
         if not isinstance(item, dict):
             raise ImportShapeError(f"{where}: expected an object with 'messages' or 'traj', got {type(item).__name__}")
         messages = item.get("messages", item.get("traj", item.get("input")))  # input: a Responses API request
+        context = item.get("llm_context")
+        if messages is None and isinstance(context, dict):  # an AutoGen agent's saved state
+            messages = context.get("messages")
         if not isinstance(messages, list):
             raise ImportShapeError(f"{where}: no 'messages' (or 'traj', 'input') list of chat messages")
         if isinstance(item.get("attachments"), dict):  # Inspect AI keeps long texts aside
@@ -282,10 +306,22 @@ def openai_chat(
         elif ident is not None and isinstance(item.get("epoch"), int) and "scores" in item:  # Inspect AI
             ident = f"{ident}-epoch{item['epoch']}"
         session_id = run.session_id(f"{path.stem}-{ident if ident is not None else i}")
-        began = _given_time(item, where)
+        began = _given_time(item, where) or _first_time(messages)
         own = item.get("agent")
         if own is not None and not isinstance(own, str):
             raise ImportShapeError(f"{where}: field 'agent' must be a string, got {own!r}")
+        if own is None:  # AutoGen: the agent is the ``source`` of what is not the user's
+            own = next(
+                (
+                    m["source"]
+                    for m in messages
+                    if isinstance(m, dict)
+                    and m.get("type") in AUTOGEN
+                    and isinstance(m.get("source"), str)
+                    and m["source"] not in ("user", "")
+                ),
+                None,
+            )
         s = _Session(f"openai-chat:{path.name}", agent or own or "assistant", session_id, began or run.next_start())
         first_user = next(filter(None, map(_said, messages)), None)
         meta = {k: item[k] for k in ("task_id", "trial", "reward", "termination_reason") if k in item}
@@ -314,6 +350,46 @@ def _judged(item: dict[str, Any], where: str) -> dict[str, Any]:
     if resolved is None or "reward" in item or "outcome" in item:
         return item
     return {"outcome": _resolved(resolved, where)}
+
+
+def _autogen(m: dict[str, Any], kind: str) -> dict[str, Any]:
+    """An AutoGen message or event as a chat message: calls (``FunctionCall``: ``id``, ``name``, ``arguments``
+    as JSON text) as an assistant's ``tool_calls``; results (``call_id``, ``is_error``) as tool messages;
+    text from the user's ``source`` as the user's, from any other (an agent) as the assistant's."""
+    content = m.get("content")
+    if kind in AUTOGEN_RESULTS:
+        results = content if isinstance(content, list) else []
+        return {
+            "role": "tool",
+            "tool_messages": [
+                {
+                    "role": "tool",
+                    "tool_call_id": r.get("call_id"),
+                    "name": r.get("name"),
+                    "content": r.get("content"),
+                    "error": r.get("is_error"),
+                }
+                if isinstance(r, dict)
+                else r
+                for r in results
+            ],
+        }
+    role = AUTOGEN_CORE.get(kind) or ("user" if m.get("source") == "user" else "assistant")
+    if kind in AUTOGEN_CALLS or (kind == "AssistantMessage" and isinstance(content, list)):
+        return {"role": "assistant", "content": None, "tool_calls": content}
+    if kind == "MultiModalMessage" and isinstance(content, list):  # its images: named, not their bytes
+        content = "\n".join(p if isinstance(p, str) else "[image]" for p in content)
+    return {"role": role, "content": content}
+
+
+def _first_time(messages: list[Any]) -> datetime | None:
+    """The time of the first message that carries one (AutoGen's ``created_at``); a value that is not a
+    time is no time here (the transcript then starts where the run's others do)."""
+    first = next((m for m in messages if isinstance(m, dict)), None)
+    try:
+        return _given_time(first, "") if first is not None else None
+    except ImportShapeError:
+        return None
 
 
 def _scored(scores: dict[str, Any], where: str) -> str:
@@ -417,7 +493,10 @@ def _unwrapped(m: Any) -> Any:
         m = m["kwargs"]
     elif isinstance(m.get("data"), dict) and m.get("type") in LANGCHAIN_ROLES:  # messages_to_dict
         m = {**m["data"], "type": m["type"]}
-    role = LANGCHAIN_ROLES.get(m.get("type")) if isinstance(m.get("type"), str) else None
+    kind = m.get("type")
+    if kind in AUTOGEN and kind not in AUTOGEN_SILENT:
+        return _autogen(m, kind)
+    role = LANGCHAIN_ROLES.get(kind) if isinstance(kind, str) else None
     if role is None:
         return m
     out = {**m, "role": role}

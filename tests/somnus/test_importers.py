@@ -647,6 +647,41 @@ def test_a_langchain_tool_status_wins_over_its_text(tmp_path):
     assert [r[3] for r in _calls_and_results(events) if r[0] == "tool_result"] == [True, False]
 
 
+AUTOGEN = Path(__file__).resolve().parents[1] / "fixtures" / "autogen"  # by autogen-agentchat (generate_fixture.py)
+
+
+@pytest.mark.parametrize("name", ["task_result.json", "agent_state.json"])
+def test_an_autogen_run_or_saved_state_gives_its_calls_and_results(name):
+    events = list(openai_chat(AUTOGEN / name))
+    assert_all_decode(events)
+    assert {e["agent"] for e in events} == {"support"}  # the source of what is not the user's
+    assert _calls_and_results(events) == [
+        ("tool_call", "call_lk1", "lookup_order", None),
+        ("tool_result", "call_lk1", "lookup_order", True),
+        ("tool_call", "call_rf1", "refund", None),
+        ("tool_result", "call_rf1", "refund", False),  # is_error
+    ]
+    assert next(e["payload"] for e in events if e["type"] == "tool_call")["args"] == {"order_id": "1182"}
+    said = [(e["type"], e["payload"]["text"]) for e in events if e["type"].endswith("_message")]
+    assert said == [  # the ThoughtEvent is not said
+        ("user_message", "Order 1182 arrived broken, please refund it."),
+        ("agent_message", "The refund failed; I opened ticket T-77."),
+    ]
+    if name == "task_result.json":  # the first message's created_at
+        first = json.loads((AUTOGEN / name).read_text())["messages"][0]["created_at"]
+        assert events[0]["ts"] == first
+
+
+def test_an_autogen_multimodal_message_names_its_images(tmp_path):
+    messages = [
+        {"type": "MultiModalMessage", "source": "user", "content": ["What is broken here?", {"data": "iVBOR" * 1000}]},
+        {"type": "TextMessage", "source": "vision", "content": "The hinge."},
+    ]
+    events = list(openai_chat(write(tmp_path, "team.json", {"messages": messages, "stop_reason": None})))
+    assert events[1]["payload"] == {"text": "What is broken here?\n[image]"}
+    assert events[2]["payload"] == {"text": "The hinge."} and events[0]["agent"] == "vision"
+
+
 def test_a_bare_list_of_chat_messages_is_one_conversation(tmp_path):
     messages = CHAT["messages"]
     events = list(openai_chat(write(tmp_path, "bare.json", messages)))

@@ -12,7 +12,9 @@
   (``model_dump()``, ``messages_to_dict``, ``dumpd``; a LangGraph state's ``messages``, named by its
   ``thread_id``; a tool message's ``status`` says whether it failed), and AutoGen (a ``TaskResult``'s
   AgentChat messages and events, an agent's saved ``llm_context``: calls, results with ``is_error``,
-  the agent named by its ``source``); outcome
+  the agent named by its ``source``), and smolagents runs (``memory.get_full_steps()`` or a ``RunResult``:
+  each step's calls and results, the tool its error names failing, ``final_answer`` said, the run's
+  ``state`` as its outcome); outcome
   from ``reward`` (or tau2's ``reward_info.reward``; 1.0 = success, else failure) or ``outcome``, else
   partial. A result fails when it says so (``is_error``, ``error``) or, saying nothing, its text starts
   with "error".

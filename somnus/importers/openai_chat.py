@@ -108,6 +108,9 @@ def _transcripts(data: Any) -> list[Any]:
         return list(data["simulations"])
     if isinstance(data, dict) and isinstance(data.get("samples"), list) and "eval" in data:  # an Inspect log
         return list(data["samples"])
+    steps = _smolagents_steps(data)
+    if steps is not None:
+        return [_smolagents(steps, data.get("state") if isinstance(data, dict) else None)]
     items = data if isinstance(data, list) else [data]
     messages = [
         m
@@ -350,6 +353,76 @@ def _judged(item: dict[str, Any], where: str) -> dict[str, Any]:
     if resolved is None or "reward" in item or "outcome" in item:
         return item
     return {"outcome": _resolved(resolved, where)}
+
+
+# smolagents: the run's state (RunResult.state) as an outcome
+SMOLAGENTS_STATES = {"success": "success", "max_steps_error": "failure"}
+# errors of a step's call: a tool that raised or was called wrong, a CodeAgent's code that failed
+SMOLAGENTS_TOOL_ERRORS = frozenset({"AgentToolExecutionError", "AgentToolCallError", "AgentExecutionError"})
+
+
+def _smolagents_steps(data: Any) -> list[dict[str, Any]] | None:
+    """A smolagents run's steps: ``agent.memory.get_full_steps()`` (a task step, then action steps) or
+    a ``RunResult`` (``steps``, ``state``); None for anything else."""
+    steps = data.get("steps") if isinstance(data, dict) and "state" in data else data
+    if not isinstance(steps, list) or not steps or not all(isinstance(st, dict) for st in steps):
+        return None
+    if "task" not in steps[0] or not any("step_number" in st for st in steps):
+        return None
+    return steps
+
+
+def _smolagents(steps: list[dict[str, Any]], state: Any) -> dict[str, Any]:
+    """A smolagents run as a transcript: its task the user's message; each action step's calls (from the
+    model's message: a step whose tool failed lists none of its own) and their results, the tool a
+    ``AgentToolExecutionError`` names failing with its message; ``final_answer`` said, not called."""
+    messages: list[dict[str, Any]] = []
+    said_final = False
+    for st in steps:
+        if "task" in st:
+            messages.append({"role": "user", "content": st.get("task")})
+        elif "step_number" in st:
+            out: dict[str, Any] = _dict(st.get("model_output_message"))
+            calls = [c for c in (out.get("tool_calls") or st.get("tool_calls") or []) if isinstance(c, dict)]
+            error: dict[str, Any] = _dict(st.get("error"))
+            text = st.get("model_output") if isinstance(st.get("model_output"), str) else None
+            tools, results = [], []
+            for c in calls:
+                fn = _dict(c.get("function"))
+                if fn.get("name") == "final_answer":
+                    args = fn.get("arguments")
+                    answer = args.get("answer") if isinstance(args, dict) else args
+                    text, said_final = "\n".join(filter(None, [text, str(answer)])), True
+                    continue
+                failed = error.get("type") in SMOLAGENTS_TOOL_ERRORS
+                failed = failed and (len(calls) == 1 or f"tool '{fn.get('name')}'" in str(error.get("message")))
+                tools.append(c)
+                said = error.get("message") if failed else st.get("observations")
+                results.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": c.get("id"),
+                        "name": fn.get("name"),
+                        "content": said,
+                        "error": bool(failed),
+                    }
+                )
+            if text or tools:
+                messages.append({"role": "assistant", "content": text or None, "tool_calls": tools or None})
+            messages.extend(results)
+        elif "output" in st and not said_final and st.get("output") not in (None, ""):
+            messages.append({"role": "assistant", "content": str(st["output"])})
+    transcript: dict[str, Any] = {"messages": messages}
+    began = next((st["timing"].get("start_time") for st in steps if isinstance(st.get("timing"), dict)), None)
+    if isinstance(began, (int, float)):
+        transcript["start_time"] = began
+    if state in SMOLAGENTS_STATES:
+        transcript["outcome"] = SMOLAGENTS_STATES[state]
+    return transcript
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
 
 
 def _autogen(m: dict[str, Any], kind: str) -> dict[str, Any]:

@@ -7,7 +7,7 @@ import re
 import sys
 import zipfile
 from collections import Counter, defaultdict
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -680,6 +680,58 @@ def test_an_autogen_multimodal_message_names_its_images(tmp_path):
     events = list(openai_chat(write(tmp_path, "team.json", {"messages": messages, "stop_reason": None})))
     assert events[1]["payload"] == {"text": "What is broken here?\n[image]"}
     assert events[2]["payload"] == {"text": "The hinge."} and events[0]["agent"] == "vision"
+
+
+SMOLAGENTS = Path(__file__).resolve().parents[1] / "fixtures" / "smolagents"  # by smolagents (generate_fixture.py)
+
+
+@pytest.mark.parametrize("name", ["steps.json", "run_result.json"])
+def test_a_smolagents_run_gives_its_calls_results_and_final_answer(name):
+    events = list(openai_chat(SMOLAGENTS / name))
+    assert_all_decode(events)
+    # the failed step lists no call of its own: the model's message names it; final_answer is said
+    assert _calls_and_results(events) == [
+        ("tool_call", "call_lk1", "lookup_order", None),
+        ("tool_result", "call_lk1", "lookup_order", True),
+        ("tool_call", "call_rf1", "refund", None),
+        ("tool_result", "call_rf1", "refund", False),
+    ]
+    failed = next(e["payload"] for e in events if e["type"] == "tool_result" and not e["payload"]["ok"])
+    assert "TimeoutError: payment gateway: no answer in 30 s" in failed["error"]
+    said = [e["payload"]["text"] for e in events if e["type"] == "agent_message"]
+    assert said == ["The refund failed; I opened ticket T-77."]
+    assert events[0]["payload"]["task"] == "Order 1182 arrived broken, please refund it."
+    steps = json.loads((SMOLAGENTS / name).read_text())
+    first = (steps["steps"] if name == "run_result.json" else steps)[1]["timing"]["start_time"]
+    assert events[0]["ts"] == datetime.fromtimestamp(first, tz=timezone.utc).isoformat().replace("+00:00", "Z")
+    # a RunResult's state is its outcome; a list of steps has none
+    assert events[-1]["payload"]["outcome"] == ("success" if name == "run_result.json" else "partial")
+
+
+def test_a_smolagents_run_out_of_steps_failed():
+    events = list(openai_chat(SMOLAGENTS / "out_of_steps.json"))
+    assert [r[3] for r in _calls_and_results(events) if r[0] == "tool_result"] == [False, False]
+    assert events[-1]["payload"]["outcome"] == "failure"
+
+
+def test_a_smolagents_code_step_whose_code_failed_fails_its_call(tmp_path):
+    code = {"id": "c1", "type": "function", "function": {"name": "python_interpreter", "arguments": "1/0"}}
+    steps = [
+        {"task": "divide"},
+        {
+            "step_number": 1,
+            "tool_calls": [code],
+            "model_output": "Thought: divide.",
+            "observations": None,
+            "error": {"type": "AgentExecutionError", "message": "Code execution failed: ZeroDivisionError"},
+        },
+    ]
+    events = list(openai_chat(write(tmp_path, "code.json", steps)))
+    assert _calls_and_results(events) == [
+        ("tool_call", "c1", "python_interpreter", None),
+        ("tool_result", "c1", "python_interpreter", False),
+    ]
+    assert [e["payload"]["text"] for e in events if e["type"] == "agent_message"] == ["Thought: divide."]
 
 
 def test_a_bare_list_of_chat_messages_is_one_conversation(tmp_path):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 import zipfile
 from collections import Counter, defaultdict
 from datetime import datetime, timedelta, timezone
@@ -532,7 +531,7 @@ def test_an_inspect_ai_log_gives_a_session_per_sample_and_epoch():
 
 def test_an_inspect_ai_eval_archive_reads_as_its_json_log(tmp_path, monkeypatch):
     """The ``.eval`` log is a zip of zstd members (the same run as the JSON one, written again)."""
-    chat = sys.modules["somnus.importers.openai_chat"]  # the package's name of it is the function
+    from somnus.importers import frameworks
 
     def shape(events):
         return sorted((e["session_id"], e["seq"], e["type"], orjson.dumps(e["payload"])) for e in events)
@@ -547,7 +546,7 @@ def test_an_inspect_ai_eval_archive_reads_as_its_json_log(tmp_path, monkeypatch)
     with pytest.raises(ImportShapeError, match="not a zstd stream of its declared size"):
         list(openai_chat(lying))
     # samples that decompress past the bound together are refused before they are read
-    monkeypatch.setattr(chat, "ARCHIVE_BYTES", 20_000)
+    monkeypatch.setattr(frameworks, "ARCHIVE_BYTES", 20_000)
     with pytest.raises(ImportShapeError, match="its samples decompress to 28645 bytes, more than 20000"):
         list(openai_chat(INSPECT / "weather.eval"))
     plain = tmp_path / "plain.eval"  # a deflated archive (older Inspect versions) reads through zipfile

@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from somnus.cli.app import app
-from somnus.cli.common import CsvOpt, HomeOpt, JsonOpt, KeepBrokerOpt, fail, keep_broker
+from somnus.cli.common import FORMATS_HELP, CsvOpt, HomeOpt, JsonOpt, KeepBrokerOpt, fail, keep_broker
 from somnus.cli.tables import show
 
 eval_app = typer.Typer(help="Retrieval evaluations through the real pipeline.", no_args_is_help=True)
@@ -77,7 +77,7 @@ def eval_locomo(
 @eval_app.command("foresight")
 def eval_foresight(
     paths: list[str] = typer.Argument(..., help="Files, directories or globs, as `somnus import` takes them."),
-    fmt: str = typer.Option(..., "--format", help="openai-chat | swe-agent | openhands | toolbench | otel | v1"),
+    fmt: str = typer.Option(..., "--format", help=FORMATS_HELP),
     results: Optional[Path] = typer.Option(
         None, "--results", exists=True, dir_okay=False, help="Outcomes by id (as for `somnus import`)."
     ),

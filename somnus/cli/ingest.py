@@ -9,7 +9,7 @@ from typing import Any, Optional
 import typer
 
 from somnus.cli.app import app
-from somnus.cli.common import AT_HELP, BootOpt, DbOpt, HomeOpt, bootstrap, event_time, fail, settings
+from somnus.cli.common import AT_HELP, FORMATS_HELP, BootOpt, DbOpt, HomeOpt, bootstrap, event_time, fail, settings
 
 IMPORT_CHUNK = 20_000  # events per acknowledged send of `somnus import`
 
@@ -35,9 +35,7 @@ def publish(
 @app.command("import")
 def import_(
     paths: list[str] = typer.Argument(..., help="Files, directories or globs (quoted: 'runs/**/*.traj')."),
-    fmt: str = typer.Option(
-        ..., "--format", help="openai-chat | swe-agent | openhands | locomo | toolbench | otel | v1"
-    ),
+    fmt: str = typer.Option(..., "--format", help=FORMATS_HELP),
     agent: Optional[str] = typer.Option(None, "--agent", help="Agent name for the imported sessions."),
     results: Optional[Path] = typer.Option(
         None,

@@ -114,6 +114,9 @@ FORMATS: dict[str, Importer] = {
     "v1": v1,
     "otel": otel,
 }
+# Names of frameworks whose runs ``openai-chat`` reads (somnus.importers.frameworks): each is that format.
+ALIASES = {name: "openai-chat" for name in ("tau-bench", "tau2", "inspect", "langchain", "autogen", "smolagents")}
+FORMATS.update({name: FORMATS[target] for name, target in ALIASES.items()})
 # The files a directory contributes to an import of each format.
 EXTENSIONS = {
     "openai-chat": (".json", ".jsonl", ".eval"),
@@ -124,6 +127,7 @@ EXTENSIONS = {
     "v1": (".jsonl", ".json"),
     "otel": (".json", ".jsonl"),
 }
+EXTENSIONS.update({name: EXTENSIONS[target] for name, target in ALIASES.items()})
 
 
 def expand_paths(args: Iterable[str | Path], fmt: str) -> list[Path]:

@@ -733,6 +733,16 @@ def test_a_smolagents_code_step_whose_code_failed_fails_its_call(tmp_path):
     assert [e["payload"]["text"] for e in events if e["type"] == "agent_message"] == ["Thought: divide."]
 
 
+def test_each_framework_is_a_format_name_and_the_help_names_every_format():
+    from somnus.cli.common import FORMATS_HELP
+    from somnus.importers import ALIASES, EXTENSIONS, FORMATS
+
+    assert set(re.findall(r"[a-z0-9-]+", FORMATS_HELP)) - {"or"} == set(FORMATS) == set(EXTENSIONS)
+    for name in ALIASES:
+        assert FORMATS[name] is openai_chat
+    assert list(FORMATS["autogen"](AUTOGEN / "task_result.json")) == list(openai_chat(AUTOGEN / "task_result.json"))
+
+
 def test_a_bare_list_of_chat_messages_is_one_conversation(tmp_path):
     messages = CHAT["messages"]
     events = list(openai_chat(write(tmp_path, "bare.json", messages)))
@@ -1197,6 +1207,7 @@ def test_v1_events_pass_through_and_the_formats_registry(tmp_path):
         "toolbench": toolbench,
         "v1": v1,
         "otel": otel,
+        **dict.fromkeys(["tau-bench", "tau2", "inspect", "langchain", "autogen", "smolagents"], openai_chat),
     }
 
 

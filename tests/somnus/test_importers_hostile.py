@@ -152,7 +152,7 @@ def _chat(ident: str, **assistant: Any) -> dict[str, Any]:
     [
         ({"tool_calls": 7}, "field 'tool_calls' must be a list"),
         ({"tool_calls": [{"id": {"a": 1}, "function": {"name": "f"}}]}, "tool_calls[0].id: must be a string"),
-        ({"tool_calls": [{"function": {"name": 5}}]}, "has no 'function.name' string"),
+        ({"tool_calls": [{"function": {"name": 5}}]}, "has no 'function.name' (or 'name') string"),
     ],
 )
 def test_a_hostile_chat_item_is_named_and_the_others_imported(tmp_path: Path, hostile, named) -> None:

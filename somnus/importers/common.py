@@ -196,6 +196,12 @@ def _given_time(item: Mapping[str, Any], where: str) -> datetime | None:
     return None
 
 
+def kind_of(item: Any) -> str | None:
+    """An item's ``type`` when it is a string (a hostile one, a list, would fail every set lookup)."""
+    kind = item.get("type") if isinstance(item, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
 def _call_id(value: Any, where: str) -> str | None:
     """A call id as the contract's string: a number is written out (some runtimes count calls),
     anything else (an object, a list, true) is a shape error."""

@@ -21,7 +21,7 @@ from typing import Any
 import cramjam
 import orjson
 
-from somnus.importers.common import ImportShapeError
+from somnus.importers.common import ImportShapeError, kind_of
 
 # LangChain messages name their role in ``type`` (``model_dump()``, ``messages_to_dict``, ``dumpd``)
 LANGCHAIN_ROLES = {
@@ -100,7 +100,7 @@ def smolagents_transcript(steps: list[dict[str, Any]], state: Any) -> dict[str, 
                     answer = args.get("answer") if isinstance(args, dict) else args
                     text, said_final = "\n".join(filter(None, [text, str(answer)])), True
                     continue
-                failed = error.get("type") in SMOLAGENTS_TOOL_ERRORS
+                failed = kind_of(error) in SMOLAGENTS_TOOL_ERRORS
                 failed = failed and (len(calls) == 1 or f"tool '{fn.get('name')}'" in str(error.get("message")))
                 tools.append(c)
                 said = error.get("message") if failed else st.get("observations")
@@ -122,7 +122,7 @@ def smolagents_transcript(steps: list[dict[str, Any]], state: Any) -> dict[str, 
     began = next((st["timing"].get("start_time") for st in steps if isinstance(st.get("timing"), dict)), None)
     if isinstance(began, (int, float)):
         transcript["start_time"] = began
-    if state in SMOLAGENTS_STATES:
+    if isinstance(state, str) and state in SMOLAGENTS_STATES:
         transcript["outcome"] = SMOLAGENTS_STATES[state]
     return transcript
 
@@ -167,6 +167,8 @@ def inspect_outcome(scores: dict[str, Any], where: str) -> str:
     name, score = next(iter(scores.items()))
     value = score.get("value") if isinstance(score, dict) else None
     values = list(value.values()) if isinstance(value, dict) else [value]
+    if not values:
+        raise ImportShapeError(f"{where}: score {name!r} has no value")
     outcomes = set()
     for v in values:
         if isinstance(v, str) and v in INSPECT_VALUES:
@@ -256,9 +258,9 @@ def framework_message(m: dict[str, Any]) -> dict[str, Any]:
     event as a chat message (``role``, ``content``, ``tool_calls``, tool messages); else ``m`` itself."""
     if m.get("lc") == 1 and isinstance(m.get("kwargs"), dict):  # dumpd: {"lc": 1, "id": [..., class], "kwargs"}
         m = m["kwargs"]
-    elif isinstance(m.get("data"), dict) and m.get("type") in LANGCHAIN_ROLES:  # messages_to_dict
+    elif isinstance(m.get("data"), dict) and kind_of(m) in LANGCHAIN_ROLES:  # messages_to_dict
         m = {**m["data"], "type": m["type"]}
-    kind = m.get("type")
+    kind = kind_of(m)
     if kind in AUTOGEN and kind not in AUTOGEN_SILENT:
         return _autogen(m, kind)
     role = LANGCHAIN_ROLES.get(kind) if isinstance(kind, str) else None
@@ -282,7 +284,7 @@ def autogen_agent(messages: list[Any]) -> str | None:
             m["source"]
             for m in messages
             if isinstance(m, dict)
-            and m.get("type") in AUTOGEN
+            and kind_of(m) in AUTOGEN
             and isinstance(m.get("source"), str)
             and m["source"] not in ("user", "")
         ),

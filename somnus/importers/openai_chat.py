@@ -26,6 +26,7 @@ from somnus.importers.common import (
     _result_for,
     _run,
     _Session,
+    kind_of,
 )
 from somnus.importers.frameworks import (
     AUTOGEN_SILENT,
@@ -63,7 +64,7 @@ def _text(content: Any) -> str:
         return orjson.dumps(content).decode()
     out = []
     for part in content:
-        kind = part.get("type") if isinstance(part, dict) else None
+        kind = kind_of(part)
         if isinstance(part, str):
             out.append(part)
         elif kind in TEXT_PARTS and isinstance(part.get("text"), str):
@@ -89,13 +90,13 @@ def _transcripts(data: Any) -> list[Any]:
         m
         for m in items
         if isinstance(m, dict)
-        and ("role" in m or "message" in m or m.get("type") in NOT_ROLE_MESSAGES or m.get("lc") == 1)
+        and ("role" in m or "message" in m or kind_of(m) in NOT_ROLE_MESSAGES or m.get("lc") == 1)
     ]
     if not items or len(messages) < len(items) or any(k in m for m in messages for k in ("messages", "traj", "input")):
         return items
     by_session: dict[Any, dict[str, Any]] = {}
     for m in messages:
-        if "role" not in m and "message" not in m and m.get("type") in LOG_LINES and "data" not in m:
+        if "role" not in m and "message" not in m and kind_of(m) in LOG_LINES and "data" not in m:
             continue  # a log's summary or note, not of any one session
         sid = m.get("sessionId")
         t = by_session.setdefault(sid if isinstance(sid, str) else None, {"messages": []})
@@ -146,7 +147,7 @@ class _Chat:
         m = _unwrapped(m)
         if not isinstance(m, dict):
             raise ImportShapeError(f"{where}: expected an object with a 'role' string")
-        kind = m.get("type")
+        kind = kind_of(m)
         if "role" not in m and kind in ("function_call", "custom_tool_call"):
             call_id = _call_id(m.get("call_id", m.get("id")), f"{where}: call_id")
             self.call(m.get("name"), call_id, m.get("arguments", m.get("input")), where, f"call-{j}")

@@ -612,6 +612,9 @@ def test_an_inspect_ai_score_that_is_no_outcome_names_it(tmp_path):
     sample = {"id": 1, "epoch": 1, "messages": CHAT["messages"], "scores": {"match": {"value": "maybe"}}}
     with pytest.raises(ImportShapeError, match="score 'match' has a value that is no outcome: 'maybe'"):
         list(openai_chat(write(tmp_path, "log.json", {"eval": {}, "samples": [sample]})))
+    empty = {**sample, "scores": {"match": {"value": {}}}}  # a dict of no values: no outcome (not success)
+    with pytest.raises(ImportShapeError, match="score 'match' has no value"):
+        list(openai_chat(write(tmp_path, "log.json", {"eval": {}, "samples": [empty]})))
 
 
 LANGCHAIN = Path(__file__).resolve().parents[1] / "fixtures" / "langchain"  # by langchain-core (generate_fixture.py)

@@ -61,6 +61,20 @@ def _seeds() -> dict[str, tuple[str, Any]]:
             for n, line in zip(("events", "pairs"), (FIXTURES / "openhands" / "output.jsonl").read_text().splitlines())
         },
         "openhands:session": (".json", json.loads((FIXTURES / "openhands" / "bugs-session.json").read_text())),
+        # other frameworks' runs, read by openai-chat (files each framework wrote itself)
+        **{
+            f"openai-chat:{folder}-{name.split('.')[0]}": (".json", json.loads((FIXTURES / folder / name).read_text()))
+            for folder, name in (
+                ("chat", "tau2_results.json"),
+                ("inspect", "weather.json"),
+                ("langchain", "messages_to_dict.json"),
+                ("langchain", "dumpd.json"),
+                ("langchain", "langgraph_state.json"),
+                ("autogen", "task_result.json"),
+                ("autogen", "agent_state.json"),
+                ("smolagents", "run_result.json"),
+            )
+        },
     }
     tau = DATASETS / "tau-bench-airline" / "gpt-4o-airline.json"
     if tau.exists():
@@ -166,6 +180,26 @@ def test_a_hostile_chat_item_is_named_and_the_others_imported(tmp_path: Path, ho
     _assert_accepted(events)
     with pytest.raises(ImportShapeError, match="item 1"):  # called without a run, it raises as before
         list(openai_chat(path))
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        [{"type": ["a"]}, {"role": "user", "content": "hi"}],  # a type no set can hold (TypeError before)
+        {"messages": [{"role": "user", "content": [{"type": {"a": 1}, "text": "x"}]}]},
+        {"steps": [{"task": "t"}, {"step_number": 1}], "state": []},
+        {"eval": {}, "samples": [{"id": 1, "epoch": 1, "messages": [], "scores": {"m": {"value": {}}}}]},
+    ],
+)
+def test_a_type_or_a_value_of_the_wrong_kind_is_named_not_a_type_error(tmp_path: Path, doc: Any) -> None:
+    path = tmp_path / "odd.json"
+    path.write_bytes(orjson.dumps(doc))
+    try:
+        events = list(openai_chat(path))
+    except ImportShapeError as exc:
+        assert str(exc) and "could not be read" not in str(exc), exc  # named by a check, not the boundary
+        return
+    _assert_accepted(events)
 
 
 def test_numeric_call_ids_are_written_out(tmp_path: Path) -> None:

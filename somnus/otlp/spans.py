@@ -341,7 +341,7 @@ def _console_span(s: Mapping[str, Any], budget: Budget) -> Span:
     context = _obj(s.get("context"), "context")
     status = _obj(s.get("status"), "status")
     code = status.get("status_code", "UNSET")
-    if code not in CONSOLE_STATUS:
+    if not isinstance(code, str) or code not in CONSOLE_STATUS:  # (a list is no key: TypeError before)
         raise ShapeError(f"status.status_code: expected UNSET, OK or ERROR, got {str(code)[:40]!r}")
     kind = s.get("kind", "SpanKind.INTERNAL")
     resource = _obj(s.get("resource"), "resource")

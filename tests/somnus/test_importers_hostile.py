@@ -19,7 +19,7 @@ from somnus.importers import ImportRun, ImportShapeError, import_files, openai_c
 from somnus.schemas.codec import Rejection, decode_trace
 from tests.conftest import DATASETS
 from tests.fixtures.otel.genai_agents import otlp_json
-from tests.somnus.otlp.test_receiver import sdk_request
+from tests.somnus.otlp.test_receiver import sdk_request, sdk_spans
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 WRONG: list[Any] = [
@@ -55,6 +55,7 @@ def _seeds() -> dict[str, tuple[str, Any]]:
             for n, i in (("1", "acme__widgets-301"), ("1.1", "acme__widgets-303"))
         },
         "otel": (".json", otlp_json(sdk_request(2))),
+        "otel:console": (".json", json.loads(sdk_spans(1)[-1].to_json())),  # one span as the SDK prints it
         # OpenHands: an output.jsonl line (events), an older one (pairs), a saved session's bare event list
         **{
             f"openhands:{n}": (".jsonl", json.loads(line))

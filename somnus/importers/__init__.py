@@ -14,7 +14,9 @@
   AgentChat messages and events, an agent's saved ``llm_context``: calls, results with ``is_error``,
   the agent named by its ``source``), and smolagents runs (``memory.get_full_steps()`` or a ``RunResult``:
   each step's calls and results, the tool its error names failing, ``final_answer`` said, the run's
-  ``state`` as its outcome); outcome
+  ``state`` as its outcome), and Gemini API ``contents`` and Google ADK sessions (``parts``:
+  ``function_call``, ``function_response`` with an ``error`` key when it failed, answered by ``id``
+  or else by name); outcome
   from ``reward`` (or tau2's ``reward_info.reward``; 1.0 = success, else failure) or ``outcome``, else
   partial. A result fails when it says so (``is_error``, ``error``) or, saying nothing, its text starts
   with "error".
@@ -115,7 +117,10 @@ FORMATS: dict[str, Importer] = {
     "otel": otel,
 }
 # Names of frameworks whose runs ``openai-chat`` reads (somnus.importers.frameworks): each is that format.
-ALIASES = {name: "openai-chat" for name in ("tau-bench", "tau2", "inspect", "langchain", "autogen", "smolagents")}
+ALIASES = {
+    name: "openai-chat"
+    for name in ("tau-bench", "tau2", "inspect", "langchain", "autogen", "smolagents", "gemini", "adk")
+}
 FORMATS.update({name: FORMATS[target] for name, target in ALIASES.items()})
 # The files a directory contributes to an import of each format.
 EXTENSIONS = {

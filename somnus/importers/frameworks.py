@@ -277,16 +277,25 @@ def framework_message(m: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def autogen_agent(messages: list[Any]) -> str | None:
-    """The agent of an AutoGen transcript: the ``source`` of its first message that is not the user's."""
-    return next(
-        (
-            m["source"]
-            for m in messages
-            if isinstance(m, dict)
-            and kind_of(m) in AUTOGEN
-            and isinstance(m.get("source"), str)
-            and m["source"] not in ("user", "")
-        ),
-        None,
-    )
+def framework_agent(messages: list[Any]) -> str | None:
+    """The agent of an AutoGen or Google ADK transcript: the ``source`` (AutoGen) or ``author`` (ADK) of
+    its first message that is not the user's."""
+    for m in messages:
+        if not isinstance(m, dict):
+            continue
+        who = m.get("source") if kind_of(m) in AUTOGEN else m.get("author") if m.get("role") == "model" else None
+        if isinstance(who, str) and who not in ("user", ""):
+            return who
+    return None
+
+
+def adk_contents(events: Any) -> list[Any] | None:
+    """A Google ADK session's events as Gemini contents (each event's ``content``, with its ``author``
+    and ``timestamp``); None when ``events`` is not such a list."""
+    if not isinstance(events, list) or not any(isinstance(e, dict) and "content" in e for e in events):
+        return None
+    return [
+        {**e["content"], "author": e.get("author"), "timestamp": e.get("timestamp")}
+        for e in events
+        if isinstance(e, dict) and isinstance(e.get("content"), dict)
+    ]

@@ -30,8 +30,9 @@ from somnus.importers.common import (
 )
 from somnus.importers.frameworks import (
     AUTOGEN_SILENT,
+    adk_contents,
     FRAMEWORK_TYPES,
-    autogen_agent,
+    framework_agent,
     framework_message,
     inspect_archive,
     inspect_attached,
@@ -162,7 +163,13 @@ class _Chat:
             return
         if not isinstance(m.get("role"), str):
             raise ImportShapeError(f"{where}: expected an object with a 'role' string")
+        if m["role"] in ("model", "function") and isinstance(m.get("parts"), list):  # Gemini's roles
+            self.gemini(j, m["parts"], m["role"], where)
+            return
         role, content = m["role"], m.get("content")
+        if isinstance(m.get("parts"), list) and "content" not in m:  # Gemini: a Content's parts
+            self.gemini(j, m["parts"], role, where)
+            return
         blocks = [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
         if role in SYSTEM_ROLES:
             return
@@ -221,6 +228,47 @@ class _Chat:
                 f"{where}: unknown role {role!r} (expected system, developer, user, assistant, tool or function)"
             )
 
+    def gemini(self, j: int, parts: list[Any], role: str, where: str) -> None:
+        """A Gemini API Content (and a Google ADK event's): text parts said by its role (``model`` is the
+        agent), ``function_call`` parts called, ``function_response`` parts their results (a response
+        with an ``error`` key failed). A part without an ``id`` answers the oldest unanswered call of its
+        name; thoughts are not said."""
+        said: list[str] = []
+
+        def say() -> None:  # the text so far, before the call or result that follows it
+            if said:
+                self.s.add("agent_message" if role == "model" else "user_message", {"text": "\n".join(said)})
+                said.clear()
+
+        for k, part in enumerate(parts):
+            if not isinstance(part, dict) or part.get("thought") is True:
+                continue
+            call = part.get("function_call", part.get("functionCall"))
+            answer = part.get("function_response", part.get("functionResponse"))
+            if isinstance(call, dict) or isinstance(answer, dict):
+                say()
+            if isinstance(call, dict):
+                call_id = _call_id(call.get("id"), f"{where}: parts[{k}].function_call.id")
+                self.call(call.get("name"), call_id, call.get("args"), f"{where}: parts[{k}]", f"call-{j}-{k}")
+                if call_id is None:
+                    self.unanswered.setdefault(call["name"], []).append(f"call-{j}-{k}")
+            elif isinstance(answer, dict):
+                name = answer.get("name")
+                if not isinstance(name, str) or not name:
+                    raise ImportShapeError(f"{where}: parts[{k}]: a function_response needs a 'name' string")
+                call_id = _call_id(answer.get("id"), f"{where}: parts[{k}].function_response.id")
+                waiting = self.unanswered.get(name)
+                call_id = call_id or (waiting.pop(0) if waiting else f"call-{j}-{k}")
+                response = answer.get("response")
+                failed = isinstance(response, dict) and response.get("error") not in (None, "", False)
+                out = (
+                    response.get("error" if failed else "output", response) if isinstance(response, dict) else response
+                )
+                self.result(call_id, name, out if isinstance(out, str) else orjson.dumps(out).decode(), failed)
+            elif isinstance(part.get("text"), str) and part["text"]:
+                said.append(part["text"])
+        say()
+
     def users_tool(self, m: dict[str, Any], role: str, where: str) -> None:
         """What the simulated user did with their own tools (tau2-bench's ``requestor: user``), as the
         user's words: the agent neither called those tools nor saw them fail."""
@@ -272,6 +320,8 @@ def openai_chat(
         context = item.get("llm_context")
         if messages is None and isinstance(context, dict):  # an AutoGen agent's saved state
             messages = context.get("messages")
+        if messages is None:  # a Gemini API request's contents; a Google ADK session's events' contents
+            messages = item.get("contents", adk_contents(item.get("events")))
         if not isinstance(messages, list):
             raise ImportShapeError(f"{where}: no 'messages' (or 'traj', 'input') list of chat messages")
         if isinstance(item.get("attachments"), dict):  # Inspect AI keeps long texts aside
@@ -287,8 +337,8 @@ def openai_chat(
         own = item.get("agent")
         if own is not None and not isinstance(own, str):
             raise ImportShapeError(f"{where}: field 'agent' must be a string, got {own!r}")
-        if own is None:  # AutoGen: the agent is the ``source`` of what is not the user's
-            own = autogen_agent(messages)
+        if own is None:  # AutoGen, ADK: the agent is the ``source`` or ``author`` of what is not the user's
+            own = framework_agent(messages)
         s = _Session(f"openai-chat:{path.name}", agent or own or "assistant", session_id, began or run.next_start())
         first_user = next(filter(None, map(_said, messages)), None)
         meta = {k: item[k] for k in ("task_id", "trial", "reward", "termination_reason") if k in item}
@@ -344,5 +394,9 @@ def _said(m: Any) -> str | None:
     m = _unwrapped(m)
     if not isinstance(m, dict) or m.get("role") != "user":
         return None
-    text = _text(m.get("content"))
+    parts = m.get("parts") if "content" not in m else None
+    if isinstance(parts, list):  # Gemini: its text parts
+        text = "\n".join(p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str))
+    else:
+        text = _text(m.get("content"))
     return text or None

@@ -746,6 +746,64 @@ def test_each_framework_is_a_format_name_and_the_help_names_every_format():
     assert list(FORMATS["autogen"](AUTOGEN / "task_result.json")) == list(openai_chat(AUTOGEN / "task_result.json"))
 
 
+GEMINI = Path(__file__).resolve().parents[1] / "fixtures" / "gemini"  # by google-adk (generate_fixture.py)
+
+
+@pytest.mark.parametrize("name", ["adk_session.json", "contents.json"])
+def test_a_google_adk_session_or_gemini_contents_give_their_calls_and_results(name):
+    events = list(openai_chat(GEMINI / name))
+    assert_all_decode(events)
+    calls = _calls_and_results(events)
+    assert [(kind, tool, ok) for kind, _, tool, ok in calls] == [
+        ("tool_call", "lookup_order", None),
+        ("tool_result", "lookup_order", True),
+        ("tool_call", "refund", None),
+        ("tool_result", "refund", False),  # its response holds an error
+    ]
+    assert calls[0][1] == calls[1][1] and calls[2][1] == calls[3][1]  # answered by their ids
+    said = [(e["type"], e["payload"]["text"]) for e in events if e["type"].endswith("_message")]
+    assert said == [
+        ("user_message", "Order 1182 arrived broken, please refund it."),
+        ("agent_message", "Let me look it up."),  # said before its call, as in its parts
+        ("agent_message", "The refund failed; I opened ticket T-77."),
+    ]
+    assert events[0]["payload"]["task"] == "Order 1182 arrived broken, please refund it."
+    if name == "adk_session.json":  # the session's id, its agent (the events' author), its first event's time
+        session = json.loads((GEMINI / name).read_text())
+        assert {e["session_id"] for e in events} == {"adk_session-s-1182"} and events[0]["agent"] == "support"
+        first = datetime.fromtimestamp(session["events"][0]["timestamp"], tz=timezone.utc)
+        assert events[0]["ts"] == first.isoformat().replace("+00:00", "Z")
+
+
+def test_gemini_parts_without_ids_are_answered_by_name_and_thoughts_are_not_said(tmp_path):
+    contents = [
+        {"role": "user", "parts": [{"text": "Weather in Paris and Atlantis?"}]},
+        {
+            "role": "model",
+            "parts": [
+                {"text": "private", "thought": True},
+                {"function_call": {"name": "weather", "args": {"city": "Paris"}}},
+                {"function_call": {"name": "weather", "args": {"city": "Atlantis"}}},
+            ],
+        },
+        {
+            "role": "function",
+            "parts": [
+                {"function_response": {"name": "weather", "response": {"output": "14C"}}},
+                {"function_response": {"name": "weather", "response": {"error": "unknown city"}}},
+            ],
+        },
+    ]
+    events = list(openai_chat(write(tmp_path, "gemini.json", {"contents": contents})))
+    assert _calls_and_results(events) == [
+        ("tool_call", "call-1-1", "weather", None),
+        ("tool_call", "call-1-2", "weather", None),
+        ("tool_result", "call-1-1", "weather", True),
+        ("tool_result", "call-1-2", "weather", False),
+    ]
+    assert not any("private" in str(e["payload"]) for e in events)
+
+
 def test_a_bare_list_of_chat_messages_is_one_conversation(tmp_path):
     messages = CHAT["messages"]
     events = list(openai_chat(write(tmp_path, "bare.json", messages)))
@@ -1210,7 +1268,9 @@ def test_v1_events_pass_through_and_the_formats_registry(tmp_path):
         "toolbench": toolbench,
         "v1": v1,
         "otel": otel,
-        **dict.fromkeys(["tau-bench", "tau2", "inspect", "langchain", "autogen", "smolagents"], openai_chat),
+        **dict.fromkeys(
+            ["tau-bench", "tau2", "inspect", "langchain", "autogen", "smolagents", "gemini", "adk"], openai_chat
+        ),
     }
 
 

@@ -74,6 +74,8 @@ def _seeds() -> dict[str, tuple[str, Any]]:
                 ("autogen", "task_result.json"),
                 ("autogen", "agent_state.json"),
                 ("smolagents", "run_result.json"),
+                ("gemini", "adk_session.json"),
+                ("gemini", "contents.json"),
             )
         },
     }

@@ -4,6 +4,8 @@
 - LangChain messages (``model_dump()``, ``messages_to_dict``, ``dumpd``) and AutoGen messages and events
   become chat messages, one at a time (``framework_message``);
 - a smolagents run (its steps) becomes one transcript (``smolagents_transcript``);
+- a Google ADK session's events become Gemini contents (``adk_contents``), whose ``parts`` the chat
+  reader takes as they are (``somnus.importers.openai_chat._Chat.gemini``);
 - an Inspect AI log's samples are transcripts; a ``.eval`` archive is read here, within a bound
   (``inspect_archive``), and a sample's score is its outcome (``inspect_outcome``).
 

@@ -23,8 +23,8 @@ CsvOpt = typer.Option(False, "--csv", help="Print CSV (a header line, then one l
 KeepBrokerOpt = typer.Option(False, "--keep-broker", help="Leave the local broker running if this run started it.")
 # `somnus import --format` (the registry is somnus.importers.FORMATS; a test holds the two together)
 FORMATS_HELP = (
-    "openai-chat (or: tau-bench, tau2, inspect, langchain, autogen, smolagents, gemini, adk) | swe-agent"
-    " | openhands | locomo | toolbench | otel | v1"
+    "openai-chat (or: tau-bench, tau2, inspect, langchain, autogen, smolagents, gemini, adk, openai-agents)"
+    " | swe-agent | openhands | locomo | toolbench | otel | v1"
 )
 AT_HELP = "Event time (ISO 8601; UTC unless it says); default: the stream time of the scope it concerns."
 

@@ -16,10 +16,11 @@
   each step's calls and results, the tool its error names failing, ``final_answer`` said, the run's
   ``state`` as its outcome), and Gemini API ``contents`` and Google ADK sessions (``parts``:
   ``function_call``, ``function_response`` with an ``error`` key when it failed, answered by ``id``
-  or else by name); outcome
+  or else by name), and OpenAI Agents SDK traces (the spans a TracingProcessor exports: each ``function``
+  span a call, failed when it has an ``error``); outcome
   from ``reward`` (or tau2's ``reward_info.reward``; 1.0 = success, else failure) or ``outcome``, else
   partial. A result fails when it says so (``is_error``, ``error``) or, saying nothing, its text starts
-  with "error".
+  with "error" or is the Agents SDK's default failure text.
 - ``swe-agent``: SWE-agent ``.traj`` trajectories, 0.x and 1.x (``swe_agent``): the task is the
   problem statement, thoughts are agent messages, each action a tool call whose observation is a
   failure only when it shows one (``swe_failure``); the outcome comes from ``--results``. Also
@@ -119,7 +120,7 @@ FORMATS: dict[str, Importer] = {
 # Names of frameworks whose runs ``openai-chat`` reads (somnus.importers.frameworks): each is that format.
 ALIASES = {
     name: "openai-chat"
-    for name in ("tau-bench", "tau2", "inspect", "langchain", "autogen", "smolagents", "gemini", "adk")
+    for name in ("tau-bench", "tau2", "inspect", "langchain", "autogen", "smolagents", "gemini", "adk", "openai-agents")
 }
 FORMATS.update({name: FORMATS[target] for name, target in ALIASES.items()})
 # The files a directory contributes to an import of each format.

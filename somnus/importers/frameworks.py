@@ -301,3 +301,66 @@ def adk_contents(events: Any) -> list[Any] | None:
         for e in events
         if isinstance(e, dict) and isinstance(e.get("content"), dict)
     ]
+
+
+def agents_sdk_transcripts(exported: list[Any]) -> list[dict[str, Any]]:
+    """An OpenAI Agents SDK trace, as a ``TracingProcessor`` exports it (``trace.export()`` and each
+    ``span.export()``), as one transcript per trace: each ``function`` span a call and its result (failed
+    when the span has an ``error``: its message and data), in the order the calls started; the agent
+    is the first ``agent`` span's name, the task the user's first words a ``generation`` span kept (a
+    ``response`` span keeps none), the start its first span's."""
+    traces: dict[str, dict[str, Any]] = {}
+    spans: dict[str, list[dict[str, Any]]] = {}
+    for e in exported:
+        if not isinstance(e, dict):
+            continue
+        if e.get("object") == "trace" and isinstance(e.get("id"), str):
+            traces[e["id"]] = e
+        elif e.get("object") == "trace.span" and isinstance(e.get("trace_id"), str):
+            spans.setdefault(e["trace_id"], []).append(e)
+    out = []
+    for trace_id in sorted(set(traces) | set(spans)):
+        mine = sorted(spans.get(trace_id, []), key=lambda sp: str(sp.get("started_at", "")))
+        data = [(sp, _dict(sp.get("span_data"))) for sp in mine]
+        agent = next(
+            (d.get("name") for _, d in data if d.get("type") == "agent" and isinstance(d.get("name"), str)), None
+        )
+        # the user's words, where a generation span (a chat completions model) kept its input
+        asked = next(
+            (
+                m.get("content")
+                for _, d in data
+                if d.get("type") == "generation" and isinstance(d.get("input"), list)
+                for m in d["input"]
+                if isinstance(m, dict) and m.get("role") == "user"
+            ),
+            None,
+        )
+        messages: list[dict[str, Any]] = [{"role": "user", "content": asked}] if asked else []
+        for sp, d in data:
+            if d.get("type") != "function":
+                continue
+            error = sp.get("error")
+            said = d.get("output")
+            if isinstance(error, dict):
+                detail = _dict(error.get("data")).get("error")
+                said = "; ".join(str(x) for x in (error.get("message"), detail, d.get("output")) if x)
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [{"id": sp.get("id"), "name": d.get("name"), "arguments": d.get("input")}],
+                }
+            )
+            messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": sp.get("id"),
+                    "name": d.get("name"),
+                    "content": said,
+                    "error": error is not None,
+                }
+            )
+        first = mine[0].get("started_at") if mine else None
+        out.append({"id": trace_id, "agent": agent, "started_at": first, "messages": messages})
+    return out

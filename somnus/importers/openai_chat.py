@@ -1,6 +1,6 @@
 """``--format openai-chat``: OpenAI-style chat transcripts (tau-bench's ``traj`` and tau2-bench's
 ``simulations`` included), and other frameworks' runs read as such (``somnus.importers.frameworks``:
-Inspect AI, LangChain, AutoGen, smolagents)."""
+Inspect AI, LangChain, AutoGen, smolagents, Gemini and Google ADK, OpenAI Agents SDK traces)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ from somnus.importers.common import (
 )
 from somnus.importers.frameworks import (
     AUTOGEN_SILENT,
+    agents_sdk_transcripts,
     adk_contents,
     FRAMEWORK_TYPES,
     framework_agent,
@@ -47,6 +48,9 @@ TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
 # parts that are the model's private reasoning, or read by the caller as calls and results
 UNSAID_PARTS = frozenset({"thinking", "redacted_thinking", "reasoning", "tool_use", "tool_result"})
 SYSTEM_ROLES = frozenset({"system", "developer"})  # instructions, not the conversation
+# how a result that carries no error flag says it failed (lower case): "Error: ...", and the OpenAI
+# Agents SDK's default failure text (``default_tool_error_function``), which names no error
+FAILURE_TEXTS = ("error", "an error occurred while running the tool")
 # lines of a Claude Code session log that are not messages (its summaries, snapshots, system notes)
 LOG_LINES = frozenset({"summary", "file-history-snapshot", "system", "queue-operation"})
 # Responses API items (the OpenAI Agents SDK's ``to_input_list()``) that are not role messages
@@ -83,6 +87,8 @@ def _transcripts(data: Any) -> list[Any]:
         return list(data["simulations"])
     if isinstance(data, dict) and isinstance(data.get("samples"), list) and "eval" in data:  # an Inspect log
         return list(data["samples"])
+    if isinstance(data, list) and data and all(kind_of(d) is None and _object_of(d) for d in data):
+        return agents_sdk_transcripts(data)  # an OpenAI Agents SDK trace: its exported spans
     steps = smolagents_steps(data)
     if steps is not None:
         return [smolagents_transcript(steps, data.get("state") if isinstance(data, dict) else None)]
@@ -128,7 +134,7 @@ class _Chat:
         if tool is not None and not isinstance(tool, str):
             raise ImportShapeError(f"result of {call_id!r}: field 'name' must be a string, got {tool!r}")
         text = _text(content)
-        failed = is_error is True or (is_error is None and text.lstrip().lower().startswith("error"))
+        failed = is_error is True or (is_error is None and text.lstrip().lower().startswith(FAILURE_TEXTS))
         self.s.add(
             "tool_result",
             {
@@ -367,6 +373,11 @@ def _judged(item: dict[str, Any], where: str) -> dict[str, Any]:
     if resolved is None or "reward" in item or "outcome" in item:
         return item
     return {"outcome": _resolved(resolved, where)}
+
+
+def _object_of(d: Any) -> bool:
+    """Whether ``d`` is an OpenAI Agents SDK export (``{"object": "trace"}`` or ``"trace.span"``)."""
+    return isinstance(d, dict) and d.get("object") in ("trace", "trace.span")
 
 
 def _first_time(messages: list[Any]) -> datetime | None:

@@ -617,6 +617,13 @@ def test_an_inspect_ai_score_that_is_no_outcome_names_it(tmp_path):
         list(openai_chat(write(tmp_path, "log.json", {"eval": {}, "samples": [empty]})))
 
 
+# the calls of the support run every framework fixture records: a lookup that works, a refund that fails
+REFUND_CALLS = [
+    ("tool_call", "call_lk1", "lookup_order", None),
+    ("tool_result", "call_lk1", "lookup_order", True),
+    ("tool_call", "call_rf1", "refund", None),
+    ("tool_result", "call_rf1", "refund", False),
+]
 LANGCHAIN = Path(__file__).resolve().parents[1] / "fixtures" / "langchain"  # by langchain-core (generate_fixture.py)
 
 
@@ -627,12 +634,7 @@ def test_langchain_messages_in_each_serialisation_give_the_same_session(name):
     assert {e["session_id"] for e in events} == {
         "langgraph_state-thread-42" if name == "langgraph_state.json" else f"{name[:-5]}-0"
     }
-    assert _calls_and_results(events) == [
-        ("tool_call", "call_lk1", "lookup_order", None),
-        ("tool_result", "call_lk1", "lookup_order", True),
-        ("tool_call", "call_rf1", "refund", None),
-        ("tool_result", "call_rf1", "refund", False),  # status "error"
-    ]
+    assert _calls_and_results(events) == REFUND_CALLS  # status "error"
     refund = next(e["payload"] for e in events if e["type"] == "tool_call" and e["payload"]["tool"] == "refund")
     assert refund["args"] == {"order_id": "1182", "amount": 49.9}
     assert [e["type"] for e in events].count("user_message") == 1  # the system prompt is not said
@@ -657,12 +659,7 @@ def test_an_autogen_run_or_saved_state_gives_its_calls_and_results(name):
     events = list(openai_chat(AUTOGEN / name))
     assert_all_decode(events)
     assert {e["agent"] for e in events} == {"support"}  # the source of what is not the user's
-    assert _calls_and_results(events) == [
-        ("tool_call", "call_lk1", "lookup_order", None),
-        ("tool_result", "call_lk1", "lookup_order", True),
-        ("tool_call", "call_rf1", "refund", None),
-        ("tool_result", "call_rf1", "refund", False),  # is_error
-    ]
+    assert _calls_and_results(events) == REFUND_CALLS  # is_error
     assert next(e["payload"] for e in events if e["type"] == "tool_call")["args"] == {"order_id": "1182"}
     said = [(e["type"], e["payload"]["text"]) for e in events if e["type"].endswith("_message")]
     assert said == [  # the ThoughtEvent is not said
@@ -692,12 +689,7 @@ def test_a_smolagents_run_gives_its_calls_results_and_final_answer(name):
     events = list(openai_chat(SMOLAGENTS / name))
     assert_all_decode(events)
     # the failed step lists no call of its own: the model's message names it; final_answer is said
-    assert _calls_and_results(events) == [
-        ("tool_call", "call_lk1", "lookup_order", None),
-        ("tool_result", "call_lk1", "lookup_order", True),
-        ("tool_call", "call_rf1", "refund", None),
-        ("tool_result", "call_rf1", "refund", False),
-    ]
+    assert _calls_and_results(events) == REFUND_CALLS
     failed = next(e["payload"] for e in events if e["type"] == "tool_result" and not e["payload"]["ok"])
     assert "TimeoutError: payment gateway: no answer in 30 s" in failed["error"]
     said = [e["payload"]["text"] for e in events if e["type"] == "agent_message"]
@@ -802,6 +794,37 @@ def test_gemini_parts_without_ids_are_answered_by_name_and_thoughts_are_not_said
         ("tool_result", "call-1-2", "weather", False),
     ]
     assert not any("private" in str(e["payload"]) for e in events)
+
+
+AGENTS_SDK = (
+    Path(__file__).resolve().parents[1] / "fixtures" / "openai_agents"
+)  # by openai-agents (generate_fixture.py)
+
+
+def test_an_openai_agents_sdk_input_list_fails_the_call_its_default_text_says_failed():
+    """The SDK sends the model a fixed text for a tool that raised, and no flag: the call failed."""
+    events = list(openai_chat(AGENTS_SDK / "input_list.json"))
+    assert_all_decode(events)
+    assert _calls_and_results(events) == REFUND_CALLS
+
+
+def test_an_openai_agents_sdk_trace_gives_a_session_per_trace():
+    events = list(openai_chat(AGENTS_SDK / "trace.jsonl"))
+    assert_all_decode(events)
+    exported = [json.loads(line) for line in (AGENTS_SDK / "trace.jsonl").read_text().splitlines()]
+    (trace,) = [e for e in exported if e["object"] == "trace"]
+    assert {e["session_id"] for e in events} == {f"trace-{trace['id']}"} and events[0]["agent"] == "support"
+    calls = _calls_and_results(events)
+    assert [(kind, tool, ok) for kind, _, tool, ok in calls] == [
+        ("tool_call", "lookup_order", None),
+        ("tool_result", "lookup_order", True),
+        ("tool_call", "refund", None),
+        ("tool_result", "refund", False),  # the span's error
+    ]
+    failed = next(e["payload"] for e in events if e["type"] == "tool_result" and not e["payload"]["ok"])
+    assert failed["error"].startswith("Error running tool (non-fatal)")
+    first = min(e["started_at"] for e in exported if e["object"] == "trace.span")
+    assert events[0]["ts"] == first.replace("+00:00", "Z")
 
 
 def test_a_bare_list_of_chat_messages_is_one_conversation(tmp_path):
@@ -1269,7 +1292,8 @@ def test_v1_events_pass_through_and_the_formats_registry(tmp_path):
         "v1": v1,
         "otel": otel,
         **dict.fromkeys(
-            ["tau-bench", "tau2", "inspect", "langchain", "autogen", "smolagents", "gemini", "adk"], openai_chat
+            ["tau-bench", "tau2", "inspect", "langchain", "autogen", "smolagents", "gemini", "adk", "openai-agents"],
+            openai_chat,
         ),
     }
 

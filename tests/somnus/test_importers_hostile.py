@@ -56,6 +56,10 @@ def _seeds() -> dict[str, tuple[str, Any]]:
         },
         "otel": (".json", otlp_json(sdk_request(2))),
         "otel:console": (".json", json.loads(sdk_spans(1)[-1].to_json())),  # one span as the SDK prints it
+        "openai-chat:agents-sdk-trace": (
+            ".json",
+            [json.loads(line) for line in (FIXTURES / "openai_agents" / "trace.jsonl").read_text().splitlines()],
+        ),
         # OpenHands: an output.jsonl line (events), an older one (pairs), a saved session's bare event list
         **{
             f"openhands:{n}": (".jsonl", json.loads(line))
@@ -76,6 +80,7 @@ def _seeds() -> dict[str, tuple[str, Any]]:
                 ("smolagents", "run_result.json"),
                 ("gemini", "adk_session.json"),
                 ("gemini", "contents.json"),
+                ("openai_agents", "input_list.json"),
             )
         },
     }

@@ -129,11 +129,21 @@ def _json_param(value: Any, name: str) -> Any:
         parsed = json.loads(value)
     except ValueError:
         raise BadRequest(f"parameter `{name}`: not JSON: {value[:80]!r}") from None
+    except RecursionError:  # "[[[[..." thousands deep: Python's decoder recurses (a 500 before)
+        raise BadRequest(f"parameter `{name}`: JSON nested too deeply") from None
     try:
         json.dumps(parsed, ensure_ascii=False).encode()
     except UnicodeEncodeError:
         raise BadRequest(f"parameter `{name}`: a string in it is not valid Unicode (a lone surrogate)") from None
     return parsed
+
+
+def _is_text(value: str) -> bool:
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _synopsis_cache() -> Any:
@@ -876,6 +886,10 @@ def call(service: ReadService, route: Route, agent: str | None, params: Mapping[
     unknown = sorted(set(params) - allowed)
     if unknown:
         raise BadRequest(f"unknown parameter(s) for {route.path}: {', '.join(unknown)}")
+    # A JSON body (or an MCP call) can carry "\ud800", a lone surrogate, which DuckDB could not take (a 500)
+    for name, value in (("agent", agent), *params.items()):
+        if isinstance(value, str) and not _is_text(value):
+            raise BadRequest(f"parameter `{name}`: not valid Unicode text (a lone surrogate)")
     method = getattr(service, route.handler)
     return method(agent, **params) if "{agent}" in route.path else method(**params)
 

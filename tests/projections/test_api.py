@@ -269,6 +269,7 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
     ("predict", {}, "tool"),
     ("predict", {"tool": "t", "args": "[1]"}, "args"),
     ("predict", {"tool": "t", "args": "{"}, "args"),
+    ("predict", {"tool": "t", "args": "[" * 1500}, "args"),  # Python's decoder recursed: a 500 before
     ("memory", {"top": "lots"}, "top"),
     ("inject", {}, "prompt"),
     ("inject", {"prompt": 3}, "prompt"),
@@ -283,6 +284,19 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
     ("wander", {"seed": "-1"}, "seed"),
     ("recall", {"query": "q", "goals": "maybe"}, "goals"),
 ]
+
+
+def test_a_lone_surrogate_in_any_parameter_is_named_before_duckdb_meets_it(served: Served) -> None:
+    """In process (and so for any caller but HTTP, whose query strings and bodies cannot carry one), a
+    string parameter with a lone surrogate failed inside DuckDB's Python conversion."""
+    routes = {r.handler: r for r in api.ROUTES}
+    for handler, agent, params, name in [
+        ("facts", "aga", {"entity": "\ud800"}, "entity"),
+        ("entities", "aga", {"type": "x\udfff"}, "type"),
+        ("history", "\ud800", {"entity": "e"}, "agent"),
+    ]:
+        with pytest.raises(api.BadRequest, match=f"parameter `{name}`: not valid Unicode text"):
+            api.call(served.service, routes[handler], agent, params)
 
 
 @pytest.mark.parametrize(("handler", "params", "names"), BAD, ids=[f"{h}-{'-'.join(p) or 'none'}" for h, p, _ in BAD])

@@ -169,11 +169,8 @@ class _Chat:
             return
         if not isinstance(m.get("role"), str):
             raise ImportShapeError(f"{where}: expected an object with a 'role' string")
-        if m["role"] in ("model", "function") and isinstance(m.get("parts"), list):  # Gemini's roles
-            self.gemini(j, m["parts"], m["role"], where)
-            return
         role, content = m["role"], m.get("content")
-        if isinstance(m.get("parts"), list) and "content" not in m:  # Gemini: a Content's parts
+        if isinstance(m.get("parts"), list) and "content" not in m:  # Gemini: a Content's parts (role model)
             self.gemini(j, m["parts"], role, where)
             return
         blocks = [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
@@ -361,8 +358,8 @@ def openai_chat(
 
 
 def _judged(item: dict[str, Any], where: str) -> dict[str, Any]:
-    """``item``, or its tau2-bench ``reward_info.reward``, or its SWE-bench verdict (``resolved``: true or
-    false) as an outcome when it has no ``reward`` or ``outcome`` of its own."""
+    """``item``, or, when it has no ``reward`` or ``outcome`` of its own, its tau2-bench
+    ``reward_info.reward``, its Inspect AI ``scores`` or its SWE-bench verdict (``resolved``) as one."""
     info = item.get("reward_info")  # tau2-bench: the reward inside its breakdown
     if "reward" not in item and isinstance(info, dict) and "reward" in info:
         return {"reward": info["reward"]}
@@ -381,8 +378,8 @@ def _object_of(d: Any) -> bool:
 
 
 def _first_time(messages: list[Any]) -> datetime | None:
-    """The time of the first message that carries one (AutoGen's ``created_at``); a value that is not a
-    time is no time here (the transcript then starts where the run's others do)."""
+    """The time the first message carries (AutoGen's ``created_at``, an ADK event's ``timestamp``); a value
+    that is not a time is no time here (the transcript then starts where the run's others do)."""
     first = next((m for m in messages if isinstance(m, dict)), None)
     try:
         return _given_time(first, "") if first is not None else None

@@ -247,6 +247,7 @@ class SqlSandbox:
         self._lock = threading.Lock()
         self._running: set[duckdb.DuckDBPyConnection] = set()
         self.dedicated = harden(self._base, memory_limit, threads)
+        self._shows = _refused_views(self._base)  # DuckDB's own views: fixed by its version, so read once
 
     @classmethod
     def from_settings(cls, con: duckdb.DuckDBPyConnection, settings: Any = None) -> SqlSandbox:
@@ -310,9 +311,9 @@ class SqlSandbox:
                         f"function {name}() is not allowed here (it changes state or reaches outside the projections)"
                     )
         if tables:
-            known, catalogs, shows = _catalog(cur)
+            known, catalogs = _catalog(cur)
             for ref in tables:
-                _check_table(ref, known, catalogs, ctes, shows)
+                _check_table(ref, known, catalogs, ctes, self._shows)
 
     # ---- running ----
     def run(self, sql: str, params: list[Any] | None = None) -> dict[str, Any]:
@@ -415,15 +416,19 @@ def _quoted(value: str) -> str:
     return str(value).replace("'", "''")
 
 
-def _catalog(cur: duckdb.DuckDBPyConnection) -> tuple[set[tuple[str, str]], set[str], dict[tuple[str, str], str]]:
-    """Every (schema, name) of a table or view the database holds, its catalogs' names (lower case), and
-    the system views that show a table function a query may not call (``duckdb_databases``: the file's
-    path; ``pg_settings``: every setting), by that function."""
+def _catalog(cur: duckdb.DuckDBPyConnection) -> tuple[set[tuple[str, str]], set[str]]:
+    """Every (schema, name) of a table or view the database holds, and its catalogs' names (lower case)."""
     rows = cur.execute(
         "SELECT schema_name, table_name FROM duckdb_tables() UNION ALL "
         "SELECT schema_name, view_name FROM duckdb_views()"
     ).fetchall()
     catalogs = {r[0].lower() for r in cur.execute("SELECT database_name FROM duckdb_databases()").fetchall()}
+    return {(s.lower(), n.lower()) for s, n in rows}, catalogs
+
+
+def _refused_views(cur: duckdb.DuckDBPyConnection) -> dict[tuple[str, str], str]:
+    """The system views that show a table function a query may not call (``duckdb_databases``: the
+    file's path; ``pg_settings``: every setting), by that function."""
     functions = {
         r[0].lower()
         for r in cur.execute("SELECT function_name FROM duckdb_functions() WHERE function_type = 'table'").fetchall()
@@ -435,7 +440,7 @@ def _catalog(cur: duckdb.DuckDBPyConnection) -> tuple[set[tuple[str, str]], set[
         called = sorted({f.lower() for f in _CALL.findall(sql or "")} & functions - TABLE_FUNCTIONS)
         if called:
             shows[(schema.lower(), view.lower())] = called[0]
-    return {(s.lower(), n.lower()) for s, n in rows}, catalogs, shows
+    return shows
 
 
 _CALL = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s*\(")

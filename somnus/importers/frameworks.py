@@ -303,6 +303,16 @@ def adk_contents(events: Any) -> list[Any] | None:
     ]
 
 
+def is_agents_sdk_export(data: Any) -> bool:
+    """Whether ``data`` is an OpenAI Agents SDK export: a list of its objects only (``{"object": "trace"}``
+    or ``"trace.span"``), none of them a message of another kind."""
+    return (
+        isinstance(data, list)
+        and bool(data)
+        and all(isinstance(d, dict) and kind_of(d) is None and d.get("object") in ("trace", "trace.span") for d in data)
+    )
+
+
 def agents_sdk_transcripts(exported: list[Any]) -> list[dict[str, Any]]:
     """An OpenAI Agents SDK trace, as a ``TracingProcessor`` exports it (``trace.export()`` and each
     ``span.export()``), as one transcript per trace: each ``function`` span a call and its result (failed

@@ -38,6 +38,7 @@ from somnus.importers.frameworks import (
     inspect_archive,
     inspect_attached,
     inspect_outcome,
+    is_agents_sdk_export,
     smolagents_steps,
     smolagents_transcript,
 )
@@ -87,7 +88,7 @@ def _transcripts(data: Any) -> list[Any]:
         return list(data["simulations"])
     if isinstance(data, dict) and isinstance(data.get("samples"), list) and "eval" in data:  # an Inspect log
         return list(data["samples"])
-    if isinstance(data, list) and data and all(kind_of(d) is None and _object_of(d) for d in data):
+    if is_agents_sdk_export(data):
         return agents_sdk_transcripts(data)  # an OpenAI Agents SDK trace: its exported spans
     steps = smolagents_steps(data)
     if steps is not None:
@@ -370,11 +371,6 @@ def _judged(item: dict[str, Any], where: str) -> dict[str, Any]:
     if resolved is None or "reward" in item or "outcome" in item:
         return item
     return {"outcome": _resolved(resolved, where)}
-
-
-def _object_of(d: Any) -> bool:
-    """Whether ``d`` is an OpenAI Agents SDK export (``{"object": "trace"}`` or ``"trace.span"``)."""
-    return isinstance(d, dict) and d.get("object") in ("trace", "trace.span")
 
 
 def _first_time(messages: list[Any]) -> datetime | None:

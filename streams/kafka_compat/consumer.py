@@ -1,7 +1,7 @@
 """Faust's aiokafka consumer and app, subclassed where Faust 0.15 and aiokafka 0.14 lose partitions.
 
 ``SomnusApp`` (the worker's app, ``somnus.streams.app.create_app``) uses ``RewindingTransport``,
-whose consumer and consumer thread carry three workarounds, each overriding a private method
+whose consumer and consumer thread carry four workarounds, each overriding a private method
 (and ``RewindingConsumerThread.assignment``, which only makes Faust's cheaper):
 
 - ``RewindingConsumerThread.seek_to_committed``: aiokafka's ``seek_to_committed`` skips a partition
@@ -24,6 +24,15 @@ whose consumer and consumer thread carry three workarounds, each overriding a pr
   group's lag lie. Not an upstream defect we can point at (Faust's ``_gap`` ranges are by design);
   it stays while Somnus keeps its own positions. Relies on ``Consumer._filter_committable_offsets``,
   ``_committed_offset`` and ``_new_consumer_thread``, and ``App._new_transport``.
+- ``RewindingConsumer._commit_offsets``: Faust records the offsets of a commit as committed even when
+  the commit failed (``_committed_offset.update`` after ``did_commit`` is False). A commit fails when
+  the group rebalanced while it was in flight (a broker restart: ``UnknownMemberIdError``); the
+  rebalance has meanwhile sought the partitions back to the group's committed offsets, and Faust's
+  update then hides them: the records read again are never committed, and the group's lag stays
+  up until new records arrive (``test_broker_crash``, 1 CI run in 4). The override puts back what
+  the rebalance left. No upstream issue found; relies on ``Consumer._commit_offsets`` calling
+  ``self._commit`` and then updating ``_committed_offset`` with no ``await`` between. It can go when
+  Faust updates ``_committed_offset`` only after a commit that succeeded.
 """
 
 from __future__ import annotations
@@ -115,13 +124,35 @@ def position_known(thread: Any, tp: TP) -> bool:
 
 
 class RewindingConsumer(faust_aiokafka.Consumer):
-    """The consumer of ``RewindingConsumerThread``, whose commits never pass the app's commit cap.
+    """The consumer of ``RewindingConsumerThread``, whose commits never pass the app's commit cap, and
+    whose failed commits are not counted as committed.
 
     ``app.somnus_commit_cap(tp)`` is the next offset the agent's state has to apply (see
     ``somnus.streams.ordering``), or None for a partition without one. Faust's own bookkeeping can count
     offsets as acknowledged that were never delivered; a commit past them would make the lag of
     the group lie (0 with a record not applied).
     """
+
+    # the committed offsets as they stood when the commit in flight failed (Faust overwrites them next)
+    _before_failed_commit: dict[TP, int | None] | None = None
+
+    async def _commit(self, offsets: Mapping[TP, int]) -> bool:
+        did_commit = bool(await super()._commit(offsets))
+        if not did_commit:
+            self._before_failed_commit = {tp: self._committed_offset.get(tp) for tp in offsets}
+        return did_commit
+
+    async def _commit_offsets(self, offsets: Mapping[TP, int], start_new_transaction: bool = True) -> bool:
+        self._before_failed_commit = None
+        did_commit = bool(await super()._commit_offsets(offsets, start_new_transaction=start_new_transaction))
+        before: dict[TP, int | None] = self._before_failed_commit or {}
+        self._before_failed_commit = None
+        for tp, offset in before.items():
+            if offset is None:
+                self._committed_offset.pop(tp, None)
+            else:
+                self._committed_offset[tp] = offset
+        return did_commit
 
     def _new_consumer_thread(self) -> RewindingConsumerThread:
         return RewindingConsumerThread(self, loop=self.loop, beacon=self.beacon)

@@ -52,6 +52,63 @@ def test_commits_go_through_the_cap(app: SomnusApp) -> None:
     asyncio.run(run())
 
 
+def _rebalancing_commit(app: SomnusApp, committed_by_the_group: int | None, did_commit: bool) -> Any:
+    """The consumer, with a commit in flight during which a rebalance seeks ``TRACES`` back to the
+    group's committed offset (as Faust's ``perform_seek`` does) and that then fails or succeeds."""
+    consumer: Any = app.consumer
+
+    async def commit(offsets: Any) -> bool:
+        consumer._committed_offset.pop(TRACES, None)  # revoked ...
+        if committed_by_the_group is not None:  # ... and assigned again: what the group committed
+            consumer._committed_offset[TRACES] = committed_by_the_group
+        await asyncio.sleep(0)
+        return did_commit
+
+    async def flush() -> None:
+        return None
+
+    consumer._thread.commit = commit
+    consumer.assignment = lambda: {TRACES}
+    app.producer.flush = flush  # type: ignore[method-assign]
+    return consumer
+
+
+def test_a_commit_that_failed_is_not_counted_as_committed(app: SomnusApp) -> None:
+    # The broker restarted while the commit of offset 10 was in flight: the group rebalanced, the
+    # partition was sought back to 4 (the group's committed offset), and the commit failed
+    # (UnknownMemberIdError). Faust recorded 10 as committed, so the records 4-9 read again were
+    # never committed and the group's lag stayed up.
+    async def run() -> None:
+        consumer = _rebalancing_commit(app, committed_by_the_group=4, did_commit=False)
+        consumer._committed_offset[TRACES] = 4
+        assert await consumer._commit_offsets({TRACES: 10}) is False
+        assert consumer._committed_offset[TRACES] == 4
+        for offset in range(4, 10):  # read again and acknowledged: now committable
+            consumer._acked[TRACES].append(offset)
+            consumer._acked_index[TRACES].add(offset)
+        assert consumer._filter_committable_offsets({TRACES}) == {TRACES: 10}
+
+    asyncio.run(run())
+
+
+def test_a_failed_commit_of_a_partition_with_nothing_committed_leaves_nothing_committed(app: SomnusApp) -> None:
+    async def run() -> None:
+        consumer = _rebalancing_commit(app, committed_by_the_group=None, did_commit=False)
+        assert await consumer._commit_offsets({TRACES: 10}) is False
+        assert TRACES not in consumer._committed_offset
+
+    asyncio.run(run())
+
+
+def test_a_commit_that_succeeded_is_counted_as_committed(app: SomnusApp) -> None:
+    async def run() -> None:
+        consumer = _rebalancing_commit(app, committed_by_the_group=4, did_commit=True)
+        assert await consumer._commit_offsets({TRACES: 10}) is True
+        assert consumer._committed_offset[TRACES] == 10
+
+    asyncio.run(run())
+
+
 def test_partitions_with_nothing_committed_are_rewound_to_their_beginning() -> None:
     changelog = TP("sessions-changelog", 0)
     rewound: list[Any] = []
@@ -78,6 +135,11 @@ def test_the_methods_it_overrides_are_still_there_and_still_called() -> None:
     assert callable(thread.call_thread) and callable(thread._ensure_consumer)
     assert list(inspect.signature(faust_aiokafka.Consumer._filter_committable_offsets).parameters) == ["self", "tps"]
     assert "self._filter_committable_offsets(" in inspect.getsource(faust_consumer.Consumer)
+    # _commit_offsets: Faust's calls self._commit, then updates _committed_offset with no await between
+    commit_offsets = inspect.getsource(faust_consumer.Consumer._commit_offsets)
+    after_commit = commit_offsets.split("await self._commit(", 1)[1]
+    assert "self._committed_offset.update(" in after_commit
+    assert "await" not in after_commit.split("self._committed_offset.update(", 1)[0]
     assert "self._committed_offset" in inspect.getsource(faust_consumer.Consumer.__init__)
     assert "self.seek_to_committed()" in inspect.getsource(faust_consumer.Consumer.perform_seek)
     assert "self._new_consumer_thread()" in inspect.getsource(faust_consumer.ThreadDelegateConsumer)

@@ -5,6 +5,10 @@ every episode, the facts extracted from every episode (``facts_per_s``: facts ex
 folded into the triple log over the same span) and every causal-link update (``link_updates_per_s``:
 the NAc agent has consumed every observation and the projector every update; the pipeline is idle); ``raw_consume_per_s`` is a plain aiokafka consume + orjson decode of the same
 topic in the same run, the ceiling the pipeline is compared to (``ratio``).
+
+With ``workers`` > 1 the workers are ``worker``, ``worker-2``, ... (as ``somnus up --workers`` names
+them); ``fold_cpu_share`` is each worker's and the projector's share of the CPU those processes used
+together (the broker and the publisher left out), and ``fold_cpu_max_share`` the largest.
 """
 
 from __future__ import annotations
@@ -31,21 +35,26 @@ def run_e2e(
     home: Path | None = None,
     log: Any = None,
     timeout_s: float = 1800.0,
+    workers: int = 1,
 ) -> dict[str, Any]:
     from somnus.client import publish_async
     from somnus.reads import sql, status
     from somnus.sample import generate
+    from somnus.supervisor import worker_names
 
     loop_s = python_loop_s()  # before anything of the run is started: the machine alone
     # Copied to their own size: orjson's output keeps a 4 KB allocation for a ~300-byte event, and the
     # publisher held 1M of them (4.1 GB peak; issue #30). The bytes are the same.
     payloads = [bytes(memoryview(orjson.dumps(e))) for e in generate(events=events, seed=seed)]
     sessions = sum(1 for p in payloads if b'"type":"session_end"' in p)
-    with isolated_pipeline(home, partitions) as (s, boot):
+    names = worker_names(workers)
+    with isolated_pipeline(home, partitions, workers=workers) as (s, boot):
         if log:
-            log.print(f"bench: {len(payloads)} events of {sessions} sessions, {partitions} partitions")
+            log.print(
+                f"bench: {len(payloads)} events of {sessions} sessions, {partitions} partitions, {workers} worker(s)"
+            )
         found = {
-            "worker": procs.running(s, "worker"),
+            **{name: procs.running(s, name) for name in names},
             "projector": procs.running(s, "projector"),
             "broker": getattr(broker_mod.status(Settings.resolve(home=home)), "pid", None),
         }
@@ -83,6 +92,8 @@ def run_e2e(
         # Peak resident set of every process (VmHWM): the broker's JVM, and this process, which
         # published (it holds the encoded input), as well as the worker and the projector.
         rss = {role: procs.peak_rss_mb(pid) for role, pid in pids.items()}
+        folds = {role: cpu[role] for role in (*names, "projector") if role in cpu}
+        share = {role: round(v / (sum(folds.values()) or 1.0), 3) for role, v in folds.items()}
         rss["publisher"] = procs.peak_rss_mb(os.getpid())
         facts, triples, links, link_updates, memories = sql(
             db,
@@ -101,6 +112,7 @@ def run_e2e(
             "bundle_max": bundle,
             "sessions": sessions,
             "partitions": partitions,
+            "workers": workers,
             "publish_s": round(t_pub, 3),
             "elapsed_s": round(elapsed, 3),
             "events_per_s": round(eps, 1),
@@ -117,6 +129,9 @@ def run_e2e(
             "spine_events_per_s": round(len(payloads) / spine_s, 1),
             "cpu_s": cpu,
             "cpu_us_per_event": {k: round(v / len(payloads) * 1e6, 1) for k, v in cpu.items()},
+            "cpu_us_per_event_all": round(sum(cpu.values()) / len(payloads) * 1e6, 1),
+            "fold_cpu_share": share,
+            "fold_cpu_max_share": max(share.values(), default=None),
             "python_loop_10m_s": loop_s,
             "peak_rss_mb": rss,
         }

@@ -23,7 +23,8 @@ from somnus.config import Settings
 from somnus.streams.connection import kafka_options
 
 
-async def _wait_group_stable(bootstrap: str, group: str, timeout_s: float) -> None:
+async def _wait_group_stable(bootstrap: str, group: str, timeout_s: float, members: int = 1) -> None:
+    """Until ``group`` is stable with at least ``members`` members."""
     from aiokafka.admin import AIOKafkaAdminClient
 
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **kafka_options())
@@ -36,13 +37,13 @@ async def _wait_group_stable(bootstrap: str, group: str, timeout_s: float) -> No
                 groups = desc[0].groups if hasattr(desc[0], "groups") else desc
                 g = groups[0]
                 state = g[2] if isinstance(g, tuple) else getattr(g, "state", None)
-                members = g[5] if isinstance(g, tuple) else getattr(g, "members", [])
-                if state == "Stable" and members:
+                joined = g[5] if isinstance(g, tuple) else getattr(g, "members", [])
+                if state == "Stable" and len(joined) >= members:
                     return
             except Exception:
                 pass
             await asyncio.sleep(0.3)
-        raise TimeoutError(f"consumer group {group} not stable after {timeout_s}s")
+        raise TimeoutError(f"consumer group {group} not stable with {members} members after {timeout_s}s")
     finally:
         await admin.close()
 
@@ -111,13 +112,18 @@ def isolated_pipeline(
     label: str = "bench",
     log: Any = None,
     bootstrap: str | None = None,
+    workers: int = 1,
     **overrides: Any,
 ) -> Iterator[tuple[Settings, str]]:
     """A fresh pipeline on the local broker (started if needed, and then stopped afterwards unless
-    ``SOMNUS_KEEP_BROKER=1``): its own topics, consumer group, state folder and DuckDB file, with a
-    worker and a projector running; removed afterwards (``SOMNUS_BENCH_KEEP=1`` keeps the folder and
-    the topics). ``overrides`` replace settings (e.g. ``sleep_schedule``)."""
+    ``SOMNUS_KEEP_BROKER=1``): its own topics, consumer group, state folder and DuckDB file, with
+    ``workers`` workers (named as ``somnus up`` names them) and a projector running; removed afterwards
+    (``SOMNUS_BENCH_KEEP=1`` keeps the folder and the topics). ``overrides`` replace settings (e.g.
+    ``sleep_schedule``)."""
     from somnus.streams.topics import ensure_topics
+    from somnus.supervisor import worker_names
+
+    names = worker_names(workers)
 
     base = Settings.resolve(home=home, bootstrap=bootstrap)
     started_broker = base.bootstrap is None and broker_mod.status(base) is None
@@ -130,6 +136,7 @@ def isolated_pipeline(
         db_path=work / f"{label}.duckdb",
         bootstrap=boot,
         partitions=partitions,
+        workers=workers,
         topic_prefix=f"{label}-{run_id}.",
         app_id=f"somnus-{label}-{run_id}",
         **overrides,
@@ -137,14 +144,15 @@ def isolated_pipeline(
     ensure_topics(s, boot)
     try:
         procs.spawn(s, boot, "projector")
-        procs.spawn(s, boot, "worker")
-        asyncio.run(_wait_group_stable(boot, s.app_id, 120))
+        for name in names:
+            procs.spawn(s, boot, "worker", name=name)
+        asyncio.run(_wait_group_stable(boot, s.app_id, 120, members=workers))
         deadline = time.monotonic() + 60
         while not (Path(f"{s.db_path}.projector.json")).exists() and time.monotonic() < deadline:
             time.sleep(0.1)
         yield s, boot
     finally:
-        for role in ("worker", "projector"):
+        for role in (*names, "projector"):
             procs.stop(s, role)
         if not os.environ.get("SOMNUS_BENCH_KEEP"):
             asyncio.run(_delete_topics(boot, [s.topic_prefix, s.app_id]))

@@ -31,6 +31,7 @@ def bench_e2e(
     partitions: int = typer.Option(4, "--partitions"),
     bundle: int = typer.Option(64, "--bundle", help="Max events per record (1 = one record per event)."),
     repeat: int = typer.Option(1, "--repeat", help="Runs; the figures are their medians."),
+    workers: int = typer.Option(1, "--workers", min=1, help="Worker processes (as `somnus up --workers`)."),
     home: Optional[Path] = HomeOpt,
     keep_broker_: bool = KeepBrokerOpt,
 ) -> None:
@@ -41,7 +42,7 @@ def bench_e2e(
     from somnus.bench import run_e2e
 
     runs = [
-        run_e2e(events=events, seed=seed, partitions=partitions, bundle=bundle, home=home, log=_log())
+        run_e2e(events=events, seed=seed, partitions=partitions, bundle=bundle, home=home, log=_log(), workers=workers)
         for _ in range(repeat)
     ]
     result = dict(runs[0])

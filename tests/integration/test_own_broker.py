@@ -52,8 +52,9 @@ def test_a_benchmark_or_eval_pipeline_stops_the_broker_it_started(tmp_path, monk
             assert broker.status(settings) is not None
         assert broker.status(settings) is None
         monkeypatch.setenv("SOMNUS_KEEP_BROKER", "1")  # what --keep-broker sets
-        with isolated_pipeline(home, label="t"):
-            pass
+        with isolated_pipeline(home, label="t", workers=2) as (s, boot):  # bench e2e --workers 2
+            assert all(procs.running(s, name) for name in ("worker", "worker-2", "projector"))
+        assert not any(procs.running(s, name) for name in ("worker", "worker-2", "projector"))
         assert broker.status(settings) is not None
     finally:
         broker.stop(settings)

@@ -378,8 +378,10 @@ def apply(state: MemoryState, event: MemoryEvent) -> None:
         if u.memory_id in ix.pos:
             return
         row = ix.add(u)
-        if u.user_interaction or u.success is True:
-            ix.long_term.data[row] = True  # protected from pruning: people and what worked
+        if u.user_interaction or u.success is True or u.kind is MemoryKind.MESSAGE:
+            # protected from pruning: people, what worked, and what was said in a conversation (both
+            # sides: what an agent told someone is part of the interaction as much as what it heard)
+            ix.long_term.data[row] = True
         prev = state.last_stored.get(u.agent)
         state.last_stored[u.agent] = u.occurred_at if prev is None else max(prev, u.occurred_at)
     elif isinstance(event, MemoryLinked):

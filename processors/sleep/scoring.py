@@ -22,7 +22,8 @@ without a stream time (null) is measured to ``now``.
 Gyrus 30 and 14):
 
 - *protect*: user interactions and successes are never pruned; the first run that sees one
-  emits ``MemoryProtected`` and the flag (``long_term``) is sticky;
+  emits ``MemoryProtected`` and the flag (``long_term``) is sticky (capture sets it already for
+  those, for conversation messages of either side, and for much-recalled memories);
 - *compress*: idle >= compress-after and not compressed yet -> ``CompactMemory`` (<= 200 bytes:
   id, times, outcome, access count, index keys that fit, and the live edge count as a snapshot);
   its edges go;

@@ -54,11 +54,15 @@ update_reservation_flights failed_with flight <id> not available on date <date> 
 
 from __future__ import annotations
 
+import ast
 import functools
 import re
+import warnings
 from collections.abc import Mapping, Sequence
 from http import HTTPStatus
 from typing import Any, Protocol
+
+import orjson
 
 from somnus.processors.sessions.distiller import is_rate_limit
 from somnus.schemas.episodes import CallSeen, EpisodeDistilled
@@ -187,6 +191,10 @@ def error_class(text: str) -> str:
     - shell "command not found" in its bash, zsh and sh forms becomes ``command not found: <command>``;
     - a Python traceback is reduced to its last exception line (``traceback (exception not shown)`` when
       the text was cut before it); exception class names are kept, with their message templated;
+    - a data payload in the message (a JSON or Python-literal object or list, e.g. an API's response
+      body, possibly cut short) is a value, not the kind of error: it becomes its own message (the
+      string of a top-level ``PAYLOAD_MESSAGE_KEYS`` key, or of ``error``'s or ``detail``'s first
+      object) when it has one, else ``<data>``;
     - in the message, URLs, e-mails, uuids, dates, times, paths and numbers become ``<url>``, ``<email>``,
       ``<id>``, ``<date>``, ``<time>``, ``<path>``, ``<n>``; any other word holding a digit (HAT030,
       certificate_7504069, 0x1f, ipv4) becomes ``<id>``, and so does a word of ``MIN_HEX_ID`` or more hex
@@ -205,6 +213,10 @@ def error_class(text: str) -> str:
     'commit <id> not found at line <n> of <path>'
     >>> error_class("ValueError: x must be positive, got -3")
     'ValueError: x must be positive, got -<n>'
+    >>> error_class("Message error... {'result': [{'title': 'Black Summer', 'overview': 'In the dark, ea")
+    'Message error... <data>'
+    >>> error_class('HTTP 400: {"error": {"code": 400, "message": "API key not valid"}}')
+    'HTTP 400: API key not valid'
     """
     rest = _SPACE.sub(" ", text).strip()
     rest = _ERROR_PREFIX.sub("", rest)
@@ -218,12 +230,98 @@ def error_class(text: str) -> str:
     if _TRACEBACK in rest.lower():
         found = list(_EXCEPTION.finditer(rest, rest.lower().index(_TRACEBACK) + len(_TRACEBACK)))
         rest = rest[found[-1].start() :] if found else "traceback (exception not shown)"
+    if "{" in rest or "[" in rest:
+        rest = _without_payloads(rest)
     for rx, placeholder in _PLACEHOLDERS:
         rest = rx.sub(placeholder, rest)
     rest = _WORD.sub(_template_word, rest).rstrip(" .,;:")
     if status is not None:
         rest = f"HTTP {status}: {rest}" if rest else f"HTTP {status}"
     return _cut(rest) or NO_MESSAGE
+
+
+DATA = "<data>"  # a data payload of an error message that says no message of its own
+# Keys of a payload object whose string is the error's message, in this order (top level; ``error`` and
+# ``detail`` may also hold an object, or a list of objects, that has one).
+PAYLOAD_MESSAGE_KEYS = ("message", "msg", "error_message", "errorMessage", "error", "detail", "reason")
+MAX_PAYLOAD_PARSE = 20_000  # a longer payload is not parsed for its message: it is <data>
+# Where a payload starts: an object whose first key is quoted, or a list of strings, objects or lists.
+# ("{name}", "[Errno 2]" and "[]" are not payloads.)
+_PAYLOAD = re.compile(r"""(?<![\w\]})])(?:\{\s*["']|\[\s*[\[{"'])""")
+_CLOSE = {"{": "}", "[": "]"}
+
+
+def _without_payloads(text: str) -> str:
+    """``text`` with each data payload replaced by its message, or by ``<data>`` (see ``error_class``).
+
+    >>> _without_payloads("Message error... {'statusCode': 400, 'error': 'Bad Request', 'message': 'Bad query'}")
+    'Message error... Bad query'
+    >>> _without_payloads('{"detail": [{"loc": ["body", "q"], "msg": "field required"}]} at step 2')
+    'field required at step 2'
+    >>> _without_payloads("expected one of ['json', 'yaml'], got [Errno 2] {name}")
+    'expected one of <data>, got [Errno 2] {name}'
+    """
+    out: list[str] = []
+    pos = 0
+    while (m := _PAYLOAD.search(text, pos)) is not None:
+        end = _payload_end(text, m.start())
+        out += [text[pos : m.start()], _payload_message(text[m.start() : end]) or DATA]
+        pos = end
+    return "".join(out) + text[pos:]
+
+
+def _payload_end(text: str, start: int) -> int:
+    """The end of the bracketed payload that starts at ``start`` (quoted strings skipped), or the end
+    of the text for a payload cut short."""
+    stack: list[str] = []
+    quote: str | None = None
+    i = start
+    while i < len(text):
+        c = text[i]
+        if quote is not None:
+            if c == "\\":
+                i += 1
+            elif c == quote:
+                quote = None
+        elif c in "'\"":
+            quote = c
+        elif c in _CLOSE:
+            stack.append(_CLOSE[c])
+        elif c in "}]":
+            if not stack or stack.pop() != c or not stack:
+                return i + 1
+        i += 1
+    return len(text)
+
+
+def _payload_message(payload: str) -> str | None:
+    """The message a payload says (``PAYLOAD_MESSAGE_KEYS``), or None (not parsed, or no message)."""
+    if len(payload) > MAX_PAYLOAD_PARSE:
+        return None
+    try:
+        data: Any = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        try:
+            with warnings.catch_warnings():  # "invalid escape sequence": the same class under any -W
+                warnings.simplefilter("ignore")
+                data = ast.literal_eval(payload)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            return None
+    return _message_of(data, 2)
+
+
+def _message_of(data: Any, depth: int) -> str | None:
+    if isinstance(data, list) and data and depth > 0:
+        return _message_of(data[0], depth - 1)
+    if not isinstance(data, dict):
+        return None
+    for key in PAYLOAD_MESSAGE_KEYS:
+        value = data.get(key)
+        if isinstance(value, str) and value.strip():
+            return " ".join(value.split())
+        if key in ("error", "detail") and depth > 0 and (found := _message_of(value, depth - 1)):
+            return found
+    return None
 
 
 def _http_status_prefix(text: str) -> tuple[int | None, str]:

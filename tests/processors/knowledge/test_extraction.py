@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import uuid
+import warnings
 from collections import Counter
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -171,6 +172,53 @@ def fact(ep: EpisodeDistilled, predicate: str) -> FactAsserted:
 )
 def test_error_class(text: str, expected: str) -> None:
     assert error_class(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # ToolBench's server: "Message error..." (the response said "error" somewhere) + the response, cut
+        (
+            "Message error... {'result': [{'type': 'series', 'title': 'Black Summer', 'overview': 'In the dark, ea",
+            "Message error... <data>",
+        ),
+        (
+            "Message error... {'feed': {'html': {'lang': 'en'}}, 'main': {'id': 'af-error-container'}}",
+            "Message error... <data>",
+        ),
+        # a payload that says its message: the message is the class
+        (
+            "Message error... {'statusCode': 400, 'error': 'Bad Request', 'message': 'Bad query'}",
+            "Message error... Bad query",
+        ),
+        ('HTTP 400: {"error": {"code": 400, "message": "API key not valid"}}', "HTTP 400: API key not valid"),
+        ('HTTP 422: {"detail": [{"loc": ["body", "q"], "msg": "field required"}]}', "HTTP 422: field required"),
+        ('{"errors": [], "error": "user 42 not found"} (attempt 3)', "user <n> not found (attempt <n>)"),
+        ("expected one of ['json', 'yaml']", "expected one of <data>"),
+        # not payloads: indexing, errno tags, format fields, empty brackets
+        ("KeyError in row['name']", "KeyError in row['name']"),
+        ("[Errno 2] No such file or directory", "[Errno <n>] No such file or directory"),
+        ("template field {name} is missing, got {} and []", "template field {name} is missing, got {} and []"),
+    ],
+)
+def test_a_data_payload_is_its_message_or_data(text: str, expected: str) -> None:
+    assert error_class(text) == expected
+
+
+def test_the_same_failure_with_other_response_bodies_is_one_class() -> None:
+    """A tool whose failure carries the response body it got (each call its own data) fails one way,
+    so that the failure can recur, group into one lesson and be foretold."""
+    a = "Message error... {'result': [{'title': 'Black Summer', 'overview': 'In the dark, early days of a"
+    b = "Message error... {'result': [{'title': 'The Walking Dead', 'overview': 'Sheriff Deputy Rick Grimes"
+    assert error_class(a) == error_class(b) == error_class(error_class(a))
+
+
+def test_a_payload_class_does_not_depend_on_the_warning_filters() -> None:
+    """A Python-literal payload with an invalid escape ("\\d") warns when parsed; under ``-W error``
+    that would make it <data> in one process and its message in another."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert error_class("HTTP 400: {'message': 'no match for \\d+ in q'}") == "HTTP 400: no match for \\d+ in q"
 
 
 def test_an_error_class_is_cut_at_max_error_class() -> None:

@@ -305,7 +305,7 @@ def _payload_message(payload: str) -> str | None:
             with warnings.catch_warnings():  # "invalid escape sequence": the same class under any -W
                 warnings.simplefilter("ignore")
                 data = ast.literal_eval(payload)
-        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        except Exception:  # hostile text (any error of the parser): a payload that says nothing
             return None
     return _message_of(data, 2)
 

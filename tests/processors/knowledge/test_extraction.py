@@ -254,6 +254,47 @@ def test_error_class_is_total_bounded_and_stable(text: str) -> None:
     assert error_class(text) == c
 
 
+# Text made mostly of what payloads are made of: brackets, quotes, escapes, keys and separators, so that
+# the payload reader meets unbalanced, cut, nested and escaped payloads and Python literals it rejects.
+PAYLOAD_PIECES = st.sampled_from(
+    [
+        "{",
+        "}",
+        "[",
+        "]",
+        "'",
+        '"',
+        "\\",
+        ":",
+        ",",
+        " ",
+        "'message'",
+        '"error"',
+        "detail",
+        "1e9999",
+        "9" * 30,
+        "b'x'",
+        "**",
+        "...",
+        "Errno 2",
+        "\\u",
+        "\\x",
+        "(",
+        ")",
+        "set()",
+        "None",
+        "1j",
+    ]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(PAYLOAD_PIECES, max_size=80).map("".join))
+def test_error_class_is_total_on_bracket_heavy_text(text: str) -> None:
+    c = error_class(text)
+    assert 0 < len(c) <= MAX_ERROR_CLASS and c == c.strip() and error_class(text) == c
+
+
 # ---- the contract ------------------------------------------------------------------------------
 
 

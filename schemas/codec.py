@@ -22,13 +22,16 @@ True
 
 from __future__ import annotations
 
+import ast
 import re
+import warnings
 from collections.abc import Sequence
 from datetime import timezone
 from typing import Any, cast
 
 import msgspec
 import numpy as np
+import orjson
 
 from somnus.schemas.episodes import EpisodeDistilled
 from somnus.schemas.events import TraceEvent
@@ -366,6 +369,28 @@ def decode_bounded(decoder: msgspec.json.Decoder, raw: bytes | None, max_depth: 
         return Rejection(f"undecodable: {exc}")
     except Exception as exc:  # noqa: BLE001 - the boundary
         return Rejection(poison_reason(exc))
+
+
+def json_or_literal(text: str) -> Any:
+    """``text`` read as JSON, else as a Python literal (the ``repr`` of dicts and lists that tools print
+    as their responses); None when it is neither. Callers bound the text's length: it is untrusted, and
+    any error either parser raises on it (deep nesting, over-long numbers, ...) is None too.
+
+    >>> json_or_literal("{'error': 'Bad Request', 'n': [1, 2]}")
+    {'error': 'Bad Request', 'n': [1, 2]}
+    >>> json_or_literal("{'cut short") is None
+    True
+    """
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        with warnings.catch_warnings():  # "invalid escape sequence": the same result under any -W
+            warnings.simplefilter("ignore")
+            return ast.literal_eval(text)
+    except Exception:
+        return None
 
 
 def encode(obj: Any) -> bytes:

@@ -54,17 +54,14 @@ update_reservation_flights failed_with flight <id> not available on date <date> 
 
 from __future__ import annotations
 
-import ast
 import functools
 import re
-import warnings
 from collections.abc import Mapping, Sequence
 from http import HTTPStatus
 from typing import Any, Protocol
 
-import orjson
-
 from somnus.processors.sessions.distiller import is_rate_limit
+from somnus.schemas.codec import json_or_literal
 from somnus.schemas.episodes import CallSeen, EpisodeDistilled
 from somnus.schemas.events import Outcome
 from somnus.schemas.facts import FACTS_SCHEMA_VERSION, EntityMention, EntityType, FactAsserted, FactsExtracted
@@ -298,16 +295,7 @@ def _payload_message(payload: str) -> str | None:
     """The message a payload says (``PAYLOAD_MESSAGE_KEYS``), or None (not parsed, or no message)."""
     if len(payload) > MAX_PAYLOAD_PARSE:
         return None
-    try:
-        data: Any = orjson.loads(payload)
-    except orjson.JSONDecodeError:
-        try:
-            with warnings.catch_warnings():  # "invalid escape sequence": the same class under any -W
-                warnings.simplefilter("ignore")
-                data = ast.literal_eval(payload)
-        except Exception:  # hostile text (any error of the parser): a payload that says nothing
-            return None
-    return _message_of(data, 2)
+    return _message_of(json_or_literal(payload), 2)
 
 
 def _message_of(data: Any, depth: int) -> str | None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 import re
 from collections.abc import Iterable, Iterator
 from datetime import datetime
@@ -23,6 +22,7 @@ from somnus.importers.common import (
     _run,
     _Session,
 )
+from somnus.schemas.codec import json_or_literal
 
 TOOLBENCH_FINISH = "Finish"  # ToolBench's pseudo-function that ends a trajectory: not a tool call
 TOOLBENCH_OUTCOMES = {"give_answer": "success", "give_up": "failure", "give_up_and_restart": "failure"}
@@ -131,13 +131,7 @@ def _tb_status(response: str) -> tuple[int | None, str | None]:
     stripped = response.strip()
     obj: Any = None
     if stripped.startswith("{"):
-        try:
-            obj = orjson.loads(stripped)
-        except orjson.JSONDecodeError:
-            try:
-                obj = ast.literal_eval(stripped)
-            except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-                obj = None
+        obj = json_or_literal(stripped)
     if isinstance(obj, dict):
         message = next((obj[k] for k in _TB_MESSAGE_KEYS if isinstance(obj.get(k), str) and obj[k].strip()), None)
         for key in _TB_STATUS_KEYS:

@@ -168,15 +168,7 @@ def fact(ep: EpisodeDistilled, predicate: str) -> FactAsserted:
         # nothing to say
         ("", "error (no message)"),
         ("Error:", "error (no message)"),
-    ],
-)
-def test_error_class(text: str, expected: str) -> None:
-    assert error_class(text) == expected
-
-
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
+        # a data payload (a response body, maybe cut) is its message, or <data>
         # ToolBench's server: "Message error..." (the response said "error" somewhere) + the response, cut
         (
             "Message error... {'result': [{'type': 'series', 'title': 'Black Summer', 'overview': 'In the dark, ea",
@@ -201,7 +193,7 @@ def test_error_class(text: str, expected: str) -> None:
         ("template field {name} is missing, got {} and []", "template field {name} is missing, got {} and []"),
     ],
 )
-def test_a_data_payload_is_its_message_or_data(text: str, expected: str) -> None:
+def test_error_class(text: str, expected: str) -> None:
     assert error_class(text) == expected
 
 

@@ -44,7 +44,7 @@ from somnus.schemas.codec import (
     record_rejection,
     truncated_note,
 )
-from somnus.schemas.sealed import FORGOTTEN, MAX_PARTS, join_parts, parts_of
+from somnus.schemas.sealed import FORGOTTEN, MAX_PARTS, join_parts, parts_of, sealed_key_id
 from somnus.streams.kafka_compat import bound_decompression, track_topics_sent_to
 from somnus.streams.keys import KeyFollower
 from somnus.streams.sealing import (
@@ -226,6 +226,8 @@ class Batcher:
         if self.ordered is None:
             await self._add(self.app.consumer_generation_id, event)
             return
+        if self.ordered.prepare is not None:
+            await self.ordered.prepare(event.message)
         for generation, ev in self.ordered.add(self.app.consumer_generation_id, event):
             await self._add(generation, ev)
 
@@ -240,6 +242,7 @@ class Batcher:
         while True:
             await asyncio.sleep(self.within_s / 2)
             if self.ordered is not None:  # held for a partition that stayed silent: handed on now
+                await self.ordered.confirm_quiet()
                 for generation, ev in self.ordered.ready():
                     await self._add(generation, ev)
             if self.events and asyncio.get_running_loop().time() - self.first_at >= self.within_s:
@@ -277,8 +280,10 @@ class Ordered:
         time_of: Any,
         counters: WorkerCounters | None = None,
         on_clear: Any = None,
+        prepare: Any = None,
     ) -> None:
-        self.app, self.time_of, self.on_clear = app, time_of, on_clear
+        self.app, self.topic, self.time_of, self.on_clear = app, topic, time_of, on_clear
+        self.prepare = prepare  # awaited with each record before its time is read (its data key fetched)
         self.counters = counters if counters is not None else WorkerCounters()
         self.generation: int | None = None
 
@@ -301,6 +306,7 @@ class Ordered:
             quiet_s=self.QUIET_S,
             max_hold_s=self.MAX_HOLD_S,
             start_offset=lambda p: decode_position(sessions.get(position_key(topic, p))) or 0,
+            confirm=True,
         )
 
     @property
@@ -316,6 +322,22 @@ class Ordered:
         msg = event.message
         self.sequencer.push(msg.partition, msg.offset, self.time_of(msg), (generation, event), time.monotonic())
         return self.ready()
+
+    async def confirm_quiet(self) -> None:
+        """Ask the broker the end offsets of the partitions about to be passed over as quiet
+        (``Sequencer.unconfirmed``); on any error they stay unconfirmed, so waited for."""
+        parts = self.sequencer.unconfirmed(time.monotonic())
+        if not parts:
+            return
+        asked_at = time.monotonic()
+        try:
+            ends = await self.app.consumer.highwaters(*(TP(self.topic, p) for p in parts))
+        except Exception as exc:  # noqa: BLE001 - the broker away: asked again at the next tick
+            log.debug("sequencer: end offsets of %s not known: %r", parts, exc)
+            return
+        for tp, end in ends.items():
+            if end is not None:
+                self.sequencer.confirmed(tp.partition, int(end), asked_at)
 
     def ready(self) -> list[tuple[int, EventT]]:
         forced = self.sequencer.forced
@@ -653,7 +675,24 @@ class Distiller:
             except Exception:
                 return None
 
-        return Ordered(self.app, settings.traces_topic, self.sessions, time_of, self.counters, opened.clear)
+        absent: set[str] = set()  # key ids still missing after a read of the key topic to its end
+
+        async def fetch_key(msg: Any) -> None:
+            """The record's data key read before its stream time is: a sealed record whose key is not
+            held gives no time, and ordered by fetch the run was timing again (scale-out.md)."""
+            value, keys = msg.value, _keys(self.app)
+            if not keys.ring.missing([value]):
+                return
+            kid = sealed_key_id(value) if isinstance(value, bytes) else None
+            if kid is not None and kid in absent:
+                return  # its key was not there at the last read: a forgotten session's record
+            await keys.ensure([value])
+            if kid is not None and keys.ring.missing([value]):
+                if len(absent) >= 100_000:
+                    absent.clear()
+                absent.add(kid)
+
+        return Ordered(self.app, settings.traces_topic, self.sessions, time_of, self.counters, opened.clear, fetch_key)
 
     def agent(self, topic: str, name: str, handle: Any, ordered: Ordered | None = None) -> Any:
         """An agent over ``topic`` (one at a time) whose body hands ``handle`` batches (``run_batched``)."""

@@ -15,6 +15,12 @@ nothing new for ``quiet_s``. A partition that is not quiet is waited for at most
 handing a record on then (``forced``, counted) is the one timing-dependent decision left, taken
 only when a partition stalls while others flow, as Kafka Streams' ``max.task.idle.ms`` does.
 
+The high water a fetch reported goes stale when the consumer stops fetching a partition for a while
+(flow control, a loaded machine): the partition then looks caught up while the broker holds more of
+it. With ``confirm`` on, "caught up" is also asked of the broker once the partition has fallen
+silent (``unconfirmed``, then ``confirmed`` with the broker's end offset), so such a partition is
+waited for rather than silently passed over (docs/design/scale-out.md).
+
 >>> s = Sequencer(owned=lambda: frozenset({0, 1}), start_clock=lambda p: None, high_water=lambda p: None,
 ...               quiet_s=1.0, max_hold_s=5.0)
 >>> s.push(0, 0, 30, "a0", now=0.0); s.push(0, 1, 50, "a1", now=0.0)
@@ -86,10 +92,13 @@ class Sequencer:
         quiet_s: float,
         max_hold_s: float,
         start_offset: Callable[[int], int] = lambda p: 0,
+        confirm: bool = False,
     ) -> None:
         self.owned, self.start_clock, self.high_water = owned, start_clock, high_water
         self.start_offset = start_offset
         self.quiet_s, self.max_hold_s = quiet_s, max_hold_s
+        self.confirm = confirm
+        self.ends: dict[int, tuple[int, float]] = {}  # the broker's end offset of a partition, and when asked
         self.queues: dict[int, deque[tuple[tuple[int, int, int], float, Any]]] = {}
         self.clocks: dict[int, int | None] = {}  # running stream time of each partition seen
         self.next_offset: dict[int, int] = {}  # after the last record seen of each partition
@@ -107,6 +116,7 @@ class Sequencer:
         self.clocks.clear()
         self.next_offset.clear()
         self.last_arrival.clear()
+        self.ends.clear()
         self.since = None
 
     def push(self, partition: int, offset: int, latest: int | None, item: Any, now: float) -> None:
@@ -173,4 +183,33 @@ class Sequencer:
             seen = self.start_offset(partition)
         caught_up = high is not None and seen >= high
         # a partition not seen since the start is given quiet_s from the first record of any
-        return caught_up and now - self.last_arrival.get(partition, self.since or now) >= self.quiet_s
+        silent_since = self.last_arrival.get(partition, self.since or now)
+        if not (caught_up and now - silent_since >= self.quiet_s):
+            return False
+        if not self.confirm:
+            return True
+        end = self.ends.get(partition)  # the broker asked since the partition fell silent
+        return end is not None and end[1] >= silent_since and seen >= end[0]
+
+    def unconfirmed(self, now: float) -> list[int]:
+        """The owned partitions that look quiet by their fetched high water but whose end the broker has
+        not been asked for since they fell silent: ask it (``confirmed``) before passing them over."""
+        if not self.confirm:
+            return []
+        out = []
+        for p in sorted(self.owned()):
+            if self.queues.get(p):
+                continue
+            end = self.ends.get(p)
+            silent_since = self.last_arrival.get(p, self.since if self.since is not None else now)
+            if (end is not None and end[1] >= silent_since) or now - silent_since < self.quiet_s / 2:
+                continue  # asked since it fell silent, or not silent long enough to ask yet
+            high = self.high_water(p)
+            seen = self.next_offset.get(p)
+            if high is not None and (seen if seen is not None else self.start_offset(p)) >= high:
+                out.append(p)
+        return out
+
+    def confirmed(self, partition: int, end: int, asked_at: float) -> None:
+        """The broker's end offset of ``partition``, asked at ``asked_at`` (before the request went out)."""
+        self.ends[partition] = (end, asked_at)

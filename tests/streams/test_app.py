@@ -269,6 +269,65 @@ def test_records_the_sequencer_opened_distil_as_records_their_batch_opens(tmp_pa
     assert new[3].shredded > 0 and new[3].episodes > 10 and new[3].facts > 0 and new[3].poison == 0
 
 
+def test_the_sequencer_reads_a_sealed_records_stream_time_after_fetching_its_key(tmp_path):
+    """A sealed record whose key the worker had not read yet gave the sequencer no stream time, so the
+    records went on in fetch order, and two live runs' memory orders parted (at unit 331 of 1500).
+    ``Ordered.prepare`` reads the key topic first; a key still missing after a read (a forgotten
+    session's) is not asked for again."""
+    from somnus.processors.knowledge.extraction import TraceExtractor
+    from somnus.processors.working.session_buffer import WorkingMemorySettings
+    from somnus.schemas.sealed import encode_key, sealed_key_id
+    from somnus.streams.keys import KeyFollower
+
+    settings = _settings(tmp_path)
+    records, keys = _sealed_sample(settings.traces_topic, 3)
+    gone = keys[len(keys) // 2]  # a forgotten session's key: its record comes twice (a redelivery)
+    records = [*records, next(r for r in records if sealed_key_id(r.message.value) == gone.key_id)]
+    kids = [sealed_key_id(r.message.value) for r in records]
+
+    class Follower(KeyFollower):  # the key topic: every key but the forgotten one, read on catch_up
+        reads = 0
+
+        async def catch_up(self) -> None:
+            self.reads += 1
+            for k in keys:
+                if k is not gone:
+                    self.ring.apply(k.key_id.encode(), encode_key(k))
+
+    def timed(prepare: bool) -> tuple[list[Any], int]:
+        follower = Follower("", "")
+        d = app_mod.Distiller(
+            _app(),
+            settings,
+            FakeTable(),
+            WorkerCounters(),
+            working=FakeTable(),
+            extractor=TraceExtractor(),
+            wm_settings=WorkingMemorySettings(max_tokens=-1, model_context_tokens=200_000),
+            keys=follower,
+        )
+        ordered = d.ordered()
+
+        async def feed() -> list[Any]:
+            out = []
+            batcher = app_mod.Batcher(d.app, SimpleNamespace(), 10_000, 60.0, None, ordered)
+            for r in records:
+                if prepare:  # as the worker's Batcher adds it: the key first
+                    await batcher.add(r)
+                out.append(ordered.time_of(r.message))
+            return out
+
+        return asyncio.run(feed()), follower.reads
+
+    before, _ = timed(prepare=False)
+    after, reads = timed(prepare=True)
+    sealed = [r.message.value[:1] == b"\x00" for r in records]
+    of_gone = [kid == gone.key_id for kid in kids]
+    assert all(t is None for t, s in zip(before, sealed, strict=True) if s)  # the old way: no time at all
+    assert all(t is not None for t, s, g in zip(after, sealed, of_gone, strict=True) if s and not g)
+    assert sum(of_gone) == 2 and reads == 2  # one read for every key, one for the gone key: not one per record
+
+
 def test_a_batch_that_fails_when_the_ticker_flushes_it_is_reported(tmp_path):
     """The ticker flushes a batch no later event fills; an exception there ended its task unseen, and the
     worker held the batch's records for ever (a stall with nothing in the log)."""
@@ -301,3 +360,39 @@ def test_a_batch_that_fails_when_the_ticker_flushes_it_is_reported(tmp_path):
 
     asyncio.run(run())
     assert [str(f) for f in failures] == ["the producer refused a record"]
+
+
+def test_a_partition_is_passed_over_as_quiet_only_once_the_broker_said_it_is_at_its_end():
+    """``Ordered.confirm_quiet`` asks the consumer for the broker's end offsets of the partitions that
+    look quiet by their last fetch; a partition the broker holds more of is waited for."""
+    topic = "t.traces"
+    fetched = {0: 1, 1: 0}  # partition 1's last fetch found it empty; the broker has 2 records of it
+    asked: list[list[int]] = []
+
+    class Consumer:
+        def assignment(self) -> set[TP]:
+            return {TP(topic, 0), TP(topic, 1)}
+
+        def highwater(self, tp: TP) -> int:
+            return fetched[tp.partition]
+
+        async def highwaters(self, *tps: TP) -> dict[TP, int]:
+            asked.append(sorted(tp.partition for tp in tps))
+            return {tp: {0: 1, 1: 2}[tp.partition] for tp in tps}
+
+    app = SimpleNamespace(consumer=Consumer(), consumer_generation_id=1)
+    times = {(0, 0): 100, (1, 0): 50, (1, 1): 150}
+    ordered = app_mod.Ordered(app, topic, FakeTable(), lambda msg: times[msg.partition, msg.offset])
+    ordered.sequencer.quiet_s = 0.0
+
+    def add(p: int, offset: int) -> list[tuple[int, int]]:
+        return [(e.message.partition, e.message.offset) for _, e in ordered.add(1, _record(topic, b"", offset, p))]
+
+    assert add(0, 0) == []
+    asyncio.run(ordered.confirm_quiet())
+    assert asked == [[1]] and ordered.ready() == []  # by its fetch partition 1 is at its end; not by the broker
+    fetched[1] = 2
+    assert add(1, 0) == [(1, 0)]  # 50 before 100; 100 waits for what partition 1 shows next
+    assert add(1, 1) == [(0, 0)]  # 150 after 100, and it waits: partition 0 is not confirmed at its end yet
+    asyncio.run(ordered.confirm_quiet())
+    assert asked[-1] == [0] and [(e.message.partition, e.message.offset) for _, e in ordered.ready()] == [(1, 1)]

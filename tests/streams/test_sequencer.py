@@ -151,3 +151,52 @@ def test_a_partition_sought_back_drops_what_comes_again_and_restarts_its_stream_
 def test_a_hostile_record_moves_no_stream_time_and_raises_nothing(value: bytes) -> None:
     got = latest_time(value, cap=int(datetime(2030, 1, 1, tzinfo=timezone.utc).timestamp() * 1_000_000))
     assert got is None
+
+
+def test_a_partition_whose_fetched_high_water_is_stale_is_waited_for_until_the_broker_says_caught_up():
+    """The consumer stopped fetching partition 1 for a while: by its last fetch it is caught up, but the
+    broker holds more of it. Passed over as quiet after 2 s, its records came after the other
+    partition's later ones (two live runs' memory orders parted at unit 331 of 1500)."""
+    s = Sequencer(
+        owned=lambda: frozenset({0, 1}),
+        start_clock=lambda p: None,
+        high_water=lambda p: {0: 2, 1: 1}[p],  # partition 1's last fetch said 1
+        quiet_s=2.0,
+        max_hold_s=10.0,
+        confirm=True,
+    )
+    s.push(1, 0, 5, "b0", now=0.0)
+    s.push(0, 0, 10, "a0", now=0.0)
+    s.push(0, 1, 30, "a1", now=0.0)
+    assert s.ready(now=0.0) == ["b0"]
+    assert s.unconfirmed(now=0.5) == []  # silent for less than quiet_s / 2: not asked yet
+    assert s.unconfirmed(now=1.5) == [1]
+    s.confirmed(1, 3, asked_at=1.5)  # the broker has offsets 1 and 2 still to come
+    assert s.unconfirmed(now=2.5) == [] and s.ready(now=2.5) == []  # not quiet: a0 waits
+    s.push(1, 1, 20, "b1", now=3.0)
+    assert s.ready(now=3.0) == ["a0", "b1"]  # b1 (20) before a1 (30): the order the records give
+    s.push(1, 2, 40, "b2", now=3.0)
+    assert s.ready(now=3.0) == ["a1"]
+    assert s.ready(now=6.0) == []  # partition 0 has nothing held: b2 waits for it to be confirmed quiet
+    assert s.unconfirmed(now=6.0) == [0]
+    s.confirmed(0, 2, asked_at=6.0)
+    assert s.ready(now=6.0) == ["b2"] and s.forced == 0
+
+
+def test_an_old_answer_of_the_broker_does_not_make_a_partition_quiet():
+    s = Sequencer(
+        owned=lambda: frozenset({0, 1}),
+        start_clock=lambda p: None,
+        high_water=lambda p: {0: 1, 1: 2}[p],
+        quiet_s=2.0,
+        max_hold_s=10.0,
+        confirm=True,
+    )
+    s.push(1, 0, 5, "b0", now=0.0)
+    s.confirmed(1, 1, asked_at=0.5)
+    s.push(1, 1, 6, "b1", now=1.0)  # arrived after the broker was asked
+    s.push(0, 0, 10, "a0", now=1.0)
+    assert s.ready(now=4.0) == ["b0", "b1"]  # a0 waits: partition 1's answer predates its last record
+    assert s.unconfirmed(now=4.0) == [1]
+    s.confirmed(1, 2, asked_at=4.0)
+    assert s.ready(now=4.0) == ["a0"]

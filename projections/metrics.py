@@ -77,6 +77,11 @@ class ProjectorMetrics:
             registry=r,
         )
         self.rendered = Counter("somnus_briefings_rendered", "Briefings a refresh changed.", registry=r)
+        self.promotions_forced = Counter(
+            "somnus_promotions_forced",
+            "Sleep runs whose promotion request went before the pipeline caught up (its snapshot may differ).",
+            registry=r,
+        )
         for kind in KINDS:  # every kind present from the first scrape, at 0
             self.projected.labels(kind)
         self.clean_at = time.monotonic()  # when a scrape last found no briefing stale

@@ -48,11 +48,16 @@ import sys
 from somnus.procs import private_files, tune_gc
 from somnus.schemas.agents import load_agents
 import msgspec
-from somnus.projections.semantic import abstracted_by, promotion_inputs, sealed_request
+from somnus.projections.semantic import promotion_inputs, sealed_request
 from somnus.schemas.semantic import KIND_PROMOTE, sealed_topics_of
 from somnus.projections.briefing_server import BriefingServer
 
 SCRUB_RETRY_S = 2.0  # while idle, how often a forget's pending scrub is tried again
+# A sleep's promotion request waits until the whole pipeline has caught up (its snapshot as of the
+# sleep's time is then complete: docs/design/scale-out.md, cause 3), asked at most this often, and
+# at most PROMOTION_MAX_WAIT_S: under a load that never lets it catch up it goes then, said and counted.
+PROMOTION_CHECK_S = 0.5
+PROMOTION_MAX_WAIT_S = float(os.environ.get("SOMNUS_PROMOTION_MAX_WAIT_S", "120"))
 log = logging.getLogger("somnus.projector")
 # A batch or a briefing refresh longer than this is logged, with where its time went.
 SLOW_S = float(os.environ.get("SOMNUS_SLOW_BATCH_S", "1.0"))
@@ -184,6 +189,9 @@ class Projector:
         self._briefing_server: Any = None  # somnus.projections.briefing_server.BriefingServer while serving
         self.metrics = ProjectorMetrics()  # GET /metrics (projections/metrics.py): fed by the loop below
         self._positions: tuple[Any, dict[tuple[str, int], int]] | None = None  # (consumer, stored) for the lag
+        self._promotions: list[tuple[str, Any]] = []  # sleep runs (run_id, at) whose request waits (cause 3)
+        self._promotions_since = 0.0  # when the oldest of them began to wait (monotonic)
+        self._promotions_checked = 0.0
 
     def stop(self) -> None:
         self._stop.set()
@@ -243,7 +251,7 @@ class Projector:
                     "NOT IN (SELECT request_id FROM semantic_requests) ORDER BY run_at, run_id"
                 ).fetchall()
                 if missing:
-                    await self._request_promotion(con, missing)
+                    self._wait_to_promote(missing)
             end = await consumer.end_offsets(tps) if until_end else {}
             total = sum(end.values()) - sum(stored.get((tp.topic, tp.partition), 0) for tp in tps) if until_end else 0
             done = 0
@@ -257,9 +265,24 @@ class Projector:
                 if until_end and all(stored.get((tp.topic, tp.partition), 0) >= end[tp] for tp in tps):
                     async with lock:
                         await asyncio.to_thread(models.briefings.refresh, con)
+                    if self._promotions:  # a rebuild that serves: its end is where it caught up
+                        await self._promote(con, list(self._promotions))
                     break
                 records = await drain.take(0.2)
                 now = time.monotonic()
+                if self._promotions and now - self._promotions_checked >= PROMOTION_CHECK_S:
+                    self._promotions_checked = now
+                    forced = now - self._promotions_since >= PROMOTION_MAX_WAIT_S
+                    if forced or (not records and await self._caught_up(stored)):
+                        if forced:
+                            log.warning(
+                                "promotion of %d sleep run(s) requested after waiting %.0f s for the pipeline to "
+                                "catch up: their snapshots may differ from another run's",
+                                len(self._promotions),
+                                PROMOTION_MAX_WAIT_S,
+                            )
+                            self.metrics.promotions_forced.inc(len(self._promotions))
+                        await self._promote(con, list(self._promotions))
                 if not records or now - last_briefings >= BRIEFING_INTERVAL_S:
                     async with lock:  # caught up, or busy for a while: render what is stale (a slice)
                         made = await asyncio.to_thread(models.briefings.refresh, con, REFRESH_BUDGET_S)
@@ -319,7 +342,7 @@ class Projector:
                         self.stage_s[stage] = self.stage_s.get(stage, 0.0) + took_s
                     self._add(res)
                     if res.scheduled_sleeps:
-                        await self._request_promotion(con, res.scheduled_sleeps)
+                        self._wait_to_promote(res.scheduled_sleeps)
                 done += len(records)
                 if on_progress:
                     on_progress(done, total)
@@ -341,31 +364,55 @@ class Projector:
             await consumer.stop()
             con.close()
 
-    async def _request_promotion(self, con: duckdb.DuckDBPyConnection, runs: list[tuple[str, Any]]) -> None:
+    def _wait_to_promote(self, runs: list[tuple[str, Any]]) -> None:
+        """Queue the promotion requests of sleep runs just committed (``_promote`` once caught up)."""
+        if not self._promotions:
+            self._promotions_since = time.monotonic()
+        self._promotions.extend(runs)
+
+    async def _caught_up(self, stored: dict[tuple[str, int], int]) -> bool:
+        """Every record on every topic projected, and the worker has committed every trace and
+        observation it consumed: every link update of what was published so far is folded."""
+        if self._kafka_positions is None:
+            return False
+        try:
+            ends, committed = await self._kafka_positions()
+        except Exception as exc:  # noqa: BLE001 - the broker away: asked again later
+            log.debug("promotion: positions not known: %r", exc)
+            return False
+        worker = (self.settings.traces_topic, self.settings.observations_topic)
+        for topic, parts in ends.items():
+            for p, end in parts.items():
+                if topic in worker and committed.get(topic, {}).get(p, 0) < end:
+                    return False
+                if topic != self.settings.observations_topic and stored.get((topic, p), 0) < end:
+                    return False
+        return True
+
+    async def _promote(self, con: duckdb.DuckDBPyConnection, runs: list[tuple[str, Any]]) -> None:
         """Phase 2 of a deep sleep (scheduled, or requested by ``somnus sleep``): a promotion request on
-        the semantic topic for each run just committed, with the topics it abstracted. Its id ``sleep:<run_id>``
-        makes the semantic fold run it once, however often it is published (a rebuild that serves
-        publishes again). Without a producer (a replay that does not serve) nothing is published:
-        the requests on the topic are the record."""
+        the semantic topic for each run, with the topics it abstracted and the causal links and calls
+        as of the run's time (``promotion_inputs``' ``as_of``). Its id ``sleep:<run_id>`` makes the
+        semantic fold run it once, however often it is published (a rebuild that serves publishes
+        again). Without a producer (a replay that does not serve) nothing is published: the requests on
+        the topic are the record. A run whose request could not be sent waits for the next try."""
         if self._producer is None:
+            self._promotions = []
             return
 
-        from somnus.projections.semantic import SLEEP_REQUEST_PREFIX
+        from somnus.projections.semantic import SLEEP_REQUEST_PREFIX, run_topics
 
         def snapshot() -> list[Any]:
             with contextlib.closing(con.cursor()) as cur:  # closed: an open cursor may hold a transaction
-                inputs, by_run = promotion_inputs(cur, "global"), abstracted_by(cur, [r for r, _ in runs])
-                # each run's request promotes the topics that run abstracted, so its layer report shows
-                # what it added; the first also takes any other (e.g. a `somnus sleep` run's). Topics
-                # are sealed under their source sessions' keys (``sealed_request``).
+                # Topics are sealed under their source sessions' keys (``sealed_request``).
                 return [
                     sealed_request(
                         cur,
                         msgspec.structs.replace(
-                            inputs,
+                            promotion_inputs(cur, "global", as_of=at),
                             at=at,
                             request_id=SLEEP_REQUEST_PREFIX + run_id,
-                            topics=[t for t in inputs.topics if by_run.get(t.pattern_id, runs[0][0]) == run_id],
+                            topics=run_topics(cur, run_id),
                         ),
                         self._ring,
                     )
@@ -374,6 +421,7 @@ class Projector:
 
         async with self.write_lock:
             requests = await asyncio.to_thread(snapshot)
+        failed = []
         for (run_id, at), req in zip(runs, requests, strict=True):
             try:
                 await self._producer.send_and_wait(
@@ -383,10 +431,14 @@ class Projector:
                     partition=0,
                     headers=[("somnus-kind", KIND_PROMOTE)],
                 )
-            except Exception as exc:  # logged, not fatal: `somnus consolidate` can request it again
+            except Exception as exc:  # logged, not fatal: tried again with the next ones, or at the next start
                 log.error("could not request promotion after sleep run %s: %r", run_id, exc)
+                failed.append((run_id, at))
             else:
                 log.info("sleep run %s at %s: promotion requested (%d candidate links)", run_id, at, len(req.links))
+        self._promotions = [r for r in self._promotions if r not in runs] + failed
+        if failed:
+            self._promotions_since = time.monotonic()
 
     def _add(self, res: BatchResult) -> None:
         t = self.totals

@@ -79,6 +79,12 @@ def summary(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
         "offsets": offsets(con),
         "memories": memory_counts(con),
         "stale_briefings": one_row(con, "SELECT count(*) FROM briefings_dirty")[0],
+        # sleep runs whose promotion request is not folded yet: waiting for the pipeline to catch up
+        # (docs/design/scale-out.md, cause 3), or published and not yet folded
+        "pending_promotions": one_row(
+            con,
+            "SELECT count(*) FROM sleep_runs WHERE 'sleep:' || run_id NOT IN (SELECT request_id FROM semantic_requests)",
+        )[0],
         "dead_letter_kinds": dict(
             con.execute("SELECT kind, count(*) FROM dead_letters GROUP BY 1 ORDER BY 1").fetchall()
         ),

@@ -345,7 +345,8 @@ CONTENT_COLUMNS: dict[str, list[str]] = {
     ],
     "working_memory": ["session_key", "agent", "session_id", "user_id", "closed", "last_seq", "tokens", "state"],
     "semantic_log": ["ord", "owner", "kind", "body"],
-    "semantic_requests": ["request_id", "owner", "requested_at", "src_offset"],
+    # not src_offset: a request published again after a crash lands at another offset, and runs once
+    "semantic_requests": ["request_id", "owner", "requested_at"],
     "concepts": [
         "owner",
         "concept_id",

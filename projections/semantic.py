@@ -464,6 +464,7 @@ def promotion_inputs(
     min_confidence: float = 0.6,
     window_calls: int | None = PROMOTION_WINDOW_CALLS,
     agents: Mapping[str, AgentSpec] | None = None,
+    as_of: datetime | None = None,
 ) -> PromotionRequested:
     """A snapshot of what promotion reads, taken from the projections (``at`` is filled by the caller):
     the tool-level NAc links that are candidates, with their observation times, episodes, counts,
@@ -478,9 +479,18 @@ def promotion_inputs(
 
     Calls are the newest ``window_calls`` (all with None), oldest first; a link's observations are
     those since the oldest of them, so the IPS gate compares a link with the activity of the same
-    span. Counts, strengths and base rates are the links' totals (over the scope)."""
+    span. Counts, strengths and base rates are the links' totals (over the scope).
+
+    With ``as_of`` (a scheduled sleep's time), only what was observed by then is read, and the fleet's
+    links are their state as the worker learned them up to their first observation after it
+    (``links_as_of``): a function of the input alone, however far the link updates have been folded
+    when it is taken (docs/design/scale-out.md, cause 3). The topics are then the caller's to choose."""
     members = scope_agents(owner, agents)
-    where, params = ("", []) if members is None else ("AND agent IN (SELECT unnest(?::VARCHAR[])) ", [sorted(members)])
+    where, params = "", list[Any]()
+    if members is not None:
+        where, params = "AND agent IN (SELECT unnest(?::VARCHAR[])) ", [sorted(members)]
+    if as_of is not None:
+        where, params = where + "AND observed_at <= ? ", [*params, as_of]
     newest = (
         "SELECT tool, valence, observed_at, episode_id::VARCHAR, agent FROM causal_link_updates "
         f"WHERE level = 'tool' {where}ORDER BY observed_at DESC, episode_id DESC, idx DESC"
@@ -501,7 +511,9 @@ def promotion_inputs(
             params * 2,
         ).fetchall()
     )
-    if members is None:
+    if members is None and as_of is not None:
+        candidates = [c for c in links_as_of(con, as_of) if c[6] >= min_observations and c[8] >= min_confidence]
+    elif members is None:
         candidates = con.execute(
             "SELECT event_signature, outcome_signature, tool, outcome, valence, strength, observations, "
             "event_observations, confidence FROM causal_links WHERE level = 'tool' AND observations >= ? "
@@ -510,7 +522,7 @@ def promotion_inputs(
         ).fetchall()
     else:
         candidates = [
-            c for c in scoped_links(con, members, agents) if c[6] >= min_observations and c[8] >= min_confidence
+            c for c in scoped_links(con, members, agents, as_of) if c[6] >= min_observations and c[8] >= min_confidence
         ]
     seen: dict[tuple[str, str], list[tuple[datetime, str]]] = {(c[0], c[1]): [] for c in candidates}
     if seen:  # every candidate's observations in the window, in one scan
@@ -556,22 +568,37 @@ def promotion_inputs(
         at=datetime.fromtimestamp(0, tz=timezone.utc),
         links=links,
         calls=calls,
-        topics=sleep_topics(con, members),
+        topics=sleep_topics(con, members) if as_of is None else [],
     )
 
 
-def abstracted_by(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str]) -> dict[str, str]:
-    """Pattern id -> the run that abstracted it, for the runs ``run_ids``: each scheduled run's
-    promotion request carries its own topics (``Projector._request_promotion``)."""
-    if not run_ids:
-        return {}
-    return dict(
-        con.execute(
-            "SELECT body->>'pattern_id', run_id FROM lifecycle_log WHERE kind = 'PatternAbstracted' "
-            "AND list_contains(?, run_id)",
-            [list(run_ids)],
-        ).fetchall()
-    )
+def links_as_of(con: duckdb.DuckDBPyConnection, as_of: datetime) -> list[tuple[Any, ...]]:
+    """The fleet's tool-level causal links as of ``as_of``, as rows of ``causal_links`` (event_signature,
+    outcome_signature, tool, outcome, valence, strength, observations, event_observations, confidence),
+    ordered by tool and outcome signature.
+
+    Each observation of an event left one update row with the strengths of all the event's outcomes
+    after it, numbered by ``event_observations`` (1, 2, ... in the order the worker learned them). An
+    event's state as of ``as_of`` is the one after its last observation before the first one observed
+    later than ``as_of``: a prefix of its own order, so the same rows give the same links whenever
+    they were folded, and exactly the worker's strengths (its learning rates included)."""
+    rows = con.execute(
+        "WITH u AS (SELECT * FROM causal_link_updates WHERE level = 'tool' AND target = 1.0), "
+        "cut AS (SELECT event_signature, min(event_observations) AS after FROM u WHERE observed_at > ? GROUP BY 1), "
+        "kept AS (SELECT u.* FROM u LEFT JOIN cut USING (event_signature) "
+        "WHERE cut.after IS NULL OR u.event_observations < cut.after), "
+        "last AS (SELECT event_signature, arg_max(strengths, event_observations)::VARCHAR AS strengths, "
+        "max(event_observations) AS n FROM kept GROUP BY 1) "
+        "SELECT k.event_signature, k.outcome_signature, arg_min(k.tool, k.event_observations), "
+        "arg_min(k.outcome, k.event_observations), arg_min(k.valence, k.event_observations), count(*), "
+        "any_value(last.strengths), any_value(last.n) FROM kept k JOIN last USING (event_signature) GROUP BY 1, 2",
+        [as_of],
+    ).fetchall()
+    out = []
+    for sig, osig, tool, outcome, valence, obs, strengths, n in rows:
+        strength = float(msgspec.json.decode(strengths).get(osig, 0.0)) if strengths else 0.0
+        out.append((sig, osig, tool, outcome, valence, strength, int(obs), int(n), confidence_of(int(n))))
+    return sorted(out, key=lambda r: (r[2], r[1], r[0]))
 
 
 def sleep_topics(con: duckdb.DuckDBPyConnection, members: frozenset[str] | None = None) -> list[TopicView]:
@@ -589,6 +616,22 @@ def sleep_topics(con: duckdb.DuckDBPyConnection, members: frozenset[str] | None 
         f"'-infinity'::TIMESTAMPTZ) {where}ORDER BY decided_at, run_id, seq",
         [SLEEP_REQUEST_PREFIX, *params],
     ).fetchall()
+    return _topic_views(rows)
+
+
+def run_topics(con: duckdb.DuckDBPyConnection, run_id: str) -> list[TopicView]:
+    """The patterns the sleep run ``run_id`` abstracted, in decision order: what its promotion request
+    promotes to the ATL (``Projector._promote``). Each pattern is abstracted by one run
+    (``SleepState.patterns``), and each run is requested once (its id), so each is promoted once,
+    whenever the request goes."""
+    rows = con.execute(
+        "SELECT body FROM lifecycle_log WHERE kind = 'PatternAbstracted' AND run_id = ? ORDER BY decided_at, seq",
+        [run_id],
+    ).fetchall()
+    return _topic_views(rows)
+
+
+def _topic_views(rows: Sequence[tuple[Any, ...]]) -> list[TopicView]:
     out = []
     for (body,) in rows:
         ev = msgspec.json.decode(body)
@@ -636,22 +679,26 @@ def sealed_request(con: duckdb.DuckDBPyConnection, req: PromotionRequested, ring
 
 
 def scoped_links(
-    con: duckdb.DuckDBPyConnection, members: frozenset[str], agents: Mapping[str, AgentSpec] | None = None
+    con: duckdb.DuckDBPyConnection,
+    members: frozenset[str],
+    agents: Mapping[str, AgentSpec] | None = None,
+    as_of: datetime | None = None,
 ) -> list[tuple[Any, ...]]:
     """The tool-level causal links learned from ``members``' observations alone, as rows of
     ``causal_links`` (event_signature, outcome_signature, tool, outcome, valence, strength,
     observations, event_observations, confidence), ordered by tool and outcome signature.
 
-    ``causal_links`` is the fleet's; this folds the members' ``causal_link_updates`` (one row per
-    observation, its outcome's link) again with ``somnus.processors.prediction.causal_links``'s rule: per event, in stream
+    ``causal_links`` is the fleet's; this folds the members' ``causal_link_updates`` (those observed
+    by ``as_of`` when given; one row per observation, its outcome's link) again with ``somnus.processors.prediction.causal_links``'s rule: per event, in stream
     order, every known outcome k moves by ``max(α, 1/n) (λ_k - V_k)``, a new outcome starting at 0,
     α the observing agent's learning rate; confidence from the event's observations."""
     alphas = alphas_for(agents or {})
     rows = con.execute(
         "SELECT event_signature, outcome_signature, tool, outcome, valence, agent FROM causal_link_updates "
         "WHERE level = 'tool' AND target = 1.0 AND agent IN (SELECT unnest(?::VARCHAR[])) "
+        f"{'AND observed_at <= ? ' if as_of is not None else ''}"
         "ORDER BY observed_at, src_partition, src_offset, idx, event_signature, outcome_signature",
-        [sorted(members)],
+        [sorted(members), *([as_of] if as_of is not None else [])],
     ).fetchall()
     events: dict[str, dict[str, list[Any]]] = {}  # event -> outcome signature -> [tool, outcome, valence, V, obs]
     n: dict[str, int] = {}

@@ -227,8 +227,10 @@ def status(settings: Settings, bootstrap: str | Callable[[], str]) -> dict[str, 
             all(v == 0 for v in lag.values())
             and all(v == 0 for v in worker_lag.values())
             and not s.get("stale_briefings")
+            and not s.get("pending_promotions")
         ),
         "stale_briefings": s.get("stale_briefings", 0),
+        "pending_promotions": s.get("pending_promotions", 0),
         "counts": s["counts"],
         "memories": s.get("memories"),  # stored memories: live, compressed, pruned (``counts`` has the table rows)
         "dead_letters": s["counts"].get("dead_letters", 0),

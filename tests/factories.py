@@ -224,3 +224,40 @@ def record_batch(codec: int, values: list[bytes], base: int) -> bytes:
     raw = bytearray(b.build())
     raw[:8] = base.to_bytes(8, "big")  # the base offset (outside the CRC)
     return bytes(raw)
+
+
+def distilled_episode(
+    calls: list[Any],
+    *,
+    agent: str = "airline",
+    ended: datetime = T0,
+    episode_id: uuid.UUID = uuid.UUID(int=7),
+    session_id: str = "s1",
+) -> Any:
+    """An ``EpisodeDistilled`` of ``calls`` (``CallSeen``), successful, with nothing else in it."""
+    from somnus.schemas.episodes import EpisodeDistilled
+    from somnus.schemas.events import Outcome
+
+    return EpisodeDistilled(
+        episode_id=episode_id,
+        schema_version=1,
+        agent=agent,
+        session_id=session_id,
+        task="t",
+        goal=None,
+        user_id=None,
+        summary="",
+        outcome=Outcome.SUCCESS,
+        started_at=ended,
+        ended_at=ended,
+        duration_s=0.0,
+        event_count=1,
+        tool_calls=len(calls),
+        tools=[],
+        errors=[],
+        lessons=[],
+        delegations=[],
+        first_event_id=uuid.UUID(int=1),
+        last_event_id=uuid.UUID(int=2),
+        calls=calls,
+    )

@@ -34,3 +34,18 @@ def test_the_stream_time_of_a_scope_is_the_newest_event_of_its_agents(tmp_path):
     assert at("agent:nobody") is None and at("team:nobody") is None
     with pytest.raises(ValueError, match="scope"):
         at("agent:")
+
+
+def test_a_sleep_run_whose_promotion_request_is_not_folded_is_pending_work(tmp_path):
+    """A sleep's promotion request waits until the pipeline has caught up (docs/design/scale-out.md,
+    cause 3): until it is folded, ``somnus status`` must not call the pipeline idle."""
+    con = duckdb.connect(str(tmp_path / "s.duckdb"))
+    schema.init(con)
+    at = datetime(2024, 5, 3, 3, tzinfo=timezone.utc)
+    assert queries.summary(con)["pending_promotions"] == 0
+    con.execute(
+        "INSERT INTO sleep_runs (run_id, run_at, trigger) VALUES ('r1', ?, 'schedule'), ('r2', ?, 'schedule')", [at, at]
+    )
+    assert queries.summary(con)["pending_promotions"] == 2
+    con.execute("INSERT INTO semantic_requests VALUES ('sleep:r1', 'global', ?, 7)", [at])
+    assert queries.summary(con)["pending_promotions"] == 1

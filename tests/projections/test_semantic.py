@@ -379,9 +379,9 @@ def test_a_conversations_abstracted_topics_reach_the_atl_once(tmp_path):
 
 
 def test_each_scheduled_run_knows_the_topics_it_abstracted(tmp_path):
-    # The projector splits one batch's snapshot: each run's request promotes its own topics, so each
-    # run's layer report shows what it added (all went with the first request before).
-    from somnus.projections.semantic import abstracted_by
+    # Each run's request promotes its own topics, so each run's layer report shows what it added, and
+    # when the request goes does not change what it carries.
+    from somnus.projections.semantic import run_topics
     from somnus.schemas.lifecycle import PatternAbstracted, PatternSource, encode_lifecycle
 
     con = duckdb.connect(str(tmp_path / "t.duckdb"))
@@ -402,8 +402,9 @@ def test_each_scheduled_run_knows_the_topics_it_abstracted(tmp_path):
             "INSERT INTO lifecycle_log VALUES (?, 1, 'PatternAbstracted', NULL, ?, ?)",
             [run, T0, encode_lifecycle(ev).decode()],
         )
-    assert abstracted_by(con, ["run-1", "run-2"]) == {"p-pottery": "run-1", "p-kiln": "run-2"}
-    assert abstracted_by(con, []) == {}
+    assert [t.pattern_id for t in run_topics(con, "run-1")] == ["p-pottery"]
+    assert [t.pattern_id for t in run_topics(con, "run-2")] == ["p-kiln"]
+    assert run_topics(con, "run-9") == []
 
 
 def test_a_sleeps_layer_report_lists_what_it_added_reinforced_and_decayed(tmp_path):
@@ -502,3 +503,61 @@ def test_a_record_removed_and_made_again_in_one_batch_stays_in_the_read_models(t
     )
     edges = con.execute("SELECT count(*) FROM cross_layer_edges").fetchone()[0]
     assert edges == len(m.cross)
+
+
+def test_the_links_as_of_a_sleep_are_the_same_however_far_the_updates_were_folded(tmp_path):
+    """Cause 3 (docs/design/scale-out.md): a sleep's promotion snapshot read the causal links as far as
+    the projector had folded them when it published the request. ``links_as_of`` reads them as the
+    worker learned them up to the sleep's time: the same with the later updates folded or not, equal
+    to the links of the observations up to then, and with no time limit to ``causal_links``."""
+    import random
+    import uuid as uuid_mod
+
+    from somnus.processors.prediction.causal_links import learn, observations_from_episode
+    from somnus.projections.causal import CausalProjection
+    from somnus.projections.semantic import links_as_of
+    from somnus.schemas.episodes import CallSeen
+    from tests.factories import distilled_episode
+
+    rng = random.Random(5)
+    observed = []
+    for i in range(120):  # episodes an hour apart, each a few calls of three tools
+        at = T0 + timedelta(hours=i)
+        calls = [
+            CallSeen(tool=rng.choice(["search", "book", "pay"]), ok=rng.random() < 0.6, at=at + timedelta(minutes=k))
+            for k in range(rng.randint(1, 3))
+        ]
+        ep = distilled_episode(
+            calls,
+            agent=rng.choice(["airline", "support"]),
+            ended=at,
+            episode_id=uuid_mod.UUID(int=i + 1),
+            session_id=f"s{i}",
+        )
+        observed += observations_from_episode(ep, src_partition=i % 2, src_offset=i)
+    alphas = {"airline": 0.1, "support": 0.3}  # the worker's per-agent learning rates, kept
+    _, updates = learn({}, observed, alpha_by_agent=alphas, per_link_rows=False)
+    cut = T0 + timedelta(hours=70, minutes=30)
+    first = sum(1 for u in updates if u.observed_at <= cut)
+
+    def db(name: str, parts: list[list[object]]) -> duckdb.DuckDBPyConnection:
+        con = duckdb.connect(str(tmp_path / name))
+        schema.init(con)
+        proj = CausalProjection(con)
+        for part in parts:
+            proj.write(con, [msgspec.json.encode(part)])
+        return con
+
+    early, whole = db("early.duckdb", [updates[:first]]), db("whole.duckdb", [updates[:first], updates[first:]])
+    assert links_as_of(early, cut) == links_as_of(whole, cut)  # the later updates folded or not
+    _, upto = learn({}, [o for o in observed if o.observed_at <= cut], alpha_by_agent=alphas, per_link_rows=False)
+    assert links_as_of(whole, cut) == links_as_of(db("upto.duckdb", [upto]), datetime(2100, 1, 1, tzinfo=timezone.utc))
+    live = whole.execute(
+        "SELECT event_signature, outcome_signature, tool, outcome, valence, strength, observations, "
+        "event_observations, confidence FROM causal_links WHERE level = 'tool'"
+    ).fetchall()
+    never = links_as_of(whole, datetime(2100, 1, 1, tzinfo=timezone.utc))
+    assert sorted(never) == sorted(live) and len(never) >= 6
+    assert links_as_of(whole, cut) != never  # the cut is felt
+    assert promotion_inputs(early, as_of=cut).links == promotion_inputs(whole, as_of=cut).links
+    assert promotion_inputs(early, as_of=cut).calls == promotion_inputs(whole, as_of=cut).calls

@@ -50,7 +50,7 @@ from somnus.schemas.causal import (
 )
 from somnus.schemas.codec import Rejection, decode_trace
 from somnus.schemas.episodes import CallSeen, EpisodeDistilled
-from somnus.schemas.events import Outcome
+from tests.factories import distilled_episode
 from tests.tau_bench import raw_tau_counts
 
 TAU_BENCH = Path(__file__).resolve().parents[4] / "shared" / "datasets" / "tau-bench-airline" / "gpt-4o-airline.json"
@@ -98,29 +98,7 @@ def strengths(states: dict[str, CausalLinkState], sig: str = "e1") -> dict[str, 
 
 
 def episode(calls: list[CallSeen], *, agent: str = "airline", ended: datetime = T0) -> EpisodeDistilled:
-    return EpisodeDistilled(
-        episode_id=uuid.UUID(int=7),
-        schema_version=1,
-        agent=agent,
-        session_id="s1",
-        task="t",
-        goal=None,
-        user_id=None,
-        summary="",
-        outcome=Outcome.SUCCESS,
-        started_at=ended,
-        ended_at=ended,
-        duration_s=0.0,
-        event_count=1,
-        tool_calls=len(calls),
-        tools=[],
-        errors=[],
-        lessons=[],
-        delegations=[],
-        first_event_id=uuid.UUID(int=1),
-        last_event_id=uuid.UUID(int=2),
-        calls=calls,
-    )
+    return distilled_episode(calls, agent=agent, ended=ended)
 
 
 def test_the_module_examples_run():

@@ -91,7 +91,8 @@ def smolagents_transcript(steps: list[dict[str, Any]], state: Any) -> dict[str, 
             messages.append({"role": "user", "content": st.get("task")})
         elif "step_number" in st:
             out: dict[str, Any] = _dict(st.get("model_output_message"))
-            calls = [c for c in (out.get("tool_calls") or st.get("tool_calls") or []) if isinstance(c, dict)]
+            listed = out.get("tool_calls") or st.get("tool_calls")
+            calls = [c for c in listed if isinstance(c, dict)] if isinstance(listed, list) else []  # else no call
             error: dict[str, Any] = _dict(st.get("error"))
             text = st.get("model_output") if isinstance(st.get("model_output"), str) else None
             tools, results = [], []

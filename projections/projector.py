@@ -402,27 +402,24 @@ class Projector:
 
         from somnus.projections.semantic import SLEEP_REQUEST_PREFIX, run_topics
 
-        def snapshot() -> list[Any]:
+        def snapshot(run_id: str, at: Any) -> Any:
             with contextlib.closing(con.cursor()) as cur:  # closed: an open cursor may hold a transaction
                 # Topics are sealed under their source sessions' keys (``sealed_request``).
-                return [
-                    sealed_request(
-                        cur,
-                        msgspec.structs.replace(
-                            promotion_inputs(cur, "global", as_of=at),
-                            at=at,
-                            request_id=SLEEP_REQUEST_PREFIX + run_id,
-                            topics=run_topics(cur, run_id),
-                        ),
-                        self._ring,
-                    )
-                    for run_id, at in runs
-                ]
+                return sealed_request(
+                    cur,
+                    msgspec.structs.replace(
+                        promotion_inputs(cur, "global", as_of=at),
+                        at=at,
+                        request_id=SLEEP_REQUEST_PREFIX + run_id,
+                        topics=run_topics(cur, run_id),
+                    ),
+                    self._ring,
+                )
 
-        async with self.write_lock:
-            requests = await asyncio.to_thread(snapshot)
         failed = []
-        for (run_id, at), req in zip(runs, requests, strict=True):
+        for run_id, at in runs:  # one request at a time: a bulk import's many runs are not held at once
+            async with self.write_lock:
+                req = await asyncio.to_thread(snapshot, run_id, at)
             try:
                 await self._producer.send_and_wait(
                     self.topics.semantic,
@@ -436,6 +433,7 @@ class Projector:
                 failed.append((run_id, at))
             else:
                 log.info("sleep run %s at %s: promotion requested (%d candidate links)", run_id, at, len(req.links))
+            del req
         self._promotions = [r for r in self._promotions if r not in runs] + failed
         if failed:
             self._promotions_since = time.monotonic()

@@ -18,44 +18,19 @@ import pytest
 from somnus.importers import openai_chat
 from somnus.projections.schema import CONTENT_COLUMNS
 from somnus.sample import generate
-from tests.pipeline import Pipeline, wait_until
+from tests.pipeline import ORDER_DEPENDENT, SEMANTIC, Pipeline, took_a_timed_decision, wait_until
 
 pytestmark = pytest.mark.integration
 
 CONTENT_TABLES = ("events", "episodes", "lessons")
-# The SIGKILL test compares every table (CONTENT_COLUMNS). These may still differ from the reference,
-# and not because of the kills: four kill-free runs of that test's input (the references of four runs,
-# 2026-11-26) differed from each other in every one of them. Their folds are order-dependent
-# (capture, knowledge, Rescorla-Wagner, sleeps) and the order the worker writes memory units in was
-# not the same in two live runs (first difference at unit 112, then 215, of 1500), nor is where
-# the projector cuts its topics before a sleep or a promotion snapshot (docs/design/scale-out.md,
-# causes 2 and 3). semantic_requests holds one row per promotion a sleep requests, with the offset of
-# the record that asked (src_offset): it follows sleep_runs and the memory topic's order (it differed
-# in the CI run of 2026-11-26 22:16). Any other table that differs fails the test.
-DIFFER_UNDER_SIGKILL = frozenset(
-    {
-        "memories",
-        "memory_log",
-        "memory_merges",
-        "memory_edges",
-        "lifecycle_log",
-        "sleep_runs",
-        "sleep_layer_reports",
-        "triples",
-        "triple_history",
-        "entity_versions",
-        "causal_links",
-        "causal_link_updates",
-        "concepts",
-        "concept_relationships",
-        "cross_layer_edges",
-        "math_patterns",
-        "promotion_audit",
-        "semantic_log",
-        "briefings",
-        "semantic_requests",
-    }
-)
+# The SIGKILL test compares every table (CONTENT_COLUMNS) with a kill-free run's. Two kill-free runs are
+# now equal in every table (test_determinism.py asserts it), and this test's runs of 2026-11-28 were
+# equal in every table (3 of 3). But a worker restart can still change the order the worker writes
+# memory units, facts and observations in: in a diagnostic with 2-3 worker SIGKILLs 0.5-3 s apart, 2
+# of 6 runs parted from their reference (at units 1,280 and 1,496 of 1,500), cause not yet found
+# (docs/design/scale-out.md, "Twenty-third session"). So the order-dependent folds and what is built
+# on them may differ, reported as a warning; any other table that differs fails the test.
+DIFFER_AFTER_A_WORKER_RESTART = ORDER_DEPENDENT | SEMANTIC
 
 
 def test_tau_bench_transcripts_become_200_episodes(pipeline_settings, tau_bench_path):
@@ -86,8 +61,9 @@ def test_tau_bench_transcripts_become_200_episodes(pipeline_settings, tau_bench_
         p.stop_all()
 
 
-def _reference(settings, events, tmp_path: Path, bundle_max: int) -> dict[str, str]:
-    """The no-crash result of the same input, through its own pipeline."""
+def _reference(settings, events, tmp_path: Path, bundle_max: int) -> tuple[dict[str, str], list[str]]:
+    """The no-crash result of the same input, through its own pipeline, and the timing-dependent
+    decisions it said it took."""
     ref = dataclasses.replace(
         settings,
         topic_prefix=settings.topic_prefix + "ref.",
@@ -100,7 +76,7 @@ def _reference(settings, events, tmp_path: Path, bundle_max: int) -> dict[str, s
         p.start_all()
         p.publish(events, bundle_max=bundle_max)
         p.wait_idle()
-        return p.checksum()["tables"]
+        return p.checksum()["tables"], took_a_timed_decision(ref.run_dir)
     finally:
         p.stop_all()
 
@@ -115,7 +91,7 @@ def test_sigkill_worker_and_projector_at_random_points(pipeline_settings, tmp_pa
     unended = set(random.Random(7).sample(ids[:1200], 30))
     events = [e for e in events if not (e["session_id"] in unended and e["type"] == "session_end")]
     pipeline_settings = dataclasses.replace(pipeline_settings, session_retention_s=3600.0, session_idle_s=3600.0)
-    reference = _reference(pipeline_settings, events, tmp_path, bundle_max=4)
+    reference, timed = _reference(pipeline_settings, events, tmp_path, bundle_max=4)
     rng = random.Random(2024)
     p = Pipeline(pipeline_settings)
     try:
@@ -142,10 +118,13 @@ def test_sigkill_worker_and_projector_at_random_points(pipeline_settings, tmp_pa
         crashed = p.checksum()["tables"]
         assert set(crashed) == set(reference) == set(CONTENT_COLUMNS)  # every projection, none left out
         differing = sorted(t for t in CONTENT_COLUMNS if crashed[t] != reference[t])
-        assert set(differing) <= DIFFER_UNDER_SIGKILL, sorted(set(differing) - DIFFER_UNDER_SIGKILL)
+        assert set(differing) <= DIFFER_AFTER_A_WORKER_RESTART, sorted(set(differing) - DIFFER_AFTER_A_WORKER_RESTART)
         if differing:  # named in the test's output, never passed over
+            timed += took_a_timed_decision(pipeline_settings.run_dir)
             warnings.warn(
-                f"different from the kill-free run (DIFFER_UNDER_SIGKILL): {', '.join(differing)}", stacklevel=1
+                f"different from the kill-free run: {', '.join(differing)}"
+                + (f" (a run took a timed decision: {timed[0]!r})" if timed else ""),
+                stacklevel=1,
             )
         p.stop_all()
         n_sessions = len({e["session_id"] for e in events})

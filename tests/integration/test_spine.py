@@ -201,7 +201,7 @@ def _two_workers(p: Pipeline, partitions: int) -> None:
 
 def test_two_workers_split_the_partitions(pipeline_settings, tmp_path):
     events = list(generate(sessions=1200, seed=5))
-    reference = _reference(pipeline_settings, events, tmp_path, bundle_max=8)
+    reference, _ = _reference(pipeline_settings, events, tmp_path, bundle_max=8)
     p = Pipeline(pipeline_settings)
     try:
         _two_workers(p, pipeline_settings.partitions)
@@ -220,7 +220,7 @@ def test_killing_a_worker_hands_its_partitions_to_the_other(pipeline_settings, t
     working memory) from their changelogs; every published session's episode is projected exactly
     once, and the events, episodes, lessons and working memory equal a one-worker run's."""
     events = list(generate(sessions=1200, seed=5))
-    reference = _reference(pipeline_settings, events, tmp_path, bundle_max=8)
+    reference, _ = _reference(pipeline_settings, events, tmp_path, bundle_max=8)
     p = Pipeline(pipeline_settings)
     try:
         _two_workers(p, pipeline_settings.partitions)

@@ -48,6 +48,7 @@ import sys
 from somnus.procs import private_files, tune_gc
 from somnus.schemas.agents import load_agents
 import msgspec
+from somnus.projections.queries import unrequested_runs
 from somnus.projections.semantic import promotion_inputs, sealed_request
 from somnus.schemas.semantic import KIND_PROMOTE, sealed_topics_of
 from somnus.projections.briefing_server import BriefingServer
@@ -246,10 +247,7 @@ class Projector:
                 runner = await self._start_server(con, models, stored)
                 # A crash between a batch's commit and its promotion requests lost them: request again
                 # what no request has reached (the semantic fold runs each id once).
-                missing = con.execute(
-                    "SELECT run_id, run_at FROM sleep_runs WHERE 'sleep:' || run_id "
-                    "NOT IN (SELECT request_id FROM semantic_requests) ORDER BY run_at, run_id"
-                ).fetchall()
+                missing = unrequested_runs(con)
                 if missing:
                     self._wait_to_promote(missing)
             end = await consumer.end_offsets(tps) if until_end else {}
@@ -271,18 +269,7 @@ class Projector:
                 records = await drain.take(0.2)
                 now = time.monotonic()
                 if self._promotions and now - self._promotions_checked >= PROMOTION_CHECK_S:
-                    self._promotions_checked = now
-                    forced = now - self._promotions_since >= PROMOTION_MAX_WAIT_S
-                    if forced or (not records and await self._caught_up(stored)):
-                        if forced:
-                            log.warning(
-                                "promotion of %d sleep run(s) requested after waiting %.0f s for the pipeline to "
-                                "catch up: their snapshots may differ from another run's",
-                                len(self._promotions),
-                                PROMOTION_MAX_WAIT_S,
-                            )
-                            self.metrics.promotions_forced.inc(len(self._promotions))
-                        await self._promote(con, list(self._promotions))
+                    await self._promote_when_caught_up(con, stored, idle=not records, now=now)
                 if not records or now - last_briefings >= BRIEFING_INTERVAL_S:
                     async with lock:  # caught up, or busy for a while: render what is stale (a slice)
                         made = await asyncio.to_thread(models.briefings.refresh, con, REFRESH_BUDGET_S)
@@ -370,6 +357,25 @@ class Projector:
             self._promotions_since = time.monotonic()
         self._promotions.extend(runs)
 
+    async def _promote_when_caught_up(
+        self, con: duckdb.DuckDBPyConnection, stored: dict[tuple[str, int], int], idle: bool, now: float
+    ) -> None:
+        """Send the waiting promotion requests once the pipeline has caught up (asked only while the
+        drain is ``idle``), or after PROMOTION_MAX_WAIT_S whatever it has done, said and counted."""
+        self._promotions_checked = now
+        forced = now - self._promotions_since >= PROMOTION_MAX_WAIT_S
+        if not forced and not (idle and await self._caught_up(stored)):
+            return
+        if forced:
+            log.warning(
+                "promotion of %d sleep run(s) requested after waiting %.0f s for the pipeline to catch up: "
+                "their snapshots may differ from another run's",
+                len(self._promotions),
+                PROMOTION_MAX_WAIT_S,
+            )
+            self.metrics.promotions_forced.inc(len(self._promotions))
+        await self._promote(con, list(self._promotions))
+
     async def _caught_up(self, stored: dict[tuple[str, int], int]) -> bool:
         """Every record on every topic projected, and the worker has committed every trace and
         observation it consumed: every link update of what was published so far is folded."""
@@ -400,7 +406,8 @@ class Projector:
             self._promotions = []
             return
 
-        from somnus.projections.semantic import SLEEP_REQUEST_PREFIX, run_topics
+        from somnus.projections.semantic import run_topics
+        from somnus.schemas.semantic import SLEEP_REQUEST_PREFIX
 
         def snapshot(run_id: str, at: Any) -> Any:
             with contextlib.closing(con.cursor()) as cur:  # closed: an open cursor may hold a transaction
@@ -433,7 +440,6 @@ class Projector:
                 failed.append((run_id, at))
             else:
                 log.info("sleep run %s at %s: promotion requested (%d candidate links)", run_id, at, len(req.links))
-            del req
         self._promotions = [r for r in self._promotions if r not in runs] + failed
         if failed:
             self._promotions_since = time.monotonic()

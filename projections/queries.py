@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 import duckdb
@@ -11,6 +12,7 @@ import duckdb
 from somnus.projections.schema import CONTENT_COLUMNS
 from somnus.projections.sql_sandbox import SqlRefused, one_row, statement
 from somnus.schemas.facts import GLOBAL_SCOPE
+from somnus.schemas.semantic import SLEEP_REQUEST_PREFIX
 
 
 class NotReadOnly(ValueError):
@@ -79,12 +81,8 @@ def summary(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
         "offsets": offsets(con),
         "memories": memory_counts(con),
         "stale_briefings": one_row(con, "SELECT count(*) FROM briefings_dirty")[0],
-        # sleep runs whose promotion request is not folded yet: waiting for the pipeline to catch up
-        # (docs/design/scale-out.md, cause 3), or published and not yet folded
-        "pending_promotions": one_row(
-            con,
-            "SELECT count(*) FROM sleep_runs WHERE 'sleep:' || run_id NOT IN (SELECT request_id FROM semantic_requests)",
-        )[0],
+        # sleep runs whose promotion request is not folded yet (docs/design/scale-out.md, cause 3)
+        "pending_promotions": len(unrequested_runs(con)),
         "dead_letter_kinds": dict(
             con.execute("SELECT kind, count(*) FROM dead_letters GROUP BY 1 ORDER BY 1").fetchall()
         ),
@@ -144,3 +142,13 @@ def memory_counts(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
         FROM memories m LEFT JOIN forgotten f USING (memory_id)""",
     )
     return {"stored": stored, "live": stored - pruned, "compressed": compressed, "pruned": pruned}
+
+
+def unrequested_runs(con: duckdb.DuckDBPyConnection) -> list[tuple[str, datetime]]:
+    """The sleep runs (run_id, run_at) whose promotion request the semantic fold has not run yet:
+    waiting for the pipeline to catch up, lost in a crash, or published and not yet folded."""
+    return con.execute(
+        "SELECT run_id, run_at FROM sleep_runs WHERE ? || run_id "
+        "NOT IN (SELECT request_id FROM semantic_requests) ORDER BY run_at, run_id",
+        [SLEEP_REQUEST_PREFIX],
+    ).fetchall()

@@ -56,7 +56,14 @@ from somnus.schemas.semantic import (
 )
 from somnus.schemas.facts import GLOBAL_SCOPE
 from somnus.schemas.agents import AgentSpec
-from somnus.schemas.semantic import KIND_INGEST, KIND_PROMOTE, KnowledgeIngested, PromotionRequested, TopicView
+from somnus.schemas.semantic import (
+    KIND_INGEST,
+    KIND_PROMOTE,
+    SLEEP_REQUEST_PREFIX,
+    KnowledgeIngested,
+    PromotionRequested,
+    TopicView,
+)
 from somnus.schemas.codec import Rejection
 from somnus.schemas.sealed import FORGOTTEN, KeyRing, open_shared, seal_shared
 from somnus.projections.frames import registered
@@ -354,9 +361,6 @@ def _delete_removed(con: duckdb.DuckDBPyConnection) -> None:
         "((e.source_layer = g.layer AND e.source_id = g.record_id) "
         "OR (e.target_layer = g.layer AND e.target_id = g.record_id))"
     )
-
-
-SLEEP_REQUEST_PREFIX = "sleep:"  # + run id: the promotion request of a sleep run (projector, somnus sleep)
 
 
 def layer_sizes(layers: Mapping[str, MemoryLayers]) -> dict[str, int]:

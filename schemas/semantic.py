@@ -297,6 +297,7 @@ class CallOutcome(msgspec.Struct, frozen=True):
 
 KIND_INGEST = b"knowledge-ingested"  # a KnowledgeIngested
 KIND_PROMOTE = b"promotion-requested"  # a PromotionRequested
+SLEEP_REQUEST_PREFIX = "sleep:"  # + run id: the promotion request of a sleep run (projector, somnus sleep)
 
 
 class KnowledgeIngested(msgspec.Struct, frozen=True, kw_only=True):

@@ -177,19 +177,14 @@ class Sequencer:
         after where it is consumed from: taking it for caught up whatever its high water let one
         partition's records go first, all of them, while the consumer had fetched the others but
         not yet handed them to the stream (two live runs differed in 18 tables)."""
-        high = self.high_water(partition)
-        seen = self.next_offset.get(partition)
-        if seen is None:
-            seen = self.start_offset(partition)
-        caught_up = high is not None and seen >= high
         # a partition not seen since the start is given quiet_s from the first record of any
-        silent_since = self.last_arrival.get(partition, self.since or now)
-        if not (caught_up and now - silent_since >= self.quiet_s):
+        silent_since = self._silent_since(partition, now)
+        if not (self._at_fetched_end(partition) and now - silent_since >= self.quiet_s):
             return False
         if not self.confirm:
             return True
-        end = self.ends.get(partition)  # the broker asked since the partition fell silent
-        return end is not None and end[1] >= silent_since and seen >= end[0]
+        end = self._asked_since(partition, silent_since)
+        return end is not None and self._seen(partition) >= end
 
     def unconfirmed(self, now: float) -> list[int]:
         """The owned partitions that look quiet by their fetched high water but whose end the broker has
@@ -198,18 +193,30 @@ class Sequencer:
             return []
         out = []
         for p in sorted(self.owned()):
-            if self.queues.get(p):
+            silent_since = self._silent_since(p, now)
+            if self.queues.get(p) or self._asked_since(p, silent_since) is not None:
                 continue
-            end = self.ends.get(p)
-            silent_since = self.last_arrival.get(p, self.since if self.since is not None else now)
-            if (end is not None and end[1] >= silent_since) or now - silent_since < self.quiet_s / 2:
-                continue  # asked since it fell silent, or not silent long enough to ask yet
-            high = self.high_water(p)
-            seen = self.next_offset.get(p)
-            if high is not None and (seen if seen is not None else self.start_offset(p)) >= high:
+            if now - silent_since >= self.quiet_s / 2 and self._at_fetched_end(p):  # silent a while: ask
                 out.append(p)
         return out
 
     def confirmed(self, partition: int, end: int, asked_at: float) -> None:
         """The broker's end offset of ``partition``, asked at ``asked_at`` (before the request went out)."""
         self.ends[partition] = (end, asked_at)
+
+    def _seen(self, partition: int) -> int:
+        """The offset after the last record of ``partition`` seen, or where it is consumed from."""
+        seen = self.next_offset.get(partition)
+        return self.start_offset(partition) if seen is None else seen
+
+    def _at_fetched_end(self, partition: int) -> bool:
+        high = self.high_water(partition)
+        return high is not None and self._seen(partition) >= high
+
+    def _silent_since(self, partition: int, now: float) -> float:
+        return self.last_arrival.get(partition, self.since or now)
+
+    def _asked_since(self, partition: int, silent_since: float) -> int | None:
+        """The broker's end offset of ``partition`` if it was asked since ``silent_since``."""
+        end = self.ends.get(partition)
+        return end[0] if end is not None and end[1] >= silent_since else None

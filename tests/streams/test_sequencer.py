@@ -14,7 +14,11 @@ from somnus.streams.sequencer import Sequencer, latest_time
 
 
 def _sequencer(
-    partitions: int, high: dict[int, int] | None = None, quiet_s: float = 2.0, max_hold_s: float = 10.0
+    partitions: int,
+    high: dict[int, int] | None = None,
+    quiet_s: float = 2.0,
+    max_hold_s: float = 10.0,
+    confirm: bool = False,
 ) -> Sequencer:
     return Sequencer(
         owned=lambda: frozenset(range(partitions)),
@@ -22,6 +26,7 @@ def _sequencer(
         high_water=lambda p: (high or {}).get(p),
         quiet_s=quiet_s,
         max_hold_s=max_hold_s,
+        confirm=confirm,
     )
 
 
@@ -157,14 +162,7 @@ def test_a_partition_whose_fetched_high_water_is_stale_is_waited_for_until_the_b
     """The consumer stopped fetching partition 1 for a while: by its last fetch it is caught up, but the
     broker holds more of it. Passed over as quiet after 2 s, its records came after the other
     partition's later ones (two live runs' memory orders parted at unit 331 of 1500)."""
-    s = Sequencer(
-        owned=lambda: frozenset({0, 1}),
-        start_clock=lambda p: None,
-        high_water=lambda p: {0: 2, 1: 1}[p],  # partition 1's last fetch said 1
-        quiet_s=2.0,
-        max_hold_s=10.0,
-        confirm=True,
-    )
+    s = _sequencer(2, {0: 2, 1: 1}, confirm=True)  # partition 1's last fetch said 1
     s.push(1, 0, 5, "b0", now=0.0)
     s.push(0, 0, 10, "a0", now=0.0)
     s.push(0, 1, 30, "a1", now=0.0)
@@ -184,14 +182,7 @@ def test_a_partition_whose_fetched_high_water_is_stale_is_waited_for_until_the_b
 
 
 def test_an_old_answer_of_the_broker_does_not_make_a_partition_quiet():
-    s = Sequencer(
-        owned=lambda: frozenset({0, 1}),
-        start_clock=lambda p: None,
-        high_water=lambda p: {0: 1, 1: 2}[p],
-        quiet_s=2.0,
-        max_hold_s=10.0,
-        confirm=True,
-    )
+    s = _sequencer(2, {0: 1, 1: 2}, confirm=True)
     s.push(1, 0, 5, "b0", now=0.0)
     s.confirmed(1, 1, asked_at=0.5)
     s.push(1, 1, 6, "b1", now=1.0)  # arrived after the broker was asked
